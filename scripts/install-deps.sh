@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs hvtrace's build and test dependencies from Debian's packages.
+# Idempotent and fast when everything is already present: it only calls apt
+# when a package is missing.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  clang libclang-rt-14-dev
+  libboost-dev libboost-system-dev
+  nlohmann-json3-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  libvirt-dev libvirt-daemon-system libvirt-clients
+  libtraceevent-dev libtracefs-dev libtracecmd-dev trace-cmd
+  libzstd-dev zlib1g-dev
+  qemu-system-x86 qemu-utils
+  busybox-static cpio zstd xz-utils gzip kmod
+  liblttng-ust-dev lttng-tools
+  python3 socat
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

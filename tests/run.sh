@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Runs every hvtrace test on this machine: installs what is missing, builds,
+# builds the guest images, runs unit and end-to-end tests, then rebuilds with
+# clang + ASan/UBSan to run the unit tests and every fuzz target for a short,
+# bounded time. Exit status is non-zero when anything failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+JOBS=$(nproc)
+FUZZ_SECONDS=${HVTRACE_FUZZ_SECONDS:-20}
+failed=0; passed=0
+step() { printf '\n=== %s ===\n' "$*"; }
+record() {  # record NAME STATUS
+  if [ "$2" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAILED: $1"; fi
+}
+
+step "dependencies"
+./scripts/install-deps.sh || { echo "dependency install failed"; exit 1; }
+
+step "build (gcc, warnings as errors)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVTRACE_WERROR=ON >/dev/null \
+  && cmake --build build -j"$JOBS" || { echo "build failed"; exit 1; }
+
+if [ -x qemu-scripts/build-guest.sh ]; then
+  step "guest images"
+  qemu-scripts/build-guest.sh || { echo "guest image build failed"; exit 1; }
+fi
+
+step "unit tests"
+ctest --test-dir build -L unit -j"$JOBS" --output-on-failure
+record "unit tests" $?
+
+if [ -x build/bin/hvtrace_e2e_tests ]; then
+  step "end-to-end tests (real QEMU guests)"
+  ctest --test-dir build -L e2e -j"$JOBS" --output-on-failure
+  record "e2e tests" $?
+fi
+
+step "sanitizer build (clang, ASan/UBSan, fuzzers)"
+cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DHVTRACE_SANITIZE=ON -DHVTRACE_FUZZ=ON -DHVTRACE_BUILD_BENCH=OFF >/dev/null \
+  && cmake --build build/sanitize -j"$JOBS" || { echo "sanitizer build failed"; exit 1; }
+
+step "unit tests under ASan/UBSan"
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/sanitize -L unit -j"$JOBS" --output-on-failure
+record "unit tests (sanitizers)" $?
+
+for fuzzer in build/sanitize/bin/*_fuzzer; do
+  [ -x "$fuzzer" ] || continue
+  name=$(basename "$fuzzer")
+  step "fuzz $name (${FUZZ_SECONDS}s)"
+  corpus=$(mktemp -d)
+  seeds="tests/fixtures/fuzz/${name%_fuzzer}"
+  [ -d "$seeds" ] && cp -r "$seeds"/. "$corpus"/
+  "$fuzzer" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1 \
+    "$corpus" >"build/sanitize/$name.log" 2>&1
+  status=$?
+  tail -n 12 "build/sanitize/$name.log"
+  rm -rf "$corpus"
+  record "$name" $status
+done
+
+echo
+echo "tests: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -53,7 +53,7 @@ for fuzzer in build/sanitize/bin/*_fuzzer; do
   corpus=$(mktemp -d)
   seeds="tests/fixtures/fuzz/${name%_fuzzer}"
   [ -d "$seeds" ] && cp -r "$seeds"/. "$corpus"/
-  "$fuzzer" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -print_final_stats=1 \
+  "$fuzzer" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
     "$corpus" >"build/sanitize/$name.log" 2>&1
   status=$?
   tail -n 12 "build/sanitize/$name.log"

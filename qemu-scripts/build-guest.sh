@@ -1,0 +1,405 @@
+#!/usr/bin/env bash
+# Builds the hvtrace test guests: a Debian kernel plus a busybox initramfs.
+#
+#   qemu-scripts/build-guest.sh [--kernel 6.12|6.1|all] [--out DIR] [--agent PATH]
+#                               [--with-kexec-kernel] [--overlay DIR] [--refresh]
+#
+# Guests (the guest contract, see qemu-scripts/README.md):
+#   6.12  newest linux-image-6.12.*-amd64 in bookworm-backports (has the
+#         persistent ring buffer, boot_map)
+#   6.1   newest linux-image-6.1.*-amd64 in bookworm (+ updates, security)
+# Outputs, per guest, in DIR/<guest>/ (DIR defaults to build/guest of the
+# checkout): vmlinuz, initrd.img, kernel-release, config, package, and with
+# --with-kexec-kernel initrd-kexec.img (the same initramfs plus the kernel at
+# /boot/vmlinuz). Prints one line per guest:
+#   GUEST <guest> KERNEL=<abs path> INITRD=<abs path> RELEASE=<uname -r>
+#
+# Downloads and unpacked packages live in ${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace}
+# so fresh clones reuse them. apt works on a private state (its own sources,
+# lists and cache dirs there), so the host's apt configuration is untouched;
+# apt verifies the lists' signatures and the packages' hashes, and a cached
+# .deb is checked against the SHA256 the signed lists give before it is used.
+# The package lists are refreshed when older than HVTRACE_APT_MAX_AGE_HOURS
+# (default 24) or with --refresh; without network the cached lists and
+# packages are used. An initramfs is rebuilt only when one of its inputs
+# (kernel package, init, busybox, helper, agent, overlay, this script)
+# changed, so a run with everything cached takes about a second.
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
+CACHE=${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace}
+MAX_AGE_HOURS=${HVTRACE_APT_MAX_AGE_HOURS:-24}
+OUT="$ROOT/build/guest"
+AGENT=""
+AGENT_GIVEN=0
+GUESTS=(6.12 6.1)
+WITH_KEXEC_KERNEL=0
+OVERLAY=""
+REFRESH=0
+# Modules each initramfs carries, plus whatever they depend on. pvpanic-mmio
+# binds the ISA/ACPI `-device pvpanic`, pvpanic-pci binds `-device pvpanic-pci`.
+MODULES=(pvpanic pvpanic-mmio pvpanic-pci ${HVTRACE_GUEST_EXTRA_MODULES:-})
+
+log() { echo "build-guest: $*" >&2; }
+die() { echo "build-guest: error: $*" >&2; exit 1; }
+usage() { sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --kernel)
+      [ $# -ge 2 ] || usage
+      case "$2" in
+        6.12|6.1) GUESTS=("$2") ;;
+        all) GUESTS=(6.12 6.1) ;;
+        *) die "--kernel takes 6.12, 6.1 or all, not '$2'" ;;
+      esac
+      shift 2 ;;
+    --out) [ $# -ge 2 ] || usage; OUT=$2; shift 2 ;;
+    --agent) [ $# -ge 2 ] || usage; AGENT=$2; AGENT_GIVEN=1; shift 2 ;;
+    --with-kexec-kernel) WITH_KEXEC_KERNEL=1; shift ;;
+    --overlay) [ $# -ge 2 ] || usage; OVERLAY=$2; shift 2 ;;
+    --refresh) REFRESH=1; shift ;;
+    -h|--help) usage ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+
+for tool in apt-get apt-cache dpkg-deb sha256sum xz gzip cpio modinfo gcc flock busybox; do
+  command -v "$tool" >/dev/null || die "'$tool' is missing; run scripts/install-deps.sh"
+done
+BUSYBOX=$(command -v busybox)
+# A dynamically linked busybox (package `busybox`) cannot run alone in the
+# initramfs; Debian's busybox-static installs the static one at /bin/busybox.
+if LC_ALL=C readelf -l "$BUSYBOX" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+  die "$BUSYBOX is dynamically linked; install busybox-static (scripts/install-deps.sh)"
+fi
+
+mkdir -p "$CACHE" "$OUT"
+OUT=$(cd "$OUT" && pwd)
+if [ "$AGENT_GIVEN" -eq 1 ]; then
+  [ -f "$AGENT" ] || die "--agent $AGENT: no such file"
+  AGENT=$(cd "$(dirname "$AGENT")" && pwd)/$(basename "$AGENT")
+elif [ -f "$ROOT/build/bin/hvtrace-agent" ]; then
+  AGENT="$ROOT/build/bin/hvtrace-agent"
+fi
+if [ -n "$OVERLAY" ]; then
+  [ -d "$OVERLAY" ] || die "--overlay $OVERLAY: no such directory"
+  OVERLAY=$(cd "$OVERLAY" && pwd)
+fi
+
+started=$(date +%s.%N)
+
+# --- apt, on a private state in the cache -----------------------------------
+APT_DIR="$CACHE/apt"
+mkdir -p "$APT_DIR/lists/partial" "$APT_DIR/cache/archives/partial" "$CACHE/debs" "$CACHE/unpacked"
+# Concurrent runs (a person and tests/run.sh, or two engineers) share the
+# cache; one lock serializes the apt and unpack steps.
+exec 8>"$CACHE/.lock"
+flock 8
+
+# The Debian mirror the host already uses (first URI serving a bookworm suite),
+# so we work wherever the host's apt works; deb.debian.org otherwise.
+host_mirror() {
+  local uri
+  uri=$(grep -hs -B3 -A3 -E '^Suites:.*\bbookworm\b' /etc/apt/sources.list.d/*.sources 2>/dev/null \
+        | sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' | grep -v -- '-security' | head -n1 || true)
+  if [ -z "$uri" ]; then
+    uri=$(grep -hs -E '^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?[a-z]+://[^[:space:]]+[[:space:]]+bookworm[[:space:]]' \
+            /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+          | sed -E 's/^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?([^[:space:]]+).*/\2/' | head -n1 || true)
+  fi
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+MIRROR=${HVTRACE_DEBIAN_MIRROR:-$(host_mirror)}
+MIRROR=${MIRROR%/}
+# The security archive is a sibling of the main one on deb.debian.org-style
+# mirrors; elsewhere use the official one.
+case "$MIRROR" in
+  */debian) SECURITY_MIRROR="${MIRROR}-security" ;;
+  *) SECURITY_MIRROR="http://deb.debian.org/debian-security" ;;
+esac
+SECURITY_MIRROR=${HVTRACE_DEBIAN_SECURITY_MIRROR:-$SECURITY_MIRROR}
+KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+[ -f "$KEYRING" ] || die "$KEYRING is missing (package debian-archive-keyring)"
+
+SOURCES="$APT_DIR/hvtrace.sources"
+sources_text="Types: deb
+URIs: $MIRROR
+Suites: bookworm bookworm-updates bookworm-backports
+Components: main
+Signed-By: $KEYRING
+
+Types: deb
+URIs: $SECURITY_MIRROR
+Suites: bookworm-security
+Components: main
+Signed-By: $KEYRING
+"
+if [ ! -f "$SOURCES" ] || [ "$(cat "$SOURCES")" != "${sources_text%$'\n'}" ]; then
+  printf '%s' "$sources_text" >"$SOURCES"
+  REFRESH=1
+fi
+
+APT_OPTS=(
+  -o "Dir::Etc::SourceList=$SOURCES" -o Dir::Etc::SourceParts=/dev/null
+  -o "Dir::State::Lists=$APT_DIR/lists" -o "Dir::Cache=$APT_DIR/cache"
+  -o Dir::State::status=/dev/null -o APT::Architecture=amd64
+  -o APT::Get::List-Cleanup=1 -o APT::Sandbox::User=root -o Debug::NoLocking=1
+  -o Acquire::Retries=3 -o Acquire::http::Timeout=30
+)
+
+lists_stamp="$APT_DIR/lists/.updated"
+if [ "$REFRESH" -eq 0 ] && [ -f "$lists_stamp" ] \
+   && [ -z "$(find "$lists_stamp" -mmin +$((MAX_AGE_HOURS * 60)) 2>/dev/null)" ]; then
+  :
+else
+  log "refreshing package lists from $MIRROR (+ $SECURITY_MIRROR)"
+  if apt-get "${APT_OPTS[@]}" -q update >"$APT_DIR/update.log" 2>&1 \
+     && ! grep -qE '^(W|E):' "$APT_DIR/update.log"; then
+    touch "$lists_stamp"
+  elif ls "$APT_DIR"/lists/*_Packages* >/dev/null 2>&1; then
+    log "warning: apt-get update failed (see $APT_DIR/update.log); using the cached lists"
+  else
+    cat "$APT_DIR/update.log" >&2
+    die "apt-get update failed and no package lists are cached"
+  fi
+fi
+
+# Prints "NAME VERSION" of the newest package whose name matches the extended
+# regex $1 and that some suite in $2 (a regex over madison's "uri suite/..."
+# column) offers.
+newest_package() {
+  local name_re=$1 suite_re=$2 names
+  names=$(apt-cache "${APT_OPTS[@]}" pkgnames linux-image- | grep -E "$name_re" || true)
+  [ -n "$names" ] || return 1
+  # shellcheck disable=SC2086  # one word per package name
+  apt-cache "${APT_OPTS[@]}" madison $names \
+    | awk -F'|' -v re="$suite_re" '{gsub(/ /, "", $1); gsub(/ /, "", $2); if ($3 ~ re) print $2, $1}' \
+    | sort -V | tail -n1 | awk '{print $2, $1}'
+}
+
+# Resolves, downloads and unpacks the kernel package for guest $1; sets
+# PKG, PKG_VERSION, UNPACKED, RELEASE.
+fetch_kernel() {
+  local guest=$1 name_re suite_re resolved_file resolved deb sha want
+  case "$guest" in
+    6.12) name_re='^linux-image-6\.12\.[0-9]+[^-]*-amd64$'; suite_re=' bookworm-backports/' ;;
+    6.1)  name_re='^linux-image-6\.1\.[0-9]+-[0-9]+-amd64$'; suite_re=' bookworm(-updates|-security)?/' ;;
+  esac
+  resolved_file="$CACHE/resolved-$guest"
+  # apt-cache rebuilds its cache on every call here (~1 s each), so the choice
+  # is remembered until the lists change: "NAME VERSION SHA256 LISTS-ID".
+  local lists_id recorded
+  lists_id=$(cat "$APT_DIR"/lists/*_InRelease 2>/dev/null | sha256sum | cut -c1-16)
+  recorded=$(cat "$resolved_file" 2>/dev/null || true)
+  if [ -n "$recorded" ] && [ "${recorded##* }" = "$lists_id" ]; then
+    read -r PKG PKG_VERSION want _ <<<"$recorded"
+  else
+    resolved=$(newest_package "$name_re" "$suite_re" || true)
+    if [ -n "$resolved" ]; then
+      read -r PKG PKG_VERSION <<<"$resolved"
+      want=$(apt-cache "${APT_OPTS[@]}" show "$PKG=$PKG_VERSION" 2>/dev/null \
+             | sed -n 's/^SHA256: //p' | head -n1 || true)
+      [ -n "$want" ] || die "apt-cache gives no SHA256 for $PKG=$PKG_VERSION"
+      echo "$PKG $PKG_VERSION $want $lists_id" >"$resolved_file"
+    elif [ -n "$recorded" ]; then
+      # Lists unusable (e.g. offline and never updated for this suite): fall
+      # back to what an earlier run resolved from signed lists.
+      read -r PKG PKG_VERSION want _ <<<"$recorded"
+      log "warning: cannot resolve the $guest kernel from the lists; using the earlier choice $PKG $PKG_VERSION"
+    else
+      die "no package matching $name_re in$suite_re (see $APT_DIR/update.log)"
+    fi
+  fi
+
+  deb="$CACHE/debs/${PKG}_${PKG_VERSION//:/%3a}_amd64.deb"
+  # A cached .deb is hashed once against the lists' SHA256; the stamp records
+  # the hash it matched.
+  if [ -f "$deb" ] && [ "$(cat "$deb.sha256" 2>/dev/null)" != "$want" ]; then
+    sha=$(sha256sum "$deb" | cut -d' ' -f1)
+    if [ "$sha" = "$want" ]; then
+      echo "$want" >"$deb.sha256"
+    else
+      log "cached $deb does not match the lists' SHA256; downloading again"
+      rm -f "$deb" "$deb.sha256"
+    fi
+  fi
+  if [ ! -f "$deb" ]; then
+    log "downloading $PKG $PKG_VERSION"
+    local tmp
+    tmp=$(mktemp -d "$CACHE/debs/.download.XXXXXX")
+    # apt-get download checks the hash recorded in the signed lists.
+    if ! (cd "$tmp" && apt-get "${APT_OPTS[@]}" -q download "$PKG=$PKG_VERSION" >"$tmp/log" 2>&1); then
+      cat "$tmp/log" >&2
+      rm -rf "$tmp"
+      die "apt-get download $PKG=$PKG_VERSION failed"
+    fi
+    mv "$tmp"/*.deb "$deb"
+    rm -rf "$tmp"
+    sha=$(sha256sum "$deb" | cut -d' ' -f1)
+    [ "$sha" = "$want" ] || { rm -f "$deb"; die "downloaded $PKG has SHA256 $sha, the lists say $want"; }
+    echo "$want" >"$deb.sha256"
+  fi
+
+  UNPACKED="$CACHE/unpacked/${PKG}_${PKG_VERSION//:/%3a}"
+  if [ ! -f "$UNPACKED/.complete" ]; then
+    log "unpacking $(basename "$deb")"
+    rm -rf "$UNPACKED" "$UNPACKED.tmp"
+    mkdir -p "$UNPACKED.tmp"
+    dpkg-deb -x "$deb" "$UNPACKED.tmp"
+    touch "$UNPACKED.tmp/.complete"
+    mv "$UNPACKED.tmp" "$UNPACKED"
+  fi
+  local vmlinuz
+  vmlinuz=$(ls "$UNPACKED"/boot/vmlinuz-* 2>/dev/null | head -n1 || true)
+  [ -n "$vmlinuz" ] || die "$PKG $PKG_VERSION has no boot/vmlinuz-*"
+  RELEASE=${vmlinuz##*/vmlinuz-}
+  [ -d "$UNPACKED/lib/modules/$RELEASE" ] || die "$PKG has no lib/modules/$RELEASE"
+}
+
+# Prints the modules to load for $@ (names as given to insmod, without .ko),
+# dependencies first. Built-in modules are skipped; a missing module is fatal.
+module_order() {
+  local moddir=$1; shift
+  local -A path=() seen=()
+  local f base
+  while IFS= read -r f; do
+    base=${f##*/}; base=${base%.ko*}
+    path[${base//-/_}]=$f
+  done < <(find "$moddir/kernel" -name '*.ko*')
+  visit() {
+    local key=${1//-/_} deps dep
+    [ -z "${seen[$key]:-}" ] || return 0
+    seen[$key]=1
+    if [ -z "${path[$key]:-}" ]; then
+      if grep -qE "/${1//_/[-_]}\.ko$" "$moddir/modules.builtin" 2>/dev/null; then
+        return 0
+      fi
+      die "module $1 is neither in $moddir/kernel nor built in"
+    fi
+    deps=$(modinfo -F depends "${path[$key]}")
+    for dep in ${deps//,/ }; do visit "$dep"; done
+    echo "${path[$key]}"
+  }
+  local m
+  for m in "$@"; do visit "$m"; done
+}
+
+# Hash of the helper's source and the compiler: the cached binary is reused
+# while both stay the same.
+KEXEC_SRC="$SCRIPT_DIR/guest/hvtrace-kexec.c"
+kexec_key=$( (cat "$KEXEC_SRC"; gcc --version | head -n1) | sha256sum | cut -c1-16)
+KEXEC_BIN="$CACHE/tools/hvtrace-kexec-$kexec_key"
+if [ ! -x "$KEXEC_BIN" ]; then
+  mkdir -p "$CACHE/tools"
+  log "compiling hvtrace-kexec"
+  gcc -static -Os -s -Wall -Wextra -Werror -o "$KEXEC_BIN.tmp" "$KEXEC_SRC"
+  mv "$KEXEC_BIN.tmp" "$KEXEC_BIN"
+fi
+
+if [ -n "$AGENT" ] && LC_ALL=C readelf -l "$AGENT" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+  log "warning: $AGENT is dynamically linked; it will not run in the initramfs"
+fi
+
+# Writes the initramfs for the unpacked kernel to $1 (gzip'd newc cpio); with
+# $2 = 1 it also carries the kernel at /boot/vmlinuz.
+make_initramfs() {
+  local dest=$1 with_kernel=$2 stage f
+  stage=$(mktemp -d "$OUT/.stage.XXXXXX")
+  mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,proc,sys,dev,tmp,root,run,etc/hvtrace,boot} \
+           "$stage/lib/modules/$RELEASE"
+  chmod 1777 "$stage/tmp"
+  cp "$BUSYBOX" "$stage/bin/busybox"
+  # Applet links from the busybox we ship, so every applet it has is there.
+  while IFS= read -r f; do
+    [ "$f" = "bin/busybox" ] && continue
+    case "$f" in
+      bin/*) ln -sf busybox "$stage/$f" ;;
+      sbin/*) ln -sf ../bin/busybox "$stage/$f" ;;
+      usr/bin/*|usr/sbin/*) ln -sf ../../bin/busybox "$stage/$f" ;;
+    esac
+  done < <("$BUSYBOX" --list-full)
+  install -m 0755 "$SCRIPT_DIR/guest/init" "$stage/init"
+  install -m 0755 "$KEXEC_BIN" "$stage/bin/hvtrace-kexec"
+  [ -z "$AGENT" ] || install -m 0755 "$AGENT" "$stage/bin/hvtrace-agent"
+  : >"$stage/etc/hvtrace/modules"
+  for f in "${MODULE_FILES[@]}"; do
+    local base=${f##*/}; base=${base%.ko*}
+    case "$f" in
+      *.ko.xz) xz -dc "$f" >"$stage/lib/modules/$RELEASE/$base.ko" ;;
+      *.ko.zst) zstd -qdc "$f" >"$stage/lib/modules/$RELEASE/$base.ko" ;;
+      *.ko.gz) gzip -dc "$f" >"$stage/lib/modules/$RELEASE/$base.ko" ;;
+      *) cp "$f" "$stage/lib/modules/$RELEASE/$base.ko" ;;
+    esac
+    echo "$base" >>"$stage/etc/hvtrace/modules"
+  done
+  echo "$RELEASE" >"$stage/etc/hvtrace/kernel-release"
+  printf 'root:x:0:0:root:/root:/bin/sh\n' >"$stage/etc/passwd"
+  printf 'root:x:0:\n' >"$stage/etc/group"
+  [ "$with_kernel" -eq 0 ] || cp "$UNPACKED/boot/vmlinuz-$RELEASE" "$stage/boot/vmlinuz"
+  [ -z "$OVERLAY" ] || cp -a "$OVERLAY"/. "$stage"/
+  (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort \
+     | cpio --quiet -o -H newc -R 0:0 --reproducible) | gzip -6 -n >"$dest.tmp"
+  mv "$dest.tmp" "$dest"
+  rm -rf "$stage"
+}
+
+# Everything an initramfs is made of, hashed: equal hash = nothing to do.
+inputs_hash() {
+  {
+    echo "pkg $PKG $PKG_VERSION release $RELEASE"
+    printf 'module %s\n' "${MODULE_FILES[@]}"
+    sha256sum "$0" "$SCRIPT_DIR/guest/init" "$KEXEC_BIN" "$BUSYBOX" | cut -d' ' -f1
+    if [ -n "$AGENT" ]; then echo "agent"; sha256sum <"$AGENT"; fi
+    if [ -n "$OVERLAY" ]; then
+      echo "overlay"
+      (cd "$OVERLAY" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum)
+      (cd "$OVERLAY" && find . -printf '%p %m %l\n' | LC_ALL=C sort)
+    fi
+  } | sha256sum | cut -d' ' -f1
+}
+
+for guest in "${GUESTS[@]}"; do
+  fetch_kernel "$guest"
+  order=$(module_order "$UNPACKED/lib/modules/$RELEASE" "${MODULES[@]}")
+  mapfile -t MODULE_FILES <<<"$order"
+  dir="$OUT/$guest"
+  mkdir -p "$dir"
+  exec 9>"$dir/.lock"
+  flock 9
+  hash=$(inputs_hash)
+  up_to_date=1
+  [ "$(cat "$dir/.inputs" 2>/dev/null)" = "$hash" ] || up_to_date=0
+  for f in vmlinuz initrd.img kernel-release config; do
+    [ -f "$dir/$f" ] || up_to_date=0
+  done
+  if [ "$up_to_date" -eq 0 ]; then
+    log "building $guest guest: $PKG $PKG_VERSION ($RELEASE), modules: $(printf '%s ' "${MODULE_FILES[@]##*/}")"
+    rm -f "$dir/.inputs"
+    # Files are replaced by rename, so a QEMU already reading one keeps a
+    # consistent copy.
+    for f in vmlinuz config; do
+      cp "$UNPACKED/boot/$f-$RELEASE" "$dir/$f.tmp"
+      mv "$dir/$f.tmp" "$dir/$f"
+    done
+    echo "$RELEASE" >"$dir/kernel-release.tmp" && mv "$dir/kernel-release.tmp" "$dir/kernel-release"
+    echo "$PKG $PKG_VERSION" >"$dir/package.tmp" && mv "$dir/package.tmp" "$dir/package"
+    make_initramfs "$dir/initrd.img" 0
+    echo "$hash" >"$dir/.inputs"
+  fi
+  # The kexec image is sticky: once asked for, later runs (tests/run.sh runs
+  # without the flag) keep it in step with initrd.img instead of dropping it.
+  if [ "$WITH_KEXEC_KERNEL" -eq 1 ] || [ -f "$dir/initrd-kexec.img" ]; then
+    if [ "$(cat "$dir/.inputs-kexec" 2>/dev/null)" != "$hash" ] || [ ! -f "$dir/initrd-kexec.img" ]; then
+      log "building $guest kexec initramfs (with /boot/vmlinuz)"
+      rm -f "$dir/.inputs-kexec"
+      make_initramfs "$dir/initrd-kexec.img" 1
+      echo "$hash" >"$dir/.inputs-kexec"
+    fi
+  fi
+  exec 9>&-
+  echo "GUEST $guest KERNEL=$dir/vmlinuz INITRD=$dir/initrd.img RELEASE=$RELEASE"
+done
+
+log "done in $(awk -v s="$started" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f s", e - s }')"

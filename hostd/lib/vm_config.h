@@ -1,0 +1,79 @@
+// VmConfig: what a guest hvtrace boots looks like, and the pure function that
+// turns it into a QEMU 7.2 command line. No I/O happens here except in
+// KvmUsable(), so every layout rule is unit-tested.
+#ifndef HVTRACE_HOSTD_VM_CONFIG_H_
+#define HVTRACE_HOSTD_VM_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpa_layout.h"
+#include "hvtrace/result.h"
+
+namespace hvtrace::hostd {
+
+enum class Accel { kAuto, kKvm, kTcg };
+enum class PanicDevice { kNone, kIsa, kPci };
+
+// A guest-physical range backed by a host file at the start of NUMA node 1,
+// where the 6.12+ kernel's persistent ring buffer lives from early boot.
+struct BootRangeConfig {
+  std::string backing_path;  // Usually /dev/shm/<unique>; QEMU creates it.
+  uint64_t range_bytes = 16 * kMiB;
+  uint64_t node0_bytes = 0;  // 0: smallest node 1 that fits (see gpa_layout.h).
+  std::string instance_name = "boot_map";
+  std::string events;        // e.g. "sched:sched_switch,irq"; may be empty.
+  bool remove_on_cleanup = true;  // Only if the launcher created the file.
+};
+
+// A cold-plugged ivshmem-plain device backed by a host file.
+struct IvshmemConfig {
+  std::string id;            // QEMU device id, e.g. "ivs0".
+  std::string backing_path;  // Usually /dev/shm/<unique>.
+  uint64_t size_bytes = 4 * kMiB;  // Must be a power of two: QEMU aborts otherwise.
+  bool remove_on_cleanup = true;
+};
+
+struct VmConfig {
+  std::string name = "hvtrace-guest";
+  std::string qemu_binary = "qemu-system-x86_64";
+  MachineType machine = MachineType::kPc;
+  Accel accel = Accel::kAuto;
+  std::string cpu_model;     // Empty: QEMU's default for the accelerator.
+  int vcpus = 2;
+  uint64_t memory_bytes = 1088 * kMiB;  // Whole MiB.
+  std::string kernel;
+  std::string initrd;        // May be empty.
+  std::string cmdline;       // "console=ttyS0" is added when missing.
+  std::string qmp_socket;    // Unix socket path; QEMU listens (server=on,wait=off).
+  std::string console_log;   // Everything the guest writes to ttyS0.
+  std::string console_socket;  // Optional unix socket for ttyS0 input/output.
+  PanicDevice panic_device = PanicDevice::kIsa;
+  bool pause_on_panic = true;  // -action panic=pause: keeps the memory to read.
+  bool no_reboot = false;
+  std::optional<BootRangeConfig> boot_range;
+  std::vector<IvshmemConfig> ivshmem;
+  std::vector<std::string> extra_args;  // Appended verbatim, last.
+};
+
+// The result of planning a VM: its argv and the boot range layout used.
+struct QemuPlan {
+  std::vector<std::string> argv;
+  std::optional<BootRangeLayout> boot_range;
+};
+
+// True when /dev/kvm opens read-write and answers KVM_GET_API_VERSION.
+bool KvmUsable();
+
+// Builds the argv (argv[0] = qemu_binary). |kvm_usable| resolves Accel::kAuto;
+// Accel::kKvm without it is an error. Errors name the offending setting.
+Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable);
+
+// Kernel command-line size syntax: "16M", "512K" or plain bytes.
+std::string KernelSize(uint64_t bytes);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_VM_CONFIG_H_

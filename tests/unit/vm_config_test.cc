@@ -1,0 +1,278 @@
+#include "vm_config.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "gpa_layout.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+using ::testing::HasSubstr;
+
+VmConfig BaseConfig() {
+  VmConfig c;
+  c.name = "t1";
+  c.kernel = "/k/vmlinuz";
+  c.initrd = "/k/initrd.img";
+  c.qmp_socket = "/tmp/t1.qmp";
+  c.console_socket = "/tmp/t1.con";
+  c.console_log = "/tmp/t1.log";
+  return c;
+}
+
+// Value following |flag| the |nth| time it appears, or "" if absent.
+std::string ArgAfter(const std::vector<std::string>& argv, const std::string& flag, int nth = 0) {
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == flag && nth-- == 0) return argv[i + 1];
+  }
+  return "";
+}
+
+std::vector<std::string> AllAfter(const std::vector<std::string>& argv, const std::string& flag) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i + 1 < argv.size(); ++i) {
+    if (argv[i] == flag) out.push_back(argv[i + 1]);
+  }
+  return out;
+}
+
+TEST(GpaLayoutTest, DesignRecipeLayout) {
+  // DESIGN §4.2: -m 1088M, 16 MiB range → node 0 = 1 GiB, node 1 = 64 MiB, range at 0x40000000.
+  auto layout = ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB, 16 * kMiB, 0});
+  ASSERT_TRUE(layout.ok()) << layout.error().message;
+  EXPECT_EQ(layout->node0_bytes, 1024 * kMiB);
+  EXPECT_EQ(layout->node1_bytes, 64 * kMiB);
+  EXPECT_EQ(layout->range_gpa, 0x40000000u);
+  EXPECT_EQ(layout->file_offset, 0u);
+}
+
+TEST(GpaLayoutTest, ExplicitNode0) {
+  auto layout = ComputeBootRangeLayout({MachineType::kPc, 1024 * kMiB, 32 * kMiB, 512 * kMiB});
+  ASSERT_TRUE(layout.ok()) << layout.error().message;
+  EXPECT_EQ(layout->range_gpa, 512 * kMiB);
+  EXPECT_EQ(layout->node1_bytes, 512 * kMiB);
+}
+
+TEST(GpaLayoutTest, NodeSizeRoundedToAlignment) {
+  // 4 KiB range + 48 MiB headroom rounds node 1 up to 50 MiB.
+  auto layout = ComputeBootRangeLayout({MachineType::kPc, 1024 * kMiB, 4096, 0});
+  ASSERT_TRUE(layout.ok()) << layout.error().message;
+  EXPECT_EQ(layout->node1_bytes, 50 * kMiB);
+  EXPECT_EQ(layout->node0_bytes % kNodeAlignment, 0u);
+}
+
+TEST(GpaLayoutTest, RefusesRangeTooLargeForItsNode) {
+  // Node 1 is 64 MiB; 32 MiB + 48 MiB headroom does not fit.
+  auto layout = ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB, 32 * kMiB, 1024 * kMiB});
+  ASSERT_FALSE(layout.ok());
+  EXPECT_THAT(layout.error().message, HasSubstr("too large for its node"));
+  // A range that leaves exactly the headroom fits.
+  EXPECT_TRUE(ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB, 16 * kMiB, 1024 * kMiB}).ok());
+}
+
+TEST(GpaLayoutTest, RefusesUnalignedSizesAndAddresses) {
+  EXPECT_THAT(ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB, 16 * kMiB + 100, 0}).error().message,
+              HasSubstr("page size"));
+  EXPECT_FALSE(ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB, 0, 0}).ok());
+  EXPECT_THAT(ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB, 16 * kMiB, 1024 * kMiB + 4096})
+                  .error()
+                  .message,
+              HasSubstr("aligned"));
+  EXPECT_THAT(ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB + 4096, 16 * kMiB, 0}).error().message,
+              HasSubstr("multiple"));
+}
+
+TEST(GpaLayoutTest, RefusesMemoryAboveLowMemoryLimit) {
+  EXPECT_EQ(LowMemoryLimit(MachineType::kPc, 1024 * kMiB), 0xe0000000u);
+  EXPECT_EQ(LowMemoryLimit(MachineType::kPc, 4096 * kMiB), 0xc0000000u);
+  EXPECT_EQ(LowMemoryLimit(MachineType::kQ35, 1024 * kMiB), 0xb0000000u);
+  EXPECT_EQ(LowMemoryLimit(MachineType::kQ35, 3072 * kMiB), 0x80000000u);
+  // 3 GiB fits below pc's 3.5 GiB, but not below q35's 2.75 GiB.
+  EXPECT_TRUE(ComputeBootRangeLayout({MachineType::kPc, 3072 * kMiB, 16 * kMiB, 0}).ok());
+  auto q35 = ComputeBootRangeLayout({MachineType::kQ35, 3072 * kMiB, 16 * kMiB, 0});
+  ASSERT_FALSE(q35.ok());
+  EXPECT_THAT(q35.error().message, HasSubstr("low-memory limit"));
+  EXPECT_FALSE(ComputeBootRangeLayout({MachineType::kPc, 8192 * kMiB, 16 * kMiB, 0}).ok());
+}
+
+TEST(GpaLayoutTest, RefusesRangeLargerThanMemoryOrTinyNode0) {
+  EXPECT_FALSE(ComputeBootRangeLayout({MachineType::kPc, 256 * kMiB, 512 * kMiB, 0}).ok());
+  EXPECT_THAT(ComputeBootRangeLayout({MachineType::kPc, 256 * kMiB, 128 * kMiB, 0}).error().message,
+              HasSubstr("node 0"));
+  EXPECT_FALSE(ComputeBootRangeLayout({MachineType::kPc, 1024 * kMiB, 16 * kMiB, 2048 * kMiB}).ok());
+}
+
+TEST(VmConfigTest, BasicArgv) {
+  auto plan = BuildQemuPlan(BaseConfig(), /*kvm_usable=*/false);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const auto& argv = plan->argv;
+  EXPECT_EQ(argv[0], "qemu-system-x86_64");
+  EXPECT_EQ(ArgAfter(argv, "-machine"), "pc");
+  EXPECT_EQ(ArgAfter(argv, "-accel"), "tcg");
+  EXPECT_EQ(ArgAfter(argv, "-smp"), "2");
+  EXPECT_EQ(ArgAfter(argv, "-m"), "1088M");
+  EXPECT_EQ(ArgAfter(argv, "-kernel"), "/k/vmlinuz");
+  EXPECT_EQ(ArgAfter(argv, "-initrd"), "/k/initrd.img");
+  EXPECT_EQ(ArgAfter(argv, "-append"), "console=ttyS0");
+  EXPECT_EQ(ArgAfter(argv, "-device"), "pvpanic");
+  EXPECT_EQ(ArgAfter(argv, "-action"), "panic=pause");
+  EXPECT_EQ(ArgAfter(argv, "-serial"), "chardev:hvt_con");
+  EXPECT_THAT(AllAfter(argv, "-chardev"),
+              ::testing::ElementsAre(
+                  "socket,id=hvt_con,path=/tmp/t1.con,server=on,wait=off,logfile=/tmp/t1.log",
+                  "socket,id=hvt_qmp,path=/tmp/t1.qmp,server=on,wait=off"));
+  EXPECT_EQ(ArgAfter(argv, "-mon"), "chardev=hvt_qmp,mode=control");
+  EXPECT_FALSE(plan->boot_range.has_value());
+  EXPECT_EQ(std::count(argv.begin(), argv.end(), "-numa"), 0);
+}
+
+TEST(VmConfigTest, AccelSelection) {
+  VmConfig c = BaseConfig();
+  EXPECT_EQ(ArgAfter(BuildQemuPlan(c, true)->argv, "-accel"), "kvm");
+  c.accel = Accel::kTcg;
+  EXPECT_EQ(ArgAfter(BuildQemuPlan(c, true)->argv, "-accel"), "tcg");
+  c.accel = Accel::kKvm;
+  EXPECT_THAT(BuildQemuPlan(c, false).error().message, HasSubstr("/dev/kvm"));
+}
+
+TEST(VmConfigTest, BootRangeMatchesDesignRecipe) {
+  VmConfig c = BaseConfig();
+  c.cmdline = "console=ttyS0 quiet";
+  c.boot_range = BootRangeConfig{};
+  c.boot_range->backing_path = "/dev/shm/t1-boot";
+  c.boot_range->events = "sched:sched_switch,irq";
+  auto plan = BuildQemuPlan(c, false);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const auto& argv = plan->argv;
+  EXPECT_THAT(AllAfter(argv, "-object"),
+              ::testing::ElementsAre("memory-backend-ram,id=hvt_node0,size=1073741824",
+                                     "memory-backend-file,id=hvt_node1,size=67108864,mem-path=/dev/shm/t1-boot,"
+                                     "share=on"));
+  EXPECT_THAT(AllAfter(argv, "-numa"), ::testing::ElementsAre("node,nodeid=0,memdev=hvt_node0",
+                                                              "node,nodeid=1,memdev=hvt_node1"));
+  EXPECT_EQ(ArgAfter(argv, "-append"),
+            "console=ttyS0 quiet memmap=16M$0x40000000 "
+            "trace_instance=boot_map@0x40000000:16M,sched:sched_switch,irq");
+  ASSERT_TRUE(plan->boot_range.has_value());
+  EXPECT_EQ(plan->boot_range->range_gpa, 0x40000000u);
+}
+
+TEST(VmConfigTest, RefusesBootRangeTooLargeForItsNode) {
+  VmConfig c = BaseConfig();
+  c.boot_range = BootRangeConfig{};
+  c.boot_range->backing_path = "/dev/shm/x";
+  c.boot_range->range_bytes = 64 * kMiB;
+  c.boot_range->node0_bytes = 1024 * kMiB;
+  auto plan = BuildQemuPlan(c, false);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.error().message, HasSubstr("too large for its node"));
+  EXPECT_THAT(plan.error().message, HasSubstr("VM 't1'"));
+}
+
+TEST(VmConfigTest, RefusesUnalignedBootRange) {
+  VmConfig c = BaseConfig();
+  c.boot_range = BootRangeConfig{};
+  c.boot_range->backing_path = "/dev/shm/x";
+  c.boot_range->range_bytes = 16 * kMiB + 512;
+  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  c.boot_range->range_bytes = 16 * kMiB;
+  c.boot_range->node0_bytes = 1000 * kMiB + 4096;
+  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+}
+
+TEST(VmConfigTest, RefusesBootRangeTooSmallPerCpu) {
+  VmConfig c = BaseConfig();
+  c.vcpus = 8;
+  c.boot_range = BootRangeConfig{};
+  c.boot_range->backing_path = "/dev/shm/x";
+  c.boot_range->range_bytes = 64 * 4096;
+  EXPECT_THAT(BuildQemuPlan(c, false).error().message, HasSubstr("vCPUs only"));
+}
+
+TEST(VmConfigTest, Malicious_BootRangeNamesCannotInjectCmdlineTokens) {
+  VmConfig c = BaseConfig();
+  c.boot_range = BootRangeConfig{};
+  c.boot_range->backing_path = "/dev/shm/x";
+  c.boot_range->events = "irq init=/bin/sh";
+  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  c.boot_range->events = "irq";
+  c.boot_range->instance_name = "a@0:1M";
+  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+}
+
+TEST(VmConfigTest, Ivshmem) {
+  VmConfig c = BaseConfig();
+  c.ivshmem.push_back({"ivs0", "/dev/shm/t1-ivs0", 4 * kMiB, true});
+  c.ivshmem.push_back({"ivs1", "/dev/shm/t1,ivs1", 64 * 1024, true});
+  auto plan = BuildQemuPlan(c, false);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_THAT(AllAfter(plan->argv, "-object"),
+              ::testing::ElementsAre("memory-backend-file,id=hvt_ivs0,size=4194304,mem-path=/dev/shm/t1-ivs0,share=on",
+                                     "memory-backend-file,id=hvt_ivs1,size=65536,mem-path=/dev/shm/t1,,ivs1,share=on"));
+  EXPECT_THAT(AllAfter(plan->argv, "-device"),
+              ::testing::ElementsAre("pvpanic", "ivshmem-plain,memdev=hvt_ivs0,id=ivs0",
+                                     "ivshmem-plain,memdev=hvt_ivs1,id=ivs1"));
+}
+
+TEST(VmConfigTest, RefusesNonPowerOfTwoIvshmem) {
+  VmConfig c = BaseConfig();
+  c.ivshmem.push_back({"ivs0", "/dev/shm/t1-ivs0", 3 * kMiB, true});
+  auto plan = BuildQemuPlan(c, false);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_THAT(plan.error().message, HasSubstr("power of two"));
+  c.ivshmem[0].size_bytes = 0;
+  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  c.ivshmem[0].size_bytes = 1024;  // Power of two but below a page.
+  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+}
+
+TEST(VmConfigTest, RefusesDuplicateIdsAndSharedBackingFiles) {
+  VmConfig c = BaseConfig();
+  c.ivshmem.push_back({"ivs0", "/dev/shm/a", 4 * kMiB, true});
+  c.ivshmem.push_back({"ivs0", "/dev/shm/b", 4 * kMiB, true});
+  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  c.ivshmem[1].id = "ivs1";
+  c.ivshmem[1].backing_path = "/dev/shm/a";
+  EXPECT_THAT(BuildQemuPlan(c, false).error().message, HasSubstr("already used"));
+}
+
+TEST(VmConfigTest, RefusesImpossibleBasics) {
+  VmConfig c = BaseConfig();
+  c.vcpus = 0;
+  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  c = BaseConfig();
+  c.memory_bytes = 1000 * kMiB + 1;
+  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  c = BaseConfig();
+  c.kernel.clear();
+  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  c = BaseConfig();
+  c.qmp_socket = "/tmp/" + std::string(200, 'q');
+  EXPECT_THAT(BuildQemuPlan(c, false).error().message, HasSubstr("unix socket paths"));
+}
+
+TEST(VmConfigTest, Q35AndPciPanic) {
+  VmConfig c = BaseConfig();
+  c.machine = MachineType::kQ35;
+  c.panic_device = PanicDevice::kPci;
+  c.pause_on_panic = false;
+  auto plan = BuildQemuPlan(c, false);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(ArgAfter(plan->argv, "-machine"), "q35");
+  EXPECT_EQ(ArgAfter(plan->argv, "-device"), "pvpanic-pci");
+  EXPECT_EQ(ArgAfter(plan->argv, "-action"), "");
+}
+
+TEST(VmConfigTest, KernelSizeSyntax) {
+  EXPECT_EQ(KernelSize(16 * kMiB), "16M");
+  EXPECT_EQ(KernelSize(12 * 1024), "12K");
+  EXPECT_EQ(KernelSize(1000), "1000");
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

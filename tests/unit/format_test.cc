@@ -1,0 +1,174 @@
+#include "hvtrace/format.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace hvtrace {
+namespace {
+
+std::string ReadFixture(const std::string& name) {
+  std::ifstream in(std::string(HVTRACE_FIXTURES_DIR) + "/fuzz/format/" + name);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+TEST(FormatTest, ParsesRealSchedSwitch) {
+  std::string text = ReadFixture("sched_sched_switch.format");
+  ASSERT_FALSE(text.empty());
+  auto ev = ParseEventFormat("sched", text);
+  ASSERT_TRUE(ev.ok()) << ev.error().message;
+  EXPECT_EQ(ev->system, "sched");
+  EXPECT_EQ(ev->name, "sched_switch");
+  ASSERT_EQ(ev->fields.size(), 11u);
+  EXPECT_EQ(ev->fields[0].name, "common_type");
+  EXPECT_EQ(ev->fields[0].type, "unsigned short");
+  EXPECT_TRUE(ev->fields[0].is_common);
+  EXPECT_FALSE(ev->fields[4].is_common);
+  const FieldFormat* comm = ev->FindField("prev_comm");
+  ASSERT_NE(comm, nullptr);
+  EXPECT_EQ(comm->type, "char[16]");
+  EXPECT_EQ(comm->kind, FieldKind::kArray);
+  EXPECT_EQ(comm->array_length, 16u);
+  EXPECT_EQ(comm->offset, 8u);
+  EXPECT_EQ(comm->size, 16u);
+  const FieldFormat* pid = ev->FindField("prev_pid");
+  ASSERT_NE(pid, nullptr);
+  EXPECT_EQ(pid->type, "pid_t");
+  EXPECT_TRUE(pid->is_signed);
+  EXPECT_TRUE(ev->print_fmt.starts_with("\"prev_comm=%s prev_pid=%d"));
+  EXPECT_TRUE(ev->print_fmt.ends_with("REC->next_prio"));
+}
+
+TEST(FormatTest, ParsesDynamicAndOpenArrays) {
+  auto irq = ParseEventFormat("irq", ReadFixture("irq_irq_handler_entry.format"));
+  ASSERT_TRUE(irq.ok()) << irq.error().message;
+  const FieldFormat* name = irq->FindField("name");
+  ASSERT_NE(name, nullptr);
+  EXPECT_EQ(name->kind, FieldKind::kDataLoc);
+  EXPECT_EQ(name->type, "__data_loc char[]");
+  EXPECT_EQ(name->size, 4u);
+
+  auto print = ParseEventFormat("ftrace", ReadFixture("ftrace_print.format"));
+  ASSERT_TRUE(print.ok()) << print.error().message;
+  const FieldFormat* buf = print->FindField("buf");
+  ASSERT_NE(buf, nullptr);
+  EXPECT_EQ(buf->kind, FieldKind::kArray);
+  EXPECT_EQ(buf->array_length, 0u);
+  EXPECT_EQ(buf->size, 0u);
+
+  auto bprint = ParseEventFormat("ftrace", ReadFixture("ftrace_bprint.format"));
+  ASSERT_TRUE(bprint.ok()) << bprint.error().message;
+  EXPECT_EQ(bprint->FindField("fmt")->type, "const char *");
+}
+
+TEST(FormatTest, ParsesEveryFixture) {
+  for (const char* f : {"ftrace_function.format", "irq_softirq_entry.format", "kmem_kmalloc.format",
+                        "sched_sched_wakeup.format", "syscalls_sys_enter_openat.format",
+                        "timer_hrtimer_start.format"}) {
+    auto ev = ParseEventFormat("x", ReadFixture(f));
+    EXPECT_TRUE(ev.ok()) << f << ": " << ev.error().message;
+  }
+}
+
+TEST(FormatTest, HeaderPageAndHeaderEvent) {
+  auto page = ParseHeaderPage(ReadFixture("header_page"));
+  ASSERT_TRUE(page.ok()) << page.error().message;
+  ASSERT_GE(page->size(), 3u);
+  EXPECT_EQ((*page)[0].name, "timestamp");
+  EXPECT_EQ((*page)[0].type, "u64");
+  EXPECT_EQ((*page)[1].name, "commit");
+  EXPECT_EQ((*page)[1].offset, 8u);
+  EXPECT_EQ(page->back().name, "data");
+  EXPECT_EQ(page->back().offset, 16u);
+
+  auto header = ParseHeaderEvent(ReadFixture("header_event"));
+  ASSERT_TRUE(header.ok()) << header.error().message;
+  EXPECT_EQ(header->type_len_bits, 5u);
+  EXPECT_EQ(header->time_delta_bits, 27u);
+  EXPECT_EQ(header->padding_type, 29u);
+  EXPECT_EQ(header->time_extend_type, 30u);
+  EXPECT_EQ(header->time_stamp_type, 31u);
+  EXPECT_EQ(header->data_max_type_len, 28u);
+}
+
+constexpr char kSmall[] =
+    "name: tiny\n"
+    "ID: 7\n"
+    "format:\n"
+    "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+    "\n"
+    "\tfield:int value;\toffset:8;\tsize:4;\tsigned:1;\n"
+    "\n"
+    "print fmt: \"value=%d\", REC->value\n";
+
+TEST(FormatTest, SmallFormatRoundTrip) {
+  auto ev = ParseEventFormat("test", kSmall);
+  ASSERT_TRUE(ev.ok()) << ev.error().message;
+  EXPECT_EQ(ev->id, 7u);
+  ASSERT_EQ(ev->fields.size(), 2u);
+  EXPECT_EQ(ev->print_fmt, "\"value=%d\", REC->value");
+}
+
+// Hostile text: every rejection names the event and line.
+TEST(FormatTest, Malicious_Rejected) {
+  struct Case {
+    const char* what;
+    std::string text;
+  } cases[] = {
+      {"no name", "ID: 1\nformat:\n"},
+      {"no id", "name: x\nformat:\n"},
+      {"id too big", "name: x\nID: 70000\nformat:\n"},
+      {"negative offset",
+       "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:-1;\tsize:4;\tsigned:1;\n"},
+      {"huge size",
+       "name: x\nID: 1\nformat:\n\tfield:char a[99];\toffset:0;\tsize:4294967295;\tsigned:0;\n"},
+      {"offset + size past limit",
+       "name: x\nID: 1\nformat:\n\tfield:char a[9];\toffset:1048570;\tsize:100;\tsigned:0;\n"},
+      {"scalar of 3 kB",
+       "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:0;\tsize:3000;\tsigned:0;\n"},
+      {"no semicolon", "name: x\nID: 1\nformat:\n\tfield:int a\toffset:0;\tsize:4;\n"},
+      {"no field name", "name: x\nID: 1\nformat:\n\tfield:;\toffset:0;\tsize:4;\n"},
+      {"type missing", "name: x\nID: 1\nformat:\n\tfield:a;\toffset:0;\tsize:4;\n"},
+      {"duplicate field",
+       "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:0;\tsize:4;\n\tfield:int a;\toffset:4;\tsize:4;\n"},
+      {"garbage line", "name: x\nID: 1\nhello\n"},
+      {"nul byte", std::string("name: x\nID: 1\0\nformat:\n", 22)},
+      {"name with slash", "name: ../x\nID: 1\nformat:\n"},
+      {"signed 2", "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:0;\tsize:4;\tsigned:2;\n"},
+      {"data_loc of size 9",
+       "name: x\nID: 1\nformat:\n\tfield:__data_loc char[] a;\toffset:0;\tsize:9;\tsigned:0;\n"},
+  };
+  for (const Case& c : cases) {
+    auto ev = ParseEventFormat("sys", c.text);
+    EXPECT_FALSE(ev.ok()) << c.what;
+    if (!ev.ok()) {
+      EXPECT_NE(ev.error().message.find("sys/"), std::string::npos) << ev.error().message;
+    }
+  }
+}
+
+TEST(FormatTest, Malicious_TooManyFieldsAndTooLong) {
+  std::string text = "name: x\nID: 1\nformat:\n";
+  for (size_t i = 0; i <= kMaxFields; ++i) {
+    text += "\tfield:int f" + std::to_string(i) + ";\toffset:0;\tsize:4;\tsigned:1;\n";
+  }
+  EXPECT_FALSE(ParseEventFormat("s", text).ok());
+  std::string huge(kMaxFormatTextSize + 1, ' ');
+  EXPECT_FALSE(ParseEventFormat("s", huge).ok());
+  EXPECT_FALSE(ParseHeaderPage(huge).ok());
+}
+
+TEST(FormatTest, Malicious_HeaderEvent) {
+  EXPECT_FALSE(ParseHeaderEvent("type_len : 5 bits\n").ok());  // No time_delta.
+  EXPECT_FALSE(ParseHeaderEvent("type_len : 9 bits\ntime_delta : 23 bits\n").ok());
+  EXPECT_FALSE(ParseHeaderEvent("type_len : 5 bits\ntime_delta : 26 bits\n").ok());
+  EXPECT_FALSE(ParseHeaderEvent("type_len : 5 bits\ntime_delta : 27 bits\npadding : type == 99\n").ok());
+  EXPECT_FALSE(ParseHeaderPage("\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n").ok());
+}
+
+}  // namespace
+}  // namespace hvtrace

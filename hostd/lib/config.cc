@@ -1,0 +1,145 @@
+#include "config.h"
+
+#include <cerrno>
+#include <charconv>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace hvtrace::hostd {
+namespace {
+
+std::string_view Trim(std::string_view s) {
+  size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string_view::npos) return {};
+  size_t e = s.find_last_not_of(" \t\r");
+  return s.substr(b, e - b + 1);
+}
+
+Result<int> ParseInt(std::string_view value, int min, int max) {
+  int out = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), out);
+  if (ec != std::errc() || ptr != value.data() + value.size()) {
+    return Error{"'" + std::string(value) + "' is not an integer"};
+  }
+  if (out < min || out > max) {
+    return Error{std::to_string(out) + " is outside " + std::to_string(min) + ".." +
+                 std::to_string(max)};
+  }
+  return out;
+}
+
+Result<std::filesystem::path> ParsePath(std::string_view value) {
+  if (value.empty() || value.front() != '/') {
+    return Error{"'" + std::string(value) + "' is not an absolute path"};
+  }
+  return std::filesystem::path(value);
+}
+
+}  // namespace
+
+std::string_view PanicPolicyName(PanicPolicy policy) {
+  switch (policy) {
+    case PanicPolicy::kPause: return "pause";
+    case PanicPolicy::kResume: return "resume";
+    case PanicPolicy::kQuit: return "quit";
+  }
+  return "?";
+}
+
+std::filesystem::path Config::EffectiveSocketPath() const {
+  return socket_path.empty() ? run_dir / "hvtraced.sock" : socket_path;
+}
+
+Result<Config> ParseConfig(std::string_view text, std::string_view origin, Config base) {
+  Config config = std::move(base);
+  std::set<std::string, std::less<>> seen;
+  size_t line_no = 0;
+  while (!text.empty()) {
+    size_t nl = text.find('\n');
+    std::string_view raw = text.substr(0, nl);
+    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+    ++line_no;
+    std::string where = std::string(origin) + ":" + std::to_string(line_no) + ": ";
+    std::string_view line = Trim(raw);
+    if (line.empty() || line.front() == '#') continue;
+    size_t eq = line.find('=');
+    if (eq == std::string_view::npos) return Error{where + "expected 'key = value'"};
+    std::string_view key = Trim(line.substr(0, eq));
+    std::string_view value = Trim(line.substr(eq + 1));
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') {
+      value = value.substr(1, value.size() - 2);
+    }
+    if (key.empty()) return Error{where + "missing key before '='"};
+    if (!seen.insert(std::string(key)).second) {
+      return Error{where + "'" + std::string(key) + "' is set twice"};
+    }
+    auto fail = [&](const Error& e) {
+      return Error{where + std::string(key) + ": " + e.message};
+    };
+    if (key == "state_dir" || key == "run_dir" || key == "socket") {
+      auto path = ParsePath(value);
+      if (!path.ok()) return fail(path.error());
+      (key == "state_dir" ? config.state_dir
+                          : key == "run_dir" ? config.run_dir : config.socket_path) = *path;
+    } else if (key == "socket_group") {
+      config.socket_group = std::string(value);
+    } else if (key == "capture_retention") {
+      auto n = ParseInt(value, 0, 1000000);
+      if (!n.ok()) return fail(n.error());
+      config.capture_retention = *n;
+    } else if (key == "panic_policy") {
+      if (value == "pause") {
+        config.panic_policy = PanicPolicy::kPause;
+      } else if (value == "resume") {
+        config.panic_policy = PanicPolicy::kResume;
+      } else if (value == "quit") {
+        config.panic_policy = PanicPolicy::kQuit;
+      } else {
+        return fail(Error{"'" + std::string(value) + "' is not one of pause, resume, quit"});
+      }
+    } else if (key == "worker_threads") {
+      auto n = ParseInt(value, 1, 64);
+      if (!n.ok()) return fail(n.error());
+      config.worker_threads = *n;
+    } else if (key == "max_connections") {
+      auto n = ParseInt(value, 1, 4096);
+      if (!n.ok()) return fail(n.error());
+      config.max_connections = *n;
+    } else if (key == "max_requests_per_connection") {
+      auto n = ParseInt(value, 1, 1024);
+      if (!n.ok()) return fail(n.error());
+      config.max_requests_per_connection = *n;
+    } else {
+      return Error{where + "unknown key '" + std::string(key) + "'"};
+    }
+  }
+  return config;
+}
+
+Result<Config> LoadConfigFile(const std::filesystem::path& path, bool must_exist) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    int err = errno;
+    if (err == ENOENT && !must_exist) return Config{};
+    return Error{"cannot open config " + path.string() + ": " + std::strerror(err)};
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return Error{"cannot read config " + path.string()};
+  return ParseConfig(text.str(), path.string());
+}
+
+std::filesystem::path ResolveClientSocket(std::string_view flag) {
+  if (!flag.empty()) return std::filesystem::path(flag);
+  if (const char* env = std::getenv(std::string(kSocketEnvVar).c_str()); env && *env) {
+    return env;
+  }
+  auto config = LoadConfigFile(std::string(kDefaultConfigPath), false);
+  if (config.ok()) return config->EffectiveSocketPath();
+  return Config{}.EffectiveSocketPath();
+}
+
+}  // namespace hvtrace::hostd

@@ -1,0 +1,68 @@
+// hvtraced configuration: defaults, the config file, and command-line
+// overrides.
+//
+// File format (default /etc/hvtrace/hvtraced.conf): one "key = value" per
+// line; '#' starts a comment line; blank lines are ignored; a value may be
+// wrapped in double quotes to keep leading/trailing spaces. Unknown keys and
+// repeated keys are errors (a typo must not silently fall back to a default).
+// Keys and defaults:
+//   state_dir           = /var/lib/hvtrace      captures, per-VM state
+//   run_dir             = /run/hvtrace          socket and lock file
+//   socket              = <run_dir>/hvtraced.sock
+//   socket_group        = hvtrace               group allowed on the socket
+//                                               (empty: only root and the
+//                                               daemon's user)
+//   capture_retention   = 20                    captures kept per VM (0: all)
+//   panic_policy        = pause                 after a panic capture:
+//                                               pause | resume | quit
+//   worker_threads      = 2                     pool for copying/decoding
+//   max_connections     = 32                    control clients at once
+//   max_requests_per_connection = 16            in flight per client
+#ifndef HVTRACE_HOSTD_CONFIG_H_
+#define HVTRACE_HOSTD_CONFIG_H_
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "hvtrace/result.h"
+
+namespace hvtrace::hostd {
+
+inline constexpr std::string_view kDefaultConfigPath = "/etc/hvtrace/hvtraced.conf";
+inline constexpr std::string_view kSocketEnvVar = "HVTRACE_SOCKET";
+
+// What the daemon does with a VM after capturing its panic.
+enum class PanicPolicy { kPause, kResume, kQuit };
+std::string_view PanicPolicyName(PanicPolicy policy);
+
+struct Config {
+  std::filesystem::path state_dir = "/var/lib/hvtrace";
+  std::filesystem::path run_dir = "/run/hvtrace";
+  std::filesystem::path socket_path;  // Empty: run_dir / "hvtraced.sock".
+  std::string socket_group = "hvtrace";
+  int capture_retention = 20;
+  PanicPolicy panic_policy = PanicPolicy::kPause;
+  int worker_threads = 2;
+  int max_connections = 32;
+  int max_requests_per_connection = 16;
+
+  std::filesystem::path EffectiveSocketPath() const;
+};
+
+// Applies the settings in |text| on top of |base|. |origin| names the source
+// (a file path) in error messages, which also carry the line number.
+Result<Config> ParseConfig(std::string_view text, std::string_view origin,
+                           Config base = Config{});
+
+// Reads |path|. A missing file is an error only when |must_exist| (the user
+// named it); the default path may be absent, meaning "all defaults".
+Result<Config> LoadConfigFile(const std::filesystem::path& path, bool must_exist);
+
+// The socket a client should use: |flag| if set, else $HVTRACE_SOCKET, else
+// the socket named by the default config file, else the built-in default.
+std::filesystem::path ResolveClientSocket(std::string_view flag);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CONFIG_H_

@@ -1,0 +1,111 @@
+#include "config.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace hvtrace::hostd {
+namespace {
+
+TEST(ConfigTest, DefaultsAreSane) {
+  Config c;
+  EXPECT_EQ(c.state_dir, "/var/lib/hvtrace");
+  EXPECT_EQ(c.run_dir, "/run/hvtrace");
+  EXPECT_EQ(c.EffectiveSocketPath(), "/run/hvtrace/hvtraced.sock");
+  EXPECT_EQ(c.panic_policy, PanicPolicy::kPause);
+  EXPECT_GT(c.capture_retention, 0);
+}
+
+TEST(ConfigTest, ParsesEveryKey) {
+  auto c = ParseConfig(R"(# comment
+state_dir = /tmp/s
+  run_dir=/tmp/r
+socket = "/tmp/r/x.sock"
+socket_group =
+capture_retention = 0
+panic_policy = quit
+worker_threads = 3
+max_connections = 5
+max_requests_per_connection = 2
+)",
+                       "test.conf");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->state_dir, "/tmp/s");
+  EXPECT_EQ(c->run_dir, "/tmp/r");
+  EXPECT_EQ(c->EffectiveSocketPath(), "/tmp/r/x.sock");
+  EXPECT_EQ(c->socket_group, "");
+  EXPECT_EQ(c->capture_retention, 0);
+  EXPECT_EQ(c->panic_policy, PanicPolicy::kQuit);
+  EXPECT_EQ(c->worker_threads, 3);
+  EXPECT_EQ(c->max_connections, 5);
+  EXPECT_EQ(c->max_requests_per_connection, 2);
+}
+
+TEST(ConfigTest, SocketFollowsRunDir) {
+  auto c = ParseConfig("run_dir = /tmp/rr\n", "t");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->EffectiveSocketPath(), "/tmp/rr/hvtraced.sock");
+}
+
+struct BadConfig {
+  const char* text;
+  const char* fragment;
+};
+
+class ConfigBadTest : public ::testing::TestWithParam<BadConfig> {};
+
+TEST_P(ConfigBadTest, ErrorsNameFileLineAndKey) {
+  auto c = ParseConfig(GetParam().text, "/etc/x.conf");
+  ASSERT_FALSE(c.ok()) << GetParam().text;
+  EXPECT_NE(c.error().message.find("/etc/x.conf:"), std::string::npos) << c.error().message;
+  EXPECT_NE(c.error().message.find(GetParam().fragment), std::string::npos)
+      << c.error().message;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    All, ConfigBadTest,
+    ::testing::Values(BadConfig{"state_dir\n", ":1: expected 'key = value'"},
+                      BadConfig{"\n\nstat_dir = /x\n", ":3: unknown key 'stat_dir'"},
+                      BadConfig{"state_dir = relative\n", "not an absolute path"},
+                      BadConfig{"panic_policy = explode\n", "pause, resume, quit"},
+                      BadConfig{"worker_threads = 0\n", "outside 1..64"},
+                      BadConfig{"worker_threads = 2x\n", "not an integer"},
+                      BadConfig{"capture_retention = 99999999999\n", "not an integer"},
+                      BadConfig{"run_dir = /a\nrun_dir = /b\n", ":2: 'run_dir' is set twice"},
+                      BadConfig{" = 3\n", "missing key"}));
+
+TEST(ConfigTest, MissingDefaultFileMeansDefaults) {
+  auto c = LoadConfigFile("/nonexistent/hvtraced.conf", false);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->state_dir, "/var/lib/hvtrace");
+  auto named = LoadConfigFile("/nonexistent/hvtraced.conf", true);
+  ASSERT_FALSE(named.ok());
+  EXPECT_NE(named.error().message.find("/nonexistent/hvtraced.conf"), std::string::npos);
+}
+
+// The packaged default config must parse and match the built-in defaults, so
+// installing it changes nothing by surprise.
+TEST(ConfigTest, PackagedConfigParsesToDefaults) {
+  auto c = LoadConfigFile(std::string(HVTRACE_SOURCE_DIR) + "/hostd/packaging/hvtraced.conf", true);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  Config d;
+  EXPECT_EQ(c->state_dir, d.state_dir);
+  EXPECT_EQ(c->run_dir, d.run_dir);
+  EXPECT_EQ(c->EffectiveSocketPath(), d.EffectiveSocketPath());
+  EXPECT_EQ(c->socket_group, d.socket_group);
+  EXPECT_EQ(c->capture_retention, d.capture_retention);
+  EXPECT_EQ(c->panic_policy, d.panic_policy);
+}
+
+TEST(ConfigTest, ClientSocketPrecedence) {
+  EXPECT_EQ(ResolveClientSocket("/flag.sock"), "/flag.sock");
+  setenv("HVTRACE_SOCKET", "/env.sock", 1);
+  EXPECT_EQ(ResolveClientSocket(""), "/env.sock");
+  EXPECT_EQ(ResolveClientSocket("/flag.sock"), "/flag.sock");
+  unsetenv("HVTRACE_SOCKET");
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

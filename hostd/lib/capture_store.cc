@@ -1,0 +1,383 @@
+#include "capture_store.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include "state_dir.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view kManifestName = "manifest.json";
+constexpr size_t kMaxManifestBytes = 16 * 1024 * 1024;
+
+std::string Errno(int err) { return std::strerror(err); }
+
+json TimeJson(const HostTime& t) {
+  return {{"realtime_ns", t.realtime_ns},
+          {"monotonic_ns", t.monotonic_ns},
+          {"utc", UtcStamp(t.realtime_ns)}};
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  // Closes now so that a deferred write error (NFS, quota) is reported.
+  int Close() {
+    int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+Status WriteAll(const std::filesystem::path& path, std::span<const std::byte> data, int flags) {
+  Fd fd(::open(path.c_str(), flags | O_WRONLY | O_CLOEXEC, 0640));
+  if (fd.get() < 0) return Error{"cannot create " + path.string() + ": " + Errno(errno)};
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"writing " + path.string() + " at offset " + std::to_string(done) + " of " +
+                   std::to_string(data.size()) + ": " + Errno(errno)};
+    }
+    if (n == 0) {
+      return Error{"writing " + path.string() + " at offset " + std::to_string(done) +
+                   ": write returned 0"};
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd.get()) != 0) return Error{"fsync " + path.string() + ": " + Errno(errno)};
+  if (fd.Close() != 0) return Error{"closing " + path.string() + ": " + Errno(errno)};
+  return {};
+}
+
+Status FsyncDir(const std::filesystem::path& dir) {
+  Fd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return Error{"cannot open directory " + dir.string() + ": " + Errno(errno)};
+  if (::fsync(fd.get()) != 0) return Error{"fsync " + dir.string() + ": " + Errno(errno)};
+  return {};
+}
+
+Status ValidateFileName(std::string_view name) {
+  if (name.empty() || name.size() > 128 || name.front() == '.' ||
+      name.find('/') != std::string_view::npos || name.find('\0') != std::string_view::npos) {
+    return Error{"invalid capture file name '" + std::string(name) + "'"};
+  }
+  return {};
+}
+
+Result<std::string> ReadSmallFile(const std::filesystem::path& path, size_t max) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Error{"cannot open " + path.string() + ": " + Errno(errno)};
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"reading " + path.string() + ": " + Errno(errno)};
+    }
+    if (n == 0) break;
+    if (text.size() + static_cast<size_t>(n) > max) {
+      return Error{path.string() + " is larger than " + std::to_string(max) + " bytes"};
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+// Summarizes a manifest for listings. The file is ours, but a disk or a person
+// may have damaged it, so every member is checked before use.
+json Summarize(const std::string& id, const std::filesystem::path& dir) {
+  json summary = {{"id", id}, {"path", dir.string()}};
+  auto text = ReadSmallFile(dir / std::string(kManifestName), kMaxManifestBytes);
+  if (!text.ok()) {
+    summary["error"] = text.error().message;
+    return summary;
+  }
+  json doc = json::parse(*text, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    summary["error"] = (dir / std::string(kManifestName)).string() + " is not a JSON object";
+    return summary;
+  }
+  for (const char* key : {"vm", "trigger", "totals", "files", "kernel"}) {
+    if (auto it = doc.find(key); it != doc.end()) summary[key] = *it;
+  }
+  if (auto ht = doc.find("host_time"); ht != doc.end() && ht->is_object()) {
+    if (auto tr = ht->find("triggered"); tr != ht->end()) summary["triggered"] = *tr;
+  }
+  return summary;
+}
+
+}  // namespace
+
+HostTime HostTime::Now() {
+  struct timespec rt, mono;
+  clock_gettime(CLOCK_REALTIME, &rt);
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  return HostTime{rt.tv_sec * 1000000000LL + rt.tv_nsec,
+                  mono.tv_sec * 1000000000LL + mono.tv_nsec};
+}
+
+std::string UtcStamp(int64_t realtime_ns) {
+  time_t secs = static_cast<time_t>(realtime_ns / 1000000000LL);
+  int millis = static_cast<int>((realtime_ns % 1000000000LL) / 1000000LL);
+  if (millis < 0) millis = 0;
+  struct tm tm;
+  gmtime_r(&secs, &tm);
+  char buf[48];
+  size_t n = strftime(buf, sizeof buf, "%Y%m%dT%H%M%S", &tm);
+  snprintf(buf + n, sizeof buf - n, ".%03dZ", millis);
+  return buf;
+}
+
+json CaptureManifest::ToJson() const {
+  json cpu_list = json::array();
+  uint64_t events = 0, pages = 0, lost = 0, bad = 0;
+  for (const auto& c : cpus) {
+    uint64_t cpu_bad = 0;
+    for (const auto& [reason, n] : c.bad_pages) cpu_bad += n;
+    cpu_list.push_back({{"cpu", c.cpu},
+                        {"events", c.events},
+                        {"pages", c.pages},
+                        {"lost_events", c.lost_events},
+                        {"bad_pages", c.bad_pages},
+                        {"bad_pages_total", cpu_bad}});
+    events += c.events;
+    pages += c.pages;
+    lost += c.lost_events;
+    bad += cpu_bad;
+  }
+  json events_list = json::array();
+  for (const auto& e : qmp_events) {
+    events_list.push_back({{"event", e.event},
+                           {"realtime_ns", e.time.realtime_ns},
+                           {"monotonic_ns", e.time.monotonic_ns},
+                           {"data", e.data}});
+  }
+  return {{"format", "hvtrace-capture"},
+          {"version", 1},
+          {"vm", vm},
+          {"trigger", trigger},
+          {"host_time", {{"triggered", TimeJson(triggered)}, {"completed", TimeJson(completed)}}},
+          {"kernel", kernel},
+          {"region", region},
+          {"cpus", cpu_list},
+          {"totals", {{"events", events}, {"pages", pages}, {"lost_events", lost}, {"bad_pages", bad}}},
+          {"validation", validation},
+          {"qmp_events", events_list},
+          {"extra", extra}};
+}
+
+Status ValidateTrigger(std::string_view trigger) {
+  bool ok = !trigger.empty() && trigger.size() <= 32 &&
+            std::all_of(trigger.begin(), trigger.end(), [](char c) {
+              return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+            });
+  if (!ok) return Error{"invalid capture trigger '" + std::string(trigger.substr(0, 40)) + "'"};
+  return {};
+}
+
+PendingCapture::PendingCapture(std::filesystem::path captures_dir, std::filesystem::path temp_dir,
+                               std::string base_name)
+    : captures_dir_(std::move(captures_dir)),
+      temp_dir_(std::move(temp_dir)),
+      base_name_(std::move(base_name)) {}
+
+PendingCapture::~PendingCapture() { Discard(); }
+
+void PendingCapture::Discard() {
+  if (done_) return;
+  done_ = true;
+  std::error_code ec;
+  std::filesystem::remove_all(temp_dir_, ec);
+}
+
+Status PendingCapture::WriteFile(std::string_view name, std::span<const std::byte> data) {
+  if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
+  if (Status s = ValidateFileName(name); !s.ok()) return s;
+  return WriteAll(temp_dir_ / std::string(name), data, O_CREAT | O_EXCL);
+}
+
+Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
+  if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
+  manifest.completed = HostTime::Now();
+  json files = json::array();
+  std::error_code ec;
+  std::vector<std::pair<std::string, uint64_t>> listing;
+  for (std::filesystem::directory_iterator it(temp_dir_, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    std::error_code size_ec;
+    uint64_t bytes = it->file_size(size_ec);
+    if (!size_ec) listing.emplace_back(it->path().filename().string(), bytes);
+  }
+  if (ec) {
+    Discard();
+    return Error{"cannot list " + temp_dir_.string() + ": " + ec.message()};
+  }
+  std::sort(listing.begin(), listing.end());
+  for (const auto& [name, bytes] : listing) {
+    if (name != kManifestName) files.push_back({{"name", name}, {"bytes", bytes}});
+  }
+  json doc = manifest.ToJson();
+  doc["files"] = std::move(files);
+
+  // The name is chosen before the manifest is written so the manifest can
+  // carry it; a concurrent capture of the same millisecond takes the next
+  // suffix (RENAME_NOREPLACE settles the race).
+  for (int attempt = 1; attempt <= 100; ++attempt) {
+    std::string id = base_name_ + (attempt > 1 ? "-" + std::to_string(attempt) : "");
+    std::filesystem::path final_dir = captures_dir_ / id;
+    if (std::filesystem::exists(final_dir, ec)) continue;
+    doc["id"] = id;
+    std::string text = doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+    std::filesystem::path manifest_path = temp_dir_ / std::string(kManifestName);
+    Status s = WriteAll(manifest_path, std::as_bytes(std::span(text.data(), text.size())),
+                        O_CREAT | O_TRUNC);
+    if (s.ok()) s = FsyncDir(temp_dir_);
+    if (!s.ok()) {
+      Discard();
+      return s.error();
+    }
+    if (::renameat2(AT_FDCWD, temp_dir_.c_str(), AT_FDCWD, final_dir.c_str(),
+                    RENAME_NOREPLACE) != 0) {
+      int err = errno;
+      if (err == EEXIST || err == ENOTEMPTY) continue;
+      Discard();
+      return Error{"cannot rename " + temp_dir_.string() + " to " + final_dir.string() + ": " +
+                   Errno(err)};
+    }
+    done_ = true;
+    // The capture is visible now; a failed directory fsync only weakens
+    // durability across a host crash, so it is reported, not undone.
+    Status synced = FsyncDir(captures_dir_);
+    CaptureEntry entry{id, final_dir, Summarize(id, final_dir)};
+    if (!synced.ok()) entry.summary["warning"] = synced.error().message;
+    return entry;
+  }
+  Discard();
+  return Error{"no free capture name for " + (captures_dir_ / base_name_).string()};
+}
+
+Result<std::unique_ptr<PendingCapture>> CaptureStore::Begin(std::string_view trigger,
+                                                            const HostTime& triggered) {
+  if (Status s = ValidateTrigger(trigger); !s.ok()) return s.error();
+  if (Status s = MakeDirs(captures_dir_, 0750); !s.ok()) return s.error();
+  std::string base = UtcStamp(triggered.realtime_ns) + "-" + std::string(trigger);
+  std::string tmpl = (captures_dir_ / (".tmp-" + base + "-XXXXXX")).string();
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return Error{"cannot create capture directory " + tmpl + ": " + Errno(errno)};
+  }
+  ::chmod(tmpl.c_str(), 0750);
+  return std::unique_ptr<PendingCapture>(new PendingCapture(captures_dir_, tmpl, base));
+}
+
+Result<std::vector<CaptureEntry>> CaptureStore::List() const {
+  std::vector<CaptureEntry> entries;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(captures_dir_, ec);
+  if (ec) {
+    if (ec == std::errc::no_such_file_or_directory) return entries;
+    return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
+  }
+  for (std::filesystem::directory_iterator end; it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    std::error_code type_ec;
+    if (name.empty() || name.front() == '.' || !it->is_directory(type_ec)) continue;
+    entries.push_back(CaptureEntry{name, it->path(), {}});
+  }
+  if (ec) return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
+  std::sort(entries.begin(), entries.end(),
+            [](const CaptureEntry& a, const CaptureEntry& b) { return a.id < b.id; });
+  for (auto& e : entries) e.summary = Summarize(e.id, e.dir);
+  return entries;
+}
+
+Result<size_t> CaptureStore::Prune(size_t keep) const {
+  if (keep == 0) return size_t{0};
+  auto entries = List();
+  if (!entries.ok()) return entries.error();
+  size_t removed = 0;
+  for (size_t i = 0; i + keep < entries->size(); ++i) {
+    std::error_code ec;
+    std::filesystem::remove_all((*entries)[i].dir, ec);
+    if (ec) return Error{"cannot remove " + (*entries)[i].dir.string() + ": " + ec.message()};
+    ++removed;
+  }
+  return removed;
+}
+
+Result<size_t> CaptureStore::SweepIncomplete() const {
+  size_t removed = 0;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(captures_dir_, ec);
+  if (ec) {
+    if (ec == std::errc::no_such_file_or_directory) return removed;
+    return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
+  }
+  std::vector<std::filesystem::path> stale;
+  for (std::filesystem::directory_iterator end; it != end; it.increment(ec)) {
+    if (it->path().filename().string().starts_with(".tmp-")) stale.push_back(it->path());
+  }
+  for (const auto& p : stale) {
+    std::error_code rm_ec;
+    std::filesystem::remove_all(p, rm_ec);
+    if (rm_ec) return Error{"cannot remove " + p.string() + ": " + rm_ec.message()};
+    ++removed;
+  }
+  return removed;
+}
+
+Result<std::vector<std::byte>> CopyRegionFile(const std::filesystem::path& path, uint64_t offset,
+                                              uint64_t size) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Error{"cannot open region " + path.string() + ": " + Errno(errno)};
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Error{"fstat " + path.string() + ": " + Errno(errno)};
+  uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (offset > file_size || size > file_size - offset) {
+    return Error{"region " + path.string() + " is " + std::to_string(file_size) +
+                 " bytes, shorter than offset " + std::to_string(offset) + " + size " +
+                 std::to_string(size)};
+  }
+  std::vector<std::byte> copy(size);
+  uint64_t done = 0;
+  while (done < size) {
+    ssize_t n = ::pread(fd.get(), copy.data() + done, size - done,
+                        static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"reading region " + path.string() + " at offset " +
+                   std::to_string(offset + done) + ": " + Errno(errno)};
+    }
+    if (n == 0) {
+      return Error{"region " + path.string() + " shrank while copying, at offset " +
+                   std::to_string(offset + done)};
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return copy;
+}
+
+}  // namespace hvtrace::hostd

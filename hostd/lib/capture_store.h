@@ -1,0 +1,156 @@
+// Capture store: one directory per capture of a VM's trace region,
+//
+//   <captures>/<UTC time>-<trigger>[-N]/manifest.json
+//                                       region.bin      raw copy of the region
+//                                       trace*.dat      decoded, when available
+//
+// e.g. 20250612T101530.123Z-panic. A capture is written into a hidden
+// ".tmp-…" directory beside the final one and renamed into place only when
+// every file (and the manifest, last) is written and fsynced, so a reader
+// never sees half a capture, and a failure (a full disk, a crash) leaves
+// nothing visible but an error naming the path.
+//
+// manifest.json (format "hvtrace-capture" version 1):
+//   vm, trigger, id; host_time {triggered, completed} each {realtime_ns,
+//   monotonic_ns, utc}; kernel {...} (release, build id, boot ids, as known);
+//   region {...} (source file, offset, size, gpa); cpus [{cpu, events, pages,
+//   lost_events, bad_pages {reason: count}}]; totals {events, pages,
+//   lost_events, bad_pages}; validation {...} (the reader's report);
+//   qmp_events [{event, realtime_ns, monotonic_ns, data}]; files [{name,
+//   bytes}]; extra {...}.
+#ifndef HVTRACE_HOSTD_CAPTURE_STORE_H_
+#define HVTRACE_HOSTD_CAPTURE_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "hvtrace/result.h"
+
+namespace hvtrace::hostd {
+
+// A host timestamp on both clocks: realtime for people and file names,
+// monotonic to line up with QMP events and measure durations.
+struct HostTime {
+  int64_t realtime_ns = 0;
+  int64_t monotonic_ns = 0;
+  static HostTime Now();
+};
+// "20250612T101530.123Z"
+std::string UtcStamp(int64_t realtime_ns);
+
+struct CpuCaptureCounts {
+  int cpu = 0;
+  uint64_t events = 0;
+  uint64_t pages = 0;
+  uint64_t lost_events = 0;
+  std::map<std::string, uint64_t> bad_pages;  // Reason → count.
+};
+
+// A QMP (or libvirt) event as the daemon saw it.
+struct RecordedEvent {
+  std::string event;
+  HostTime time;
+  nlohmann::json data;
+};
+
+struct CaptureManifest {
+  std::string vm;
+  std::string trigger;  // panic, crashloaded, reset, shutdown, qemu-gone, manual, …
+  HostTime triggered;
+  HostTime completed;  // Set by Commit.
+  nlohmann::json kernel = nlohmann::json::object();
+  nlohmann::json region = nlohmann::json::object();
+  std::vector<CpuCaptureCounts> cpus;
+  nlohmann::json validation = nlohmann::json::object();
+  std::vector<RecordedEvent> qmp_events;
+  nlohmann::json extra = nlohmann::json::object();
+
+  nlohmann::json ToJson() const;
+};
+
+// One committed capture, as listed.
+struct CaptureEntry {
+  std::string id;  // Directory name.
+  std::filesystem::path dir;
+  nlohmann::json summary;  // id, trigger, times, totals, files; or "error".
+};
+
+// 1..32 characters from [a-z0-9-].
+Status ValidateTrigger(std::string_view trigger);
+
+// A capture being written. Destroying it without Commit removes everything it
+// wrote.
+class PendingCapture {
+ public:
+  PendingCapture(const PendingCapture&) = delete;
+  PendingCapture& operator=(const PendingCapture&) = delete;
+  ~PendingCapture();
+
+  // The hidden directory the capture is assembled in; other writers (the
+  // trace.dat writer) may create files here too.
+  const std::filesystem::path& dir() const { return temp_dir_; }
+
+  // Writes and fsyncs dir()/|name|. Errors name the file and offset.
+  Status WriteFile(std::string_view name, std::span<const std::byte> data);
+
+  // Writes manifest.json (with the files present and their sizes), fsyncs,
+  // renames the directory to its final name, and returns the entry. On error
+  // nothing is left visible.
+  Result<CaptureEntry> Commit(CaptureManifest manifest);
+
+ private:
+  friend class CaptureStore;
+  PendingCapture(std::filesystem::path captures_dir, std::filesystem::path temp_dir,
+                 std::string base_name);
+  void Discard();
+
+  std::filesystem::path captures_dir_;
+  std::filesystem::path temp_dir_;
+  std::string base_name_;
+  bool done_ = false;
+};
+
+class CaptureStore {
+ public:
+  explicit CaptureStore(std::filesystem::path captures_dir)
+      : captures_dir_(std::move(captures_dir)) {}
+
+  const std::filesystem::path& dir() const { return captures_dir_; }
+
+  // Starts a capture named after |triggered| (UTC) and |trigger|.
+  Result<std::unique_ptr<PendingCapture>> Begin(std::string_view trigger,
+                                                const HostTime& triggered);
+
+  // Committed captures, oldest first. A capture whose manifest cannot be read
+  // is listed with an "error" in its summary rather than hidden.
+  Result<std::vector<CaptureEntry>> List() const;
+
+  // Removes the oldest captures so that at most |keep| remain (0: keep all).
+  // Returns how many were removed.
+  Result<size_t> Prune(size_t keep) const;
+
+  // Removes ".tmp-…" directories left by a daemon that died mid-capture.
+  Result<size_t> SweepIncomplete() const;
+
+ private:
+  std::filesystem::path captures_dir_;
+};
+
+// Copies |size| bytes at |offset| of a region file (a /dev/shm backing file)
+// into memory. |size| comes from what hostd configured, never from the guest;
+// a file shorter than offset + size is an error naming the path.
+Result<std::vector<std::byte>> CopyRegionFile(const std::filesystem::path& path, uint64_t offset,
+                                              uint64_t size);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CAPTURE_STORE_H_

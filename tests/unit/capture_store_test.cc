@@ -1,0 +1,294 @@
+#include "capture_store.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "state_dir.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "hvtrace-capture-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::vector<std::byte> Bytes(size_t n, uint8_t seed) {
+  std::vector<std::byte> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = std::byte(static_cast<uint8_t>(seed + i * 7));
+  return v;
+}
+
+std::vector<std::string> DirNames(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+json ReadJson(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return json::parse(s.str());
+}
+
+CaptureManifest SampleManifest() {
+  CaptureManifest m;
+  m.vm = "vm1";
+  m.trigger = "panic";
+  m.triggered = HostTime{1718187330123000000LL, 5000};
+  m.kernel = {{"release", "6.12.9+bpo-amd64"}};
+  m.region = {{"file", "/dev/shm/x"}, {"offset", 0}, {"size", 4096}};
+  m.cpus.push_back({0, 10, 2, 1, {{"bad_magic", 1}}});
+  m.cpus.push_back({1, 5, 1, 0, {}});
+  m.qmp_events.push_back({"GUEST_PANICKED", {1718187330123000000LL, 4000}, {{"action", "pause"}}});
+  return m;
+}
+
+TEST(CaptureStoreTest, CommitMakesCompleteCaptureVisible) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "vms/vm1/captures");
+  auto pending = store.Begin("panic", HostTime{1718187330123000000LL, 1});
+  ASSERT_TRUE(pending.ok()) << pending.error().message;
+  auto region = Bytes(8192, 3);
+  ASSERT_TRUE((*pending)->WriteFile("region.bin", region).ok());
+  // Nothing is visible before Commit.
+  auto before = store.List();
+  ASSERT_TRUE(before.ok());
+  EXPECT_TRUE(before->empty());
+
+  auto entry = (*pending)->Commit(SampleManifest());
+  ASSERT_TRUE(entry.ok()) << entry.error().message;
+  EXPECT_EQ(entry->id, "20240612T101530.123Z-panic");
+  EXPECT_EQ(DirNames(store.dir()), std::vector<std::string>{entry->id});
+  EXPECT_EQ(DirNames(entry->dir), (std::vector<std::string>{"manifest.json", "region.bin"}));
+  EXPECT_EQ(fs::file_size(entry->dir / "region.bin"), region.size());
+
+  json m = ReadJson(entry->dir / "manifest.json");
+  EXPECT_EQ(m["format"], "hvtrace-capture");
+  EXPECT_EQ(m["id"], entry->id);
+  EXPECT_EQ(m["vm"], "vm1");
+  EXPECT_EQ(m["trigger"], "panic");
+  EXPECT_EQ(m["host_time"]["triggered"]["realtime_ns"], 1718187330123000000LL);
+  EXPECT_GT(m["host_time"]["completed"]["monotonic_ns"].get<int64_t>(), 0);
+  EXPECT_EQ(m["kernel"]["release"], "6.12.9+bpo-amd64");
+  EXPECT_EQ(m["totals"]["events"], 15);
+  EXPECT_EQ(m["totals"]["bad_pages"], 1);
+  EXPECT_EQ(m["cpus"][0]["bad_pages"]["bad_magic"], 1);
+  EXPECT_EQ(m["qmp_events"][0]["event"], "GUEST_PANICKED");
+  EXPECT_EQ(m["files"], json::parse(R"([{"name":"region.bin","bytes":8192}])"));
+
+  auto list = store.List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].summary["trigger"], "panic");
+  EXPECT_EQ((*list)[0].summary["totals"]["events"], 15);
+  EXPECT_FALSE((*list)[0].summary.contains("error"));
+}
+
+TEST(CaptureStoreTest, AbandonedCaptureLeavesNothing) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "c");
+  {
+    auto pending = store.Begin("manual", HostTime::Now());
+    ASSERT_TRUE(pending.ok());
+    ASSERT_TRUE((*pending)->WriteFile("region.bin", Bytes(100, 1)).ok());
+  }
+  EXPECT_TRUE(DirNames(store.dir()).empty());
+}
+
+TEST(CaptureStoreTest, SameMillisecondGetsSuffix) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "c");
+  HostTime t{1718187330123000000LL, 1};
+  std::vector<std::unique_ptr<PendingCapture>> pending;
+  for (int i = 0; i < 3; ++i) {
+    auto p = store.Begin("reset", t);
+    ASSERT_TRUE(p.ok());
+    pending.push_back(std::move(*p));
+  }
+  std::vector<std::string> ids;
+  for (auto& p : pending) {
+    auto e = p->Commit(SampleManifest());
+    ASSERT_TRUE(e.ok()) << e.error().message;
+    ids.push_back(e->id);
+  }
+  EXPECT_EQ(ids, (std::vector<std::string>{"20240612T101530.123Z-reset",
+                                           "20240612T101530.123Z-reset-2",
+                                           "20240612T101530.123Z-reset-3"}));
+}
+
+TEST(CaptureStoreTest, ListIsChronologicalAndPruneKeepsNewest) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "c");
+  for (int i = 0; i < 5; ++i) {
+    auto p = store.Begin("manual", HostTime{1700000000000000000LL + i * 1000000000LL, 0});
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE((*p)->Commit(SampleManifest()).ok());
+  }
+  auto pruned = store.Prune(2);
+  ASSERT_TRUE(pruned.ok());
+  EXPECT_EQ(*pruned, 3u);
+  auto list = store.List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].id, "20231114T221323.000Z-manual");
+  EXPECT_EQ((*list)[1].id, "20231114T221324.000Z-manual");
+  EXPECT_EQ(*store.Prune(0), 0u);
+}
+
+TEST(CaptureStoreTest, Malicious_DamagedManifestIsListedWithError) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "c");
+  auto p = store.Begin("panic", HostTime::Now());
+  ASSERT_TRUE(p.ok());
+  auto e = (*p)->Commit(SampleManifest());
+  ASSERT_TRUE(e.ok());
+  std::ofstream(e->dir / "manifest.json", std::ios::trunc) << "{\"vm\": [unterminated";
+  fs::create_directory(store.dir() / "20990101T000000.000Z-manual");  // No manifest at all.
+  auto list = store.List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_NE((*list)[0].summary["error"].get<std::string>().find("not a JSON object"),
+            std::string::npos);
+  EXPECT_NE((*list)[1].summary["error"].get<std::string>().find("manifest.json"),
+            std::string::npos);
+}
+
+TEST(CaptureStoreTest, Malicious_BadNamesRejected) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "c");
+  EXPECT_FALSE(store.Begin("../x", HostTime::Now()).ok());
+  EXPECT_FALSE(store.Begin("", HostTime::Now()).ok());
+  EXPECT_FALSE(store.Begin("PANIC", HostTime::Now()).ok());
+  auto p = store.Begin("panic", HostTime::Now());
+  ASSERT_TRUE(p.ok());
+  std::vector<std::byte> one(1);
+  EXPECT_FALSE((*p)->WriteFile("../escape", one).ok());
+  EXPECT_FALSE((*p)->WriteFile(".hidden", one).ok());
+  EXPECT_FALSE((*p)->WriteFile("", one).ok());
+  EXPECT_TRUE((*p)->WriteFile("trace.dat", one).ok());
+  EXPECT_FALSE((*p)->WriteFile("trace.dat", one).ok()) << "must not overwrite";
+  EXPECT_FALSE(fs::exists(tmp.path() / "escape"));
+}
+
+TEST(CaptureStoreTest, SweepRemovesIncompleteCaptures) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "c");
+  auto p = store.Begin("panic", HostTime::Now());
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE((*p)->WriteFile("region.bin", Bytes(10, 0)).ok());
+  // Simulate a daemon that died mid-capture: the temp dir stays behind.
+  fs::path leftover = (*p)->dir();
+  fs::copy(leftover, store.dir() / ".tmp-crashed", fs::copy_options::recursive);
+  auto swept = store.SweepIncomplete();
+  ASSERT_TRUE(swept.ok());
+  EXPECT_EQ(*swept, 2u);
+  EXPECT_TRUE(DirNames(store.dir()).empty());
+}
+
+TEST(CaptureStoreTest, VmNamesAreValidated) {
+  EXPECT_TRUE(ValidateVmName("vm-1.test_A").ok());
+  EXPECT_FALSE(ValidateVmName("").ok());
+  EXPECT_FALSE(ValidateVmName("..").ok());
+  EXPECT_FALSE(ValidateVmName("a/b").ok());
+  EXPECT_FALSE(ValidateVmName("-rf").ok());
+  EXPECT_FALSE(ValidateVmName(std::string(65, 'a')).ok());
+  EXPECT_FALSE(ValidateVmName(std::string("a\0b", 3)).ok());
+}
+
+// A real full filesystem: a 256 KiB tmpfs. Needs CAP_SYS_ADMIN; without it the
+// RLIMIT_FSIZE test below covers the same error path.
+TEST(CaptureStoreTest, FullDiskIsReportedWithPathAndLeavesNothing) {
+  TempDir tmp;
+  fs::path mnt = tmp.path() / "small";
+  fs::create_directory(mnt);
+  if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, "size=256k") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here: " << std::strerror(errno);
+  }
+  {
+    CaptureStore store(mnt / "vms/vm1/captures");
+    auto p = store.Begin("panic", HostTime::Now());
+    ASSERT_TRUE(p.ok()) << p.error().message;
+    Status s = (*p)->WriteFile("region.bin", Bytes(1 << 20, 9));
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.error().message.find((*p)->dir().string() + "/region.bin"), std::string::npos)
+        << s.error().message;
+    EXPECT_NE(s.error().message.find("No space left on device"), std::string::npos)
+        << s.error().message;
+    p->reset();
+    EXPECT_TRUE(DirNames(store.dir()).empty());
+    auto list = store.List();
+    ASSERT_TRUE(list.ok());
+    EXPECT_TRUE(list->empty());
+  }
+  ASSERT_EQ(::umount2(mnt.c_str(), MNT_DETACH), 0);
+}
+
+TEST(CaptureStoreTest, FileSizeLimitIsReportedAndLeavesNothing) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "c");
+  pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {65536, 65536};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    auto p = store.Begin("panic", HostTime::Now());
+    if (!p.ok()) _exit(2);
+    Status s = (*p)->WriteFile("region.bin", Bytes(1 << 20, 9));
+    if (s.ok()) _exit(3);
+    if (s.error().message.find("region.bin at offset 65536") == std::string::npos) _exit(4);
+    p->reset();
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  EXPECT_TRUE(DirNames(store.dir()).empty());
+}
+
+TEST(CopyRegionFileTest, CopiesRangeAndRefusesShortFiles) {
+  TempDir tmp;
+  fs::path f = tmp.path() / "region";
+  auto data = Bytes(10000, 5);
+  std::ofstream(f, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), data.size());
+  auto copy = CopyRegionFile(f, 1000, 4096);
+  ASSERT_TRUE(copy.ok()) << copy.error().message;
+  EXPECT_TRUE(std::equal(copy->begin(), copy->end(), data.begin() + 1000));
+  auto too_long = CopyRegionFile(f, 8000, 4096);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.error().message.find(f.string()), std::string::npos);
+  EXPECT_FALSE(CopyRegionFile(f, UINT64_MAX, 2).ok());
+  EXPECT_FALSE(CopyRegionFile(tmp.path() / "missing", 0, 1).ok());
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

@@ -28,7 +28,7 @@ set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
-CACHE=${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace}
+CACHE=${HVTRACE_CACHE_DIR:-${HOME:-/root}/.cache/hvtrace}
 MAX_AGE_HOURS=${HVTRACE_APT_MAX_AGE_HOURS:-24}
 OUT="$ROOT/build/guest"
 AGENT=""
@@ -102,12 +102,18 @@ flock 8
 # so we work wherever the host's apt works; deb.debian.org otherwise.
 host_mirror() {
   local uri
-  uri=$(grep -hs -B3 -A3 -E '^Suites:.*\bbookworm\b' /etc/apt/sources.list.d/*.sources 2>/dev/null \
-        | sed -n 's/^URIs:[[:space:]]*\([^[:space:]]*\).*/\1/p' | grep -v -- '-security' | head -n1 || true)
+  # deb822 stanzas (paragraph mode): the first URI of a stanza whose Suites
+  # list has plain "bookworm".
+  uri=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk 'BEGIN { RS = "" }
+        /(^|\n)Suites:[^\n]*[ \t]bookworm([ \t]|\n|$)/ && !/(^|\n)Enabled:[ \t]*no/ {
+          if (match($0, /(^|\n)URIs:[ \t]*[^ \t\n]+/)) {
+            u = substr($0, RSTART, RLENGTH); sub(/^\n?URIs:[ \t]*/, "", u); print u; exit
+          }
+        }' || true)
   if [ -z "$uri" ]; then
-    uri=$(grep -hs -E '^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?[a-z]+://[^[:space:]]+[[:space:]]+bookworm[[:space:]]' \
-            /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-          | sed -E 's/^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?([^[:space:]]+).*/\2/' | head -n1 || true)
+    uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+          | awk '$1 == "deb" { i = 2; if ($2 ~ /^\[/) while (i <= NF && $(i - 1) !~ /\]$/) i++;
+                               if ($(i + 1) == "bookworm") { print $i; exit } }' || true)
   fi
   echo "${uri:-http://deb.debian.org/debian}"
 }
@@ -322,6 +328,7 @@ make_initramfs() {
   done < <("$BUSYBOX" --list-full)
   install -m 0755 "$SCRIPT_DIR/guest/init" "$stage/init"
   install -m 0755 "$KEXEC_BIN" "$stage/bin/hvtrace-kexec"
+  install -m 0755 "$SCRIPT_DIR/guest/hvtrace-kexec-self" "$stage/bin/hvtrace-kexec-self"
   [ -z "$AGENT" ] || install -m 0755 "$AGENT" "$stage/bin/hvtrace-agent"
   : >"$stage/etc/hvtrace/modules"
   for f in "${MODULE_FILES[@]}"; do
@@ -350,7 +357,8 @@ inputs_hash() {
   {
     echo "pkg $PKG $PKG_VERSION release $RELEASE"
     printf 'module %s\n' "${MODULE_FILES[@]}"
-    sha256sum "$0" "$SCRIPT_DIR/guest/init" "$KEXEC_BIN" "$BUSYBOX" | cut -d' ' -f1
+    sha256sum "$0" "$SCRIPT_DIR/guest/init" "$SCRIPT_DIR/guest/hvtrace-kexec-self" "$KEXEC_BIN" "$BUSYBOX" \
+      | cut -d' ' -f1
     if [ -n "$AGENT" ]; then echo "agent"; sha256sum <"$AGENT"; fi
     if [ -n "$OVERLAY" ]; then
       echo "overlay"

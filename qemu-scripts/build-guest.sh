@@ -39,7 +39,9 @@ OVERLAY=""
 REFRESH=0
 # Modules each initramfs carries, plus whatever they depend on. pvpanic-mmio
 # binds the ISA/ACPI `-device pvpanic`, pvpanic-pci binds `-device pvpanic-pci`.
-MODULES=(pvpanic pvpanic-mmio pvpanic-pci ${HVTRACE_GUEST_EXTRA_MODULES:-})
+# HVTRACE_GUEST_EXTRA_MODULES adds more (space-separated names).
+read -r -a extra_modules <<<"${HVTRACE_GUEST_EXTRA_MODULES:-}"
+MODULES=(pvpanic pvpanic-mmio pvpanic-pci "${extra_modules[@]}")
 
 log() { echo "build-guest: $*" >&2; }
 die() { echo "build-guest: error: $*" >&2; exit 1; }
@@ -258,7 +260,7 @@ fetch_kernel() {
     mv "$UNPACKED.tmp" "$UNPACKED"
   fi
   local vmlinuz
-  vmlinuz=$(ls "$UNPACKED"/boot/vmlinuz-* 2>/dev/null | head -n1 || true)
+  vmlinuz=$(find "$UNPACKED/boot" -maxdepth 1 -name 'vmlinuz-*' | head -n1)
   [ -n "$vmlinuz" ] || die "$PKG $PKG_VERSION has no boot/vmlinuz-*"
   RELEASE=${vmlinuz##*/vmlinuz-}
   [ -d "$UNPACKED/lib/modules/$RELEASE" ] || die "$PKG has no lib/modules/$RELEASE"
@@ -408,6 +410,23 @@ for guest in "${GUESTS[@]}"; do
   fi
   exec 9>&-
   echo "GUEST $guest KERNEL=$dir/vmlinuz INITRD=$dir/initrd.img RELEASE=$RELEASE"
+done
+
+# Kernels no guest uses any more (the lists moved on) leave the cache; this is
+# under the cache lock, so no concurrent run is unpacking them.
+keep=" "
+for f in "$CACHE"/resolved-*; do
+  [ -f "$f" ] || continue
+  read -r p v _ <"$f"
+  keep+="${p}_${v//:/%3a} "
+done
+for f in "$CACHE"/unpacked/* "$CACHE"/debs/*.deb; do
+  [ -e "$f" ] || continue
+  base=${f##*/}; base=${base%_amd64.deb}
+  case "$keep" in
+    *" $base "*) ;;
+    *) log "removing unused $f"; rm -rf "$f" "$f.sha256" ;;
+  esac
 done
 
 log "done in $(awk -v s="$started" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f s", e - s }')"

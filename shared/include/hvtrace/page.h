@@ -25,12 +25,27 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string_view>
 
 #include "hvtrace/result.h"
 
 namespace hvtrace {
+
+// Ring-buffer constants from the kernel (kernel/trace/ring_buffer.c).
+inline constexpr uint32_t kPageCommitMask = (1u << 27) - 1;
+inline constexpr uint32_t kPageMissedEvents = 1u << 31;
+inline constexpr uint32_t kPageMissedStored = 1u << 30;
+inline constexpr uint32_t kRecordTypeMaxData = 28;
+inline constexpr uint32_t kRecordTypePadding = 29;
+inline constexpr uint32_t kRecordTypeTimeExtend = 30;
+inline constexpr uint32_t kRecordTypeTimeStamp = 31;
+inline constexpr uint32_t kTimeDeltaBits = 27;
+inline constexpr uint64_t kTimeDeltaMax = (1u << kTimeDeltaBits) - 1;
+// An absolute TIME_STAMP holds 59 bits; the kernel takes the top 5 from the
+// time stamp before it (rb_fix_abs_ts).
+inline constexpr uint64_t kAbsTimeMsb = 0xf8ull << 56;
 
 // Where the page header fields are, as stated by events/header_page.
 struct PageLayout {
@@ -44,6 +59,12 @@ struct PageLayout {
   // Parses the text of events/header_page. |page_size| is the sub-buffer size
   // of the source (trace.dat header, region slot size), not the "data" size.
   static Result<PageLayout> FromHeaderPage(std::string_view header_page, uint32_t page_size);
+
+  // The layout of this host (x86-64): 8-byte time stamp and commit, data at
+  // 16, for a sub-buffer of |page_size| bytes.
+  static PageLayout Default(uint32_t page_size = 4096);
+  // The largest sub-buffer size we accept (commit is 27 bits).
+  static constexpr uint32_t kMaxPageSize = 1u << 27;
 };
 
 // Why a page (or the rest of it) was rejected. Stable names: see PageErrorName.
@@ -103,10 +124,17 @@ class PageCursor {
   PageError error() const { return error_; }
   uint32_t error_offset() const { return error_offset_; }
 
-  bool Next(RawRecord* record);
+  // Returns the next data record, or false at the end of the data or on the
+  // first bad record (then error() says why). Inline: this is the hot path.
+  inline bool Next(RawRecord* record);
 
  private:
   bool Fail(PageError error, uint32_t offset);
+  uint32_t Load32(uint32_t offset) const {
+    uint32_t v;
+    std::memcpy(&v, page_.data() + offset, sizeof(v));
+    return v;  // Little-endian host; the kernels we read are little-endian.
+  }
 
   std::span<const std::byte> page_;
   PageHeader header_;
@@ -169,7 +197,72 @@ class PageWriter {
   uint32_t used_ = 0;
   uint64_t last_time_ = 0;
   uint32_t flags_ = 0;
+  uint64_t missed_count_ = 0;
+  uint32_t reserve_ = 0;  // Bytes kept free at the end for the missed count.
 };
+
+inline bool PageCursor::Next(RawRecord* record) {
+  const uint32_t commit = header_.commit;
+  while (error_ == PageError::kOk && pos_ < commit) {
+    const uint32_t at = data_offset_ + pos_;
+    const uint32_t remaining = commit - pos_;
+    if (remaining < 4) return Fail(PageError::kTruncatedHeader, at);
+    const uint32_t word = Load32(at);
+    const uint32_t type_len = word & 31u;
+    const uint32_t delta = word >> 5;
+    if (type_len <= kRecordTypeMaxData) {
+      uint32_t payload_at;
+      uint64_t payload_len;
+      if (type_len != 0) {
+        payload_at = at + 4;
+        payload_len = 4u * type_len;
+      } else {
+        if (remaining < 8) return Fail(PageError::kTruncatedHeader, at);
+        const uint32_t length = Load32(at + 4);  // Includes the length word.
+        if (length < 8) return Fail(PageError::kZeroLength, at);
+        payload_at = at + 8;
+        payload_len = (static_cast<uint64_t>(length) - 4 + 3) & ~uint64_t{3};
+      }
+      const uint64_t total = (payload_at - at) + payload_len;
+      if (total > remaining) return Fail(PageError::kRecordPastCommit, at);
+      time_ += delta;
+      pos_ += static_cast<uint32_t>(total);
+      record->timestamp = time_;
+      record->payload = page_.subspan(payload_at, static_cast<size_t>(payload_len));
+      record->offset = at;
+      return true;
+    }
+    if (type_len == kRecordTypePadding && delta == 0) {
+      pos_ = commit;  // The rest of the page is unused.
+      return false;
+    }
+    if (remaining < 8) return Fail(PageError::kTruncatedHeader, at);
+    const uint32_t array0 = Load32(at + 4);
+    if (type_len == kRecordTypePadding) {
+      // A discarded event: array[0] is its length after the header. Its delta
+      // still counts (the next event's delta is relative to it), except the
+      // marker value 1 that the kernel stores for a discarded zero delta.
+      if (array0 < 4 || (array0 & 3u) != 0 || array0 > remaining - 4) {
+        return Fail(PageError::kBadPadding, at);
+      }
+      if (delta != 1) time_ += delta;
+      pos_ += 4 + array0;
+    } else if (type_len == kRecordTypeTimeExtend) {
+      time_ += (static_cast<uint64_t>(array0) << kTimeDeltaBits) | delta;
+      pos_ += 8;
+    } else {  // kRecordTypeTimeStamp
+      uint64_t abs = (static_cast<uint64_t>(array0) << kTimeDeltaBits) | delta;
+      if (time_ & kAbsTimeMsb) {
+        abs |= time_ & kAbsTimeMsb;
+        if (abs < time_) abs += 1ull << 59;
+      }
+      if (abs < time_) return Fail(PageError::kTimeWentBackwards, at);
+      time_ = abs;
+      pos_ += 8;
+    }
+  }
+  return false;
+}
 
 }  // namespace hvtrace
 

@@ -1,0 +1,170 @@
+// Reader for the Linux persistent ring buffer ("boot_map", trace_instance=
+// NAME@ADDR:SIZE) as the host sees it: a private copy of the whole reserved
+// range.
+//
+// Linux 6.12 layout (kernel/trace/ring_buffer.c). The range is cut into one
+// chunk per possible CPU (nr_cpu_ids), each chunk:
+//
+//   +0       struct ring_buffer_meta {
+//              s32 magic            0x0BADFEED
+//              s32 struct_size      56 (text_addr + data_addr) or 48 (kaslr_addr)
+//              u64 text_addr, data_addr | u64 kaslr_addr
+//              u64 first_buffer     guest virtual address of sub-buffer slot 0
+//              u64 head_buffer      guest VA of the oldest ring page
+//              u64 commit_buffer    guest VA of the page being written
+//              u32 subbuf_size      bytes per sub-buffer, header included
+//              u32 nr_subbufs       ring pages + the reader page
+//              s32 buffers[nr_subbufs]   logical slot -> physical slot
+//            }
+//   +ALIGN(struct_size + 4 * nr_subbufs, subbuf_size)
+//            nr_subbufs sub-buffers (kernel page format, see page.h)
+//
+// buffers[0] is the reader page; buffers[1..n-1] are the ring in list order,
+// wrapping. Readable data is: the reader page, then the ring from the head page
+// to the commit page inclusive. Only differences of the guest addresses are
+// used ((va - first_buffer) / subbuf_size), never the addresses themselves.
+//
+// Chunk placement follows the kernel's allocator: with S = range / nr_cpu_ids,
+// nr_subbufs starts at (S - struct_size) / (subbuf_size + 4) and shrinks until
+// nr_cpu_ids chunks of ALIGN(struct_size + 4 * nr_subbufs, subbuf_size) +
+// nr_subbufs * subbuf_size fit in the range; CPU c's chunk starts at c times
+// that stride. When the CPU count is not given it is derived: every count n
+// from 1 to kBootMapMaxCpus is tried, and the one whose predicted chunk starts
+// hold the most metas carrying the magic and the predicted nr_subbufs wins
+// (the smallest n on a tie). A wrong n predicts a different nr_subbufs, so one
+// intact meta is enough to pin the count.
+//
+// Everything in the range is hostile: each CPU's metadata is checked like the
+// kernel's rb_meta_valid() (and more), a failed check is reported by name, and
+// whatever can still be placed is decoded. The 6.15+ layout (one global meta
+// with struct_sizes, per-CPU metas, scratch area) is recognised and refused
+// with a message until it is supported.
+//
+// After kexec into the same kernel the ring holds the pages of several boots;
+// time stamps restart at each boot. Pages are split into boots where the time
+// drops and stays down (see BootMapPage::boot).
+#ifndef HVTRACE_BOOT_MAP_H_
+#define HVTRACE_BOOT_MAP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "hvtrace/page.h"
+#include "hvtrace/result.h"
+
+namespace hvtrace {
+
+inline constexpr uint32_t kBootMapMagic = 0x0BADFEED;
+inline constexpr int kBootMapMaxCpus = 512;
+
+// Named checks; a failed one is reported as a BootMapIssue. Stable names: see
+// BootMapCheckName.
+enum class BootMapCheck : uint8_t {
+  kChunkOutsideRange,  // The CPU's chunk does not fit in the range.
+  kMagic,              // magic != 0x0BADFEED.
+  kStructSize,         // struct_size differs from the layout's.
+  kSubbufSize,         // subbuf_size != the page layout's page size.
+  kNrSubbufs,          // nr_subbufs differs from what the range implies.
+  kFirstBuffer,        // first_buffer is 0 or not sub-buffer aligned.
+  kHeadOutOfRange,     // head_buffer is not a sub-buffer of this CPU.
+  kCommitOutOfRange,   // commit_buffer is not a sub-buffer of this CPU.
+  kIndexOutOfRange,    // A buffers[] entry is < 0 or >= nr_subbufs.
+  kDuplicateIndex,     // A physical slot appears twice in buffers[].
+  kHeadIsReader,       // head_buffer is the reader page's slot.
+  kHeadNotInRing,      // head_buffer's slot is not referenced by buffers[].
+  kCommitNotFound,     // The ring walk from head never reaches commit.
+  kBadPage,            // A page failed to walk (reason in PageStats).
+  kTimeWentBackwards,  // A page starts before the previous one ended and
+                       // the next page does not follow it (not a new boot).
+  kEmpty,              // head_buffer == 0: never written or reset by a kernel.
+  kCount,
+};
+const char* BootMapCheckName(BootMapCheck check);
+
+struct BootMapIssue {
+  int cpu = -1;             // -1: about the whole range.
+  BootMapCheck check = BootMapCheck::kCount;
+  uint64_t offset = 0;      // Offset in the range of the bad field or page.
+  std::string message;      // Says which CPU, slot, value.
+};
+
+// One sub-buffer in read order.
+struct BootMapPage {
+  uint32_t logical = 0;     // Index into buffers[] (0 = reader page).
+  uint32_t physical = 0;    // Slot after the meta.
+  uint64_t offset = 0;      // Offset of the page in the range.
+  uint32_t boot = 0;        // Boot index over the whole range (0 = oldest).
+  PageError error = PageError::kOk;  // First walk error; records before it count.
+  bool skipped = false;     // Not decoded (duplicate slot, time went backwards).
+  uint32_t records = 0;
+  uint64_t first_timestamp = 0;  // Of the first record (page time when empty).
+  uint64_t last_timestamp = 0;
+};
+
+// One event. |payload| points into the caller's range copy and starts with
+// struct trace_entry; it stays valid as long as that copy does.
+struct BootMapRecord {
+  uint64_t timestamp = 0;
+  uint32_t boot = 0;
+  uint32_t page = 0;        // Index into BootMapCpu::pages.
+  std::span<const std::byte> payload;
+};
+
+struct BootMapCpu {
+  int cpu = 0;
+  uint64_t offset = 0;      // Chunk (meta) offset in the range.
+  bool meta_found = false;  // Magic present.
+  bool meta_valid = false;  // Every metadata check passed.
+
+  // Fields as read from the copy (0 when the chunk is outside the range).
+  int32_t struct_size = 0;
+  uint64_t text_addr = 0;   // kaslr_addr in the 48-byte variant.
+  uint64_t data_addr = 0;
+  uint64_t first_buffer = 0, head_buffer = 0, commit_buffer = 0;
+  uint32_t subbuf_size = 0, nr_subbufs = 0;
+  std::vector<int32_t> buffers;  // Copy of buffers[] (bounded by the chunk).
+
+  int64_t reader_slot = -1, head_slot = -1, commit_slot = -1;  // Physical.
+
+  std::vector<BootMapPage> pages;      // Read order: reader, head .. commit.
+  std::vector<BootMapRecord> records;  // Read order.
+  PageStats stats;
+  std::vector<BootMapIssue> issues;
+  uint32_t boots = 0;       // Boot segments on this CPU.
+};
+
+struct BootMapOptions {
+  int cpus = 0;             // nr_cpu_ids when known; 0 derives it.
+  PageLayout layout;        // From the guest's events/header_page.
+};
+
+struct BootMap {
+  std::string layout;       // "linux-6.12" (56-byte meta) or "linux-6.12-kaslr".
+  int cpus = 0;
+  bool cpus_derived = false;
+  uint32_t nr_subbufs = 0;  // Expected per CPU, from the range size.
+  uint64_t chunk_stride = 0;
+  uint32_t boots = 0;       // Boots seen in the range (max over CPUs).
+  std::vector<BootMapCpu> cpu;
+  std::vector<BootMapIssue> issues;  // Every CPU's issues and global ones.
+
+  uint64_t total_records() const;
+};
+
+// Reads the range. Fails only when nothing can be decoded: the range is too
+// small, no chunk carries the magic, or the layout is another kernel's (6.15+)
+// or unknown; the message says which. Everything else is reported in the
+// result and the rest decoded.
+Result<BootMap> ReadBootMap(std::span<const std::byte> range, const BootMapOptions& options);
+
+// Per-CPU nr_subbufs and chunk stride as the 6.12 kernel computes them for a
+// range of |range_size| bytes split over |cpus|; false when it would not fit.
+bool BootMapGeometry(uint64_t range_size, int cpus, uint32_t subbuf_size,
+                     uint32_t meta_size, uint32_t* nr_subbufs, uint64_t* stride);
+
+}  // namespace hvtrace
+
+#endif  // HVTRACE_BOOT_MAP_H_

@@ -1,0 +1,492 @@
+// Linux 6.12 persistent ring buffer reader; the format is described in
+// boot_map.h. Sizes and positions come from the range size and the page layout
+// the host knows; values read from the range are only compared against them.
+#include "hvtrace/boot_map.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+
+namespace hvtrace {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "the reader assumes a little-endian host, as the x86 guest");
+
+// Field offsets of struct ring_buffer_meta in the two 6.12 variants.
+constexpr uint32_t kMetaSize612 = 56;       // text_addr, data_addr
+constexpr uint32_t kMetaSize612Kaslr = 48;  // kaslr_addr
+// 6.15 replaced struct_size by struct_sizes = global size | cpu meta size << 16.
+constexpr uint32_t kStructSizesShift = 16;
+
+template <typename T>
+T Load(std::span<const std::byte> range, uint64_t offset) {
+  T value{};
+  std::memcpy(&value, range.data() + offset, sizeof(T));
+  return value;
+}
+
+uint64_t AlignUp(uint64_t value, uint64_t align) { return (value + align - 1) / align * align; }
+
+std::string Hex(uint64_t value) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(value));
+  return buf;
+}
+
+struct Geometry {
+  uint32_t meta_size = 0;
+  int cpus = 0;
+  uint32_t nr_subbufs = 0;
+  uint64_t stride = 0;
+  uint64_t subbufs_offset = 0;  // From the chunk start.
+};
+
+// How many chunk starts of |g| hold a meta that agrees with it.
+int ScoreGeometry(std::span<const std::byte> range, const Geometry& g) {
+  int score = 0;
+  for (int c = 0; c < g.cpus; ++c) {
+    const uint64_t off = static_cast<uint64_t>(c) * g.stride;
+    if (off + g.meta_size > range.size()) break;
+    if (Load<uint32_t>(range, off) != kBootMapMagic) continue;
+    if (Load<uint32_t>(range, off + 4) != g.meta_size) continue;
+    if (Load<uint32_t>(range, off + g.meta_size - 4) != g.nr_subbufs) continue;
+    ++score;
+  }
+  return score;
+}
+
+class CpuReader {
+ public:
+  CpuReader(std::span<const std::byte> range, const Geometry& g, const PageLayout& layout,
+            BootMapCpu* out)
+      : range_(range), g_(g), layout_(layout), out_(out) {}
+
+  void Run();
+
+ private:
+  void Issue(BootMapCheck check, uint64_t offset, std::string message, bool meta = true) {
+    if (meta) out_->meta_valid = false;
+    out_->issues.push_back({out_->cpu, check, offset,
+                            "cpu " + std::to_string(out_->cpu) + ": " + std::move(message)});
+  }
+  // Physical slot of a guest address of this CPU's sub-buffers, or -1.
+  int64_t SlotOf(uint64_t va) const;
+  bool ReadMeta();
+  void OrderPages();
+  void AddPage(uint32_t logical, int64_t slot);
+  void WalkPages();
+  void SplitBoots();
+
+  std::span<const std::byte> range_;
+  const Geometry& g_;
+  const PageLayout& layout_;
+  BootMapCpu* out_;
+  std::vector<uint8_t> seen_;  // Per physical slot: already in |pages|.
+};
+
+int64_t CpuReader::SlotOf(uint64_t va) const {
+  const uint64_t page = layout_.page_size;
+  if (va < out_->first_buffer) return -1;
+  const uint64_t delta = va - out_->first_buffer;
+  if (delta % page != 0) return -1;
+  const uint64_t slot = delta / page;
+  if (slot >= g_.nr_subbufs) return -1;
+  return static_cast<int64_t>(slot);
+}
+
+bool CpuReader::ReadMeta() {
+  BootMapCpu& c = *out_;
+  const uint64_t off = c.offset;
+  const uint64_t chunk_end = off + g_.subbufs_offset + uint64_t{g_.nr_subbufs} * layout_.page_size;
+  if (chunk_end > range_.size()) {
+    Issue(BootMapCheck::kChunkOutsideRange, off,
+          "chunk at " + Hex(off) + ".." + Hex(chunk_end) + " does not fit in the range of " +
+              Hex(range_.size()) + " bytes");
+    return false;
+  }
+  const uint32_t magic = Load<uint32_t>(range_, off);
+  c.struct_size = Load<int32_t>(range_, off + 4);
+  if (magic != kBootMapMagic) {
+    Issue(BootMapCheck::kMagic, off, "magic " + Hex(magic) + " at " + Hex(off) + ", want " +
+                                         Hex(kBootMapMagic) + "; CPU not decoded");
+    return false;
+  }
+  c.meta_found = true;
+  if (static_cast<uint32_t>(c.struct_size) != g_.meta_size) {
+    Issue(BootMapCheck::kStructSize, off + 4,
+          "struct_size " + std::to_string(c.struct_size) + ", want " +
+              std::to_string(g_.meta_size) + "; fields read with the range's layout");
+  }
+  uint64_t p = off + 8;
+  c.text_addr = Load<uint64_t>(range_, p);
+  p += 8;
+  if (g_.meta_size == kMetaSize612) {
+    c.data_addr = Load<uint64_t>(range_, p);
+    p += 8;
+  }
+  c.first_buffer = Load<uint64_t>(range_, p);
+  c.head_buffer = Load<uint64_t>(range_, p + 8);
+  c.commit_buffer = Load<uint64_t>(range_, p + 16);
+  c.subbuf_size = Load<uint32_t>(range_, p + 24);
+  c.nr_subbufs = Load<uint32_t>(range_, p + 28);
+  if (c.subbuf_size != layout_.page_size) {
+    Issue(BootMapCheck::kSubbufSize, p + 24,
+          "subbuf_size " + std::to_string(c.subbuf_size) + ", want " +
+              std::to_string(layout_.page_size) + " (the page layout's)");
+  }
+  if (c.nr_subbufs != g_.nr_subbufs) {
+    Issue(BootMapCheck::kNrSubbufs, p + 28,
+          "nr_subbufs " + std::to_string(c.nr_subbufs) + ", the range implies " +
+              std::to_string(g_.nr_subbufs) + "; using " + std::to_string(g_.nr_subbufs));
+  }
+  // buffers[] as the range implies it, whatever nr_subbufs claims: it lies
+  // between the meta and the sub-buffers of this chunk.
+  c.buffers.resize(g_.nr_subbufs);
+  std::memcpy(c.buffers.data(), range_.data() + off + g_.meta_size,
+              sizeof(int32_t) * g_.nr_subbufs);
+
+  if (c.first_buffer == 0 || c.first_buffer % layout_.page_size != 0) {
+    Issue(BootMapCheck::kFirstBuffer, p, "first_buffer " + Hex(c.first_buffer) +
+                                             " is not a sub-buffer address; CPU not decoded");
+    return false;
+  }
+  if (c.head_buffer == 0) {
+    Issue(BootMapCheck::kEmpty, p + 8,
+          "head_buffer is 0: never written, or reset by a kernel that found it invalid");
+    return false;
+  }
+  c.head_slot = SlotOf(c.head_buffer);
+  if (c.head_slot < 0) {
+    Issue(BootMapCheck::kHeadOutOfRange, p + 8,
+          "head_buffer " + Hex(c.head_buffer) + " is not one of the " +
+              std::to_string(g_.nr_subbufs) + " sub-buffers from first_buffer " +
+              Hex(c.first_buffer));
+  }
+  c.commit_slot = SlotOf(c.commit_buffer);
+  if (c.commit_slot < 0) {
+    Issue(BootMapCheck::kCommitOutOfRange, p + 16,
+          "commit_buffer " + Hex(c.commit_buffer) + " is not one of the " +
+              std::to_string(g_.nr_subbufs) + " sub-buffers from first_buffer " +
+              Hex(c.first_buffer));
+  }
+
+  // The kernel rejects the whole CPU on a bad or repeated index; we report the
+  // first of each and the count, and place the pages that can still be placed.
+  uint32_t out_of_range = 0, duplicates = 0;
+  int64_t first_bad = -1, first_dup = -1;
+  std::vector<uint8_t> used(g_.nr_subbufs, 0);
+  for (uint32_t i = 0; i < g_.nr_subbufs; ++i) {
+    const int32_t slot = c.buffers[i];
+    if (slot < 0 || static_cast<uint32_t>(slot) >= g_.nr_subbufs) {
+      if (out_of_range++ == 0) first_bad = i;
+      continue;
+    }
+    if (used[slot]++ != 0 && duplicates++ == 0) first_dup = i;
+  }
+  const uint64_t buffers_off = off + g_.meta_size;
+  if (out_of_range != 0) {
+    Issue(BootMapCheck::kIndexOutOfRange, buffers_off + 4 * first_bad,
+          std::to_string(out_of_range) + " buffers[] entries out of range, first buffers[" +
+              std::to_string(first_bad) + "] = " + std::to_string(c.buffers[first_bad]));
+  }
+  if (duplicates != 0) {
+    Issue(BootMapCheck::kDuplicateIndex, buffers_off + 4 * first_dup,
+          std::to_string(duplicates) + " repeated buffers[] entries, first buffers[" +
+              std::to_string(first_dup) + "] = " + std::to_string(c.buffers[first_dup]) +
+              " (the 6.12 consuming-read bug does this); repeats are skipped");
+  }
+  return true;
+}
+
+void CpuReader::AddPage(uint32_t logical, int64_t slot) {
+  BootMapPage page;
+  page.logical = logical;
+  page.physical = static_cast<uint32_t>(slot);
+  page.offset = out_->offset + g_.subbufs_offset + static_cast<uint64_t>(slot) * layout_.page_size;
+  if (seen_[slot]++ != 0) page.skipped = true;
+  out_->pages.push_back(page);
+}
+
+void CpuReader::OrderPages() {
+  BootMapCpu& c = *out_;
+  const uint32_t n = g_.nr_subbufs;
+  auto valid = [&](int32_t slot) { return slot >= 0 && static_cast<uint32_t>(slot) < n; };
+  seen_.assign(n, 0);
+
+  if (valid(c.buffers[0])) {
+    c.reader_slot = c.buffers[0];
+    AddPage(0, c.reader_slot);
+  }
+  // Writer still on the reader page: nothing in the ring is newer.
+  if (c.commit_slot >= 0 && c.commit_slot == c.reader_slot) return;
+
+  // Logical ring positions 1..n-1 of the head and commit slots.
+  int64_t head_pos = -1, commit_pos = -1;
+  for (uint32_t i = 1; i < n; ++i) {
+    if (head_pos < 0 && c.buffers[i] == c.head_slot) head_pos = i;
+    if (commit_pos < 0 && c.buffers[i] == c.commit_slot) commit_pos = i;
+  }
+  uint32_t start = 1;
+  if (c.head_slot >= 0 && c.head_slot == c.reader_slot) {
+    Issue(BootMapCheck::kHeadIsReader, c.offset,
+          "head_buffer is the reader page (slot " + std::to_string(c.head_slot) + ")");
+  } else if (c.head_slot >= 0 && head_pos < 0) {
+    Issue(BootMapCheck::kHeadNotInRing, c.offset,
+          "head slot " + std::to_string(c.head_slot) + " is not in buffers[1.." +
+              std::to_string(n - 1) + "]");
+  }
+  if (head_pos > 0) {
+    start = static_cast<uint32_t>(head_pos);
+  } else if (commit_pos > 0) {
+    // Without a head, the page after the commit page is the oldest of a
+    // full ring; time-order checks below catch what does not fit.
+    start = static_cast<uint32_t>(commit_pos) % (n - 1) + 1;
+  }
+  bool reached_commit = false;
+  uint32_t pos = start;
+  for (uint32_t k = 0; k + 1 < n; ++k) {
+    const int32_t slot = c.buffers[pos];
+    if (valid(slot)) AddPage(pos, slot);
+    if (slot == c.commit_slot && c.commit_slot >= 0) {
+      reached_commit = true;
+      break;
+    }
+    pos = pos % (n - 1) + 1;
+  }
+  if (!reached_commit && c.commit_slot >= 0) {
+    Issue(BootMapCheck::kCommitNotFound, c.offset,
+          "commit slot " + std::to_string(c.commit_slot) +
+              " not reached from the head; the whole ring was read");
+  }
+}
+
+void CpuReader::WalkPages() {
+  BootMapCpu& c = *out_;
+  for (size_t i = 0; i < c.pages.size(); ++i) {
+    BootMapPage& page = c.pages[i];
+    if (page.skipped) continue;
+    const auto copy = range_.subspan(page.offset, layout_.page_size);
+    PageCursor header_reader(copy, layout_);
+    page.first_timestamp = page.last_timestamp = header_reader.header().time_stamp;
+    bool first = true;
+    page.error = WalkPage(copy, layout_, &c.stats, [&](const RawRecord& r) {
+      if (first) page.first_timestamp = r.timestamp;
+      first = false;
+      page.last_timestamp = r.timestamp;
+      page.records++;
+    });
+    if (page.error != PageError::kOk) {
+      Issue(BootMapCheck::kBadPage, page.offset,
+            "page logical " + std::to_string(page.logical) + " slot " +
+                std::to_string(page.physical) + ": " + PageErrorName(page.error) +
+                "; " + std::to_string(page.records) + " records before it kept",
+            /*meta=*/false);
+    }
+  }
+}
+
+void CpuReader::SplitBoots() {
+  BootMapCpu& c = *out_;
+  // Pages that hold records, in read order.
+  std::vector<size_t> data;
+  for (size_t i = 0; i < c.pages.size(); ++i) {
+    if (!c.pages[i].skipped && c.pages[i].records > 0) data.push_back(i);
+  }
+  uint32_t boot = 0;
+  bool have_prev = false;
+  uint64_t prev_last = 0;
+  for (size_t k = 0; k < data.size(); ++k) {
+    BootMapPage& page = c.pages[data[k]];
+    if (have_prev && page.first_timestamp < prev_last) {
+      // A boot restarts the clock and later pages follow the new time; one
+      // page that dips while the next continues the old time is corrupt.
+      const bool isolated =
+          k + 1 < data.size() && c.pages[data[k + 1]].first_timestamp >= prev_last;
+      if (isolated) {
+        page.skipped = true;
+        Issue(BootMapCheck::kTimeWentBackwards, page.offset,
+              "page logical " + std::to_string(page.logical) + " slot " +
+                  std::to_string(page.physical) + " starts at " +
+                  std::to_string(page.first_timestamp) + " before the previous page's " +
+                  std::to_string(prev_last) + "; skipped",
+              /*meta=*/false);
+        continue;
+      }
+      ++boot;
+    }
+    page.boot = boot;
+    prev_last = page.last_timestamp;
+    have_prev = true;
+  }
+  c.boots = data.empty() ? 0 : boot + 1;
+  // Empty pages take the boot of the data page before them.
+  uint32_t current = 0;
+  for (BootMapPage& page : c.pages) {
+    if (!page.skipped && page.records > 0) current = page.boot;
+    page.boot = current;
+  }
+}
+
+void CpuReader::Run() {
+  out_->meta_valid = true;
+  if (!ReadMeta()) {
+    out_->meta_valid = false;
+    return;
+  }
+  OrderPages();
+  WalkPages();
+  SplitBoots();
+  for (uint32_t i = 0; i < out_->pages.size(); ++i) {
+    const BootMapPage& page = out_->pages[i];
+    if (page.skipped || page.records == 0) continue;
+    const auto copy = range_.subspan(page.offset, layout_.page_size);
+    PageCursor cursor(copy, layout_);
+    RawRecord r;
+    while (cursor.Next(&r)) out_->records.push_back({r.timestamp, page.boot, i, r.payload});
+  }
+}
+
+}  // namespace
+
+const char* BootMapCheckName(BootMapCheck check) {
+  switch (check) {
+    case BootMapCheck::kChunkOutsideRange: return "chunk_outside_range";
+    case BootMapCheck::kMagic: return "magic";
+    case BootMapCheck::kStructSize: return "struct_size";
+    case BootMapCheck::kSubbufSize: return "subbuf_size";
+    case BootMapCheck::kNrSubbufs: return "nr_subbufs";
+    case BootMapCheck::kFirstBuffer: return "first_buffer";
+    case BootMapCheck::kHeadOutOfRange: return "head_out_of_range";
+    case BootMapCheck::kCommitOutOfRange: return "commit_out_of_range";
+    case BootMapCheck::kIndexOutOfRange: return "index_out_of_range";
+    case BootMapCheck::kDuplicateIndex: return "duplicate_index";
+    case BootMapCheck::kHeadIsReader: return "head_is_reader";
+    case BootMapCheck::kHeadNotInRing: return "head_not_in_ring";
+    case BootMapCheck::kCommitNotFound: return "commit_not_found";
+    case BootMapCheck::kBadPage: return "bad_page";
+    case BootMapCheck::kTimeWentBackwards: return "time_went_backwards";
+    case BootMapCheck::kEmpty: return "empty";
+    case BootMapCheck::kCount: break;
+  }
+  return "unknown";
+}
+
+uint64_t BootMap::total_records() const {
+  uint64_t n = 0;
+  for (const BootMapCpu& c : cpu) n += c.records.size();
+  return n;
+}
+
+bool BootMapGeometry(uint64_t range_size, int cpus, uint32_t subbuf_size, uint32_t meta_size,
+                     uint32_t* nr_subbufs, uint64_t* stride) {
+  if (cpus <= 0 || subbuf_size == 0 || !std::has_single_bit(subbuf_size)) return false;
+  const uint64_t per_cpu = range_size / static_cast<uint64_t>(cpus);
+  if (per_cpu <= meta_size) return false;
+  uint64_t nr = (per_cpu - meta_size) / (uint64_t{subbuf_size} + 4);
+  if (nr < 3) return false;
+  // The kernel shrinks the count until every chunk, with its sub-buffers
+  // aligned, fits; the range start is page aligned (memmap=).
+  for (;;) {
+    const uint64_t chunk = AlignUp(meta_size + 4 * nr, subbuf_size) + nr * subbuf_size;
+    if (chunk * static_cast<uint64_t>(cpus) <= range_size) {
+      if (nr > UINT32_MAX) return false;
+      *nr_subbufs = static_cast<uint32_t>(nr);
+      *stride = chunk;
+      return true;
+    }
+    if (nr <= 3) return false;
+    --nr;
+  }
+}
+
+Result<BootMap> ReadBootMap(std::span<const std::byte> range, const BootMapOptions& options) {
+  const PageLayout& layout = options.layout;
+  if (layout.page_size < layout.data_offset + 8 || !std::has_single_bit(layout.page_size)) {
+    return Error{"boot_map: page layout size " + std::to_string(layout.page_size) +
+                 " is not a usable sub-buffer size"};
+  }
+  if (range.size() < 2 * uint64_t{layout.page_size}) {
+    return Error{"boot_map: range of " + std::to_string(range.size()) +
+                 " bytes is too small to hold a persistent ring buffer"};
+  }
+  if (options.cpus < 0 || options.cpus > kBootMapMaxCpus) {
+    return Error{"boot_map: CPU count " + std::to_string(options.cpus) + " out of range"};
+  }
+
+  Geometry best;
+  int best_score = 0;
+  for (uint32_t meta_size : {kMetaSize612, kMetaSize612Kaslr}) {
+    const int lo = options.cpus > 0 ? options.cpus : 1;
+    const int hi = options.cpus > 0 ? options.cpus : kBootMapMaxCpus;
+    for (int n = lo; n <= hi; ++n) {
+      Geometry g;
+      g.meta_size = meta_size;
+      g.cpus = n;
+      if (!BootMapGeometry(range.size(), n, layout.page_size, meta_size, &g.nr_subbufs,
+                           &g.stride)) {
+        break;  // More CPUs only make chunks smaller.
+      }
+      g.subbufs_offset = AlignUp(meta_size + 4 * uint64_t{g.nr_subbufs}, layout.page_size);
+      const int score = ScoreGeometry(range, g);
+      if (score > best_score) {
+        best_score = score;
+        best = g;
+      }
+    }
+  }
+
+  if (best_score == 0) {
+    const uint32_t magic = Load<uint32_t>(range, 0);
+    const uint32_t size = Load<uint32_t>(range, 4);
+    if (magic == kBootMapMagic && (size >> kStructSizesShift) != 0) {
+      return Error{"boot_map: offset 0 has a Linux 6.15+ global meta (struct_sizes " + Hex(size) +
+                   ": global " + std::to_string(size & 0xffff) + " bytes, per-CPU " +
+                   std::to_string(size >> kStructSizesShift) +
+                   " bytes); only the 6.12 layout is supported"};
+    }
+    if (magic == kBootMapMagic) {
+      return Error{"boot_map: offset 0 has the magic but struct_size " + std::to_string(size) +
+                   " and nr_subbufs match no known layout for a range of " +
+                   std::to_string(range.size()) + " bytes" +
+                   (options.cpus > 0 ? " and " + std::to_string(options.cpus) + " CPUs" : "")};
+    }
+    return Error{"boot_map: no ring_buffer_meta (magic " + Hex(kBootMapMagic) +
+                 ") at any chunk start of the " + std::to_string(range.size()) +
+                 "-byte range: not a persistent ring buffer, or never initialized"};
+  }
+
+  BootMap map;
+  map.layout = best.meta_size == kMetaSize612 ? "linux-6.12" : "linux-6.12-kaslr";
+  map.cpus = best.cpus;
+  map.cpus_derived = options.cpus == 0;
+  map.nr_subbufs = best.nr_subbufs;
+  map.chunk_stride = best.stride;
+  map.cpu.resize(best.cpus);
+  for (int c = 0; c < best.cpus; ++c) {
+    BootMapCpu& cpu = map.cpu[c];
+    cpu.cpu = c;
+    cpu.offset = static_cast<uint64_t>(c) * best.stride;
+    CpuReader(range, best, layout, &cpu).Run();
+  }
+
+  // Boots are numbered over the range: the newest boot is the last segment
+  // of every CPU that has data (a CPU that wrote nothing in an older boot has
+  // fewer segments), so segments are aligned to the newest.
+  for (const BootMapCpu& cpu : map.cpu) map.boots = std::max(map.boots, cpu.boots);
+  for (BootMapCpu& cpu : map.cpu) {
+    const uint32_t shift = map.boots - cpu.boots;
+    if (shift == 0) continue;
+    for (BootMapPage& page : cpu.pages) page.boot += shift;
+    for (BootMapRecord& record : cpu.records) record.boot += shift;
+  }
+  for (const BootMapCpu& cpu : map.cpu) {
+    map.issues.insert(map.issues.end(), cpu.issues.begin(), cpu.issues.end());
+  }
+  return map;
+}
+
+}  // namespace hvtrace

@@ -46,6 +46,16 @@ class TraceDat {
   // Opens and reads the metadata of |path| (the trace data itself is read by
   // ForEachPage). Fails with a message naming the file and offset.
   static Result<TraceDat> Open(const std::string& path);
+  // The same from bytes in memory (fuzzing, data received over a socket);
+  // |name| stands for the file name in messages.
+  static Result<TraceDat> OpenBuffer(std::vector<std::byte> data, const std::string& name);
+
+  // Caps on what a file may make us allocate or loop over.
+  static constexpr uint64_t kMaxSectionSize = 64ull << 20;  // Decompressed metadata.
+  static constexpr uint64_t kMaxChunkSize = 64ull << 20;    // One decompressed data chunk.
+  static constexpr uint32_t kMaxCpus = 8192;
+  static constexpr uint32_t kMaxPageSize = 16u << 20;
+  static constexpr uint32_t kMaxFormats = 100000;
 
   TraceDat(TraceDat&&) noexcept;
   TraceDat& operator=(TraceDat&&) noexcept;
@@ -64,16 +74,22 @@ class TraceDat {
   const std::string& kallsyms() const;       // /proc/kallsyms text (may be empty)
   const std::string& printk_formats() const; // printk_formats text (may be empty)
   const std::string& cmdlines() const;       // saved_cmdlines text: "pid comm\n"
-  const std::string& trace_clock() const;    // e.g. "local", "[local] global ..."
+  const std::string& trace_clock() const;    // The clock in use, e.g. "local".
   // Time offset to add to every time stamp (trace-cmd's TSC/guest offset
   // options); 0 when the file has none.
   int64_t timestamp_offset() const;
 
   const std::vector<TraceDatCpu>& cpus() const;  // Top instance, in file order.
+  // Whether the flyrecord data is in compressed chunks (v7 only).
+  bool data_compressed() const;
+  // Names of the other instances (BUFFER options) in the file; their data is
+  // not read.
+  const std::vector<std::string>& instances() const;
 
   // Calls |on_page(page_copy, offset)| for every page of CPU index |cpu_index|
   // (into cpus()), in order. |page_copy| is a private copy of page_size()
-  // bytes, valid for the call. Return false from |on_page| to stop. Problems
+  // bytes, valid for the call. |offset| is the page's file offset, or for
+  // compressed data its offset in the CPU's decompressed stream. Return false from |on_page| to stop. Problems
   // are appended to issues() and the walk continues where it can.
   Status ForEachPage(size_t cpu_index,
                      const std::function<bool(std::span<const std::byte> page_copy,
@@ -84,6 +100,7 @@ class TraceDat {
  private:
   struct Impl;
   explicit TraceDat(std::unique_ptr<Impl> impl);
+  static Result<TraceDat> Load(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,375 @@
+#include "formats_cache.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <set>
+#include <system_error>
+#include <tuple>
+
+#include "formats_sha256.h"
+#include "hvtrace/format.h"
+#include "state_dir.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr int kCacheFormatVersion = 1;
+constexpr size_t kMaxManifestBytes = 4u << 20;
+constexpr size_t kMaxHeaderBytes = 64u << 10;
+constexpr size_t kMaxPrintkBytes = 16u << 20;
+constexpr size_t kMaxKallsymsBytes = 64u << 20;
+
+std::string Errno(int err) { return std::strerror(err); }
+
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+  int Close() {
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
+};
+
+// Reads a regular file (not through a symlink) of at most |cap| bytes.
+Result<std::string> ReadCapped(const fs::path& path, size_t cap) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (fd.get() < 0) return Error{"cannot open " + path.string() + ": " + Errno(errno)};
+  struct stat st;
+  if (::fstat(fd.get(), &st) != 0) return Error{"stat " + path.string() + ": " + Errno(errno)};
+  if (!S_ISREG(st.st_mode)) return Error{path.string() + " is not a regular file"};
+  if (static_cast<uint64_t>(st.st_size) > cap) {
+    return Error{path.string() + " is " + std::to_string(st.st_size) + " bytes; the limit is " +
+                 std::to_string(cap)};
+  }
+  std::string data(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::read(fd.get(), data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"reading " + path.string() + " at offset " + std::to_string(done) + ": " +
+                   Errno(errno)};
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  data.resize(done);
+  return data;
+}
+
+Status WriteFile(const fs::path& path, std::string_view data) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+  if (fd.get() < 0) return Error{"cannot create " + path.string() + ": " + Errno(errno)};
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"writing " + path.string() + " at offset " + std::to_string(done) + " of " +
+                   std::to_string(data.size()) + ": " + Errno(errno)};
+    }
+    if (n == 0) return Error{"writing " + path.string() + ": write returned 0"};
+    done += static_cast<size_t>(n);
+  }
+  if (fd.Close() != 0) return Error{"closing " + path.string() + ": " + Errno(errno)};
+  return {};
+}
+
+Status MakeDir(const fs::path& path) {
+  if (::mkdir(path.c_str(), 0755) != 0) {
+    return Error{"cannot create directory " + path.string() + ": " + Errno(errno)};
+  }
+  return {};
+}
+
+std::string UtcNow() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// Module names from /proc/modules ("name size refs deps state addr").
+std::vector<std::string> ModuleNames(std::string_view modules) {
+  std::vector<std::string> names;
+  size_t pos = 0;
+  while (pos < modules.size() && names.size() < 4096) {
+    size_t end = modules.find('\n', pos);
+    if (end == std::string_view::npos) end = modules.size();
+    const std::string_view line = modules.substr(pos, end - pos);
+    pos = end + 1;
+    const std::string_view name = line.substr(0, line.find(' '));
+    if (IsSafeComponent(name)) names.emplace_back(name);
+  }
+  return names;
+}
+
+// Removes a temporary entry; best effort, errors are not interesting then.
+void RemoveTree(const fs::path& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+}  // namespace
+
+bool IsValidKernelKey(std::string_view key) {
+  return key.size() == 64 && std::all_of(key.begin(), key.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+Result<std::string> KernelKeyOfFile(const std::string& vmlinuz_path) {
+  Result<std::string> hash = Sha256File(vmlinuz_path);
+  if (!hash.ok()) return Error{"kernel key: " + hash.error().message};
+  return hash;
+}
+
+Result<fs::path> DefaultCacheRoot() {
+  if (const char* dir = std::getenv("HVTRACE_CACHE_DIR"); dir != nullptr && *dir != '\0') {
+    return fs::path(dir);
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return fs::path(home) / ".cache" / "hvtrace";
+  }
+  return Error{"neither HVTRACE_CACHE_DIR nor HOME is set; pass --cache DIR"};
+}
+
+FormatCache::FormatCache(fs::path root) : root_(std::move(root)) {}
+
+fs::path FormatCache::EntryDir(std::string_view key) const { return formats_dir() / key; }
+
+Result<std::optional<json>> FormatCache::Lookup(std::string_view key) const {
+  if (!IsValidKernelKey(key)) {
+    return Error{"format cache key '" + std::string(key.substr(0, 80)) +
+                 "' is not 64 lowercase hex digits"};
+  }
+  const fs::path dir = EntryDir(key);
+  struct stat st;
+  if (::lstat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return std::optional<json>();
+    return Error{"stat " + dir.string() + ": " + Errno(errno)};
+  }
+  if (!S_ISDIR(st.st_mode)) return Error{dir.string() + " is not a directory"};
+  Result<std::string> text = ReadCapped(dir / "manifest.json", kMaxManifestBytes);
+  if (!text.ok()) return Error{"format cache entry: " + text.error().message};
+  json manifest = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!manifest.is_object()) {
+    return Error{(dir / "manifest.json").string() + " is not a JSON object"};
+  }
+  if (manifest.value("key", "") != key) {
+    return Error{(dir / "manifest.json").string() + " names key '" +
+                 manifest.value("key", "").substr(0, 80) + "', not its directory's"};
+  }
+  if (manifest.value("format_version", 0) != kCacheFormatVersion) {
+    return Error{(dir / "manifest.json").string() + " has format_version " +
+                 std::to_string(manifest.value("format_version", 0)) + "; this hvtrace reads " +
+                 std::to_string(kCacheFormatVersion)};
+  }
+  return std::optional<json>(std::move(manifest));
+}
+
+Result<KernelFormats> FormatCache::Load(std::string_view key) const {
+  Result<std::optional<json>> manifest = Lookup(key);
+  if (!manifest.ok()) return manifest.error();
+  const fs::path dir = EntryDir(key);
+  if (!manifest->has_value()) return Error{"no cached formats for kernel " + std::string(key) +
+                                           " in " + formats_dir().string()};
+  KernelFormats out;
+  out.key = std::string(key);
+  out.manifest = std::move(**manifest);
+  out.release = out.manifest.value("release", "");
+  out.proc_version = out.manifest.value("proc_version", "");
+  struct {
+    const char* name;
+    size_t cap;
+    std::string* into;
+  } files[] = {{"events/header_page", kMaxHeaderBytes, &out.header_page},
+               {"events/header_event", kMaxHeaderBytes, &out.header_event},
+               {"printk_formats", kMaxPrintkBytes, &out.printk_formats},
+               {"kallsyms", kMaxKallsymsBytes, &out.kallsyms}};
+  for (const auto& f : files) {
+    Result<std::string> data = ReadCapped(dir / f.name, f.cap);
+    if (!data.ok()) return data.error();
+    *f.into = std::move(*data);
+  }
+  // events/<system>/<event>/format, walked by hand so that nothing but plain
+  // directories and files with safe names is followed.
+  const fs::path events_dir = dir / "events";
+  std::error_code ec;
+  for (fs::directory_iterator sys_it(events_dir, ec), end; !ec && sys_it != end;
+       sys_it.increment(ec)) {
+    const std::string system = sys_it->path().filename().string();
+    if (system == "header_page" || system == "header_event") continue;
+    if (!IsSafeComponent(system) || !sys_it->is_directory(ec) || sys_it->is_symlink(ec)) {
+      return Error{"unexpected entry " + sys_it->path().string() + " in the format cache"};
+    }
+    for (fs::directory_iterator ev_it(sys_it->path(), ec); !ec && ev_it != end;
+         ev_it.increment(ec)) {
+      const std::string name = ev_it->path().filename().string();
+      if (!IsSafeComponent(name) || !ev_it->is_directory(ec) || ev_it->is_symlink(ec)) {
+        return Error{"unexpected entry " + ev_it->path().string() + " in the format cache"};
+      }
+      if (out.events.size() >= kMaxHarvestEvents) {
+        return Error{events_dir.string() + " holds more than " +
+                     std::to_string(kMaxHarvestEvents) + " events"};
+      }
+      Result<std::string> text = ReadCapped(ev_it->path() / "format", kMaxFormatTextSize);
+      if (!text.ok()) return text.error();
+      out.events.push_back({system, name, std::move(*text)});
+    }
+    if (ec) break;
+  }
+  if (ec) return Error{"listing " + events_dir.string() + ": " + ec.message()};
+  std::sort(out.events.begin(), out.events.end(),
+            [](const CachedEventFormat& a, const CachedEventFormat& b) {
+              return std::tie(a.system, a.name) < std::tie(b.system, b.name);
+            });
+  return out;
+}
+
+Result<std::vector<CacheEntrySummary>> FormatCache::List(std::vector<std::string>* problems) const {
+  std::vector<CacheEntrySummary> out;
+  std::error_code ec;
+  fs::directory_iterator it(formats_dir(), ec);
+  if (ec) {
+    if (ec == std::errc::no_such_file_or_directory) return out;
+    return Error{"listing " + formats_dir().string() + ": " + ec.message()};
+  }
+  for (fs::directory_iterator end; it != end; it.increment(ec)) {
+    if (ec) return Error{"listing " + formats_dir().string() + ": " + ec.message()};
+    const std::string key = it->path().filename().string();
+    if (!IsValidKernelKey(key)) continue;  // Temporary entries and strangers.
+    Result<std::optional<json>> manifest = Lookup(key);
+    if (!manifest.ok() || !manifest->has_value()) {
+      if (problems != nullptr) {
+        problems->push_back(manifest.ok() ? key + ": vanished" : manifest.error().message);
+      }
+      continue;
+    }
+    const json& m = **manifest;
+    CacheEntrySummary s;
+    s.key = key;
+    s.release = m.value("release", "");
+    s.kernel_path = m.value("kernel_path", "");
+    s.events = m.value("events", uint64_t{0});
+    s.harvested_utc = m.value("harvested_utc", "");
+    out.push_back(std::move(s));
+  }
+  std::sort(out.begin(), out.end(), [](const CacheEntrySummary& a, const CacheEntrySummary& b) {
+    return std::tie(a.release, a.key) < std::tie(b.release, b.key);
+  });
+  return out;
+}
+
+Result<fs::path> FormatCache::Store(std::string_view key, const HarvestBundle& bundle,
+                                    json manifest) const {
+  if (!IsValidKernelKey(key)) {
+    return Error{"format cache key '" + std::string(key.substr(0, 80)) +
+                 "' is not 64 lowercase hex digits"};
+  }
+  if (Status s = MakeDirs(formats_dir(), 0755); !s.ok()) return s.error();
+  const fs::path final_dir = EntryDir(key);
+
+  static std::atomic<uint64_t> counter{0};
+  const fs::path tmp = formats_dir() / (".tmp-" + std::string(key) + "-" +
+                                        std::to_string(::getpid()) + "-" +
+                                        std::to_string(counter.fetch_add(1)));
+  if (Status s = MakeDir(tmp); !s.ok()) return s.error();
+  auto fail = [&tmp](const Error& e) -> Result<fs::path> {
+    RemoveTree(tmp);
+    return e;
+  };
+
+  std::set<std::string> systems;
+  if (Status s = MakeDir(tmp / "events"); !s.ok()) return fail(s.error());
+  for (const HarvestedEvent& ev : bundle.events) {
+    // The bundle parser checked these; the cache is a second line because a
+    // bundle can also be built by hand.
+    if (!IsSafeComponent(ev.system) || !IsSafeComponent(ev.name)) {
+      return fail(Error{"unsafe event name '" + ev.system.substr(0, 64) + "/" +
+                        ev.name.substr(0, 64) + "'"});
+    }
+    const fs::path sys_dir = tmp / "events" / ev.system;
+    if (systems.insert(ev.system).second) {
+      if (Status s = MakeDir(sys_dir); !s.ok()) return fail(s.error());
+    }
+    if (Status s = MakeDir(sys_dir / ev.name); !s.ok()) return fail(s.error());
+    if (Status s = WriteFile(sys_dir / ev.name / "format", ev.text); !s.ok()) return fail(s.error());
+  }
+  const std::pair<const char*, const std::string*> files[] = {
+      {"events/header_page", &bundle.header_page},
+      {"events/header_event", &bundle.header_event},
+      {"printk_formats", &bundle.printk_formats},
+      {"kallsyms", &bundle.kallsyms}};
+  for (const auto& [name, data] : files) {
+    if (Status s = WriteFile(tmp / name, *data); !s.ok()) return fail(s.error());
+  }
+
+  manifest["format_version"] = kCacheFormatVersion;
+  manifest["key"] = std::string(key);
+  manifest["key_kind"] = "sha256 of the kernel image file";
+  manifest["release"] = bundle.release;
+  manifest["proc_version"] = bundle.proc_version;
+  manifest["events"] = bundle.events.size();
+  manifest["systems"] = systems.size();
+  manifest["rejected_formats"] = bundle.rejected;
+  manifest["printk_formats_bytes"] = bundle.printk_formats.size();
+  manifest["kallsyms_symbols"] = bundle.kallsyms_symbols;
+  manifest["kallsyms_nonzero_addresses"] = bundle.kallsyms_nonzero_addresses;
+  manifest["modules_loaded_at_harvest"] = ModuleNames(bundle.modules);
+  if (!manifest.contains("harvested_utc")) manifest["harvested_utc"] = UtcNow();
+  if (Status s = WriteFile(tmp / "manifest.json", manifest.dump(2) + "\n"); !s.ok()) {
+    return fail(s.error());
+  }
+
+  // One syncfs instead of an fsync per file: an entry has ~2000 small files.
+  {
+    Fd dirfd(::open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dirfd.get() < 0 || ::syncfs(dirfd.get()) != 0) {
+      return fail(Error{"syncing " + tmp.string() + ": " + Errno(errno)});
+    }
+  }
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    const int err = errno;
+    RemoveTree(tmp);
+    if (err == EEXIST || err == ENOTEMPTY) {
+      // Another harvest of the same kernel won the race; its entry is as good.
+      Result<std::optional<json>> existing = Lookup(key);
+      if (existing.ok() && existing->has_value()) return final_dir;
+      return Error{final_dir.string() + " exists but is not a usable cache entry" +
+                   (existing.ok() ? std::string() : ": " + existing.error().message)};
+    }
+    return Error{"renaming " + tmp.string() + " to " + final_dir.string() + ": " + Errno(err)};
+  }
+  Fd parent(::open(formats_dir().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (parent.get() < 0 || ::fsync(parent.get()) != 0) {
+    return Error{"fsync " + formats_dir().string() + ": " + Errno(errno)};
+  }
+  return final_dir;
+}
+
+}  // namespace hvtrace::hostd

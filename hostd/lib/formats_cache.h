@@ -1,0 +1,110 @@
+// FormatCache: per-kernel-build tracefs formats, harvested once (see
+// formats_harvest.h) and read by the daemon and the boot-buffer decoder.
+//
+// Cache key: the lowercase hex SHA-256 of the kernel image file (vmlinuz) as
+// the host has it. Event ids of built-in events are assigned at boot in link
+// order, so every boot of one build gets the same ids; the image hash names
+// the build exactly and is computed on the host before anything boots. The
+// release (uname -r) alone is not enough (rebuilds keep it), so it and
+// /proc/version are only recorded in the manifest.
+//
+//   <root>/formats/<key>/manifest.json
+//   <root>/formats/<key>/events/header_page
+//   <root>/formats/<key>/events/header_event
+//   <root>/formats/<key>/events/<system>/<event>/format
+//   <root>/formats/<key>/printk_formats
+//   <root>/formats/<key>/kallsyms
+//   <root>/formats/.tmp-<key>-<pid>-<n>/      an entry being written
+//
+// <root> is ${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace} for the CLI and the
+// daemon's state directory for hvtraced. An entry appears whole or not at all
+// (written under a temporary name, fsynced, renamed).
+#ifndef HVTRACE_HOSTD_FORMATS_CACHE_H_
+#define HVTRACE_HOSTD_FORMATS_CACHE_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "formats_bundle.h"
+#include "hvtrace/result.h"
+
+namespace hvtrace::hostd {
+
+// True for 64 lowercase hex digits.
+bool IsValidKernelKey(std::string_view key);
+
+// The cache key of the kernel image at |vmlinuz_path|.
+Result<std::string> KernelKeyOfFile(const std::string& vmlinuz_path);
+
+// ${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace}; an error when neither is set.
+Result<std::filesystem::path> DefaultCacheRoot();
+
+struct CachedEventFormat {
+  std::string system;
+  std::string name;
+  std::string text;  // The format file as the guest kernel printed it.
+};
+
+// Everything cached for one kernel build.
+struct KernelFormats {
+  std::string key;
+  std::string release;
+  std::string proc_version;
+  nlohmann::json manifest;
+  std::string header_page;
+  std::string header_event;
+  std::string printk_formats;
+  std::string kallsyms;
+  std::vector<CachedEventFormat> events;  // Sorted by system, then name.
+};
+
+// One line of `hvtrace formats list`.
+struct CacheEntrySummary {
+  std::string key;
+  std::string release;
+  std::string kernel_path;  // As given to the harvest that made the entry.
+  uint64_t events = 0;
+  std::string harvested_utc;
+};
+
+class FormatCache {
+ public:
+  // |root| holds formats/ (see above).
+  explicit FormatCache(std::filesystem::path root);
+
+  std::filesystem::path formats_dir() const { return root_ / "formats"; }
+  // Callers pass a key checked by IsValidKernelKey.
+  std::filesystem::path EntryDir(std::string_view key) const;
+
+  // The manifest of |key|'s entry, or nullopt when there is none. A present
+  // but unreadable entry is an error naming its path.
+  Result<std::optional<nlohmann::json>> Lookup(std::string_view key) const;
+
+  // Loads every file of |key|'s entry, capped and checked as on harvest
+  // (the cache directory may have been edited by hand).
+  Result<KernelFormats> Load(std::string_view key) const;
+
+  // Entries with readable manifests, sorted by release then key; unreadable
+  // ones are skipped and named in |problems| when given.
+  Result<std::vector<CacheEntrySummary>> List(std::vector<std::string>* problems = nullptr) const;
+
+  // Writes |bundle| as |key|'s entry with |manifest| (the harvest's facts;
+  // counts and sizes are added here). Atomic: temp dir, fsync, rename. When
+  // another harvest stored the same key first, that entry is kept and its
+  // path returned.
+  Result<std::filesystem::path> Store(std::string_view key, const HarvestBundle& bundle,
+                                      nlohmann::json manifest) const;
+
+ private:
+  std::filesystem::path root_;
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_FORMATS_CACHE_H_

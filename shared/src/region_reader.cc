@@ -1,0 +1,494 @@
+// Reads a guest-filled region. Everything here works on the caller's private
+// copy (CopyLiveRegion makes one from shared memory), checks every guest value
+// against the host's geometry before using it, and reports what it skips.
+#include "hvtrace/region_reader.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "hvtrace/fingerprint.h"
+
+namespace hvtrace {
+namespace {
+
+using region::ClockSync;
+using region::CpuRingHeader;
+using region::DwRingHeader;
+using region::FormatEntry;
+using region::FormatTableHeader;
+using region::GuestIdentity;
+using region::SlotDesc;
+
+template <typename T>
+T Load(std::span<const std::byte> bytes, uint64_t offset) {
+  T value;
+  std::memcpy(&value, bytes.data() + offset, sizeof(T));
+  return value;
+}
+
+uint64_t LoadLive64(const std::byte* live, uint64_t offset) {
+  return __atomic_load_n(reinterpret_cast<const uint64_t*>(live + offset), __ATOMIC_ACQUIRE);
+}
+uint32_t LoadLive32(const std::byte* live, uint64_t offset) {
+  return __atomic_load_n(reinterpret_cast<const uint32_t*>(live + offset), __ATOMIC_ACQUIRE);
+}
+
+// Text of a fixed-size char array up to its first NUL, printable ASCII only.
+bool CleanString(const char* chars, size_t size, std::string* out) {
+  size_t n = 0;
+  while (n < size && chars[n] != '\0') {
+    const unsigned char c = static_cast<unsigned char>(chars[n]);
+    if (c < 0x20 || c > 0x7e) return false;
+    ++n;
+  }
+  out->assign(chars, n);
+  return true;
+}
+
+std::string UuidText(const uint8_t (&id)[16]) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string s;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) s.push_back('-');
+    s.push_back(kHex[id[i] >> 4]);
+    s.push_back(kHex[id[i] & 15]);
+  }
+  return s;
+}
+
+class Reader {
+ public:
+  Reader(RegionSnapshot* snap) : s_(snap), bytes_(snap->copy), g_(snap->geometry) {}
+
+  void Run() {
+    CheckHostHeader();
+    ReadIdentity();
+    ReadClockSync();
+    ReadFormats();
+    ChooseLayouts();
+    for (uint32_t c = 0; c < g_.max_cpus; ++c) ReadRing(c, /*direct_write=*/false);
+    for (uint32_t r = 0; r < g_.dw_rings; ++r) ReadRing(r, /*direct_write=*/true);
+  }
+
+ private:
+  void Report(RegionIssue issue, std::string where, uint64_t offset, std::string detail) {
+    s_->issues[static_cast<size_t>(issue)]++;
+    if (s_->problems.size() < RegionSnapshot::kMaxProblems) {
+      s_->problems.push_back({issue, std::move(where), offset, std::move(detail)});
+    }
+  }
+
+  void CheckHostHeader() {
+    auto from_header = GeometryFromHeader(bytes_.subspan(0, sizeof(region::HostHeader)), g_.region_size);
+    if (!from_header.ok()) {
+      Report(RegionIssue::kHeaderMismatch, "host header", 0, from_header.error().message);
+    } else if (!(*from_header == g_)) {
+      Report(RegionIssue::kHeaderMismatch, "host header", 0,
+             "geometry in the region differs from the one hostd created");
+    }
+  }
+
+  void ReadIdentity() {
+    const auto id = Load<GuestIdentity>(bytes_, region::kGuestIdentityOffset);
+    s_->guest.status = Load<region::GuestStatus>(bytes_, region::kGuestStatusOffset);
+    if (id.seq == 0) return;  // No agent yet.
+    if (id.seq & 1) {
+      Report(RegionIssue::kIdentityTorn, "guest identity", region::kGuestIdentityOffset,
+             "seq " + std::to_string(id.seq) + " is odd");
+      return;
+    }
+    RegionGuestInfo& info = s_->guest;
+    std::string why;
+    if (id.boot_generation == 0 || id.boot_generation > UINT32_MAX) {
+      why = "boot generation " + std::to_string(id.boot_generation);
+    } else if (id.nr_cpus == 0 || id.nr_cpus > g_.max_cpus) {
+      why = "nr_cpus " + std::to_string(id.nr_cpus) + " (region has " + std::to_string(g_.max_cpus) + ")";
+    } else if (!CleanString(id.kernel_release, sizeof(id.kernel_release), &info.kernel_release)) {
+      why = "kernel release is not printable text";
+    } else if (id.page_size != 0 && id.page_size != g_.slot_size) {
+      why = "page size " + std::to_string(id.page_size) + " differs from slot size";
+    }
+    if (!why.empty()) {
+      info.kernel_release.clear();
+      Report(RegionIssue::kIdentityBad, "guest identity", region::kGuestIdentityOffset, why);
+      return;
+    }
+    info.present = true;
+    info.boot_generation = id.boot_generation;
+    info.boot_id = UuidText(id.boot_id);
+    info.nr_cpus = id.nr_cpus;
+    info.trace_clock = id.trace_clock;
+    info.page_size = id.page_size;
+    info.agent_pid = id.agent_pid;
+    info.attach_mono_ns = id.attach_mono_ns;
+  }
+
+  void ReadClockSync() {
+    for (uint32_t i = 0; i < region::kClockSyncCount; ++i) {
+      const auto c = Load<ClockSync>(bytes_, region::kClockSyncOffset + i * sizeof(ClockSync));
+      if (c.seq != 0 && (c.seq & 1) == 0) s_->clock_sync.push_back(c);
+    }
+    std::sort(s_->clock_sync.begin(), s_->clock_sync.end(),
+              [](const ClockSync& a, const ClockSync& b) { return a.seq < b.seq; });
+  }
+
+  void ReadFormats() {
+    const auto table = Load<FormatTableHeader>(bytes_, g_.format_offset);
+    const uint32_t count = std::min(table.entry_count, g_.format_entries);
+    const uint64_t text_base = g_.FormatTextOffset();
+    std::map<std::pair<uint32_t, uint32_t>, uint64_t> seen;  // (generation, id) -> fingerprint
+    for (uint32_t i = 0; i < count; ++i) {
+      const uint64_t at = g_.FormatEntryOffset(i);
+      const auto e = Load<FormatEntry>(bytes_, at);
+      const std::string where = "format entry " + std::to_string(i);
+      if (e.seq == 0 || (e.seq & 1)) {
+        Report(RegionIssue::kFormatTorn, where, at, "seq " + std::to_string(e.seq));
+        continue;
+      }
+      if (e.kind < region::kFormatKernelEvent || e.kind > region::kFormatHeaderEvent) {
+        Report(RegionIssue::kFormatBadKind, where, at, "kind " + std::to_string(e.kind));
+        continue;
+      }
+      if (uint64_t{e.text_offset} + e.text_len > g_.format_text_size || e.system_len == 0 ||
+          e.system_len > e.text_len || e.system_len > kMaxNameSize) {
+        Report(RegionIssue::kFormatOutOfRange, where, at,
+               "text " + std::to_string(e.text_offset) + "+" + std::to_string(e.text_len) +
+                   " system " + std::to_string(e.system_len) + " in a " +
+                   std::to_string(g_.format_text_size) + "-byte text area");
+        continue;
+      }
+      RegionFormat f;
+      f.index = i;
+      f.boot_generation = e.boot_generation;
+      f.id = e.id;
+      f.kind = static_cast<region::FormatKind>(e.kind);
+      f.fingerprint = e.fingerprint;
+      const char* text = reinterpret_cast<const char*>(bytes_.data() + text_base + e.text_offset);
+      f.system.assign(text, e.system_len);
+      f.text.assign(text + e.system_len, e.text_len - e.system_len);
+      if (f.kind == region::kFormatKernelEvent || f.kind == region::kFormatDwEvent) {
+        auto parsed = ParseEventFormat(f.system, f.text);
+        if (!parsed.ok()) {
+          Report(RegionIssue::kFormatParseError, where, at, parsed.error().message);
+          continue;
+        }
+        const bool dw = f.kind == region::kFormatDwEvent;
+        if (parsed->id != e.id || (dw && (e.id < region::kDwFirstEventId || e.id > 0xffff))) {
+          Report(RegionIssue::kFormatIdMismatch, where, at,
+                 "entry id " + std::to_string(e.id) + ", text ID " + std::to_string(parsed->id));
+          continue;
+        }
+        const uint64_t fp = EventFingerprint(*parsed);
+        if (fp != e.fingerprint) {
+          Report(RegionIssue::kFormatFingerprintMismatch, where, at,
+                 f.system + ":" + parsed->name + " states a fingerprint its text does not have");
+          continue;
+        }
+        auto [it, inserted] = seen.emplace(std::make_pair(e.boot_generation, e.id), fp);
+        if (!inserted && it->second != fp) {
+          Report(RegionIssue::kFormatConflict, where, at,
+                 "id " + std::to_string(e.id) + " already has another format in generation " +
+                     std::to_string(e.boot_generation));
+          continue;
+        }
+        if (!inserted) continue;  // Same format registered twice: keep one.
+        f.parsed = std::move(*parsed);
+      } else if (e.fingerprint != 0) {
+        Report(RegionIssue::kFormatFingerprintMismatch, where, at, "header file with a fingerprint");
+        continue;
+      }
+      s_->formats.push_back(std::move(f));
+    }
+  }
+
+  void ChooseLayouts() {
+    s_->dw_layout = PageLayout::Default(g_.slot_size);
+    s_->cpu_layout = LayoutFor(static_cast<uint32_t>(s_->guest.boot_generation));
+  }
+
+  // The CPU page layout of boot |generation|: its header_page if published
+  // and sane, else the 64-bit default.
+  PageLayout LayoutFor(uint32_t generation) {
+    auto cached = layouts_.find(generation);
+    if (cached != layouts_.end()) return cached->second;
+    PageLayout layout = PageLayout::Default(g_.slot_size);
+    for (const RegionFormat& f : s_->formats) {
+      if (f.kind != region::kFormatHeaderPage || f.boot_generation != generation) continue;
+      auto parsed = PageLayout::FromHeaderPage(f.text, g_.slot_size);
+      if (parsed.ok()) layout = *parsed;
+    }
+    layouts_.emplace(generation, layout);
+    return layout;
+  }
+
+  void ReadRing(uint32_t index, bool dw) {
+    RegionRing ring;
+    ring.index = index;
+    ring.direct_write = dw;
+    uint32_t slots;
+    const std::string name = (dw ? "dw ring " : "cpu ") + std::to_string(index);
+    if (dw) {
+      const auto h = Load<DwRingHeader>(bytes_, g_.DwRingOffset(index));
+      ring.published = h.published;
+      ring.lost_events = h.lost_events;
+      ring.pid = h.pid;
+      ring.tid = h.tid;
+      ring.clock = h.clock;
+      if (!CleanString(h.comm, sizeof(h.comm), &ring.comm)) ring.comm = "?";
+      slots = g_.dw_slots;
+    } else {
+      const auto h = Load<CpuRingHeader>(bytes_, g_.CpuRingOffset(index));
+      ring.published = h.published;
+      ring.lost_events = h.lost_events;
+      ring.overrun = h.overrun;
+      slots = g_.slots_per_cpu;
+    }
+    const uint64_t generation = s_->guest.boot_generation;
+    for (uint32_t slot = 0; slot < slots; ++slot) {
+      const uint64_t desc_at = dw ? g_.DwDescOffset(index, slot) : g_.CpuDescOffset(index, slot);
+      const uint64_t page_at = dw ? g_.DwPageOffset(index, slot) : g_.CpuPageOffset(index, slot);
+      const auto d = Load<SlotDesc>(bytes_, desc_at);
+      if (d.seq == 0) continue;
+      const std::string where = name + " slot " + std::to_string(slot);
+      if (d.seq & 1) {
+        Report(RegionIssue::kSlotTorn, where, desc_at, "seq " + std::to_string(d.seq) + " is odd");
+        continue;
+      }
+      if (d.sequence % slots != slot || d.sequence + slots < ring.published) {
+        Report(RegionIssue::kSlotMisplaced, where, desc_at,
+               "page " + std::to_string(d.sequence) + " in slot " + std::to_string(slot) + " of " +
+                   std::to_string(slots) + ", ring published " + std::to_string(ring.published));
+        continue;
+      }
+      if (d.sequence > ring.published) {
+        Report(RegionIssue::kRingCounterBehind, where, desc_at,
+               "page " + std::to_string(d.sequence) + " but published " + std::to_string(ring.published));
+        continue;
+      }
+      if (d.boot_generation == 0 || (generation != 0 && d.boot_generation > generation)) {
+        Report(RegionIssue::kSlotBadGeneration, where, desc_at,
+               "generation " + std::to_string(d.boot_generation) + ", guest at " + std::to_string(generation));
+        continue;
+      }
+      const PageLayout layout = dw ? s_->dw_layout : LayoutFor(d.boot_generation);
+      if (d.length < layout.data_offset || d.length > g_.slot_size) {
+        Report(RegionIssue::kSlotLengthOutOfRange, where, desc_at,
+               "length " + std::to_string(d.length) + " outside [" + std::to_string(layout.data_offset) +
+                   ", " + std::to_string(g_.slot_size) + "]");
+        continue;
+      }
+      std::byte* page = s_->copy.data() + page_at;
+      if (dw) {
+        // |length| is the publish point; the page's own commit may already
+        // count an event whose length store we did not see. Bytes past
+        // |length| are never trusted.
+        const uint64_t commit = d.length - layout.data_offset;
+        std::memcpy(page + layout.commit_offset, &commit, layout.commit_size);
+      } else {
+        uint64_t raw = 0;
+        std::memcpy(&raw, page + layout.commit_offset, layout.commit_size);
+        const uint64_t commit = raw & kPageCommitMask;
+        const uint64_t stored = (raw & kPageMissedStored) ? layout.commit_size : 0;
+        if (layout.data_offset + commit + stored > d.length) {
+          Report(RegionIssue::kSlotCommitPastLength, where, page_at,
+                 "commit " + std::to_string(commit) + " past length " + std::to_string(d.length));
+          continue;
+        }
+      }
+      RegionPage p;
+      p.ring = index;
+      p.slot = slot;
+      p.sequence = d.sequence;
+      p.boot_generation = d.boot_generation;
+      p.flags = d.flags;
+      p.length = d.length;
+      p.offset = page_at;
+      p.page = std::span<const std::byte>(page, g_.slot_size);
+      PageStats stats;
+      p.page_error = WalkPage(p.page, layout, &stats, [](const RawRecord&) {});
+      p.records = stats.records;
+      if (p.page_error != PageError::kOk) {
+        Report(RegionIssue::kSlotPageError, where, page_at, PageErrorName(p.page_error));
+      }
+      ring.pages.push_back(p);
+    }
+    std::sort(ring.pages.begin(), ring.pages.end(),
+              [](const RegionPage& a, const RegionPage& b) { return a.sequence < b.sequence; });
+    (dw ? s_->dw_rings : s_->cpus).push_back(std::move(ring));
+  }
+
+  RegionSnapshot* s_;
+  std::span<const std::byte> bytes_;
+  const RegionGeometry& g_;
+  std::map<uint32_t, PageLayout> layouts_;
+};
+
+// Marks a seqlocked u64 in |out| torn unless |live| still holds the copied value.
+void RecheckSeq64(const std::byte* live, std::vector<std::byte>* out, uint64_t offset) {
+  uint64_t copied;
+  std::memcpy(&copied, out->data() + offset, sizeof(copied));
+  if (LoadLive64(live, offset) != copied && (copied & 1) == 0) {
+    copied |= 1;
+    std::memcpy(out->data() + offset, &copied, sizeof(copied));
+  }
+}
+
+void CopyRange(const std::byte* live, std::vector<std::byte>* out, uint64_t from, uint64_t to) {
+  std::memcpy(out->data() + from, live + from, to - from);
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+}
+
+}  // namespace
+
+const char* RegionIssueName(RegionIssue issue) {
+  switch (issue) {
+    case RegionIssue::kHeaderMismatch: return "header_mismatch";
+    case RegionIssue::kIdentityTorn: return "identity_torn";
+    case RegionIssue::kIdentityBad: return "identity_bad";
+    case RegionIssue::kFormatTorn: return "format_torn";
+    case RegionIssue::kFormatOutOfRange: return "format_out_of_range";
+    case RegionIssue::kFormatBadKind: return "format_bad_kind";
+    case RegionIssue::kFormatParseError: return "format_parse_error";
+    case RegionIssue::kFormatIdMismatch: return "format_id_mismatch";
+    case RegionIssue::kFormatFingerprintMismatch: return "format_fingerprint_mismatch";
+    case RegionIssue::kFormatConflict: return "format_conflict";
+    case RegionIssue::kSlotTorn: return "slot_torn";
+    case RegionIssue::kSlotMisplaced: return "slot_misplaced";
+    case RegionIssue::kSlotLengthOutOfRange: return "slot_length_out_of_range";
+    case RegionIssue::kSlotCommitPastLength: return "slot_commit_past_length";
+    case RegionIssue::kSlotBadGeneration: return "slot_bad_generation";
+    case RegionIssue::kSlotPageError: return "slot_page_error";
+    case RegionIssue::kRingCounterBehind: return "ring_counter_behind";
+    case RegionIssue::kCounterBackwards: return "counter_backwards";
+    case RegionIssue::kCount: break;
+  }
+  return "unknown";
+}
+
+uint64_t RegionSnapshot::issue_total() const {
+  uint64_t total = 0;
+  for (uint64_t n : issues) total += n;
+  return total;
+}
+
+const RegionFormat* RegionSnapshot::FindFormat(uint32_t generation, uint32_t id) const {
+  for (const RegionFormat& f : formats) {
+    if (f.boot_generation == generation && f.id == id && f.parsed) return &f;
+  }
+  return nullptr;
+}
+
+void CopyLiveRegion(const std::byte* live, const RegionGeometry& g, std::vector<std::byte>* out) {
+  out->resize(g.region_size);
+  // Control area, then the identity's seq again.
+  CopyRange(live, out, 0, region::kControlAreaSize);
+  RecheckSeq64(live, out, region::kGuestIdentityOffset + offsetof(GuestIdentity, seq));
+  for (uint32_t i = 0; i < region::kClockSyncCount; ++i) {
+    RecheckSeq64(live, out, region::kClockSyncOffset + i * sizeof(ClockSync));
+  }
+  // Format entries before the text they point at, then their seqs again.
+  const uint64_t text = g.FormatTextOffset();
+  CopyRange(live, out, g.format_offset, text);
+  CopyRange(live, out, text, text + g.format_text_size);
+  for (uint32_t i = 0; i < g.format_entries; ++i) {
+    const uint64_t at = g.FormatEntryOffset(i) + offsetof(FormatEntry, seq);
+    uint32_t copied;
+    std::memcpy(&copied, out->data() + at, sizeof(copied));
+    if (LoadLive32(live, at) != copied && (copied & 1) == 0) {
+      copied |= 1;
+      std::memcpy(out->data() + at, &copied, sizeof(copied));
+    }
+  }
+  // Each ring: header and descriptors, then pages, then the seqs again.
+  auto copy_ring = [&](uint64_t ring_at, uint64_t pages_at, uint64_t end, uint64_t desc_at,
+                       uint32_t slots) {
+    CopyRange(live, out, ring_at, pages_at);
+    CopyRange(live, out, pages_at, end);
+    for (uint32_t s = 0; s < slots; ++s) RecheckSeq64(live, out, desc_at + s * sizeof(SlotDesc));
+  };
+  for (uint32_t c = 0; c < g.max_cpus; ++c) {
+    copy_ring(g.CpuRingOffset(c), g.CpuPageOffset(c, 0), g.CpuRingOffset(c) + g.cpu_stride,
+              g.CpuDescOffset(c, 0), g.slots_per_cpu);
+  }
+  for (uint32_t r = 0; r < g.dw_rings; ++r) {
+    copy_ring(g.DwRingOffset(r), g.DwPageOffset(r, 0), g.DwRingOffset(r) + g.dw_stride,
+              g.DwDescOffset(r, 0), g.dw_slots);
+  }
+}
+
+Result<RegionSnapshot> ReadRegion(std::vector<std::byte> copy, const RegionGeometry& geometry) {
+  if (Status s = ValidateGeometry(geometry); !s.ok()) return s.error();
+  if (copy.size() != geometry.region_size) {
+    return Error{"region copy is " + std::to_string(copy.size()) + " bytes, geometry says " +
+                 std::to_string(geometry.region_size)};
+  }
+  RegionSnapshot snap;
+  snap.geometry = geometry;
+  snap.copy = std::move(copy);
+  Reader(&snap).Run();
+  return snap;
+}
+
+RegionTracker::RegionTracker(const RegionGeometry& geometry)
+    : geometry_(geometry), cpu_state_(geometry.max_cpus), dw_state_(geometry.dw_rings) {}
+
+RegionTracker::Delta RegionTracker::Update(RegionSnapshot* snap) {
+  Delta delta;
+  auto backwards = [&](const std::string& what, uint64_t was, uint64_t now) {
+    snap->issues[static_cast<size_t>(RegionIssue::kCounterBackwards)]++;
+    if (snap->problems.size() < RegionSnapshot::kMaxProblems) {
+      snap->problems.push_back({RegionIssue::kCounterBackwards, what, 0,
+                                "went from " + std::to_string(was) + " to " + std::to_string(now)});
+    }
+  };
+  if (snap->guest.present) {
+    const uint64_t gen = snap->guest.boot_generation;
+    if (gen < generation_) backwards("boot generation", generation_, gen);
+    if (gen == generation_ && snap->guest.status.heartbeat < heartbeat_) {
+      backwards("heartbeat", heartbeat_, snap->guest.status.heartbeat);
+    }
+    generation_ = gen;
+    heartbeat_ = snap->guest.status.heartbeat;
+  }
+  auto follow = [&](std::vector<RegionRing>& rings, std::vector<RingState>& states, bool dw) {
+    for (RegionRing& ring : rings) {
+      if (ring.index >= states.size()) continue;
+      RingState& st = states[ring.index];
+      const bool first = st.published == 0 && st.next_sequence == 0;
+      if (ring.published < st.published) {
+        backwards((dw ? "dw ring " : "cpu ") + std::to_string(ring.index) + " published", st.published,
+                  ring.published);
+        // Start over from what the ring holds now.
+        st = RingState{};
+      }
+      st.published = ring.published;
+      bool started = !first;
+      for (const RegionPage& page : ring.pages) {
+        if (page.sequence == st.open_sequence) {
+          // A direct-write page we delivered a prefix of.
+          if (page.length > st.open_length) delta.pages.push_back({&page, dw, st.open_length});
+          st.open_length = page.length;
+          if (!(page.flags & region::kSlotOpen)) st.open_sequence = UINT64_MAX;
+          continue;
+        }
+        if (page.sequence < st.next_sequence) continue;
+        if (started && page.sequence > st.next_sequence) delta.pages_missed += page.sequence - st.next_sequence;
+        started = true;
+        delta.pages.push_back({&page, dw, 0});
+        st.next_sequence = page.sequence + 1;
+        if (dw && (page.flags & region::kSlotOpen)) {
+          st.open_sequence = page.sequence;
+          st.open_length = page.length;
+        }
+      }
+    }
+  };
+  follow(snap->cpus, cpu_state_, false);
+  follow(snap->dw_rings, dw_state_, true);
+  return delta;
+}
+
+}  // namespace hvtrace

@@ -302,21 +302,30 @@ void CpuReader::SplitBoots() {
   for (size_t k = 0; k < data.size(); ++k) {
     BootMapPage& page = c.pages[data[k]];
     if (have_prev && page.first_timestamp < prev_last) {
-      // A boot restarts the clock and later pages follow the new time; one
-      // page that dips while the next continues the old time is corrupt.
+      // A new boot restarts the clock near zero and the pages after it
+      // follow the new time. A page that restarts near zero while the next
+      // page continues the old time is corrupt. A smaller step back is the
+      // clock itself (early boot switches from jiffies to the TSC and steps
+      // back tens of milliseconds; the kernel warns "clock went backwards"
+      // and shows those events): kept, and reported.
+      const bool restarts = page.first_timestamp < prev_last / 2;
       const bool isolated =
           k + 1 < data.size() && c.pages[data[k + 1]].first_timestamp >= prev_last;
-      if (isolated) {
-        page.skipped = true;
+      if (restarts && !isolated) {
+        ++boot;
+      } else {
+        page.time_went_backwards = true;
+        page.skipped = restarts;
         Issue(BootMapCheck::kTimeWentBackwards, page.offset,
               "page logical " + std::to_string(page.logical) + " slot " +
                   std::to_string(page.physical) + " starts at " +
-                  std::to_string(page.first_timestamp) + " before the previous page's " +
-                  std::to_string(prev_last) + "; skipped",
+                  std::to_string(page.first_timestamp) + " ns, before the previous page's " +
+                  std::to_string(prev_last) + " ns; " +
+                  (restarts ? "the next page continues the old time: skipped"
+                            : "a step back of the clock: kept"),
               /*meta=*/false);
-        continue;
+        if (page.skipped) continue;
       }
-      ++boot;
     }
     page.boot = boot;
     prev_last = page.last_timestamp;

@@ -41,8 +41,9 @@
 // with a message until it is supported.
 //
 // After kexec into the same kernel the ring holds the pages of several boots;
-// time stamps restart at each boot. Pages are split into boots where the time
-// drops and stays down (see BootMapPage::boot).
+// time stamps restart at each boot. A new boot starts at a page whose time is
+// below half the previous page's last time when the page after it follows
+// the new time (see SplitBoots in boot_map.cc).
 #ifndef HVTRACE_BOOT_MAP_H_
 #define HVTRACE_BOOT_MAP_H_
 
@@ -77,8 +78,10 @@ enum class BootMapCheck : uint8_t {
   kHeadNotInRing,      // head_buffer's slot is not referenced by buffers[].
   kCommitNotFound,     // The ring walk from head never reaches commit.
   kBadPage,            // A page failed to walk (reason in PageStats).
-  kTimeWentBackwards,  // A page starts before the previous one ended and
-                       // the next page does not follow it (not a new boot).
+  kTimeWentBackwards,  // A page starts before the previous one ended and is
+                       // not a new boot: a small step back is kept (the
+                       // clock does that in early boot), a restart near zero
+                       // that the next page does not follow is skipped.
   kEmpty,              // head_buffer == 0: never written or reset by a kernel.
   kCount,
 };
@@ -98,7 +101,8 @@ struct BootMapPage {
   uint64_t offset = 0;      // Offset of the page in the range.
   uint32_t boot = 0;        // Boot index over the whole range (0 = oldest).
   PageError error = PageError::kOk;  // First walk error; records before it count.
-  bool skipped = false;     // Not decoded (duplicate slot, time went backwards).
+  bool skipped = false;     // Not decoded (duplicate slot, or a corrupt time).
+  bool time_went_backwards = false;  // Starts before the previous page ended.
   uint32_t records = 0;
   uint64_t first_timestamp = 0;  // Of the first record (page time when empty).
   uint64_t last_timestamp = 0;

@@ -1,0 +1,439 @@
+#include "hvtrace/boot_map.h"
+
+#include <zstd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "hvtrace/page.h"
+
+namespace hvtrace {
+namespace {
+
+const std::string kDir = std::string(HVTRACE_FIXTURES_DIR) + "/boot_map/";
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::byte> Unzstd(const std::string& path) {
+  const std::string packed = ReadText(path);
+  const unsigned long long size = ZSTD_getFrameContentSize(packed.data(), packed.size());
+  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) return {};
+  std::vector<std::byte> out(size);
+  const size_t n = ZSTD_decompress(out.data(), out.size(), packed.data(), packed.size());
+  if (ZSTD_isError(n) || n != size) return {};
+  return out;
+}
+
+PageLayout FixtureLayout() {
+  auto layout = PageLayout::FromHeaderPage(ReadText(kDir + "header_page"), 4096);
+  EXPECT_TRUE(layout.ok());
+  return layout.ok() ? *layout : PageLayout{};
+}
+
+// One event line of the guest's trace file.
+struct TraceLine {
+  int cpu;
+  uint64_t usecs;
+  std::string event;  // "tracing_mark_write: hvtrace-marker-m-0", ...
+};
+
+std::vector<TraceLine> GuestTrace() {
+  std::vector<std::byte> bytes = Unzstd(kDir + "trace.txt.zst");
+  std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::vector<TraceLine> lines;
+  static const std::regex kLine(R"(^\s*.+-\d+\s+\[(\d+)\]\s+\S+\s+(\d+)\.(\d{6}): (.*)$)");
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::smatch m;
+    if (!std::regex_match(line, m, kLine)) {
+      ADD_FAILURE() << "unparsed trace line: " << line;
+      continue;
+    }
+    lines.push_back({std::stoi(m[1]), std::stoull(m[2]) * 1000000 + std::stoull(m[3]), m[4]});
+  }
+  return lines;
+}
+
+// The print event's id and buf offset, from its format file.
+struct PrintFormat {
+  uint16_t id = 0;
+  uint32_t buf_offset = 0;
+};
+PrintFormat ReadPrintFormat() {
+  const std::string text = ReadText(kDir + "formats/ftrace/print/format");
+  std::smatch m;
+  PrintFormat f;
+  if (std::regex_search(text, m, std::regex(R"(ID: (\d+))"))) f.id = std::stoi(m[1]);
+  if (std::regex_search(text, m, std::regex(R"(char buf\[\];\s*offset:(\d+))"))) {
+    f.buf_offset = std::stoi(m[1]);
+  }
+  return f;
+}
+
+// The kernel prints time stamps rounded to the microsecond (ns2usecs).
+uint64_t Usecs(uint64_t ns) { return (ns + 500) / 1000; }
+
+uint16_t Type(const BootMapRecord& r) {
+  uint16_t type = 0;
+  if (r.payload.size() >= 2) std::memcpy(&type, r.payload.data(), 2);
+  return type;
+}
+
+std::string PrintText(const BootMapRecord& r, const PrintFormat& f) {
+  if (r.payload.size() <= f.buf_offset) return {};
+  const char* p = reinterpret_cast<const char*>(r.payload.data()) + f.buf_offset;
+  std::string s(p, strnlen(p, r.payload.size() - f.buf_offset));
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  return s;
+}
+
+class BootMapTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    range_ = Unzstd(kDir + "region.bin.zst");
+    ASSERT_EQ(range_.size(), 16u << 20);
+    options_.layout = FixtureLayout();
+  }
+
+  // Offsets in the fixture (2 CPUs, 16 MiB: 8 MiB chunks, pages at +0x3000).
+  static constexpr uint64_t kCpu1 = 0x800000;
+  static constexpr uint64_t kBuffers = 56;
+  static constexpr uint64_t kHead = 32;
+  static constexpr uint64_t kCommit = 40;
+  uint64_t PageOffset(uint64_t chunk, int32_t slot) const { return chunk + 0x3000 + 4096ull * slot; }
+  int32_t Buffer(uint64_t chunk, int i) const {
+    int32_t v;
+    std::memcpy(&v, range_.data() + chunk + kBuffers + 4 * i, 4);
+    return v;
+  }
+  void Put32(uint64_t off, uint32_t v) { std::memcpy(range_.data() + off, &v, 4); }
+  void Put64(uint64_t off, uint64_t v) { std::memcpy(range_.data() + off, &v, 8); }
+  uint64_t Get64(uint64_t off) const {
+    uint64_t v;
+    std::memcpy(&v, range_.data() + off, 8);
+    return v;
+  }
+  Result<BootMap> Read() { return ReadBootMap(range_, options_); }
+
+  static bool HasIssue(const BootMap& map, int cpu, BootMapCheck check) {
+    for (const BootMapIssue& i : map.issues) {
+      if (i.cpu == cpu && i.check == check) return true;
+    }
+    return false;
+  }
+
+  std::vector<std::byte> range_;
+  BootMapOptions options_;
+};
+
+TEST_F(BootMapTest, RealFixtureMatchesTheGuestsTraceFile) {
+  auto map = Read();
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  EXPECT_EQ(map->layout, "linux-6.12");
+  EXPECT_EQ(map->cpus, 2);
+  EXPECT_TRUE(map->cpus_derived);
+  EXPECT_EQ(map->nr_subbufs, 2045u);
+  EXPECT_EQ(map->chunk_stride, 0x800000u);
+  EXPECT_EQ(map->boots, 1u);
+  // The only finding on a healthy buffer: early boot's clock steps back when
+  // sched_clock switches to the TSC (the guest kernel logged "Ring buffer
+  // clock went backwards"); those pages are kept, as the guest shows them.
+  for (const BootMapIssue& issue : map->issues) {
+    EXPECT_EQ(issue.check, BootMapCheck::kTimeWentBackwards) << issue.message;
+  }
+
+  // Per CPU, the guest's lines in time order must be our records in read
+  // order: same count, same time stamps in microseconds.
+  const std::vector<TraceLine> lines = GuestTrace();
+  ASSERT_GT(lines.size(), 1000u);
+  std::map<int, std::vector<uint64_t>> want;
+  for (const TraceLine& l : lines) want[l.cpu].push_back(l.usecs);
+  ASSERT_EQ(want.size(), 2u);
+  for (const BootMapCpu& cpu : map->cpu) {
+    SCOPED_TRACE("cpu " + std::to_string(cpu.cpu));
+    EXPECT_TRUE(cpu.meta_valid);
+    EXPECT_EQ(cpu.stats.rejected_total(), 0u);
+    std::vector<uint64_t> got;
+    for (const BootMapRecord& r : cpu.records) got.push_back(Usecs(r.timestamp));
+    EXPECT_EQ(got.size(), want[cpu.cpu].size());
+    EXPECT_EQ(got, want[cpu.cpu]);
+  }
+
+  // Every marker the guest showed, with its CPU, time and text.
+  const PrintFormat print = ReadPrintFormat();
+  ASSERT_NE(print.id, 0);
+  std::multiset<std::tuple<int, uint64_t, std::string>> want_markers, got_markers;
+  for (const TraceLine& l : lines) {
+    static const std::string kPrefix = "tracing_mark_write: ";
+    if (l.event.rfind(kPrefix, 0) == 0) {
+      want_markers.insert({l.cpu, l.usecs, l.event.substr(kPrefix.size())});
+    }
+  }
+  EXPECT_EQ(want_markers.size(), 10u);
+  for (const BootMapCpu& cpu : map->cpu) {
+    for (const BootMapRecord& r : cpu.records) {
+      if (Type(r) == print.id) got_markers.insert({cpu.cpu, Usecs(r.timestamp), PrintText(r, print)});
+    }
+  }
+  EXPECT_EQ(got_markers, want_markers);
+}
+
+TEST_F(BootMapTest, GivenCpuCountGivesTheSameResult) {
+  options_.cpus = 2;
+  auto map = Read();
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  EXPECT_FALSE(map->cpus_derived);
+  EXPECT_EQ(map->total_records(), GuestTrace().size());
+}
+
+TEST_F(BootMapTest, PagesAreReaderThenHeadToCommit) {
+  auto map = Read();
+  ASSERT_TRUE(map.ok());
+  for (const BootMapCpu& cpu : map->cpu) {
+    ASSERT_FALSE(cpu.pages.empty());
+    EXPECT_EQ(cpu.pages.front().logical, 0u);
+    EXPECT_EQ(static_cast<int64_t>(cpu.pages.front().physical), cpu.reader_slot);
+    EXPECT_EQ(static_cast<int64_t>(cpu.pages[1].physical), cpu.head_slot);
+    EXPECT_EQ(static_cast<int64_t>(cpu.pages.back().physical), cpu.commit_slot);
+  }
+}
+
+TEST(BootMapGeometryTest, MatchesTheKernelsSplit) {
+  uint32_t nr = 0;
+  uint64_t stride = 0;
+  ASSERT_TRUE(BootMapGeometry(16u << 20, 2, 4096, 56, &nr, &stride));
+  EXPECT_EQ(nr, 2045u);
+  EXPECT_EQ(stride, 8u << 20);
+  // Three CPUs do not divide the range into page-aligned thirds.
+  ASSERT_TRUE(BootMapGeometry(16u << 20, 3, 4096, 56, &nr, &stride));
+  EXPECT_EQ(nr, 1363u);
+  EXPECT_EQ(stride, 8192u + 1363u * 4096u);
+  EXPECT_FALSE(BootMapGeometry(16384, 2, 4096, 56, &nr, &stride));
+  EXPECT_FALSE(BootMapGeometry(16u << 20, 0, 4096, 56, &nr, &stride));
+  EXPECT_FALSE(BootMapGeometry(16u << 20, 2, 3000, 56, &nr, &stride));
+}
+
+TEST_F(BootMapTest, Malicious_BadMagicOnOneCpu) {
+  Put32(kCpu1, 0xdeadbeef);
+  auto map = Read();
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  EXPECT_EQ(map->cpus, 2);  // Still derived from CPU 0.
+  EXPECT_TRUE(HasIssue(*map, 1, BootMapCheck::kMagic));
+  EXPECT_FALSE(map->cpu[1].meta_found);
+  EXPECT_TRUE(map->cpu[1].records.empty());
+  EXPECT_TRUE(map->cpu[0].meta_valid);
+  EXPECT_GT(map->cpu[0].records.size(), 1000u);
+}
+
+TEST_F(BootMapTest, Malicious_BadMagicOnCpu0StillFindsCpu1) {
+  Put32(0, 0);
+  auto map = Read();
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  EXPECT_EQ(map->cpus, 2);
+  EXPECT_TRUE(HasIssue(*map, 0, BootMapCheck::kMagic));
+  EXPECT_GT(map->cpu[1].records.size(), 1000u);
+}
+
+TEST_F(BootMapTest, Malicious_NoMagicAnywhereIsAnError) {
+  Put32(0, 0);
+  Put32(kCpu1, 0);
+  auto map = Read();
+  ASSERT_FALSE(map.ok());
+  EXPECT_NE(map.error().message.find("no ring_buffer_meta"), std::string::npos)
+      << map.error().message;
+}
+
+TEST_F(BootMapTest, Malicious_Linux615LayoutIsRefusedByName) {
+  Put32(4, 32 | (64u << 16));  // struct_sizes: global 32, per-CPU 64.
+  Put32(kCpu1, 0);
+  auto map = Read();
+  ASSERT_FALSE(map.ok());
+  EXPECT_NE(map.error().message.find("6.15"), std::string::npos) << map.error().message;
+}
+
+TEST_F(BootMapTest, Malicious_StructSizeMismatch) {
+  Put32(kCpu1 + 4, 60);
+  auto map = Read();
+  ASSERT_TRUE(map.ok());
+  // CPU 1 no longer scores for the geometry, but CPU 0 pins it; CPU 1 is
+  // still read with the range's layout and reported.
+  EXPECT_TRUE(HasIssue(*map, 1, BootMapCheck::kStructSize));
+  EXPECT_FALSE(map->cpu[1].meta_valid);
+  EXPECT_GT(map->cpu[1].records.size(), 1000u);
+}
+
+TEST_F(BootMapTest, Malicious_IndexOutOfRange) {
+  const auto clean = Read();
+  ASSERT_TRUE(clean.ok());
+  // A ring position between head and commit.
+  const BootMapPage victim = clean->cpu[0].pages[3];
+  Put32(kBuffers + 4 * victim.logical, 99999);
+  Put32(kBuffers + 4 * 7, static_cast<uint32_t>(-5));
+  auto map = Read();
+  ASSERT_TRUE(map.ok());
+  EXPECT_TRUE(HasIssue(*map, 0, BootMapCheck::kIndexOutOfRange));
+  EXPECT_FALSE(map->cpu[0].meta_valid);
+  EXPECT_EQ(map->cpu[0].records.size(), clean->cpu[0].records.size() - victim.records -
+                                            clean->cpu[0].pages[7].records);
+  EXPECT_EQ(map->cpu[1].records.size(), clean->cpu[1].records.size());
+}
+
+TEST_F(BootMapTest, Malicious_DuplicateIndex) {
+  const auto clean = Read();
+  ASSERT_TRUE(clean.ok());
+  // The 6.12 consuming-read bug: one slot appears twice, another is lost.
+  const BootMapPage a = clean->cpu[1].pages[2];
+  const BootMapPage b = clean->cpu[1].pages[4];
+  Put32(kCpu1 + kBuffers + 4 * b.logical, a.physical);
+  auto map = Read();
+  ASSERT_TRUE(map.ok());
+  EXPECT_TRUE(HasIssue(*map, 1, BootMapCheck::kDuplicateIndex));
+  size_t skipped = 0;
+  for (const BootMapPage& p : map->cpu[1].pages) skipped += p.skipped;
+  EXPECT_EQ(skipped, 1u);
+  EXPECT_EQ(map->cpu[1].records.size(), clean->cpu[1].records.size() - b.records);
+  EXPECT_EQ(map->cpu[0].records.size(), clean->cpu[0].records.size());
+}
+
+TEST_F(BootMapTest, Malicious_CommitPastThePage) {
+  const auto clean = Read();
+  ASSERT_TRUE(clean.ok());
+  const BootMapPage victim = clean->cpu[0].pages[5];
+  Put64(victim.offset + 8, 5000);
+  auto map = Read();
+  ASSERT_TRUE(map.ok());
+  EXPECT_TRUE(HasIssue(*map, 0, BootMapCheck::kBadPage));
+  EXPECT_TRUE(map->cpu[0].meta_valid);  // Metadata is fine; one page is not.
+  EXPECT_EQ(map->cpu[0].stats.rejected[static_cast<size_t>(PageError::kCommitPastEnd)], 1u);
+  EXPECT_EQ(map->cpu[0].records.size(), clean->cpu[0].records.size() - victim.records);
+}
+
+TEST_F(BootMapTest, Malicious_TimeGoingBackwards) {
+  const auto clean = Read();
+  ASSERT_TRUE(clean.ok());
+  const BootMapPage victim = clean->cpu[1].pages[6];
+  Put64(victim.offset, 1000);  // Page time stamp far before its neighbours.
+  auto map = Read();
+  ASSERT_TRUE(map.ok());
+  EXPECT_TRUE(HasIssue(*map, 1, BootMapCheck::kTimeWentBackwards));
+  EXPECT_EQ(map->boots, 1u);
+  EXPECT_EQ(map->cpu[1].records.size(), clean->cpu[1].records.size() - victim.records);
+  uint64_t last = 0;
+  for (const BootMapRecord& r : map->cpu[1].records) {
+    EXPECT_GE(r.timestamp, last);
+    last = r.timestamp;
+  }
+}
+
+TEST_F(BootMapTest, Malicious_HeadAndCommitOutOfRange) {
+  const uint64_t first = Get64(24);
+  Put64(kHead, first + 4096 * 5000);
+  Put64(kCommit, first + 3);
+  auto map = Read();
+  ASSERT_TRUE(map.ok());
+  EXPECT_TRUE(HasIssue(*map, 0, BootMapCheck::kHeadOutOfRange));
+  EXPECT_TRUE(HasIssue(*map, 0, BootMapCheck::kCommitOutOfRange));
+  // Without head or commit the whole ring is read; the time checks drop
+  // what does not follow.
+  EXPECT_GT(map->cpu[0].records.size(), 0u);
+}
+
+TEST_F(BootMapTest, Malicious_NrSubbufsLies) {
+  Put32(52, 0x7fffffff);
+  auto map = Read();
+  ASSERT_TRUE(map.ok());
+  EXPECT_TRUE(HasIssue(*map, 0, BootMapCheck::kNrSubbufs));
+  EXPECT_GT(map->cpu[0].records.size(), 1000u);
+}
+
+TEST_F(BootMapTest, Malicious_TruncatedRange) {
+  range_.resize(range_.size() - 4096 * 100);
+  auto map = Read();
+  // The geometry of a shorter range predicts other metas; either refused or
+  // reported, never a crash or a read past the end.
+  if (map.ok()) {
+    EXPECT_FALSE(map->issues.empty());
+  }
+}
+
+TEST_F(BootMapTest, Malicious_GarbageEverywhereButTheMagic) {
+  uint32_t x = 12345;
+  for (size_t i = 0; i < range_.size(); i += 4) {
+    x = x * 1103515245 + 12345;
+    std::memcpy(range_.data() + i, &x, 4);
+  }
+  Put32(0, kBootMapMagic);
+  Put32(4, 56);
+  Put32(52, 2045);
+  Put32(kCpu1, kBootMapMagic);
+  Put32(kCpu1 + 4, 56);
+  Put32(kCpu1 + 52, 2045);
+  auto map = Read();
+  ASSERT_TRUE(map.ok());
+  EXPECT_EQ(map->cpus, 2);
+  EXPECT_FALSE(map->issues.empty());
+}
+
+// A crafted single-CPU range with two boots: the second restarts the clock.
+TEST(BootMapBootsTest, KexecSplitsBootsWhereTimeRestarts) {
+  const PageLayout layout;  // 4096-byte pages, data at 16.
+  const uint64_t range_size = 64 * 1024;
+  uint32_t nr = 0;
+  uint64_t stride = 0;
+  ASSERT_TRUE(BootMapGeometry(range_size, 1, 4096, 56, &nr, &stride));
+  std::vector<std::byte> range(range_size);
+  const uint64_t first_va = 0xffff888000001000ull;
+  auto put32 = [&](uint64_t off, uint32_t v) { std::memcpy(range.data() + off, &v, 4); };
+  auto put64 = [&](uint64_t off, uint64_t v) { std::memcpy(range.data() + off, &v, 8); };
+  put32(0, kBootMapMagic);
+  put32(4, 56);
+  put64(24, first_va);
+  put64(32, first_va + 4096 * 1);           // head: slot 1
+  put64(40, first_va + 4096 * (nr - 1));    // commit: last slot
+  put32(48, 4096);
+  put32(52, nr);
+  for (uint32_t i = 0; i < nr; ++i) put32(56 + 4 * i, i);
+  const uint64_t pages = 4096;  // ALIGN(56 + 4 * nr, 4096) for this size.
+  // Boot 0 in slots 1..3 at 5 s; boot 1 in the rest at 1 ms.
+  std::vector<std::byte> payload(16);
+  uint64_t t = 0;
+  for (uint32_t slot = 1; slot < nr; ++slot) {
+    if (slot == 1) t = 5'000'000'000;
+    if (slot == 4) t = 1'000'000;
+    std::span<std::byte> page(range.data() + pages + 4096ull * slot, 4096);
+    PageWriter writer(page, layout, t);
+    for (int k = 0; k < 3; ++k) {
+      t += 1000;
+      ASSERT_TRUE(writer.Append(t, payload));
+    }
+    writer.Finish();
+  }
+  BootMapOptions options;
+  options.layout = layout;
+  auto map = ReadBootMap(range, options);
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  EXPECT_EQ(map->cpus, 1);
+  EXPECT_EQ(map->boots, 2u);
+  for (const BootMapIssue& issue : map->issues) ADD_FAILURE() << issue.message;
+  ASSERT_EQ(map->cpu[0].records.size(), 3u * (nr - 1));
+  for (const BootMapRecord& r : map->cpu[0].records) {
+    EXPECT_EQ(r.boot, r.timestamp >= 5'000'000'000 ? 0u : 1u);
+  }
+}
+
+}  // namespace
+}  // namespace hvtrace

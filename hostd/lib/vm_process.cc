@@ -1,0 +1,243 @@
+#include "vm_process.h"
+
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "qmp_client.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::chrono::milliseconds kPollInterval{5};
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return !path.empty() && lstat(path.c_str(), &st) == 0;
+}
+
+bool IsSocket(const std::string& path) {
+  struct stat st;
+  return !path.empty() && lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+std::string ReadTail(const std::string& path, size_t max_bytes) {
+  if (path.empty()) return "";
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat st;
+  std::string out;
+  if (fstat(fd, &st) == 0 && st.st_size > 0) {
+    const off_t start = st.st_size > static_cast<off_t>(max_bytes) ? st.st_size - static_cast<off_t>(max_bytes) : 0;
+    out.resize(static_cast<size_t>(st.st_size - start));
+    const ssize_t n = pread(fd, out.data(), out.size(), start);
+    out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  close(fd);
+  return out;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
+                                      std::chrono::milliseconds ready_timeout) {
+  Result<QemuPlan> plan = BuildQemuPlan(config, kvm_usable);
+  if (!plan.ok()) return plan.error();
+  const std::string vm = "VM '" + config.name + "': ";
+  for (const std::string* path : {&config.kernel, &config.initrd}) {
+    if (!path->empty() && access(path->c_str(), R_OK) != 0) {
+      return Error{vm + "cannot read " + *path + ": " + std::strerror(errno)};
+    }
+  }
+
+  std::unique_ptr<Vm> self(new Vm());
+  self->config_ = config;
+  self->plan_ = std::move(plan.value());
+  // Sockets are ours by configuration: a stale one from an earlier run would
+  // make the readiness check below pass before QEMU listens.
+  for (const std::string* sock : {&config.qmp_socket, &config.console_socket}) {
+    if (sock->empty()) continue;
+    if (IsSocket(*sock)) unlink(sock->c_str());
+    self->owned_files_.push_back(*sock);
+  }
+  auto own_if_new = [&](const std::string& path, bool remove) {
+    if (remove && !PathExists(path)) self->owned_files_.push_back(path);
+  };
+  if (config.boot_range) own_if_new(config.boot_range->backing_path, config.boot_range->remove_on_cleanup);
+  for (const IvshmemConfig& iv : config.ivshmem) own_if_new(iv.backing_path, iv.remove_on_cleanup);
+
+  const std::string& log_path = config.qemu_log.empty() ? std::string("/dev/null") : config.qemu_log;
+  const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0) return Error{vm + "cannot open QEMU log " + log_path + ": " + std::strerror(errno)};
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int exec_pipe[2];
+  if (null_fd < 0 || pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    const int err = errno;
+    close(log_fd);
+    if (null_fd >= 0) close(null_fd);
+    return Error{vm + "cannot set up QEMU's stdio: " + std::strerror(err)};
+  }
+
+  // Everything the child touches is prepared before fork: after fork in a
+  // threaded process only async-signal-safe calls are allowed.
+  std::vector<char*> argv;
+  for (std::string& arg : self->plan_.argv) argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int err = errno;
+    close(log_fd);
+    close(null_fd);
+    close(exec_pipe[0]);
+    close(exec_pipe[1]);
+    return Error{vm + "fork failed: " + std::strerror(err)};
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // The parent died before prctl.
+    sigset_t all;
+    sigemptyset(&all);
+    sigprocmask(SIG_SETMASK, &all, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    dup2(null_fd, STDIN_FILENO);
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    // Keep no descriptor of ours open in QEMU (gtest's, other VMs' sockets).
+    syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);
+    execvp(argv[0], argv.data());
+    const int err = errno;
+    ssize_t ignored = write(exec_pipe[1], &err, sizeof(err));
+    (void)ignored;
+    _exit(127);
+  }
+  setpgid(pid, pid);  // Also here, so the group exists before we signal it.
+  self->pid_ = pid;
+  close(log_fd);
+  close(null_fd);
+  close(exec_pipe[1]);
+  int exec_errno = 0;
+  ssize_t n;
+  do {
+    n = read(exec_pipe[0], &exec_errno, sizeof(exec_errno));
+  } while (n < 0 && errno == EINTR);
+  close(exec_pipe[0]);
+  if (n == static_cast<ssize_t>(sizeof(exec_errno))) {
+    self->WaitForExit(std::chrono::seconds(5));
+    self->Cleanup();
+    return Error{vm + "cannot execute " + config.qemu_binary + ": " + std::strerror(exec_errno)};
+  }
+
+  // QEMU creates its listening sockets before it starts the guest; wait for
+  // the QMP one so callers can connect, or report why QEMU died.
+  const auto deadline = Clock::now() + ready_timeout;
+  while (!IsSocket(config.qmp_socket)) {
+    if (!self->Running()) {
+      std::string tail = self->QemuLogTail();
+      self->Cleanup();
+      return Error{vm + "QEMU " + self->DescribeExit() + " during startup: " + tail};
+    }
+    if (Clock::now() > deadline) {
+      self->Kill();
+      self->WaitForExit(std::chrono::seconds(5));
+      std::string tail = self->QemuLogTail();
+      self->Cleanup();
+      return Error{vm + "QEMU did not create its QMP socket " + config.qmp_socket + " within " +
+                   std::to_string(ready_timeout.count()) + " ms: " + tail};
+    }
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return self;
+}
+
+Vm::~Vm() {
+  if (pid_ > 0 && Running()) (void)Stop(nullptr, std::chrono::seconds(2));
+  Cleanup();
+}
+
+bool Vm::kvm() const {
+  auto it = std::find(plan_.argv.begin(), plan_.argv.end(), "-accel");
+  return it != plan_.argv.end() && std::next(it) != plan_.argv.end() && *std::next(it) == "kvm";
+}
+
+bool Vm::Running() {
+  if (pid_ <= 0 || wait_status_) return false;
+  int status = 0;
+  const pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    wait_status_ = status;
+    return false;
+  }
+  if (r < 0 && errno == ECHILD) {
+    // Someone else reaped it (a SIGCHLD handler set to SIG_IGN): it is gone.
+    wait_status_ = -1;
+    return false;
+  }
+  return true;
+}
+
+bool Vm::WaitForExit(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Running()) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(kPollInterval);
+  }
+  return true;
+}
+
+std::string Vm::DescribeExit() const {
+  if (!wait_status_) return "running";
+  const int s = *wait_status_;
+  if (s == -1) return "exited (status unknown)";
+  if (WIFEXITED(s)) return "exited with status " + std::to_string(WEXITSTATUS(s));
+  if (WIFSIGNALED(s)) return "killed by signal " + std::to_string(WTERMSIG(s));
+  return "ended (wait status " + std::to_string(s) + ")";
+}
+
+Status Vm::Stop(QmpSyncClient* qmp, std::chrono::milliseconds grace) {
+  if (!Running()) return {};
+  if (qmp != nullptr && qmp->connected()) {
+    // QEMU may close the socket before it replies; the exit is what counts.
+    (void)qmp->Execute("quit", nlohmann::json::object(), grace);
+    if (WaitForExit(grace)) return {};
+  }
+  kill(-pid_, SIGTERM);
+  if (WaitForExit(grace)) return {};
+  Kill();
+  if (WaitForExit(std::chrono::seconds(10))) return {};
+  return Error{"VM '" + config_.name + "': QEMU pid " + std::to_string(pid_) + " survived SIGKILL"};
+}
+
+void Vm::Kill() {
+  if (pid_ > 0 && !wait_status_) kill(-pid_, SIGKILL);
+}
+
+void Vm::Cleanup() {
+  if (cleaned_) return;
+  if (Running()) {
+    // Removing backing files under a live QEMU would only unlink the name;
+    // stop it first so "cleaned up" means it.
+    (void)Stop(nullptr, std::chrono::seconds(2));
+  }
+  for (const std::string& path : owned_files_) unlink(path.c_str());
+  cleaned_ = true;
+}
+
+std::vector<std::string> Vm::OwnedPaths() const { return owned_files_; }
+
+std::string Vm::QemuLogTail(size_t max_bytes) const { return ReadTail(config_.qemu_log, max_bytes); }
+
+}  // namespace hvtrace::hostd

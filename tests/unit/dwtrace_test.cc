@@ -1,0 +1,302 @@
+#include "hvtrace/dwtrace.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "hvtrace/dwtrace.h"
+#include "hvtrace/fingerprint.h"
+#include "hvtrace/region_reader.h"
+
+namespace hvtrace {
+namespace {
+
+struct Progress {
+  int32_t step;
+  char what[12];
+  uint64_t value;
+};
+
+std::vector<dw::Field> ProgressFields() {
+  return {{"step", "int", offsetof(Progress, step), 4, true},
+          {"what", "char[12]", offsetof(Progress, what), 12, false},
+          {"value", "unsigned long long", offsetof(Progress, value), 8, false}};
+}
+
+// A region as hostd creates it and the agent announces it, in plain memory.
+class DwTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Make(1 << 20, 2, 0); }
+
+  void Make(uint64_t size, uint32_t cpus, uint32_t dw_rings) {
+    RegionPlanOptions opt;
+    opt.max_cpus = cpus;
+    opt.dw_rings = dw_rings;
+    auto plan = PlanRegion(size, opt);
+    ASSERT_TRUE(plan.ok()) << plan.error().message;
+    geometry_ = *plan;
+    mem_.assign(geometry_.region_size, std::byte{0});
+    ASSERT_TRUE(InitRegionHeader(mem_, geometry_, 1).ok());
+    auto guest = GuestRegion::Attach(mem_.data(), mem_.size());
+    ASSERT_TRUE(guest.ok());
+    region::GuestIdentity id{};
+    id.boot_generation = 3;
+    id.nr_cpus = cpus;
+    id.page_size = 4096;
+    guest->WriteIdentity(id);
+  }
+
+  RegionSnapshot Snapshot() {
+    std::vector<std::byte> copy;
+    CopyLiveRegion(mem_.data(), geometry_, &copy);
+    auto s = ReadRegion(std::move(copy), geometry_);
+    EXPECT_TRUE(s.ok());
+    return std::move(*s);
+  }
+
+  // Every direct-write record of the snapshot, per ring in page order.
+  struct Event {
+    uint64_t ts;
+    uint16_t type;
+    int32_t pid;
+    Progress p;
+  };
+  static std::map<uint32_t, std::vector<Event>> Events(const RegionSnapshot& s) {
+    std::map<uint32_t, std::vector<Event>> out;
+    for (const RegionRing& ring : s.dw_rings) {
+      for (const RegionPage& page : ring.pages) {
+        PageStats stats;
+        WalkPage(page.page, s.dw_layout, &stats, [&](const RawRecord& r) {
+          Event e{};
+          e.ts = r.timestamp;
+          std::memcpy(&e.type, r.payload.data(), 2);
+          std::memcpy(&e.pid, r.payload.data() + 4, 4);
+          std::memcpy(&e.p, r.payload.data() + 8, std::min(sizeof(Progress), r.payload.size() - 8));
+          out[ring.index].push_back(e);
+        });
+      }
+    }
+    return out;
+  }
+
+  RegionGeometry geometry_;
+  std::vector<std::byte> mem_;
+};
+
+TEST_F(DwTest, RefusesARegionWithoutAnAnnouncedGuest) {
+  region::GuestIdentity none{};
+  auto guest = GuestRegion::Attach(mem_.data(), mem_.size());
+  ASSERT_TRUE(guest.ok());
+  std::memset(mem_.data() + region::kGuestIdentityOffset, 0, sizeof(none));
+  EXPECT_FALSE(dw::Tracer::FromMemory(mem_.data(), mem_.size()).ok());
+  std::vector<std::byte> junk(mem_.size());
+  EXPECT_FALSE(dw::Tracer::FromMemory(junk.data(), junk.size()).ok());
+}
+
+TEST_F(DwTest, RegisteredFormatParsesWithItsFingerprint) {
+  auto t = dw::Tracer::FromMemory(mem_.data(), mem_.size());
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  auto id = (*t)->Register("myapp", "progress", ProgressFields());
+  ASSERT_TRUE(id.ok()) << id.error().message;
+  EXPECT_GE(*id, region::kDwFirstEventId);
+  // Registering the same layout again in this boot gives the same id; a
+  // different layout gets a new one.
+  auto again = (*t)->Register("myapp", "progress", ProgressFields());
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *id);
+  auto other = (*t)->Register("myapp", "other", ProgressFields());
+  ASSERT_TRUE(other.ok());
+  EXPECT_NE(*other, *id);
+
+  RegionSnapshot s = Snapshot();
+  EXPECT_EQ(s.issue_total(), 0u);
+  const RegionFormat* f = s.FindFormat(3, *id);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->kind, region::kFormatDwEvent);
+  EXPECT_EQ(f->system, "myapp");
+  ASSERT_TRUE(f->parsed);
+  EXPECT_EQ(f->parsed->name, "progress");
+  EXPECT_EQ(f->fingerprint, EventFingerprint(*f->parsed));
+  const FieldFormat* what = f->parsed->FindField("what");
+  ASSERT_NE(what, nullptr);
+  EXPECT_EQ(what->offset, 8 + offsetof(Progress, what));
+  EXPECT_EQ(what->type, "char[12]");
+  EXPECT_NE(f->text.find("print fmt: \"step=%d what=%s value=%llu\", REC->step, REC->what, REC->value"),
+            std::string::npos)
+      << f->text;
+}
+
+TEST_F(DwTest, RejectsBadRegistrations) {
+  auto t = dw::Tracer::FromMemory(mem_.data(), mem_.size());
+  ASSERT_TRUE(t.ok());
+  EXPECT_FALSE((*t)->Register("my app", "x", {}).ok());
+  EXPECT_FALSE((*t)->Register("app", "x", {{"a;b", "int", 0, 4, true}}).ok());
+  EXPECT_FALSE((*t)->Register("app", "x", {{"a", "int;", 0, 4, true}}).ok());
+  EXPECT_FALSE((*t)->Register("app", "x", {{"a", "int", 1u << 20, 4, true}}).ok());
+}
+
+TEST_F(DwTest, EveryWriteIsVisibleWhenItReturns) {
+  auto t = dw::Tracer::FromMemory(mem_.data(), mem_.size());
+  ASSERT_TRUE(t.ok());
+  auto id = (*t)->Register("myapp", "progress", ProgressFields());
+  ASSERT_TRUE(id.ok());
+  // Enough events to span several pages; after each one the host's view
+  // (a fresh copy) must end with exactly that event.
+  const int n = 400;
+  for (int i = 0; i < n; ++i) {
+    Progress p{i, "step", static_cast<uint64_t>(i) * 3};
+    ASSERT_TRUE((*t)->Write(*id, &p, sizeof(p)));
+    if (i % 37 != 0 && i != n - 1) continue;
+    RegionSnapshot s = Snapshot();
+    ASSERT_EQ(s.issue_total(), 0u) << s.problems[0].detail;
+    auto events = Events(s);
+    ASSERT_EQ(events.size(), 1u);
+    const auto& list = events.begin()->second;
+    ASSERT_FALSE(list.empty());
+    EXPECT_EQ(list.back().p.step, i);
+    EXPECT_EQ(list.back().type, *id);
+    EXPECT_EQ(list.back().pid, static_cast<int32_t>(gettid()));
+  }
+  RegionSnapshot s = Snapshot();
+  const auto& list = Events(s).begin()->second;
+  // The ring holds dw_slots pages; everything written fits, in order.
+  ASSERT_EQ(list.size(), static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(list[i].p.step, i);
+    EXPECT_EQ(list[i].p.value, static_cast<uint64_t>(i) * 3);
+    EXPECT_STREQ(list[i].p.what, "step");
+    if (i > 0) {
+      EXPECT_GE(list[i].ts, list[i - 1].ts);
+    }
+  }
+  // The last page is still open; earlier ones are closed.
+  const RegionRing& ring = s.dw_rings[Events(s).begin()->first];
+  EXPECT_TRUE(ring.pages.back().flags & region::kSlotOpen);
+  EXPECT_FALSE(ring.pages.front().flags & region::kSlotOpen);
+}
+
+TEST_F(DwTest, ThreadsGetTheirOwnRingsAndLoseNothing) {
+  auto t = dw::Tracer::FromMemory(mem_.data(), mem_.size());
+  ASSERT_TRUE(t.ok());
+  auto id = (*t)->Register("myapp", "progress", ProgressFields());
+  ASSERT_TRUE(id.ok());
+  const int threads = 3, per_thread = 150;
+  std::vector<std::thread> pool;
+  for (int k = 0; k < threads; ++k) {
+    pool.emplace_back([&, k] {
+      for (int i = 0; i < per_thread; ++i) {
+        Progress p{i, "t", static_cast<uint64_t>(k)};
+        EXPECT_TRUE((*t)->Write(*id, &p, sizeof(p)));
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  RegionSnapshot s = Snapshot();
+  EXPECT_EQ(s.issue_total(), 0u);
+  auto events = Events(s);
+  ASSERT_EQ(events.size(), static_cast<size_t>(threads));
+  for (const auto& [ring, list] : events) {
+    ASSERT_EQ(list.size(), static_cast<size_t>(per_thread));
+    for (int i = 0; i < per_thread; ++i) {
+      EXPECT_EQ(list[i].p.step, i);
+      EXPECT_EQ(list[i].p.value, list[0].p.value);  // One writer per ring.
+    }
+  }
+  // The threads exited: their rings are free again.
+  for (uint32_t r = 0; r < geometry_.dw_rings; ++r) {
+    EXPECT_EQ(reinterpret_cast<region::DwRingHeader*>(mem_.data() + geometry_.DwRingOffset(r))->owner, 0u);
+  }
+}
+
+TEST_F(DwTest, MoreThreadsThanRingsDropAndCount) {
+  Make(1 << 20, 1, 1);
+  auto t = dw::Tracer::FromMemory(mem_.data(), mem_.size());
+  ASSERT_TRUE(t.ok());
+  auto id = (*t)->Register("myapp", "progress", ProgressFields());
+  ASSERT_TRUE(id.ok());
+  Progress p{1, "main", 0};
+  ASSERT_TRUE((*t)->Write(*id, &p, sizeof(p)));  // The main thread holds the one ring.
+  bool other_ok = true;
+  std::thread([&] { other_ok = (*t)->Write(*id, &p, sizeof(p)); }).join();
+  EXPECT_FALSE(other_ok);
+  auto* status = reinterpret_cast<region::GuestStatus*>(mem_.data() + region::kGuestStatusOffset);
+  EXPECT_EQ(status->dw_rings_exhausted, 1u);
+  // Too large for a page: dropped and counted on the ring.
+  std::vector<char> big(8192);
+  EXPECT_FALSE((*t)->Write(*id, big.data(), static_cast<uint32_t>(big.size())));
+}
+
+TEST_F(DwTest, RingWrapKeepsTheNewestPagesWhole) {
+  auto t = dw::Tracer::FromMemory(mem_.data(), mem_.size());
+  ASSERT_TRUE(t.ok());
+  auto id = (*t)->Register("myapp", "progress", ProgressFields());
+  ASSERT_TRUE(id.ok());
+  const int n = 5000;  // Far more than dw_slots pages hold.
+  for (int i = 0; i < n; ++i) {
+    Progress p{i, "w", 0};
+    ASSERT_TRUE((*t)->Write(*id, &p, sizeof(p)));
+  }
+  RegionSnapshot s = Snapshot();
+  EXPECT_EQ(s.issue_total(), 0u);
+  const auto& list = Events(s).begin()->second;
+  ASSERT_FALSE(list.empty());
+  EXPECT_EQ(list.back().p.step, n - 1);
+  for (size_t i = 1; i < list.size(); ++i) EXPECT_EQ(list[i].p.step, list[i - 1].p.step + 1);
+}
+
+TEST(DwCApi, OpensAFileWritesAndCloses) {
+  char path[] = "/dev/shm/hvtrace-dwtest-XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const uint64_t size = 1 << 20;
+  ASSERT_EQ(ftruncate(fd, size), 0);
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  std::span<std::byte> mem(static_cast<std::byte*>(p), size);
+  RegionPlanOptions opt;
+  auto g = PlanRegion(size, opt);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(InitRegionHeader(mem, *g, 1).ok());
+
+  EXPECT_EQ(hvt_dw_write(1, "x", 1), -EBADF);
+  EXPECT_EQ(hvt_dw_open(path), -EAGAIN);  // No agent announcement yet.
+  auto guest = GuestRegion::Attach(mem.data(), size);
+  ASSERT_TRUE(guest.ok());
+  region::GuestIdentity id{};
+  id.boot_generation = 1;
+  id.nr_cpus = 1;
+  guest->WriteIdentity(id);
+  ASSERT_EQ(hvt_dw_open(path), 0);
+  const hvt_dw_field fields[] = {{"step", "int", 0, 4, 1}, {"what", "char[12]", 4, 12, 0}};
+  const int ev = hvt_dw_register("capp", "mark", fields, 2, nullptr);
+  ASSERT_GT(ev, 0);
+  struct {
+    int32_t step;
+    char what[12];
+  } e = {7, "hello"};
+  EXPECT_EQ(hvt_dw_write(ev, &e, sizeof(e)), 0);
+  hvt_dw_close();
+
+  std::vector<std::byte> copy(mem.begin(), mem.end());
+  auto s = ReadRegion(std::move(copy), *g);
+  ASSERT_TRUE(s.ok());
+  ASSERT_NE(s->FindFormat(1, static_cast<uint32_t>(ev)), nullptr);
+  uint64_t records = 0;
+  for (const RegionRing& ring : s->dw_rings) {
+    for (const RegionPage& page : ring.pages) records += page.records;
+  }
+  EXPECT_EQ(records, 1u);
+  munmap(p, size);
+  close(fd);
+  unlink(path);
+}
+
+}  // namespace
+}  // namespace hvtrace

@@ -228,7 +228,7 @@ Result<std::vector<HarvestedEvent>> SplitFormatListing(std::string_view listing)
       if (events.size() >= kMaxHarvestEvents) {
         return Error{where() + ": more than " + std::to_string(kMaxHarvestEvents) + " events"};
       }
-      events.push_back({std::string(system), std::string(event), 0, {}});
+      events.push_back({std::string(system), std::string(event), 0, {}, {}});
     }
     std::string& text = events.back().text;
     if (text.size() + content.size() + 1 > kMaxFormatTextSize) {
@@ -345,7 +345,9 @@ Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive) {
     const std::string where = ev.system + "/" + ev.name;
     Result<EventFormat> parsed = ParseEventFormat(ev.system, ev.text);
     if (!parsed.ok()) {
-      bundle.rejected.push_back(where + ": " + parsed.error().message);
+      ev.parse_error = parsed.error().message;
+      ++bundle.unparsed;
+      bundle.events.push_back(std::move(ev));
       continue;
     }
     if (parsed->name != ev.name) {

@@ -58,8 +58,12 @@ Result<std::vector<TarMember>> ReadTar(std::span<const std::byte> archive,
 struct HarvestedEvent {
   std::string system;
   std::string name;
-  uint32_t id = 0;
-  std::string text;  // The format file, byte for byte as the guest read it.
+  uint32_t id = 0;    // 0 when the format did not parse.
+  std::string text;   // The format file, byte for byte as the guest read it.
+  // Why ParseEventFormat refused the text; empty when it parsed. Such
+  // formats are still kept (their names are safe and the kernel printed them):
+  // every reader parses them again, and a later parser may accept them.
+  std::string parse_error;
 };
 
 struct HarvestBundle {
@@ -70,9 +74,10 @@ struct HarvestBundle {
   std::string printk_formats;
   std::string kallsyms;
   std::string modules;       // /proc/modules; may be empty
-  std::vector<HarvestedEvent> events;  // Parsed fine; sorted by system, name.
-  // "<system>/<event>: <why>" for formats that failed to parse or clashed
-  // (duplicate id, name differing from its directory). Not stored.
+  std::vector<HarvestedEvent> events;  // Sorted by system, name.
+  size_t unparsed = 0;                 // Events with a parse_error.
+  // "<system>/<event>: <why>" for formats that contradict the others: a
+  // duplicate id, or a name differing from its directory. Dropped.
   std::vector<std::string> rejected;
   size_t kallsyms_symbols = 0;
   size_t kallsyms_nonzero_addresses = 0;  // 0: kptr_restrict hid them.
@@ -84,7 +89,7 @@ inline constexpr size_t kMaxHarvestEvents = 20000;
 
 // Checks and splits a harvest archive. Missing or malformed header_page,
 // header_event, release or formats fail the whole harvest; single event
-// formats that do not parse are listed in |rejected|.
+// formats that do not parse are kept with their parse_error.
 Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive);
 
 // Splits the "<system>/<event>/format:<line>" listing into per-event texts in

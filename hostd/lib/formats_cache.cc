@@ -337,6 +337,11 @@ Result<fs::path> FormatCache::Store(std::string_view key, const HarvestBundle& b
   manifest["events"] = bundle.events.size();
   manifest["systems"] = systems.size();
   manifest["rejected_formats"] = bundle.rejected;
+  json unparsed = json::array();
+  for (const HarvestedEvent& ev : bundle.events) {
+    if (!ev.parse_error.empty()) unparsed.push_back(ev.system + "/" + ev.name + ": " + ev.parse_error);
+  }
+  manifest["unparsed_formats"] = std::move(unparsed);
   manifest["printk_formats_bytes"] = bundle.printk_formats.size();
   manifest["kallsyms_symbols"] = bundle.kallsyms_symbols;
   manifest["kallsyms_nonzero_addresses"] = bundle.kallsyms_nonzero_addresses;

@@ -1,0 +1,289 @@
+// QmpClient/QmpSyncClient against a scripted QMP peer on a real unix socket:
+// reply matching, events, timeouts, EOF, and hostile server output.
+#include "qmp_client.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace hvtrace::hostd {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kGreeting =
+    "{\"QMP\": {\"version\": {\"qemu\": {\"micro\": 0, \"minor\": 2, \"major\": 7}, \"package\": \"\"}, "
+    "\"capabilities\": [\"oob\"]}}\r\n";
+
+// A QMP peer: accepts one connection, optionally greets, then hands every
+// request line to |on_request|, which writes whatever it likes to |fd|.
+class ScriptedServer {
+ public:
+  using Handler = std::function<void(int fd, const nlohmann::json& request)>;
+
+  explicit ScriptedServer(Handler on_request, bool greet = true) : on_request_(std::move(on_request)) {
+    static std::atomic<int> counter{0};
+    path_ = "/tmp/hvt-qmp-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".sock";
+    unlink(path_.c_str());
+    listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path_.c_str(), path_.size() + 1);
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listen_fd_, 4) != 0) {
+      ADD_FAILURE() << "cannot listen on " << path_ << ": " << std::strerror(errno);
+    }
+    thread_ = std::thread([this, greet] { Serve(greet); });
+  }
+
+  ~ScriptedServer() {
+    shutdown(listen_fd_, SHUT_RDWR);
+    CloseClient();
+    if (thread_.joinable()) thread_.join();
+    close(listen_fd_);
+    unlink(path_.c_str());
+  }
+
+  const std::string& path() const { return path_; }
+  // Ends the connection as a dying QEMU would.
+  void CloseClient() {
+    const int fd = client_fd_.exchange(-1);
+    if (fd >= 0) {
+      shutdown(fd, SHUT_RDWR);
+      close(fd);
+    }
+  }
+
+  static void Write(int fd, std::string_view text) {
+    while (!text.empty()) {
+      const ssize_t n = send(fd, text.data(), text.size(), MSG_NOSIGNAL);
+      if (n <= 0) return;
+      text.remove_prefix(static_cast<size_t>(n));
+    }
+  }
+
+ private:
+  void Serve(bool greet) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    client_fd_ = fd;
+    if (greet) Write(fd, kGreeting);
+    std::string buffer;
+    char chunk[4096];
+    while (true) {
+      const ssize_t n = read(fd, chunk, sizeof(chunk));
+      if (n <= 0) break;
+      buffer.append(chunk, static_cast<size_t>(n));
+      size_t nl;
+      while ((nl = buffer.find('\n')) != std::string::npos) {
+        auto request = nlohmann::json::parse(buffer.substr(0, nl), nullptr, false);
+        buffer.erase(0, nl + 1);
+        if (request.is_discarded()) continue;
+        if (request.value("execute", "") == "qmp_capabilities") {
+          Write(fd, "{\"return\": {}, \"id\": " + request["id"].dump() + "}\r\n");
+        } else {
+          on_request_(fd, request);
+        }
+      }
+    }
+  }
+
+  Handler on_request_;
+  std::string path_;
+  int listen_fd_ = -1;
+  std::atomic<int> client_fd_{-1};
+  std::thread thread_;
+};
+
+std::string Reply(const nlohmann::json& request, const std::string& ret) {
+  return "{\"return\": " + ret + ", \"id\": " + request["id"].dump() + "}\r\n";
+}
+
+TEST(QmpClientTest, CommandsEventsAndErrors) {
+  ScriptedServer server([](int fd, const nlohmann::json& req) {
+    const std::string cmd = req.value("execute", "");
+    if (cmd == "query-status") {
+      // An event first, split across writes, then the reply.
+      ScriptedServer::Write(fd, "{\"timestamp\": {\"seconds\": 5, \"microseconds\": 6}, \"ev");
+      ScriptedServer::Write(fd, "ent\": \"STOP\"}\r\n" + Reply(req, "{\"status\": \"running\", \"running\": true}"));
+    } else if (cmd == "echo-args") {
+      ScriptedServer::Write(fd, Reply(req, req["arguments"].dump()));
+    } else {
+      ScriptedServer::Write(fd, "{\"error\": {\"class\": \"CommandNotFound\", \"desc\": \"The command " + cmd +
+                                    " has not been found\"}, \"id\": " + req["id"].dump() + "}\r\n");
+    }
+  });
+  auto qmp = QmpSyncClient::Connect(server.path(), 5s);
+  ASSERT_TRUE(qmp.ok()) << qmp.error().message;
+  EXPECT_EQ((*qmp)->greeting()["version"]["qemu"]["major"], 7);
+
+  auto status = (*qmp)->Execute("query-status");
+  ASSERT_TRUE(status.ok()) << status.error().message;
+  EXPECT_EQ((*status)["status"], "running");
+  auto stop = (*qmp)->WaitForEvent("STOP", 1s);
+  ASSERT_TRUE(stop.ok()) << stop.error().message;
+  EXPECT_EQ(stop->qemu_seconds, 5);
+  EXPECT_EQ(stop->qemu_microseconds, 6);
+  EXPECT_TRUE(stop->data.is_object());
+  // Consumed: a second wait does not return the same event.
+  EXPECT_FALSE((*qmp)->WaitForEvent("STOP", 50ms).ok());
+
+  auto echoed = (*qmp)->Execute("echo-args", {{"x", 1}});
+  ASSERT_TRUE(echoed.ok());
+  EXPECT_EQ((*echoed)["x"], 1);
+
+  auto bad = (*qmp)->Execute("nope");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.error().message, HasSubstr("CommandNotFound"));
+  EXPECT_TRUE((*qmp)->connected());
+}
+
+TEST(QmpClientTest, RepliesMatchedByIdOutOfOrder) {
+  // Holds the first request and answers both when the second arrives.
+  std::string held;
+  ScriptedServer server([&held](int fd, const nlohmann::json& req) {
+    if (held.empty()) {
+      held = Reply(req, "\"first\"");
+      return;
+    }
+    ScriptedServer::Write(fd, Reply(req, "\"second\"") + held);
+  });
+  auto qmp = QmpSyncClient::Connect(server.path(), 5s);
+  ASSERT_TRUE(qmp.ok()) << qmp.error().message;
+  Result<nlohmann::json> first = Error{"unset"};
+  std::thread t([&] { first = (*qmp)->Execute("a"); });
+  std::this_thread::sleep_for(50ms);
+  auto second = (*qmp)->Execute("b");
+  t.join();
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  ASSERT_TRUE(second.ok()) << second.error().message;
+  EXPECT_EQ(*first, "first");
+  EXPECT_EQ(*second, "second");
+}
+
+TEST(QmpClientTest, CommandTimeoutThenLateReplyIgnored) {
+  std::string late;
+  ScriptedServer server([&late](int fd, const nlohmann::json& req) {
+    if (req.value("execute", "") == "slow") {
+      late = Reply(req, "\"late\"");  // Never answered in time.
+    } else {
+      ScriptedServer::Write(fd, late + Reply(req, "\"fast\""));
+    }
+  });
+  auto qmp = QmpSyncClient::Connect(server.path(), 5s);
+  ASSERT_TRUE(qmp.ok());
+  const auto t0 = Clock::now();
+  auto slow = (*qmp)->Execute("slow", nlohmann::json::object(), 200ms);
+  ASSERT_FALSE(slow.ok());
+  EXPECT_THAT(slow.error().message, HasSubstr("no reply within 200 ms"));
+  EXPECT_LT(Clock::now() - t0, 2s);
+  // The late reply to "slow" arrives first; it must not be taken for "fast"'s.
+  auto fast = (*qmp)->Execute("fast");
+  ASSERT_TRUE(fast.ok()) << fast.error().message;
+  EXPECT_EQ(*fast, "fast");
+}
+
+TEST(QmpClientTest, EofFailsPendingCommandAndNotifiesPromptly) {
+  ScriptedServer* server_ptr = nullptr;
+  ScriptedServer server([&server_ptr](int, const nlohmann::json&) { server_ptr->CloseClient(); });
+  server_ptr = &server;
+  auto qmp = QmpSyncClient::Connect(server.path(), 5s);
+  ASSERT_TRUE(qmp.ok());
+  const auto t0 = Clock::now();
+  auto r = (*qmp)->Execute("query-status", nlohmann::json::object(), 10s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.error().message, HasSubstr("closed by QEMU"));
+  EXPECT_LT(Clock::now() - t0, 1s);
+  auto why = (*qmp)->WaitForDisconnect(1s);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_FALSE((*qmp)->connected());
+  EXPECT_FALSE((*qmp)->WaitForEvent("SHUTDOWN", 5s).ok());
+  EXPECT_LT(Clock::now() - t0, 2s);
+  auto after = (*qmp)->Execute("query-status");
+  EXPECT_THAT(after.error().message, HasSubstr("closed"));
+}
+
+TEST(QmpClientTest, Malicious_GarbageFromServerDisconnects) {
+  ScriptedServer server([](int fd, const nlohmann::json&) { ScriptedServer::Write(fd, "\x7f" "ELF garbage"); });
+  auto qmp = QmpSyncClient::Connect(server.path(), 5s);
+  ASSERT_TRUE(qmp.ok());
+  auto r = (*qmp)->Execute("query-status", nlohmann::json::object(), 5s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.error().message, HasSubstr("protocol error"));
+  auto why = (*qmp)->WaitForDisconnect(1s);
+  ASSERT_TRUE(why.has_value());
+  EXPECT_THAT(why->message, HasSubstr("0x7f"));
+}
+
+TEST(QmpClientTest, Malicious_OversizedMessageDisconnects) {
+  ScriptedServer server([](int fd, const nlohmann::json& req) {
+    ScriptedServer::Write(fd, Reply(req, "\"" + std::string(64 * 1024, 'A') + "\""));
+  });
+  auto qmp = QmpSyncClient::Connect(server.path(), 5s, /*max_message_bytes=*/16 * 1024);
+  ASSERT_TRUE(qmp.ok());
+  auto r = (*qmp)->Execute("x");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.error().message, HasSubstr("16384-byte limit"));
+}
+
+TEST(QmpClientTest, Malicious_RepliesWithForeignIdsAreIgnored) {
+  ScriptedServer server([](int fd, const nlohmann::json& req) {
+    ScriptedServer::Write(fd,
+                          "{\"return\": 1, \"id\": \"str\"}{\"return\": 2, \"id\": 999999}{\"return\": 3}"
+                          "{\"event\": 42}{\"event\": \"X\", \"data\": null, \"timestamp\": 7}" +
+                              Reply(req, "4"));
+  });
+  auto qmp = QmpSyncClient::Connect(server.path(), 5s);
+  ASSERT_TRUE(qmp.ok());
+  auto r = (*qmp)->Execute("x");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(*r, 4);
+  auto x = (*qmp)->WaitForEvent("X", 1s);
+  ASSERT_TRUE(x.ok());
+  EXPECT_TRUE(x->data.is_object());
+}
+
+TEST(QmpClientTest, ConnectRetriesUntilSocketAppears) {
+  ScriptedServer server([](int fd, const nlohmann::json& req) { ScriptedServer::Write(fd, Reply(req, "0")); });
+  // Hide the listening socket, as before QEMU creates it; connect() must
+  // retry ENOENT until it appears.
+  const std::string hidden = server.path() + ".hidden";
+  ASSERT_EQ(rename(server.path().c_str(), hidden.c_str()), 0);
+  std::thread appear([&] {
+    std::this_thread::sleep_for(300ms);
+    rename(hidden.c_str(), server.path().c_str());
+  });
+  auto qmp = QmpSyncClient::Connect(server.path(), 5s);
+  appear.join();
+  ASSERT_TRUE(qmp.ok()) << qmp.error().message;
+  EXPECT_TRUE((*qmp)->Execute("x").ok());
+}
+
+TEST(QmpClientTest, ConnectWithoutGreetingTimesOutAndSaysWhy) {
+  ScriptedServer server([](int, const nlohmann::json&) {}, /*greet=*/false);
+  const auto t0 = Clock::now();
+  auto qmp = QmpSyncClient::Connect(server.path(), 300ms);
+  ASSERT_FALSE(qmp.ok());
+  EXPECT_THAT(qmp.error().message, HasSubstr("one QMP client at a time"));
+  EXPECT_LT(Clock::now() - t0, 2s);
+}
+
+TEST(QmpClientTest, ConnectToNothingTimesOut) {
+  auto qmp = QmpSyncClient::Connect("/tmp/hvt-qmp-does-not-exist.sock", 200ms);
+  ASSERT_FALSE(qmp.ok());
+  EXPECT_THAT(qmp.error().message, HasSubstr("not ready within 200 ms"));
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

@@ -1,0 +1,301 @@
+// FormatCache: the kernel key, atomic stores, lookups and loads, and a cache
+// directory edited by someone else.
+#include "formats_cache.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "formats_sha256.h"
+#include "hvtrace/format.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "hvtrace-formats-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string ReadText(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+const fs::path kFixtures = fs::path(HVTRACE_FIXTURES_DIR) / "boot_map";
+const std::string kKey(64, 'a');
+
+// A bundle from the real 6.12 fixtures, as ParseHarvestArchive would give.
+HarvestBundle FixtureBundle() {
+  HarvestBundle b;
+  b.release = "6.12.95+deb12-amd64";
+  b.proc_version = "Linux version 6.12.95+deb12-amd64 #1 SMP";
+  b.header_page = ReadText(kFixtures / "header_page");
+  b.header_event = ReadText(kFixtures / "header_event");
+  b.printk_formats = "0xffffffff82a0c1e0 : \"hello\\n\"\n";
+  b.kallsyms = "ffffffff81000000 T _stext\n";
+  b.kallsyms_symbols = 1;
+  b.kallsyms_nonzero_addresses = 1;
+  b.modules = "pvpanic 12288 0 - Live 0x0\n";
+  for (const auto& e : fs::recursive_directory_iterator(kFixtures / "formats")) {
+    if (e.path().filename() != "format") continue;
+    HarvestedEvent ev;
+    ev.name = e.path().parent_path().filename().string();
+    ev.system = e.path().parent_path().parent_path().filename().string();
+    ev.text = ReadText(e.path());
+    b.events.push_back(ev);
+  }
+  std::sort(b.events.begin(), b.events.end(), [](const auto& x, const auto& y) {
+    return std::tie(x.system, x.name) < std::tie(y.system, y.name);
+  });
+  return b;
+}
+
+std::vector<std::string> Names(const fs::path& dir) {
+  std::vector<std::string> v;
+  for (const auto& e : fs::directory_iterator(dir)) v.push_back(e.path().filename().string());
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+TEST(FormatCacheTest, KernelKeyIsSha256OfTheImage) {
+  TempDir dir;
+  const fs::path image = dir.path() / "vmlinuz";
+  std::ofstream(image, std::ios::binary) << "not really a kernel";
+  Result<std::string> key = KernelKeyOfFile(image.string());
+  ASSERT_TRUE(key.ok()) << key.error().message;
+  EXPECT_TRUE(IsValidKernelKey(*key));
+  EXPECT_EQ(*key, Sha256Hex(std::as_bytes(std::span<const char>("not really a kernel", 19))));
+  // A rebuild with the same release string is a different key.
+  std::ofstream(image, std::ios::binary) << "not really a kernel!";
+  EXPECT_NE(*KernelKeyOfFile(image.string()), *key);
+  Result<std::string> missing = KernelKeyOfFile((dir.path() / "nope").string());
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(missing.error().message, HasSubstr("nope"));
+}
+
+TEST(FormatCacheTest, KeyValidation) {
+  EXPECT_TRUE(IsValidKernelKey(kKey));
+  EXPECT_TRUE(IsValidKernelKey("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"));
+  EXPECT_FALSE(IsValidKernelKey(""));
+  EXPECT_FALSE(IsValidKernelKey(std::string(63, 'a')));
+  EXPECT_FALSE(IsValidKernelKey(std::string(64, 'A')));
+  EXPECT_FALSE(IsValidKernelKey("../" + std::string(61, 'a')));
+}
+
+TEST(FormatCacheTest, DefaultRootFollowsTheEnvironment) {
+  const char* old_cache = std::getenv("HVTRACE_CACHE_DIR");
+  const std::string saved = old_cache ? old_cache : "";
+  ::setenv("HVTRACE_CACHE_DIR", "/somewhere/cache", 1);
+  EXPECT_EQ(DefaultCacheRoot().value(), fs::path("/somewhere/cache"));
+  ::unsetenv("HVTRACE_CACHE_DIR");
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && *home != '\0') {
+    EXPECT_EQ(DefaultCacheRoot().value(), fs::path(home) / ".cache" / "hvtrace");
+  }
+  if (old_cache) ::setenv("HVTRACE_CACHE_DIR", saved.c_str(), 1);
+}
+
+TEST(FormatCacheTest, StoreLookupLoadRoundTrip) {
+  TempDir dir;
+  FormatCache cache(dir.path());
+  Result<std::optional<json>> before = cache.Lookup(kKey);
+  ASSERT_TRUE(before.ok()) << before.error().message;
+  EXPECT_FALSE(before->has_value());
+
+  const HarvestBundle bundle = FixtureBundle();
+  ASSERT_GE(bundle.events.size(), 3u);
+  Result<fs::path> stored = cache.Store(kKey, bundle, {{"kernel_path", "/k/vmlinuz"}});
+  ASSERT_TRUE(stored.ok()) << stored.error().message;
+  EXPECT_EQ(*stored, dir.path() / "formats" / kKey);
+  // Nothing but the entry: the temporary directory was renamed.
+  EXPECT_EQ(Names(dir.path() / "formats"), std::vector<std::string>{kKey});
+
+  Result<std::optional<json>> manifest = cache.Lookup(kKey);
+  ASSERT_TRUE(manifest.ok()) << manifest.error().message;
+  ASSERT_TRUE(manifest->has_value());
+  const json& m = **manifest;
+  EXPECT_EQ(m["key"], kKey);
+  EXPECT_EQ(m["release"], "6.12.95+deb12-amd64");
+  EXPECT_EQ(m["kernel_path"], "/k/vmlinuz");
+  EXPECT_EQ(m["events"], bundle.events.size());
+  EXPECT_EQ(m["modules_loaded_at_harvest"], json::array({"pvpanic"}));
+  EXPECT_FALSE(m.value("harvested_utc", "").empty());
+
+  Result<KernelFormats> loaded = cache.Load(kKey);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  EXPECT_EQ(loaded->release, bundle.release);
+  EXPECT_EQ(loaded->proc_version, bundle.proc_version);
+  EXPECT_EQ(loaded->header_page, bundle.header_page);
+  EXPECT_EQ(loaded->header_event, bundle.header_event);
+  EXPECT_EQ(loaded->printk_formats, bundle.printk_formats);
+  EXPECT_EQ(loaded->kallsyms, bundle.kallsyms);
+  ASSERT_EQ(loaded->events.size(), bundle.events.size());
+  for (size_t i = 0; i < bundle.events.size(); ++i) {
+    EXPECT_EQ(loaded->events[i].system, bundle.events[i].system);
+    EXPECT_EQ(loaded->events[i].name, bundle.events[i].name);
+    EXPECT_EQ(loaded->events[i].text, bundle.events[i].text);
+    EXPECT_TRUE(ParseEventFormat(loaded->events[i].system, loaded->events[i].text).ok());
+  }
+  EXPECT_EQ(ReadText(*stored / "events/sched/sched_switch/format"),
+            ReadText(kFixtures / "formats/sched/sched_switch/format"));
+
+  Result<std::vector<CacheEntrySummary>> list = cache.List();
+  ASSERT_TRUE(list.ok()) << list.error().message;
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].key, kKey);
+  EXPECT_EQ((*list)[0].release, "6.12.95+deb12-amd64");
+  EXPECT_EQ((*list)[0].kernel_path, "/k/vmlinuz");
+  EXPECT_EQ((*list)[0].events, bundle.events.size());
+}
+
+TEST(FormatCacheTest, SecondStoreKeepsTheFirstEntry) {
+  TempDir dir;
+  FormatCache cache(dir.path());
+  ASSERT_TRUE(cache.Store(kKey, FixtureBundle(), {{"kernel_path", "first"}}).ok());
+  HarvestBundle other = FixtureBundle();
+  other.kallsyms = "ffffffff81000000 T _other\n";
+  Result<fs::path> again = cache.Store(kKey, other, {{"kernel_path", "second"}});
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(cache.Lookup(kKey).value().value()["kernel_path"], "first");
+  EXPECT_EQ(cache.Load(kKey).value().kallsyms, "ffffffff81000000 T _stext\n");
+  EXPECT_EQ(Names(dir.path() / "formats"), std::vector<std::string>{kKey});
+}
+
+TEST(FormatCacheTest, ConcurrentStoresOfOneKernelLeaveOneWholeEntry) {
+  TempDir dir;
+  FormatCache cache(dir.path());
+  const HarvestBundle bundle = FixtureBundle();
+  std::vector<std::thread> threads;
+  std::vector<int> ok(4, 0);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] { ok[i] = cache.Store(kKey, bundle, {{"writer", i}}).ok(); });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok, std::vector<int>(4, 1));
+  EXPECT_EQ(Names(dir.path() / "formats"), std::vector<std::string>{kKey});
+  Result<KernelFormats> loaded = cache.Load(kKey);
+  ASSERT_TRUE(loaded.ok()) << loaded.error().message;
+  EXPECT_EQ(loaded->events.size(), bundle.events.size());
+}
+
+// A store that fails half way leaves neither an entry nor a temporary dir.
+TEST(FormatCacheTest, FailedStoreLeavesNothing) {
+  TempDir dir;
+  FormatCache cache(dir.path());
+  HarvestBundle dup = FixtureBundle();
+  dup.events.push_back(dup.events.front());  // Same directory twice.
+  Result<fs::path> r = cache.Store(kKey, dup, json::object());
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.error().message, HasSubstr("cannot create"));
+  EXPECT_TRUE(Names(dir.path() / "formats").empty());
+  EXPECT_FALSE(cache.Lookup(kKey).value().has_value());
+}
+
+TEST(FormatCacheTest, Malicious_UnsafeNamesAndKeysAreRefused) {
+  TempDir dir;
+  FormatCache cache(dir.path());
+  for (const std::string bad : {"..", ".hidden", "a/b", "", "x y"}) {
+    SCOPED_TRACE(bad);
+    HarvestBundle b = FixtureBundle();
+    b.events[0].system = bad;
+    Result<fs::path> r = cache.Store(kKey, b, json::object());
+    ASSERT_FALSE(r.ok());
+    EXPECT_THAT(r.error().message, HasSubstr("unsafe event name"));
+  }
+  EXPECT_TRUE(Names(dir.path() / "formats").empty());
+  for (const std::string& key : {std::string("../../etc"), std::string(64, 'G'), std::string()}) {
+    EXPECT_FALSE(cache.Store(key, FixtureBundle(), json::object()).ok());
+    EXPECT_FALSE(cache.Lookup(key).ok());
+    EXPECT_FALSE(cache.Load(key).ok());
+  }
+}
+
+TEST(FormatCacheTest, Malicious_EditedEntriesAreErrorsNotCrashes) {
+  TempDir dir;
+  FormatCache cache(dir.path());
+  ASSERT_TRUE(cache.Store(kKey, FixtureBundle(), json::object()).ok());
+  const fs::path entry = cache.EntryDir(kKey);
+
+  // A symlink planted among the events is not followed.
+  fs::create_directory_symlink("/etc", entry / "events" / "evil");
+  Result<KernelFormats> r = cache.Load(kKey);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.error().message, HasSubstr("evil"));
+  fs::remove(entry / "events" / "evil");
+
+  // A format replaced by a symlink to a big file is refused too.
+  const fs::path fmt = entry / "events/sched/sched_switch/format";
+  const std::string saved = ReadText(fmt);
+  fs::remove(fmt);
+  fs::create_symlink("/proc/self/environ", fmt);
+  EXPECT_FALSE(cache.Load(kKey).ok());
+  fs::remove(fmt);
+  std::ofstream(fmt, std::ios::binary) << std::string((1u << 20) + 1, 'x');
+  r = cache.Load(kKey);
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.error().message, HasSubstr("limit"));
+  fs::remove(fmt);
+  std::ofstream(fmt, std::ios::binary) << saved;
+  ASSERT_TRUE(cache.Load(kKey).ok());
+
+  // A manifest that names another key, is not JSON, or is from the future.
+  const fs::path manifest = entry / "manifest.json";
+  const std::string good = ReadText(manifest);
+  json m = json::parse(good);
+  m["key"] = std::string(64, 'b');
+  std::ofstream(manifest, std::ios::trunc) << m.dump();
+  EXPECT_THAT(cache.Lookup(kKey).error().message, HasSubstr("not its directory's"));
+  std::ofstream(manifest, std::ios::trunc) << "{not json";
+  EXPECT_THAT(cache.Lookup(kKey).error().message, HasSubstr("not a JSON object"));
+  m = json::parse(good);
+  m["format_version"] = 99;
+  std::ofstream(manifest, std::ios::trunc) << m.dump();
+  EXPECT_THAT(cache.Lookup(kKey).error().message, HasSubstr("format_version 99"));
+
+  // list skips the broken entry and says why; temporary dirs are not listed.
+  fs::create_directory(dir.path() / "formats" / (".tmp-" + kKey + "-1-0"));
+  fs::create_directory(dir.path() / "formats" / "not-a-key");
+  std::vector<std::string> problems;
+  Result<std::vector<CacheEntrySummary>> list = cache.List(&problems);
+  ASSERT_TRUE(list.ok()) << list.error().message;
+  EXPECT_TRUE(list->empty());
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_THAT(problems[0], HasSubstr("format_version 99"));
+}
+
+TEST(FormatCacheTest, ListOfAMissingCacheIsEmpty) {
+  TempDir dir;
+  FormatCache cache(dir.path() / "never-created");
+  Result<std::vector<CacheEntrySummary>> list = cache.List();
+  ASSERT_TRUE(list.ok()) << list.error().message;
+  EXPECT_TRUE(list->empty());
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

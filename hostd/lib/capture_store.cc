@@ -308,9 +308,24 @@ Result<std::vector<CaptureEntry>> CaptureStore::List() const {
     entries.push_back(CaptureEntry{name, it->path(), {}});
   }
   if (ec) return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
-  std::sort(entries.begin(), entries.end(),
-            [](const CaptureEntry& a, const CaptureEntry& b) { return a.id < b.id; });
-  for (auto& e : entries) e.summary = Summarize(e.id, e.dir);
+  // Names sort by millisecond; within one millisecond (or when a clock was
+  // set back) the manifest's trigger time decides, so the order is the order
+  // of the triggers.
+  std::vector<std::pair<int64_t, CaptureEntry>> keyed;
+  for (auto& e : entries) {
+    e.summary = Summarize(e.id, e.dir);
+    int64_t when = INT64_MAX;
+    const json& t = e.summary.contains("triggered") ? e.summary["triggered"] : json();
+    if (t.is_object() && t.contains("realtime_ns") && t["realtime_ns"].is_number_integer()) {
+      when = t["realtime_ns"].get<int64_t>();
+    }
+    keyed.emplace_back(when, std::move(e));
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second.id < b.second.id;
+  });
+  entries.clear();
+  for (auto& [when, e] : keyed) entries.push_back(std::move(e));
   return entries;
 }
 

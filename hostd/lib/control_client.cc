@@ -1,0 +1,179 @@
+#include "control_client.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+namespace hvtrace::hostd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int RemainingMs(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return left.count() < 0 ? 0 : static_cast<int>(left.count());
+}
+
+}  // namespace
+
+Result<ControlClient> ControlClient::Connect(const std::filesystem::path& socket,
+                                             std::chrono::milliseconds timeout) {
+  struct sockaddr_un addr {};
+  addr.sun_family = AF_UNIX;
+  const std::string& path = socket.native();
+  if (path.size() >= sizeof addr.sun_path) {
+    return Error{"socket path " + path + " is too long for a Unix socket"};
+  }
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  auto deadline = Clock::now() + timeout;
+  for (;;) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return Error{std::string("socket(): ") + std::strerror(errno)};
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      return ControlClient(fd, socket);
+    }
+    int err = errno;
+    ::close(fd);
+    // EAGAIN: the listen backlog is full; worth a retry until the deadline.
+    if (err == EAGAIN && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    switch (err) {
+      case ENOENT:
+        return Error{"hvtraced is not running: no socket at " + path +
+                     " (start hvtraced, or pass --socket / set HVTRACE_SOCKET)"};
+      case ECONNREFUSED:
+        return Error{"nothing listens on " + path + " (hvtraced stopped; stale socket?)"};
+      case EACCES:
+      case EPERM:
+        return Error{"permission denied on " + path +
+                     " (run as root or as a member of the socket group)"};
+      default:
+        return Error{"cannot connect to " + path + ": " + std::strerror(err)};
+    }
+  }
+}
+
+ControlClient::ControlClient(int fd, std::filesystem::path socket)
+    : fd_(fd), socket_(std::move(socket)) {}
+
+ControlClient::ControlClient(ControlClient&& other) noexcept
+    : fd_(other.fd_),
+      socket_(std::move(other.socket_)),
+      framer_(std::move(other.framer_)),
+      lines_(std::move(other.lines_)),
+      next_id_(other.next_id_) {
+  other.fd_ = -1;
+}
+
+ControlClient& ControlClient::operator=(ControlClient&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+    socket_ = std::move(other.socket_);
+    framer_ = std::move(other.framer_);
+    lines_ = std::move(other.lines_);
+    next_id_ = other.next_id_;
+  }
+  return *this;
+}
+
+ControlClient::~ControlClient() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status ControlClient::SendRaw(std::string_view bytes) {
+  while (!bytes.empty()) {
+    ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"sending to " + socket_.string() + ": " + std::strerror(errno)};
+    }
+    bytes.remove_prefix(static_cast<size_t>(n));
+  }
+  return {};
+}
+
+Result<std::string> ControlClient::ReadLine(Clock::time_point deadline) {
+  std::vector<char> buf(65536);
+  for (;;) {
+    while (!lines_.empty()) {
+      Frame frame = std::move(lines_.front());
+      lines_.pop_front();
+      if (!frame.within_limit) {
+        return Error{"reply from " + socket_.string() + " exceeds " +
+                     std::to_string(kMaxReplyBytes) + " bytes"};
+      }
+      if (!IsBlankLine(frame.text)) return std::move(frame.text);
+    }
+    struct pollfd pfd = {fd_, POLLIN, 0};
+    int ready = ::poll(&pfd, 1, RemainingMs(deadline));
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      return Error{std::string("poll: ") + std::strerror(errno)};
+    }
+    if (ready == 0) return Error{"no reply from hvtraced on " + socket_.string() + " in time"};
+    ssize_t n = ::recv(fd_, buf.data(), buf.size(), 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"reading from " + socket_.string() + ": " + std::strerror(errno)};
+    }
+    if (n == 0) return Error{"hvtraced closed the connection on " + socket_.string()};
+    std::vector<Frame> frames;
+    framer_.Feed(std::string_view(buf.data(), static_cast<size_t>(n)), frames);
+    for (auto& f : frames) lines_.push_back(std::move(f));
+  }
+}
+
+Result<Reply> ControlClient::ReadReply(std::chrono::milliseconds timeout) {
+  auto line = ReadLine(Clock::now() + timeout);
+  if (!line.ok()) return line.error();
+  return ParseReply(*line);
+}
+
+bool ControlClient::WaitForClose(std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  for (;;) {
+    auto line = ReadLine(deadline);
+    if (line.ok()) continue;
+    return line.error().message.find("closed the connection") != std::string::npos;
+  }
+}
+
+Result<Reply> ControlClient::Call(std::string_view cmd, const nlohmann::json& args,
+                                  std::chrono::milliseconds timeout,
+                                  const std::function<void(const nlohmann::json&)>& on_item) {
+  int64_t id = next_id_++;
+  nlohmann::json request = {{"id", id}, {"cmd", std::string(cmd)}, {"args", args}};
+  std::string line = DumpJson(request) + "\n";
+  if (line.size() > kMaxRequestBytes) {
+    return Error{"request '" + std::string(cmd) + "' is larger than " +
+                 std::to_string(kMaxRequestBytes) + " bytes"};
+  }
+  if (Status s = SendRaw(line); !s.ok()) return s.error();
+  auto deadline = Clock::now() + timeout;
+  for (;;) {
+    auto text = ReadLine(deadline);
+    if (!text.ok()) return text.error();
+    auto reply = ParseReply(*text);
+    if (!reply.ok()) return reply.error();
+    // A null id is the daemon refusing the connection itself (busy, denied).
+    if (reply->id && *reply->id != id) continue;
+    if (reply->is_stream_item) {
+      if (on_item) on_item(reply->result);
+      continue;
+    }
+    return reply;
+  }
+}
+
+}  // namespace hvtrace::hostd

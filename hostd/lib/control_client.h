@@ -1,0 +1,61 @@
+// A blocking client for the hvtraced control socket (protocol:
+// control_protocol.h), for the `hvtrace` CLI and tests. Every wait has a
+// deadline; replies are size-capped like requests are on the server.
+#ifndef HVTRACE_HOSTD_CONTROL_CLIENT_H_
+#define HVTRACE_HOSTD_CONTROL_CLIENT_H_
+
+#include <chrono>
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "control_protocol.h"
+#include "hvtrace/result.h"
+
+namespace hvtrace::hostd {
+
+class ControlClient {
+ public:
+  // Errors explain the usual causes (daemon not running, stale socket,
+  // permission) and name the socket path.
+  static Result<ControlClient> Connect(const std::filesystem::path& socket,
+                                       std::chrono::milliseconds timeout);
+
+  ControlClient(ControlClient&& other) noexcept;
+  ControlClient& operator=(ControlClient&& other) noexcept;
+  ControlClient(const ControlClient&) = delete;
+  ControlClient& operator=(const ControlClient&) = delete;
+  ~ControlClient();
+
+  // Sends {"id":…,"cmd":cmd,"args":args} and returns the final reply (which
+  // may be an error reply: check |ok|). Stream items go to |on_item|.
+  Result<Reply> Call(std::string_view cmd, const nlohmann::json& args,
+                     std::chrono::milliseconds timeout,
+                     const std::function<void(const nlohmann::json&)>& on_item = {});
+
+  // Low level, for tests that speak the protocol badly on purpose.
+  Status SendRaw(std::string_view bytes);
+  // The next reply line, whatever its id.
+  Result<Reply> ReadReply(std::chrono::milliseconds timeout);
+  // True when the daemon closed the connection (EOF) within |timeout|.
+  bool WaitForClose(std::chrono::milliseconds timeout);
+
+ private:
+  ControlClient(int fd, std::filesystem::path socket);
+  // Reads until a complete line is buffered; "" + error on EOF/timeout.
+  Result<std::string> ReadLine(std::chrono::steady_clock::time_point deadline);
+
+  int fd_ = -1;
+  std::filesystem::path socket_;
+  LineFramer framer_{kMaxReplyBytes};
+  std::deque<Frame> lines_;
+  int64_t next_id_ = 1;
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CONTROL_CLIENT_H_

@@ -1,0 +1,120 @@
+// The control socket server of hvtraced (protocol: control_protocol.h).
+//
+// Runs on one io_context thread. Each connection reads into a LineFramer,
+// answers bad requests itself, and hands good ones to the RequestHandler on
+// the I/O thread; the handler must return quickly and post slow work
+// elsewhere, replying later through the thread-safe Responder.
+//
+// Access: the socket file is created with mode 0660 and the configured group,
+// and every peer's SO_PEERCRED is checked again on accept (uid 0, the daemon's
+// own uid, or a member of the group), so a socket whose mode someone loosened
+// still refuses strangers. Limits: connections at once, requests in flight per
+// connection (more get a "busy" error), and unsent reply bytes per connection
+// (a client that stops reading is disconnected).
+#ifndef HVTRACE_HOSTD_CONTROL_SERVER_H_
+#define HVTRACE_HOSTD_CONTROL_SERVER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <nlohmann/json.hpp>
+
+#include "control_protocol.h"
+#include "hvtrace/result.h"
+
+namespace hvtrace::hostd {
+
+struct ControlServerOptions {
+  std::filesystem::path socket_path;
+  std::optional<gid_t> group;  // Socket group; its members may connect.
+  size_t max_connections = 32;
+  size_t max_in_flight = 16;  // Per connection.
+  size_t max_unsent_bytes = 32 * 1024 * 1024;
+};
+
+class ControlConnection;
+
+// Sends the replies to one request. Any thread may call it; the lines are
+// written in call order. Exactly one final reply (Reply, Fail or End) is sent;
+// calls after it are ignored. A Responder dropped without a final reply sends
+// an "internal" error, so a client never waits forever.
+class Responder {
+ public:
+  Responder(std::weak_ptr<ControlConnection> connection, int64_t id);
+  Responder(const Responder&) = delete;
+  Responder& operator=(const Responder&) = delete;
+  ~Responder();
+
+  int64_t id() const { return id_; }
+  void Reply(const nlohmann::json& result);
+  void Fail(std::string_view code, std::string_view message);
+  void Stream(const nlohmann::json& item);
+  void End(const nlohmann::json& result);
+
+ private:
+  void Send(std::string line, bool final);
+
+  std::weak_ptr<ControlConnection> connection_;
+  int64_t id_;
+  std::atomic<bool> finished_{false};
+};
+
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+using RequestHandler =
+    std::function<void(const Request&, const PeerCredentials&, std::shared_ptr<Responder>)>;
+
+class ControlServer {
+ public:
+  ControlServer(boost::asio::io_context& io, ControlServerOptions options, RequestHandler handler);
+  ~ControlServer();
+
+  // Binds the socket (removing a stale socket file, never another kind of
+  // file), sets its mode and group, and starts accepting. The caller holds
+  // the lock that proves no other daemon uses this path.
+  Status Listen();
+
+  // Stops accepting, lets each connection flush what it has queued (up to a
+  // second), then closes it and removes the socket file. I/O thread only.
+  // Destroy the server only once the io_context no longer runs its handlers.
+  void Close();
+
+  size_t connection_count() const { return connections_.size(); }
+  const ControlServerOptions& options() const { return options_; }
+
+ private:
+  friend class ControlConnection;
+  void Accept();
+  void Forget(ControlConnection* connection);
+  bool PeerAllowed(const PeerCredentials& peer) const;
+
+  boost::asio::io_context& io_;
+  ControlServerOptions options_;
+  RequestHandler handler_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::set<std::shared_ptr<ControlConnection>> connections_;
+  bool bound_ = false;
+  bool closed_ = false;
+};
+
+// Whether the user |uid| belongs to |group| per the group database (primary or
+// supplementary).
+bool UserInGroup(uid_t uid, gid_t group);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CONTROL_SERVER_H_

@@ -1,0 +1,88 @@
+// hvtraced's core: the state directory, the control socket, the per-VM
+// supervisors, and the threads they run on.
+//
+// Threads: one I/O thread runs the io_context (socket, signals, QMP sessions);
+// a small pool runs everything slow (captures, listing the disk). Control
+// commands are answered on the I/O thread only when that is cheap; the rest
+// is posted to the pool and answered from there.
+//
+// Commands (args in parentheses):
+//   ping, version, list, status (name), captures (name), shutdown
+#ifndef HVTRACE_HOSTD_DAEMON_H_
+#define HVTRACE_HOSTD_DAEMON_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include "capture_store.h"
+#include "config.h"
+#include "control_server.h"
+#include "hvtrace/result.h"
+#include "state_dir.h"
+#include "supervisor.h"
+
+namespace hvtrace::hostd {
+
+inline constexpr int kControlProtocolVersion = 1;
+std::string_view HvtraceVersion();
+
+class Daemon {
+ public:
+  explicit Daemon(Config config);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Prepares the state dir, takes the socket lock (one daemon per socket),
+  // registers the VMs found in the state dir, and starts listening.
+  Status Start();
+
+  // Serves until SIGTERM/SIGINT or the `shutdown` command, then stops the
+  // supervisors and waits for in-flight captures.
+  void Run();
+
+  // Thread-safe.
+  void RequestShutdown(std::string reason);
+
+  SupervisorRegistry& registry() { return registry_; }
+  boost::asio::io_context& io() { return io_; }
+  boost::asio::thread_pool& pool() { return pool_; }
+  const Config& config() const { return config_; }
+
+  // Creates, registers and starts a supervisor for |name| with |backend|.
+  Status AddVm(const std::string& name, std::unique_ptr<VmBackend> backend);
+
+ private:
+  void HandleRequest(const Request& request, const PeerCredentials& peer,
+                     const std::shared_ptr<Responder>& responder);
+  // Finds the VM named by args.name, or fails |responder| and returns null.
+  std::shared_ptr<VmSupervisor> VmFromArgs(const Request& request, Responder& responder);
+  void DoShutdown(const std::string& reason);
+  void PollStop(std::chrono::steady_clock::time_point deadline);
+  SupervisorOptions supervisor_options() const;
+
+  Config config_;
+  boost::asio::io_context io_;
+  boost::asio::thread_pool pool_;
+  boost::asio::signal_set signals_;
+  boost::asio::steady_timer stop_timer_;
+  StateDir state_;
+  SupervisorRegistry registry_;
+  std::unique_ptr<ControlServer> server_;
+  int lock_fd_ = -1;
+  HostTime started_;
+  bool stopping_ = false;
+};
+
+// hvtraced's main: flags, config, Start, Run. Returns the exit status.
+int DaemonMain(int argc, char** argv);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_DAEMON_H_

@@ -1,0 +1,258 @@
+// VmSupervisor with test backends: the backends below stand in for a VM's
+// QMP session (they deliver events and copy a real region file), so the
+// supervisor's own logic — triggers, isolation, policy — runs for real.
+#include "supervisor.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include <boost/asio/thread_pool.hpp>
+#include <gtest/gtest.h>
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace std::chrono_literals;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "hvtrace-sup-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Copies a region file like the boot-buffer backend will; can be told to
+// throw from any entry point.
+class FileRegionBackend : public VmBackend {
+ public:
+  FileRegionBackend(fs::path region, uint64_t size) : region_(std::move(region)), size_(size) {}
+  std::string_view kind() const override { return "test-file"; }
+  void Start(VmEventSink& sink) override {
+    if (throw_on_start) throw std::runtime_error("QMP greeting missing");
+    sink_ = &sink;
+  }
+  void Stop() override { stopped = true; }
+  Status Capture(PendingCapture& capture, CaptureManifest& manifest) override {
+    if (throw_on_capture) throw std::runtime_error("decoder bug");
+    auto copy = CopyRegionFile(region_, 0, size_);
+    if (!copy.ok()) return copy.error();
+    if (Status s = capture.WriteFile("region.bin", *copy); !s.ok()) return s;
+    manifest.region = {{"file", region_.string()}, {"size", size_}};
+    manifest.cpus.push_back({0, 7, 1, 0, {}});
+    return {};
+  }
+  void ApplyPanicPolicy(PanicPolicy policy) override {
+    std::lock_guard lock(mu);
+    policies.push_back(policy);
+  }
+
+  VmEventSink* sink_ = nullptr;
+  std::atomic<bool> throw_on_start{false};
+  std::atomic<bool> throw_on_capture{false};
+  std::atomic<bool> stopped{false};
+  std::mutex mu;
+  std::vector<PanicPolicy> policies;
+
+ private:
+  fs::path region_;
+  uint64_t size_;
+};
+
+struct Fixture {
+  TempDir tmp;
+  boost::asio::thread_pool pool{2};
+  fs::path region = tmp.path() / "region";
+
+  Fixture() {
+    std::ofstream out(region, std::ios::binary);
+    std::string data(65536, '\0');
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 13);
+    out << data;
+  }
+  ~Fixture() { pool.join(); }
+
+  std::shared_ptr<VmSupervisor> Make(const std::string& name, FileRegionBackend** out,
+                                     PanicPolicy policy = PanicPolicy::kPause) {
+    auto backend = std::make_unique<FileRegionBackend>(region, 65536);
+    *out = backend.get();
+    SupervisorOptions options;
+    options.panic_policy = policy;
+    options.capture_retention = 3;
+    auto s = std::make_shared<VmSupervisor>(name, std::move(backend), pool.get_executor(),
+                                            CaptureStore(tmp.path() / name / "captures"), options);
+    s->Start();
+    return s;
+  }
+};
+
+template <typename Pred>
+bool WaitFor(Pred pred, std::chrono::milliseconds timeout = 5s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return pred();
+}
+
+VmEvent Event(std::string name, json data = json::object()) {
+  return VmEvent{std::move(name), std::move(data), HostTime::Now()};
+}
+
+TEST(SupervisorTest, PanicEventCapturesRegionWithEventsAndAppliesPolicy) {
+  Fixture f;
+  FileRegionBackend* backend;
+  auto vm = f.Make("vm1", &backend, PanicPolicy::kResume);
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
+  backend->sink_->OnVmEvent(Event("GUEST_PANICKED", {{"action", "pause"}}));
+  backend->sink_->OnVmEvent(Event("STOP"));
+  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; }))
+      << vm->StatusJson().dump();
+  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["events_seen"] == 2; }));
+  json status = vm->StatusJson();
+  EXPECT_EQ(status["state"], "panicked");
+  EXPECT_EQ(status["last_capture"]["trigger"], "panic");
+  EXPECT_GE(status["last_capture"]["trigger_to_disk_ms"].get<double>(), 0.0);
+
+  auto list = vm->ListCaptures();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 1u);
+  const CaptureEntry& e = (*list)[0];
+  EXPECT_EQ(fs::file_size(e.dir / "region.bin"), 65536u);
+  std::ifstream in(e.dir / "manifest.json");
+  json m = json::parse(in);
+  EXPECT_EQ(m["vm"], "vm1");
+  EXPECT_EQ(m["trigger"], "panic");
+  ASSERT_EQ(m["qmp_events"].size(), 1u);  // STOP came after the capture began.
+  EXPECT_EQ(m["qmp_events"][0]["event"], "GUEST_PANICKED");
+  EXPECT_EQ(m["qmp_events"][0]["data"]["action"], "pause");
+  EXPECT_EQ(m["totals"]["events"], 7);
+  std::lock_guard lock(backend->mu);
+  EXPECT_EQ(backend->policies, std::vector<PanicPolicy>{PanicPolicy::kResume});
+}
+
+TEST(SupervisorTest, OneIncidentYieldsOneCaptureUntilTheVmRunsAgain) {
+  Fixture f;
+  FileRegionBackend* backend;
+  auto vm = f.Make("vm1", &backend);
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
+  backend->sink_->OnVmEvent(Event("GUEST_PANICKED"));
+  backend->sink_->OnVmEvent(Event("SHUTDOWN"));
+  backend->sink_->OnVmGone("QMP EOF");
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kGone; }));
+  EXPECT_EQ(vm->StatusJson()["captures_taken"], 1);
+  EXPECT_NE(vm->StatusJson()["last_error"].get<std::string>().find("QMP EOF"), std::string::npos);
+
+  Fixture g;
+  FileRegionBackend* b2;
+  auto vm2 = g.Make("vm2", &b2);
+  ASSERT_TRUE(WaitFor([&] { return vm2->state() == VmState::kRunning; }));
+  b2->sink_->OnVmEvent(Event("RESET"));
+  b2->sink_->OnVmEvent(Event("RESUME"));
+  b2->sink_->OnVmGone("killed");
+  ASSERT_TRUE(WaitFor([&] { return vm2->StatusJson()["captures_taken"] == 2; }));
+  auto list = vm2->ListCaptures();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].summary["trigger"], "reset");
+  EXPECT_EQ((*list)[1].summary["trigger"], "qemu-gone");
+}
+
+TEST(SupervisorTest, FailingVmIsIsolatedAndReported) {
+  Fixture f;
+  FileRegionBackend* bad;
+  FileRegionBackend* good;
+  auto broken = std::make_unique<FileRegionBackend>(f.region, 65536);
+  broken->throw_on_start = true;
+  bad = broken.get();
+  auto bad_vm = std::make_shared<VmSupervisor>("bad", std::move(broken), f.pool.get_executor(),
+                                               CaptureStore(f.tmp.path() / "bad"),
+                                               SupervisorOptions{});
+  SupervisorRegistry registry;
+  ASSERT_TRUE(registry.Add(bad_vm).ok());
+  bad_vm->Start();
+  auto good_vm = f.Make("good", &good);
+  ASSERT_TRUE(registry.Add(good_vm).ok());
+  EXPECT_FALSE(registry.Add(good_vm).ok()) << "duplicate names must be refused";
+
+  ASSERT_TRUE(WaitFor([&] { return bad_vm->state() == VmState::kFailed; }));
+  EXPECT_NE(bad_vm->StatusJson()["last_error"].get<std::string>().find("QMP greeting missing"),
+            std::string::npos);
+  ASSERT_TRUE(WaitFor([&] { return good_vm->state() == VmState::kRunning; }));
+
+  // A capture that throws is a failed capture, not a dead VM or daemon.
+  good->throw_on_capture = true;
+  good->sink_->OnVmEvent(Event("GUEST_PANICKED"));
+  ASSERT_TRUE(WaitFor([&] { return good_vm->StatusJson()["captures_failed"] == 1; }));
+  EXPECT_NE(good_vm->StatusJson()["last_error"].get<std::string>().find("decoder bug"),
+            std::string::npos);
+  auto none = good_vm->ListCaptures();
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->empty()) << "a failed capture must leave nothing behind";
+
+  good->throw_on_capture = false;
+  std::promise<Result<CaptureSummary>> done;
+  good_vm->RequestCapture("manual", [&](Result<CaptureSummary> r) { done.set_value(std::move(r)); });
+  auto future = done.get_future();
+  ASSERT_EQ(future.wait_for(5s), std::future_status::ready);
+  auto result = future.get();
+  ASSERT_TRUE(result.ok()) << result.error().message;
+  EXPECT_EQ(result->trigger, "manual");
+  EXPECT_EQ(registry.All().size(), 2u);
+  EXPECT_EQ(registry.Find("good"), good_vm);
+  EXPECT_EQ(registry.Find("nope"), nullptr);
+  (void)bad;
+}
+
+TEST(SupervisorTest, RetentionKeepsNewestCaptures) {
+  Fixture f;
+  FileRegionBackend* backend;
+  auto vm = f.Make("vm1", &backend);  // Retention 3.
+  for (int i = 0; i < 5; ++i) {
+    std::promise<void> done;
+    vm->RequestCapture("manual", [&](Result<CaptureSummary>) { done.set_value(); });
+    ASSERT_EQ(done.get_future().wait_for(5s), std::future_status::ready);
+    std::this_thread::sleep_for(2ms);  // Distinct millisecond names.
+  }
+  auto list = vm->ListCaptures();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->size(), 3u);
+  EXPECT_EQ(vm->StatusJson()["captures_taken"], 5);
+}
+
+TEST(SupervisorTest, OfflineVmCannotCapture) {
+  Fixture f;
+  auto vm = std::make_shared<VmSupervisor>("old", nullptr, f.pool.get_executor(),
+                                           CaptureStore(f.tmp.path() / "old"),
+                                           SupervisorOptions{});
+  vm->Start();
+  std::promise<Result<CaptureSummary>> done;
+  vm->RequestCapture("manual", [&](Result<CaptureSummary> r) { done.set_value(std::move(r)); });
+  auto future = done.get_future();
+  ASSERT_EQ(future.wait_for(5s), std::future_status::ready);
+  auto r = future.get();
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("'old' has no backend"), std::string::npos);
+  EXPECT_EQ(vm->StatusJson()["state"], "offline");
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

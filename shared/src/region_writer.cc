@@ -227,6 +227,20 @@ uint32_t GuestRegion::FindFormatId(region::FormatKind kind, uint32_t generation,
   return 0;
 }
 
+bool GuestRegion::HasFormat(region::FormatKind kind, uint32_t generation, uint32_t id,
+                            uint64_t fingerprint) const {
+  const FormatTableHeader* table = format_table();
+  const uint32_t count = std::min(LoadAcquire(&table->entry_count), geometry_.format_entries);
+  for (uint32_t i = 0; i < count; ++i) {
+    const auto* e = At<const FormatEntry>(geometry_.FormatEntryOffset(i));
+    if (LoadAcquire(&e->seq) == 2 && e->kind == kind && e->boot_generation == generation &&
+        e->id == id && e->fingerprint == fingerprint) {
+      return true;
+    }
+  }
+  return false;
+}
+
 uint32_t GuestRegion::NextDwId() {
   const uint32_t n = __atomic_fetch_add(&format_table()->next_dw_id, 1, __ATOMIC_RELAXED);
   if (n > 0xffff - region::kDwFirstEventId) return 0;

@@ -86,6 +86,9 @@ class GuestRegion {
   // Id of a published format of |kind| in |generation| with |fingerprint|,
   // or 0 when none.
   uint32_t FindFormatId(region::FormatKind kind, uint32_t generation, uint64_t fingerprint) const;
+  // Whether a format of |kind| with |id| and |fingerprint| is published for
+  // |generation| (an agent restarted in the same boot does not republish).
+  bool HasFormat(region::FormatKind kind, uint32_t generation, uint32_t id, uint64_t fingerprint) const;
   // Hands out the next direct-write event id, 0 when exhausted.
   uint32_t NextDwId();
 

@@ -1,0 +1,477 @@
+#include "agent.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+#include <x86intrin.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+
+#include "hvtrace/fingerprint.h"
+#include "hvtrace/format.h"
+#include "hvtrace/page.h"
+
+namespace hvtrace::agent {
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+
+uint64_t ClockNs(clockid_t id) {
+  timespec ts;
+  clock_gettime(id, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+// "0b1e...-..." -> 16 bytes; false if malformed.
+bool ParseUuid(const std::string& text, uint8_t out[16]) {
+  int n = 0;
+  for (size_t i = 0; i < text.size() && n < 32; ++i) {
+    const char c = text[i];
+    int v;
+    if (c >= '0' && c <= '9') v = c - '0';
+    else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
+    else continue;
+    if (n % 2 == 0) out[n / 2] = static_cast<uint8_t>(v << 4);
+    else out[n / 2] |= static_cast<uint8_t>(v);
+    ++n;
+  }
+  return n == 32;
+}
+
+uint32_t ClockId(const std::string& name) {
+  if (name == "mono") return region::kClockMono;
+  if (name == "local") return region::kClockLocal;
+  if (name == "x86-tsc") return region::kClockTsc;
+  if (name == "boot") return region::kClockBoot;
+  if (name == "global") return region::kClockGlobal;
+  return region::kClockUnknown;
+}
+
+std::string Basename(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+uint64_t MonotonicNs() { return ClockNs(CLOCK_MONOTONIC); }
+
+Agent::Agent(AgentOptions options) : options_(std::move(options)), tracefs_(options_.tracefs) {}
+
+Agent::~Agent() { Detach("agent exit"); }
+
+void Agent::Log(const std::string& message) const {
+  std::fprintf(stderr, "hvtrace-agent: %s\n", message.c_str());
+}
+
+Status Agent::Attach(const std::string& path) {
+  Detach("re-attach");
+  auto mapping = RegionMapping::Map(path);
+  if (!mapping.ok()) return mapping.error();
+  auto region = GuestRegion::Attach(mapping->data(), mapping->size());
+  if (!region.ok()) return Error{path + ": " + region.error().message};
+  page_size_ = static_cast<uint32_t>(sysconf(_SC_PAGESIZE));
+  if (region->geometry().slot_size != page_size_) {
+    return Error{path + ": slot size " + std::to_string(region->geometry().slot_size) +
+                 " differs from the guest's sub-buffer size " + std::to_string(page_size_)};
+  }
+  mapping_ = std::move(*mapping);
+  region_.emplace(*region);
+  const bool is_bar = path.size() > 10 && path.compare(path.size() - 10, 10, "/resource2") == 0;
+  device_slot_ = is_bar ? Basename(path.substr(0, path.size() - 10)) : "";
+  region_->status()->state = region::kStateAttaching;
+
+  tracefs_.Write("tracing_on", "1");
+  if (options_.set_mono_clock && tracefs_.CurrentClock() != "mono") tracefs_.Write("trace_clock", "mono");
+  Announce();
+  PublishHeaders();
+  page_buffer_.assign(page_size_, std::byte{0});
+  const region::HostRequests requests = region_->ReadRequests();
+  snapshot_seq_ = requests.snapshot_seq;  // Only later bumps ask for a snapshot.
+  request_seq_ = 0;
+  stopped_ = false;
+  OpenPipes();
+  ApplyRequests(requests);
+  const uint64_t now = MonotonicNs();
+  last_push_ns_ = 0;
+  next_pump_ns_ = now;
+  next_heartbeat_ns_ = now;
+  region_->status()->max_push_gap_ns = 0;
+  if (!stopped_) region_->status()->state = region::kStateRunning;
+  WritePointerFile();
+  Log("attached " + path + " (" + std::to_string(mapping_.size() >> 20) + " MiB, generation " +
+      std::to_string(generation_) + ", " + std::to_string(nr_cpus_) + " CPUs, " +
+      std::to_string(enabled_.size()) + " events)");
+  return Status();
+}
+
+void Agent::Detach(const char* why) {
+  if (!region_) return;
+  // After a device removal the mapping reads zeros and swallows writes, so
+  // the state written here only reaches the host when it still maps it.
+  region_->status()->state = region::kStateDetached;
+  for (unsigned c = 0; c < nr_cpus_; ++c) region_->cpu_ring(c)->online = 0;
+  ClosePipes();
+  DisableEvents();
+  RemovePointerFile();
+  region_.reset();
+  mapping_.Unmap();
+  device_slot_.clear();
+  Log(std::string("detached: ") + why);
+}
+
+void Agent::Announce() {
+  const region::GuestIdentity previous = region_->ReadIdentity();
+  region::GuestIdentity id{};
+  {  // A missing boot_id leaves zeros: every attach then counts as one boot.
+    std::string text;
+    const int fd = open((options_.proc + "/sys/kernel/random/boot_id").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+      char buf[64];
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      if (n > 0) text.assign(buf, static_cast<size_t>(n));
+      close(fd);
+    }
+    ParseUuid(text, id.boot_id);
+  }
+  const bool had = previous.seq != 0 && (previous.seq & 1) == 0 && previous.boot_generation > 0 &&
+                   previous.boot_generation < UINT32_MAX;
+  if (!had) {
+    id.boot_generation = 1;
+  } else if (std::memcmp(previous.boot_id, id.boot_id, sizeof(id.boot_id)) == 0) {
+    id.boot_generation = previous.boot_generation;  // The agent restarted in the same boot.
+  } else {
+    id.boot_generation = previous.boot_generation + 1;  // A new boot or kexec.
+  }
+  generation_ = static_cast<uint32_t>(id.boot_generation);
+  utsname u;
+  if (uname(&u) == 0) {
+    const size_t n = std::min(std::strlen(u.release), sizeof(id.kernel_release) - 1);
+    std::memcpy(id.kernel_release, u.release, n);
+  }
+  const long cpus = sysconf(_SC_NPROCESSORS_CONF);
+  nr_cpus_ = static_cast<uint32_t>(std::clamp<long>(cpus, 1, region_->geometry().max_cpus));
+  if (cpus > static_cast<long>(nr_cpus_)) {
+    Log("guest has " + std::to_string(cpus) + " CPUs, region only " + std::to_string(nr_cpus_) +
+        ": the others are not pumped");
+  }
+  id.nr_cpus = nr_cpus_;
+  id.agent_version = 1;
+  id.trace_clock = ClockId(tracefs_.CurrentClock());
+  id.page_size = page_size_;
+  id.agent_pid = static_cast<uint32_t>(getpid());
+  id.attach_mono_ns = MonotonicNs();
+  region_->WriteIdentity(id);
+  region_->AddClockSync(ClockNs(CLOCK_MONOTONIC), ClockNs(CLOCK_BOOTTIME), ClockNs(CLOCK_REALTIME), __rdtsc());
+}
+
+void Agent::PublishHeaders() {
+  for (auto [kind, file] : {std::pair{region::kFormatHeaderPage, "events/header_page"},
+                            std::pair{region::kFormatHeaderEvent, "events/header_event"}}) {
+    if (region_->HasFormat(kind, generation_, 0, 0)) continue;
+    const std::string text = tracefs_.Read(file);
+    if (text.empty()) {
+      Log(std::string("cannot read ") + file);
+      continue;
+    }
+    if (auto r = region_->PublishFormat(kind, generation_, 0, "ftrace", text, 0); !r.ok()) Log(r.error().message);
+  }
+  // trace_marker writes are ftrace:print events: always decodable.
+  PublishEvent("ftrace/print");
+}
+
+void Agent::PublishEvent(const std::string& sys_event) {
+  const std::string text = tracefs_.Read("events/" + sys_event + "/format");
+  const std::string sys = sys_event.substr(0, sys_event.find('/'));
+  auto parsed = ParseEventFormat(sys, text);
+  if (!parsed.ok()) {
+    Log("format of " + sys_event + ": " + parsed.error().message);
+    return;
+  }
+  const uint64_t fp = EventFingerprint(*parsed);
+  if (region_->HasFormat(region::kFormatKernelEvent, generation_, parsed->id, fp)) return;
+  if (auto r = region_->PublishFormat(region::kFormatKernelEvent, generation_, parsed->id, sys, text, fp); !r.ok()) {
+    Log(sys_event + ": " + r.error().message);
+  }
+}
+
+void Agent::ApplyRequests(const region::HostRequests& req) {
+  if (req.request_seq == request_seq_) return;
+  request_seq_ = req.request_seq;
+  pump_interval_ms_ = req.pump_interval_ms == 0 ? 100 : std::clamp<uint32_t>(req.pump_interval_ms, 1, 60000);
+  if (req.flags & region::kRequestStop) {
+    DisableEvents();
+    stopped_ = true;
+    region_->status()->state = region::kStateStopped;
+  } else {
+    stopped_ = false;
+    std::set<std::string> wanted;
+    const std::string text(req.events, req.events_len);
+    size_t start = 0;
+    while (start <= text.size()) {
+      size_t end = text.find_first_of(",\n ", start);
+      if (end == std::string::npos) end = text.size();
+      const std::string spec = text.substr(start, end - start);
+      if (!spec.empty()) {
+        for (std::string& e : tracefs_.Resolve(spec)) wanted.insert(std::move(e));
+      }
+      start = end + 1;
+    }
+    for (const std::string& e : wanted) {
+      if (enabled_.count(e)) continue;
+      PublishEvent(e);
+      if (tracefs_.Write("events/" + e + "/enable", "1")) enabled_.insert(e);
+      else Log("cannot enable " + e);
+    }
+    for (auto it = enabled_.begin(); it != enabled_.end();) {
+      if (wanted.count(*it)) {
+        ++it;
+      } else {
+        tracefs_.Write("events/" + *it + "/enable", "0");
+        it = enabled_.erase(it);
+      }
+    }
+    region_->status()->state = region::kStateRunning;
+  }
+  region_->status()->events_enabled = enabled_.size();
+  __atomic_store_n(&region_->status()->request_ack, request_seq_, __ATOMIC_RELEASE);
+}
+
+void Agent::DisableEvents() {
+  for (const std::string& e : enabled_) tracefs_.Write("events/" + e + "/enable", "0");
+  enabled_.clear();
+}
+
+void Agent::OpenPipes() {
+  ClosePipes();
+  for (unsigned c = 0; c < nr_cpus_; ++c) {
+    const std::string path = tracefs_.root() + "/per_cpu/cpu" + std::to_string(c) + "/trace_pipe_raw";
+    const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+      Log("cannot open " + path + ": " + std::strerror(errno));
+      continue;
+    }
+    pipes_.push_back({c, fd});
+    region::CpuRingHeader* ring = region_->cpu_ring(c);
+    ring->cpu = c;
+    ring->online = 1;
+  }
+}
+
+void Agent::ClosePipes() {
+  for (CpuPipe& p : pipes_) close(p.fd);
+  pipes_.clear();
+}
+
+uint64_t Agent::PumpAll() {
+  if (!region_) return 0;
+  uint64_t pushed = 0;
+  const uint32_t max_per_cpu = region_->geometry().slots_per_cpu;
+  for (CpuPipe& p : pipes_) {
+    region::CpuRingHeader* ring = region_->cpu_ring(p.cpu);
+    for (uint32_t i = 0; i < max_per_cpu; ++i) {
+      const ssize_t n = read(p.fd, page_buffer_.data(), page_buffer_.size());
+      if (n <= 0) {
+        if (n < 0 && errno != EAGAIN && errno != EINTR) ring->read_errors++;
+        break;
+      }
+      // The kernel's page header (64-bit layout, what header_page says on
+      // every kernel this agent targets): commit at 8, data at 16.
+      uint64_t commit_raw = 0;
+      std::memcpy(&commit_raw, page_buffer_.data() + 8, sizeof(commit_raw));
+      const uint64_t commit = commit_raw & kPageCommitMask;
+      if (commit_raw & kPageMissedEvents) {
+        uint64_t missed = 1;
+        if ((commit_raw & kPageMissedStored) && 16 + commit + 8 <= static_cast<uint64_t>(n)) {
+          std::memcpy(&missed, page_buffer_.data() + 16 + commit, sizeof(missed));
+        }
+        ring->lost_events += missed;
+      }
+      const uint32_t flags = 16 + commit + 256 < static_cast<uint64_t>(n) ? uint32_t{region::kSlotPartial} : 0u;
+      region_->PushCpuPage(p.cpu, generation_,
+                           std::span<const std::byte>(page_buffer_.data(), static_cast<size_t>(n)), flags);
+      ++pushed;
+    }
+  }
+  const uint64_t now = MonotonicNs();
+  region::GuestStatus* st = region_->status();
+  if (last_push_ns_ != 0) st->max_push_gap_ns = std::max(st->max_push_gap_ns, now - last_push_ns_);
+  last_push_ns_ = now;
+  st->last_push_mono_ns = now;
+  st->pages_pushed += pushed;
+  return pushed;
+}
+
+void Agent::Heartbeat(uint64_t now) {
+  region::GuestStatus* st = region_->status();
+  st->heartbeat++;
+  st->heartbeat_mono_ns = now;
+  if (now < next_heartbeat_ns_) return;
+  next_heartbeat_ns_ = now + 1000000000ull;
+  region_->AddClockSync(ClockNs(CLOCK_MONOTONIC), ClockNs(CLOCK_BOOTTIME), ClockNs(CLOCK_REALTIME), __rdtsc());
+  for (const CpuPipe& p : pipes_) region_->cpu_ring(p.cpu)->overrun = tracefs_.Overrun(p.cpu);
+  ReapDwRings();
+}
+
+void Agent::ReapDwRings() {
+  const RegionGeometry& g = region_->geometry();
+  for (uint32_t r = 0; r < g.dw_rings; ++r) {
+    region::DwRingHeader* h = region_->dw_ring(r);
+    uint64_t owner = __atomic_load_n(&h->owner, __ATOMIC_ACQUIRE);
+    if (owner == 0) continue;
+    const uint32_t gen = static_cast<uint32_t>(owner >> 32);
+    const uint32_t tid = static_cast<uint32_t>(owner);
+    const std::string task = options_.proc + "/" + std::to_string(h->pid) + "/task/" + std::to_string(tid);
+    if (gen == generation_ && access(task.c_str(), F_OK) == 0) continue;
+    if (__atomic_compare_exchange_n(&h->owner, &owner, uint64_t{0}, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+      for (uint32_t s = 0; s < g.dw_slots; ++s) {
+        __atomic_fetch_and(&region_->dw_desc(r, s)->flags, ~uint32_t{region::kSlotOpen}, __ATOMIC_RELEASE);
+      }
+    }
+  }
+}
+
+void Agent::Tick(bool force) {
+  if (!region_) return;
+  const region::HostRequests req = region_->ReadRequests();
+  ApplyRequests(req);
+  const uint64_t now = MonotonicNs();
+  const bool snapshot = req.snapshot_seq != snapshot_seq_;
+  if (!stopped_ && (force || snapshot || now >= next_pump_ns_)) {
+    PumpAll();
+    next_pump_ns_ = now + uint64_t{pump_interval_ms_} * 1000000ull;
+  }
+  if (snapshot) {
+    snapshot_seq_ = req.snapshot_seq;
+    __atomic_store_n(&region_->status()->snapshot_ack, snapshot_seq_, __ATOMIC_RELEASE);
+  }
+  Heartbeat(now);
+}
+
+void Agent::HandleUevent(const Uevent& event) {
+  const std::string slot = event.pci_slot.empty() ? Basename(event.devpath) : event.pci_slot;
+  if (event.action == "remove" && region_ && slot == device_slot_) {
+    Detach("device removed");
+    return;
+  }
+  if (event.action == "add" && event.IsIvshmem()) {
+    if (options_.verbose) Log("ivshmem device " + slot + " added");
+    pending_slots_.push_back(slot);
+    pending_deadline_ns_ = MonotonicNs() + 5000000000ull;
+  }
+}
+
+void Agent::TryPendingAttach(uint64_t now) {
+  if (pending_slots_.empty()) return;
+  for (auto it = pending_slots_.begin(); it != pending_slots_.end();) {
+    const std::string dev = options_.sysfs_pci_devices + "/" + *it;
+    if (access((dev + "/resource2").c_str(), F_OK) != 0) {
+      ++it;
+      continue;
+    }
+    if (!region_) {
+      // A hot-plugged device has no driver, so nobody enabled its memory
+      // decoding; without it the BAR reads as nothing.
+      Tracefs sysfs(dev);
+      if (sysfs.Read("enable").rfind("0", 0) == 0) sysfs.Write("enable", "1");
+      if (Status s = Attach(dev + "/resource2"); !s.ok()) Log(s.error().message);
+    }
+    it = pending_slots_.erase(it);
+  }
+  if (now > pending_deadline_ns_ && !pending_slots_.empty()) {
+    Log("device " + pending_slots_.front() + " never got a BAR; giving up");
+    pending_slots_.clear();
+  }
+}
+
+void Agent::WritePointerFile() {
+  if (options_.pointer_file.empty()) return;
+  const std::string dir = options_.pointer_file.substr(0, options_.pointer_file.find_last_of('/'));
+  mkdir(dir.c_str(), 0755);
+  const std::string tmp = options_.pointer_file + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return;
+  std::fprintf(f, "%s %llx\n", mapping_.path().c_str(),
+               static_cast<unsigned long long>(region_->geometry().region_id));
+  std::fclose(f);
+  std::rename(tmp.c_str(), options_.pointer_file.c_str());
+}
+
+void Agent::RemovePointerFile() {
+  if (!options_.pointer_file.empty()) unlink(options_.pointer_file.c_str());
+}
+
+int Agent::Run() {
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  const uint64_t start = MonotonicNs();
+  if (!options_.region_path.empty()) {
+    if (Status s = Attach(options_.region_path); !s.ok()) {
+      Log(s.error().message);
+      return 1;
+    }
+  } else {
+    if (!uevents_.Open()) Log(std::string("no uevent socket (") + std::strerror(errno) + "): rescanning every second");
+    for (const std::string& bar : FindIvshmemBars(options_.sysfs_pci_devices)) {
+      pending_slots_.push_back(Basename(bar.substr(0, bar.size() - 10)));
+    }
+    pending_deadline_ns_ = start + 5000000000ull;
+    TryPendingAttach(start);
+    if (!region_) Log("waiting for an hvtrace ivshmem device");
+  }
+  uint64_t next_scan = start + 1000000000ull;
+  std::vector<pollfd> fds;
+  while (!g_stop) {
+    uint64_t now = MonotonicNs();
+    if (options_.run_for_ms != 0 && now - start >= options_.run_for_ms * 1000000ull) break;
+    fds.clear();
+    if (uevents_.fd() >= 0) fds.push_back({uevents_.fd(), POLLIN, 0});
+    const size_t first_pipe = fds.size();
+    if (!stopped_) {
+      for (const CpuPipe& p : pipes_) fds.push_back({p.fd, POLLIN, 0});
+    }
+    int timeout_ms = 1000;
+    if (region_) {
+      timeout_ms = static_cast<int>(std::min<uint64_t>(
+          1000, next_pump_ns_ > now ? (next_pump_ns_ - now + 999999) / 1000000 : 0));
+    }
+    if (!pending_slots_.empty()) timeout_ms = std::min(timeout_ms, 2);
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
+      Log(std::string("poll: ") + std::strerror(errno));
+      break;
+    }
+    if (uevents_.fd() >= 0 && (fds[0].revents & POLLIN)) {
+      Uevent event;
+      for (int r; (r = uevents_.Receive(&event)) >= 0;) {
+        if (r == 1) HandleUevent(event);
+      }
+    }
+    bool readable = false;
+    for (size_t i = first_pipe; i < fds.size(); ++i) readable |= (fds[i].revents & POLLIN) != 0;
+    now = MonotonicNs();
+    TryPendingAttach(now);
+    Tick(readable);
+    if (uevents_.fd() < 0 && options_.region_path.empty() && !region_ && now >= next_scan) {
+      next_scan = now + 1000000000ull;
+      for (const std::string& bar : FindIvshmemBars(options_.sysfs_pci_devices)) {
+        pending_slots_.push_back(Basename(bar.substr(0, bar.size() - 10)));
+      }
+      pending_deadline_ns_ = now + 5000000000ull;
+    }
+  }
+  if (region_) {
+    PumpAll();
+    Detach("agent exit");
+  }
+  return 0;
+}
+
+}  // namespace hvtrace::agent

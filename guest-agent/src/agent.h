@@ -1,0 +1,113 @@
+// hvtrace-agent's core: attach to the hvtrace region (an ivshmem BAR), tell
+// the host who the guest is, publish event formats, enable what the host asks
+// for and pump every CPU's trace_pipe_raw pages into the region.
+//
+// One thread, one poll loop: the uevent socket, the per-CPU pipes (readable
+// once buffer_percent is reached) and a timer at the host's pump interval,
+// so partial pages are pushed at least that often; the largest gap between
+// two pushes is published as the loss window a sudden panic can cost. Page
+// buffers are allocated at attach time; the pump path does not allocate.
+//
+// Lifecycle: at start, and on every "add" uevent of a PCI 1af4:1110 device,
+// the agent waits for resource2 (the kernel announces the device before it
+// assigns the BAR), maps it, and checks the magic; a BAR that is not an
+// hvtrace region is left alone. On the device's "remove" uevent it unmaps at
+// once: a removed BAR reads as zeros and a new device may land at the same
+// address. While attached it writes /run/hvtrace/region for direct-write
+// programs (hvtrace/dwtrace.hpp) and frees direct-write rings of threads
+// that are gone.
+#ifndef HVTRACE_AGENT_AGENT_H_
+#define HVTRACE_AGENT_AGENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "hvtrace/region_writer.h"
+#include "hvtrace/result.h"
+#include "tracefs.h"
+#include "uevent.h"
+
+namespace hvtrace::agent {
+
+struct AgentOptions {
+  std::string sysfs_pci_devices = "/sys/bus/pci/devices";
+  std::string tracefs = "/sys/kernel/tracing";
+  std::string proc = "/proc";
+  std::string pointer_file = kRegionPointerFile;  // "" to not write one.
+  std::string region_path;   // Fixed region file: no PCI discovery (tests).
+  bool set_mono_clock = true;  // Kernel trace clock "mono", as direct-write uses.
+  uint64_t run_for_ms = 0;     // Stop after this long (0: forever).
+  bool verbose = false;
+};
+
+class Agent {
+ public:
+  explicit Agent(AgentOptions options);
+  ~Agent();
+
+  // The poll loop. Returns the exit status.
+  int Run();
+
+  // Steps of the loop, public for tests.
+  Status Attach(const std::string& path);
+  void Detach(const char* why);
+  // Applies new host requests, pumps when due (or |force|), heartbeats.
+  void Tick(bool force);
+  bool attached() const { return region_.has_value(); }
+  uint32_t generation() const { return generation_; }
+  // Reads every CPU pipe until it is empty; returns pages pushed.
+  uint64_t PumpAll();
+
+ private:
+  struct CpuPipe {
+    unsigned cpu = 0;
+    int fd = -1;
+  };
+
+  void Log(const std::string& message) const;
+  void Announce();
+  void PublishHeaders();
+  void PublishEvent(const std::string& sys_event);
+  void ApplyRequests(const region::HostRequests& requests);
+  void DisableEvents();
+  void OpenPipes();
+  void ClosePipes();
+  void Heartbeat(uint64_t now);
+  void ReapDwRings();
+  void HandleUevent(const Uevent& event);
+  void TryPendingAttach(uint64_t now);
+  void WritePointerFile();
+  void RemovePointerFile();
+
+  AgentOptions options_;
+  Tracefs tracefs_;
+  UeventSocket uevents_;
+  RegionMapping mapping_;
+  std::optional<GuestRegion> region_;
+  std::string device_slot_;  // PCI slot of the mapped device ("" for a file).
+  uint32_t generation_ = 0;
+  uint32_t nr_cpus_ = 0;
+  uint32_t page_size_ = 4096;
+  std::vector<CpuPipe> pipes_;
+  std::vector<std::byte> page_buffer_;  // One page; reused by the pump.
+  std::set<std::string> enabled_;       // "sys/event" we enabled.
+  uint64_t request_seq_ = 0;
+  uint64_t snapshot_seq_ = 0;
+  uint32_t pump_interval_ms_ = 100;
+  bool stopped_ = false;
+  uint64_t next_pump_ns_ = 0;
+  uint64_t last_push_ns_ = 0;
+  uint64_t next_heartbeat_ns_ = 0;
+  std::vector<std::string> pending_slots_;  // Added devices waiting for resource2.
+  uint64_t pending_deadline_ns_ = 0;
+};
+
+uint64_t MonotonicNs();
+
+}  // namespace hvtrace::agent
+
+#endif  // HVTRACE_AGENT_AGENT_H_

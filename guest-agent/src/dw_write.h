@@ -1,0 +1,15 @@
+// "hvtrace-agent dw-write": a small direct-write client, so a guest image
+// that only carries the agent can still exercise hvtrace/dwtrace.hpp.
+#ifndef HVTRACE_AGENT_DW_WRITE_H_
+#define HVTRACE_AGENT_DW_WRITE_H_
+
+namespace hvtrace::agent {
+
+// Registers hvtrace_dw:marker {u32 seq; char text[64]} and writes --count
+// events (default 1) with TEXT, the n-th as "TEXT n". Prints one summary
+// line; exit status 0 when every event was written.
+int DwWriteMain(int argc, char** argv);
+
+}  // namespace hvtrace::agent
+
+#endif  // HVTRACE_AGENT_DW_WRITE_H_

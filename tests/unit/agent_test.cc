@@ -1,0 +1,227 @@
+#include "agent.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "hvtrace/region_reader.h"
+#include "hvtrace/region_writer.h"
+#include "uevent.h"
+
+namespace hvtrace::agent {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string Slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void Put(const fs::path& p, const std::string& text) {
+  fs::create_directories(p.parent_path());
+  std::ofstream(p, std::ios::binary) << text;
+}
+
+// A fake tracefs (real format files and real trace_pipe_raw pages from the
+// fixtures) and a region file as hostd creates it.
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("hvtrace-agent-test-" + std::to_string(getpid()));
+    fs::remove_all(root_);
+    const fs::path fx = HVTRACE_FIXTURES_DIR;
+    const fs::path t = root_ / "tracing";
+    Put(t / "events/header_page", Slurp(fx / "boot_map/header_page"));
+    Put(t / "events/header_event", Slurp(fx / "boot_map/header_event"));
+    Put(t / "events/ftrace/print/format", Slurp(fx / "boot_map/formats/ftrace/print/format"));
+    Put(t / "events/sched/sched_switch/format", Slurp(fx / "boot_map/formats/sched/sched_switch/format"));
+    Put(t / "events/sched/sched_switch/enable", "0");
+    Put(t / "trace_clock", "[local] global mono");
+    Put(t / "tracing_on", "0");
+    const long cpus = sysconf(_SC_NPROCESSORS_CONF);
+    for (long c = 0; c < cpus; ++c) {
+      std::string pages;
+      for (int i = 0; i < 3; ++i) pages += Slurp(fx / ("pages/cpu" + std::to_string(c % 2) + "-" + std::to_string(i) + ".bin"));
+      Put(t / ("per_cpu/cpu" + std::to_string(c) + "/trace_pipe_raw"), pages);
+    }
+    cpus_ = static_cast<uint32_t>(cpus);
+    RegionPlanOptions opt;
+    opt.max_cpus = std::max<uint32_t>(cpus_, 2);
+    auto g = PlanRegion(1 << 21, opt);
+    ASSERT_TRUE(g.ok());
+    geometry_ = *g;
+    region_path_ = root_ / "region";
+    std::vector<std::byte> mem(geometry_.region_size);
+    ASSERT_TRUE(InitRegionHeader(mem, geometry_, 1).ok());
+    Put(region_path_, std::string(reinterpret_cast<const char*>(mem.data()), mem.size()));
+    auto m = RegionMapping::Map(region_path_);
+    ASSERT_TRUE(m.ok());
+    host_ = std::move(*m);
+    SetRequests("sched:sched_switch", 0, 2);
+
+    options_.tracefs = t;
+    options_.region_path = region_path_;
+    options_.pointer_file = root_ / "run/region";
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  region::HostRequests* requests() {
+    return reinterpret_cast<region::HostRequests*>(host_.data() + region::kHostRequestsOffset);
+  }
+  void SetRequests(const std::string& events, uint32_t flags, uint64_t seq) {
+    region::HostRequests* r = requests();
+    std::memset(r->events, 0, sizeof(r->events));
+    std::memcpy(r->events, events.data(), events.size());
+    r->events_len = static_cast<uint32_t>(events.size());
+    r->flags = flags;
+    r->pump_interval_ms = 50;
+    __atomic_store_n(&r->request_seq, seq, __ATOMIC_RELEASE);
+  }
+  RegionSnapshot Read() {
+    std::vector<std::byte> copy;
+    CopyLiveRegion(host_.data(), geometry_, &copy);
+    auto s = ReadRegion(std::move(copy), geometry_);
+    EXPECT_TRUE(s.ok());
+    return std::move(*s);
+  }
+
+  fs::path root_;
+  fs::path region_path_;
+  RegionGeometry geometry_;
+  RegionMapping host_;
+  AgentOptions options_;
+  uint32_t cpus_ = 0;
+};
+
+TEST_F(AgentTest, AnnouncesPublishesEnablesAndPumps) {
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  agent.Tick(true);
+  RegionSnapshot s = Read();
+  EXPECT_EQ(s.issue_total(), 0u) << (s.problems.empty() ? "" : s.problems[0].where + ": " + s.problems[0].detail);
+  ASSERT_TRUE(s.guest.present);
+  EXPECT_EQ(s.guest.boot_generation, 1u);
+  EXPECT_EQ(s.guest.nr_cpus, std::min(cpus_, geometry_.max_cpus));
+  EXPECT_EQ(s.guest.boot_id, Slurp("/proc/sys/kernel/random/boot_id").substr(0, 36));
+  EXPECT_EQ(s.guest.status.state, region::kStateRunning);
+  EXPECT_EQ(s.guest.status.request_ack, 2u);
+  EXPECT_EQ(s.guest.status.events_enabled, 1u);
+  EXPECT_NE(s.FindFormat(1, 310), nullptr);  // sched_switch
+  bool have_print = false, have_header_page = false;
+  for (const RegionFormat& f : s.formats) {
+    have_print |= f.parsed && f.parsed->name == "print";
+    have_header_page |= f.kind == region::kFormatHeaderPage;
+  }
+  EXPECT_TRUE(have_print);
+  EXPECT_TRUE(have_header_page);
+  EXPECT_EQ(Slurp(root_ / "tracing/events/sched/sched_switch/enable"), "1");
+  EXPECT_EQ(Slurp(root_ / "tracing/trace_clock"), "mono");
+  EXPECT_EQ(Slurp(root_ / "tracing/tracing_on"), "1");
+  // Every page of every CPU pipe, byte for byte, in order.
+  for (uint32_t c = 0; c < s.guest.nr_cpus; ++c) {
+    ASSERT_EQ(s.cpus[c].pages.size(), 3u) << "cpu " << c;
+    for (int i = 0; i < 3; ++i) {
+      const std::string want = Slurp(fs::path(HVTRACE_FIXTURES_DIR) /
+                                     ("pages/cpu" + std::to_string(c % 2) + "-" + std::to_string(i) + ".bin"));
+      EXPECT_EQ(std::memcmp(s.cpus[c].pages[i].page.data(), want.data(), want.size()), 0);
+      EXPECT_EQ(s.cpus[c].pages[i].page_error, PageError::kOk);
+    }
+  }
+  EXPECT_EQ(s.guest.status.pages_pushed, 3u * s.guest.nr_cpus);
+  EXPECT_NE(Slurp(root_ / "run/region").find(region_path_.string()), std::string::npos);
+}
+
+TEST_F(AgentTest, FollowsStopAndEventChanges) {
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  SetRequests("", region::kRequestStop, 3);
+  agent.Tick(false);
+  EXPECT_EQ(Slurp(root_ / "tracing/events/sched/sched_switch/enable"), "0");
+  RegionSnapshot s = Read();
+  EXPECT_EQ(s.guest.status.state, region::kStateStopped);
+  EXPECT_EQ(s.guest.status.request_ack, 3u);
+  SetRequests("sched", 0, 4);  // A whole system.
+  agent.Tick(false);
+  EXPECT_EQ(Slurp(root_ / "tracing/events/sched/sched_switch/enable"), "1");
+  // A snapshot request is answered with a push and an ack.
+  requests()->snapshot_seq = 9;
+  agent.Tick(false);
+  EXPECT_EQ(Read().guest.status.snapshot_ack, 9u);
+}
+
+TEST_F(AgentTest, GenerationStaysForARestartAndGrowsForANewBoot) {
+  {
+    Agent agent(options_);
+    ASSERT_TRUE(agent.Attach(region_path_).ok());
+    EXPECT_EQ(agent.generation(), 1u);
+  }
+  EXPECT_EQ(Read().guest.status.state, region::kStateDetached);
+  EXPECT_FALSE(fs::exists(root_ / "run/region"));
+  {
+    Agent agent(options_);  // Same boot: same generation.
+    ASSERT_TRUE(agent.Attach(region_path_).ok());
+    EXPECT_EQ(agent.generation(), 1u);
+  }
+  // Pretend the region was written by an earlier boot (as after kexec).
+  auto* id = reinterpret_cast<region::GuestIdentity*>(host_.data() + region::kGuestIdentityOffset);
+  id->boot_id[0] ^= 0xff;
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  EXPECT_EQ(agent.generation(), 2u);
+  agent.Tick(true);
+  RegionSnapshot s = Read();
+  EXPECT_EQ(s.issue_total(), 0u);
+  EXPECT_NE(s.FindFormat(1, 310), nullptr);  // The old boot's formats stay.
+  EXPECT_NE(s.FindFormat(2, 310), nullptr);
+}
+
+TEST_F(AgentTest, FreesDirectWriteRingsOfThreadsThatAreGone) {
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  auto* ring0 = reinterpret_cast<region::DwRingHeader*>(host_.data() + geometry_.DwRingOffset(0));
+  auto* ring1 = reinterpret_cast<region::DwRingHeader*>(host_.data() + geometry_.DwRingOffset(1));
+  ring0->pid = static_cast<uint32_t>(getpid());
+  ring0->owner = (uint64_t{1} << 32) | static_cast<uint32_t>(gettid());  // Alive.
+  ring1->pid = 0x7ffffff0;
+  ring1->owner = (uint64_t{1} << 32) | 0x7ffffff0u;  // No such thread.
+  agent.Tick(false);
+  EXPECT_NE(ring0->owner, 0u);
+  EXPECT_EQ(ring1->owner, 0u);
+}
+
+TEST_F(AgentTest, RefusesARegionWithoutMagic) {
+  std::memset(host_.data(), 0, 16);
+  Agent agent(options_);
+  EXPECT_FALSE(agent.Attach(region_path_).ok());
+  EXPECT_FALSE(agent.attached());
+}
+
+TEST(Uevent, ParsesKernelMessagesAndIgnoresOthers) {
+  const char msg[] =
+      "add@/devices/pci0000:00/0000:00:04.0\0ACTION=add\0DEVPATH=/devices/pci0000:00/0000:00:04.0\0"
+      "SUBSYSTEM=pci\0PCI_CLASS=50000\0PCI_ID=1AF4:1110\0PCI_SUBSYS_ID=1AF4:1100\0"
+      "PCI_SLOT_NAME=0000:00:04.0\0SEQNUM=1234";
+  Uevent e;
+  ASSERT_TRUE(ParseUevent(std::string_view(msg, sizeof(msg) - 1), &e));
+  EXPECT_EQ(e.action, "add");
+  EXPECT_EQ(e.pci_slot, "0000:00:04.0");
+  EXPECT_TRUE(e.IsIvshmem());
+  const char other[] = "remove@/devices/virtual/net/lo\0ACTION=remove\0DEVPATH=/devices/virtual/net/lo\0SUBSYSTEM=net";
+  ASSERT_TRUE(ParseUevent(std::string_view(other, sizeof(other) - 1), &e));
+  EXPECT_FALSE(e.IsIvshmem());
+  EXPECT_FALSE(ParseUevent(std::string_view("libudev\0\xfe\xed", 10), &e));
+  EXPECT_FALSE(ParseUevent("", &e));
+}
+
+}  // namespace
+}  // namespace hvtrace::agent

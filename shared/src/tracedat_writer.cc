@@ -1,0 +1,246 @@
+// trace.dat version 6 writer; the layout is in tracedat_writer.h.
+#include "hvtrace/tracedat_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace hvtrace {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "the writer emits little-endian files from a little-endian host");
+
+constexpr uint16_t kOptionDone = 0;
+constexpr uint16_t kOptionTraceClock = 4;
+
+void Put16(std::string* out, uint16_t v) { out->append(reinterpret_cast<const char*>(&v), 2); }
+void Put32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
+void Put64(std::string* out, uint64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
+void PutCString(std::string* out, const std::string& s) { out->append(s.c_str(), s.size() + 1); }
+
+// The header: everything before the page-aligned CPU data.
+Result<std::string> EncodeHeader(const TraceDatWriterInput& in) {
+  if (in.page_size < 64 || !std::has_single_bit(in.page_size)) {
+    return Error{"trace.dat: page size " + std::to_string(in.page_size) + " is not usable"};
+  }
+  if (in.long_size != 4 && in.long_size != 8) {
+    return Error{"trace.dat: long size " + std::to_string(in.long_size) + " must be 4 or 8"};
+  }
+  if (in.kallsyms.size() > UINT32_MAX || in.printk_formats.size() > UINT32_MAX) {
+    return Error{"trace.dat: kallsyms or printk formats larger than 4 GiB"};
+  }
+  for (size_t cpu = 0; cpu < in.cpus.size(); ++cpu) {
+    for (size_t i = 0; i < in.cpus[cpu].size(); ++i) {
+      if (in.cpus[cpu][i].size() != in.page_size) {
+        return Error{"trace.dat: CPU " + std::to_string(cpu) + " page " + std::to_string(i) +
+                     " has " + std::to_string(in.cpus[cpu][i].size()) + " bytes, not the page size " +
+                     std::to_string(in.page_size)};
+      }
+    }
+  }
+  if (in.trace_clock.empty() || in.trace_clock.find_first_of("[] \n") != std::string::npos) {
+    return Error{"trace.dat: trace clock name '" + in.trace_clock + "' is not a clock name"};
+  }
+
+  std::string out;
+  out.append("\x17\x08\x44tracing", 10);
+  PutCString(&out, "6");
+  out.push_back(0);  // Little endian.
+  out.push_back(static_cast<char>(in.long_size));
+  Put32(&out, in.page_size);
+
+  PutCString(&out, "header_page");
+  Put64(&out, in.header_page.size());
+  out += in.header_page;
+  PutCString(&out, "header_event");
+  Put64(&out, in.header_event.size());
+  out += in.header_event;
+
+  std::vector<const FormatText*> ftrace;
+  std::vector<std::string> systems;
+  std::vector<std::vector<const FormatText*>> events;
+  for (const FormatText& f : in.formats) {
+    if (f.system == "ftrace") {
+      ftrace.push_back(&f);
+      continue;
+    }
+    if (f.system.empty() || f.system.find('\0') != std::string::npos) {
+      return Error{"trace.dat: a format has an empty or NUL-containing system name"};
+    }
+    size_t i = 0;
+    while (i < systems.size() && systems[i] != f.system) ++i;
+    if (i == systems.size()) {
+      systems.push_back(f.system);
+      events.emplace_back();
+    }
+    events[i].push_back(&f);
+  }
+  Put32(&out, static_cast<uint32_t>(ftrace.size()));
+  for (const FormatText* f : ftrace) {
+    Put64(&out, f->text.size());
+    out += f->text;
+  }
+  Put32(&out, static_cast<uint32_t>(systems.size()));
+  for (size_t i = 0; i < systems.size(); ++i) {
+    PutCString(&out, systems[i]);
+    Put32(&out, static_cast<uint32_t>(events[i].size()));
+    for (const FormatText* f : events[i]) {
+      Put64(&out, f->text.size());
+      out += f->text;
+    }
+  }
+
+  Put32(&out, static_cast<uint32_t>(in.kallsyms.size()));
+  out += in.kallsyms;
+  Put32(&out, static_cast<uint32_t>(in.printk_formats.size()));
+  out += in.printk_formats;
+  Put64(&out, in.cmdlines.size());
+  out += in.cmdlines;
+
+  Put32(&out, static_cast<uint32_t>(in.cpus.size()));
+  const std::string clock = "[" + in.trace_clock + "]";
+  out.append("options  \0", 10);
+  Put16(&out, kOptionTraceClock);
+  Put32(&out, static_cast<uint32_t>(clock.size() + 1));
+  PutCString(&out, clock);
+  Put16(&out, kOptionDone);
+
+  out.append("flyrecord\0", 10);
+  // The CPU table comes before the clock and the padding, so compute where
+  // the data will land first.
+  const uint64_t table_end = out.size() + 16 * in.cpus.size() + 8 + clock.size();
+  uint64_t offset = table_end;
+  for (const auto& pages : in.cpus) {
+    offset = (offset + in.page_size - 1) / in.page_size * in.page_size;
+    const uint64_t size = uint64_t{in.page_size} * pages.size();
+    Put64(&out, offset);
+    Put64(&out, size);
+    offset += size;
+  }
+  // v6 readers take the clock from here when the TRACECLOCK option is set.
+  Put64(&out, clock.size());
+  out += clock;
+  return out;
+}
+
+// Pads |out| to the next multiple of |page_size|.
+void PadTo(std::string* out, uint64_t page_size) {
+  const uint64_t aligned = (out->size() + page_size - 1) / page_size * page_size;
+  out->resize(aligned, '\0');
+}
+
+class File {
+ public:
+  explicit File(std::string path) : path_(std::move(path)) {}
+  ~File() {
+    if (fd_ >= 0) close(fd_);
+    if (!committed_ && !tmp_.empty()) unlink(tmp_.c_str());
+  }
+  Status Open() {
+    tmp_ = path_ + ".tmp.XXXXXX";
+    fd_ = mkstemp(tmp_.data());
+    if (fd_ < 0) {
+      const std::string err = std::strerror(errno);
+      tmp_.clear();
+      return Error{"trace.dat: cannot create a temporary file beside " + path_ + ": " + err};
+    }
+    return {};
+  }
+  Status Write(const void* data, size_t size) {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = write(fd_, p, size);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const std::string err = n < 0 ? std::strerror(errno) : "wrote nothing";
+        return Error{"trace.dat: write " + tmp_ + " (for " + path_ + ") at offset " +
+                     std::to_string(written_) + ": " + err};
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+      written_ += static_cast<uint64_t>(n);
+    }
+    return {};
+  }
+  Status Commit() {
+    if (fsync(fd_) != 0) {
+      return Error{"trace.dat: fsync " + tmp_ + " (for " + path_ + "): " + std::strerror(errno)};
+    }
+    const int fd = fd_;
+    fd_ = -1;
+    if (close(fd) != 0) {
+      return Error{"trace.dat: close " + tmp_ + " (for " + path_ + "): " + std::strerror(errno)};
+    }
+    if (rename(tmp_.c_str(), path_.c_str()) != 0) {
+      return Error{"trace.dat: rename " + tmp_ + " to " + path_ + ": " + std::strerror(errno)};
+    }
+    committed_ = true;
+    // Make the rename itself durable.
+    const size_t slash = path_.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
+    const int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+      fsync(dfd);
+      close(dfd);
+    }
+    return {};
+  }
+
+ private:
+  std::string path_;
+  std::string tmp_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+Result<std::string> EncodeTraceDat(const TraceDatWriterInput& input) {
+  auto header = EncodeHeader(input);
+  if (!header.ok()) return header.error();
+  std::string out = std::move(*header);
+  for (const auto& pages : input.cpus) {
+    PadTo(&out, input.page_size);
+    for (const auto& page : pages) out.append(reinterpret_cast<const char*>(page.data()), page.size());
+  }
+  return out;
+}
+
+Status WriteTraceDat(const std::string& path, const TraceDatWriterInput& input) {
+  auto header = EncodeHeader(input);
+  if (!header.ok()) {
+    return Error{header.error().message + " (writing " + path + ")"};
+  }
+  File file(path);
+  if (Status s = file.Open(); !s.ok()) return s;
+  std::string head = std::move(*header);
+  uint64_t written = 0;
+  auto write_padded = [&](const std::string& bytes) -> Status {
+    if (Status s = file.Write(bytes.data(), bytes.size()); !s.ok()) return s;
+    written += bytes.size();
+    return {};
+  };
+  if (Status s = write_padded(head); !s.ok()) return s;
+  const std::string zeros(input.page_size, '\0');
+  for (const auto& pages : input.cpus) {
+    const uint64_t pad = (input.page_size - written % input.page_size) % input.page_size;
+    if (Status s = file.Write(zeros.data(), pad); !s.ok()) return s;
+    written += pad;
+    for (const auto& page : pages) {
+      if (Status s = file.Write(page.data(), page.size()); !s.ok()) return s;
+      written += page.size();
+    }
+  }
+  return file.Commit();
+}
+
+}  // namespace hvtrace

@@ -1,0 +1,264 @@
+#include "hvtrace/tracedat_writer.h"
+
+#include <event-parse.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "hvtrace/boot_map.h"
+#include "hvtrace/page.h"
+
+// trace-cmd.h pulls in tracefs.h, which does not compile as C++; declare the
+// few libtracecmd calls used here (trace-cmd.h, libtracecmd 1.3).
+extern "C" {
+struct tracecmd_input;
+tracecmd_input* tracecmd_open(const char* file, int flags);
+void tracecmd_close(tracecmd_input* handle);
+tep_handle* tracecmd_get_tep(tracecmd_input* handle);
+tep_record* tracecmd_read_cpu_first(tracecmd_input* handle, int cpu);
+tep_record* tracecmd_read_data(tracecmd_input* handle, int cpu);
+void tracecmd_free_record(tep_record* record);
+}
+constexpr int kTracecmdNoPlugins = 1 << 0;  // kTracecmdNoPlugins
+
+namespace hvtrace {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kDir = std::string(HVTRACE_FIXTURES_DIR) + "/boot_map/";
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::byte> Unzstd(const std::string& path) {
+  const std::string packed = ReadText(path);
+  const unsigned long long size = ZSTD_getFrameContentSize(packed.data(), packed.size());
+  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) return {};
+  std::vector<std::byte> out(size);
+  const size_t n = ZSTD_decompress(out.data(), out.size(), packed.data(), packed.size());
+  if (ZSTD_isError(n) || n != size) return {};
+  return out;
+}
+
+std::string RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// The guest's markers: (cpu, usecs, "tracing_mark_write: text").
+using Marker = std::tuple<int, std::string, std::string>;
+std::multiset<Marker> Markers(const std::string& text, const std::regex& line_re) {
+  std::multiset<Marker> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, line_re)) out.insert({std::stoi(m[1]), m[2], m[3]});
+  }
+  return out;
+}
+
+class TraceDatWriterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("hvtrace-tdw-" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+    range_ = Unzstd(kDir + "region.bin.zst");
+    ASSERT_EQ(range_.size(), 16u << 20);
+    auto layout = PageLayout::FromHeaderPage(ReadText(kDir + "header_page"), 4096);
+    ASSERT_TRUE(layout.ok());
+    BootMapOptions options;
+    options.layout = *layout;
+    auto map = ReadBootMap(range_, options);
+    ASSERT_TRUE(map.ok()) << map.error().message;
+    map_ = std::move(*map);
+
+    input_.page_size = 4096;
+    input_.header_page = ReadText(kDir + "header_page");
+    input_.header_event = ReadText(kDir + "header_event");
+    for (const auto& entry : fs::recursive_directory_iterator(kDir + "formats")) {
+      if (entry.path().filename() != "format") continue;
+      const std::string system = entry.path().parent_path().parent_path().filename();
+      input_.formats.push_back({system, ReadText(entry.path())});
+    }
+    input_.kallsyms = ReadText(kDir + "kallsyms");
+    input_.trace_clock = "local";
+    for (const BootMapCpu& cpu : map_.cpu) {
+      auto& pages = input_.cpus.emplace_back();
+      for (const BootMapPage& page : cpu.pages) {
+        if (page.skipped || page.records == 0) continue;
+        pages.push_back(std::span<const std::byte>(range_).subspan(page.offset, 4096));
+      }
+    }
+  }
+  void TearDown() override {
+    if (std::getenv("HVTRACE_KEEP_TMP") == nullptr) fs::remove_all(dir_);
+  }
+
+  fs::path dir_;
+  std::vector<std::byte> range_;
+  BootMap map_;
+  TraceDatWriterInput input_;
+};
+
+TEST_F(TraceDatWriterTest, TraceCmdReportShowsTheGuestsMarkers) {
+  const std::string path = dir_ / "trace.dat";
+  Status s = WriteTraceDat(path, input_);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+
+  const std::string report = RunCommand("trace-cmd report -i '" + path + "' 2>&1");
+  ASSERT_NE(report.find("print:"), std::string::npos) << report.substr(0, 2000);
+
+  // The oracle: trace-cmd's text of our file against the guest's own trace.
+  std::vector<std::byte> guest_bytes = Unzstd(kDir + "trace.txt.zst");
+  const std::string guest(reinterpret_cast<const char*>(guest_bytes.data()), guest_bytes.size());
+  const auto want = Markers(
+      guest, std::regex(R"(\[(\d+)\]\s+\S+\s+(\d+\.\d{6}): (tracing_mark_write: .*)$)"));
+  const auto got =
+      Markers(report, std::regex(R"(\[(\d+)\]\s+(\d+\.\d{6}): print:\s+(tracing_mark_write: .*)$)"));
+  EXPECT_EQ(want.size(), 10u);
+  EXPECT_EQ(got, want);
+
+  // Every event, per CPU.
+  std::map<int, size_t> guest_count, report_count;
+  std::regex cpu_re(R"(\[(\d{3})\])");
+  std::istringstream gin(guest), rin(report);
+  std::string line;
+  while (std::getline(gin, line)) {
+    std::smatch m;
+    if (line[0] != '#' && std::regex_search(line, m, cpu_re)) guest_count[std::stoi(m[1])]++;
+  }
+  while (std::getline(rin, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, cpu_re)) report_count[std::stoi(m[1])]++;
+  }
+  EXPECT_EQ(report_count, guest_count);
+}
+
+TEST_F(TraceDatWriterTest, LibTraceCmdReadsEveryRecordWithItsTime) {
+  const std::string path = dir_ / "trace.dat";
+  ASSERT_TRUE(WriteTraceDat(path, input_).ok());
+  tracecmd_input* handle = tracecmd_open(path.c_str(), kTracecmdNoPlugins);
+  ASSERT_NE(handle, nullptr);
+  tep_handle* tep = tracecmd_get_tep(handle);
+  ASSERT_NE(tep, nullptr);
+  EXPECT_NE(tep_find_event_by_name(tep, "ftrace", "print"), nullptr);
+  EXPECT_NE(tep_find_event_by_name(tep, "sched", "sched_switch"), nullptr);
+  for (const BootMapCpu& cpu : map_.cpu) {
+    SCOPED_TRACE("cpu " + std::to_string(cpu.cpu));
+    std::vector<uint64_t> got;
+    for (tep_record* r = tracecmd_read_cpu_first(handle, cpu.cpu); r != nullptr;
+         r = tracecmd_read_data(handle, cpu.cpu)) {
+      got.push_back(r->ts);
+      tracecmd_free_record(r);
+    }
+    std::vector<uint64_t> want;
+    for (const BootMapRecord& r : cpu.records) want.push_back(r.timestamp);
+    EXPECT_EQ(got.size(), want.size());
+    EXPECT_EQ(got, want);
+  }
+  tracecmd_close(handle);
+}
+
+TEST_F(TraceDatWriterTest, ReplacesAnExistingFileAndLeavesNoTemporary) {
+  const std::string path = dir_ / "trace.dat";
+  { std::ofstream(path) << "old"; }
+  ASSERT_TRUE(WriteTraceDat(path, input_).ok());
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1u);
+  auto encoded = EncodeTraceDat(input_);
+  ASSERT_TRUE(encoded.ok());
+  EXPECT_EQ(ReadText(path), *encoded);
+  EXPECT_EQ(encoded->size() % 4096, 0u);
+}
+
+TEST_F(TraceDatWriterTest, MissingDirectoryIsReportedWithThePath) {
+  const std::string path = dir_ / "no-such-dir" / "trace.dat";
+  Status s = WriteTraceDat(path, input_);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find(path), std::string::npos) << s.error().message;
+}
+
+TEST_F(TraceDatWriterTest, ShortWriteIsReportedAndNothingIsLeft) {
+  // A file size limit makes write(2) fail part way, like a full disk.
+  const std::string path = dir_ / "trace.dat";
+  struct sigaction ignore = {}, old = {};
+  ignore.sa_handler = SIG_IGN;
+  ASSERT_EQ(sigaction(SIGXFSZ, &ignore, &old), 0);
+  rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  rlimit small = saved;
+  small.rlim_cur = 100 * 1024;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  Status s = WriteTraceDat(path, input_);
+  setrlimit(RLIMIT_FSIZE, &saved);
+  sigaction(SIGXFSZ, &old, nullptr);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find(path), std::string::npos) << s.error().message;
+  EXPECT_NE(s.error().message.find("File too large"), std::string::npos) << s.error().message;
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+TEST_F(TraceDatWriterTest, Malicious_PageOfTheWrongSizeIsRefused) {
+  std::vector<std::byte> half(2048);
+  input_.cpus[1].push_back(half);
+  Status s = WriteTraceDat(dir_ / "trace.dat", input_);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.error().message.find("CPU 1"), std::string::npos) << s.error().message;
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+TEST_F(TraceDatWriterTest, Malicious_ClockNameCannotBreakTheClockLine) {
+  input_.trace_clock = "local] [x";
+  EXPECT_FALSE(WriteTraceDat(dir_ / "trace.dat", input_).ok());
+}
+
+TEST(TraceDatWriterEmptyTest, NoCpusStillOpens) {
+  TraceDatWriterInput input;
+  input.header_page = ReadText(kDir + "header_page");
+  input.header_event = ReadText(kDir + "header_event");
+  input.cpus.resize(2);
+  const fs::path path =
+      fs::temp_directory_path() / ("hvtrace-tdw-empty-" + std::to_string(getpid()) + ".dat");
+  ASSERT_TRUE(WriteTraceDat(path, input).ok());
+  tracecmd_input* handle = tracecmd_open(path.c_str(), kTracecmdNoPlugins);
+  EXPECT_NE(handle, nullptr);
+  if (handle != nullptr) {
+    EXPECT_EQ(tracecmd_read_cpu_first(handle, 0), nullptr);
+    tracecmd_close(handle);
+  }
+  fs::remove(path);
+}
+
+}  // namespace
+}  // namespace hvtrace

@@ -1,0 +1,118 @@
+// The VmBackend for a libvirt domain (supervisor.h): what hvtraced runs for
+// a domain it serves by name, beside the QMP backend for QEMUs it launched.
+//
+// Events are translated to the names the supervisor knows from QMP:
+//   CRASHED/PANICKED → GUEST_PANICKED, CRASHED/CRASHLOADED → GUEST_CRASHLOADED,
+//   SHUTDOWN → SHUTDOWN, REBOOT → RESET, SUSPENDED → STOP, RESUMED and
+//   STARTED → RESUME, DEVICE_ADDED/REMOVED → DEVICE_ADDED/DEVICE_DELETED,
+//   STOPPED/* → OnVmGone; a lost libvirtd connection is recorded
+//   (LIBVIRT_DISCONNECTED/RECONNECTED), and after reconnecting the domain's
+//   state is read again so a panic during the gap is still reported.
+//
+// Panic: libvirt emits CRASHED/PANICKED and then carries out <on_crash> on
+// its own; with `destroy` QEMU is gone milliseconds later. So the backend
+// copies the region right in the event callback, before handing the event
+// to the supervisor, and records whether QEMU was still there at that
+// moment and at capture time ("preserved" or "destroyed"). The region file
+// is opened when the backend is created and kept open, so its contents stay
+// readable even when libvirt deletes it (it removes memory_backing_dir
+// files when a domain stops; /dev/shm shmem files it never deletes).
+#ifndef HVTRACE_HOSTD_LIBVIRT_BACKEND_H_
+#define HVTRACE_HOSTD_LIBVIRT_BACKEND_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "domain_xml.h"
+#include "hvtrace/result.h"
+#include "libvirt_client.h"
+#include "supervisor.h"
+
+namespace hvtrace::hostd {
+
+struct LibvirtRegionSpec {
+  std::string kind;  // "shmem" (attach mode) or "boot-range".
+  std::filesystem::path path;
+  uint64_t offset = 0;  // Of the trace data in the file.
+  uint64_t size = 0;    // What hostd configured; never read from the guest.
+};
+
+// The boot range of a running domain made from `hvtrace domain-xml`: the
+// node-1 file from QEMU's command line (libvirt names it), and the range
+// from the domain's memmap= kernel parameter and NUMA cells.
+Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info);
+
+// "16M" / "0x40000000" / "4096" as the kernel parses memmap= sizes.
+Result<uint64_t> ParseKernelSize(std::string_view text);
+
+// What the panic hook saw; also written into the capture manifest.
+struct LibvirtPanicRecord {
+  std::string event;          // CRASHED/PANICKED or CRASHED/CRASHLOADED.
+  double copy_ms = 0;         // Event receipt → region copied.
+  std::string state_at_copy;  // libvirt state when the copy finished.
+  bool qemu_alive_at_copy = false;
+  std::vector<std::byte> region;  // The copy.
+};
+
+class LibvirtDomainBackend : public VmBackend {
+ public:
+  // Resolves |domain| (name or UUID) and opens |region|.
+  static Result<std::unique_ptr<LibvirtDomainBackend>> Create(std::shared_ptr<LibvirtClient> client,
+                                                              const std::string& domain,
+                                                              LibvirtRegionSpec region);
+  ~LibvirtDomainBackend() override;
+
+  std::string_view kind() const override { return "libvirt"; }
+  void Start(VmEventSink& sink) override;
+  void Stop() override;
+  Status Capture(PendingCapture& capture, CaptureManifest& manifest) override;
+  void ApplyPanicPolicy(PanicPolicy policy) override;
+  nlohmann::json Describe() const override;
+
+  const std::string& domain_name() const { return name_; }
+  const std::string& domain_uuid() const { return uuid_; }
+
+  // Called on the event loop's thread right after the panic copy, before the
+  // sink hears of the panic (for tests and metrics).
+  using PanicHook = std::function<void(const LibvirtPanicRecord&)>;
+  void SetPanicHook(PanicHook hook);
+
+ private:
+  LibvirtDomainBackend(std::shared_ptr<LibvirtClient> client, std::string name, std::string uuid,
+                       LibvirtRegionSpec region, int fd, std::string on_crash);
+  void OnEvent(const LibvirtDomainEvent& event);
+  void OnCrash(const LibvirtDomainEvent& event, const std::string& name);
+  Result<std::vector<std::byte>> CopyRegion() const;
+  // libvirt's view of the domain: "running", "paused (crashed)", "shut off", …
+  std::string StateNow(bool* active) const;
+
+  std::shared_ptr<LibvirtClient> client_;
+  const std::string name_;
+  const std::string uuid_;
+  const LibvirtRegionSpec region_;
+  int fd_ = -1;
+  const std::string on_crash_;
+  int subscription_ = -1;
+
+  mutable std::mutex mu_;  // Guards the fields below.
+  VmEventSink* sink_ = nullptr;
+  PanicHook panic_hook_;
+  std::optional<LibvirtPanicRecord> pending_panic_;  // Copied, not yet captured.
+  std::optional<std::string> stopped_after_panic_;   // STOPPED/* after the last panic.
+  uint64_t disconnects_ = 0;
+};
+
+// Convenience for the daemon and tools: the shmem region of an attachment.
+LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_LIBVIRT_BACKEND_H_

@@ -1,0 +1,188 @@
+#include "libvirtd_fixture.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+namespace hvtrace::e2e {
+std::string ReadWhole(const std::string& path);
+
+namespace {
+
+const std::string kScript =
+    std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/libvirt/private-libvirtd.sh";
+
+std::string Tail(const std::string& path, size_t max_bytes) {
+  std::string all = ReadWhole(path);
+  return all.size() > max_bytes ? all.substr(all.size() - max_bytes) : all;
+}
+
+}  // namespace
+
+std::string ReadWhole(const std::string& path) {
+  std::string all;
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return all;
+  char buf[65536];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) all.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return all;
+}
+
+Result<std::string> RunArgv(const std::vector<std::string>& argv) {
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) return Error{"pipe failed"};
+  pid_t pid = fork();
+  if (pid < 0) return Error{"fork failed"};
+  if (pid == 0) {
+    dup2(pipefd[1], 1);
+    dup2(pipefd[1], 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(pipefd[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  close(pipefd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string cmd;
+    for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + a;
+    return Error{"'" + cmd + "' failed (status " + std::to_string(status) + "): " + out};
+  }
+  return out;
+}
+
+std::string LibvirtdUnavailableReason() {
+  if (geteuid() != 0) return "a private system-mode libvirtd needs root";
+  for (const char* bin : {"/usr/sbin/libvirtd", "/usr/sbin/virtlogd", "/usr/bin/virsh"}) {
+    if (access(bin, X_OK) != 0) {
+      return std::string(bin) + " missing; install libvirt-daemon-system libvirt-clients";
+    }
+  }
+  return QemuUnavailableReason();
+}
+
+Result<std::unique_ptr<PrivateLibvirtd>> PrivateLibvirtd::Start(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  // Short: the socket path must fit in sun_path (108 bytes).
+  std::string dir = "/tmp/hvt-lv-" + tag + "-" + std::to_string(getpid()) + "-" +
+                    std::to_string(counter++);
+  std::filesystem::remove_all(dir);
+  std::unique_ptr<PrivateLibvirtd> d(new PrivateLibvirtd(dir));
+  Result<std::string> out = RunArgv({kScript, "start", dir});
+  if (!out.ok()) return Error{out.error().message + "\nlibvirtd log:\n" + d->LogTail()};
+  return d;
+}
+
+PrivateLibvirtd::PrivateLibvirtd(std::string dir)
+    : dir_(std::move(dir)), uri_("qemu:///system?socket=" + dir_ + "/sock/libvirt-sock") {}
+
+PrivateLibvirtd::~PrivateLibvirtd() {
+  Result<std::string> out = RunArgv({kScript, "stop", dir_});
+  if (!out.ok()) std::fprintf(stderr, "libvirtd fixture: stop: %s\n", out.error().message.c_str());
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+Status PrivateLibvirtd::RestartLibvirtd() {
+  Result<std::string> out = RunArgv({kScript, "restart-libvirtd", dir_});
+  if (!out.ok()) return Error{out.error().message + "\nlibvirtd log:\n" + LogTail()};
+  return {};
+}
+
+std::string PrivateLibvirtd::LogTail() const { return Tail(dir_ + "/log/libvirtd.log", 3000); }
+
+TestDomain::TestDomain(PrivateLibvirtd& daemon, const std::string& tag)
+    : daemon_(daemon), name_("hvt-" + tag + "-" + std::to_string(getpid())) {}
+
+TestDomain::~TestDomain() {
+  console_.reset();
+  if (conn_) {
+    if (virDomainPtr dom = virDomainLookupByName(conn_.get(), name_.c_str())) {
+      if (virDomainIsActive(dom) == 1) virDomainDestroy(dom);
+      if (defined_) virDomainUndefine(dom);
+      virDomainFree(dom);
+    }
+  }
+}
+
+std::string TestDomain::MakeXml(const GuestImage& image, const TestDomainOptions& o) const {
+  return "<domain type='qemu'>\n"
+         "  <name>" + name_ + "</name>\n"
+         "  <memory unit='MiB'>512</memory>\n"
+         "  <vcpu>2</vcpu>\n"
+         "  <os>\n"
+         "    <type arch='x86_64' machine='" + o.machine + "'>hvm</type>\n"
+         "    <kernel>" + image.kernel + "</kernel>\n"
+         "    <initrd>" + image.initrd + "</initrd>\n"
+         "    <cmdline>console=ttyS0</cmdline>\n"
+         "  </os>\n"
+         "  <features><acpi/></features>\n"
+         "  <on_poweroff>destroy</on_poweroff>\n"
+         "  <on_reboot>restart</on_reboot>\n"
+         "  <on_crash>" + o.on_crash + "</on_crash>\n"
+         "  <devices>\n"
+         "    <serial type='unix'>\n"
+         "      <source mode='bind' path='" + console_socket() + "'/>\n"
+         "      <log file='" + console_log() + "' append='off'/>\n"
+         "      <target port='0'/>\n"
+         "    </serial>\n"
+         "    <panic model='isa'/>\n"
+         "    <memballoon model='none'/>\n" + o.extra_devices +
+         "  </devices>\n"
+         "</domain>\n";
+}
+
+Status TestDomain::Create(const GuestImage& image, const TestDomainOptions& options) {
+  if (!conn_) {
+    Result<hostd::LibvirtConnectPtr> conn = hostd::OpenLibvirtConnection(daemon_.uri());
+    if (!conn.ok()) return conn.error();
+    conn_ = std::move(*conn);
+  }
+  const std::string xml = options.raw_xml.empty() ? MakeXml(image, options) : options.raw_xml;
+  virDomainPtr dom = virDomainDefineXML(conn_.get(), xml.c_str());
+  if (dom == nullptr) return Error{"define " + name_ + ": " + hostd::LibvirtLastError()};
+  hostd::LibvirtDomainPtr hold(dom);
+  defined_ = true;
+  if (!options.start) return {};
+  if (virDomainCreate(dom) != 0) {
+    return Error{"start " + name_ + ": " + hostd::LibvirtLastError() + "\n" + daemon_.LogTail()};
+  }
+  Result<std::unique_ptr<hostd::GuestConsole>> console =
+      hostd::GuestConsole::Connect(console_socket(), std::chrono::seconds(20));
+  if (!console.ok()) return Error{"console of " + name_ + ": " + console.error().message};
+  console_ = std::move(*console);
+  // The console may have connected after the ready line: the log has it all.
+  auto deadline = std::chrono::steady_clock::now() + kBootTimeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (Tail(console_log(), 1 << 20).find("HVTRACE-GUEST-READY") != std::string::npos) {
+      // Make sure the shell answers on our socket before tests type into it.
+      Result<hostd::GuestConsole::CommandResult> r = console_->Run("true", kCommandTimeout);
+      if (!r.ok()) return Error{"guest shell of " + name_ + ": " + r.error().message};
+      return {};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return Error{"guest " + name_ + " did not print HVTRACE-GUEST-READY within " +
+               std::to_string(kBootTimeout.count()) + " ms\n" + Diagnostics()};
+}
+
+std::string TestDomain::Diagnostics() const {
+  return "console log tail:\n" + Tail(console_log(), 2000) + "\nlibvirtd log tail:\n" +
+         daemon_.LogTail();
+}
+
+}  // namespace hvtrace::e2e

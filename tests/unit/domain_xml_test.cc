@@ -1,0 +1,186 @@
+#include "domain_xml.h"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace hvtrace::hostd {
+namespace {
+
+// Trimmed from `virsh dumpxml` of a running domain on this machine (libvirt 9.0).
+constexpr char kRunningPc[] = R"(<domain type='qemu' id='3'>
+  <name>t1</name>
+  <uuid>5d1c2a34-8c5e-4a43-9d52-1e2f3a4b5c6d</uuid>
+  <memory unit='KiB'>524288</memory>
+  <os><type arch='x86_64' machine='pc-i440fx-7.2'>hvm</type><cmdline>console=ttyS0</cmdline></os>
+  <features><acpi/></features>
+  <on_crash>preserve</on_crash>
+  <devices>
+    <controller type='pci' index='0' model='pci-root'><alias name='pci.0'/></controller>
+    <shmem name='hvt-I-test'>
+      <model type='ivshmem-plain'/>
+      <size unit='M'>4</size>
+      <alias name='ua-hvtrace-x'/>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x0'/>
+    </shmem>
+    <panic model='isa'><address type='isa' iobase='0x505'/></panic>
+  </devices>
+</domain>)";
+
+TEST(DomainXml, ParsesRunningPcDomain) {
+  Result<DomainXmlInfo> info = ParseDomainXml(kRunningPc);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_EQ(info->name, "t1");
+  EXPECT_EQ(info->uuid, "5d1c2a34-8c5e-4a43-9d52-1e2f3a4b5c6d");
+  EXPECT_EQ(info->type, "qemu");
+  EXPECT_EQ(info->id, 3);
+  EXPECT_EQ(info->memory_bytes, 512ull << 20);
+  EXPECT_FALSE(info->q35);
+  EXPECT_TRUE(info->acpi);
+  EXPECT_TRUE(info->hotplug_ok) << info->hotplug_reason;
+  EXPECT_EQ(info->on_crash, "preserve");
+  ASSERT_EQ(info->panic_models.size(), 1u);
+  EXPECT_EQ(info->panic_models[0], "isa");
+  ASSERT_EQ(info->shmems.size(), 1u);
+  EXPECT_EQ(info->shmems[0].name, "hvt-I-test");
+  EXPECT_EQ(info->shmems[0].model, "ivshmem-plain");
+  EXPECT_EQ(info->shmems[0].size_bytes, 4ull << 20);
+  EXPECT_EQ(info->shmems[0].alias, "ua-hvtrace-x");
+  EXPECT_EQ(info->cmdline, "console=ttyS0");
+}
+
+TEST(DomainXml, PcWithoutAcpiCannotHotplug) {
+  std::string xml = kRunningPc;
+  xml.replace(xml.find("<features><acpi/></features>"), 28, "");
+  Result<DomainXmlInfo> info = ParseDomainXml(xml);
+  ASSERT_TRUE(info.ok());
+  EXPECT_FALSE(info->hotplug_ok);
+  EXPECT_NE(info->hotplug_reason.find("ACPI"), std::string::npos) << info->hotplug_reason;
+}
+
+constexpr char kQ35[] = R"(<domain type='qemu'>
+  <name>q</name>
+  <os><type arch='x86_64' machine='pc-q35-7.2'>hvm</type></os>
+  <features><acpi/></features>
+  <devices>
+    <controller type='pci' index='0' model='pcie-root'/>
+    <controller type='pci' index='1' model='pcie-root-port'>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x0'/>
+    </controller>
+    <controller type='sata' index='0'>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x1f' function='0x2'/>
+    </controller>
+    <interface type='user'>
+      <address type='pci' domain='0x0000' bus='0x01' slot='0x00' function='0x0'/>
+    </interface>
+    EXTRA
+  </devices>
+</domain>)";
+
+TEST(DomainXml, Q35NeedsAFreeRootPort) {
+  std::string full = kQ35;
+  full.replace(full.find("EXTRA"), 5, "");
+  Result<DomainXmlInfo> info = ParseDomainXml(full);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_TRUE(info->q35);
+  EXPECT_FALSE(info->hotplug_ok);
+  EXPECT_NE(info->hotplug_reason.find("no free pcie-root-port"), std::string::npos)
+      << info->hotplug_reason;
+
+  std::string spare = kQ35;
+  spare.replace(spare.find("EXTRA"), 5,
+                "<controller type='pci' index='2' model='pcie-root-port'>"
+                "<address type='pci' domain='0x0000' bus='0x00' slot='0x03' function='0x0'/>"
+                "</controller>");
+  info = ParseDomainXml(spare);
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE(info->hotplug_ok) << info->hotplug_reason;
+}
+
+TEST(DomainXml, Malicious_BrokenAndHostileXml) {
+  EXPECT_FALSE(ParseDomainXml("").ok());
+  EXPECT_FALSE(ParseDomainXml("<domain><name>x</name>").ok());
+  EXPECT_FALSE(ParseDomainXml("<notadomain/>").ok());
+  EXPECT_FALSE(ParseDomainXml("<domain type='qemu'></domain>").ok());  // No name.
+  EXPECT_FALSE(ParseDomainXml("<domain><name>x</name><memory unit='parsec'>1</memory></domain>").ok());
+  EXPECT_FALSE(
+      ParseDomainXml("<domain><name>x</name><memory unit='TiB'>99999999999999</memory></domain>").ok());
+  EXPECT_FALSE(ParseDomainXml("<domain><name>x</name><memory>-5</memory></domain>").ok());
+  Result<DomainXmlInfo> r = ParseDomainXml(
+      "<domain><name>x</name><devices><shmem name='a'><size unit='M'>zz</size></shmem></devices></domain>");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("shmem 'a'"), std::string::npos) << r.error().message;
+  EXPECT_FALSE(ParseDomainXml(std::string(17u << 20, ' ')).ok());
+}
+
+TEST(DomainXml, ShmemDeviceXml) {
+  Result<std::string> xml = ShmemDeviceXml("hvt-vm1", 4u << 20, "ua-hvtrace-0");
+  ASSERT_TRUE(xml.ok()) << xml.error().message;
+  EXPECT_EQ(*xml,
+            "<shmem name='hvt-vm1'><model type='ivshmem-plain'/><size unit='M'>4</size>"
+            "<alias name='ua-hvtrace-0'/></shmem>");
+  EXPECT_FALSE(ShmemDeviceXml("hvt", 3u << 20, "ua-x").ok());   // Not a power of two.
+  EXPECT_FALSE(ShmemDeviceXml("hvt", 512u << 10, "ua-x").ok());  // Below 1 MiB.
+  EXPECT_FALSE(ShmemDeviceXml("../etc", 4u << 20, "ua-x").ok());
+  EXPECT_FALSE(ShmemDeviceXml("a'b", 4u << 20, "ua-x").ok());
+  EXPECT_FALSE(ShmemDeviceXml(".hidden", 4u << 20, "ua-x").ok());
+  EXPECT_FALSE(ShmemDeviceXml("ok", 4u << 20, "shmem0").ok());  // Not a user alias.
+}
+
+TEST(DomainXml, BootBufferDomainUsesGpaLayoutAndRoundTrips) {
+  BootBufferDomainRequest req;
+  req.name = "bb";
+  req.kernel = "/k/vmlinuz";
+  req.initrd = "/k/initrd.img";
+  req.memory_bytes = 1088ull << 20;
+  req.range_bytes = 16ull << 20;
+  req.events = "sched:sched_switch,irq";
+  req.on_crash = "destroy";
+  Result<BootBufferDomainXml> out = MakeBootBufferDomainXml(req);
+  ASSERT_TRUE(out.ok()) << out.error().message;
+  BootRangeRequest layout_req;
+  layout_req.memory_bytes = req.memory_bytes;
+  layout_req.range_bytes = req.range_bytes;
+  Result<BootRangeLayout> expect = ComputeBootRangeLayout(layout_req);
+  ASSERT_TRUE(expect.ok());
+  EXPECT_EQ(out->layout.range_gpa, expect->range_gpa);
+  EXPECT_EQ(out->layout.node1_bytes, expect->node1_bytes);
+  char gpa[32];
+  std::snprintf(gpa, sizeof gpa, "0x%llx", static_cast<unsigned long long>(expect->range_gpa));
+  EXPECT_EQ(out->kernel_params, std::string("memmap=16M$") + gpa + " trace_instance=boot_map@" + gpa +
+                                    ":16M,sched:sched_switch,irq");
+
+  // What we write, we read back the same way libvirt would.
+  Result<DomainXmlInfo> info = ParseDomainXml(out->domain_xml);
+  ASSERT_TRUE(info.ok()) << info.error().message << "\n" << out->domain_xml;
+  EXPECT_EQ(info->name, "bb");
+  EXPECT_EQ(info->on_crash, "destroy");
+  EXPECT_EQ(info->memory_bytes, expect->node0_bytes + expect->node1_bytes);
+  ASSERT_EQ(info->numa_cells.size(), 2u);
+  EXPECT_EQ(info->numa_cells[0].memory_bytes, expect->node0_bytes);
+  EXPECT_EQ(info->numa_cells[1].memory_bytes, expect->node1_bytes);
+  EXPECT_EQ(info->numa_cells[1].mem_access, "shared");
+  EXPECT_EQ(info->memory_backing_source, "");  // Node 0 stays anonymous RAM.
+  EXPECT_EQ(info->cmdline, "console=ttyS0 " + out->kernel_params);
+  EXPECT_TRUE(info->hotplug_ok);
+}
+
+TEST(DomainXml, BootBufferRejectsBadRequests) {
+  BootBufferDomainRequest req;
+  req.name = "bb";
+  req.kernel = "/k";
+  req.range_bytes = 3;  // Not page-sized.
+  EXPECT_FALSE(MakeBootBufferDomainXml(req).ok());
+  req.range_bytes = 16ull << 20;
+  req.events = "sched:x; rm -rf /";
+  EXPECT_FALSE(MakeBootBufferDomainXml(req).ok());
+  req.events = "";
+  req.name = "a</name><x>";
+  EXPECT_FALSE(MakeBootBufferDomainXml(req).ok());
+  req.name = "bb";
+  req.on_crash = "explode";
+  EXPECT_FALSE(MakeBootBufferDomainXml(req).ok());
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

@@ -49,8 +49,8 @@ struct TraceLine {
   std::string event;  // "tracing_mark_write: hvtrace-marker-m-0", ...
 };
 
-std::vector<TraceLine> GuestTrace() {
-  std::vector<std::byte> bytes = Unzstd(kDir + "trace.txt.zst");
+std::vector<TraceLine> GuestTrace(const std::string& file = kDir + "trace.txt.zst") {
+  std::vector<std::byte> bytes = Unzstd(file);
   std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   std::vector<TraceLine> lines;
   static const std::regex kLine(R"(^\s*.+-\d+\s+\[(\d+)\]\s+\S+\s+(\d+)\.(\d{6}): (.*)$)");
@@ -73,8 +73,8 @@ struct PrintFormat {
   uint16_t id = 0;
   uint32_t buf_offset = 0;
 };
-PrintFormat ReadPrintFormat() {
-  const std::string text = ReadText(kDir + "formats/ftrace/print/format");
+PrintFormat ReadPrintFormat(const std::string& dir = kDir) {
+  const std::string text = ReadText(dir + "formats/ftrace/print/format");
   std::smatch m;
   PrintFormat f;
   if (std::regex_search(text, m, std::regex(R"(ID: (\d+))"))) f.id = std::stoi(m[1]);
@@ -386,6 +386,63 @@ TEST_F(BootMapTest, Malicious_GarbageEverywhereButTheMagic) {
   ASSERT_TRUE(map.ok());
   EXPECT_EQ(map->cpus, 2);
   EXPECT_FALSE(map->issues.empty());
+}
+
+// The real thing: a 6.12.95 guest wrote markers, kexec'd into the same kernel
+// (which logged "Ring buffer meta [N] is from previous boot!" and kept
+// appending), wrote more markers and panicked.
+TEST(BootMapKexecTest, RealKexecFixtureHoldsBothBootsSeparated) {
+  const std::string dir = kDir + "kexec/";
+  std::vector<std::byte> range = Unzstd(dir + "region.bin.zst");
+  ASSERT_EQ(range.size(), 16u << 20);
+  BootMapOptions options;
+  auto layout = PageLayout::FromHeaderPage(ReadText(dir + "header_page"), 4096);
+  ASSERT_TRUE(layout.ok());
+  options.layout = *layout;
+  auto map = ReadBootMap(range, options);
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  EXPECT_EQ(map->cpus, 2);
+  EXPECT_EQ(map->boots, 2u);
+  for (const BootMapIssue& issue : map->issues) {
+    EXPECT_EQ(issue.check, BootMapCheck::kTimeWentBackwards) << issue.message;
+  }
+
+  // The new boot's trace file shows both boots; per CPU, the same events at
+  // the same times.
+  const std::vector<TraceLine> lines = GuestTrace(dir + "trace.txt.zst");
+  std::map<int, std::vector<uint64_t>> want;
+  for (const TraceLine& l : lines) want[l.cpu].push_back(l.usecs);
+  for (const BootMapCpu& cpu : map->cpu) {
+    std::vector<uint64_t> got;
+    for (const BootMapRecord& r : cpu.records) got.push_back(Usecs(r.timestamp));
+    EXPECT_EQ(got, want[cpu.cpu]) << "cpu " << cpu.cpu;
+  }
+
+  // Markers land in their boot.
+  const PrintFormat print = ReadPrintFormat(dir);
+  std::map<std::string, uint32_t> marker_boot;
+  for (const BootMapCpu& cpu : map->cpu) {
+    for (const BootMapRecord& r : cpu.records) {
+      if (Type(r) == print.id) marker_boot[PrintText(r, print)] = r.boot;
+    }
+  }
+  ASSERT_EQ(marker_boot.size(), 12u);
+  for (const auto& [text, boot] : marker_boot) {
+    EXPECT_EQ(boot, text.find("boot0") != std::string::npos ? 0u : 1u) << text;
+  }
+
+  // What the first boot's own trace file showed before the kexec is the
+  // start of boot 0, per CPU.
+  const std::vector<TraceLine> boot0 = GuestTrace(dir + "trace-boot0.txt.zst");
+  std::map<int, std::vector<uint64_t>> want0;
+  for (const TraceLine& l : boot0) want0[l.cpu].push_back(l.usecs);
+  for (const BootMapCpu& cpu : map->cpu) {
+    std::vector<uint64_t> got0;
+    for (const BootMapRecord& r : cpu.records) {
+      if (r.boot == 0 && got0.size() < want0[cpu.cpu].size()) got0.push_back(Usecs(r.timestamp));
+    }
+    EXPECT_EQ(got0, want0[cpu.cpu]) << "cpu " << cpu.cpu;
+  }
 }
 
 // A crafted single-CPU range with two boots: the second restarts the clock.

@@ -113,10 +113,21 @@ struct Tracer::ThreadState {
   ~ThreadState() {
     std::lock_guard<std::mutex> lock(g_alive_mutex);
     if (serial != 0 && g_alive->count(serial) != 0) tracer->Release(this);
+    if (Tracer::tls_ == this) Tracer::tls_ = nullptr;
   }
 };
 
-thread_local Tracer::ThreadState Tracer::tls_;
+thread_local Tracer::ThreadState* Tracer::tls_ = nullptr;
+
+namespace {
+// Owns the calling thread's ThreadState; its destructor (thread exit) gives
+// the ring back. Touched only on the slow path, so the hot path never pays
+// for a thread_local with a destructor.
+struct ThreadStateOwner {
+  std::unique_ptr<Tracer::ThreadState> state;
+};
+thread_local ThreadStateOwner t_owner;
+}  // namespace
 
 Tracer::Tracer(GuestRegion region, RegionMapping mapping, Clock clock, uint32_t generation)
     : region_(std::move(region)),
@@ -132,7 +143,7 @@ Tracer::Tracer(GuestRegion region, RegionMapping mapping, Clock clock, uint32_t 
 Tracer::~Tracer() {
   std::lock_guard<std::mutex> lock(g_alive_mutex);
   g_alive->erase(serial_);
-  if (tls_.serial == serial_) Release(&tls_);
+  if (tls_ != nullptr && tls_->serial == serial_) Release(tls_);
 }
 
 Result<std::unique_ptr<Tracer>> Tracer::FromMemory(std::byte* base, uint64_t size, Clock clock) {
@@ -320,8 +331,12 @@ void Tracer::Release(ThreadState* ts) {
 }
 
 bool Tracer::Write(uint16_t id, const void* payload, uint32_t size) {
-  ThreadState* ts = &tls_;
-  if (ts->serial != serial_ || ts->desc == nullptr) [[unlikely]] {
+  ThreadState* ts = tls_;
+  if (ts == nullptr || ts->serial != serial_ || ts->desc == nullptr) [[unlikely]] {
+    if (ts == nullptr) {
+      t_owner.state = std::make_unique<ThreadState>();
+      ts = tls_ = t_owner.state.get();
+    }
     if (!Bind(ts)) return false;
   }
   if (size > max_payload_) [[unlikely]] {

@@ -88,15 +88,18 @@ class Tracer {
   const RegionGeometry& geometry() const { return region_.geometry(); }
   uint32_t max_payload() const { return max_payload_; }
 
+  struct ThreadState;  // Per-thread ring binding; private to dwtrace.cc.
+
  private:
-  struct ThreadState;
   Tracer(GuestRegion region, RegionMapping mapping, Clock clock, uint32_t generation);
   bool Bind(ThreadState* ts);
   bool StartPage(ThreadState* ts, uint64_t now);
   void Release(ThreadState* ts);
   uint64_t Now() const;
 
-  static thread_local ThreadState tls_;
+  // Constant-initialized, so the hot path reads it without a TLS init
+  // check; the state is created by Bind() and freed at thread exit.
+  static thread_local ThreadState* tls_;
 
   GuestRegion region_;
   RegionMapping mapping_;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -56,13 +57,11 @@ class ScriptedServer {
   }
 
   const std::string& path() const { return path_; }
-  // Ends the connection as a dying QEMU would.
+  // Ends the connection as a dying QEMU would. Only shuts the socket down:
+  // the serving thread closes it, so the descriptor is never reused under it.
   void CloseClient() {
-    const int fd = client_fd_.exchange(-1);
-    if (fd >= 0) {
-      shutdown(fd, SHUT_RDWR);
-      close(fd);
-    }
+    std::lock_guard lock(mutex_);
+    if (client_fd_ >= 0) shutdown(client_fd_, SHUT_RDWR);
   }
 
   static void Write(int fd, std::string_view text) {
@@ -77,7 +76,10 @@ class ScriptedServer {
   void Serve(bool greet) {
     const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) return;
-    client_fd_ = fd;
+    {
+      std::lock_guard lock(mutex_);
+      client_fd_ = fd;
+    }
     if (greet) Write(fd, kGreeting);
     std::string buffer;
     char chunk[4096];
@@ -97,12 +99,16 @@ class ScriptedServer {
         }
       }
     }
+    std::lock_guard lock(mutex_);
+    close(fd);
+    client_fd_ = -1;
   }
 
   Handler on_request_;
   std::string path_;
   int listen_fd_ = -1;
-  std::atomic<int> client_fd_{-1};
+  std::mutex mutex_;
+  int client_fd_ = -1;
   std::thread thread_;
 };
 

@@ -243,6 +243,62 @@ TEST_F(TraceDatWriterTest, Malicious_ClockNameCannotBreakTheClockLine) {
   EXPECT_FALSE(WriteTraceDat(dir_ / "trace.dat", input_).ok());
 }
 
+// One trace.dat per boot from the real kexec fixture: each opens in trace-cmd
+// and holds exactly its boot's records and markers.
+TEST(TraceDatWriterKexecTest, OneFilePerBoot) {
+  const std::string dir = kDir + "kexec/";
+  std::vector<std::byte> range = Unzstd(dir + "region.bin.zst");
+  ASSERT_EQ(range.size(), 16u << 20);
+  BootMapOptions options;
+  auto layout = PageLayout::FromHeaderPage(ReadText(dir + "header_page"), 4096);
+  ASSERT_TRUE(layout.ok());
+  options.layout = *layout;
+  auto map = ReadBootMap(range, options);
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  ASSERT_EQ(map->boots, 2u);
+  const fs::path tmp = fs::temp_directory_path() / ("hvtrace-tdw-kexec-" + std::to_string(getpid()));
+  fs::create_directories(tmp);
+  for (uint32_t boot = 0; boot < map->boots; ++boot) {
+    SCOPED_TRACE("boot " + std::to_string(boot));
+    TraceDatWriterInput input;
+    input.header_page = ReadText(dir + "header_page");
+    input.header_event = ReadText(dir + "header_event");
+    for (const auto& entry : fs::recursive_directory_iterator(dir + "formats")) {
+      if (entry.path().filename() != "format") continue;
+      input.formats.push_back(
+          {entry.path().parent_path().parent_path().filename(), ReadText(entry.path())});
+    }
+    std::map<int, size_t> want;
+    for (const BootMapCpu& cpu : map->cpu) {
+      auto& pages = input.cpus.emplace_back();
+      for (const BootMapPage& page : cpu.pages) {
+        if (page.skipped || page.records == 0 || page.boot != boot) continue;
+        pages.push_back(std::span<const std::byte>(range).subspan(page.offset, 4096));
+      }
+      for (const BootMapRecord& r : cpu.records) want[cpu.cpu] += r.boot == boot;
+    }
+    const std::string path = tmp / ("boot" + std::to_string(boot) + ".dat");
+    ASSERT_TRUE(WriteTraceDat(path, input).ok());
+    const std::string report = RunCommand("trace-cmd report -i '" + path + "' 2>&1");
+    std::map<int, size_t> got;
+    std::set<std::string> markers;
+    std::istringstream in(report);
+    std::string line;
+    const std::regex cpu_re(R"(\[(\d{3})\])"), marker_re(R"(hvtrace-marker-(boot\d)-\d)");
+    while (std::getline(in, line)) {
+      std::smatch m;
+      if (std::regex_search(line, m, cpu_re)) got[std::stoi(m[1])]++;
+      if (std::regex_search(line, m, marker_re)) markers.insert(m[0]);
+    }
+    EXPECT_EQ(got, want);
+    ASSERT_EQ(markers.size(), 6u);
+    for (const std::string& marker : markers) {
+      EXPECT_NE(marker.find("boot" + std::to_string(boot)), std::string::npos) << marker;
+    }
+  }
+  fs::remove_all(tmp);
+}
+
 TEST(TraceDatWriterEmptyTest, NoCpusStillOpens) {
   TraceDatWriterInput input;
   input.header_page = ReadText(kDir + "header_page");

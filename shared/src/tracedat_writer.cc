@@ -2,6 +2,7 @@
 #include "hvtrace/tracedat_writer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -151,6 +152,11 @@ class File {
       const std::string err = std::strerror(errno);
       tmp_.clear();
       return Error{"trace.dat: cannot create a temporary file beside " + path_ + ": " + err};
+    }
+    // mkstemp makes the file 0600; a capture is read by the hvtrace group too
+    // (the directory it lands in decides who can reach it).
+    if (fchmod(fd_, 0640) != 0) {
+      return Error{"trace.dat: chmod " + tmp_ + " (for " + path_ + "): " + std::strerror(errno)};
     }
     return {};
   }

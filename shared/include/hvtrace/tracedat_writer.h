@@ -15,6 +15,7 @@
 // validated (e.g. by BootMap or the page walker). The file is written under a
 // temporary name in the same directory, fsynced and renamed, so a reader never
 // sees half a file; every failure (short write, disk full) names the path.
+// The file is created 0640.
 #ifndef HVTRACE_TRACEDAT_WRITER_H_
 #define HVTRACE_TRACEDAT_WRITER_H_
 

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "hvtrace/boot_map.h"
+
 namespace hvtrace::hostd {
 
 using json = nlohmann::json;
@@ -368,6 +370,35 @@ Status LibvirtDomainBackend::Capture(PendingCapture& capture, CaptureManifest& m
     bytes = std::move(*copy);
   }
   if (Status s = capture.WriteFile("region.bin", bytes); !s.ok()) return s;
+  if (region_.kind == "boot-range") {
+    // The kernel's persistent ring buffer: count what the copy holds, per
+    // CPU, with the reader's checks (the raw copy is kept either way).
+    BootMapOptions options;
+    options.layout = PageLayout::Default();
+    Result<BootMap> map = ReadBootMap(bytes, options);
+    if (map.ok()) {
+      json issues = json::array();
+      for (const BootMapIssue& issue : map->issues) {
+        if (issues.size() < 64) issues.push_back(issue.message);
+      }
+      manifest.validation = {{"reader", "boot_map"},     {"layout", map->layout},
+                             {"cpus", map->cpus},         {"boots", map->boots},
+                             {"issues", map->issues.size()}, {"first_issues", issues}};
+      for (const BootMapCpu& cpu : map->cpu) {
+        CpuCaptureCounts counts;
+        counts.cpu = cpu.cpu;
+        counts.events = cpu.records.size();
+        counts.pages = cpu.pages.size();
+        for (const BootMapPage& page : cpu.pages) {
+          if (page.error != PageError::kOk) ++counts.bad_pages["page-error"];
+          if (page.skipped) ++counts.bad_pages["skipped"];
+        }
+        manifest.cpus.push_back(std::move(counts));
+      }
+    } else {
+      manifest.validation = {{"reader", "boot_map"}, {"error", map.error().message}};
+    }
+  }
   manifest.region = {{"kind", region_.kind},
                      {"source", region_.path.string()},
                      {"offset", region_.offset},

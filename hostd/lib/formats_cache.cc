@@ -30,6 +30,7 @@ constexpr size_t kMaxManifestBytes = 4u << 20;
 constexpr size_t kMaxHeaderBytes = 64u << 10;
 constexpr size_t kMaxPrintkBytes = 16u << 20;
 constexpr size_t kMaxKallsymsBytes = 64u << 20;
+constexpr size_t kMaxEventsJsonBytes = 64u << 20;
 
 std::string Errno(int err) { return std::strerror(err); }
 
@@ -207,8 +208,8 @@ Result<KernelFormats> FormatCache::Load(std::string_view key) const {
     const char* name;
     size_t cap;
     std::string* into;
-  } files[] = {{"events/header_page", kMaxHeaderBytes, &out.header_page},
-               {"events/header_event", kMaxHeaderBytes, &out.header_event},
+  } files[] = {{"header_page", kMaxHeaderBytes, &out.header_page},
+               {"header_event", kMaxHeaderBytes, &out.header_event},
                {"printk_formats", kMaxPrintkBytes, &out.printk_formats},
                {"kallsyms", kMaxKallsymsBytes, &out.kallsyms}};
   for (const auto& f : files) {
@@ -216,37 +217,51 @@ Result<KernelFormats> FormatCache::Load(std::string_view key) const {
     if (!data.ok()) return data.error();
     *f.into = std::move(*data);
   }
-  // events/<system>/<event>/format, walked by hand so that nothing but plain
-  // directories and files with safe names is followed.
-  const fs::path events_dir = dir / "events";
-  std::error_code ec;
-  for (fs::directory_iterator sys_it(events_dir, ec), end; !ec && sys_it != end;
-       sys_it.increment(ec)) {
-    const std::string system = sys_it->path().filename().string();
-    if (system == "header_page" || system == "header_event") continue;
-    if (!IsSafeComponent(system) || !sys_it->is_directory(ec) || sys_it->is_symlink(ec)) {
-      return Error{"unexpected entry " + sys_it->path().string() + " in the format cache"};
-    }
-    for (fs::directory_iterator ev_it(sys_it->path(), ec); !ec && ev_it != end;
-         ev_it.increment(ec)) {
-      const std::string name = ev_it->path().filename().string();
-      if (!IsSafeComponent(name) || !ev_it->is_directory(ec) || ev_it->is_symlink(ec)) {
-        return Error{"unexpected entry " + ev_it->path().string() + " in the format cache"};
-      }
-      if (out.events.size() >= kMaxHarvestEvents) {
-        return Error{events_dir.string() + " holds more than " +
-                     std::to_string(kMaxHarvestEvents) + " events"};
-      }
-      Result<std::string> text = ReadCapped(ev_it->path() / "format", kMaxFormatTextSize);
-      if (!text.ok()) return text.error();
-      out.events.push_back({system, name, std::move(*text)});
-    }
-    if (ec) break;
+  const fs::path events_path = dir / "events.json";
+  Result<std::string> events_text = ReadCapped(events_path, kMaxEventsJsonBytes);
+  if (!events_text.ok()) return events_text.error();
+  const json events = json::parse(*events_text, nullptr, /*allow_exceptions=*/false);
+  if (!events.is_object() || !events.contains("events") || !events["events"].is_array()) {
+    return Error{events_path.string() + " is not an object with an \"events\" array"};
   }
-  if (ec) return Error{"listing " + events_dir.string() + ": " + ec.message()};
+  if (events["events"].size() > kMaxHarvestEvents) {
+    return Error{events_path.string() + " lists more than " + std::to_string(kMaxHarvestEvents) +
+                 " events"};
+  }
+  std::set<std::pair<std::string, std::string>> seen;
+  size_t index = 0;
+  for (const json& e : events["events"]) {
+    const std::string where = events_path.string() + " entry " + std::to_string(index++);
+    if (!e.is_object() || !e.contains("system") || !e["system"].is_string() ||
+        !e.contains("name") || !e["name"].is_string() || !e.contains("format") ||
+        !e["format"].is_string() || !e.contains("id") || !e["id"].is_number_unsigned() ||
+        (e.contains("parse_error") && !e["parse_error"].is_string())) {
+      return Error{where + ": needs string system, name, format and an unsigned id"};
+    }
+    CachedEventFormat ev;
+    ev.system = e["system"].get<std::string>();
+    ev.name = e["name"].get<std::string>();
+    if (!IsSafeComponent(ev.system) || !IsSafeComponent(ev.name)) {
+      return Error{where + ": unsafe event name '" + ev.system.substr(0, 64) + "/" +
+                   ev.name.substr(0, 64) + "'"};
+    }
+    if (!seen.insert({ev.system, ev.name}).second) {
+      return Error{where + ": " + ev.system + "/" + ev.name + " appears twice"};
+    }
+    const uint64_t id = e["id"].get<uint64_t>();
+    if (id > 0xffff) return Error{where + ": id " + std::to_string(id) + " is above 65535"};
+    ev.id = static_cast<uint32_t>(id);
+    ev.text = e["format"].get<std::string>();
+    if (ev.text.size() > kMaxFormatTextSize) {
+      return Error{where + ": format of " + ev.system + "/" + ev.name + " exceeds " +
+                   std::to_string(kMaxFormatTextSize) + " bytes"};
+    }
+    if (e.contains("parse_error")) ev.parse_error = e["parse_error"].get<std::string>();
+    out.events.push_back(std::move(ev));
+  }
   std::sort(out.events.begin(), out.events.end(),
-            [](const CachedEventFormat& a, const CachedEventFormat& b) {
-              return std::tie(a.system, a.name) < std::tie(b.system, b.name);
+            [](const CachedEventFormat& x, const CachedEventFormat& y) {
+              return std::tie(x.system, x.name) < std::tie(y.system, y.name);
             });
   return out;
 }
@@ -305,28 +320,38 @@ Result<fs::path> FormatCache::Store(std::string_view key, const HarvestBundle& b
   };
 
   std::set<std::string> systems;
-  if (Status s = MakeDir(tmp / "events"); !s.ok()) return fail(s.error());
+  std::set<std::pair<std::string, std::string>> seen;
+  json events = json::array();
   for (const HarvestedEvent& ev : bundle.events) {
-    // The bundle parser checked these; the cache is a second line because a
-    // bundle can also be built by hand.
+    // The bundle parser checked these; the cache checks again because a
+    // bundle can also be built by hand, and readers trust names from here
+    // no more than from the guest.
     if (!IsSafeComponent(ev.system) || !IsSafeComponent(ev.name)) {
       return fail(Error{"unsafe event name '" + ev.system.substr(0, 64) + "/" +
                         ev.name.substr(0, 64) + "'"});
     }
-    const fs::path sys_dir = tmp / "events" / ev.system;
-    if (systems.insert(ev.system).second) {
-      if (Status s = MakeDir(sys_dir); !s.ok()) return fail(s.error());
+    if (!seen.insert({ev.system, ev.name}).second) {
+      return fail(Error{"event " + ev.system + "/" + ev.name + " appears twice"});
     }
-    if (Status s = MakeDir(sys_dir / ev.name); !s.ok()) return fail(s.error());
-    if (Status s = WriteFile(sys_dir / ev.name / "format", ev.text); !s.ok()) return fail(s.error());
+    systems.insert(ev.system);
+    json e = {{"system", ev.system}, {"name", ev.name}, {"id", ev.id}, {"format", ev.text}};
+    if (!ev.parse_error.empty()) e["parse_error"] = ev.parse_error;
+    events.push_back(std::move(e));
   }
   const std::pair<const char*, const std::string*> files[] = {
-      {"events/header_page", &bundle.header_page},
-      {"events/header_event", &bundle.header_event},
+      {"header_page", &bundle.header_page},
+      {"header_event", &bundle.header_event},
       {"printk_formats", &bundle.printk_formats},
       {"kallsyms", &bundle.kallsyms}};
   for (const auto& [name, data] : files) {
     if (Status s = WriteFile(tmp / name, *data); !s.ok()) return fail(s.error());
+  }
+  // Strings from the guest may hold bytes that are not UTF-8; replace them
+  // rather than fail (the formats we keep are ASCII; this is for the rest).
+  const std::string events_json =
+      json{{"events", std::move(events)}}.dump(1, ' ', false, json::error_handler_t::replace);
+  if (Status s = WriteFile(tmp / "events.json", events_json + "\n"); !s.ok()) {
+    return fail(s.error());
   }
 
   manifest["format_version"] = kCacheFormatVersion;
@@ -347,11 +372,13 @@ Result<fs::path> FormatCache::Store(std::string_view key, const HarvestBundle& b
   manifest["kallsyms_nonzero_addresses"] = bundle.kallsyms_nonzero_addresses;
   manifest["modules_loaded_at_harvest"] = ModuleNames(bundle.modules);
   if (!manifest.contains("harvested_utc")) manifest["harvested_utc"] = UtcNow();
-  if (Status s = WriteFile(tmp / "manifest.json", manifest.dump(2) + "\n"); !s.ok()) {
+  if (Status s = WriteFile(tmp / "manifest.json",
+                           manifest.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
+      !s.ok()) {
     return fail(s.error());
   }
 
-  // One syncfs instead of an fsync per file: an entry has ~2000 small files.
+  // One syncfs for the handful of files, then the rename publishes them.
   {
     Fd dirfd(::open(tmp.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (dirfd.get() < 0 || ::syncfs(dirfd.get()) != 0) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -160,10 +161,12 @@ TEST(FormatCacheTest, StoreLookupLoadRoundTrip) {
     EXPECT_EQ(loaded->events[i].system, bundle.events[i].system);
     EXPECT_EQ(loaded->events[i].name, bundle.events[i].name);
     EXPECT_EQ(loaded->events[i].text, bundle.events[i].text);
+    EXPECT_EQ(loaded->events[i].id, bundle.events[i].id);
     EXPECT_TRUE(ParseEventFormat(loaded->events[i].system, loaded->events[i].text).ok());
   }
-  EXPECT_EQ(ReadText(*stored / "events/sched/sched_switch/format"),
-            ReadText(kFixtures / "formats/sched/sched_switch/format"));
+  // The files a person would look at are plain text beside the manifest.
+  EXPECT_EQ(ReadText(*stored / "header_page"), bundle.header_page);
+  EXPECT_EQ(ReadText(*stored / "kallsyms"), bundle.kallsyms);
 
   Result<std::vector<CacheEntrySummary>> list = cache.List();
   ASSERT_TRUE(list.ok()) << list.error().message;
@@ -209,10 +212,10 @@ TEST(FormatCacheTest, FailedStoreLeavesNothing) {
   TempDir dir;
   FormatCache cache(dir.path());
   HarvestBundle dup = FixtureBundle();
-  dup.events.push_back(dup.events.front());  // Same directory twice.
+  dup.events.push_back(dup.events.front());  // The same event twice.
   Result<fs::path> r = cache.Store(kKey, dup, json::object());
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.error().message, HasSubstr("cannot create"));
+  EXPECT_THAT(r.error().message, HasSubstr("appears twice"));
   EXPECT_TRUE(Names(dir.path() / "formats").empty());
   EXPECT_FALSE(cache.Lookup(kKey).value().has_value());
 }
@@ -242,27 +245,49 @@ TEST(FormatCacheTest, Malicious_EditedEntriesAreErrorsNotCrashes) {
   ASSERT_TRUE(cache.Store(kKey, FixtureBundle(), json::object()).ok());
   const fs::path entry = cache.EntryDir(kKey);
 
-  // A symlink planted among the events is not followed.
-  fs::create_directory_symlink("/etc", entry / "events" / "evil");
+  // events.json replaced by a symlink is not followed.
+  const fs::path events = entry / "events.json";
+  const std::string saved = ReadText(events);
+  fs::rename(events, entry / "events.json.saved");
+  fs::create_symlink("/proc/self/environ", events);
   Result<KernelFormats> r = cache.Load(kKey);
   ASSERT_FALSE(r.ok());
-  EXPECT_THAT(r.error().message, HasSubstr("evil"));
-  fs::remove(entry / "events" / "evil");
+  EXPECT_THAT(r.error().message, HasSubstr("events.json"));
+  fs::remove(events);
+  fs::rename(entry / "events.json.saved", events);
+  ASSERT_TRUE(cache.Load(kKey).ok());
 
-  // A format replaced by a symlink to a big file is refused too.
-  const fs::path fmt = entry / "events/sched/sched_switch/format";
-  const std::string saved = ReadText(fmt);
-  fs::remove(fmt);
-  fs::create_symlink("/proc/self/environ", fmt);
-  EXPECT_FALSE(cache.Load(kKey).ok());
-  fs::remove(fmt);
-  std::ofstream(fmt, std::ios::binary) << std::string((1u << 20) + 1, 'x');
+  // Hand-edited entries: unsafe names, duplicates, wrong types, huge texts.
+  const json good_events = json::parse(saved);
+  auto edited = [&](const std::function<void(json&)>& edit) {
+    json j = good_events;
+    edit(j);
+    std::ofstream(events, std::ios::trunc | std::ios::binary) << j.dump();
+    Result<KernelFormats> loaded = cache.Load(kKey);
+    return loaded.ok() ? std::string("loaded") : loaded.error().message;
+  };
+  EXPECT_THAT(edited([](json& j) { j["events"][0]["system"] = "../../etc"; }),
+              HasSubstr("unsafe event name"));
+  EXPECT_THAT(edited([](json& j) { j["events"].push_back(j["events"][0]); }),
+              HasSubstr("appears twice"));
+  EXPECT_THAT(edited([](json& j) { j["events"][0]["id"] = -1; }), HasSubstr("unsigned id"));
+  EXPECT_THAT(edited([](json& j) { j["events"][0]["id"] = 70000; }), HasSubstr("above 65535"));
+  EXPECT_THAT(edited([](json& j) { j["events"][0]["format"] = 5; }), HasSubstr("needs string"));
+  EXPECT_THAT(edited([](json& j) { j["events"][0]["format"] = std::string((1u << 20) + 1, 'x'); }),
+              HasSubstr("exceeds"));
+  EXPECT_THAT(edited([](json& j) { j = json::array(); }), HasSubstr("\"events\" array"));
+  EXPECT_THAT(edited([](json& j) {
+                for (int i = 0; i < 20001; ++i) j["events"].push_back(1);
+              }),
+              HasSubstr("more than 20000"));
+  std::ofstream(events, std::ios::trunc | std::ios::binary) << saved;
+  ASSERT_TRUE(cache.Load(kKey).ok());
+
+  // A header replaced by something big is refused.
+  std::ofstream(entry / "header_page", std::ios::trunc) << std::string((64u << 10) + 1, 'h');
   r = cache.Load(kKey);
   ASSERT_FALSE(r.ok());
   EXPECT_THAT(r.error().message, HasSubstr("limit"));
-  fs::remove(fmt);
-  std::ofstream(fmt, std::ios::binary) << saved;
-  ASSERT_TRUE(cache.Load(kKey).ok());
 
   // A manifest that names another key, is not JSON, or is from the future.
   const fs::path manifest = entry / "manifest.json";

@@ -218,6 +218,7 @@ struct TraceDat::Impl {
   // the file or the read comes up short (the file shrank).
   bool Read(uint64_t offset, void* dst, size_t n) const {
     if (offset > file_size || n > file_size - offset) return false;
+    if (n == 0) return true;  // memcpy must not see a null pointer.
     if (in_memory) {
       std::memcpy(dst, memory.data() + offset, n);
       return true;

@@ -110,9 +110,10 @@ Result<std::vector<TarMember>> ReadTar(std::span<const std::byte> archive, const
     }
     const uint8_t* h = data + off;
     if (IsZeroBlock(h)) {
-      // POSIX asks for two zero blocks; one followed by the end of the data
-      // is what a truncated transfer looks like only if members were cut,
-      // which the size checks below already catch, so one is accepted.
+      // End of archive. POSIX writes two zero blocks; one is enough to know
+      // that every member before it arrived whole (a cut inside a member or
+      // its padding fails the size checks below, a cut between members fails
+      // the check above).
       break;
     }
     uint64_t want_sum = 0;

@@ -119,6 +119,14 @@ std::string ParseFieldLine(std::string_view line, bool strict_scalars, FieldForm
   if (!TakeAttribute(&rest, "field", &decl)) return "expected 'field:<declaration>;'";
   decl = Trim(decl);
   if (decl.empty()) return "empty field declaration";
+  // Every type the kernel prints is made of C identifiers, '*' and array
+  // brackets; anything else is not a kernel format (and has been seen to
+  // confuse libtraceevent's parser).
+  for (char c : decl) {
+    if (!IsIdentChar(c) && c != ' ' && c != '\t' && c != '*' && c != '[' && c != ']') {
+      return "unexpected character in field declaration";
+    }
+  }
 
   std::string_view type_part;
   std::string_view array_part;  // "[16]" or "[]" when the name carries it.
@@ -184,6 +192,114 @@ std::string ParseFieldLine(std::string_view line, bool strict_scalars, FieldForm
       field->size != 4 && field->size != 2) {
     return "dynamic field '" + field->name + "' has size " + std::to_string(field->size);
   }
+  return {};
+}
+
+// Checks that a print format is shaped like the kernel's: a string literal,
+// then comma-separated C expressions made of literals, identifiers, calls,
+// casts and operators, with balanced brackets and ternaries. libtraceevent's
+// parser dereferences NULL on some malformed formats (format_fuzzer found
+// several), so anything it could choke on is rejected here first. Returns an
+// empty string when the format is acceptable.
+std::string CheckPrintFormat(std::string_view fmt) {
+  enum class Tok { kString, kChar, kNumber, kIdent, kOpen, kClose, kComma, kOp };
+  std::vector<char> stack;      // Open brackets.
+  std::vector<int> ternaries;   // Unmatched '?' per bracket level.
+  ternaries.push_back(0);
+  size_t i = 0;
+  bool first = true;
+  bool have_prev = false;
+  bool seen_comma = false;
+  char prev_char = 0, prev_char_next = 0;
+  Tok prev = Tok::kComma;
+  auto operand_expected = [&]() {
+    return have_prev && (prev == Tok::kOp || prev == Tok::kComma || prev == Tok::kOpen);
+  };
+  while (i < fmt.size()) {
+    char c = fmt[i];
+    if (c == ' ' || c == '\t' || c == '\n' || c == '\r') {
+      ++i;
+      continue;
+    }
+    Tok tok;
+    if (c == '"' || c == '\'') {
+      size_t j = i + 1;
+      while (j < fmt.size() && fmt[j] != c) j += fmt[j] == '\\' ? 2 : 1;
+      if (j >= fmt.size()) return "unterminated literal";
+      tok = c == '"' ? Tok::kString : Tok::kChar;
+      i = j + 1;
+    } else if (c >= '0' && c <= '9') {
+      while (i < fmt.size() && (IsIdentChar(fmt[i]) || fmt[i] == '.')) ++i;
+      tok = Tok::kNumber;
+    } else if (IsIdentChar(c)) {
+      while (i < fmt.size() && IsIdentChar(fmt[i])) ++i;
+      tok = Tok::kIdent;
+    } else if (c == '(' || c == '[' || c == '{') {
+      if (stack.size() >= 64) return "nesting too deep";
+      stack.push_back(c);
+      ternaries.push_back(0);
+      tok = Tok::kOpen;
+      ++i;
+    } else if (c == ')' || c == ']' || c == '}') {
+      char open = c == ')' ? '(' : c == ']' ? '[' : '{';
+      if (stack.empty() || stack.back() != open) return "unbalanced brackets";
+      if (ternaries.back() != 0) return "'?' without ':'";
+      // "f()" is fine; "(a +)" and "(a,)" are not.
+      // A cast's '*' may close: "(void *)".
+      if (have_prev && ((prev == Tok::kOp && prev_char != '*') || (prev == Tok::kComma && c != '}'))) {
+        return "missing operand";
+      }
+      stack.pop_back();
+      ternaries.pop_back();
+      tok = Tok::kClose;
+      ++i;
+    } else if (c == ';') {
+      // Statement expressions: "({ int x = ...; x; })".
+      if (stack.empty()) return "';' outside brackets";
+      tok = Tok::kComma;
+      ++i;
+    } else if (c == ',') {
+      if (operand_expected()) return "missing operand";
+      if (ternaries.back() != 0) return "'?' without ':'";
+      tok = Tok::kComma;
+      ++i;
+    } else if (std::strchr("+-*/%&|^!~<>=?:.", c) != nullptr) {
+      static const char* const kTwoChar[] = {"->", "<<", ">>", "<=", ">=", "==", "!=", "&&", "||"};
+      size_t len = 1;
+      for (const char* two : kTwoChar) {
+        if (fmt.substr(i, 2) == two) len = 2;
+      }
+      if (c == '?') ternaries.back()++;
+      if (c == ':') {
+        if (ternaries.back() == 0) return "':' without '?'";
+        ternaries.back()--;
+      }
+      // Binary operators need a left operand; only unary ones may follow
+      // another operator, a comma or an opening bracket.
+      if (operand_expected() && (len == 2 || std::strchr("-+*&!~", c) == nullptr)) {
+        return std::string("operator '") + std::string(fmt.substr(i, len)) + "' without operand";
+      }
+      tok = Tok::kOp;
+      prev_char_next = len == 1 ? c : 0;
+      i += len;
+    } else {
+      return std::string("unexpected character '") + c + "'";
+    }
+    if (first) {
+      if (tok != Tok::kString) return "does not start with a string literal";
+      first = false;
+    } else if (!seen_comma && tok != Tok::kComma && tok != Tok::kString) {
+      return "expected ',' after the format string";
+    }
+    if (tok == Tok::kComma && c == ',') seen_comma = true;
+    prev_char = tok == Tok::kOp ? prev_char_next : 0;
+    prev = tok;
+    have_prev = true;
+  }
+  if (first) return "empty";
+  if (!stack.empty()) return "unbalanced brackets";
+  if (ternaries.back() != 0) return "'?' without ':'";
+  if (prev == Tok::kOp || prev == Tok::kComma) return "ends with an operator";
   return {};
 }
 
@@ -295,6 +411,23 @@ Result<EventFormat> ParseEventFormat(std::string_view system, std::string_view t
     if (!seen.insert(f.name).second) {
       return MakeError(system, ev.name, 0, "duplicate field '" + f.name + "'");
     }
+  }
+  // Every REC->field of the print format must be a field of the event:
+  // libtraceevent 1.7's parser dereferences a NULL field otherwise (found by
+  // format_fuzzer), and the kernel never writes such a format.
+  for (size_t pos = ev.print_fmt.find("REC->"); pos != std::string::npos;
+       pos = ev.print_fmt.find("REC->", pos + 1)) {
+    size_t start = pos + 5, end = start;
+    while (end < ev.print_fmt.size() && IsIdentChar(ev.print_fmt[end])) ++end;
+    std::string_view ref(ev.print_fmt.data() + start, end - start);
+    if (!seen.contains(ref)) {
+      return MakeError(system, ev.name, 0,
+                       "print fmt refers to unknown field '" + std::string(ref.substr(0, 64)) + "'");
+    }
+  }
+  if (!ev.print_fmt.empty()) {
+    std::string bad = CheckPrintFormat(ev.print_fmt);
+    if (!bad.empty()) return MakeError(system, ev.name, 0, "print fmt: " + bad);
   }
   if (!have_name) return MakeError(system, "", lines.line_no(), "missing 'name:'");
   if (!have_id) return MakeError(system, ev.name, lines.line_no(), "missing 'ID:'");

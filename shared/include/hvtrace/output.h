@@ -1,0 +1,68 @@
+// Writing decoded events: a buffered sink and the whole-file report that
+// `hvtrace report` runs.
+#ifndef HVTRACE_OUTPUT_H_
+#define HVTRACE_OUTPUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hvtrace/result.h"
+
+namespace hvtrace {
+
+// Collects text in one large buffer and writes it to a file descriptor in big
+// chunks: one write(2) per ~1 MiB instead of one stdio call per line.
+class OutputSink {
+ public:
+  explicit OutputSink(int fd, size_t flush_at = 1 << 20);
+  ~OutputSink();  // Flushes; errors are kept in status().
+  OutputSink(const OutputSink&) = delete;
+  OutputSink& operator=(const OutputSink&) = delete;
+
+  // The buffer to append to; call MaybeFlush() after appending.
+  std::string* buffer() { return &buffer_; }
+  void MaybeFlush() {
+    if (buffer_.size() >= flush_at_) (void)Flush();  // Errors stay in status().
+  }
+  Status Flush();
+  const Status& status() const { return status_; }
+
+ private:
+  int fd_;
+  size_t flush_at_;
+  std::string buffer_;
+  Status status_;
+};
+
+enum class OutputFormat { kText, kJson };
+
+struct ReportOptions {
+  OutputFormat format = OutputFormat::kText;
+  // Off: every event is printed by libtraceevent (for comparisons).
+  bool fast_paths = true;
+  // Print trace-cmd's "cpus=N" header line (text only).
+  bool header = true;
+};
+
+struct ReportStats {
+  uint64_t events = 0;
+  uint64_t pages = 0;
+  uint64_t bad_pages = 0;  // Pages with a rejected tail (their good records are printed).
+  uint64_t fast_path_events = 0;
+  // Every problem, each naming the file and, where it applies, the CPU and
+  // offset. Reading went on past each of them.
+  std::vector<std::string> issues;
+};
+
+// Decodes every event of the trace.dat at |path| and writes it to |out_fd|
+// in the same order and shape as `trace-cmd report` (text) or as JSON lines.
+// CPUs are merged by time stamp the way trace-cmd merges them: smallest time
+// first, ties to the CPU listed first. Fails only when the file cannot be
+// opened or the output cannot be written; problems inside the data are listed
+// in the returned stats and every good event is still written.
+Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& options, int out_fd);
+
+}  // namespace hvtrace
+
+#endif  // HVTRACE_OUTPUT_H_

@@ -1,0 +1,382 @@
+// EventDecoder: libtraceevent set up the way trace-cmd sets it up, our own
+// line prefix and JSON, and compiled printers (event_printer.h) for the print
+// formats they cover.
+#include "hvtrace/decoder.h"
+
+#include <traceevent/event-parse.h>
+#include <traceevent/trace-seq.h>
+
+#include <cstdio>
+#include <cstring>
+#include <unordered_map>
+
+#include "event_printer.h"
+#include "event_text.h"
+#include "hvtrace/fingerprint.h"
+
+namespace hvtrace {
+namespace {
+
+// A record larger than this is cut to it before printing; kernel sub-buffers
+// are at most a few pages, so only a hostile file gets here.
+constexpr size_t kMaxPayload = 1 << 20;
+// Reach of a __data_loc / __rel_loc reference past its base: 16-bit offset
+// plus 16-bit length.
+constexpr size_t kMaxDynamicReach = 2 << 16;
+constexpr size_t kScratchSize = kMaxPayload + kMaxFieldEnd + kMaxDynamicReach + 64;
+
+struct EventInfo {
+  EventFormat format;
+  tep_event* event = nullptr;  // libtraceevent's view; null if it has none.
+  std::unique_ptr<EventPrinter> printer;  // Null: libtraceevent prints it.
+  std::string name_column;                // " name: " padded as trace-cmd does.
+  // The smallest record the format describes: the end of its last field
+  // (the start, for an open-ended field such as print's "char buf[]").
+  uint32_t min_size = 0;
+};
+
+}  // namespace
+
+struct EventDecoder::Impl {
+  tep_handle* tep = nullptr;
+  tep_plugin_list* plugins = nullptr;
+  std::vector<std::string> warnings;
+  std::unordered_map<uint32_t, std::unique_ptr<EventInfo>> events;
+  std::vector<EventInfo*> by_id;  // Dense index for the hot path.
+  std::vector<unsigned char> scratch;
+  std::unique_ptr<SymbolCache> symbols;
+  // Comms found by tep_data_comm_from_pid(), direct-mapped by pid. Only hits
+  // are cached: libtraceevent never replaces a registered comm (plugins call
+  // tep_register_comm, which keeps the first), and its strings do not move,
+  // while a miss can turn into a hit when a plugin registers the pid later.
+  struct CommEntry {
+    int pid = -1;
+    const char* comm = nullptr;
+  };
+  static constexpr size_t kCommEntries = 4096;
+  std::vector<CommEntry> comm_cache = std::vector<CommEntry>(kCommEntries);
+
+  const char* Comm(int pid) {
+    CommEntry& e = comm_cache[static_cast<uint32_t>(pid) % kCommEntries];
+    if (e.pid == pid && e.comm != nullptr) return e.comm;
+    const char* comm = tep_data_comm_from_pid(tep, pid);
+    if (pid != 0 && std::strcmp(comm, "<...>") != 0) {
+      e.pid = pid;
+      e.comm = comm;
+    }
+    return comm;
+  }
+  trace_seq seq{};
+  bool time_in_usecs = true;
+  bool fast_paths = true;
+  bool little_endian = true;
+  uint64_t fast_count = 0;
+  uint64_t slow_count = 0;
+
+  ~Impl() {
+    trace_seq_destroy(&seq);
+    if (tep != nullptr) {
+      if (plugins != nullptr) tep_unload_plugins(plugins, tep);
+      tep_free(tep);
+    }
+  }
+
+  EventInfo* Find(uint32_t id) const { return id < by_id.size() ? by_id[id] : nullptr; }
+
+  // Copies |payload| into the zero-padded scratch area and returns the size
+  // used; every reader works on the scratch copy.
+  uint32_t Stage(std::span<const std::byte> payload) {
+    size_t n = std::min(payload.size(), kMaxPayload);
+    std::memcpy(scratch.data(), payload.data(), n);
+    return static_cast<uint32_t>(n);
+  }
+  void Unstage(uint32_t n) { std::memset(scratch.data(), 0, n); }
+
+  uint32_t ReadU16(size_t off) const {
+    const unsigned char* p = scratch.data() + off;
+    return little_endian ? (p[0] | p[1] << 8) : (p[1] | p[0] << 8);
+  }
+  int32_t ReadS32(size_t off) const {
+    const unsigned char* p = scratch.data() + off;
+    uint32_t v = little_endian ? (p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24)
+                               : (p[3] | p[2] << 8 | p[1] << 16 | static_cast<uint32_t>(p[0]) << 24);
+    return static_cast<int32_t>(v);
+  }
+
+  void AppendPrefix(const DecodedRecord& r, const char* comm, int pid, std::string* out) const;
+};
+
+EventDecoder::EventDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EventDecoder::~EventDecoder() = default;
+
+TraceMetadata TraceMetadataFrom(const TraceDat& dat) {
+  TraceMetadata m;
+  m.source = dat.path();
+  m.header_page = dat.header_page();
+  m.formats = dat.formats();
+  m.kallsyms = dat.kallsyms();
+  m.printk_formats = dat.printk_formats();
+  m.cmdlines = dat.cmdlines();
+  m.trace_clock = dat.trace_clock();
+  m.long_size = dat.long_size();
+  m.page_size = dat.page_size();
+  m.big_endian = dat.big_endian();
+  return m;
+}
+
+namespace {
+
+// trace-cmd prints times as sec.usec only for clocks that count nanoseconds
+// (trace-input.c, extract_trace_clock); for others it prints the raw count.
+bool ClockInNanoseconds(const std::string& trace_clock) {
+  std::string clock;
+  if (size_t open = trace_clock.find('['); open != std::string::npos) {
+    size_t close = trace_clock.find(']', open);
+    clock = trace_clock.substr(open + 1, close == std::string::npos ? std::string::npos
+                                                                    : close - open - 1);
+  } else {
+    size_t end = trace_clock.find_first_of(" \n\t");
+    clock = trace_clock.substr(0, end);
+  }
+  if (clock.empty()) return true;  // No clock recorded: trace-cmd keeps usecs.
+  return clock == "local" || clock == "global" || clock == "uptime" || clock == "perf" ||
+         clock.starts_with("mono") || clock == "x86-tsc-nsec" || clock == "tai";
+}
+
+// saved_cmdlines as trace-cmd parses it (trace-util.c): "pid comm" per line,
+// registered in file order; later duplicates are ignored.
+void LoadCmdlines(tep_handle* tep, const std::string& text) {
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    char* after = nullptr;
+    long pid = std::strtol(line.c_str(), &after, 10);
+    if (after == line.c_str() || *after != ' ') continue;
+    std::string comm(after + 1);
+    if (comm.empty() || pid < 0 || pid > INT32_MAX) continue;
+    tep_register_comm(tep, comm.c_str(), static_cast<int>(pid));
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& metadata) {
+  auto impl = std::make_unique<Impl>();
+  const std::string& src = metadata.source;
+  if (metadata.long_size != 4 && metadata.long_size != 8) {
+    return Error{src + ": unsupported long size " + std::to_string(metadata.long_size)};
+  }
+  impl->tep = tep_alloc();
+  if (impl->tep == nullptr) return Error{src + ": out of memory"};
+  tep_handle* tep = impl->tep;
+  impl->little_endian = !metadata.big_endian;
+  impl->time_in_usecs = ClockInNanoseconds(metadata.trace_clock);
+  // Same order as trace-cmd (tracecmd_alloc_fd): plugins first, then the
+  // file's description.
+  impl->plugins = tep_load_plugins(tep);
+  tep_set_file_bigendian(tep, metadata.big_endian ? TEP_BIG_ENDIAN : TEP_LITTLE_ENDIAN);
+  tep_set_local_bigendian(tep, TEP_LITTLE_ENDIAN);
+  tep_set_long_size(tep, static_cast<int>(metadata.long_size));
+  tep_set_page_size(tep, static_cast<int>(metadata.page_size));
+
+  if (Result<std::vector<FieldFormat>> hp = ParseHeaderPage(metadata.header_page); !hp.ok()) {
+    impl->warnings.push_back(src + ": " + hp.error().message);
+  } else {
+    std::string text = metadata.header_page;
+    tep_parse_header_page(tep, text.data(), static_cast<unsigned long>(text.size()),
+                          static_cast<int>(metadata.long_size));
+  }
+
+  for (const FormatText& ft : metadata.formats) {
+    Result<EventFormat> parsed = ParseEventFormat(ft.system, ft.text);
+    if (!parsed.ok()) {
+      impl->warnings.push_back(src + ": " + parsed.error().message);
+      continue;
+    }
+    uint32_t id = parsed->id;
+    if (impl->events.contains(id)) {
+      impl->warnings.push_back(src + ": event id " + std::to_string(id) + " (" + ft.system + "/" +
+                               parsed->name + ") defined twice; keeping the first");
+      continue;
+    }
+    if (tep_parse_event(tep, ft.text.data(), ft.text.size(), ft.system.c_str()) != 0) {
+      // libtraceevent keeps events it could only partly parse (flagged
+      // TEP_EVENT_FL_FAILED) and prints them raw, as trace-cmd does.
+      impl->warnings.push_back(src + ": libtraceevent could not fully parse " + ft.system + "/" +
+                               parsed->name);
+    }
+    auto info = std::make_unique<EventInfo>();
+    info->format = std::move(*parsed);
+    info->event = tep_find_event(tep, static_cast<int>(id));
+    for (const FieldFormat& f : info->format.fields) {
+      info->min_size = std::max(info->min_size, f.offset + f.size);
+    }
+    const std::string& name = info->format.name;
+    info->name_column = " " + name + ": ";
+    if (name.size() < 20) info->name_column.append(20 - name.size(), ' ');
+    impl->events.emplace(id, std::move(info));
+  }
+  if (!metadata.kallsyms.empty()) tep_parse_kallsyms(tep, metadata.kallsyms.c_str());
+  if (!metadata.printk_formats.empty()) {
+    tep_parse_printk_formats(tep, metadata.printk_formats.c_str());
+  }
+  LoadCmdlines(tep, metadata.cmdlines);
+
+  uint32_t max_id = 0;
+  for (auto& [id, info] : impl->events) max_id = std::max(max_id, id);
+  impl->by_id.assign(impl->events.empty() ? 0 : max_id + 1, nullptr);
+  impl->symbols = std::make_unique<SymbolCache>(tep);
+  for (auto& [id, info] : impl->events) {
+    impl->by_id[id] = info.get();
+    if (info->event != nullptr && impl->little_endian) {
+      info->printer = EventPrinter::Compile(tep, info->event, info->format, impl->symbols.get());
+    }
+  }
+  impl->scratch.assign(kScratchSize, 0);
+  trace_seq_init(&impl->seq);
+  return std::unique_ptr<EventDecoder>(new EventDecoder(std::move(impl)));
+}
+
+const std::vector<std::string>& EventDecoder::warnings() const { return impl_->warnings; }
+
+const EventFormat* EventDecoder::FindFormat(uint32_t id) const {
+  EventInfo* info = impl_->Find(id);
+  return info ? &info->format : nullptr;
+}
+
+void EventDecoder::SetFastPathsEnabled(bool enabled) { impl_->fast_paths = enabled; }
+uint64_t EventDecoder::fast_path_count() const { return impl_->fast_count; }
+uint64_t EventDecoder::slow_path_count() const { return impl_->slow_count; }
+
+void EventDecoder::Impl::AppendPrefix(const DecodedRecord& r, const char* comm, int pid,
+                                      std::string* out) const {
+  // "%16s-%-5d [%03d]" then " %5llu.%06llu:" (usecs) or "%12llu:" (raw).
+  AppendPadLeft(out, comm, std::strlen(comm), 16);
+  out->push_back('-');
+  AppendIntPadRight(out, pid, 5);
+  out->append(" [");
+  AppendUintZeroPad(out, r.cpu, 3);
+  out->push_back(']');
+  if (time_in_usecs) {
+    uint64_t t = (r.timestamp + 500) / 1000;
+    out->push_back(' ');
+    AppendUintPadLeft(out, t / 1000000, 5);
+    out->push_back('.');
+    AppendUintZeroPad(out, t % 1000000, 6);
+  } else {
+    AppendUintPadLeft(out, r.timestamp, 12);
+  }
+  out->push_back(':');
+}
+
+void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
+  Impl& m = *impl_;
+  size_t line_start = out->size();
+  if (record.missed_events > 0) {
+    out->append("CPU:");
+    AppendInt(out, record.cpu);
+    out->append(" [");
+    AppendInt(out, record.missed_events);
+    out->append(" EVENTS DROPPED]\n");
+  } else if (record.missed_events < 0) {
+    out->append("CPU:");
+    AppendInt(out, record.cpu);
+    out->append(" [EVENTS DROPPED]\n");
+  }
+  uint32_t size = m.Stage(record.payload);
+  uint32_t id = size >= 2 ? m.ReadU16(0) : 0;
+  EventInfo* info = size >= 2 ? m.Find(id) : nullptr;
+  if (info == nullptr || info->event == nullptr) {
+    // tep_print_event() prints this for each part of the line when it has no
+    // event for the record (trace-read.c, trace_show_data).
+    out->append("[UNKNOWN EVENT][UNKNOWN EVENT] (NULL):               [UNKNOWN EVENT]\n");
+    m.Unstage(size);
+    m.slow_count++;
+    return;
+  }
+  int pid = m.ReadS32(4);
+  m.AppendPrefix(record, m.Comm(pid), pid, out);
+  out->append(info->name_column);
+  size_t info_start = out->size();
+  if (size < info->min_size) {
+    // libtraceevent trusts the record to hold its fields (an open-ended
+    // field is copied with length size - offset, negative here), so a short
+    // record is never handed to it. The kernel never writes one.
+    out->append("[short record: ");
+    AppendInt(out, size);
+    out->append(" bytes, format needs ");
+    AppendInt(out, info->min_size);
+    out->append("]");
+  } else if (m.fast_paths && info->printer != nullptr) {
+    info->printer->Print(m.scratch.data(), size, out);
+    m.fast_count++;
+  } else {
+    tep_record rec{};
+    rec.ts = record.timestamp;
+    rec.cpu = static_cast<int>(record.cpu);
+    rec.data = m.scratch.data();
+    rec.size = static_cast<int>(size);
+    rec.record_size = static_cast<int>(size);
+    rec.missed_events = record.missed_events;
+    trace_seq_reset(&m.seq);
+    tep_print_event(m.tep, &m.seq, &rec, "%s", TEP_PRINT_INFO);
+    out->append(m.seq.buffer, m.seq.len);
+    m.slow_count++;
+  }
+  m.Unstage(size);
+  // trace-cmd writes the line with "%.*s", so it ends at an embedded NUL, and
+  // it drops one trailing newline before adding its own.
+  size_t nul = out->find('\0', info_start);
+  if (nul != std::string::npos) out->resize(nul);
+  if (out->size() > line_start && out->back() == '\n') out->pop_back();
+  out->push_back('\n');
+}
+
+void EventDecoder::AppendJson(const DecodedRecord& record, std::string* out) {
+  Impl& m = *impl_;
+  uint32_t size = m.Stage(record.payload);
+  uint32_t id = size >= 2 ? m.ReadU16(0) : 0;
+  EventInfo* info = size >= 2 ? m.Find(id) : nullptr;
+  int pid = size >= 8 ? m.ReadS32(4) : 0;
+  out->append("{\"cpu\":");
+  AppendInt(out, record.cpu);
+  out->append(",\"ts_ns\":");
+  AppendInt(out, record.timestamp);
+  if (info == nullptr) {
+    out->append(",\"event\":null,\"id\":");
+    AppendInt(out, id);
+  } else {
+    out->append(",\"event\":");
+    AppendJsonString(out, info->format.name);
+    out->append(",\"system\":");
+    AppendJsonString(out, info->format.system);
+  }
+  out->append(",\"pid\":");
+  AppendInt(out, pid);
+  out->append(",\"comm\":");
+  AppendJsonString(out, m.Comm(pid));
+  if (record.missed_events != 0) {
+    out->append(",\"missed_events\":");
+    AppendInt(out, record.missed_events);
+  }
+  if (info != nullptr) {
+    out->append(",\"fields\":{");
+    bool first = true;
+    for (const FieldFormat& f : info->format.fields) {
+      if (f.is_common) continue;
+      if (!first) out->push_back(',');
+      first = false;
+      AppendJsonString(out, f.name);
+      out->push_back(':');
+      AppendJsonFieldValue(out, f, m.scratch.data(), size, m.little_endian);
+    }
+    out->push_back('}');
+  }
+  out->append("}\n");
+  m.Unstage(size);
+}
+
+}  // namespace hvtrace

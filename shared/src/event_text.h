@@ -1,0 +1,90 @@
+// Small, allocation-free text helpers for the decoder's hot path: integer
+// formatting with printf's padding rules and JSON string escaping. They
+// append to a std::string that the caller reuses as its write buffer.
+#ifndef HVTRACE_SHARED_SRC_EVENT_TEXT_H_
+#define HVTRACE_SHARED_SRC_EVENT_TEXT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "hvtrace/format.h"
+
+namespace hvtrace {
+
+// Writes the decimal digits of |v| backwards ending at |end|; returns the start.
+inline char* FormatUintBackwards(uint64_t v, char* end) {
+  do {
+    *--end = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  return end;
+}
+
+template <typename T>
+inline void AppendInt(std::string* out, T value) {
+  char buf[24];
+  char* end = buf + sizeof(buf);
+  char* p;
+  if constexpr (std::is_signed_v<T>) {
+    uint64_t mag = value < 0 ? 0 - static_cast<uint64_t>(value) : static_cast<uint64_t>(value);
+    p = FormatUintBackwards(mag, end);
+    if (value < 0) *--p = '-';
+  } else {
+    p = FormatUintBackwards(static_cast<uint64_t>(value), end);
+  }
+  out->append(p, static_cast<size_t>(end - p));
+}
+
+// printf("%*s", width, s).
+inline void AppendPadLeft(std::string* out, const char* s, size_t len, size_t width) {
+  if (len < width) out->append(width - len, ' ');
+  out->append(s, len);
+}
+
+// printf("%-*d", width, v).
+inline void AppendIntPadRight(std::string* out, int64_t v, size_t width) {
+  size_t before = out->size();
+  AppendInt(out, v);
+  size_t n = out->size() - before;
+  if (n < width) out->append(width - n, ' ');
+}
+
+// printf("%0*llu", width, v).
+inline void AppendUintZeroPad(std::string* out, uint64_t v, size_t width) {
+  char buf[24];
+  char* end = buf + sizeof(buf);
+  char* p = FormatUintBackwards(v, end);
+  size_t n = static_cast<size_t>(end - p);
+  if (n < width) out->append(width - n, '0');
+  out->append(p, n);
+}
+
+// printf("%*llu", width, v).
+inline void AppendUintPadLeft(std::string* out, uint64_t v, size_t width) {
+  char buf[24];
+  char* end = buf + sizeof(buf);
+  char* p = FormatUintBackwards(v, end);
+  size_t n = static_cast<size_t>(end - p);
+  if (n < width) out->append(width - n, ' ');
+  out->append(p, n);
+}
+
+// A JSON string literal. Bytes >= 0x80 are escaped as \u00XX (read as
+// Latin-1): trace data is not guaranteed UTF-8 and the output must stay valid
+// JSON.
+void AppendJsonString(std::string* out, std::string_view s);
+inline void AppendJsonString(std::string* out, const char* s) {
+  AppendJsonString(out, std::string_view(s ? s : ""));
+}
+
+// The value of |field| in |data| (a zero-padded scratch copy of a record of
+// |size| bytes) as JSON. Dynamic references are bounded by |size|.
+void AppendJsonFieldValue(std::string* out, const FieldFormat& field, const unsigned char* data,
+                          uint32_t size, bool little_endian);
+
+}  // namespace hvtrace
+
+#endif  // HVTRACE_SHARED_SRC_EVENT_TEXT_H_

@@ -1,0 +1,155 @@
+#include "hvtrace/decoder.h"
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "hvtrace/page.h"
+#include "hvtrace/tracedat.h"
+
+namespace hvtrace {
+namespace {
+
+const char* const kFixtures[] = {"real-v6.dat", "real-v7.dat", "real-v7-zstd.dat"};
+
+std::string Fixture(const char* name) { return std::string(HVTRACE_FIXTURES_DIR) + "/tracedat/" + name; }
+
+// Every record of every CPU of |path|, in file order per CPU.
+struct Rec {
+  uint32_t cpu;
+  uint64_t ts;
+  std::vector<std::byte> payload;
+};
+std::vector<Rec> ReadAll(const std::string& path) {
+  std::vector<Rec> out;
+  auto dat = TraceDat::Open(path);
+  EXPECT_TRUE(dat.ok()) << (dat.ok() ? "" : dat.error().message);
+  if (!dat.ok()) return out;
+  auto layout = PageLayout::FromHeaderPage(dat->header_page(), dat->page_size());
+  EXPECT_TRUE(layout.ok());
+  if (!layout.ok()) return out;
+  for (size_t i = 0; i < dat->cpus().size(); ++i) {
+    uint32_t cpu = dat->cpus()[i].cpu;
+    Status s = dat->ForEachPage(i, [&](std::span<const std::byte> page, uint64_t) {
+      PageCursor cursor(page, *layout);
+      RawRecord r;
+      while (cursor.Next(&r)) out.push_back({cpu, r.timestamp, {r.payload.begin(), r.payload.end()}});
+      return true;
+    });
+    EXPECT_TRUE(s.ok());
+  }
+  return out;
+}
+
+// The compiled printers must print exactly what libtraceevent prints, on
+// every record of the real fixtures.
+TEST(DecoderTest, FastPathsMatchLibtraceeventOnEveryRecord) {
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    auto dat = TraceDat::Open(Fixture(name));
+    ASSERT_TRUE(dat.ok()) << dat.error().message;
+    TraceMetadata meta = TraceMetadataFrom(*dat);
+    auto fast = EventDecoder::Create(meta);
+    auto slow = EventDecoder::Create(meta);
+    ASSERT_TRUE(fast.ok() && slow.ok());
+    (*slow)->SetFastPathsEnabled(false);
+    std::vector<Rec> recs = ReadAll(Fixture(name));
+    ASSERT_GT(recs.size(), 1000u);
+    size_t mismatches = 0;
+    for (const Rec& r : recs) {
+      DecodedRecord d{r.cpu, r.ts, r.payload, 0};
+      std::string a, b;
+      (*fast)->AppendText(d, &a);
+      (*slow)->AppendText(d, &b);
+      if (a != b && ++mismatches <= 5) ADD_FAILURE() << "fast: " << a << "slow: " << b;
+    }
+    EXPECT_EQ(mismatches, 0u);
+    EXPECT_EQ((*slow)->fast_path_count(), 0u);
+    // Most events of these traces (kmem, sched, syscalls, irq, timer) take
+    // the compiled path; if this drops, a printer stopped compiling.
+    EXPECT_GT((*fast)->fast_path_count(), recs.size() / 2)
+        << "fast " << (*fast)->fast_path_count() << " of " << recs.size();
+  }
+}
+
+TEST(DecoderTest, JsonLinesParseAndCarryFields) {
+  auto dat = TraceDat::Open(Fixture("real-v7.dat"));
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  auto dec = EventDecoder::Create(TraceMetadataFrom(*dat));
+  ASSERT_TRUE(dec.ok());
+  std::vector<Rec> recs = ReadAll(Fixture("real-v7.dat"));
+  size_t switches = 0;
+  for (const Rec& r : recs) {
+    std::string line;
+    (*dec)->AppendJson(DecodedRecord{r.cpu, r.ts, r.payload, 0}, &line);
+    ASSERT_EQ(line.back(), '\n');
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << line;
+    EXPECT_EQ(j["cpu"], r.cpu);
+    EXPECT_EQ(j["ts_ns"], r.ts);
+    if (j["event"] == "sched_switch") {
+      ++switches;
+      EXPECT_EQ(j["system"], "sched");
+      EXPECT_TRUE(j["fields"]["prev_comm"].is_string());
+      EXPECT_TRUE(j["fields"]["next_pid"].is_number_integer());
+    }
+  }
+  EXPECT_GT(switches, 0u);
+}
+
+// Hostile records: too short, unknown ids, dynamic strings pointing far
+// outside the record. Nothing may crash (ASan runs this) and every call
+// still yields its line(s), ending in a newline.
+TEST(DecoderTest, Malicious_RecordsStayInsideTheScratchCopy) {
+  auto dat = TraceDat::Open(Fixture("real-v7.dat"));
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  auto dec = EventDecoder::Create(TraceMetadataFrom(*dat));
+  ASSERT_TRUE(dec.ok());
+  for (const FormatText& ft : dat->formats()) {
+    auto ev = ParseEventFormat(ft.system, ft.text);
+    if (!ev.ok()) continue;
+    for (size_t len : {0u, 1u, 2u, 8u, 12u, 16u, 64u}) {
+      std::vector<std::byte> payload(len, std::byte{0xff});
+      if (len >= 2) {
+        payload[0] = std::byte(ev->id & 0xff);
+        payload[1] = std::byte(ev->id >> 8);
+      }
+      for (bool fast : {true, false}) {
+        (*dec)->SetFastPathsEnabled(fast);
+        std::string text, json;
+        (*dec)->AppendText(DecodedRecord{0, 1, payload, 0}, &text);
+        (*dec)->AppendJson(DecodedRecord{0, 1, payload, 0}, &json);
+        // One line, except stack events whose print formats hold newlines.
+        ASSERT_FALSE(text.empty());
+        EXPECT_EQ(text.back(), '\n') << ev->name << " " << len;
+        if (ev->print_fmt.find("\\n") == std::string::npos) {
+          EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << ev->name << " " << len << ": " << text;
+        }
+        EXPECT_FALSE(nlohmann::json::parse(json, nullptr, false).is_discarded()) << json;
+      }
+    }
+  }
+  std::string text;
+  std::vector<std::byte> unknown = {std::byte{0xfe}, std::byte{0xfe}, std::byte{0}, std::byte{0}};
+  (*dec)->AppendText(DecodedRecord{3, 5, unknown, 0}, &text);
+  EXPECT_EQ(text, "[UNKNOWN EVENT][UNKNOWN EVENT] (NULL):               [UNKNOWN EVENT]\n");
+}
+
+TEST(DecoderTest, Malicious_BadFormatsAreSkippedWithAWarning) {
+  TraceMetadata meta;
+  meta.source = "test.dat";
+  meta.header_page = "garbage";
+  meta.formats.push_back({"sched", "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:0;\tsize:9999999;\n"});
+  meta.formats.push_back({"sched", "name: y\nID: 2\nformat:\n\tfield:int a;\toffset:8;\tsize:4;\tsigned:1;\n\nprint fmt: \"%d\", REC->missing\n"});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok());
+  EXPECT_EQ((*dec)->warnings().size(), 3u);
+  for (const std::string& w : (*dec)->warnings()) EXPECT_NE(w.find("test.dat"), std::string::npos) << w;
+  EXPECT_EQ((*dec)->FindFormat(1), nullptr);
+  EXPECT_EQ((*dec)->FindFormat(2), nullptr);
+}
+
+}  // namespace
+}  // namespace hvtrace

@@ -151,6 +151,42 @@ TEST(FormatTest, Malicious_Rejected) {
   }
 }
 
+// Print formats that crashed libtraceevent 1.7's parser (format_fuzzer
+// findings) must be rejected before it sees them.
+TEST(FormatTest, Malicious_PrintFormatsLibtraceeventCannotParse) {
+  const std::string head =
+      "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:8;\tsize:4;\tsigned:1;\n\nprint fmt: ";
+  const char* bad[] = {
+      "\"a=%d\", REC->b",                               // Field that does not exist.
+      "\"a=%d\", (REC->a) ? __p:unsigned long a;",        // Cut-off expression.
+      "\"a=%d\", REC->a)",                              // Unbalanced.
+      "\"a=%d\", (REC->a",                              // Unclosed.
+      "\"a=%d\", REC->a ? 1",                           // '?' without ':'.
+      "\"a=%d\", REC->a : 1",                           // ':' without '?'.
+      "\"a=%d\", REC->a +",                             // Dangling operator.
+      "\"a=%d\", , REC->a",                             // Empty argument.
+      "\"a=%d, REC->a",                                  // Unterminated string.
+      "REC->a",                                         // No format string.
+      "\"a=%d\" REC->a",                                // No comma.
+      "\"a=%d\", REC->a @ 2",                           // Not C.
+  };
+  for (const char* fmt : bad) {
+    EXPECT_FALSE(ParseEventFormat("s", head + fmt + "\n").ok()) << fmt;
+  }
+  const char* good[] = {
+      "\"a=%d\", REC->a",
+      "\"a=%s\", REC->a ? \"yes\" : \"no\"",
+      "\"%ps\", (void *)REC->a",
+      "\"%s\", __print_flags(REC->a, \"|\", { 1, \"A\" }, { 2, \"B\" })",
+      "\"%d\", ({ int x = REC->a; x; })",
+      "\"%d\", -REC->a",
+  };
+  for (const char* fmt : good) {
+    auto ev = ParseEventFormat("s", head + fmt + "\n");
+    EXPECT_TRUE(ev.ok()) << fmt << ": " << (ev.ok() ? "" : ev.error().message);
+  }
+}
+
 TEST(FormatTest, Malicious_TooManyFieldsAndTooLong) {
   std::string text = "name: x\nID: 1\nformat:\n";
   for (size_t i = 0; i <= kMaxFields; ++i) {

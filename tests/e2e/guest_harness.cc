@@ -121,6 +121,7 @@ hostd::VmConfig TestGuest::MakeConfig(const GuestImage& image) const {
 std::string TestGuest::ShmPath(const std::string& suffix) const { return shm_prefix_ + "-" + suffix; }
 
 Status TestGuest::Boot(const hostd::VmConfig& config) {
+  const auto started = std::chrono::steady_clock::now();
   auto vm = hostd::Vm::Start(config, hostd::KvmUsable());
   if (!vm.ok()) return vm.error();
   vm_ = std::move(vm.value());
@@ -137,6 +138,9 @@ Status TestGuest::Boot(const hostd::VmConfig& config) {
     return Error{"guest did not boot (" + std::string(vm_->kvm() ? "KVM" : "TCG") + "): " + ready.error().message +
                  "\nQEMU " + vm_->DescribeExit() + ", stderr:\n" + vm_->QemuLogTail()};
   }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf("[harness] %s: %s guest %s ready after %.1f s\n", config.name.c_str(), vm_->kvm() ? "KVM" : "TCG",
+              ready->c_str() + ready->find("HVTRACE-GUEST-READY"), seconds);
   return {};
 }
 

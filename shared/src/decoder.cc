@@ -33,6 +33,10 @@ struct EventInfo {
   // The smallest record the format describes: the end of its last field
   // (the start, for an open-ended field such as print's "char buf[]").
   uint32_t min_size = 0;
+  // libtraceevent parses the format on first use: trace-cmd stores every
+  // format of the system (thousands), while a trace uses a few dozen.
+  std::string text;
+  bool loaded = false;
 };
 
 }  // namespace
@@ -82,6 +86,24 @@ struct EventDecoder::Impl {
   }
 
   EventInfo* Find(uint32_t id) const { return id < by_id.size() ? by_id[id] : nullptr; }
+
+  // Hands the format to libtraceevent and compiles its printer (once).
+  void Load(EventInfo* info) {
+    info->loaded = true;
+    const std::string& sys = info->format.system;
+    if (tep_parse_event(tep, info->text.data(), info->text.size(), sys.c_str()) != 0) {
+      // libtraceevent keeps events it could only partly parse (flagged
+      // TEP_EVENT_FL_FAILED) and prints them raw, as trace-cmd does.
+      warnings.push_back(source + ": libtraceevent could not fully parse " + sys + "/" +
+                         info->format.name);
+    }
+    info->event = tep_find_event(tep, static_cast<int>(info->format.id));
+    if (info->event != nullptr && little_endian) {
+      info->printer = EventPrinter::Compile(tep, info->event, info->format, symbols.get());
+    }
+    std::string().swap(info->text);
+  }
+  std::string source;
 
   // Copies |payload| into the zero-padded scratch area and returns the size
   // used; every reader works on the scratch copy.
@@ -202,15 +224,9 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
                                parsed->name + ") defined twice; keeping the first");
       continue;
     }
-    if (tep_parse_event(tep, ft.text.data(), ft.text.size(), ft.system.c_str()) != 0) {
-      // libtraceevent keeps events it could only partly parse (flagged
-      // TEP_EVENT_FL_FAILED) and prints them raw, as trace-cmd does.
-      impl->warnings.push_back(src + ": libtraceevent could not fully parse " + ft.system + "/" +
-                               parsed->name);
-    }
     auto info = std::make_unique<EventInfo>();
     info->format = std::move(*parsed);
-    info->event = tep_find_event(tep, static_cast<int>(id));
+    info->text = ft.text;
     for (const FieldFormat& f : info->format.fields) {
       info->min_size = std::max(info->min_size, f.offset + f.size);
     }
@@ -229,12 +245,8 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
   for (auto& [id, info] : impl->events) max_id = std::max(max_id, id);
   impl->by_id.assign(impl->events.empty() ? 0 : max_id + 1, nullptr);
   impl->symbols = std::make_unique<SymbolCache>(tep);
-  for (auto& [id, info] : impl->events) {
-    impl->by_id[id] = info.get();
-    if (info->event != nullptr && impl->little_endian) {
-      info->printer = EventPrinter::Compile(tep, info->event, info->format, impl->symbols.get());
-    }
-  }
+  for (auto& [id, info] : impl->events) impl->by_id[id] = info.get();
+  impl->source = src;
   impl->scratch.assign(kScratchSize, 0);
   trace_seq_init(&impl->seq);
   return std::unique_ptr<EventDecoder>(new EventDecoder(std::move(impl)));
@@ -253,23 +265,74 @@ uint64_t EventDecoder::slow_path_count() const { return impl_->slow_count; }
 
 void EventDecoder::Impl::AppendPrefix(const DecodedRecord& r, const char* comm, int pid,
                                       std::string* out) const {
-  // "%16s-%-5d [%03d]" then " %5llu.%06llu:" (usecs) or "%12llu:" (raw).
-  AppendPadLeft(out, comm, std::strlen(comm), 16);
-  out->push_back('-');
-  AppendIntPadRight(out, pid, 5);
-  out->append(" [");
-  AppendUintZeroPad(out, r.cpu, 3);
-  out->push_back(']');
+  // "%16s-%-5d [%03d]" then " %5llu.%06llu:" (usecs) or "%12llu:" (raw),
+  // built in a local buffer and appended once (this runs for every event).
+  size_t comm_len = std::strlen(comm);
+  if (comm_len > 64) {
+    // Not a kernel comm (those are 16 bytes); no need for the fast form.
+    AppendPadLeft(out, comm, comm_len, 16);
+    out->push_back('-');
+    AppendIntPadRight(out, pid, 5);
+    out->append(" [");
+    AppendUintZeroPad(out, r.cpu, 3);
+    out->push_back(']');
+    if (time_in_usecs) {
+      uint64_t t = (r.timestamp + 500) / 1000;
+      out->push_back(' ');
+      AppendUintPadLeft(out, t / 1000000, 5);
+      out->push_back('.');
+      AppendUintZeroPad(out, t % 1000000, 6);
+    } else {
+      AppendUintPadLeft(out, r.timestamp, 12);
+    }
+    out->push_back(':');
+    return;
+  }
+  char buf[160];
+  char* p = buf;
+  if (comm_len < 16) {
+    std::memset(p, ' ', 16 - comm_len);
+    p += 16 - comm_len;
+  }
+  std::memcpy(p, comm, comm_len);
+  p += comm_len;
+  *p++ = '-';
+  char num[24];
+  char* end = num + sizeof(num);
+  char* d = FormatUintBackwards(pid < 0 ? 0 - static_cast<uint64_t>(static_cast<int64_t>(pid))
+                                        : static_cast<uint64_t>(pid), end);
+  if (pid < 0) *--d = '-';
+  size_t n = static_cast<size_t>(end - d);
+  std::memcpy(p, d, n);
+  p += n;
+  for (; n < 5; ++n) *p++ = ' ';
+  *p++ = ' ';
+  *p++ = '[';
+  d = FormatUintBackwards(r.cpu, end);
+  for (n = static_cast<size_t>(end - d); n < 3; ++n) *p++ = '0';
+  std::memcpy(p, d, static_cast<size_t>(end - d));
+  p += end - d;
+  *p++ = ']';
   if (time_in_usecs) {
     uint64_t t = (r.timestamp + 500) / 1000;
-    out->push_back(' ');
-    AppendUintPadLeft(out, t / 1000000, 5);
-    out->push_back('.');
-    AppendUintZeroPad(out, t % 1000000, 6);
+    *p++ = ' ';
+    d = FormatUintBackwards(t / 1000000, end);
+    for (n = static_cast<size_t>(end - d); n < 5; ++n) *p++ = ' ';
+    std::memcpy(p, d, static_cast<size_t>(end - d));
+    p += end - d;
+    *p++ = '.';
+    d = FormatUintBackwards(t % 1000000, end);
+    for (n = static_cast<size_t>(end - d); n < 6; ++n) *p++ = '0';
+    std::memcpy(p, d, static_cast<size_t>(end - d));
+    p += end - d;
   } else {
-    AppendUintPadLeft(out, r.timestamp, 12);
+    d = FormatUintBackwards(r.timestamp, end);
+    for (n = static_cast<size_t>(end - d); n < 12; ++n) *p++ = ' ';
+    std::memcpy(p, d, static_cast<size_t>(end - d));
+    p += end - d;
   }
-  out->push_back(':');
+  *p++ = ':';
+  out->append(buf, static_cast<size_t>(p - buf));
 }
 
 void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
@@ -289,6 +352,7 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
   uint32_t size = m.Stage(record.payload);
   uint32_t id = size >= 2 ? m.ReadU16(0) : 0;
   EventInfo* info = size >= 2 ? m.Find(id) : nullptr;
+  if (info != nullptr && !info->loaded) m.Load(info);
   if (info == nullptr || info->event == nullptr) {
     // tep_print_event() prints this for each part of the line when it has no
     // event for the record (trace-read.c, trace_show_data).

@@ -189,7 +189,6 @@ Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& op
   Result<std::unique_ptr<EventDecoder>> decoder = EventDecoder::Create(metadata);
   if (!decoder.ok()) return decoder.error();
   (*decoder)->SetFastPathsEnabled(options.fast_paths);
-  for (const std::string& w : (*decoder)->warnings()) stats.issues.push_back(w);
 
   PageLayout layout;
   if (Result<PageLayout> l = PageLayout::FromHeaderPage(dat->header_page(), dat->page_size()); l.ok()) {
@@ -272,6 +271,8 @@ Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& op
     for (const TraceDatIssue& issue : c.stream->issues()) add_issue(issue);
   }
   stats.fast_path_events = dec.fast_path_count();
+  // Formats reach libtraceevent on first use, so its warnings come last.
+  for (const std::string& w : dec.warnings()) stats.issues.push_back(w);
   if (Status s = sink.Flush(); !s.ok()) return Error{path + ": " + s.error().message};
   return stats;
 }

@@ -6,6 +6,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -159,8 +160,17 @@ Result<Reply> ControlClient::Call(std::string_view cmd, const nlohmann::json& ar
     return Error{"request '" + std::string(cmd) + "' is larger than " +
                  std::to_string(kMaxRequestBytes) + " bytes"};
   }
-  if (Status s = SendRaw(line); !s.ok()) return s.error();
   auto deadline = Clock::now() + timeout;
+  if (Status s = SendRaw(line); !s.ok()) {
+    // The daemon may have refused the connection (busy, permission) and
+    // closed it before our request went out; its reason is still readable.
+    auto refusal = ReadLine(std::min(deadline, Clock::now() + std::chrono::seconds(1)));
+    if (refusal.ok()) {
+      auto reply = ParseReply(*refusal);
+      if (reply.ok() && !reply->id && !reply->ok) return reply;
+    }
+    return s.error();
+  }
   for (;;) {
     auto text = ReadLine(deadline);
     if (!text.ok()) return text.error();

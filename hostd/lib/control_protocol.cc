@@ -49,9 +49,43 @@ struct ErrorCatcher : nlohmann::json_sax<json> {
   }
 };
 
+// Parsing is iterative in nlohmann::json, but copying, comparing and dumping
+// a value recurse once per level: a 64 KiB line of '[' would overflow the
+// stack later. So depth is checked on the raw text first.
+Status CheckNesting(std::string_view text) {
+  size_t depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    char c = text[i];
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) {
+        return Error{"JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
+                     " levels at byte " + std::to_string(i)};
+      }
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return {};
+}
+
 // Never throws: hostile input is the normal case here, and exceptions per bad
 // line would also be slow.
 Result<json> ParseJson(std::string_view text) {
+  if (Status s = CheckNesting(text); !s.ok()) return s.error();
   json doc = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (!doc.is_discarded()) return doc;
   ErrorCatcher catcher;

@@ -36,6 +36,8 @@
 namespace hvtrace::hostd {
 
 inline constexpr size_t kMaxRequestBytes = 64 * 1024;
+// Deeper JSON is refused (requests and replies) before it is parsed.
+inline constexpr size_t kMaxJsonDepth = 64;
 // Replies can carry listings; the client accepts much longer lines.
 inline constexpr size_t kMaxReplyBytes = 16 * 1024 * 1024;
 

@@ -245,7 +245,11 @@ void Responder::End(const nlohmann::json& result) { Send(StreamEnd(id_, result),
 
 ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options,
                              RequestHandler handler)
-    : io_(io), options_(std::move(options)), handler_(std::move(handler)), acceptor_(io) {}
+    : io_(io),
+      options_(std::move(options)),
+      handler_(std::move(handler)),
+      acceptor_(io),
+      accept_retry_(io) {}
 
 ControlServer::~ControlServer() {
   Close();
@@ -302,8 +306,16 @@ void ControlServer::Accept() {
     } else if (ec == asio::error::operation_aborted) {
       return;
     }
-    // Other errors (EMFILE, ECONNABORTED) concern one attempt; keep serving.
-    Accept();
+    if (!ec) {
+      Accept();
+      return;
+    }
+    // Other errors (EMFILE, ECONNABORTED) concern one attempt; keep serving,
+    // but after a pause so a lasting EMFILE does not spin the I/O thread.
+    accept_retry_.expires_after(std::chrono::milliseconds(100));
+    accept_retry_.async_wait([this](const boost::system::error_code& wait_ec) {
+      if (!wait_ec && !closed_) Accept();
+    });
   });
 }
 
@@ -327,6 +339,7 @@ void ControlServer::Close() {
   closed_ = true;
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  accept_retry_.cancel();
   if (bound_) ::unlink(options_.socket_path.c_str());
   // Copy: closing a connection erases it from the set.
   auto connections = connections_;

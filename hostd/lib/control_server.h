@@ -27,6 +27,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
 #include "control_protocol.h"
@@ -106,6 +107,7 @@ class ControlServer {
   ControlServerOptions options_;
   RequestHandler handler_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  boost::asio::steady_timer accept_retry_;
   std::set<std::shared_ptr<ControlConnection>> connections_;
   bool bound_ = false;
   bool closed_ = false;

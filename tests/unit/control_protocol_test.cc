@@ -119,12 +119,20 @@ INSTANTIATE_TEST_SUITE_P(
                       BadCase{R"({"id":1,"cmd":"ping","args":[1]})", true, "\"args\""},
                       BadCase{"{\"id\":1,\"cmd\":\"p\xff\"}", false, "malformed JSON"}));
 
-TEST(ParseRequestTest, Malicious_DeepNestingDoesNotCrash) {
+TEST(ParseRequestTest, Malicious_DeepNestingIsRefusedBeforeParsing) {
   std::string deep = R"({"id":1,"cmd":"ping","args":{"x":)" + std::string(30000, '[') +
                      std::string(30000, ']') + "}}";
   auto parsed = ParseRequest(deep);
-  ASSERT_TRUE(std::holds_alternative<Request>(parsed));
-  EXPECT_EQ(std::get<Request>(parsed).cmd, "ping");
+  ASSERT_TRUE(std::holds_alternative<RequestError>(parsed));
+  EXPECT_NE(std::get<RequestError>(parsed).message.find("nested deeper than 64"),
+            std::string::npos);
+  EXPECT_FALSE(ParseReply(R"({"id":1,"ok":true,"result":)" + std::string(5000, '{')).ok());
+
+  // Brackets inside strings do not count; 60 real levels are fine.
+  std::string fine = R"({"id":2,"cmd":"ping","args":{"s":"[[[[{{{{\"[[[[","x":)" +
+                     std::string(60, '[') + std::string(60, ']') + "}}";
+  auto ok = ParseRequest(fine);
+  ASSERT_TRUE(std::holds_alternative<Request>(ok)) << std::get<RequestError>(ok).message;
 }
 
 TEST(RepliesTest, RoundTrip) {

@@ -1,0 +1,113 @@
+// Capture pipeline for a boot-range region: a private copy of the guest's
+// persistent ring buffer -> validated decode (ReadBootMap) -> one trace.dat
+// per boot + the manifest's counts.
+//
+// The region is hostile. The caller passes a copy it owns (CopyRegionFile or
+// a copy of the mapping made while the VM was paused); nothing here reads the
+// live region. A bad CPU or page is reported and skipped, every good record
+// is kept:
+//   - a page whose tail failed to walk is written with its commit cut at the
+//     first bad record (the good records before it stay readable by
+//     trace-cmd, the bad bytes never reach it);
+//   - skipped pages (a duplicated slot, a corrupt time) are counted as bad
+//     pages by reason and not written;
+//   - records whose event id has no format are counted ("unknown_id") and
+//     stay in region.bin.
+// The boot buffer has no saved_cmdlines: trace-cmd prints "<...>" for the
+// task names (the guest's own trace file resolves them from its live
+// cmdline cache).
+#ifndef HVTRACE_HOSTD_CAPTURE_PIPELINE_H_
+#define HVTRACE_HOSTD_CAPTURE_PIPELINE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "capture_store.h"
+#include "formats_cache.h"
+#include "hvtrace/boot_map.h"
+#include "hvtrace/result.h"
+#include "hvtrace/tracedat_writer.h"
+
+namespace hvtrace::hostd {
+
+// Progress of long work: |stage| is "decode", "write" or "region"; |done| of
+// |total| units (pages for decode/write, bytes for region).
+struct CaptureProgress {
+  std::string_view stage;
+  uint64_t done = 0;
+  uint64_t total = 0;
+};
+
+struct BootMapCaptureOptions {
+  int cpus = 0;                    // The guest's nr_cpu_ids when known; 0 derives it.
+  uint32_t subbuf_size = 4096;     // Sub-buffer size (the guest's PAGE_SIZE).
+  uint32_t long_size = 8;          // The guest's userspace long (x86_64: 8).
+  std::string trace_clock = "local";  // The boot instance's clock.
+  bool write_region = true;        // Also write region.bin (the raw copy).
+  // Called from the calling thread now and then; may be empty.
+  std::function<void(const CaptureProgress&)> progress;
+};
+
+// One boot found in the region (0 = oldest).
+struct CaptureBoot {
+  uint32_t boot = 0;
+  std::string file;              // "boot-<n>.trace.dat"
+  uint64_t events = 0;
+  uint64_t pages = 0;            // Pages written to the file.
+  uint64_t first_timestamp = 0;  // ns of the guest's trace clock
+  uint64_t last_timestamp = 0;
+  std::vector<uint64_t> events_per_cpu;
+};
+
+struct CaptureResult {
+  std::string layout;            // "linux-6.12", ...
+  int cpus = 0;
+  std::vector<CpuCaptureCounts> cpu_counts;  // For CaptureManifest::cpus.
+  std::vector<uint64_t> unknown_id_events;   // Per CPU: ids without a format.
+  std::vector<CaptureBoot> boots;
+  uint64_t events = 0, unknown_id = 0, bad_pages = 0, lost_events = 0;
+  nlohmann::json validation;     // For CaptureManifest::validation.
+  std::vector<std::string> files;  // Written into the capture directory.
+  double decode_ms = 0, write_ms = 0;
+};
+
+// Decodes |region_copy| with |formats| and writes into |out|: region.bin
+// (when opts.write_region) and boot-<n>.trace.dat for every boot. Fills
+// |manifest|'s kernel (formats key, release), cpus, validation and
+// extra.boots; the caller sets vm, trigger, times, region and QMP events and
+// commits. Fails only when nothing can be decoded (ReadBootMap's refusal:
+// not a 6.12 layout, no meta anywhere) or a file cannot be written; the
+// message says which region/file.
+Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,
+                                          const KernelFormats& formats,
+                                          const BootMapCaptureOptions& opts, PendingCapture& out,
+                                          CaptureManifest& manifest);
+
+// The same decode without a capture store: writes boot-<n>.trace.dat files
+// (no region.bin, no manifest) into |dir|. For `hvtrace show --region`.
+Result<CaptureResult> WriteBootMapTraceDats(std::span<const std::byte> region_copy,
+                                            const KernelFormats& formats,
+                                            const BootMapCaptureOptions& opts,
+                                            const std::filesystem::path& dir);
+
+// Builds a KernelFormats from a tracefs-like directory: header_page,
+// header_event, events/<system>/<event>/format or <system>/<event>/format
+// (the fixture and `trace-cmd` layouts), and kallsyms / printk_formats when
+// present. Hostile input: sizes capped, unparsable formats kept with their
+// parse_error. For tests and `hvtrace show --formats DIR`.
+Result<KernelFormats> KernelFormatsFromDirectory(const std::filesystem::path& dir);
+
+// The manifest entry for |result| (the per-boot list).
+nlohmann::json BootsToJson(const CaptureResult& result);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CAPTURE_PIPELINE_H_

@@ -41,11 +41,14 @@ Baseline MakeBaseline() {
   id.page_size = 4096;
   std::memcpy(id.kernel_release, "6.12.0-fuzz", 11);
   guest->WriteIdentity(id);
-  guest->PublishFormat(hvtrace::region::kFormatHeaderPage, 1, 0, "ftrace",
-                       "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
-                       "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
-                       "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n",
-                       0);
+  if (!guest->PublishFormat(hvtrace::region::kFormatHeaderPage, 1, 0, "ftrace",
+                            "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
+                            "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
+                            "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n",
+                            0)
+           .ok()) {
+    __builtin_trap();
+  }
   {
     auto tracer = hvtrace::dw::Tracer::FromMemory(b.bytes.data(), b.bytes.size());
     if (!tracer.ok()) __builtin_trap();

@@ -165,7 +165,8 @@ TEST_F(DwTest, EveryWriteIsVisibleWhenItReturns) {
     EXPECT_EQ(list.back().pid, static_cast<int32_t>(gettid()));
   }
   RegionSnapshot s = Snapshot();
-  const auto& list = Events(s).begin()->second;
+  const auto all = Events(s);
+  const auto& list = all.begin()->second;
   // The ring holds dw_slots pages; everything written fits, in order.
   ASSERT_EQ(list.size(), static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
@@ -177,7 +178,7 @@ TEST_F(DwTest, EveryWriteIsVisibleWhenItReturns) {
     }
   }
   // The last page is still open; earlier ones are closed.
-  const RegionRing& ring = s.dw_rings[Events(s).begin()->first];
+  const RegionRing& ring = s.dw_rings[all.begin()->first];
   EXPECT_TRUE(ring.pages.back().flags & region::kSlotOpen);
   EXPECT_FALSE(ring.pages.front().flags & region::kSlotOpen);
 }
@@ -245,7 +246,8 @@ TEST_F(DwTest, RingWrapKeepsTheNewestPagesWhole) {
   }
   RegionSnapshot s = Snapshot();
   EXPECT_EQ(s.issue_total(), 0u);
-  const auto& list = Events(s).begin()->second;
+  const auto all = Events(s);
+  const auto& list = all.begin()->second;
   ASSERT_FALSE(list.empty());
   EXPECT_EQ(list.back().p.step, n - 1);
   for (size_t i = 1; i < list.size(); ++i) EXPECT_EQ(list[i].p.step, list[i - 1].p.step + 1);

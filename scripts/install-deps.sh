@@ -16,7 +16,7 @@ PACKAGES=(
   qemu-system-x86 qemu-utils
   busybox-static cpio zstd xz-utils gzip kmod
   liblttng-ust-dev lttng-tools
-  python3 socat
+  python3 socat ccache
 )
 
 missing=()

@@ -17,8 +17,17 @@ record() {  # record NAME STATUS
 step "dependencies"
 ./scripts/install-deps.sh || { echo "dependency install failed"; exit 1; }
 
+# ccache keeps compiled objects across clean checkouts on one machine; it is
+# keyed on content, not on the checkout's path.
+LAUNCHER=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=true CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+  LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+started=$(date +%s)
+
 step "build (gcc, warnings as errors)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVTRACE_WERROR=ON >/dev/null \
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVTRACE_WERROR=ON "${LAUNCHER[@]}" >/dev/null \
   && cmake --build build -j"$JOBS" || { echo "build failed"; exit 1; }
 
 if [ -x qemu-scripts/build-guest.sh ]; then
@@ -39,7 +48,7 @@ fi
 step "sanitizer build (clang, ASan/UBSan, fuzzers)"
 cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DHVTRACE_SANITIZE=ON -DHVTRACE_FUZZ=ON -DHVTRACE_BUILD_BENCH=OFF >/dev/null \
+  -DHVTRACE_SANITIZE=ON -DHVTRACE_FUZZ=ON -DHVTRACE_BUILD_BENCH=OFF "${LAUNCHER[@]}" >/dev/null \
   && cmake --build build/sanitize -j"$JOBS" || { echo "sanitizer build failed"; exit 1; }
 
 step "unit tests under ASan/UBSan"
@@ -62,5 +71,6 @@ for fuzzer in build/sanitize/bin/*_fuzzer; do
 done
 
 echo
+echo "total time: $(( $(date +%s) - started )) s"
 echo "tests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -365,6 +365,7 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
   m.AppendPrefix(record, m.Comm(pid), pid, out);
   out->append(info->name_column);
   size_t info_start = out->size();
+  bool printed_fast = false;
   if (size < info->min_size) {
     // libtraceevent trusts the record to hold its fields (an open-ended
     // field is copied with length size - offset, negative here), so a short
@@ -376,6 +377,7 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
     out->append("]");
   } else if (m.fast_paths && info->printer != nullptr) {
     info->printer->Print(m.scratch.data(), size, out);
+    printed_fast = true;
     m.fast_count++;
   } else {
     tep_record rec{};
@@ -392,9 +394,13 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
   }
   m.Unstage(size);
   // trace-cmd writes the line with "%.*s", so it ends at an embedded NUL, and
-  // it drops one trailing newline before adding its own.
-  size_t nul = out->find('\0', info_start);
-  if (nul != std::string::npos) out->resize(nul);
+  // it drops one trailing newline before adding its own. Compiled printers
+  // never emit a NUL (their strings stop at one), so only libtraceevent's
+  // text is scanned.
+  if (!printed_fast) {
+    size_t nul = out->find('\0', info_start);
+    if (nul != std::string::npos) out->resize(nul);
+  }
   if (out->size() > line_start && out->back() == '\n') out->pop_back();
   out->push_back('\n');
 }

@@ -15,6 +15,8 @@ struct Command {
 };
 
 int RunReport(int argc, char** argv);
+// show_command.cc: a capture's (or a raw boot-range file's) events.
+int RunShow(int argc, char** argv);
 int RunFormats(int argc, char** argv);
 // libvirt_commands.cc: libvirt domains (boot-range XML, shmem hot-plug).
 int RunDomainXml(int argc, char** argv);
@@ -26,6 +28,12 @@ int RunList(int argc, char** argv);
 int RunStatus(int argc, char** argv);
 int RunCaptures(int argc, char** argv);
 int RunDaemonShutdown(int argc, char** argv);
+// vm_commands.cc: QEMU guests hvtraced boots or adopts.
+int RunBoot(int argc, char** argv);
+int RunQemuArgs(int argc, char** argv);
+int RunAdopt(int argc, char** argv);
+int RunCapture(int argc, char** argv);
+int RunStop(int argc, char** argv);
 
 }  // namespace hvtrace::cli
 

@@ -10,10 +10,16 @@ namespace {
 
 constexpr Command kCommands[] = {
     {"report", "decode a trace.dat like `trace-cmd report` (text or JSON lines)", RunReport},
+    {"show", "print a capture's events per boot (or decode a raw region file with --region)", RunShow},
     {"ping", "check that hvtraced answers on its control socket", RunPing},
     {"list", "list the VMs hvtraced knows and their state", RunList},
     {"status", "show one VM's state, last event, last capture and last error", RunStatus},
     {"captures", "list a VM's captures (newest last)", RunCaptures},
+    {"boot", "ask hvtraced to boot a guest with a host-backed boot trace buffer", RunBoot},
+    {"qemu-args", "print the QEMU argv + kernel params for a boot buffer (run QEMU yourself)", RunQemuArgs},
+    {"adopt", "let hvtraced watch a QEMU you started (--qmp SOCK --boot-region F@GPA:SIZE)", RunAdopt},
+    {"capture", "snapshot a VM's trace region now, guest keeps running", RunCapture},
+    {"stop", "stop watching a VM (and shut it down if hvtraced booted it)", RunStop},
     {"daemon-shutdown", "ask hvtraced to stop cleanly", RunDaemonShutdown},
     {"domain-xml", "libvirt domain XML + kernel params for a host-backed boot range", RunDomainXml},
     {"libvirt-attach", "hot-plug an ivshmem region into a running libvirt domain", RunLibvirtAttach},

@@ -100,6 +100,11 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
       } else {
         return fail(Error{"'" + std::string(value) + "' is not one of pause, resume, quit"});
       }
+    } else if (key == "accel") {
+      if (value != "auto" && value != "tcg" && value != "kvm") {
+        return fail(Error{"'" + std::string(value) + "' is not one of auto, tcg, kvm"});
+      }
+      config.accel = std::string(value);
     } else if (key == "worker_threads") {
       auto n = ParseInt(value, 1, 64);
       if (!n.ok()) return fail(n.error());

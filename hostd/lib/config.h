@@ -15,6 +15,9 @@
 //   capture_retention   = 20                    captures kept per VM (0: all)
 //   panic_policy        = pause                 after a panic capture:
 //                                               pause | resume | quit
+//   accel               = auto                  for VMs hvtraced boots: tcg |
+//                                               kvm | auto (KVM only when a
+//                                               probe guest runs at speed)
 //   worker_threads      = 2                     pool for copying/decoding
 //   max_connections     = 32                    control clients at once
 //   max_requests_per_connection = 16            in flight per client
@@ -43,6 +46,7 @@ struct Config {
   std::string socket_group = "hvtrace";
   int capture_retention = 20;
   PanicPolicy panic_policy = PanicPolicy::kPause;
+  std::string accel = "auto";
   int worker_threads = 2;
   int max_connections = 32;
   int max_requests_per_connection = 16;

@@ -76,12 +76,14 @@ json ConfigJson(const Config& c) {
           {"socket_group", c.socket_group},
           {"capture_retention", c.capture_retention},
           {"panic_policy", PanicPolicyName(c.panic_policy)},
+          {"accel", c.accel},
           {"worker_threads", c.worker_threads},
           {"max_connections", c.max_connections},
           {"max_requests_per_connection", c.max_requests_per_connection}};
 }
 
-constexpr const char* kCommandNames = "ping, version, list, status, captures, shutdown";
+constexpr const char* kCommandNames =
+    "ping, version, list, status, captures, shutdown, boot, adopt, capture, stop";
 
 }  // namespace
 
@@ -152,6 +154,7 @@ Status Daemon::Start() {
         HandleRequest(request, peer, responder);
       });
   if (Status s = server_->Listen(); !s.ok()) return s;
+  for (const std::string& name : *names) ReadoptVm(name);
 
   signals_.add(SIGTERM);
   signals_.add(SIGINT);
@@ -265,6 +268,8 @@ void Daemon::HandleRequest(const Request& request, const PeerCredentials& /*peer
         for (const auto& e : *list) captures.push_back(e.summary);
         responder->Reply({{"vm", vm->name()}, {"captures", std::move(captures)}});
       });
+    } else if (HandleVmCommand(request, responder)) {
+      // Answered (or being answered) there.
     } else if (cmd == "shutdown") {
       responder->Reply({{"stopping", true}});
       RequestShutdown("shutdown command");

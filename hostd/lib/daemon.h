@@ -7,7 +7,10 @@
 // is posted to the pool and answered from there.
 //
 // Commands (args in parentheses):
-//   ping, version, list, status (name), captures (name), shutdown
+//   ping, version, list, status (name), captures (name), shutdown,
+//   boot (name, kernel, initrd, append, cpus, memory_mib, trace_size_mib,
+//   events, accel), adopt (name, qmp, boot_region), capture (name),
+//   stop (name) — the last four in boot_vm.cc.
 #ifndef HVTRACE_HOSTD_DAEMON_H_
 #define HVTRACE_HOSTD_DAEMON_H_
 
@@ -63,6 +66,10 @@ class Daemon {
                      const std::shared_ptr<Responder>& responder);
   // Finds the VM named by args.name, or fails |responder| and returns null.
   std::shared_ptr<VmSupervisor> VmFromArgs(const Request& request, Responder& responder);
+  // boot/adopt/capture/stop (boot_vm.cc); false when |request| is not one.
+  bool HandleVmCommand(const Request& request, const std::shared_ptr<Responder>& responder);
+  // Re-adopts a QMP VM remembered in its state dir whose QEMU still runs.
+  void ReadoptVm(const std::string& name);
   void DoShutdown(const std::string& reason);
   void PollStop(std::chrono::steady_clock::time_point deadline);
   SupervisorOptions supervisor_options() const;

@@ -247,6 +247,15 @@ std::vector<std::shared_ptr<VmSupervisor>> SupervisorRegistry::All() const {
   return all;
 }
 
+std::shared_ptr<VmSupervisor> SupervisorRegistry::Remove(std::string_view name) {
+  std::lock_guard lock(mu_);
+  auto it = vms_.find(name);
+  if (it == vms_.end()) return nullptr;
+  auto supervisor = std::move(it->second);
+  vms_.erase(it);
+  return supervisor;
+}
+
 void SupervisorRegistry::StopAll() {
   for (const auto& s : All()) s->Stop();
 }

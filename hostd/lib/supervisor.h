@@ -156,6 +156,8 @@ class SupervisorRegistry {
   Status Add(std::shared_ptr<VmSupervisor> supervisor);
   std::shared_ptr<VmSupervisor> Find(std::string_view name) const;
   std::vector<std::shared_ptr<VmSupervisor>> All() const;  // Sorted by name.
+  // Unregisters |name| and returns it (null if absent); the caller stops it.
+  std::shared_ptr<VmSupervisor> Remove(std::string_view name);
   void StopAll();
 
  private:

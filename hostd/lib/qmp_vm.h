@@ -1,0 +1,97 @@
+// The VmBackend for QEMU guests hvtraced talks to over QMP: guests the daemon
+// boots itself (`hvtrace boot`, with a host-backed boot range) and guests
+// someone else launched (`hvtrace adopt NAME --qmp SOCK --boot-region
+// FILE@GPA:SIZE`).
+//
+// The backend keeps the VM's one QMP session on the daemon's io_context and
+// forwards every event, stamped with the host time it arrived, to the
+// supervisor. The region file is opened when the backend starts and kept
+// open, so a capture still reads it after QEMU is gone and the file unlinked.
+//
+// Consistency of a copy: after GUEST_PANICKED with -action panic=pause the
+// vCPUs are stopped, so the copy is exact. For every other trigger the guest
+// may still be writing (crashloaded: the kdump kernel runs; manual: a live
+// snapshot); each page is copied once, and the manifest names, per CPU, the
+// head and commit pages at copy time — the ones the guest could have been
+// writing.
+#ifndef HVTRACE_HOSTD_QMP_VM_H_
+#define HVTRACE_HOSTD_QMP_VM_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hvtrace/result.h"
+#include "qmp_client.h"
+#include "supervisor.h"
+#include "vm_process.h"
+
+namespace hvtrace::hostd {
+
+struct QmpVmSpec {
+  std::string qmp_socket;
+  std::filesystem::path region_path;  // Host file backing the trace range.
+  uint64_t region_offset = 0;         // Of the range in that file.
+  uint64_t region_size = 0;           // What the host configured.
+  uint64_t region_gpa = 0;
+  pid_t pid = -1;                     // QEMU's pid when known.
+  std::string console_log;            // Guest ttyS0 log when the daemon booted it.
+  bool booted_by_daemon = false;
+  std::string kernel_path;            // When known: names the formats to decode with.
+  std::string kernel_key;             // formats_cache.h key (SHA-256 of vmlinuz).
+
+  nlohmann::json ToJson() const;
+  static Result<QmpVmSpec> FromJson(const nlohmann::json& j);
+};
+
+// "FILE@GPA:SIZE" (GPA/SIZE as the kernel's memmap= parses: 0x…, K/M/G). The
+// range starts at file offset 0 (the file is the node-1 backing file).
+Result<QmpVmSpec> ParseBootRegion(std::string_view text);
+
+// Where the daemon remembers a QMP VM so a restarted daemon re-adopts it.
+std::filesystem::path QmpVmSpecPath(const std::filesystem::path& vm_dir);
+Status SaveQmpVmSpec(const std::filesystem::path& vm_dir, const QmpVmSpec& spec);
+Result<QmpVmSpec> LoadQmpVmSpec(const std::filesystem::path& vm_dir);
+
+class QmpVmBackend : public VmBackend {
+ public:
+  // |vm| is the QEMU the daemon launched (owned: stopped with the backend),
+  // or null for an adopted one.
+  QmpVmBackend(boost::asio::any_io_executor io, QmpVmSpec spec, std::unique_ptr<Vm> vm);
+  ~QmpVmBackend() override;
+
+  std::string_view kind() const override { return "qmp"; }
+  void Start(VmEventSink& sink) override;
+  void Stop() override;
+  Status Capture(PendingCapture& capture, CaptureManifest& manifest) override;
+  void ApplyPanicPolicy(PanicPolicy policy) override;
+  nlohmann::json Describe() const override;
+
+  const QmpVmSpec& spec() const { return spec_; }
+  // Kills an owned QEMU (for `hvtrace stop --kill`); asks QMP quit otherwise.
+  void Quit();
+
+ private:
+  boost::asio::any_io_executor io_;
+  const QmpVmSpec spec_;
+  std::unique_ptr<Vm> vm_;
+  int region_fd_ = -1;
+  std::shared_ptr<QmpClient> qmp_;
+
+  mutable std::mutex mu_;  // Guards the fields below.
+  VmEventSink* sink_ = nullptr;
+  bool connected_ = false;
+  std::string last_qmp_event_;
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_QMP_VM_H_

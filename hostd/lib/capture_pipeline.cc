@@ -1,0 +1,415 @@
+#include "capture_pipeline.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <set>
+#include <system_error>
+#include <tuple>
+
+#include "hvtrace/format.h"
+#include "hvtrace/page.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// A hostile region can fail a check on every page; the manifest keeps the
+// first ones and the count.
+constexpr size_t kMaxIssuesInManifest = 1000;
+constexpr size_t kMaxHeaderBytes = 64u << 10;
+constexpr size_t kMaxSymbolBytes = 64u << 20;
+constexpr size_t kMaxDirectoryFormats = 20000;
+
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+void Progress(const BootMapCaptureOptions& opts, std::string_view stage, uint64_t done,
+              uint64_t total) {
+  if (opts.progress) opts.progress(CaptureProgress{stage, done, total});
+}
+
+std::string BootFileName(uint32_t boot) { return "boot-" + std::to_string(boot) + ".trace.dat"; }
+
+void StoreLe(std::span<std::byte> page, uint32_t offset, uint32_t size, uint64_t value) {
+  for (uint32_t i = 0; i < size; ++i) page[offset + i] = static_cast<std::byte>(value >> (8 * i));
+}
+
+// Everything decoded, before any file is written.
+struct Decoded {
+  BootMap map;
+  PageLayout layout;
+  CaptureResult result;
+  // Per boot, per CPU: pages to write. Pages that need no repair point into
+  // the caller's region copy; repaired ones into |repaired|.
+  std::vector<std::vector<std::vector<std::span<const std::byte>>>> boot_pages;
+  std::deque<std::vector<std::byte>> repaired;
+};
+
+json IssueJson(const BootMapIssue& issue) {
+  return {{"cpu", issue.cpu},
+          {"check", BootMapCheckName(issue.check)},
+          {"offset", issue.offset},
+          {"message", issue.message}};
+}
+
+json ValidationJson(const BootMap& map) {
+  json cpus = json::array();
+  for (const BootMapCpu& c : map.cpu) {
+    uint64_t skipped = 0;
+    for (const BootMapPage& p : c.pages) skipped += p.skipped;
+    cpus.push_back({{"cpu", c.cpu},
+                    {"offset", c.offset},
+                    {"meta_found", c.meta_found},
+                    {"meta_valid", c.meta_valid},
+                    {"struct_size", c.struct_size},
+                    {"subbuf_size", c.subbuf_size},
+                    {"nr_subbufs", c.nr_subbufs},
+                    {"reader_slot", c.reader_slot},
+                    {"head_slot", c.head_slot},
+                    {"commit_slot", c.commit_slot},
+                    {"pages_in_read_order", c.pages.size()},
+                    {"pages_skipped", skipped},
+                    {"records", c.records.size()},
+                    {"boots", c.boots},
+                    {"issues", c.issues.size()}});
+  }
+  json issues = json::array();
+  for (size_t i = 0; i < map.issues.size() && i < kMaxIssuesInManifest; ++i) {
+    issues.push_back(IssueJson(map.issues[i]));
+  }
+  return {{"reader", "boot_map"},
+          {"layout", map.layout},
+          {"cpus", map.cpus},
+          {"cpus_derived", map.cpus_derived},
+          {"nr_subbufs", map.nr_subbufs},
+          {"chunk_stride", map.chunk_stride},
+          {"boots", map.boots},
+          {"per_cpu", std::move(cpus)},
+          {"issues", std::move(issues)},
+          {"issues_total", map.issues.size()},
+          {"issues_truncated", map.issues.size() > kMaxIssuesInManifest}};
+}
+
+// Reads the region and sorts its good pages into boots.
+Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats& formats,
+                       const BootMapCaptureOptions& opts) {
+  Decoded d;
+  Result<PageLayout> layout = PageLayout::FromHeaderPage(formats.header_page, opts.subbuf_size);
+  if (!layout.ok()) {
+    return Error{"formats " + formats.key + ": header_page: " + layout.error().message};
+  }
+  d.layout = *layout;
+  BootMapOptions map_options;
+  map_options.cpus = opts.cpus;
+  map_options.layout = d.layout;
+  Progress(opts, "decode", 0, 1);
+  Result<BootMap> map = ReadBootMap(region, map_options);
+  if (!map.ok()) return Error{"region of " + std::to_string(region.size()) +
+                              " bytes: " + map.error().message};
+  d.map = std::move(*map);
+  const BootMap& m = d.map;
+
+  std::set<uint32_t> known_ids;
+  for (const CachedEventFormat& ev : formats.events) {
+    if (ev.parse_error.empty()) known_ids.insert(ev.id);
+  }
+
+  CaptureResult& r = d.result;
+  r.layout = m.layout;
+  r.cpus = m.cpus;
+  r.validation = ValidationJson(m);
+  const uint32_t nboots = std::max<uint32_t>(m.boots, 1);
+  d.boot_pages.assign(nboots, std::vector<std::vector<std::span<const std::byte>>>(m.cpu.size()));
+  r.boots.resize(nboots);
+  for (uint32_t b = 0; b < nboots; ++b) {
+    r.boots[b].boot = b;
+    r.boots[b].file = BootFileName(b);
+    r.boots[b].events_per_cpu.assign(m.cpu.size(), 0);
+  }
+  r.unknown_id_events.assign(m.cpu.size(), 0);
+
+  const uint32_t psize = d.layout.page_size;
+  for (size_t ci = 0; ci < m.cpu.size(); ++ci) {
+    const BootMapCpu& c = m.cpu[ci];
+    CpuCaptureCounts counts;
+    counts.cpu = c.cpu;
+    counts.events = c.records.size();
+    counts.pages = c.stats.pages;
+    counts.lost_events = c.stats.missed_events;
+    for (size_t e = 1; e < c.stats.rejected.size(); ++e) {
+      if (c.stats.rejected[e] != 0) {
+        counts.bad_pages[PageErrorName(static_cast<PageError>(e))] += c.stats.rejected[e];
+      }
+    }
+    for (const BootMapPage& p : c.pages) {
+      if (p.skipped) {
+        counts.bad_pages[p.time_went_backwards ? "time_went_backwards" : "duplicate_slot"]++;
+      }
+    }
+    for (const BootMapPage& p : c.pages) {
+      if (p.skipped || p.records == 0) continue;
+      if (p.boot >= nboots || p.offset > region.size() || region.size() - p.offset < psize) continue;
+      std::span<const std::byte> page = region.subspan(p.offset, psize);
+      if (p.error != PageError::kOk) {
+        // Cut the page at its first bad record so trace-cmd reads exactly the
+        // records we kept; the stored missed count would sit past the new
+        // commit, so only the "events were missed" flag is kept.
+        PageCursor cursor(page, d.layout);
+        RawRecord rec;
+        while (cursor.Next(&rec)) {
+        }
+        const uint32_t good = cursor.error_offset() > d.layout.data_offset
+                                  ? cursor.error_offset() - d.layout.data_offset
+                                  : 0;
+        std::vector<std::byte>& fixed = d.repaired.emplace_back(page.begin(), page.end());
+        const uint64_t flags = cursor.header().missed_events ? kPageMissedEvents : 0;
+        StoreLe(fixed, d.layout.commit_offset, d.layout.commit_size, good | flags);
+        page = fixed;
+      }
+      d.boot_pages[p.boot][ci].push_back(page);
+      r.boots[p.boot].pages++;
+    }
+
+    for (const BootMapRecord& rec : c.records) {
+      uint16_t type = 0;
+      if (rec.payload.size() >= sizeof(type)) std::memcpy(&type, rec.payload.data(), sizeof(type));
+      if (!known_ids.contains(type)) r.unknown_id_events[ci]++;
+      if (rec.boot >= nboots) continue;
+      CaptureBoot& boot = r.boots[rec.boot];
+      if (boot.events == 0 || rec.timestamp < boot.first_timestamp) {
+        boot.first_timestamp = rec.timestamp;
+      }
+      boot.last_timestamp = std::max(boot.last_timestamp, rec.timestamp);
+      boot.events++;
+      boot.events_per_cpu[ci]++;
+    }
+
+    uint64_t bad = 0;
+    for (const auto& [reason, n] : counts.bad_pages) bad += n;
+    r.events += counts.events;
+    r.bad_pages += bad;
+    r.lost_events += counts.lost_events;
+    r.unknown_id += r.unknown_id_events[ci];
+    r.cpu_counts.push_back(std::move(counts));
+  }
+  r.validation["unknown_id_events"] = r.unknown_id_events;
+  r.validation["saved_cmdlines"] =
+      "none: the boot buffer holds no task names, so trace-cmd prints <...> for the comm";
+  Progress(opts, "decode", 1, 1);
+  return d;
+}
+
+TraceDatWriterInput WriterInput(const KernelFormats& formats, const BootMapCaptureOptions& opts,
+                                uint32_t page_size) {
+  TraceDatWriterInput in;
+  in.page_size = page_size;
+  in.long_size = opts.long_size;
+  in.header_page = formats.header_page;
+  in.header_event = formats.header_event;
+  for (const CachedEventFormat& ev : formats.events) {
+    // A format our parser refused may also trip libtraceevent in trace-cmd;
+    // its events count as unknown ids instead.
+    if (ev.parse_error.empty()) in.formats.push_back({ev.system, ev.text});
+  }
+  in.kallsyms = formats.kallsyms;
+  in.printk_formats = formats.printk_formats;
+  in.trace_clock = opts.trace_clock;
+  return in;
+}
+
+// Writes one trace.dat per boot into |dir|.
+Status WriteBoots(Decoded& d, const KernelFormats& formats, const BootMapCaptureOptions& opts,
+                  const fs::path& dir) {
+  const auto start = std::chrono::steady_clock::now();
+  TraceDatWriterInput in = WriterInput(formats, opts, d.layout.page_size);
+  uint64_t total = 0, done = 0;
+  for (const CaptureBoot& b : d.result.boots) total += b.pages;
+  Progress(opts, "write", 0, total);
+  for (CaptureBoot& boot : d.result.boots) {
+    in.cpus = std::move(d.boot_pages[boot.boot]);
+    const fs::path path = dir / boot.file;
+    Status s = WriteTraceDat(path.string(), in);
+    d.boot_pages[boot.boot] = std::move(in.cpus);
+    if (!s.ok()) return Error{"boot " + std::to_string(boot.boot) + ": " + s.error().message};
+    d.result.files.push_back(boot.file);
+    done += boot.pages;
+    Progress(opts, "write", done, total);
+  }
+  d.result.write_ms += MsSince(start);
+  return {};
+}
+
+// Reads a regular file (not a symlink) of at most |cap| bytes; missing files
+// give nullopt-like empty results only when |optional|.
+Result<std::string> ReadCapped(const fs::path& path, size_t cap, bool optional) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    if (optional && errno == ENOENT) return std::string();
+    return Error{"cannot open " + path.string() + ": " + std::strerror(errno)};
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Error{path.string() + " is not a regular file"};
+  }
+  if (static_cast<uint64_t>(st.st_size) > cap) {
+    ::close(fd);
+    return Error{path.string() + " is " + std::to_string(st.st_size) + " bytes, more than " +
+                 std::to_string(cap)};
+  }
+  std::string text;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return Error{"reading " + path.string() + ": " + std::strerror(err)};
+    }
+    if (n == 0) break;
+    if (text.size() + static_cast<size_t>(n) > cap) {
+      ::close(fd);
+      return Error{path.string() + " grew past " + std::to_string(cap) + " bytes while read"};
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return text;
+}
+
+}  // namespace
+
+Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,
+                                          const KernelFormats& formats,
+                                          const BootMapCaptureOptions& opts, PendingCapture& out,
+                                          CaptureManifest& manifest) {
+  const auto start = std::chrono::steady_clock::now();
+  Result<Decoded> d = Decode(region_copy, formats, opts);
+  if (!d.ok()) return d.error();
+  d->result.decode_ms = MsSince(start);
+  if (opts.write_region) {
+    const auto region_start = std::chrono::steady_clock::now();
+    Progress(opts, "region", 0, region_copy.size());
+    Status s = out.WriteFile("region.bin", region_copy);
+    if (!s.ok()) return s.error();
+    Progress(opts, "region", region_copy.size(), region_copy.size());
+    d->result.files.push_back("region.bin");
+    d->result.write_ms += MsSince(region_start);
+  }
+  Status s = WriteBoots(*d, formats, opts, out.dir());
+  if (!s.ok()) return s.error();
+
+  CaptureResult& r = d->result;
+  if (!manifest.kernel.is_object()) manifest.kernel = json::object();
+  manifest.kernel["formats_key"] = formats.key;
+  if (!formats.release.empty()) manifest.kernel["release"] = formats.release;
+  if (!formats.proc_version.empty()) manifest.kernel["proc_version"] = formats.proc_version;
+  manifest.cpus = r.cpu_counts;
+  manifest.validation = r.validation;
+  if (!manifest.extra.is_object()) manifest.extra = json::object();
+  manifest.extra["boots"] = BootsToJson(r);
+  manifest.extra["trace_clock"] = opts.trace_clock;
+  manifest.extra["pipeline_ms"] = {{"decode", r.decode_ms}, {"write", r.write_ms}};
+  return std::move(r);
+}
+
+Result<CaptureResult> WriteBootMapTraceDats(std::span<const std::byte> region_copy,
+                                            const KernelFormats& formats,
+                                            const BootMapCaptureOptions& opts,
+                                            const fs::path& dir) {
+  const auto start = std::chrono::steady_clock::now();
+  Result<Decoded> d = Decode(region_copy, formats, opts);
+  if (!d.ok()) return d.error();
+  d->result.decode_ms = MsSince(start);
+  Status s = WriteBoots(*d, formats, opts, dir);
+  if (!s.ok()) return s.error();
+  return std::move(d->result);
+}
+
+json BootsToJson(const CaptureResult& result) {
+  json boots = json::array();
+  for (const CaptureBoot& b : result.boots) {
+    boots.push_back({{"boot", b.boot},
+                     {"file", b.file},
+                     {"events", b.events},
+                     {"pages", b.pages},
+                     {"first_timestamp_ns", b.first_timestamp},
+                     {"last_timestamp_ns", b.last_timestamp},
+                     {"events_per_cpu", b.events_per_cpu}});
+  }
+  return boots;
+}
+
+Result<KernelFormats> KernelFormatsFromDirectory(const fs::path& dir) {
+  KernelFormats out;
+  out.key = dir.string();
+  struct {
+    const char* name;
+    size_t cap;
+    bool optional;
+    std::string* into;
+  } files[] = {{"header_page", kMaxHeaderBytes, false, &out.header_page},
+               {"header_event", kMaxHeaderBytes, false, &out.header_event},
+               {"kallsyms", kMaxSymbolBytes, true, &out.kallsyms},
+               {"printk_formats", kMaxSymbolBytes, true, &out.printk_formats}};
+  for (auto& f : files) {
+    Result<std::string> text = ReadCapped(dir / f.name, f.cap, f.optional);
+    if (!text.ok()) return Error{"formats directory " + dir.string() + ": " + text.error().message};
+    *f.into = std::move(*text);
+  }
+  // events/<system>/<event>/format (tracefs, `trace-cmd` dumps) or
+  // formats/<system>/<event>/format (the boot_map fixtures).
+  fs::path root;
+  for (const char* sub : {"events", "formats"}) {
+    std::error_code ec;
+    if (fs::is_directory(dir / sub, ec)) root = dir / sub;
+  }
+  if (root.empty()) {
+    return Error{"formats directory " + dir.string() + " has no events/ or formats/ subdirectory"};
+  }
+  std::error_code ec;
+  for (fs::directory_iterator sys(root, ec), end; !ec && sys != end; sys.increment(ec)) {
+    if (!sys->is_directory(ec) || sys->is_symlink(ec)) continue;
+    for (fs::directory_iterator ev(sys->path(), ec); !ec && ev != end; ev.increment(ec)) {
+      if (!ev->is_directory(ec) || ev->is_symlink(ec)) continue;
+      const fs::path path = ev->path() / "format";
+      if (!fs::is_regular_file(fs::symlink_status(path, ec))) continue;
+      if (out.events.size() >= kMaxDirectoryFormats) {
+        return Error{"formats directory " + dir.string() + " holds more than " +
+                     std::to_string(kMaxDirectoryFormats) + " formats"};
+      }
+      Result<std::string> text = ReadCapped(path, kMaxFormatTextSize, false);
+      if (!text.ok()) return Error{"formats directory " + dir.string() + ": " + text.error().message};
+      CachedEventFormat f;
+      f.system = sys->path().filename().string();
+      f.name = ev->path().filename().string();
+      Result<EventFormat> parsed = ParseEventFormat(f.system, *text);
+      if (parsed.ok()) {
+        f.id = parsed->id;
+      } else {
+        f.parse_error = parsed.error().message;
+      }
+      f.text = std::move(*text);
+      out.events.push_back(std::move(f));
+    }
+  }
+  if (ec) return Error{"listing " + root.string() + ": " + ec.message()};
+  std::sort(out.events.begin(), out.events.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.system, a.name) < std::tie(b.system, b.name);
+  });
+  return out;
+}
+
+}  // namespace hvtrace::hostd

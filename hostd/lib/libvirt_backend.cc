@@ -35,7 +35,9 @@ std::string StateName(int state, int reason) {
              : reason == VIR_DOMAIN_SHUTOFF_DESTROYED
                  ? "shut off (destroyed)"
                  : "shut off (reason " + std::to_string(reason) + ")";
-    case VIR_DOMAIN_CRASHED: return "crashed";
+    case VIR_DOMAIN_CRASHED:
+      return reason == VIR_DOMAIN_CRASHED_PANICKED ? "crashed (panicked)"
+                                                   : "crashed (reason " + std::to_string(reason) + ")";
     case VIR_DOMAIN_PMSUSPENDED: return "pmsuspended";
     default: return "state " + std::to_string(state);
   }
@@ -150,6 +152,32 @@ Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info) {
 
 LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size) {
   return LibvirtRegionSpec{"shmem", path, 0, size};
+}
+
+Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr<LibvirtClient> client,
+                                                                 const std::string& domain) {
+  Result<LibvirtDomainPtr> dom = client->FindDomain(domain);
+  if (!dom.ok()) return dom.error();
+  if (virDomainIsActive(dom->get()) != 1) {
+    return Error{"libvirt: domain '" + domain + "' is not running; start it first"};
+  }
+  Result<std::string> xml = LibvirtDomainXml(dom->get());
+  if (!xml.ok()) return xml.error();
+  Result<DomainXmlInfo> info = ParseDomainXml(*xml);
+  if (!info.ok()) return Error{"libvirt: domain '" + domain + "': " + info.error().message};
+  for (const DomainShmem& s : info->shmems) {
+    if (s.alias.rfind("ua-hvtrace-", 0) == 0 && s.model == "ivshmem-plain" && s.size_bytes > 0 &&
+        ValidateShmName(s.name).ok()) {
+      return LibvirtDomainBackend::Create(std::move(client), domain,
+                                          ShmemRegion("/dev/shm/" + s.name, s.size_bytes));
+    }
+  }
+  Result<LibvirtRegionSpec> boot = FindBootRangeRegion(*info);
+  if (!boot.ok()) {
+    return Error{"libvirt: domain '" + domain + "' has no hvtrace shmem device (attach one) and no boot "
+                 "range: " + boot.error().message};
+  }
+  return LibvirtDomainBackend::Create(std::move(client), domain, std::move(*boot));
 }
 
 Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(

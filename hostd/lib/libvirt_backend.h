@@ -113,6 +113,13 @@ class LibvirtDomainBackend : public VmBackend {
 // Convenience for the daemon and tools: the shmem region of an attachment.
 LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size);
 
+// For `adopt DOMAIN`: a backend for a running domain, with the region found
+// from its live XML — a shmem device hvtrace attached (alias ua-hvtrace-*,
+// /dev/shm/<name>, size from the XML), else a boot range made by
+// `hvtrace domain-xml`. Errors say what was looked for.
+Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr<LibvirtClient> client,
+                                                                 const std::string& domain);
+
 }  // namespace hvtrace::hostd
 
 #endif  // HVTRACE_HOSTD_LIBVIRT_BACKEND_H_

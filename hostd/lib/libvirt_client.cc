@@ -4,6 +4,8 @@
 
 #include "libvirt_client.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -352,6 +354,14 @@ struct LibvirtClient::Core : std::enable_shared_from_this<Core> {
 };
 
 Result<std::shared_ptr<LibvirtClient>> LibvirtClient::Connect(Options options) {
+  // libvirt writes to its socket with plain write(): when libvirtd goes away
+  // mid-call the process would die of SIGPIPE (seen here when libvirtd
+  // restarts). libvirt asks applications to ignore it; do so unless the
+  // program installed a handler of its own.
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) {
+    signal(SIGPIPE, SIG_IGN);
+  }
   if (!LibvirtEventLoop::installed()) {
     if (Status s = LibvirtEventLoop::EnsureInstalled(); !s.ok()) return s.error();
   }

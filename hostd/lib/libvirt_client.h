@@ -80,7 +80,9 @@ class LibvirtClient {
   using Listener = std::function<void(const LibvirtDomainEvent&)>;
 
   // Installs the event loop on a private thread if the daemon did not
-  // install it on its own executor first, then connects.
+  // install it on its own executor first, then connects. Sets SIGPIPE to
+  // ignored if it is at its default (libvirt needs that: a write to a
+  // restarting libvirtd would kill the process).
   static Result<std::shared_ptr<LibvirtClient>> Connect(Options options);
   ~LibvirtClient();
   LibvirtClient(const LibvirtClient&) = delete;

@@ -1,0 +1,442 @@
+// hvtrace show CAPTURE_DIR [--boot N] [--format text|json] [-o OUT]
+// hvtrace show --region FILE --formats KEY_OR_DIR [--cpus N] [--boot N] ...
+//
+// Prints a capture's events with `hvtrace report` (the same text as
+// `trace-cmd report` on the capture's trace.dat files), one boot after the
+// other, oldest first, each under a header naming VM, trigger and boot.
+// --region decodes a raw boot-range file directly through the capture
+// pipeline (temporary trace.dat files, removed afterwards).
+//
+// Exit status as `hvtrace report`: 0 read (problems go to stderr), 1 nothing
+// could be read or the output failed, 2 usage.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "capture_pipeline.h"
+#include "capture_store.h"
+#include "commands.h"
+#include "formats_cache.h"
+#include "hvtrace/output.h"
+
+namespace hvtrace::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr uint64_t kMaxManifestBytes = 16u << 20;
+// A region is what the host reserved; this only stops a wrong file name
+// from filling memory.
+constexpr uint64_t kMaxRegionBytes = 4ull << 30;
+
+void ShowUsage(FILE* out) {
+  std::fprintf(out,
+               "usage: hvtrace show CAPTURE_DIR [--boot N] [--format text|json] [-o OUT]\n"
+               "       hvtrace show --region FILE --formats KEY_OR_DIR [--cpus N] [--boot N]\n"
+               "                    [--format text|json] [-o OUT]\n"
+               "\n"
+               "Prints the events of a capture (a directory made by hvtraced), every boot\n"
+               "oldest first, as `trace-cmd report` prints its trace.dat files (text) or\n"
+               "as JSON lines. Each boot starts with a header: '# ...' lines in text, a\n"
+               "{\"capture\": ...} object (no \"event\" key) in JSON.\n"
+               "\n"
+               "With --region, decodes a raw boot-range file (the guest's persistent ring\n"
+               "buffer, Linux 6.12 layout) directly; --formats names the guest kernel's\n"
+               "formats: a cache key (`hvtrace formats list`), a cache entry directory, or\n"
+               "a directory with header_page, header_event and events/ (or formats/).\n"
+               "The boot buffer keeps no task names: trace-cmd's text shows <...>.\n"
+               "\n"
+               "  --boot N             only boot N (0 = oldest)\n"
+               "  --format text|json   output format (default text)\n"
+               "  -o OUT               write to OUT instead of stdout\n"
+               "  --cpus N             the guest's CPU count (--region; default: derived)\n");
+}
+
+bool Tty() { return ::isatty(STDERR_FILENO) == 1; }
+
+void ClearProgress() {
+  if (Tty()) std::fprintf(stderr, "\r\033[K");
+}
+
+Result<std::string> ReadSmallFile(const fs::path& path, uint64_t cap) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Error{"cannot open " + path.string() + ": " + std::strerror(errno)};
+  std::string text;
+  char buf[65536];
+  while (true) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      if (n < 0) return Error{"reading " + path.string() + ": " + std::strerror(err)};
+      return text;
+    }
+    if (text.size() + static_cast<size_t>(n) > cap) {
+      ::close(fd);
+      return Error{path.string() + " is larger than " + std::to_string(cap) + " bytes"};
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// "boot-<n>.trace.dat" -> n.
+std::optional<uint32_t> BootOfFile(const std::string& name) {
+  constexpr std::string_view kPrefix = "boot-", kSuffix = ".trace.dat";
+  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return std::nullopt;
+  const std::string digits =
+      name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
+  if (digits.empty() || digits.size() > 6 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  return static_cast<uint32_t>(std::stoul(digits));
+}
+
+// The boot files of a directory, by boot number. File names come from the
+// directory, never from the manifest.
+std::vector<std::pair<uint32_t, fs::path>> BootFiles(const fs::path& dir) {
+  std::vector<std::pair<uint32_t, fs::path>> files;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    if (auto boot = BootOfFile(it->path().filename().string())) files.push_back({*boot, it->path()});
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::string JsonString(const json& doc, const char* key) {
+  if (doc.is_object() && doc.contains(key) && doc[key].is_string()) return doc[key].get<std::string>();
+  return "?";
+}
+
+// Facts about one boot from the manifest, when it has them.
+json ManifestBoot(const json& manifest, uint32_t boot) {
+  if (!manifest.is_object() || !manifest.contains("extra") || !manifest["extra"].is_object()) return {};
+  const json& extra = manifest["extra"];
+  if (!extra.contains("boots") || !extra["boots"].is_array()) return {};
+  for (const json& b : extra["boots"]) {
+    if (b.is_object() && b.contains("boot") && b["boot"].is_number_unsigned() &&
+        b["boot"].get<uint64_t>() == boot) {
+      return b;
+    }
+  }
+  return {};
+}
+
+std::string Seconds(uint64_t ns) {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "%llu.%06llu", static_cast<unsigned long long>(ns / 1000000000),
+                static_cast<unsigned long long>(ns % 1000000000 / 1000));
+  return buf;
+}
+
+Status WriteAllFd(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Error{std::string("writing output: ") + std::strerror(errno)};
+    done += static_cast<size_t>(n);
+  }
+  return {};
+}
+
+struct ShowArgs {
+  std::string capture;
+  std::string region;
+  std::string formats;
+  std::string output;
+  int cpus = 0;
+  std::optional<uint32_t> boot;
+  OutputFormat format = OutputFormat::kText;
+};
+
+// Prints every selected boot file of |dir| under its header.
+int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, int fd) {
+  const auto files = BootFiles(dir);
+  if (files.empty()) {
+    std::fprintf(stderr, "hvtrace show: %s holds no boot-<n>.trace.dat\n", dir.c_str());
+    return 1;
+  }
+  const std::string vm = JsonString(manifest, "vm");
+  const std::string trigger = JsonString(manifest, "trigger");
+  const std::string id = manifest.is_object() && manifest.contains("id") ? JsonString(manifest, "id")
+                                                                         : dir.filename().string();
+  bool shown = false;
+  uint64_t events = 0;
+  size_t problems = 0;
+  for (const auto& [boot, path] : files) {
+    if (args.boot && *args.boot != boot) continue;
+    shown = true;
+    const json mb = ManifestBoot(manifest, boot);
+    std::string header;
+    if (args.format == OutputFormat::kText) {
+      header = "# capture " + id + ": vm " + vm + ", trigger " + trigger + "\n# boot " +
+               std::to_string(boot) + " of " + std::to_string(files.size()) + " (" +
+               path.filename().string() + ")";
+      if (mb.is_object() && mb.contains("events") && mb["events"].is_number_unsigned() &&
+          mb.contains("first_timestamp_ns") && mb["first_timestamp_ns"].is_number_unsigned() &&
+          mb.contains("last_timestamp_ns") && mb["last_timestamp_ns"].is_number_unsigned()) {
+        header += ": " + std::to_string(mb["events"].get<uint64_t>()) + " events, " +
+                  Seconds(mb["first_timestamp_ns"].get<uint64_t>()) + " .. " +
+                  Seconds(mb["last_timestamp_ns"].get<uint64_t>()) + " s";
+      }
+      header += "\n";
+    } else {
+      json h = {{"capture", id}, {"vm", vm}, {"trigger", trigger}, {"boot", boot},
+                {"boots", files.size()}, {"file", path.filename().string()}};
+      if (mb.is_object()) h["summary"] = mb;
+      header = h.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    }
+    if (Status s = WriteAllFd(fd, header); !s.ok()) {
+      std::fprintf(stderr, "hvtrace show: %s\n", s.error().message.c_str());
+      return 1;
+    }
+    if (Tty()) {
+      std::error_code ec;
+      const auto size = fs::file_size(path, ec);
+      std::fprintf(stderr, "\rhvtrace show: decoding %s (%.1f MiB)...", path.filename().c_str(),
+                   ec ? 0.0 : static_cast<double>(size) / (1 << 20));
+      std::fflush(stderr);
+    }
+    ReportOptions options;
+    options.format = args.format;
+    Result<ReportStats> stats = WriteReport(path.string(), options, fd);
+    ClearProgress();
+    if (!stats.ok()) {
+      std::fprintf(stderr, "hvtrace show: %s\n", stats.error().message.c_str());
+      return 1;
+    }
+    for (const std::string& issue : stats->issues) std::fprintf(stderr, "hvtrace show: %s\n", issue.c_str());
+    events += stats->events;
+    problems += stats->issues.size();
+  }
+  if (!shown) {
+    std::fprintf(stderr, "hvtrace show: %s has no boot %u (boots 0..%zu)\n", dir.c_str(), *args.boot,
+                 files.size() - 1);
+    return 1;
+  }
+  if (problems != 0 && events == 0) return 1;
+  return 0;
+}
+
+Result<hostd::KernelFormats> LoadFormats(const std::string& key_or_dir) {
+  std::error_code ec;
+  const fs::path p(key_or_dir);
+  if (fs::is_directory(p, ec)) {
+    const fs::path canonical = fs::weakly_canonical(p, ec);
+    if (fs::exists(canonical / "events.json", ec) &&
+        hostd::IsValidKernelKey(canonical.filename().string())) {
+      hostd::FormatCache cache(canonical.parent_path().parent_path());
+      return cache.Load(canonical.filename().string());
+    }
+    return hostd::KernelFormatsFromDirectory(p);
+  }
+  if (!hostd::IsValidKernelKey(key_or_dir)) {
+    return Error{"--formats '" + key_or_dir +
+                 "' is neither a directory nor a kernel key (64 hex digits)"};
+  }
+  Result<fs::path> root = hostd::DefaultCacheRoot();
+  if (!root.ok()) return root.error();
+  hostd::FormatCache cache(*root);
+  return cache.Load(key_or_dir);
+}
+
+int ShowRegion(const ShowArgs& args, int fd) {
+  Result<hostd::KernelFormats> formats = LoadFormats(args.formats);
+  if (!formats.ok()) {
+    std::fprintf(stderr, "hvtrace show: %s\n", formats.error().message.c_str());
+    return 1;
+  }
+  struct stat st;
+  if (::stat(args.region.c_str(), &st) != 0) {
+    std::fprintf(stderr, "hvtrace show: cannot stat region %s: %s\n", args.region.c_str(),
+                 std::strerror(errno));
+    return 1;
+  }
+  if (static_cast<uint64_t>(st.st_size) > kMaxRegionBytes) {
+    std::fprintf(stderr, "hvtrace show: region %s is larger than %llu bytes\n", args.region.c_str(),
+                 static_cast<unsigned long long>(kMaxRegionBytes));
+    return 1;
+  }
+  Result<std::vector<std::byte>> copy =
+      hostd::CopyRegionFile(args.region, 0, static_cast<uint64_t>(st.st_size));
+  if (!copy.ok()) {
+    std::fprintf(stderr, "hvtrace show: %s\n", copy.error().message.c_str());
+    return 1;
+  }
+  const char* tmp_env = std::getenv("TMPDIR");
+  std::string templ = std::string(tmp_env && *tmp_env ? tmp_env : "/tmp") + "/hvtrace-show-XXXXXX";
+  if (::mkdtemp(templ.data()) == nullptr) {
+    std::fprintf(stderr, "hvtrace show: mkdtemp %s: %s\n", templ.c_str(), std::strerror(errno));
+    return 1;
+  }
+  const fs::path tmp(templ);
+  hostd::BootMapCaptureOptions opts;
+  opts.cpus = args.cpus;
+  if (Tty()) {
+    opts.progress = [](const hvtrace::hostd::CaptureProgress& p) {
+      std::fprintf(stderr, "\rhvtrace show: %.*s %llu/%llu", static_cast<int>(p.stage.size()),
+                   p.stage.data(), static_cast<unsigned long long>(p.done),
+                   static_cast<unsigned long long>(p.total));
+      std::fflush(stderr);
+    };
+  }
+  Result<hostd::CaptureResult> result = hostd::WriteBootMapTraceDats(*copy, *formats, opts, tmp);
+  ClearProgress();
+  int rc = 1;
+  if (!result.ok()) {
+    std::fprintf(stderr, "hvtrace show: %s: %s\n", args.region.c_str(), result.error().message.c_str());
+  } else {
+    const json& issues = result->validation["issues"];
+    for (const json& i : issues) {
+      std::fprintf(stderr, "hvtrace show: %s: cpu %d %s: %s\n", args.region.c_str(), i["cpu"].get<int>(),
+                   i["check"].get<std::string>().c_str(), i["message"].get<std::string>().c_str());
+    }
+    if (result->unknown_id != 0) {
+      std::fprintf(stderr, "hvtrace show: %llu events have ids without a format (kept in the region)\n",
+                   static_cast<unsigned long long>(result->unknown_id));
+    }
+    json manifest = {{"id", fs::path(args.region).filename().string()},
+                     {"vm", "-"},
+                     {"trigger", "region-file"},
+                     {"extra", {{"boots", hostd::BootsToJson(*result)}}}};
+    rc = ShowBoots(args, tmp, manifest, fd);
+  }
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  return rc;
+}
+
+}  // namespace
+
+int RunShow(int argc, char** argv) {
+  ShowArgs args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const char* flag) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "hvtrace show: %s needs a value\n", flag);
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    auto number = [&](const char* flag, uint64_t max, uint64_t* out) {
+      const char* v = value(flag);
+      if (v == nullptr) return false;
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long n = std::strtoull(v, &end, 10);
+      if (*v == '\0' || *end != '\0' || errno != 0 || n > max || *v == '-') {
+        std::fprintf(stderr, "hvtrace show: %s '%s' is not a number up to %llu\n", flag, v,
+                     static_cast<unsigned long long>(max));
+        return false;
+      }
+      *out = n;
+      return true;
+    };
+    if (arg == "-h" || arg == "--help") {
+      ShowUsage(stdout);
+      return 0;
+    } else if (arg == "--format" || arg == "-f") {
+      const char* v = value("--format");
+      if (v == nullptr) return 2;
+      if (!std::strcmp(v, "text")) {
+        args.format = OutputFormat::kText;
+      } else if (!std::strcmp(v, "json")) {
+        args.format = OutputFormat::kJson;
+      } else {
+        std::fprintf(stderr, "hvtrace show: unknown format '%s' (text or json)\n", v);
+        return 2;
+      }
+    } else if (arg == "--boot") {
+      uint64_t n;
+      if (!number("--boot", 999999, &n)) return 2;
+      args.boot = static_cast<uint32_t>(n);
+    } else if (arg == "--cpus") {
+      uint64_t n;
+      if (!number("--cpus", 512, &n)) return 2;
+      args.cpus = static_cast<int>(n);
+    } else if (arg == "--region") {
+      const char* v = value("--region");
+      if (v == nullptr) return 2;
+      args.region = v;
+    } else if (arg == "--formats") {
+      const char* v = value("--formats");
+      if (v == nullptr) return 2;
+      args.formats = v;
+    } else if (arg == "-o" || arg == "--output") {
+      const char* v = value("-o");
+      if (v == nullptr) return 2;
+      args.output = v;
+    } else if (!arg.empty() && arg[0] == '-') {
+      std::fprintf(stderr, "hvtrace show: unknown option '%s'\n", arg.c_str());
+      ShowUsage(stderr);
+      return 2;
+    } else if (args.capture.empty()) {
+      args.capture = arg;
+    } else {
+      std::fprintf(stderr, "hvtrace show: more than one capture ('%s')\n", arg.c_str());
+      return 2;
+    }
+  }
+  if (args.region.empty() == args.capture.empty() || (!args.region.empty() && args.formats.empty())) {
+    ShowUsage(stderr);
+    return 2;
+  }
+  int fd = STDOUT_FILENO;
+  if (!args.output.empty() && args.output != "-") {
+    fd = ::open(args.output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      std::fprintf(stderr, "hvtrace show: cannot open %s: %s\n", args.output.c_str(), std::strerror(errno));
+      return 1;
+    }
+  }
+  int rc;
+  if (!args.region.empty()) {
+    rc = ShowRegion(args, fd);
+  } else {
+    const fs::path dir(args.capture);
+    json manifest = json::object();
+    Result<std::string> text = ReadSmallFile(dir / "manifest.json", kMaxManifestBytes);
+    if (!text.ok()) {
+      std::fprintf(stderr, "hvtrace show: %s\n", text.error().message.c_str());
+    } else {
+      manifest = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (manifest.is_discarded() || !manifest.is_object()) {
+        std::fprintf(stderr, "hvtrace show: %s/manifest.json is not a JSON object\n", dir.c_str());
+        manifest = json::object();
+      }
+    }
+    rc = ShowBoots(args, dir, manifest, fd);
+    if (manifest.contains("validation") && manifest["validation"].is_object() &&
+        manifest["validation"].contains("issues_total") &&
+        manifest["validation"]["issues_total"].is_number_unsigned() &&
+        manifest["validation"]["issues_total"].get<uint64_t>() != 0) {
+      std::fprintf(stderr, "hvtrace show: the region had %llu validation issue(s); see %s/manifest.json\n",
+                   static_cast<unsigned long long>(manifest["validation"]["issues_total"].get<uint64_t>()),
+                   dir.c_str());
+    }
+  }
+  if (fd != STDOUT_FILENO && ::close(fd) != 0 && rc == 0) {
+    std::fprintf(stderr, "hvtrace show: writing %s: %s\n", args.output.c_str(), std::strerror(errno));
+    return 1;
+  }
+  return rc;
+}
+
+}  // namespace hvtrace::cli

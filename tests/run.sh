@@ -49,10 +49,11 @@ step "sanitizer build (clang, ASan/UBSan, fuzzers)"
 cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DHVTRACE_SANITIZE=ON -DHVTRACE_FUZZ=ON -DHVTRACE_BUILD_BENCH=OFF "${LAUNCHER[@]}" >/dev/null \
-  && cmake --build build/sanitize -j"$JOBS" || { echo "sanitizer build failed"; exit 1; }
+  && cmake --build build/sanitize -j"$JOBS" --target sanitize_suite \
+  || { echo "sanitizer build failed"; exit 1; }
 
-step "unit tests under ASan/UBSan"
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/sanitize -L unit -j"$JOBS" --output-on-failure
+step "hostile-input unit tests under ASan/UBSan"
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build/sanitize -L sanitize -j"$JOBS" --output-on-failure
 record "unit tests (sanitizers)" $?
 
 for fuzzer in build/sanitize/bin/*_fuzzer; do

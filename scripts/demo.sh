@@ -79,8 +79,14 @@ wait(b"HVTRACE-GUEST-READY", 180)
 m = "/sys/kernel/tracing/instances/boot_map/trace_marker"
 s.sendall(("for i in 1 2 3 4 5; do echo demo-step-$i > %s; ls -R /sys/class > /dev/null; done; echo __DEMO_DONE\n" % m).encode())
 wait(b"\n__DEMO_DONE", 120)
+buf = buf[buf.index(b"\n__DEMO_DONE"):]
+wait(b"hvtrace-guest# ", 60)
 print("guest: 5 markers written; crashing it now")
-s.sendall(("echo demo-last-words-before-panic > %s; echo c > /proc/sysrq-trigger\n" % m).encode())
+# Keep the socket open until the panic shows: QEMU drops input a closed
+# console client had not delivered yet.
+for ch in ("echo demo-last-words-before-panic > %s; echo c > /proc/sysrq-trigger\n" % m).encode():
+    s.sendall(bytes([ch]))
+wait(b"Kernel panic", 120)
 PY
 
 step "waiting for hvtraced's capture"

@@ -163,7 +163,7 @@ bool EnsureFormats(const BootRequest& r) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  return RunFormats(static_cast<int>(args.size()) - 1, argv.data() + 1) == 0;
+  return RunFormats(static_cast<int>(args.size()), argv.data()) == 0;
 }
 
 bool ParseNameCommand(const char* command, const char* usage, int argc, char** argv, std::string& name,

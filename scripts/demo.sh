@@ -103,10 +103,10 @@ dir=$DEMO/state/vms/demo/captures/$capture
 "$HVTRACE" captures demo
 
 step "the captured trace, tail (the guest's last events before the panic)"
-if "$HVTRACE" help 2>&1 | grep -q '^  show '; then
-  "$HVTRACE" show "$dir" | tail -n 25
+if shown=$("$HVTRACE" show "$dir" 2>/dev/null); then
+  tail -n 25 <<<"$shown"
 else
-  echo "(hvtrace show is not built in this tree; markers found in the raw region copy:)"
+  echo "(no decoded trace.dat in this capture yet; markers found in the raw region copy:)"
   strings -n 8 "$dir/region.bin" | grep -E 'demo-(step|last)' | tail -n 10
 fi
 

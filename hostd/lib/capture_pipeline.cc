@@ -205,7 +205,8 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats& f
   }
   r.validation["unknown_id_events"] = r.unknown_id_events;
   r.validation["saved_cmdlines"] =
-      "none: the boot buffer holds no task names, so trace-cmd prints <...> for the comm";
+      "none: the boot buffer holds no task names; trace-cmd names tasks seen in sched_switch "
+      "events and prints <...> for the others";
   Progress(opts, "decode", 1, 1);
   return d;
 }

@@ -13,9 +13,10 @@
 //     pages by reason and not written;
 //   - records whose event id has no format are counted ("unknown_id") and
 //     stay in region.bin.
-// The boot buffer has no saved_cmdlines: trace-cmd prints "<...>" for the
-// task names (the guest's own trace file resolves them from its live
-// cmdline cache).
+// The boot buffer has no saved_cmdlines: trace-cmd names the tasks it sees
+// in sched_switch events (its plugin registers prev/next comm) and prints
+// "<...>" for the others (the guest's own trace file resolves them from its
+// live cmdline cache).
 #ifndef HVTRACE_HOSTD_CAPTURE_PIPELINE_H_
 #define HVTRACE_HOSTD_CAPTURE_PIPELINE_H_
 

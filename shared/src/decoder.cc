@@ -109,7 +109,8 @@ struct EventDecoder::Impl {
   // used; every reader works on the scratch copy.
   uint32_t Stage(std::span<const std::byte> payload) {
     size_t n = std::min(payload.size(), kMaxPayload);
-    std::memcpy(scratch.data(), payload.data(), n);
+    // An empty span may carry a null data(); memcpy forbids null even for 0.
+    if (n != 0) std::memcpy(scratch.data(), payload.data(), n);
     return static_cast<uint32_t>(n);
   }
   void Unstage(uint32_t n) { std::memset(scratch.data(), 0, n); }

@@ -13,28 +13,15 @@
 #include <vector>
 
 #include "hvtrace/page.h"
+#include "test_support.h"
 
 namespace hvtrace {
 namespace {
 
+using test_support::ReadText;
+using test_support::Unzstd;
+
 const std::string kDir = std::string(HVTRACE_FIXTURES_DIR) + "/boot_map/";
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::vector<std::byte> Unzstd(const std::string& path) {
-  const std::string packed = ReadText(path);
-  const unsigned long long size = ZSTD_getFrameContentSize(packed.data(), packed.size());
-  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) return {};
-  std::vector<std::byte> out(size);
-  const size_t n = ZSTD_decompress(out.data(), out.size(), packed.data(), packed.size());
-  if (ZSTD_isError(n) || n != size) return {};
-  return out;
-}
 
 PageLayout FixtureLayout() {
   auto layout = PageLayout::FromHeaderPage(ReadText(kDir + "header_page"), 4096);

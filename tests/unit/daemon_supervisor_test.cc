@@ -16,28 +16,16 @@
 #include <boost/asio/thread_pool.hpp>
 #include <gtest/gtest.h>
 
+#include "test_support.h"
+
 namespace hvtrace::hostd {
 namespace {
+
+using test_support::TempDir;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace std::chrono_literals;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "hvtrace-sup-test-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 // Copies a region file like the boot-buffer backend will; can be told to
 // throw from any entry point.

@@ -23,6 +23,7 @@
 
 #include "hvtrace/boot_map.h"
 #include "hvtrace/page.h"
+#include "test_support.h"
 
 // trace-cmd.h pulls in tracefs.h, which does not compile as C++; declare the
 // few libtracecmd calls used here (trace-cmd.h, libtracecmd 1.3).
@@ -49,36 +50,12 @@ extern "C" const char* __lsan_default_suppressions() {
 namespace hvtrace {
 namespace {
 
+using test_support::ReadText;
+using test_support::RunCommand;
+using test_support::Unzstd;
+
 namespace fs = std::filesystem;
 const std::string kDir = std::string(HVTRACE_FIXTURES_DIR) + "/boot_map/";
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::vector<std::byte> Unzstd(const std::string& path) {
-  const std::string packed = ReadText(path);
-  const unsigned long long size = ZSTD_getFrameContentSize(packed.data(), packed.size());
-  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) return {};
-  std::vector<std::byte> out(size);
-  const size_t n = ZSTD_decompress(out.data(), out.size(), packed.data(), packed.size());
-  if (ZSTD_isError(n) || n != size) return {};
-  return out;
-}
-
-std::string RunCommand(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
 
 // The guest's markers: (cpu, usecs, "tracing_mark_write: text").
 using Marker = std::tuple<int, std::string, std::string>;

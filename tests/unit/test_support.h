@@ -1,0 +1,73 @@
+// Small helpers the unit tests share: reading fixtures, a self-removing
+// temporary directory, and running a tool (trace-cmd) for its output.
+#ifndef HVTRACE_TESTS_UNIT_TEST_SUPPORT_H_
+#define HVTRACE_TESTS_UNIT_TEST_SUPPORT_H_
+
+#include <stdlib.h>
+#include <zstd.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace hvtrace::test_support {
+
+// The whole file, or "" when it cannot be read (the test's own checks then
+// fail with what they expected).
+inline std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A zstd-packed fixture (one frame with its content size), or empty.
+inline std::vector<std::byte> Unzstd(const std::string& path) {
+  const std::string packed = ReadText(path);
+  const unsigned long long size = ZSTD_getFrameContentSize(packed.data(), packed.size());
+  if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN) return {};
+  std::vector<std::byte> out(size);
+  const size_t n = ZSTD_decompress(out.data(), out.size(), packed.data(), packed.size());
+  if (ZSTD_isError(n) || n != size) return {};
+  return out;
+}
+
+// The command's standard output (append "2>&1" for its errors too).
+inline std::string RunCommand(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+// A fresh directory under $TMPDIR, removed with everything in it.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "hvtrace-test") {
+    std::string tmpl = (std::filesystem::temp_directory_path() / (tag + "-XXXXXX")).string();
+    if (::mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+}  // namespace hvtrace::test_support
+
+#endif  // HVTRACE_TESTS_UNIT_TEST_SUPPORT_H_

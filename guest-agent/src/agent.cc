@@ -89,6 +89,12 @@ Status Agent::Attach(const std::string& path) {
   device_slot_ = is_bar ? Basename(path.substr(0, path.size() - 10)) : "";
   region_->status()->state = region::kStateAttaching;
 
+  if (discard_backlog_) {
+    // Events the kernel buffered after the previous region went away belong
+    // to no region; the new one starts with what happens from its attach on.
+    tracefs_.Write("trace", "");
+    discard_backlog_ = false;
+  }
   tracefs_.Write("tracing_on", "1");
   if (options_.set_mono_clock && tracefs_.CurrentClock() != "mono") tracefs_.Write("trace_clock", "mono");
   Announce();
@@ -122,10 +128,11 @@ void Agent::Detach(const char* why) {
   ClosePipes();
   DisableEvents();
   RemovePointerFile();
+  discard_backlog_ = true;
   region_.reset();
   mapping_.Unmap();
   device_slot_.clear();
-  Log(std::string("detached: ") + why);
+  Log(std::string("detached: ") + why + " (bus faults absorbed so far: " + std::to_string(RegionBusFaults()) + ")");
 }
 
 void Agent::Announce() {
@@ -170,7 +177,23 @@ void Agent::Announce() {
   id.agent_pid = static_cast<uint32_t>(getpid());
   id.attach_mono_ns = MonotonicNs();
   region_->WriteIdentity(id);
-  region_->AddClockSync(ClockNs(CLOCK_MONOTONIC), ClockNs(CLOCK_BOOTTIME), ClockNs(CLOCK_REALTIME), __rdtsc());
+  // Two samples a few ms apart, so the host can convert TSC time stamps of
+  // direct-write events from the start (the next comes a second later).
+  SampleClocks();
+  const uint64_t until = MonotonicNs() + 5000000;
+  while (MonotonicNs() < until) {
+  }
+  SampleClocks();
+}
+
+void Agent::SampleClocks() {
+  // The TSC read brackets the CLOCK_MONOTONIC read; the midpoint is the
+  // same instant to within a few ns (what direct-write TSC stamps are
+  // converted with on the host).
+  const uint64_t tsc0 = __rdtsc();
+  const uint64_t mono = ClockNs(CLOCK_MONOTONIC);
+  const uint64_t tsc1 = __rdtsc();
+  region_->AddClockSync(mono, ClockNs(CLOCK_BOOTTIME), ClockNs(CLOCK_REALTIME), tsc0 + (tsc1 - tsc0) / 2);
 }
 
 void Agent::PublishHeaders() {
@@ -316,7 +339,7 @@ void Agent::Heartbeat(uint64_t now) {
   st->heartbeat_mono_ns = now;
   if (now < next_heartbeat_ns_) return;
   next_heartbeat_ns_ = now + 1000000000ull;
-  region_->AddClockSync(ClockNs(CLOCK_MONOTONIC), ClockNs(CLOCK_BOOTTIME), ClockNs(CLOCK_REALTIME), __rdtsc());
+  SampleClocks();
   for (const CpuPipe& p : pipes_) region_->cpu_ring(p.cpu)->overrun = tracefs_.Overrun(p.cpu);
   ReapDwRings();
 }
@@ -341,6 +364,12 @@ void Agent::ReapDwRings() {
 
 void Agent::Tick(bool force) {
   if (!region_) return;
+  // The remove uevent comes after the kernel zapped the BAR (and the guard
+  // swapped in zero pages), so the region may be gone before we hear of it.
+  if (!region_->StillMapped()) {
+    Detach("the region is gone (device removed or replaced)");
+    return;
+  }
   const region::HostRequests req = region_->ReadRequests();
   ApplyRequests(req);
   const uint64_t now = MonotonicNs();

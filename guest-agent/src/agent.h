@@ -12,8 +12,12 @@
 // the agent waits for resource2 (the kernel announces the device before it
 // assigns the BAR), maps it, and checks the magic; a BAR that is not an
 // hvtrace region is left alone. On the device's "remove" uevent it unmaps at
-// once: a removed BAR reads as zeros and a new device may land at the same
-// address. While attached it writes /run/hvtrace/region for direct-write
+// once: a new device may land at the same address. The kernel zaps the BAR
+// mapping before it sends that uevent, so an access in between would raise
+// SIGBUS; the mapping is guarded (GuardRegionMapping) and every tick first
+// checks that the region is still there. After a detach the kernel's backlog
+// is discarded at the next attach, so a new region never receives events
+// recorded for none. While attached it writes /run/hvtrace/region for direct-write
 // programs (hvtrace/dwtrace.hpp) and frees direct-write rings of threads
 // that are gone.
 #ifndef HVTRACE_AGENT_AGENT_H_
@@ -70,6 +74,7 @@ class Agent {
 
   void Log(const std::string& message) const;
   void Announce();
+  void SampleClocks();
   void PublishHeaders();
   void PublishEvent(const std::string& sys_event);
   void ApplyRequests(const region::HostRequests& requests);
@@ -99,6 +104,7 @@ class Agent {
   uint64_t snapshot_seq_ = 0;
   uint32_t pump_interval_ms_ = 100;
   bool stopped_ = false;
+  bool discard_backlog_ = false;  // A region went away: clear the kernel buffer at the next attach.
   uint64_t next_pump_ns_ = 0;
   uint64_t last_push_ns_ = 0;
   uint64_t next_heartbeat_ns_ = 0;

@@ -14,7 +14,9 @@ void Usage() {
   std::fprintf(stderr,
                "usage: hvtrace-agent [--region PATH] [--tracefs DIR] [--sysfs DIR] [--keep-clock]\n"
                "                     [--run-for MS] [-v]\n"
-               "       hvtrace-agent dw-write [--region PATH] [--count N] TEXT\n");
+               "       hvtrace-agent dw-write [--region PATH] [--count N | --for-ms MS [--every-ms MS]\n"
+               "                              [--stop-file PATH]]\n"
+               "                              [--mono|--tsc] TEXT\n");
 }
 
 }  // namespace

@@ -99,9 +99,25 @@ std::string ReadFirstToken(const std::string& path) {
 
 }  // namespace
 
+struct Tracer::Attachment {
+  Attachment(GuestRegion r, uint32_t gen) : region(r), generation(gen) {}
+  GuestRegion region;
+  RegionMapping mapping;  // Empty for memory the caller owns.
+  uint32_t generation;
+  uint32_t max_payload = 0;
+  // Ids Register() returned (index id - kDwFirstEventId) -> this region's
+  // ids; null for the first region, whose ids they are.
+  std::unique_ptr<std::atomic<uint16_t>[]> id_map;
+};
+
 struct Tracer::ThreadState {
-  uint64_t serial = 0;  // Tracer this thread is bound to (0: none).
+  uint64_t serial = 0;  // Tracer region this thread is bound to (0: none).
   Tracer* tracer = nullptr;
+  Attachment* attachment = nullptr;
+  const std::atomic<uint16_t>* id_map = nullptr;
+  const uint64_t* live = nullptr;  // The region's first header words.
+  uint64_t region_id = 0;
+  uint32_t max_payload = 0;
   uint32_t ring = 0;
   region::SlotDesc* desc = nullptr;  // Open slot; nullptr: no ring.
   region::DwRingHeader* header = nullptr;
@@ -109,6 +125,13 @@ struct Tracer::ThreadState {
   PageWriter writer{std::span<std::byte>(), PageLayout::Default(), 0};
   int32_t tid = 0;
   uint32_t retry = 0;
+
+  // GuestRegion::StillMapped, from values cached at bind time.
+  bool Live() const {
+    constexpr size_t kIdWord = offsetof(region::HostHeader, region_id) / 8;
+    return __atomic_load_n(live + kIdWord, __ATOMIC_RELAXED) == region_id &&
+           __atomic_load_n(live, __ATOMIC_RELAXED) == (region::kRegionMagicXored[0] ^ region::kRegionMagicXor[0]);
+  }
 
   ~ThreadState() {
     std::lock_guard<std::mutex> lock(g_alive_mutex);
@@ -127,26 +150,52 @@ struct ThreadStateOwner {
   std::unique_ptr<Tracer::ThreadState> state;
 };
 thread_local ThreadStateOwner t_owner;
+
+uint64_t CoarseNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+constexpr uint64_t kReopenEveryNs = 50'000'000;
+constexpr uint32_t kIdMapSize = 0x10000 - region::kDwFirstEventId;
 }  // namespace
 
-Tracer::Tracer(GuestRegion region, RegionMapping mapping, Clock clock, uint32_t generation)
-    : region_(std::move(region)),
-      mapping_(std::move(mapping)),
-      clock_(clock),
-      generation_(generation),
-      max_payload_(std::min<uint32_t>(kMaxPayload, region_.geometry().slot_size - 64)),
-      serial_(g_next_serial.fetch_add(1)) {
+bool HasInvariantTsc() {
+  static const bool invariant = [] {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("flags", 0) != 0) continue;
+      const std::string padded = " " + line + " ";
+      return padded.find(" constant_tsc ") != std::string::npos && padded.find(" nonstop_tsc ") != std::string::npos;
+    }
+    return false;
+  }();
+  return invariant;
+}
+
+Tracer::Tracer(std::unique_ptr<Attachment> first, Clock clock)
+    : clock_(clock == Clock::kAuto ? (HasInvariantTsc() ? Clock::kTsc : Clock::kMonotonic) : clock) {
+  current_.store(first.get());
+  attachments_.push_back(std::move(first));
   std::lock_guard<std::mutex> lock(g_alive_mutex);
-  g_alive->insert(serial_);
+  serial_.store(g_next_serial.fetch_add(1));
+  g_alive->insert(serial_.load());
 }
 
 Tracer::~Tracer() {
   std::lock_guard<std::mutex> lock(g_alive_mutex);
-  g_alive->erase(serial_);
-  if (tls_ != nullptr && tls_->serial == serial_) Release(tls_);
+  g_alive->erase(serial_.load());
+  if (tls_ != nullptr && tls_->serial == serial_.load()) Release(tls_);
 }
 
-Result<std::unique_ptr<Tracer>> Tracer::FromMemory(std::byte* base, uint64_t size, Clock clock) {
+uint32_t Tracer::boot_generation() const { return current_.load()->generation; }
+const RegionGeometry& Tracer::geometry() const { return current_.load()->region.geometry(); }
+uint32_t Tracer::max_payload() const { return current_.load()->max_payload; }
+bool Tracer::attached() const { return current_.load()->region.StillMapped(); }
+
+Result<std::unique_ptr<Tracer::Attachment>> Tracer::AttachMemory(std::byte* base, uint64_t size) {
   auto region = GuestRegion::Attach(base, size);
   if (!region.ok()) return region.error();
   if (region->geometry().dw_rings == 0) return Error{"region has no direct-write rings"};
@@ -154,11 +203,12 @@ Result<std::unique_ptr<Tracer>> Tracer::FromMemory(std::byte* base, uint64_t siz
   if (id.seq == 0 || (id.seq & 1) || id.boot_generation == 0 || id.boot_generation > UINT32_MAX) {
     return Error{"region: the agent has not announced the guest yet"};
   }
-  return std::unique_ptr<Tracer>(
-      new Tracer(std::move(*region), RegionMapping(), clock, static_cast<uint32_t>(id.boot_generation)));
+  auto a = std::make_unique<Attachment>(*region, static_cast<uint32_t>(id.boot_generation));
+  a->max_payload = std::min<uint32_t>(kMaxPayload, region->geometry().slot_size - 64);
+  return a;
 }
 
-Result<std::unique_ptr<Tracer>> Tracer::Open(const std::string& path_in, Clock clock) {
+Result<std::unique_ptr<Tracer::Attachment>> Tracer::MapRegion(const std::string& path_in) {
   std::vector<std::string> candidates;
   if (!path_in.empty()) {
     candidates.push_back(path_in);
@@ -176,15 +226,30 @@ Result<std::unique_ptr<Tracer>> Tracer::Open(const std::string& path_in, Clock c
       errors += mapping.error().message + "; ";
       continue;
     }
-    auto tracer = FromMemory(mapping->data(), mapping->size(), clock);
-    if (!tracer.ok()) {
-      errors += path + ": " + tracer.error().message + "; ";
+    auto a = AttachMemory(mapping->data(), mapping->size());
+    if (!a.ok()) {
+      errors += path + ": " + a.error().message + "; ";
       continue;
     }
-    (*tracer)->mapping_ = std::move(*mapping);
-    return tracer;
+    (*a)->mapping = std::move(*mapping);
+    return a;
   }
   return Error{errors};
+}
+
+Result<std::unique_ptr<Tracer>> Tracer::FromMemory(std::byte* base, uint64_t size, Clock clock) {
+  auto a = AttachMemory(base, size);
+  if (!a.ok()) return a.error();
+  return std::unique_ptr<Tracer>(new Tracer(std::move(*a), clock));
+}
+
+Result<std::unique_ptr<Tracer>> Tracer::Open(const std::string& path, Clock clock) {
+  auto a = MapRegion(path);
+  if (!a.ok()) return a.error();
+  std::unique_ptr<Tracer> t(new Tracer(std::move(*a), clock));
+  t->can_reopen_ = true;
+  t->open_path_ = path;
+  return t;
 }
 
 std::string Tracer::FormatText(std::string_view name, uint32_t id, const std::vector<Field>& fields,
@@ -207,32 +272,116 @@ std::string Tracer::FormatText(std::string_view name, uint32_t id, const std::ve
   return t;
 }
 
+// Finds or publishes |r| in |a|'s region; returns the region's id for it.
+Result<uint16_t> Tracer::RegisterIn(Attachment* a, const Registration& r) {
+  // The fingerprint leaves the id out, so it can be computed before the id
+  // is known and used to find the same event registered earlier this boot.
+  auto probe = ParseEventFormat(r.system, FormatText(r.name, 0, r.fields, r.print_fmt));
+  if (!probe.ok()) return Error{"dwtrace: " + probe.error().message};
+  const uint64_t fingerprint = EventFingerprint(*probe);
+  GuestRegion& region = a->region;
+  if (uint32_t id = region.FindFormatId(region::kFormatDwEvent, a->generation, fingerprint); id != 0) {
+    return static_cast<uint16_t>(id);
+  }
+  const uint32_t id = region.NextDwId();
+  if (id == 0) return Error{"dwtrace: direct-write event ids exhausted"};
+  auto index = region.PublishFormat(region::kFormatDwEvent, a->generation, id, r.system,
+                                    FormatText(r.name, id, r.fields, r.print_fmt), fingerprint);
+  if (!index.ok()) return index.error();
+  return static_cast<uint16_t>(id);
+}
+
 Result<uint16_t> Tracer::Register(std::string_view system, std::string_view name,
                                   const std::vector<Field>& fields, std::string_view print_fmt) {
   if (!ValidName(system) || !ValidName(name)) {
     return Error{"dwtrace: invalid event name '" + std::string(system) + ":" + std::string(name) + "'"};
   }
   for (const Field& f : fields) {
-    if (!ValidName(f.name) || !ValidType(f.type) || f.size == 0 ||
-        uint64_t{f.offset} + f.size > max_payload_) {
+    if (!ValidName(f.name) || !ValidType(f.type) || f.size == 0 || uint64_t{f.offset} + f.size > kMaxPayload) {
       return Error{"dwtrace: " + std::string(name) + ": bad field '" + f.name + "'"};
     }
   }
   if (print_fmt.find('\n') != std::string_view::npos) return Error{"dwtrace: print fmt has a newline"};
-  // The fingerprint leaves the id out, so it can be computed before the id
-  // is known and used to find the same event registered earlier this boot.
-  auto probe = ParseEventFormat(system, FormatText(name, 0, fields, print_fmt));
-  if (!probe.ok()) return Error{"dwtrace: " + probe.error().message};
-  const uint64_t fingerprint = EventFingerprint(*probe);
-  if (uint32_t id = region_.FindFormatId(region::kFormatDwEvent, generation_, fingerprint); id != 0) {
-    return static_cast<uint16_t>(id);
+  std::lock_guard<std::mutex> lock(mutex_);
+  Attachment* a = current_.load();
+  if (!a->region.StillMapped() && !ReopenLocked()) return Error{"dwtrace: the region is gone"};
+  a = current_.load();
+  Registration r{std::string(system), std::string(name), fields, std::string(print_fmt), 0};
+  for (const Field& f : fields) {
+    if (uint64_t{f.offset} + f.size > a->max_payload) {
+      return Error{"dwtrace: " + std::string(name) + ": field '" + f.name + "' past the largest payload"};
+    }
   }
-  const uint32_t id = region_.NextDwId();
-  if (id == 0) return Error{"dwtrace: direct-write event ids exhausted"};
-  auto index = region_.PublishFormat(region::kFormatDwEvent, generation_, id, system,
-                                     FormatText(name, id, fields, print_fmt), fingerprint);
-  if (!index.ok()) return index.error();
-  return static_cast<uint16_t>(id);
+  auto id = RegisterIn(a, r);
+  if (!id.ok()) return id.error();
+  if (a->id_map == nullptr) {
+    r.app_id = *id;  // The first region: its ids are the ones programs hold.
+  } else {
+    // A later region: keep the region's id when no earlier registration
+    // holds it, else the first id nobody holds.
+    auto taken = [&](uint32_t app) {
+      for (const Registration& old : registrations_) {
+        if (old.app_id == app) return true;
+      }
+      return false;
+    };
+    uint32_t app = *id;
+    for (const Registration& old : registrations_) {
+      if (old.system == r.system && old.name == r.name && a->id_map[old.app_id - region::kDwFirstEventId] == *id) {
+        return old.app_id;
+      }
+    }
+    if (taken(app)) {
+      app = region::kDwFirstEventId;
+      while (app < 0x10000 && taken(app)) ++app;
+      if (app >= 0x10000) return Error{"dwtrace: direct-write event ids exhausted"};
+    }
+    r.app_id = static_cast<uint16_t>(app);
+    a->id_map[app - region::kDwFirstEventId].store(*id, std::memory_order_release);
+  }
+  for (const Registration& old : registrations_) {
+    if (old.app_id == r.app_id) return r.app_id;
+  }
+  registrations_.push_back(std::move(r));
+  return registrations_.back().app_id;
+}
+
+// Maps the region that replaced a vanished one and re-registers every event
+// there. Holds |mutex_|.
+bool Tracer::ReopenLocked() {
+  if (!can_reopen_) return false;
+  next_reopen_ns_.store(CoarseNs() + kReopenEveryNs, std::memory_order_relaxed);
+  auto fresh = MapRegion(open_path_);
+  if (!fresh.ok()) return false;
+  Attachment* a = fresh->get();
+  a->id_map = std::make_unique<std::atomic<uint16_t>[]>(kIdMapSize);
+  for (uint32_t i = 0; i < kIdMapSize; ++i) a->id_map[i].store(0, std::memory_order_relaxed);
+  for (const Registration& r : registrations_) {
+    auto id = RegisterIn(a, r);
+    if (id.ok()) a->id_map[r.app_id - region::kDwFirstEventId].store(*id, std::memory_order_relaxed);
+  }
+  attachments_.push_back(std::move(*fresh));
+  current_.store(a, std::memory_order_release);
+  {
+    std::lock_guard<std::mutex> lock(g_alive_mutex);
+    g_alive->erase(serial_.load());
+    const uint64_t serial = g_next_serial.fetch_add(1);
+    g_alive->insert(serial);
+    serial_.store(serial, std::memory_order_release);
+  }
+  reattaches_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+// An event written while the region is gone: count it, and now and then look
+// for a new region (threads then rebind on their next write).
+bool Tracer::DropDetached() {
+  dropped_detached_.fetch_add(1, std::memory_order_relaxed);
+  if (!can_reopen_ || CoarseNs() < next_reopen_ns_.load(std::memory_order_relaxed)) return false;
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  if (!current_.load()->region.StillMapped()) ReopenLocked();
+  return false;
 }
 
 uint64_t Tracer::Now() const {
@@ -243,56 +392,68 @@ uint64_t Tracer::Now() const {
 }
 
 bool Tracer::Bind(ThreadState* ts) {
-  if (ts->serial == serial_ && ts->retry > 0) {
+  const uint64_t serial = serial_.load(std::memory_order_acquire);
+  Attachment* a = current_.load(std::memory_order_acquire);
+  if (ts->serial == serial && ts->retry > 0) {
     --ts->retry;
-    __atomic_fetch_add(&region_.status()->dw_rings_exhausted, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&a->region.status()->dw_rings_exhausted, 1, __ATOMIC_RELAXED);
     return false;
   }
   {
     // Leaving another tracer: give its ring back if that tracer still lives.
     std::lock_guard<std::mutex> lock(g_alive_mutex);
-    if (ts->serial != 0 && ts->serial != serial_ && g_alive->count(ts->serial) != 0) {
+    if (ts->serial != 0 && ts->serial != serial && g_alive->count(ts->serial) != 0) {
       ts->tracer->Release(ts);
     }
   }
-  ts->serial = serial_;
+  if (!a->region.StillMapped()) {
+    ts->serial = 0;
+    return DropDetached();
+  }
+  GuestRegion& region = a->region;
+  ts->serial = serial;
   ts->tracer = this;
+  ts->attachment = a;
+  ts->id_map = a->id_map.get();
+  ts->live = reinterpret_cast<const uint64_t*>(region.base());
+  ts->region_id = region.geometry().region_id;
+  ts->max_payload = a->max_payload;
   ts->desc = nullptr;
   ts->header = nullptr;
   ts->retry = 0;
   ts->tid = static_cast<int32_t>(syscall(SYS_gettid));
-  ts->layout = PageLayout::Default(region_.geometry().slot_size);
-  const uint32_t rings = region_.geometry().dw_rings;
-  const uint64_t token = (uint64_t{generation_} << 32) | static_cast<uint32_t>(ts->tid);
+  ts->layout = PageLayout::Default(region.geometry().slot_size);
+  const uint32_t rings = region.geometry().dw_rings;
+  const uint64_t token = (uint64_t{a->generation} << 32) | static_cast<uint32_t>(ts->tid);
   // Our own ring first (a thread that bound before and came back), then a
   // free one, starting at a tid-dependent place so threads spread out.
   int64_t found = -1;
   for (uint32_t i = 0; i < rings && found < 0; ++i) {
-    if (__atomic_load_n(&region_.dw_ring(i)->owner, __ATOMIC_ACQUIRE) != token) continue;
+    if (__atomic_load_n(&region.dw_ring(i)->owner, __ATOMIC_ACQUIRE) != token) continue;
     found = i;
-    for (uint32_t s = 0; s < region_.geometry().dw_slots; ++s) {
-      __atomic_fetch_and(&region_.dw_desc(i, s)->flags, ~uint32_t{region::kSlotOpen}, __ATOMIC_RELEASE);
+    for (uint32_t s = 0; s < region.geometry().dw_slots; ++s) {
+      __atomic_fetch_and(&region.dw_desc(i, s)->flags, ~uint32_t{region::kSlotOpen}, __ATOMIC_RELEASE);
     }
   }
   for (uint32_t k = 0; k < rings && found < 0; ++k) {
     const uint32_t i = (static_cast<uint32_t>(ts->tid) + k) % rings;
     uint64_t expected = 0;
-    if (__atomic_compare_exchange_n(&region_.dw_ring(i)->owner, &expected, token, false,
+    if (__atomic_compare_exchange_n(&region.dw_ring(i)->owner, &expected, token, false,
                                     __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
       found = i;
     }
   }
   if (found < 0) {
     ts->retry = kRetryEvery;
-    __atomic_fetch_add(&region_.status()->dw_rings_exhausted, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&region.status()->dw_rings_exhausted, 1, __ATOMIC_RELAXED);
     return false;
   }
   ts->ring = static_cast<uint32_t>(found);
-  region::DwRingHeader* h = region_.dw_ring(ts->ring);
+  region::DwRingHeader* h = region.dw_ring(ts->ring);
   ts->header = h;
   h->pid = static_cast<uint32_t>(getpid());
   h->tid = static_cast<uint32_t>(ts->tid);
-  h->boot_generation = generation_;
+  h->boot_generation = a->generation;
   h->clock = static_cast<uint32_t>(clock_);
   char comm[17] = {};
   prctl(PR_GET_NAME, comm);
@@ -302,16 +463,19 @@ bool Tracer::Bind(ThreadState* ts) {
 }
 
 bool Tracer::StartPage(ThreadState* ts, uint64_t now) {
+  GuestRegion& region = ts->attachment->region;
   region::DwRingHeader* h = ts->header;
   if (ts->desc != nullptr) __atomic_fetch_and(&ts->desc->flags, ~uint32_t{region::kSlotOpen}, __ATOMIC_RELEASE);
+  // The host may have scribbled |published|; whatever it says, the slot
+  // index stays inside the ring.
   const uint64_t sequence = h->published;
-  const uint32_t slot = static_cast<uint32_t>(sequence % region_.geometry().dw_slots);
-  region::SlotDesc* desc = region_.dw_desc(ts->ring, slot);
+  const uint32_t slot = static_cast<uint32_t>(sequence % region.geometry().dw_slots);
+  region::SlotDesc* desc = region.dw_desc(ts->ring, slot);
   const uint64_t done = SeqBeginWrite(&desc->seq);
-  std::span<std::byte> page(region_.dw_page(ts->ring, slot), region_.geometry().slot_size);
+  std::span<std::byte> page(region.dw_page(ts->ring, slot), region.geometry().slot_size);
   ts->writer = PageWriter(page, ts->layout, now);
   desc->sequence = sequence;
-  desc->boot_generation = generation_;
+  desc->boot_generation = ts->attachment->generation;
   desc->length = ts->layout.data_offset;
   desc->flags = region::kSlotOpen;
   SeqEndWrite(&desc->seq, done);
@@ -332,14 +496,22 @@ void Tracer::Release(ThreadState* ts) {
 
 bool Tracer::Write(uint16_t id, const void* payload, uint32_t size) {
   ThreadState* ts = tls_;
-  if (ts == nullptr || ts->serial != serial_ || ts->desc == nullptr) [[unlikely]] {
+  if (ts == nullptr || ts->serial != serial_.load(std::memory_order_relaxed) || ts->desc == nullptr) [[unlikely]] {
     if (ts == nullptr) {
       t_owner.state = std::make_unique<ThreadState>();
       ts = tls_ = t_owner.state.get();
     }
     if (!Bind(ts)) return false;
   }
-  if (size > max_payload_) [[unlikely]] {
+  if (!ts->Live()) [[unlikely]] return DropDetached();
+  if (ts->id_map != nullptr) [[unlikely]] {
+    id = id >= region::kDwFirstEventId ? ts->id_map[id - region::kDwFirstEventId].load(std::memory_order_relaxed) : 0;
+    if (id == 0) {
+      ts->header->lost_events++;
+      return false;
+    }
+  }
+  if (size > ts->max_payload) [[unlikely]] {
     ts->header->lost_events++;
     return false;
   }

@@ -2,13 +2,16 @@
 #include "hvtrace/region_writer.h"
 
 #include <dirent.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <mutex>
 #include <cstring>
 #include <fstream>
 
@@ -39,7 +42,76 @@ bool ReadHex(const std::string& path, unsigned long* out) {
   return errno == 0 && end != text.c_str();
 }
 
+// The SIGBUS guard's table. Lock-free for the handler: a range is live while
+// its |base| is non-zero; |size| is stored before |base| is published.
+constexpr int kMaxGuarded = 64;
+struct GuardedRange {
+  std::atomic<uintptr_t> base{0};
+  std::atomic<uint64_t> size{0};
+};
+GuardedRange g_guarded[kMaxGuarded];
+std::atomic<uint64_t> g_bus_faults{0};
+std::mutex g_guard_mutex;
+bool g_guard_installed = false;
+struct sigaction g_previous_bus;
+
+void OnBus(int sig, siginfo_t* info, void* context) {
+  const auto addr = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (GuardedRange& r : g_guarded) {
+    const uintptr_t base = r.base.load(std::memory_order_acquire);
+    const uint64_t size = r.size.load(std::memory_order_relaxed);
+    if (base == 0 || addr < base || addr - base >= size) continue;
+    // The device is gone: put zero pages where it was, so the faulting
+    // access (and every later one) completes. mmap is a plain system call.
+    if (mmap(reinterpret_cast<void*>(base), size, PROT_READ | PROT_WRITE,
+             MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) != MAP_FAILED) {
+      g_bus_faults.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    break;
+  }
+  // Not ours: what would have happened without us.
+  if ((g_previous_bus.sa_flags & SA_SIGINFO) != 0 && g_previous_bus.sa_sigaction != nullptr) {
+    g_previous_bus.sa_sigaction(sig, info, context);
+    return;
+  }
+  if (g_previous_bus.sa_handler != SIG_DFL && g_previous_bus.sa_handler != SIG_IGN) {
+    g_previous_bus.sa_handler(sig);
+    return;
+  }
+  signal(SIGBUS, SIG_DFL);  // Returning re-runs the access, which now kills us.
+}
+
 }  // namespace
+
+void GuardRegionMapping(std::byte* base, uint64_t size) {
+  std::lock_guard<std::mutex> lock(g_guard_mutex);
+  if (!g_guard_installed) {
+    struct sigaction sa {};
+    sa.sa_sigaction = OnBus;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, &g_previous_bus) != 0) return;
+    g_guard_installed = true;
+  }
+  for (GuardedRange& r : g_guarded) {
+    if (r.base.load(std::memory_order_relaxed) != 0) continue;
+    r.size.store(size, std::memory_order_relaxed);
+    r.base.store(reinterpret_cast<uintptr_t>(base), std::memory_order_release);
+    return;
+  }
+}
+
+void UnguardRegionMapping(std::byte* base) {
+  std::lock_guard<std::mutex> lock(g_guard_mutex);
+  for (GuardedRange& r : g_guarded) {
+    if (r.base.load(std::memory_order_relaxed) == reinterpret_cast<uintptr_t>(base)) {
+      r.base.store(0, std::memory_order_release);
+    }
+  }
+}
+
+uint64_t RegionBusFaults() { return g_bus_faults.load(std::memory_order_relaxed); }
 
 uint64_t SeqBeginWrite(uint64_t* seq) {
   const uint64_t old = LoadAcquire(seq);
@@ -87,7 +159,10 @@ RegionMapping& RegionMapping::operator=(RegionMapping&& other) noexcept {
 }
 
 void RegionMapping::Unmap() {
-  if (data_ != nullptr) munmap(data_, size_);
+  if (data_ != nullptr) {
+    UnguardRegionMapping(data_);
+    munmap(data_, size_);
+  }
   data_ = nullptr;
   size_ = 0;
 }
@@ -105,6 +180,7 @@ Result<RegionMapping> RegionMapping::Map(const std::string& path) {
   const int err = errno;
   close(fd);
   if (p == MAP_FAILED) return Error{"mmap " + path + ": " + std::strerror(err)};
+  GuardRegionMapping(static_cast<std::byte*>(p), static_cast<uint64_t>(st.st_size));
   RegionMapping m;
   m.data_ = static_cast<std::byte*>(p);
   m.size_ = static_cast<uint64_t>(st.st_size);

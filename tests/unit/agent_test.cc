@@ -199,6 +199,50 @@ TEST_F(AgentTest, FreesDirectWriteRingsOfThreadsThatAreGone) {
   EXPECT_EQ(ring1->owner, 0u);
 }
 
+// The device goes away under the agent: the file shrinks to nothing, so the
+// mapping raises SIGBUS as a removed BAR does, before any uevent could say
+// so. The agent must live, notice at its next tick, detach, and start the
+// next region without the backlog recorded for none.
+TEST_F(AgentTest, SurvivesTheRegionVanishingAndStartsTheNextOneClean) {
+  Put(root_ / "tracing/trace", "backlog");
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  agent.Tick(true);
+  const uint64_t faults = RegionBusFaults();
+  ASSERT_EQ(truncate(region_path_.c_str(), 0), 0);
+  agent.Tick(true);  // Touches the region: SIGBUS, absorbed.
+  EXPECT_FALSE(agent.attached());
+  EXPECT_GT(RegionBusFaults(), faults);
+  EXPECT_FALSE(fs::exists(root_ / "run/region"));
+  agent.Tick(true);  // Detached: nothing to do, nothing to crash on.
+
+  // A new region at the same place.
+  host_.Unmap();
+  fs::remove(region_path_);
+  RegionPlanOptions opt;
+  opt.max_cpus = geometry_.max_cpus;
+  opt.region_id = 0xb0b;
+  auto g = PlanRegion(1 << 21, opt);
+  ASSERT_TRUE(g.ok());
+  geometry_ = *g;
+  std::vector<std::byte> mem(geometry_.region_size);
+  ASSERT_TRUE(InitRegionHeader(mem, geometry_, 1).ok());
+  Put(region_path_, std::string(reinterpret_cast<const char*>(mem.data()), mem.size()));
+  auto m = RegionMapping::Map(region_path_);
+  ASSERT_TRUE(m.ok());
+  host_ = std::move(*m);
+  SetRequests("sched:sched_switch", 0, 2);
+  Put(root_ / "tracing/trace", "backlog");
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  EXPECT_EQ(Slurp(root_ / "tracing/trace"), "") << "the detached backlog must be discarded";
+  agent.Tick(true);
+  RegionSnapshot s = Read();
+  EXPECT_TRUE(s.guest.present);
+  EXPECT_EQ(s.guest.status.state, region::kStateRunning);
+  EXPECT_EQ(s.issue_total(), 0u);
+  EXPECT_GE(s.clock_sync.size(), 2u);
+}
+
 TEST_F(AgentTest, RefusesARegionWithoutMagic) {
   std::memset(host_.data(), 0, 16);
   Agent agent(options_);

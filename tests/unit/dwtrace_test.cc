@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <atomic>
 #include <map>
 #include <thread>
 
@@ -298,6 +299,115 @@ TEST(DwCApi, OpensAFileWritesAndCloses) {
   munmap(p, size);
   close(fd);
   unlink(path);
+}
+
+// A region file as hostd creates it, announced as the agent does.
+std::string MakeRegionFile(const std::string& path, uint64_t region_id) {
+  const uint64_t size = 1 << 20;
+  RegionPlanOptions opt;
+  opt.region_id = region_id;
+  auto g = PlanRegion(size, opt);
+  EXPECT_TRUE(g.ok());
+  std::vector<std::byte> mem(size);
+  EXPECT_TRUE(InitRegionHeader(mem, *g, 1).ok());
+  auto guest = GuestRegion::Attach(mem.data(), size);
+  EXPECT_TRUE(guest.ok());
+  region::GuestIdentity id{};
+  id.boot_generation = 1;
+  id.nr_cpus = 1;
+  guest->WriteIdentity(id);
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(write(fd, mem.data(), size), static_cast<ssize_t>(size));
+  close(fd);
+  return path;
+}
+
+// The host goes away while a program writes: the file shrinks to nothing
+// (every access to its mapping then raises SIGBUS, as a removed BAR does),
+// then a new region appears at the same path with another program's event
+// already holding the id ours had. Writes in between are dropped and
+// counted; afterwards they land in the new region under the new id.
+TEST(DwReattach, SurvivesTheRegionGoingAwayAndFollowsANewOne) {
+  char tmpl[] = "/dev/shm/hvtrace-dwreattach-XXXXXX";
+  const int tfd = mkstemp(tmpl);
+  ASSERT_GE(tfd, 0);
+  close(tfd);
+  const std::string path = MakeRegionFile(tmpl, 0x111);
+  auto t = dw::Tracer::Open(path, dw::Clock::kMonotonic);
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  auto id = (*t)->Register("myapp", "progress", ProgressFields());
+  ASSERT_TRUE(id.ok());
+  Progress p{1, "before", 1};
+  EXPECT_TRUE((*t)->Write(*id, &p, sizeof(p)));
+
+  const uint64_t faults = RegionBusFaults();
+  ASSERT_EQ(truncate(path.c_str(), 0), 0);
+  std::atomic<uint64_t> other_thread_drops{0};
+  std::thread other([&] {
+    for (int i = 0; i < 100; ++i) other_thread_drops += (*t)->Write(*id, &p, sizeof(p)) ? 0 : 1;
+  });
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE((*t)->Write(*id, &p, sizeof(p)));
+  other.join();
+  EXPECT_EQ(other_thread_drops.load(), 100u);
+  EXPECT_GT(RegionBusFaults(), faults);
+  EXPECT_GE((*t)->dropped_detached(), 200u);
+  EXPECT_FALSE((*t)->attached());
+
+  // The new region: another program registered first and got the id ours had.
+  unlink(path.c_str());
+  MakeRegionFile(path, 0x222);
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  void* mem = mmap(nullptr, 1 << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  ASSERT_NE(mem, MAP_FAILED);
+  auto* base = static_cast<std::byte*>(mem);
+  uint16_t other_id = 0;
+  {
+    auto first = dw::Tracer::FromMemory(base, 1 << 20, dw::Clock::kMonotonic);
+    ASSERT_TRUE(first.ok());
+    auto oid = (*first)->Register("otherapp", "thing", {{"x", "int", 0, 4, true}});
+    ASSERT_TRUE(oid.ok());
+    other_id = *oid;
+  }
+  EXPECT_EQ(other_id, *id);
+  bool back = false;
+  for (int i = 0; i < 400 && !back; ++i) {
+    p.step = 2;
+    std::snprintf(p.what, sizeof(p.what), "after");
+    back = (*t)->Write(*id, &p, sizeof(p));
+    if (!back) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(back) << "never followed the new region";
+  EXPECT_EQ((*t)->reattaches(), 1u);
+  EXPECT_TRUE((*t)->attached());
+
+  auto g = PlanRegion(1 << 20, RegionPlanOptions{.region_id = 0x222});
+  ASSERT_TRUE(g.ok());
+  std::vector<std::byte> copy;
+  CopyLiveRegion(base, *g, &copy);
+  auto s = ReadRegion(std::move(copy), *g);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->issue_total(), 0u);
+  uint64_t ours = 0;
+  for (const RegionRing& ring : s->dw_rings) {
+    for (const RegionPage& page : ring.pages) {
+      PageStats stats;
+      WalkPage(page.page, s->dw_layout, &stats, [&](const RawRecord& r) {
+        uint16_t type;
+        std::memcpy(&type, r.payload.data(), 2);
+        const RegionFormat* f = s->FindFormat(1, type);
+        ASSERT_NE(f, nullptr);
+        EXPECT_EQ(f->parsed->name, "progress") << "written under the other program's id";
+        EXPECT_NE(type, other_id);
+        ++ours;
+        EXPECT_EQ(std::string(reinterpret_cast<const char*>(r.payload.data()) + 12), "after");
+      });
+    }
+  }
+  EXPECT_EQ(ours, 1u);
+  munmap(mem, 1 << 20);
+  unlink(path.c_str());
 }
 
 }  // namespace

@@ -22,21 +22,35 @@
 // tracefs' events/*/format, goes into the region's format table with a
 // fingerprint (hvtrace/fingerprint.h), so the host decodes it by name.
 //
-// Time stamps are CLOCK_MONOTONIC nanoseconds (vDSO) by default, the clock
-// hvtrace-agent sets for kernel events ("mono"), so both interleave on the
-// host. Clock::kTsc reads the TSC instead (cheaper); the agent's clock-sync
-// samples relate it.
+// Time stamps: Clock::kAuto (the default) reads the TSC when the CPU says
+// it is invariant (constant_tsc and nonstop_tsc in /proc/cpuinfo), since
+// rdtsc costs a few ns where the vDSO's clock_gettime costs tens; the ring
+// says so (DwRingHeader::clock = kClockTsc) and the host converts the ticks
+// to the guest's CLOCK_MONOTONIC with the agent's clock-sync samples
+// (hvtrace/region_clock.h). Otherwise, or with Clock::kMonotonic, time
+// stamps are CLOCK_MONOTONIC nanoseconds, the clock hvtrace-agent sets for
+// kernel events ("mono").
 //
 // Finding the region: Open("") uses $HVTRACE_REGION, else the path in
 // /run/hvtrace/region that hvtrace-agent writes when it attaches, else the
 // first ivshmem BAR (PCI 1af4:1110, resource2) carrying the region magic.
 // The agent must have announced the guest (the boot generation) first.
+//
+// The host may go away and come back: when the device is unplugged, the
+// mapping is guarded (hvtrace/region_writer.h), so writes land in zero pages
+// instead of killing the program; Write() sees that the region is gone (one
+// load of the host header per event), drops the event and counts it
+// (dropped_detached()). A tracer from Open() then looks for a new region at
+// most every 50 ms, re-registers its events there and carries on; the ids
+// Register() returned stay valid.
 #ifndef HVTRACE_DWTRACE_HPP_
 #define HVTRACE_DWTRACE_HPP_
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,7 +60,10 @@
 
 namespace hvtrace::dw {
 
-enum class Clock : uint32_t { kMonotonic = region::kClockMono, kTsc = region::kClockTsc };
+enum class Clock : uint32_t { kAuto = 0, kMonotonic = region::kClockMono, kTsc = region::kClockTsc };
+
+// Whether this CPU's TSC is invariant (what Clock::kAuto checks, once).
+bool HasInvariantTsc();
 
 // One field of an event's payload, as laid out in the struct the program
 // passes to Write(): |offset| is offsetof() in that struct. |type| is a C
@@ -62,10 +79,11 @@ struct Field {
 class Tracer {
  public:
   // Maps the region (see the file comment for |path| = "").
-  static Result<std::unique_ptr<Tracer>> Open(const std::string& path, Clock clock = Clock::kMonotonic);
+  static Result<std::unique_ptr<Tracer>> Open(const std::string& path, Clock clock = Clock::kAuto);
   // Uses memory the caller mapped and keeps mapped (tests, benchmarks).
+  // Such a tracer never looks for another region.
   static Result<std::unique_ptr<Tracer>> FromMemory(std::byte* base, uint64_t size,
-                                                    Clock clock = Clock::kMonotonic);
+                                                    Clock clock = Clock::kAuto);
   ~Tracer();
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
@@ -77,36 +95,66 @@ class Tracer {
                             const std::vector<Field>& fields, std::string_view print_fmt = {});
 
   // Appends one event with |size| payload bytes. Returns false when the
-  // event was dropped (no ring free, or larger than a page); never blocks.
+  // event was dropped (no ring free, larger than a page, or no region);
+  // never blocks.
   bool Write(uint16_t id, const void* payload, uint32_t size);
 
   // The format text Register() publishes (exposed for tests).
   static std::string FormatText(std::string_view name, uint32_t id, const std::vector<Field>& fields,
                                 std::string_view print_fmt);
 
-  uint32_t boot_generation() const { return generation_; }
-  const RegionGeometry& geometry() const { return region_.geometry(); }
-  uint32_t max_payload() const { return max_payload_; }
+  // Of the region written to now.
+  uint32_t boot_generation() const;
+  const RegionGeometry& geometry() const;
+  uint32_t max_payload() const;
+  // kMonotonic or kTsc (what kAuto chose).
+  Clock clock() const { return clock_; }
+  // Whether the region this tracer writes to is still there.
+  bool attached() const;
+  // Events dropped because the region was gone, and regions followed since.
+  uint64_t dropped_detached() const { return dropped_detached_.load(std::memory_order_relaxed); }
+  uint64_t reattaches() const { return reattaches_.load(std::memory_order_relaxed); }
 
   struct ThreadState;  // Per-thread ring binding; private to dwtrace.cc.
 
  private:
-  Tracer(GuestRegion region, RegionMapping mapping, Clock clock, uint32_t generation);
+  // One mapped region. Kept until the tracer dies (threads may still point
+  // into an old one); |id_map| (for every region after the first) turns the
+  // ids Register() returned into this region's ids.
+  struct Attachment;
+  struct Registration {
+    std::string system, name;
+    std::vector<Field> fields;
+    std::string print_fmt;
+    uint16_t app_id;
+  };
+
+  Tracer(std::unique_ptr<Attachment> first, Clock clock);
+  static Result<std::unique_ptr<Attachment>> MapRegion(const std::string& path);
+  static Result<std::unique_ptr<Attachment>> AttachMemory(std::byte* base, uint64_t size);
+  Result<uint16_t> RegisterIn(Attachment* a, const Registration& r);
   bool Bind(ThreadState* ts);
   bool StartPage(ThreadState* ts, uint64_t now);
   void Release(ThreadState* ts);
+  bool DropDetached();
+  bool ReopenLocked();
   uint64_t Now() const;
 
   // Constant-initialized, so the hot path reads it without a TLS init
   // check; the state is created by Bind() and freed at thread exit.
   static thread_local ThreadState* tls_;
 
-  GuestRegion region_;
-  RegionMapping mapping_;
   Clock clock_;
-  uint32_t generation_;
-  uint32_t max_payload_;
-  uint64_t serial_;
+  bool can_reopen_ = false;
+  std::string open_path_;
+  std::atomic<Attachment*> current_{nullptr};
+  std::atomic<uint64_t> serial_{0};  // Changes with every region: threads rebind.
+  std::atomic<uint64_t> dropped_detached_{0};
+  std::atomic<uint64_t> reattaches_{0};
+  std::atomic<uint64_t> next_reopen_ns_{0};
+  std::mutex mutex_;  // Registrations and region changes.
+  std::vector<std::unique_ptr<Attachment>> attachments_;
+  std::vector<Registration> registrations_;
 };
 
 }  // namespace hvtrace::dw

@@ -35,6 +35,8 @@ inline constexpr char kRegionPointerFile[] = "/run/hvtrace/region";
 std::vector<std::string> FindIvshmemBars(const std::string& sysfs_pci_devices);
 
 // A MAP_SHARED mapping of a region file (resource2, or a host file in tests).
+// While it is mapped it is guarded (GuardRegionMapping): if the device goes
+// away, touching it no longer kills the process.
 class RegionMapping {
  public:
   RegionMapping() = default;
@@ -56,6 +58,20 @@ class RegionMapping {
   std::string path_;
 };
 
+// Survival of a hot-unplug. When the ivshmem device is removed, the kernel
+// zaps every mapping of its resource2 before it sends the remove uevent, and
+// the next access raises SIGBUS; a process in the middle of a write has no
+// way to see it coming. A guarded range is replaced, on such a fault, with
+// anonymous zero pages at the same address, so the access completes (reads
+// return 0, writes go nowhere) and the process lives on to notice that the
+// region is gone (GuestRegion::StillMapped). SIGBUS outside every guarded
+// range goes to the handler installed before ours (or the default action).
+// The handler is installed on the first call. Thread-safe; up to 64 ranges.
+void GuardRegionMapping(std::byte* base, uint64_t size);
+void UnguardRegionMapping(std::byte* base);
+// Faults the guard absorbed in this process.
+uint64_t RegionBusFaults();
+
 // Typed, protocol-keeping access to a mapped region from the guest.
 class GuestRegion {
  public:
@@ -64,6 +80,19 @@ class GuestRegion {
 
   const RegionGeometry& geometry() const { return geometry_; }
   std::byte* base() const { return base_; }
+
+  // Whether the mapping still shows the region it was attached to: false once
+  // the device is gone (the guard's zero pages) or another region took its
+  // place. Cheap enough for a hot path: one load of a line the host wrote
+  // once (the magic catches zero pages when the host chose region id 0).
+  bool StillMapped() const {
+    return __atomic_load_n(live_region_id(), __ATOMIC_RELAXED) == geometry_.region_id &&
+           __atomic_load_n(At<const uint64_t>(0), __ATOMIC_RELAXED) ==
+               (region::kRegionMagicXored[0] ^ region::kRegionMagicXor[0]);
+  }
+  const uint64_t* live_region_id() const {
+    return At<const uint64_t>(offsetof(region::HostHeader, region_id));
+  }
 
   // A consistent copy of the host's requests (retries while the host writes).
   region::HostRequests ReadRequests() const;

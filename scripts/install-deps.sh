@@ -26,7 +26,17 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
+check_libvirt_user() {
+  # libvirt-daemon-system creates it; the system libvirtd runs QEMU as it.
+  if ! getent passwd libvirt-qemu >/dev/null; then
+    echo "install-deps: user libvirt-qemu is missing although libvirt-daemon-system is installed;" \
+         "reinstall it: apt-get install --reinstall libvirt-daemon-system" >&2
+    exit 1
+  fi
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+  check_libvirt_user
   exit 0
 fi
 
@@ -36,3 +46,4 @@ SUDO=""
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+check_libvirt_user

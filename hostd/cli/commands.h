@@ -22,6 +22,8 @@ int RunFormats(int argc, char** argv);
 int RunDomainXml(int argc, char** argv);
 int RunLibvirtAttach(int argc, char** argv);
 int RunLibvirtDetach(int argc, char** argv);
+// `hvtrace adopt DOMAIN` (no --qmp): hvtraced serves a running libvirt domain.
+int RunAdoptDomain(int argc, char** argv);
 // daemon_commands.cc: talk to hvtraced over its control socket.
 int RunPing(int argc, char** argv);
 int RunList(int argc, char** argv);

@@ -3,13 +3,18 @@
 //                    for a host-backed boot range
 //   libvirt-attach   hot-plug an ivshmem region into a running domain
 //   libvirt-detach   take it out again, proven by DEVICE_REMOVED
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <cstring>
 #include <string>
 #include <string_view>
 
+#include "boot_vm.h"
 #include "commands.h"
+#include "config.h"
+#include "control_client.h"
 #include "domain_xml.h"
 #include "libvirt_attach.h"
 #include "libvirt_backend.h"
@@ -55,7 +60,7 @@ bool ParseSize(const std::string& text, uint64_t& out) {
 
 constexpr char kDomainXmlUsage[] =
     "usage: hvtrace domain-xml --name NAME --kernel VMLINUZ [--initrd INITRD]\n"
-    "         [--memory 1088M] [--range 16M] [--cpus 2] [--events sched:sched_switch,irq]\n"
+    "         [--memory 1088M] [--range 16M] [--cpus 2] [--events LIST (default: the boot sequence)]\n"
     "         [--instance boot_map] [--on-crash preserve|destroy|...] [--cmdline 'console=ttyS0']\n"
     "         [--console-socket PATH] [--console-log PATH] [--params | --numa]\n"
     "Prints a TCG domain whose NUMA cell 1 is file-backed and shared, with the\n"
@@ -100,6 +105,8 @@ int RunDomainXml(int argc, char** argv) {
     }
   }
   if (req.name.empty()) req.name = "hvtrace-guest";
+  // The same boot sequence `hvtrace boot` records (initcalls, irq, timers, sched).
+  if (req.events.empty()) req.events = hostd::kDefaultBootEvents;
   if (req.kernel.empty() && !params_only && !numa_only) {
     std::fprintf(stderr, "hvtrace domain-xml: --kernel is required\n%s", kDomainXmlUsage);
     return 2;
@@ -217,6 +224,82 @@ int RunLibvirtDetach(int argc, char** argv) {
   }
   std::printf("detached %s from domain %s (DEVICE_REMOVED received; /dev/shm/%s is kept)\n",
               args.shm.c_str(), args.domain.c_str(), args.shm.c_str());
+  return 0;
+}
+
+namespace {
+
+constexpr char kAdoptDomainUsage[] =
+    "usage: hvtrace adopt NAME [--domain DOMAIN] [--socket PATH] [--json]\n"
+    "hvtraced serves the running libvirt domain DOMAIN (name or UUID; default NAME)\n"
+    "as VM NAME: its trace region is found from the domain's XML (an hvtrace shmem\n"
+    "device, else the boot range of a domain made by `hvtrace domain-xml`), and a\n"
+    "panic is captured before libvirt acts on <on_crash>. The daemon's config key\n"
+    "libvirt_uri names the libvirt connection.\n"
+    "(QEMU launched by hand: hvtrace adopt NAME --qmp SOCK --boot-region FILE@GPA:SIZE)\n";
+
+// One control call to hvtraced; prints the daemon's error and returns null.
+std::optional<nlohmann::json> CallDaemon(const char* command, const std::string& socket_flag,
+                                         std::string_view cmd, const nlohmann::json& args,
+                                         std::chrono::seconds timeout) {
+  auto client = hostd::ControlClient::Connect(hostd::ResolveClientSocket(socket_flag),
+                                              std::chrono::seconds(5));
+  if (!client.ok()) {
+    std::fprintf(stderr, "hvtrace %s: %s\n", command, client.error().message.c_str());
+    return std::nullopt;
+  }
+  auto reply = client->Call(cmd, args, timeout);
+  if (!reply.ok()) {
+    std::fprintf(stderr, "hvtrace %s: %s\n", command, reply.error().message.c_str());
+    return std::nullopt;
+  }
+  if (!reply->ok) {
+    std::fprintf(stderr, "hvtrace %s: %s\n", command, reply->error.c_str());
+    return std::nullopt;
+  }
+  return reply->result;
+}
+
+}  // namespace
+
+int RunAdoptDomain(int argc, char** argv) {
+  std::string name, domain, socket;
+  bool json_output = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(kAdoptDomainUsage, stdout);
+      return 0;
+    } else if (TakeValue(argc, argv, i, "--domain", domain) ||
+               TakeValue(argc, argv, i, "--socket", socket)) {
+    } else if (a == "--json") {
+      json_output = true;
+    } else if (!a.empty() && a[0] != '-' && name.empty()) {
+      name = std::string(a);
+    } else {
+      std::fprintf(stderr, "hvtrace adopt: unknown argument '%s'\n%s", argv[i], kAdoptDomainUsage);
+      return 2;
+    }
+  }
+  if (name.empty()) {
+    std::fputs(kAdoptDomainUsage, stderr);
+    return 2;
+  }
+  nlohmann::json args = {{"name", name}};
+  if (!domain.empty()) args["domain"] = domain;
+  auto result = CallDaemon("adopt", socket, "adopt", args, std::chrono::seconds(60));
+  if (!result) return 1;
+  if (json_output) {
+    std::printf("%s\n", result->dump(2).c_str());
+    return 0;
+  }
+  const nlohmann::json& region = (*result)["region"];
+  std::printf("adopted %s: libvirt domain %s (%s), %s region %s (offset %llu, %llu bytes)\n",
+              name.c_str(), result->value("domain", std::string()).c_str(),
+              result->value("uuid", std::string()).c_str(),
+              region.value("kind", std::string()).c_str(), region.value("path", std::string()).c_str(),
+              static_cast<unsigned long long>(region.value("offset", uint64_t{0})),
+              static_cast<unsigned long long>(region.value("size", uint64_t{0})));
   return 0;
 }
 

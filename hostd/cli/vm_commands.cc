@@ -284,6 +284,10 @@ int RunQemuArgs(int argc, char** argv) {
 }
 
 int RunAdopt(int argc, char** argv) {
+  // Without --qmp, NAME is a libvirt domain (libvirt_commands.cc).
+  bool has_qmp = false;
+  for (int i = 1; i < argc; ++i) has_qmp |= std::string_view(argv[i]) == "--qmp";
+  if (!has_qmp) return RunAdoptDomain(argc, argv);
   std::string name, socket, qmp, region;
   bool json_output = false;
   const char* usage = "NAME --qmp SOCK --boot-region FILE@GPA:SIZE [--socket PATH] [--json]";

@@ -117,6 +117,10 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
       auto n = ParseInt(value, 1, 1024);
       if (!n.ok()) return fail(n.error());
       config.max_requests_per_connection = *n;
+    } else if (key == "libvirt_uri") {
+      // Any URI libvirt accepts; it is checked when the daemon connects, and
+      // a libvirtd that is down then is retried, not fatal.
+      config.libvirt_uri = std::string(value);
     } else {
       return Error{where + "unknown key '" + std::string(key) + "'"};
     }

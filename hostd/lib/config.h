@@ -21,6 +21,9 @@
 //   worker_threads      = 2                     pool for copying/decoding
 //   max_connections     = 32                    control clients at once
 //   max_requests_per_connection = 16            in flight per client
+//   libvirt_uri         = qemu:///system        libvirt connection for
+//                                               domains served by name
+//                                               (empty: libvirt off)
 #ifndef HVTRACE_HOSTD_CONFIG_H_
 #define HVTRACE_HOSTD_CONFIG_H_
 
@@ -50,6 +53,7 @@ struct Config {
   int worker_threads = 2;
   int max_connections = 32;
   int max_requests_per_connection = 16;
+  std::string libvirt_uri = "qemu:///system";
 
   std::filesystem::path EffectiveSocketPath() const;
 };

@@ -21,6 +21,8 @@
 
 #include <boost/asio/post.hpp>
 
+#include "daemon_libvirt.h"
+
 #ifndef HVTRACE_VERSION
 #define HVTRACE_VERSION "unknown"
 #endif
@@ -79,7 +81,8 @@ json ConfigJson(const Config& c) {
           {"accel", c.accel},
           {"worker_threads", c.worker_threads},
           {"max_connections", c.max_connections},
-          {"max_requests_per_connection", c.max_requests_per_connection}};
+          {"max_requests_per_connection", c.max_requests_per_connection},
+          {"libvirt_uri", c.libvirt_uri}};
 }
 
 constexpr const char* kCommandNames =
@@ -101,6 +104,7 @@ Daemon::~Daemon() {
   // The server's handlers belong to io_, which no longer runs here.
   server_.reset();
   pool_.join();
+  libvirt_.reset();
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
@@ -155,6 +159,10 @@ Status Daemon::Start() {
       });
   if (Status s = server_->Listen(); !s.ok()) return s;
   for (const std::string& name : *names) ReadoptVm(name);
+  if (!config_.libvirt_uri.empty()) {
+    libvirt_ = std::make_unique<DaemonLibvirt>(*this, state_);
+    if (Status s = libvirt_->Start(*names); !s.ok()) return s;
+  }
 
   signals_.add(SIGTERM);
   signals_.add(SIGINT);
@@ -197,6 +205,7 @@ void Daemon::DoShutdown(const std::string& reason) {
   signals_.cancel(ignored);
   if (server_) server_->Close();
   registry_.StopAll();
+  if (libvirt_) libvirt_->Stop();
   // Give connections a moment to flush their last replies (the `shutdown`
   // reply among them), then stop whatever else still holds the io_context.
   PollStop(std::chrono::steady_clock::now() + std::chrono::seconds(2));
@@ -240,10 +249,11 @@ void Daemon::HandleRequest(const Request& request, const PeerCredentials& /*peer
   try {
     const std::string& cmd = request.cmd;
     if (cmd == "ping") {
-      responder->Reply({{"pong", true},
-                        {"pid", ::getpid()},
-                        {"uptime_ms", (HostTime::Now().monotonic_ns - started_.monotonic_ns) /
-                                          1000000}});
+      json pong = {{"pong", true},
+                   {"pid", ::getpid()},
+                   {"uptime_ms", (HostTime::Now().monotonic_ns - started_.monotonic_ns) / 1000000}};
+      pong["libvirt"] = libvirt_ ? libvirt_->StatusJson() : json(nullptr);
+      responder->Reply(pong);
     } else if (cmd == "version") {
       responder->Reply({{"version", HvtraceVersion()},
                         {"protocol", kControlProtocolVersion},
@@ -268,6 +278,8 @@ void Daemon::HandleRequest(const Request& request, const PeerCredentials& /*peer
         for (const auto& e : *list) captures.push_back(e.summary);
         responder->Reply({{"vm", vm->name()}, {"captures", std::move(captures)}});
       });
+    } else if (libvirt_ && libvirt_->HandleRequest(request, responder)) {
+      // A libvirt domain: answered there.
     } else if (HandleVmCommand(request, responder)) {
       // Answered (or being answered) there.
     } else if (cmd == "shutdown") {

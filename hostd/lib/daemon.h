@@ -10,7 +10,8 @@
 //   ping, version, list, status (name), captures (name), shutdown,
 //   boot (name, kernel, initrd, append, cpus, memory_mib, trace_size_mib,
 //   events, accel), adopt (name, qmp, boot_region), capture (name),
-//   stop (name) — the last four in boot_vm.cc.
+//   stop (name) — the last four in boot_vm.cc; adopt (name, domain) for a
+//   libvirt domain and stop of one in daemon_libvirt.cc.
 #ifndef HVTRACE_HOSTD_DAEMON_H_
 #define HVTRACE_HOSTD_DAEMON_H_
 
@@ -31,6 +32,8 @@
 #include "supervisor.h"
 
 namespace hvtrace::hostd {
+
+class DaemonLibvirt;
 
 inline constexpr int kControlProtocolVersion = 1;
 std::string_view HvtraceVersion();
@@ -85,6 +88,8 @@ class Daemon {
   int lock_fd_ = -1;
   HostTime started_;
   bool stopping_ = false;
+  // libvirt domains (daemon_libvirt.h); null when config libvirt_uri is empty.
+  std::unique_ptr<DaemonLibvirt> libvirt_;
 };
 
 // hvtraced's main: flags, config, Start, Run. Returns the exit status.

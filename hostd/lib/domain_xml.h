@@ -59,6 +59,7 @@ struct DomainXmlInfo {
   std::vector<DomainNumaCell> numa_cells;
   std::string memory_backing_source;  // "", file, anonymous, memfd.
   std::string cmdline;                // <os><cmdline>.
+  std::string kernel;                 // <os><kernel>: names the formats to decode with.
 
   // Whether a PCI device can be hot-plugged, and if not, why.
   bool hotplug_ok = false;

@@ -107,7 +107,13 @@ Result<ShmemAttachment> AttachShmem(const std::shared_ptr<LibvirtClient>& client
 
   // A file already there: another VM's live region, or a leftover.
   struct stat st {};
-  if (lstat(out.path.c_str(), &st) == 0) {
+  if (req.prepared_file) {
+    if (lstat(out.path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        static_cast<uint64_t>(st.st_size) != req.size_bytes) {
+      return Error{what + ": the prepared region " + out.path.string() + " is missing, not a " +
+                   "regular file or not " + std::to_string(req.size_bytes) + " bytes"};
+    }
+  } else if (lstat(out.path.c_str(), &st) == 0) {
     if (std::optional<std::string> user = FindMapper(out.path)) {
       return Error{what + ": " + out.path.string() + " is in use by " + *user +
                    "; pick another name"};

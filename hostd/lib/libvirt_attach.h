@@ -38,6 +38,9 @@ struct ShmemAttachRequest {
   std::string shm_name;     // /dev/shm/<shm_name>.
   uint64_t size_bytes = 4ull << 20;
   bool replace_stale = false;
+  // The caller (hvtraced) has just created the file with the region header,
+  // sized |size_bytes|, and maps it itself: it is not stale, keep it.
+  bool prepared_file = false;
   std::chrono::milliseconds timeout{10000};
   std::filesystem::path shm_dir = "/dev/shm";
 };

@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "capture_pipeline.h"
+#include "formats_cache.h"
 #include "hvtrace/boot_map.h"
 
 namespace hvtrace::hostd {
@@ -155,7 +157,8 @@ LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size) 
 }
 
 Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr<LibvirtClient> client,
-                                                                 const std::string& domain) {
+                                                                 const std::string& domain,
+                                                                 LibvirtBackendOptions options) {
   Result<LibvirtDomainPtr> dom = client->FindDomain(domain);
   if (!dom.ok()) return dom.error();
   if (virDomainIsActive(dom->get()) != 1) {
@@ -169,7 +172,8 @@ Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr
     if (s.alias.rfind("ua-hvtrace-", 0) == 0 && s.model == "ivshmem-plain" && s.size_bytes > 0 &&
         ValidateShmName(s.name).ok()) {
       return LibvirtDomainBackend::Create(std::move(client), domain,
-                                          ShmemRegion("/dev/shm/" + s.name, s.size_bytes));
+                                          ShmemRegion("/dev/shm/" + s.name, s.size_bytes),
+                                          std::move(options));
     }
   }
   Result<LibvirtRegionSpec> boot = FindBootRangeRegion(*info);
@@ -177,19 +181,23 @@ Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr
     return Error{"libvirt: domain '" + domain + "' has no hvtrace shmem device (attach one) and no boot "
                  "range: " + boot.error().message};
   }
-  return LibvirtDomainBackend::Create(std::move(client), domain, std::move(*boot));
+  return LibvirtDomainBackend::Create(std::move(client), domain, std::move(*boot), std::move(options));
 }
 
 Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
-    std::shared_ptr<LibvirtClient> client, const std::string& domain, LibvirtRegionSpec region) {
+    std::shared_ptr<LibvirtClient> client, const std::string& domain, LibvirtRegionSpec region,
+    LibvirtBackendOptions options) {
   Result<LibvirtDomainPtr> dom = client->FindDomain(domain);
   if (!dom.ok()) return dom.error();
   char uuid[VIR_UUID_STRING_BUFLEN] = {};
   virDomainGetUUIDString(dom->get(), uuid);
   const char* name = virDomainGetName(dom->get());
-  std::string on_crash;
+  std::string on_crash, kernel;
   if (Result<std::string> xml = LibvirtDomainXml(dom->get()); xml.ok()) {
-    if (Result<DomainXmlInfo> info = ParseDomainXml(*xml); info.ok()) on_crash = info->on_crash;
+    if (Result<DomainXmlInfo> info = ParseDomainXml(*xml); info.ok()) {
+      on_crash = info->on_crash;
+      kernel = info->kernel;
+    }
   }
   if (region.size == 0) return Error{"domain '" + domain + "': region size is 0"};
   int fd = open(region.path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -204,8 +212,19 @@ Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
                  std::to_string(st.st_size) + " bytes, less than offset " +
                  std::to_string(region.offset) + " + size " + std::to_string(region.size)};
   }
-  return std::unique_ptr<LibvirtDomainBackend>(new LibvirtDomainBackend(
+  std::unique_ptr<LibvirtDomainBackend> backend(new LibvirtDomainBackend(
       std::move(client), name ? name : domain, uuid, std::move(region), fd, on_crash));
+  backend->options_ = std::move(options);
+  // Hashing the kernel now keeps it off the capture path.
+  backend->kernel_path_ = kernel;
+  if (kernel.empty()) {
+    backend->kernel_key_error_ = "the domain has no <os><kernel> (direct kernel boot) to name its formats";
+  } else if (Result<std::string> key = KernelKeyOfFile(kernel); key.ok()) {
+    backend->kernel_key_ = *key;
+  } else {
+    backend->kernel_key_error_ = key.error().message;
+  }
+  return backend;
 }
 
 LibvirtDomainBackend::LibvirtDomainBackend(std::shared_ptr<LibvirtClient> client, std::string name,
@@ -248,20 +267,15 @@ void LibvirtDomainBackend::Stop() {
 }
 
 Result<std::vector<std::byte>> LibvirtDomainBackend::CopyRegion() const {
-  std::vector<std::byte> out(region_.size);
-  uint64_t done = 0;
-  while (done < region_.size) {
-    ssize_t n = pread(fd_, out.data() + done, region_.size - done,
-                      static_cast<off_t>(region_.offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      return Error{"domain '" + name_ + "': reading region " + region_.path.string() + " at offset " +
-                   std::to_string(region_.offset + done) + ": " +
-                   (n < 0 ? std::strerror(errno) : "file shrank")};
-    }
-    done += static_cast<uint64_t>(n);
+  // Through our own descriptor: libvirt deletes a boot range's node-1 file
+  // when the domain stops, and the open file still holds the data.
+  Result<std::vector<std::byte>> copy = CopyRegionFile(
+      "/proc/self/fd/" + std::to_string(fd_), region_.offset, region_.size);
+  if (!copy.ok()) {
+    return Error{"domain '" + name_ + "', " + region_.kind + " region " + region_.path.string() +
+                 ": " + copy.error().message};
   }
-  return out;
+  return copy;
 }
 
 std::string LibvirtDomainBackend::StateNow(bool* active) const {
@@ -397,35 +411,10 @@ Status LibvirtDomainBackend::Capture(PendingCapture& capture, CaptureManifest& m
     if (!copy.ok()) return copy.error();
     bytes = std::move(*copy);
   }
-  if (Status s = capture.WriteFile("region.bin", bytes); !s.ok()) return s;
   if (region_.kind == "boot-range") {
-    // The kernel's persistent ring buffer: count what the copy holds, per
-    // CPU, with the reader's checks (the raw copy is kept either way).
-    BootMapOptions options;
-    options.layout = PageLayout::Default();
-    Result<BootMap> map = ReadBootMap(bytes, options);
-    if (map.ok()) {
-      json issues = json::array();
-      for (const BootMapIssue& issue : map->issues) {
-        if (issues.size() < 64) issues.push_back(issue.message);
-      }
-      manifest.validation = {{"reader", "boot_map"},     {"layout", map->layout},
-                             {"cpus", map->cpus},         {"boots", map->boots},
-                             {"issues", map->issues.size()}, {"first_issues", issues}};
-      for (const BootMapCpu& cpu : map->cpu) {
-        CpuCaptureCounts counts;
-        counts.cpu = cpu.cpu;
-        counts.events = cpu.records.size();
-        counts.pages = cpu.pages.size();
-        for (const BootMapPage& page : cpu.pages) {
-          if (page.error != PageError::kOk) ++counts.bad_pages["page-error"];
-          if (page.skipped) ++counts.bad_pages["skipped"];
-        }
-        manifest.cpus.push_back(std::move(counts));
-      }
-    } else {
-      manifest.validation = {{"reader", "boot_map"}, {"error", map.error().message}};
-    }
+    if (Status s = CaptureBootRange(std::move(bytes), capture, manifest); !s.ok()) return s;
+  } else if (Status s = capture.WriteFile("region.bin", bytes); !s.ok()) {
+    return s;
   }
   manifest.region = {{"kind", region_.kind},
                      {"source", region_.path.string()},
@@ -445,6 +434,70 @@ Status LibvirtDomainBackend::Capture(PendingCapture& capture, CaptureManifest& m
     if (stopped) lv["panic"]["stopped_event"] = *stopped;
   }
   manifest.extra["libvirt"] = lv;
+  return {};
+}
+
+Status LibvirtDomainBackend::CaptureBootRange(std::vector<std::byte> bytes, PendingCapture& capture,
+                                              CaptureManifest& manifest) const {
+  if (!kernel_path_.empty()) manifest.kernel["path"] = kernel_path_;
+  std::string why_raw = kernel_key_error_;
+  if (!kernel_key_.empty()) {
+    why_raw = "no formats for kernel " + kernel_path_ + " (key " + kernel_key_ +
+              ") in the formats cache; run `hvtrace formats harvest --kernel " + kernel_path_ + "`";
+    for (const std::filesystem::path& root : options_.formats_roots) {
+      FormatCache cache(root);
+      Result<std::optional<json>> found = cache.Lookup(kernel_key_);
+      if (!found.ok()) {
+        why_raw = found.error().message;
+        continue;
+      }
+      if (!found->has_value()) continue;
+      Result<KernelFormats> formats = cache.Load(kernel_key_);
+      if (!formats.ok()) {
+        why_raw = formats.error().message;
+        continue;
+      }
+      BootMapCaptureOptions options;
+      Result<CaptureResult> built = BuildBootMapCapture(bytes, *formats, options, capture, manifest);
+      if (built.ok()) {
+        manifest.extra["formats_root"] = root.string();
+        return {};
+      }
+      // Not decodable (the reader refused the layout): keep the raw copy.
+      why_raw = built.error().message;
+      break;
+    }
+  }
+  // The raw copy and the reader's per-CPU counts; `hvtrace show --region`
+  // can decode region.bin later once the formats are harvested.
+  if (Status s = capture.WriteFile("region.bin", bytes); !s.ok()) return s;
+  manifest.extra["decode"] = {{"trace_dat", false}, {"reason", why_raw}};
+  if (!kernel_key_.empty()) manifest.kernel["formats_key"] = kernel_key_;
+  BootMapOptions options;
+  options.layout = PageLayout::Default();
+  Result<BootMap> map = ReadBootMap(bytes, options);
+  if (!map.ok()) {
+    manifest.validation = {{"reader", "boot_map"}, {"error", map.error().message}};
+    return {};
+  }
+  json issues = json::array();
+  for (const BootMapIssue& issue : map->issues) {
+    if (issues.size() < 64) issues.push_back(issue.message);
+  }
+  manifest.validation = {{"reader", "boot_map"},        {"layout", map->layout},
+                         {"cpus", map->cpus},            {"boots", map->boots},
+                         {"issues", map->issues.size()}, {"first_issues", issues}};
+  for (const BootMapCpu& cpu : map->cpu) {
+    CpuCaptureCounts counts;
+    counts.cpu = cpu.cpu;
+    counts.events = cpu.records.size();
+    counts.pages = cpu.pages.size();
+    for (const BootMapPage& page : cpu.pages) {
+      if (page.error != PageError::kOk) ++counts.bad_pages["page-error"];
+      if (page.skipped) ++counts.bad_pages["skipped"];
+    }
+    manifest.cpus.push_back(std::move(counts));
+  }
   return {};
 }
 
@@ -469,6 +522,8 @@ nlohmann::json LibvirtDomainBackend::Describe() const {
           {"reconnects", client_->reconnects()},
           {"disconnects", disconnects_},
           {"on_crash", on_crash_},
+          {"kernel", kernel_path_},
+          {"formats_key", kernel_key_},
           {"region", {{"kind", region_.kind}, {"path", region_.path.string()},
                       {"offset", region_.offset}, {"size", region_.size}}}};
 }

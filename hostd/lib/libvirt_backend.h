@@ -62,12 +62,20 @@ struct LibvirtPanicRecord {
   std::vector<std::byte> region;  // The copy.
 };
 
+// Where a boot-range capture finds the guest kernel's event formats: the
+// formats caches (formats_cache.h) to look in, first hit wins. The kernel is
+// the domain's <os><kernel> file, hashed when the backend is created.
+struct LibvirtBackendOptions {
+  std::vector<std::filesystem::path> formats_roots;
+};
+
 class LibvirtDomainBackend : public VmBackend {
  public:
   // Resolves |domain| (name or UUID) and opens |region|.
   static Result<std::unique_ptr<LibvirtDomainBackend>> Create(std::shared_ptr<LibvirtClient> client,
                                                               const std::string& domain,
-                                                              LibvirtRegionSpec region);
+                                                              LibvirtRegionSpec region,
+                                                              LibvirtBackendOptions options = {});
   ~LibvirtDomainBackend() override;
 
   std::string_view kind() const override { return "libvirt"; }
@@ -88,6 +96,10 @@ class LibvirtDomainBackend : public VmBackend {
  private:
   LibvirtDomainBackend(std::shared_ptr<LibvirtClient> client, std::string name, std::string uuid,
                        LibvirtRegionSpec region, int fd, std::string on_crash);
+  // A boot-range capture: trace.dat per boot when the formats are known,
+  // else the raw copy and the reader's counts, with the reason in the manifest.
+  Status CaptureBootRange(std::vector<std::byte> bytes, PendingCapture& capture,
+                          CaptureManifest& manifest) const;
   void OnEvent(const LibvirtDomainEvent& event);
   void OnCrash(const LibvirtDomainEvent& event, const std::string& name);
   Result<std::vector<std::byte>> CopyRegion() const;
@@ -100,6 +112,10 @@ class LibvirtDomainBackend : public VmBackend {
   const LibvirtRegionSpec region_;
   int fd_ = -1;
   const std::string on_crash_;
+  std::string kernel_path_;  // <os><kernel>, when the domain has one.
+  std::string kernel_key_;   // formats_cache.h key of that file.
+  std::string kernel_key_error_;
+  LibvirtBackendOptions options_;
   int subscription_ = -1;
 
   mutable std::mutex mu_;  // Guards the fields below.
@@ -118,7 +134,8 @@ LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size);
 // /dev/shm/<name>, size from the XML), else a boot range made by
 // `hvtrace domain-xml`. Errors say what was looked for.
 Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr<LibvirtClient> client,
-                                                                 const std::string& domain);
+                                                                 const std::string& domain,
+                                                                 LibvirtBackendOptions options = {});
 
 }  // namespace hvtrace::hostd
 

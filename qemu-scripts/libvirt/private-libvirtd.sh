@@ -6,6 +6,8 @@
 #   private-libvirtd.sh start   DIR   start both daemons; prints URI=... SOCKET=...
 #   private-libvirtd.sh stop    DIR   destroy its domains' QEMUs, stop both daemons
 #   private-libvirtd.sh restart-libvirtd DIR   stop and start libvirtd only (QEMUs keep running)
+#   private-libvirtd.sh stop-libvirtd DIR      stop libvirtd only (virtlogd and QEMUs keep running)
+#   private-libvirtd.sh start-libvirtd DIR     start libvirtd again after stop-libvirtd
 #   private-libvirtd.sh uri     DIR   print the connection URI
 #
 # Why a mount namespace: as root, libvirtd runs in "system" mode and its
@@ -26,7 +28,7 @@ set -euo pipefail
 cmd=${1:-}
 dir=${2:-}
 if [ -z "$cmd" ] || [ -z "$dir" ]; then
-  sed -n '2,12p' "$0" >&2
+  sed -n '2,14p' "$0" >&2
   exit 2
 fi
 [ "$(id -u)" -eq 0 ] || { echo "private-libvirtd: must run as root (system-mode libvirtd)" >&2; exit 1; }
@@ -125,6 +127,13 @@ case "$cmd" in
   restart-libvirtd)
     stop_pidfile "$dir/libvirtd.pid"
     start_libvirtd
+    ;;
+  stop-libvirtd)
+    stop_pidfile "$dir/libvirtd.pid"
+    ;;
+  start-libvirtd)
+    pid_alive "$(read_pid "$dir/virtlogd.pid")" || { log "virtlogd is not running in $dir: use start"; exit 1; }
+    pid_alive "$(read_pid "$dir/libvirtd.pid")" || start_libvirtd
     ;;
   stop)
     # QEMUs outlive libvirtd (that is how libvirt works), so destroy them first.

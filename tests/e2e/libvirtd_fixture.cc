@@ -1,12 +1,16 @@
 #include "libvirtd_fixture.h"
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <signal.h>
 
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 namespace hvtrace::e2e {
@@ -33,6 +37,40 @@ std::string ReadWhole(const std::string& path) {
   while ((n = read(fd, buf, sizeof buf)) > 0) all.append(buf, static_cast<size_t>(n));
   close(fd);
   return all;
+}
+
+RunResult RunArgvStatus(const std::vector<std::string>& argv) {
+  RunResult r;
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) {
+    r.output = "pipe failed";
+    return r;
+  }
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(pipefd[0]);
+    close(pipefd[1]);
+    r.output = "fork failed";
+    return r;
+  }
+  if (pid == 0) {
+    dup2(pipefd[1], 1);
+    dup2(pipefd[1], 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+  close(pipefd[1]);
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(pipefd[0], buf, sizeof buf)) > 0) r.output.append(buf, static_cast<size_t>(n));
+  close(pipefd[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
 }
 
 Result<std::string> RunArgv(const std::vector<std::string>& argv) {
@@ -76,6 +114,9 @@ std::string LibvirtdUnavailableReason() {
 }
 
 Result<std::unique_ptr<PrivateLibvirtd>> PrivateLibvirtd::Start(const std::string& tag) {
+  // libvirt writes to its socket; a write to a libvirtd being restarted would
+  // kill the test with SIGPIPE (libvirt asks applications to ignore it).
+  signal(SIGPIPE, SIG_IGN);
   static std::atomic<int> counter{0};
   // Short: the socket path must fit in sun_path (108 bytes).
   std::string dir = "/tmp/hvt-lv-" + tag + "-" + std::to_string(getpid()) + "-" +
@@ -101,6 +142,131 @@ Status PrivateLibvirtd::RestartLibvirtd() {
   Result<std::string> out = RunArgv({kScript, "restart-libvirtd", dir_});
   if (!out.ok()) return Error{out.error().message + "\nlibvirtd log:\n" + LogTail()};
   return {};
+}
+
+Status PrivateLibvirtd::StopLibvirtd() {
+  Result<std::string> out = RunArgv({kScript, "stop-libvirtd", dir_});
+  if (!out.ok()) return out.error();
+  return {};
+}
+
+Status PrivateLibvirtd::StartLibvirtd() {
+  Result<std::string> out = RunArgv({kScript, "start-libvirtd", dir_});
+  if (!out.ok()) return Error{out.error().message + "\nlibvirtd log:\n" + LogTail()};
+  return {};
+}
+
+PrivateHvtraced::PrivateHvtraced(const std::string& tag, const std::string& libvirt_uri) {
+  static std::atomic<int> counter{0};
+  dir_ = "/tmp/hvt-d-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  std::filesystem::remove_all(dir_);
+  std::filesystem::create_directories(dir_);
+  std::ofstream(dir_ + "/hvtraced.conf") << "socket_group =\naccel = tcg\nlibvirt_uri = "
+                                         << libvirt_uri << "\n";
+}
+
+PrivateHvtraced::~PrivateHvtraced() {
+  Stop();
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);
+}
+
+std::string PrivateHvtraced::Log() const { return Tail(dir_ + "/hvtraced.log", 6000); }
+
+Status PrivateHvtraced::Start(uid_t uid) {
+  if (pid_ > 0) return Error{"hvtraced already started"};
+  if (uid != 0) {
+    for (const char* sub : {"", "/state", "/run"}) {
+      std::filesystem::create_directories(dir_ + sub);
+      if (chown((dir_ + sub).c_str(), uid, uid) != 0) return Error{"chown " + dir_ + sub};
+    }
+  }
+  pid_ = fork();
+  if (pid_ < 0) return Error{"fork failed"};
+  if (pid_ == 0) {
+    std::string log = dir_ + "/hvtraced.log";
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+    if (fd >= 0) dup2(fd, 2);
+    if (uid != 0 && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(126);
+    // A test that dies must not leave its daemon behind (set after setuid,
+    // which clears it).
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    std::string bin = std::string(HVTRACE_BIN_DIR) + "/hvtraced";
+    std::string conf = dir_ + "/hvtraced.conf", state = state_dir(), run = dir_ + "/run";
+    execl(bin.c_str(), bin.c_str(), "--config", conf.c_str(), "--state-dir", state.c_str(),
+          "--run-dir", run.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (Hvtrace({"ping"}).status == 0) return {};
+    if (waitpid(pid_, nullptr, WNOHANG) == pid_) {
+      pid_ = -1;
+      return Error{"hvtraced exited at start:\n" + Log()};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return Error{"hvtraced did not answer ping within 20 s:\n" + Log()};
+}
+
+void PrivateHvtraced::Stop() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGTERM);
+  for (int i = 0; i < 100 && waitpid(pid_, nullptr, WNOHANG) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+  pid_ = -1;
+}
+
+RunResult PrivateHvtraced::Hvtrace(std::vector<std::string> args) const {
+  std::vector<std::string> argv = {std::string(HVTRACE_BIN_DIR) + "/hvtrace"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.push_back("--socket");
+  argv.push_back(socket());
+  return RunArgvStatus(argv);
+}
+
+Result<nlohmann::json> PrivateHvtraced::HvtraceJson(std::vector<std::string> args) const {
+  args.push_back("--json");
+  std::string cmd;
+  for (const auto& a : args) cmd += (cmd.empty() ? "" : " ") + a;
+  RunResult r = Hvtrace(args);
+  if (r.status != 0) {
+    return Error{"`hvtrace " + cmd + "` exited " + std::to_string(r.status) + ": " + r.output};
+  }
+  nlohmann::json j = nlohmann::json::parse(r.output, nullptr, false);
+  if (j.is_discarded()) return Error{"`hvtrace " + cmd + "` printed no JSON: " + r.output};
+  return j;
+}
+
+Result<nlohmann::json> PrivateHvtraced::WaitForCaptures(const std::string& name, size_t count,
+                                                        std::chrono::milliseconds timeout) const {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string last;
+  while (std::chrono::steady_clock::now() < deadline) {
+    Result<nlohmann::json> j = HvtraceJson({"captures", name});
+    if (j.ok() && (*j)["captures"].is_array() && (*j)["captures"].size() >= count) return j;
+    last = j.ok() ? j->dump() : j.error().message;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return Error{"no " + std::to_string(count) + " capture(s) of " + name + " within " +
+               std::to_string(timeout.count()) + " ms; last: " + last + "\nhvtraced log:\n" + Log()};
+}
+
+Result<nlohmann::json> PrivateHvtraced::WaitForLibvirt(
+    const std::function<bool(const nlohmann::json&)>& pred, std::chrono::milliseconds timeout) const {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string last;
+  while (std::chrono::steady_clock::now() < deadline) {
+    Result<nlohmann::json> j = HvtraceJson({"ping"});
+    if (j.ok() && (*j).contains("libvirt") && pred((*j)["libvirt"])) return (*j)["libvirt"];
+    last = j.ok() ? j->dump() : j.error().message;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return Error{"libvirt state not reached within " + std::to_string(timeout.count()) +
+               " ms; last ping: " + last + "\nhvtraced log:\n" + Log()};
 }
 
 std::string PrivateLibvirtd::LogTail() const { return Tail(dir_ + "/log/libvirtd.log", 3000); }
@@ -153,13 +319,24 @@ Status TestDomain::Create(const GuestImage& image, const TestDomainOptions& opti
     conn_ = std::move(*conn);
   }
   const std::string xml = options.raw_xml.empty() ? MakeXml(image, options) : options.raw_xml;
-  virDomainPtr dom = virDomainDefineXML(conn_.get(), xml.c_str());
-  if (dom == nullptr) return Error{"define " + name_ + ": " + hostd::LibvirtLastError()};
-  hostd::LibvirtDomainPtr hold(dom);
-  defined_ = true;
-  if (!options.start) return {};
-  if (virDomainCreate(dom) != 0) {
-    return Error{"start " + name_ + ": " + hostd::LibvirtLastError() + "\n" + daemon_.LogTail()};
+  if (options.via_virsh) {
+    const std::string file = daemon_.dir() + "/" + name_ + ".xml";
+    std::ofstream(file) << xml;
+    Result<std::string> defined = RunArgv({"virsh", "-q", "-c", daemon_.uri(), "define", file});
+    if (!defined.ok()) return defined.error();
+    defined_ = true;
+    if (!options.start) return {};
+    Result<std::string> started = RunArgv({"virsh", "-q", "-c", daemon_.uri(), "start", name_});
+    if (!started.ok()) return Error{started.error().message + "\n" + daemon_.LogTail()};
+  } else {
+    virDomainPtr dom = virDomainDefineXML(conn_.get(), xml.c_str());
+    if (dom == nullptr) return Error{"define " + name_ + ": " + hostd::LibvirtLastError()};
+    hostd::LibvirtDomainPtr hold(dom);
+    defined_ = true;
+    if (!options.start) return {};
+    if (virDomainCreate(dom) != 0) {
+      return Error{"start " + name_ + ": " + hostd::LibvirtLastError() + "\n" + daemon_.LogTail()};
+    }
   }
   Result<std::unique_ptr<hostd::GuestConsole>> console =
       hostd::GuestConsole::Connect(console_socket(), std::chrono::seconds(20));

@@ -43,6 +43,16 @@ max_requests_per_connection = 2
   EXPECT_EQ(c->max_requests_per_connection, 2);
 }
 
+TEST(ConfigTest, LibvirtUriDefaultsToSystemAndMayBeTurnedOff) {
+  EXPECT_EQ(Config{}.libvirt_uri, "qemu:///system");
+  auto c = ParseConfig("libvirt_uri = qemu:///system?socket=/tmp/lv/sock\n", "t");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->libvirt_uri, "qemu:///system?socket=/tmp/lv/sock");
+  auto off = ParseConfig("libvirt_uri =\n", "t");
+  ASSERT_TRUE(off.ok()) << off.error().message;
+  EXPECT_EQ(off->libvirt_uri, "");
+}
+
 TEST(ConfigTest, SocketFollowsRunDir) {
   auto c = ParseConfig("run_dir = /tmp/rr\n", "t");
   ASSERT_TRUE(c.ok());

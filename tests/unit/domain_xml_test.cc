@@ -162,6 +162,7 @@ TEST(DomainXml, BootBufferDomainUsesGpaLayoutAndRoundTrips) {
   EXPECT_EQ(info->numa_cells[1].mem_access, "shared");
   EXPECT_EQ(info->memory_backing_source, "");  // Node 0 stays anonymous RAM.
   EXPECT_EQ(info->cmdline, "console=ttyS0 " + out->kernel_params);
+  EXPECT_EQ(info->kernel, req.kernel);
   EXPECT_TRUE(info->hotplug_ok);
 }
 

@@ -2,27 +2,23 @@
 // re-adopts the domain: round trip, and what a hand-edited file gets.
 #include "daemon_libvirt.h"
 
-#include <stdlib.h>
-
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
 
+#include "test_support.h"
+
 namespace hvtrace::hostd {
 namespace {
 
 class LibvirtVmRecordTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/hvt-lvrec-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void SetUp() override { ASSERT_FALSE(dir_.empty()); }
   void Write(const std::string& text) { std::ofstream(LibvirtVmRecordPath(dir_)) << text; }
-  std::filesystem::path dir_;
+  test_support::TempDir tmp_{"hvt-lvrec"};
+  std::filesystem::path dir_ = tmp_.path();
 };
 
 TEST_F(LibvirtVmRecordTest, RoundTrips) {

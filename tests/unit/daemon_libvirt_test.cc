@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -39,8 +40,9 @@ TEST_F(LibvirtVmRecordTest, MissingFileIsAnErrorNamingThePath) {
 }
 
 TEST_F(LibvirtVmRecordTest, MalformedFilesAreRefusedWithThePath) {
-  for (const std::string text : {"", "not json", "[]", "{\"domain\": 3, \"uuid\": \"x\"}",
-                                 "{\"domain\": \"a\"}", std::string(70000, ' ') + "{}"}) {
+  const std::vector<std::string> bad = {"", "not json", "[]", "{\"domain\": 3, \"uuid\": \"x\"}",
+                                       "{\"domain\": \"a\"}", std::string(70000, ' ') + "{}"};
+  for (const std::string& text : bad) {
     Write(text);
     Result<LibvirtVmRecord> r = LoadLibvirtVmRecord(dir_);
     ASSERT_FALSE(r.ok()) << text.substr(0, 40);

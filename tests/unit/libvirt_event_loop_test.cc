@@ -28,8 +28,8 @@ struct Recorder {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<int> events;  // Masks, in order.
-  int reads_per_call = 1;
-  bool remove_self = false;
+  std::atomic<int> reads_per_call{1};
+  std::atomic<bool> remove_self{false};  // Read on the loop's thread.
   int watch = -1;
   std::atomic<int> freed{0};
   std::thread::id free_thread;
@@ -118,9 +118,12 @@ TEST_F(LibvirtEventLoopTest, UpdateToZeroSilencesAndHangupIsReported) {
   r.reads_per_call = 8;
   virEventUpdateHandle(watch, VIR_EVENT_HANDLE_READABLE);
   ASSERT_TRUE(r.WaitFor(1, 2s));
+  // libvirt removes a hung-up handle from its callback. Armed before the
+  // close: HANGUP is level-triggered, and a callback that ran before the flag
+  // was set would leave the handle firing.
+  r.remove_self = true;
   close(fds_[1]);
   fds_[1] = -1;
-  r.remove_self = true;  // libvirt removes a hung-up handle from its callback.
   ASSERT_TRUE(r.WaitFor(2, 2s));
   EXPECT_TRUE(r.events[1] & VIR_EVENT_HANDLE_HANGUP) << r.events[1];
   std::this_thread::sleep_for(50ms);

@@ -26,8 +26,10 @@
 namespace hvtrace::dw {
 namespace {
 
-// Events larger than this are dropped; it keeps the payload copy on the stack.
+// Events larger than this are dropped.
 constexpr uint32_t kMaxPayload = 3072;
+// Direct-write pages use the 64-bit layout (region.h): data after two u64.
+constexpr uint32_t kDataOffset = 16;
 // After failing to find a free ring, a thread retries only every this many writes.
 constexpr uint32_t kRetryEvery = 1024;
 
@@ -115,23 +117,24 @@ struct Tracer::ThreadState {
   Tracer* tracer = nullptr;
   Attachment* attachment = nullptr;
   const std::atomic<uint16_t>* id_map = nullptr;
-  const uint64_t* live = nullptr;  // The region's first header words.
-  uint64_t region_id = 0;
+  // The host header word that says the region is still there (its region
+  // id, or the magic when the id is 0) and the value it must have.
+  const uint64_t* live_word = nullptr;
+  uint64_t live_value = 0;
   uint32_t max_payload = 0;
   uint32_t ring = 0;
   region::SlotDesc* desc = nullptr;  // Open slot; nullptr: no ring.
   region::DwRingHeader* header = nullptr;
-  PageLayout layout = PageLayout::Default();
-  PageWriter writer{std::span<std::byte>(), PageLayout::Default(), 0};
+  // The open page (64-bit layout: u64 time_stamp, u64 commit, data at 16).
+  std::byte* page = nullptr;
+  uint32_t used = 0;      // Data bytes written.
+  uint32_t capacity = 0;  // Data bytes the page holds.
+  uint64_t last_time = 0;
   int32_t tid = 0;
   uint32_t retry = 0;
 
-  // GuestRegion::StillMapped, from values cached at bind time.
-  bool Live() const {
-    constexpr size_t kIdWord = offsetof(region::HostHeader, region_id) / 8;
-    return __atomic_load_n(live + kIdWord, __ATOMIC_RELAXED) == region_id &&
-           __atomic_load_n(live, __ATOMIC_RELAXED) == (region::kRegionMagicXored[0] ^ region::kRegionMagicXor[0]);
-  }
+  // GuestRegion::StillMapped, in one load.
+  bool Live() const { return __atomic_load_n(live_word, __ATOMIC_RELAXED) == live_value; }
 
   ~ThreadState() {
     std::lock_guard<std::mutex> lock(g_alive_mutex);
@@ -415,14 +418,19 @@ bool Tracer::Bind(ThreadState* ts) {
   ts->tracer = this;
   ts->attachment = a;
   ts->id_map = a->id_map.get();
-  ts->live = reinterpret_cast<const uint64_t*>(region.base());
-  ts->region_id = region.geometry().region_id;
+  const auto* header_words = reinterpret_cast<const uint64_t*>(region.base());
+  if (region.geometry().region_id != 0) {
+    ts->live_word = header_words + offsetof(region::HostHeader, region_id) / 8;
+    ts->live_value = region.geometry().region_id;
+  } else {
+    ts->live_word = header_words;
+    ts->live_value = region::kRegionMagicXored[0] ^ region::kRegionMagicXor[0];
+  }
   ts->max_payload = a->max_payload;
   ts->desc = nullptr;
   ts->header = nullptr;
   ts->retry = 0;
   ts->tid = static_cast<int32_t>(syscall(SYS_gettid));
-  ts->layout = PageLayout::Default(region.geometry().slot_size);
   const uint32_t rings = region.geometry().dw_rings;
   const uint64_t token = (uint64_t{a->generation} << 32) | static_cast<uint32_t>(ts->tid);
   // Our own ring first (a thread that bound before and came back), then a
@@ -472,11 +480,16 @@ bool Tracer::StartPage(ThreadState* ts, uint64_t now) {
   const uint32_t slot = static_cast<uint32_t>(sequence % region.geometry().dw_slots);
   region::SlotDesc* desc = region.dw_desc(ts->ring, slot);
   const uint64_t done = SeqBeginWrite(&desc->seq);
-  std::span<std::byte> page(region.dw_page(ts->ring, slot), region.geometry().slot_size);
-  ts->writer = PageWriter(page, ts->layout, now);
+  ts->page = region.dw_page(ts->ring, slot);
+  ts->used = 0;
+  ts->capacity = region.geometry().slot_size - kDataOffset;
+  ts->last_time = now;
+  const uint64_t zero = 0;
+  std::memcpy(ts->page, &now, 8);       // time_stamp
+  std::memcpy(ts->page + 8, &zero, 8);  // commit
   desc->sequence = sequence;
   desc->boot_generation = ts->attachment->generation;
-  desc->length = ts->layout.data_offset;
+  desc->length = kDataOffset;
   desc->flags = region::kSlotOpen;
   SeqEndWrite(&desc->seq, done);
   __atomic_store_n(&h->published, sequence + 1, __ATOMIC_RELEASE);
@@ -492,6 +505,44 @@ void Tracer::Release(ThreadState* ts) {
   ts->serial = 0;
   ts->desc = nullptr;
   ts->header = nullptr;
+}
+
+// Appends a record the fast path does not take: a time gap past 27 bits (a
+// TIME_EXTEND first), a payload past 112 bytes (length word), or time that
+// went backwards (kept at the page's last time). False when it does not fit.
+static bool AppendRecord(Tracer::ThreadState* ts, uint64_t now, const TraceEntry& entry, const void* payload,
+                  uint32_t size) {
+  if (now < ts->last_time) now = ts->last_time;
+  uint64_t delta = now - ts->last_time;
+  const uint32_t data = static_cast<uint32_t>(sizeof(TraceEntry)) + size;
+  const uint32_t padded = (data + 3) & ~3u;
+  const bool big = padded > 4 * kRecordTypeMaxData;
+  const uint32_t extend = delta > kTimeDeltaMax ? 8 : 0;  // 59 bits: a TIME_EXTEND is enough.
+  const uint32_t record = (big ? 8 : 4) + padded;
+  if (uint64_t{ts->used} + extend + record > ts->capacity) return false;
+  std::byte* at = ts->page + kDataOffset + ts->used;
+  if (extend != 0) {
+    const uint32_t words[2] = {kRecordTypeTimeExtend | static_cast<uint32_t>((delta & kTimeDeltaMax) << 5),
+                               static_cast<uint32_t>(delta >> kTimeDeltaBits)};
+    std::memcpy(at, words, 8);
+    at += 8;
+    delta = 0;
+  }
+  const uint32_t head = static_cast<uint32_t>(delta << 5) | (big ? 0u : padded / 4);
+  std::memcpy(at, &head, 4);
+  at += 4;
+  if (big) {
+    const uint32_t length = padded + 4;
+    std::memcpy(at, &length, 4);
+    at += 4;
+  }
+  const uint32_t zero = 0;
+  std::memcpy(at + padded - 4, &zero, 4);  // Padding bytes stay zero.
+  std::memcpy(at, &entry, sizeof(entry));
+  std::memcpy(at + sizeof(entry), payload, size);
+  ts->used += extend + record;
+  ts->last_time = now;
+  return true;
 }
 
 bool Tracer::Write(uint16_t id, const void* payload, uint32_t size) {
@@ -516,20 +567,33 @@ bool Tracer::Write(uint16_t id, const void* payload, uint32_t size) {
     return false;
   }
   const uint64_t now = Now();
-  alignas(8) std::byte record[sizeof(TraceEntry) + kMaxPayload];
   const TraceEntry entry{id, 0, 0, ts->tid};
-  std::memcpy(record, &entry, sizeof(entry));
-  std::memcpy(record + sizeof(entry), payload, size);
-  const std::span<const std::byte> bytes(record, sizeof(entry) + size);
-  if (!ts->writer.Append(now, bytes)) [[unlikely]] {
-    if (!StartPage(ts, now) || !ts->writer.Append(now, bytes)) {
+  const uint32_t padded = (static_cast<uint32_t>(sizeof(TraceEntry)) + size + 3) & ~3u;
+  const uint64_t delta = now - ts->last_time;  // Huge when time went backwards: slow path.
+  if (padded <= 4 * kRecordTypeMaxData && delta <= kTimeDeltaMax &&
+      ts->used + 4 + padded <= ts->capacity) [[likely]] {
+    // The common record, written in place: header word (delta, length in
+    // words), trace_entry, payload.
+    std::byte* at = ts->page + kDataOffset + ts->used;
+    const uint32_t head = static_cast<uint32_t>(delta << 5) | (padded / 4);
+    const uint32_t zero = 0;
+    std::memcpy(at, &head, 4);
+    std::memcpy(at + padded, &zero, 4);  // Last word first: padding stays zero.
+    std::memcpy(at + 4, &entry, sizeof(entry));
+    std::memcpy(at + 4 + sizeof(entry), payload, size);
+    ts->used += 4 + padded;
+    ts->last_time = now;
+  } else if (!AppendRecord(ts, now, entry, payload, size)) [[unlikely]] {
+    if (!StartPage(ts, now) || !AppendRecord(ts, now, entry, payload, size)) {
       ts->header->lost_events++;
       return false;
     }
   }
-  ts->writer.Finish();
-  // The publish point: the host reads this many bytes of the page.
-  __atomic_store_n(&ts->desc->length, ts->layout.data_offset + ts->writer.used(), __ATOMIC_RELEASE);
+  // The page's own commit (for tools that read the page alone), then the
+  // publish point: the host reads this many bytes of the page.
+  const uint64_t commit = ts->used;
+  std::memcpy(ts->page + 8, &commit, 8);
+  __atomic_store_n(&ts->desc->length, kDataOffset + ts->used, __ATOMIC_RELEASE);
   return true;
 }
 

@@ -301,6 +301,56 @@ TEST(DwCApi, OpensAFileWritesAndCloses) {
   unlink(path);
 }
 
+// The records the fast path does not write: payloads past 112 bytes (a
+// length word), time gaps past 27 bits (a TIME_EXTEND first), odd sizes
+// (padding) and a payload that does not fit the rest of a page. The host's
+// walker must read every one back whole, with its time.
+TEST_F(DwTest, LargeRecordsTimeGapsAndPaddingReadBackWhole) {
+  auto t = dw::Tracer::FromMemory(mem_.data(), mem_.size(), dw::Clock::kMonotonic);
+  ASSERT_TRUE(t.ok());
+  auto id = (*t)->Register("myapp", "blob", {{"data", "char[2000]", 0, 2000, false}});
+  ASSERT_TRUE(id.ok()) << id.error().message;
+  std::vector<uint32_t> sizes = {1, 3, 5, 103, 104, 105, 200, 1999, 2000, 7, 2000, 2000};
+  std::vector<uint64_t> before;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (i == 4) std::this_thread::sleep_for(std::chrono::milliseconds(160));  // > 2^27 ns.
+    std::vector<uint8_t> blob(sizes[i]);
+    for (uint32_t k = 0; k < sizes[i]; ++k) blob[k] = static_cast<uint8_t>(i * 31 + k);
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    before.push_back(static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec));
+    ASSERT_TRUE((*t)->Write(*id, blob.data(), sizes[i])) << i;
+  }
+  RegionSnapshot s = Snapshot();
+  ASSERT_EQ(s.issue_total(), 0u) << s.problems[0].detail;
+  std::vector<RawRecord> got;
+  std::vector<std::vector<std::byte>> payloads;
+  for (const RegionRing& ring : s.dw_rings) {
+    for (const RegionPage& page : ring.pages) {
+      PageStats stats;
+      EXPECT_EQ(WalkPage(page.page, s.dw_layout, &stats, [&](const RawRecord& r) {
+                  got.push_back(r);
+                  payloads.emplace_back(r.payload.begin(), r.payload.end());
+                }),
+                PageError::kOk);
+    }
+  }
+  ASSERT_EQ(got.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    ASSERT_GE(payloads[i].size(), 8 + sizes[i]) << i;
+    EXPECT_LT(payloads[i].size(), 8 + sizes[i] + 4) << i;
+    for (uint32_t k = 0; k < sizes[i]; ++k) {
+      ASSERT_EQ(static_cast<uint8_t>(payloads[i][8 + k]), static_cast<uint8_t>(i * 31 + k)) << i << " byte " << k;
+    }
+    for (size_t k = 8 + sizes[i]; k < payloads[i].size(); ++k) EXPECT_EQ(payloads[i][k], std::byte{0}) << i;
+    EXPECT_GE(got[i].timestamp, before[i]) << i;
+    if (i + 1 < sizes.size()) {
+      EXPECT_LE(got[i].timestamp, before[i + 1]) << i;
+    }
+  }
+  EXPECT_GE(got[4].timestamp - got[3].timestamp, 150000000u);
+}
+
 // A region file as hostd creates it, announced as the agent does.
 std::string MakeRegionFile(const std::string& path, uint64_t region_id) {
   const uint64_t size = 1 << 20;

@@ -191,12 +191,17 @@ TEST_F(DwTest, ThreadsGetTheirOwnRingsAndLoseNothing) {
   ASSERT_TRUE(id.ok());
   const int threads = 3, per_thread = 150;
   std::vector<std::thread> pool;
+  // Every thread holds its ring until all have written: a thread that exits
+  // early frees its ring, and a later one may then take it over.
+  std::atomic<int> done{0};
   for (int k = 0; k < threads; ++k) {
     pool.emplace_back([&, k] {
       for (int i = 0; i < per_thread; ++i) {
         Progress p{i, "t", static_cast<uint64_t>(k)};
         EXPECT_TRUE((*t)->Write(*id, &p, sizeof(p)));
       }
+      done++;
+      while (done.load() < threads) std::this_thread::yield();
     });
   }
   for (auto& th : pool) th.join();

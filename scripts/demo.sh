@@ -28,10 +28,17 @@ daemon_pid=
 cleanup() {
   status=$?
   if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
-    # hvtraced stops the guest it booted (QEMU also dies with it: PDEATHSIG).
+    # The demo's config says vm_on_shutdown = stop: SIGTERM makes hvtraced
+    # quit the guest it booted (QEMUs it boots outlive it otherwise).
     kill -TERM "$daemon_pid" 2>/dev/null || true
     for _ in $(seq 50); do kill -0 "$daemon_pid" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$daemon_pid" 2>/dev/null || true
+  fi
+  # If hvtraced could not stop it (killed above, or crashed), end the demo's
+  # QEMU by the pid it recorded, after checking that pid still is that QEMU.
+  qemu_pid=$(sed -n 's/^ *"pid": \([0-9][0-9]*\).*/\1/p' "$DEMO/state/vms/demo/qmp_vm.json" 2>/dev/null | head -n 1)
+  if [ -n "$qemu_pid" ] && tr '\0' ' ' <"/proc/$qemu_pid/cmdline" 2>/dev/null | grep -q "$DEMO/run/demo.qmp"; then
+    kill -KILL "$qemu_pid" 2>/dev/null || true
   fi
   rm -f /dev/shm/hvtrace-demo
   [ $status -eq 0 ] || { echo "demo: failed (exit $status); logs in $DEMO" >&2; tail -n 20 "$DEMO/hvtraced.log" 2>/dev/null >&2 || true; }
@@ -51,7 +58,7 @@ initrd=$(sed -n 's/.* INITRD=\([^ ]*\).*/\1/p' <<<"$line")
 
 step "starting hvtraced (state in $DEMO/state)"
 rm -rf "$DEMO"; mkdir -p "$DEMO"
-printf 'socket_group =\naccel = %s\n' "$accel" >"$DEMO/hvtraced.conf"
+printf 'socket_group =\naccel = %s\nvm_on_shutdown = stop\n' "$accel" >"$DEMO/hvtraced.conf"
 export HVTRACE_SOCKET=$DEMO/run/hvtraced.sock
 "$BUILD/bin/hvtraced" --config "$DEMO/hvtraced.conf" --state-dir "$DEMO/state" --run-dir "$DEMO/run" \
   2>"$DEMO/hvtraced.log" &

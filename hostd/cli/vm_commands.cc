@@ -224,6 +224,9 @@ int RunBoot(int argc, char** argv) {
               result->value("kvm", false) ? "KVM" : "TCG", region["size"].dump().c_str(),
               static_cast<unsigned long long>(region.value("gpa", uint64_t{0})),
               region.value("file", std::string()).c_str());
+  if (result->contains("kvm_probe")) {
+    std::printf("accel auto: %s\n", (*result)["kvm_probe"].get<std::string>().c_str());
+  }
   if (result->contains("console_log")) {
     std::printf("console log: %s\nconsole socket: %s\n", (*result)["console_log"].get<std::string>().c_str(),
                 result->value("console_socket", std::string()).c_str());

@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <iostream>
+#include <mutex>
 
 #include <boost/asio/post.hpp>
 
 #include "daemon.h"
 #include "formats_cache.h"
+#include "kvm_probe.h"
 #include "qmp_vm.h"
 #include "vm_process.h"
 
@@ -118,6 +120,8 @@ Result<VmConfig> MakeBootVmConfig(const BootRequest& r, const BootPaths& paths) 
 
 namespace {
 
+namespace asio = boost::asio;
+
 void Log(const std::string& message) {
   std::string line = "hvtraced: " + message + "\n";
   ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
@@ -131,9 +135,10 @@ std::string ArgName(const Request& request) {
 
 }  // namespace
 
-// Runs on the I/O thread. QEMU is spawned here on purpose: vm_process.h ties
-// the child's PDEATHSIG to the forking thread, and the I/O thread lives as
-// long as the daemon.
+// Runs on the I/O thread; only cheap work happens here. `boot` spawns QEMU
+// on the pool (StartBoot): QEMU runs in its own session (VmLifetime::
+// kIndependent), so the forking thread does not matter, and the KVM probe and
+// the kernel hash never block other clients.
 bool Daemon::HandleVmCommand(const Request& request, const std::shared_ptr<Responder>& responder) {
   const std::string& cmd = request.cmd;
   if (cmd != "boot" && cmd != "adopt" && cmd != "capture" && cmd != "stop") return false;
@@ -157,8 +162,11 @@ bool Daemon::HandleVmCommand(const Request& request, const std::shared_ptr<Respo
     auto vm = VmFromArgs(request, *responder);
     if (!vm) return true;
     registry_.Remove(vm->name());
+    // A VM hvtraced booted (or re-attached to) is shut down and its files
+    // removed; an adopted one is only let go.
     vm->Stop();
     std::error_code ec;
+    RemoveRemnants(vm->name());
     std::filesystem::remove(QmpVmSpecPath(state_.VmDir(vm->name())), ec);
     // The VM stays listed, offline, so its captures remain reachable.
     auto offline = std::make_shared<VmSupervisor>(vm->name(), nullptr, pool_.get_executor(),
@@ -172,6 +180,10 @@ bool Daemon::HandleVmCommand(const Request& request, const std::shared_ptr<Respo
   const std::string name = ArgName(request);
   if (Status s = ValidateVmName(name); !s.ok()) {
     responder->Fail(kErrBadRequest, cmd + ": " + s.error().message);
+    return true;
+  }
+  if (booting_.count(name) != 0) {
+    responder->Fail(kErrBusy, "VM '" + name + "' is being booted by an earlier request");
     return true;
   }
   if (auto existing = registry_.Find(name)) {
@@ -189,106 +201,221 @@ bool Daemon::HandleVmCommand(const Request& request, const std::shared_ptr<Respo
     return true;
   }
 
-  QmpVmSpec spec;
-  std::unique_ptr<Vm> vm;
-  json reply;
   if (cmd == "boot") {
-    auto req = BootRequest::FromJson(request.args);
-    if (!req.ok()) {
-      responder->Fail(kErrBadRequest, req.error().message);
-      return true;
-    }
-    if (req->accel == "auto") req->accel = config_.accel;
-    BootPaths paths = DefaultBootPaths(name, config_.EffectiveSocketPath().parent_path(), vm_dir);
-    auto config = MakeBootVmConfig(*req, paths);
-    if (!config.ok()) {
-      responder->Fail(kErrBadRequest, config.error().message);
-      return true;
-    }
-    auto accel = ParseAccel(req->accel);
-    auto started = Vm::Start(*config, ResolveKvm(*accel));
-    if (!started.ok()) {
-      responder->Fail(kErrVmFailed, "boot " + name + ": " + started.error().message);
-      return true;
-    }
-    vm = std::move(*started);
-    const BootRangeLayout& layout = *vm->plan().boot_range;
-    spec.qmp_socket = paths.qmp_socket;
-    spec.region_path = paths.backing_file;
-    spec.region_offset = layout.file_offset;
-    spec.region_size = layout.range_bytes;
-    spec.region_gpa = layout.range_gpa;
-    spec.pid = vm->pid();
-    spec.console_log = paths.console_log;
-    spec.booted_by_daemon = true;
-    spec.kernel_path = std::filesystem::absolute(req->kernel).string();
-    if (auto key = KernelKeyOfFile(req->kernel); key.ok()) spec.kernel_key = *key;
-    reply = {{"name", name}, {"pid", vm->pid()}, {"kvm", vm->kvm()}, {"argv", vm->plan().argv}};
-  } else {  // adopt
-    auto qmp = request.args.find("qmp");
-    auto region = request.args.find("boot_region");
-    if (qmp == request.args.end() || !qmp->is_string() || region == request.args.end() ||
-        !region->is_string()) {
-      responder->Fail(kErrBadRequest, "adopt needs args.qmp (socket) and args.boot_region (FILE@GPA:SIZE)");
-      return true;
-    }
-    auto parsed = ParseBootRegion(region->get<std::string>());
-    if (!parsed.ok()) {
-      responder->Fail(kErrBadRequest, parsed.error().message);
-      return true;
-    }
-    spec = *parsed;
-    // The file is QEMU's node-1 backing file: the range starts at its offset 0
-    // (gpa_layout.h), whatever GPA the guest sees it at.
-    spec.qmp_socket = std::filesystem::absolute(qmp->get<std::string>()).string();
-    struct stat st;
-    if (::stat(spec.region_path.c_str(), &st) != 0 ||
-        static_cast<uint64_t>(st.st_size) < spec.region_size) {
-      responder->Fail(kErrBadRequest, "region file " + spec.region_path.string() +
-                                          " is missing or shorter than " + std::to_string(spec.region_size));
-      return true;
-    }
-    reply = {{"name", name}};
+    StartBoot(name, request, responder);
+    return true;
   }
-  if (Status s = SaveQmpVmSpec(vm_dir, spec); !s.ok()) Log("warning: VM " + name + ": " + s.error().message);
-  if (auto old = registry_.Remove(name)) old->Stop();
-  auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), spec, std::move(vm));
-  if (Status s = AddVm(name, std::move(backend)); !s.ok()) {
+
+  // adopt
+  auto qmp = request.args.find("qmp");
+  auto region = request.args.find("boot_region");
+  if (qmp == request.args.end() || !qmp->is_string() || region == request.args.end() ||
+      !region->is_string()) {
+    responder->Fail(kErrBadRequest, "adopt needs args.qmp (socket) and args.boot_region (FILE@GPA:SIZE)");
+    return true;
+  }
+  auto parsed = ParseBootRegion(region->get<std::string>());
+  if (!parsed.ok()) {
+    responder->Fail(kErrBadRequest, parsed.error().message);
+    return true;
+  }
+  QmpVmSpec spec = *parsed;
+  // The file is QEMU's node-1 backing file: the range starts at its offset 0
+  // (gpa_layout.h), whatever GPA the guest sees it at.
+  spec.qmp_socket = std::filesystem::absolute(qmp->get<std::string>()).string();
+  struct stat st;
+  if (::stat(spec.region_path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) < spec.region_size) {
+    responder->Fail(kErrBadRequest, "region file " + spec.region_path.string() + " is missing or shorter than " +
+                                        std::to_string(spec.region_size));
+    return true;
+  }
+  if (Status s = RegisterQmpVm(name, spec, nullptr); !s.ok()) {
     responder->Fail(kErrInternal, s.error().message);
     return true;
   }
-  reply["region"] = {{"file", spec.region_path.string()},
-                     {"offset", spec.region_offset},
-                     {"size", spec.region_size},
-                     {"gpa", spec.region_gpa}};
-  reply["qmp"] = spec.qmp_socket;
-  if (!spec.console_log.empty()) {
-    reply["console_log"] = spec.console_log;
-    reply["console_socket"] =
-        DefaultBootPaths(name, config_.EffectiveSocketPath().parent_path(), vm_dir).console_socket;
-  }
-  Log("VM " + name + ": " + cmd + " ok, region " + spec.region_path.string());
-  responder->Reply(reply);
+  responder->Reply({{"name", name},
+                    {"region",
+                     {{"file", spec.region_path.string()},
+                      {"offset", spec.region_offset},
+                      {"size", spec.region_size},
+                      {"gpa", spec.region_gpa}}},
+                    {"qmp", spec.qmp_socket}});
   return true;
+}
+
+void Daemon::StartBoot(const std::string& name, const Request& request,
+                       const std::shared_ptr<Responder>& responder) {
+  auto req = BootRequest::FromJson(request.args);
+  if (!req.ok()) {
+    responder->Fail(kErrBadRequest, req.error().message);
+    return;
+  }
+  if (req->accel == "auto") req->accel = config_.accel;
+  const std::filesystem::path vm_dir = state_.VmDir(name);
+  BootPaths paths = DefaultBootPaths(name, config_.EffectiveSocketPath().parent_path(), vm_dir);
+  auto config = MakeBootVmConfig(*req, paths);
+  if (!config.ok()) {
+    responder->Fail(kErrBadRequest, config.error().message);
+    return;
+  }
+  auto accel = ParseAccel(req->accel);
+  booting_.insert(name);
+  asio::post(pool_, [this, name, boot = *req, paths, vm_config = *config, accel_kind = *accel, responder] {
+    // Slow: the KVM probe (first time only), QEMU start-up, hashing vmlinuz.
+    if (accel_kind == Accel::kAuto) {
+      static std::once_flag logged;
+      std::call_once(logged, [] { Log("accel auto: " + KvmVerdict().reason); });
+    }
+    auto started =
+        Vm::Start(vm_config, ResolveKvm(accel_kind), std::chrono::seconds(15), VmLifetime::kIndependent);
+    std::string kernel_key;
+    if (started.ok()) {
+      if (auto key = KernelKeyOfFile(boot.kernel); key.ok()) kernel_key = *key;
+    }
+    // Registering touches the registry and the io_context's QMP objects:
+    // back on the I/O thread.
+    auto finish = [this, name, boot, paths, kernel_key, responder, accel_kind,
+                   started = std::make_shared<Result<std::unique_ptr<Vm>>>(std::move(started))]() mutable {
+      booting_.erase(name);
+      if (!started->ok()) {
+        responder->Fail(kErrVmFailed, "boot " + name + ": " + started->error().message);
+        return;
+      }
+      std::unique_ptr<Vm> vm = std::move(started->value());
+      const BootRangeLayout& layout = *vm->plan().boot_range;
+      const VmIdentity identity = vm->Identity();
+      QmpVmSpec spec;
+      spec.qmp_socket = paths.qmp_socket;
+      spec.region_path = paths.backing_file;
+      spec.region_offset = layout.file_offset;
+      spec.region_size = layout.range_bytes;
+      spec.region_gpa = layout.range_gpa;
+      spec.pid = vm->pid();
+      spec.pid_start_time = identity.start_time;
+      spec.owned_paths = identity.owned_paths;
+      spec.console_log = paths.console_log;
+      spec.console_socket = paths.console_socket;
+      spec.booted_by_daemon = true;
+      spec.kernel_path = std::filesystem::absolute(boot.kernel).string();
+      spec.kernel_key = kernel_key;
+      json reply = {{"name", name}, {"pid", vm->pid()}, {"kvm", vm->kvm()}, {"argv", vm->plan().argv}};
+      // Why auto chose what it chose (kvm_probe.h), so a TCG guest on a KVM
+      // host is never a mystery.
+      if (accel_kind == Accel::kAuto) reply["kvm_probe"] = KvmVerdict().reason;
+      if (stopping_) {
+        // The daemon began to exit while QEMU started: treat the new VM as
+        // the shutdown policy says (its spec is saved for re-adoption).
+        (void)SaveQmpVmSpec(state_.VmDir(name), spec);
+        if (config_.vm_on_shutdown == VmOnShutdown::kKeep) vm->Release();
+        responder->Fail(kErrVmFailed, "boot " + name + ": hvtraced is shutting down (vm_on_shutdown = " +
+                                          std::string(VmOnShutdownName(config_.vm_on_shutdown)) + ")");
+        return;
+      }
+      if (Status s = RegisterQmpVm(name, spec, std::move(vm)); !s.ok()) {
+        responder->Fail(kErrInternal, s.error().message);
+        return;
+      }
+      reply["region"] = {{"file", spec.region_path.string()},
+                         {"offset", spec.region_offset},
+                         {"size", spec.region_size},
+                         {"gpa", spec.region_gpa}};
+      reply["qmp"] = spec.qmp_socket;
+      reply["console_log"] = spec.console_log;
+      reply["console_socket"] = spec.console_socket;
+      responder->Reply(reply);
+    };
+    asio::post(io_, std::move(finish));
+  });
+}
+
+void Daemon::RemoveRemnants(const std::string& name) {
+  // For an offline VM whose QEMU hvtraced booted and which exited meanwhile:
+  // its sockets and /dev/shm file. A live process's files are never touched
+  // here (a backend with a Vm removes those after stopping it).
+  auto spec = LoadQmpVmSpec(state_.VmDir(name));
+  if (!spec.ok() || !spec->booted_by_daemon) return;
+  if (spec->pid > 0 && spec->pid_start_time != 0 &&
+      ProcessStartTime(spec->pid).value_or(0) == spec->pid_start_time) {
+    return;
+  }
+  std::error_code ec;
+  for (const std::string& path : spec->owned_paths) std::filesystem::remove(path, ec);
+}
+
+Status Daemon::RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm) {
+  const std::filesystem::path vm_dir = state_.VmDir(name);
+  if (Status s = SaveQmpVmSpec(vm_dir, spec); !s.ok()) Log("warning: VM " + name + ": " + s.error().message);
+  if (auto old = registry_.Remove(name)) old->Stop();
+  auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), spec, std::move(vm));
+  if (Status s = AddVm(name, std::move(backend)); !s.ok()) return s;
+  Log("VM " + name + ": " + (spec.booted_by_daemon ? "booted" : "adopted") + ", pid " + std::to_string(spec.pid) +
+      ", region " + spec.region_path.string());
+  return {};
 }
 
 void Daemon::ReadoptVm(const std::string& name) {
   auto spec = LoadQmpVmSpec(state_.VmDir(name));
   if (!spec.ok()) return;  // Not a QMP VM (or never one).
-  bool alive = spec->pid <= 0 || ::kill(spec->pid, 0) == 0;
+  std::unique_ptr<Vm> vm;
+  std::string gone;
+  if (spec->booted_by_daemon) {
+    // Ours: take the process back, but only the very QEMU we started.
+    VmIdentity identity;
+    identity.pid = spec->pid;
+    identity.start_time = spec->pid_start_time;
+    identity.cmdline_mentions = spec->qmp_socket;
+    identity.owned_paths = spec->owned_paths;
+    auto reattached = Vm::Reattach(name, identity);
+    if (reattached.ok()) {
+      vm = std::move(*reattached);
+    } else {
+      gone = reattached.error().message;
+    }
+  } else if (spec->pid > 0 && ::kill(spec->pid, 0) != 0) {
+    gone = "QEMU pid " + std::to_string(spec->pid) + " is gone";
+  } else if (spec->pid > 0 && spec->pid_start_time != 0 &&
+             ProcessStartTime(spec->pid).value_or(0) != spec->pid_start_time) {
+    gone = "pid " + std::to_string(spec->pid) + " now belongs to another process";
+  }
   std::error_code ec;
-  if (!alive || !std::filesystem::exists(spec->qmp_socket, ec) ||
-      !std::filesystem::exists(spec->region_path, ec)) {
-    Log("VM " + name + ": QEMU from an earlier run is gone; keeping it offline");
+  if (gone.empty() && !std::filesystem::exists(spec->qmp_socket, ec)) gone = "QMP socket " + spec->qmp_socket + " is gone";
+  if (gone.empty() && !std::filesystem::exists(spec->region_path, ec)) {
+    gone = "region file " + spec->region_path.string() + " is gone";
+  }
+  if (!vm && !gone.empty() && spec->booted_by_daemon && !spec->exited &&
+      std::filesystem::exists(spec->region_path, ec)) {
+    // Our QEMU exited while no daemon watched, but its region file is still
+    // there: capture it now ("qemu-gone", as if we had seen it go), then let
+    // `hvtrace stop` remove the remnants. Nothing the guest wrote is lost.
+    if (auto old = registry_.Remove(name)) old->Stop();
+    auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), *spec, Vm::Remnant(name, spec->owned_paths));
+    if (Status s = AddVm(name, std::move(backend)); !s.ok()) {
+      Log("VM " + name + ": cannot capture the region left by its QEMU: " + s.error().message);
+      return;
+    }
+    if (auto vm_supervisor = registry_.Find(name)) {
+      vm_supervisor->OnVmGone("QEMU exited while hvtraced was not running (" + gone + ")");
+    }
+    // Once is enough: a later daemon only lists it (and `stop` cleans up).
+    spec->exited = true;
+    if (Status s = SaveQmpVmSpec(state_.VmDir(name), *spec); !s.ok()) Log("warning: VM " + name + ": " + s.error().message);
+    Log("VM " + name + ": QEMU is gone (" + gone + "); capturing its region file " + spec->region_path.string());
+    return;
+  }
+  if (!gone.empty()) {
+    if (vm) vm->Release();  // Not ours to stop on a doubt.
+    Log("VM " + name + ": not re-adopted (" + gone + "); keeping it offline" +
+        (spec->booted_by_daemon ? "; `hvtrace stop " + name + "` removes what its QEMU left" : ""));
     return;
   }
   if (auto old = registry_.Remove(name)) old->Stop();
-  auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), *spec, nullptr);
+  auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), *spec, std::move(vm));
   if (Status s = AddVm(name, std::move(backend)); !s.ok()) {
     Log("VM " + name + ": re-adopt failed: " + s.error().message);
     return;
   }
-  Log("VM " + name + ": re-adopted (QMP " + spec->qmp_socket + ")");
+  Log("VM " + name + ": re-adopted (" + (spec->booted_by_daemon ? "booted by hvtraced, pid " : "adopted, pid ") +
+      std::to_string(spec->pid) + ", QMP " + spec->qmp_socket + ")");
 }
 
 }  // namespace hvtrace::hostd

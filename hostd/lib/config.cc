@@ -49,6 +49,10 @@ std::string_view PanicPolicyName(PanicPolicy policy) {
   return "?";
 }
 
+std::string_view VmOnShutdownName(VmOnShutdown value) {
+  return value == VmOnShutdown::kKeep ? "keep" : "stop";
+}
+
 std::filesystem::path Config::EffectiveSocketPath() const {
   return socket_path.empty() ? run_dir / "hvtraced.sock" : socket_path;
 }
@@ -105,6 +109,14 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
         return fail(Error{"'" + std::string(value) + "' is not one of auto, tcg, kvm"});
       }
       config.accel = std::string(value);
+    } else if (key == "vm_on_shutdown") {
+      if (value == "keep") {
+        config.vm_on_shutdown = VmOnShutdown::kKeep;
+      } else if (value == "stop") {
+        config.vm_on_shutdown = VmOnShutdown::kStop;
+      } else {
+        return fail(Error{"'" + std::string(value) + "' is not one of keep, stop"});
+      }
     } else if (key == "worker_threads") {
       auto n = ParseInt(value, 1, 64);
       if (!n.ok()) return fail(n.error());

@@ -18,6 +18,10 @@
 //   accel               = auto                  for VMs hvtraced boots: tcg |
 //                                               kvm | auto (KVM only when a
 //                                               probe guest runs at speed)
+//   vm_on_shutdown      = keep                  what a daemon exit does to the
+//                                               QEMUs it booted: keep (they run
+//                                               on; the next hvtraced re-adopts
+//                                               them) | stop (quit them)
 //   worker_threads      = 2                     pool for copying/decoding
 //   max_connections     = 32                    control clients at once
 //   max_requests_per_connection = 16            in flight per client
@@ -42,6 +46,10 @@ inline constexpr std::string_view kSocketEnvVar = "HVTRACE_SOCKET";
 enum class PanicPolicy { kPause, kResume, kQuit };
 std::string_view PanicPolicyName(PanicPolicy policy);
 
+// What a daemon exit does to the VMs it booted (adopted ones are never touched).
+enum class VmOnShutdown { kKeep, kStop };
+std::string_view VmOnShutdownName(VmOnShutdown value);
+
 struct Config {
   std::filesystem::path state_dir = "/var/lib/hvtrace";
   std::filesystem::path run_dir = "/run/hvtrace";
@@ -50,6 +58,7 @@ struct Config {
   int capture_retention = 20;
   PanicPolicy panic_policy = PanicPolicy::kPause;
   std::string accel = "auto";
+  VmOnShutdown vm_on_shutdown = VmOnShutdown::kKeep;
   int worker_threads = 2;
   int max_connections = 32;
   int max_requests_per_connection = 16;

@@ -79,6 +79,7 @@ json ConfigJson(const Config& c) {
           {"capture_retention", c.capture_retention},
           {"panic_policy", PanicPolicyName(c.panic_policy)},
           {"accel", c.accel},
+          {"vm_on_shutdown", VmOnShutdownName(c.vm_on_shutdown)},
           {"worker_threads", c.worker_threads},
           {"max_connections", c.max_connections},
           {"max_requests_per_connection", c.max_requests_per_connection},
@@ -204,7 +205,13 @@ void Daemon::DoShutdown(const std::string& reason) {
   boost::system::error_code ignored;
   signals_.cancel(ignored);
   if (server_) server_->Close();
-  registry_.StopAll();
+  // keep: QEMUs hvtraced booted run on in their own sessions and the next
+  // daemon re-adopts them from their specs; stop: they are quit here.
+  if (config_.vm_on_shutdown == VmOnShutdown::kKeep) {
+    registry_.ReleaseAll();
+  } else {
+    registry_.StopAll();
+  }
   if (libvirt_) libvirt_->Stop();
   // Give connections a moment to flush their last replies (the `shutdown`
   // reply among them), then stop whatever else still holds the io_context.

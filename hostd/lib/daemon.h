@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <memory>
+#include <set>
 #include <string>
 
 #include <boost/asio/io_context.hpp>
@@ -28,6 +29,7 @@
 #include "config.h"
 #include "control_server.h"
 #include "hvtrace/result.h"
+#include "qmp_vm.h"
 #include "state_dir.h"
 #include "supervisor.h"
 
@@ -71,7 +73,15 @@ class Daemon {
   std::shared_ptr<VmSupervisor> VmFromArgs(const Request& request, Responder& responder);
   // boot/adopt/capture/stop (boot_vm.cc); false when |request| is not one.
   bool HandleVmCommand(const Request& request, const std::shared_ptr<Responder>& responder);
-  // Re-adopts a QMP VM remembered in its state dir whose QEMU still runs.
+  // boot: checks on the I/O thread, spawns QEMU on the pool, registers the
+  // VM back on the I/O thread and answers from there (boot_vm.cc).
+  void StartBoot(const std::string& name, const Request& request, const std::shared_ptr<Responder>& responder);
+  // Registers a QMP VM (booted or adopted) and saves its spec for re-adoption.
+  Status RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm);
+  // Removes the files a dead daemon-booted QEMU left (never a live one's).
+  void RemoveRemnants(const std::string& name);
+  // Re-adopts a QMP VM remembered in its state dir whose QEMU still runs
+  // (for a VM the daemon booted: the same process, checked by start time).
   void ReadoptVm(const std::string& name);
   void DoShutdown(const std::string& reason);
   void PollStop(std::chrono::steady_clock::time_point deadline);
@@ -90,6 +100,8 @@ class Daemon {
   bool stopping_ = false;
   // libvirt domains (daemon_libvirt.h); null when config libvirt_uri is empty.
   std::unique_ptr<DaemonLibvirt> libvirt_;
+  // Names whose boot is under way on the pool (I/O thread only).
+  std::set<std::string, std::less<>> booting_;
 };
 
 // hvtraced's main: flags, config, Start, Run. Returns the exit status.

@@ -34,6 +34,8 @@ json QmpVmSpec::ToJson() const {
   return {{"qmp_socket", qmp_socket},     {"region_path", region_path.string()},
           {"region_offset", region_offset}, {"region_size", region_size},
           {"region_gpa", region_gpa},     {"pid", pid},
+          {"pid_start_time", pid_start_time}, {"console_socket", console_socket},
+          {"owned_paths", owned_paths},   {"exited", exited},
           {"console_log", console_log},   {"booted_by_daemon", booted_by_daemon},
           {"kernel_path", kernel_path},   {"kernel_key", kernel_key}};
 }
@@ -47,6 +49,10 @@ Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
     s.region_size = j.at("region_size").get<uint64_t>();
     s.region_gpa = j.value("region_gpa", uint64_t{0});
     s.pid = j.value("pid", -1);
+    s.pid_start_time = j.value("pid_start_time", uint64_t{0});
+    s.console_socket = j.value("console_socket", std::string());
+    s.owned_paths = j.value("owned_paths", std::vector<std::string>());
+    s.exited = j.value("exited", false);
     s.console_log = j.value("console_log", std::string());
     s.booted_by_daemon = j.value("booted_by_daemon", false);
     s.kernel_path = j.value("kernel_path", std::string());
@@ -148,7 +154,38 @@ void QmpVmBackend::Start(VmEventSink& sink) {
     }
     connected_ = true;
     // A synthetic event on the same timeline: when the watch began.
-    sink_->OnVmEvent(VmEvent{"HVTRACE_QMP_CONNECTED", {{"socket", spec_.qmp_socket}}, HostTime::Now()});
+    const HostTime watch_began = HostTime::Now();
+    sink_->OnVmEvent(VmEvent{"HVTRACE_QMP_CONNECTED", {{"socket", spec_.qmp_socket}}, watch_began});
+    CheckStatusAtConnect(watch_began);
+  });
+}
+
+void QmpVmBackend::CheckStatusAtConnect(const HostTime& watch_began) {
+  qmp_->AsyncExecute("query-status", json::object(), kQmpCommandTimeout, [this, watch_began](Result<json> r) {
+    std::lock_guard lock(mu_);
+    if (!sink_) return;
+    if (!r.ok() || !r->is_object() || !r->contains("status") || !(*r)["status"].is_string()) {
+      sink_->OnVmEvent(VmEvent{"HVTRACE_STATUS_UNKNOWN",
+                               {{"error", r.ok() ? "query-status returned " + r->dump() : r.error().message}},
+                               HostTime::Now()});
+      return;
+    }
+    const std::string status = (*r)["status"].get<std::string>();
+    const char* name = status == "guest-panicked" ? kEventFoundPanicked
+                       : status == "paused"       ? kEventFoundPaused
+                                                  : nullptr;
+    if (name == nullptr) return;
+    // Honest about timing: QEMU does not say when the guest stopped, only
+    // that it did before this watch began.
+    sink_->OnVmEvent(VmEvent{
+        name,
+        {{"status", status},
+         {"watch_began_monotonic_ns", watch_began.monotonic_ns},
+         {"note", "the VM was already " + status +
+                      " when hvtraced connected (it stopped while no daemon watched it); the real "
+                      "time of the panic/stop is unknown, only that it came before the watch began; "
+                      "trigger_to_disk_ms counts from when hvtraced found it"}},
+        HostTime::Now()});
   });
 }
 
@@ -160,6 +197,18 @@ void QmpVmBackend::Stop() {
   if (qmp_) qmp_->Close();
   if (vm_) {
     (void)vm_->Stop(nullptr, std::chrono::seconds(2));
+    vm_.reset();
+  }
+}
+
+void QmpVmBackend::Release() {
+  {
+    std::lock_guard lock(mu_);
+    sink_ = nullptr;
+  }
+  if (qmp_) qmp_->Close();
+  if (vm_) {
+    vm_->Release();
     vm_.reset();
   }
 }

@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <nlohmann/json.hpp>
@@ -43,6 +44,10 @@ struct QmpVmSpec {
   uint64_t region_size = 0;           // What the host configured.
   uint64_t region_gpa = 0;
   pid_t pid = -1;                     // QEMU's pid when known.
+  uint64_t pid_start_time = 0;        // vm_process.h ProcessStartTime: tells a reused pid apart.
+  std::string console_socket;         // ttyS0 socket when the daemon booted it.
+  std::vector<std::string> owned_paths;  // Files `hvtrace stop` removes (booted VMs).
+  bool exited = false;                // QEMU exited unwatched; its region was captured at re-adopt.
   std::string console_log;            // Guest ttyS0 log when the daemon booted it.
   bool booted_by_daemon = false;
   std::string kernel_path;            // When known: names the formats to decode with.
@@ -61,16 +66,27 @@ std::filesystem::path QmpVmSpecPath(const std::filesystem::path& vm_dir);
 Status SaveQmpVmSpec(const std::filesystem::path& vm_dir, const QmpVmSpec& spec);
 Result<QmpVmSpec> LoadQmpVmSpec(const std::filesystem::path& vm_dir);
 
+// Synthetic event names on the QMP timeline (data says what was found).
+inline constexpr const char* kEventFoundPanicked = "HVTRACE_FOUND_PANICKED";
+inline constexpr const char* kEventFoundPaused = "HVTRACE_FOUND_PAUSED";
+
 class QmpVmBackend : public VmBackend {
  public:
-  // |vm| is the QEMU the daemon launched (owned: stopped with the backend),
-  // or null for an adopted one.
+  // |vm| is the QEMU the daemon launched or re-attached to (owned: stopped
+  // with the backend unless released), or null for an adopted one.
+  //
+  // Once QMP is up the backend asks query-status: a guest that already sits
+  // in guest-panicked (it panicked while no daemon watched: hvtraced was down,
+  // or the VM was adopted after the fact) is reported to the supervisor as
+  // kEventFoundPanicked, which captures it as "panic-while-away".
   QmpVmBackend(boost::asio::any_io_executor io, QmpVmSpec spec, std::unique_ptr<Vm> vm);
   ~QmpVmBackend() override;
 
   std::string_view kind() const override { return "qmp"; }
   void Start(VmEventSink& sink) override;
   void Stop() override;
+  // Stops watching and leaves the QEMU running (daemon exit, vm_on_shutdown = keep).
+  void Release() override;
   Status Capture(PendingCapture& capture, CaptureManifest& manifest) override;
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
@@ -80,6 +96,8 @@ class QmpVmBackend : public VmBackend {
   void Quit();
 
  private:
+  void CheckStatusAtConnect(const HostTime& watch_began);
+
   boost::asio::any_io_executor io_;
   const QmpVmSpec spec_;
   std::unique_ptr<Vm> vm_;

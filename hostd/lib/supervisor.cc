@@ -68,6 +68,11 @@ void VmSupervisor::Stop() {
   Post([this] { backend_->Stop(); });
 }
 
+void VmSupervisor::Release() {
+  if (!backend_) return;
+  Post([this] { backend_->Release(); });
+}
+
 void VmSupervisor::OnVmEvent(VmEvent event) {
   Post([this, event = std::move(event)] { HandleEvent(event); });
 }
@@ -120,6 +125,14 @@ void VmSupervisor::HandleEvent(const VmEvent& event) {
     SetState(VmState::kPanicked);
     DoCapture("panic", event.time, nullptr);
     if (backend_) backend_->ApplyPanicPolicy(options_.panic_policy);
+  } else if (name == "HVTRACE_FOUND_PANICKED") {
+    // Panicked while nobody watched: still captured, once per watch.
+    SetState(VmState::kPanicked);
+    DoCapture("panic-while-away", event.time, nullptr);
+    if (backend_) backend_->ApplyPanicPolicy(options_.panic_policy);
+  } else if (name == "HVTRACE_FOUND_PAUSED") {
+    SetState(VmState::kPaused);
+    DoCapture("paused-while-away", event.time, nullptr);
   } else if (name == "GUEST_CRASHLOADED") {
     // The VM keeps running into its kdump kernel: the copy races the guest.
     DoCapture("crashloaded", event.time, nullptr);
@@ -258,6 +271,10 @@ std::shared_ptr<VmSupervisor> SupervisorRegistry::Remove(std::string_view name) 
 
 void SupervisorRegistry::StopAll() {
   for (const auto& s : All()) s->Stop();
+}
+
+void SupervisorRegistry::ReleaseAll() {
+  for (const auto& s : All()) s->Release();
 }
 
 }  // namespace hvtrace::hostd

@@ -12,7 +12,10 @@
 //   GUEST_PANICKED → "panic", GUEST_CRASHLOADED → "crashloaded" (always);
 //   RESET → "reset", SHUTDOWN → "shutdown", backend gone → "qemu-gone"
 //   (only if nothing was captured since the VM last ran, so one incident —
-//   panic, then QEMU quitting — yields one capture).
+//   panic, then QEMU quitting — yields one capture);
+//   HVTRACE_FOUND_PANICKED (a backend found the guest already panicked when
+//   its watch began) → "panic-while-away", HVTRACE_FOUND_PAUSED →
+//   "paused-while-away".
 #ifndef HVTRACE_HOSTD_SUPERVISOR_H_
 #define HVTRACE_HOSTD_SUPERVISOR_H_
 
@@ -73,6 +76,9 @@ class VmBackend {
   // Starts watching; reports through |sink| until Stop. May throw.
   virtual void Start(VmEventSink& sink) = 0;
   virtual void Stop() = 0;
+  // Stops watching but leaves the VM running, for a daemon that exits with
+  // vm_on_shutdown = keep. Backends that never own the VM just Stop.
+  virtual void Release() { Stop(); }
   // Copies the trace region into |capture| and fills |manifest| (kernel,
   // region, cpus, validation). Runs on the worker pool. May throw.
   virtual Status Capture(PendingCapture& capture, CaptureManifest& manifest) = 0;
@@ -107,6 +113,7 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
 
   void Start();
   void Stop();
+  void Release();  // VmBackend::Release on the strand.
 
   void OnVmEvent(VmEvent event) override;
   void OnVmGone(std::string reason) override;
@@ -159,6 +166,7 @@ class SupervisorRegistry {
   // Unregisters |name| and returns it (null if absent); the caller stops it.
   std::shared_ptr<VmSupervisor> Remove(std::string_view name);
   void StopAll();
+  void ReleaseAll();
 
  private:
   mutable std::mutex mu_;

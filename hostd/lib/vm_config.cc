@@ -1,22 +1,12 @@
 #include "vm_config.h"
 
-#include <cstdlib>
-#include <string_view>
-
-#include <fcntl.h>
-#include <linux/kvm.h>
-#include <signal.h>
-#include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/un.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <set>
+
+#include "kvm_probe.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -74,89 +64,7 @@ std::string KernelSize(uint64_t bytes) {
   return std::to_string(bytes);
 }
 
-namespace {
-
-// Runs in a forked child: only syscalls, no allocation. Exit status 0 means
-// KVM ran the loop, wrote 'A' to port 0x3f8 and halted, fast enough.
-[[noreturn]] void KvmProbeChild() {
-  const int kvm = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-  if (kvm < 0 || ioctl(kvm, KVM_GET_API_VERSION, 0) != KVM_API_VERSION) _exit(1);
-  const int vm = ioctl(kvm, KVM_CREATE_VM, 0);
-  if (vm < 0) _exit(2);
-  void* mem = mmap(nullptr, 0x1000, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mem == MAP_FAILED) _exit(3);
-  // Real mode at 0x1000: mov ecx, 200000; l: addr32 loop l;
-  // mov dx, 0x3f8; mov al, 'A'; out dx, al; hlt
-  const unsigned char code[] = {0x66, 0xb9, 0x40, 0x0d, 0x03, 0x00, 0x67, 0xe2, 0xfd,
-                                0xba, 0xf8, 0x03, 0xb0, 0x41, 0xee, 0xf4};
-  std::memcpy(mem, code, sizeof(code));
-  kvm_userspace_memory_region region{};
-  region.guest_phys_addr = 0x1000;
-  region.memory_size = 0x1000;
-  region.userspace_addr = reinterpret_cast<uint64_t>(mem);
-  if (ioctl(vm, KVM_SET_USER_MEMORY_REGION, &region) != 0) _exit(4);
-  const int vcpu = ioctl(vm, KVM_CREATE_VCPU, 0);
-  const int run_size = ioctl(kvm, KVM_GET_VCPU_MMAP_SIZE, 0);
-  if (vcpu < 0 || run_size <= 0) _exit(5);
-  void* run_mem = mmap(nullptr, static_cast<size_t>(run_size), PROT_READ | PROT_WRITE, MAP_SHARED, vcpu, 0);
-  if (run_mem == MAP_FAILED) _exit(6);
-  auto* run = static_cast<kvm_run*>(run_mem);
-  kvm_sregs sregs{};
-  if (ioctl(vcpu, KVM_GET_SREGS, &sregs) != 0) _exit(7);
-  sregs.cs.base = 0;
-  sregs.cs.selector = 0;
-  if (ioctl(vcpu, KVM_SET_SREGS, &sregs) != 0) _exit(7);
-  kvm_regs regs{};
-  regs.rip = 0x1000;
-  regs.rflags = 0x2;
-  if (ioctl(vcpu, KVM_SET_REGS, &regs) != 0) _exit(7);
-  timespec start{}, end{};
-  clock_gettime(CLOCK_MONOTONIC, &start);
-  bool wrote = false;
-  for (int i = 0; i < 8; ++i) {
-    if (ioctl(vcpu, KVM_RUN, 0) != 0) _exit(8);
-    if (run->exit_reason == KVM_EXIT_IO && run->io.port == 0x3f8 &&
-        static_cast<const char*>(run_mem)[run->io.data_offset] == 'A') {
-      wrote = true;
-    } else if (run->exit_reason == KVM_EXIT_HLT) {
-      clock_gettime(CLOCK_MONOTONIC, &end);
-      const int64_t ns = (end.tv_sec - start.tv_sec) * 1000000000LL + (end.tv_nsec - start.tv_nsec);
-      _exit(wrote && ns < 50'000'000 ? 0 : 9);
-    } else {
-      _exit(10);
-    }
-  }
-  _exit(11);
-}
-
-bool ProbeKvm() {
-  if (access("/dev/kvm", R_OK | W_OK) != 0) return false;
-  const pid_t pid = fork();
-  if (pid < 0) return false;
-  if (pid == 0) KvmProbeChild();
-  int status = 0;
-  for (int waited_ms = 0; waited_ms < 2000; waited_ms += 5) {
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    usleep(5000);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, &status, 0);
-  return false;
-}
-
-}  // namespace
-
-bool KvmUsable() {
-  // HVTRACE_ACCEL=tcg rules KVM out without probing: the probe is timing
-  // based, and on hosts whose /dev/kvm opens but fails guests (seen on the CI
-  // machines: "KVM internal error ... emulation failure") it can pass.
-  static const bool usable = [] {
-    const char* env = std::getenv("HVTRACE_ACCEL");
-    if (env != nullptr && std::string_view(env) == "tcg") return false;
-    return ProbeKvm();
-  }();
-  return usable;
-}
+bool KvmUsable() { return KvmVerdict().usable; }
 
 Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable) {
   const std::string vm = "VM '" + config.name + "': ";

@@ -65,12 +65,10 @@ struct QemuPlan {
   std::optional<BootRangeLayout> boot_range;
 };
 
-// True when /dev/kvm opens read-write AND really runs guest code at hardware
-// speed: a probe (in a child process, killed after 2 s) runs a 200k-iteration
-// loop in a tiny real-mode VM and must finish within 50 ms. Opening the device
-// is not enough: on this project's CI machines /dev/kvm opens and runs code,
-// but ~1000x slower than native (a Linux guest prints nothing in 60 s), where
-// TCG boots in 7 s. The result is computed once per process.
+// True when KVM really runs guests here: kvm_probe.h's verdict for this
+// process (a probe QEMU must print a banner under KVM; HVTRACE_ACCEL=tcg|kvm
+// decides without probing). Computed once per process; blocks up to ~4 s the
+// first time, so call it off any thread that must stay responsive.
 bool KvmUsable();
 
 // Builds the argv (argv[0] = qemu_binary). |kvm_usable| resolves Accel::kAuto;

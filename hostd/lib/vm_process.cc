@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -12,6 +13,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "qmp_client.h"
@@ -48,10 +51,86 @@ std::string ReadTail(const std::string& path, size_t max_bytes) {
   return out;
 }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+
 }  // namespace
 
+std::optional<uint64_t> ProcessStartTime(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  // "pid (comm) state ppid ..." — comm may hold spaces and parentheses, so
+  // count fields after the last ')': starttime is field 22, the 20th after it.
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return std::nullopt;
+  std::istringstream rest(stat.substr(paren + 1));
+  std::string field;
+  for (int i = 0; i < 20 && rest >> field; ++i) {
+  }
+  if (!rest || field.empty()) return std::nullopt;
+  try {
+    return std::stoull(field);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+Result<std::unique_ptr<Vm>> Vm::Reattach(const std::string& name, const VmIdentity& identity) {
+  const std::string vm = "VM '" + name + "': ";
+  const std::string which = "pid " + std::to_string(identity.pid);
+  if (identity.pid <= 0 || identity.start_time == 0) {
+    return Error{vm + "no recorded QEMU pid and start time to check"};
+  }
+  auto check = [&]() -> Status {
+    auto start = ProcessStartTime(identity.pid);
+    if (!start) return Error{vm + "QEMU " + which + " no longer exists"};
+    if (*start != identity.start_time) {
+      return Error{vm + which + " started at tick " + std::to_string(*start) + ", not " +
+                   std::to_string(identity.start_time) + ": the pid was reused by another process"};
+    }
+    return {};
+  };
+  if (Status s = check(); !s.ok()) return s.error();
+  std::string cmdline = ReadFile("/proc/" + std::to_string(identity.pid) + "/cmdline");
+  std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+  if (!identity.cmdline_mentions.empty() && cmdline.find(identity.cmdline_mentions) == std::string::npos) {
+    return Error{vm + which + " is not the QEMU we started: its command line does not mention " +
+                 identity.cmdline_mentions};
+  }
+  const int pidfd = PidfdOpen(identity.pid);
+  if (pidfd < 0) return Error{vm + "pidfd_open(" + which + "): " + std::strerror(errno)};
+  // The pidfd pins whatever process had the pid when it was opened; checking
+  // again now proves that is still our QEMU.
+  if (Status s = check(); !s.ok()) {
+    close(pidfd);
+    return s.error();
+  }
+  std::unique_ptr<Vm> self(new Vm());
+  self->config_.name = name;
+  self->pid_ = identity.pid;
+  self->start_time_ = identity.start_time;
+  self->child_ = false;
+  self->pidfd_ = pidfd;
+  self->owned_files_ = identity.owned_paths;
+  return self;
+}
+
+std::unique_ptr<Vm> Vm::Remnant(const std::string& name, std::vector<std::string> owned_paths) {
+  std::unique_ptr<Vm> self(new Vm());
+  self->config_.name = name;
+  self->child_ = false;
+  self->owned_files_ = std::move(owned_paths);
+  return self;
+}
+
 Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
-                                      std::chrono::milliseconds ready_timeout) {
+                                      std::chrono::milliseconds ready_timeout, VmLifetime lifetime) {
   Result<QemuPlan> plan = BuildQemuPlan(config, kvm_usable);
   if (!plan.ok()) return plan.error();
   const std::string vm = "VM '" + config.name + "': ";
@@ -95,6 +174,7 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
   for (std::string& arg : self->plan_.argv) argv.push_back(arg.data());
   argv.push_back(nullptr);
   const pid_t parent = getpid();
+  const bool independent = lifetime == VmLifetime::kIndependent;
 
   const pid_t pid = fork();
   if (pid < 0) {
@@ -106,9 +186,15 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
     return Error{vm + "fork failed: " + std::strerror(err)};
   }
   if (pid == 0) {
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);  // The parent died before prctl.
+    if (independent) {
+      // Own session and process group: no terminal signal (Ctrl-C to the
+      // daemon's group) reaches QEMU, and nothing ties it to the daemon.
+      setsid();
+    } else {
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != parent) _exit(127);  // The parent died before prctl.
+    }
     sigset_t all;
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);
@@ -124,7 +210,10 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
     (void)ignored;
     _exit(127);
   }
-  setpgid(pid, pid);  // Also here, so the group exists before we signal it.
+  // Also here, so the group exists before we signal it. (An independent
+  // child makes its own with setsid, which fails if we already made it a
+  // group leader; the exec pipe below waits until setsid has run.)
+  if (!independent) setpgid(pid, pid);
   self->pid_ = pid;
   close(log_fd);
   close(null_fd);
@@ -140,6 +229,8 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
     self->Cleanup();
     return Error{vm + "cannot execute " + config.qemu_binary + ": " + std::strerror(exec_errno)};
   }
+
+  self->start_time_ = ProcessStartTime(pid).value_or(0);
 
   // QEMU creates its listening sockets before it starts the guest; wait for
   // the QMP one so callers can connect, or report why QEMU died.
@@ -164,8 +255,22 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
 }
 
 Vm::~Vm() {
-  if (pid_ > 0 && Running()) (void)Stop(nullptr, std::chrono::seconds(2));
-  Cleanup();
+  if (!released_) {
+    if (pid_ > 0 && Running()) (void)Stop(nullptr, std::chrono::seconds(2));
+    Cleanup();
+  }
+  if (pidfd_ >= 0) close(pidfd_);
+}
+
+void Vm::Release() { released_ = true; }
+
+VmIdentity Vm::Identity() const {
+  VmIdentity id;
+  id.pid = pid_;
+  id.start_time = start_time_;
+  id.cmdline_mentions = config_.qmp_socket;
+  id.owned_paths = owned_files_;
+  return id;
 }
 
 bool Vm::kvm() const {
@@ -175,6 +280,13 @@ bool Vm::kvm() const {
 
 bool Vm::Running() {
   if (pid_ <= 0 || wait_status_) return false;
+  if (!child_) {
+    // Not our child: the pidfd turns readable when the process exits.
+    pollfd p{pidfd_, POLLIN, 0};
+    if (pidfd_ >= 0 && poll(&p, 1, 0) == 0) return true;
+    wait_status_ = -1;
+    return false;
+  }
   int status = 0;
   const pid_t r = waitpid(pid_, &status, WNOHANG);
   if (r == pid_) {
@@ -214,7 +326,7 @@ Status Vm::Stop(QmpSyncClient* qmp, std::chrono::milliseconds grace) {
     (void)qmp->Execute("quit", nlohmann::json::object(), grace);
     if (WaitForExit(grace)) return {};
   }
-  kill(-pid_, SIGTERM);
+  Signal(SIGTERM);
   if (WaitForExit(grace)) return {};
   Kill();
   if (WaitForExit(std::chrono::seconds(10))) return {};
@@ -222,7 +334,16 @@ Status Vm::Stop(QmpSyncClient* qmp, std::chrono::milliseconds grace) {
 }
 
 void Vm::Kill() {
-  if (pid_ > 0 && !wait_status_) kill(-pid_, SIGKILL);
+  if (pid_ > 0 && !wait_status_) Signal(SIGKILL);
+}
+
+void Vm::Signal(int signo) {
+  if (child_) {
+    kill(-pid_, signo);  // The group: anything QEMU forked goes too.
+  } else if (pidfd_ >= 0) {
+    // Through the pidfd: never a process that merely reuses the pid.
+    syscall(SYS_pidfd_send_signal, pidfd_, signo, nullptr, 0);
+  }
 }
 
 void Vm::Cleanup() {

@@ -8,16 +8,20 @@
 // Cleanup() removes the sockets and the backing files this Vm created; the
 // destructor stops and cleans up too, so a failing test leaves nothing behind.
 //
-// The child gets PR_SET_PDEATHSIG(SIGKILL): if the process that started it
-// dies, QEMU dies too. Linux ties that to the *thread* that forked, so start
-// VMs from a thread that lives as long as the VM (the main thread, or the
-// daemon's I/O thread).
+// Lifetime (VmLifetime): a test harness wants QEMU to die with it
+// (kDiesWithStarter: PR_SET_PDEATHSIG(SIGKILL); Linux ties that to the
+// *thread* that forked, so start such VMs from a thread that lives as long as
+// the VM). hvtraced wants the opposite (kIndependent): QEMU gets its own
+// session and outlives a daemon restart; the daemon records pid + start time
+// (ProcessStartTime) and a restarted daemon takes it back with Reattach().
+// Release() forgets a VM without stopping it.
 #ifndef HVTRACE_HOSTD_VM_PROCESS_H_
 #define HVTRACE_HOSTD_VM_PROCESS_H_
 
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,11 +34,37 @@ namespace hvtrace::hostd {
 
 class QmpSyncClient;
 
+enum class VmLifetime {
+  kDiesWithStarter,  // PDEATHSIG: QEMU dies when the starting thread's process does.
+  kIndependent,      // Own session, no PDEATHSIG: survives its starter.
+};
+
+// The kernel's start time of |pid| (clock ticks since host boot, field 22 of
+// /proc/PID/stat); with the pid it names one process for the host's uptime,
+// so a reused pid is told apart. nullopt when the process does not exist.
+std::optional<uint64_t> ProcessStartTime(pid_t pid);
+
+// What a restarted daemon knows about a QEMU an earlier daemon started.
+struct VmIdentity {
+  pid_t pid = -1;
+  uint64_t start_time = 0;                 // ProcessStartTime at launch.
+  std::string cmdline_mentions;            // A string QEMU's argv must contain (its QMP socket).
+  std::vector<std::string> owned_paths;    // Removed by Cleanup (sockets, backing file).
+};
+
 class Vm {
  public:
   // |kvm_usable| resolves Accel::kAuto; pass KvmUsable() normally.
   static Result<std::unique_ptr<Vm>> Start(const VmConfig& config, bool kvm_usable,
-                                           std::chrono::milliseconds ready_timeout = std::chrono::seconds(15));
+                                           std::chrono::milliseconds ready_timeout = std::chrono::seconds(15),
+                                           VmLifetime lifetime = VmLifetime::kDiesWithStarter);
+  // Takes back a QEMU started by another process (an earlier hvtraced) after
+  // checking that |identity.pid| still is that QEMU: same start time, and its
+  // argv mentions |identity.cmdline_mentions|. Errors say which check failed.
+  static Result<std::unique_ptr<Vm>> Reattach(const std::string& name, const VmIdentity& identity);
+  // What is left of a QEMU that exited while nobody watched: not running;
+  // Cleanup() removes |owned_paths| (after its region has been captured).
+  static std::unique_ptr<Vm> Remnant(const std::string& name, std::vector<std::string> owned_paths);
   ~Vm();
   Vm(const Vm&) = delete;
   Vm& operator=(const Vm&) = delete;
@@ -64,16 +94,26 @@ class Vm {
   void Cleanup();
   // Paths Cleanup() removes, for tests that check them.
   std::vector<std::string> OwnedPaths() const;
+  // Forgets the VM: it keeps running, its files stay, the destructor does
+  // nothing (a daemon exiting with vm_on_shutdown = keep).
+  void Release();
+  // What a later Reattach() needs; start_time is 0 if it could not be read.
+  VmIdentity Identity() const;
 
   // The last |max_bytes| of QEMU's own stderr (config.qemu_log).
   std::string QemuLogTail(size_t max_bytes = 2048) const;
 
  private:
   Vm() = default;
+  void Signal(int signo);
 
   VmConfig config_;
   QemuPlan plan_;
   pid_t pid_ = -1;
+  uint64_t start_time_ = 0;
+  bool child_ = true;   // false after Reattach: not ours to waitpid.
+  int pidfd_ = -1;      // Reattached VMs: pins the process, readable when it exits.
+  bool released_ = false;
   std::optional<int> wait_status_;
   std::vector<std::string> owned_files_;  // Sockets + created backing files.
   bool cleaned_ = false;

@@ -41,7 +41,9 @@ class DaemonProcess {
     dir_ = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    std::ofstream(dir_ + "/hvtraced.conf") << "socket_group =\naccel = tcg\n";
+    // stop: the daemon's exit also ends the QEMU it booted (keep, the
+    // production default, would leave it running after a failed test).
+    std::ofstream(dir_ + "/hvtraced.conf") << "socket_group =\naccel = tcg\nvm_on_shutdown = stop\n";
   }
   ~DaemonProcess() {
     Kill();

@@ -16,6 +16,8 @@ TEST(ConfigTest, DefaultsAreSane) {
   EXPECT_EQ(c.EffectiveSocketPath(), "/run/hvtrace/hvtraced.sock");
   EXPECT_EQ(c.panic_policy, PanicPolicy::kPause);
   EXPECT_GT(c.capture_retention, 0);
+  // Production default: a daemon restart must not take its VMs down.
+  EXPECT_EQ(c.vm_on_shutdown, VmOnShutdown::kKeep);
 }
 
 TEST(ConfigTest, ParsesEveryKey) {
@@ -27,6 +29,7 @@ socket_group =
 capture_retention = 0
 panic_policy = quit
 worker_threads = 3
+vm_on_shutdown = stop
 max_connections = 5
 max_requests_per_connection = 2
 )",
@@ -39,6 +42,7 @@ max_requests_per_connection = 2
   EXPECT_EQ(c->capture_retention, 0);
   EXPECT_EQ(c->panic_policy, PanicPolicy::kQuit);
   EXPECT_EQ(c->worker_threads, 3);
+  EXPECT_EQ(c->vm_on_shutdown, VmOnShutdown::kStop);
   EXPECT_EQ(c->max_connections, 5);
   EXPECT_EQ(c->max_requests_per_connection, 2);
 }
@@ -84,7 +88,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadConfig{"worker_threads = 2x\n", "not an integer"},
                       BadConfig{"capture_retention = 99999999999\n", "not an integer"},
                       BadConfig{"run_dir = /a\nrun_dir = /b\n", ":2: 'run_dir' is set twice"},
-                      BadConfig{" = 3\n", "missing key"}));
+                      BadConfig{" = 3\n", "missing key"},
+                      BadConfig{"vm_on_shutdown = kill\n", "vm_on_shutdown: 'kill' is not one of keep, stop"}));
 
 TEST(ConfigTest, MissingDefaultFileMeansDefaults) {
   auto c = LoadConfigFile("/nonexistent/hvtraced.conf", false);
@@ -107,6 +112,7 @@ TEST(ConfigTest, PackagedConfigParsesToDefaults) {
   EXPECT_EQ(c->socket_group, d.socket_group);
   EXPECT_EQ(c->capture_retention, d.capture_retention);
   EXPECT_EQ(c->panic_policy, d.panic_policy);
+  EXPECT_EQ(c->vm_on_shutdown, d.vm_on_shutdown);
 }
 
 TEST(ConfigTest, ClientSocketPrecedence) {

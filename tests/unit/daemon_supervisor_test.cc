@@ -38,6 +38,7 @@ class FileRegionBackend : public VmBackend {
     sink_ = &sink;
   }
   void Stop() override { stopped = true; }
+  void Release() override { released = true; }
   Status Capture(PendingCapture& capture, CaptureManifest& manifest) override {
     if (throw_on_capture) throw std::runtime_error("decoder bug");
     auto copy = CopyRegionFile(region_, 0, size_);
@@ -56,6 +57,7 @@ class FileRegionBackend : public VmBackend {
   std::atomic<bool> throw_on_start{false};
   std::atomic<bool> throw_on_capture{false};
   std::atomic<bool> stopped{false};
+  std::atomic<bool> released{false};
   std::mutex mu;
   std::vector<PanicPolicy> policies;
 
@@ -135,6 +137,54 @@ TEST(SupervisorTest, PanicEventCapturesRegionWithEventsAndAppliesPolicy) {
   EXPECT_EQ(m["totals"]["events"], 7);
   std::lock_guard lock(backend->mu);
   EXPECT_EQ(backend->policies, std::vector<PanicPolicy>{PanicPolicy::kResume});
+}
+
+// A backend that finds the guest already panicked when its watch begins
+// (daemon restart, late adopt) reports HVTRACE_FOUND_PANICKED: captured as
+// "panic-while-away", the policy applied, the VM shown as panicked.
+TEST(SupervisorTest, FoundPanickedIsCapturedAsPanicWhileAway) {
+  Fixture f;
+  FileRegionBackend* backend;
+  auto vm = f.Make("vm1", &backend, PanicPolicy::kQuit);
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
+  backend->sink_->OnVmEvent(Event("HVTRACE_FOUND_PANICKED", {{"status", "guest-panicked"}}));
+  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; })) << vm->StatusJson().dump();
+  json status = vm->StatusJson();
+  EXPECT_EQ(status["state"], "panicked");
+  EXPECT_EQ(status["last_capture"]["trigger"], "panic-while-away");
+  // QEMU quitting afterwards is the same incident: no second capture.
+  backend->sink_->OnVmGone("QMP EOF");
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kGone; }));
+  EXPECT_EQ(vm->StatusJson()["captures_taken"], 1);
+  std::lock_guard lock(backend->mu);
+  EXPECT_EQ(backend->policies, std::vector<PanicPolicy>{PanicPolicy::kQuit});
+}
+
+TEST(SupervisorTest, FoundPausedIsCapturedAsPausedWhileAway) {
+  Fixture f;
+  FileRegionBackend* backend;
+  auto vm = f.Make("vm1", &backend);
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
+  backend->sink_->OnVmEvent(Event("HVTRACE_FOUND_PAUSED", {{"status", "paused"}}));
+  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; })) << vm->StatusJson().dump();
+  EXPECT_EQ(vm->StatusJson()["state"], "paused");
+  EXPECT_EQ(vm->StatusJson()["last_capture"]["trigger"], "paused-while-away");
+  std::lock_guard lock(backend->mu);
+  EXPECT_TRUE(backend->policies.empty());  // Not a panic: nothing to let go.
+}
+
+// Daemon exit with vm_on_shutdown = keep releases backends instead of
+// stopping them.
+TEST(SupervisorTest, ReleaseAllReleasesWithoutStopping) {
+  Fixture f;
+  FileRegionBackend *a, *b;
+  SupervisorRegistry registry;
+  ASSERT_TRUE(registry.Add(f.Make("vm-a", &a)).ok());
+  ASSERT_TRUE(registry.Add(f.Make("vm-b", &b)).ok());
+  registry.ReleaseAll();
+  ASSERT_TRUE(WaitFor([&] { return a->released && b->released; }));
+  EXPECT_FALSE(a->stopped);
+  EXPECT_FALSE(b->stopped);
 }
 
 TEST(SupervisorTest, OneIncidentYieldsOneCaptureUntilTheVmRunsAgain) {

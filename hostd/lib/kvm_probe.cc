@@ -1,0 +1,204 @@
+#include "kvm_probe.h"
+
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+namespace hvtrace::hostd {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A real-mode boot sector (16-bit code, assembled by hand with `as --32` +
+// `objcopy -O binary`): print the banner on COM1, then halt. SeaBIOS loads it
+// at 0x7c00, so the probe also exercises the firmware path a real guest takes.
+//   cli; xor ax,ax; mov ds,ax; mov si,msg; mov dx,0x3f8
+//   1: lodsb; test al,al; jz 2f; out dx,al; jmp 1b
+//   2: hlt; jmp 2b
+//   msg: "HVTRACE-KVM-PROBE-OK\n\0"
+std::vector<unsigned char> BootSector() {
+  static constexpr unsigned char kCode[] = {0xfa, 0x31, 0xc0, 0x8e, 0xd8, 0xbe, 0x16, 0x7c, 0xba, 0xf8, 0x03,
+                                            0xac, 0x84, 0xc0, 0x74, 0x03, 0xee, 0xeb, 0xf8, 0xf4, 0xeb, 0xfd};
+  static constexpr char kMessage[] = "HVTRACE-KVM-PROBE-OK\n";  // At 0x7c16, NUL-terminated.
+  std::vector<unsigned char> sector(512, 0);
+  std::memcpy(sector.data(), kCode, sizeof kCode);
+  std::memcpy(sector.data() + sizeof kCode, kMessage, sizeof kMessage);
+  sector[510] = 0x55;  // Boot signature.
+  sector[511] = 0xaa;
+  return sector;
+}
+
+std::string ReadSmall(const std::string& path, size_t cap = 4096) {
+  std::string out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  out.resize(cap);
+  const ssize_t n = ::read(fd, out.data(), out.size());
+  ::close(fd);
+  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return out;
+}
+
+bool WriteWhole(const std::string& path, const std::vector<unsigned char>& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size());
+  ::close(fd);
+  return ok;
+}
+
+// QEMU's own words when KVM fails it; the first line that matters.
+std::string KvmErrorIn(const std::string& stderr_text) {
+  for (std::string_view needle : {"KVM internal error", "emulation failure", "kvm run failed",
+                                  "failed to initialize kvm", "Could not access KVM"}) {
+    const size_t pos = stderr_text.find(needle);
+    if (pos == std::string::npos) continue;
+    const size_t start = stderr_text.rfind('\n', pos);
+    const size_t end = stderr_text.find('\n', pos);
+    const size_t from = start == std::string::npos ? 0 : start + 1;
+    return stderr_text.substr(from, end == std::string::npos ? std::string::npos : end - from);
+  }
+  return "";
+}
+
+std::string OneLine(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  while (!s.empty() && s.back() == ' ') s.pop_back();
+  return s.size() > 400 ? s.substr(0, 400) + "..." : s;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/hvtrace-kvm-probe-XXXXXX";
+    if (::mkdtemp(tmpl) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace
+
+KvmProbeResult ProbeKvm(const KvmProbeOptions& options) {
+  if (::access(options.device.c_str(), R_OK | W_OK) != 0) {
+    return {false, options.device + " cannot be opened read-write: " + std::strerror(errno)};
+  }
+  TempDir dir;
+  if (dir.path().empty()) return {false, std::string("cannot create a probe directory: ") + std::strerror(errno)};
+  const std::string disk = dir.path() + "/boot.img", serial = dir.path() + "/serial.txt",
+                    err_path = dir.path() + "/qemu.log";
+  if (!WriteWhole(disk, BootSector())) return {false, "cannot write the probe boot sector in " + dir.path()};
+
+  std::vector<std::string> args = {options.qemu_binary, "-nodefaults", "-no-user-config", "-display", "none",
+                                   "-machine", "pc", "-accel", "kvm", "-m", "16",
+                                   "-drive", "file=" + disk + ",format=raw,if=floppy,readonly=on",
+                                   "-serial", "file:" + serial, "-no-reboot"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (err_fd < 0 || null_fd < 0) {
+    if (err_fd >= 0) ::close(err_fd);
+    if (null_fd >= 0) ::close(null_fd);
+    return {false, std::string("cannot set up the probe's stdio: ") + std::strerror(errno)};
+  }
+  const pid_t parent = ::getpid();
+  const auto start = Clock::now();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    // Only async-signal-safe calls from here on (threaded parent).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::dup2(null_fd, STDIN_FILENO);
+    ::dup2(null_fd, STDOUT_FILENO);
+    ::dup2(err_fd, STDERR_FILENO);
+    ::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);
+    ::execvp(argv[0], argv.data());
+    ::_exit(127);
+  }
+  ::close(err_fd);
+  ::close(null_fd);
+  if (pid < 0) return {false, std::string("cannot fork the probe QEMU: ") + std::strerror(errno)};
+
+  KvmProbeResult result;
+  bool exited = false;
+  int status = 0;
+  for (;;) {
+    const std::string out = ReadSmall(serial);
+    const std::string err = ReadSmall(err_path);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    if (std::string kvm_error = KvmErrorIn(err); !kvm_error.empty()) {
+      result = {false, "QEMU reported a KVM failure: " + OneLine(kvm_error)};
+      break;
+    }
+    if (out.find(kKvmProbeBanner) != std::string::npos) {
+      result = {true, std::string("probe guest wrote ") + kKvmProbeBanner + " under KVM after " +
+                          std::to_string(ms) + " ms"};
+      break;
+    }
+    if (::waitpid(pid, &status, WNOHANG) == pid) {
+      exited = true;
+      const std::string why = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                                : "was killed by signal " + std::to_string(WTERMSIG(status));
+      result = {false, "probe QEMU " + why + " before the guest wrote its banner: " +
+                           OneLine(ReadSmall(err_path))};
+      break;
+    }
+    if (Clock::now() - start >= options.deadline) {
+      result = {false, "probe guest under KVM wrote nothing to its serial port within " +
+                           std::to_string(options.deadline.count()) + " ms (a TCG guest writes it at once)" +
+                           (out.empty() ? "" : "; it wrote '" + OneLine(out) + "'") +
+                           (err.empty() ? "" : "; QEMU said: " + OneLine(err))};
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  return result;
+}
+
+const KvmProbeResult& KvmVerdict() {
+  static const KvmProbeResult verdict = [] {
+    const char* env = std::getenv("HVTRACE_ACCEL");
+    const std::string_view accel = env != nullptr ? env : "";
+    if (accel == "tcg") return KvmProbeResult{false, "HVTRACE_ACCEL=tcg rules KVM out (not probed)"};
+    if (accel == "kvm") return KvmProbeResult{true, "HVTRACE_ACCEL=kvm insists on KVM (not probed)"};
+    KvmProbeOptions options;
+    if (const char* qemu = std::getenv("HVTRACE_QEMU"); qemu != nullptr && *qemu != '\0') {
+      options.qemu_binary = qemu;
+    }
+    return ProbeKvm(options);
+  }();
+  return verdict;
+}
+
+}  // namespace hvtrace::hostd

@@ -128,6 +128,20 @@ void Log(const std::string& message) {
   (void)ignored;
 }
 
+// The boot range's backing file is created by QEMU. Something already at
+// that path is refused: QEMU would put its memory into a temporary file
+// inside a directory (and the daemon would read the wrong thing), and an
+// existing file may be another QEMU's live memory or a stale ring the new
+// kernel would mistake for its previous boot.
+Result<std::unique_ptr<Vm>> CheckBackingPath(const std::string& name, const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return std::unique_ptr<Vm>();
+  const std::string what = S_ISDIR(st.st_mode) ? "a directory" : S_ISREG(st.st_mode) ? "a file" : "not a regular file";
+  return Error{"VM '" + name + "': the boot range's backing path " + path + " already exists (" + what +
+               "); it may belong to another QEMU: remove it, or `hvtrace stop " + name +
+               "` if it is what this VM left"};
+}
+
 std::string ArgName(const Request& request) {
   auto it = request.args.find("name");
   return it != request.args.end() && it->is_string() ? it->get<std::string>() : std::string();
@@ -161,19 +175,29 @@ bool Daemon::HandleVmCommand(const Request& request, const std::shared_ptr<Respo
   if (cmd == "stop") {
     auto vm = VmFromArgs(request, *responder);
     if (!vm) return true;
-    registry_.Remove(vm->name());
-    // A VM hvtraced booted (or re-attached to) is shut down and its files
-    // removed; an adopted one is only let go.
-    vm->Stop();
-    std::error_code ec;
-    RemoveRemnants(vm->name());
-    std::filesystem::remove(QmpVmSpecPath(state_.VmDir(vm->name())), ec);
+    const std::string name = vm->name();
+    if (booting_.count(name) != 0 || stopping_vms_.count(name) != 0) {
+      responder->Fail(kErrBusy, "VM '" + name + "' is being booted or stopped by an earlier request");
+      return true;
+    }
+    registry_.Remove(name);
     // The VM stays listed, offline, so its captures remain reachable.
-    auto offline = std::make_shared<VmSupervisor>(vm->name(), nullptr, pool_.get_executor(),
-                                                  CaptureStore(state_.CapturesDir(vm->name())),
-                                                  supervisor_options());
-    (void)registry_.Add(offline);
-    responder->Reply({{"stopped", vm->name()}});
+    (void)registry_.Add(std::make_shared<VmSupervisor>(name, nullptr, pool_.get_executor(),
+                                                       CaptureStore(state_.CapturesDir(name)),
+                                                       supervisor_options()));
+    // A VM hvtraced booted (or re-attached to) is shut down and its files
+    // removed; an adopted one is only let go. The reply waits for that, so a
+    // `boot` of the same name right after never races the cleanup.
+    stopping_vms_.insert(name);
+    vm->Stop([this, name, responder] {
+      RemoveRemnants(name);
+      std::error_code ec;
+      std::filesystem::remove(QmpVmSpecPath(state_.VmDir(name)), ec);
+      asio::post(io_, [this, name, responder] {
+        stopping_vms_.erase(name);
+        responder->Reply({{"stopped", name}});
+      });
+    });
     return true;
   }
 
@@ -182,8 +206,8 @@ bool Daemon::HandleVmCommand(const Request& request, const std::shared_ptr<Respo
     responder->Fail(kErrBadRequest, cmd + ": " + s.error().message);
     return true;
   }
-  if (booting_.count(name) != 0) {
-    responder->Fail(kErrBusy, "VM '" + name + "' is being booted by an earlier request");
+  if (booting_.count(name) != 0 || stopping_vms_.count(name) != 0) {
+    responder->Fail(kErrBusy, "VM '" + name + "' is being booted or stopped by an earlier request");
     return true;
   }
   if (auto existing = registry_.Find(name)) {
@@ -260,72 +284,91 @@ void Daemon::StartBoot(const std::string& name, const Request& request,
   }
   auto accel = ParseAccel(req->accel);
   booting_.insert(name);
+  // A gone/stopped/failed VM of that name still holds its files: stop it
+  // first and boot when that is done (its cleanup must not remove the new
+  // QEMU's files).
+  std::shared_ptr<VmSupervisor> old = registry_.Find(name);
+  if (old && old->state() != VmState::kOffline) {
+    registry_.Remove(name);
+    old->Stop([this, name, boot = *req, paths, vm_config = *config, accel_kind = *accel, responder] {
+      RemoveRemnants(name);
+      LaunchBoot(name, boot, paths, vm_config, accel_kind, responder);
+    });
+    return;
+  }
   asio::post(pool_, [this, name, boot = *req, paths, vm_config = *config, accel_kind = *accel, responder] {
-    // Slow: the KVM probe (first time only), QEMU start-up, hashing vmlinuz.
-    if (accel_kind == Accel::kAuto) {
-      static std::once_flag logged;
-      std::call_once(logged, [] { Log("accel auto: " + KvmVerdict().reason); });
-    }
-    auto started =
-        Vm::Start(vm_config, ResolveKvm(accel_kind), std::chrono::seconds(15), VmLifetime::kIndependent);
-    std::string kernel_key;
-    if (started.ok()) {
-      if (auto key = KernelKeyOfFile(boot.kernel); key.ok()) kernel_key = *key;
-    }
-    // Registering touches the registry and the io_context's QMP objects:
-    // back on the I/O thread.
-    auto finish = [this, name, boot, paths, kernel_key, responder, accel_kind,
-                   started = std::make_shared<Result<std::unique_ptr<Vm>>>(std::move(started))]() mutable {
-      booting_.erase(name);
-      if (!started->ok()) {
-        responder->Fail(kErrVmFailed, "boot " + name + ": " + started->error().message);
-        return;
-      }
-      std::unique_ptr<Vm> vm = std::move(started->value());
-      const BootRangeLayout& layout = *vm->plan().boot_range;
-      const VmIdentity identity = vm->Identity();
-      QmpVmSpec spec;
-      spec.qmp_socket = paths.qmp_socket;
-      spec.region_path = paths.backing_file;
-      spec.region_offset = layout.file_offset;
-      spec.region_size = layout.range_bytes;
-      spec.region_gpa = layout.range_gpa;
-      spec.pid = vm->pid();
-      spec.pid_start_time = identity.start_time;
-      spec.owned_paths = identity.owned_paths;
-      spec.console_log = paths.console_log;
-      spec.console_socket = paths.console_socket;
-      spec.booted_by_daemon = true;
-      spec.kernel_path = std::filesystem::absolute(boot.kernel).string();
-      spec.kernel_key = kernel_key;
-      json reply = {{"name", name}, {"pid", vm->pid()}, {"kvm", vm->kvm()}, {"argv", vm->plan().argv}};
-      // Why auto chose what it chose (kvm_probe.h), so a TCG guest on a KVM
-      // host is never a mystery.
-      if (accel_kind == Accel::kAuto) reply["kvm_probe"] = KvmVerdict().reason;
-      if (stopping_) {
-        // The daemon began to exit while QEMU started: treat the new VM as
-        // the shutdown policy says (its spec is saved for re-adoption).
-        (void)SaveQmpVmSpec(state_.VmDir(name), spec);
-        if (config_.vm_on_shutdown == VmOnShutdown::kKeep) vm->Release();
-        responder->Fail(kErrVmFailed, "boot " + name + ": hvtraced is shutting down (vm_on_shutdown = " +
-                                          std::string(VmOnShutdownName(config_.vm_on_shutdown)) + ")");
-        return;
-      }
-      if (Status s = RegisterQmpVm(name, spec, std::move(vm)); !s.ok()) {
-        responder->Fail(kErrInternal, s.error().message);
-        return;
-      }
-      reply["region"] = {{"file", spec.region_path.string()},
-                         {"offset", spec.region_offset},
-                         {"size", spec.region_size},
-                         {"gpa", spec.region_gpa}};
-      reply["qmp"] = spec.qmp_socket;
-      reply["console_log"] = spec.console_log;
-      reply["console_socket"] = spec.console_socket;
-      responder->Reply(reply);
-    };
-    asio::post(io_, std::move(finish));
+    LaunchBoot(name, boot, paths, vm_config, accel_kind, responder);
   });
+}
+
+void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const BootPaths& paths,
+                        const VmConfig& vm_config, Accel accel_kind, const std::shared_ptr<Responder>& responder) {
+  // Slow: the KVM probe (first time only), QEMU start-up, hashing vmlinuz.
+  if (accel_kind == Accel::kAuto) {
+    static std::once_flag logged;
+    std::call_once(logged, [] { Log("accel auto: " + KvmVerdict().reason); });
+  }
+  Result<std::unique_ptr<Vm>> started = CheckBackingPath(name, paths.backing_file);
+  if (started.ok()) {
+    started = Vm::Start(vm_config, ResolveKvm(accel_kind), std::chrono::seconds(15), VmLifetime::kIndependent);
+  }
+  std::string kernel_key;
+  if (started.ok()) {
+    if (auto key = KernelKeyOfFile(boot.kernel); key.ok()) kernel_key = *key;
+  }
+  // Registering touches the registry and the io_context's QMP objects: back
+  // on the I/O thread.
+  auto finish = [this, name, boot, paths, kernel_key, responder, accel_kind,
+                 started = std::make_shared<Result<std::unique_ptr<Vm>>>(std::move(started))]() mutable {
+    booting_.erase(name);
+    if (!started->ok()) {
+      responder->Fail(kErrVmFailed, "boot " + name + ": " + started->error().message);
+      return;
+    }
+    std::unique_ptr<Vm> vm = std::move(started->value());
+    const BootRangeLayout& layout = *vm->plan().boot_range;
+    const VmIdentity identity = vm->Identity();
+    QmpVmSpec spec;
+    spec.qmp_socket = paths.qmp_socket;
+    spec.region_path = paths.backing_file;
+    spec.region_offset = layout.file_offset;
+    spec.region_size = layout.range_bytes;
+    spec.region_gpa = layout.range_gpa;
+    spec.pid = vm->pid();
+    spec.pid_start_time = identity.start_time;
+    spec.owned_paths = identity.owned_paths;
+    spec.console_log = paths.console_log;
+    spec.console_socket = paths.console_socket;
+    spec.booted_by_daemon = true;
+    spec.kernel_path = std::filesystem::absolute(boot.kernel).string();
+    spec.kernel_key = kernel_key;
+    json reply = {{"name", name}, {"pid", vm->pid()}, {"kvm", vm->kvm()}, {"argv", vm->plan().argv}};
+    // Why auto chose what it chose (kvm_probe.h), so a TCG guest on a KVM
+    // host is never a mystery.
+    if (accel_kind == Accel::kAuto) reply["kvm_probe"] = KvmVerdict().reason;
+    if (stopping_) {
+      // The daemon began to exit while QEMU started: treat the new VM as
+      // the shutdown policy says (its spec is saved for re-adoption).
+      (void)SaveQmpVmSpec(state_.VmDir(name), spec);
+      if (config_.vm_on_shutdown == VmOnShutdown::kKeep) vm->Release();
+      responder->Fail(kErrVmFailed, "boot " + name + ": hvtraced is shutting down (vm_on_shutdown = " +
+                                        std::string(VmOnShutdownName(config_.vm_on_shutdown)) + ")");
+      return;
+    }
+    if (Status s = RegisterQmpVm(name, spec, std::move(vm)); !s.ok()) {
+      responder->Fail(kErrInternal, s.error().message);
+      return;
+    }
+    reply["region"] = {{"file", spec.region_path.string()},
+                       {"offset", spec.region_offset},
+                       {"size", spec.region_size},
+                       {"gpa", spec.region_gpa}};
+    reply["qmp"] = spec.qmp_socket;
+    reply["console_log"] = spec.console_log;
+    reply["console_socket"] = spec.console_socket;
+    responder->Reply(reply);
+  };
+  asio::post(io_, std::move(finish));
 }
 
 void Daemon::RemoveRemnants(const std::string& name) {

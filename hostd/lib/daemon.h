@@ -25,6 +25,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "boot_vm.h"
 #include "capture_store.h"
 #include "config.h"
 #include "control_server.h"
@@ -76,6 +77,10 @@ class Daemon {
   // boot: checks on the I/O thread, spawns QEMU on the pool, registers the
   // VM back on the I/O thread and answers from there (boot_vm.cc).
   void StartBoot(const std::string& name, const Request& request, const std::shared_ptr<Responder>& responder);
+  // The pool part of boot: checks the backing path, starts QEMU, then posts
+  // the registration and the reply back to the I/O thread.
+  void LaunchBoot(const std::string& name, const BootRequest& boot, const BootPaths& paths,
+                  const VmConfig& vm_config, Accel accel, const std::shared_ptr<Responder>& responder);
   // Registers a QMP VM (booted or adopted) and saves its spec for re-adoption.
   Status RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm);
   // Removes the files a dead daemon-booted QEMU left (never a live one's).
@@ -100,8 +105,10 @@ class Daemon {
   bool stopping_ = false;
   // libvirt domains (daemon_libvirt.h); null when config libvirt_uri is empty.
   std::unique_ptr<DaemonLibvirt> libvirt_;
-  // Names whose boot is under way on the pool (I/O thread only).
+  // Names whose boot or stop is under way on the pool (I/O thread only):
+  // another boot/stop of the same name waits for it to finish.
   std::set<std::string, std::less<>> booting_;
+  std::set<std::string, std::less<>> stopping_vms_;
 };
 
 // hvtraced's main: flags, config, Start, Run. Returns the exit status.

@@ -63,9 +63,17 @@ void VmSupervisor::Start() {
   });
 }
 
-void VmSupervisor::Stop() {
-  if (!backend_) return;
-  Post([this] { backend_->Stop(); });
+void VmSupervisor::Stop(std::function<void()> then) {
+  Post([this, then = std::move(then)] {
+    // |then| runs even if Stop throws: the caller's reply must not get lost.
+    struct Finally {
+      const std::function<void()>& fn;
+      ~Finally() {
+        if (fn) fn();
+      }
+    } finally{then};
+    if (backend_) backend_->Stop();
+  });
 }
 
 void VmSupervisor::Release() {

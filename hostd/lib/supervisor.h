@@ -112,7 +112,9 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   const std::string& name() const { return name_; }
 
   void Start();
-  void Stop();
+  // Stops the backend on the strand, then runs |then| (on the pool) — for
+  // callers that must not touch the VM's files before it is really stopped.
+  void Stop(std::function<void()> then = {});
   void Release();  // VmBackend::Release on the strand.
 
   void OnVmEvent(VmEvent event) override;

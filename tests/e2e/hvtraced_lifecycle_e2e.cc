@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -213,8 +214,11 @@ TEST_F(HvtracedLifecycleE2e, DaemonKilledThenTerminatedReadoptsTheVmAndCapturesI
   bool saw_panic = false;
   for (const json& e : m["qmp_events"]) saw_panic |= e["event"] == "GUEST_PANICKED";
   EXPECT_TRUE(saw_panic) << m["qmp_events"].dump(2);
-  std::printf("[lifecycle] panic after two restarts -> capture on disk %.1f ms\n",
-              (*panic).value("trigger_to_disk_ms", -1.0));
+  auto after = daemon.Call("status", {{"name", name}});
+  ASSERT_TRUE(after.ok());
+  std::printf("[lifecycle] panic after two daemon restarts -> capture on disk %.1f ms (trigger %s)\n",
+              (*after)["last_capture"]["trigger_to_disk_ms"].get<double>(),
+              (*after)["last_capture"]["trigger"].dump().c_str());
 
   // `stop` on a re-adopted VM still ends that QEMU and removes its files.
   const std::string backing = guest->reply["region"]["file"];
@@ -355,17 +359,26 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   std::printf("[lifecycle] trace size 1024 MiB in 512 MiB: %s\n", too_big.error().message.c_str());
   EXPECT_NE(too_big.error().message.find(name), std::string::npos);
 
-  // A backing file QEMU cannot map: /dev/shm/hvtrace-NAME exists as a
-  // directory, so QEMU's memory-backend-file fails and says why.
+  // Something already at the backing path: a directory (QEMU would quietly
+  // put guest memory in a temporary file inside it, and the daemon would
+  // read the wrong thing) or a file (another QEMU's memory, or a stale ring
+  // the new kernel would take for its previous boot). Refused before QEMU.
   const std::string blocked = "/dev/shm/hvtrace-" + name;
   fs::create_directories(blocked);
   auto unmappable = daemon.Call("boot", {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd},
                                          {"accel", "tcg"}});
   fs::remove_all(blocked);
   ASSERT_FALSE(unmappable.ok());
-  std::printf("[lifecycle] unmappable backing file: %s\n", unmappable.error().message.c_str());
-  EXPECT_NE(unmappable.error().message.find("QEMU"), std::string::npos);
-  EXPECT_NE(unmappable.error().message.find(blocked), std::string::npos);
+  std::printf("[lifecycle] backing path is a directory: %s\n", unmappable.error().message.c_str());
+  EXPECT_NE(unmappable.error().message.find(blocked + " already exists (a directory)"), std::string::npos);
+  std::ofstream(blocked) << "stale";
+  auto stale = daemon.Call("boot", {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd},
+                                    {"accel", "tcg"}});
+  EXPECT_EQ(ReadWholeFile(blocked), "stale");  // Not touched.
+  fs::remove(blocked);
+  ASSERT_FALSE(stale.ok());
+  EXPECT_NE(stale.error().message.find(blocked + " already exists (a file)"), std::string::npos)
+      << stale.error().message;
 
   // A name that is already running: refused while the first boot is under
   // way or running; the running VM is untouched.
@@ -381,6 +394,14 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
 
   auto ping = daemon.Call("ping", json::object());
   EXPECT_TRUE(ping.ok());
+  // `stop` answers once QEMU is down and its files are gone, so the same
+  // name boots again at once.
+  const std::string backing = first->reply["region"]["file"];
+  ASSERT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
+  EXPECT_FALSE(fs::exists(backing)) << backing;
+  first->console.reset();
+  auto second = BootGuest(daemon, name);
+  ASSERT_TRUE(second.ok()) << second.error().message;
   EXPECT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
 }
 

@@ -123,10 +123,14 @@ VmState VmSupervisor::state() const {
 void VmSupervisor::HandleEvent(const VmEvent& event) {
   events_.push_back(RecordedEvent{event.name, event.time, event.data});
   while (events_.size() > options_.max_recorded_events) events_.pop_front();
+  // The backend's description changes when its connection comes up (QMP's
+  // handshake completes after Start): refresh what `status` shows.
+  json info = event.name == "HVTRACE_QMP_CONNECTED" && backend_ ? backend_->Describe() : json();
   {
     std::lock_guard lock(mu_);
     ++events_seen_;
     last_event_ = event.name;
+    if (!info.is_null()) backend_info_ = std::move(info);
   }
   const std::string& name = event.name;
   if (name == "GUEST_PANICKED") {

@@ -94,8 +94,7 @@ uint64_t RecordedStartTime(HvtracedProcess& daemon, const std::string& name) {
   return spec.ok() ? spec->pid_start_time : 0;
 }
 
-// Waits until `status NAME` shows the VM running and its QMP session has
-// delivered an event (HVTRACE_QMP_CONNECTED is the first).
+// Waits until `status NAME` shows the VM running with its QMP session up.
 Result<json> WaitRunning(HvtracedProcess& daemon, const std::string& name, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   json last;
@@ -103,7 +102,7 @@ Result<json> WaitRunning(HvtracedProcess& daemon, const std::string& name, std::
     auto st = daemon.Call("status", {{"name", name}});
     if (st.ok()) {
       last = *st;
-      if ((*st)["state"] == "running" && (*st)["events_seen"].get<uint64_t>() > 0) return *st;
+      if ((*st)["state"] == "running" && (*st)["backend"].value("qmp_connected", false)) return *st;
     }
     std::this_thread::sleep_for(100ms);
   }
@@ -196,9 +195,24 @@ TEST_F(HvtracedLifecycleE2e, DaemonKilledThenTerminatedReadoptsTheVmAndCapturesI
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   st = WaitRunning(daemon, name, 30s);
   ASSERT_TRUE(st.ok()) << st.error().message << "\n" << daemon.log();
-  auto cli_status = daemon.Call("list", json::object());
-  ASSERT_TRUE(cli_status.ok());
-  std::printf("[lifecycle] after SIGKILL + SIGTERM restarts: %s\n", st->dump().c_str());
+  // What an operator sees: `hvtrace status NAME --json` through the CLI.
+  const std::string cli = std::string(HVTRACE_BIN_DIR) + "/hvtrace status " + name + " --socket " +
+                          daemon.socket() + " --json";
+  std::string cli_out;
+  if (FILE* p = ::popen(cli.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) cli_out.append(buf, n);
+    EXPECT_EQ(::pclose(p), 0) << cli << "\n" << cli_out;
+  }
+  json cli_status = json::parse(cli_out, nullptr, false);
+  ASSERT_TRUE(cli_status.is_object()) << cli_out;
+  EXPECT_EQ(cli_status["state"], "running") << cli_out;
+  EXPECT_EQ(cli_status["backend"]["pid"], guest->pid) << cli_out;
+  EXPECT_EQ(cli_status["backend"]["qmp_connected"], true) << cli_out;
+  std::printf("[lifecycle] after SIGKILL + SIGTERM restarts, hvtrace status: state %s, pid %s, qmp_connected %s\n",
+              cli_status["state"].dump().c_str(), cli_status["backend"]["pid"].dump().c_str(),
+              cli_status["backend"]["qmp_connected"].dump().c_str());
 
   // 3. The re-adopted VM's panic is captured live, with every marker.
   ASSERT_TRUE(WriteMarkers(*guest->console, "after-term", 5).ok()) << guest->console->Tail();
@@ -400,9 +414,27 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   ASSERT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
   EXPECT_FALSE(fs::exists(backing)) << backing;
   first->console.reset();
-  auto second = BootGuest(daemon, name);
+  // Two boots of one name at once: the second is refused while the first
+  // is under way (or, if it already finished, because the VM is running).
+  Result<BootedGuest> second = Error{"not booted"};
+  std::thread first_boot([&] { second = BootGuest(daemon, name); });
+  std::this_thread::sleep_for(50ms);
+  auto racing = daemon.Call("boot", {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd},
+                                     {"accel", "tcg"}});
+  first_boot.join();
   ASSERT_TRUE(second.ok()) << second.error().message;
-  EXPECT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
+  ASSERT_FALSE(racing.ok());
+  std::printf("[lifecycle] concurrent boot of the same name: %s\n", racing.error().message.c_str());
+  EXPECT_TRUE(racing.error().message.find("being booted") != std::string::npos ||
+              racing.error().message.find("is running") != std::string::npos)
+      << racing.error().message;
+
+  // vm_on_shutdown = stop: a daemon exit (SIGTERM) quits the QEMU it booted.
+  const uint64_t start_time = RecordedStartTime(daemon, name);
+  ASSERT_NE(start_time, 0u);
+  daemon.Stop(SIGTERM);
+  EXPECT_FALSE(SameProcessAlive(second->pid, start_time)) << "QEMU outlived a daemon with vm_on_shutdown = stop";
+  EXPECT_FALSE(fs::exists(backing)) << backing;
 }
 
 // The product's KVM choice on this very host, whatever HVTRACE_ACCEL says

@@ -37,7 +37,8 @@ cleanup() {
   # If hvtraced could not stop it (killed above, or crashed), end the demo's
   # QEMU by the pid it recorded, after checking that pid still is that QEMU.
   qemu_pid=$(sed -n 's/^ *"pid": \([0-9][0-9]*\).*/\1/p' "$DEMO/state/vms/demo/qmp_vm.json" 2>/dev/null | head -n 1)
-  if [ -n "$qemu_pid" ] && tr '\0' ' ' <"/proc/$qemu_pid/cmdline" 2>/dev/null | grep -q "$DEMO/run/demo.qmp"; then
+  if [ -n "$qemu_pid" ] && [ -r "/proc/$qemu_pid/cmdline" ] &&
+    tr '\0' ' ' 2>/dev/null <"/proc/$qemu_pid/cmdline" | grep -q "$DEMO/run/demo.qmp"; then
     kill -KILL "$qemu_pid" 2>/dev/null || true
   fi
   rm -f /dev/shm/hvtrace-demo

@@ -4,11 +4,13 @@
 #include "vm_process.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -40,6 +42,47 @@ TEST(ProcessStartTimeTest, KnowsLiveProcessesOnly) {
   EXPECT_TRUE(ProcessStartTime(::getpid()).has_value());
   EXPECT_FALSE(ProcessStartTime(0).has_value());
   EXPECT_FALSE(ProcessStartTime(0x3ffffff0).has_value());  // Above pid_max.
+}
+
+// /proc/PID/stat's comm field is chosen by the process: it may hold spaces
+// and parentheses, and must not shift the fields after it.
+TEST(ProcessStartTimeTest, Malicious_CommWithParenthesesAndSpaces) {
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(ready[0]);
+    ::prctl(PR_SET_NAME, "x) (y z) 1 2", 0, 0, 0);
+    char c = 1;
+    if (::write(ready[1], &c, 1) != 1) ::_exit(1);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  const std::string comm = [&] {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+    std::string line;
+    std::getline(in, line);
+    return line;
+  }();
+  EXPECT_EQ(comm, "x) (y z) 1 2");
+  auto renamed = ProcessStartTime(pid);
+  // The start time is the 22nd field; compare with a parse that only trusts
+  // the last ')' the same way the kernel documents it.
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::ostringstream text;
+  text << in.rdbuf();  // Not istreambuf_iterator: GCC 12 warns falsely (-Wnull-dereference).
+  const std::string stat = text.str();
+  std::istringstream rest(stat.substr(stat.rfind(')') + 2));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) rest >> field;
+  ASSERT_TRUE(renamed.has_value());
+  EXPECT_EQ(*renamed, std::stoull(field));
+  EXPECT_GT(*renamed, 0u);
+  Reap(pid);
 }
 
 TEST(VmReattachTest, TakesBackTheSameProcessAndStopsIt) {

@@ -255,6 +255,19 @@ void LibvirtDomainBackend::Start(VmEventSink& sink) {
   if (subscription_ < 0) {
     subscription_ = client_->Subscribe(uuid_, [this](const LibvirtDomainEvent& e) { OnEvent(e); });
   }
+  // A domain that panicked while nobody watched (hvtraced restarted, adopt
+  // after the fact) sends no event: look once. With <on_crash>preserve</on_crash>
+  // QEMU is stopped, so the region is as the panic left it.
+  bool active = false;
+  const std::string state = StateNow(&active);
+  if (active && (state.rfind("crashed", 0) == 0 || state == "paused (crashed)")) {
+    sink.OnVmEvent(VmEvent{"HVTRACE_FOUND_PANICKED",
+                           {{"status", state},
+                            {"libvirt_state", state},
+                            {"note", "the domain was already " + state +
+                                         " when hvtraced began watching it; the panic's time is unknown"}},
+                           HostTime::Now()});
+  }
 }
 
 void LibvirtDomainBackend::Stop() {

@@ -282,6 +282,22 @@ TEST(LibvirtE2e, LibvirtdRestartThenPanicWithOnCrashPreserve) {
               "CRASHED/PANICKED; state then: %s\n",
               panic["copy_ms_after_event"].get<double>(),
               panic["state_at_copy"].get<std::string>().c_str());
+
+  // hvtraced restarted while the domain sits crashed: no event will come, so
+  // the re-adopted backend looks and the panic is captured again, marked as
+  // found after the fact.
+  hvt.Stop();
+  LV_ASSERT_OK(hvt.Start());
+  Result<json> again = hvt.WaitForCaptures(domain.name(), 2, 60s);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  const json& second = (*again)["captures"][1];
+  EXPECT_EQ(second["trigger"], "panic-while-away") << again->dump(2);
+  json found = ReadManifest(second["path"].get<std::string>());
+  bool marker_again = false;
+  for (const auto& e : fs::directory_iterator(second["path"].get<std::string>())) {
+    if (ReadWhole(e.path().string()).find("hvt-lv-pres-5") != std::string::npos) marker_again = true;
+  }
+  EXPECT_TRUE(marker_again) << found.dump(2);
 }
 
 // A shmem region hot-plugged by name (`hvtrace libvirt-attach`, the direct

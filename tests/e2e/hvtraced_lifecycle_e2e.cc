@@ -138,7 +138,7 @@ class HvtracedLifecycleE2e : public ::testing::Test {
 };
 
 TEST_F(HvtracedLifecycleE2e, QemuKilledFromOutsideIsCapturedFromTheRegionFile) {
-  HvtracedProcess daemon("lc-kill");
+  HvtracedProcess daemon("lc-kill", "vm_on_shutdown = stop\n");
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = UniqueName("lc-kill");
   auto guest = BootGuest(daemon, name);

@@ -54,6 +54,9 @@ Status HvtracedProcess::Start() {
   pid_ = ::fork();
   if (pid_ < 0) return Error{"fork failed"};
   if (pid_ == 0) {
+    // If the test process dies (a ctest timeout SIGKILLs it), the daemon gets
+    // SIGTERM and applies vm_on_shutdown; with "stop" its QEMUs go too.
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
     const std::string log_path = dir_ + "/hvtraced.log";
     if (std::freopen(log_path.c_str(), "a", stderr) == nullptr) ::_exit(126);
     const std::string bin = std::string(HVTRACE_BIN_DIR) + "/hvtraced";

@@ -1,0 +1,358 @@
+#include "region_capture.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <set>
+
+#include "hvtrace/page.h"
+#include "hvtrace/region.h"
+#include "hvtrace/tracedat_writer.h"
+#include "live_region.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr size_t kMaxProblemsInManifest = 256;
+
+double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+void StoreLe(std::span<std::byte> page, uint32_t offset, uint32_t size, uint64_t value) {
+  for (uint32_t i = 0; i < size; ++i) page[offset + i] = static_cast<std::byte>(value >> (8 * i));
+}
+
+// The kernel's names for trace clocks (trace.dat stores the name).
+std::string ClockName(uint32_t clock) {
+  switch (clock) {
+    case region::kClockLocal: return "local";
+    case region::kClockMono: return "mono";
+    case region::kClockTsc: return "x86-tsc";
+    case region::kClockBoot: return "boot";
+    case region::kClockGlobal: return "global";
+    default: return "local";
+  }
+}
+
+// What one boot generation's trace.dat is made of.
+struct GenerationPlan {
+  RegionGenerationFile file;
+  std::string header_page, header_event;
+  PageLayout cpu_layout;
+  std::vector<FormatText> formats;
+  std::set<uint32_t> known_ids;
+  // Kernel CPUs first (index = CPU), then direct-write rings.
+  std::vector<std::vector<std::span<const std::byte>>> pages;
+  bool dw_included = true;
+};
+
+GenerationPlan PlanGeneration(const RegionSnapshot& s, uint32_t generation) {
+  GenerationPlan g;
+  g.file.generation = generation;
+  g.file.file = RegionTraceDatName(generation);
+  g.cpu_layout = PageLayout::Default(s.geometry.slot_size);
+  for (const RegionFormat& f : s.formats) {
+    if (f.boot_generation != generation) continue;
+    switch (f.kind) {
+      case region::kFormatHeaderPage:
+        if (auto l = PageLayout::FromHeaderPage(f.text, s.geometry.slot_size); l.ok()) {
+          g.header_page = f.text;
+          g.cpu_layout = *l;
+        }
+        break;
+      case region::kFormatHeaderEvent:
+        g.header_event = f.text;
+        break;
+      case region::kFormatKernelEvent:
+      case region::kFormatDwEvent:
+        if (f.parsed && g.known_ids.insert(f.id).second) g.formats.push_back({f.system, f.text});
+        break;
+      default:
+        break;
+    }
+  }
+  if (g.header_page.empty()) {
+    // The guest did not publish it: the 64-bit layout the reader assumed.
+    g.header_page =
+        "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
+        "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
+        "\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n"
+        "\tfield: char data;\toffset:16;\tsize:" +
+        std::to_string(s.geometry.slot_size - 16) + ";\tsigned:1;\n";
+  }
+  // Direct-write pages use the 64-bit layout; one header_page describes every
+  // CPU of a trace.dat, so they only go in when the kernel's layout agrees.
+  const PageLayout& dw = s.dw_layout;
+  g.dw_included = g.cpu_layout.commit_offset == dw.commit_offset &&
+                  g.cpu_layout.commit_size == dw.commit_size &&
+                  g.cpu_layout.data_offset == dw.data_offset &&
+                  g.cpu_layout.timestamp_offset == dw.timestamp_offset;
+  return g;
+}
+
+// The page as trace-cmd may see it: unchanged when every record walked,
+// else cut at the first bad record (the stored missed count would sit past
+// the new commit, so only the "events were missed" flag is kept).
+std::span<const std::byte> WritablePage(const RegionPage& p, const PageLayout& layout,
+                                        std::deque<std::vector<std::byte>>* repaired) {
+  if (p.page_error == PageError::kOk) return p.page;
+  PageCursor cursor(p.page, layout);
+  RawRecord rec;
+  while (cursor.Next(&rec)) {
+  }
+  const uint32_t good =
+      cursor.error_offset() > layout.data_offset ? cursor.error_offset() - layout.data_offset : 0;
+  std::vector<std::byte>& fixed = repaired->emplace_back(p.page.begin(), p.page.end());
+  const uint64_t flags = cursor.header().missed_events ? kPageMissedEvents : 0;
+  StoreLe(fixed, layout.commit_offset, layout.commit_size, good | flags);
+  std::fill(fixed.begin() + layout.data_offset + good, fixed.end(), std::byte{0});
+  return fixed;
+}
+
+json GuestJson(const RegionGuestInfo& g) {
+  const region::GuestStatus& st = g.status;
+  return {{"present", g.present},
+          {"boot_generation", g.boot_generation},
+          {"boot_id", g.boot_id},
+          {"kernel_release", g.kernel_release},
+          {"nr_cpus", g.nr_cpus},
+          {"trace_clock", ClockName(g.trace_clock)},
+          {"page_size", g.page_size},
+          {"agent_pid", g.agent_pid},
+          {"attach_mono_ns", g.attach_mono_ns},
+          {"state", st.state},
+          {"heartbeat", st.heartbeat},
+          {"heartbeat_mono_ns", st.heartbeat_mono_ns},
+          {"last_push_mono_ns", st.last_push_mono_ns},
+          {"pages_pushed", st.pages_pushed},
+          {"events_enabled", st.events_enabled},
+          {"dw_rings_exhausted", st.dw_rings_exhausted}};
+}
+
+json IssuesJson(const RegionSnapshot& s) {
+  json by_reason = json::object();
+  for (size_t i = 0; i < s.issues.size(); ++i) {
+    if (s.issues[i] != 0) by_reason[RegionIssueName(static_cast<RegionIssue>(i))] = s.issues[i];
+  }
+  json first = json::array();
+  for (const RegionProblem& p : s.problems) {
+    if (first.size() >= kMaxProblemsInManifest) break;
+    first.push_back({{"issue", RegionIssueName(p.issue)},
+                     {"where", p.where},
+                     {"offset", p.offset},
+                     {"detail", p.detail}});
+  }
+  return {{"total", s.issue_total()}, {"by_reason", by_reason}, {"first", first}};
+}
+
+}  // namespace
+
+std::string RegionTraceDatName(uint64_t generation) {
+  return "region-gen-" + std::to_string(generation) + ".trace.dat";
+}
+
+Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const fs::path& dir) {
+  RegionCaptureResult r;
+  const uint32_t ncpu = static_cast<uint32_t>(s.cpus.size());
+  const uint32_t nrings = ncpu + static_cast<uint32_t>(s.dw_rings.size());
+
+  // Generations that have pages, oldest first.
+  std::set<uint32_t> generations;
+  for (const auto* rings : {&s.cpus, &s.dw_rings}) {
+    for (const RegionRing& ring : *rings) {
+      for (const RegionPage& p : ring.pages) generations.insert(p.boot_generation);
+    }
+  }
+
+  std::map<uint32_t, GenerationPlan> plans;
+  for (uint32_t gen : generations) {
+    GenerationPlan& g = plans[gen] = PlanGeneration(s, gen);
+    g.pages.assign(nrings, {});
+  }
+
+  r.cpu_counts.resize(nrings);
+  std::deque<std::vector<std::byte>> repaired;
+  json rings = json::array();
+  auto count_ring = [&](const RegionRing& ring, uint32_t slot_index) {
+    CpuCaptureCounts& counts = r.cpu_counts[slot_index];
+    counts.cpu = static_cast<int>(slot_index);
+    counts.lost_events = ring.lost_events;
+    json rj = {{"trace_cpu", slot_index},
+               {"kind", ring.direct_write ? "direct-write" : "cpu"},
+               {"index", ring.index},
+               {"published", ring.published},
+               {"lost_events", ring.lost_events},
+               {"pages_present", ring.pages.size()}};
+    if (ring.direct_write) {
+      rj["pid"] = ring.pid;
+      rj["tid"] = ring.tid;
+      rj["comm"] = ring.comm;
+    } else {
+      rj["overrun"] = ring.overrun;
+    }
+    for (const RegionPage& p : ring.pages) {
+      GenerationPlan& g = plans[p.boot_generation];
+      if (ring.direct_write && !g.dw_included) {
+        counts.bad_pages["dw_layout_differs"]++;
+        continue;
+      }
+      const PageLayout layout = ring.direct_write ? s.dw_layout : g.cpu_layout;
+      if (p.page_error != PageError::kOk) counts.bad_pages[PageErrorName(p.page_error)]++;
+      counts.pages++;
+      PageStats stats;
+      WalkPage(p.page, layout, &stats, [&](const RawRecord& rec) {
+        uint16_t type = 0;
+        if (rec.payload.size() >= sizeof type) std::memcpy(&type, rec.payload.data(), sizeof type);
+        RegionGenerationFile& f = g.file;
+        if (!g.known_ids.contains(type)) {
+          f.unknown_id++;
+          r.unknown_id++;
+        }
+        if (f.events == 0 || rec.timestamp < f.first_timestamp) f.first_timestamp = rec.timestamp;
+        f.last_timestamp = std::max(f.last_timestamp, rec.timestamp);
+        if (ring.direct_write) {
+          f.dw_events++;
+          f.last_dw_timestamp = std::max(f.last_dw_timestamp, rec.timestamp);
+        } else {
+          f.kernel_events++;
+          f.last_kernel_timestamp = std::max(f.last_kernel_timestamp, rec.timestamp);
+        }
+        f.events++;
+        counts.events++;
+      });
+      if (p.records == 0) continue;
+      g.pages[slot_index].push_back(WritablePage(p, layout, &repaired));
+      g.file.pages++;
+    }
+    rings.push_back(std::move(rj));
+  };
+  for (uint32_t i = 0; i < ncpu; ++i) count_ring(s.cpus[i], i);
+  for (uint32_t i = 0; i < s.dw_rings.size(); ++i) count_ring(s.dw_rings[i], ncpu + i);
+
+  // Direct-write threads are the only task names the region knows.
+  std::string cmdlines;
+  for (const RegionRing& ring : s.dw_rings) {
+    if (ring.tid != 0 && !ring.comm.empty()) cmdlines += std::to_string(ring.tid) + " " + ring.comm + "\n";
+  }
+
+  for (auto& [gen, g] : plans) {
+    TraceDatWriterInput in;
+    in.page_size = s.geometry.slot_size;
+    in.long_size = 8;
+    in.header_page = g.header_page;
+    in.header_event = g.header_event;
+    in.formats = g.formats;
+    in.cmdlines = cmdlines;
+    in.trace_clock = ClockName(s.guest.trace_clock);
+    in.cpus = std::move(g.pages);
+    const fs::path path = dir / g.file.file;
+    if (Status st = WriteTraceDat(path.string(), in); !st.ok()) {
+      return Error{"boot generation " + std::to_string(gen) + ": " + st.error().message};
+    }
+    r.files.push_back(g.file.file);
+    r.events += g.file.events;
+    r.pages += g.file.pages;
+    r.generations.push_back(g.file);
+  }
+  for (const CpuCaptureCounts& c : r.cpu_counts) {
+    r.lost_events += c.lost_events;
+    for (const auto& [reason, n] : c.bad_pages) r.bad_slots += n;
+  }
+  const uint64_t skipped_slots = s.issue_total() - s.issue_count(RegionIssue::kSlotPageError);
+  json gens = json::array();
+  for (const RegionGenerationFile& f : r.generations) {
+    gens.push_back({{"generation", f.generation},
+                    {"file", f.file},
+                    {"events", f.events},
+                    {"kernel_events", f.kernel_events},
+                    {"dw_events", f.dw_events},
+                    {"pages", f.pages},
+                    {"unknown_id", f.unknown_id},
+                    {"first_ts_ns", f.first_timestamp},
+                    {"last_ts_ns", f.last_timestamp},
+                    {"last_kernel_ts_ns", f.last_kernel_timestamp},
+                    {"last_dw_ts_ns", f.last_dw_timestamp}});
+  }
+  const region::GuestStatus& st = s.guest.status;
+  r.attach = {{"guest", GuestJson(s.guest)},
+              {"geometry", {{"region_size", s.geometry.region_size},
+                            {"region_id", s.geometry.region_id},
+                            {"slot_size", s.geometry.slot_size},
+                            {"max_cpus", s.geometry.max_cpus},
+                            {"slots_per_cpu", s.geometry.slots_per_cpu},
+                            {"dw_rings", s.geometry.dw_rings},
+                            {"dw_slots", s.geometry.dw_slots}}},
+              {"loss_window",
+               {{"agent_max_push_gap_ns", st.max_push_gap_ns},
+                {"agent_last_push_mono_ns", st.last_push_mono_ns},
+                {"note",
+                 "kernel events written after the agent's last push were still in guest memory; "
+                 "direct-write events are in the region as soon as their write returns"}}},
+              {"generations", gens},
+              {"rings", rings},
+              {"trace_cpus", {{"kernel", ncpu}, {"direct_write_first", ncpu}}},
+              {"issues", IssuesJson(s)},
+              {"slots_skipped", skipped_slots},
+              {"unknown_id_events", r.unknown_id},
+              {"saved_cmdlines", "direct-write threads only; kernel tasks print as <...>"}};
+  return r;
+}
+
+Result<RegionCaptureResult> BuildRegionCapture(std::vector<std::byte> copy,
+                                               const RegionGeometry& geometry,
+                                               const RegionCaptureOptions& options,
+                                               PendingCapture& out, CaptureManifest& manifest) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.write_region) {
+    if (Status s = out.WriteFile("attach-region.bin", copy); !s.ok()) return s.error();
+  }
+  const auto written = std::chrono::steady_clock::now();
+  auto snapshot = ReadRegion(std::move(copy), geometry);
+  if (!snapshot.ok()) return snapshot.error();
+  auto r = WriteRegionTraceDats(*snapshot, out.dir());
+  if (!r.ok()) return r.error();
+  const auto decoded = std::chrono::steady_clock::now();
+  r->attach["write_fsync_ms"] = MsBetween(start, written);
+  r->attach["decode_write_ms"] = MsBetween(written, decoded);
+  r->attach["vm_paused"] = options.vm_paused;
+  r->attach["consistency"] =
+      options.vm_paused
+          ? "vCPUs were stopped while copying: the copy is exact"
+          : "the guest kept running: slots rewritten during the copy are counted as slot_torn";
+  for (const CpuCaptureCounts& c : r->cpu_counts) manifest.cpus.push_back(c);
+  if (manifest.validation.empty()) {
+    manifest.validation = {{"reader", "region"}, {"issues", r->attach["issues"]["total"]}};
+  } else {
+    manifest.validation["attach_region_issues"] = r->attach["issues"]["total"];
+  }
+  const RegionGuestInfo& g = snapshot->guest;
+  if (g.present) {
+    if (!manifest.kernel.contains("release")) manifest.kernel["release"] = g.kernel_release;
+    manifest.kernel["attach_boot_id"] = g.boot_id;
+    manifest.kernel["attach_boot_generation"] = g.boot_generation;
+  }
+  manifest.extra["attach"] = r->attach;
+  return r;
+}
+
+Result<RegionCaptureResult> CaptureLiveRegion(const LiveRegion& region,
+                                              const RegionCaptureOptions& options,
+                                              PendingCapture& out, CaptureManifest& manifest) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::byte> copy = region.Copy();
+  const double copy_ms = MsBetween(start, std::chrono::steady_clock::now());
+  auto r = BuildRegionCapture(std::move(copy), region.geometry(), options, out, manifest);
+  if (!r.ok()) return Error{"region " + region.path().string() + ": " + r.error().message};
+  manifest.extra["attach"]["copy_ms"] = copy_ms;
+  manifest.extra["attach"]["source"] = region.path().string();
+  r->attach = manifest.extra["attach"];
+  return r;
+}
+
+}  // namespace hvtrace::hostd

@@ -1,0 +1,172 @@
+#include "region_stream.h"
+
+#include <algorithm>
+
+#include "hvtrace/page.h"
+#include "hvtrace/region.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+std::string ClockName(uint32_t clock) {
+  switch (clock) {
+    case region::kClockMono: return "mono";
+    case region::kClockTsc: return "x86-tsc";
+    case region::kClockBoot: return "boot";
+    case region::kClockGlobal: return "global";
+    default: return "local";
+  }
+}
+
+size_t FormatsOf(const RegionSnapshot& s, uint32_t generation) {
+  size_t n = 0;
+  for (const RegionFormat& f : s.formats) n += f.boot_generation == generation;
+  return n;
+}
+
+// The CPU page layout of |generation|: its published header_page, else the
+// 64-bit default the region reader assumes too.
+PageLayout CpuLayout(const RegionSnapshot& s, uint32_t generation) {
+  for (const RegionFormat& f : s.formats) {
+    if (f.kind == region::kFormatHeaderPage && f.boot_generation == generation) {
+      if (auto l = PageLayout::FromHeaderPage(f.text, s.geometry.slot_size); l.ok()) return *l;
+    }
+  }
+  return PageLayout::Default(s.geometry.slot_size);
+}
+
+}  // namespace
+
+RegionStreamer::RegionStreamer(const RegionGeometry& geometry, RegionStreamOptions options)
+    : geometry_(geometry), options_(options), tracker_(geometry) {}
+
+RegionStreamer::~RegionStreamer() = default;
+
+EventDecoder* RegionStreamer::DecoderFor(const RegionSnapshot& s, uint32_t generation, Output* out) {
+  const size_t formats = FormatsOf(s, generation);
+  GenerationDecoder& d = decoders_[generation];
+  // A program may register a new direct-write event at any time: rebuild
+  // when the generation's table grew.
+  if (d.decoder && d.formats == formats) return d.decoder.get();
+  TraceMetadata m;
+  m.source = "region " + std::to_string(geometry_.region_id) + " generation " + std::to_string(generation);
+  m.page_size = geometry_.slot_size;
+  m.trace_clock = ClockName(trace_clock_);
+  m.cmdlines = cmdlines_;
+  for (const RegionFormat& f : s.formats) {
+    if (f.boot_generation != generation) continue;
+    if (f.kind == region::kFormatHeaderPage) m.header_page = f.text;
+    if ((f.kind == region::kFormatKernelEvent || f.kind == region::kFormatDwEvent) && f.parsed) {
+      m.formats.push_back({f.system, f.text});
+    }
+  }
+  auto decoder = EventDecoder::Create(m);
+  if (!decoder.ok()) {
+    out->notes.push_back("cannot decode generation " + std::to_string(generation) + ": " +
+                         decoder.error().message);
+    d.decoder.reset();
+    d.formats = formats;
+    return nullptr;
+  }
+  for (const std::string& w : (*decoder)->warnings()) out->notes.push_back(w);
+  d.decoder = std::move(*decoder);
+  d.formats = formats;
+  return d.decoder.get();
+}
+
+void RegionStreamer::Emit(const Held& e, Output* out) {
+  auto it = decoders_.find(e.generation);
+  DecodedRecord r;
+  r.cpu = e.trace_cpu;
+  r.timestamp = e.timestamp;
+  r.payload = e.payload;
+  r.missed_events = e.missed;
+  if (it == decoders_.end() || !it->second.decoder) return;
+  if (options_.json) {
+    it->second.decoder->AppendJson(r, &out->text);
+  } else {
+    it->second.decoder->AppendText(r, &out->text);
+  }
+  ++out->events;
+  ++events_out_;
+}
+
+RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::steady_clock::time_point now,
+                                            bool flush) {
+  Output out;
+  if (s->guest.present) {
+    if (generation_ != 0 && s->guest.boot_generation != generation_) {
+      out.notes.push_back("guest boot generation " + std::to_string(generation_) + " -> " +
+                          std::to_string(s->guest.boot_generation) + " (boot id " + s->guest.boot_id + ")");
+    }
+    generation_ = s->guest.boot_generation;
+    trace_clock_ = s->guest.trace_clock;
+  }
+  std::string cmdlines;
+  for (const RegionRing& ring : s->dw_rings) {
+    if (ring.tid != 0 && !ring.comm.empty()) cmdlines += std::to_string(ring.tid) + " " + ring.comm + "\n";
+  }
+  if (cmdlines != cmdlines_) {
+    cmdlines_ = std::move(cmdlines);
+    decoders_.clear();  // Task names are loaded when a decoder is built.
+  }
+
+  RegionTracker::Delta delta = tracker_.Update(s);
+  const bool skip = first_ && !options_.from_start;
+  first_ = false;
+  if (!skip && delta.pages_missed != 0) {
+    pages_missed_ += delta.pages_missed;
+    out.notes.push_back(std::to_string(delta.pages_missed) +
+                        " page(s) overwritten in the region before the stream read them");
+  }
+  const uint32_t ncpu = static_cast<uint32_t>(s->cpus.size());
+  if (!skip) {
+    std::map<uint32_t, PageLayout> layouts;
+    for (const RegionTracker::NewData& nd : delta.pages) {
+      const RegionPage& p = *nd.page;
+      auto lit = layouts.find(p.boot_generation);
+      if (lit == layouts.end()) lit = layouts.emplace(p.boot_generation, CpuLayout(*s, p.boot_generation)).first;
+      const PageLayout layout = nd.direct_write ? s->dw_layout : lit->second;
+      PageCursor cursor(p.page, layout);
+      int64_t missed = cursor.header().missed_events
+                           ? (cursor.missed_count() > 0 ? static_cast<int64_t>(cursor.missed_count()) : -1)
+                           : 0;
+      RawRecord rec;
+      while (cursor.Next(&rec)) {
+        if (rec.offset < nd.from_offset) continue;
+        Held h;
+        h.timestamp = rec.timestamp;
+        h.trace_cpu = nd.direct_write ? ncpu + p.ring : p.ring;
+        h.generation = p.boot_generation;
+        h.missed = missed;
+        missed = 0;
+        h.seen = now;
+        h.payload.assign(rec.payload.begin(), rec.payload.end());
+        held_.push_back(std::move(h));
+      }
+    }
+  }
+
+  // Release what the agent's last push has passed, or what waited too long.
+  const bool mono = trace_clock_ == region::kClockMono;
+  const uint64_t watermark = mono ? s->guest.status.last_push_mono_ns : 0;
+  std::vector<Held> ready, keep;
+  for (Held& h : held_) {
+    if (flush || (mono && h.timestamp <= watermark) || now - h.seen >= options_.max_hold) {
+      ready.push_back(std::move(h));
+    } else {
+      keep.push_back(std::move(h));
+    }
+  }
+  held_ = std::move(keep);
+  std::stable_sort(ready.begin(), ready.end(), [](const Held& a, const Held& b) {
+    return a.timestamp != b.timestamp ? a.timestamp < b.timestamp : a.trace_cpu < b.trace_cpu;
+  });
+  for (const Held& h : ready) {
+    if (DecoderFor(*s, h.generation, &out) == nullptr) continue;
+    Emit(h, &out);
+  }
+  return out;
+}
+
+}  // namespace hvtrace::hostd

@@ -1,0 +1,88 @@
+// Live decoding of an attach-mode region for `hvtrace stream`: successive
+// snapshots in, `trace-cmd report` text (or JSON lines) out. Sans-I/O: the
+// caller takes the snapshots (LiveRegion::Snapshot) on its own schedule.
+//
+// Ordering. Direct-write events are in the region the moment their write
+// returns; kernel events arrive when the agent next pushes the CPU's pages
+// (its pump interval). To print both in time order, events are held until
+// the agent's last push time (GuestStatus::last_push_mono_ns, on the guest
+// clock the events carry when the trace clock is "mono") has passed them:
+// everything the kernel wrote before that push is then in the region. Events
+// are never held longer than |max_hold| of host time, so a guest whose agent
+// stopped pushing still streams its direct-write events.
+//
+// Trace CPUs are numbered as in captures (region_capture.h): the guest's
+// CPUs, then one per direct-write ring.
+#ifndef HVTRACE_HOSTD_REGION_STREAM_H_
+#define HVTRACE_HOSTD_REGION_STREAM_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hvtrace/decoder.h"
+#include "hvtrace/region_reader.h"
+
+namespace hvtrace::hostd {
+
+struct RegionStreamOptions {
+  bool json = false;        // JSON lines instead of trace-cmd text.
+  bool from_start = false;  // Also print what the region held at the first snapshot.
+  std::chrono::milliseconds max_hold{1000};
+};
+
+class RegionStreamer {
+ public:
+  struct Output {
+    std::string text;                // Complete lines.
+    std::vector<std::string> notes;  // Pages missed, generation changes, decoder warnings.
+    uint64_t events = 0;
+  };
+
+  RegionStreamer(const RegionGeometry& geometry, RegionStreamOptions options);
+  ~RegionStreamer();
+
+  // Takes what is new in |snapshot| and returns the events that are ready.
+  // |now| is the host time of the snapshot; |flush| releases everything held
+  // (the VM is gone, or the stream ends).
+  Output Feed(RegionSnapshot* snapshot, std::chrono::steady_clock::time_point now, bool flush);
+
+  uint64_t events_out() const { return events_out_; }
+  uint64_t pages_missed() const { return pages_missed_; }
+
+ private:
+  struct Held {
+    uint64_t timestamp;
+    uint32_t trace_cpu;
+    uint32_t generation;
+    int64_t missed;
+    std::chrono::steady_clock::time_point seen;
+    std::vector<std::byte> payload;
+  };
+  struct GenerationDecoder {
+    size_t formats = 0;  // Formats of the generation it was built with.
+    std::unique_ptr<EventDecoder> decoder;
+  };
+
+  EventDecoder* DecoderFor(const RegionSnapshot& snapshot, uint32_t generation, Output* out);
+  void Emit(const Held& event, Output* out);
+
+  RegionGeometry geometry_;
+  RegionStreamOptions options_;
+  RegionTracker tracker_;
+  bool first_ = true;
+  uint64_t generation_ = 0;
+  std::vector<Held> held_;
+  std::map<uint32_t, GenerationDecoder> decoders_;
+  std::string cmdlines_;
+  uint32_t trace_clock_ = 0;
+  uint64_t events_out_ = 0;
+  uint64_t pages_missed_ = 0;
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_REGION_STREAM_H_

@@ -233,12 +233,14 @@ bool Daemon::HandleVmCommand(const Request& request, const std::shared_ptr<Respo
   // adopt
   auto qmp = request.args.find("qmp");
   auto region = request.args.find("boot_region");
-  if (qmp == request.args.end() || !qmp->is_string() || region == request.args.end() ||
-      !region->is_string()) {
-    responder->Fail(kErrBadRequest, "adopt needs args.qmp (socket) and args.boot_region (FILE@GPA:SIZE)");
+  if (qmp == request.args.end() || !qmp->is_string() ||
+      (region != request.args.end() && !region->is_null() && !region->is_string())) {
+    responder->Fail(kErrBadRequest, "adopt needs args.qmp (socket) and optionally args.boot_region (FILE@GPA:SIZE)");
     return true;
   }
-  auto parsed = ParseBootRegion(region->get<std::string>());
+  // Without a boot region the VM is watched for `hvtrace attach` (attach_vm.cc).
+  const bool boot_range = region != request.args.end() && region->is_string();
+  auto parsed = boot_range ? ParseBootRegion(region->get<std::string>()) : Result<QmpVmSpec>(QmpVmSpec{});
   if (!parsed.ok()) {
     responder->Fail(kErrBadRequest, parsed.error().message);
     return true;
@@ -248,7 +250,8 @@ bool Daemon::HandleVmCommand(const Request& request, const std::shared_ptr<Respo
   // (gpa_layout.h), whatever GPA the guest sees it at.
   spec.qmp_socket = std::filesystem::absolute(qmp->get<std::string>()).string();
   struct stat st;
-  if (::stat(spec.region_path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) < spec.region_size) {
+  if (boot_range &&
+      (::stat(spec.region_path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) < spec.region_size)) {
     responder->Fail(kErrBadRequest, "region file " + spec.region_path.string() + " is missing or shorter than " +
                                         std::to_string(spec.region_size));
     return true;
@@ -422,10 +425,10 @@ void Daemon::ReadoptVm(const std::string& name) {
   }
   std::error_code ec;
   if (gone.empty() && !std::filesystem::exists(spec->qmp_socket, ec)) gone = "QMP socket " + spec->qmp_socket + " is gone";
-  if (gone.empty() && !std::filesystem::exists(spec->region_path, ec)) {
+  if (gone.empty() && spec->region_size != 0 && !std::filesystem::exists(spec->region_path, ec)) {
     gone = "region file " + spec->region_path.string() + " is gone";
   }
-  if (!vm && !gone.empty() && spec->booted_by_daemon && !spec->exited &&
+  if (!vm && !gone.empty() && spec->booted_by_daemon && !spec->exited && spec->region_size != 0 &&
       std::filesystem::exists(spec->region_path, ec)) {
     // Our QEMU exited while no daemon watched, but its region file is still
     // there: capture it now ("qemu-gone", as if we had seen it go), then let

@@ -186,4 +186,8 @@ Result<Reply> ControlClient::Call(std::string_view cmd, const nlohmann::json& ar
   }
 }
 
+void ControlClient::Shutdown() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
 }  // namespace hvtrace::hostd

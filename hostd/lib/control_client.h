@@ -44,6 +44,11 @@ class ControlClient {
   // True when the daemon closed the connection (EOF) within |timeout|.
   bool WaitForClose(std::chrono::milliseconds timeout);
 
+  // Shuts the socket down (both ways) without closing it: a Call blocked on
+  // another thread (a stream) returns with an error, and the daemon sees the
+  // client go. Safe from any thread.
+  void Shutdown();
+
  private:
   ControlClient(int fd, std::filesystem::path socket);
   // Reads until a complete line is buffered; "" + error on EOF/timeout.

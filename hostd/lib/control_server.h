@@ -61,6 +61,9 @@ class Responder {
   void Fail(std::string_view code, std::string_view message);
   void Stream(const nlohmann::json& item);
   void End(const nlohmann::json& result);
+  // False once the client's connection is gone (it hung up, or was dropped
+  // for not reading): a long-running stream stops then.
+  bool connected() const { return !connection_.expired(); }
 
  private:
   void Send(std::string line, bool final);

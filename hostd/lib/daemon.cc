@@ -87,7 +87,8 @@ json ConfigJson(const Config& c) {
 }
 
 constexpr const char* kCommandNames =
-    "ping, version, list, status, captures, shutdown, boot, adopt, capture, stop";
+    "ping, version, list, status, captures, shutdown, boot, adopt, capture, stop, attach, detach, "
+    "stream";
 
 }  // namespace
 
@@ -287,6 +288,8 @@ void Daemon::HandleRequest(const Request& request, const PeerCredentials& /*peer
       });
     } else if (libvirt_ && libvirt_->HandleRequest(request, responder)) {
       // A libvirt domain: answered there.
+    } else if (HandleAttachCommand(request, responder)) {
+      // Answered (or being answered) there.
     } else if (HandleVmCommand(request, responder)) {
       // Answered (or being answered) there.
     } else if (cmd == "shutdown") {

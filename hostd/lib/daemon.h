@@ -11,7 +11,9 @@
 //   boot (name, kernel, initrd, append, cpus, memory_mib, trace_size_mib,
 //   events, accel), adopt (name, qmp, boot_region), capture (name),
 //   stop (name) — the last four in boot_vm.cc; adopt (name, domain) for a
-//   libvirt domain and stop of one in daemon_libvirt.cc.
+//   libvirt domain and stop of one in daemon_libvirt.cc; attach (name, qmp,
+//   size_mib, events, pump_interval_ms, wait_ms), detach (name, timeout_ms),
+//   stream (name, format, from) — in attach_vm.cc.
 #ifndef HVTRACE_HOSTD_DAEMON_H_
 #define HVTRACE_HOSTD_DAEMON_H_
 
@@ -74,6 +76,8 @@ class Daemon {
   std::shared_ptr<VmSupervisor> VmFromArgs(const Request& request, Responder& responder);
   // boot/adopt/capture/stop (boot_vm.cc); false when |request| is not one.
   bool HandleVmCommand(const Request& request, const std::shared_ptr<Responder>& responder);
+  // attach/detach/stream (attach_vm.cc); false when |request| is not one.
+  bool HandleAttachCommand(const Request& request, const std::shared_ptr<Responder>& responder);
   // boot: checks on the I/O thread, spawns QEMU on the pool, registers the
   // VM back on the I/O thread and answers from there (boot_vm.cc).
   void StartBoot(const std::string& name, const Request& request, const std::shared_ptr<Responder>& responder);

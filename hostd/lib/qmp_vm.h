@@ -1,7 +1,9 @@
 // The VmBackend for QEMU guests hvtraced talks to over QMP: guests the daemon
 // boots itself (`hvtrace boot`, with a host-backed boot range) and guests
-// someone else launched (`hvtrace adopt NAME --qmp SOCK --boot-region
-// FILE@GPA:SIZE`).
+// someone else launched (`hvtrace adopt NAME --qmp SOCK [--boot-region
+// FILE@GPA:SIZE]`). Any of them can get an attach-mode region hot-plugged
+// (`hvtrace attach`): an ivshmem-plain device backed by a file hvtraced
+// creates, which the guest agent fills; a VM with both captures both.
 //
 // The backend keeps the VM's one QMP session on the daemon's io_context and
 // forwards every event, stamped with the host time it arrived, to the
@@ -26,8 +28,11 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <optional>
+#include <chrono>
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
 #include "hvtrace/result.h"
@@ -52,6 +57,11 @@ struct QmpVmSpec {
   bool booted_by_daemon = false;
   std::string kernel_path;            // When known: names the formats to decode with.
   std::string kernel_key;             // formats_cache.h key (SHA-256 of vmlinuz).
+  // Attach mode: the region hot-plugged now (empty when none), so a
+  // restarted daemon maps it again. region_size 0 = no boot range.
+  std::string attach_region;
+  std::string attach_device;  // ivshmem-plain id.
+  std::string attach_memdev;  // memory-backend-file id.
 
   nlohmann::json ToJson() const;
   static Result<QmpVmSpec> FromJson(const nlohmann::json& j);
@@ -95,9 +105,29 @@ class QmpVmBackend : public VmBackend {
   // Kills an owned QEMU (for `hvtrace stop --kill`); asks QMP quit otherwise.
   void Quit();
 
+  // Attach mode (attach_vm.h has the replies). |options.region_path| names
+  // the file to create.
+  void Attach(const AttachOptions& options, AttachDone done) override;
+  void Detach(std::chrono::milliseconds timeout, AttachDone done) override;
+  std::shared_ptr<LiveRegion> live_region() const override;
+  nlohmann::json AttachStatus() const override;
+  // Where the attach fields of the spec are saved (the VM's state dir).
+  void set_spec_dir(std::filesystem::path dir);
+
  private:
   void CheckStatusAtConnect(const HostTime& watch_began);
 
+  // The boot-range copy and its manifest (only when spec_.region_size > 0).
+  Status CaptureBootRange(PendingCapture& capture, CaptureManifest& manifest);
+  // Attach-mode steps, on the I/O executor.
+  struct AttachJob;
+  void AttachWhenConnected(std::shared_ptr<AttachJob> job);
+  void AttachCheckMachine(std::shared_ptr<AttachJob> job);
+  void AttachPlug(std::shared_ptr<AttachJob> job);
+  void AttachAwaitAgent(std::shared_ptr<AttachJob> job);
+  void AttachFinish(std::shared_ptr<AttachJob> job, Result<nlohmann::json> result);
+  void OnDeviceDeleted(const std::string& device);
+  void SaveAttachSpec();
   boost::asio::any_io_executor io_;
   const QmpVmSpec spec_;
   std::unique_ptr<Vm> vm_;
@@ -108,6 +138,22 @@ class QmpVmBackend : public VmBackend {
   VmEventSink* sink_ = nullptr;
   bool connected_ = false;
   std::string last_qmp_event_;
+  std::filesystem::path spec_dir_;
+  QmpVmSpec attach_spec_;  // spec_ with the attach fields as they are now.
+  std::shared_ptr<LiveRegion> live_region_;
+  bool attached_ = false;        // The device is plugged.
+  bool attach_busy_ = false;     // An attach or detach is under way.
+  nlohmann::json attach_info_;   // Last attach reply, for status.
+  struct PendingDetach {
+    std::string device;
+    std::string memdev;
+    AttachDone done;
+    std::chrono::steady_clock::time_point start;
+    std::shared_ptr<boost::asio::steady_timer> timer;
+  };
+  std::optional<PendingDetach> detach_;
+  // Callbacks still queued when the backend goes check this first.
+  std::shared_ptr<int> life_ = std::make_shared<int>(0);
 };
 
 }  // namespace hvtrace::hostd

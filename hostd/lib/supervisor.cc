@@ -238,6 +238,9 @@ json VmSupervisor::StatusJson() const {
                  {"captures_failed", captures_failed_},
                  {"captures_dir", store_.dir().string()},
                  {"backend", backend_info_}};
+  if (backend_) {
+    if (json attach = backend_->AttachStatus(); !attach.is_null()) status["attach"] = std::move(attach);
+  }
   status["last_error"] = last_error_.empty() ? json(nullptr) : json(last_error_);
   status["last_event"] = last_event_.empty() ? json(nullptr) : json(last_event_);
   if (last_capture_) {

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,6 +31,8 @@
 #include <string_view>
 #include <vector>
 
+#include <chrono>
+
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/strand.hpp>
 #include <nlohmann/json.hpp>
@@ -37,6 +40,7 @@
 #include "capture_store.h"
 #include "config.h"
 #include "hvtrace/result.h"
+#include "live_region.h"
 
 namespace hvtrace::hostd {
 
@@ -69,6 +73,18 @@ class VmEventSink {
   virtual void OnVmFailure(std::string reason) = 0;
 };
 
+// Attach mode (issue #5): what `hvtrace attach` asks of a backend.
+struct AttachOptions {
+  std::filesystem::path region_path;  // The file to create (the daemon names it).
+  uint64_t size_bytes = 16ull << 20;  // Region size, a power of two.
+  std::string events;                 // Kernel events for the agent ("" = markers only).
+  uint32_t pump_interval_ms = 50;
+  std::chrono::milliseconds wait{30000};  // For the agent's announcement.
+};
+// Gets the reply JSON of attach/detach (fields in /work/notes/attach.md and
+// attach_vm.h) or the error; may run on any thread.
+using AttachDone = std::function<void(Result<nlohmann::json>)>;
+
 class VmBackend {
  public:
   virtual ~VmBackend() = default;
@@ -86,6 +102,21 @@ class VmBackend {
   virtual void ApplyPanicPolicy(PanicPolicy policy) = 0;
   // Shown in `status`; called on the VM's strand after Start.
   virtual nlohmann::json Describe() const { return nlohmann::json::object(); }
+
+  // Attach mode. Hot-plugs a new region and waits (bounded) for the guest
+  // agent to announce itself. Asynchronous: |done| runs exactly once.
+  virtual void Attach(const AttachOptions& /*options*/, AttachDone done) {
+    done(Error{std::string(kind()) + " VMs do not support attach"});
+  }
+  // Unplugs the region; the region stays mapped so captures still read it.
+  virtual void Detach(std::chrono::milliseconds /*timeout*/, AttachDone done) {
+    done(Error{std::string(kind()) + " VMs do not support detach"});
+  }
+  // The attached (or detached but kept) region, for stream and capture;
+  // null when the VM never had one. Any thread.
+  virtual std::shared_ptr<LiveRegion> live_region() const { return nullptr; }
+  // Attach state for `status` (null: never attached). Any thread, cheap.
+  virtual nlohmann::json AttachStatus() const { return nullptr; }
 };
 
 struct SupervisorOptions {
@@ -110,6 +141,9 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   ~VmSupervisor() override;
 
   const std::string& name() const { return name_; }
+  // The backend (null for an offline VM); it lives as long as this
+  // supervisor. Its methods are thread-safe by contract (VmBackend).
+  VmBackend* backend() const { return backend_.get(); }
 
   void Start();
   // Stops the backend on the strand, then runs |then| (on the pool) — for

@@ -36,6 +36,10 @@ int RunQemuArgs(int argc, char** argv);
 int RunAdopt(int argc, char** argv);
 int RunCapture(int argc, char** argv);
 int RunStop(int argc, char** argv);
+// attach_commands.cc: attach mode (ivshmem region + guest agent).
+int RunAttach(int argc, char** argv);
+int RunDetach(int argc, char** argv);
+int RunStream(int argc, char** argv);
 
 }  // namespace hvtrace::cli
 

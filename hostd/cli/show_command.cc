@@ -106,15 +106,28 @@ std::optional<uint32_t> BootOfFile(const std::string& name) {
   return static_cast<uint32_t>(std::stoul(digits));
 }
 
-// The boot files of a directory, by boot number. File names come from the
-// directory, never from the manifest.
+// "region-gen-<n>.trace.dat" (an attach-mode region, region_capture.h) -> n.
+std::optional<uint32_t> GenerationOfFile(const std::string& name) {
+  constexpr std::string_view kPrefix = "region-gen-";
+  if (!name.starts_with(kPrefix)) return std::nullopt;
+  return BootOfFile("boot-" + name.substr(kPrefix.size()));
+}
+
+// The boot files of a directory, by boot number, then the attach region's
+// files by boot generation (numbered after the boots). File names come from
+// the directory, never from the manifest.
 std::vector<std::pair<uint32_t, fs::path>> BootFiles(const fs::path& dir) {
-  std::vector<std::pair<uint32_t, fs::path>> files;
+  std::vector<std::pair<uint32_t, fs::path>> files, region;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (auto boot = BootOfFile(it->path().filename().string())) files.push_back({*boot, it->path()});
+    const std::string name = it->path().filename().string();
+    if (auto boot = BootOfFile(name)) files.push_back({*boot, it->path()});
+    if (auto gen = GenerationOfFile(name)) region.push_back({*gen, it->path()});
   }
   std::sort(files.begin(), files.end());
+  std::sort(region.begin(), region.end());
+  const uint32_t next = files.empty() ? 0 : files.back().first + 1;
+  for (uint32_t i = 0; i < region.size(); ++i) files.push_back({next + i, region[i].second});
   return files;
 }
 
@@ -169,7 +182,8 @@ struct ShowArgs {
 int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, int fd) {
   const auto files = BootFiles(dir);
   if (files.empty()) {
-    std::fprintf(stderr, "hvtrace show: %s holds no boot-<n>.trace.dat\n", dir.c_str());
+    std::fprintf(stderr, "hvtrace show: %s holds no boot-<n>.trace.dat or region-gen-<n>.trace.dat\n",
+                 dir.c_str());
     return 1;
   }
   const std::string vm = JsonString(manifest, "vm");

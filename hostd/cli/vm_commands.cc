@@ -293,16 +293,17 @@ int RunAdopt(int argc, char** argv) {
   if (!has_qmp) return RunAdoptDomain(argc, argv);
   std::string name, socket, qmp, region;
   bool json_output = false;
-  const char* usage = "NAME --qmp SOCK --boot-region FILE@GPA:SIZE [--socket PATH] [--json]";
+  // Without --boot-region the VM has no boot range: `hvtrace attach` gives it a region.
+  const char* usage = "NAME --qmp SOCK [--boot-region FILE@GPA:SIZE] [--socket PATH] [--json]";
   if (!ParseNameCommand("adopt", usage, argc, argv, name, socket, json_output,
                         {{"--qmp", &qmp}, {"--boot-region", &region}}) ||
-      qmp.empty() || region.empty()) {
-    if (qmp.empty() || region.empty()) std::fprintf(stderr, "usage: hvtrace adopt %s\n", usage);
+      qmp.empty()) {
+    if (qmp.empty()) std::fprintf(stderr, "usage: hvtrace adopt %s\n", usage);
     return 2;
   }
-  auto result = Call("adopt", socket, "adopt",
-                     {{"name", name}, {"qmp", std::filesystem::absolute(qmp).string()},
-                      {"boot_region", region}});
+  json adopt_args = {{"name", name}, {"qmp", std::filesystem::absolute(qmp).string()}};
+  if (!region.empty()) adopt_args["boot_region"] = region;
+  auto result = Call("adopt", socket, "adopt", adopt_args);
   if (!result) return 1;
   if (json_output) {
     std::printf("%s\n", result->dump(2).c_str());

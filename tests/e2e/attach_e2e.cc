@@ -24,7 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "guest_harness.h"
-#include "hvtraced_harness.h"
+#include "attach_daemon_harness.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -128,7 +128,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   ASSERT_TRUE(before.ok());
   EXPECT_EQ(before->output.find('1'), std::string::npos) << "an ivshmem device before attach: " << before->output;
 
-  HvtracedProcess daemon(tag);
+  AttachTestDaemon daemon(tag);
   ASSERT_TRUE(daemon.Start()) << daemon.log();
   const std::string name = tag + "-" + std::to_string(::getpid());
   const std::string region_file = "/dev/shm/hvtrace-" + name + "-attach";
@@ -165,7 +165,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   EXPECT_FALSE(twice.ok());
 
   // Live stream: markers through both paths, in order, with the right text.
-  StreamReader stream(daemon.socket(), {{"name", name}, {"format", "text"}});
+  StreamCollector stream(daemon.socket(), {{"name", name}, {"format", "text"}});
   ASSERT_TRUE(stream.WaitFor([&](const std::string&) { return stream.notes().find("streaming VM") != std::string::npos; },
                              std::chrono::seconds(10)))
       << stream.end();

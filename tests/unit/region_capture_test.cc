@@ -6,8 +6,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
-#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -16,6 +16,7 @@
 #include "hvtrace/region_writer.h"
 #include "hvtrace/tracedat.h"
 #include "region_stream.h"
+#include "test_support.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -23,10 +24,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string ReadFixture(const std::string& rel) {
-  std::ifstream in(std::string(HVTRACE_FIXTURES_DIR) + "/" + rel, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return test_support::ReadText(std::string(HVTRACE_FIXTURES_DIR) + "/" + rel);
 }
 
 std::vector<std::byte> Bytes(const std::string& s) {
@@ -59,16 +57,7 @@ struct DwPayload {
   int32_t pad;
 };
 
-std::string Shell(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
+std::string Shell(const std::string& cmd) { return test_support::RunCommand(cmd); }
 
 size_t Count(const std::string& hay, const std::string& needle) {
   size_t n = 0;
@@ -153,20 +142,15 @@ class RegionCaptureTest : public ::testing::Test {
   }
 
   fs::path TempDir() {
-    char tmpl[] = "/tmp/region_capture_test.XXXXXX";
-    const char* d = mkdtemp(tmpl);
-    EXPECT_NE(d, nullptr);
-    dirs_.push_back(d);
-    return d;
-  }
-  void TearDown() override {
-    for (const fs::path& d : dirs_) fs::remove_all(d);
+    dirs_.push_back(std::make_unique<test_support::TempDir>("region_capture_test"));
+    EXPECT_FALSE(dirs_.back()->path().empty());
+    return dirs_.back()->path();
   }
 
   RegionGeometry geometry_;
   std::vector<std::byte> mem_;
   std::optional<GuestRegion> guest_;
-  std::vector<fs::path> dirs_;
+  std::vector<std::unique_ptr<test_support::TempDir>> dirs_;
 };
 
 TEST_F(RegionCaptureTest, OneTraceDatPerGenerationThatTraceCmdReads) {

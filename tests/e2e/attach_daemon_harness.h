@@ -1,8 +1,8 @@
 // A private hvtraced for end-to-end tests (own state, run dir and socket;
 // killed and reaped however the test ends), a control-socket call helper,
 // and a `stream` reader running on its own thread.
-#ifndef HVTRACE_TESTS_E2E_HVTRACED_HARNESS_H_
-#define HVTRACE_TESTS_E2E_HVTRACED_HARNESS_H_
+#ifndef HVTRACE_TESTS_E2E_ATTACH_DAEMON_HARNESS_H_
+#define HVTRACE_TESTS_E2E_ATTACH_DAEMON_HARNESS_H_
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -25,21 +25,21 @@
 
 namespace hvtrace::e2e {
 
-class HvtracedProcess {
+class AttachTestDaemon {
  public:
-  explicit HvtracedProcess(const std::string& tag) {
+  explicit AttachTestDaemon(const std::string& tag) {
     dir_ = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     std::ofstream(dir_ + "/hvtraced.conf") << "socket_group =\naccel = tcg\n";
   }
-  ~HvtracedProcess() {
+  ~AttachTestDaemon() {
     Kill();
     std::error_code ec;
     std::filesystem::remove_all(dir_, ec);
   }
-  HvtracedProcess(const HvtracedProcess&) = delete;
-  HvtracedProcess& operator=(const HvtracedProcess&) = delete;
+  AttachTestDaemon(const AttachTestDaemon&) = delete;
+  AttachTestDaemon& operator=(const AttachTestDaemon&) = delete;
 
   std::string socket() const { return dir_ + "/run/hvtraced.sock"; }
   std::string state_dir() const { return dir_ + "/state"; }
@@ -98,9 +98,9 @@ class HvtracedProcess {
 
 // Runs `stream` on its own connection and thread, collecting the text and
 // notes, until the daemon ends the stream or Stop() closes the connection.
-class StreamReader {
+class StreamCollector {
  public:
-  StreamReader(const std::string& socket, nlohmann::json args) {
+  StreamCollector(const std::string& socket, nlohmann::json args) {
     auto c = hostd::ControlClient::Connect(socket, std::chrono::seconds(5));
     if (!c.ok()) {
       end_ = "connect: " + c.error().message;
@@ -125,7 +125,7 @@ class StreamReader {
       done_ = true;
     });
   }
-  ~StreamReader() {
+  ~StreamCollector() {
     // Closing the socket ends the daemon's stream and our Call.
     if (client_) client_->Shutdown();
     if (thread_.joinable()) thread_.join();
@@ -166,4 +166,4 @@ class StreamReader {
 
 }  // namespace hvtrace::e2e
 
-#endif  // HVTRACE_TESTS_E2E_HVTRACED_HARNESS_H_
+#endif  // HVTRACE_TESTS_E2E_ATTACH_DAEMON_HARNESS_H_

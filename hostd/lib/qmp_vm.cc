@@ -40,16 +40,19 @@ json QmpVmSpec::ToJson() const {
           {"console_log", console_log},   {"booted_by_daemon", booted_by_daemon},
           {"kernel_path", kernel_path},   {"kernel_key", kernel_key},
           {"attach_region", attach_region}, {"attach_device", attach_device},
-          {"attach_memdev", attach_memdev}};
+          {"attach_memdev", attach_memdev}, {"attach_only", region_size == 0}};
 }
 
 Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
   try {
     QmpVmSpec s;
     s.qmp_socket = j.at("qmp_socket").get<std::string>();
-    s.region_path = j.value("region_path", std::string());
-    s.region_offset = j.value("region_offset", uint64_t{0});
-    s.region_size = j.value("region_size", uint64_t{0});
+    // A VM adopted without a boot range (for `hvtrace attach`) says so; every
+    // other spec must describe its boot range.
+    const bool attach_only = j.value("attach_only", false);
+    s.region_path = attach_only ? j.value("region_path", std::string()) : j.at("region_path").get<std::string>();
+    s.region_offset = attach_only ? j.value("region_offset", uint64_t{0}) : j.at("region_offset").get<uint64_t>();
+    s.region_size = attach_only ? j.value("region_size", uint64_t{0}) : j.at("region_size").get<uint64_t>();
     s.region_gpa = j.value("region_gpa", uint64_t{0});
     s.pid = j.value("pid", -1);
     s.pid_start_time = j.value("pid_start_time", uint64_t{0});
@@ -63,9 +66,9 @@ Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
     s.attach_region = j.value("attach_region", std::string());
     s.attach_device = j.value("attach_device", std::string());
     s.attach_memdev = j.value("attach_memdev", std::string());
-    // region_size 0: an attach-only VM (adopted without a boot range).
-    if (s.qmp_socket.empty() || (s.region_size != 0 && s.region_path.empty())) {
-      return Error{"QMP VM spec lacks a socket, or a boot region's path"};
+    if (s.qmp_socket.empty() || (attach_only ? s.region_size != 0
+                                             : (s.region_path.empty() || s.region_size == 0))) {
+      return Error{"QMP VM spec lacks a socket, region path or size"};
     }
     return s;
   } catch (const std::exception& e) {

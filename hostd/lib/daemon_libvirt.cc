@@ -10,6 +10,7 @@
 
 #include <boost/asio/post.hpp>
 
+#include "attach_vm.h"
 #include "daemon.h"
 #include "formats_cache.h"
 #include "libvirt_event_loop.h"
@@ -129,6 +130,7 @@ LibvirtBackendOptions DaemonLibvirt::backend_options() const {
     o.formats_roots.push_back(*root);
   }
   o.formats_roots.push_back(daemon_.config().state_dir);
+  o.blocking = daemon_.pool().get_executor();
   return o;
 }
 
@@ -207,7 +209,8 @@ json DaemonLibvirt::StatusJson() const {
   return j;
 }
 
-Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& domain) {
+Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& domain,
+                                  bool allow_no_region) {
   std::shared_ptr<LibvirtClient> lv = client();
   if (!lv) {
     std::lock_guard lock(mu_);
@@ -224,7 +227,7 @@ Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& do
     }
   }
   Result<std::unique_ptr<LibvirtDomainBackend>> backend =
-      AdoptLibvirtDomain(lv, domain, backend_options());
+      AdoptLibvirtDomain(lv, domain, backend_options(), allow_no_region);
   if (!backend.ok()) return backend.error();
   json describe = (*backend)->Describe();
   const std::filesystem::path vm_dir = state_.VmDir(name);
@@ -265,9 +268,58 @@ bool DaemonLibvirt::HandleStop(const Request& request, const std::shared_ptr<Res
   return true;
 }
 
+bool DaemonLibvirt::HandleAttach(const Request& request, const std::shared_ptr<Responder>& responder) {
+  if (request.args.contains("qmp")) return false;  // A QEMU by its QMP socket: attach_vm.cc.
+  const std::string name = StringArg(request, "name");
+  auto vm = daemon_.registry().Find(name);
+  const bool live = vm && vm->backend() && vm->state() != VmState::kGone &&
+                    vm->state() != VmState::kStopped && vm->state() != VmState::kFailed;
+  // A live VM of another kind is attach_vm.cc's; a name hvtraced does not
+  // serve (and no --qmp) can only be a libvirt domain.
+  if (live && vm->backend()->kind() != "libvirt") return false;
+  Result<AttachArgs> args = ParseAttachArgs(request.args);
+  if (!args.ok()) {
+    responder->Fail(kErrBadRequest, args.error().message);
+    return true;
+  }
+  asio::post(daemon_.pool(), [this, args = *args, live, responder] {
+    const std::string& vm_name = args.name;
+    if (!live) {
+      Result<json> adopted = Adopt(vm_name, vm_name, /*allow_no_region=*/true);
+      if (!adopted.ok()) {
+        responder->Fail(kErrVmFailed, "attach " + vm_name + ": hvtraced does not serve '" + vm_name +
+                                          "' yet and cannot adopt it as a libvirt domain: " +
+                                          adopted.error().message + " (a QEMU of your own: `hvtrace attach " +
+                                          vm_name + " --qmp SOCK`)");
+        return;
+      }
+    }
+    auto served = daemon_.registry().Find(vm_name);
+    if (!served || !served->backend()) {
+      responder->Fail(kErrInternal, "attach " + vm_name + ": the VM vanished while adopting it");
+      return;
+    }
+    AttachOptions options = args.options;
+    options.region_path = "/dev/shm/hvtrace-" + vm_name + "-attach";
+    served->backend()->Attach(options, [served, responder, name = vm_name](Result<json> result) {
+      if (!result.ok()) {
+        responder->Fail(kErrVmFailed, "attach " + name + ": " + result.error().message);
+        return;
+      }
+      json reply = std::move(*result);
+      reply["name"] = name;
+      Log("VM " + name + ": attached region " + reply["region"].value("file", std::string()) +
+          " to libvirt domain");
+      responder->Reply(reply);
+    });
+  });
+  return true;
+}
+
 bool DaemonLibvirt::HandleRequest(const Request& request,
                                   const std::shared_ptr<Responder>& responder) {
   if (request.cmd == "stop") return HandleStop(request, responder);
+  if (request.cmd == "attach") return HandleAttach(request, responder);
   if (request.cmd != "adopt" || request.args.contains("qmp")) return false;
   const std::string name = StringArg(request, "name");
   if (Status s = ValidateVmName(name); !s.ok()) {

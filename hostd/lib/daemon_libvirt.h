@@ -13,6 +13,11 @@
 //                          UUID, default |name|) whose region — an hvtrace
 //                          shmem device, else a boot range made by `hvtrace
 //                          domain-xml` — is found from its live XML.
+//   attach {name, ...}     (attach_vm.h args) without args.qmp, for a libvirt
+//                          VM or a name hvtraced does not serve yet: adopts
+//                          the domain (no region needed), then the backend
+//                          hot-plugs a <shmem> region. detach and stream are
+//                          attach_vm.cc's, through the backend.
 //   stop {name}            for a libvirt VM: stop watching, forget it.
 // Served domains are remembered in <state_dir>/vms/NAME/libvirt_vm.json, so
 // a restarted daemon re-adopts them as soon as libvirt answers.
@@ -80,7 +85,9 @@ class DaemonLibvirt {
   std::shared_ptr<LibvirtClient> client() const;
   LibvirtBackendOptions backend_options() const;
   // Blocking (libvirt calls): runs on the pool.
-  Result<nlohmann::json> Adopt(const std::string& name, const std::string& domain);
+  Result<nlohmann::json> Adopt(const std::string& name, const std::string& domain,
+                               bool allow_no_region = false);
+  bool HandleAttach(const Request& request, const std::shared_ptr<Responder>& responder);
   void Readopt(const std::string& name);
   bool HandleStop(const Request& request, const std::shared_ptr<Responder>& responder);
 

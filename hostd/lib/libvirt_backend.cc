@@ -7,11 +7,16 @@
 #include <cerrno>
 #include <cstring>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
+#include <boost/asio/post.hpp>
+
 #include "capture_pipeline.h"
 #include "formats_cache.h"
+#include "libvirt_attach.h"
+#include "region_capture.h"
 #include "hvtrace/boot_map.h"
 
 namespace hvtrace::hostd {
@@ -68,7 +73,40 @@ std::vector<std::string> ReadCmdline(const std::string& pid) {
   return args;
 }
 
+// QEMU started by libvirt for domain |name|: "-name guest=NAME,...".
+bool IsDomainQemu(const std::vector<std::string>& args, const std::string& name) {
+  const std::string guest_arg = "guest=" + name;
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "-name" &&
+        (args[i + 1] == guest_arg || args[i + 1].rfind(guest_arg + ",", 0) == 0)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+json GuestJson(const RegionGuestInfo& g) {
+  static const char* const kClocks[] = {"unknown", "local", "mono", "x86-tsc", "boot", "global"};
+  return {{"boot_id", g.boot_id},
+          {"boot_generation", g.boot_generation},
+          {"kernel_release", g.kernel_release},
+          {"nr_cpus", g.nr_cpus},
+          {"agent_pid", g.agent_pid},
+          {"trace_clock", g.trace_clock < 6 ? kClocks[g.trace_clock] : "unknown"},
+          {"page_size", g.page_size}};
+}
+
 }  // namespace
+
+Result<pid_t> FindDomainQemu(const std::string& name) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string pid = entry.path().filename().string();
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (IsDomainQemu(ReadCmdline(pid), name)) return static_cast<pid_t>(std::stol(pid));
+  }
+  return Error{"no QEMU runs for domain '" + name + "' on this host (-name guest=" + name + ")"};
+}
 
 Result<uint64_t> ParseKernelSize(std::string_view text) {
   std::string s(text);
@@ -113,20 +151,12 @@ Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info) {
 
   // libvirt names the node-1 file itself (memory_backing_dir/…/<id>-<name>/
   // ram-node1); QEMU's command line says where.
-  const std::string guest_arg = "guest=" + info.name;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
     const std::string pid = entry.path().filename().string();
     if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
     std::vector<std::string> args = ReadCmdline(pid);
-    bool ours = false;
-    for (size_t i = 0; i + 1 < args.size(); ++i) {
-      if (args[i] == "-name" &&
-          (args[i + 1] == guest_arg || args[i + 1].rfind(guest_arg + ",", 0) == 0)) {
-        ours = true;
-      }
-    }
-    if (!ours) continue;
+    if (!IsDomainQemu(args, info.name)) continue;
     for (size_t i = 0; i + 1 < args.size(); ++i) {
       if (args[i] != "-object" || args[i + 1].empty() || args[i + 1][0] != '{') continue;
       json obj = json::parse(args[i + 1], nullptr, false);
@@ -158,7 +188,8 @@ LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size) 
 
 Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr<LibvirtClient> client,
                                                                  const std::string& domain,
-                                                                 LibvirtBackendOptions options) {
+                                                                 LibvirtBackendOptions options,
+                                                                 bool allow_no_region) {
   Result<LibvirtDomainPtr> dom = client->FindDomain(domain);
   if (!dom.ok()) return dom.error();
   if (virDomainIsActive(dom->get()) != 1) {
@@ -168,20 +199,40 @@ Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr
   if (!xml.ok()) return xml.error();
   Result<DomainXmlInfo> info = ParseDomainXml(*xml);
   if (!info.ok()) return Error{"libvirt: domain '" + domain + "': " + info.error().message};
+  // hvtrace's shmem device: with a region header it is an attach-mode region.
+  std::optional<LibvirtRegionSpec> raw_shmem;
+  std::shared_ptr<LiveRegion> live;
+  std::string live_shm;
   for (const DomainShmem& s : info->shmems) {
-    if (s.alias.rfind("ua-hvtrace-", 0) == 0 && s.model == "ivshmem-plain" && s.size_bytes > 0 &&
-        ValidateShmName(s.name).ok()) {
-      return LibvirtDomainBackend::Create(std::move(client), domain,
-                                          ShmemRegion("/dev/shm/" + s.name, s.size_bytes),
-                                          std::move(options));
+    if (s.alias.rfind("ua-hvtrace-", 0) != 0 || s.model != "ivshmem-plain" || s.size_bytes == 0 ||
+        !ValidateShmName(s.name).ok()) {
+      continue;
     }
+    const std::filesystem::path path = "/dev/shm/" + s.name;
+    if (Result<std::shared_ptr<LiveRegion>> region = LiveRegion::OpenExisting(path); region.ok()) {
+      live = *region;
+      live_shm = s.name;
+    } else {
+      raw_shmem = ShmemRegion(path, s.size_bytes);
+    }
+    break;
   }
   Result<LibvirtRegionSpec> boot = FindBootRangeRegion(*info);
-  if (!boot.ok()) {
-    return Error{"libvirt: domain '" + domain + "' has no hvtrace shmem device (attach one) and no boot "
-                 "range: " + boot.error().message};
+  LibvirtRegionSpec region;
+  if (boot.ok()) {
+    region = std::move(*boot);
+  } else if (raw_shmem) {
+    region = std::move(*raw_shmem);
+  } else if (live || allow_no_region) {
+    region.kind = "none";
+  } else {
+    return Error{"libvirt: domain '" + domain + "' has no hvtrace shmem device (`hvtrace attach " +
+                 domain + "`) and no boot range: " + boot.error().message};
   }
-  return LibvirtDomainBackend::Create(std::move(client), domain, std::move(*boot), std::move(options));
+  Result<std::unique_ptr<LibvirtDomainBackend>> backend =
+      LibvirtDomainBackend::Create(std::move(client), domain, std::move(region), std::move(options));
+  if (backend.ok() && live) (*backend)->AdoptAttachedRegion(std::move(live), live_shm);
+  return backend;
 }
 
 Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
@@ -198,6 +249,13 @@ Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
       on_crash = info->on_crash;
       kernel = info->kernel;
     }
+  }
+  if (region.kind == "none") {
+    std::unique_ptr<LibvirtDomainBackend> backend(new LibvirtDomainBackend(
+        std::move(client), name ? name : domain, uuid, std::move(region), -1, on_crash));
+    backend->options_ = std::move(options);
+    backend->kernel_path_ = kernel;
+    return backend;
   }
   if (region.size == 0) return Error{"domain '" + domain + "': region size is 0"};
   int fd = open(region.path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -308,7 +366,10 @@ void LibvirtDomainBackend::OnCrash(const LibvirtDomainEvent& e, const std::strin
   // right now. The open fd keeps the data even if the file goes away.
   LibvirtPanicRecord record;
   record.event = LibvirtLifecycleName(e.event, e.detail);
-  Result<std::vector<std::byte>> bytes = CopyRegion();
+  // An attach-mode region is a mapping we hold: it outlives QEMU and is
+  // captured from there; only a file region is copied now.
+  Result<std::vector<std::byte>> bytes =
+      region_.kind == "none" ? Result<std::vector<std::byte>>(std::vector<std::byte>{}) : CopyRegion();
   record.copy_ms = MsBetween(e.received, std::chrono::steady_clock::now());
   record.state_at_copy = StateNow(&record.qemu_alive_at_copy);
   VmEventSink* sink;
@@ -323,7 +384,7 @@ void LibvirtDomainBackend::OnCrash(const LibvirtDomainEvent& e, const std::strin
   {
     std::lock_guard lock(mu_);
     stopped_after_panic_.reset();
-    if (!record.region.empty()) pending_panic_ = std::move(record);
+    if (!record.region.empty() || region_.kind == "none") pending_panic_ = std::move(record);
   }
   if (sink) {
     json data = {{"libvirt_event", LibvirtLifecycleName(e.event, e.detail)}, {"on_crash", on_crash_}};
@@ -416,23 +477,49 @@ Status LibvirtDomainBackend::Capture(PendingCapture& capture, CaptureManifest& m
     pending_panic_.reset();
     stopped = stopped_after_panic_;
   }
-  std::vector<std::byte> bytes;
-  if (panic) {
-    bytes = std::move(panic->region);
-  } else {
-    Result<std::vector<std::byte>> copy = CopyRegion();
-    if (!copy.ok()) return copy.error();
-    bytes = std::move(*copy);
+  std::shared_ptr<LiveRegion> live = live_region();
+  if (region_.kind == "none" && !live) {
+    return Error{"domain '" + name_ + "' has no trace region yet (`hvtrace attach " + name_ + "`)"};
   }
-  if (region_.kind == "boot-range") {
-    if (Status s = CaptureBootRange(std::move(bytes), capture, manifest); !s.ok()) return s;
-  } else if (Status s = capture.WriteFile("region.bin", bytes); !s.ok()) {
-    return s;
+  if (region_.kind != "none") {
+    std::vector<std::byte> bytes;
+    if (panic && !panic->region.empty()) {
+      bytes = std::move(panic->region);
+    } else {
+      Result<std::vector<std::byte>> copy = CopyRegion();
+      if (!copy.ok()) return copy.error();
+      bytes = std::move(*copy);
+    }
+    if (region_.kind == "boot-range") {
+      if (Status s = CaptureBootRange(std::move(bytes), capture, manifest); !s.ok()) return s;
+    } else if (Status s = capture.WriteFile("region.bin", bytes); !s.ok()) {
+      return s;
+    }
+    manifest.region = {{"kind", region_.kind},
+                       {"source", region_.path.string()},
+                       {"offset", region_.offset},
+                       {"size", region_.size}};
   }
-  manifest.region = {{"kind", region_.kind},
-                     {"source", region_.path.string()},
-                     {"offset", region_.offset},
-                     {"size", region_.size}};
+  if (live) {
+    // The guest is stopped for a panic (paused, or QEMU gone: our mapping
+    // outlives it), so the copy is exact then; otherwise torn slots are
+    // reported by the reader.
+    RegionCaptureOptions options;
+    options.vm_paused = manifest.trigger == "panic";
+    Result<RegionCaptureResult> r = CaptureLiveRegion(*live, options, capture, manifest);
+    if (!r.ok()) return Error{"domain '" + name_ + "', attach region " + live->path().string() + ": " +
+                              r.error().message};
+    json attach_region = {{"kind", "attach"},
+                          {"source", live->path().string()},
+                          {"size", live->size()},
+                          {"region_id", live->geometry().region_id},
+                          {"files", r->files}};
+    if (region_.kind == "none") {
+      manifest.region = attach_region;
+    } else {
+      manifest.extra["attach_region"] = attach_region;
+    }
+  }
   bool active = false;
   const std::string state = StateNow(&active);
   json lv = {{"domain", name_},     {"uuid", uuid_},          {"uri", client_->uri()},
@@ -538,7 +625,206 @@ nlohmann::json LibvirtDomainBackend::Describe() const {
           {"kernel", kernel_path_},
           {"formats_key", kernel_key_},
           {"region", {{"kind", region_.kind}, {"path", region_.path.string()},
-                      {"offset", region_.offset}, {"size", region_.size}}}};
+                      {"offset", region_.offset}, {"size", region_.size}}},
+          {"attach", attach_info_.is_null() ? json(nullptr) : attach_info_}};
+}
+
+std::shared_ptr<LiveRegion> LibvirtDomainBackend::live_region() const {
+  std::lock_guard lock(mu_);
+  return live_region_;
+}
+
+json LibvirtDomainBackend::AttachStatus() const {
+  std::lock_guard lock(mu_);
+  if (!live_region_) return nullptr;
+  json j = {{"attached", attached_},
+            {"region", {{"file", live_region_->path().string()}, {"size", live_region_->size()}}},
+            {"alias", attached_ ? ShmemAlias(attach_shm_) : std::string()}};
+  if (Result<RegionSnapshot> snap = live_region_->Snapshot(); snap.ok() && snap->guest.present) {
+    j["guest"] = GuestJson(snap->guest);
+  } else {
+    j["guest"] = nullptr;
+  }
+  return j;
+}
+
+void LibvirtDomainBackend::AdoptAttachedRegion(std::shared_ptr<LiveRegion> region, std::string shm_name) {
+  std::lock_guard lock(mu_);
+  live_region_ = std::move(region);
+  attach_shm_ = std::move(shm_name);
+  attached_ = true;
+  attach_info_ = {{"region", {{"file", live_region_->path().string()}, {"size", live_region_->size()}}},
+                  {"found_at_adopt", true}};
+}
+
+void LibvirtDomainBackend::RunBlocking(std::function<void()> fn) {
+  if (options_.blocking) {
+    boost::asio::post(options_.blocking, std::move(fn));
+  } else {
+    fn();
+  }
+}
+
+void LibvirtDomainBackend::Attach(const AttachOptions& options, AttachDone done) {
+  {
+    std::lock_guard lock(mu_);
+    if (attach_busy_) {
+      done(Error{"an attach or detach is already under way"});
+      return;
+    }
+    if (attached_) {
+      done(Error{"region " + live_region_->path().string() + " is already attached (alias " +
+                 ShmemAlias(attach_shm_) + "); `hvtrace detach " + name_ + "` first"});
+      return;
+    }
+    attach_busy_ = true;
+  }
+  RunBlocking([this, options, done = std::move(done)] {
+    Result<json> r = DoAttach(options);
+    {
+      std::lock_guard lock(mu_);
+      attach_busy_ = false;
+      attach_info_ = r.ok() ? *r : json{{"error", r.error().message}};
+    }
+    done(std::move(r));
+  });
+}
+
+Result<json> LibvirtDomainBackend::DoAttach(const AttachOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string shm = options.region_path.filename().string();
+  if (options.region_path.parent_path() != "/dev/shm" || !ValidateShmName(shm).ok()) {
+    return Error{"region " + options.region_path.string() + " must be a valid name in /dev/shm "
+                 "(libvirt's <shmem> lives there)"};
+  }
+  // QEMU may run as another user (libvirt-qemu): the file must be its.
+  Result<pid_t> qemu = FindDomainQemu(name_);
+  if (!qemu.ok()) return qemu.error();
+  struct stat proc {};
+  if (stat(("/proc/" + std::to_string(*qemu)).c_str(), &proc) != 0) {
+    return Error{"QEMU pid " + std::to_string(*qemu) + " of domain '" + name_ + "' is gone"};
+  }
+  Result<LibvirtDomainPtr> dom = client_->FindDomain(uuid_);
+  if (!dom.ok()) return dom.error();
+  virDomainInfo info {};
+  if (virDomainGetInfo(dom->get(), &info) != 0) {
+    return Error{"domain '" + name_ + "': cannot read its vCPU count: " + LibvirtLastError()};
+  }
+  // Our own mapping of an earlier (detached) region at this path is fine:
+  // the new region replaces it. Anyone else's is not.
+  const std::string self = "pid " + std::to_string(getpid()) + " ";
+  if (std::optional<std::string> user = FindMapper(options.region_path);
+      user && user->rfind(self, 0) != 0) {
+    return Error{options.region_path.string() + " is in use by " + *user +
+                 " (a region of another VM, or one QEMU has not released yet)"};
+  }
+  LiveRegionOptions ro;
+  ro.path = options.region_path;
+  ro.size_bytes = options.size_bytes;
+  ro.max_cpus = info.nrVirtCpu > 0 ? info.nrVirtCpu : 1;
+  ro.events = options.events;
+  ro.pump_interval_ms = options.pump_interval_ms;
+  if (proc.st_uid != geteuid()) ro.owner_uid = proc.st_uid;
+  if (proc.st_gid != getegid()) ro.owner_gid = proc.st_gid;
+  ro.replace_existing = true;  // Our own name for this VM; nobody maps it (checked above).
+  Result<std::shared_ptr<LiveRegion>> region = LiveRegion::Create(ro);
+  if (!region.ok()) return region.error();
+
+  ShmemAttachRequest req;
+  req.domain = uuid_;
+  req.shm_name = shm;
+  req.size_bytes = options.size_bytes;
+  req.prepared_file = true;
+  Result<ShmemAttachment> plugged = AttachShmem(client_, req);
+  if (!plugged.ok()) {
+    std::error_code ec;
+    std::filesystem::remove(options.region_path, ec);
+    return plugged.error();
+  }
+  const double plug_ms = MsBetween(t0, std::chrono::steady_clock::now());
+  const auto plugged_at = std::chrono::steady_clock::now();
+  {
+    std::lock_guard lock(mu_);
+    live_region_ = *region;
+    attach_shm_ = shm;
+    attached_ = true;
+  }
+  // The agent in the guest maps BAR2 and announces itself.
+  Result<RegionSnapshot> snap = (*region)->Snapshot();
+  auto announced = [&] {
+    return snap.ok() && snap->guest.present && snap->guest.status.state == region::kStateRunning;
+  };
+  while (!announced() && std::chrono::steady_clock::now() - plugged_at < options.wait) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    snap = (*region)->Snapshot();
+  }
+  json reply = {{"region", {{"file", (*region)->path().string()},
+                            {"size", (*region)->size()},
+                            {"region_id", (*region)->geometry().region_id}}},
+                {"device", {{"id", plugged->alias}, {"memdev", "shmem " + shm}}},
+                {"libvirt", {{"domain", name_}, {"uuid", uuid_}, {"uri", client_->uri()},
+                             {"device_added_ms", plugged->attach_ms},
+                             {"owner_uid", plugged->owner_uid}}},
+                {"plug_ms", plug_ms}};
+  if (announced()) {
+    reply["announce_ms"] = MsBetween(plugged_at, std::chrono::steady_clock::now());
+    reply["guest"] = GuestJson(snap->guest);
+  } else {
+    reply["guest"] = nullptr;
+    reply["note"] = "no hvtrace-agent announced itself within " + std::to_string(options.wait.count()) +
+                    " ms; the region stays plugged (start hvtrace-agent in the guest; `hvtrace status` "
+                    "shows it later)";
+  }
+  return reply;
+}
+
+void LibvirtDomainBackend::Detach(std::chrono::milliseconds timeout, AttachDone done) {
+  {
+    std::lock_guard lock(mu_);
+    if (attach_busy_) {
+      done(Error{"an attach or detach is already under way"});
+      return;
+    }
+    if (!attached_) {
+      done(Error{"no region is attached to domain '" + name_ + "'"});
+      return;
+    }
+    attach_busy_ = true;
+  }
+  RunBlocking([this, timeout, done = std::move(done)] {
+    Result<json> r = DoDetach(timeout);
+    {
+      std::lock_guard lock(mu_);
+      attach_busy_ = false;
+      attach_info_ = r.ok() ? *r : json{{"error", r.error().message}};
+    }
+    done(std::move(r));
+  });
+}
+
+Result<json> LibvirtDomainBackend::DoDetach(std::chrono::milliseconds timeout) {
+  std::string shm;
+  std::shared_ptr<LiveRegion> region;
+  {
+    std::lock_guard lock(mu_);
+    shm = attach_shm_;
+    region = live_region_;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  // libvirt reports success after 5 s even when the guest never let go:
+  // only DEVICE_REMOVED counts (DetachShmem waits for it).
+  if (Status s = DetachShmem(client_, uuid_, shm, timeout); !s.ok()) return s.error();
+  const double removed_ms = MsBetween(t0, std::chrono::steady_clock::now());
+  {
+    std::lock_guard lock(mu_);
+    attached_ = false;
+  }
+  if (region) region->MarkDetached();
+  return json{{"detached", true},
+              {"device", ShmemAlias(shm)},
+              {"device_deleted_ms", removed_ms},
+              {"region", {{"file", region ? region->path().string() : std::string()},
+                          {"kept_open", region != nullptr}}}};
 }
 
 }  // namespace hvtrace::hostd

@@ -31,15 +31,20 @@
 #include <string>
 #include <vector>
 
+#include <boost/asio/any_io_executor.hpp>
+
 #include "domain_xml.h"
 #include "hvtrace/result.h"
 #include "libvirt_client.h"
+#include "live_region.h"
 #include "supervisor.h"
 
 namespace hvtrace::hostd {
 
 struct LibvirtRegionSpec {
-  std::string kind;  // "shmem" (attach mode) or "boot-range".
+  // "shmem" (a raw shmem file, no region header), "boot-range", or "none"
+  // (attach mode only: the region comes with `attach`, see live_region()).
+  std::string kind;
   std::filesystem::path path;
   uint64_t offset = 0;  // Of the trace data in the file.
   uint64_t size = 0;    // What hostd configured; never read from the guest.
@@ -67,6 +72,10 @@ struct LibvirtPanicRecord {
 // the domain's <os><kernel> file, hashed when the backend is created.
 struct LibvirtBackendOptions {
   std::vector<std::filesystem::path> formats_roots;
+  // Where attach/detach do their blocking libvirt work (they wait for
+  // DEVICE_ADDED/REMOVED); never the libvirt event loop's executor. Empty:
+  // on the caller's thread.
+  boost::asio::any_io_executor blocking;
 };
 
 class LibvirtDomainBackend : public VmBackend {
@@ -84,6 +93,15 @@ class LibvirtDomainBackend : public VmBackend {
   Status Capture(PendingCapture& capture, CaptureManifest& manifest) override;
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
+  // Attach mode (attach_vm.h): the region file is created with its header
+  // (LiveRegion), owned by QEMU's user, then hot-plugged as <shmem> with the
+  // alias ua-hvtrace-<file name>; detach trusts only DEVICE_REMOVED.
+  void Attach(const AttachOptions& options, AttachDone done) override;
+  void Detach(std::chrono::milliseconds timeout, AttachDone done) override;
+  std::shared_ptr<LiveRegion> live_region() const override;
+  nlohmann::json AttachStatus() const override;
+  // A region hvtrace attached earlier (found by AdoptLibvirtDomain).
+  void AdoptAttachedRegion(std::shared_ptr<LiveRegion> region, std::string shm_name);
 
   const std::string& domain_name() const { return name_; }
   const std::string& domain_uuid() const { return uuid_; }
@@ -100,6 +118,9 @@ class LibvirtDomainBackend : public VmBackend {
   // else the raw copy and the reader's counts, with the reason in the manifest.
   Status CaptureBootRange(std::vector<std::byte> bytes, PendingCapture& capture,
                           CaptureManifest& manifest) const;
+  Result<nlohmann::json> DoAttach(const AttachOptions& options);
+  Result<nlohmann::json> DoDetach(std::chrono::milliseconds timeout);
+  void RunBlocking(std::function<void()> fn);
   void OnEvent(const LibvirtDomainEvent& event);
   void OnCrash(const LibvirtDomainEvent& event, const std::string& name);
   Result<std::vector<std::byte>> CopyRegion() const;
@@ -124,18 +145,30 @@ class LibvirtDomainBackend : public VmBackend {
   std::optional<LibvirtPanicRecord> pending_panic_;  // Copied, not yet captured.
   std::optional<std::string> stopped_after_panic_;   // STOPPED/* after the last panic.
   uint64_t disconnects_ = 0;
+  std::shared_ptr<LiveRegion> live_region_;  // Attach mode; kept after detach.
+  std::string attach_shm_;                   // /dev/shm/<attach_shm_> while attached.
+  bool attached_ = false;
+  bool attach_busy_ = false;
+  nlohmann::json attach_info_;               // Last attach/detach reply or error.
 };
 
 // Convenience for the daemon and tools: the shmem region of an attachment.
 LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size);
 
 // For `adopt DOMAIN`: a backend for a running domain, with the region found
-// from its live XML — a shmem device hvtrace attached (alias ua-hvtrace-*,
-// /dev/shm/<name>, size from the XML), else a boot range made by
-// `hvtrace domain-xml`. Errors say what was looked for.
+// from its live XML — a boot range made by `hvtrace domain-xml`, and/or a
+// shmem device hvtrace attached (alias ua-hvtrace-*, /dev/shm/<name>): with
+// a region header it is the attach-mode region (live_region()), without one
+// a raw region. With neither, an error saying what was looked for, unless
+// |allow_no_region| (`attach` adopts first, then plugs a region).
 Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr<LibvirtClient> client,
                                                                  const std::string& domain,
-                                                                 LibvirtBackendOptions options = {});
+                                                                 LibvirtBackendOptions options = {},
+                                                                 bool allow_no_region = false);
+
+// QEMU's pid for the running domain |name| (from /proc/*/cmdline "-name
+// guest=NAME"), or an error saying none runs here.
+Result<pid_t> FindDomainQemu(const std::string& name);
 
 }  // namespace hvtrace::hostd
 

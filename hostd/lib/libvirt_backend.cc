@@ -505,7 +505,7 @@ Status LibvirtDomainBackend::Capture(PendingCapture& capture, CaptureManifest& m
     // outlives it), so the copy is exact then; otherwise torn slots are
     // reported by the reader.
     RegionCaptureOptions options;
-    options.vm_paused = manifest.trigger == "panic";
+    options.vm_paused = manifest.trigger == "panic" || manifest.trigger == "panic-while-away";
     Result<RegionCaptureResult> r = CaptureLiveRegion(*live, options, capture, manifest);
     if (!r.ok()) return Error{"domain '" + name_ + "', attach region " + live->path().string() + ": " +
                               r.error().message};

@@ -34,8 +34,10 @@ void FormatsUsage(FILE* out) {
       "under the SHA-256 of VMLINUZ. A kernel already cached is not booted again.\n"
       "list prints the cached kernels.\n"
       "\n"
-      "  --cache DIR       cache root (default ${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace});\n"
-      "                    entries live in DIR/formats/<key>/\n"
+      "  --cache DIR       cache root; entries live in DIR/formats/<key>/. Default, as\n"
+      "                    hvtraced finds it: $HVTRACE_CACHE_DIR, else cache_dir in\n"
+      "                    /etc/hvtrace/hvtraced.conf, else $XDG_CACHE_HOME/hvtrace,\n"
+      "                    else ~/.cache/hvtrace\n"
       "  --timeout SEC     how long the guest may take to boot (default 180)\n"
       "  --keep-work-dir   keep the VM's console log, QEMU log and archive\n");
 }

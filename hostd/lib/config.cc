@@ -83,11 +83,13 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
     auto fail = [&](const Error& e) {
       return Error{where + std::string(key) + ": " + e.message};
     };
-    if (key == "state_dir" || key == "run_dir" || key == "socket") {
+    if (key == "state_dir" || key == "run_dir" || key == "socket" || key == "cache_dir") {
       auto path = ParsePath(value);
       if (!path.ok()) return fail(path.error());
-      (key == "state_dir" ? config.state_dir
-                          : key == "run_dir" ? config.run_dir : config.socket_path) = *path;
+      (key == "state_dir"   ? config.state_dir
+       : key == "run_dir"   ? config.run_dir
+       : key == "cache_dir" ? config.cache_dir
+                            : config.socket_path) = *path;
     } else if (key == "socket_group") {
       config.socket_group = std::string(value);
     } else if (key == "capture_retention") {

@@ -28,6 +28,13 @@
 //   libvirt_uri         = qemu:///system        libvirt connection for
 //                                               domains served by name
 //                                               (empty: libvirt off)
+//   cache_dir           = (see below)           kernel formats cache root
+//                                               (holds formats/<key>/)
+//
+// cache_dir has no fixed default: hvtrace and hvtraced resolve the formats
+// cache with one rule (formats_cache.h ResolveCacheRoot): $HVTRACE_CACHE_DIR,
+// else this key, else $XDG_CACHE_HOME/hvtrace, else ~/.cache/hvtrace (root's:
+// /root/.cache/hvtrace). The CLI reads the key from the default config file.
 #ifndef HVTRACE_HOSTD_CONFIG_H_
 #define HVTRACE_HOSTD_CONFIG_H_
 
@@ -63,6 +70,7 @@ struct Config {
   int max_connections = 32;
   int max_requests_per_connection = 16;
   std::string libvirt_uri = "qemu:///system";
+  std::filesystem::path cache_dir;  // Empty: not set (see above).
 
   std::filesystem::path EffectiveSocketPath() const;
 };

@@ -1,6 +1,7 @@
 #include "formats_cache.h"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -14,7 +15,9 @@
 #include <set>
 #include <system_error>
 #include <tuple>
+#include <vector>
 
+#include "config.h"
 #include "formats_sha256.h"
 #include "hvtrace/format.h"
 #include "state_dir.h"
@@ -149,14 +152,45 @@ Result<std::string> KernelKeyOfFile(const std::string& vmlinuz_path) {
   return hash;
 }
 
+Result<fs::path> ResolveCacheRoot(const CacheRootSources& sources) {
+  if (!sources.flag.empty()) return fs::path(sources.flag);
+  if (!sources.env_cache_dir.empty()) return fs::path(sources.env_cache_dir);
+  if (!sources.config_cache_dir.empty()) return fs::path(sources.config_cache_dir);
+  // The XDG spec says relative values are invalid and must be ignored.
+  if (!sources.xdg_cache_home.empty() && sources.xdg_cache_home.front() == '/') {
+    return fs::path(sources.xdg_cache_home) / "hvtrace";
+  }
+  if (!sources.home.empty()) return fs::path(sources.home) / ".cache" / "hvtrace";
+  return Error{"no formats cache directory: none of HVTRACE_CACHE_DIR, cache_dir (config), "
+               "XDG_CACHE_HOME, HOME is set and the user has no home directory; pass --cache DIR"};
+}
+
+CacheRootSources CacheRootSourcesFromEnvironment(std::string flag, std::string config_cache_dir) {
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v != nullptr ? v : "");
+  };
+  CacheRootSources s{std::move(flag), env("HVTRACE_CACHE_DIR"), std::move(config_cache_dir),
+                     env("XDG_CACHE_HOME"), env("HOME")};
+  if (s.home.empty()) {
+    // systemd starts root services without $HOME.
+    long size = ::sysconf(_SC_GETPW_R_SIZE_MAX);
+    std::vector<char> buf(size > 0 ? static_cast<size_t>(size) : 16384);
+    struct passwd pw, *found = nullptr;
+    if (::getpwuid_r(::geteuid(), &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr &&
+        found->pw_dir != nullptr) {
+      s.home = found->pw_dir;
+    }
+  }
+  return s;
+}
+
 Result<fs::path> DefaultCacheRoot() {
-  if (const char* dir = std::getenv("HVTRACE_CACHE_DIR"); dir != nullptr && *dir != '\0') {
-    return fs::path(dir);
+  std::string config_cache_dir;
+  if (auto config = LoadConfigFile(std::string(kDefaultConfigPath), false); config.ok()) {
+    config_cache_dir = config->cache_dir.string();
   }
-  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
-    return fs::path(home) / ".cache" / "hvtrace";
-  }
-  return Error{"neither HVTRACE_CACHE_DIR nor HOME is set; pass --cache DIR"};
+  return ResolveCacheRoot(CacheRootSourcesFromEnvironment("", std::move(config_cache_dir)));
 }
 
 FormatCache::FormatCache(fs::path root) : root_(std::move(root)) {}

@@ -22,9 +22,10 @@
 // 3000 small files and directories took 4-8 s, one file takes milliseconds,
 // and readers load it with one read.
 //
-// <root> is ${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace} for the CLI and the
-// daemon's state directory for hvtraced. An entry appears whole or not at all
-// (written under a temporary name, fsynced, renamed).
+// <root> follows one rule for hvtrace and hvtraced (ResolveCacheRoot), so an
+// entry the CLI harvested is the one the daemon decodes with. An entry
+// appears whole or not at all (written under a temporary name, fsynced,
+// renamed).
 #ifndef HVTRACE_HOSTD_FORMATS_CACHE_H_
 #define HVTRACE_HOSTD_FORMATS_CACHE_H_
 
@@ -48,7 +49,30 @@ bool IsValidKernelKey(std::string_view key);
 // The cache key of the kernel image at |vmlinuz_path|.
 Result<std::string> KernelKeyOfFile(const std::string& vmlinuz_path);
 
-// ${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace}; an error when neither is set.
+// Where the formats cache lives, first match wins:
+//   1. |flag|             (hvtrace --cache DIR)
+//   2. |env_cache_dir|    ($HVTRACE_CACHE_DIR)
+//   3. |config_cache_dir| (cache_dir in hvtraced.conf: the daemon's --config,
+//                          the CLI's /etc/hvtrace/hvtraced.conf)
+//   4. |xdg_cache_home|/hvtrace   ($XDG_CACHE_HOME, if absolute)
+//   5. |home|/.cache/hvtrace      ($HOME, else the user's passwd entry, so
+//                                  root under systemd gets /root/.cache/hvtrace)
+// Empty strings count as unset. An error only when nothing is set.
+struct CacheRootSources {
+  std::string flag;
+  std::string env_cache_dir;
+  std::string config_cache_dir;
+  std::string xdg_cache_home;
+  std::string home;
+};
+Result<std::filesystem::path> ResolveCacheRoot(const CacheRootSources& sources);
+
+// The sources from this process's environment and passwd entry, with
+// |flag| and |config_cache_dir| as given.
+CacheRootSources CacheRootSourcesFromEnvironment(std::string flag, std::string config_cache_dir);
+
+// The CLI's root: the rule with no flag and cache_dir from the default config
+// file (/etc/hvtrace/hvtraced.conf; ignored when absent or unreadable).
 Result<std::filesystem::path> DefaultCacheRoot();
 
 struct CachedEventFormat {

@@ -32,6 +32,7 @@ worker_threads = 3
 vm_on_shutdown = stop
 max_connections = 5
 max_requests_per_connection = 2
+cache_dir = /var/cache/hvt
 )",
                        "test.conf");
   ASSERT_TRUE(c.ok()) << c.error().message;
@@ -45,6 +46,7 @@ max_requests_per_connection = 2
   EXPECT_EQ(c->vm_on_shutdown, VmOnShutdown::kStop);
   EXPECT_EQ(c->max_connections, 5);
   EXPECT_EQ(c->max_requests_per_connection, 2);
+  EXPECT_EQ(c->cache_dir, "/var/cache/hvt");
 }
 
 TEST(ConfigTest, LibvirtUriDefaultsToSystemAndMayBeTurnedOff) {
@@ -83,6 +85,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(BadConfig{"state_dir\n", ":1: expected 'key = value'"},
                       BadConfig{"\n\nstat_dir = /x\n", ":3: unknown key 'stat_dir'"},
                       BadConfig{"state_dir = relative\n", "not an absolute path"},
+                      BadConfig{"cache_dir = ~/cache\n", "not an absolute path"},
                       BadConfig{"panic_policy = explode\n", "pause, resume, quit"},
                       BadConfig{"worker_threads = 0\n", "outside 1..64"},
                       BadConfig{"worker_threads = 2x\n", "not an integer"},

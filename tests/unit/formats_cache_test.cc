@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -109,17 +110,56 @@ TEST(FormatCacheTest, KeyValidation) {
   EXPECT_FALSE(IsValidKernelKey("../" + std::string(61, 'a')));
 }
 
-TEST(FormatCacheTest, DefaultRootFollowsTheEnvironment) {
-  const char* old_cache = std::getenv("HVTRACE_CACHE_DIR");
-  const std::string saved = old_cache ? old_cache : "";
-  ::setenv("HVTRACE_CACHE_DIR", "/somewhere/cache", 1);
-  EXPECT_EQ(DefaultCacheRoot().value(), fs::path("/somewhere/cache"));
-  ::unsetenv("HVTRACE_CACHE_DIR");
-  const char* home = std::getenv("HOME");
-  if (home != nullptr && *home != '\0') {
-    EXPECT_EQ(DefaultCacheRoot().value(), fs::path(home) / ".cache" / "hvtrace");
+// One rule for the CLI and the daemon (formats_cache.h): flag, then
+// $HVTRACE_CACHE_DIR, then the config's cache_dir, then XDG, then HOME.
+TEST(FormatCacheTest, CacheRootRuleTakesTheFirstSourceSet) {
+  CacheRootSources all{"/flag", "/env", "/config", "/xdg", "/home/u"};
+  EXPECT_EQ(ResolveCacheRoot(all).value(), fs::path("/flag"));
+  all.flag.clear();
+  EXPECT_EQ(ResolveCacheRoot(all).value(), fs::path("/env"));
+  all.env_cache_dir.clear();
+  EXPECT_EQ(ResolveCacheRoot(all).value(), fs::path("/config"));
+  all.config_cache_dir.clear();
+  EXPECT_EQ(ResolveCacheRoot(all).value(), fs::path("/xdg/hvtrace"));
+  all.xdg_cache_home = "relative/xdg";  // Invalid per the XDG spec: ignored.
+  EXPECT_EQ(ResolveCacheRoot(all).value(), fs::path("/home/u/.cache/hvtrace"));
+  all.xdg_cache_home.clear();
+  EXPECT_EQ(ResolveCacheRoot(all).value(), fs::path("/home/u/.cache/hvtrace"));
+  all.home.clear();
+  auto none = ResolveCacheRoot(all);
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.error().message.find("HVTRACE_CACHE_DIR"), std::string::npos);
+}
+
+TEST(FormatCacheTest, CacheRootSourcesComeFromTheEnvironmentOrPasswd) {
+  struct Saved {
+    const char* name;
+    std::optional<std::string> value;
+  } saved[] = {{"HVTRACE_CACHE_DIR", {}}, {"XDG_CACHE_HOME", {}}, {"HOME", {}}};
+  for (auto& s : saved) {
+    if (const char* v = std::getenv(s.name)) s.value = v;
   }
-  if (old_cache) ::setenv("HVTRACE_CACHE_DIR", saved.c_str(), 1);
+  ::setenv("HVTRACE_CACHE_DIR", "/somewhere/cache", 1);
+  EXPECT_EQ(CacheRootSourcesFromEnvironment("", "").env_cache_dir, "/somewhere/cache");
+  EXPECT_EQ(ResolveCacheRoot(CacheRootSourcesFromEnvironment("", "/cfg")).value(),
+            fs::path("/somewhere/cache"));
+  ::unsetenv("HVTRACE_CACHE_DIR");
+  ::unsetenv("XDG_CACHE_HOME");
+  EXPECT_EQ(ResolveCacheRoot(CacheRootSourcesFromEnvironment("", "/cfg")).value(), fs::path("/cfg"));
+  ::setenv("HOME", "/home/tester", 1);
+  EXPECT_EQ(ResolveCacheRoot(CacheRootSourcesFromEnvironment("", "")).value(),
+            fs::path("/home/tester/.cache/hvtrace"));
+  // Without $HOME (root under systemd) the passwd entry names the home.
+  ::unsetenv("HOME");
+  const CacheRootSources no_home = CacheRootSourcesFromEnvironment("", "");
+  EXPECT_FALSE(no_home.home.empty());
+  for (auto& s : saved) {
+    if (s.value) {
+      ::setenv(s.name, s.value->c_str(), 1);
+    } else {
+      ::unsetenv(s.name);
+    }
+  }
 }
 
 TEST(FormatCacheTest, StoreLookupLoadRoundTrip) {

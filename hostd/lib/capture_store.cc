@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <system_error>
 
@@ -70,6 +71,67 @@ Status WriteAll(const std::filesystem::path& path, std::span<const std::byte> da
   if (::fsync(fd.get()) != 0) return Error{"fsync " + path.string() + ": " + Errno(errno)};
   if (fd.Close() != 0) return Error{"closing " + path.string() + ": " + Errno(errno)};
   return {};
+}
+
+// Reads exactly |out.size()| bytes at |offset| of |fd|; errors name |path|.
+Status PreadFully(int fd, const std::filesystem::path& path, uint64_t offset,
+                  std::span<std::byte> out) {
+  uint64_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::pread(fd, out.data() + done, out.size() - done,
+                        static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"reading region " + path.string() + " at offset " +
+                   std::to_string(offset + done) + ": " + Errno(errno)};
+    }
+    if (n == 0) {
+      return Error{"region " + path.string() + " shrank while copying, at offset " +
+                   std::to_string(offset + done)};
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return {};
+}
+
+// Checks that |fd| holds |size| bytes at |offset|.
+Status CheckRegionSize(int fd, const std::filesystem::path& path, uint64_t offset, uint64_t size) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Error{"fstat " + path.string() + ": " + Errno(errno)};
+  uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (offset > file_size || size > file_size - offset) {
+    return Error{"region " + path.string() + " is " + std::to_string(file_size) +
+                 " bytes, shorter than offset " + std::to_string(offset) + " + size " +
+                 std::to_string(size)};
+  }
+  return {};
+}
+
+Status PwriteFully(int fd, const std::filesystem::path& path, uint64_t offset,
+                   std::span<const std::byte> data) {
+  uint64_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done,
+                         static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return Error{"writing " + path.string() + " at offset " + std::to_string(offset + done) +
+                   ": " + (n < 0 ? Errno(errno) : std::string("write returned 0"))};
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return {};
+}
+
+bool AllZero(std::span<const std::byte> page) {
+  // memcmp against the page's own first byte shifted by one: zero iff the
+  // first byte is zero and every byte equals its neighbour.
+  return page.empty() ||
+         (page[0] == std::byte{0} && std::memcmp(page.data(), page.data() + 1, page.size() - 1) == 0);
+}
+
+double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
 }
 
 Status FsyncDir(const std::filesystem::path& dir) {
@@ -220,6 +282,62 @@ Status PendingCapture::WriteFile(std::string_view name, std::span<const std::byt
   return WriteAll(temp_dir_ / std::string(name), data, O_CREAT | O_EXCL);
 }
 
+Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
+    std::string_view name, int region_fd, const std::filesystem::path& source, uint64_t offset,
+    uint64_t size, std::vector<std::byte>& copy) {
+  // 1 MiB: large enough for few system calls, small enough that the disk
+  // starts early.
+  constexpr uint64_t kChunk = 1u << 20;
+  constexpr uint64_t kPage = 4096;
+  if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
+  if (Status s = ValidateFileName(name); !s.ok()) return s.error();
+  if (Status s = CheckRegionSize(region_fd, source, offset, size); !s.ok()) return s.error();
+  const std::filesystem::path path = temp_dir_ / std::string(name);
+  Fd out(::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0640));
+  if (out.get() < 0) return Error{"cannot create " + path.string() + ": " + Errno(errno)};
+  if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0) {
+    return Error{"cannot size " + path.string() + " to " + std::to_string(size) + ": " + Errno(errno)};
+  }
+  RegionCopyStats stats;
+  const auto alloc = std::chrono::steady_clock::now();
+  copy.assign(size, std::byte{0});
+  stats.copy_ms = MsBetween(alloc, std::chrono::steady_clock::now());
+  for (uint64_t at = 0; at < size; at += kChunk) {
+    const uint64_t len = std::min(kChunk, size - at);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::span<std::byte> chunk(copy.data() + at, len);
+    if (Status s = PreadFully(region_fd, source, offset + at, chunk); !s.ok()) return s.error();
+    const auto t1 = std::chrono::steady_clock::now();
+    // Runs of non-zero pages, written as one call each.
+    uint64_t run = 0, run_len = 0;
+    for (uint64_t p = 0; p <= len; p += kPage) {
+      const bool zero = p == len || AllZero(chunk.subspan(p, std::min(kPage, len - p)));
+      if (!zero) {
+        if (run_len == 0) run = p;
+        run_len += std::min(kPage, len - p);
+        continue;
+      }
+      if (run_len == 0) continue;
+      if (Status s = PwriteFully(out.get(), path, at + run, chunk.subspan(run, run_len)); !s.ok()) {
+        return s.error();
+      }
+      stats.bytes_written += run_len;
+      run_len = 0;
+    }
+    // Start writeback of this chunk now; fdatasync below waits for it.
+    (void)::sync_file_range(out.get(), static_cast<off_t>(at), static_cast<off_t>(len),
+                            SYNC_FILE_RANGE_WRITE);
+    const auto t2 = std::chrono::steady_clock::now();
+    stats.copy_ms += MsBetween(t0, t1);
+    stats.write_ms += MsBetween(t1, t2);
+  }
+  const auto t3 = std::chrono::steady_clock::now();
+  if (::fdatasync(out.get()) != 0) return Error{"fdatasync " + path.string() + ": " + Errno(errno)};
+  if (out.Close() != 0) return Error{"closing " + path.string() + ": " + Errno(errno)};
+  stats.sync_ms = MsBetween(t3, std::chrono::steady_clock::now());
+  return stats;
+}
+
 Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
   if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
   manifest.completed = HostTime::Now();
@@ -368,30 +486,14 @@ Result<std::vector<std::byte>> CopyRegionFile(const std::filesystem::path& path,
                                               uint64_t size) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return Error{"cannot open region " + path.string() + ": " + Errno(errno)};
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Error{"fstat " + path.string() + ": " + Errno(errno)};
-  uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (offset > file_size || size > file_size - offset) {
-    return Error{"region " + path.string() + " is " + std::to_string(file_size) +
-                 " bytes, shorter than offset " + std::to_string(offset) + " + size " +
-                 std::to_string(size)};
-  }
+  return CopyRegionFd(fd.get(), path, offset, size);
+}
+
+Result<std::vector<std::byte>> CopyRegionFd(int fd, const std::filesystem::path& path,
+                                            uint64_t offset, uint64_t size) {
+  if (Status s = CheckRegionSize(fd, path, offset, size); !s.ok()) return s.error();
   std::vector<std::byte> copy(size);
-  uint64_t done = 0;
-  while (done < size) {
-    ssize_t n = ::pread(fd.get(), copy.data() + done, size - done,
-                        static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error{"reading region " + path.string() + " at offset " +
-                   std::to_string(offset + done) + ": " + Errno(errno)};
-    }
-    if (n == 0) {
-      return Error{"region " + path.string() + " shrank while copying, at offset " +
-                   std::to_string(offset + done)};
-    }
-    done += static_cast<uint64_t>(n);
-  }
+  if (Status s = PreadFully(fd, path, offset, copy); !s.ok()) return s.error();
   return copy;
 }
 

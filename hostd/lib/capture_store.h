@@ -102,6 +102,24 @@ class PendingCapture {
   // Writes and fsyncs dir()/|name|. Errors name the file and offset.
   Status WriteFile(std::string_view name, std::span<const std::byte> data);
 
+  struct RegionCopyStats {
+    double copy_ms = 0;          // Reading the region into |copy|.
+    double write_ms = 0;         // Writing into the page cache, writeback started.
+    double sync_ms = 0;          // The final fdatasync.
+    uint64_t bytes_written = 0;  // Non-zero pages; zero pages stay holes.
+  };
+  // Copies |size| bytes at |offset| of the region file |region_fd| (named
+  // |source| in errors; |size| is what hostd configured) into |copy| — the
+  // private copy everything else reads — and into dir()/|name|, durable on
+  // return. Chunk by chunk, so the disk works while the CPU copies: each
+  // chunk is read once, its non-zero pages are written (zero pages stay
+  // holes: a ring buffer that is not full is mostly zeros) and their
+  // writeback started (sync_file_range) before the next chunk is read; one
+  // fdatasync at the end.
+  Result<RegionCopyStats> CopyRegion(std::string_view name, int region_fd,
+                                     const std::filesystem::path& source, uint64_t offset,
+                                     uint64_t size, std::vector<std::byte>& copy);
+
   // Writes manifest.json (with the files present and their sizes), fsyncs,
   // renames the directory to its final name, and returns the entry. On error
   // nothing is left visible.
@@ -150,6 +168,11 @@ class CaptureStore {
 // a file shorter than offset + size is an error naming the path.
 Result<std::vector<std::byte>> CopyRegionFile(const std::filesystem::path& path, uint64_t offset,
                                               uint64_t size);
+
+// The same from a region file the caller keeps open (QEMU may have unlinked
+// it); |path| names it in errors.
+Result<std::vector<std::byte>> CopyRegionFd(int fd, const std::filesystem::path& path,
+                                            uint64_t offset, uint64_t size);
 
 }  // namespace hvtrace::hostd
 

@@ -1,12 +1,16 @@
 #include "capture_store.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -288,6 +292,53 @@ TEST(CopyRegionFileTest, CopiesRangeAndRefusesShortFiles) {
   EXPECT_NE(too_long.error().message.find(f.string()), std::string::npos);
   EXPECT_FALSE(CopyRegionFile(f, UINT64_MAX, 2).ok());
   EXPECT_FALSE(CopyRegionFile(tmp.path() / "missing", 0, 1).ok());
+}
+
+// The capture's region.bin: the same bytes as the region (zero pages as
+// holes), a private copy for the decoder, errors naming the source.
+TEST(CopyRegionTest, WritesTheRegionSparselyAndKeepsAPrivateCopy) {
+  TempDir tmp;
+  const fs::path f = tmp.path() / "region";
+  // 3 MiB + 1 page at offset 8192: chunks of 1 MiB and a short tail; pages
+  // 0, 5, 300 and the last one non-zero.
+  const uint64_t offset = 8192, size = (3u << 20) + 4096;
+  std::vector<std::byte> data(offset + size + 4096, std::byte{0});
+  for (uint64_t page : {uint64_t{0}, uint64_t{5}, uint64_t{300}, size / 4096 - 1}) {
+    data[offset + page * 4096 + 17] = std::byte{0x5a};
+  }
+  data[offset + size] = std::byte{0x77};  // Past the range: must not be copied.
+  std::ofstream(f, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), data.size());
+  const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+
+  CaptureStore store(tmp.path() / "captures");
+  auto pending = store.Begin("panic", HostTime::Now());
+  ASSERT_TRUE(pending.ok()) << pending.error().message;
+  std::vector<std::byte> copy;
+  auto stats = (*pending)->CopyRegion("region.bin", fd, f, offset, size, copy);
+  ASSERT_TRUE(stats.ok()) << stats.error().message;
+  EXPECT_EQ(stats->bytes_written, 4u * 4096);
+  ASSERT_EQ(copy.size(), size);
+  EXPECT_TRUE(std::equal(copy.begin(), copy.end(), data.begin() + static_cast<long>(offset)));
+  const fs::path written = (*pending)->dir() / "region.bin";
+  std::ifstream in(written, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  const std::string text = buffer.str();
+  ASSERT_EQ(text.size(), size);
+  EXPECT_TRUE(std::memcmp(text.data(), copy.data(), size) == 0);
+  struct stat st;
+  ASSERT_EQ(::stat(written.c_str(), &st), 0);
+  std::printf("region.bin: %llu bytes, %llu allocated on disk\n",
+              static_cast<unsigned long long>(st.st_size),
+              static_cast<unsigned long long>(st.st_blocks) * 512);
+
+  // The name is taken now; a short region is an error naming it.
+  EXPECT_FALSE((*pending)->CopyRegion("region.bin", fd, f, offset, size, copy).ok());
+  auto short_region = (*pending)->CopyRegion("other.bin", fd, f, offset, data.size(), copy);
+  ASSERT_FALSE(short_region.ok());
+  EXPECT_NE(short_region.error().message.find(f.string()), std::string::npos);
+  ::close(fd);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cstdio>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -101,15 +103,20 @@ json ValidationJson(const BootMap& map) {
           {"issues_truncated", map.issues.size() > kMaxIssuesInManifest}};
 }
 
-// Reads the region and sorts its good pages into boots.
-Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats& formats,
+// Reads the region and sorts its good pages into boots. Without |formats|
+// the 6.12 default page layout is assumed and no event id is checked.
+Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* formats,
                        const BootMapCaptureOptions& opts) {
   Decoded d;
-  Result<PageLayout> layout = PageLayout::FromHeaderPage(formats.header_page, opts.subbuf_size);
-  if (!layout.ok()) {
-    return Error{"formats " + formats.key + ": header_page: " + layout.error().message};
+  if (formats != nullptr) {
+    Result<PageLayout> layout = PageLayout::FromHeaderPage(formats->header_page, opts.subbuf_size);
+    if (!layout.ok()) {
+      return Error{"formats " + formats->key + ": header_page: " + layout.error().message};
+    }
+    d.layout = *layout;
+  } else {
+    d.layout = PageLayout::Default();
   }
-  d.layout = *layout;
   BootMapOptions map_options;
   map_options.cpus = opts.cpus;
   map_options.layout = d.layout;
@@ -121,8 +128,10 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats& f
   const BootMap& m = d.map;
 
   std::set<uint32_t> known_ids;
-  for (const CachedEventFormat& ev : formats.events) {
-    if (ev.parse_error.empty()) known_ids.insert(ev.id);
+  if (formats != nullptr) {
+    for (const CachedEventFormat& ev : formats->events) {
+      if (ev.parse_error.empty()) known_ids.insert(ev.id);
+    }
   }
 
   CaptureResult& r = d.result;
@@ -184,7 +193,7 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats& f
     for (const BootMapRecord& rec : c.records) {
       uint16_t type = 0;
       if (rec.payload.size() >= sizeof(type)) std::memcpy(&type, rec.payload.data(), sizeof(type));
-      if (!known_ids.contains(type)) r.unknown_id_events[ci]++;
+      if (formats != nullptr && !known_ids.contains(type)) r.unknown_id_events[ci]++;
       if (rec.boot >= nboots) continue;
       CaptureBoot& boot = r.boots[rec.boot];
       if (boot.events == 0 || rec.timestamp < boot.first_timestamp) {
@@ -211,6 +220,121 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats& f
   return d;
 }
 
+// The address of |symbol| in kallsyms text, or 0.
+uint64_t SymbolAddress(std::string_view kallsyms, std::string_view symbol) {
+  // Lines are "ffffffff81000000 T _text" (module symbols end in "\t[mod]").
+  const std::string needle = " " + std::string(symbol) + "\n";
+  size_t at = kallsyms.find(needle);
+  while (at != std::string_view::npos) {
+    const size_t line = kallsyms.rfind('\n', at);
+    const size_t start = line == std::string_view::npos ? 0 : line + 1;
+    // "<hex> <type> <symbol>": the needle must follow the type letter.
+    if (at >= start + 2 && kallsyms[at - 2] == ' ') {
+      uint64_t addr = 0;
+      const auto [end, ec] =
+          std::from_chars(kallsyms.data() + start, kallsyms.data() + at - 2, addr, 16);
+      if (ec == std::errc() && end == kallsyms.data() + at - 2) return addr;
+    }
+    at = kallsyms.find(needle, at + 1);
+  }
+  return 0;
+}
+
+// Adds |delta| to every core-kernel address in kallsyms text. Absolute
+// symbols (A/a: per-CPU offsets) and module symbols ("\t[mod]") are kept:
+// KASLR moves only the kernel image.
+std::string RelocateKallsyms(std::string_view text, int64_t delta) {
+  std::string out;
+  out.reserve(text.size());
+  while (!text.empty()) {
+    size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl == std::string_view::npos ? text.size() : nl + 1);
+    text.remove_prefix(line.size());
+    uint64_t addr = 0;
+    const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), addr, 16);
+    const size_t digits = static_cast<size_t>(end - line.data());
+    const bool movable = ec == std::errc() && addr != 0 && line.size() > digits + 2 &&
+                         line[digits] == ' ' && line[digits + 1] != 'A' && line[digits + 1] != 'a' &&
+                         line.find('[') == std::string_view::npos;
+    if (!movable) {
+      out.append(line);
+      continue;
+    }
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%0*llx", static_cast<int>(std::min<size_t>(digits, 16)),
+                  static_cast<unsigned long long>(addr + static_cast<uint64_t>(delta)));
+    out.append(hex);
+    out.append(line.substr(digits));
+  }
+  return out;
+}
+
+// printk_formats lines are "0x<addr> : \"fmt\"": addresses in the kernel image.
+std::string RelocatePrintkFormats(std::string_view text, int64_t delta) {
+  std::string out;
+  out.reserve(text.size());
+  while (!text.empty()) {
+    size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl == std::string_view::npos ? text.size() : nl + 1);
+    text.remove_prefix(line.size());
+    uint64_t addr = 0;
+    if (line.starts_with("0x")) {
+      const auto [end, ec] = std::from_chars(line.data() + 2, line.data() + line.size(), addr, 16);
+      if (ec == std::errc() && addr != 0) {
+        char hex[24];
+        std::snprintf(hex, sizeof hex, "0x%llx",
+                      static_cast<unsigned long long>(addr + static_cast<uint64_t>(delta)));
+        out.append(hex);
+        out.append(line.substr(static_cast<size_t>(end - line.data())));
+        continue;
+      }
+    }
+    out.append(line);
+  }
+  return out;
+}
+
+// x86_64's __START_KERNEL (__START_KERNEL_map + CONFIG_PHYSICAL_START), from
+// which kaslr_offset() is counted.
+constexpr uint64_t kStartKernel = 0xffffffff81000000ull;
+
+// The harvest booted the kernel at another KASLR offset than the captured
+// boot, so its kallsyms and printk_formats are off by the difference. The
+// 6.12 meta records where this boot's kernel sits: text_addr =
+// &rb_meta_init_text_addr and data_addr = &rb_data_ptr (56-byte meta), or
+// kaslr_addr = kaslr_offset() (48-byte meta). All CPUs' metas carry the same
+// values; the first valid one is used. Boots before a kexec ran at their own
+// offsets, which nothing records: their symbols are the last boot's (as the
+// kernel's own trace file prints raw addresses for them).
+json KaslrRelocation(const BootMap& map, const KernelFormats& formats, int64_t* delta) {
+  *delta = 0;
+  const BootMapCpu* meta = nullptr;
+  for (const BootMapCpu& c : map.cpu) {
+    if (c.meta_valid && c.text_addr != 0) {
+      meta = &c;
+      break;
+    }
+  }
+  if (meta == nullptr) return {{"relocated", false}, {"why", "no valid CPU meta with text_addr"}};
+  if (map.layout == "linux-6.12-kaslr") {
+    const uint64_t text = SymbolAddress(formats.kallsyms, "_text");
+    if (text == 0) return {{"relocated", false}, {"why", "kallsyms has no _text"}};
+    *delta = static_cast<int64_t>(meta->text_addr - (text - kStartKernel));
+    return {{"relocated", *delta != 0}, {"delta", *delta}, {"from", "meta kaslr_addr vs kallsyms _text"}};
+  }
+  const uint64_t text = SymbolAddress(formats.kallsyms, "rb_meta_init_text_addr");
+  if (text == 0) return {{"relocated", false}, {"why", "kallsyms has no rb_meta_init_text_addr"}};
+  *delta = static_cast<int64_t>(meta->text_addr - text);
+  json info = {{"relocated", *delta != 0},
+               {"delta", *delta},
+               {"from", "meta text_addr vs kallsyms rb_meta_init_text_addr"}};
+  if (const uint64_t data = SymbolAddress(formats.kallsyms, "rb_data_ptr"); data != 0) {
+    const int64_t data_delta = static_cast<int64_t>(meta->data_addr - data);
+    if (data_delta != *delta) info["data_delta_differs"] = data_delta;
+  }
+  return info;
+}
+
 TraceDatWriterInput WriterInput(const KernelFormats& formats, const BootMapCaptureOptions& opts,
                                 uint32_t page_size) {
   TraceDatWriterInput in;
@@ -229,11 +353,18 @@ TraceDatWriterInput WriterInput(const KernelFormats& formats, const BootMapCaptu
   return in;
 }
 
-// Writes one trace.dat per boot into |dir|.
+// Writes one trace.dat per boot into |dir|, with the kallsyms moved to the
+// captured boot's KASLR offset.
 Status WriteBoots(Decoded& d, const KernelFormats& formats, const BootMapCaptureOptions& opts,
                   const fs::path& dir) {
   const auto start = std::chrono::steady_clock::now();
   TraceDatWriterInput in = WriterInput(formats, opts, d.layout.page_size);
+  int64_t delta = 0;
+  d.result.validation["kaslr"] = KaslrRelocation(d.map, formats, &delta);
+  if (delta != 0) {
+    in.kallsyms = RelocateKallsyms(formats.kallsyms, delta);
+    in.printk_formats = RelocatePrintkFormats(formats.printk_formats, delta);
+  }
   uint64_t total = 0, done = 0;
   for (const CaptureBoot& b : d.result.boots) total += b.pages;
   Progress(opts, "write", 0, total);
@@ -297,7 +428,7 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
                                           const BootMapCaptureOptions& opts, PendingCapture& out,
                                           CaptureManifest& manifest) {
   const auto start = std::chrono::steady_clock::now();
-  Result<Decoded> d = Decode(region_copy, formats, opts);
+  Result<Decoded> d = Decode(region_copy, &formats, opts);
   if (!d.ok()) return d.error();
   d->result.decode_ms = MsSince(start);
   if (opts.write_region) {
@@ -331,12 +462,28 @@ Result<CaptureResult> WriteBootMapTraceDats(std::span<const std::byte> region_co
                                             const BootMapCaptureOptions& opts,
                                             const fs::path& dir) {
   const auto start = std::chrono::steady_clock::now();
-  Result<Decoded> d = Decode(region_copy, formats, opts);
+  Result<Decoded> d = Decode(region_copy, &formats, opts);
   if (!d.ok()) return d.error();
   d->result.decode_ms = MsSince(start);
   Status s = WriteBoots(*d, formats, opts, dir);
   if (!s.ok()) return s.error();
   return std::move(d->result);
+}
+
+Result<CaptureResult> CountBootMapCapture(std::span<const std::byte> region_copy,
+                                          const BootMapCaptureOptions& opts,
+                                          CaptureManifest& manifest) {
+  const auto start = std::chrono::steady_clock::now();
+  Result<Decoded> d = Decode(region_copy, nullptr, opts);
+  if (!d.ok()) return d.error();
+  CaptureResult& r = d->result;
+  r.decode_ms = MsSince(start);
+  manifest.cpus = r.cpu_counts;
+  manifest.validation = r.validation;
+  manifest.validation["unknown_id_events"] = "not checked: no formats";
+  if (!manifest.extra.is_object()) manifest.extra = json::object();
+  manifest.extra["boots"] = BootsToJson(r);
+  return std::move(r);
 }
 
 json BootsToJson(const CaptureResult& result) {

@@ -13,6 +13,11 @@
 //     pages by reason and not written;
 //   - records whose event id has no format are counted ("unknown_id") and
 //     stay in region.bin.
+// trace-cmd (and so `hvtrace show`) prints sched_switch, sched_wakeup and
+// hrtimer_expire_entry through libtraceevent's plugins ("A:1 [120] S ==>
+// B:2 [120]", "A:1 [120] CPU:000", "hrtimer=P now=N function=F/0x0") where
+// the guest's trace file prints the kernel's print fmt; the guest prints %p
+// as "(____ptrval____)" until its hash key is ready, trace-cmd the value.
 // The boot buffer has no saved_cmdlines: trace-cmd names the tasks it sees
 // in sched_switch events (its plugin registers prev/next comm) and prints
 // "<...>" for the others (the guest's own trace file resolves them from its
@@ -90,6 +95,14 @@ struct CaptureResult {
 Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,
                                           const KernelFormats& formats,
                                           const BootMapCaptureOptions& opts, PendingCapture& out,
+                                          CaptureManifest& manifest);
+
+// Without formats (the kernel's are not cached yet): reads |region_copy|
+// with the 6.12 default page layout and fills |manifest|'s cpus, validation
+// and extra.boots as BuildBootMapCapture would, writing no file. Event ids
+// are not checked. Fails only as ReadBootMap refuses.
+Result<CaptureResult> CountBootMapCapture(std::span<const std::byte> region_copy,
+                                          const BootMapCaptureOptions& opts,
                                           CaptureManifest& manifest);
 
 // The same decode without a capture store: writes boot-<n>.trace.dat files

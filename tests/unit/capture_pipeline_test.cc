@@ -421,6 +421,92 @@ TEST_F(CapturePipelineTest, ShowRegionDecodesARawFileLikeTheCapture) {
                        "' --formats not-a-key").status, 1);
 }
 
+// Formats harvested from another boot of the kernel: KASLR put it elsewhere,
+// so the harvest's kallsyms are off by a delta the region's meta reveals
+// (text_addr = &rb_meta_init_text_addr in this boot). The capture moves them
+// back: the same text as with the boot's own kallsyms.
+TEST_F(CapturePipelineTest, KallsymsOfAnotherKaslrBootAreRelocated) {
+  BootMapOptions map_options;
+  map_options.layout = PageLayout::Default();
+  auto map = ReadBootMap(range_, map_options);
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  uint64_t text_addr = 0;
+  for (const BootMapCpu& c : map->cpu) {
+    if (c.meta_valid && text_addr == 0) text_addr = c.text_addr;
+  }
+  ASSERT_NE(text_addr, 0u);
+  constexpr uint64_t kDelta = 0x1e00000;  // The harvest ran 30 MiB lower.
+  KernelFormats harvested = formats_;
+  std::string moved;
+  for (const std::string& line : Lines(formats_.kallsyms)) {
+    if (line.empty()) continue;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx",
+                  static_cast<unsigned long long>(std::stoull(line.substr(0, 16), nullptr, 16) - kDelta));
+    moved += hex + line.substr(16) + "\n";
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(text_addr - kDelta));
+  moved += std::string(hex) + " t rb_meta_init_text_addr\n";
+  moved += "0000000000001000 A cpu_debug_store\n";
+  harvested.kallsyms = moved;
+
+  Captured own = Capture(range_, formats_);
+  Captured other = Capture(range_, harvested);
+  ASSERT_FALSE(own.dir.empty());
+  ASSERT_FALSE(other.dir.empty());
+  EXPECT_EQ(own.manifest["validation"]["kaslr"]["relocated"], false);
+  EXPECT_EQ(other.manifest["validation"]["kaslr"]["relocated"], true);
+  EXPECT_EQ(other.manifest["validation"]["kaslr"]["delta"], static_cast<int64_t>(kDelta));
+  CmdRun a = RunCommand("'" + Hvtrace() + "' show '" + own.dir.string() + "'");
+  CmdRun b = RunCommand("'" + Hvtrace() + "' show '" + other.dir.string() + "'");
+  ASSERT_EQ(b.status, 0);
+  const auto want = Lines(a.out, true), got = Lines(b.out, true);
+  EXPECT_GT(got.size(), 30000u);
+  EXPECT_TRUE(want == got);
+  EXPECT_NE(b.out.find("tracing_mark_write: "), std::string::npos);
+}
+
+// A capture taken before the kernel's formats were cached: region.bin and
+// the counts only; `hvtrace show` decodes region.bin later with --formats,
+// to the same text as a decoded capture.
+TEST_F(CapturePipelineTest, RegionOnlyCaptureIsCountedAndShownLater) {
+  CaptureStore store(tmp_ / "captures");
+  auto pending = store.Begin("panic", HostTime::Now());
+  ASSERT_TRUE(pending.ok()) << pending.error().message;
+  ASSERT_TRUE((*pending)->WriteFile("region.bin", range_).ok());
+  CaptureManifest manifest;
+  manifest.vm = "fixture";
+  manifest.trigger = "panic";
+  auto counted = CountBootMapCapture(range_, {}, manifest);
+  ASSERT_TRUE(counted.ok()) << counted.error().message;
+  EXPECT_EQ(counted->layout, "linux-6.12");
+  EXPECT_EQ(counted->events, 34673u);
+  EXPECT_EQ(counted->unknown_id, 0u);  // Not checked without formats.
+  EXPECT_EQ(counted->bad_pages, 0u);
+  EXPECT_TRUE(counted->files.empty());
+  auto entry = (*pending)->Commit(std::move(manifest));
+  ASSERT_TRUE(entry.ok()) << entry.error().message;
+  const json m = json::parse(ReadText(entry->dir / "manifest.json"));
+  EXPECT_EQ(m["totals"]["events"], 34673u);
+  EXPECT_EQ(m["extra"]["boots"].size(), 1u);
+  EXPECT_FALSE(fs::exists(entry->dir / "boot-0.trace.dat"));
+
+  Captured decoded = Capture(range_, formats_);
+  ASSERT_FALSE(decoded.dir.empty());
+  CmdRun want = RunCommand("'" + Hvtrace() + "' show '" + decoded.dir.string() + "'");
+  CmdRun got = RunCommand("'" + Hvtrace() + "' show '" + entry->dir.string() + "' --formats '" + kDir + "'");
+  ASSERT_EQ(got.status, 0);
+  const auto a = Lines(want.out, true), b = Lines(got.out, true);
+  EXPECT_GT(b.size(), 30000u);
+  EXPECT_TRUE(a == b);
+  EXPECT_NE(got.out.find("vm fixture, trigger panic"), std::string::npos);
+  // Without --formats and without a key in the manifest: a clear error.
+  CmdRun no_formats = RunCommand("{ '" + Hvtrace() + "' show '" + entry->dir.string() + "' 2>&1; }");
+  EXPECT_EQ(no_formats.status, 1);
+  EXPECT_NE(no_formats.out.find("--formats"), std::string::npos) << no_formats.out;
+}
+
 TEST_F(CapturePipelineTest, KexecRegionGivesTwoBootsBothKept) {
   const std::string dir = kDir + "kexec/";
   std::vector<std::byte> range = Unzstd(dir + "region.bin.zst");

@@ -345,6 +345,7 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     spec.booted_by_daemon = true;
     spec.kernel_path = std::filesystem::absolute(boot.kernel).string();
     spec.kernel_key = kernel_key;
+    if (!boot.initrd.empty()) spec.initrd_path = std::filesystem::absolute(boot.initrd).string();
     json reply = {{"name", name}, {"pid", vm->pid()}, {"kvm", vm->kvm()}, {"argv", vm->plan().argv}};
     // Why auto chose what it chose (kvm_probe.h), so a TCG guest on a KVM
     // host is never a mystery.

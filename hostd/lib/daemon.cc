@@ -83,7 +83,12 @@ json ConfigJson(const Config& c) {
           {"worker_threads", c.worker_threads},
           {"max_connections", c.max_connections},
           {"max_requests_per_connection", c.max_requests_per_connection},
-          {"libvirt_uri", c.libvirt_uri}};
+          {"libvirt_uri", c.libvirt_uri},
+          {"cache_dir", c.cache_dir.string()},
+          {"formats_cache", [&] {
+             auto root = ResolveCacheRoot(CacheRootSourcesFromEnvironment("", c.cache_dir.string()));
+             return root.ok() ? root->string() : std::string();
+           }()}};
 }
 
 constexpr const char* kCommandNames =
@@ -100,7 +105,13 @@ Daemon::Daemon(Config config)
       signals_(io_),
       stop_timer_(io_),
       state_(config_.state_dir),
-      started_(HostTime::Now()) {}
+      started_(HostTime::Now()) {
+  // The same cache the CLI harvests into (formats_cache.h ResolveCacheRoot).
+  auto root = ResolveCacheRoot(CacheRootSourcesFromEnvironment("", config_.cache_dir.string()));
+  if (!root.ok()) Log("warning: " + root.error().message + "; captures keep region.bin only");
+  formats_ = std::make_shared<FormatsService>(root.ok() ? *root : std::filesystem::path(),
+                                              pool_.get_executor(), Log);
+}
 
 Daemon::~Daemon() {
   // The server's handlers belong to io_, which no longer runs here.
@@ -172,12 +183,14 @@ Status Daemon::Start() {
     if (!ec) DoShutdown(std::string("signal ") + ::strsignal(signo));
   });
   Log("listening on " + socket_path.string() + ", state in " + config_.state_dir.string() + ", " +
-      std::to_string(names->size()) + " known VM(s)");
+      "formats cache " + (formats_->root().empty() ? std::string("(none)") : formats_->root().string()) +
+      ", " + std::to_string(names->size()) + " known VM(s)");
   return {};
 }
 
 Status Daemon::AddVm(const std::string& name, std::unique_ptr<VmBackend> backend) {
   if (Status s = ValidateVmName(name); !s.ok()) return s;
+  backend->UseFormats(formats_);
   auto supervisor = std::make_shared<VmSupervisor>(
       name, std::move(backend), pool_.get_executor(), CaptureStore(state_.CapturesDir(name)),
       supervisor_options());

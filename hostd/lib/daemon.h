@@ -31,6 +31,7 @@
 #include "capture_store.h"
 #include "config.h"
 #include "control_server.h"
+#include "formats_service.h"
 #include "hvtrace/result.h"
 #include "qmp_vm.h"
 #include "state_dir.h"
@@ -102,6 +103,7 @@ class Daemon {
   boost::asio::signal_set signals_;
   boost::asio::steady_timer stop_timer_;
   StateDir state_;
+  std::shared_ptr<FormatsService> formats_;  // The formats cache every VM decodes with.
   SupervisorRegistry registry_;
   std::unique_ptr<ControlServer> server_;
   int lock_fd_ = -1;

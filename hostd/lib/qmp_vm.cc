@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "capture_pipeline.h"
 #include "hvtrace/boot_map.h"
 #include "libvirt_backend.h"  // ParseKernelSize.
 #include "region_capture.h"
@@ -21,6 +22,24 @@ using nlohmann::json;
 
 constexpr auto kQmpConnectTimeout = std::chrono::seconds(10);
 constexpr auto kQmpCommandTimeout = std::chrono::seconds(5);
+
+double SinceTrigger(const CaptureManifest& manifest) {
+  return static_cast<double>(HostTime::Now().monotonic_ns - manifest.triggered.monotonic_ns) / 1e6;
+}
+
+// Per CPU, the pages a running guest could have been writing during the copy
+// (from the reader's validation report).
+json PagesInFlight(const json& validation) {
+  json pages = json::array();
+  if (!validation.is_object() || !validation.contains("per_cpu")) return pages;
+  for (const json& cpu : validation["per_cpu"]) {
+    if (!cpu.is_object()) continue;
+    pages.push_back({{"cpu", cpu.value("cpu", -1)},
+                     {"head_slot", cpu.value("head_slot", json())},
+                     {"commit_slot", cpu.value("commit_slot", json())}});
+  }
+  return pages;
+}
 
 VmEvent ToVmEvent(const QmpEvent& e) {
   json data = e.data.is_object() ? e.data : json::object();
@@ -40,7 +59,8 @@ json QmpVmSpec::ToJson() const {
           {"console_log", console_log},   {"booted_by_daemon", booted_by_daemon},
           {"kernel_path", kernel_path},   {"kernel_key", kernel_key},
           {"attach_region", attach_region}, {"attach_device", attach_device},
-          {"attach_memdev", attach_memdev}, {"attach_only", region_size == 0}};
+          {"attach_memdev", attach_memdev}, {"attach_only", region_size == 0},
+          {"initrd_path", initrd_path}};
 }
 
 Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
@@ -63,6 +83,7 @@ Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
     s.booted_by_daemon = j.value("booted_by_daemon", false);
     s.kernel_path = j.value("kernel_path", std::string());
     s.kernel_key = j.value("kernel_key", std::string());
+    s.initrd_path = j.value("initrd_path", std::string());
     s.attach_region = j.value("attach_region", std::string());
     s.attach_device = j.value("attach_device", std::string());
     s.attach_memdev = j.value("attach_memdev", std::string());
@@ -159,6 +180,9 @@ void QmpVmBackend::Start(VmEventSink& sink) {
       attach_info_ = {{"error", region.error().message}};
     }
   }
+  // Load (or harvest) the kernel's formats now, so a panic capture decodes
+  // without waiting for them.
+  if (formats_) formats_->Prepare(spec_.kernel_key, spec_.kernel_path, spec_.initrd_path);
   qmp_ = QmpClient::Create(io_);
   qmp_->SetEventHandler([this](const QmpEvent& e) {
     if (e.name == "DEVICE_DELETED" && e.data.is_object()) {
@@ -289,30 +313,24 @@ Status QmpVmBackend::Capture(PendingCapture& capture, CaptureManifest& manifest)
 }
 
 Status QmpVmBackend::CaptureBootRange(PendingCapture& capture, CaptureManifest& manifest) {
-  const auto copy_start = std::chrono::steady_clock::now();
   if (region_fd_ < 0) return Error{"region " + spec_.region_path.string() + " is not open"};
-  std::vector<std::byte> bytes(spec_.region_size);
-  uint64_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::pread(region_fd_, bytes.data() + done, bytes.size() - done,
-                        static_cast<off_t>(spec_.region_offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      return Error{"reading region " + spec_.region_path.string() + " at offset " +
-                   std::to_string(spec_.region_offset + done) + ": " + std::strerror(errno)};
-    }
-    if (n == 0) {
-      return Error{"region " + spec_.region_path.string() + " ends at offset " +
-                   std::to_string(spec_.region_offset + done) + ", before the configured size " +
-                   std::to_string(spec_.region_size)};
-    }
-    done += static_cast<uint64_t>(n);
-  }
-  const auto copied = std::chrono::steady_clock::now();
-  // The raw copy goes to disk (fsynced) first: everything else can be redone
-  // from it.
-  if (Status s = capture.WriteFile("region.bin", bytes); !s.ok()) return s;
-  const auto written = std::chrono::steady_clock::now();
+  // The raw copy goes to disk (durable) first: everything else can be redone
+  // from it, and it is what survives a failed decode. |copy| is the private
+  // copy the decode reads; the guest cannot change it.
+  std::vector<std::byte> copy;
+  Result<PendingCapture::RegionCopyStats> region = capture.CopyRegion(
+      "region.bin", region_fd_, spec_.region_path, spec_.region_offset, spec_.region_size, copy);
+  if (!region.ok()) return region.error();
+  const double region_durable_ms = SinceTrigger(manifest);
+
+  if (!spec_.kernel_path.empty()) manifest.kernel["path"] = spec_.kernel_path;
+  if (!spec_.kernel_key.empty()) manifest.kernel["formats_key"] = spec_.kernel_key;
+  manifest.region = {{"kind", "boot-range"},
+                     {"source", spec_.region_path.string()},
+                     {"offset", spec_.region_offset},
+                     {"size", spec_.region_size},
+                     {"gpa", spec_.region_gpa}};
+  const DecodeTimes decoded = DecodeCopy(copy, capture, manifest);
 
   const bool exact = manifest.trigger == "panic" || manifest.trigger == "qemu-gone" ||
                      manifest.trigger == "shutdown";
@@ -321,52 +339,84 @@ Status QmpVmBackend::CaptureBootRange(PendingCapture& capture, CaptureManifest& 
       {"note", exact ? "vCPUs were stopped (or QEMU gone) while copying: the copy is exact"
                      : "the guest kept running while copying: each page was copied once; the "
                        "head/commit pages listed per CPU may have been written during the copy"}};
-  BootMapOptions options;
-  options.layout = PageLayout::Default();
-  Result<BootMap> map = ReadBootMap(bytes, options);
-  json pages_in_flight = json::array();
-  if (map.ok()) {
-    json issues = json::array();
-    for (const BootMapIssue& issue : map->issues) {
-      if (issues.size() < 64) issues.push_back(issue.message);
-    }
-    manifest.validation = {{"reader", "boot_map"},      {"layout", map->layout},
-                           {"cpus", map->cpus},          {"boots", map->boots},
-                           {"issues", map->issues.size()}, {"first_issues", issues}};
-    for (const BootMapCpu& cpu : map->cpu) {
-      CpuCaptureCounts counts;
-      counts.cpu = cpu.cpu;
-      counts.events = cpu.records.size();
-      counts.pages = cpu.pages.size();
-      for (const BootMapPage& page : cpu.pages) {
-        if (page.error != PageError::kOk) ++counts.bad_pages["page-error"];
-        if (page.skipped) ++counts.bad_pages["skipped"];
-      }
-      manifest.cpus.push_back(std::move(counts));
-      pages_in_flight.push_back(
-          {{"cpu", cpu.cpu}, {"head_slot", cpu.head_slot}, {"commit_slot", cpu.commit_slot}});
-    }
-  } else {
-    manifest.validation = {{"reader", "boot_map"}, {"error", map.error().message}};
-  }
-  if (!exact) consistency["pages_being_written"] = pages_in_flight;
-  if (!spec_.kernel_path.empty()) manifest.kernel["path"] = spec_.kernel_path;
-  if (!spec_.kernel_key.empty()) manifest.kernel["formats_key"] = spec_.kernel_key;
-  manifest.region = {{"kind", "boot-range"},
-                     {"source", spec_.region_path.string()},
-                     {"offset", spec_.region_offset},
-                     {"size", spec_.region_size},
-                     {"gpa", spec_.region_gpa}};
-  auto ms = [](auto a, auto b) { return std::chrono::duration<double, std::milli>(b - a).count(); };
+  if (!exact) consistency["pages_being_written"] = PagesInFlight(manifest.validation);
+  const double write_fsync_ms = region->write_ms + region->sync_ms;
+  manifest.extra["timing_ms"] = {{"copy", region->copy_ms},
+                                 {"region_write", region->write_ms},
+                                 {"region_fsync", region->sync_ms},
+                                 {"region_write_fsync", write_fsync_ms},
+                                 {"trigger_to_region_durable", region_durable_ms},
+                                 {"formats_load", decoded.formats_ms},
+                                 {"decode", decoded.decode_ms},
+                                 {"trace_dat_write", decoded.write_ms},
+                                 {"trigger_to_decoded", SinceTrigger(manifest)}};
   std::lock_guard lock(mu_);
   manifest.extra["qmp"] = {{"socket", spec_.qmp_socket},
                            {"pid", vm_ ? vm_->pid() : spec_.pid},
                            {"booted_by_daemon", spec_.booted_by_daemon},
                            {"connected_at_capture", connected_},
                            {"consistency", consistency},
-                           {"copy_ms", ms(copy_start, copied)},
-                           {"write_fsync_ms", ms(copied, written)}};
+                           {"copy_ms", region->copy_ms},
+                           {"write_fsync_ms", write_fsync_ms},
+                           {"region_bytes_written", region->bytes_written}};
   return {};
+}
+
+QmpVmBackend::DecodeTimes QmpVmBackend::DecodeCopy(std::span<const std::byte> copy,
+                                                   PendingCapture& capture,
+                                                   CaptureManifest& manifest) {
+  DecodeTimes times;
+  const auto start = std::chrono::steady_clock::now();
+  std::shared_ptr<const KernelFormats> formats;
+  std::string state = "missing";
+  if (spec_.kernel_key.empty()) {
+    state = "unknown kernel (adopted VM)";
+  } else if (formats_) {
+    Result<std::shared_ptr<const KernelFormats>> got = formats_->Get(spec_.kernel_key);
+    if (!got.ok()) {
+      state = "unreadable: " + got.error().message;
+    } else if (*got) {
+      formats = *got;
+      state = "cached";
+    } else {
+      state = formats_->StateOf(spec_.kernel_key);
+    }
+  }
+  times.formats_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  json info = {{"key", spec_.kernel_key},
+               {"cache", formats_ ? formats_->root().string() : std::string()},
+               {"state", state}};
+  BootMapCaptureOptions options;
+  options.write_region = false;  // Written (and fsynced) by Capture already.
+  std::string decode_error;
+  if (formats) {
+    Result<CaptureResult> built = BuildBootMapCapture(copy, *formats, options, capture, manifest);
+    if (built.ok()) {
+      info["decoded"] = true;
+      info["unknown_id_events"] = built->unknown_id;
+      times.decode_ms = built->decode_ms;
+      times.write_ms = built->write_ms;
+      manifest.extra["formats"] = std::move(info);
+      return times;
+    }
+    decode_error = built.error().message;
+  }
+  // No formats (or the decode failed): count what the region holds so the
+  // manifest still says it; `hvtrace show` decodes region.bin later.
+  info["decoded"] = false;
+  if (!decode_error.empty()) info["decode_error"] = decode_error;
+  const std::string kernel = spec_.kernel_path.empty() ? "K" : spec_.kernel_path;
+  info["note"] = "formats: " + state + ", run hvtrace formats harvest --kernel " + kernel +
+                 " --initrd I; `hvtrace show CAPTURE` then decodes region.bin";
+  Result<CaptureResult> counted = CountBootMapCapture(copy, options, manifest);
+  if (counted.ok()) {
+    times.decode_ms = counted->decode_ms;
+  } else {
+    manifest.validation = {{"reader", "boot_map"}, {"error", counted.error().message}};
+  }
+  manifest.extra["formats"] = std::move(info);
+  return times;
 }
 
 void QmpVmBackend::ApplyPanicPolicy(PanicPolicy policy) {

@@ -10,6 +10,12 @@
 // supervisor. The region file is opened when the backend starts and kept
 // open, so a capture still reads it after QEMU is gone and the file unlinked.
 //
+// A capture: the region is copied into private memory and written to
+// region.bin (fsynced: the capture on disk), then decoded with the kernel's
+// cached formats into boot-<n>.trace.dat files (capture_pipeline.h). Without
+// cached formats the capture commits with region.bin and the manifest says
+// how to get them; `hvtrace show` decodes region.bin later.
+//
 // Consistency of a copy: after GUEST_PANICKED with -action panic=pause the
 // vCPUs are stopped, so the copy is exact. For every other trigger the guest
 // may still be writing (crashloaded: the kdump kernel runs; manual: a live
@@ -25,6 +31,7 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +42,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <nlohmann/json.hpp>
 
+#include "formats_service.h"
 #include "hvtrace/result.h"
 #include "qmp_client.h"
 #include "supervisor.h"
@@ -62,6 +70,7 @@ struct QmpVmSpec {
   std::string attach_region;
   std::string attach_device;  // ivshmem-plain id.
   std::string attach_memdev;  // memory-backend-file id.
+  std::string initrd_path;            // When known: lets the daemon harvest the formats.
 
   nlohmann::json ToJson() const;
   static Result<QmpVmSpec> FromJson(const nlohmann::json& j);
@@ -100,6 +109,7 @@ class QmpVmBackend : public VmBackend {
   Status Capture(PendingCapture& capture, CaptureManifest& manifest) override;
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
+  void UseFormats(std::shared_ptr<FormatsService> formats) override { formats_ = std::move(formats); }
 
   const QmpVmSpec& spec() const { return spec_; }
   // Kills an owned QEMU (for `hvtrace stop --kill`); asks QMP quit otherwise.
@@ -116,6 +126,14 @@ class QmpVmBackend : public VmBackend {
 
  private:
   void CheckStatusAtConnect(const HostTime& watch_began);
+  struct DecodeTimes {
+    double formats_ms = 0, decode_ms = 0, write_ms = 0;
+  };
+  // Decodes the private |copy| into |capture| (boot-<n>.trace.dat) with the
+  // kernel's formats, or only counts it when they are missing; records which
+  // in manifest.extra.formats.
+  DecodeTimes DecodeCopy(std::span<const std::byte> copy, PendingCapture& capture,
+                         CaptureManifest& manifest);
 
   // The boot-range copy and its manifest (only when spec_.region_size > 0).
   Status CaptureBootRange(PendingCapture& capture, CaptureManifest& manifest);
@@ -133,6 +151,7 @@ class QmpVmBackend : public VmBackend {
   std::unique_ptr<Vm> vm_;
   int region_fd_ = -1;
   std::shared_ptr<QmpClient> qmp_;
+  std::shared_ptr<FormatsService> formats_;  // Null: captures keep region.bin only.
 
   mutable std::mutex mu_;  // Guards the fields below.
   VmEventSink* sink_ = nullptr;

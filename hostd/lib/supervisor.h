@@ -44,6 +44,8 @@
 
 namespace hvtrace::hostd {
 
+class FormatsService;
+
 enum class VmState {
   kOffline,    // Known from the state dir only (no backend): captures are listable.
   kStarting,
@@ -117,6 +119,9 @@ class VmBackend {
   virtual std::shared_ptr<LiveRegion> live_region() const { return nullptr; }
   // Attach state for `status` (null: never attached). Any thread, cheap.
   virtual nlohmann::json AttachStatus() const { return nullptr; }
+  // The daemon's kernel formats, for backends whose captures decode; called
+  // before Start.
+  virtual void UseFormats(std::shared_ptr<FormatsService> /*formats*/) {}
 };
 
 struct SupervisorOptions {

@@ -1,0 +1,75 @@
+// FormatsService: hvtraced's access to the kernel formats cache
+// (formats_cache.h), shared by every VM.
+//
+// A capture decodes with formats loaded once per kernel and kept in memory:
+// a distribution kernel's ~1500 formats and its kallsyms are ~20 MB and take
+// a few hundred milliseconds to load and parse, which a panic capture must
+// not wait for. Backends warm the entry up when they start (Prepare).
+//
+// When a VM boots with a kernel the cache lacks, Prepare harvests its formats
+// in the background (formats_harvest.h: a throwaway TCG guest, 10-60 s) so the
+// first panic already decodes. Harvests run on the worker pool one at a time
+// (a queue), so with two or more worker threads one thread is always free for
+// captures; a kernel is harvested at most once per daemon run, and a failed
+// harvest is reported (StateOf, the capture manifest) and not retried.
+#ifndef HVTRACE_HOSTD_FORMATS_SERVICE_H_
+#define HVTRACE_HOSTD_FORMATS_SERVICE_H_
+
+#include <deque>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include "formats_cache.h"
+#include "hvtrace/result.h"
+
+namespace hvtrace::hostd {
+
+class FormatsService : public std::enable_shared_from_this<FormatsService> {
+ public:
+  using LogFn = std::function<void(const std::string&)>;
+
+  // |root| is the cache root (ResolveCacheRoot); empty when none could be
+  // resolved, then every kernel is "missing" and nothing is harvested.
+  FormatsService(std::filesystem::path root, boost::asio::any_io_executor pool, LogFn log);
+
+  const std::filesystem::path& root() const { return root_; }
+
+  // |key|'s formats, from memory or loaded from the cache. Null when the
+  // cache has no entry; an error when the entry is unreadable. Thread-safe.
+  Result<std::shared_ptr<const KernelFormats>> Get(const std::string& key);
+
+  // Loads |key| in the background; when it is not cached and both |kernel|
+  // and |initrd| are known, harvests it (queued, one at a time).
+  void Prepare(const std::string& key, const std::string& kernel, const std::string& initrd);
+
+  // For manifests: "loaded", "cached", "harvesting", "queued", "missing" or
+  // "harvest failed: <why>".
+  std::string StateOf(const std::string& key);
+
+ private:
+  struct HarvestJob {
+    std::string key, kernel, initrd;
+  };
+  void RunNextHarvest();
+
+  const std::filesystem::path root_;
+  boost::asio::any_io_executor pool_;
+  LogFn log_;
+
+  std::mutex load_mu_;  // Serializes loads from disk (one copy per kernel).
+  std::mutex mu_;       // Guards the fields below.
+  std::map<std::string, std::shared_ptr<const KernelFormats>> loaded_;
+  std::map<std::string, std::string> harvest_state_;  // key → queued/harvesting/failed: …
+  std::deque<HarvestJob> harvest_queue_;
+  bool harvest_running_ = false;
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_FORMATS_SERVICE_H_

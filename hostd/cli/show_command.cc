@@ -5,7 +5,8 @@
 // `trace-cmd report` on the capture's trace.dat files), one boot after the
 // other, oldest first, each under a header naming VM, trigger and boot.
 // --region decodes a raw boot-range file directly through the capture
-// pipeline (temporary trace.dat files, removed afterwards).
+// pipeline (temporary trace.dat files, removed afterwards); so does a capture
+// that holds only region.bin (its kernel's formats were not cached yet).
 //
 // Exit status as `hvtrace report`: 0 read (problems go to stderr), 1 nothing
 // could be read or the output failed, 2 usage.
@@ -45,6 +46,7 @@ constexpr uint64_t kMaxRegionBytes = 4ull << 30;
 void ShowUsage(FILE* out) {
   std::fprintf(out,
                "usage: hvtrace show CAPTURE_DIR [--boot N] [--format text|json] [-o OUT]\n"
+               "                    [--formats KEY_OR_DIR]\n"
                "       hvtrace show --region FILE --formats KEY_OR_DIR [--cpus N] [--boot N]\n"
                "                    [--format text|json] [-o OUT]\n"
                "\n"
@@ -57,6 +59,9 @@ void ShowUsage(FILE* out) {
                "buffer, Linux 6.12 layout) directly; --formats names the guest kernel's\n"
                "formats: a cache key (`hvtrace formats list`), a cache entry directory, or\n"
                "a directory with header_page, header_event and events/ (or formats/).\n"
+               "A capture taken before its kernel's formats were cached holds only\n"
+               "region.bin: show decodes it with the formats its manifest names (from the\n"
+               "cache, see `hvtrace formats`) or with --formats.\n"
                "The boot buffer keeps no task names: trace-cmd's text shows <...>.\n"
                "\n"
                "  --boot N             only boot N (0 = oldest)\n"
@@ -270,25 +275,24 @@ Result<hostd::KernelFormats> LoadFormats(const std::string& key_or_dir) {
   return cache.Load(key_or_dir);
 }
 
-int ShowRegion(const ShowArgs& args, int fd) {
-  Result<hostd::KernelFormats> formats = LoadFormats(args.formats);
-  if (!formats.ok()) {
-    std::fprintf(stderr, "hvtrace show: %s\n", formats.error().message.c_str());
-    return 1;
-  }
+// Decodes the raw region file |region| with |formats| into temporary
+// trace.dat files (removed afterwards) and shows them under |manifest|'s
+// names; |manifest|'s own boot list is replaced by the decode's.
+int DecodeRegionAndShow(const ShowArgs& args, const fs::path& region,
+                        const hostd::KernelFormats& formats, json manifest, int fd) {
   struct stat st;
-  if (::stat(args.region.c_str(), &st) != 0) {
-    std::fprintf(stderr, "hvtrace show: cannot stat region %s: %s\n", args.region.c_str(),
+  if (::stat(region.c_str(), &st) != 0) {
+    std::fprintf(stderr, "hvtrace show: cannot stat region %s: %s\n", region.c_str(),
                  std::strerror(errno));
     return 1;
   }
   if (static_cast<uint64_t>(st.st_size) > kMaxRegionBytes) {
-    std::fprintf(stderr, "hvtrace show: region %s is larger than %llu bytes\n", args.region.c_str(),
+    std::fprintf(stderr, "hvtrace show: region %s is larger than %llu bytes\n", region.c_str(),
                  static_cast<unsigned long long>(kMaxRegionBytes));
     return 1;
   }
   Result<std::vector<std::byte>> copy =
-      hostd::CopyRegionFile(args.region, 0, static_cast<uint64_t>(st.st_size));
+      hostd::CopyRegionFile(region, 0, static_cast<uint64_t>(st.st_size));
   if (!copy.ok()) {
     std::fprintf(stderr, "hvtrace show: %s\n", copy.error().message.c_str());
     return 1;
@@ -310,30 +314,71 @@ int ShowRegion(const ShowArgs& args, int fd) {
       std::fflush(stderr);
     };
   }
-  Result<hostd::CaptureResult> result = hostd::WriteBootMapTraceDats(*copy, *formats, opts, tmp);
+  Result<hostd::CaptureResult> result = hostd::WriteBootMapTraceDats(*copy, formats, opts, tmp);
   ClearProgress();
   int rc = 1;
   if (!result.ok()) {
-    std::fprintf(stderr, "hvtrace show: %s: %s\n", args.region.c_str(), result.error().message.c_str());
+    std::fprintf(stderr, "hvtrace show: %s: %s\n", region.c_str(), result.error().message.c_str());
   } else {
     const json& issues = result->validation["issues"];
     for (const json& i : issues) {
-      std::fprintf(stderr, "hvtrace show: %s: cpu %d %s: %s\n", args.region.c_str(), i["cpu"].get<int>(),
+      std::fprintf(stderr, "hvtrace show: %s: cpu %d %s: %s\n", region.c_str(), i["cpu"].get<int>(),
                    i["check"].get<std::string>().c_str(), i["message"].get<std::string>().c_str());
     }
     if (result->unknown_id != 0) {
       std::fprintf(stderr, "hvtrace show: %llu events have ids without a format (kept in the region)\n",
                    static_cast<unsigned long long>(result->unknown_id));
     }
-    json manifest = {{"id", fs::path(args.region).filename().string()},
-                     {"vm", "-"},
-                     {"trigger", "region-file"},
-                     {"extra", {{"boots", hostd::BootsToJson(*result)}}}};
+    if (!manifest.is_object()) manifest = json::object();
+    if (!manifest.contains("extra") || !manifest["extra"].is_object()) manifest["extra"] = json::object();
+    manifest["extra"]["boots"] = hostd::BootsToJson(*result);
     rc = ShowBoots(args, tmp, manifest, fd);
   }
   std::error_code ec;
   fs::remove_all(tmp, ec);
   return rc;
+}
+
+int ShowRegion(const ShowArgs& args, int fd) {
+  Result<hostd::KernelFormats> formats = LoadFormats(args.formats);
+  if (!formats.ok()) {
+    std::fprintf(stderr, "hvtrace show: %s\n", formats.error().message.c_str());
+    return 1;
+  }
+  json manifest = {{"id", fs::path(args.region).filename().string()},
+                   {"vm", "-"},
+                   {"trigger", "region-file"}};
+  return DecodeRegionAndShow(args, args.region, *formats, std::move(manifest), fd);
+}
+
+// A capture without trace.dat files (its kernel's formats were not cached
+// when it was taken): decodes its region.bin with --formats or the formats
+// key its manifest names, from the cache.
+int ShowUndecodedCapture(const ShowArgs& args, const fs::path& dir, const json& manifest, int fd) {
+  std::string formats_arg = args.formats;
+  if (formats_arg.empty()) {
+    if (manifest.contains("kernel") && manifest["kernel"].is_object()) {
+      formats_arg = JsonString(manifest["kernel"], "formats_key");
+    }
+    if (formats_arg.empty() || formats_arg == "?") {
+      std::fprintf(stderr,
+                   "hvtrace show: %s has no trace.dat and its manifest names no kernel; pass "
+                   "--formats KEY_OR_DIR\n",
+                   dir.c_str());
+      return 1;
+    }
+  }
+  Result<hostd::KernelFormats> formats = LoadFormats(formats_arg);
+  if (!formats.ok()) {
+    std::fprintf(stderr,
+                 "hvtrace show: %s holds only region.bin and its kernel's formats are not "
+                 "available: %s\n  (run `hvtrace formats harvest --kernel K --initrd I` for "
+                 "the kernel in %s/manifest.json, or pass --formats)\n",
+                 dir.c_str(), formats.error().message.c_str(), dir.c_str());
+    return 1;
+  }
+  if (Tty()) std::fprintf(stderr, "hvtrace show: decoding %s/region.bin\n", dir.c_str());
+  return DecodeRegionAndShow(args, dir / "region.bin", *formats, manifest, fd);
 }
 
 }  // namespace
@@ -436,7 +481,12 @@ int RunShow(int argc, char** argv) {
         manifest = json::object();
       }
     }
-    rc = ShowBoots(args, dir, manifest, fd);
+    std::error_code ec;
+    if (BootFiles(dir).empty() && fs::exists(dir / "region.bin", ec)) {
+      rc = ShowUndecodedCapture(args, dir, manifest, fd);
+    } else {
+      rc = ShowBoots(args, dir, manifest, fd);
+    }
     if (manifest.contains("validation") && manifest["validation"].is_object() &&
         manifest["validation"].contains("issues_total") &&
         manifest["validation"]["issues_total"].is_number_unsigned() &&

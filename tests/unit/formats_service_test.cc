@@ -1,0 +1,148 @@
+// FormatsService: the daemon loads a kernel's cached formats once and shares
+// them; a kernel that is not cached is reported, not harvested without an
+// initrd; a cache entry edited into garbage is an error naming it.
+#include "formats_service.h"
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include <boost/asio/thread_pool.hpp>
+#include <gtest/gtest.h>
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "hvtrace-fservice-test-XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+std::string ReadText(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+const fs::path kFixtures = fs::path(HVTRACE_FIXTURES_DIR) / "boot_map";
+const std::string kKey(64, 'b');
+
+HarvestBundle FixtureBundle() {
+  HarvestBundle b;
+  b.release = "6.12.95+deb12-amd64";
+  b.header_page = ReadText(kFixtures / "header_page");
+  b.header_event = ReadText(kFixtures / "header_event");
+  b.kallsyms = ReadText(kFixtures / "kallsyms");
+  for (const auto& e : fs::recursive_directory_iterator(kFixtures / "formats")) {
+    if (e.path().filename() != "format") continue;
+    HarvestedEvent ev;
+    ev.name = e.path().parent_path().filename().string();
+    ev.system = e.path().parent_path().parent_path().filename().string();
+    ev.text = ReadText(e.path());
+    b.events.push_back(ev);
+  }
+  std::sort(b.events.begin(), b.events.end(), [](const auto& x, const auto& y) {
+    return std::tie(x.system, x.name) < std::tie(y.system, y.name);
+  });
+  return b;
+}
+
+struct Service {
+  explicit Service(fs::path root)
+      : pool(1),
+        formats(std::make_shared<FormatsService>(std::move(root), pool.get_executor(),
+                                                 [this](const std::string& m) {
+                                                   std::lock_guard lock(mu);
+                                                   log.push_back(m);
+                                                 })) {}
+  ~Service() { pool.join(); }
+  std::string Log() {
+    std::lock_guard lock(mu);
+    std::string all;
+    for (const auto& l : log) all += l + "\n";
+    return all;
+  }
+  boost::asio::thread_pool pool;
+  std::mutex mu;
+  std::vector<std::string> log;
+  std::shared_ptr<FormatsService> formats;
+};
+
+TEST(FormatsServiceTest, LoadsACachedKernelOnceAndSharesIt) {
+  TempDir dir;
+  ASSERT_TRUE(FormatCache(dir.path()).Store(kKey, FixtureBundle(), {}).ok());
+  Service s(dir.path());
+  EXPECT_EQ(s.formats->StateOf(kKey), "cached");
+  auto a = s.formats->Get(kKey);
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  ASSERT_NE(*a, nullptr);
+  EXPECT_EQ((*a)->key, kKey);
+  EXPECT_EQ((*a)->events.size(), 9u);
+  EXPECT_EQ(s.formats->StateOf(kKey), "loaded");
+  // Concurrent captures share one copy.
+  std::shared_ptr<const KernelFormats> b, c;
+  std::thread t1([&] { b = s.formats->Get(kKey).value(); });
+  std::thread t2([&] { c = s.formats->Get(kKey).value(); });
+  t1.join();
+  t2.join();
+  EXPECT_EQ(b.get(), a->get());
+  EXPECT_EQ(c.get(), a->get());
+}
+
+TEST(FormatsServiceTest, MissingKernelIsReportedAndNotHarvestedWithoutInitrd) {
+  TempDir dir;
+  Service s(dir.path());
+  auto got = s.formats->Get(kKey);
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  EXPECT_EQ(*got, nullptr);
+  EXPECT_EQ(s.formats->StateOf(kKey), "missing");
+  s.formats->Prepare(kKey, "/boot/vmlinuz-x", "");
+  s.pool.join();
+  EXPECT_NE(s.Log().find("hvtrace formats harvest --kernel /boot/vmlinuz-x"), std::string::npos) << s.Log();
+  EXPECT_EQ(s.formats->StateOf(kKey), "missing");
+  EXPECT_FALSE(fs::exists(dir.path() / "formats" / kKey));
+}
+
+TEST(FormatsServiceTest, NoCacheRootMeansEveryKernelIsMissing) {
+  Service s{fs::path()};
+  auto got = s.formats->Get(kKey);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(*got, nullptr);
+  EXPECT_EQ(s.formats->StateOf(kKey), "missing");
+}
+
+TEST(FormatsServiceTest, Malicious_BadKeysAndEditedEntriesAreErrors) {
+  TempDir dir;
+  Service s(dir.path());
+  auto bad = s.formats->Get("../../etc");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("64 lowercase hex"), std::string::npos);
+  ASSERT_TRUE(FormatCache(dir.path()).Store(kKey, FixtureBundle(), {}).ok());
+  std::ofstream(dir.path() / "formats" / kKey / "events.json", std::ios::trunc) << "{not json";
+  auto edited = s.formats->Get(kKey);
+  ASSERT_FALSE(edited.ok());
+  EXPECT_NE(edited.error().message.find(kKey), std::string::npos) << edited.error().message;
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

@@ -332,10 +332,12 @@ Status QmpVmBackend::CaptureBootRange(PendingCapture& capture, CaptureManifest& 
                      {"gpa", spec_.region_gpa}};
   const DecodeTimes decoded = DecodeCopy(copy, capture, manifest);
 
-  const bool exact = manifest.trigger == "panic" || manifest.trigger == "qemu-gone" ||
-                     manifest.trigger == "shutdown";
+  // Found paused or panicked by a restarted daemon: the vCPUs are stopped too.
+  const bool paused = manifest.trigger == "panic" || manifest.trigger == "panic-while-away" ||
+                      manifest.trigger == "paused-while-away";
+  const bool exact = paused || manifest.trigger == "qemu-gone" || manifest.trigger == "shutdown";
   json consistency = {
-      {"vm_paused", manifest.trigger == "panic"},
+      {"vm_paused", paused},
       {"note", exact ? "vCPUs were stopped (or QEMU gone) while copying: the copy is exact"
                      : "the guest kept running while copying: each page was copied once; the "
                        "head/commit pages listed per CPU may have been written during the copy"}};

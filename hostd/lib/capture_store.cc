@@ -300,7 +300,8 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   }
   RegionCopyStats stats;
   const auto alloc = std::chrono::steady_clock::now();
-  copy.assign(size, std::byte{0});
+  // A buffer of the right size is reused as is: every byte is overwritten.
+  if (copy.size() != size) copy.assign(size, std::byte{0});
   stats.copy_ms = MsBetween(alloc, std::chrono::steady_clock::now());
   for (uint64_t at = 0; at < size; at += kChunk) {
     const uint64_t len = std::min(kChunk, size - at);

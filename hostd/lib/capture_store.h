@@ -115,7 +115,8 @@ class PendingCapture {
   // chunk is read once, its non-zero pages are written (zero pages stay
   // holes: a ring buffer that is not full is mostly zeros) and their
   // writeback started (sync_file_range) before the next chunk is read; one
-  // fdatasync at the end.
+  // fdatasync at the end. A |copy| that already holds |size| bytes is reused
+  // (no allocation, no page faults at panic time).
   Result<RegionCopyStats> CopyRegion(std::string_view name, int region_fd,
                                      const std::filesystem::path& source, uint64_t offset,
                                      uint64_t size, std::vector<std::byte>& copy);

@@ -180,6 +180,7 @@ void QmpVmBackend::Start(VmEventSink& sink) {
       attach_info_ = {{"error", region.error().message}};
     }
   }
+  copy_buffer_.assign(spec_.region_size, std::byte{0});
   // Load (or harvest) the kernel's formats now, so a panic capture decodes
   // without waiting for them.
   if (formats_) formats_->Prepare(spec_.kernel_key, spec_.kernel_path, spec_.initrd_path);
@@ -317,7 +318,7 @@ Status QmpVmBackend::CaptureBootRange(PendingCapture& capture, CaptureManifest& 
   // The raw copy goes to disk (durable) first: everything else can be redone
   // from it, and it is what survives a failed decode. |copy| is the private
   // copy the decode reads; the guest cannot change it.
-  std::vector<std::byte> copy;
+  std::vector<std::byte>& copy = copy_buffer_;
   Result<PendingCapture::RegionCopyStats> region = capture.CopyRegion(
       "region.bin", region_fd_, spec_.region_path, spec_.region_offset, spec_.region_size, copy);
   if (!region.ok()) return region.error();

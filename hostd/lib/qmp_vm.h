@@ -152,6 +152,9 @@ class QmpVmBackend : public VmBackend {
   int region_fd_ = -1;
   std::shared_ptr<QmpClient> qmp_;
   std::shared_ptr<FormatsService> formats_;  // Null: captures keep region.bin only.
+  // The private copy of the region, allocated and touched at Start so a panic
+  // capture only copies; captures of one VM never overlap (its strand).
+  std::vector<std::byte> copy_buffer_;
 
   mutable std::mutex mu_;  // Guards the fields below.
   VmEventSink* sink_ = nullptr;

@@ -195,6 +195,53 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
   auto alive = guest.Run("pidof hvtrace-agent");
   ASSERT_TRUE(alive.ok());
   EXPECT_EQ(alive->status, 0) << log();
+
+  // The pump's throughput and CPU cost inside this TCG guest (printed, not
+  // asserted): read() syscall tracepoints under a dd of single bytes.
+  (*b)->SetEvents("syscalls:sys_enter_read,syscalls:sys_exit_read");
+  const uint64_t wanted_seq =
+      reinterpret_cast<const region::HostRequests*>((*b)->live() + region::kHostRequestsOffset)->request_seq;
+  ASSERT_TRUE(WaitUntil([&] { return (*b)->Read().guest.status.request_ack == wanted_seq; }, std::chrono::seconds(20)))
+      << "the agent did not take the new event set\n" << log();
+  if ((*b)->Read().guest.status.events_enabled != 2) {
+    std::printf("pump in the TCG guest: not measured, the guest kernel has no read() syscall tracepoints\n");
+    (void)guest.Run("kill $(pidof hvtrace-agent)");
+    return;
+  }
+  auto agent_cpu_ticks = [&]() -> long {
+    auto r = guest.Run("cat /proc/$(pidof hvtrace-agent)/stat");
+    if (!r.ok()) return -1;
+    const size_t paren = r->output.rfind(')');
+    if (paren == std::string::npos) return -1;
+    unsigned long utime = 0, stime = 0;
+    // After "comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime.
+    if (std::sscanf(r->output.c_str() + paren + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime,
+                    &stime) != 2) {
+      return -1;
+    }
+    return static_cast<long>(utime + stime);
+  };
+  const long ticks0 = agent_cpu_ticks();
+  const uint64_t pages0 = (*b)->Read().guest.status.pages_pushed;
+  const auto load_start = SteadyClock::now();
+  ASSERT_EQ(guest.Run("dd if=/dev/zero of=/dev/null bs=1 count=100000 2>/dev/null")->status, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // The last push.
+  const double load_s = std::chrono::duration<double>(SteadyClock::now() - load_start).count();
+  const RegionSnapshot after = (*b)->Read();
+  const long ticks1 = agent_cpu_ticks();
+  const double pages = static_cast<double>(after.guest.status.pages_pushed - pages0);
+  uint64_t lost = 0, overrun = 0;
+  for (const RegionRing& ring : after.cpus) {
+    lost += ring.lost_events;
+    overrun += ring.overrun;
+  }
+  const double cpu_ms = (ticks0 >= 0 && ticks1 >= ticks0) ? static_cast<double>(ticks1 - ticks0) * 10.0 : -1;
+  std::printf("pump in the TCG guest: %.0f pages in %.2f s = %.0f pages/s; agent CPU %.0f ms (USER_HZ ticks) = "
+              "%.1f us/page; kernel lost %llu, overrun %llu; issues %llu\n",
+              pages, load_s, pages / load_s, cpu_ms, pages > 0 && cpu_ms >= 0 ? cpu_ms * 1000 / pages : -1.0,
+              static_cast<unsigned long long>(lost), static_cast<unsigned long long>(overrun),
+              static_cast<unsigned long long>(after.issue_total()));
+  EXPECT_GT(pages, 0) << "no pages pumped under a syscall load";
   std::printf("agent log:\n%s", log().c_str());
   printf("region B: %zu direct-write events (seq %u..%u), A had seq %u..%u; dropped while detached %llu\n",
          b_seqs.size(), b_seqs.front(), b_seqs.back(), a_seqs.front(), a_seqs.back(), dropped);

@@ -74,6 +74,15 @@ HostRegion::~HostRegion() {
   unlink(path_.c_str());
 }
 
+void HostRegion::SetEvents(const std::string& events) {
+  auto* req = reinterpret_cast<region::HostRequests*>(base_ + region::kHostRequestsOffset);
+  std::memset(req->events, 0, sizeof(req->events));
+  const size_t n = std::min(events.size(), sizeof(req->events));
+  std::memcpy(req->events, events.data(), n);
+  req->events_len = static_cast<uint32_t>(n);
+  __atomic_store_n(&req->request_seq, req->request_seq + 1, __ATOMIC_RELEASE);
+}
+
 RegionSnapshot HostRegion::Read() const {
   std::vector<std::byte> copy;
   CopyLiveRegion(base_, geometry_, &copy);

@@ -32,6 +32,8 @@ class HostRegion {
   const RegionGeometry& geometry() const { return geometry_; }
   const std::string& path() const { return path_; }
   std::byte* live() const { return base_; }
+  // Asks the agent for another event set (requests + request_seq bump).
+  void SetEvents(const std::string& events);
   // A validated snapshot (copy first, then parse the copy).
   RegionSnapshot Read() const;
   // The raw bytes as they are now.

@@ -10,6 +10,11 @@
 // reader reports each kind of damage by reason, never fails, keeps the good
 // pages (the guest's markers written after the scribbling are decoded), and
 // the other VM's region shows not a single issue the whole time.
+// ThroughOneHvtraced does the same with both VMs attached by one hvtraced
+// (`attach`, `stream`, `capture`): the daemon keeps running, its stream of
+// the other VM carries every one of that VM's markers and none of the
+// hostile one's, and the captures report the damage by reason in one VM's
+// manifest and none in the other's.
 #include <unistd.h>
 
 #include <array>
@@ -22,6 +27,13 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "attach_daemon_harness.h"
 #include "attach_region_host.h"
 
 namespace hvtrace::e2e {
@@ -239,6 +251,122 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
   EXPECT_EQ(sb.issue_total(), 0u);
   EXPECT_EQ(CountTag(AllRecords(sb), "HVT-VMA"), std::make_pair(0, 0));
   EXPECT_EQ(a_.guest->Run("pidof hvtrace-agent")->status, 0) << "the hostile guest's agent died\n" << a_.Log();
+}
+
+// Both guests attached by one hvtraced, over its own QMP monitor per guest.
+TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUntouched) {
+  using nlohmann::json;
+  namespace fs = std::filesystem;
+  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  if (access((std::string(HVTRACE_BIN_DIR) + "/hvtraced").c_str(), X_OK) != 0) GTEST_SKIP() << "no hvtraced";
+  auto image = ImageWithThisAgent();
+  ASSERT_TRUE(image.ok()) << image.error().message;
+
+  struct Vm {
+    std::unique_ptr<TestGuest> guest;
+    std::string name, qmp, tag;
+  };
+  Vm vms[2];
+  const char* tags[2] = {"VMA", "VMB"};
+  for (int i = 0; i < 2; ++i) {
+    Vm& v = vms[i];
+    v.tag = tags[i];
+    v.guest = std::make_unique<TestGuest>(std::string("hostile-d-") + tags[i]);
+    v.name = std::string("hostile-") + tags[i] + "-" + std::to_string(getpid());
+    v.qmp = "/tmp/hvt-" + v.name + ".qmp";
+    hostd::VmConfig config = v.guest->MakeConfig(*image);
+    config.extra_args.insert(config.extra_args.end(), {"-qmp", "unix:" + v.qmp + ",server=on,wait=off"});
+    ASSERT_TRUE(v.guest->Boot(config).ok()) << v.guest->Diagnostics();
+    ASSERT_EQ(v.guest->Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)")->status, 0);
+  }
+  struct Cleanup {
+    std::vector<std::string> paths;
+    ~Cleanup() {
+      for (const std::string& p : paths) std::filesystem::remove(p);
+    }
+  } cleanup{{vms[0].qmp, vms[1].qmp, "/dev/shm/hvtrace-" + vms[0].name + "-attach",
+             "/dev/shm/hvtrace-" + vms[1].name + "-attach"}};
+  AttachTestDaemon daemon("hostile");
+  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  for (Vm& v : vms) {
+    auto attached = daemon.Call("attach", {{"name", v.name},
+                                           {"qmp", v.qmp},
+                                           {"size_mib", 4},
+                                           {"pump_interval_ms", 50},
+                                           {"events", kEvents},
+                                           {"wait_ms", 60000}});
+    ASSERT_TRUE(attached.ok()) << attached.error().message << daemon.log();
+    ASSERT_FALSE((*attached)["guest"].is_null()) << attached->dump(2);
+  }
+  StreamCollector stream_a(daemon.socket(), {{"name", vms[0].name}, {"format", "text"}});
+  StreamCollector stream_b(daemon.socket(), {{"name", vms[1].name}, {"format", "text"}});
+  for (StreamCollector* s : {&stream_a, &stream_b}) {
+    ASSERT_TRUE(s->WaitFor([&](const std::string&) { return s->notes().find("streaming VM") != std::string::npos; },
+                           std::chrono::seconds(10)))
+        << s->end();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto mark = [&](Vm& v, const std::string& what, int count) {
+    return v.guest->Run("for i in $(seq " + std::to_string(count) + "); do echo HVT-" + v.tag + "-" + what +
+                        "-$i > /sys/kernel/tracing/trace_marker; done");
+  };
+  ASSERT_EQ(mark(vms[0], "before", 50)->status, 0);
+  ASSERT_EQ(mark(vms[1], "before", 20)->status, 0);
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // Pages pile up in A's rings for the scribbler.
+
+  ASSERT_EQ(vms[0].guest->Run("(hvtrace-agent scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")->status,
+            0);
+  ASSERT_EQ(mark(vms[1], "during", 20)->status, 0);
+  std::this_thread::sleep_for(std::chrono::seconds(5));  // Until the scribbler is done.
+  ASSERT_EQ(mark(vms[0], "after", 5)->status, 0);
+  ASSERT_EQ(mark(vms[1], "after", 5)->status, 0);
+
+  // The daemon lives and still streams both.
+  EXPECT_TRUE(stream_a.WaitFor([](const std::string& t) { return t.find("HVT-VMA-after-5") != std::string::npos; },
+                               std::chrono::seconds(30)))
+      << "the hostile VM's later events never came through\n" << stream_a.notes() << daemon.log();
+  EXPECT_TRUE(stream_b.WaitFor([](const std::string& t) { return t.find("HVT-VMB-after-5") != std::string::npos; },
+                               std::chrono::seconds(30)))
+      << stream_b.notes() << daemon.log();
+  ASSERT_TRUE(daemon.Call("status", {{"name", vms[1].name}}).ok()) << daemon.log();
+  const std::string text_b = stream_b.text();
+  for (const char* what : {"before", "during", "after"}) {
+    const int count = std::string(what) == "after" ? 5 : 20;
+    for (int i = 1; i <= count; ++i) {
+      const std::string m = std::string("HVT-VMB-") + what + "-" + std::to_string(i) + "\n";
+      EXPECT_NE(text_b.find(m), std::string::npos) << m << " missing from B's stream";
+    }
+  }
+  EXPECT_EQ(text_b.find("HVT-VMA"), std::string::npos) << "A's events in B's stream";
+  EXPECT_EQ(stream_a.text().find("HVT-VMB"), std::string::npos) << "B's events in A's stream";
+  std::printf("stream notes of the hostile VM:\n%s", stream_a.notes().c_str());
+  std::printf("stream notes of the other VM:\n%s", stream_b.notes().c_str());
+
+  // Captures: the damage by reason for A, nothing for B.
+  auto manifest_of = [&](const Vm& v) -> json {
+    auto c = daemon.Call("capture", {{"name", v.name}});
+    if (!c.ok()) return json{{"error", c.error().message}};
+    const fs::path dir = fs::path(daemon.state_dir()) / "vms" / v.name / "captures" / (*c)["capture"].get<std::string>();
+    std::ifstream in(dir / "manifest.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return json::parse(ss.str(), nullptr, false);
+  };
+  const json ma = manifest_of(vms[0]), mb = manifest_of(vms[1]);
+  ASSERT_TRUE(ma.contains("extra")) << ma.dump(2);
+  ASSERT_TRUE(mb.contains("extra")) << mb.dump(2);
+  const json& ia = ma["extra"]["attach"]["issues"];
+  const json& ib = mb["extra"]["attach"]["issues"];
+  std::printf("capture of the hostile VM: issues %s\n", ia["by_reason"].dump().c_str());
+  std::printf("capture of the other VM: issues %s\n", ib["by_reason"].dump().c_str());
+  EXPECT_GT(ia["total"].get<uint64_t>(), 0u);
+  for (const char* reason : {"header_mismatch", "format_id_mismatch", "format_fingerprint_mismatch", "format_bad_kind",
+                             "format_conflict", "format_out_of_range", "format_parse_error"}) {
+    EXPECT_TRUE(ia["by_reason"].contains(reason)) << reason << " not in " << ia.dump();
+  }
+  const uint64_t b_torn = ib["by_reason"].value("slot_torn", uint64_t{0});
+  EXPECT_EQ(ib["total"].get<uint64_t>() - b_torn, 0u) << ib.dump(2);
+  EXPECT_EQ(vms[0].guest->Run("pidof hvtrace-agent")->status, 0) << "the hostile guest's agent died";
 }
 
 }  // namespace

@@ -179,7 +179,9 @@ bool HasInvariantTsc() {
 }
 
 Tracer::Tracer(std::unique_ptr<Attachment> first, Clock clock)
-    : clock_(clock == Clock::kAuto ? (HasInvariantTsc() ? Clock::kTsc : Clock::kMonotonic) : clock) {
+    // kAuto stays on CLOCK_MONOTONIC until hvtraced's stream and capture
+    // convert TSC stamps (region_clock.h); TSC rings would sort wrongly there.
+    : clock_(clock == Clock::kAuto ? Clock::kMonotonic : clock) {
   current_.store(first.get());
   attachments_.push_back(std::move(first));
   std::lock_guard<std::mutex> lock(g_alive_mutex);

@@ -22,14 +22,13 @@
 // tracefs' events/*/format, goes into the region's format table with a
 // fingerprint (hvtrace/fingerprint.h), so the host decodes it by name.
 //
-// Time stamps: Clock::kAuto (the default) reads the TSC when the CPU says
-// it is invariant (constant_tsc and nonstop_tsc in /proc/cpuinfo), since
-// rdtsc costs a few ns where the vDSO's clock_gettime costs tens; the ring
-// says so (DwRingHeader::clock = kClockTsc) and the host converts the ticks
-// to the guest's CLOCK_MONOTONIC with the agent's clock-sync samples
-// (hvtrace/region_clock.h). Otherwise, or with Clock::kMonotonic, time
-// stamps are CLOCK_MONOTONIC nanoseconds, the clock hvtrace-agent sets for
-// kernel events ("mono").
+// Time stamps: Clock::kAuto (the default) and Clock::kMonotonic are
+// CLOCK_MONOTONIC nanoseconds, the clock hvtrace-agent sets for kernel events
+// ("mono"). Clock::kTsc reads the TSC (a few ns where the vDSO's
+// clock_gettime costs tens) and says so in the ring (DwRingHeader::clock =
+// kClockTsc); region_clock.h converts such ticks with the agent's clock-sync
+// samples, but hvtraced's stream and captures do not apply it yet, so kAuto
+// does not choose the TSC even on CPUs with an invariant TSC.
 //
 // Finding the region: Open("") uses $HVTRACE_REGION, else the path in
 // /run/hvtrace/region that hvtrace-agent writes when it attaches, else the

@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "attach_region_host.h"
 #include "guest_harness.h"
 #include "attach_daemon_harness.h"
 
@@ -32,26 +33,6 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-
-// The guest image with this build's agent (build-guest.sh is cached).
-Result<GuestImage> ImageWithThisAgent(const std::string& version) {
-  const std::string out = std::string(HVTRACE_BIN_DIR) + "/../guest-attach";
-  const std::string cmd = std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh --kernel " + version +
-                          " --out " + out + " --agent " + HVTRACE_BIN_DIR + "/hvtrace-agent 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return Error{"cannot run build-guest.sh"};
-  std::string all;
-  char line[4096];
-  GuestImage image;
-  const std::string want = "GUEST " + version + " KERNEL=%1023s INITRD=%1023s RELEASE=%255s";
-  while (std::fgets(line, sizeof(line), p) != nullptr) {
-    all += line;
-    char kernel[1024], initrd[1024], release[256];
-    if (std::sscanf(line, want.c_str(), kernel, initrd, release) == 3) image = {kernel, initrd, release};
-  }
-  if (pclose(p) != 0 || image.kernel.empty()) return Error{"build-guest.sh failed:\n" + all};
-  return image;
-}
 
 std::string Sh(const std::string& cmd) {
   std::string out;

@@ -17,8 +17,9 @@
 
 namespace hvtrace::e2e {
 
-// The 6.12 image with this build's hvtrace-agent in its initramfs.
-Result<GuestImage> ImageWithThisAgent();
+// The guest image of kernel |version| ("6.12", "6.1") with this build's
+// hvtrace-agent in its initramfs (build-guest.sh is cached).
+Result<GuestImage> ImageWithThisAgent(const std::string& version = "6.12");
 
 class HostRegion {
  public:

@@ -19,28 +19,14 @@
 #include <gtest/gtest.h>
 
 #include "state_dir.h"
+#include "test_support.h"
 
 namespace hvtrace::hostd {
 namespace {
 
 namespace fs = std::filesystem;
+using test_support::TempDir;
 using nlohmann::json;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "hvtrace-capture-test-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 std::vector<std::byte> Bytes(size_t n, uint8_t seed) {
   std::vector<std::byte> v(n);

@@ -18,36 +18,16 @@
 
 #include "formats_sha256.h"
 #include "hvtrace/format.h"
+#include "test_support.h"
 
 namespace hvtrace::hostd {
 namespace {
 
 namespace fs = std::filesystem;
+using test_support::TempDir;
+using test_support::ReadText;
 using nlohmann::json;
 using ::testing::HasSubstr;
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (fs::temp_directory_path() / "hvtrace-formats-test-XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-std::string ReadText(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 const fs::path kFixtures = fs::path(HVTRACE_FIXTURES_DIR) / "boot_map";
 const std::string kKey(64, 'a');

@@ -252,7 +252,7 @@ int RunQemuArgs(int argc, char** argv) {
   config->console_log.clear();  // People running QEMU pick their own console.
   config->console_socket.clear();
   config->qemu_log.clear();
-  auto plan = hostd::BuildQemuPlan(*config, hostd::ResolveKvm(*accel));
+  auto plan = hostd::BuildQemuPlan(*config, hostd::ResolveKvm(*accel, config->kernel));
   if (!plan.ok()) {
     std::fprintf(stderr, "hvtrace qemu-args: %s\n", plan.error().message.c_str());
     return 2;

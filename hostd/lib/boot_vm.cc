@@ -84,11 +84,11 @@ Result<Accel> ParseAccel(std::string_view text) {
   return Error{"accel '" + std::string(text) + "' is not one of auto, tcg, kvm"};
 }
 
-bool ResolveKvm(Accel accel) {
+bool ResolveKvm(Accel accel, const std::string& kernel) {
   switch (accel) {
     case Accel::kKvm: return true;
     case Accel::kTcg: return false;
-    case Accel::kAuto: return KvmUsable();
+    case Accel::kAuto: return KvmUsable(kernel);
   }
   return false;
 }
@@ -307,13 +307,10 @@ void Daemon::StartBoot(const std::string& name, const Request& request,
 void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const BootPaths& paths,
                         const VmConfig& vm_config, Accel accel_kind, const std::shared_ptr<Responder>& responder) {
   // Slow: the KVM probe (first time only), QEMU start-up, hashing vmlinuz.
-  if (accel_kind == Accel::kAuto) {
-    static std::once_flag logged;
-    std::call_once(logged, [] { Log("accel auto: " + KvmVerdict().reason); });
-  }
+  if (accel_kind == Accel::kAuto) Log("boot " + name + ": accel auto: " + KvmVerdict(boot.kernel).reason);
   Result<std::unique_ptr<Vm>> started = CheckBackingPath(name, paths.backing_file);
   if (started.ok()) {
-    started = Vm::Start(vm_config, ResolveKvm(accel_kind), std::chrono::seconds(15), VmLifetime::kIndependent);
+    started = Vm::Start(vm_config, ResolveKvm(accel_kind, boot.kernel), std::chrono::seconds(15), VmLifetime::kIndependent);
   }
   std::string kernel_key;
   if (started.ok()) {
@@ -349,7 +346,7 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     json reply = {{"name", name}, {"pid", vm->pid()}, {"kvm", vm->kvm()}, {"argv", vm->plan().argv}};
     // Why auto chose what it chose (kvm_probe.h), so a TCG guest on a KVM
     // host is never a mystery.
-    if (accel_kind == Accel::kAuto) reply["kvm_probe"] = KvmVerdict().reason;
+    if (accel_kind == Accel::kAuto) reply["kvm_probe"] = KvmVerdict(boot.kernel).reason;  // Cached.
     if (stopping_) {
       // The daemon began to exit while QEMU started: treat the new VM as
       // the shutdown policy says (its spec is saved for re-adoption).

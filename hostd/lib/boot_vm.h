@@ -53,9 +53,9 @@ BootPaths DefaultBootPaths(const std::string& name, const std::filesystem::path&
                            const std::filesystem::path& vm_dir);
 
 Result<Accel> ParseAccel(std::string_view text);
-// kvm → true; tcg → false; auto → KvmUsable() (a probe guest must run at
-// speed: a /dev/kvm that opens but emulates ~1000x slower counts as unusable).
-bool ResolveKvm(Accel accel);
+// kvm → true; tcg → false; auto → KvmUsable(kernel) (probe guests, the last
+// one |kernel| itself, must finish under KVM).
+bool ResolveKvm(Accel accel, const std::string& kernel);
 
 Result<VmConfig> MakeBootVmConfig(const BootRequest& request, const BootPaths& paths);
 

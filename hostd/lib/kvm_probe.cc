@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -41,12 +43,17 @@ std::vector<unsigned char> BootSector() {
   return sector;
 }
 
-std::string ReadSmall(const std::string& path, size_t cap = 4096) {
+// The last |cap| bytes of |path| (a kernel's console runs to tens of KiB;
+// what decides is at its end).
+std::string ReadTail(const std::string& path, size_t cap = 4096) {
   std::string out;
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return out;
+  struct stat st {};
+  const off_t size = ::fstat(fd, &st) == 0 ? st.st_size : 0;
+  const off_t from = size > static_cast<off_t>(cap) ? size - static_cast<off_t>(cap) : 0;
   out.resize(cap);
-  const ssize_t n = ::read(fd, out.data(), out.size());
+  const ssize_t n = ::pread(fd, out.data(), out.size(), from);
   ::close(fd);
   out.resize(n > 0 ? static_cast<size_t>(n) : 0);
   return out;
@@ -98,22 +105,28 @@ class TempDir {
   std::string path_;
 };
 
-}  // namespace
+// One probe guest: its QEMU arguments (without the serial port) and the
+// serial output that counts as success.
+struct ProbeGuest {
+  std::string what;  // "probe guest", "kernel K": for the reasons.
+  std::vector<std::string> args;
+  std::vector<std::string_view> success;  // Any of these on the serial port.
+  std::string success_name;               // What the reasons call it.
+  std::chrono::milliseconds deadline;
+};
 
-KvmProbeResult ProbeKvm(const KvmProbeOptions& options) {
-  if (::access(options.device.c_str(), R_OK | W_OK) != 0) {
-    return {false, options.device + " cannot be opened read-write: " + std::strerror(errno)};
+std::string FoundIn(const std::string& out, const std::vector<std::string_view>& needles) {
+  for (std::string_view n : needles) {
+    if (out.find(n) != std::string::npos) return std::string(n);
   }
-  TempDir dir;
-  if (dir.path().empty()) return {false, std::string("cannot create a probe directory: ") + std::strerror(errno)};
-  const std::string disk = dir.path() + "/boot.img", serial = dir.path() + "/serial.txt",
-                    err_path = dir.path() + "/qemu.log";
-  if (!WriteWhole(disk, BootSector())) return {false, "cannot write the probe boot sector in " + dir.path()};
+  return "";
+}
 
-  std::vector<std::string> args = {options.qemu_binary, "-nodefaults", "-no-user-config", "-display", "none",
-                                   "-machine", "pc", "-accel", "kvm", "-m", "16",
-                                   "-drive", "file=" + disk + ",format=raw,if=floppy,readonly=on",
-                                   "-serial", "file:" + serial, "-no-reboot"};
+KvmProbeResult RunProbeGuest(const ProbeGuest& guest, const std::string& dir) {
+  const std::string serial = dir + "/serial.txt", err_path = dir + "/qemu.log";
+  std::filesystem::remove(serial);
+  std::vector<std::string> args = guest.args;
+  args.insert(args.end(), {"-serial", "file:" + serial});
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -149,30 +162,32 @@ KvmProbeResult ProbeKvm(const KvmProbeOptions& options) {
   bool exited = false;
   int status = 0;
   for (;;) {
-    const std::string out = ReadSmall(serial);
-    const std::string err = ReadSmall(err_path);
+    // Reap before reading, so output written just before QEMU exits (a
+    // kernel that panics with -no-reboot) is seen.
+    exited = ::waitpid(pid, &status, WNOHANG) == pid;
+    const std::string out = ReadTail(serial, 8192);
+    const std::string err = ReadTail(err_path);
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
     if (std::string kvm_error = KvmErrorIn(err); !kvm_error.empty()) {
-      result = {false, "QEMU reported a KVM failure: " + OneLine(kvm_error)};
+      result = {false, "QEMU reported a KVM failure running the " + guest.what + ": " + OneLine(kvm_error)};
       break;
     }
-    if (out.find(kKvmProbeBanner) != std::string::npos) {
-      result = {true, std::string("probe guest wrote ") + kKvmProbeBanner + " under KVM after " +
-                          std::to_string(ms) + " ms"};
+    if (std::string found = FoundIn(out, guest.success); !found.empty()) {
+      result = {true, guest.what + " wrote '" + found + "' under KVM after " + std::to_string(ms) + " ms"};
       break;
     }
-    if (::waitpid(pid, &status, WNOHANG) == pid) {
-      exited = true;
+    if (exited) {
       const std::string why = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                                                 : "was killed by signal " + std::to_string(WTERMSIG(status));
-      result = {false, "probe QEMU " + why + " before the guest wrote its banner: " +
-                           OneLine(ReadSmall(err_path))};
+      result = {false, "QEMU running the " + guest.what + " " + why + " before " + guest.success_name + ": " +
+                           OneLine(err)};
       break;
     }
-    if (Clock::now() - start >= options.deadline) {
-      result = {false, "probe guest under KVM wrote nothing to its serial port within " +
-                           std::to_string(options.deadline.count()) + " ms (a TCG guest writes it at once)" +
-                           (out.empty() ? "" : "; it wrote '" + OneLine(out) + "'") +
+    if (Clock::now() - start >= guest.deadline) {
+      const std::string tail = out.size() > 300 ? out.substr(out.size() - 300) : out;
+      result = {false, "the " + guest.what + " under KVM wrote nothing to its serial port matching " +
+                           guest.success_name + " within " + std::to_string(guest.deadline.count()) + " ms" +
+                           (tail.empty() ? "" : "; it wrote '" + OneLine(tail) + "'") +
                            (err.empty() ? "" : "; QEMU said: " + OneLine(err))};
       break;
     }
@@ -186,19 +201,55 @@ KvmProbeResult ProbeKvm(const KvmProbeOptions& options) {
   return result;
 }
 
-const KvmProbeResult& KvmVerdict() {
-  static const KvmProbeResult verdict = [] {
-    const char* env = std::getenv("HVTRACE_ACCEL");
-    const std::string_view accel = env != nullptr ? env : "";
-    if (accel == "tcg") return KvmProbeResult{false, "HVTRACE_ACCEL=tcg rules KVM out (not probed)"};
-    if (accel == "kvm") return KvmProbeResult{true, "HVTRACE_ACCEL=kvm insists on KVM (not probed)"};
-    KvmProbeOptions options;
-    if (const char* qemu = std::getenv("HVTRACE_QEMU"); qemu != nullptr && *qemu != '\0') {
-      options.qemu_binary = qemu;
-    }
-    return ProbeKvm(options);
-  }();
-  return verdict;
+std::vector<std::string> QemuBase(const KvmProbeOptions& options, const char* memory) {
+  return {options.qemu_binary, "-nodefaults", "-no-user-config", "-display", "none", "-machine", "pc",
+          "-accel", "kvm", "-m", memory, "-no-reboot"};
+}
+
+}  // namespace
+
+KvmProbeResult ProbeKvm(const KvmProbeOptions& options) {
+  if (::access(options.device.c_str(), R_OK | W_OK) != 0) {
+    return {false, options.device + " cannot be opened read-write: " + std::strerror(errno)};
+  }
+  TempDir dir;
+  if (dir.path().empty()) return {false, std::string("cannot create a probe directory: ") + std::strerror(errno)};
+  const std::string disk = dir.path() + "/boot.img";
+  if (!WriteWhole(disk, BootSector())) return {false, "cannot write the probe boot sector in " + dir.path()};
+
+  ProbeGuest sector{"probe guest", QemuBase(options, "16"), {kKvmProbeBanner}, "its banner", options.deadline};
+  sector.args.insert(sector.args.end(), {"-drive", "file=" + disk + ",format=raw,if=floppy,readonly=on"});
+  KvmProbeResult first = RunProbeGuest(sector, dir.path());
+  if (!first.usable || options.kernel.empty()) return first;
+
+  // No initrd and an init that does not exist: a kernel that ran every
+  // initcall under KVM then asks for its root fs (or init) and panics.
+  ProbeGuest kernel{"kernel " + options.kernel, QemuBase(options, "256"),
+                    {"Unable to mount root fs", "No working init found", "Run /"},
+                    "the end of its boot", options.kernel_deadline};
+  kernel.args.insert(kernel.args.end(), {"-kernel", options.kernel, "-append",
+                                         "console=ttyS0 panic=-1 rdinit=/hvtrace-kvm-probe-no-init"});
+  KvmProbeResult second = RunProbeGuest(kernel, dir.path());
+  if (!second.usable) return second;
+  return {true, first.reason + "; " + second.reason};
+}
+
+KvmProbeResult KvmVerdict(const std::string& kernel) {
+  const char* env = std::getenv("HVTRACE_ACCEL");
+  const std::string_view accel = env != nullptr ? env : "";
+  if (accel == "tcg") return KvmProbeResult{false, "HVTRACE_ACCEL=tcg rules KVM out (not probed)"};
+  if (accel == "kvm") return KvmProbeResult{true, "HVTRACE_ACCEL=kvm insists on KVM (not probed)"};
+  static std::mutex mu;
+  static std::map<std::string, KvmProbeResult> verdicts;
+  // One probe at a time: two boots of one kernel wait for one answer.
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = verdicts.find(kernel); it != verdicts.end()) return it->second;
+  KvmProbeOptions options;
+  options.kernel = kernel;
+  if (const char* qemu = std::getenv("HVTRACE_QEMU"); qemu != nullptr && *qemu != '\0') {
+    options.qemu_binary = qemu;
+  }
+  return verdicts.emplace(kernel, ProbeKvm(options)).first->second;
 }
 
 }  // namespace hvtrace::hostd

@@ -65,11 +65,12 @@ struct QemuPlan {
   std::optional<BootRangeLayout> boot_range;
 };
 
-// True when KVM really runs guests here: kvm_probe.h's verdict for this
-// process (a probe QEMU must print a banner under KVM; HVTRACE_ACCEL=tcg|kvm
-// decides without probing). Computed once per process; blocks up to ~4 s the
-// first time, so call it off any thread that must stay responsive.
-bool KvmUsable();
+// True when KVM really runs guests of |kernel| here: kvm_probe.h's verdict
+// (a boot sector and then |kernel| itself must finish under KVM;
+// HVTRACE_ACCEL=tcg|kvm decides without probing). Computed once per kernel
+// per process; blocks up to ~25 s the first time, so call it off any thread
+// that must stay responsive.
+bool KvmUsable(const std::string& kernel);
 
 // Builds the argv (argv[0] = qemu_binary). |kvm_usable| resolves Accel::kAuto;
 // Accel::kKvm without it is an error. Errors name the offending setting.

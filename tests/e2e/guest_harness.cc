@@ -122,7 +122,7 @@ std::string TestGuest::ShmPath(const std::string& suffix) const { return shm_pre
 
 Status TestGuest::Boot(const hostd::VmConfig& config) {
   const auto started = std::chrono::steady_clock::now();
-  auto vm = hostd::Vm::Start(config, hostd::KvmUsable());
+  auto vm = hostd::Vm::Start(config, hostd::KvmUsable(config.kernel));
   if (!vm.ok()) return vm.error();
   vm_ = std::move(vm.value());
   // Console first: QEMU drops what the guest writes while nobody is

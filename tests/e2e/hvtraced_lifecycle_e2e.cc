@@ -443,15 +443,19 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
 // a concrete failure reason. On the CI machines (/dev/kvm opens but fails
 // guests) it must say unusable: the probe guest prints nothing.
 TEST_F(HvtracedLifecycleE2e, KvmProbeOnThisHost) {
+  auto image = FindGuestImage("6.12");
+  ASSERT_TRUE(image.ok()) << image.error().message;
   hostd::KvmProbeOptions options;
   if (const char* qemu = std::getenv("HVTRACE_QEMU"); qemu != nullptr && *qemu != '\0') options.qemu_binary = qemu;
+  options.kernel = image->kernel;
   const hostd::KvmProbeResult r = hostd::ProbeKvm(options);
   std::printf("[lifecycle] KVM probe: %s — %s\n", r.usable ? "usable" : "unusable", r.reason.c_str());
   if (!r.usable) {
     const bool concrete = r.reason.find("cannot be opened") != std::string::npos ||
                           r.reason.find("wrote nothing to its serial port") != std::string::npos ||
                           r.reason.find("QEMU reported a KVM failure") != std::string::npos ||
-                          r.reason.find("before the guest wrote its banner") != std::string::npos;
+                          r.reason.find("before its banner") != std::string::npos ||
+                          r.reason.find("before the end of its boot") != std::string::npos;
     EXPECT_TRUE(concrete) << r.reason;
     if (::access("/dev/kvm", R_OK | W_OK) == 0) {
       // The device opens, so the refusal must come from running the guest.
@@ -459,8 +463,6 @@ TEST_F(HvtracedLifecycleE2e, KvmProbeOnThisHost) {
     }
     return;
   }
-  auto image = FindGuestImage("6.12");
-  ASSERT_TRUE(image.ok()) << image.error().message;
   TestGuest guest("kvmprobe");
   hostd::VmConfig config = guest.MakeConfig(*image);
   config.accel = hostd::Accel::kKvm;

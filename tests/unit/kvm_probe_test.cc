@@ -59,14 +59,14 @@ TEST_F(KvmProbeTest, MissingDeviceIsUnusableAndNamed) {
 TEST_F(KvmProbeTest, BannerOnTheSerialPortMeansUsable) {
   KvmProbeResult r = ProbeKvm(Options(FakeQemu("printf 'HVTRACE-KVM-PROBE-OK\\n' > \"$SERIAL\"; sleep 30")));
   EXPECT_TRUE(r.usable) << r.reason;
-  EXPECT_NE(r.reason.find("wrote HVTRACE-KVM-PROBE-OK under KVM"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("wrote 'HVTRACE-KVM-PROBE-OK' under KVM"), std::string::npos) << r.reason;
 }
 
 TEST_F(KvmProbeTest, KvmInternalErrorWinsOverAnything) {
   KvmProbeResult r = ProbeKvm(Options(FakeQemu(
       "echo 'KVM internal error. Suberror: 1' >&2; echo 'emulation failure' >&2; sleep 30")));
   EXPECT_FALSE(r.usable);
-  EXPECT_NE(r.reason.find("QEMU reported a KVM failure: KVM internal error. Suberror: 1"), std::string::npos)
+  EXPECT_NE(r.reason.find("QEMU reported a KVM failure running the probe guest: KVM internal error. Suberror: 1"), std::string::npos)
       << r.reason;
 }
 
@@ -94,6 +94,56 @@ TEST_F(KvmProbeTest, MissingQemuBinaryIsUnusable) {
   KvmProbeResult r = ProbeKvm(Options(dir_ + "/no-such-qemu"));
   EXPECT_FALSE(r.usable);
   EXPECT_NE(r.reason.find("exited with status 127"), std::string::npos) << r.reason;
+}
+
+// Stage 2: a fake QEMU that passes the boot sector (-drive) and then does
+// |kernel_body| when asked to boot a kernel.
+class KvmProbeKernelTest : public KvmProbeTest {
+ protected:
+  KvmProbeResult Probe(const std::string& kernel_body) {
+    KvmProbeOptions o = Options(FakeQemu(
+        "case \"$*\" in *-kernel*) " + kernel_body + ";; *) printf 'HVTRACE-KVM-PROBE-OK\\n' > \"$SERIAL\"; "
+        "sleep 30;; esac"));
+    o.kernel = "/boot/vmlinuz-probe";
+    o.kernel_deadline = std::chrono::milliseconds(1500);
+    return ProbeKvm(o);
+  }
+};
+
+TEST_F(KvmProbeKernelTest, KernelThatFinishesBootingMeansUsable) {
+  KvmProbeResult r = Probe(
+      "printf '[ 0.9] VFS: Cannot open root device\\n[ 0.9] Kernel panic - not syncing: VFS: Unable to mount "
+      "root fs on unknown-block(0,0)\\n' > \"$SERIAL\"; exit 0");
+  EXPECT_TRUE(r.usable) << r.reason;
+  EXPECT_NE(r.reason.find("kernel /boot/vmlinuz-probe wrote 'Unable to mount root fs' under KVM"), std::string::npos)
+      << r.reason;
+}
+
+// What this project's CI hosts do: the boot sector runs, the kernel's
+// decompressor hits an instruction KVM cannot emulate.
+TEST_F(KvmProbeKernelTest, BootSectorFineButKernelEmulationFailureIsUnusable) {
+  KvmProbeResult r = Probe(
+      "printf 'Decompressing Linux... ' > \"$SERIAL\"; echo 'KVM internal error. Suberror: 1' >&2; "
+      "echo 'emulation failure' >&2; sleep 30");
+  EXPECT_FALSE(r.usable);
+  EXPECT_NE(r.reason.find("KVM failure running the kernel /boot/vmlinuz-probe: KVM internal error"),
+            std::string::npos)
+      << r.reason;
+}
+
+TEST_F(KvmProbeKernelTest, KernelThatStopsHalfwayIsUnusable) {
+  KvmProbeResult r = Probe("printf 'Linux version 6.12\\n' > \"$SERIAL\"; sleep 30");
+  EXPECT_FALSE(r.usable);
+  EXPECT_NE(r.reason.find("matching the end of its boot within 1500 ms"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("Linux version 6.12"), std::string::npos) << r.reason;
+}
+
+TEST_F(KvmProbeKernelTest, QemuExitingBeforeTheKernelFinishesIsUnusable) {
+  KvmProbeResult r = Probe("echo 'qemu: could not load kernel' >&2; exit 1");
+  EXPECT_FALSE(r.usable);
+  EXPECT_NE(r.reason.find("exited with status 1 before the end of its boot: qemu: could not load kernel"),
+            std::string::npos)
+      << r.reason;
 }
 
 }  // namespace

@@ -18,15 +18,25 @@ uint64_t MonoNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-// One real pair, taken the way the agent takes it (TSC around the clock read).
+// One real pair, taken the way the agent takes it (TSC around the clock
+// read). Of a few tries the one with the tightest TSC bracket is kept: a try
+// that was preempted or interrupted between its reads (this machine is shared
+// and busy) would be off by the length of the interruption.
 region::ClockSync RealSample(uint64_t seq) {
-  region::ClockSync c{};
-  const uint64_t t0 = __rdtsc();
-  c.mono_ns = MonoNs();
-  const uint64_t t1 = __rdtsc();
-  c.tsc = t0 + (t1 - t0) / 2;
-  c.seq = seq;
-  return c;
+  region::ClockSync best{};
+  uint64_t best_width = UINT64_MAX;
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const uint64_t t0 = __rdtsc();
+    const uint64_t mono = MonoNs();
+    const uint64_t t1 = __rdtsc();
+    if (t1 - t0 < best_width) {
+      best_width = t1 - t0;
+      best.mono_ns = mono;
+      best.tsc = t0 + (t1 - t0) / 2;
+    }
+  }
+  best.seq = seq;
+  return best;
 }
 
 // Real TSC <-> CLOCK_MONOTONIC pairs of this machine: samples 20 ms apart

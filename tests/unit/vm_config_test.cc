@@ -113,7 +113,7 @@ TEST(VmConfigTest, BasicArgv) {
   const auto& argv = plan->argv;
   EXPECT_EQ(argv[0], "qemu-system-x86_64");
   EXPECT_EQ(ArgAfter(argv, "-machine"), "pc");
-  EXPECT_EQ(ArgAfter(argv, "-accel"), "tcg");
+  EXPECT_EQ(ArgAfter(argv, "-accel"), "tcg,thread=single");
   EXPECT_EQ(ArgAfter(argv, "-smp"), "2");
   EXPECT_EQ(ArgAfter(argv, "-m"), "1088M");
   EXPECT_EQ(ArgAfter(argv, "-kernel"), "/k/vmlinuz");
@@ -135,7 +135,7 @@ TEST(VmConfigTest, AccelSelection) {
   VmConfig c = BaseConfig();
   EXPECT_EQ(ArgAfter(BuildQemuPlan(c, true)->argv, "-accel"), "kvm");
   c.accel = Accel::kTcg;
-  EXPECT_EQ(ArgAfter(BuildQemuPlan(c, true)->argv, "-accel"), "tcg");
+  EXPECT_EQ(ArgAfter(BuildQemuPlan(c, true)->argv, "-accel"), "tcg,thread=single");
   c.accel = Accel::kKvm;
   EXPECT_THAT(BuildQemuPlan(c, false).error().message, HasSubstr("/dev/kvm"));
 }

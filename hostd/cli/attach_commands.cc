@@ -21,13 +21,13 @@
 #include "commands.h"
 #include "config.h"
 #include "control_client.h"
+#include "daemon_call.h"
 
 namespace hvtrace::cli {
 namespace {
 
 using nlohmann::json;
 
-constexpr auto kConnectTimeout = std::chrono::seconds(5);
 
 struct Parsed {
   std::vector<std::string> positional;
@@ -91,27 +91,9 @@ bool Parse(const char* command, const char* usage, int argc, char** argv, Parsed
   return true;
 }
 
-Result<hostd::ControlClient> Connect(const char* command, const std::string& socket_flag) {
-  auto socket = hostd::ResolveClientSocket(socket_flag);
-  auto client = hostd::ControlClient::Connect(socket, kConnectTimeout);
-  if (!client.ok()) std::fprintf(stderr, "hvtrace %s: %s\n", command, client.error().message.c_str());
-  return client;
-}
-
 std::optional<json> CallOnce(const char* command, const Parsed& p, std::string_view cmd,
                              std::chrono::milliseconds timeout) {
-  auto client = Connect(command, p.socket);
-  if (!client.ok()) return std::nullopt;
-  auto reply = client->Call(cmd, p.args, timeout);
-  if (!reply.ok()) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command, reply.error().message.c_str());
-    return std::nullopt;
-  }
-  if (!reply->ok) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command, reply->error.c_str());
-    return std::nullopt;
-  }
-  return reply->result;
+  return CallDaemon(command, p.socket, cmd, p.args, timeout);
 }
 
 const char* kAttachUsage =
@@ -262,7 +244,7 @@ int RunStream(int argc, char** argv) {
   ::signal(SIGINT, OnInterrupt);
   ::signal(SIGTERM, OnInterrupt);
   ::signal(SIGPIPE, SIG_IGN);
-  auto client = Connect("stream", p.socket);
+  auto client = ConnectDaemon("stream", p.socket);
   if (!client.ok()) return 1;
   bool write_failed = false;
   auto reply = client->Call("stream", p.args, std::chrono::hours(24 * 365), [&](const json& item) {

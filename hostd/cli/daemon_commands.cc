@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "config.h"
 #include "control_client.h"
+#include "daemon_call.h"
 
 namespace hvtrace::cli {
 namespace {
@@ -22,7 +23,6 @@ using hostd::ControlClient;
 using hostd::Reply;
 using nlohmann::json;
 
-constexpr auto kConnectTimeout = std::chrono::seconds(5);
 constexpr auto kReplyTimeout = std::chrono::seconds(30);
 
 struct CommonArgs {
@@ -63,26 +63,9 @@ bool ParseCommon(int argc, char** argv, const char* usage, size_t want_positiona
   return true;
 }
 
-// Connects, sends one command, and returns its successful result; prints the
-// error and returns nullopt otherwise.
-std::optional<json> CallDaemon(const char* command_name, const CommonArgs& args,
-                               std::string_view cmd, const json& cmd_args) {
-  auto socket = hostd::ResolveClientSocket(args.socket);
-  auto client = ControlClient::Connect(socket, kConnectTimeout);
-  if (!client.ok()) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command_name, client.error().message.c_str());
-    return std::nullopt;
-  }
-  auto reply = client->Call(cmd, cmd_args, kReplyTimeout);
-  if (!reply.ok()) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command_name, reply.error().message.c_str());
-    return std::nullopt;
-  }
-  if (!reply->ok) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command_name, reply->error.c_str());
-    return std::nullopt;
-  }
-  return reply->result;
+std::optional<json> CallDaemon(const char* command_name, const CommonArgs& args, std::string_view cmd,
+                               const json& cmd_args) {
+  return cli::CallDaemon(command_name, args.socket, cmd, cmd_args, kReplyTimeout);
 }
 
 std::string Str(const json& j, const char* key, const char* fallback = "-") {

@@ -15,6 +15,7 @@
 #include "commands.h"
 #include "config.h"
 #include "control_client.h"
+#include "daemon_call.h"
 #include "domain_xml.h"
 #include "libvirt_attach.h"
 #include "libvirt_backend.h"
@@ -238,27 +239,6 @@ constexpr char kAdoptDomainUsage[] =
     "libvirt_uri names the libvirt connection.\n"
     "(QEMU launched by hand: hvtrace adopt NAME --qmp SOCK --boot-region FILE@GPA:SIZE)\n";
 
-// One control call to hvtraced; prints the daemon's error and returns null.
-std::optional<nlohmann::json> CallDaemon(const char* command, const std::string& socket_flag,
-                                         std::string_view cmd, const nlohmann::json& args,
-                                         std::chrono::seconds timeout) {
-  auto client = hostd::ControlClient::Connect(hostd::ResolveClientSocket(socket_flag),
-                                              std::chrono::seconds(5));
-  if (!client.ok()) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command, client.error().message.c_str());
-    return std::nullopt;
-  }
-  auto reply = client->Call(cmd, args, timeout);
-  if (!reply.ok()) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command, reply.error().message.c_str());
-    return std::nullopt;
-  }
-  if (!reply->ok) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command, reply->error.c_str());
-    return std::nullopt;
-  }
-  return reply->result;
-}
 
 }  // namespace
 

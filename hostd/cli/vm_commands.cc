@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "config.h"
 #include "control_client.h"
+#include "daemon_call.h"
 #include "formats_cache.h"
 #include "state_dir.h"
 
@@ -25,28 +26,12 @@ namespace {
 using hostd::BootRequest;
 using nlohmann::json;
 
-constexpr auto kConnectTimeout = std::chrono::seconds(5);
 // boot may probe KVM and waits for QEMU's QMP socket; capture copies and fsyncs.
 constexpr auto kReplyTimeout = std::chrono::seconds(60);
 
 std::optional<json> Call(const char* command, const std::string& socket_flag, std::string_view cmd,
                          const json& args) {
-  auto socket = hostd::ResolveClientSocket(socket_flag);
-  auto client = hostd::ControlClient::Connect(socket, kConnectTimeout);
-  if (!client.ok()) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command, client.error().message.c_str());
-    return std::nullopt;
-  }
-  auto reply = client->Call(cmd, args, kReplyTimeout);
-  if (!reply.ok()) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command, reply.error().message.c_str());
-    return std::nullopt;
-  }
-  if (!reply->ok) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command, reply->error.c_str());
-    return std::nullopt;
-  }
-  return reply->result;
+  return CallDaemon(command, socket_flag, cmd, args, kReplyTimeout);
 }
 
 struct BootArgs {

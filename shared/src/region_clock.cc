@@ -1,4 +1,5 @@
-// TSC -> guest CLOCK_MONOTONIC from the region's clock-sync samples.
+// TSC -> guest CLOCK_MONOTONIC from the region's clock-sync samples, and the
+// choice of conversion per direct-write ring.
 #include "hvtrace/region_clock.h"
 
 #include <algorithm>
@@ -10,31 +11,107 @@ namespace {
 constexpr double kMinHz = 1e6;
 constexpr double kMaxHz = 1e11;
 
+// How far an honest sample may sit off the line through two others: the
+// guest reads its TSC and clock a few ns apart but may be preempted in
+// between (2 ms), and NTP slews CLOCK_MONOTONIC by up to 500 ppm (1000 ppm of
+// the distance covers it). Lies smaller than this shift events by no more.
+constexpr int64_t kToleranceNs = 2'000'000;
+constexpr int64_t kTolerancePpm = 1000;
+
 // 64 x 64-bit products of tick and nanosecond spans need 128 bits.
 __extension__ typedef __int128 Int128;
+
+// m0 + dt * dm / dtt without overflow (guest values reach 2^64 each, their
+// product 2^128); nullopt when it does not fit.
+std::optional<Int128> Extend(uint64_t m0, Int128 dt, Int128 dm, Int128 dtt) {
+  Int128 product, sum;
+  if (__builtin_mul_overflow(dt, dm, &product)) return std::nullopt;
+  if (__builtin_add_overflow(static_cast<Int128>(m0), product / dtt, &sum)) return std::nullopt;
+  return sum;
+}
+
+// Mono ns at |tsc| on the line through (t0, m0) and (t1, m1), t1 != t0.
+std::optional<Int128> OnLine(uint64_t t0, uint64_t m0, uint64_t t1, uint64_t m1, uint64_t tsc) {
+  return Extend(m0, static_cast<Int128>(tsc) - t0, static_cast<Int128>(m1) - m0, static_cast<Int128>(t1) - t0);
+}
 
 }  // namespace
 
 TscToMono::TscToMono(std::span<const region::ClockSync> samples) {
+  struct Sample {
+    Point p;
+    uint32_t rank;  // Position in |samples|: the region's order, oldest first.
+  };
+  std::vector<Sample> all;
   for (const region::ClockSync& s : samples) {
     if (s.tsc == 0 || s.mono_ns == 0) {
       ++dropped_;
       continue;
     }
-    if (!points_.empty()) {
-      const Point& last = points_.back();
-      // Both clocks must move forward, at a rate a TSC can have.
-      if (s.tsc <= last.tsc || s.mono_ns <= last.mono_ns) {
-        ++dropped_;
-        continue;
+    all.push_back({{s.tsc, s.mono_ns}, static_cast<uint32_t>(all.size() + dropped_)});
+  }
+  std::sort(all.begin(), all.end(), [](const Sample& a, const Sample& b) {
+    return a.p.tsc != b.p.tsc ? a.p.tsc < b.p.tsc : a.p.mono_ns < b.p.mono_ns;
+  });
+  auto near_line = [](const Point& a, const Point& b, const Point& p) {
+    const std::optional<Int128> on = OnLine(a.tsc, a.mono_ns, b.tsc, b.mono_ns, p.tsc);
+    if (!on) return false;
+    const Int128 off = static_cast<Int128>(p.mono_ns) - *on;
+    const Int128 dist = static_cast<Int128>(p.mono_ns) - a.mono_ns;
+    const Int128 tol = kToleranceNs + (dist < 0 ? -dist : dist) * kTolerancePpm / 1'000'000;
+    return (off < 0 ? -off : off) <= tol;
+  };
+  // The line through two samples that most samples agree with. Between
+  // lines that different sets of samples agree with equally, nothing tells
+  // the honest set from a liar's: the set written first wins. Between lines
+  // of the same set, the longest span (its rate is the most precise).
+  std::vector<uint32_t> best_set;  // Ranks, ascending.
+  size_t best_i = 0, best_j = 0;
+  uint64_t best_span = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    for (size_t j = i + 1; j < all.size(); ++j) {
+      const Point& a = all[i].p;
+      const Point& b = all[j].p;
+      if (b.tsc <= a.tsc || b.mono_ns <= a.mono_ns) continue;
+      const double hz = static_cast<double>(b.tsc - a.tsc) * 1e9 / static_cast<double>(b.mono_ns - a.mono_ns);
+      if (hz < kMinHz || hz > kMaxHz) continue;
+      std::vector<uint32_t> set;
+      for (const Sample& s : all) {
+        if (near_line(a, b, s.p)) set.push_back(s.rank);
       }
-      const double hz = static_cast<double>(s.tsc - last.tsc) * 1e9 / static_cast<double>(s.mono_ns - last.mono_ns);
-      if (hz < kMinHz || hz > kMaxHz) {
-        ++dropped_;
-        continue;
+      std::sort(set.begin(), set.end());
+      const uint64_t span = b.tsc - a.tsc;
+      const bool better = set.size() != best_set.size() ? set.size() > best_set.size()
+                          : set != best_set          ? set < best_set
+                                                     : span > best_span;
+      if (better) {
+        best_set = std::move(set);
+        best_span = span;
+        best_i = i;
+        best_j = j;
       }
     }
-    points_.push_back({s.tsc, s.mono_ns});
+  }
+  if (best_set.size() < 2) {
+    // No two samples make a TSC: all are suspect (one alone proves nothing).
+    if (all.size() >= 2) dropped_ += static_cast<uint32_t>(all.size());
+    return;
+  }
+  const Point a = all[best_i].p, b = all[best_j].p;
+  for (const Sample& s : all) {
+    // Both clocks strictly forward from the previous kept sample, so the
+    // conversion keeps the order of the stamps.
+    const bool forward =
+        points_.empty() || (s.p.tsc > points_.back().tsc && s.p.mono_ns > points_.back().mono_ns);
+    if (near_line(a, b, s.p) && forward) {
+      points_.push_back(s.p);
+    } else {
+      ++dropped_;
+    }
+  }
+  if (points_.size() < 2) {
+    dropped_ += static_cast<uint32_t>(points_.size());
+    points_.clear();
   }
 }
 
@@ -47,18 +124,67 @@ double TscToMono::tsc_hz() const {
 
 std::optional<uint64_t> TscToMono::ToMonoNs(uint64_t tsc) const {
   if (!usable()) return std::nullopt;
-  // The pair around |tsc|, or the nearest pair at either end.
-  auto upper = std::upper_bound(points_.begin(), points_.end(), tsc,
-                                [](uint64_t t, const Point& p) { return t < p.tsc; });
-  size_t i = static_cast<size_t>(upper - points_.begin());
-  i = std::clamp<size_t>(i, 1, points_.size() - 1);
-  const Point& a = points_[i - 1];
-  const Point& b = points_[i];
-  const Int128 dt = static_cast<Int128>(tsc) - a.tsc;
-  const Int128 mono = static_cast<Int128>(a.mono_ns) +
-                        dt * static_cast<Int128>(b.mono_ns - a.mono_ns) / static_cast<Int128>(b.tsc - a.tsc);
-  if (mono < 0 || mono > static_cast<Int128>(UINT64_MAX)) return std::nullopt;
-  return static_cast<uint64_t>(mono);
+  const Point& front = points_.front();
+  const Point& back = points_.back();
+  std::optional<Int128> mono;
+  if (tsc <= front.tsc || tsc >= back.tsc) {
+    // Outside the samples: the rate over all of them, from the nearest end
+    // (continuous with the inside, and the most precise rate there is).
+    const Point& anchor = tsc <= front.tsc ? front : back;
+    mono = Extend(anchor.mono_ns, static_cast<Int128>(tsc) - anchor.tsc,
+                  static_cast<Int128>(back.mono_ns) - front.mono_ns, static_cast<Int128>(back.tsc) - front.tsc);
+  } else {
+    auto upper = std::upper_bound(points_.begin(), points_.end(), tsc,
+                                  [](uint64_t t, const Point& p) { return t < p.tsc; });
+    const Point& b = *upper;
+    const Point& a = *(upper - 1);
+    mono = OnLine(a.tsc, a.mono_ns, b.tsc, b.mono_ns, tsc);
+  }
+  if (!mono || *mono < 0 || *mono > static_cast<Int128>(UINT64_MAX)) return std::nullopt;
+  return static_cast<uint64_t>(*mono);
+}
+
+namespace {
+
+// The samples with |mono_ns| replaced by the clock the trace uses.
+std::vector<region::ClockSync> SamplesFor(uint32_t trace_clock, std::span<const region::ClockSync> samples) {
+  std::vector<region::ClockSync> out(samples.begin(), samples.end());
+  if (trace_clock == region::kClockBoot) {
+    for (region::ClockSync& s : out) s.mono_ns = s.boottime_ns;
+  }
+  return out;
+}
+
+}  // namespace
+
+RegionTimeline::RegionTimeline(uint32_t trace_clock, std::span<const region::ClockSync> samples)
+    : trace_clock_(trace_clock), tsc_(SamplesFor(trace_clock, samples)) {}
+
+RegionTimeline::Mode RegionTimeline::ModeOf(uint32_t ring_clock) const {
+  // Only TSC rings are converted: a MONOTONIC ring is on the kernel's clock
+  // when the agent set the trace clock to "mono" (its default).
+  if (ring_clock != region::kClockTsc || trace_clock_ == region::kClockTsc) return Mode::kAsIs;
+  return tsc_.usable() ? Mode::kConvert : Mode::kUnplaceable;
+}
+
+std::optional<uint64_t> RegionTimeline::ToTraceClock(uint32_t ring_clock, uint64_t ts) const {
+  switch (ModeOf(ring_clock)) {
+    case Mode::kAsIs: return ts;
+    case Mode::kConvert: return tsc_.ToMonoNs(ts);
+    case Mode::kUnplaceable: break;
+  }
+  return std::nullopt;
+}
+
+const char* TraceClockName(uint32_t clock) {
+  switch (clock) {
+    case region::kClockLocal: return "local";
+    case region::kClockMono: return "mono";
+    case region::kClockTsc: return "x86-tsc";
+    case region::kClockBoot: return "boot";
+    case region::kClockGlobal: return "global";
+    default: return "local";
+  }
 }
 
 }  // namespace hvtrace

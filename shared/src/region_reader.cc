@@ -4,12 +4,14 @@
 #include "hvtrace/region_reader.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <map>
 #include <string>
 #include <utility>
 
 #include "hvtrace/fingerprint.h"
+#include "hvtrace/region_clock.h"
 
 namespace hvtrace {
 namespace {
@@ -71,6 +73,7 @@ class Reader {
     ChooseLayouts();
     for (uint32_t c = 0; c < g_.max_cpus; ++c) ReadRing(c, /*direct_write=*/false);
     for (uint32_t r = 0; r < g_.dw_rings; ++r) ReadRing(r, /*direct_write=*/true);
+    CheckClocks();
   }
 
  private:
@@ -133,6 +136,34 @@ class Reader {
     }
     std::sort(s_->clock_sync.begin(), s_->clock_sync.end(),
               [](const ClockSync& a, const ClockSync& b) { return a.seq < b.seq; });
+  }
+
+  // Whether the direct-write rings that hold pages can be put on the
+  // kernel's trace clock (region_clock.h); the callers convert.
+  void CheckClocks() {
+    bool tsc_rings = false;
+    for (const RegionRing& ring : s_->dw_rings) {
+      if (ring.pages.empty()) continue;
+      if (ring.clock != region::kClockMono && ring.clock != region::kClockTsc) {
+        Report(RegionIssue::kDwClockUnknown, "dw ring " + std::to_string(ring.index), g_.DwRingOffset(ring.index) + offsetof(DwRingHeader, clock),
+               "clock " + std::to_string(ring.clock) + ": time stamps taken as the trace clock's");
+      }
+      tsc_rings |= ring.clock == region::kClockTsc;
+    }
+    if (s_->clock_sync.empty() && !tsc_rings) return;
+    const RegionTimeline timeline(s_->guest.trace_clock, s_->clock_sync);
+    if (timeline.tsc().dropped() != 0) {
+      Report(RegionIssue::kClockSyncDropped, "clock sync", region::kClockSyncOffset,
+             std::to_string(timeline.tsc().dropped()) + " of " + std::to_string(s_->clock_sync.size()) +
+                 " samples dropped (empty, backwards or off the line the others agree on)");
+    }
+    for (const RegionRing& ring : s_->dw_rings) {
+      if (ring.pages.empty() || timeline.ModeOf(ring.clock) != RegionTimeline::Mode::kUnplaceable) continue;
+      Report(RegionIssue::kDwClockUnplaceable, "dw ring " + std::to_string(ring.index), g_.DwRingOffset(ring.index) + offsetof(DwRingHeader, clock),
+             "time stamps are TSC ticks and only " + std::to_string(timeline.tsc().used()) + " of " +
+                 std::to_string(s_->clock_sync.size()) +
+                 " clock-sync samples are sound: kept apart from the kernel's timeline");
+    }
   }
 
   void ReadFormats() {
@@ -363,6 +394,9 @@ const char* RegionIssueName(RegionIssue issue) {
     case RegionIssue::kSlotPageError: return "slot_page_error";
     case RegionIssue::kRingCounterBehind: return "ring_counter_behind";
     case RegionIssue::kCounterBackwards: return "counter_backwards";
+    case RegionIssue::kClockSyncDropped: return "clock_sync_dropped";
+    case RegionIssue::kDwClockUnplaceable: return "dw_clock_unplaceable";
+    case RegionIssue::kDwClockUnknown: return "dw_clock_unknown";
     case RegionIssue::kCount: break;
   }
   return "unknown";

@@ -3,7 +3,10 @@
 #include <time.h>
 #include <x86intrin.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <optional>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -97,6 +100,85 @@ TEST(TscToMono, Malicious_OneSampleOrNoneConvertsNothing) {
   EXPECT_FALSE(conv.usable());
   EXPECT_FALSE(conv.ToMonoNs(7).has_value());
   EXPECT_EQ(conv.tsc_hz(), 0);
+}
+
+
+TEST(TscToMono, Malicious_ASampleOffTheLineIsDroppedWhereverItSits) {
+  // Six samples of a 2 GHz TSC a second apart; the fourth claims a time one
+  // second late (both clocks still forward, a plausible rate on each side).
+  std::vector<region::ClockSync> s;
+  for (uint64_t i = 0; i < 6; ++i) {
+    const uint64_t mono = (10 + i) * 1000000000ull + (i == 3 ? 1000000000ull : 0);
+    s.push_back({2 * i + 2, mono, 0, 0, 5000 + 2 * (10 + i) * 1000000000ull, {}});
+  }
+  std::swap(s[1], s[4]);  // Order in the region does not matter.
+  TscToMono conv(s);
+  ASSERT_TRUE(conv.usable());
+  EXPECT_EQ(conv.dropped(), 1u);
+  EXPECT_EQ(conv.used(), 5u);
+  EXPECT_NEAR(conv.tsc_hz(), 2e9, 1);
+  EXPECT_EQ(*conv.ToMonoNs(5000 + 2 * 13500000000ull), 13500000000u);
+}
+
+TEST(TscToMono, OutsideTheSamplesTheOverallRateIsUsed) {
+  // The last pair is 1 ppm off (a slewed clock): beyond it, the rate over
+  // all samples continues from the last one.
+  const std::vector<region::ClockSync> s = {{2, 1000000000, 0, 0, 3000000000, {}},
+                                            {4, 2000000000, 0, 0, 6000000000, {}},
+                                            {6, 3000001000, 0, 0, 9000000000, {}}};
+  TscToMono conv(s);
+  ASSERT_EQ(conv.used(), 3u);
+  const double rate = (3000001000.0 - 1000000000.0) / (9000000000.0 - 3000000000.0);
+  EXPECT_EQ(*conv.ToMonoNs(12000000000), 3000001000u + static_cast<uint64_t>(3000000000.0 * rate));
+  EXPECT_EQ(*conv.ToMonoNs(7500000000), 2500000500u);  // Inside: between the two nearest.
+}
+
+TEST(TscToMono, Malicious_RandomSamplesNeverCrashAndKeepOrder) {
+  std::mt19937_64 rng(5);
+  for (int round = 0; round < 500; ++round) {
+    std::vector<region::ClockSync> s(rng() % 17);
+    for (region::ClockSync& c : s) {
+      c.seq = rng();
+      c.mono_ns = round % 2 ? rng() : rng() % 100000000000ull;
+      c.tsc = round % 3 ? rng() : 3 * c.mono_ns + rng() % 1000;
+    }
+    TscToMono conv(s);
+    EXPECT_LE(conv.used() + conv.dropped(), s.size());
+    if (!conv.usable()) continue;
+    // The conversion never reverses two stamps.
+    std::vector<uint64_t> t(50);
+    for (uint64_t& x : t) x = rng() >> (rng() % 64);
+    std::sort(t.begin(), t.end());
+    std::optional<uint64_t> prev;
+    for (uint64_t x : t) {
+      const std::optional<uint64_t> m = conv.ToMonoNs(x);
+      if (!m) continue;
+      if (prev) {
+        EXPECT_LE(*prev, *m) << "round " << round;
+      }
+      prev = m;
+    }
+  }
+}
+
+TEST(RegionTimeline, ConvertsOnlyTscRingsToTheKernelsTraceClock) {
+  const std::vector<region::ClockSync> s = {{2, 1000000000, 1500000000, 0, 3000000000, {}},
+                                            {4, 2000000000, 2500000000, 0, 6000000000, {}}};
+  const RegionTimeline mono(region::kClockMono, s);
+  EXPECT_EQ(mono.ModeOf(region::kClockTsc), RegionTimeline::Mode::kConvert);
+  EXPECT_EQ(mono.ModeOf(region::kClockMono), RegionTimeline::Mode::kAsIs);
+  EXPECT_EQ(*mono.ToTraceClock(region::kClockTsc, 4500000000), 1500000000u);
+  EXPECT_EQ(*mono.ToTraceClock(region::kClockMono, 77), 77u);
+  // A "boot" trace clock: the samples' CLOCK_BOOTTIME.
+  const RegionTimeline boot(region::kClockBoot, s);
+  EXPECT_EQ(*boot.ToTraceClock(region::kClockTsc, 4500000000), 2000000000u);
+  // An "x86-tsc" trace clock: TSC rings are already on it.
+  const RegionTimeline tsc(region::kClockTsc, std::span<const region::ClockSync>());
+  EXPECT_EQ(tsc.ModeOf(region::kClockTsc), RegionTimeline::Mode::kAsIs);
+  // No samples: a TSC ring cannot be placed.
+  const RegionTimeline none(region::kClockMono, std::span<const region::ClockSync>());
+  EXPECT_EQ(none.ModeOf(region::kClockTsc), RegionTimeline::Mode::kUnplaceable);
+  EXPECT_FALSE(none.ToTraceClock(region::kClockTsc, 5).has_value());
 }
 
 }  // namespace

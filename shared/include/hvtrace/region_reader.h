@@ -110,6 +110,9 @@ enum class RegionIssue : uint8_t {
   kSlotPageError,          // The page walker rejected the page (see detail).
   kRingCounterBehind,      // A slot's sequence is past the ring's published count.
   kCounterBackwards,       // A counter went down since the previous read.
+  kClockSyncDropped,       // Clock-sync samples off the line the others agree on (region_clock.h).
+  kDwClockUnplaceable,     // A TSC-stamped ring with too few sound samples to convert.
+  kDwClockUnknown,         // A ring's clock is neither CLOCK_MONOTONIC nor the TSC.
   kCount,
 };
 const char* RegionIssueName(RegionIssue issue);

@@ -111,18 +111,27 @@ std::optional<uint32_t> BootOfFile(const std::string& name) {
   return static_cast<uint32_t>(std::stoul(digits));
 }
 
-// "region-gen-<n>.trace.dat" (an attach-mode region, region_capture.h) -> n.
-std::optional<uint32_t> GenerationOfFile(const std::string& name) {
+// "region-gen-<n>.trace.dat" (an attach-mode region, region_capture.h) -> 2n;
+// "region-gen-<n>-tsc.trace.dat" (its direct-write rings whose TSC stamps
+// could not be converted) -> 2n + 1, so it is shown right after.
+std::optional<uint64_t> GenerationOfFile(const std::string& name) {
   constexpr std::string_view kPrefix = "region-gen-";
+  constexpr std::string_view kTsc = "-tsc.trace.dat";
   if (!name.starts_with(kPrefix)) return std::nullopt;
-  return BootOfFile("boot-" + name.substr(kPrefix.size()));
+  std::string rest = name.substr(kPrefix.size());
+  const bool tsc = rest.ends_with(kTsc);
+  if (tsc) rest = rest.substr(0, rest.size() - kTsc.size()) + ".trace.dat";
+  const auto gen = BootOfFile("boot-" + rest);
+  if (!gen) return std::nullopt;
+  return uint64_t{*gen} * 2 + (tsc ? 1 : 0);
 }
 
 // The boot files of a directory, by boot number, then the attach region's
 // files by boot generation (numbered after the boots). File names come from
 // the directory, never from the manifest.
 std::vector<std::pair<uint32_t, fs::path>> BootFiles(const fs::path& dir) {
-  std::vector<std::pair<uint32_t, fs::path>> files, region;
+  std::vector<std::pair<uint32_t, fs::path>> files;
+  std::vector<std::pair<uint64_t, fs::path>> region;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();

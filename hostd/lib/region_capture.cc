@@ -5,10 +5,12 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "hvtrace/page.h"
 #include "hvtrace/region.h"
+#include "hvtrace/region_clock.h"
 #include "hvtrace/tracedat_writer.h"
 #include "live_region.h"
 
@@ -28,18 +30,6 @@ void StoreLe(std::span<std::byte> page, uint32_t offset, uint32_t size, uint64_t
   for (uint32_t i = 0; i < size; ++i) page[offset + i] = static_cast<std::byte>(value >> (8 * i));
 }
 
-// The kernel's names for trace clocks (trace.dat stores the name).
-std::string ClockName(uint32_t clock) {
-  switch (clock) {
-    case region::kClockLocal: return "local";
-    case region::kClockMono: return "mono";
-    case region::kClockTsc: return "x86-tsc";
-    case region::kClockBoot: return "boot";
-    case region::kClockGlobal: return "global";
-    default: return "local";
-  }
-}
-
 // What one boot generation's trace.dat is made of.
 struct GenerationPlan {
   RegionGenerationFile file;
@@ -50,12 +40,16 @@ struct GenerationPlan {
   // Kernel CPUs first (index = CPU), then direct-write rings.
   std::vector<std::vector<std::span<const std::byte>>> pages;
   bool dw_included = true;
+  // Direct-write rings stamped with TSC ticks that could not be put on the
+  // trace clock: their own file, on the "x86-tsc" clock.
+  bool unplaced = false;
 };
 
-GenerationPlan PlanGeneration(const RegionSnapshot& s, uint32_t generation) {
+GenerationPlan PlanGeneration(const RegionSnapshot& s, uint32_t generation, bool unplaced) {
   GenerationPlan g;
   g.file.generation = generation;
-  g.file.file = RegionTraceDatName(generation);
+  g.file.file = unplaced ? RegionUnplacedTraceDatName(generation) : RegionTraceDatName(generation);
+  g.unplaced = unplaced;
   g.cpu_layout = PageLayout::Default(s.geometry.slot_size);
   for (const RegionFormat& f : s.formats) {
     if (f.boot_generation != generation) continue;
@@ -115,6 +109,50 @@ std::span<const std::byte> WritablePage(const RegionPage& p, const PageLayout& l
   return fixed;
 }
 
+// |page| with every record's time stamp put on the trace clock, as one or
+// more clean pages (a converted delta may need a TIME_EXTEND the original did
+// not, so the records may not fit one page). Only the good records are
+// copied; those whose time cannot be placed are counted in |*off_clock|.
+void RestampPage(std::span<const std::byte> page, const PageLayout& layout, const RegionTimeline& timeline,
+                 uint32_t ring_clock, std::deque<std::vector<std::byte>>* storage,
+                 std::vector<std::span<const std::byte>>* out, uint64_t* off_clock) {
+  PageCursor cursor(page, layout);
+  RawRecord rec;
+  std::vector<std::byte>* current = nullptr;
+  std::optional<PageWriter> writer;
+  bool missed = cursor.header().missed_events;
+  auto close = [&] {
+    if (!writer) return;
+    writer->Finish();
+    out->push_back(*current);
+    writer.reset();
+  };
+  while (cursor.Next(&rec)) {
+    const std::optional<uint64_t> t = timeline.ToTraceClock(ring_clock, rec.timestamp);
+    if (!t) {
+      ++*off_clock;
+      continue;
+    }
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (!writer) {
+        current = &storage->emplace_back(page.size(), std::byte{0});
+        writer.emplace(*current, layout, *t);
+        if (missed) writer->SetMissedEvents(cursor.missed_count());
+        missed = false;
+      }
+      if (writer->Append(*t, rec.payload)) break;
+      if (writer->used() == 0) {  // Cannot fit even an empty page: keep nothing of it.
+        ++*off_clock;
+        writer.reset();
+        storage->pop_back();
+        break;
+      }
+      close();
+    }
+  }
+  close();
+}
+
 json GuestJson(const RegionGuestInfo& g) {
   const region::GuestStatus& st = g.status;
   return {{"present", g.present},
@@ -122,7 +160,7 @@ json GuestJson(const RegionGuestInfo& g) {
           {"boot_id", g.boot_id},
           {"kernel_release", g.kernel_release},
           {"nr_cpus", g.nr_cpus},
-          {"trace_clock", ClockName(g.trace_clock)},
+          {"trace_clock", TraceClockName(g.trace_clock)},
           {"page_size", g.page_size},
           {"agent_pid", g.agent_pid},
           {"attach_mono_ns", g.attach_mono_ns},
@@ -157,6 +195,10 @@ std::string RegionTraceDatName(uint64_t generation) {
   return "region-gen-" + std::to_string(generation) + ".trace.dat";
 }
 
+std::string RegionUnplacedTraceDatName(uint64_t generation) {
+  return "region-gen-" + std::to_string(generation) + "-tsc.trace.dat";
+}
+
 Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const fs::path& dir) {
   RegionCaptureResult r;
   const uint32_t ncpu = static_cast<uint32_t>(s.cpus.size());
@@ -170,12 +212,20 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
     }
   }
 
-  std::map<uint32_t, GenerationPlan> plans;
-  for (uint32_t gen : generations) {
-    GenerationPlan& g = plans[gen] = PlanGeneration(s, gen);
-    g.pages.assign(nrings, {});
-  }
+  // Per generation: the file on the trace clock, and (only when needed) the
+  // one for TSC rings that could not be put on it.
+  std::map<std::pair<uint32_t, bool>, GenerationPlan> plans;
+  auto plan = [&](uint32_t gen, bool unplaced) -> GenerationPlan& {
+    auto it = plans.find({gen, unplaced});
+    if (it == plans.end()) {
+      it = plans.emplace(std::pair{gen, unplaced}, PlanGeneration(s, gen, unplaced)).first;
+      it->second.pages.assign(nrings, {});
+    }
+    return it->second;
+  };
+  for (uint32_t gen : generations) plan(gen, false);
 
+  const RegionTimeline timeline(s.guest.trace_clock, s.clock_sync);
   r.cpu_counts.resize(nrings);
   std::deque<std::vector<std::byte>> repaired;
   json rings = json::array();
@@ -189,15 +239,27 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
                {"published", ring.published},
                {"lost_events", ring.lost_events},
                {"pages_present", ring.pages.size()}};
+    const RegionTimeline::Mode mode =
+        ring.direct_write ? timeline.ModeOf(ring.clock) : RegionTimeline::Mode::kAsIs;
+    uint64_t off_clock = 0;
     if (ring.direct_write) {
       rj["pid"] = ring.pid;
       rj["tid"] = ring.tid;
       rj["comm"] = ring.comm;
+      rj["clock"] = ring.clock == region::kClockMono || ring.clock == region::kClockTsc
+                        ? TraceClockName(ring.clock)
+                        : "unknown " + std::to_string(ring.clock);
+      rj["time_stamps"] = mode == RegionTimeline::Mode::kConvert
+                              ? std::string("converted to ") + TraceClockName(s.guest.trace_clock)
+                          : mode == RegionTimeline::Mode::kUnplaceable
+                              ? std::string("raw TSC ticks, in region-gen-<N>-tsc.trace.dat: the region has "
+                                            "no usable clock-sync samples")
+                              : std::string("as written");
     } else {
       rj["overrun"] = ring.overrun;
     }
     for (const RegionPage& p : ring.pages) {
-      GenerationPlan& g = plans[p.boot_generation];
+      GenerationPlan& g = plan(p.boot_generation, mode == RegionTimeline::Mode::kUnplaceable);
       if (ring.direct_write && !g.dw_included) {
         counts.bad_pages["dw_layout_differs"]++;
         continue;
@@ -205,30 +267,47 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
       const PageLayout layout = ring.direct_write ? s.dw_layout : g.cpu_layout;
       if (p.page_error != PageError::kOk) counts.bad_pages[PageErrorName(p.page_error)]++;
       counts.pages++;
-      PageStats stats;
-      WalkPage(p.page, layout, &stats, [&](const RawRecord& rec) {
-        uint16_t type = 0;
-        if (rec.payload.size() >= sizeof type) std::memcpy(&type, rec.payload.data(), sizeof type);
-        RegionGenerationFile& f = g.file;
-        if (!g.known_ids.contains(type)) {
-          f.unknown_id++;
-          r.unknown_id++;
-        }
-        if (f.events == 0 || rec.timestamp < f.first_timestamp) f.first_timestamp = rec.timestamp;
-        f.last_timestamp = std::max(f.last_timestamp, rec.timestamp);
-        if (ring.direct_write) {
-          f.dw_events++;
-          f.last_dw_timestamp = std::max(f.last_dw_timestamp, rec.timestamp);
-        } else {
-          f.kernel_events++;
-          f.last_kernel_timestamp = std::max(f.last_kernel_timestamp, rec.timestamp);
-        }
-        f.events++;
-        counts.events++;
-      });
       if (p.records == 0) continue;
-      g.pages[slot_index].push_back(WritablePage(p, layout, &repaired));
-      g.file.pages++;
+      // What goes into the file: the page itself (cut at its first bad
+      // record), or its good records restamped onto the trace clock.
+      std::vector<std::span<const std::byte>> out;
+      if (mode == RegionTimeline::Mode::kConvert) {
+        RestampPage(p.page, layout, timeline, ring.clock, &repaired, &out, &off_clock);
+      } else {
+        out.push_back(WritablePage(p, layout, &repaired));
+      }
+      for (std::span<const std::byte> page : out) {
+        PageStats stats;
+        WalkPage(page, layout, &stats, [&](const RawRecord& rec) {
+          uint16_t type = 0;
+          if (rec.payload.size() >= sizeof type) std::memcpy(&type, rec.payload.data(), sizeof type);
+          RegionGenerationFile& f = g.file;
+          if (!g.known_ids.contains(type)) {
+            f.unknown_id++;
+            r.unknown_id++;
+          }
+          if (f.events == 0 || rec.timestamp < f.first_timestamp) f.first_timestamp = rec.timestamp;
+          f.last_timestamp = std::max(f.last_timestamp, rec.timestamp);
+          if (ring.direct_write) {
+            f.dw_events++;
+            f.last_dw_timestamp = std::max(f.last_dw_timestamp, rec.timestamp);
+          } else {
+            f.kernel_events++;
+            f.last_kernel_timestamp = std::max(f.last_kernel_timestamp, rec.timestamp);
+          }
+          f.events++;
+          counts.events++;
+        });
+        if (stats.records == 0) continue;
+        g.pages[slot_index].push_back(page);
+        g.file.pages++;
+      }
+    }
+    if (off_clock != 0) {
+      // Stamps the conversion cannot represent (absurd ticks): left out of
+      // the file, still in attach-region.bin.
+      rj["events_off_clock"] = off_clock;
+      r.dw_events_off_clock += off_clock;
     }
     rings.push_back(std::move(rj));
   };
@@ -241,7 +320,8 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
     if (ring.tid != 0 && !ring.comm.empty()) cmdlines += std::to_string(ring.tid) + " " + ring.comm + "\n";
   }
 
-  for (auto& [gen, g] : plans) {
+  for (auto& [key, g] : plans) {
+    const uint32_t gen = key.first;
     TraceDatWriterInput in;
     in.page_size = s.geometry.slot_size;
     in.long_size = 8;
@@ -249,12 +329,13 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
     in.header_event = g.header_event;
     in.formats = g.formats;
     in.cmdlines = cmdlines;
-    in.trace_clock = ClockName(s.guest.trace_clock);
+    in.trace_clock = g.unplaced ? TraceClockName(region::kClockTsc) : TraceClockName(s.guest.trace_clock);
     in.cpus = std::move(g.pages);
     const fs::path path = dir / g.file.file;
     if (Status st = WriteTraceDat(path.string(), in); !st.ok()) {
       return Error{"boot generation " + std::to_string(gen) + ": " + st.error().message};
     }
+    g.file.trace_clock = in.trace_clock;
     r.files.push_back(g.file.file);
     r.events += g.file.events;
     r.pages += g.file.pages;
@@ -269,6 +350,7 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
   for (const RegionGenerationFile& f : r.generations) {
     gens.push_back({{"generation", f.generation},
                     {"file", f.file},
+                    {"trace_clock", f.trace_clock},
                     {"events", f.events},
                     {"kernel_events", f.kernel_events},
                     {"dw_events", f.dw_events},
@@ -300,6 +382,11 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
               {"issues", IssuesJson(s)},
               {"slots_skipped", skipped_slots},
               {"unknown_id_events", r.unknown_id},
+              {"dw_events_off_clock", r.dw_events_off_clock},
+              {"clock_sync", {{"samples", s.clock_sync.size()},
+                              {"sound", timeline.tsc().used()},
+                              {"dropped", timeline.tsc().dropped()},
+                              {"tsc_hz", timeline.tsc().tsc_hz()}}},
               {"saved_cmdlines", "direct-write threads only; kernel tasks print as <...>"}};
   return r;
 }

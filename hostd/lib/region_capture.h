@@ -7,7 +7,15 @@
 //   region-gen-<N>.trace.dat    boot generation N: CPUs 0..n-1 are the guest's
 //                               CPUs (kernel pages the agent pushed), then one
 //                               extra CPU per direct-write ring (n + ring)
+//   region-gen-<N>-tsc.trace.dat  only when a direct-write ring stamped with
+//                               the TSC cannot be put on the trace clock (too
+//                               few sound clock-sync samples): those rings,
+//                               raw ticks, trace clock "x86-tsc"
 // `trace-cmd report` and `hvtrace show` read them like boot-<n>.trace.dat.
+//
+// Clocks: direct-write rings stamped with the TSC are restamped onto the
+// guest's trace clock (hvtrace/region_clock.h), so their events and the
+// kernel's sort on one timeline in region-gen-<N>.trace.dat.
 //
 // Formats come from the region's own format table for that generation (each
 // entry checked against its text and fingerprint by ReadRegion). Records
@@ -46,7 +54,8 @@ struct RegionCaptureOptions {
 // One boot generation's file.
 struct RegionGenerationFile {
   uint64_t generation = 0;
-  std::string file;  // "region-gen-<N>.trace.dat"
+  std::string file;  // "region-gen-<N>.trace.dat" (or "...-tsc.trace.dat")
+  std::string trace_clock;
   uint64_t events = 0;
   uint64_t kernel_events = 0;
   uint64_t dw_events = 0;
@@ -61,6 +70,7 @@ struct RegionGenerationFile {
 struct RegionCaptureResult {
   std::vector<RegionGenerationFile> generations;
   uint64_t events = 0, pages = 0, unknown_id = 0, lost_events = 0, bad_slots = 0;
+  uint64_t dw_events_off_clock = 0;  // TSC stamps no conversion can represent.
   std::vector<CpuCaptureCounts> cpu_counts;  // Kernel CPUs, then dw rings (cpu = n + ring).
   nlohmann::json attach;  // manifest.extra["attach"]: guest, loss window, rings, issues.
   std::vector<std::string> files;
@@ -68,6 +78,8 @@ struct RegionCaptureResult {
 
 // "region-gen-<N>.trace.dat"
 std::string RegionTraceDatName(uint64_t generation);
+// "region-gen-<N>-tsc.trace.dat": TSC rings that could not be converted.
+std::string RegionUnplacedTraceDatName(uint64_t generation);
 
 // Writes the trace.dat files for |snapshot| into |dir| (no region.bin, no
 // manifest). For captures, tests and `hvtrace show`.

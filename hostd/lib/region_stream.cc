@@ -4,19 +4,10 @@
 
 #include "hvtrace/page.h"
 #include "hvtrace/region.h"
+#include "hvtrace/region_clock.h"
 
 namespace hvtrace::hostd {
 namespace {
-
-std::string ClockName(uint32_t clock) {
-  switch (clock) {
-    case region::kClockMono: return "mono";
-    case region::kClockTsc: return "x86-tsc";
-    case region::kClockBoot: return "boot";
-    case region::kClockGlobal: return "global";
-    default: return "local";
-  }
-}
 
 size_t FormatsOf(const RegionSnapshot& s, uint32_t generation) {
   size_t n = 0;
@@ -51,7 +42,7 @@ EventDecoder* RegionStreamer::DecoderFor(const RegionSnapshot& s, uint32_t gener
   TraceMetadata m;
   m.source = "region " + std::to_string(geometry_.region_id) + " generation " + std::to_string(generation);
   m.page_size = geometry_.slot_size;
-  m.trace_clock = ClockName(trace_clock_);
+  m.trace_clock = TraceClockName(trace_clock_);
   m.cmdlines = cmdlines_;
   for (const RegionFormat& f : s.formats) {
     if (f.boot_generation != generation) continue;
@@ -120,6 +111,13 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::stea
                         " page(s) overwritten in the region before the stream read them");
   }
   const uint32_t ncpu = static_cast<uint32_t>(s->cpus.size());
+  const RegionTimeline timeline(trace_clock_, s->clock_sync);
+  if (timeline.tsc().dropped() > sync_dropped_noted_) {
+    sync_dropped_noted_ = timeline.tsc().dropped();
+    out.notes.push_back(std::to_string(sync_dropped_noted_) + " of " + std::to_string(s->clock_sync.size()) +
+                        " clock-sync samples in the region are inconsistent and were dropped; TSC stamps are "
+                        "converted with the " + std::to_string(timeline.tsc().used()) + " sound ones");
+  }
   if (!skip) {
     std::map<uint32_t, PageLayout> layouts;
     for (const RegionTracker::NewData& nd : delta.pages) {
@@ -131,11 +129,15 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::stea
       int64_t missed = cursor.header().missed_events
                            ? (cursor.missed_count() > 0 ? static_cast<int64_t>(cursor.missed_count()) : -1)
                            : 0;
+      const uint32_t ring_clock = nd.direct_write ? s->dw_rings[p.ring].clock : trace_clock_;
       RawRecord rec;
       while (cursor.Next(&rec)) {
         if (rec.offset < nd.from_offset) continue;
         Held h;
-        h.timestamp = rec.timestamp;
+        const std::optional<uint64_t> placed = timeline.ToTraceClock(ring_clock, rec.timestamp);
+        h.timestamp = placed.value_or(rec.timestamp);
+        h.ring_clock = ring_clock;
+        h.placed = placed.has_value();
         h.trace_cpu = nd.direct_write ? ncpu + p.ring : p.ring;
         h.generation = p.boot_generation;
         h.missed = missed;
@@ -150,9 +152,22 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::stea
   // Release what the agent's last push has passed, or what waited too long.
   const bool mono = trace_clock_ == region::kClockMono;
   const uint64_t watermark = mono ? s->guest.status.last_push_mono_ns : 0;
-  std::vector<Held> ready, keep;
+  std::vector<Held> ready, keep, unplaced;
   for (Held& h : held_) {
-    if (flush || (mono && h.timestamp <= watermark) || now - h.seen >= options_.max_hold) {
+    if (!h.placed) {
+      // TSC stamps that had no usable clock-sync samples: maybe now.
+      if (const std::optional<uint64_t> t = timeline.ToTraceClock(h.ring_clock, h.timestamp)) {
+        h.timestamp = *t;
+        h.placed = true;
+      }
+    }
+    if (!h.placed) {
+      if (flush || now - h.seen >= options_.max_hold) {
+        unplaced.push_back(std::move(h));
+      } else {
+        keep.push_back(std::move(h));
+      }
+    } else if (flush || (mono && h.timestamp <= watermark) || now - h.seen >= options_.max_hold) {
       ready.push_back(std::move(h));
     } else {
       keep.push_back(std::move(h));
@@ -163,6 +178,25 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::stea
     return a.timestamp != b.timestamp ? a.timestamp < b.timestamp : a.trace_cpu < b.trace_cpu;
   });
   for (const Held& h : ready) {
+    if (DecoderFor(*s, h.generation, &out) == nullptr) continue;
+    Emit(h, &out);
+  }
+  // Not on the trace clock: after the rest, each ring's in its own order.
+  std::stable_sort(unplaced.begin(), unplaced.end(), [](const Held& a, const Held& b) {
+    return a.trace_cpu != b.trace_cpu ? a.trace_cpu < b.trace_cpu : a.timestamp < b.timestamp;
+  });
+  for (const Held& h : unplaced) {
+    if (unplaced_noted_.insert(h.trace_cpu).second) {
+      const uint32_t ring = h.trace_cpu - ncpu;
+      const RegionRing* r = ring < s->dw_rings.size() ? &s->dw_rings[ring] : nullptr;
+      out.notes.push_back("direct-write ring " + std::to_string(ring) +
+                          (r != nullptr ? " (tid " + std::to_string(r->tid) + " " + r->comm + ")" : std::string()) +
+                          " stamps TSC ticks that cannot be put on the kernel's clock (" +
+                          std::to_string(timeline.tsc().used()) + " of " + std::to_string(s->clock_sync.size()) +
+                          " clock-sync samples sound, 2 needed, or a stamp out of range): its events are printed "
+                          "with raw TSC time stamps on trace CPU " + std::to_string(h.trace_cpu) +
+                          ", after the others, not on the kernel's timeline");
+    }
     if (DecoderFor(*s, h.generation, &out) == nullptr) continue;
     Emit(h, &out);
   }

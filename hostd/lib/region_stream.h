@@ -13,12 +13,19 @@
 //
 // Trace CPUs are numbered as in captures (region_capture.h): the guest's
 // CPUs, then one per direct-write ring.
+//
+// Clocks. Direct-write rings stamped with the TSC are put on the kernel's
+// trace clock with the region's clock-sync samples (RegionTimeline). While
+// the region has too few sound samples such events wait; after |max_hold|
+// they are printed with their raw TSC stamps, after the others, and a note
+// says so (once per ring).
 #ifndef HVTRACE_HOSTD_REGION_STREAM_H_
 #define HVTRACE_HOSTD_REGION_STREAM_H_
 
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -55,7 +62,9 @@ class RegionStreamer {
 
  private:
   struct Held {
-    uint64_t timestamp;
+    uint64_t timestamp;  // On the trace clock once |placed|; else raw ring ticks.
+    uint32_t ring_clock; // The ring's clock (direct-write), or the trace clock.
+    bool placed;
     uint32_t trace_cpu;
     uint32_t generation;
     int64_t missed;
@@ -79,6 +88,8 @@ class RegionStreamer {
   std::map<uint32_t, GenerationDecoder> decoders_;
   std::string cmdlines_;
   uint32_t trace_clock_ = 0;
+  uint32_t sync_dropped_noted_ = 0;
+  std::set<uint32_t> unplaced_noted_;  // Trace CPUs whose raw stamps were noted.
   uint64_t events_out_ = 0;
   uint64_t pages_missed_ = 0;
 };

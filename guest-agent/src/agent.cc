@@ -176,24 +176,36 @@ void Agent::Announce() {
   id.page_size = page_size_;
   id.agent_pid = static_cast<uint32_t>(getpid());
   id.attach_mono_ns = MonotonicNs();
-  region_->WriteIdentity(id);
-  // Two samples a few ms apart, so the host can convert TSC time stamps of
-  // direct-write events from the start (the next comes a second later).
+  // Two clock-sync samples a few ms apart, written before the identity: the
+  // host can convert TSC stamps of direct-write events from the start, and
+  // direct-write programs, which wait for the identity, find them and may
+  // choose the TSC (dwtrace.hpp). The next comes a second later.
   SampleClocks();
   const uint64_t until = MonotonicNs() + 5000000;
   while (MonotonicNs() < until) {
   }
   SampleClocks();
+  region_->WriteIdentity(id);
 }
 
 void Agent::SampleClocks() {
-  // The TSC read brackets the CLOCK_MONOTONIC read; the midpoint is the
-  // same instant to within a few ns (what direct-write TSC stamps are
-  // converted with on the host).
-  const uint64_t tsc0 = __rdtsc();
-  const uint64_t mono = ClockNs(CLOCK_MONOTONIC);
-  const uint64_t tsc1 = __rdtsc();
-  region_->AddClockSync(mono, ClockNs(CLOCK_BOOTTIME), ClockNs(CLOCK_REALTIME), tsc0 + (tsc1 - tsc0) / 2);
+  // The TSC reads bracket the CLOCK_MONOTONIC read; the midpoint is the
+  // same instant to within half the bracket (what direct-write TSC stamps
+  // are converted with on the host). Of three tries the tightest bracket
+  // wins: a vCPU preempted in between (TCG, a busy host) would widen it.
+  uint64_t best_width = UINT64_MAX, best_tsc = 0, best_mono = 0;
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t tsc0 = __rdtsc();
+    const uint64_t mono = ClockNs(CLOCK_MONOTONIC);
+    const uint64_t tsc1 = __rdtsc();
+    if (tsc1 >= tsc0 && tsc1 - tsc0 < best_width) {
+      best_width = tsc1 - tsc0;
+      best_tsc = tsc0 + (tsc1 - tsc0) / 2;
+      best_mono = mono;
+    }
+  }
+  if (best_width == UINT64_MAX) return;  // The TSC went backwards each time: no sample.
+  region_->AddClockSync(best_mono, ClockNs(CLOCK_BOOTTIME), ClockNs(CLOCK_REALTIME), best_tsc);
 }
 
 void Agent::PublishHeaders() {

@@ -178,10 +178,29 @@ bool HasInvariantTsc() {
   return invariant;
 }
 
+bool KernelTrustsTsc() {
+  // The kernel's clocksource watchdog takes the TSC off this list when it
+  // finds it unstable (it loses CLOCK_SOURCE_VALID_FOR_HRES).
+  static const bool trusted = [] {
+    std::ifstream in("/sys/devices/system/clocksource/clocksource0/available_clocksource");
+    std::string name;
+    while (in >> name) {
+      if (name == "tsc") return true;
+    }
+    return false;
+  }();
+  return trusted;
+}
+
+Clock AutoClock(const GuestRegion& region) {
+  // The host converts TSC stamps with the agent's clock-sync samples
+  // (region_clock.h); the agent writes two before it announces the guest.
+  const bool samples = region.status()->clock_sync_count >= 2;
+  return HasInvariantTsc() && KernelTrustsTsc() && samples ? Clock::kTsc : Clock::kMonotonic;
+}
+
 Tracer::Tracer(std::unique_ptr<Attachment> first, Clock clock)
-    // kAuto stays on CLOCK_MONOTONIC until hvtraced's stream and capture
-    // convert TSC stamps (region_clock.h); TSC rings would sort wrongly there.
-    : clock_(clock == Clock::kAuto ? Clock::kMonotonic : clock) {
+    : clock_(clock == Clock::kAuto ? AutoClock(first->region) : clock) {
   current_.store(first.get());
   attachments_.push_back(std::move(first));
   std::lock_guard<std::mutex> lock(g_alive_mutex);

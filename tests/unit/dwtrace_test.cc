@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <atomic>
 #include <map>
@@ -310,6 +311,30 @@ TEST(DwCApi, OpensAFileWritesAndCloses) {
 // length word), time gaps past 27 bits (a TIME_EXTEND first), odd sizes
 // (padding) and a payload that does not fit the rest of a page. The host's
 // walker must read every one back whole, with its time.
+TEST_F(DwTest, AutoClockIsTheTscOnlyWithClockSyncSamplesAndATrustedInvariantTsc) {
+  // No clock-sync samples in the region: the host could not convert TSC
+  // stamps, so kAuto stays on CLOCK_MONOTONIC whatever the CPU.
+  auto before = dw::Tracer::FromMemory(mem_.data(), mem_.size());
+  ASSERT_TRUE(before.ok());
+  EXPECT_EQ((*before)->clock(), dw::Clock::kMonotonic);
+  // The agent's two samples: then the CPU and the kernel decide.
+  auto guest = GuestRegion::Attach(mem_.data(), mem_.size());
+  ASSERT_TRUE(guest.ok());
+  guest->AddClockSync(1000, 0, 0, 3000);
+  guest->AddClockSync(2000, 0, 0, 6000);
+  auto after = dw::Tracer::FromMemory(mem_.data(), mem_.size());
+  ASSERT_TRUE(after.ok());
+  const bool tsc = dw::HasInvariantTsc() && dw::KernelTrustsTsc();
+  EXPECT_EQ((*after)->clock(), tsc ? dw::Clock::kTsc : dw::Clock::kMonotonic);
+  std::printf("this machine: TSC %s, kernel %s it: Clock::kAuto = %s\n",
+              dw::HasInvariantTsc() ? "invariant" : "not invariant", dw::KernelTrustsTsc() ? "trusts" : "does not trust",
+              tsc ? "TSC" : "CLOCK_MONOTONIC");
+  // Forcing a clock is always obeyed.
+  EXPECT_EQ((*dw::Tracer::FromMemory(mem_.data(), mem_.size(), dw::Clock::kMonotonic))->clock(),
+            dw::Clock::kMonotonic);
+  EXPECT_EQ((*dw::Tracer::FromMemory(mem_.data(), mem_.size(), dw::Clock::kTsc))->clock(), dw::Clock::kTsc);
+}
+
 TEST_F(DwTest, LargeRecordsTimeGapsAndPaddingReadBackWhole) {
   auto t = dw::Tracer::FromMemory(mem_.data(), mem_.size(), dw::Clock::kMonotonic);
   ASSERT_TRUE(t.ok());

@@ -22,13 +22,15 @@
 // tracefs' events/*/format, goes into the region's format table with a
 // fingerprint (hvtrace/fingerprint.h), so the host decodes it by name.
 //
-// Time stamps: Clock::kAuto (the default) and Clock::kMonotonic are
-// CLOCK_MONOTONIC nanoseconds, the clock hvtrace-agent sets for kernel events
-// ("mono"). Clock::kTsc reads the TSC (a few ns where the vDSO's
-// clock_gettime costs tens) and says so in the ring (DwRingHeader::clock =
-// kClockTsc); region_clock.h converts such ticks with the agent's clock-sync
-// samples, but hvtraced's stream and captures do not apply it yet, so kAuto
-// does not choose the TSC even on CPUs with an invariant TSC.
+// Time stamps: Clock::kMonotonic is CLOCK_MONOTONIC nanoseconds, the clock
+// hvtrace-agent sets for kernel events ("mono"). Clock::kTsc reads the TSC (a
+// few ns where the vDSO's clock_gettime costs tens) and says so in the ring
+// (DwRingHeader::clock = kClockTsc); hvtraced converts such ticks to the
+// kernel's clock with the agent's clock-sync samples (region_clock.h) in its
+// stream and captures. Clock::kAuto (the default) picks the TSC when it is
+// invariant (constant_tsc and nonstop_tsc), the kernel still trusts it (it is
+// in available_clocksource) and the region holds clock-sync samples (the
+// agent writes them before it announces the guest); else CLOCK_MONOTONIC.
 //
 // Finding the region: Open("") uses $HVTRACE_REGION, else the path in
 // /run/hvtrace/region that hvtrace-agent writes when it attaches, else the
@@ -61,8 +63,10 @@ namespace hvtrace::dw {
 
 enum class Clock : uint32_t { kAuto = 0, kMonotonic = region::kClockMono, kTsc = region::kClockTsc };
 
-// Whether this CPU's TSC is invariant (what Clock::kAuto checks, once).
+// Whether this CPU's TSC is invariant, and whether the kernel still lists it
+// as a clocksource (what Clock::kAuto checks, once each).
 bool HasInvariantTsc();
+bool KernelTrustsTsc();
 
 // One field of an event's payload, as laid out in the struct the program
 // passes to Write(): |offset| is offsetof() in that struct. |type| is a C

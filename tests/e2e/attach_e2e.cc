@@ -1,13 +1,23 @@
-// Attach mode through hvtraced, on real guests (the 6.12 and the 6.1 guest)
-// that booted without any region: `attach` hot-plugs one over QMP and the
-// guest agent announces itself; `stream` shows markers written through
-// trace_marker and through the direct-write library, in order, as
-// `trace-cmd report` prints them; then the guest crashes and the panic
-// capture holds every direct-write event and the kernel events up to the
-// agent's last push. The measured loss window is printed.
+// Attach mode through hvtraced and the `hvtrace` CLI, on real guests (the
+// 6.12 and the 6.1 guest) that booted without any region: `hvtrace attach`
+// hot-plugs one over QMP and the guest agent announces itself; `stream`
+// shows markers written through trace_marker and through the direct-write
+// library, in order, as `trace-cmd report` prints them. `hvtrace detach`
+// unplugs it (DEVICE_DELETED, object-del) and the region stays readable:
+// `hvtrace capture` holds the first session's markers. A second `hvtrace
+// attach` in the same guest plugs a fresh region; the agent maps it again,
+// markers written after it arrive (`hvtrace stream`), and nothing of the
+// first region or of the time in between leaks into it. Then the guest
+// crashes and the panic capture holds every direct-write event and the
+// kernel events up to the agent's last push. The measured loss window is
+// printed.
 //
 // The guest's QEMU is launched by the test (as a user would); hvtraced gets
 // its own QMP monitor (QEMU serves one client per monitor).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -26,6 +36,7 @@
 #include "attach_region_host.h"
 #include "guest_harness.h"
 #include "attach_daemon_harness.h"
+#include "libvirtd_fixture.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -82,6 +93,61 @@ uint64_t LineTimeNs(const std::string& line) {
   return std::stoull(m[1]) * 1000000000ull + std::stoull(m[2]) * 1000ull;
 }
 
+// Waits until the guest file |path| holds |needle|.
+bool GuestLogHas(TestGuest& guest, const std::string& path, const std::string& needle) {
+  return WaitUntil(
+      [&] {
+        auto r = guest.Run("grep -q '" + needle + "' " + path);
+        return r.ok() && r->status == 0;
+      },
+      std::chrono::seconds(20));
+}
+
+// `hvtrace stream NAME` as a user runs it, its stdout and stderr in one file.
+class CliStream {
+ public:
+  CliStream(const PrivateHvtraced& hvt, const std::string& name) : out_(hvt.dir() + "/stream-" + name + ".out") {
+    const std::string bin = std::string(HVTRACE_BIN_DIR) + "/hvtrace";
+    const std::string socket = hvt.socket();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+      if (fd < 0) ::_exit(126);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      ::execl(bin.c_str(), bin.c_str(), "stream", name.c_str(), "--socket", socket.c_str(),
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~CliStream() {
+    if (pid_ > 0 && !exited_) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    std::filesystem::remove(out_);
+  }
+  CliStream(const CliStream&) = delete;
+  CliStream& operator=(const CliStream&) = delete;
+
+  std::string Output() const { return ReadAll(out_); }
+  bool WaitFor(const std::string& needle, std::chrono::milliseconds timeout) const {
+    return WaitUntil([&] { return Output().find(needle) != std::string::npos; }, timeout);
+  }
+  // True when it exited on its own within |timeout|.
+  bool WaitForExit(std::chrono::milliseconds timeout) {
+    if (pid_ <= 0) return false;
+    exited_ = WaitUntil([&] { return ::waitpid(pid_, nullptr, WNOHANG) == pid_; }, timeout);
+    return exited_;
+  }
+
+ private:
+  std::string out_;
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
 class AttachE2e : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
@@ -109,8 +175,8 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   ASSERT_TRUE(before.ok());
   EXPECT_EQ(before->output.find('1'), std::string::npos) << "an ivshmem device before attach: " << before->output;
 
-  AttachTestDaemon daemon(tag);
-  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  PrivateHvtraced hvt(tag, "");  // No libvirt: a QMP VM.
+  ASSERT_TRUE(hvt.Start().ok()) << hvt.Log();
   const std::string name = tag + "-" + std::to_string(::getpid());
   const std::string region_file = "/dev/shm/hvtrace-" + name + "-attach";
   struct Cleanup {
@@ -119,15 +185,12 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   } cleanup{region_file};
   auto diag = [&] {
     return guest.Diagnostics() + "\n--- agent ---\n" + guest.Run("cat /tmp/agent.log")->output +
-           "\n--- hvtraced ---\n" + daemon.log();
+           "\n--- hvtraced ---\n" + hvt.Log();
   };
 
   const auto attach_start = Clock::now();
-  auto attached = daemon.Call("attach", {{"name", name},
-                                         {"qmp", daemon_qmp},
-                                         {"size_mib", 16},
-                                         {"pump_interval_ms", 50},
-                                         {"wait_ms", 60000}});
+  auto attached = hvt.HvtraceJson(
+      {"attach", name, "--qmp", daemon_qmp, "--size", "16M", "--pump-ms", "50", "--wait-ms", "60000"});
   ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
   const json& g = (*attached)["guest"];
   ASSERT_FALSE(g.is_null()) << attached->dump(2) << diag();
@@ -142,11 +205,12 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
               std::chrono::duration<double, std::milli>(Clock::now() - attach_start).count(),
               (*attached)["machine"].get<std::string>().c_str());
   // A second attach while one is plugged is refused.
-  auto twice = daemon.Call("attach", {{"name", name}, {"wait_ms", 0}});
-  EXPECT_FALSE(twice.ok());
+  const RunResult twice = hvt.Hvtrace({"attach", name, "--wait-ms", "0"});
+  EXPECT_EQ(twice.status, 1) << twice.output;
+  EXPECT_NE(twice.output.find("already attached"), std::string::npos) << twice.output;
 
   // Live stream: markers through both paths, in order, with the right text.
-  StreamCollector stream(daemon.socket(), {{"name", name}, {"format", "text"}});
+  StreamCollector stream(hvt.socket(), {{"name", name}, {"format", "text"}});
   ASSERT_TRUE(stream.WaitFor([&](const std::string&) { return stream.notes().find("streaming VM") != std::string::npos; },
                              std::chrono::seconds(10)))
       << stream.end();
@@ -184,6 +248,64 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
               "included)\n  %s\n  %s\n",
               version.c_str(), seen_ms, k1_line.c_str(), d0_line.c_str());
 
+  // Detach: the device goes (DEVICE_DELETED), the agent lets go, the stream
+  // ends, and the region stays readable for a capture.
+  auto detached = hvt.HvtraceJson({"detach", name});
+  ASSERT_TRUE(detached.ok()) << detached.error().message << diag();
+  EXPECT_EQ((*detached)["detached"], true);
+  EXPECT_EQ((*detached)["device"], (*attached)["device"]["id"]);
+  EXPECT_EQ((*detached)["region"]["file"], region_file);
+  EXPECT_FALSE(detached->contains("object_del_error")) << detached->dump(2);
+  EXPECT_TRUE(stream.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) || stream.done());
+  EXPECT_TRUE(stream.done()) << "the stream should end when the region is detached";
+  EXPECT_NE(stream.end().find("region detached"), std::string::npos) << stream.end();
+  EXPECT_TRUE(GuestLogHas(guest, "/tmp/agent.log", "detached:")) << "the agent did not let go\n" << diag();
+  auto devices = guest.Run("cat /sys/bus/pci/devices/*/device | grep -c 0x1110 || true");
+  ASSERT_TRUE(devices.ok());
+  EXPECT_NE(devices->output.find('0'), std::string::npos) << "ivshmem still in the guest: " << devices->output;
+  const RunResult twice_detached = hvt.Hvtrace({"detach", name});
+  EXPECT_EQ(twice_detached.status, 1);
+  EXPECT_NE(twice_detached.output.find("no region is attached"), std::string::npos) << twice_detached.output;
+  std::printf("[attach %s] detach: DEVICE_DELETED after %.1f ms\n", version.c_str(),
+              (*detached)["device_deleted_ms"].get<double>());
+
+  auto first_capture = hvt.HvtraceJson({"capture", name});
+  ASSERT_TRUE(first_capture.ok()) << first_capture.error().message << diag();
+  const fs::path captures = fs::path(hvt.state_dir()) / "vms" / name / "captures";
+  const std::string first_report =
+      Sh("trace-cmd report " + (captures / (*first_capture)["capture"].get<std::string>() / "region-gen-1.trace.dat")
+                                   .string() + " 2>&1");
+  for (const char* m : {"HVT-K1", "HVT-K2", "text=HVT-DW 0", "text=HVT-DW 2"}) {
+    EXPECT_NE(first_report.find(m), std::string::npos) << m << " missing from the detached region's capture\n"
+                                                       << first_report.substr(0, 3000);
+  }
+
+  // Written while no region is plugged: must reach nobody.
+  ASSERT_EQ(guest.Run("echo HVT-GAP > /sys/kernel/tracing/trace_marker")->status, 0);
+
+  // Re-attach in the same guest (the VM is watched now: no --qmp).
+  auto again = hvt.HvtraceJson({"attach", name, "--pump-ms", "50", "--wait-ms", "60000"});
+  ASSERT_TRUE(again.ok()) << again.error().message << diag();
+  ASSERT_FALSE((*again)["guest"].is_null()) << again->dump(2) << diag();
+  EXPECT_NE((*again)["region"]["region_id"], (*attached)["region"]["region_id"]);
+  EXPECT_NE((*again)["device"]["id"], (*attached)["device"]["id"]);
+  EXPECT_EQ((*again)["guest"]["boot_id"], g["boot_id"]) << "same guest, same boot";
+  EXPECT_EQ((*again)["guest"]["boot_generation"], 1);
+  std::printf("[attach %s] re-attach: plugged in %.1f ms, agent re-mapped %.1f ms later\n", version.c_str(),
+              (*again)["plug_ms"].get<double>(), (*again)["announce_ms"].get<double>());
+
+  // `hvtrace stream` (the CLI) shows what is written after the re-attach.
+  CliStream cli(hvt, name);
+  ASSERT_TRUE(cli.WaitFor("streaming VM", std::chrono::seconds(10))) << cli.Output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(guest.Run("echo HVT-R-K1 > /sys/kernel/tracing/trace_marker")->status, 0);
+  auto dw_again = guest.Run("hvtrace-agent dw-write --count 2 HVT-R-DW");
+  ASSERT_TRUE(dw_again.ok());
+  ASSERT_EQ(dw_again->status, 0) << dw_again->output;
+  ASSERT_TRUE(cli.WaitFor("text=HVT-R-DW 1", std::chrono::seconds(30)))
+      << "markers written after the re-attach never reached `hvtrace stream`\n" << cli.Output() << diag();
+  EXPECT_TRUE(cli.WaitFor("HVT-R-K1", std::chrono::seconds(1))) << cli.Output();
+
   // Crash: a burst of trace_marker writes, then direct writes, then panic.
   constexpr int kBurst = 300;
   const std::string crash =
@@ -191,21 +313,22 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
       " ]; do echo HVT-LOSS-$i > /sys/kernel/tracing/trace_marker; i=$((i+1)); done; "
       "hvtrace-agent dw-write --count 5 HVT-LAST > /dev/null; echo c > /proc/sysrq-trigger\n";
   ASSERT_TRUE(guest.console().Send(crash).ok());
-  const fs::path captures = fs::path(daemon.state_dir()) / "vms" / name / "captures";
   fs::path capture_dir;
   const auto deadline = Clock::now() + std::chrono::seconds(90);
   while (Clock::now() < deadline && capture_dir.empty()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    auto list = daemon.Call("captures", {{"name", name}});
+    auto list = hvt.HvtraceJson({"captures", name});
     if (!list.ok()) continue;
     for (const json& c : (*list)["captures"]) {
       if (c.value("trigger", "") == "panic") capture_dir = captures / c.value("id", "");
     }
   }
   ASSERT_FALSE(capture_dir.empty()) << "no panic capture\n" << diag();
-  EXPECT_TRUE(stream.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) || stream.done());
-  EXPECT_TRUE(stream.done()) << "the stream should end when the guest panics";
-  EXPECT_NE(stream.end().find("panicked"), std::string::npos) << stream.end();
+  EXPECT_TRUE(cli.WaitForExit(std::chrono::seconds(10))) << "`hvtrace stream` should end when the guest panics";
+  EXPECT_NE(cli.Output().find("panicked"), std::string::npos) << cli.Output();
+  for (const char* old : {"HVT-K1", "HVT-DW", "HVT-GAP"}) {
+    EXPECT_EQ(cli.Output().find(old), std::string::npos) << old << " in the stream after the re-attach";
+  }
 
   const json manifest = json::parse(ReadAll(capture_dir / "manifest.json"));
   const json& attach = manifest["extra"]["attach"];
@@ -215,8 +338,18 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   ASSERT_TRUE(fs::exists(dat)) << manifest.dump(2);
   // trace-cmd is the oracle for the file.
   const std::string report = Sh("trace-cmd report " + dat.string() + " 2>&1");
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_NE(report.find("text=HVT-DW " + std::to_string(i)), std::string::npos) << "dw event " << i;
+  // The second region holds the second session only: nothing from the first
+  // region, nothing the kernel buffered while none was plugged.
+  EXPECT_NE(report.find("HVT-R-K1"), std::string::npos);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_NE(report.find("text=HVT-R-DW " + std::to_string(i)), std::string::npos) << "dw event " << i;
+  }
+  for (const char* old : {"HVT-K1", "HVT-K2", "HVT-DW ", "HVT-GAP"}) {
+    EXPECT_EQ(report.find(old), std::string::npos) << old << " leaked into the re-attached region";
+  }
+  // And the first region was not written after DEVICE_DELETED.
+  for (const char* later : {"HVT-GAP", "HVT-R-", "HVT-LOSS", "HVT-LAST"}) {
+    EXPECT_EQ(first_report.find(later), std::string::npos) << later << " in the detached region's capture";
   }
   uint64_t last_dw_ns = 0;
   for (int i = 0; i < 5; ++i) {

@@ -393,8 +393,25 @@ void LibvirtDomainBackend::OnCrash(const LibvirtDomainEvent& e, const std::strin
   }
 }
 
+void LibvirtDomainBackend::OnShmemRemoved(const std::string& alias) {
+  std::shared_ptr<LiveRegion> region;
+  {
+    std::lock_guard lock(mu_);
+    if (!attached_ || alias.empty() || alias != ShmemAlias(attach_shm_)) return;
+    // The device is gone whoever asked: without this a guest-side eject left
+    // the domain "attached" (a stream waiting forever, attach refused).
+    attached_ = false;
+    region = live_region_;
+    if (!attach_busy_) {
+      attach_info_ = {{"detached", true}, {"device", alias}, {"by", "guest (DEVICE_REMOVED nobody asked for)"}};
+    }
+  }
+  if (region) region->MarkDetached();
+}
+
 void LibvirtDomainBackend::OnEvent(const LibvirtDomainEvent& e) {
   using Kind = LibvirtDomainEvent::Kind;
+  if (e.kind == Kind::kDeviceRemoved) OnShmemRemoved(e.device_alias);
   VmEventSink* sink;
   {
     std::lock_guard lock(mu_);

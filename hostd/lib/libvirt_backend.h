@@ -123,6 +123,8 @@ class LibvirtDomainBackend : public VmBackend {
   void RunBlocking(std::function<void()> fn);
   void OnEvent(const LibvirtDomainEvent& event);
   void OnCrash(const LibvirtDomainEvent& event, const std::string& name);
+  // DEVICE_REMOVED of our <shmem>, asked for or not (a guest may eject it).
+  void OnShmemRemoved(const std::string& alias);
   Result<std::vector<std::byte>> CopyRegion() const;
   // libvirt's view of the domain: "running", "paused (crashed)", "shut off", …
   std::string StateNow(bool* active) const;

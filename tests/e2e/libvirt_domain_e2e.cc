@@ -512,6 +512,31 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
   ASSERT_FALSE((*second)["guest"].is_null()) << second->dump(2);
   EXPECT_NE((*second)["region"]["region_id"], (*first)["region"]["region_id"]);
 
+  // The guest ejects the device itself (ACPI hot-plug slot power off): the
+  // DEVICE_REMOVED nobody asked for still marks the domain detached.
+  seen = WaitGuestIvshmemCount(domain, 1);
+  LV_ASSERT_OK(seen);
+  LV_ASSERT_OK(domain.console().Run(
+      "for s in /sys/bus/pci/slots/*; do a=$(cat $s/address); "
+      "grep -qs 0x1110 /sys/bus/pci/devices/$a.0/device && echo 0 > $s/power; done; true",
+      kCommandTimeout));
+  seen = WaitGuestIvshmemCount(domain, 0);
+  LV_ASSERT_OK(seen);
+  EXPECT_EQ(*seen, 0);
+  bool marked_detached = false;
+  for (auto by = std::chrono::steady_clock::now() + 20s; std::chrono::steady_clock::now() < by;) {
+    Result<json> st = hvt.HvtraceJson({"status", domain.name()});
+    if (st.ok() && st->contains("attach") && (*st)["attach"]["attached"] == false) {
+      marked_detached = true;
+      break;
+    }
+    std::this_thread::sleep_for(200ms);
+  }
+  EXPECT_TRUE(marked_detached) << "a guest-side eject left the domain attached\n" << hvt.Log();
+  RunResult after_eject = hvt.Hvtrace({"detach", domain.name()});
+  EXPECT_NE(after_eject.status, 0);
+  EXPECT_THAT(after_eject.output, HasSubstr("no region is attached"));
+
   // The direct path without hvtraced.
   const std::string shm = ShmName("det");
   cleanup.paths.push_back("/dev/shm/" + shm);

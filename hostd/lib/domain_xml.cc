@@ -156,6 +156,7 @@ Result<DomainXmlInfo> ParseDomainXml(std::string_view xml) {
     }
     info.cmdline = Trim(dom->get<std::string>("os.cmdline", ""));
     info.kernel = Trim(dom->get<std::string>("os.kernel", ""));
+    info.initrd = Trim(dom->get<std::string>("os.initrd", ""));
     info.q35 = info.machine.find("q35") != std::string::npos;
     info.acpi = static_cast<bool>(dom->get_child_optional("features.acpi"));
     info.on_crash = Trim(dom->get<std::string>("on_crash", ""));

@@ -60,6 +60,7 @@ struct DomainXmlInfo {
   std::string memory_backing_source;  // "", file, anonymous, memfd.
   std::string cmdline;                // <os><cmdline>.
   std::string kernel;                 // <os><kernel>: names the formats to decode with.
+  std::string initrd;                 // <os><initrd>: with the kernel, what a harvest boots.
 
   // Whether a PCI device can be hot-plugged, and if not, why.
   bool hotplug_ok = false;

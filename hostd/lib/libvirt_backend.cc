@@ -15,6 +15,7 @@
 
 #include "capture_pipeline.h"
 #include "formats_cache.h"
+#include "formats_service.h"
 #include "libvirt_attach.h"
 #include "region_capture.h"
 #include "hvtrace/boot_map.h"
@@ -243,11 +244,12 @@ Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
   char uuid[VIR_UUID_STRING_BUFLEN] = {};
   virDomainGetUUIDString(dom->get(), uuid);
   const char* name = virDomainGetName(dom->get());
-  std::string on_crash, kernel;
+  std::string on_crash, kernel, initrd;
   if (Result<std::string> xml = LibvirtDomainXml(dom->get()); xml.ok()) {
     if (Result<DomainXmlInfo> info = ParseDomainXml(*xml); info.ok()) {
       on_crash = info->on_crash;
       kernel = info->kernel;
+      initrd = info->initrd;
     }
   }
   if (region.kind == "none") {
@@ -275,6 +277,7 @@ Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
   backend->options_ = std::move(options);
   // Hashing the kernel now keeps it off the capture path.
   backend->kernel_path_ = kernel;
+  backend->initrd_path_ = initrd;
   if (kernel.empty()) {
     backend->kernel_key_error_ = "the domain has no <os><kernel> (direct kernel boot) to name its formats";
   } else if (Result<std::string> key = KernelKeyOfFile(kernel); key.ok()) {
@@ -313,6 +316,9 @@ void LibvirtDomainBackend::Start(VmEventSink& sink) {
   if (subscription_ < 0) {
     subscription_ = client_->Subscribe(uuid_, [this](const LibvirtDomainEvent& e) { OnEvent(e); });
   }
+  // Load (or harvest) the kernel's formats now, so a panic capture decodes
+  // without waiting for them.
+  if (formats_ && !kernel_key_.empty()) formats_->Prepare(kernel_key_, kernel_path_, initrd_path_);
   // A domain that panicked while nobody watched (hvtraced restarted, adopt
   // after the fact) sends no event: look once. With <on_crash>preserve</on_crash>
   // QEMU is stopped, so the region is as the panic left it.
@@ -558,9 +564,33 @@ Status LibvirtDomainBackend::CaptureBootRange(std::vector<std::byte> bytes, Pend
                                               CaptureManifest& manifest) const {
   if (!kernel_path_.empty()) manifest.kernel["path"] = kernel_path_;
   std::string why_raw = kernel_key_error_;
+  if (!kernel_key_.empty() && formats_) {
+    // The daemon-wide copy: loaded once per kernel, no parse on this path.
+    json info = {{"key", kernel_key_}, {"cache", formats_->root().string()}};
+    Result<std::shared_ptr<const KernelFormats>> got = formats_->Get(kernel_key_);
+    if (got.ok() && *got) {
+      BootMapCaptureOptions options;
+      Result<CaptureResult> built = BuildBootMapCapture(bytes, **got, options, capture, manifest);
+      if (built.ok()) {
+        info["state"] = "cached";
+        info["decoded"] = true;
+        info["unknown_id_events"] = built->unknown_id;
+        manifest.extra["formats"] = std::move(info);
+        manifest.extra["formats_root"] = formats_->root().string();
+        return {};
+      }
+      why_raw = built.error().message;
+    } else {
+      info["state"] = got.ok() ? formats_->StateOf(kernel_key_) : "unreadable: " + got.error().message;
+    }
+    info["decoded"] = false;
+    manifest.extra["formats"] = std::move(info);
+  }
   if (!kernel_key_.empty()) {
-    why_raw = "no formats for kernel " + kernel_path_ + " (key " + kernel_key_ +
-              ") in the formats cache; run `hvtrace formats harvest --kernel " + kernel_path_ + "`";
+    if (why_raw.empty()) {
+      why_raw = "no formats for kernel " + kernel_path_ + " (key " + kernel_key_ +
+                ") in the formats cache; run `hvtrace formats harvest --kernel " + kernel_path_ + "`";
+    }
     for (const std::filesystem::path& root : options_.formats_roots) {
       FormatCache cache(root);
       Result<std::optional<json>> found = cache.Lookup(kernel_key_);

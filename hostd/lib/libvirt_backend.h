@@ -68,8 +68,10 @@ struct LibvirtPanicRecord {
 };
 
 // Where a boot-range capture finds the guest kernel's event formats: the
-// formats caches (formats_cache.h) to look in, first hit wins. The kernel is
-// the domain's <os><kernel> file, hashed when the backend is created.
+// daemon's FormatsService (UseFormats: loaded once, harvested in the
+// background when missing), then the formats caches (formats_cache.h) to
+// look in, first hit wins. The kernel is the domain's <os><kernel> file,
+// hashed when the backend is created.
 struct LibvirtBackendOptions {
   std::vector<std::filesystem::path> formats_roots;
   // Where attach/detach do their blocking libvirt work (they wait for
@@ -93,6 +95,7 @@ class LibvirtDomainBackend : public VmBackend {
   Status Capture(PendingCapture& capture, CaptureManifest& manifest) override;
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
+  void UseFormats(std::shared_ptr<FormatsService> formats) override { formats_ = std::move(formats); }
   // Attach mode (attach_vm.h): the region file is created with its header
   // (LiveRegion), owned by QEMU's user, then hot-plugged as <shmem> with the
   // alias ua-hvtrace-<file name>; detach trusts only DEVICE_REMOVED.
@@ -138,6 +141,8 @@ class LibvirtDomainBackend : public VmBackend {
   std::string kernel_path_;  // <os><kernel>, when the domain has one.
   std::string kernel_key_;   // formats_cache.h key of that file.
   std::string kernel_key_error_;
+  std::string initrd_path_;  // <os><initrd>: a harvest boots the kernel with it.
+  std::shared_ptr<FormatsService> formats_;
   LibvirtBackendOptions options_;
   int subscription_ = -1;
 

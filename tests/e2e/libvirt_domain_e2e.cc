@@ -211,6 +211,10 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
   EXPECT_EQ(manifest["validation"]["reader"], "boot_map");
   EXPECT_EQ(manifest["kernel"]["path"], image->kernel);
   ASSERT_TRUE(fs::exists(path + "/boot-0.trace.dat")) << manifest.dump(2);
+  // Decoded with the daemon's FormatsService (loaded once, at adopt), as
+  // captures of QEMUs hvtraced booted are.
+  EXPECT_EQ(manifest["extra"]["formats"]["decoded"], true) << manifest["extra"].dump(2);
+  EXPECT_EQ(manifest["extra"]["formats"]["state"], "cached") << manifest["extra"].dump(2);
   std::printf("[ metric ] libvirt boot-range panic capture: %s events; copy %.2f ms after "
               "CRASHED/PANICKED (state then: %s)\n",
               manifest["totals"]["events"].dump().c_str(),

@@ -6,10 +6,12 @@
 // one spare port with a 4 MiB window. A 16 MiB attach must be refused,
 // saying what the VM needs, with nothing plugged and no region file left;
 // a 4 MiB attach goes onto that port, the agent maps it, a marker reaches
-// the host, and `hvtrace detach` unplugs it again (DEVICE_DELETED).
+// the host, and `hvtrace detach` unplugs it again (DEVICE_DELETED). A
+// third attach is ejected by the guest itself: the VM is detached as well.
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -137,6 +139,35 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
   std::printf("[q35] detach: DEVICE_DELETED after %.1f ms\n", (*detached)["device_deleted_ms"].get<double>());
   EXPECT_TRUE(stream.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) || stream.done());
   EXPECT_NE(stream.end().find("region detached"), std::string::npos) << stream.end();
+
+  // Attached again, then the guest ejects the device itself (slot power
+  // off): the DEVICE_DELETED nobody asked for marks the VM detached too.
+  auto again = hvt.HvtraceJson({"attach", name, "--size", "4M", "--wait-ms", "60000"});
+  ASSERT_TRUE(again.ok()) << again.error().message << diag();
+  ASSERT_FALSE((*again)["guest"].is_null()) << again->dump(2) << diag();
+  StreamCollector second(hvt.socket(), {{"name", name}});
+  ASSERT_EQ(guest.Run("for s in /sys/bus/pci/slots/*; do a=$(cat $s/address); "
+                      "grep -qs 0x1110 /sys/bus/pci/devices/$a.0/device && echo 0 > $s/power; done; true")
+                ->status,
+            0);
+  EXPECT_TRUE(WaitUntil([&] { return GuestIvshmemCount(guest).find('0') != std::string::npos; },
+                        std::chrono::seconds(20)))
+      << "the guest could not eject the device\n" << diag();
+  const auto ejected = std::chrono::steady_clock::now();
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        auto st = hvt.HvtraceJson({"status", name});
+        return st.ok() && st->contains("attach") && (*st)["attach"]["attached"] == false;
+      },
+      std::chrono::seconds(20)))
+      << "a guest-side eject left the VM attached\n" << hvt.Log();
+  std::printf("[q35] guest-side eject: status says detached %.0f ms after the guest saw the device go\n",
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ejected).count());
+  EXPECT_TRUE(second.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) || second.done());
+  EXPECT_NE(second.end().find("region detached"), std::string::npos) << second.end();
+  const RunResult after_eject = hvt.Hvtrace({"detach", name});
+  EXPECT_EQ(after_eject.status, 1);
+  EXPECT_NE(after_eject.output.find("no region is attached"), std::string::npos) << after_eject.output;
 }
 
 }  // namespace

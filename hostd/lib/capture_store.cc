@@ -183,7 +183,7 @@ json Summarize(const std::string& id, const std::filesystem::path& dir) {
     summary["error"] = (dir / std::string(kManifestName)).string() + " is not a JSON object";
     return summary;
   }
-  for (const char* key : {"vm", "trigger", "totals", "files", "kernel"}) {
+  for (const char* key : {"vm", "trigger", "totals", "files", "kernel", "recovered"}) {
     if (auto it = doc.find(key); it != doc.end()) summary[key] = *it;
   }
   if (auto ht = doc.find("host_time"); ht != doc.end() && ht->is_object()) {
@@ -238,18 +238,69 @@ json CaptureManifest::ToJson() const {
                            {"monotonic_ns", e.time.monotonic_ns},
                            {"data", e.data}});
   }
-  return {{"format", "hvtrace-capture"},
-          {"version", 1},
-          {"vm", vm},
-          {"trigger", trigger},
-          {"host_time", {{"triggered", TimeJson(triggered)}, {"completed", TimeJson(completed)}}},
-          {"kernel", kernel},
-          {"region", region},
-          {"cpus", cpu_list},
-          {"totals", {{"events", events}, {"pages", pages}, {"lost_events", lost}, {"bad_pages", bad}}},
-          {"validation", validation},
-          {"qmp_events", events_list},
-          {"extra", extra}};
+  json doc = {{"format", "hvtrace-capture"},
+              {"version", 1},
+              {"vm", vm},
+              {"trigger", trigger},
+              {"host_time", {{"triggered", TimeJson(triggered)}, {"completed", TimeJson(completed)}}},
+              {"kernel", kernel},
+              {"region", region},
+              {"cpus", cpu_list},
+              {"totals", {{"events", events}, {"pages", pages}, {"lost_events", lost}, {"bad_pages", bad}}},
+              {"validation", validation},
+              {"qmp_events", events_list},
+              {"extra", extra}};
+  if (!recovered.is_null()) doc["recovered"] = recovered;
+  return doc;
+}
+
+Result<CaptureManifest> CaptureManifest::FromJson(const json& doc) {
+  auto bad = [](const std::string& what) { return Error{"capture manifest: " + what}; };
+  if (!doc.is_object()) return bad("not a JSON object");
+  CaptureManifest m;
+  auto str = [&](const char* key, std::string* out) -> Status {
+    auto it = doc.find(key);
+    if (it == doc.end() || !it->is_string()) return bad(std::string(key) + " is not a string");
+    *out = it->get<std::string>();
+    return {};
+  };
+  if (Status s = str("vm", &m.vm); !s.ok()) return s.error();
+  if (Status s = str("trigger", &m.trigger); !s.ok()) return s.error();
+  if (Status s = ValidateTrigger(m.trigger); !s.ok()) return bad(s.error().message);
+  auto time_of = [](const json& t, HostTime* out) {
+    if (!t.is_object() || !t.contains("realtime_ns") || !t.contains("monotonic_ns") ||
+        !t["realtime_ns"].is_number_integer() || !t["monotonic_ns"].is_number_integer()) {
+      return false;
+    }
+    out->realtime_ns = t["realtime_ns"].get<int64_t>();
+    out->monotonic_ns = t["monotonic_ns"].get<int64_t>();
+    return true;
+  };
+  const json* host_time = doc.contains("host_time") ? &doc["host_time"] : nullptr;
+  if (host_time == nullptr || !host_time->is_object() || !host_time->contains("triggered") ||
+      !time_of((*host_time)["triggered"], &m.triggered)) {
+    return bad("host_time.triggered is missing or malformed");
+  }
+  for (auto [key, out] : {std::pair{"kernel", &m.kernel}, std::pair{"region", &m.region},
+                          std::pair{"extra", &m.extra}}) {
+    auto it = doc.find(key);
+    if (it == doc.end()) continue;
+    if (!it->is_object()) return bad(std::string(key) + " is not an object");
+    *out = *it;
+  }
+  if (auto it = doc.find("qmp_events"); it != doc.end()) {
+    if (!it->is_array()) return bad("qmp_events is not an array");
+    for (const json& e : *it) {
+      RecordedEvent ev;
+      if (!e.is_object() || !e.contains("event") || !e["event"].is_string() || !time_of(e, &ev.time)) {
+        return bad("a qmp_events entry is malformed");
+      }
+      ev.event = e["event"].get<std::string>();
+      ev.data = e.value("data", json());
+      m.qmp_events.push_back(std::move(ev));
+    }
+  }
+  return m;
 }
 
 Status ValidateTrigger(std::string_view trigger) {
@@ -280,6 +331,21 @@ Status PendingCapture::WriteFile(std::string_view name, std::span<const std::byt
   if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
   if (Status s = ValidateFileName(name); !s.ok()) return s;
   return WriteAll(temp_dir_ / std::string(name), data, O_CREAT | O_EXCL);
+}
+
+Status PendingCapture::WriteRecoveryRecord(const CaptureManifest& manifest) {
+  if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
+  json record = {{"format", "hvtrace-capture-recovery"}, {"version", 1}, {"manifest", manifest.ToJson()}};
+  const std::string text = record.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  // Whole or absent: written aside, then renamed into place.
+  const std::filesystem::path aside = temp_dir_ / ".recovery.json.new";
+  const std::filesystem::path path = temp_dir_ / std::string(kRecoveryRecordName);
+  Status s = WriteAll(aside, std::as_bytes(std::span(text.data(), text.size())), O_CREAT | O_TRUNC);
+  if (!s.ok()) return s;
+  if (::rename(aside.c_str(), path.c_str()) != 0) {
+    return Error{"cannot rename " + aside.string() + " to " + path.string() + ": " + Errno(errno)};
+  }
+  return FsyncDir(temp_dir_);
 }
 
 Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
@@ -357,7 +423,9 @@ Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
   }
   std::sort(listing.begin(), listing.end());
   for (const auto& [name, bytes] : listing) {
-    if (name != kManifestName) files.push_back({{"name", name}, {"bytes", bytes}});
+    if (name != kManifestName && name != kRecoveryRecordName) {
+      files.push_back({{"name", name}, {"bytes", bytes}});
+    }
   }
   json doc = manifest.ToJson();
   doc["files"] = std::move(files);
@@ -388,8 +456,11 @@ Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
                    Errno(err)};
     }
     done_ = true;
-    // The capture is visible now; a failed directory fsync only weakens
+    // The capture is visible now: its recovery record has served (a crash
+    // before this unlink leaves it in a committed capture, where it is not
+    // listed and harms nothing). A failed directory fsync only weakens
     // durability across a host crash, so it is reported, not undone.
+    ::unlink((final_dir / std::string(kRecoveryRecordName)).c_str());
     Status synced = FsyncDir(captures_dir_);
     CaptureEntry entry{id, final_dir, Summarize(id, final_dir)};
     if (!synced.ok()) entry.summary["warning"] = synced.error().message;
@@ -462,25 +533,35 @@ Result<size_t> CaptureStore::Prune(size_t keep) const {
   return removed;
 }
 
-Result<size_t> CaptureStore::SweepIncomplete() const {
-  size_t removed = 0;
+Result<std::vector<std::filesystem::path>> CaptureStore::ListIncomplete() const {
+  std::vector<std::filesystem::path> found;
   std::error_code ec;
   std::filesystem::directory_iterator it(captures_dir_, ec);
   if (ec) {
-    if (ec == std::errc::no_such_file_or_directory) return removed;
+    if (ec == std::errc::no_such_file_or_directory) return found;
     return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
   }
-  std::vector<std::filesystem::path> stale;
   for (std::filesystem::directory_iterator end; it != end; it.increment(ec)) {
-    if (it->path().filename().string().starts_with(".tmp-")) stale.push_back(it->path());
+    std::error_code type_ec;
+    if (it->path().filename().string().starts_with(".tmp-") && it->is_directory(type_ec) &&
+        !it->is_symlink(type_ec)) {
+      found.push_back(it->path());
+    }
   }
-  for (const auto& p : stale) {
-    std::error_code rm_ec;
-    std::filesystem::remove_all(p, rm_ec);
-    if (rm_ec) return Error{"cannot remove " + p.string() + ": " + rm_ec.message()};
-    ++removed;
+  if (ec) return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+Result<std::unique_ptr<PendingCapture>> CaptureStore::Resume(const std::filesystem::path& temp_dir) const {
+  // ".tmp-<base>-XXXXXX" (mkdtemp's six characters), in this store.
+  const std::string name = temp_dir.filename().string();
+  if (temp_dir.parent_path() != captures_dir_ || !name.starts_with(".tmp-") || name.size() < 5 + 1 + 7 ||
+      name[name.size() - 7] != '-') {
+    return Error{temp_dir.string() + " is not an incomplete capture of " + captures_dir_.string()};
   }
-  return removed;
+  std::string base = name.substr(5, name.size() - 5 - 7);
+  return std::unique_ptr<PendingCapture>(new PendingCapture(captures_dir_, temp_dir, std::move(base)));
 }
 
 Result<std::vector<std::byte>> CopyRegionFile(const std::filesystem::path& path, uint64_t offset,

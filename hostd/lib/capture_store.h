@@ -17,7 +17,14 @@
 //   lost_events, bad_pages {reason: count}}]; totals {events, pages,
 //   lost_events, bad_pages}; validation {...} (the reader's report);
 //   qmp_events [{event, realtime_ns, monotonic_ns, data}]; files [{name,
-//   bytes}]; extra {...}.
+//   bytes}]; extra {...}; recovered {...} when a later daemon run finished
+//   the capture (see below).
+//
+// A daemon that dies mid-capture must not lose the raw copy: once region.bin
+// is durable the backend writes a recovery record (recovery.json: the
+// manifest so far) into the hidden directory, and the next daemon run
+// finishes such captures (capture_recovery.h) instead of removing them. A
+// hidden directory without a record held no durable copy and is removed.
 #ifndef HVTRACE_HOSTD_CAPTURE_STORE_H_
 #define HVTRACE_HOSTD_CAPTURE_STORE_H_
 
@@ -73,9 +80,19 @@ struct CaptureManifest {
   nlohmann::json validation = nlohmann::json::object();
   std::vector<RecordedEvent> qmp_events;
   nlohmann::json extra = nlohmann::json::object();
+  // Null, or how a later daemon run finished this capture.
+  nlohmann::json recovered;
 
   nlohmann::json ToJson() const;
+  // The fields a recovery record keeps (vm, trigger, host_time.triggered,
+  // kernel, region, qmp_events, extra); counts and validation are not read.
+  // The record is ours but on disk, so every member is checked.
+  static Result<CaptureManifest> FromJson(const nlohmann::json& doc);
 };
+
+// The file a capture directory holds from the moment its region copy is
+// durable until the capture is committed.
+inline constexpr std::string_view kRecoveryRecordName = "recovery.json";
 
 // One committed capture, as listed.
 struct CaptureEntry {
@@ -121,9 +138,15 @@ class PendingCapture {
                                      const std::filesystem::path& source, uint64_t offset,
                                      uint64_t size, std::vector<std::byte>& copy);
 
+  // Writes recovery.json (|manifest| as it stands) durably: call it once the
+  // raw copy is durable, so a daemon that dies before Commit leaves a capture
+  // the next run can finish.
+  Status WriteRecoveryRecord(const CaptureManifest& manifest);
+
   // Writes manifest.json (with the files present and their sizes), fsyncs,
   // renames the directory to its final name, and returns the entry. On error
-  // nothing is left visible.
+  // nothing is left visible. The recovery record is not listed and is
+  // removed once the capture is visible.
   Result<CaptureEntry> Commit(CaptureManifest manifest);
 
  private:
@@ -157,8 +180,13 @@ class CaptureStore {
   // Returns how many were removed.
   Result<size_t> Prune(size_t keep) const;
 
-  // Removes ".tmp-…" directories left by a daemon that died mid-capture.
-  Result<size_t> SweepIncomplete() const;
+  // The ".tmp-…" directories left by a daemon that died mid-capture, oldest
+  // name first.
+  Result<std::vector<std::filesystem::path>> ListIncomplete() const;
+
+  // Takes over one of them (as ListIncomplete names it) to finish or drop
+  // it: destroying the result without Commit removes the directory.
+  Result<std::unique_ptr<PendingCapture>> Resume(const std::filesystem::path& temp_dir) const;
 
  private:
   std::filesystem::path captures_dir_;

@@ -21,6 +21,7 @@
 
 #include <boost/asio/post.hpp>
 
+#include "capture_recovery.h"
 #include "daemon_libvirt.h"
 
 #ifndef HVTRACE_VERSION
@@ -147,12 +148,16 @@ Status Daemon::Start() {
   if (!names.ok()) return names.error();
   for (const std::string& name : *names) {
     CaptureStore store(state_.CapturesDir(name));
-    auto swept = store.SweepIncomplete();
-    if (!swept.ok()) {
-      Log("warning: VM " + name + ": " + swept.error().message);
-    } else if (*swept > 0) {
-      Log("VM " + name + ": removed " + std::to_string(*swept) +
-          " incomplete capture(s) left by an earlier run");
+    // Captures an earlier run died in: finished when their region copy was
+    // durable, removed otherwise (before any supervisor can add new ones).
+    auto recovery = RecoverIncompleteCaptures(store, formats_.get());
+    if (!recovery.ok()) {
+      Log("warning: VM " + name + ": " + recovery.error().message);
+    } else {
+      for (const CaptureEntry& entry : recovery->recovered) {
+        Log("VM " + name + ": recovered capture " + entry.id + " left incomplete by an earlier run");
+      }
+      for (const std::string& why : recovery->removed) Log("VM " + name + ": incomplete capture " + why);
     }
     auto supervisor = std::make_shared<VmSupervisor>(name, nullptr, pool_.get_executor(),
                                                      std::move(store), supervisor_options());

@@ -2,15 +2,17 @@
 #include "qmp_vm.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
-#include "capture_pipeline.h"
+#include "boot_range_decode.h"
 #include "hvtrace/boot_map.h"
 #include "libvirt_backend.h"  // ParseKernelSize.
 #include "region_capture.h"
@@ -331,7 +333,19 @@ Status QmpVmBackend::CaptureBootRange(PendingCapture& capture, CaptureManifest& 
                      {"offset", spec_.region_offset},
                      {"size", spec_.region_size},
                      {"gpa", spec_.region_gpa}};
-  const DecodeTimes decoded = DecodeCopy(copy, capture, manifest);
+  // From here on the capture survives this daemon: a later run finishes it
+  // from region.bin and this record (capture_recovery.h).
+  manifest.extra["timing_ms"] = {{"copy", region->copy_ms},
+                                 {"region_write_fsync", region->write_ms + region->sync_ms},
+                                 {"trigger_to_region_durable", region_durable_ms}};
+  if (Status s = capture.WriteRecoveryRecord(manifest); !s.ok()) return s;
+  if (const char* crash = std::getenv("HVTRACE_TEST_CRASH_AFTER_REGION"); crash != nullptr && *crash == '1') {
+    // Fault injection for the recovery e2e test: die as `kill -9` would,
+    // at the one moment a crash used to lose the capture.
+    ::raise(SIGKILL);
+  }
+  const BootRangeDecodeTimes decoded = DecodeBootRangeCopy(
+      copy, formats_.get(), spec_.kernel_key, spec_.kernel_path, capture, manifest);
 
   // Found paused or panicked by a restarted daemon: the vCPUs are stopped too.
   const bool paused = manifest.trigger == "panic" || manifest.trigger == "panic-while-away" ||
@@ -363,63 +377,6 @@ Status QmpVmBackend::CaptureBootRange(PendingCapture& capture, CaptureManifest& 
                            {"write_fsync_ms", write_fsync_ms},
                            {"region_bytes_written", region->bytes_written}};
   return {};
-}
-
-QmpVmBackend::DecodeTimes QmpVmBackend::DecodeCopy(std::span<const std::byte> copy,
-                                                   PendingCapture& capture,
-                                                   CaptureManifest& manifest) {
-  DecodeTimes times;
-  const auto start = std::chrono::steady_clock::now();
-  std::shared_ptr<const KernelFormats> formats;
-  std::string state = "missing";
-  if (spec_.kernel_key.empty()) {
-    state = "unknown kernel (adopted VM)";
-  } else if (formats_) {
-    Result<std::shared_ptr<const KernelFormats>> got = formats_->Get(spec_.kernel_key);
-    if (!got.ok()) {
-      state = "unreadable: " + got.error().message;
-    } else if (*got) {
-      formats = *got;
-      state = "cached";
-    } else {
-      state = formats_->StateOf(spec_.kernel_key);
-    }
-  }
-  times.formats_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  json info = {{"key", spec_.kernel_key},
-               {"cache", formats_ ? formats_->root().string() : std::string()},
-               {"state", state}};
-  BootMapCaptureOptions options;
-  options.write_region = false;  // Written (and fsynced) by Capture already.
-  std::string decode_error;
-  if (formats) {
-    Result<CaptureResult> built = BuildBootMapCapture(copy, *formats, options, capture, manifest);
-    if (built.ok()) {
-      info["decoded"] = true;
-      info["unknown_id_events"] = built->unknown_id;
-      times.decode_ms = built->decode_ms;
-      times.write_ms = built->write_ms;
-      manifest.extra["formats"] = std::move(info);
-      return times;
-    }
-    decode_error = built.error().message;
-  }
-  // No formats (or the decode failed): count what the region holds so the
-  // manifest still says it; `hvtrace show` decodes region.bin later.
-  info["decoded"] = false;
-  if (!decode_error.empty()) info["decode_error"] = decode_error;
-  const std::string kernel = spec_.kernel_path.empty() ? "K" : spec_.kernel_path;
-  info["note"] = "formats: " + state + ", run hvtrace formats harvest --kernel " + kernel +
-                 " --initrd I; `hvtrace show CAPTURE` then decodes region.bin";
-  Result<CaptureResult> counted = CountBootMapCapture(copy, options, manifest);
-  if (counted.ok()) {
-    times.decode_ms = counted->decode_ms;
-  } else {
-    manifest.validation = {{"reader", "boot_map"}, {"error", counted.error().message}};
-  }
-  manifest.extra["formats"] = std::move(info);
-  return times;
 }
 
 void QmpVmBackend::ApplyPanicPolicy(PanicPolicy policy) {

@@ -126,15 +126,6 @@ class QmpVmBackend : public VmBackend {
 
  private:
   void CheckStatusAtConnect(const HostTime& watch_began);
-  struct DecodeTimes {
-    double formats_ms = 0, decode_ms = 0, write_ms = 0;
-  };
-  // Decodes the private |copy| into |capture| (boot-<n>.trace.dat) with the
-  // kernel's formats, or only counts it when they are missing; records which
-  // in manifest.extra.formats.
-  DecodeTimes DecodeCopy(std::span<const std::byte> copy, PendingCapture& capture,
-                         CaptureManifest& manifest);
-
   // The boot-range copy and its manifest (only when spec_.region_size > 0).
   Status CaptureBootRange(PendingCapture& capture, CaptureManifest& manifest);
   // Attach-mode steps, on the I/O executor.

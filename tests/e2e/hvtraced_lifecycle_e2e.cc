@@ -5,8 +5,10 @@
 //   - hvtraced SIGKILLed, then SIGTERMed, while its VM runs → each new daemon
 //     on the same state dir re-adopts the very same QEMU, status shows it
 //     running, and a later panic is captured with every marker;
-//   - the guest panics while no daemon runs → the next daemon finds it
-//     guest-panicked and captures it as "panic-while-away";
+//   - hvtraced dies (SIGKILL) in the middle of the panic capture, right after
+//     region.bin is durable → the next daemon finishes that capture
+//     ("panic", marked recovered), finds the guest guest-panicked and
+//     captures it again as "panic-while-away";
 //   - kexec into the same kernel, then panic → one capture holding two boots;
 //   - bad boot requests (missing kernel, a name already running, a trace
 //     range QEMU cannot map) → clear errors, the daemon stays up.
@@ -248,8 +250,11 @@ TEST_F(HvtracedLifecycleE2e, DaemonKilledThenTerminatedReadoptsTheVmAndCapturesI
   EXPECT_FALSE(fs::exists(backing)) << backing;
 }
 
-TEST_F(HvtracedLifecycleE2e, PanicWhileDaemonIsDownIsCapturedAtReadopt) {
+TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAndFindsThePanic) {
   HvtracedProcess daemon("lc-away");
+  // The daemon SIGKILLs itself once the panic's region.bin is durable, before
+  // the capture is decoded and committed (the moment a crash used to lose it).
+  daemon.SetEnv("HVTRACE_TEST_CRASH_AFTER_REGION", "1");
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = UniqueName("lc-away");
   auto guest = BootGuest(daemon, name);
@@ -257,14 +262,50 @@ TEST_F(HvtracedLifecycleE2e, PanicWhileDaemonIsDownIsCapturedAtReadopt) {
   const uint64_t start_time = RecordedStartTime(daemon, name);
   ASSERT_TRUE(WriteMarkers(*guest->console, "away-mark", 6).ok()) << guest->console->Tail();
 
-  daemon.Stop(SIGTERM);
-  ASSERT_TRUE(SameProcessAlive(guest->pid, start_time));
   ASSERT_TRUE(Crash(*guest->console, "away-last").ok());
-  // pvpanic pauses the VM once the panic message is out; nobody watches QMP.
-  ASSERT_TRUE(guest->console->WaitForLine("Kernel panic", 60s).ok()) << guest->console->Tail();
+  auto died = daemon.WaitExit(60s);
+  ASSERT_TRUE(died.ok()) << died.error().message << "\n" << daemon.log();
+  ASSERT_TRUE(WIFSIGNALED(*died) && WTERMSIG(*died) == SIGKILL) << "wait status " << *died << "\n" << daemon.log();
+  ASSERT_TRUE(SameProcessAlive(guest->pid, start_time));
+  // What it left: the hidden capture directory, region.bin and the record.
+  const fs::path captures = fs::path(daemon.vm_dir(name)) / "captures";
+  size_t incomplete = 0;
+  for (const auto& e : fs::directory_iterator(captures)) {
+    if (!e.path().filename().string().starts_with(".tmp-")) continue;
+    ++incomplete;
+    EXPECT_EQ(fs::file_size(e.path() / "region.bin"), 16u << 20);
+    EXPECT_TRUE(fs::exists(e.path() / "recovery.json"));
+  }
+  ASSERT_EQ(incomplete, 1u);
+  // pvpanic paused the VM once the panic message was out; nobody watches QMP now.
   std::this_thread::sleep_for(2s);
+  daemon.SetEnv("HVTRACE_TEST_CRASH_AFTER_REGION", "");
   const auto restart = std::chrono::steady_clock::now();
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  // The next run finishes the dead run's capture under its own trigger and time.
+  auto recovered = daemon.WaitForCapture(name, "panic", 60s);
+  ASSERT_TRUE(recovered.ok()) << recovered.error().message << "\n" << daemon.log();
+  EXPECT_NE(daemon.log().find("recovered capture " + (*recovered)["id"].get<std::string>()), std::string::npos)
+      << daemon.log();
+  {
+    json m = Manifest(daemon, name, *recovered);
+    EXPECT_TRUE(m["recovered"].is_object()) << m.dump(2);
+    bool saw_panic = false;
+    for (const json& e : m["qmp_events"]) saw_panic |= e["event"] == "GUEST_PANICKED";
+    EXPECT_TRUE(saw_panic) << m["qmp_events"].dump(2);
+    const std::string region = Region(daemon, name, *recovered);
+    ExpectMarkers(region, "away-mark", 6);
+    EXPECT_NE(region.find("away-last"), std::string::npos);
+    EXPECT_FALSE(fs::exists(captures / (*recovered)["id"].get<std::string>() / "recovery.json"));
+    std::printf("[lifecycle] capture recovered after the daemon died mid-capture: %s events, decoded %s "
+                "(panic->region.bin durable %.1f ms in the run that died)\n",
+                m["totals"]["events"].dump().c_str(), m["extra"]["formats"].value("decoded", json()).dump().c_str(),
+                m["extra"]["timing_ms"].value("trigger_to_region_durable", -1.0));
+  }
+  for (const auto& e : fs::directory_iterator(captures)) {
+    EXPECT_FALSE(e.path().filename().string().starts_with(".tmp-")) << e.path();
+  }
+  // And it finds the guest still panicked.
   auto away = daemon.WaitForCapture(name, "panic-while-away", 60s);
   ASSERT_TRUE(away.ok()) << away.error().message << "\n" << daemon.log();
   std::printf("[lifecycle] daemon start -> panic-while-away capture listed: %.1f s\n",

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -57,6 +58,7 @@ Status HvtracedProcess::Start() {
     // If the test process dies (a ctest timeout SIGKILLs it), the daemon gets
     // SIGTERM and applies vm_on_shutdown; with "stop" its QEMUs go too.
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    for (const auto& [name, value] : env_) ::setenv(name.c_str(), value.c_str(), 1);
     const std::string log_path = dir_ + "/hvtraced.log";
     if (std::freopen(log_path.c_str(), "a", stderr) == nullptr) ::_exit(126);
     const std::string bin = std::string(HVTRACE_BIN_DIR) + "/hvtraced";
@@ -74,6 +76,29 @@ Status HvtracedProcess::Start() {
     std::this_thread::sleep_for(100ms);
   }
   return Error{"hvtraced did not answer on " + socket() + " within 15 s:\n" + log()};
+}
+
+void HvtracedProcess::SetEnv(const std::string& name, const std::string& value) {
+  if (value.empty()) {
+    env_.erase(name);
+  } else {
+    env_[name] = value;
+  }
+}
+
+Result<int> HvtracedProcess::WaitExit(std::chrono::milliseconds timeout) {
+  if (pid_ <= 0) return Error{"hvtraced is not running"};
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return status;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  return Error{"hvtraced (pid " + std::to_string(pid_) + ") still running after " +
+               std::to_string(timeout.count()) + " ms"};
 }
 
 void HvtracedProcess::Stop(int signo, std::chrono::milliseconds grace) {

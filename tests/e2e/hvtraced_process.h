@@ -13,6 +13,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -36,8 +37,15 @@ class HvtracedProcess {
   std::string log() const;
   pid_t pid() const { return pid_; }
 
+  // Set in the environment of the daemons started from now on (empty value:
+  // no longer set).
+  void SetEnv(const std::string& name, const std::string& value);
+
   // Starts hvtraced and waits until its socket answers.
   Status Start();
+  // Waits up to |timeout| for the daemon to exit on its own; its wait status,
+  // or an error when it is still running (then it is left running).
+  Result<int> WaitExit(std::chrono::milliseconds timeout);
   // Sends |signo|; waits up to |grace| for the exit, then SIGKILLs. Reaps.
   void Stop(int signo, std::chrono::milliseconds grace = std::chrono::seconds(10));
 
@@ -56,6 +64,7 @@ class HvtracedProcess {
  private:
   std::string dir_;
   pid_t pid_ = -1;
+  std::map<std::string, std::string> env_;
 };
 
 std::string ReadWholeFile(const std::string& path);

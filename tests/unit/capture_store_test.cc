@@ -188,19 +188,32 @@ TEST(CaptureStoreTest, Malicious_BadNamesRejected) {
   EXPECT_FALSE(fs::exists(tmp.path() / "escape"));
 }
 
-TEST(CaptureStoreTest, SweepRemovesIncompleteCaptures) {
+TEST(CaptureStoreTest, IncompleteCapturesAreListedAndCanBeTakenOver) {
   TempDir tmp;
   CaptureStore store(tmp.path() / "c");
   auto p = store.Begin("panic", HostTime::Now());
   ASSERT_TRUE(p.ok());
   ASSERT_TRUE((*p)->WriteFile("region.bin", Bytes(10, 0)).ok());
   // Simulate a daemon that died mid-capture: the temp dir stays behind.
-  fs::path leftover = (*p)->dir();
+  const fs::path leftover = (*p)->dir();
   fs::copy(leftover, store.dir() / ".tmp-crashed", fs::copy_options::recursive);
-  auto swept = store.SweepIncomplete();
-  ASSERT_TRUE(swept.ok());
-  EXPECT_EQ(*swept, 2u);
-  EXPECT_TRUE(DirNames(store.dir()).empty());
+  auto listed = store.ListIncomplete();
+  ASSERT_TRUE(listed.ok());
+  EXPECT_EQ(*listed, (std::vector<fs::path>{leftover, store.dir() / ".tmp-crashed"}));
+  auto odd = store.Resume(store.dir() / ".tmp-crashed");
+  EXPECT_FALSE(odd.ok());
+  EXPECT_FALSE(store.Resume(tmp.path() / ".tmp-x-abcdef").ok()) << "not in this store";
+  p->reset();  // The original owner is gone; a new one takes the same directory over.
+  fs::copy(store.dir() / ".tmp-crashed", leftover, fs::copy_options::recursive);
+  auto resumed = store.Resume(leftover);
+  ASSERT_TRUE(resumed.ok()) << resumed.error().message;
+  CaptureManifest m;
+  m.vm = "vm1";
+  m.trigger = "panic";
+  auto entry = (*resumed)->Commit(m);
+  ASSERT_TRUE(entry.ok()) << entry.error().message;
+  EXPECT_EQ(entry->id, leftover.filename().string().substr(5, leftover.filename().string().size() - 12));
+  EXPECT_TRUE(fs::exists(entry->dir / "region.bin"));
 }
 
 TEST(CaptureStoreTest, VmNamesAreValidated) {

@@ -1,0 +1,33 @@
+// Decoding a boot-range capture's private region copy with the kernel's
+// formats from the daemon's cache: boot-<n>.trace.dat files into the capture
+// and the manifest's counts, validation and extra.formats. Shared by the live
+// capture (qmp_vm.cc) and by a later daemon run finishing a capture the
+// previous one died in (capture_recovery.cc).
+#ifndef HVTRACE_HOSTD_BOOT_RANGE_DECODE_H_
+#define HVTRACE_HOSTD_BOOT_RANGE_DECODE_H_
+
+#include <cstddef>
+#include <span>
+#include <string>
+
+#include "capture_store.h"
+#include "formats_service.h"
+
+namespace hvtrace::hostd {
+
+struct BootRangeDecodeTimes {
+  double formats_ms = 0, decode_ms = 0, write_ms = 0;
+};
+
+// Decodes |copy| into |capture| with the formats of |kernel_key| (null
+// |formats| or an unknown key: counts only, and extra.formats says how to get
+// them; |kernel_path| names the kernel in that note). Never fails: a decode
+// error is recorded in extra.formats.decode_error and the counts kept.
+BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy, FormatsService* formats,
+                                         const std::string& kernel_key,
+                                         const std::string& kernel_path, PendingCapture& capture,
+                                         CaptureManifest& manifest);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_BOOT_RANGE_DECODE_H_

@@ -1,0 +1,204 @@
+// Captures a daemon died in: with region.bin and the recovery record durable,
+// the next run finishes them (decoded with the cached formats, or counted
+// without), under the original trigger and time, marked recovered; without a
+// record, or with a record or region.bin that does not hold up, they are
+// removed and the reason said. The region is the real 6.12 boot_map fixture.
+#include "capture_recovery.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <span>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <boost/asio/thread_pool.hpp>
+#include <gtest/gtest.h>
+
+#include "capture_pipeline.h"
+#include "test_support.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test_support::ReadText;
+using test_support::RunCommand;
+using test_support::TempDir;
+using test_support::Unzstd;
+
+const fs::path kFixtures = fs::path(HVTRACE_FIXTURES_DIR) / "boot_map";
+const std::string kKey(64, 'c');
+
+HarvestBundle FixtureBundle() {
+  HarvestBundle b;
+  b.release = "6.12.95+deb12-amd64";
+  b.header_page = ReadText(kFixtures / "header_page");
+  b.header_event = ReadText(kFixtures / "header_event");
+  b.kallsyms = ReadText(kFixtures / "kallsyms");
+  for (const auto& e : fs::recursive_directory_iterator(kFixtures / "formats")) {
+    if (e.path().filename() != "format") continue;
+    HarvestedEvent ev;
+    ev.name = e.path().parent_path().filename().string();
+    ev.system = e.path().parent_path().parent_path().filename().string();
+    ev.text = ReadText(e.path());
+    b.events.push_back(ev);
+  }
+  std::sort(b.events.begin(), b.events.end(),
+            [](const auto& x, const auto& y) { return std::tie(x.system, x.name) < std::tie(y.system, y.name); });
+  return b;
+}
+
+// A cache holding the fixture kernel's formats, and the service over it.
+struct Formats {
+  Formats() : pool(1) {
+    EXPECT_TRUE(FormatCache(cache.path()).Store(kKey, FixtureBundle(), {}).ok());
+    service = std::make_shared<FormatsService>(cache.path(), pool.get_executor(), [](const std::string&) {});
+  }
+  ~Formats() { pool.join(); }
+  TempDir cache;
+  boost::asio::thread_pool pool;
+  std::shared_ptr<FormatsService> service;
+};
+
+// What a daemon that died right after the region copy was durable leaves:
+// a hidden capture directory with region.bin and the recovery record.
+fs::path LeaveIncomplete(const CaptureStore& store, std::span<const std::byte> region, const HostTime& triggered,
+                         bool with_record = true) {
+  CaptureStore writer(store.dir());
+  auto pending = writer.Begin("panic", triggered);
+  EXPECT_TRUE(pending.ok());
+  const fs::path dir = (*pending)->dir();
+  EXPECT_TRUE((*pending)->WriteFile("region.bin", region).ok());
+  if (with_record) {
+    CaptureManifest m;
+    m.vm = "vm1";
+    m.trigger = "panic";
+    m.triggered = triggered;
+    m.kernel = {{"formats_key", kKey}, {"path", "/boot/vmlinuz-6.12"}};
+    m.region = {{"kind", "boot-range"}, {"source", "/dev/shm/hvtrace-vm1"}, {"offset", 0},
+                {"size", region.size()}, {"gpa", 0x40000000}};
+    m.qmp_events.push_back({"GUEST_PANICKED", triggered, {{"action", "pause"}}});
+    m.extra["timing_ms"] = {{"trigger_to_region_durable", 12.5}};
+    EXPECT_TRUE((*pending)->WriteRecoveryRecord(m).ok());
+  }
+  // The daemon dies here: keep the directory the PendingCapture would remove.
+  const fs::path kept = dir.string() + "-kept";
+  fs::rename(dir, kept);
+  pending->reset();
+  fs::rename(kept, dir);
+  return dir;
+}
+
+json Manifest(const CaptureEntry& e) { return json::parse(ReadText(e.dir / "manifest.json")); }
+
+TEST(CaptureRecoveryTest, DurableRegionIsDecodedAndCommittedAsRecovered) {
+  const std::vector<std::byte> region = Unzstd(kFixtures / "region.bin.zst");
+  ASSERT_EQ(region.size(), 16u << 20);
+  Formats formats;
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "captures");
+  const HostTime triggered = HostTime::Now();
+  LeaveIncomplete(store, region, triggered);
+
+  auto report = RecoverIncompleteCaptures(store, formats.service.get());
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  ASSERT_EQ(report->recovered.size(), 1u);
+  EXPECT_TRUE(report->removed.empty());
+  const CaptureEntry& entry = report->recovered[0];
+  EXPECT_EQ(entry.id, UtcStamp(triggered.realtime_ns) + "-panic");
+  EXPECT_TRUE(store.ListIncomplete()->empty());
+
+  json m = Manifest(entry);
+  EXPECT_EQ(m["vm"], "vm1");
+  EXPECT_EQ(m["trigger"], "panic");
+  EXPECT_EQ(m["host_time"]["triggered"]["realtime_ns"], triggered.realtime_ns);
+  EXPECT_EQ(m["qmp_events"][0]["event"], "GUEST_PANICKED");
+  EXPECT_TRUE(m["recovered"].is_object()) << m.dump(2);
+  EXPECT_NE(m["recovered"]["note"].get<std::string>().find("region.bin was durable"), std::string::npos);
+  EXPECT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"].dump(2);
+  EXPECT_EQ(m["extra"]["timing_ms"]["trigger_to_region_durable"], 12.5);
+  EXPECT_TRUE(m["extra"]["timing_ms"].contains("trace_dat_write"));
+  EXPECT_TRUE(entry.summary.contains("recovered"));
+  std::vector<std::string> files;
+  for (const json& f : m["files"]) files.push_back(f["name"]);
+  EXPECT_EQ(files, (std::vector<std::string>{"boot-0.trace.dat", "region.bin"}));
+  EXPECT_FALSE(fs::exists(entry.dir / std::string(kRecoveryRecordName)));
+
+  // The same counts a capture decoded on the spot has.
+  CaptureManifest counted;
+  BootMapCaptureOptions opts;
+  ASSERT_TRUE(CountBootMapCapture(region, opts, counted).ok());
+  EXPECT_EQ(m["totals"]["events"], counted.ToJson()["totals"]["events"]);
+  EXPECT_GT(m["totals"]["events"].get<uint64_t>(), 1000u);
+  const std::string report_text =
+      RunCommand("trace-cmd report -i '" + (entry.dir / "boot-0.trace.dat").string() + "' 2>&1");
+  EXPECT_NE(report_text.find("sched_switch"), std::string::npos) << report_text.substr(0, 500);
+}
+
+TEST(CaptureRecoveryTest, WithoutFormatsTheRegionIsCountedAndKept) {
+  const std::vector<std::byte> region = Unzstd(kFixtures / "region.bin.zst");
+  ASSERT_FALSE(region.empty());
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "captures");
+  LeaveIncomplete(store, region, HostTime::Now());
+  auto report = RecoverIncompleteCaptures(store, nullptr);
+  ASSERT_TRUE(report.ok());
+  ASSERT_EQ(report->recovered.size(), 1u);
+  json m = Manifest(report->recovered[0]);
+  EXPECT_EQ(m["extra"]["formats"]["decoded"], false);
+  EXPECT_GT(m["totals"]["events"].get<uint64_t>(), 1000u);
+  EXPECT_EQ(m["files"].size(), 1u);  // region.bin; `hvtrace show` decodes it later.
+}
+
+TEST(CaptureRecoveryTest, CapturesThatCannotBeFinishedAreRemovedWithTheReason) {
+  const std::vector<std::byte> region = Unzstd(kFixtures / "region.bin.zst");
+  ASSERT_FALSE(region.empty());
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "captures");
+  // Died before region.bin was durable: no record.
+  LeaveIncomplete(store, region, HostTime::Now(), /*with_record=*/false);
+  // region.bin shorter than the region the record names.
+  const fs::path short_region = LeaveIncomplete(store, region, HostTime::Now());
+  fs::resize_file(short_region / "region.bin", 4096);
+  // A record that is not one.
+  const fs::path garbage = LeaveIncomplete(store, region, HostTime::Now());
+  std::ofstream(garbage / std::string(kRecoveryRecordName), std::ios::trunc) << "{\"format\": \"hvtrace-capture-recovery\", \"manifest\": {\"vm\": 7}}";
+
+  auto report = RecoverIncompleteCaptures(store, nullptr);
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->recovered.empty());
+  ASSERT_EQ(report->removed.size(), 3u);
+  std::string all;
+  for (const std::string& why : report->removed) all += why + "\n";
+  EXPECT_NE(all.find("no recovery record"), std::string::npos) << all;
+  EXPECT_NE(all.find("region.bin is 4096 bytes, the region 16777216"), std::string::npos) << all;
+  EXPECT_NE(all.find("vm is not a string"), std::string::npos) << all;
+  EXPECT_TRUE(store.ListIncomplete()->empty());
+  EXPECT_TRUE(store.List()->empty());
+}
+
+TEST(CaptureRecoveryTest, CommittedCaptureKeepsNoRecoveryRecord) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "captures");
+  auto pending = store.Begin("manual", HostTime::Now());
+  ASSERT_TRUE(pending.ok());
+  const std::vector<std::byte> data(4096, std::byte{1});
+  ASSERT_TRUE((*pending)->WriteFile("region.bin", data).ok());
+  CaptureManifest m;
+  m.vm = "vm1";
+  m.trigger = "manual";
+  ASSERT_TRUE((*pending)->WriteRecoveryRecord(m).ok());
+  auto entry = (*pending)->Commit(m);
+  ASSERT_TRUE(entry.ok()) << entry.error().message;
+  EXPECT_FALSE(fs::exists(entry->dir / std::string(kRecoveryRecordName)));
+  json doc = Manifest(*entry);
+  EXPECT_EQ(doc["files"].size(), 1u);
+  EXPECT_FALSE(doc.contains("recovered"));
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

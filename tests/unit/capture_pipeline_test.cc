@@ -24,6 +24,7 @@
 
 #include "capture_store.h"
 #include "hvtrace/page.h"
+#include "hvtrace/tracedat.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -465,6 +466,47 @@ TEST_F(CapturePipelineTest, KallsymsOfAnotherKaslrBootAreRelocated) {
   EXPECT_GT(got.size(), 30000u);
   EXPECT_TRUE(want == got);
   EXPECT_NE(b.out.find("tracing_mark_write: "), std::string::npos);
+}
+
+// A capture's trace.dat carries only the symbols its events name (each with
+// the next one, which bounds it), not the kernel's whole table: with a
+// thousand more symbols around them the file holds the same few lines, and
+// the text is the same.
+TEST_F(CapturePipelineTest, TraceDatKeepsOnlyTheSymbolsTheEventsName) {
+  KernelFormats crowded = formats_;
+  for (int i = 0; i < 1000; ++i) {
+    char line[64];
+    // Below tracing_mark_write (ffffffffafa34ec0), and past the last symbol.
+    std::snprintf(line, sizeof line, "%016llx t filler_low_%d\n", 0xffffffffaf900000ull + 16ull * i, i);
+    crowded.kallsyms += line;
+    std::snprintf(line, sizeof line, "%016llx t filler_high_%d\n", 0xffffffffb0000000ull + 16ull * i, i);
+    crowded.kallsyms += line;
+  }
+  Captured plain = Capture(range_, formats_);
+  Captured many = Capture(range_, crowded);
+  ASSERT_FALSE(plain.dir.empty());
+  ASSERT_FALSE(many.dir.empty());
+  auto dat = TraceDat::Open((many.dir / "boot-0.trace.dat").string());
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  const std::string& kept = dat->kallsyms();
+  EXPECT_NE(kept.find(" tracing_mark_write\n"), std::string::npos) << kept;
+  EXPECT_NE(kept.find(" __pfx___trace_array_puts\n"), std::string::npos) << kept;  // Its end.
+  EXPECT_EQ(kept.find("filler_low_"), std::string::npos) << kept.substr(0, 2000);
+  // Event words past every symbol (-1, flags) are named by the last one, in
+  // trace-cmd as with the whole table: that one stays, no other.
+  const size_t high = kept.find("filler_high_");
+  EXPECT_TRUE(high == std::string::npos || (kept.find("filler_high_999\n") == high &&
+                                            kept.find("filler_high_", high + 1) == std::string::npos))
+      << kept.substr(0, 2000);
+  EXPECT_LT(kept.size(), 250u) << kept;
+  CmdRun a = RunCommand("'" + Hvtrace() + "' show '" + plain.dir.string() + "'");
+  CmdRun b = RunCommand("'" + Hvtrace() + "' show '" + many.dir.string() + "'");
+  ASSERT_EQ(b.status, 0);
+  const auto want = Lines(a.out, true), got = Lines(b.out, true);
+  EXPECT_GT(got.size(), 30000u);
+  EXPECT_TRUE(want == got);
+  CmdRun report = RunCommand("trace-cmd report -i '" + (many.dir / "boot-0.trace.dat").string() + "'");
+  EXPECT_NE(report.out.find("tracing_mark_write: "), std::string::npos);
 }
 
 // A capture taken before the kernel's formats were cached: region.bin and

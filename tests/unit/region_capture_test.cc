@@ -538,6 +538,19 @@ TEST_F(RegionCaptureTest, Malicious_TscRingWithoutSamplesIsKeptApartAndReported)
   bool noted = false;
   for (const std::string& n : out2.notes) noted |= n.find("raw TSC time stamps") != std::string::npos;
   EXPECT_TRUE(noted);
+  // `hvtrace show` lists that file right after the generation's own (the
+  // sanitizer build builds only the tests, not the CLI).
+  const std::string hvtrace = std::string(HVTRACE_BIN_DIR) + "/hvtrace";
+  if (access(hvtrace.c_str(), X_OK) == 0) {
+    const std::string shown = Shell(hvtrace + " show " + dir.string() + " 2>&1");
+    const size_t main_at = shown.find("(region-gen-1.trace.dat)");
+    const size_t tsc_at = shown.find("(region-gen-1-tsc.trace.dat)");
+    ASSERT_NE(main_at, std::string::npos) << shown.substr(0, 2000);
+    ASSERT_NE(tsc_at, std::string::npos) << shown.substr(0, 2000);
+    EXPECT_LT(main_at, tsc_at);
+    EXPECT_EQ(Count(shown.substr(tsc_at), "hvt_value:"), 4u) << shown.substr(tsc_at, 2000);
+    EXPECT_EQ(Count(shown.substr(0, tsc_at), "hvt_value:"), 0u);
+  }
   if (Shell("command -v trace-cmd").empty()) GTEST_SKIP() << "trace-cmd not installed";
   const std::string report = Shell("trace-cmd report " + (dir / "region-gen-1-tsc.trace.dat").string() + " 2>&1");
   EXPECT_EQ(Count(report, "hvt_value:"), 4u) << report.substr(0, 2000);

@@ -241,7 +241,7 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
                {"pages_present", ring.pages.size()}};
     const RegionTimeline::Mode mode =
         ring.direct_write ? timeline.ModeOf(ring.clock) : RegionTimeline::Mode::kAsIs;
-    uint64_t off_clock = 0;
+    uint64_t off_clock = 0, pages_converted = 0, pages_unplaced = 0;
     if (ring.direct_write) {
       rj["pid"] = ring.pid;
       rj["tid"] = ring.tid;
@@ -259,7 +259,10 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
       rj["overrun"] = ring.overrun;
     }
     for (const RegionPage& p : ring.pages) {
-      GenerationPlan& g = plan(p.boot_generation, mode == RegionTimeline::Mode::kUnplaceable);
+      // Per page: pages a ring's earlier owner left may use another clock.
+      const RegionTimeline::Mode page_mode =
+          ring.direct_write ? timeline.ModeOf(p.clock) : RegionTimeline::Mode::kAsIs;
+      GenerationPlan& g = plan(p.boot_generation, page_mode == RegionTimeline::Mode::kUnplaceable);
       if (ring.direct_write && !g.dw_included) {
         counts.bad_pages["dw_layout_differs"]++;
         continue;
@@ -271,9 +274,11 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
       // What goes into the file: the page itself (cut at its first bad
       // record), or its good records restamped onto the trace clock.
       std::vector<std::span<const std::byte>> out;
-      if (mode == RegionTimeline::Mode::kConvert) {
-        RestampPage(p.page, layout, timeline, ring.clock, &repaired, &out, &off_clock);
+      if (page_mode == RegionTimeline::Mode::kConvert) {
+        RestampPage(p.page, layout, timeline, p.clock, &repaired, &out, &off_clock);
+        ++pages_converted;
       } else {
+        pages_unplaced += page_mode == RegionTimeline::Mode::kUnplaceable;
         out.push_back(WritablePage(p, layout, &repaired));
       }
       for (std::span<const std::byte> page : out) {
@@ -302,6 +307,10 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
         g.pages[slot_index].push_back(page);
         g.file.pages++;
       }
+    }
+    if (ring.direct_write) {
+      rj["pages_converted"] = pages_converted;
+      rj["pages_unplaced"] = pages_unplaced;
     }
     if (off_clock != 0) {
       // Stamps the conversion cannot represent (absurd ticks): left out of

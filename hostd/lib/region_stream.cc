@@ -129,7 +129,7 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::stea
       int64_t missed = cursor.header().missed_events
                            ? (cursor.missed_count() > 0 ? static_cast<int64_t>(cursor.missed_count()) : -1)
                            : 0;
-      const uint32_t ring_clock = nd.direct_write ? s->dw_rings[p.ring].clock : trace_clock_;
+      const uint32_t ring_clock = nd.direct_write ? p.clock : trace_clock_;
       RawRecord rec;
       while (cursor.Next(&rec)) {
         if (rec.offset < nd.from_offset) continue;

@@ -512,6 +512,7 @@ bool Tracer::StartPage(ThreadState* ts, uint64_t now) {
   desc->boot_generation = ts->attachment->generation;
   desc->length = kDataOffset;
   desc->flags = region::kSlotOpen;
+  desc->clock = static_cast<uint32_t>(clock_);
   SeqEndWrite(&desc->seq, done);
   __atomic_store_n(&h->published, sequence + 1, __ATOMIC_RELEASE);
   ts->desc = desc;

@@ -141,16 +141,21 @@ class Reader {
   // Whether the direct-write rings that hold pages can be put on the
   // kernel's trace clock (region_clock.h); the callers convert.
   void CheckClocks() {
-    bool tsc_rings = false;
+    // Per page: a ring's next owner may stamp with another clock.
+    bool tsc_pages = false;
     for (const RegionRing& ring : s_->dw_rings) {
-      if (ring.pages.empty()) continue;
-      if (ring.clock != region::kClockMono && ring.clock != region::kClockTsc) {
-        Report(RegionIssue::kDwClockUnknown, "dw ring " + std::to_string(ring.index), g_.DwRingOffset(ring.index) + offsetof(DwRingHeader, clock),
-               "clock " + std::to_string(ring.clock) + ": time stamps taken as the trace clock's");
+      for (const RegionPage& p : ring.pages) {
+        if (p.clock == region::kClockMono || p.clock == region::kClockTsc) {
+          tsc_pages |= p.clock == region::kClockTsc;
+          continue;
+        }
+        Report(RegionIssue::kDwClockUnknown, "dw ring " + std::to_string(ring.index) + " slot " + std::to_string(p.slot),
+               g_.DwDescOffset(ring.index, p.slot) + offsetof(SlotDesc, clock),
+               "clock " + std::to_string(p.clock) + ": time stamps taken as the trace clock's");
+        break;  // Once per ring.
       }
-      tsc_rings |= ring.clock == region::kClockTsc;
     }
-    if (s_->clock_sync.empty() && !tsc_rings) return;
+    if (s_->clock_sync.empty() && !tsc_pages) return;
     const RegionTimeline timeline(s_->guest.trace_clock, s_->clock_sync);
     if (timeline.tsc().dropped() != 0) {
       Report(RegionIssue::kClockSyncDropped, "clock sync", region::kClockSyncOffset,
@@ -158,7 +163,10 @@ class Reader {
                  " samples dropped (empty, backwards or off the line the others agree on)");
     }
     for (const RegionRing& ring : s_->dw_rings) {
-      if (ring.pages.empty() || timeline.ModeOf(ring.clock) != RegionTimeline::Mode::kUnplaceable) continue;
+      const bool unplaceable = std::any_of(ring.pages.begin(), ring.pages.end(), [&](const RegionPage& p) {
+        return timeline.ModeOf(p.clock) == RegionTimeline::Mode::kUnplaceable;
+      });
+      if (!unplaceable) continue;
       Report(RegionIssue::kDwClockUnplaceable, "dw ring " + std::to_string(ring.index), g_.DwRingOffset(ring.index) + offsetof(DwRingHeader, clock),
              "time stamps are TSC ticks and only " + std::to_string(timeline.tsc().used()) + " of " +
                  std::to_string(s_->clock_sync.size()) +
@@ -335,6 +343,7 @@ class Reader {
       p.sequence = d.sequence;
       p.boot_generation = d.boot_generation;
       p.flags = d.flags;
+      p.clock = dw && d.clock != 0 ? d.clock : ring.clock;
       p.length = d.length;
       p.offset = page_at;
       p.page = std::span<const std::byte>(page, g_.slot_size);

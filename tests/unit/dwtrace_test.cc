@@ -332,7 +332,23 @@ TEST_F(DwTest, AutoClockIsTheTscOnlyWithClockSyncSamplesAndATrustedInvariantTsc)
   // Forcing a clock is always obeyed.
   EXPECT_EQ((*dw::Tracer::FromMemory(mem_.data(), mem_.size(), dw::Clock::kMonotonic))->clock(),
             dw::Clock::kMonotonic);
-  EXPECT_EQ((*dw::Tracer::FromMemory(mem_.data(), mem_.size(), dw::Clock::kTsc))->clock(), dw::Clock::kTsc);
+  auto forced = dw::Tracer::FromMemory(mem_.data(), mem_.size(), dw::Clock::kTsc);
+  ASSERT_TRUE(forced.ok());
+  EXPECT_EQ((*forced)->clock(), dw::Clock::kTsc);
+  // Each page says which clock stamped it (a ring changes hands).
+  auto id = (*forced)->Register("myapp", "tick", {{"n", "int", 0, 4, true}});
+  ASSERT_TRUE(id.ok());
+  const int n = 1;
+  ASSERT_TRUE((*forced)->Write(*id, &n, sizeof n));
+  RegionSnapshot s = Snapshot();
+  size_t pages = 0;
+  for (const RegionRing& ring : s.dw_rings) {
+    for (const RegionPage& p : ring.pages) {
+      EXPECT_EQ(p.clock, region::kClockTsc);
+      ++pages;
+    }
+  }
+  EXPECT_EQ(pages, 1u);
 }
 
 TEST_F(DwTest, LargeRecordsTimeGapsAndPaddingReadBackWhole) {

@@ -134,6 +134,7 @@ class RegionCaptureTest : public ::testing::Test {
     d->boot_generation = generation;
     d->length = 16 + w.used();
     d->flags = 0;
+    d->clock = dw_clock_;
     h->published = sequence + 1;
   }
 
@@ -611,6 +612,33 @@ TEST_F(RegionCaptureTest, Malicious_RingClockThatIsNoClockIsReported) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->generations[0].dw_events, 2u);
   EXPECT_EQ(r->attach["rings"][2]["clock"], "unknown 99");
+}
+
+TEST_F(RegionCaptureTest, PagesKeepTheClockTheirWriterUsedAfterTheRingChangesHands) {
+  // A MONOTONIC thread wrote page 0 and exited; a TSC thread claimed the
+  // ring (its header now says TSC) and wrote page 1.
+  const uint64_t t0 = 5000000000;
+  for (uint64_t m : {t0 - 1000000000, t0 + 1000000000}) guest_->AddClockSync(m, 0, 0, TscAt(m));
+  WriteDwPage(0, 0, 2, t0, 1, 10000);  // Mono: t0, t0 + 10 us.
+  dw_clock_ = region::kClockTsc;
+  WriteDwPage(0, 1, 2, TscAt(t0 + 5000), 1, 30000);  // TSC: t0 + 5 us, t0 + 15 us.
+  ASSERT_EQ(guest_->dw_ring(0)->clock, region::kClockTsc);
+  RegionSnapshot s = Read();
+  EXPECT_EQ(s.issue_total(), 0u) << s.problems[0].detail;
+  auto r = WriteRegionTraceDats(s, TempDir());
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->generations.size(), 1u);
+  EXPECT_EQ(r->generations[0].dw_events, 2u + 2u);
+  EXPECT_EQ(r->generations[0].last_dw_timestamp, t0 + 15000);
+  EXPECT_EQ(r->attach["rings"][2]["pages_converted"], 1);
+
+  RegionStreamer st(geometry_, RegionStreamOptions{true, true, std::chrono::milliseconds(1000)});
+  RegionSnapshot s2 = Read();
+  auto out = st.Feed(&s2, T(0), true);
+  std::vector<uint64_t> all, dw;
+  JsonTimes(out.text, &all, &dw);
+  std::sort(dw.begin(), dw.end());
+  EXPECT_EQ(dw, (std::vector<uint64_t>{t0, t0 + 5000, t0 + 10000, t0 + 15000})) << out.text;
 }
 
 TEST_F(RegionCaptureTest, Malicious_RandomClockSamplesAndTscStampsNeverCrash) {

@@ -269,7 +269,11 @@ struct SlotDesc {
   uint32_t boot_generation;
   uint32_t length;           // Bytes of the page that are valid (header incl.).
   uint32_t flags;            // SlotFlags.
-  uint32_t reserved;
+  // Direct-write: TraceClock of this page's time stamps. A ring outlives
+  // its threads, and the next owner may stamp with another clock than the
+  // pages the last one left; 0 (writers before this field): the ring's
+  // DwRingHeader::clock.
+  uint32_t clock;
 };
 static_assert(sizeof(SlotDesc) == 32);
 

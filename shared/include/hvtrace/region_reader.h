@@ -158,6 +158,7 @@ struct RegionPage {
   uint32_t boot_generation = 0;
   uint32_t flags = 0;
   uint32_t length = 0;
+  uint32_t clock = 0;   // Direct-write: TraceClock of its stamps (SlotDesc::clock, else the ring's).
   uint64_t offset = 0;  // Of the page in the region.
   uint64_t records = 0;                  // Good records (before any error).
   PageError page_error = PageError::kOk;  // Records after the error are unusable.

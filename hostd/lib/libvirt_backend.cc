@@ -513,15 +513,15 @@ Status LibvirtDomainBackend::Capture(PendingCapture& capture, CaptureManifest& m
       if (!copy.ok()) return copy.error();
       bytes = std::move(*copy);
     }
+    manifest.region = {{"kind", region_.kind},
+                       {"source", region_.path.string()},
+                       {"offset", region_.offset},
+                       {"size", region_.size}};
     if (region_.kind == "boot-range") {
       if (Status s = CaptureBootRange(std::move(bytes), capture, manifest); !s.ok()) return s;
     } else if (Status s = capture.WriteFile("region.bin", bytes); !s.ok()) {
       return s;
     }
-    manifest.region = {{"kind", region_.kind},
-                       {"source", region_.path.string()},
-                       {"offset", region_.offset},
-                       {"size", region_.size}};
   }
   if (live) {
     // The guest is stopped for a panic (paused, or QEMU gone: our mapping
@@ -563,13 +563,20 @@ Status LibvirtDomainBackend::Capture(PendingCapture& capture, CaptureManifest& m
 Status LibvirtDomainBackend::CaptureBootRange(std::vector<std::byte> bytes, PendingCapture& capture,
                                               CaptureManifest& manifest) const {
   if (!kernel_path_.empty()) manifest.kernel["path"] = kernel_path_;
+  if (!kernel_key_.empty()) manifest.kernel["formats_key"] = kernel_key_;
+  // The raw copy first, fsynced, with a recovery record: from here on the
+  // capture survives this daemon (a later run decodes region.bin and commits
+  // it, capture_recovery.h); everything below can be redone from it.
+  if (Status s = capture.WriteFile("region.bin", bytes); !s.ok()) return s;
+  if (Status s = capture.WriteRecoveryRecord(manifest); !s.ok()) return s;
+  BootMapCaptureOptions options;
+  options.write_region = false;
   std::string why_raw = kernel_key_error_;
   if (!kernel_key_.empty() && formats_) {
     // The daemon-wide copy: loaded once per kernel, no parse on this path.
     json info = {{"key", kernel_key_}, {"cache", formats_->root().string()}};
     Result<std::shared_ptr<const KernelFormats>> got = formats_->Get(kernel_key_);
     if (got.ok() && *got) {
-      BootMapCaptureOptions options;
       Result<CaptureResult> built = BuildBootMapCapture(bytes, **got, options, capture, manifest);
       if (built.ok()) {
         info["state"] = "cached";
@@ -604,7 +611,6 @@ Status LibvirtDomainBackend::CaptureBootRange(std::vector<std::byte> bytes, Pend
         why_raw = formats.error().message;
         continue;
       }
-      BootMapCaptureOptions options;
       Result<CaptureResult> built = BuildBootMapCapture(bytes, *formats, options, capture, manifest);
       if (built.ok()) {
         manifest.extra["formats_root"] = root.string();
@@ -615,14 +621,12 @@ Status LibvirtDomainBackend::CaptureBootRange(std::vector<std::byte> bytes, Pend
       break;
     }
   }
-  // The raw copy and the reader's per-CPU counts; `hvtrace show --region`
-  // can decode region.bin later once the formats are harvested.
-  if (Status s = capture.WriteFile("region.bin", bytes); !s.ok()) return s;
+  // The reader's per-CPU counts; `hvtrace show` can decode region.bin later
+  // once the formats are harvested.
   manifest.extra["decode"] = {{"trace_dat", false}, {"reason", why_raw}};
-  if (!kernel_key_.empty()) manifest.kernel["formats_key"] = kernel_key_;
-  BootMapOptions options;
-  options.layout = PageLayout::Default();
-  Result<BootMap> map = ReadBootMap(bytes, options);
+  BootMapOptions map_options;
+  map_options.layout = PageLayout::Default();
+  Result<BootMap> map = ReadBootMap(bytes, map_options);
   if (!map.ok()) {
     manifest.validation = {{"reader", "boot_map"}, {"error", map.error().message}};
     return {};

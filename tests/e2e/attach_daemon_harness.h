@@ -22,6 +22,7 @@
 
 #include "control_client.h"
 #include "hvtrace/result.h"
+#include "test_support.h"
 
 namespace hvtrace::e2e {
 
@@ -45,10 +46,7 @@ class AttachTestDaemon {
   std::string state_dir() const { return dir_ + "/state"; }
   std::string dir() const { return dir_; }
   std::string log() const {
-    std::ifstream in(dir_ + "/hvtraced.log");
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
+    return test_support::ReadText(dir_ + "/hvtraced.log");
   }
 
   bool Start() {

@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 
 #include "attach_region_host.h"
+#include "test_support.h"
 #include "guest_harness.h"
 #include "attach_daemon_harness.h"
 #include "libvirtd_fixture.h"
@@ -45,23 +46,8 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string Sh(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test_support::ReadText;
+using test_support::RunCommand;
 
 // The line of |text| holding |needle|, or "".
 std::string LineWith(const std::string& text, const std::string& needle) {
@@ -131,7 +117,7 @@ class CliStream {
   CliStream(const CliStream&) = delete;
   CliStream& operator=(const CliStream&) = delete;
 
-  std::string Output() const { return ReadAll(out_); }
+  std::string Output() const { return ReadText(out_); }
   bool WaitFor(const std::string& needle, std::chrono::milliseconds timeout) const {
     return WaitUntil([&] { return Output().find(needle) != std::string::npos; }, timeout);
   }
@@ -273,7 +259,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   ASSERT_TRUE(first_capture.ok()) << first_capture.error().message << diag();
   const fs::path captures = fs::path(hvt.state_dir()) / "vms" / name / "captures";
   const std::string first_report =
-      Sh("trace-cmd report " + (captures / (*first_capture)["capture"].get<std::string>() / "region-gen-1.trace.dat")
+      RunCommand("trace-cmd report " + (captures / (*first_capture)["capture"].get<std::string>() / "region-gen-1.trace.dat")
                                    .string() + " 2>&1");
   for (const char* m : {"HVT-K1", "HVT-K2", "text=HVT-DW 0", "text=HVT-DW 2"}) {
     EXPECT_NE(first_report.find(m), std::string::npos) << m << " missing from the detached region's capture\n"
@@ -330,14 +316,14 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
     EXPECT_EQ(cli.Output().find(old), std::string::npos) << old << " in the stream after the re-attach";
   }
 
-  const json manifest = json::parse(ReadAll(capture_dir / "manifest.json"));
+  const json manifest = json::parse(ReadText(capture_dir / "manifest.json"));
   const json& attach = manifest["extra"]["attach"];
   EXPECT_EQ(manifest["region"]["kind"], "attach") << manifest.dump(2);
   EXPECT_EQ(attach["vm_paused"], true);
   const fs::path dat = capture_dir / "region-gen-1.trace.dat";
   ASSERT_TRUE(fs::exists(dat)) << manifest.dump(2);
   // trace-cmd is the oracle for the file.
-  const std::string report = Sh("trace-cmd report " + dat.string() + " 2>&1");
+  const std::string report = RunCommand("trace-cmd report " + dat.string() + " 2>&1");
   // The second region holds the second session only: nothing from the first
   // region, nothing the kernel buffered while none was plugged.
   EXPECT_NE(report.find("HVT-R-K1"), std::string::npos);
@@ -385,7 +371,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
               static_cast<unsigned long long>(manifest["totals"]["events"].get<uint64_t>()));
 
   // `hvtrace show` prints the capture too.
-  const std::string shown = Sh(std::string(HVTRACE_BIN_DIR) + "/hvtrace show " + capture_dir.string() + " 2>&1");
+  const std::string shown = RunCommand(std::string(HVTRACE_BIN_DIR) + "/hvtrace show " + capture_dir.string() + " 2>&1");
   EXPECT_NE(shown.find("text=HVT-LAST 4"), std::string::npos) << shown.substr(0, 3000);
 }
 

@@ -35,6 +35,7 @@
 
 #include "attach_daemon_harness.h"
 #include "attach_region_host.h"
+#include "test_support.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -350,10 +351,7 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
     auto c = daemon.Call("capture", {{"name", v.name}});
     if (!c.ok()) return json{{"error", c.error().message}};
     const fs::path dir = fs::path(daemon.state_dir()) / "vms" / v.name / "captures" / (*c)["capture"].get<std::string>();
-    std::ifstream in(dir / "manifest.json");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return json::parse(ss.str(), nullptr, false);
+    return json::parse(test_support::ReadText(dir / "manifest.json"), nullptr, false);
   };
   const json ma = manifest_of(vms[0]), mb = manifest_of(vms[1]);
   ASSERT_TRUE(ma.contains("extra")) << ma.dump(2);

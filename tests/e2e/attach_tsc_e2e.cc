@@ -23,6 +23,7 @@
 
 #include "attach_daemon_harness.h"
 #include "attach_region_host.h"
+#include "test_support.h"
 #include "guest_harness.h"
 
 namespace hvtrace::e2e {
@@ -31,23 +32,8 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string Sh(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[65536];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
-
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test_support::ReadText;
+using test_support::RunCommand;
 
 // "sec.usec" of a `trace-cmd report` line, in ns (0 when absent).
 uint64_t LineTimeNs(const std::string& line) {
@@ -178,7 +164,7 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
   ASSERT_TRUE(c.ok()) << c.error().message << diag();
   const fs::path dir =
       fs::path(daemon.state_dir()) / "vms" / name / "captures" / (*c)["capture"].get<std::string>();
-  const json manifest = json::parse(ReadAll(dir / "manifest.json"));
+  const json manifest = json::parse(ReadText(dir / "manifest.json"));
   const json& attach = manifest["extra"]["attach"];
   bool tsc_ring = false;
   for (const json& ring : attach["rings"]) {
@@ -193,9 +179,9 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
               attach["issues"]["by_reason"].dump().c_str());
   const fs::path dat = dir / "region-gen-1.trace.dat";
   ASSERT_TRUE(fs::exists(dat)) << manifest.dump(2);
-  ExpectInterleaved("capture, trace-cmd report", Sh("trace-cmd report " + dat.string() + " 2>&1"));
+  ExpectInterleaved("capture, trace-cmd report", RunCommand("trace-cmd report " + dat.string() + " 2>&1"));
   ExpectInterleaved("capture, hvtrace show",
-                    Sh(std::string(HVTRACE_BIN_DIR) + "/hvtrace show " + dir.string() + " 2>/dev/null"));
+                    RunCommand(std::string(HVTRACE_BIN_DIR) + "/hvtrace show " + dir.string() + " 2>/dev/null"));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "formats_sha256.h"
 #include "guest_harness.h"
 #include "hvtrace/format.h"
+#include "test_support.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -29,26 +30,12 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-std::string ReadText(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test_support::ReadText;
 
 std::string RunAndCapture(const std::string& cmd, int* status) {
-  std::string out;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) {
-    *status = -1;
-    return out;
-  }
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  const int rc = ::pclose(p);
-  *status = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-  return out;
+  test_support::CommandResult r = test_support::RunCommandStatus(cmd);
+  *status = r.status;
+  return r.out;
 }
 
 const hostd::CachedEventFormat* Find(const hostd::KernelFormats& k, const std::string& system,

@@ -32,6 +32,7 @@
 #include "guest_harness.h"
 #include "trace_text.h"
 #include "vm_console.h"
+#include "test_support.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -39,12 +40,7 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using test_support::ReadText;
 
 // hvtraced in a private state/run dir; killed (then reaped) however the test ends.
 class DaemonProcess {
@@ -64,7 +60,7 @@ class DaemonProcess {
   }
   std::string socket() const { return dir_ + "/run/hvtraced.sock"; }
   std::string state_dir() const { return dir_ + "/state"; }
-  std::string log() const { return ReadAll(dir_ + "/hvtraced.log"); }
+  std::string log() const { return ReadText(dir_ + "/hvtraced.log"); }
 
   // Set in the daemon's environment only.
   void SetEnv(std::string name, std::string value) { env_.emplace_back(std::move(name), std::move(value)); }
@@ -111,22 +107,8 @@ class DaemonProcess {
   std::vector<std::pair<std::string, std::string>> env_;
 };
 
-struct CmdOutput {
-  int status = -1;
-  std::string out;
-};
 // Runs |cmd| with sh; stdout only (stderr goes to the test log).
-CmdOutput RunCmd(const std::string& cmd) {
-  CmdOutput r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return r;
-  char buf[65536];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+test_support::CommandResult RunCmd(const std::string& cmd) { return test_support::RunCommandStatus(cmd); }
 
 // Text lines that are events (no '#' headers, no "cpus=" line).
 std::vector<std::string> EventLines(const std::string& text) {
@@ -196,10 +178,10 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   const fs::path captures = fs::path(daemon.state_dir()) / "vms" / name / "captures";
   {
     fs::path dir = captures / (*manual)["capture"].get<std::string>();
-    std::string region = ReadAll(dir / "region.bin");
+    std::string region = ReadText(dir / "region.bin");
     EXPECT_EQ(region.size(), 16u << 20);
     EXPECT_NE(region.find("hvt-mark-" + std::to_string(kMarkers)), std::string::npos);
-    json m = json::parse(ReadAll(dir / "manifest.json"));
+    json m = json::parse(ReadText(dir / "manifest.json"));
     EXPECT_EQ(m["trigger"], "manual");
     EXPECT_TRUE(m["extra"]["qmp"]["consistency"].contains("pages_being_written")) << m.dump(2);
     EXPECT_GT(m["totals"]["events"].get<uint64_t>(), 0u) << m.dump(2);
@@ -226,9 +208,9 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   }
   ASSERT_FALSE(panic.is_null()) << tail();
   fs::path dir = captures / panic["id"].get<std::string>();
-  std::string region = ReadAll(dir / "region.bin");
+  std::string region = ReadText(dir / "region.bin");
   EXPECT_NE(region.find("hvt-last-before-crash"), std::string::npos);
-  json m = json::parse(ReadAll(dir / "manifest.json"));
+  json m = json::parse(ReadText(dir / "manifest.json"));
   bool saw_panic_event = false;
   for (const json& e : m["qmp_events"]) saw_panic_event |= e["event"] == "GUEST_PANICKED";
   EXPECT_TRUE(saw_panic_event) << m.dump(2);
@@ -239,7 +221,7 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   // hvtrace show: every marker, the last one included, and decoded sched/irq
   // events with their field names.
   const std::string hvtrace = std::string(HVTRACE_BIN_DIR) + "/hvtrace";
-  CmdOutput shown = RunCmd(hvtrace + " show '" + dir.string() + "'");
+  test_support::CommandResult shown = RunCmd(hvtrace + " show '" + dir.string() + "'");
   ASSERT_EQ(shown.status, 0) << shown.out.substr(0, 2000);
   size_t unparsed = 0;
   const std::vector<TraceEvent> events = ReportTraceEvents(shown.out, &unparsed);
@@ -257,7 +239,7 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   EXPECT_TRUE(has("sched_wakeup", " CPU:")) << "no decoded sched_wakeup";
   EXPECT_TRUE(has("sched_switch", " ==> ")) << "no decoded sched_switch";
   // The same capture as JSON names the fields, sched_switch's prev_comm too.
-  CmdOutput as_json = RunCmd(hvtrace + " show --format json '" + dir.string() + "'");
+  test_support::CommandResult as_json = RunCmd(hvtrace + " show --format json '" + dir.string() + "'");
   ASSERT_EQ(as_json.status, 0);
   bool json_prev_comm = false;
   size_t json_events = 0;
@@ -275,7 +257,7 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   // trace-cmd opens every boot's trace.dat, and its text is show's, line for line.
   std::string reports;
   for (const json& b : m["extra"]["boots"]) {
-    CmdOutput report = RunCmd("trace-cmd report -i '" + (dir / b["file"].get<std::string>()).string() + "'");
+    test_support::CommandResult report = RunCmd("trace-cmd report -i '" + (dir / b["file"].get<std::string>()).string() + "'");
     ASSERT_EQ(report.status, 0) << b.dump();
     reports += report.out;
   }
@@ -384,12 +366,12 @@ TEST(HvtracedBootE2e, FormatsHarvestedInTheBackgroundDecodeTheFirstPanic) {
   }
   ASSERT_FALSE(panic.is_null()) << tail();
   const fs::path dir = fs::path(daemon.state_dir()) / "vms" / name / "captures" / panic["id"].get<std::string>();
-  json m = json::parse(ReadAll(dir / "manifest.json"));
+  json m = json::parse(ReadText(dir / "manifest.json"));
   EXPECT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"].dump(2);
   EXPECT_EQ(m["extra"]["formats"]["cache"], cache.string());
   EXPECT_TRUE(fs::exists(dir / "boot-0.trace.dat"));
   EXPECT_NE(daemon.log().find("harvested in"), std::string::npos) << daemon.log();
-  CmdOutput shown = RunCmd(std::string(HVTRACE_BIN_DIR) + "/hvtrace show '" + dir.string() + "'");
+  test_support::CommandResult shown = RunCmd(std::string(HVTRACE_BIN_DIR) + "/hvtrace show '" + dir.string() + "'");
   ASSERT_EQ(shown.status, 0);
   const std::vector<TraceEvent> events = ReportTraceEvents(shown.out);
   EXPECT_EQ(CountMarkers(events, "hvt-bg-last"), 1u);

@@ -15,6 +15,7 @@
 #include "control_client.h"
 #include "qmp_vm.h"
 #include "vm_process.h"
+#include "test_support.h"
 
 namespace hvtrace::e2e {
 
@@ -22,12 +23,7 @@ using nlohmann::json;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-std::string ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+std::string ReadWholeFile(const std::string& path) { return test_support::ReadText(path); }
 
 HvtracedProcess::HvtracedProcess(const std::string& tag, const std::string& extra_config) {
   static int counter = 0;

@@ -1,9 +1,10 @@
-// Small helpers the unit tests share: reading fixtures, a self-removing
+// Small helpers the unit and e2e tests share: reading files, a self-removing
 // temporary directory, and running a tool (trace-cmd) for its output.
 #ifndef HVTRACE_TESTS_UNIT_TEST_SUPPORT_H_
 #define HVTRACE_TESTS_UNIT_TEST_SUPPORT_H_
 
 #include <stdlib.h>
+#include <sys/wait.h>
 #include <zstd.h>
 
 #include <cstddef>
@@ -46,6 +47,24 @@ inline std::string RunCommand(const std::string& cmd) {
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   pclose(p);
   return out;
+}
+
+// What a command printed on standard output, and how it ended.
+struct CommandResult {
+  int status = -1;  // Its exit status; -1 when it could not run or was killed.
+  std::string out;
+};
+
+inline CommandResult RunCommandStatus(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[65536];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
 }
 
 // A fresh directory under $TMPDIR, removed with everything in it.

@@ -18,6 +18,7 @@
 
 #include "formats_sha256.h"
 #include "hvtrace/format.h"
+#include "fixture_bundle.h"
 #include "test_support.h"
 
 namespace hvtrace::hostd {
@@ -34,27 +35,13 @@ const std::string kKey(64, 'a');
 
 // A bundle from the real 6.12 fixtures, as ParseHarvestArchive would give.
 HarvestBundle FixtureBundle() {
-  HarvestBundle b;
-  b.release = "6.12.95+deb12-amd64";
+  HarvestBundle b = test_support::BootMapFixtureBundle();
   b.proc_version = "Linux version 6.12.95+deb12-amd64 #1 SMP";
-  b.header_page = ReadText(kFixtures / "header_page");
-  b.header_event = ReadText(kFixtures / "header_event");
   b.printk_formats = "0xffffffff82a0c1e0 : \"hello\\n\"\n";
   b.kallsyms = "ffffffff81000000 T _stext\n";
   b.kallsyms_symbols = 1;
   b.kallsyms_nonzero_addresses = 1;
   b.modules = "pvpanic 12288 0 - Live 0x0\n";
-  for (const auto& e : fs::recursive_directory_iterator(kFixtures / "formats")) {
-    if (e.path().filename() != "format") continue;
-    HarvestedEvent ev;
-    ev.name = e.path().parent_path().filename().string();
-    ev.system = e.path().parent_path().parent_path().filename().string();
-    ev.text = ReadText(e.path());
-    b.events.push_back(ev);
-  }
-  std::sort(b.events.begin(), b.events.end(), [](const auto& x, const auto& y) {
-    return std::tie(x.system, x.name) < std::tie(y.system, y.name);
-  });
   return b;
 }
 

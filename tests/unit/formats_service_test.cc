@@ -16,6 +16,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <gtest/gtest.h>
 
+#include "fixture_bundle.h"
 #include "test_support.h"
 
 namespace hvtrace::hostd {
@@ -29,22 +30,8 @@ const fs::path kFixtures = fs::path(HVTRACE_FIXTURES_DIR) / "boot_map";
 const std::string kKey(64, 'b');
 
 HarvestBundle FixtureBundle() {
-  HarvestBundle b;
-  b.release = "6.12.95+deb12-amd64";
-  b.header_page = ReadText(kFixtures / "header_page");
-  b.header_event = ReadText(kFixtures / "header_event");
+  HarvestBundle b = test_support::BootMapFixtureBundle();
   b.kallsyms = ReadText(kFixtures / "kallsyms");
-  for (const auto& e : fs::recursive_directory_iterator(kFixtures / "formats")) {
-    if (e.path().filename() != "format") continue;
-    HarvestedEvent ev;
-    ev.name = e.path().parent_path().filename().string();
-    ev.system = e.path().parent_path().parent_path().filename().string();
-    ev.text = ReadText(e.path());
-    b.events.push_back(ev);
-  }
-  std::sort(b.events.begin(), b.events.end(), [](const auto& x, const auto& y) {
-    return std::tie(x.system, x.name) < std::tie(y.system, y.name);
-  });
   return b;
 }
 

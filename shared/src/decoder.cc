@@ -37,7 +37,28 @@ struct EventInfo {
   // format of the system (thousands), while a trace uses a few dozen.
   std::string text;
   bool loaded = false;
+  // Where the print format's REC->field divisors live (EventFormat::
+  // divisor_fields): a record with one of them 0 is printed raw.
+  std::vector<std::pair<uint32_t, uint32_t>> divisors;  // {offset, size}
+
+  bool DividesByZero(const unsigned char* data) const {
+    for (auto [offset, size] : divisors) {
+      bool zero = true;
+      for (uint32_t i = 0; i < size; ++i) zero = zero && data[offset + i] == 0;
+      if (zero) return true;
+    }
+    return false;
+  }
 };
+
+// The format text with its print fmt emptied: what libtraceevent gets for a
+// format whose divisions it could not survive (its fields still print).
+std::string WithoutPrintFormat(std::string_view text) {
+  size_t at = text.find("print fmt:");
+  std::string out(text.substr(0, at));
+  out += "print fmt: \"\"\n";
+  return out;
+}
 
 }  // namespace
 
@@ -91,6 +112,11 @@ struct EventDecoder::Impl {
   void Load(EventInfo* info) {
     info->loaded = true;
     const std::string& sys = info->format.system;
+    if (info->format.unchecked_divisor) {
+      info->text = WithoutPrintFormat(info->text);
+      warnings.push_back(source + ": " + sys + "/" + info->format.name +
+                         ": print fmt divides by a value that may be 0; its events print raw");
+    }
     if (tep_parse_event(tep, info->text.data(), info->text.size(), sys.c_str()) != 0) {
       // libtraceevent keeps events it could only partly parse (flagged
       // TEP_EVENT_FL_FAILED) and prints them raw, as trace-cmd does.
@@ -98,7 +124,11 @@ struct EventDecoder::Impl {
                          info->format.name);
     }
     info->event = tep_find_event(tep, static_cast<int>(info->format.id));
-    if (info->event != nullptr && little_endian) {
+    for (const std::string& name : info->format.divisor_fields) {
+      const FieldFormat* f = info->format.FindField(name);
+      info->divisors.emplace_back(f->offset, f->size);  // ParseEventFormat checked both.
+    }
+    if (info->event != nullptr && little_endian && !info->format.unchecked_divisor) {
       info->printer = EventPrinter::Compile(tep, info->event, info->format, symbols.get());
     }
     std::string().swap(info->text);
@@ -376,6 +406,14 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
     out->append(" bytes, format needs ");
     AppendInt(out, info->min_size);
     out->append("]");
+  } else if (info->format.unchecked_divisor || info->DividesByZero(m.scratch.data())) {
+    // libtraceevent would die of SIGFPE on this print format (format.h).
+    out->append(info->format.unchecked_divisor ? "[print fmt divides by an unchecked value]"
+                                               : "[print fmt divides by zero]");
+    trace_seq_reset(&m.seq);
+    tep_print_fields(&m.seq, m.scratch.data(), static_cast<int>(size), info->event);
+    out->append(m.seq.buffer, m.seq.len);
+    m.slow_count++;
   } else if (m.fast_paths && info->printer != nullptr) {
     info->printer->Print(m.scratch.data(), size, out);
     printed_fast = true;

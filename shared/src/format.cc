@@ -5,6 +5,7 @@
 // (libtraceevent's own parser included) looks at it.
 #include "hvtrace/format.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstring>
 #include <unordered_set>
@@ -303,6 +304,144 @@ std::string CheckPrintFormat(std::string_view fmt) {
   return {};
 }
 
+// Index just past the bracket that closes the one at |open|, skipping string
+// and char literals; npos when unbalanced (CheckPrintFormat rules that out).
+size_t SkipBrackets(std::string_view fmt, size_t open) {
+  int depth = 0;
+  for (size_t i = open; i < fmt.size(); ++i) {
+    char c = fmt[i];
+    if (c == '"' || c == '\'') {
+      size_t j = i + 1;
+      while (j < fmt.size() && fmt[j] != c) j += fmt[j] == '\\' ? 2 : 1;
+      i = j;
+    } else if (c == '(' || c == '[' || c == '{') {
+      ++depth;
+    } else if (c == ')' || c == ']' || c == '}') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+size_t SkipBlanks(std::string_view fmt, size_t i) {
+  while (i < fmt.size() && (fmt[i] == ' ' || fmt[i] == '\t' || fmt[i] == '\n' || fmt[i] == '\r')) ++i;
+  return i;
+}
+
+// A C integer literal (suffixes allowed) that is not 0; anything else (floats,
+// overflow, 0) is not.
+bool IsNonzeroLiteral(std::string_view tok) {
+  while (!tok.empty() && std::strchr("uUlL", tok.back()) != nullptr) tok.remove_suffix(1);
+  int base = 10;
+  if (tok.size() > 2 && tok[0] == '0' && (tok[1] == 'x' || tok[1] == 'X')) {
+    base = 16;
+    tok.remove_prefix(2);
+  } else if (tok.size() > 1 && tok[0] == '0') {
+    base = 8;
+  }
+  if (tok.empty()) return false;
+  bool nonzero = false;
+  for (char c : tok) {
+    int digit = c >= '0' && c <= '9' ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : 99;
+    if (digit >= base) return false;
+    nonzero = nonzero || digit != 0;
+  }
+  return nonzero;
+}
+
+enum class DivisorKind { kSafe, kField, kUnchecked };
+
+// Sorts the operand of a '/' or '%' that starts at |i| (the operator binds
+// tighter than anything but unary operators, casts and postfix, so the
+// operand is one primary expression). Only shapes whose value we can vouch
+// for are anything but kUnchecked: a unary operator or cast can turn a
+// nonzero value into 0.
+DivisorKind ClassifyDivisor(std::string_view fmt, size_t i, const EventFormat& ev,
+                            std::string* field, size_t* end_out) {
+  i = SkipBlanks(fmt, i);
+  if (i >= fmt.size()) return DivisorKind::kUnchecked;
+  size_t end;
+  DivisorKind kind;
+  if (fmt[i] == '(') {
+    // "(REC->x)" and "(1000)" are their content; a cast ("(u32)REC->x") or
+    // an expression ("(a + b)") is not one whole operand, so it is unchecked.
+    end = SkipBrackets(fmt, i);
+    if (end == std::string_view::npos) return DivisorKind::kUnchecked;
+    std::string_view inner = fmt.substr(i + 1, end - i - 2);
+    size_t inner_end = 0;
+    kind = ClassifyDivisor(inner, 0, ev, field, &inner_end);
+    if (SkipBlanks(inner, inner_end) != inner.size()) kind = DivisorKind::kUnchecked;
+  } else if (fmt[i] >= '0' && fmt[i] <= '9') {
+    end = i;
+    while (end < fmt.size() && (IsIdentChar(fmt[end]) || fmt[end] == '.')) ++end;
+    kind = IsNonzeroLiteral(fmt.substr(i, end - i)) ? DivisorKind::kSafe : DivisorKind::kUnchecked;
+  } else if (fmt.substr(i, 5) == "REC->") {
+    end = i + 5;
+    while (end < fmt.size() && IsIdentChar(fmt[end])) ++end;
+    *field = std::string(fmt.substr(i + 5, end - i - 5));
+    const FieldFormat* f = ev.FindField(*field);
+    // Only a scalar of at most 8 bytes is zero exactly when its bytes are.
+    kind = f != nullptr && f->kind == FieldKind::kScalar && f->size >= 1 && f->size <= 8
+               ? DivisorKind::kField
+               : DivisorKind::kUnchecked;
+  } else if (fmt.substr(i, 6) == "sizeof" && (i + 6 == fmt.size() || !IsIdentChar(fmt[i + 6]))) {
+    size_t open = SkipBlanks(fmt, i + 6);
+    if (open >= fmt.size() || fmt[open] != '(') return DivisorKind::kUnchecked;
+    end = SkipBrackets(fmt, open);
+    if (end == std::string_view::npos) return DivisorKind::kUnchecked;
+    // sizeof(REC->f) is the field's size, which may be 0; libtraceevent
+    // refuses to parse sizeof of a type it does not know.
+    std::string_view inner = Trim(fmt.substr(open + 1, end - open - 2));
+    bool of_field = inner.starts_with("REC->");
+    const FieldFormat* f = of_field ? ev.FindField(inner.substr(5)) : nullptr;
+    kind = of_field && (f == nullptr || f->size == 0) ? DivisorKind::kUnchecked : DivisorKind::kSafe;
+  } else {
+    return DivisorKind::kUnchecked;  // A unary operator, a call, a macro.
+  }
+  // Postfix ("REC->a[1]", "x.y", "f(...)") makes it another value.
+  size_t next = SkipBlanks(fmt, end);
+  if (next < fmt.size() && (fmt[next] == '[' || fmt[next] == '(' || fmt[next] == '.' ||
+                            fmt.substr(next, 2) == "->")) {
+    return DivisorKind::kUnchecked;
+  }
+  *end_out = end;
+  return kind;
+}
+
+// Fills ev->divisor_fields and ev->unchecked_divisor (see format.h) from a
+// print format that CheckPrintFormat accepted.
+void FindDivisors(EventFormat* ev) {
+  std::string_view fmt = ev->print_fmt;
+  for (size_t i = 0; i < fmt.size(); ++i) {
+    char c = fmt[i];
+    if (c == '"' || c == '\'') {
+      size_t j = i + 1;
+      while (j < fmt.size() && fmt[j] != c) j += fmt[j] == '\\' ? 2 : 1;
+      i = j;
+      continue;
+    }
+    if (c != '/' && c != '%') continue;
+    std::string field;
+    size_t end = 0;
+    switch (ClassifyDivisor(fmt, i + 1, *ev, &field, &end)) {
+      case DivisorKind::kSafe:
+        break;
+      case DivisorKind::kField:
+        if (std::find(ev->divisor_fields.begin(), ev->divisor_fields.end(), field) ==
+            ev->divisor_fields.end()) {
+          ev->divisor_fields.push_back(std::move(field));
+        }
+        break;
+      case DivisorKind::kUnchecked:
+        ev->unchecked_divisor = true;
+        break;
+    }
+  }
+}
+
 Error MakeError(std::string_view system, std::string_view name, int line, const std::string& what) {
   std::string where = std::string(system.empty() ? "?" : system) + "/" +
                       std::string(name.empty() ? "?" : name);
@@ -428,6 +567,7 @@ Result<EventFormat> ParseEventFormat(std::string_view system, std::string_view t
   if (!ev.print_fmt.empty()) {
     std::string bad = CheckPrintFormat(ev.print_fmt);
     if (!bad.empty()) return MakeError(system, ev.name, 0, "print fmt: " + bad);
+    FindDivisors(&ev);
   }
   if (!have_name) return MakeError(system, "", lines.line_no(), "missing 'name:'");
   if (!have_id) return MakeError(system, ev.name, lines.line_no(), "missing 'ID:'");

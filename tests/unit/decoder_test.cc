@@ -1,5 +1,7 @@
 #include "hvtrace/decoder.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -149,6 +151,51 @@ TEST(DecoderTest, Malicious_BadFormatsAreSkippedWithAWarning) {
   for (const std::string& w : (*dec)->warnings()) EXPECT_NE(w.find("test.dat"), std::string::npos) << w;
   EXPECT_EQ((*dec)->FindFormat(1), nullptr);
   EXPECT_EQ((*dec)->FindFormat(2), nullptr);
+}
+
+// A guest can publish a print format that divides by a field and then write
+// a record where it is 0, or one that divides by a constant 0: libtraceevent
+// would kill the decoding process with SIGFPE. Such records print raw.
+TEST(DecoderTest, Malicious_DivisionByZeroPrintsRawInsteadOfCrashing) {
+  auto format = [](int id, const char* args) {
+    return "name: div" + std::to_string(id) + "\nID: " + std::to_string(id) +
+           "\nformat:\n"
+           "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+           "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+           "\tfield:u32 a;\toffset:8;\tsize:4;\tsigned:0;\n"
+           "\tfield:u32 b;\toffset:12;\tsize:4;\tsigned:0;\n\n"
+           "print fmt: \"q=%u\", " + std::string(args) + "\n";
+  };
+  TraceMetadata meta;
+  meta.source = "hostile";
+  meta.formats.push_back({"test", format(10, "REC->a / REC->b")});
+  meta.formats.push_back({"test", format(11, "REC->a / (1 - 1)")});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  auto record = [](int id, uint32_t a, uint32_t b) {
+    std::vector<std::byte> p(16, std::byte{0});
+    p[0] = std::byte(id);
+    std::memcpy(p.data() + 8, &a, 4);
+    std::memcpy(p.data() + 12, &b, 4);
+    return p;
+  };
+  for (bool fast : {true, false}) {
+    (*dec)->SetFastPathsEnabled(fast);
+    std::string text;
+    auto ok = record(10, 100, 4);
+    auto zero = record(10, 100, 0);
+    auto constant = record(11, 100, 4);
+    (*dec)->AppendText(DecodedRecord{0, 1000, ok, 0}, &text);
+    (*dec)->AppendText(DecodedRecord{0, 2000, zero, 0}, &text);
+    (*dec)->AppendText(DecodedRecord{0, 3000, constant, 0}, &text);
+    EXPECT_NE(text.find("q=25\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("[print fmt divides by zero] a=100 b=0\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("[print fmt divides by an unchecked value] a=100 b=4\n"), std::string::npos) << text;
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 3) << text;
+  }
+  bool warned = false;
+  for (const std::string& w : (*dec)->warnings()) warned = warned || w.find("test/div11") != std::string::npos;
+  EXPECT_TRUE(warned);
 }
 
 }  // namespace

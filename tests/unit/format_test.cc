@@ -113,6 +113,52 @@ TEST(FormatTest, SmallFormatRoundTrip) {
   EXPECT_EQ(ev->print_fmt, "\"value=%d\", REC->value");
 }
 
+// Two u64 fields and |print| as the print format's arguments.
+std::string WithDivision(const std::string& args) {
+  return "name: div\nID: 9\nformat:\n"
+         "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n"
+         "\tfield:u64 a;\toffset:8;\tsize:8;\tsigned:0;\n"
+         "\tfield:u32 b;\toffset:16;\tsize:4;\tsigned:0;\n"
+         "\tfield:char s[4];\toffset:20;\tsize:4;\tsigned:0;\n\n"
+         "print fmt: \"%llu %% / %c\", " + args + ", '/'\n";
+}
+
+// libtraceevent divides without a zero check (SIGFPE at parse time for a
+// constant 0, found by format_fuzzer; at print time for a field holding 0).
+TEST(FormatTest, Malicious_DivisorsAreSorted) {
+  struct Case {
+    const char* args;
+    std::vector<std::string> fields;
+    bool unchecked;
+  } cases[] = {
+      // The kernel's own shapes (itimer_state, writeback, devfreq, dma).
+      {"REC->a / 1000L", {}, false},
+      {"(jiffies - REC->a) / 250", {}, false},
+      {"REC->b == 0 ? 0 : (100 * REC->a) / REC->b", {"b"}, false},
+      {"REC->a / sizeof(u64)", {}, false},
+      {"REC->a % (REC->b)", {"b"}, false},
+      {"REC->a / 0x10 + REC->a % 010", {}, false},
+      // What would kill libtraceevent, or might.
+      {"1 / 0", {}, true},
+      {"1 % 0x0", {}, true},
+      {"1 / (2 - 2)", {}, true},
+      {"1 / 00UL", {}, true},
+      {"1 / !5", {}, true},
+      {"REC->a / (u8)REC->a", {}, true},
+      {"REC->a / (REC->a - REC->b)", {}, true},
+      {"REC->a / REC->s", {}, true},
+      {"REC->a / sizeof(REC->s[0])", {}, true},
+      {"REC->a / f(REC->b)", {}, true},
+      {"REC->a / 1.5", {}, true},
+  };
+  for (const Case& c : cases) {
+    auto ev = ParseEventFormat("test", WithDivision(c.args));
+    ASSERT_TRUE(ev.ok()) << c.args << ": " << ev.error().message;
+    EXPECT_EQ(ev->divisor_fields, c.fields) << c.args;
+    EXPECT_EQ(ev->unchecked_divisor, c.unchecked) << c.args;
+  }
+}
+
 // Hostile text: every rejection names the event and line.
 TEST(FormatTest, Malicious_Rejected) {
   struct Case {

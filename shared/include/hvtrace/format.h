@@ -61,6 +61,16 @@ struct EventFormat {
   std::vector<FieldFormat> fields;  // In file order: common fields first.
   std::string print_fmt;            // Everything after "print fmt: ".
 
+  // libtraceevent divides without a zero check and dies of SIGFPE: at parse
+  // time on a constant divisor that folds to 0, at print time on a field that
+  // holds 0. ParseEventFormat sorts every '/' and '%' of print_fmt's
+  // arguments: a nonzero literal or sizeof() is safe; a plain REC->field is
+  // listed here (a record where it is 0 must not reach libtraceevent's
+  // printer); anything else sets unchecked_divisor (the print fmt must not
+  // reach libtraceevent at all).
+  std::vector<std::string> divisor_fields;
+  bool unchecked_divisor = false;
+
   // Returns the field called |field_name| or nullptr.
   const FieldFormat* FindField(std::string_view field_name) const;
 };

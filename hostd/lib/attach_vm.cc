@@ -7,6 +7,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "daemon.h"
+#include "daemon_log.h"
 #include "qmp_vm.h"
 #include "region_stream.h"
 
@@ -15,12 +16,6 @@ namespace {
 
 namespace asio = boost::asio;
 using nlohmann::json;
-
-void Log(const std::string& message) {
-  std::string line = "hvtraced: " + message + "\n";
-  ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
-  (void)ignored;
-}
 
 Status GetString(const json& args, const char* cmd, const char* key, bool required, std::string* out) {
   auto it = args.find(key);

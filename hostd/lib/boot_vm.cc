@@ -11,6 +11,7 @@
 #include <boost/asio/post.hpp>
 
 #include "daemon.h"
+#include "daemon_log.h"
 #include "formats_cache.h"
 #include "kvm_probe.h"
 #include "qmp_vm.h"
@@ -121,12 +122,6 @@ Result<VmConfig> MakeBootVmConfig(const BootRequest& r, const BootPaths& paths) 
 namespace {
 
 namespace asio = boost::asio;
-
-void Log(const std::string& message) {
-  std::string line = "hvtraced: " + message + "\n";
-  ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
-  (void)ignored;
-}
 
 // The boot range's backing file is created by QEMU. Something already at
 // that path is refused: QEMU would put its memory into a temporary file

@@ -15,6 +15,7 @@
 #include <system_error>
 #include <tuple>
 
+#include "capped_file.h"
 #include "hvtrace/format.h"
 #include "hvtrace/page.h"
 
@@ -455,45 +456,6 @@ Status WriteBoots(Decoded& d, const KernelFormats& formats, const BootMapCapture
   return {};
 }
 
-// Reads a regular file (not a symlink) of at most |cap| bytes; missing files
-// give nullopt-like empty results only when |optional|.
-Result<std::string> ReadCapped(const fs::path& path, size_t cap, bool optional) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
-    if (optional && errno == ENOENT) return std::string();
-    return Error{"cannot open " + path.string() + ": " + std::strerror(errno)};
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Error{path.string() + " is not a regular file"};
-  }
-  if (static_cast<uint64_t>(st.st_size) > cap) {
-    ::close(fd);
-    return Error{path.string() + " is " + std::to_string(st.st_size) + " bytes, more than " +
-                 std::to_string(cap)};
-  }
-  std::string text;
-  char buf[65536];
-  while (true) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return Error{"reading " + path.string() + ": " + std::strerror(err)};
-    }
-    if (n == 0) break;
-    if (text.size() + static_cast<size_t>(n) > cap) {
-      ::close(fd);
-      return Error{path.string() + " grew past " + std::to_string(cap) + " bytes while read"};
-    }
-    text.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return text;
-}
-
 }  // namespace
 
 Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,
@@ -586,7 +548,7 @@ Result<KernelFormats> KernelFormatsFromDirectory(const fs::path& dir) {
                {"kallsyms", kMaxSymbolBytes, true, &out.kallsyms},
                {"printk_formats", kMaxSymbolBytes, true, &out.printk_formats}};
   for (auto& f : files) {
-    Result<std::string> text = ReadCapped(dir / f.name, f.cap, f.optional);
+    Result<std::string> text = ReadCappedFile(dir / f.name, f.cap, f.optional);
     if (!text.ok()) return Error{"formats directory " + dir.string() + ": " + text.error().message};
     *f.into = std::move(*text);
   }
@@ -611,7 +573,7 @@ Result<KernelFormats> KernelFormatsFromDirectory(const fs::path& dir) {
         return Error{"formats directory " + dir.string() + " holds more than " +
                      std::to_string(kMaxDirectoryFormats) + " formats"};
       }
-      Result<std::string> text = ReadCapped(path, kMaxFormatTextSize, false);
+      Result<std::string> text = ReadCappedFile(path, kMaxFormatTextSize);
       if (!text.ok()) return Error{"formats directory " + dir.string() + ": " + text.error().message};
       CachedEventFormat f;
       f.system = sys->path().filename().string();

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "boot_range_decode.h"
+#include "capped_file.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -20,40 +21,10 @@ constexpr size_t kMaxRecordBytes = 16u << 20;
 // A boot range is sized by hostd (MiBs); anything past this is not ours.
 constexpr uint64_t kMaxRegionBytes = 64ull << 30;
 
-// Reads a regular file (no symlink) of at most |cap| bytes whole.
-Result<std::vector<std::byte>> ReadRegular(const fs::path& path, uint64_t cap) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) return Error{"cannot open " + path.string() + ": " + std::strerror(errno)};
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Error{path.string() + " is not a regular file"};
-  }
-  if (static_cast<uint64_t>(st.st_size) > cap) {
-    ::close(fd);
-    return Error{path.string() + " is " + std::to_string(st.st_size) + " bytes, more than " +
-                 std::to_string(cap)};
-  }
-  std::vector<std::byte> data(static_cast<size_t>(st.st_size));
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::read(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = n < 0 ? std::strerror(errno) : "file shrank while read";
-      ::close(fd);
-      return Error{"reading " + path.string() + " at offset " + std::to_string(done) + ": " + why};
-    }
-    done += static_cast<size_t>(n);
-  }
-  ::close(fd);
-  return data;
-}
-
 // The manifest a capture had when its region copy became durable.
 Result<CaptureManifest> ReadRecord(const fs::path& dir) {
   const fs::path path = dir / std::string(kRecoveryRecordName);
-  Result<std::vector<std::byte>> bytes = ReadRegular(path, kMaxRecordBytes);
+  Result<std::vector<std::byte>> bytes = ReadCappedFileBytes(path, kMaxRecordBytes);
   if (!bytes.ok()) return bytes.error();
   json record = json::parse(reinterpret_cast<const char*>(bytes->data()),
                             reinterpret_cast<const char*>(bytes->data()) + bytes->size(), nullptr, false);
@@ -83,7 +54,7 @@ Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats) {
   }
   const uint64_t size = m.region["size"].get<uint64_t>();
   const fs::path region_path = pending.dir() / "region.bin";
-  Result<std::vector<std::byte>> copy = ReadRegular(region_path, size);
+  Result<std::vector<std::byte>> copy = ReadCappedFileBytes(region_path, size);
   if (!copy.ok()) return copy.error();
   if (copy->size() != size) {
     return Error{region_path.string() + " is " + std::to_string(copy->size()) + " bytes, the region " +

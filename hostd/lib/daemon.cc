@@ -23,6 +23,7 @@
 
 #include "capture_recovery.h"
 #include "daemon_libvirt.h"
+#include "daemon_log.h"
 
 #ifndef HVTRACE_VERSION
 #define HVTRACE_VERSION "unknown"
@@ -33,13 +34,6 @@ namespace {
 
 namespace asio = boost::asio;
 using nlohmann::json;
-
-void Log(const std::string& message) {
-  // One write per line so concurrent lines do not interleave in the journal.
-  std::string line = "hvtraced: " + message + "\n";
-  ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
-  (void)ignored;
-}
 
 // The sd_notify protocol, spoken directly (one datagram to $NOTIFY_SOCKET)
 // so the daemon needs no libsystemd.

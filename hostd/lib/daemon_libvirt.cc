@@ -12,6 +12,7 @@
 
 #include "attach_vm.h"
 #include "daemon.h"
+#include "daemon_log.h"
 #include "formats_cache.h"
 #include "libvirt_event_loop.h"
 
@@ -23,12 +24,6 @@ using nlohmann::json;
 namespace {
 
 constexpr auto kRetryMax = std::chrono::seconds(5);
-
-void Log(const std::string& message) {
-  std::string line = "hvtraced: " + message + "\n";
-  ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
-  (void)ignored;
-}
 
 std::string StringArg(const Request& request, const char* key) {
   auto it = request.args.find(key);

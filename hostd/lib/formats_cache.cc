@@ -17,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "capped_file.h"
 #include "config.h"
 #include "formats_sha256.h"
 #include "hvtrace/format.h"
@@ -55,33 +56,6 @@ class Fd {
  private:
   int fd_;
 };
-
-// Reads a regular file (not through a symlink) of at most |cap| bytes.
-Result<std::string> ReadCapped(const fs::path& path, size_t cap) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (fd.get() < 0) return Error{"cannot open " + path.string() + ": " + Errno(errno)};
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return Error{"stat " + path.string() + ": " + Errno(errno)};
-  if (!S_ISREG(st.st_mode)) return Error{path.string() + " is not a regular file"};
-  if (static_cast<uint64_t>(st.st_size) > cap) {
-    return Error{path.string() + " is " + std::to_string(st.st_size) + " bytes; the limit is " +
-                 std::to_string(cap)};
-  }
-  std::string data(static_cast<size_t>(st.st_size), '\0');
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::read(fd.get(), data.data() + done, data.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error{"reading " + path.string() + " at offset " + std::to_string(done) + ": " +
-                   Errno(errno)};
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  data.resize(done);
-  return data;
-}
 
 Status WriteFile(const fs::path& path, std::string_view data) {
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
@@ -209,7 +183,7 @@ Result<std::optional<json>> FormatCache::Lookup(std::string_view key) const {
     return Error{"stat " + dir.string() + ": " + Errno(errno)};
   }
   if (!S_ISDIR(st.st_mode)) return Error{dir.string() + " is not a directory"};
-  Result<std::string> text = ReadCapped(dir / "manifest.json", kMaxManifestBytes);
+  Result<std::string> text = ReadCappedFile(dir / "manifest.json", kMaxManifestBytes);
   if (!text.ok()) return Error{"format cache entry: " + text.error().message};
   json manifest = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!manifest.is_object()) {
@@ -247,12 +221,12 @@ Result<KernelFormats> FormatCache::Load(std::string_view key) const {
                {"printk_formats", kMaxPrintkBytes, &out.printk_formats},
                {"kallsyms", kMaxKallsymsBytes, &out.kallsyms}};
   for (const auto& f : files) {
-    Result<std::string> data = ReadCapped(dir / f.name, f.cap);
+    Result<std::string> data = ReadCappedFile(dir / f.name, f.cap);
     if (!data.ok()) return data.error();
     *f.into = std::move(*data);
   }
   const fs::path events_path = dir / "events.json";
-  Result<std::string> events_text = ReadCapped(events_path, kMaxEventsJsonBytes);
+  Result<std::string> events_text = ReadCappedFile(events_path, kMaxEventsJsonBytes);
   if (!events_text.ok()) return events_text.error();
   const json events = json::parse(*events_text, nullptr, /*allow_exceptions=*/false);
   if (!events.is_object() || !events.contains("events") || !events["events"].is_array()) {

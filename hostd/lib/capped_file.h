@@ -1,0 +1,27 @@
+// Reading the files hvtraced keeps (formats cache, capture inputs, recovery
+// records): whole, bounded, never through a symlink. Someone else may own the
+// directory or plant a symlink, and a file may be truncated under us, so each
+// of those is an error with the path, not a crash or a huge allocation.
+#ifndef HVTRACE_HOSTD_CAPPED_FILE_H_
+#define HVTRACE_HOSTD_CAPPED_FILE_H_
+
+#include <cstddef>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "hvtrace/result.h"
+
+namespace hvtrace::hostd {
+
+// The whole of the regular file at |path| (not followed if a symlink) when it
+// holds at most |cap| bytes. |missing_ok|: a file that does not exist reads
+// as empty instead of failing.
+Result<std::string> ReadCappedFile(const std::filesystem::path& path, size_t cap,
+                                   bool missing_ok = false);
+// The same, as bytes (region copies).
+Result<std::vector<std::byte>> ReadCappedFileBytes(const std::filesystem::path& path, size_t cap);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CAPPED_FILE_H_

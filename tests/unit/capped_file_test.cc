@@ -1,0 +1,45 @@
+#include "capped_file.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "test_support.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using test_support::TempDir;
+
+TEST(CappedFileTest, ReadsWholeFilesUpToTheCap) {
+  TempDir dir;
+  const fs::path file = dir.path() / "a";
+  std::ofstream(file) << "hello";
+  auto text = ReadCappedFile(file, 5);
+  ASSERT_TRUE(text.ok()) << text.error().message;
+  EXPECT_EQ(*text, "hello");
+  auto bytes = ReadCappedFileBytes(file, 5);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(bytes->size(), 5u);
+  EXPECT_THAT(ReadCappedFile(file, 4).error().message, HasSubstr("more than the 4-byte limit"));
+}
+
+TEST(CappedFileTest, RefusesSymlinksDirectoriesAndMissingFiles) {
+  TempDir dir;
+  const fs::path file = dir.path() / "a";
+  std::ofstream(file) << "x";
+  fs::create_symlink(file, dir.path() / "link");
+  EXPECT_THAT(ReadCappedFile(dir.path() / "link", 10).error().message, HasSubstr("link"));
+  EXPECT_THAT(ReadCappedFile(dir.path(), 10).error().message, HasSubstr("not a regular file"));
+  EXPECT_THAT(ReadCappedFile(dir.path() / "none", 10).error().message, HasSubstr("cannot open"));
+  auto missing = ReadCappedFile(dir.path() / "none", 10, /*missing_ok=*/true);
+  ASSERT_TRUE(missing.ok());
+  EXPECT_TRUE(missing->empty());
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

@@ -116,8 +116,8 @@ void AppendJsonFieldValue(std::string* out, const FieldFormat& field, const unsi
     case FieldKind::kDataLoc:
     case FieldKind::kRelLoc: {
       uint64_t loc = ReadUnsigned(p, field.size, little_endian);
-      uint64_t offset = field.size == 4 ? (loc & 0xffff) : loc;
-      uint64_t len = field.size == 4 ? (loc >> 16) : 0;
+      uint64_t offset = loc & 0xffff;  // ParseFieldLine allows only size 4.
+      uint64_t len = loc >> 16;
       if (field.kind == FieldKind::kRelLoc) offset += field.offset + field.size;
       if (offset > size || len > size - offset) {
         out->append("null");

@@ -189,8 +189,10 @@ std::string ParseFieldLine(std::string_view line, bool strict_scalars, FieldForm
     // Scalars are 1, 2, 4 or 8 bytes (16 for __int128 / u128 fields).
     return "scalar field '" + field->name + "' has size " + std::to_string(field->size);
   }
+  // The kernel's dynamic fields are a u32 (len << 16 | offset). libtraceevent
+  // reads any other size past the record (format_fuzzer found a 2-byte one).
   if ((field->kind == FieldKind::kDataLoc || field->kind == FieldKind::kRelLoc) &&
-      field->size != 4 && field->size != 2) {
+      field->size != 4) {
     return "dynamic field '" + field->name + "' has size " + std::to_string(field->size);
   }
   return {};

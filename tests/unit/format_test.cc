@@ -187,6 +187,9 @@ TEST(FormatTest, Malicious_Rejected) {
       {"signed 2", "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:0;\tsize:4;\tsigned:2;\n"},
       {"data_loc of size 9",
        "name: x\nID: 1\nformat:\n\tfield:__data_loc char[] a;\toffset:0;\tsize:9;\tsigned:0;\n"},
+      // libtraceevent reads a 2-byte one past the record (format_fuzzer).
+      {"data_loc of size 2",
+       "name: x\nID: 1\nformat:\n\tfield:__data_loc char[] a;\toffset:0;\tsize:2;\tsigned:0;\n"},
   };
   for (const Case& c : cases) {
     auto ev = ParseEventFormat("sys", c.text);

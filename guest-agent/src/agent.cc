@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "hvtrace/fingerprint.h"
@@ -64,7 +65,12 @@ std::string Basename(const std::string& path) {
 
 uint64_t MonotonicNs() { return ClockNs(CLOCK_MONOTONIC); }
 
-Agent::Agent(AgentOptions options) : options_(std::move(options)), tracefs_(options_.tracefs) {}
+// saved_cmdlines entries the agent asks for: the kernel's default (128)
+// forgets the names of most tasks of a busy guest before the host sees them.
+constexpr int kSavedCmdlines = 1024;
+
+Agent::Agent(AgentOptions options)
+    : options_(std::move(options)), tracefs_(options_.tracefs), symbols_(options_.proc) {}
 
 Agent::~Agent() { Detach("agent exit"); }
 
@@ -97,8 +103,19 @@ Status Agent::Attach(const std::string& path) {
   }
   tracefs_.Write("tracing_on", "1");
   if (options_.set_mono_clock && tracefs_.CurrentClock() != "mono") tracefs_.Write("trace_clock", "mono");
+  if (!cmdlines_raised_) {
+    cmdlines_raised_ = true;
+    const std::string size = tracefs_.Read("saved_cmdlines_size");
+    if (!size.empty() && std::atoi(size.c_str()) < kSavedCmdlines) {
+      tracefs_.Write("saved_cmdlines_size", std::to_string(kSavedCmdlines));
+    }
+  }
   Announce();
   PublishHeaders();
+  symbols_written_ = false;
+  comms_published_.clear();
+  region_->status()->symbols_state = region::kSymbolsPending;
+  symbols_.Start();
   page_buffer_.assign(page_size_, std::byte{0});
   const region::HostRequests requests = region_->ReadRequests();
   snapshot_seq_ = requests.snapshot_seq;  // Only later bumps ask for a snapshot.
@@ -236,6 +253,38 @@ void Agent::PublishEvent(const std::string& sys_event) {
   if (auto r = region_->PublishFormat(region::kFormatKernelEvent, generation_, parsed->id, sys, text, fp); !r.ok()) {
     Log(sys_event + ": " + r.error().message);
   }
+}
+
+void Agent::PublishSymbols() {
+  const SymbolSource::Symbols* s = symbols_.Ready();
+  if (s == nullptr) return;
+  symbols_written_ = true;
+  uint32_t state = s->state;
+  std::string note = s->note;
+  if (state == region::kSymbolsPublished) {
+    const region::TextAreaHeader h = region_->TextArea(TextAreaKind::kSymbols);
+    const bool same = h.seq != 0 && (h.seq & 1) == 0 && h.boot_generation == generation_ &&
+                      h.crc32 == s->text.crc32 && h.raw_size == s->text.raw_size &&
+                      h.stored_size == s->text.stored.size();
+    if (same) {
+      note += " (already in the region)";
+    } else if (Status w = region_->WriteTextArea(TextAreaKind::kSymbols, generation_, s->text); !w.ok()) {
+      state = region_->geometry().symbol_size == 0 ? region::kSymbolsNoArea : region::kSymbolsTooLarge;
+      note += ": not published, " + w.error().message;
+    }
+  }
+  region_->status()->symbols_state = state;
+  Log(note);
+}
+
+void Agent::PublishComms() {
+  if (region_->geometry().comm_size == 0) return;
+  const std::string text = tracefs_.Read("saved_cmdlines");
+  if (text.empty() || text == comms_published_) return;  // Unchanged: the usual case, one read.
+  if (Status w = region_->WriteTextArea(TextAreaKind::kComms, generation_, EncodeText(text)); !w.ok()) {
+    if (comms_published_.empty()) Log("comms: " + w.error().message);
+  }
+  comms_published_ = text;
 }
 
 void Agent::ApplyRequests(const region::HostRequests& req) {
@@ -386,7 +435,10 @@ void Agent::Tick(bool force) {
   ApplyRequests(req);
   const uint64_t now = MonotonicNs();
   const bool snapshot = req.snapshot_seq != snapshot_seq_;
+  if (!symbols_written_) PublishSymbols();
   if (!stopped_ && (force || snapshot || now >= next_pump_ns_)) {
+    // Names first: the pages pushed next then find their tasks named.
+    PublishComms();
     PumpAll();
     next_pump_ns_ = now + uint64_t{pump_interval_ms_} * 1000000ull;
   }

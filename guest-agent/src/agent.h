@@ -20,6 +20,12 @@
 // recorded for none. While attached it writes /run/hvtrace/region for direct-write
 // programs (hvtrace/dwtrace.hpp) and frees direct-write rings of threads
 // that are gone.
+//
+// Names for the host (region text areas): the kernel's text symbols, read
+// and compressed once on a worker thread and written when ready, and
+// saved_cmdlines (raised to kSavedCmdlines entries at the first attach),
+// republished before a pump whenever it changed, so the pages the host reads
+// find their tasks named.
 #ifndef HVTRACE_AGENT_AGENT_H_
 #define HVTRACE_AGENT_AGENT_H_
 
@@ -32,6 +38,7 @@
 
 #include "hvtrace/region_writer.h"
 #include "hvtrace/result.h"
+#include "text_areas.h"
 #include "tracefs.h"
 #include "uevent.h"
 
@@ -85,6 +92,8 @@ class Agent {
   void ReapDwRings();
   void HandleUevent(const Uevent& event);
   void TryPendingAttach(uint64_t now);
+  void PublishSymbols();
+  void PublishComms();
   void WritePointerFile();
   void RemovePointerFile();
 
@@ -108,6 +117,10 @@ class Agent {
   uint64_t next_pump_ns_ = 0;
   uint64_t last_push_ns_ = 0;
   uint64_t next_heartbeat_ns_ = 0;
+  SymbolSource symbols_;
+  bool symbols_written_ = false;   // For the current region.
+  bool cmdlines_raised_ = false;   // saved_cmdlines_size raised (once: it clears the list).
+  std::string comms_published_;    // saved_cmdlines text in the current region.
   std::vector<std::string> pending_slots_;  // Added devices waiting for resource2.
   uint64_t pending_deadline_ns_ = 0;
 };

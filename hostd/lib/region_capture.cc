@@ -199,7 +199,8 @@ std::string RegionUnplacedTraceDatName(uint64_t generation) {
   return "region-gen-" + std::to_string(generation) + "-tsc.trace.dat";
 }
 
-Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const fs::path& dir) {
+Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const fs::path& dir,
+                                                 const RegionTextCache* texts) {
   RegionCaptureResult r;
   const uint32_t ncpu = static_cast<uint32_t>(s.cpus.size());
   const uint32_t nrings = ncpu + static_cast<uint32_t>(s.dw_rings.size());
@@ -323,11 +324,17 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
   for (uint32_t i = 0; i < ncpu; ++i) count_ring(s.cpus[i], i);
   for (uint32_t i = 0; i < s.dw_rings.size(); ++i) count_ring(s.dw_rings[i], ncpu + i);
 
-  // Direct-write threads are the only task names the region knows.
-  std::string cmdlines;
+  // Direct-write threads name themselves; the kernel's list comes first
+  // (trace-cmd keeps a pid's first line).
+  std::string dw_cmdlines;
   for (const RegionRing& ring : s.dw_rings) {
-    if (ring.tid != 0 && !ring.comm.empty()) cmdlines += std::to_string(ring.tid) + " " + ring.comm + "\n";
+    if (ring.tid != 0 && !ring.comm.empty()) dw_cmdlines += std::to_string(ring.tid) + " " + ring.comm + "\n";
   }
+  static const std::string kNone;
+  auto text_of = [&](TextAreaKind kind, uint64_t gen) -> const std::string& {
+    return texts != nullptr ? texts->Text(kind, gen) : kNone;
+  };
+  json names = json::object();
 
   for (auto& [key, g] : plans) {
     const uint32_t gen = key.first;
@@ -337,7 +344,15 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
     in.header_page = g.header_page;
     in.header_event = g.header_event;
     in.formats = g.formats;
-    in.cmdlines = cmdlines;
+    in.cmdlines = text_of(TextAreaKind::kComms, gen) + dw_cmdlines;
+    // The TSC file holds direct-write rings only: no kernel pointers.
+    if (!key.second) in.kallsyms = text_of(TextAreaKind::kSymbols, gen);
+    if (!key.second) {
+      auto lines = [](const std::string& t) { return static_cast<uint64_t>(std::count(t.begin(), t.end(), '\n')); };
+      names[std::to_string(gen)] = {{"symbols", lines(in.kallsyms)},
+                                    {"guest_tasks", lines(text_of(TextAreaKind::kComms, gen))},
+                                    {"dw_threads", lines(dw_cmdlines)}};
+    }
     in.trace_clock = g.unplaced ? TraceClockName(region::kClockTsc) : TraceClockName(s.guest.trace_clock);
     in.cpus = std::move(g.pages);
     const fs::path path = dir / g.file.file;
@@ -396,7 +411,10 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
                               {"sound", timeline.tsc().used()},
                               {"dropped", timeline.tsc().dropped()},
                               {"tsc_hz", timeline.tsc().tsc_hz()}}},
-              {"saved_cmdlines", "direct-write threads only; kernel tasks print as <...>"}};
+              {"names", {{"per_generation", names},
+                         {"guest_symbols_state", st.symbols_state},
+                         {"note", "symbols and task names from the guest agent's text areas; without them "
+                                  "pointers print as addresses and kernel tasks as <...>"}}}};
   return r;
 }
 
@@ -411,7 +429,9 @@ Result<RegionCaptureResult> BuildRegionCapture(std::vector<std::byte> copy,
   const auto written = std::chrono::steady_clock::now();
   auto snapshot = ReadRegion(std::move(copy), geometry);
   if (!snapshot.ok()) return snapshot.error();
-  auto r = WriteRegionTraceDats(*snapshot, out.dir());
+  RegionTextCache texts;
+  texts.Update(&*snapshot);  // A bad area is counted among the snapshot's issues.
+  auto r = WriteRegionTraceDats(*snapshot, out.dir(), &texts);
   if (!r.ok()) return r.error();
   const auto decoded = std::chrono::steady_clock::now();
   r->attach["write_fsync_ms"] = MsBetween(start, written);

@@ -20,8 +20,12 @@
 // Formats come from the region's own format table for that generation (each
 // entry checked against its text and fingerprint by ReadRegion). Records
 // whose id has no format are counted as "unknown_id" and stay in the raw
-// copy. Task names: a direct-write ring's thread id and name go into the
-// file's saved cmdlines.
+// copy. Names: the guest kernel's text symbols and saved_cmdlines from the
+// region's text areas (hvtrace/region_text.h) go into each generation's
+// kallsyms and cmdlines sections, so trace-cmd prints the function and task
+// names the guest's own trace file shows; a direct-write ring's thread id
+// and name are added to the cmdlines. An area that is absent or refused
+// leaves addresses and <...>, as without it.
 //
 // The region is hostile: pages come out of ReadRegion bounded by the slot
 // size hostd chose; a page whose records fail to walk is written cut at its
@@ -39,6 +43,7 @@
 
 #include "capture_store.h"
 #include "hvtrace/region_reader.h"
+#include "hvtrace/region_text.h"
 #include "hvtrace/result.h"
 
 namespace hvtrace::hostd {
@@ -82,9 +87,12 @@ std::string RegionTraceDatName(uint64_t generation);
 std::string RegionUnplacedTraceDatName(uint64_t generation);
 
 // Writes the trace.dat files for |snapshot| into |dir| (no region.bin, no
-// manifest). For captures, tests and `hvtrace show`.
+// manifest). For captures, tests and `hvtrace show`. |texts| (updated with
+// this snapshot) supplies symbols and task names; without it the files have
+// the direct-write threads' names only.
 Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& snapshot,
-                                                 const std::filesystem::path& dir);
+                                                 const std::filesystem::path& dir,
+                                                 const RegionTextCache* texts = nullptr);
 
 // The whole capture of a region copy: attach-region.bin (when asked),
 // region-gen-<N>.trace.dat, and the manifest's cpus, validation (when empty),

@@ -33,17 +33,30 @@ RegionStreamer::RegionStreamer(const RegionGeometry& geometry, RegionStreamOptio
 
 RegionStreamer::~RegionStreamer() = default;
 
+std::string RegionStreamer::CommsOf(uint32_t generation) const {
+  // The kernel's list first: its line wins over a ring's claim for a pid.
+  return texts_.Text(TextAreaKind::kComms, generation) + dw_comms_;
+}
+
 EventDecoder* RegionStreamer::DecoderFor(const RegionSnapshot& s, uint32_t generation, Output* out) {
   const size_t formats = FormatsOf(s, generation);
   GenerationDecoder& d = decoders_[generation];
-  // A program may register a new direct-write event at any time: rebuild
-  // when the generation's table grew.
-  if (d.decoder && d.formats == formats) return d.decoder.get();
+  const std::string& symbols = texts_.Text(TextAreaKind::kSymbols, generation);
+  // A program may register a new direct-write event at any time, and the
+  // agent publishes the symbols seconds after it attached: rebuild then.
+  if (d.decoder && d.formats == formats && (d.symbols || symbols.empty())) {
+    if (std::string comms = CommsOf(generation); comms != d.comms) {
+      d.decoder->UpdateComms(comms);
+      d.comms = std::move(comms);
+    }
+    return d.decoder.get();
+  }
   TraceMetadata m;
   m.source = "region " + std::to_string(geometry_.region_id) + " generation " + std::to_string(generation);
   m.page_size = geometry_.slot_size;
   m.trace_clock = TraceClockName(trace_clock_);
-  m.cmdlines = cmdlines_;
+  m.cmdlines = CommsOf(generation);
+  m.kallsyms = symbols;
   for (const RegionFormat& f : s.formats) {
     if (f.boot_generation != generation) continue;
     if (f.kind == region::kFormatHeaderPage) m.header_page = f.text;
@@ -62,6 +75,8 @@ EventDecoder* RegionStreamer::DecoderFor(const RegionSnapshot& s, uint32_t gener
   for (const std::string& w : (*decoder)->warnings()) out->notes.push_back(w);
   d.decoder = std::move(*decoder);
   d.formats = formats;
+  d.symbols = !symbols.empty();
+  d.comms = std::move(m.cmdlines);
   return d.decoder.get();
 }
 
@@ -93,14 +108,11 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::stea
     generation_ = s->guest.boot_generation;
     trace_clock_ = s->guest.trace_clock;
   }
-  std::string cmdlines;
+  dw_comms_.clear();
   for (const RegionRing& ring : s->dw_rings) {
-    if (ring.tid != 0 && !ring.comm.empty()) cmdlines += std::to_string(ring.tid) + " " + ring.comm + "\n";
+    if (ring.tid != 0 && !ring.comm.empty()) dw_comms_ += std::to_string(ring.tid) + " " + ring.comm + "\n";
   }
-  if (cmdlines != cmdlines_) {
-    cmdlines_ = std::move(cmdlines);
-    decoders_.clear();  // Task names are loaded when a decoder is built.
-  }
+  for (std::string& note : texts_.Update(s)) out.notes.push_back(std::move(note));
 
   RegionTracker::Delta delta = tracker_.Update(s);
   const bool skip = first_ && !options_.from_start;

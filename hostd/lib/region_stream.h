@@ -11,6 +11,12 @@
 // are never held longer than |max_hold| of host time, so a guest whose agent
 // stopped pushing still streams its direct-write events.
 //
+// Names. The guest's text symbols and saved_cmdlines come from the region's
+// text areas (RegionTextCache): a generation's decoder is built once with
+// its symbols (again only when the symbols arrive after it was built, or a
+// program registers a new direct-write event) and is told about task names
+// whenever the guest's list changes.
+//
 // Trace CPUs are numbered as in captures (region_capture.h): the guest's
 // CPUs, then one per direct-write ring.
 //
@@ -32,6 +38,7 @@
 
 #include "hvtrace/decoder.h"
 #include "hvtrace/region_reader.h"
+#include "hvtrace/region_text.h"
 
 namespace hvtrace::hostd {
 
@@ -73,8 +80,11 @@ class RegionStreamer {
   };
   struct GenerationDecoder {
     size_t formats = 0;  // Formats of the generation it was built with.
+    bool symbols = false;  // Built with the guest's symbols.
+    std::string comms;     // Task names it was last given.
     std::unique_ptr<EventDecoder> decoder;
   };
+  std::string CommsOf(uint32_t generation) const;
 
   EventDecoder* DecoderFor(const RegionSnapshot& snapshot, uint32_t generation, Output* out);
   void Emit(const Held& event, Output* out);
@@ -86,7 +96,8 @@ class RegionStreamer {
   uint64_t generation_ = 0;
   std::vector<Held> held_;
   std::map<uint32_t, GenerationDecoder> decoders_;
-  std::string cmdlines_;
+  RegionTextCache texts_;
+  std::string dw_comms_;  // Direct-write threads, "tid comm" lines.
   uint32_t trace_clock_ = 0;
   uint32_t sync_dropped_noted_ = 0;
   std::set<uint32_t> unplaced_noted_;  // Trace CPUs whose raw stamps were noted.

@@ -6,9 +6,11 @@
 #include <traceevent/event-parse.h>
 #include <traceevent/trace-seq.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "event_printer.h"
 #include "event_text.h"
@@ -284,6 +286,22 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
 }
 
 const std::vector<std::string>& EventDecoder::warnings() const { return impl_->warnings; }
+
+void EventDecoder::UpdateComms(std::string_view text) {
+  // tep_override_comm frees the old string the comm cache may point at.
+  std::fill(impl_->comm_cache.begin(), impl_->comm_cache.end(), Impl::CommEntry{});
+  std::unordered_set<long> seen;
+  while (!text.empty()) {
+    const size_t nl = text.find('\n');
+    const std::string line(text.substr(0, nl));
+    text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+    char* after = nullptr;
+    const long pid = std::strtol(line.c_str(), &after, 10);
+    if (after == line.c_str() || *after != ' ' || after[1] == '\0' || pid < 0 || pid > INT32_MAX) continue;
+    if (!seen.insert(pid).second) continue;
+    tep_override_comm(impl_->tep, after + 1, static_cast<int>(pid));
+  }
+}
 
 const EventFormat* EventDecoder::FindFormat(uint32_t id) const {
   EventInfo* info = impl_->Find(id);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "hvtrace/region.h"
 #include "hvtrace/region_reader.h"
@@ -20,6 +21,8 @@ using region::SlotDesc;
 
 constexpr uint32_t kMaxFormatEntries = 1 << 20;
 constexpr uint32_t kMaxDwSlots = 4096;
+constexpr uint64_t kMaxSymbolArea = 4ull << 20;
+constexpr uint64_t kAutoCommArea = 32 << 10;
 
 bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 uint64_t AlignUp(uint64_t v, uint64_t align) { return (v + align - 1) / align * align; }
@@ -98,10 +101,26 @@ Status ValidateGeometry(const RegionGeometry& g) {
       g.format_offset > g.region_size) {
     return GeometryError(g, "format area offset " + std::to_string(g.format_offset) + " invalid");
   }
-  const uint64_t format_end = g.FormatTextOffset() + g.format_text_size;
+  uint64_t area_end = g.FormatTextOffset() + g.format_text_size;
+  // Text areas follow the format area in this order; size 0 means absent
+  // (a 1.0 header: all zero).
+  for (auto [name, offset, size] : {std::tuple{"symbol", g.symbol_offset, g.symbol_size},
+                                    std::tuple{"comm", g.comm_offset, g.comm_size}}) {
+    if (size == 0) {
+      if (offset != 0) return GeometryError(g, std::string(name) + " area has an offset but no size");
+      continue;
+    }
+    if (offset % g.slot_size != 0 || offset < area_end || size < 2 * sizeof(region::TextAreaHeader) ||
+        size > g.region_size / 2 || offset > g.region_size - size) {
+      return GeometryError(g, std::string(name) + " area " + std::to_string(offset) + "+" +
+                                  std::to_string(size) + " overlaps, is unaligned or does not fit");
+    }
+    area_end = offset + size;
+  }
+  const uint64_t format_end = area_end;
   if (g.cpu_offset % g.slot_size != 0 || g.cpu_offset < format_end || g.cpu_offset > g.region_size) {
     return GeometryError(g, "cpu area offset " + std::to_string(g.cpu_offset) +
-                                " overlaps the format area or is unaligned");
+                                " overlaps the format or text areas or is unaligned");
   }
   if (g.cpu_stride % g.slot_size != 0 || g.cpu_stride > g.region_size ||
       g.cpu_stride < RingStride(sizeof(CpuRingHeader), g.slots_per_cpu, g.slot_size)) {
@@ -150,8 +169,25 @@ Result<RegionGeometry> PlanRegion(uint64_t region_size, const RegionPlanOptions&
   if (g.format_entries > kMaxFormatEntries || g.format_text_size > region_size / 2) {
     return GeometryError(g, "format table does not fit");
   }
-  g.cpu_offset = AlignUp(g.FormatTextOffset() + g.format_text_size, g.slot_size);
-  if (g.cpu_offset >= region_size) return GeometryError(g, "no room after the format table");
+  uint64_t next = AlignUp(g.FormatTextOffset() + g.format_text_size, g.slot_size);
+  const uint64_t symbols = options.symbol_area_size != RegionPlanOptions::kAutoArea ? options.symbol_area_size
+                           : region_size < (8ull << 20)                           ? 0
+                                                         : std::min(region_size / 16, kMaxSymbolArea);
+  const uint64_t comms = options.comm_area_size != RegionPlanOptions::kAutoArea ? options.comm_area_size
+                         : region_size < (4ull << 20)                         ? 0
+                                                                              : kAutoCommArea;
+  if (symbols != 0) {
+    g.symbol_offset = next;
+    g.symbol_size = static_cast<uint32_t>(AlignUp(symbols, g.slot_size));
+    next += g.symbol_size;
+  }
+  if (comms != 0) {
+    g.comm_offset = next;
+    g.comm_size = static_cast<uint32_t>(AlignUp(comms, g.slot_size));
+    next += g.comm_size;
+  }
+  if (next >= region_size) return GeometryError(g, "no room after the format and text areas");
+  g.cpu_offset = next;
   const uint64_t remaining = region_size - g.cpu_offset;
 
   g.dw_slots = options.dw_slots;
@@ -208,6 +244,10 @@ Status InitRegionHeader(std::span<std::byte> region, const RegionGeometry& g,
   h.dw_offset = g.dw_offset;
   h.dw_stride = g.dw_stride;
   h.dw_slots = g.dw_slots;
+  h.symbol_offset = g.symbol_offset;
+  h.symbol_size = g.symbol_size;
+  h.comm_offset = g.comm_offset;
+  h.comm_size = g.comm_size;
   std::memcpy(region.data() + region::kHostHeaderOffset, &h, sizeof(h));
 
   HostRequests r{};
@@ -260,6 +300,10 @@ Result<RegionGeometry> GeometryFromHeader(std::span<const std::byte> header_copy
   g.cpu_stride = h.cpu_stride;
   g.dw_offset = h.dw_offset;
   g.dw_stride = h.dw_stride;
+  g.symbol_offset = h.symbol_offset;
+  g.symbol_size = h.symbol_size;
+  g.comm_offset = h.comm_offset;
+  g.comm_size = h.comm_size;
   if (Status s = ValidateGeometry(g); !s.ok()) return Error{"region header: " + s.error().message};
   return g;
 }

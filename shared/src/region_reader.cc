@@ -70,6 +70,10 @@ class Reader {
     ReadIdentity();
     ReadClockSync();
     ReadFormats();
+    ReadTextArea(g_.symbol_offset, g_.symbol_size, RegionIssue::kSymbolsTorn, RegionIssue::kSymbolsBad,
+                 "symbol area", &s_->symbols);
+    ReadTextArea(g_.comm_offset, g_.comm_size, RegionIssue::kCommsTorn, RegionIssue::kCommsBad, "comm area",
+                 &s_->comms);
     ChooseLayouts();
     for (uint32_t c = 0; c < g_.max_cpus; ++c) ReadRing(c, /*direct_write=*/false);
     for (uint32_t r = 0; r < g_.dw_rings; ++r) ReadRing(r, /*direct_write=*/true);
@@ -78,10 +82,43 @@ class Reader {
 
  private:
   void Report(RegionIssue issue, std::string where, uint64_t offset, std::string detail) {
-    s_->issues[static_cast<size_t>(issue)]++;
-    if (s_->problems.size() < RegionSnapshot::kMaxProblems) {
-      s_->problems.push_back({issue, std::move(where), offset, std::move(detail)});
+    s_->Report(issue, std::move(where), offset, std::move(detail));
+  }
+
+  // The header of a text area, bounded by the area the host sized; its
+  // content is checked when it is inflated (region_text.h).
+  void ReadTextArea(uint64_t offset, uint32_t size, RegionIssue torn, RegionIssue bad, const char* where,
+                    RegionTextArea* out) {
+    if (size == 0) return;
+    const auto h = Load<region::TextAreaHeader>(bytes_, offset);
+    if (h.seq == 0) return;  // Nothing published (a 1.0 agent, or not yet).
+    if (h.seq & 1) {
+      Report(torn, where, offset, "seq " + std::to_string(h.seq) + " is odd");
+      return;
     }
+    const uint64_t room = size - sizeof(region::TextAreaHeader);
+    std::string why;
+    if (h.stored_size == 0 || h.stored_size > room) {
+      why = "states " + std::to_string(h.stored_size) + " compressed bytes in a " + std::to_string(room) +
+            "-byte area";
+    } else if (h.boot_generation == 0 ||
+               (s_->guest.present && h.boot_generation > s_->guest.boot_generation)) {
+      why = "generation " + std::to_string(h.boot_generation) + ", guest at " +
+            std::to_string(s_->guest.boot_generation);
+    }
+    if (!why.empty()) {
+      Report(bad, where, offset, why);
+      return;
+    }
+    out->present = true;
+    out->offset = offset;
+    out->seq = h.seq;
+    out->boot_generation = h.boot_generation;
+    out->encoding = h.encoding;
+    out->raw_size = h.raw_size;
+    out->crc32 = h.crc32;
+    out->lines = h.lines;
+    out->stored = bytes_.subspan(offset + sizeof(region::TextAreaHeader), h.stored_size);
   }
 
   void CheckHostHeader() {
@@ -406,9 +443,18 @@ const char* RegionIssueName(RegionIssue issue) {
     case RegionIssue::kClockSyncDropped: return "clock_sync_dropped";
     case RegionIssue::kDwClockUnplaceable: return "dw_clock_unplaceable";
     case RegionIssue::kDwClockUnknown: return "dw_clock_unknown";
+    case RegionIssue::kSymbolsTorn: return "symbols_torn";
+    case RegionIssue::kSymbolsBad: return "symbols_bad";
+    case RegionIssue::kCommsTorn: return "comms_torn";
+    case RegionIssue::kCommsBad: return "comms_bad";
     case RegionIssue::kCount: break;
   }
   return "unknown";
+}
+
+void RegionSnapshot::Report(RegionIssue issue, std::string where, uint64_t offset, std::string detail) {
+  issues[static_cast<size_t>(issue)]++;
+  if (problems.size() < kMaxProblems) problems.push_back({issue, std::move(where), offset, std::move(detail)});
 }
 
 uint64_t RegionSnapshot::issue_total() const {
@@ -444,6 +490,12 @@ void CopyLiveRegion(const std::byte* live, const RegionGeometry& g, std::vector<
       copied |= 1;
       std::memcpy(out->data() + at, &copied, sizeof(copied));
     }
+  }
+  // Text areas: the whole area, then the header's seq again.
+  for (auto [offset, size] : {std::pair{g.symbol_offset, g.symbol_size}, std::pair{g.comm_offset, g.comm_size}}) {
+    if (size == 0) continue;
+    CopyRange(live, out, offset, offset + size);
+    RecheckSeq64(live, out, offset + offsetof(region::TextAreaHeader, seq));
   }
   // Each ring: header and descriptors, then pages, then the seqs again.
   auto copy_ring = [&](uint64_t ring_at, uint64_t pages_at, uint64_t end, uint64_t desc_at,

@@ -228,6 +228,37 @@ void GuestRegion::WriteIdentity(const GuestIdentity& identity) {
   SeqEndWrite(&live->seq, done);
 }
 
+Status GuestRegion::WriteTextArea(TextAreaKind kind, uint32_t generation, const EncodedText& text) {
+  const bool symbols = kind == TextAreaKind::kSymbols;
+  const uint64_t offset = symbols ? geometry_.symbol_offset : geometry_.comm_offset;
+  const uint64_t size = symbols ? geometry_.symbol_size : geometry_.comm_size;
+  const char* name = symbols ? "symbol area" : "comm area";
+  if (size == 0) return Error{std::string("the host gave this region no ") + name};
+  if (text.stored.size() > size - sizeof(region::TextAreaHeader)) {
+    return Error{std::to_string(text.stored.size()) + " compressed bytes do not fit the " +
+                 std::to_string(size - sizeof(region::TextAreaHeader)) + "-byte " + name};
+  }
+  auto* h = At<region::TextAreaHeader>(offset);
+  const uint64_t done = SeqBeginWrite(&h->seq);
+  std::memcpy(base_ + offset + sizeof(region::TextAreaHeader), text.stored.data(), text.stored.size());
+  h->boot_generation = generation;
+  h->encoding = region::kTextZlib;
+  h->raw_size = text.raw_size;
+  h->stored_size = static_cast<uint32_t>(text.stored.size());
+  h->crc32 = text.crc32;
+  h->lines = text.lines;
+  SeqEndWrite(&h->seq, done);
+  return Status();
+}
+
+region::TextAreaHeader GuestRegion::TextArea(TextAreaKind kind) const {
+  region::TextAreaHeader h{};
+  const bool symbols = kind == TextAreaKind::kSymbols;
+  if ((symbols ? geometry_.symbol_size : geometry_.comm_size) == 0) return h;
+  std::memcpy(&h, base_ + (symbols ? geometry_.symbol_offset : geometry_.comm_offset), sizeof(h));
+  return h;
+}
+
 region::GuestStatus* GuestRegion::status() const {
   return At<region::GuestStatus>(region::kGuestStatusOffset);
 }

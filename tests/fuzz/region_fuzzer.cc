@@ -2,7 +2,8 @@
 // guest attacks it: starting from a well-formed region (identity, formats, a
 // kernel page, direct-write events), the input is a list of patches the
 // guest scribbles over it. ReadRegion and RegionTracker must never crash,
-// and every page they return must lie inside the copy with a bounded length.
+// and every page they return must lie inside the copy with a bounded length;
+// the symbol and comm areas must inflate to checked text or to nothing.
 //
 // Input: repeated { u32le offset; u16le length; length bytes }, offsets taken
 // modulo the region size so every patch lands somewhere.
@@ -13,6 +14,7 @@
 
 #include "hvtrace/dwtrace.hpp"
 #include "hvtrace/region_reader.h"
+#include "hvtrace/region_text.h"
 #include "hvtrace/region_writer.h"
 
 namespace {
@@ -28,6 +30,8 @@ Baseline MakeBaseline() {
   opt.max_cpus = 2;
   opt.dw_rings = 2;
   opt.dw_slots = 2;
+  opt.symbol_area_size = 64 << 10;
+  opt.comm_area_size = 8 << 10;
   auto g = hvtrace::PlanRegion(1 << 20, opt);
   if (!g.ok()) __builtin_trap();
   b.geometry = *g;
@@ -47,6 +51,15 @@ Baseline MakeBaseline() {
                             "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n",
                             0)
            .ok()) {
+    __builtin_trap();
+  }
+  // Text areas (symbols, comms) the host inflates and checks.
+  if (!guest->WriteTextArea(hvtrace::TextAreaKind::kSymbols, 1,
+                            hvtrace::EncodeText("ffffffff81000000 T _text\n"
+                                                "ffffffff811a2b30 t tracing_mark_write\n"
+                                                "ffffffffc0200000 t virtio_dev_probe\t[virtio]\n"))
+           .ok() ||
+      !guest->WriteTextArea(hvtrace::TextAreaKind::kComms, 1, hvtrace::EncodeText("1 init\n242 sh\n")).ok()) {
     __builtin_trap();
   }
   {
@@ -109,6 +122,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const hvtrace::RegionFormat& f : snap->formats) {
     if (f.text.size() > baseline.geometry.format_text_size) __builtin_trap();
+  }
+  hvtrace::RegionTextCache texts;
+  texts.Update(&*snap);
+  const std::string& symbols = texts.Text(hvtrace::TextAreaKind::kSymbols, 1);
+  const std::string& comms = texts.Text(hvtrace::TextAreaKind::kComms, 1);
+  if (!hvtrace::CheckAreaText(hvtrace::TextAreaKind::kSymbols, symbols).ok() ||
+      !hvtrace::CheckAreaText(hvtrace::TextAreaKind::kComms, comms).ok() ||
+      symbols.size() > hvtrace::kMaxSymbolText || comms.size() > hvtrace::kMaxCommText) {
+    __builtin_trap();
   }
   (void)delta;
   return 0;

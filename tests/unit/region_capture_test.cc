@@ -14,6 +14,7 @@
 
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/page.h"
+#include "hvtrace/region_text.h"
 #include "hvtrace/region_writer.h"
 #include "hvtrace/tracedat.h"
 #include "region_stream.h"
@@ -75,6 +76,8 @@ class RegionCaptureTest : public ::testing::Test {
     RegionPlanOptions opt;
     opt.max_cpus = 2;
     opt.region_id = 0xabc;
+    opt.symbol_area_size = 64 << 10;  // Small regions get none by default.
+    opt.comm_area_size = 8 << 10;
     auto plan = PlanRegion(1 << 20, opt);
     ASSERT_TRUE(plan.ok()) << plan.error().message;
     geometry_ = *plan;
@@ -303,6 +306,101 @@ TEST_F(RegionCaptureTest, StreamSkipsWhatWasThereUnlessFromStart) {
   // Plus trace-cmd's "CPU:N [EVENTS DROPPED]" lines for the fixture's pages.
   EXPECT_GE(Count(out.text, "\n"), out.events);
   EXPECT_LE(Count(out.text, "\n"), out.events + Count(out.text, "EVENTS DROPPED"));
+}
+
+// An event printing a kernel pointer with %ps (as ftrace's print does with
+// its ip), written by task 4242, which only the guest's saved_cmdlines names.
+const char kFnFormat[] =
+    "name: hvt_fn\n"
+    "ID: 49153\n"
+    "format:\n"
+    "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+    "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+    "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+    "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n"
+    "\n"
+    "\tfield:unsigned long ip;\toffset:8;\tsize:8;\tsigned:0;\n"
+    "\n"
+    "print fmt: \"%ps: here\", (void *)REC->ip\n";
+
+TEST_F(RegionCaptureTest, GuestSymbolsAndTaskNamesReachStreamAndCapture) {
+  auto fn = ParseEventFormat("hvtrace", kFnFormat);
+  ASSERT_TRUE(fn.ok()) << fn.error().message;
+  ASSERT_TRUE(guest_->PublishFormat(region::kFormatDwEvent, 1, kDwId + 1, "hvtrace", kFnFormat,
+                                    EventFingerprint(*fn)).ok());
+  const std::string symbols =
+      "ffffffff811a2b30 t tracing_mark_write\nffffffff811a2c00 T next_function\n";
+  ASSERT_TRUE(guest_->WriteTextArea(TextAreaKind::kSymbols, 1, EncodeText(symbols)).ok());
+  ASSERT_TRUE(guest_->WriteTextArea(TextAreaKind::kComms, 1, EncodeText("4242 worker one\n")).ok());
+  const uint32_t slot = 1;
+  std::span<std::byte> page(guest_->dw_page(1, slot), geometry_.slot_size);
+  PageWriter w(page, PageLayout::Default(geometry_.slot_size), 5000);
+  struct {
+    uint16_t type;
+    uint8_t flags, preempt;
+    int32_t pid;
+    uint64_t ip;
+  } rec{static_cast<uint16_t>(kDwId + 1), 0, 0, 4242, 0xffffffff811a2b47ull};
+  ASSERT_TRUE(w.Append(5000, std::span(reinterpret_cast<const std::byte*>(&rec), sizeof rec)));
+  w.Finish();
+  region::DwRingHeader* h = guest_->dw_ring(1);
+  h->tid = 4243;
+  h->clock = region::kClockMono;
+  std::strcpy(h->comm, "other");
+  region::SlotDesc* d = guest_->dw_desc(1, slot);
+  d->seq = 2;
+  d->sequence = 1;
+  d->boot_generation = 1;
+  d->length = 16 + w.used();
+  d->clock = region::kClockMono;
+  h->published = 2;
+  const std::string want = "worker one-4242";
+
+  RegionStreamer st(geometry_, RegionStreamOptions{false, true, std::chrono::milliseconds(1000)});
+  RegionSnapshot s = Read();
+  auto out = st.Feed(&s, T(0), true);
+  EXPECT_NE(out.text.find("hvt_fn:               tracing_mark_write: here"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find(want), std::string::npos) << out.text;
+  EXPECT_EQ(s.issue_total(), 0u);
+
+  RegionSnapshot c = Read();
+  RegionTextCache texts;
+  texts.Update(&c);
+  const fs::path dir = TempDir();
+  auto r = WriteRegionTraceDats(c, dir, &texts);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->attach["names"]["per_generation"]["1"]["symbols"], 2);
+  EXPECT_EQ(r->attach["names"]["per_generation"]["1"]["guest_tasks"], 1);
+  auto dat = TraceDat::Open((dir / "region-gen-1.trace.dat").string());
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  EXPECT_EQ(dat->kallsyms(), symbols);
+  if (Shell("command -v trace-cmd").empty()) GTEST_SKIP() << "trace-cmd not installed";
+  const std::string report = Shell("trace-cmd report " + (dir / "region-gen-1.trace.dat").string() + " 2>&1");
+  EXPECT_NE(report.find("tracing_mark_write: here"), std::string::npos) << report;
+  EXPECT_NE(report.find(want), std::string::npos) << report;
+}
+
+TEST_F(RegionCaptureTest, Malicious_LyingTextAreasLeaveAddressesAndAreReported) {
+  auto fn = ParseEventFormat("hvtrace", kFnFormat);
+  ASSERT_TRUE(fn.ok());
+  ASSERT_TRUE(guest_->WriteTextArea(TextAreaKind::kSymbols, 1,
+                                    EncodeText("ffffffff811a2b30 t tracing_mark_write\n")).ok());
+  auto* sym = reinterpret_cast<region::TextAreaHeader*>(mem_.data() + geometry_.symbol_offset);
+  sym->crc32 ^= 1;
+  auto* comm = reinterpret_cast<region::TextAreaHeader*>(mem_.data() + geometry_.comm_offset);
+  comm->seq = 7;  // Torn.
+  const fs::path dir = TempDir();
+  CaptureStore store(dir);
+  auto pending = store.Begin("manual", HostTime::Now());
+  ASSERT_TRUE(pending.ok());
+  CaptureManifest manifest;
+  auto r = BuildRegionCapture(mem_, geometry_, RegionCaptureOptions{}, **pending, manifest);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const auto& by = manifest.extra["attach"]["issues"]["by_reason"];
+  EXPECT_EQ(by["symbols_bad"], 1) << manifest.extra["attach"]["issues"].dump(2);
+  EXPECT_EQ(by["comms_torn"], 1) << manifest.extra["attach"]["issues"].dump(2);
+  EXPECT_EQ(r->attach["names"]["per_generation"]["1"]["symbols"], 0);
+  EXPECT_GT(r->events, 0u) << "the events are kept";
 }
 
 TEST_F(RegionCaptureTest, StreamHoldsDirectWritesUntilTheAgentPushedPast) {

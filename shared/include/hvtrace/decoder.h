@@ -21,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "hvtrace/format.h"
@@ -82,6 +83,12 @@ class EventDecoder {
   // fields are numbers, char arrays and __data_loc strings are strings, other
   // arrays are arrays of numbers.
   void AppendJson(const DecodedRecord& record, std::string* out);
+
+  // Names the tasks of |cmdlines| ("pid comm\n" lines; a pid's first line
+  // wins), replacing names already known: a live source (an attached
+  // guest's saved_cmdlines) renames tasks and reuses pids, and rebuilding
+  // the decoder for that would parse its symbols again.
+  void UpdateComms(std::string_view cmdlines);
 
   // On by default. Off: every event goes through libtraceevent.
   void SetFastPathsEnabled(bool enabled);

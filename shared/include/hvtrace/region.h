@@ -19,6 +19,11 @@
 //                                        tsc} samples, written round robin
 //   +0x1000 format area     guest        FormatTableHeader, FormatEntry[n],
 //   (format_offset)                      then format text (system + format)
+//   symbol_offset           guest        TextAreaHeader + the guest kernel's
+//   (v1.1, may be absent)                text symbols (/proc/kallsyms lines),
+//                                        zlib-compressed, seqlocked
+//   comm_offset             guest        TextAreaHeader + saved_cmdlines
+//   (v1.1, may be absent)                ("pid comm" lines), zlib, seqlocked
 //   cpu_offset              guest        per CPU, cpu_stride bytes each:
 //                                          CpuRingHeader, SlotDesc[slots],
 //                                          pad to slot_size,
@@ -45,6 +50,13 @@
 // reader takes the first |length| bytes. |seq| changes only when the slot is
 // recycled for a new page.
 //
+// Text areas (minor version 1): the guest kernel's symbols and task names,
+// which the host needs to print %ps/%pS pointers and comms as the guest's own
+// trace file does, and which it cannot know for a VM it did not boot. Each is
+// one seqlocked blob the agent replaces whole. Their size (0 = absent) is in
+// HostHeader's former reserved bytes, so a 1.0 host offers none and a 1.0
+// agent leaves them empty: either way the host prints hex and <...>.
+//
 // Sizes come from what hostd created, never from the guest: the host reader
 // validates against the geometry it chose and the size of its own file. The
 // guest may scribble over anything, the host header included.
@@ -65,7 +77,7 @@ inline constexpr uint64_t kRegionMagicXored[2] = {0x5370a4fc788db7f1ULL, 0x4a8e9
 inline constexpr uint64_t kRegionMagicXor[2] = {0x5335e7bd2ad9e1b9ULL, 0x4abfd2fdeda6a58cULL};
 
 inline constexpr uint16_t kVersionMajor = 1;  // Incompatible layout changes.
-inline constexpr uint16_t kVersionMinor = 0;  // Compatible additions.
+inline constexpr uint16_t kVersionMinor = 1;  // Compatible additions (1: text areas).
 
 inline constexpr uint32_t kCacheLine = 64;
 inline constexpr uint64_t kMinRegionSize = 1ULL << 20;
@@ -113,10 +125,16 @@ struct HostHeader {
   uint64_t dw_stride;        // Bytes per direct-write ring.
   uint32_t dw_slots;         // Pages per direct-write ring.
   uint32_t host_flags;       // Reserved, 0.
-  uint8_t reserved[136];
+  // Minor version 1; all 0 in a 1.0 region (no text areas).
+  uint64_t symbol_offset;    // TextAreaHeader + symbols (slot_size aligned).
+  uint32_t symbol_size;      // Bytes of the symbol area, header included; 0: none.
+  uint32_t comm_size;        // Bytes of the comm area, header included; 0: none.
+  uint64_t comm_offset;      // TextAreaHeader + comms (slot_size aligned).
+  uint8_t reserved[112];
 };
 static_assert(sizeof(HostHeader) == 256);
 static_assert(offsetof(HostHeader, cpu_offset) == 80);
+static_assert(offsetof(HostHeader, symbol_offset) == 120);
 
 enum RequestFlags : uint32_t {
   kRequestStop = 1u << 0,      // Stop pumping and disable what we enabled.
@@ -191,10 +209,20 @@ struct GuestStatus {
   uint64_t events_enabled;
   uint64_t dw_rings_exhausted;  // Direct-write events dropped: no free ring.
   uint32_t clock_sync_count;    // ClockSync samples written (next = count % 16).
-  uint32_t reserved0;
+  uint32_t symbols_state;       // SymbolsState (minor version 1).
   uint64_t reserved[5];
 };
 static_assert(sizeof(GuestStatus) == 128);
+
+// What the agent did about the symbol area (GuestStatus::symbols_state).
+enum SymbolsState : uint32_t {
+  kSymbolsPending = 0,     // Not yet (reading and compressing takes a while), or a 1.0 agent.
+  kSymbolsPublished = 1,
+  kSymbolsRestricted = 2,  // /proc/kallsyms shows zero addresses (kptr_restrict).
+  kSymbolsTooLarge = 3,    // Compressed, they do not fit the area.
+  kSymbolsNoArea = 4,      // The host offered no symbol area.
+  kSymbolsUnreadable = 5,  // /proc/kallsyms could not be read.
+};
 
 // One clock-sync sample: the same instant in every guest clock.
 struct ClockSync {
@@ -243,6 +271,27 @@ struct FormatEntry {
   uint32_t text_len;
 };
 static_assert(sizeof(FormatEntry) == 32);
+
+// Head of a text area (symbols or comms), followed by |stored_size| bytes.
+// The writer stores an odd |seq|, writes the bytes and the other fields,
+// then the next even |seq| (region.h's seqlock); it rewrites the area only
+// when its text changed. The host inflates at most |raw_size| bytes (bounded
+// by its own limit) and accepts the text only if the sizes, the CRC and the
+// line syntax all hold.
+enum TextEncoding : uint32_t {
+  kTextZlib = 1,  // RFC 1950 zlib stream.
+};
+struct TextAreaHeader {
+  uint64_t seq;
+  uint64_t boot_generation;  // Boot whose symbols/comms these are.
+  uint32_t encoding;         // TextEncoding.
+  uint32_t raw_size;         // Bytes of text once inflated.
+  uint32_t stored_size;      // Bytes after this header.
+  uint32_t crc32;            // zlib crc32 of the raw text.
+  uint64_t lines;            // Symbols or tasks: informational.
+  uint64_t reserved[3];
+};
+static_assert(sizeof(TextAreaHeader) == 64);
 
 // Head of each CPU ring, guest-written.
 struct CpuRingHeader {

@@ -43,6 +43,11 @@ struct RegionGeometry {
   uint64_t cpu_stride = 0;
   uint64_t dw_offset = 0;
   uint64_t dw_stride = 0;
+  // Text areas (region.h, minor version 1); size 0 = absent.
+  uint64_t symbol_offset = 0;
+  uint32_t symbol_size = 0;
+  uint32_t comm_size = 0;
+  uint64_t comm_offset = 0;
 
   // Offsets of the parts below. Valid for a geometry ValidateGeometry accepts
   // and indexes below the counts.
@@ -65,6 +70,12 @@ struct RegionPlanOptions {
   uint32_t dw_slots = 8;          // Pages per direct-write ring.
   uint32_t format_entries = 0;    // 0: from the text size.
   uint32_t format_text_size = 0;  // 0: region/32, within [32 KiB, 1 MiB].
+  // Text areas, header included. kAutoArea: the symbol area is region/16, at
+  // most 4 MiB, and none below an 8 MiB region (a kernel's symbols need
+  // ~0.7 MB compressed); the comm area is 32 KiB from a 4 MiB region on.
+  static constexpr uint32_t kAutoArea = UINT32_MAX;
+  uint32_t symbol_area_size = kAutoArea;
+  uint32_t comm_area_size = kAutoArea;
   uint64_t region_id = 0;
 };
 
@@ -113,6 +124,10 @@ enum class RegionIssue : uint8_t {
   kClockSyncDropped,       // Clock-sync samples off the line the others agree on (region_clock.h).
   kDwClockUnplaceable,     // A TSC-stamped ring with too few sound samples to convert.
   kDwClockUnknown,         // A ring's clock is neither CLOCK_MONOTONIC nor the TSC.
+  kSymbolsTorn,            // Symbol area seq odd or changed during the copy.
+  kSymbolsBad,             // Symbol area: sizes, CRC, compression or text that lie.
+  kCommsTorn,              // Comm area likewise.
+  kCommsBad,
   kCount,
 };
 const char* RegionIssueName(RegionIssue issue);
@@ -135,6 +150,20 @@ struct RegionGuestInfo {
   uint32_t agent_pid = 0;
   uint64_t attach_mono_ns = 0;
   region::GuestStatus status{};  // Copied as is: informational only.
+};
+
+// A text area's header as copied, once its bounds were checked against the
+// geometry (region_text.h inflates and checks the content).
+struct RegionTextArea {
+  bool present = false;  // Published, not torn, sizes inside the area.
+  uint64_t offset = 0;   // Of the area in the region.
+  uint64_t seq = 0;
+  uint64_t boot_generation = 0;
+  uint32_t encoding = 0;
+  uint32_t raw_size = 0;
+  uint32_t crc32 = 0;
+  uint64_t lines = 0;
+  std::span<const std::byte> stored;  // Into RegionSnapshot::copy.
 };
 
 struct RegionFormat {
@@ -186,6 +215,8 @@ struct RegionSnapshot {
   PageLayout dw_layout;   // 64-bit default, slot_size pages.
   std::vector<RegionRing> cpus;
   std::vector<RegionRing> dw_rings;
+  RegionTextArea symbols;  // Guest kernel symbols (region_text.h).
+  RegionTextArea comms;    // Guest saved_cmdlines.
   std::array<uint64_t, static_cast<size_t>(RegionIssue::kCount)> issues{};
   std::vector<RegionProblem> problems;  // The first kMaxProblems.
   std::vector<std::byte> copy;          // Owns the bytes the pages point at.
@@ -193,6 +224,8 @@ struct RegionSnapshot {
   static constexpr size_t kMaxProblems = 256;
   uint64_t issue_total() const;
   uint64_t issue_count(RegionIssue issue) const { return issues[static_cast<size_t>(issue)]; }
+  // Counts |issue| and keeps its description among the first kMaxProblems.
+  void Report(RegionIssue issue, std::string where, uint64_t offset, std::string detail);
   // The format of event |id| written in boot |generation|, or nullptr.
   const RegionFormat* FindFormat(uint32_t generation, uint32_t id) const;
 };

@@ -18,6 +18,7 @@
 
 #include "hvtrace/region.h"
 #include "hvtrace/region_reader.h"
+#include "hvtrace/region_text.h"
 #include "hvtrace/result.h"
 
 namespace hvtrace {
@@ -118,6 +119,12 @@ class GuestRegion {
   // Whether a format of |kind| with |id| and |fingerprint| is published for
   // |generation| (an agent restarted in the same boot does not republish).
   bool HasFormat(region::FormatKind kind, uint32_t generation, uint32_t id, uint64_t fingerprint) const;
+  // Replaces the symbol or comm area with |text| (EncodeText), seqlocked.
+  // Fails when the host gave no such area or the text does not fit it.
+  Status WriteTextArea(TextAreaKind kind, uint32_t generation, const EncodedText& text);
+  // A copy of the area's header (zeros when there is no area).
+  region::TextAreaHeader TextArea(TextAreaKind kind) const;
+
   // Hands out the next direct-write event id, 0 when exhausted.
   uint32_t NextDwId();
 

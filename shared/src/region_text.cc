@@ -1,0 +1,196 @@
+// Text areas of the region: zlib on the guest, a capped, checked inflate on
+// the host (the bytes come from an untrusted guest).
+#include "hvtrace/region_text.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace hvtrace {
+namespace {
+
+constexpr size_t kMaxSymbolName = 512;  // KSYM_NAME_LEN.
+constexpr size_t kMaxModuleName = 64;   // MODULE_NAME_LEN - 8 + slack.
+constexpr size_t kMaxComm = 64;         // TASK_COMM_LEN is 16; some kernels name more.
+
+bool IsHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
+bool IsNameChar(char c) { return c > 0x20 && c < 0x7f; }
+
+// "ffffffff81000000 T name" or "... t name\t[module]".
+bool SymbolLineOk(std::string_view line, std::string* why) {
+  size_t i = 0;
+  while (i < line.size() && IsHex(line[i])) ++i;
+  if (i == 0 || i > 16) return *why = "address is not 1-16 lower-case hex digits", false;
+  if (line.size() < i + 4 || line[i] != ' ' || (line[i + 1] != 'T' && line[i + 1] != 't') || line[i + 2] != ' ') {
+    return *why = "not '<address> T|t <name>'", false;
+  }
+  std::string_view rest = line.substr(i + 3);
+  const size_t tab = rest.find('\t');
+  const std::string_view name = rest.substr(0, tab);
+  if (name.empty() || name.size() > kMaxSymbolName || !std::all_of(name.begin(), name.end(), IsNameChar)) {
+    return *why = "symbol name empty, too long or not printable", false;
+  }
+  if (tab == std::string_view::npos) return true;
+  const std::string_view mod = rest.substr(tab + 1);
+  if (mod.size() < 3 || mod.size() > kMaxModuleName + 2 || mod.front() != '[' || mod.back() != ']' ||
+      !std::all_of(mod.begin() + 1, mod.end() - 1, [](char c) { return IsNameChar(c) && c != '[' && c != ']'; })) {
+    return *why = "module is not '[name]'", false;
+  }
+  return true;
+}
+
+// "1234 bash"; comms may hold spaces.
+bool CommLineOk(std::string_view line, std::string* why) {
+  size_t i = 0;
+  while (i < line.size() && line[i] >= '0' && line[i] <= '9') ++i;
+  if (i == 0 || i > 10) return *why = "pid is not 1-10 digits", false;
+  if (i == line.size() || line[i] != ' ') return *why = "no space after the pid", false;
+  const std::string_view comm = line.substr(i + 1);
+  if (comm.empty() || comm.size() > kMaxComm ||
+      !std::all_of(comm.begin(), comm.end(), [](char c) { return c >= 0x20 && c < 0x7f; })) {
+    return *why = "comm empty, longer than 64 or not printable", false;
+  }
+  return true;
+}
+
+RegionIssue BadIssue(TextAreaKind kind) {
+  return kind == TextAreaKind::kSymbols ? RegionIssue::kSymbolsBad : RegionIssue::kCommsBad;
+}
+const char* AreaName(TextAreaKind kind) { return kind == TextAreaKind::kSymbols ? "symbol area" : "comm area"; }
+
+}  // namespace
+
+EncodedText EncodeText(std::string_view text) {
+  EncodedText e;
+  e.raw_size = static_cast<uint32_t>(text.size());
+  e.crc32 = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
+  e.lines = static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n'));
+  uLongf size = compressBound(static_cast<uLong>(text.size()));
+  e.stored.resize(size);
+  // Level 6: ~15% larger than 9 on kallsyms at a third of the time, which
+  // counts in a TCG guest.
+  if (compress2(reinterpret_cast<Bytef*>(e.stored.data()), &size, reinterpret_cast<const Bytef*>(text.data()),
+                static_cast<uLong>(text.size()), 6) != Z_OK) {
+    size = 0;  // Only on out of memory; an empty area means "no text".
+  }
+  e.stored.resize(size);
+  return e;
+}
+
+std::string TextSymbolsOf(std::string_view kallsyms, bool* any_address) {
+  std::string out;
+  *any_address = false;
+  while (!kallsyms.empty()) {
+    const size_t nl = kallsyms.find('\n');
+    const std::string_view line = kallsyms.substr(0, nl);
+    kallsyms.remove_prefix(nl == std::string_view::npos ? kallsyms.size() : nl + 1);
+    const size_t space = line.find(' ');
+    if (space == std::string_view::npos || line.size() < space + 4) continue;
+    const char type = line[space + 1];
+    if (type != 'T' && type != 't') continue;
+    if (!*any_address && line.substr(0, space).find_first_not_of('0') != std::string_view::npos) *any_address = true;
+    out.append(line);
+    out.push_back('\n');
+  }
+  return out;
+}
+
+Status CheckAreaText(TextAreaKind kind, std::string_view text) {
+  if (!text.empty() && text.back() != '\n') return Error{"text does not end with a newline"};
+  uint64_t number = 0;
+  std::string why;
+  while (!text.empty()) {
+    ++number;
+    const size_t nl = text.find('\n');
+    const std::string_view line = text.substr(0, nl);
+    text.remove_prefix(nl + 1);
+    const bool ok = kind == TextAreaKind::kSymbols ? SymbolLineOk(line, &why) : CommLineOk(line, &why);
+    if (!ok) {
+      std::string shown(line.substr(0, 40));
+      for (char& c : shown) {
+        if (c < 0x20 || c >= 0x7f) c = '?';
+      }
+      return Error{"line " + std::to_string(number) + " ('" + shown + "'): " + why};
+    }
+  }
+  return Status();
+}
+
+Result<std::string> DecodeTextArea(TextAreaKind kind, const RegionTextArea& area) {
+  const uint32_t cap = kind == TextAreaKind::kSymbols ? kMaxSymbolText : kMaxCommText;
+  if (area.encoding != region::kTextZlib) return Error{"encoding " + std::to_string(area.encoding) + " unknown"};
+  if (area.raw_size > cap) {
+    return Error{"states " + std::to_string(area.raw_size) + " bytes of text, more than the " +
+                 std::to_string(cap) + " accepted"};
+  }
+  std::string text(area.raw_size, '\0');
+  z_stream z{};
+  if (inflateInit(&z) != Z_OK) return Error{"zlib: cannot initialize"};
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(area.stored.data()));
+  z.avail_in = static_cast<uInt>(area.stored.size());
+  z.next_out = reinterpret_cast<Bytef*>(text.data());
+  z.avail_out = static_cast<uInt>(text.size());
+  // One call: the output buffer is exactly the stated size, so a stream that
+  // inflates to more stops there (Z_OK / Z_BUF_ERROR, not Z_STREAM_END).
+  const int rc = inflate(&z, Z_FINISH);
+  const uint64_t produced = z.total_out;
+  const uint64_t consumed = z.total_in;
+  inflateEnd(&z);
+  if (rc != Z_STREAM_END) {
+    return Error{rc == Z_DATA_ERROR ? std::string("compressed bytes are not a zlib stream")
+                 : produced == area.raw_size
+                     ? "inflates to more than the stated " + std::to_string(area.raw_size) + " bytes"
+                     : "zlib stream ends early (" + std::to_string(produced) + " of " +
+                           std::to_string(area.raw_size) + " bytes)"};
+  }
+  if (produced != area.raw_size) {
+    return Error{"inflates to " + std::to_string(produced) + " bytes, states " + std::to_string(area.raw_size)};
+  }
+  if (consumed != area.stored.size()) {
+    return Error{"zlib stream ends " + std::to_string(area.stored.size() - consumed) +
+                 " bytes before the stated compressed size"};
+  }
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
+  if (crc != area.crc32) return Error{"CRC of the text does not match the stated one"};
+  if (Status s = CheckAreaText(kind, text); !s.ok()) return s.error();
+  return text;
+}
+
+std::vector<std::string> RegionTextCache::Update(RegionSnapshot* s) {
+  std::vector<std::string> notes;
+  for (TextAreaKind kind : {TextAreaKind::kSymbols, TextAreaKind::kComms}) {
+    PerKind& k = kinds_[kind == TextAreaKind::kSymbols ? 0 : 1];
+    const RegionTextArea& area = kind == TextAreaKind::kSymbols ? s->symbols : s->comms;
+    if (!area.present) continue;  // Torn or absent: keep what we had.
+    const Key key{area.seq, area.boot_generation, area.raw_size, area.crc32, area.stored.size()};
+    if (k.looked && key == k.last) continue;
+    k.looked = true;
+    k.last = key;
+    auto text = DecodeTextArea(kind, area);
+    if (!text.ok()) {
+      const std::string detail = "generation " + std::to_string(area.boot_generation) + ": " +
+                                 text.error().message + "; its names are not used";
+      notes.push_back(std::string(AreaName(kind)) + " at offset " + std::to_string(area.offset) + ": " + detail);
+      s->Report(BadIssue(kind), AreaName(kind), area.offset, detail);
+      continue;
+    }
+    if (kind == TextAreaKind::kSymbols) {
+      notes.push_back("guest kernel symbols of generation " + std::to_string(area.boot_generation) + ": " +
+                      std::to_string(std::count(text->begin(), text->end(), '\n')) + " (" +
+                      std::to_string(text->size()) + " bytes)");
+    }
+    k.by_generation[area.boot_generation] = std::move(*text);
+  }
+  return notes;
+}
+
+const std::string& RegionTextCache::Text(TextAreaKind kind, uint64_t generation) const {
+  static const std::string kNone;
+  const PerKind& k = kinds_[kind == TextAreaKind::kSymbols ? 0 : 1];
+  auto it = k.by_generation.find(generation);
+  return it == k.by_generation.end() ? kNone : it->second;
+}
+
+}  // namespace hvtrace

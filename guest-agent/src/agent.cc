@@ -561,6 +561,7 @@ int Agent::Run() {
     }
   }
   if (region_) {
+    PublishComms();
     PumpAll();
     Detach("agent exit");
   }

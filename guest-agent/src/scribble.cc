@@ -39,6 +39,7 @@ class Scribbler {
     if (modes.count("pages")) Pages();
     if (modes.count("formats") && !formats_done_) Formats();
     if (modes.count("identity")) Identity();
+    if (modes.count("texts")) Texts();
     if (modes.count("header")) Header();
   }
 
@@ -191,6 +192,72 @@ class Scribbler {
     }
   }
 
+  // Lies in the text areas, a different one on each call (the host sees
+  // each as a new header): content that is no text, sizes and CRCs that do
+  // not match, a compressed size past the area, a zlib bomb, a torn write.
+  void Texts() {
+    const uint32_t turn = texts_turn_++;
+    const std::string symbols = "ffffffff81000000 T _text\nffffffff811a2b30 t tracing_mark_write\n";
+    if (g_.symbol_size != 0) {
+      auto* h = reinterpret_cast<region::TextAreaHeader*>(r_.base() + g_.symbol_offset);
+      std::string what;
+      switch (turn % 5) {
+        case 0:
+          (void)r_.WriteTextArea(TextAreaKind::kSymbols, generation_, EncodeText(std::string("\x01\x02\xff bytes\n", 10)));
+          what = "symbols: binary bytes, sizes and CRC right";
+          break;
+        case 1: {
+          const EncodedText e = EncodeText(symbols);
+          (void)r_.WriteTextArea(TextAreaKind::kSymbols, generation_, e);
+          h->raw_size = e.raw_size + 1000;
+          what = "symbols: raw size 1000 bytes more than the text";
+          break;
+        }
+        case 2:
+          (void)r_.WriteTextArea(TextAreaKind::kSymbols, generation_, EncodeText(symbols));
+          h->crc32 ^= 1;
+          what = "symbols: CRC that does not match";
+          break;
+        case 3:
+          (void)r_.WriteTextArea(TextAreaKind::kSymbols, generation_, EncodeText(symbols));
+          h->stored_size = g_.symbol_size;
+          what = "symbols: compressed size past the area";
+          break;
+        default: {
+          static const EncodedText bomb = EncodeText(std::string(16u << 20, '0'));
+          (void)r_.WriteTextArea(TextAreaKind::kSymbols, generation_, bomb);
+          h->raw_size = 4096;
+          what = "symbols: zlib bomb (16 MiB) stated as 4096 bytes";
+          break;
+        }
+      }
+      h->seq += 2;  // A new header for a host that already looked.
+      Say(what, g_.symbol_offset);
+    }
+    if (g_.comm_size != 0) {
+      auto* h = reinterpret_cast<region::TextAreaHeader*>(r_.base() + g_.comm_offset);
+      std::string what;
+      switch (turn % 3) {
+        case 0:
+          (void)r_.WriteTextArea(TextAreaKind::kComms, generation_, EncodeText("not a pid\n"));
+          h->seq += 2;
+          what = "comms: a line without a pid";
+          break;
+        case 1:
+          (void)r_.WriteTextArea(TextAreaKind::kComms, generation_, EncodeText("1 init\n"));
+          h->crc32 ^= 0xff;
+          h->seq += 2;
+          what = "comms: CRC that does not match";
+          break;
+        default:
+          h->seq |= 1;
+          what = "comms: left mid-write (odd seq)";
+          break;
+      }
+      Say(what, g_.comm_offset);
+    }
+  }
+
   void Identity() {
     region::GuestIdentity id = r_.ReadIdentity();
     id.nr_cpus = 100000;
@@ -212,6 +279,7 @@ class Scribbler {
   uint32_t generation_ = 0;
   bool formats_done_ = false;
   bool backwards_done_ = false;
+  uint32_t texts_turn_ = 0;
   std::set<std::string> said_;
 };
 
@@ -227,7 +295,7 @@ int ScribbleMain(int argc, char** argv) {
   std::string path;
   uint64_t repeat_ms = 0;
   std::set<std::string> modes;
-  const std::set<std::string> known = {"lengths", "torn", "backwards", "formats", "pages", "header", "identity"};
+  const std::set<std::string> known = {"lengths", "torn", "backwards", "formats", "pages", "texts", "header", "identity"};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--region" && i + 1 < argc) {
@@ -241,7 +309,7 @@ int ScribbleMain(int argc, char** argv) {
     } else if (known.count(arg)) {
       modes.insert(arg);
     } else {
-      std::fprintf(stderr, "scribble: unknown mode '%s' (lengths torn backwards formats pages header identity all)\n",
+      std::fprintf(stderr, "scribble: unknown mode '%s' (lengths torn backwards formats pages texts header identity all)\n",
                    arg.c_str());
       return 2;
     }

@@ -12,6 +12,9 @@
 //              offsets outside the area, unknown kind, unparsable text, a
 //              second format for an id already taken
 //   pages      direct-write pages with impossible record lengths
+//   texts      symbol and comm areas that lie: text that is not symbols or
+//              comms, sizes and CRCs that do not match, a compressed size
+//              past the area, a zlib bomb, a write left torn
 //   header     the host-written header rewritten (sizes and offsets)
 //   identity   an impossible guest identity (CPU count)
 //   all        everything above except identity

@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -195,6 +196,12 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   EXPECT_EQ(twice.status, 1) << twice.output;
   EXPECT_NE(twice.output.find("already attached"), std::string::npos) << twice.output;
 
+  // The agent publishes the kernel's symbols a few seconds after it
+  // attached (read and compressed on a thread); the names below need them.
+  ASSERT_TRUE(GuestLogHas(guest, "/tmp/agent.log", "symbols: ")) << "no symbols published\n" << diag();
+  auto symbols_line = guest.Run("grep 'symbols: ' /tmp/agent.log");
+  std::printf("[attach %s] agent: %s\n", version.c_str(), symbols_line.ok() ? symbols_line->output.c_str() : "?");
+
   // Live stream: markers through both paths, in order, with the right text.
   StreamCollector stream(hvt.socket(), {{"name", name}, {"format", "text"}});
   ASSERT_TRUE(stream.WaitFor([&](const std::string&) { return stream.notes().find("streaming VM") != std::string::npos; },
@@ -223,11 +230,12 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   EXPECT_LT(d2, k2) << text;
   const std::string k1_line = LineWith(text, "HVT-K1"), d0_line = LineWith(text, "HVT-DW 0");
   EXPECT_NE(k1_line.find("print:"), std::string::npos) << k1_line;
-  // print's ip field names tracing_mark_write only with the guest's kallsyms
-  // (KASLR: a harvested copy does not fit); without them trace-cmd prints the
-  // address, and so do we.
-  EXPECT_TRUE(std::regex_search(k1_line, std::regex(R"(print:\s+(tracing_mark_write|0x[0-9a-f]+): HVT-K1$)")))
-      << k1_line;
+  // print's ip names tracing_mark_write with the guest's own symbols (the
+  // agent's symbol area). The task prints as <...> here, as in the guest's
+  // own trace file: the kernel records task names only while some trace
+  // event is enabled (TextEqualsTheGuestsOwnTraceFile enables one and
+  // compares the whole line with the guest's).
+  EXPECT_TRUE(std::regex_search(k1_line, std::regex(R"(print:\s+tracing_mark_write: HVT-K1$)"))) << k1_line;
   EXPECT_NE(d0_line.find("marker:"), std::string::npos) << d0_line;
   EXPECT_NE(d0_line.find("seq=0 text=HVT-DW 0"), std::string::npos) << d0_line;
   std::printf("[attach %s] stream: 5 markers written and shown in %.0f ms (guest commands over a TCG console "
@@ -373,6 +381,140 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   // `hvtrace show` prints the capture too.
   const std::string shown = RunCommand(std::string(HVTRACE_BIN_DIR) + "/hvtrace show " + capture_dir.string() + " 2>&1");
   EXPECT_NE(shown.find("text=HVT-LAST 4"), std::string::npos) << shown.substr(0, 3000);
+}
+
+// One marker line of the guest's own /sys/kernel/tracing/trace or of
+// `trace-cmd report` text, in the parts both print: task, pid, CPU, time and
+// the print's text ("tracing_mark_write: HVT-T1"). The guest's file has an
+// irq-flags column and no event name for print; trace-cmd prints "print:"
+// and no flags (without -l).
+struct MarkerText {
+  std::string comm, pid, cpu, time, message;
+  bool operator==(const MarkerText&) const = default;
+  std::string Show() const { return comm + "-" + pid + " [" + cpu + "] " + time + ": " + message; }
+};
+std::optional<MarkerText> ParseGuestTraceLine(const std::string& line) {
+  static const std::regex re(R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d+):\s+(.*\S)\s*$)");
+  std::smatch m;
+  if (!std::regex_match(line, m, re)) return std::nullopt;
+  return MarkerText{m[1], m[2], m[3], m[4], m[5]};
+}
+std::optional<MarkerText> ParseReportLine(const std::string& line) {
+  static const std::regex re(R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(\d+\.\d+):\s+print:\s+(.*\S)\s*$)");
+  std::smatch m;
+  if (!std::regex_match(line, m, re)) return std::nullopt;
+  return MarkerText{m[1], m[2], m[3], m[4], m[5]};
+}
+
+// The text of an attached VM is the guest's own: for trace_marker writes the
+// stream prints what the guest's /sys/kernel/tracing/trace prints (task name
+// from the guest's saved_cmdlines, the print's ip as the guest's symbol
+// tracing_mark_write), and a capture's trace.dat names %ps functions
+// (hrtimer_start's function=) from the guest's symbols for trace-cmd too.
+// The agent pumps at attach and then only every minute, so the markers are
+// still in the guest's buffer when the guest reads its trace file; stopping
+// the agent (SIGTERM) pushes them to the region.
+TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
+  const std::string version = GetParam();
+  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  if (access((std::string(HVTRACE_BIN_DIR) + "/hvtrace-agent").c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "hvtrace-agent not built";
+  }
+  auto image = ImageWithThisAgent(version);
+  ASSERT_TRUE(image.ok()) << image.error().message;
+  std::string tag = "attach-text-" + version;
+  for (char& c : tag) c = c == '.' ? '-' : c;
+  TestGuest guest(tag);
+  hostd::VmConfig config = guest.MakeConfig(*image);
+  const std::string daemon_qmp = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid()) + ".qmp";
+  config.extra_args.insert(config.extra_args.end(), {"-qmp", "unix:" + daemon_qmp + ",server=on,wait=off"});
+  auto booted = guest.Boot(config);
+  ASSERT_TRUE(booted.ok()) << booted.error().message << guest.Diagnostics();
+  ASSERT_TRUE(guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)").ok());
+
+  PrivateHvtraced hvt(tag, "");
+  ASSERT_TRUE(hvt.Start().ok()) << hvt.Log();
+  const std::string name = tag + "-" + std::to_string(::getpid());
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() { std::filesystem::remove(path); }
+  } cleanup{"/dev/shm/hvtrace-" + name + "-attach"};
+  auto diag = [&] {
+    return guest.Diagnostics() + "\n--- agent ---\n" + guest.Run("cat /tmp/agent.log")->output +
+           "\n--- hvtraced ---\n" + hvt.Log();
+  };
+  auto attached = hvt.HvtraceJson({"attach", name, "--qmp", daemon_qmp, "--size", "16M", "--pump-ms", "60000",
+                                   "--events", "timer:hrtimer_start", "--wait-ms", "60000"});
+  ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
+  ASSERT_FALSE((*attached)["guest"].is_null()) << attached->dump(2) << diag();
+  ASSERT_TRUE(GuestLogHas(guest, "/tmp/agent.log", "symbols: ")) << "no symbols published\n" << diag();
+  auto symbols_line = guest.Run("grep 'symbols: ' /tmp/agent.log");
+  std::printf("[attach-text %s] agent: %s\n", version.c_str(), symbols_line.ok() ? symbols_line->output.c_str() : "?");
+
+  StreamCollector stream(hvt.socket(), {{"name", name}, {"format", "text"}});
+  ASSERT_TRUE(stream.WaitFor([&](const std::string&) { return stream.notes().find("streaming VM") != std::string::npos; },
+                             std::chrono::seconds(10)))
+      << stream.end();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // One shell: the builtin echo writes the markers, then the guest's own
+  // trace file is read while the agent has not pumped them yet.
+  auto own = guest.Run(
+      "for m in HVT-T1 HVT-T2 HVT-T3; do echo $m > /sys/kernel/tracing/trace_marker; done; "
+      "grep -E 'HVT-T[0-9]$' /sys/kernel/tracing/trace");
+  ASSERT_TRUE(own.ok()) << own.error().message;
+  ASSERT_TRUE(guest.Run("kill -TERM $(pidof hvtrace-agent)").ok());
+  ASSERT_TRUE(GuestLogHas(guest, "/tmp/agent.log", "agent exit")) << diag();
+  ASSERT_TRUE(stream.WaitFor([](const std::string& t) { return t.find("HVT-T3") != std::string::npos; },
+                             std::chrono::seconds(30)))
+      << "stream:\n" << stream.text().substr(0, 3000) << "\nnotes:\n" << stream.notes() << diag();
+  const std::string text = stream.text();
+  std::printf("[attach-text %s] the guest's own trace file:\n%s", version.c_str(), own->output.c_str());
+  for (const char* marker : {"HVT-T1", "HVT-T2", "HVT-T3"}) {
+    const std::string guest_line = MarkerLine(own->output, marker);
+    const std::string stream_line = MarkerLine(text, marker);
+    const auto g = ParseGuestTraceLine(guest_line);
+    const auto h = ParseReportLine(stream_line);
+    ASSERT_TRUE(g.has_value()) << "guest line: '" << guest_line << "'\n" << own->output;
+    ASSERT_TRUE(h.has_value()) << "stream line: '" << stream_line << "'";
+    EXPECT_EQ(*h, *g) << "stream:    " << h->Show() << "\nguest's:   " << g->Show();
+    EXPECT_EQ(h->message, std::string("tracing_mark_write: ") + marker);
+    std::printf("[attach-text %s] stream: %s\n", version.c_str(), stream_line.c_str());
+  }
+
+  // The capture's trace.dat carries the symbols and task names: trace-cmd
+  // prints the same marker lines and names hrtimer_start's functions.
+  auto captured = hvt.HvtraceJson({"capture", name});
+  ASSERT_TRUE(captured.ok()) << captured.error().message << diag();
+  const fs::path dir = fs::path(hvt.state_dir()) / "vms" / name / "captures" / (*captured)["capture"].get<std::string>();
+  const std::string report = RunCommand("trace-cmd report " + (dir / "region-gen-1.trace.dat").string() + " 2>&1");
+  for (const char* marker : {"HVT-T1", "HVT-T3"}) {
+    EXPECT_EQ(ParseReportLine(MarkerLine(report, marker)), ParseGuestTraceLine(MarkerLine(own->output, marker)))
+        << marker << " in trace-cmd report of the capture:\n" << MarkerLine(report, marker);
+  }
+  std::istringstream lines(report);
+  int named = 0, hex = 0;
+  std::string example;
+  static const std::regex fn_re(R"(hrtimer_start:.*function=([A-Za-z_][A-Za-z0-9_.]*)\b)");
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("hrtimer_start:") == std::string::npos) continue;
+    std::smatch m;
+    if (std::regex_search(line, m, fn_re) && m[1].str().rfind("0x", 0) != 0) {
+      if (named++ == 0) example = line;
+    } else {
+      ++hex;
+    }
+  }
+  EXPECT_GT(named, 0) << "no hrtimer_start with a named function\n" << report.substr(0, 3000);
+  const json manifest = json::parse(ReadText(dir / "manifest.json"));
+  const json& names = manifest["extra"]["attach"]["names"];
+  EXPECT_GT(names["per_generation"]["1"]["symbols"].get<uint64_t>(), 10000u) << names.dump();
+  EXPECT_EQ(names["guest_symbols_state"], 1) << names.dump();
+  std::printf("[attach-text %s] capture: %d hrtimer_start events name their function, %d do not; e.g.\n  %s\n"
+              "  names: %s\n",
+              version.c_str(), named, hex, example.c_str(), names.dump().c_str());
+  const std::string shown = RunCommand(std::string(HVTRACE_BIN_DIR) + "/hvtrace show " + dir.string() + " 2>&1");
+  EXPECT_NE(shown.find(MarkerLine(report, "HVT-T2")), std::string::npos)
+      << "hvtrace show prints trace-cmd's line\n" << MarkerLine(report, "HVT-T2");
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttachE2e, ::testing::Values("6.12", "6.1"),

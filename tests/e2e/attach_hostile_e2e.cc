@@ -5,8 +5,8 @@
 // direct-write library. TwoVmsAttachedAtOnceStayIsolated checks that every
 // tag lands in its own VM's region only. ScribblerIsReportedAndSkipped runs
 // `hvtrace-agent scribble all` in one guest (wrong lengths, torn slots,
-// counters running backwards, a format table that lies, broken pages, a
-// rewritten host header) while the host keeps reading both regions: the
+// counters running backwards, a format table that lies, broken pages, symbol
+// and comm areas that lie, a rewritten host header) while the host keeps reading both regions: the
 // reader reports each kind of damage by reason, never fails, keeps the good
 // pages (the guest's markers written after the scribbling are decoded), and
 // the other VM's region shows not a single issue the whole time.
@@ -35,6 +35,7 @@
 
 #include "attach_daemon_harness.h"
 #include "attach_region_host.h"
+#include "hvtrace/region_text.h"
 #include "test_support.h"
 
 namespace hvtrace::e2e {
@@ -102,10 +103,14 @@ std::pair<int, int> CountTag(const std::vector<RegionRecord>& records, const std
   return {k, d};
 }
 
-// Damage in a snapshot of a live region. A slot its own agent was rewriting
-// while the host copied it is reported as torn — the normal race of reading a
-// live region (the next read has it whole), not damage — so it is left out.
-uint64_t DamageIn(const RegionSnapshot& s) { return s.issue_total() - s.issue_count(RegionIssue::kSlotTorn); }
+// Damage in a snapshot of a live region. A slot or text area its own agent
+// was rewriting while the host copied it is reported as torn — the normal
+// race of reading a live region (the next read has it whole), not damage —
+// so it is left out.
+uint64_t DamageIn(const RegionSnapshot& s) {
+  return s.issue_total() - s.issue_count(RegionIssue::kSlotTorn) - s.issue_count(RegionIssue::kCommsTorn) -
+         s.issue_count(RegionIssue::kSymbolsTorn);
+}
 
 class AttachHostileE2e : public ::testing::Test {
  protected:
@@ -171,6 +176,9 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
     tracker_b.Update(&sb);
   }
   ASSERT_EQ(a_.guest->Run("(hvtrace-agent scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")->status, 0);
+  // The text areas' content is checked when it is inflated, as stream and
+  // capture do.
+  RegionTextCache texts_a, texts_b;
   std::array<uint64_t, static_cast<size_t>(RegionIssue::kCount)> seen{};
   uint64_t reads = 0, b_issues = 0, b_torn = 0, a_good_pages_min = UINT64_MAX;
   std::vector<std::string> examples, b_examples;
@@ -178,6 +186,7 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
   while (SteadyClock::now() < end) {
     RegionSnapshot sa = a_.region->Read();
     tracker_a.Update(&sa);
+    texts_a.Update(&sa);
     for (size_t i = 0; i < seen.size(); ++i) seen[i] += sa.issues[i];
     for (const RegionProblem& p : sa.problems) {
       if (examples.size() < 12 && seen[static_cast<size_t>(p.issue)] == sa.issues[static_cast<size_t>(p.issue)]) {
@@ -190,6 +199,7 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
     a_good_pages_min = std::min(a_good_pages_min, good);
     RegionSnapshot sb = b_.region->Read();
     tracker_b.Update(&sb);
+    texts_b.Update(&sb);
     b_issues += DamageIn(sb);
     b_torn += sb.issue_count(RegionIssue::kSlotTorn);
     for (const RegionProblem& p : sb.problems) {
@@ -222,6 +232,9 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
                             RegionIssue::kCounterBackwards}) {
     EXPECT_GT(seen[static_cast<size_t>(issue)], 0u) << RegionIssueName(issue) << " never reported";
   }
+  // The comm area lies (a 4 MiB region has no symbol area: the daemon test
+  // below covers that one).
+  EXPECT_GT(seen[static_cast<size_t>(RegionIssue::kCommsBad)], 0u) << "comm area lies never reported";
   EXPECT_GT(seen[static_cast<size_t>(RegionIssue::kRingCounterBehind)] +
                 seen[static_cast<size_t>(RegionIssue::kSlotMisplaced)],
             0u)
@@ -293,9 +306,10 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
   AttachTestDaemon daemon("hostile");
   ASSERT_TRUE(daemon.Start()) << daemon.log();
   for (Vm& v : vms) {
+    // 16 MiB (the default): regions from 8 MiB on have a symbol area.
     auto attached = daemon.Call("attach", {{"name", v.name},
                                            {"qmp", v.qmp},
-                                           {"size_mib", 4},
+                                           {"size_mib", 16},
                                            {"pump_interval_ms", 50},
                                            {"events", kEvents},
                                            {"wait_ms", 60000}});
@@ -318,6 +332,13 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
   ASSERT_EQ(mark(vms[1], "before", 20)->status, 0);
   std::this_thread::sleep_for(std::chrono::seconds(3));  // Pages pile up in A's rings for the scribbler.
 
+  // The agent's own symbols first, so the scribbler's lies come after them.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto r = vms[0].guest->Run("grep -q 'symbols: ' /tmp/agent.log");
+        return r.ok() && r->status == 0;
+      },
+      std::chrono::seconds(30)));
   ASSERT_EQ(vms[0].guest->Run("(hvtrace-agent scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")->status,
             0);
   ASSERT_EQ(mark(vms[1], "during", 20)->status, 0);
@@ -362,10 +383,12 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
   std::printf("capture of the other VM: issues %s\n", ib["by_reason"].dump().c_str());
   EXPECT_GT(ia["total"].get<uint64_t>(), 0u);
   for (const char* reason : {"header_mismatch", "format_id_mismatch", "format_fingerprint_mismatch", "format_bad_kind",
-                             "format_conflict", "format_out_of_range", "format_parse_error"}) {
+                             "format_conflict", "format_out_of_range", "format_parse_error", "symbols_bad"}) {
     EXPECT_TRUE(ia["by_reason"].contains(reason)) << reason << " not in " << ia.dump();
   }
-  const uint64_t b_torn = ib["by_reason"].value("slot_torn", uint64_t{0});
+  // Caught mid-rewrite by the copy (the guest kept running): not damage.
+  uint64_t b_torn = 0;
+  for (const char* torn : {"slot_torn", "symbols_torn", "comms_torn"}) b_torn += ib["by_reason"].value(torn, uint64_t{0});
   EXPECT_EQ(ib["total"].get<uint64_t>() - b_torn, 0u) << ib.dump(2);
   EXPECT_EQ(vms[0].guest->Run("pidof hvtrace-agent")->status, 0) << "the hostile guest's agent died";
 }

@@ -70,7 +70,7 @@ uint64_t MonotonicNs() { return ClockNs(CLOCK_MONOTONIC); }
 constexpr int kSavedCmdlines = 1024;
 
 Agent::Agent(AgentOptions options)
-    : options_(std::move(options)), tracefs_(options_.tracefs), symbols_(options_.proc) {}
+    : options_(std::move(options)), tracefs_(options_.tracefs), symbols_(options_.kallsyms) {}
 
 Agent::~Agent() { Detach("agent exit"); }
 

@@ -48,6 +48,7 @@ struct AgentOptions {
   std::string sysfs_pci_devices = "/sys/bus/pci/devices";
   std::string tracefs = "/sys/kernel/tracing";
   std::string proc = "/proc";
+  std::string kallsyms = "/proc/kallsyms";  // Published to the symbol area.
   std::string pointer_file = kRegionPointerFile;  // "" to not write one.
   std::string region_path;   // Fixed region file: no PCI discovery (tests).
   bool set_mono_clock = true;  // Kernel trace clock "mono", as direct-write uses.

@@ -52,21 +52,21 @@ void SymbolSource::Start() {
 void SymbolSource::Work() {
   const double t0 = NowMs();
   int error = 0;
-  const std::string kallsyms = ReadWholeFile(proc_ + "/kallsyms", &error);
+  const std::string kallsyms = ReadWholeFile(path_, &error);
   const double t1 = NowMs();
   bool any_address = false;
   const std::string text = TextSymbolsOf(kallsyms, &any_address);
   char note[256];
   if (kallsyms.empty()) {
     result_.state = region::kSymbolsUnreadable;
-    std::snprintf(note, sizeof note, "cannot read %s/kallsyms (%s): no symbols published", proc_.c_str(),
+    std::snprintf(note, sizeof note, "cannot read %s (%s): no symbols published", path_.c_str(),
                   error != 0 ? std::strerror(error) : "empty");
   } else if (!any_address) {
     result_.state = region::kSymbolsRestricted;
     std::snprintf(note, sizeof note,
-                  "%s/kallsyms shows only zero addresses (kptr_restrict): no symbols published, the host "
+                  "%s shows only zero addresses (kptr_restrict): no symbols published, the host "
                   "prints addresses",
-                  proc_.c_str());
+                  path_.c_str());
   } else {
     result_.text = EncodeText(text);
     const double t2 = NowMs();

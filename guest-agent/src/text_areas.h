@@ -26,7 +26,7 @@ class SymbolSource {
     std::string note;  // For the agent's log: sizes and times, or why not.
   };
 
-  explicit SymbolSource(std::string proc) : proc_(std::move(proc)) {}
+  explicit SymbolSource(std::string kallsyms_path) : path_(std::move(kallsyms_path)) {}
   ~SymbolSource();
   SymbolSource(const SymbolSource&) = delete;
   SymbolSource& operator=(const SymbolSource&) = delete;
@@ -39,7 +39,7 @@ class SymbolSource {
  private:
   void Work();
 
-  std::string proc_;
+  std::string path_;
   std::thread worker_;
   std::atomic<bool> done_{false};
   Symbols result_;

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "hvtrace/region_reader.h"
+#include "hvtrace/region_text.h"
 #include "hvtrace/region_writer.h"
 #include "uevent.h"
 
@@ -57,6 +59,8 @@ class AgentTest : public ::testing::Test {
     cpus_ = static_cast<uint32_t>(cpus);
     RegionPlanOptions opt;
     opt.max_cpus = std::max<uint32_t>(cpus_, 2);
+    opt.symbol_area_size = 64 << 10;  // A 2 MiB region gets none by default.
+    opt.comm_area_size = 8 << 10;
     auto g = PlanRegion(1 << 21, opt);
     ASSERT_TRUE(g.ok());
     geometry_ = *g;
@@ -70,6 +74,7 @@ class AgentTest : public ::testing::Test {
     SetRequests("sched:sched_switch", 0, 2);
 
     options_.tracefs = t;
+    options_.kallsyms = root_ / "kallsyms";  // Absent unless a test writes it.
     options_.region_path = region_path_;
     options_.pointer_file = root_ / "run/region";
   }
@@ -139,6 +144,71 @@ TEST_F(AgentTest, AnnouncesPublishesEnablesAndPumps) {
   }
   EXPECT_EQ(s.guest.status.pages_pushed, 3u * s.guest.nr_cpus);
   EXPECT_NE(Slurp(root_ / "run/region").find(region_path_.string()), std::string::npos);
+}
+
+// Ticks until the agent's symbol worker finished and the state is written.
+uint32_t WaitForSymbols(Agent& agent, RegionMapping& host) {
+  const auto* st = reinterpret_cast<const region::GuestStatus*>(host.data() + region::kGuestStatusOffset);
+  for (int i = 0; i < 500 && st->symbols_state == region::kSymbolsPending; ++i) {
+    agent.Tick(false);
+    usleep(10000);
+  }
+  return st->symbols_state;
+}
+
+TEST_F(AgentTest, PublishesTextSymbolsAndSavedCmdlines) {
+  Put(root_ / "kallsyms",
+      "0000000000000000 A fixed_percpu_data\n"
+      "ffffffff81000000 T _text\n"
+      "ffffffff82000000 D some_data\n"
+      "ffffffff811a2b30 t tracing_mark_write\n"
+      "ffffffffc0200000 t virtio_dev_probe\t[virtio]\n");
+  Put(root_ / "tracing/saved_cmdlines", "1 init\n242 sh\n");
+  Put(root_ / "tracing/saved_cmdlines_size", "128\n");
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  EXPECT_EQ(Slurp(root_ / "tracing/saved_cmdlines_size"), "1024") << "raised at the first attach";
+  EXPECT_EQ(WaitForSymbols(agent, host_), region::kSymbolsPublished);
+  agent.Tick(true);
+  RegionSnapshot s = Read();
+  RegionTextCache texts;
+  texts.Update(&s);
+  EXPECT_EQ(s.issue_total(), 0u);
+  EXPECT_EQ(texts.Text(TextAreaKind::kSymbols, 1),
+            "ffffffff81000000 T _text\nffffffff811a2b30 t tracing_mark_write\n"
+            "ffffffffc0200000 t virtio_dev_probe\t[virtio]\n");
+  EXPECT_EQ(texts.Text(TextAreaKind::kComms, 1), "1 init\n242 sh\n");
+  // A new task: republished at the next pump; unchanged: not rewritten.
+  const uint64_t seq = s.comms.seq;
+  agent.Tick(true);
+  EXPECT_EQ(Read().comms.seq, seq);
+  Put(root_ / "tracing/saved_cmdlines", "1 init\n242 sh\n243 cat\n");
+  agent.Tick(true);
+  RegionSnapshot s2 = Read();
+  texts.Update(&s2);
+  EXPECT_EQ(texts.Text(TextAreaKind::kComms, 1), "1 init\n242 sh\n243 cat\n");
+}
+
+TEST_F(AgentTest, ZeroAddressesPublishNoSymbolsAndSaySo) {
+  Put(root_ / "kallsyms", "0000000000000000 T _text\n0000000000000000 t tracing_mark_write\n");
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  EXPECT_EQ(WaitForSymbols(agent, host_), region::kSymbolsRestricted);
+  EXPECT_FALSE(Read().symbols.present);
+}
+
+TEST_F(AgentTest, SymbolsThatDoNotFitTheAreaAreNotPublished) {
+  std::string big;
+  for (int i = 0; big.size() < (1u << 20); ++i) {
+    char line[96];
+    std::snprintf(line, sizeof line, "ffffffff%08x t f%x_%08x\n", i * 16, i * 2654435761u, i * 40503u);
+    big += line;
+  }
+  Put(root_ / "kallsyms", big);
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  EXPECT_EQ(WaitForSymbols(agent, host_), region::kSymbolsTooLarge);
+  EXPECT_FALSE(Read().symbols.present);
 }
 
 TEST_F(AgentTest, FollowsStopAndEventChanges) {

@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "capped_file.h"
+#include "kallsyms_subset.h"
 #include "hvtrace/format.h"
 #include "hvtrace/page.h"
 
@@ -241,108 +242,15 @@ uint64_t SymbolAddress(std::string_view kallsyms, std::string_view symbol) {
   return 0;
 }
 
-// One kallsyms line as trace-cmd registers it ("ffffffff81000000 T _text",
-// module symbols end in "\t[mod]"; absolute symbols (A/a: per-CPU offsets)
-// and "$" names are not registered).
-struct KallsymsLine {
-  uint64_t addr = 0;        // Moved to the captured boot's KASLR offset.
-  std::string_view text;    // The line, newline included.
-  size_t digits = 0;        // Hex digits of the address at its start.
-  bool movable = false;     // A core-kernel symbol: KASLR moves it.
-};
-
-std::vector<KallsymsLine> ParseKallsyms(std::string_view text, int64_t delta) {
-  std::vector<KallsymsLine> lines;
-  lines.reserve(text.size() / 40);
-  while (!text.empty()) {
-    const size_t nl = text.find('\n');
-    const std::string_view line = text.substr(0, nl == std::string_view::npos ? text.size() : nl + 1);
-    text.remove_prefix(line.size());
-    KallsymsLine k;
-    const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), k.addr, 16);
-    k.digits = static_cast<size_t>(end - line.data());
-    if (ec != std::errc() || line.size() < k.digits + 4 || line[k.digits] != ' ' ||
-        line[k.digits + 2] != ' ' || line[k.digits + 3] == '$') {
-      continue;
-    }
-    const char type = line[k.digits + 1];
-    if (type == 'A' || type == 'a') continue;
-    k.movable = k.addr != 0 && line.find('[') == std::string_view::npos;
-    if (k.movable) k.addr += static_cast<uint64_t>(delta);
-    k.text = line;
-    lines.push_back(k);
-  }
-  // /proc/kallsyms is in address order but for a few stragglers; the order
-  // among aliases does not matter (they are kept together).
-  auto by_addr = [](const KallsymsLine& a, const KallsymsLine& b) { return a.addr < b.addr; };
-  if (!std::is_sorted(lines.begin(), lines.end(), by_addr)) std::sort(lines.begin(), lines.end(), by_addr);
-  return lines;
-}
-
-// The kallsyms trace-cmd needs for the events of |map|: for every value in
-// an event that falls among the symbols, the symbol it is in and the next one
-// (the function's end, for "+off/size"), each with every alias at its
-// address, moved by |delta|. trace-cmd (libtraceevent) names an address by
-// the last symbol at or below it, bounded by the next, so these print exactly
-// as the whole table would -- and a capture's trace.dat carries kilobytes of
-// symbols instead of a distribution kernel's ~7 MB (writing and fsyncing
-// those dominated panic -> decoded). Values are read at every 4-byte offset
-// of each payload, which covers every 8-byte field and array element.
+// The kallsyms trace-cmd needs for the events of |map| (KallsymsSubset:
+// kilobytes instead of the kernel's ~7 MB, printing the same).
 std::string KallsymsForEvents(const BootMap& map, std::string_view kallsyms, int64_t delta) {
-  const std::vector<KallsymsLine> lines = ParseKallsyms(kallsyms, delta);
-  if (lines.empty()) return std::string();
-  std::vector<uint8_t> keep(lines.size(), 0);
-  // Values below the lowest real address name nothing worth printing (small
-  // integers, heap pointers); most event words stop here.
-  uint64_t lo = 0;
-  for (const KallsymsLine& k : lines) {
-    if (k.addr != 0) {
-      lo = k.addr;
-      break;
-    }
-  }
-  if (lo == 0) return std::string();
-  auto mark = [&](uint64_t value) {
-    if (value < lo) return;
-    auto it = std::upper_bound(lines.begin(), lines.end(), value,
-                               [](uint64_t v, const KallsymsLine& k) { return v < k.addr; });
-    const size_t covering = static_cast<size_t>(it - lines.begin()) - 1;
-    keep[covering] = 1;
-    if (covering + 1 < lines.size()) keep[covering + 1] = 1;
-  };
+  KallsymsSubset subset(kallsyms, delta);
+  if (subset.empty()) return std::string();
   for (const BootMapCpu& cpu : map.cpu) {
-    for (const BootMapRecord& rec : cpu.records) {
-      const std::span<const std::byte> p = rec.payload;
-      for (size_t off = 0; off + sizeof(uint64_t) <= p.size(); off += 4) {
-        uint64_t value;
-        std::memcpy(&value, p.data() + off, sizeof(value));
-        mark(value);
-      }
-    }
+    for (const BootMapRecord& rec : cpu.records) subset.AddPayload(rec.payload);
   }
-  // Aliases: every line at a kept address.
-  for (size_t i = 1; i < lines.size(); ++i) {
-    if (lines[i].addr == lines[i - 1].addr && (keep[i] | keep[i - 1])) keep[i] = keep[i - 1] = 1;
-  }
-  for (size_t i = lines.size() - 1; i > 0; --i) {
-    if (lines[i].addr == lines[i - 1].addr && keep[i]) keep[i - 1] = 1;
-  }
-  std::string out;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    if (!keep[i]) continue;
-    const KallsymsLine& k = lines[i];
-    if (!k.movable || delta == 0) {
-      out.append(k.text);
-    } else {
-      char hex[17];
-      std::snprintf(hex, sizeof hex, "%0*llx", static_cast<int>(std::min<size_t>(k.digits, 16)),
-                    static_cast<unsigned long long>(k.addr));
-      out.append(hex);
-      out.append(k.text.substr(k.digits));
-    }
-    if (out.back() != '\n') out.push_back('\n');
-  }
-  return out;
+  return subset.Text();
 }
 
 // printk_formats lines are "0x<addr> : \"fmt\"": addresses in the kernel image.

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <map>
 #include <optional>
 #include <set>
@@ -11,6 +12,7 @@
 #include "hvtrace/page.h"
 #include "hvtrace/region.h"
 #include "hvtrace/region_clock.h"
+#include "kallsyms_subset.h"
 #include "hvtrace/tracedat_writer.h"
 #include "live_region.h"
 
@@ -43,6 +45,8 @@ struct GenerationPlan {
   // Direct-write rings stamped with TSC ticks that could not be put on the
   // trace clock: their own file, on the "x86-tsc" clock.
   bool unplaced = false;
+  // The guest's symbols, for the kallsyms the file's events name.
+  std::unique_ptr<KallsymsSubset> symbols;
 };
 
 GenerationPlan PlanGeneration(const RegionSnapshot& s, uint32_t generation, bool unplaced) {
@@ -213,6 +217,11 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
     }
   }
 
+  static const std::string kNone;
+  auto text_of = [&](TextAreaKind kind, uint64_t gen) -> const std::string& {
+    return texts != nullptr ? texts->Text(kind, gen) : kNone;
+  };
+
   // Per generation: the file on the trace clock, and (only when needed) the
   // one for TSC rings that could not be put on it.
   std::map<std::pair<uint32_t, bool>, GenerationPlan> plans;
@@ -221,6 +230,10 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
     if (it == plans.end()) {
       it = plans.emplace(std::pair{gen, unplaced}, PlanGeneration(s, gen, unplaced)).first;
       it->second.pages.assign(nrings, {});
+      // The TSC file holds direct-write rings only: no kernel pointers.
+      if (const std::string& text = text_of(TextAreaKind::kSymbols, gen); !unplaced && !text.empty()) {
+        it->second.symbols = std::make_unique<KallsymsSubset>(text, 0);
+      }
     }
     return it->second;
   };
@@ -303,6 +316,7 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
           }
           f.events++;
           counts.events++;
+          if (g.symbols) g.symbols->AddPayload(rec.payload);
         });
         if (stats.records == 0) continue;
         g.pages[slot_index].push_back(page);
@@ -330,10 +344,6 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
   for (const RegionRing& ring : s.dw_rings) {
     if (ring.tid != 0 && !ring.comm.empty()) dw_cmdlines += std::to_string(ring.tid) + " " + ring.comm + "\n";
   }
-  static const std::string kNone;
-  auto text_of = [&](TextAreaKind kind, uint64_t gen) -> const std::string& {
-    return texts != nullptr ? texts->Text(kind, gen) : kNone;
-  };
   json names = json::object();
 
   for (auto& [key, g] : plans) {
@@ -345,11 +355,13 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
     in.header_event = g.header_event;
     in.formats = g.formats;
     in.cmdlines = text_of(TextAreaKind::kComms, gen) + dw_cmdlines;
-    // The TSC file holds direct-write rings only: no kernel pointers.
-    if (!key.second) in.kallsyms = text_of(TextAreaKind::kSymbols, gen);
+    // Only the symbols the events name (KallsymsSubset): trace-cmd prints
+    // the same, and the file does not carry the kernel's whole table.
+    if (g.symbols) in.kallsyms = g.symbols->Text();
     if (!key.second) {
       auto lines = [](const std::string& t) { return static_cast<uint64_t>(std::count(t.begin(), t.end(), '\n')); };
-      names[std::to_string(gen)] = {{"symbols", lines(in.kallsyms)},
+      names[std::to_string(gen)] = {{"symbols", lines(text_of(TextAreaKind::kSymbols, gen))},
+                                    {"symbols_in_file", lines(in.kallsyms)},
                                     {"guest_tasks", lines(text_of(TextAreaKind::kComms, gen))},
                                     {"dw_threads", lines(dw_cmdlines)}};
     }

@@ -22,8 +22,9 @@
 // whose id has no format are counted as "unknown_id" and stay in the raw
 // copy. Names: the guest kernel's text symbols and saved_cmdlines from the
 // region's text areas (hvtrace/region_text.h) go into each generation's
-// kallsyms and cmdlines sections, so trace-cmd prints the function and task
-// names the guest's own trace file shows; a direct-write ring's thread id
+// kallsyms (only the symbols its events name: KallsymsSubset) and cmdlines
+// sections, so trace-cmd prints the function and task names the guest's own
+// trace file shows; a direct-write ring's thread id
 // and name are added to the cmdlines. An area that is absent or refused
 // leaves addresses and <...>, as without it.
 //

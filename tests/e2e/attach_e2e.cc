@@ -510,8 +510,10 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
   EXPECT_GT(names["per_generation"]["1"]["symbols"].get<uint64_t>(), 10000u) << names.dump();
   EXPECT_EQ(names["guest_symbols_state"], 1) << names.dump();
   std::printf("[attach-text %s] capture: %d hrtimer_start events name their function, %d do not; e.g.\n  %s\n"
-              "  names: %s\n",
-              version.c_str(), named, hex, example.c_str(), names.dump().c_str());
+              "  names: %s\n  region-gen-1.trace.dat %llu bytes, decoded and written in %.1f ms\n",
+              version.c_str(), named, hex, example.c_str(), names.dump().c_str(),
+              static_cast<unsigned long long>(fs::file_size(dir / "region-gen-1.trace.dat")),
+              manifest["extra"]["attach"].value("decode_write_ms", -1.0));
   const std::string shown = RunCommand(std::string(HVTRACE_BIN_DIR) + "/hvtrace show " + dir.string() + " 2>&1");
   EXPECT_NE(shown.find(MarkerLine(report, "HVT-T2")), std::string::npos)
       << "hvtrace show prints trace-cmd's line\n" << MarkerLine(report, "HVT-T2");

@@ -161,9 +161,18 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::stea
     }
   }
 
-  // Release what the agent's last push has passed, or what waited too long.
+  // Release what the agent's push before its last one has passed, or what
+  // waited too long: the last push brought kernel events whose tasks the
+  // kernel names only at their next switch, and the agent republishes the
+  // names before each push, so one more push names them as the guest's own
+  // trace file does (one pump interval of latency). All events wait for the
+  // same mark, so they still print in time order.
   const bool mono = trace_clock_ == region::kClockMono;
-  const uint64_t watermark = mono ? s->guest.status.last_push_mono_ns : 0;
+  if (const uint64_t push = s->guest.status.last_push_mono_ns; push != push_seen_) {
+    push_before_ = push_seen_;
+    push_seen_ = push;
+  }
+  const uint64_t watermark = mono ? push_before_ : 0;
   std::vector<Held> ready, keep, unplaced;
   for (Held& h : held_) {
     if (!h.placed) {

@@ -5,9 +5,10 @@
 // Ordering. Direct-write events are in the region the moment their write
 // returns; kernel events arrive when the agent next pushes the CPU's pages
 // (its pump interval). To print both in time order, events are held until
-// the agent's last push time (GuestStatus::last_push_mono_ns, on the guest
-// clock the events carry when the trace clock is "mono") has passed them:
-// everything the kernel wrote before that push is then in the region. Events
+// the agent's push before its last one (GuestStatus::last_push_mono_ns, on
+// the guest clock the events carry when the trace clock is "mono") has
+// passed them: everything the kernel wrote before that push is then in the
+// region, and the task names published with the last push name them. Events
 // are never held longer than |max_hold| of host time, so a guest whose agent
 // stopped pushing still streams its direct-write events.
 //
@@ -101,6 +102,8 @@ class RegionStreamer {
   uint32_t trace_clock_ = 0;
   uint32_t sync_dropped_noted_ = 0;
   std::set<uint32_t> unplaced_noted_;  // Trace CPUs whose raw stamps were noted.
+  uint64_t push_seen_ = 0;    // GuestStatus::last_push_mono_ns last seen,
+  uint64_t push_before_ = 0;  // and the one before it: the release mark.
   uint64_t events_out_ = 0;
   uint64_t pages_missed_ = 0;
 };

@@ -385,6 +385,46 @@ TEST_F(RegionCaptureTest, GuestSymbolsAndTaskNamesReachStreamAndCapture) {
   EXPECT_NE(report.find(want), std::string::npos) << report;
 }
 
+TEST_F(RegionCaptureTest, StreamWaitsOnePushSoTaskNamesPublishedWithItAreUsed) {
+  auto fn = ParseEventFormat("hvtrace", kFnFormat);
+  ASSERT_TRUE(fn.ok());
+  ASSERT_TRUE(guest_->PublishFormat(region::kFormatDwEvent, 1, kDwId + 1, "hvtrace", kFnFormat,
+                                    EventFingerprint(*fn)).ok());
+  RegionStreamer st(geometry_, {});
+  guest_->status()->last_push_mono_ns = 4000;
+  RegionSnapshot s0 = Read();
+  st.Feed(&s0, T(0), false);
+  // An event of task 5151, whose name the kernel records only at its next
+  // switch: the push at 5010 brings the event, not yet the name.
+  std::span<std::byte> page(guest_->dw_page(2, 0), geometry_.slot_size);
+  PageWriter w(page, PageLayout::Default(geometry_.slot_size), 5000);
+  struct {
+    uint16_t type;
+    uint8_t flags, preempt;
+    int32_t pid;
+    uint64_t ip;
+  } rec{static_cast<uint16_t>(kDwId + 1), 0, 0, 5151, 0x1234};
+  ASSERT_TRUE(w.Append(5000, std::span(reinterpret_cast<const std::byte*>(&rec), sizeof rec)));
+  w.Finish();
+  region::SlotDesc* d = guest_->dw_desc(2, 0);
+  d->seq = 2;
+  d->boot_generation = 1;
+  d->length = 16 + w.used();
+  d->clock = region::kClockMono;
+  guest_->dw_ring(2)->clock = region::kClockMono;
+  guest_->dw_ring(2)->published = 1;
+  guest_->status()->last_push_mono_ns = 5010;
+  RegionSnapshot s1 = Read();
+  EXPECT_EQ(st.Feed(&s1, T(50), false).events, 0u);
+  // The next push comes with the name.
+  ASSERT_TRUE(guest_->WriteTextArea(TextAreaKind::kComms, 1, EncodeText("5151 late name\n")).ok());
+  guest_->status()->last_push_mono_ns = 5060;
+  RegionSnapshot s2 = Read();
+  auto out = st.Feed(&s2, T(100), false);
+  EXPECT_EQ(out.events, 1u);
+  EXPECT_NE(out.text.find("late name-5151"), std::string::npos) << out.text;
+}
+
 TEST_F(RegionCaptureTest, Malicious_LyingTextAreasLeaveAddressesAndAreReported) {
   auto fn = ParseEventFormat("hvtrace", kFnFormat);
   ASSERT_TRUE(fn.ok());
@@ -418,8 +458,13 @@ TEST_F(RegionCaptureTest, StreamHoldsDirectWritesUntilTheAgentPushedPast) {
   RegionSnapshot s1 = Read();
   auto out1 = st.Feed(&s1, T(50), false);
   EXPECT_EQ(out1.events, 0u) << out1.text;
-  // A push at 2015 releases the first two (2000, 2010), not 2020.
+  // A push at 2015 brought what the kernel wrote before it; the next push
+  // (with the task names refreshed) releases the first two (2000, 2010),
+  // not 2020.
   guest_->status()->last_push_mono_ns = 2015;
+  RegionSnapshot s15 = Read();
+  EXPECT_EQ(st.Feed(&s15, T(80), false).events, 0u);
+  guest_->status()->last_push_mono_ns = 2065;
   RegionSnapshot s2 = Read();
   auto out2 = st.Feed(&s2, T(100), false);
   EXPECT_EQ(out2.events, 2u) << out2.text;

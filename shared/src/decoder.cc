@@ -39,17 +39,21 @@ struct EventInfo {
   // format of the system (thousands), while a trace uses a few dozen.
   std::string text;
   bool loaded = false;
-  // Where the print format's REC->field divisors live (EventFormat::
-  // divisor_fields): a record with one of them 0 is printed raw.
-  std::vector<std::pair<uint32_t, uint32_t>> divisors;  // {offset, size}
+  // Where the print format's per-record hazards live (EventFormat::
+  // divisor_fields and length_fields): {offset, size}.
+  std::vector<std::pair<uint32_t, uint32_t>> divisors;
+  std::vector<std::pair<uint32_t, uint32_t>> lengths;
 
-  bool DividesByZero(const unsigned char* data) const {
+  // Why libtraceevent must not print this record, or nullptr.
+  const char* PrintHazard(const unsigned char* data, bool little_endian) const {
+    if (!format.unchecked_print.empty()) return "print fmt not used";
     for (auto [offset, size] : divisors) {
-      bool zero = true;
-      for (uint32_t i = 0; i < size; ++i) zero = zero && data[offset + i] == 0;
-      if (zero) return true;
+      if (ReadUnsigned(data + offset, size, little_endian) == 0) return "print fmt divides by zero";
     }
-    return false;
+    for (auto [offset, size] : lengths) {
+      if (ReadUnsigned(data + offset, size, little_endian) > kMaxPrintLength) return "print fmt length too large";
+    }
+    return nullptr;
   }
 };
 
@@ -114,10 +118,10 @@ struct EventDecoder::Impl {
   void Load(EventInfo* info) {
     info->loaded = true;
     const std::string& sys = info->format.system;
-    if (info->format.unchecked_divisor) {
+    if (!info->format.unchecked_print.empty()) {
       info->text = WithoutPrintFormat(info->text);
-      warnings.push_back(source + ": " + sys + "/" + info->format.name +
-                         ": print fmt divides by a value that may be 0; its events print raw");
+      warnings.push_back(source + ": " + sys + "/" + info->format.name + ": " + info->format.unchecked_print +
+                         "; its events print their fields raw");
     }
     if (tep_parse_event(tep, info->text.data(), info->text.size(), sys.c_str()) != 0) {
       // libtraceevent keeps events it could only partly parse (flagged
@@ -126,11 +130,16 @@ struct EventDecoder::Impl {
                          info->format.name);
     }
     info->event = tep_find_event(tep, static_cast<int>(info->format.id));
+    // ParseEventFormat checked that every listed field exists and is a scalar.
     for (const std::string& name : info->format.divisor_fields) {
       const FieldFormat* f = info->format.FindField(name);
-      info->divisors.emplace_back(f->offset, f->size);  // ParseEventFormat checked both.
+      info->divisors.emplace_back(f->offset, f->size);
     }
-    if (info->event != nullptr && little_endian && !info->format.unchecked_divisor) {
+    for (const std::string& name : info->format.length_fields) {
+      const FieldFormat* f = info->format.FindField(name);
+      info->lengths.emplace_back(f->offset, f->size);
+    }
+    if (info->event != nullptr && little_endian && info->format.unchecked_print.empty()) {
       info->printer = EventPrinter::Compile(tep, info->event, info->format, symbols.get());
     }
     std::string().swap(info->text);
@@ -424,13 +433,19 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
     out->append(" bytes, format needs ");
     AppendInt(out, info->min_size);
     out->append("]");
-  } else if (info->format.unchecked_divisor || info->DividesByZero(m.scratch.data())) {
-    // libtraceevent would die of SIGFPE on this print format (format.h).
-    out->append(info->format.unchecked_divisor ? "[print fmt divides by an unchecked value]"
-                                               : "[print fmt divides by zero]");
-    trace_seq_reset(&m.seq);
-    tep_print_fields(&m.seq, m.scratch.data(), static_cast<int>(size), info->event);
-    out->append(m.seq.buffer, m.seq.len);
+  } else if (const char* hazard = info->PrintHazard(m.scratch.data(), m.little_endian)) {
+    // libtraceevent would die of SIGFPE or read past the record (format.h);
+    // the fields are printed by our own bounded reader instead.
+    out->append("[");
+    out->append(hazard);
+    out->append("]");
+    for (const FieldFormat& f : info->format.fields) {
+      if (f.is_common) continue;
+      out->append(" ");
+      out->append(f.name);
+      out->append("=");
+      AppendJsonFieldValue(out, f, m.scratch.data(), size, m.little_endian);
+    }
     m.slow_count++;
   } else if (m.fast_paths && info->printer != nullptr) {
     info->printer->Print(m.scratch.data(), size, out);

@@ -4,7 +4,6 @@
 #include <cstring>
 
 namespace hvtrace {
-namespace {
 
 uint64_t ReadUnsigned(const unsigned char* p, uint32_t size, bool little_endian) {
   uint64_t v = 0;
@@ -14,6 +13,8 @@ uint64_t ReadUnsigned(const unsigned char* p, uint32_t size, bool little_endian)
   }
   return v;
 }
+
+namespace {
 
 void AppendScalar(std::string* out, const unsigned char* p, uint32_t size, bool is_signed,
                   bool little_endian) {

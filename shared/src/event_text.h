@@ -80,6 +80,9 @@ inline void AppendJsonString(std::string* out, const char* s) {
   AppendJsonString(out, std::string_view(s ? s : ""));
 }
 
+// The |size|-byte (at most 8) unsigned integer at |p|.
+uint64_t ReadUnsigned(const unsigned char* p, uint32_t size, bool little_endian);
+
 // The value of |field| in |data| (a zero-padded scratch copy of a record of
 // |size| bytes) as JSON. Dynamic references are bounded by |size|.
 void AppendJsonFieldValue(std::string* out, const FieldFormat& field, const unsigned char* data,

@@ -413,16 +413,182 @@ DivisorKind ClassifyDivisor(std::string_view fmt, size_t i, const EventFormat& e
   return kind;
 }
 
-// Fills ev->divisor_fields and ev->unchecked_divisor (see format.h) from a
-// print format that CheckPrintFormat accepted.
-void FindDivisors(EventFormat* ev) {
+void AddOnce(std::vector<std::string>* names, std::string name) {
+  if (std::find(names->begin(), names->end(), name) == names->end()) names->push_back(std::move(name));
+}
+
+// The top-level comma-separated parts of |s| (brackets and literals kept
+// whole).
+std::vector<std::string_view> SplitArgs(std::string_view s) {
+  std::vector<std::string_view> args;
+  size_t start = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '"' || c == '\'') {
+      size_t j = i + 1;
+      while (j < s.size() && s[j] != c) j += s[j] == '\\' ? 2 : 1;
+      i = j;
+    } else if (c == '(' || c == '[' || c == '{') {
+      size_t end = SkipBrackets(s, i);
+      if (end == std::string_view::npos) break;
+      i = end - 1;
+    } else if (c == ',') {
+      args.push_back(Trim(s.substr(start, i - start)));
+      start = i + 1;
+    }
+  }
+  if (start <= s.size()) args.push_back(Trim(s.substr(start)));
+  return args;
+}
+
+std::string_view StripParens(std::string_view s) {
+  s = Trim(s);
+  while (s.size() >= 2 && s.front() == '(' && SkipBrackets(s, 0) == s.size()) s = Trim(s.substr(1, s.size() - 2));
+  return s;
+}
+
+// A C integer literal (hex, octal or decimal, suffixes allowed).
+bool ParseIntLiteral(std::string_view tok, uint64_t* value) {
+  tok = Trim(tok);
+  while (!tok.empty() && std::strchr("uUlL", tok.back()) != nullptr) tok.remove_suffix(1);
+  int base = 10;
+  if (tok.size() > 2 && tok[0] == '0' && (tok[1] == 'x' || tok[1] == 'X')) {
+    base = 16;
+    tok.remove_prefix(2);
+  } else if (tok.size() > 1 && tok[0] == '0') {
+    base = 8;
+  }
+  if (tok.empty()) return false;
+  auto [ptr, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), *value, base);
+  return ec == std::errc() && ptr == tok.data() + tok.size();
+}
+
+// Sorts a length argument (see format.h): "REC->len" is checked per record;
+// a literal up to kMaxPrintLength, sizeof(...) and
+// "__get_dynamic_array_len(x)" (optionally divided by a nonzero literal or a
+// sizeof) are bounded; nothing else is.
+DivisorKind ClassifyLength(std::string_view arg, const EventFormat& ev, std::string* field) {
+  arg = StripParens(arg);
+  // A cast to an integer type ("(int) REC->len", "(int)8 * 2"): a length
+  // that passes the checks below fits any of them.
+  if (!arg.empty() && arg[0] == '(') {
+    size_t close = SkipBrackets(arg, 0);
+    std::string_view type = close == std::string_view::npos ? "" : Trim(arg.substr(1, close - 2));
+    bool is_type = !type.empty() && !(type[0] >= '0' && type[0] <= '9');
+    for (char c : type) is_type = is_type && (IsIdentChar(c) || c == ' ');
+    if (is_type && type.find("REC") == std::string_view::npos) arg = Trim(arg.substr(close));
+  }
+  // "8 * 2": a product of two literals.
+  if (size_t star = arg.find('*'); star != std::string_view::npos) {
+    uint64_t a = 0, b = 0;
+    return ParseIntLiteral(arg.substr(0, star), &a) && ParseIntLiteral(arg.substr(star + 1), &b) &&
+                   a <= kMaxPrintLength && b <= kMaxPrintLength && a * b <= kMaxPrintLength
+               ? DivisorKind::kSafe
+               : DivisorKind::kUnchecked;
+  }
+  if (arg.starts_with("REC->") && IsIdentifier(arg.substr(5))) {
+    *field = std::string(arg.substr(5));
+    const FieldFormat* f = ev.FindField(*field);
+    return f != nullptr && f->kind == FieldKind::kScalar && f->size >= 1 && f->size <= 8 ? DivisorKind::kField
+                                                                                        : DivisorKind::kUnchecked;
+  }
+  if (!arg.empty() && arg[0] >= '0' && arg[0] <= '9') {
+    uint64_t value = 0;
+    return ParseIntLiteral(arg, &value) && value <= kMaxPrintLength ? DivisorKind::kSafe : DivisorKind::kUnchecked;
+  }
+  if (arg.starts_with("sizeof") && arg.size() > 6 && !IsIdentChar(arg[6])) {
+    size_t open = SkipBlanks(arg, 6);
+    bool whole = open < arg.size() && arg[open] == '(' && SkipBrackets(arg, open) == arg.size();
+    return whole ? DivisorKind::kSafe : DivisorKind::kUnchecked;
+  }
+  if (arg.starts_with("__get_dynamic_array_len") || arg.starts_with("__get_rel_dynamic_array_len")) {
+    size_t open = arg.find('(');
+    size_t end = open == std::string_view::npos ? open : SkipBrackets(arg, open);
+    if (end == std::string_view::npos) return DivisorKind::kUnchecked;
+    std::string_view rest = Trim(arg.substr(end));
+    if (rest.empty()) return DivisorKind::kSafe;
+    std::string unused;
+    size_t divisor_end = 0;
+    if (rest[0] == '/' && ClassifyDivisor(rest, 1, ev, &unused, &divisor_end) == DivisorKind::kSafe &&
+        SkipBlanks(rest, divisor_end) == rest.size()) {
+      return DivisorKind::kSafe;
+    }
+  }
+  return DivisorKind::kUnchecked;
+}
+
+// Which arguments after the format string a '*' width or precision takes,
+// counted from 0; stops at the first conversion it cannot read.
+std::vector<size_t> StarArguments(std::string_view literal) {
+  std::vector<size_t> stars;
+  size_t arg = 0;
+  for (size_t i = 0; i < literal.size(); ++i) {
+    if (literal[i] != '%') continue;
+    if (++i < literal.size() && literal[i] == '%') continue;
+    while (i < literal.size() && std::strchr("-+ #0", literal[i]) != nullptr) ++i;
+    for (int part = 0; part < 2; ++part) {  // width, then precision
+      if (part == 1) {
+        if (i >= literal.size() || literal[i] != '.') break;
+        ++i;
+      }
+      if (i < literal.size() && literal[i] == '*') {
+        stars.push_back(arg++);
+        ++i;
+      } else {
+        while (i < literal.size() && literal[i] >= '0' && literal[i] <= '9') ++i;
+      }
+    }
+    while (i < literal.size() && std::strchr("hlLqjzt", literal[i]) != nullptr) ++i;
+    if (i >= literal.size()) break;
+    ++arg;  // The conversion's own argument.
+  }
+  return stars;
+}
+
+// Fills the divisor, length and unchecked fields of |ev| (see format.h) from
+// a print format that CheckPrintFormat accepted.
+void FindPrintHazards(EventFormat* ev) {
   std::string_view fmt = ev->print_fmt;
+  auto length = [&](std::string_view arg, const char* what) {
+    std::string field;
+    switch (ClassifyLength(arg, *ev, &field)) {
+      case DivisorKind::kSafe:
+        break;
+      case DivisorKind::kField:
+        AddOnce(&ev->length_fields, std::move(field));
+        break;
+      case DivisorKind::kUnchecked:
+        if (ev->unchecked_print.empty()) {
+          ev->unchecked_print = std::string(what) + " length '" + std::string(arg.substr(0, 64)) + "' is not bounded";
+        }
+        break;
+    }
+  };
   for (size_t i = 0; i < fmt.size(); ++i) {
     char c = fmt[i];
     if (c == '"' || c == '\'') {
       size_t j = i + 1;
       while (j < fmt.size() && fmt[j] != c) j += fmt[j] == '\\' ? 2 : 1;
       i = j;
+      continue;
+    }
+    if (IsIdentChar(c) && (i == 0 || !IsIdentChar(fmt[i - 1]))) {
+      size_t end = i;
+      while (end < fmt.size() && IsIdentChar(fmt[end])) ++end;
+      std::string_view name = fmt.substr(i, end - i);
+      size_t open = SkipBlanks(fmt, end);
+      bool hex = name == "__print_hex" || name == "__print_hex_str";
+      if ((hex || name == "__print_array") && open < fmt.size() && fmt[open] == '(') {
+        size_t close = SkipBrackets(fmt, open);
+        if (close == std::string_view::npos) return;
+        std::vector<std::string_view> args = SplitArgs(fmt.substr(open + 1, close - open - 2));
+        if (args.size() != (hex ? 2u : 3u)) {
+          ev->unchecked_print = std::string(name) + " takes " + (hex ? "2" : "3") + " arguments";
+        } else {
+          for (size_t k = 1; k < args.size(); ++k) length(args[k], hex ? "__print_hex" : "__print_array");
+        }
+      }
+      i = end - 1;
       continue;
     }
     if (c != '/' && c != '%') continue;
@@ -432,15 +598,20 @@ void FindDivisors(EventFormat* ev) {
       case DivisorKind::kSafe:
         break;
       case DivisorKind::kField:
-        if (std::find(ev->divisor_fields.begin(), ev->divisor_fields.end(), field) ==
-            ev->divisor_fields.end()) {
-          ev->divisor_fields.push_back(std::move(field));
-        }
+        AddOnce(&ev->divisor_fields, std::move(field));
         break;
       case DivisorKind::kUnchecked:
-        ev->unchecked_divisor = true;
+        if (ev->unchecked_print.empty()) {
+          ev->unchecked_print = "divisor '" + std::string(Trim(fmt.substr(i + 1, 32))) + "' may be 0";
+        }
         break;
     }
+  }
+  // '*' widths and precisions: the format string is the first argument.
+  std::vector<std::string_view> args = SplitArgs(fmt);
+  if (args.empty() || args[0].size() < 2 || args[0].front() != '"') return;
+  for (size_t star : StarArguments(args[0].substr(1, args[0].size() - 2))) {
+    if (star + 1 < args.size()) length(args[star + 1], "'*' width or precision");
   }
 }
 
@@ -569,7 +740,7 @@ Result<EventFormat> ParseEventFormat(std::string_view system, std::string_view t
   if (!ev.print_fmt.empty()) {
     std::string bad = CheckPrintFormat(ev.print_fmt);
     if (!bad.empty()) return MakeError(system, ev.name, 0, "print fmt: " + bad);
-    FindDivisors(&ev);
+    FindPrintHazards(&ev);
   }
   if (!have_name) return MakeError(system, "", lines.line_no(), "missing 'name:'");
   if (!have_id) return MakeError(system, ev.name, lines.line_no(), "missing 'ID:'");

@@ -154,9 +154,10 @@ TEST(DecoderTest, Malicious_BadFormatsAreSkippedWithAWarning) {
 }
 
 // A guest can publish a print format that divides by a field and then write
-// a record where it is 0, or one that divides by a constant 0: libtraceevent
-// would kill the decoding process with SIGFPE. Such records print raw.
-TEST(DecoderTest, Malicious_DivisionByZeroPrintsRawInsteadOfCrashing) {
+// a record where it is 0, one that divides by a constant 0 (libtraceevent
+// dies of SIGFPE), or one whose __print_hex length reaches past the record
+// (libtraceevent reads it). Such records print their fields raw.
+TEST(DecoderTest, Malicious_UnsafePrintFormatsPrintRawInsteadOfCrashing) {
   auto format = [](int id, const char* args) {
     return "name: div" + std::to_string(id) + "\nID: " + std::to_string(id) +
            "\nformat:\n"
@@ -170,6 +171,7 @@ TEST(DecoderTest, Malicious_DivisionByZeroPrintsRawInsteadOfCrashing) {
   meta.source = "hostile";
   meta.formats.push_back({"test", format(10, "REC->a / REC->b")});
   meta.formats.push_back({"test", format(11, "REC->a / (1 - 1)")});
+  meta.formats.push_back({"test", format(12, "REC->a, __print_hex(REC->a, REC->b)")});
   auto dec = EventDecoder::Create(meta);
   ASSERT_TRUE(dec.ok()) << dec.error().message;
   auto record = [](int id, uint32_t a, uint32_t b) {
@@ -190,8 +192,15 @@ TEST(DecoderTest, Malicious_DivisionByZeroPrintsRawInsteadOfCrashing) {
     (*dec)->AppendText(DecodedRecord{0, 3000, constant, 0}, &text);
     EXPECT_NE(text.find("q=25\n"), std::string::npos) << text;
     EXPECT_NE(text.find("[print fmt divides by zero] a=100 b=0\n"), std::string::npos) << text;
-    EXPECT_NE(text.find("[print fmt divides by an unchecked value] a=100 b=4\n"), std::string::npos) << text;
-    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 3) << text;
+    EXPECT_NE(text.find("[print fmt not used] a=100 b=4\n"), std::string::npos) << text;
+    // A length past what a record can hold is not handed to libtraceevent.
+    auto long_hex = record(12, 7, 70000);
+    auto short_hex = record(12, 7, 2);
+    (*dec)->AppendText(DecodedRecord{0, 4000, long_hex, 0}, &text);
+    (*dec)->AppendText(DecodedRecord{0, 5000, short_hex, 0}, &text);
+    EXPECT_NE(text.find("[print fmt length too large] a=7 b=70000\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("q=7\n"), std::string::npos) << text;
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 5) << text;
   }
   bool warned = false;
   for (const std::string& w : (*dec)->warnings()) warned = warned || w.find("test/div11") != std::string::npos;

@@ -155,8 +155,50 @@ TEST(FormatTest, Malicious_DivisorsAreSorted) {
     auto ev = ParseEventFormat("test", WithDivision(c.args));
     ASSERT_TRUE(ev.ok()) << c.args << ": " << ev.error().message;
     EXPECT_EQ(ev->divisor_fields, c.fields) << c.args;
-    EXPECT_EQ(ev->unchecked_divisor, c.unchecked) << c.args;
+    EXPECT_EQ(!ev->unchecked_print.empty(), c.unchecked) << c.args << ": " << ev->unchecked_print;
   }
+}
+
+// libtraceevent reads as many bytes as a length argument says.
+TEST(FormatTest, Malicious_LengthArgumentsAreSorted) {
+  struct Case {
+    const char* args;
+    std::vector<std::string> fields;
+    bool unchecked;
+  } cases[] = {
+      // The kernel's own shapes (cxl, dma, neigh, ras arm_event, i2c).
+      {"__print_hex(REC->a, 0x20)", {}, false},
+      {"__print_array(__get_dynamic_array(s), __get_dynamic_array_len(s) / sizeof(u64), sizeof(u64))", {}, false},
+      {"__print_hex_str(REC->s, REC->b)", {"b"}, false},
+      {"__print_hex(__get_dynamic_array(s), (REC->b))", {"b"}, false},
+      {"__print_array(REC->s, 4, 4)", {}, false},
+      // Lengths nothing bounds.
+      {"__print_hex(REC->s, 100000000)", {}, true},
+      {"__print_hex(REC->s, REC->b * 2)", {}, true},
+      {"__print_hex(REC->s, REC->s)", {}, true},
+      {"__print_array(REC->s, 4)", {}, true},
+      {"__print_array(REC->s, __get_dynamic_array_len(s) * 9, 1)", {}, true},
+      {"__print_hex(REC->s, sizeof(u64) << 20)", {}, true},
+      {"__print_hex(REC->s, 0x10000 * 0x10000)", {}, true},
+      {"__print_hex(REC->s, (int) REC->b)", {"b"}, false},
+      {"__print_hex(REC->s, (int)8 * 2)", {}, false},
+  };
+  for (const Case& c : cases) {
+    auto ev = ParseEventFormat("test", WithDivision(c.args));
+    ASSERT_TRUE(ev.ok()) << c.args << ": " << ev.error().message;
+    EXPECT_EQ(ev->length_fields, c.fields) << c.args;
+    EXPECT_EQ(!ev->unchecked_print.empty(), c.unchecked) << c.args << ": " << ev->unchecked_print;
+  }
+  // '*' takes the argument before its conversion's: here REC->b (width) and
+  // REC->a (precision); "%%" takes none.
+  auto star = ParseEventFormat(
+      "test", "name: s\nID: 9\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n"
+              "\tfield:u64 a;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:u32 b;\toffset:16;\tsize:4;\tsigned:0;\n"
+              "\tfield:char s[4];\toffset:20;\tsize:4;\tsigned:0;\n\n"
+              "print fmt: \"%% [%*phD] %.*s\", REC->b, REC->s, REC->a, REC->s\n");
+  ASSERT_TRUE(star.ok()) << star.error().message;
+  EXPECT_EQ(star->length_fields, (std::vector<std::string>{"b", "a"}));
+  EXPECT_TRUE(star->unchecked_print.empty()) << star->unchecked_print;
 }
 
 // Hostile text: every rejection names the event and line.

@@ -33,6 +33,9 @@ inline constexpr size_t kMaxFormatTextSize = 1 << 20;  // kmem's print fmts reac
 inline constexpr size_t kMaxFields = 512;
 inline constexpr size_t kMaxNameSize = 256;           // System, event and field names.
 inline constexpr uint32_t kMaxFieldEnd = 1 << 20;     // offset + size.
+// The largest length argument (EventFormat::length_fields) a record may carry
+// into libtraceevent's printer: a __data_loc array's own limit.
+inline constexpr uint64_t kMaxPrintLength = 1 << 16;
 
 enum class FieldKind : uint8_t {
   kScalar,    // int, unsigned long, pid_t, pointers ...
@@ -61,15 +64,19 @@ struct EventFormat {
   std::vector<FieldFormat> fields;  // In file order: common fields first.
   std::string print_fmt;            // Everything after "print fmt: ".
 
-  // libtraceevent divides without a zero check and dies of SIGFPE: at parse
-  // time on a constant divisor that folds to 0, at print time on a field that
-  // holds 0. ParseEventFormat sorts every '/' and '%' of print_fmt's
-  // arguments: a nonzero literal or sizeof() is safe; a plain REC->field is
-  // listed here (a record where it is 0 must not reach libtraceevent's
-  // printer); anything else sets unchecked_divisor (the print fmt must not
-  // reach libtraceevent at all).
+  // What libtraceevent's printer takes on trust. It divides without a zero
+  // check (SIGFPE: at parse time for a constant divisor that folds to 0, at
+  // print time for a field holding 0), and it reads as many bytes as a length
+  // argument says (__print_hex, __print_hex_str, __print_array, a '*' width
+  // or precision). ParseEventFormat sorts every divisor and length argument
+  // of print_fmt: constants it can bound are safe; a plain REC->field is
+  // listed below and checked per record by the decoder (a record whose
+  // divisor is 0 or whose length passes kMaxPrintLength prints raw);
+  // anything else sets unchecked_print to the reason, and the print fmt
+  // never reaches libtraceevent.
   std::vector<std::string> divisor_fields;
-  bool unchecked_divisor = false;
+  std::vector<std::string> length_fields;
+  std::string unchecked_print;
 
   // Returns the field called |field_name| or nullptr.
   const FieldFormat* FindField(std::string_view field_name) const;

@@ -15,6 +15,7 @@
 #include "event_printer.h"
 #include "event_text.h"
 #include "hvtrace/fingerprint.h"
+#include "hvtrace/run_isolated.h"
 
 namespace hvtrace {
 namespace {
@@ -25,6 +26,8 @@ constexpr size_t kMaxPayload = 1 << 20;
 // Reach of a __data_loc / __rel_loc reference past its base: 16-bit offset
 // plus 16-bit length.
 constexpr size_t kMaxDynamicReach = 2 << 16;
+// How long libtraceevent may take over one format in a trial run (Load).
+constexpr unsigned kTrialSeconds = 5;
 constexpr size_t kScratchSize = kMaxPayload + kMaxFieldEnd + kMaxDynamicReach + 64;
 
 struct EventInfo {
@@ -39,6 +42,9 @@ struct EventInfo {
   // format of the system (thousands), while a trace uses a few dozen.
   std::string text;
   bool loaded = false;
+  // libtraceevent's parser crashed on the format in a trial run: the events
+  // print their fields raw and libtraceevent never sees the format.
+  bool raw_only = false;
   // Where the print format's per-record hazards live (EventFormat::
   // divisor_fields and length_fields): {offset, size}.
   std::vector<std::pair<uint32_t, uint32_t>> divisors;
@@ -46,6 +52,7 @@ struct EventInfo {
 
   // Why libtraceevent must not print this record, or nullptr.
   const char* PrintHazard(const unsigned char* data, bool little_endian) const {
+    if (raw_only) return "libtraceevent cannot parse this format";
     if (!format.unchecked_print.empty()) return "print fmt not used";
     for (auto [offset, size] : divisors) {
       if (ReadUnsigned(data + offset, size, little_endian) == 0) return "print fmt divides by zero";
@@ -118,18 +125,6 @@ struct EventDecoder::Impl {
   void Load(EventInfo* info) {
     info->loaded = true;
     const std::string& sys = info->format.system;
-    if (!info->format.unchecked_print.empty()) {
-      info->text = WithoutPrintFormat(info->text);
-      warnings.push_back(source + ": " + sys + "/" + info->format.name + ": " + info->format.unchecked_print +
-                         "; its events print their fields raw");
-    }
-    if (tep_parse_event(tep, info->text.data(), info->text.size(), sys.c_str()) != 0) {
-      // libtraceevent keeps events it could only partly parse (flagged
-      // TEP_EVENT_FL_FAILED) and prints them raw, as trace-cmd does.
-      warnings.push_back(source + ": libtraceevent could not fully parse " + sys + "/" +
-                         info->format.name);
-    }
-    info->event = tep_find_event(tep, static_cast<int>(info->format.id));
     // ParseEventFormat checked that every listed field exists and is a scalar.
     for (const std::string& name : info->format.divisor_fields) {
       const FieldFormat* f = info->format.FindField(name);
@@ -139,12 +134,56 @@ struct EventDecoder::Impl {
       const FieldFormat* f = info->format.FindField(name);
       info->lengths.emplace_back(f->offset, f->size);
     }
+    if (!info->format.unchecked_print.empty()) {
+      info->text = WithoutPrintFormat(info->text);
+      warnings.push_back(source + ": " + sys + "/" + info->format.name + ": " + info->format.unchecked_print +
+                         "; its events print their fields raw");
+    }
+    // libtraceevent's parser has no defence against hostile text (it has
+    // crashed on formats that pass ParseEventFormat), so a forked copy of
+    // this decoder parses the format and prints two made-up records of it
+    // first; only a format that survives reaches this process's handle.
+    std::string crashed = RunIsolated([&] { TrialParse(*info); }, kTrialSeconds);
+    if (!crashed.empty()) {
+      warnings.push_back(source + ": " + sys + "/" + info->format.name + ": libtraceevent " + crashed +
+                         " on this format in a trial run; its events print their fields raw");
+      info->raw_only = true;
+      std::string().swap(info->text);
+      return;
+    }
+    if (tep_parse_event(tep, info->text.data(), info->text.size(), sys.c_str()) != 0) {
+      // libtraceevent keeps events it could only partly parse (flagged
+      // TEP_EVENT_FL_FAILED) and prints them raw, as trace-cmd does.
+      warnings.push_back(source + ": libtraceevent could not fully parse " + sys + "/" +
+                         info->format.name);
+    }
+    info->event = tep_find_event(tep, static_cast<int>(info->format.id));
     if (info->event != nullptr && little_endian && info->format.unchecked_print.empty()) {
       info->printer = EventPrinter::Compile(tep, info->event, info->format, symbols.get());
     }
     std::string().swap(info->text);
   }
   std::string source;
+
+  // Runs in a forked child (Load): what Load and AppendText would make
+  // libtraceevent do with this format, on records of all zeros and all ones.
+  void TrialParse(EventInfo& info) {
+    tep_parse_event(tep, info.text.data(), info.text.size(), info.format.system.c_str());
+    if (tep_find_event(tep, static_cast<int>(info.format.id)) == nullptr) return;
+    for (unsigned char fill : {0x00, 0xff}) {
+      const uint32_t size = std::max<uint32_t>(info.min_size, 64);
+      std::memset(scratch.data(), fill, size);
+      scratch[0] = static_cast<unsigned char>(info.format.id & 0xff);
+      scratch[1] = static_cast<unsigned char>(info.format.id >> 8);
+      if (info.PrintHazard(scratch.data(), little_endian) != nullptr) continue;
+      tep_record rec{};
+      rec.data = scratch.data();
+      rec.size = static_cast<int>(size);
+      rec.record_size = rec.size;
+      trace_seq_reset(&seq);
+      tep_print_event(tep, &seq, &rec, "%s", TEP_PRINT_INFO);
+    }
+  }
 
   // Copies |payload| into the zero-padded scratch area and returns the size
   // used; every reader works on the scratch copy.
@@ -411,7 +450,7 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
   uint32_t id = size >= 2 ? m.ReadU16(0) : 0;
   EventInfo* info = size >= 2 ? m.Find(id) : nullptr;
   if (info != nullptr && !info->loaded) m.Load(info);
-  if (info == nullptr || info->event == nullptr) {
+  if (info == nullptr || (info->event == nullptr && !info->raw_only)) {
     // tep_print_event() prints this for each part of the line when it has no
     // event for the record (trace-read.c, trace_show_data).
     out->append("[UNKNOWN EVENT][UNKNOWN EVENT] (NULL):               [UNKNOWN EVENT]\n");

@@ -10,6 +10,7 @@
 
 #include "hvtrace/page.h"
 #include "hvtrace/tracedat.h"
+#include "test_support.h"
 
 namespace hvtrace {
 namespace {
@@ -204,6 +205,34 @@ TEST(DecoderTest, Malicious_UnsafePrintFormatsPrintRawInsteadOfCrashing) {
   }
   bool warned = false;
   for (const std::string& w : (*dec)->warnings()) warned = warned || w.find("test/div11") != std::string::npos;
+  EXPECT_TRUE(warned);
+}
+
+// A format that passes ParseEventFormat but crashes libtraceevent's parser
+// (format_fuzzer found this one: a NULL dereference while it folds
+// constants) costs a forked trial child, not the decoder.
+TEST(DecoderTest, Malicious_FormatThatCrashesLibtraceeventsParserPrintsRaw) {
+  const std::string text =
+      test_support::ReadText(std::string(HVTRACE_FIXTURES_DIR) + "/fuzz/format/parser_null_deref.format");
+  ASSERT_FALSE(text.empty());
+  ASSERT_TRUE(ParseEventFormat("sched", text).ok());
+  TraceMetadata meta;
+  meta.source = "hostile";
+  meta.formats.push_back({"sched", text});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  std::vector<std::byte> payload(64, std::byte{0});
+  payload[0] = std::byte(372 & 0xff);
+  payload[1] = std::byte(372 >> 8);
+  payload[8] = std::byte{'s'};
+  payload[9] = std::byte{'h'};
+  std::string out;
+  (*dec)->AppendText(DecodedRecord{0, 1000, payload, 0}, &out);
+  EXPECT_NE(out.find("[libtraceevent cannot parse this format] prev_comm=\"sh\" prev_pid=0"),
+            std::string::npos)
+      << out;
+  bool warned = false;
+  for (const std::string& w : (*dec)->warnings()) warned = warned || w.find("in a trial run") != std::string::npos;
   EXPECT_TRUE(warned);
 }
 

@@ -166,10 +166,22 @@ std::vector<std::string> RegionTextCache::Update(RegionSnapshot* s) {
     if (!area.present) continue;  // Torn or absent: keep what we had.
     const Key key{area.seq, area.boot_generation, area.raw_size, area.crc32, area.stored.size()};
     if (k.looked && key == k.last) continue;
+    // Inflating up to kMaxSymbolText costs a live reader ~0.1 s: a guest
+    // that rewrites its symbol area on every look must not make it do that
+    // every time. A boot's kernel symbols do not change, so the first good
+    // ones are kept; after a refused area the next look waits.
+    if (kind == TextAreaKind::kSymbols) {
+      if (k.by_generation.contains(area.boot_generation)) continue;
+      if (k.backoff > 0) {
+        --k.backoff;
+        continue;
+      }
+    }
     k.looked = true;
     k.last = key;
     auto text = DecodeTextArea(kind, area);
     if (!text.ok()) {
+      if (kind == TextAreaKind::kSymbols) k.backoff = kSymbolRetryLooks;
       const std::string detail = "generation " + std::to_string(area.boot_generation) + ": " +
                                  text.error().message + "; its names are not used";
       notes.push_back(std::string(AreaName(kind)) + " at offset " + std::to_string(area.offset) + ": " + detail);

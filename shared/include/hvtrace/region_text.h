@@ -58,7 +58,10 @@ Result<std::string> DecodeTextArea(TextAreaKind kind, const RegionTextArea& area
 // The text areas of one region followed across snapshots: an area is
 // inflated only when its header changed, the last good text of each boot
 // generation is kept (a torn or bad rewrite does not lose it), and a bad
-// area is reported into the snapshot once.
+// area is reported into the snapshot once. A boot's first good symbols are
+// final, and after a refused symbol area the next kSymbolRetryLooks updates
+// do not look at it: a guest rewriting it on every look costs one inflate
+// per ~second of a live stream, not one per look.
 class RegionTextCache {
  public:
   // Looks at |snapshot|'s areas: inflates those whose header changed,
@@ -75,9 +78,11 @@ class RegionTextCache {
     size_t stored = 0;
     bool operator==(const Key&) const = default;
   };
+  static constexpr uint32_t kSymbolRetryLooks = 20;
   struct PerKind {
     Key last;  // Header of the area last looked at (good or bad).
     bool looked = false;
+    uint32_t backoff = 0;  // Updates to skip before looking again.
     std::map<uint64_t, std::string> by_generation;
   };
   PerKind kinds_[2];

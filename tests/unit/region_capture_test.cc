@@ -363,6 +363,11 @@ TEST_F(RegionCaptureTest, GuestSymbolsAndTaskNamesReachStreamAndCapture) {
   EXPECT_NE(out.text.find("hvt_fn:               tracing_mark_write: here"), std::string::npos) << out.text;
   EXPECT_NE(out.text.find(want), std::string::npos) << out.text;
   EXPECT_EQ(s.issue_total(), 0u);
+  RegionStreamer js(geometry_, RegionStreamOptions{true, true, std::chrono::milliseconds(1000)});
+  RegionSnapshot sj = Read();
+  const std::string json_text = js.Feed(&sj, T(0), true).text;
+  EXPECT_NE(json_text.find(R"("event":"hvt_fn","system":"hvtrace","pid":4242,"comm":"worker one")"), std::string::npos)
+      << json_text;
 
   RegionSnapshot c = Read();
   RegionTextCache texts;

@@ -22,6 +22,10 @@ Result<std::string> ReadCappedFile(const std::filesystem::path& path, size_t cap
 // The same, as bytes (region copies).
 Result<std::vector<std::byte>> ReadCappedFileBytes(const std::filesystem::path& path, size_t cap);
 
+// Whether the regular files at |a| and |b| hold the same bytes (false when
+// either cannot be read). Reads both in 1 MiB pieces.
+bool SameContents(const std::filesystem::path& a, const std::filesystem::path& b);
+
 }  // namespace hvtrace::hostd
 
 #endif  // HVTRACE_HOSTD_CAPPED_FILE_H_

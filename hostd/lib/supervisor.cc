@@ -5,8 +5,12 @@
 #include "supervisor.h"
 
 #include <exception>
+#include <optional>
 
 #include <boost/asio/post.hpp>
+
+#include "capped_file.h"
+#include "daemon_log.h"
 
 namespace hvtrace::hostd {
 
@@ -170,6 +174,27 @@ void VmSupervisor::RequestCapture(std::string trigger, CaptureDone done) {
   });
 }
 
+namespace {
+
+// A guest found panicked by a daemon that (re)starts may still be in the
+// panic an earlier run captured (or recovered from its region.bin). A paused
+// guest writes nothing, so a region byte-identical to the newest panic
+// capture's is that panic; a guest that rebooted and panicked again has
+// written new events and time stamps.
+std::optional<CaptureEntry> SamePanicCaptured(const CaptureStore& store, const std::filesystem::path& region) {
+  auto entries = store.List();
+  if (!entries.ok()) return std::nullopt;
+  for (auto it = entries->rbegin(); it != entries->rend(); ++it) {
+    const std::string trigger = it->summary.value("trigger", std::string());
+    if (trigger != "panic" && trigger != "panic-while-away") continue;
+    if (SameContents(it->dir / "region.bin", region)) return *it;
+    return std::nullopt;  // Only the newest panic capture can be this one.
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 void VmSupervisor::DoCapture(const std::string& trigger, const HostTime& triggered,
                              const CaptureDone& done) {
   auto finish = [&](Result<CaptureSummary> result) {
@@ -203,6 +228,20 @@ void VmSupervisor::DoCapture(const std::string& trigger, const HostTime& trigger
   if (!copied.ok()) {
     finish(copied.error());
     return;
+  }
+  if (trigger == "panic-while-away") {
+    if (auto same = SamePanicCaptured(store_, (*pending)->dir() / "region.bin")) {
+      Log("VM " + name_ + ": found panicked, in the panic capture " + same->id +
+          " holds (its region.bin is byte-identical): no second capture");
+      captured_since_run_ = true;
+      CaptureSummary summary{same->id, same->summary.value("trigger", trigger), 0.0};
+      {
+        std::lock_guard lock(mu_);
+        last_capture_ = summary;  // `status` names the capture that holds it.
+      }
+      finish(summary);
+      return;  // |pending| removes what it wrote.
+    }
   }
   auto entry = (*pending)->Commit(std::move(manifest));
   if (!entry.ok()) {

@@ -14,8 +14,9 @@
 //   (only if nothing was captured since the VM last ran, so one incident —
 //   panic, then QEMU quitting — yields one capture);
 //   HVTRACE_FOUND_PANICKED (a backend found the guest already panicked when
-//   its watch began) → "panic-while-away", HVTRACE_FOUND_PAUSED →
-//   "paused-while-away".
+//   its watch began) → "panic-while-away" (unless the region is
+//   byte-identical to the newest panic capture's: the same panic, which an
+//   earlier run captured), HVTRACE_FOUND_PAUSED → "paused-while-away".
 #ifndef HVTRACE_HOSTD_SUPERVISOR_H_
 #define HVTRACE_HOSTD_SUPERVISOR_H_
 

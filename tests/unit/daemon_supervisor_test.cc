@@ -160,6 +160,46 @@ TEST(SupervisorTest, FoundPanickedIsCapturedAsPanicWhileAway) {
   EXPECT_EQ(backend->policies, std::vector<PanicPolicy>{PanicPolicy::kQuit});
 }
 
+// A restarted daemon finds the guest still in the panic the previous run
+// captured: the region is byte-identical, so no second capture. Once the
+// guest has written anything (rebooted, panicked again) it is a new panic.
+TEST(SupervisorTest, FoundPanickedInTheSamePanicIsNotCapturedTwice) {
+  Fixture f;
+  FileRegionBackend* backend;
+  std::string first_id;
+  {
+    auto vm = f.Make("vm1", &backend);
+    ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
+    backend->sink_->OnVmEvent(Event("GUEST_PANICKED", {{"action", "pause"}}));
+    ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; })) << vm->StatusJson().dump();
+    first_id = vm->StatusJson()["last_capture"]["id"];
+    vm->Stop();
+  }
+  auto vm = f.Make("vm1", &backend);  // The next run, same captures.
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
+  backend->sink_->OnVmEvent(Event("HVTRACE_FOUND_PANICKED", {{"status", "guest-panicked"}}));
+  ASSERT_TRUE(WaitFor([&] {
+    const json last = vm->StatusJson()["last_capture"];
+    return last.is_object() && last.value("id", "") == first_id;
+  }))
+      << vm->StatusJson().dump();
+  EXPECT_EQ(vm->StatusJson()["captures_taken"], 0);
+  EXPECT_EQ(vm->StatusJson()["state"], "panicked");
+  auto list = vm->ListCaptures();
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->size(), 1u);
+  EXPECT_EQ(std::distance(fs::directory_iterator(f.tmp.path() / "vm1" / "captures"), fs::directory_iterator()), 1);
+
+  {
+    std::fstream region(f.region, std::ios::in | std::ios::out | std::ios::binary);
+    region.seekp(100);
+    region.put('\x7f');
+  }
+  backend->sink_->OnVmEvent(Event("HVTRACE_FOUND_PANICKED", {{"status", "guest-panicked"}}));
+  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; })) << vm->StatusJson().dump();
+  EXPECT_EQ(vm->StatusJson()["last_capture"]["trigger"], "panic-while-away");
+}
+
 TEST(SupervisorTest, FoundPausedIsCapturedAsPausedWhileAway) {
   Fixture f;
   FileRegionBackend* backend;

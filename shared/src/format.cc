@@ -198,6 +198,14 @@ std::string ParseFieldLine(std::string_view line, bool strict_scalars, FieldForm
   return {};
 }
 
+// Index of the quote that closes the string or char literal opening at
+// |open| (escapes skipped), or past the end when it is unterminated.
+size_t LiteralEnd(std::string_view s, size_t open) {
+  size_t j = open + 1;
+  while (j < s.size() && s[j] != s[open]) j += s[j] == '\\' ? 2 : 1;
+  return j;
+}
+
 // Checks that a print format is shaped like the kernel's: a string literal,
 // then comma-separated C expressions made of literals, identifiers, calls,
 // casts and operators, with balanced brackets and ternaries. libtraceevent's
@@ -226,8 +234,7 @@ std::string CheckPrintFormat(std::string_view fmt) {
     }
     Tok tok;
     if (c == '"' || c == '\'') {
-      size_t j = i + 1;
-      while (j < fmt.size() && fmt[j] != c) j += fmt[j] == '\\' ? 2 : 1;
+      size_t j = LiteralEnd(fmt, i);
       if (j >= fmt.size()) return "unterminated literal";
       tok = c == '"' ? Tok::kString : Tok::kChar;
       i = j + 1;
@@ -313,9 +320,7 @@ size_t SkipBrackets(std::string_view fmt, size_t open) {
   for (size_t i = open; i < fmt.size(); ++i) {
     char c = fmt[i];
     if (c == '"' || c == '\'') {
-      size_t j = i + 1;
-      while (j < fmt.size() && fmt[j] != c) j += fmt[j] == '\\' ? 2 : 1;
-      i = j;
+      i = LiteralEnd(fmt, i);
     } else if (c == '(' || c == '[' || c == '{') {
       ++depth;
     } else if (c == ')' || c == ']' || c == '}') {
@@ -330,9 +335,9 @@ size_t SkipBlanks(std::string_view fmt, size_t i) {
   return i;
 }
 
-// A C integer literal (suffixes allowed) that is not 0; anything else (floats,
-// overflow, 0) is not.
-bool IsNonzeroLiteral(std::string_view tok) {
+// A C integer literal (hex, octal or decimal, suffixes allowed).
+bool ParseIntLiteral(std::string_view tok, uint64_t* value) {
+  tok = Trim(tok);
   while (!tok.empty() && std::strchr("uUlL", tok.back()) != nullptr) tok.remove_suffix(1);
   int base = 10;
   if (tok.size() > 2 && tok[0] == '0' && (tok[1] == 'x' || tok[1] == 'X')) {
@@ -342,16 +347,14 @@ bool IsNonzeroLiteral(std::string_view tok) {
     base = 8;
   }
   if (tok.empty()) return false;
-  bool nonzero = false;
-  for (char c : tok) {
-    int digit = c >= '0' && c <= '9' ? c - '0'
-                : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                : c >= 'A' && c <= 'F' ? c - 'A' + 10
-                                       : 99;
-    if (digit >= base) return false;
-    nonzero = nonzero || digit != 0;
-  }
-  return nonzero;
+  auto [ptr, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), *value, base);
+  return ec == std::errc() && ptr == tok.data() + tok.size();
+}
+
+// A C integer literal that is not 0 (floats and overflow are not literals).
+bool IsNonzeroLiteral(std::string_view tok) {
+  uint64_t value = 0;
+  return ParseIntLiteral(tok, &value) && value != 0;
 }
 
 enum class DivisorKind { kSafe, kField, kUnchecked };
@@ -425,9 +428,7 @@ std::vector<std::string_view> SplitArgs(std::string_view s) {
   for (size_t i = 0; i < s.size(); ++i) {
     char c = s[i];
     if (c == '"' || c == '\'') {
-      size_t j = i + 1;
-      while (j < s.size() && s[j] != c) j += s[j] == '\\' ? 2 : 1;
-      i = j;
+      i = LiteralEnd(s, i);
     } else if (c == '(' || c == '[' || c == '{') {
       size_t end = SkipBrackets(s, i);
       if (end == std::string_view::npos) break;
@@ -445,22 +446,6 @@ std::string_view StripParens(std::string_view s) {
   s = Trim(s);
   while (s.size() >= 2 && s.front() == '(' && SkipBrackets(s, 0) == s.size()) s = Trim(s.substr(1, s.size() - 2));
   return s;
-}
-
-// A C integer literal (hex, octal or decimal, suffixes allowed).
-bool ParseIntLiteral(std::string_view tok, uint64_t* value) {
-  tok = Trim(tok);
-  while (!tok.empty() && std::strchr("uUlL", tok.back()) != nullptr) tok.remove_suffix(1);
-  int base = 10;
-  if (tok.size() > 2 && tok[0] == '0' && (tok[1] == 'x' || tok[1] == 'X')) {
-    base = 16;
-    tok.remove_prefix(2);
-  } else if (tok.size() > 1 && tok[0] == '0') {
-    base = 8;
-  }
-  if (tok.empty()) return false;
-  auto [ptr, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), *value, base);
-  return ec == std::errc() && ptr == tok.data() + tok.size();
 }
 
 // Sorts a length argument (see format.h): "REC->len" is checked per record;
@@ -567,9 +552,7 @@ void FindPrintHazards(EventFormat* ev) {
   for (size_t i = 0; i < fmt.size(); ++i) {
     char c = fmt[i];
     if (c == '"' || c == '\'') {
-      size_t j = i + 1;
-      while (j < fmt.size() && fmt[j] != c) j += fmt[j] == '\\' ? 2 : 1;
-      i = j;
+      i = LiteralEnd(fmt, i);
       continue;
     }
     if (IsIdentChar(c) && (i == 0 || !IsIdentChar(fmt[i - 1]))) {

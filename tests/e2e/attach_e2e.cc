@@ -47,6 +47,7 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+using test_support::MarkerLine;
 using test_support::ReadText;
 using test_support::RunCommand;
 
@@ -58,18 +59,6 @@ std::string LineWith(const std::string& text, const std::string& needle) {
   const size_t end = text.find('\n', at);
   return text.substr(start == std::string::npos ? 0 : start + 1,
                      (end == std::string::npos ? text.size() : end) - (start == std::string::npos ? 0 : start + 1));
-}
-
-// The line ending in |marker| (so HVT-LOSS-1 does not match HVT-LOSS-10).
-std::string MarkerLine(const std::string& text, const std::string& marker) {
-  for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at + 1)) {
-    const size_t end = at + marker.size();
-    if (end != text.size() && text[end] != '\n') continue;
-    const size_t start = text.rfind('\n', at);
-    return text.substr(start == std::string::npos ? 0 : start + 1,
-                       end - (start == std::string::npos ? 0 : start + 1));
-  }
-  return "";
 }
 
 // "sec.usec" of a `trace-cmd report` line, in ns (0 when absent).
@@ -135,6 +124,24 @@ class CliStream {
   bool exited_ = false;
 };
 
+// "PREFIX-VERSION" with the version's dots as dashes (guest and VM names).
+std::string AttachTag(const std::string& prefix, const std::string& version) {
+  std::string tag = prefix + "-" + version;
+  for (char& c : tag) c = c == '.' ? '-' : c;
+  return tag;
+}
+
+// Boots |guest| without a region, with a second QMP monitor for hvtraced (the
+// harness keeps the first), and starts the agent. Returns that monitor's path.
+Result<std::string> BootWithAgent(TestGuest& guest, const GuestImage& image, const std::string& tag) {
+  hostd::VmConfig config = guest.MakeConfig(image);
+  const std::string daemon_qmp = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid()) + ".qmp";
+  config.extra_args.insert(config.extra_args.end(), {"-qmp", "unix:" + daemon_qmp + ",server=on,wait=off"});
+  if (auto booted = guest.Boot(config); !booted.ok()) return Error{booted.error().message + guest.Diagnostics()};
+  if (auto agent = guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)"); !agent.ok()) return agent.error();
+  return daemon_qmp;
+}
+
 class AttachE2e : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
@@ -146,17 +153,11 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   auto image = ImageWithThisAgent(version);
   ASSERT_TRUE(image.ok()) << image.error().message;
 
-  std::string tag = "attach-" + version;
-  for (char& c : tag) c = c == '.' ? '-' : c;
+  const std::string tag = AttachTag("attach", version);
   TestGuest guest(tag);
-  hostd::VmConfig config = guest.MakeConfig(*image);
-  // A second monitor for hvtraced: the harness keeps the first.
-  const std::string daemon_qmp = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid()) + ".qmp";
-  config.extra_args.insert(config.extra_args.end(), {"-qmp", "unix:" + daemon_qmp + ",server=on,wait=off"});
-  auto booted = guest.Boot(config);
-  ASSERT_TRUE(booted.ok()) << booted.error().message << guest.Diagnostics();
-  auto agent = guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)");
-  ASSERT_TRUE(agent.ok()) << agent.error().message;
+  auto booted = BootWithAgent(guest, *image, tag);
+  ASSERT_TRUE(booted.ok()) << booted.error().message;
+  const std::string daemon_qmp = *booted;
   // No region yet: the guest booted without one.
   auto before = guest.Run("cat /sys/bus/pci/devices/*/device | grep -c 0x1110 || true");
   ASSERT_TRUE(before.ok());
@@ -422,15 +423,11 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
   }
   auto image = ImageWithThisAgent(version);
   ASSERT_TRUE(image.ok()) << image.error().message;
-  std::string tag = "attach-text-" + version;
-  for (char& c : tag) c = c == '.' ? '-' : c;
+  const std::string tag = AttachTag("attach-text", version);
   TestGuest guest(tag);
-  hostd::VmConfig config = guest.MakeConfig(*image);
-  const std::string daemon_qmp = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid()) + ".qmp";
-  config.extra_args.insert(config.extra_args.end(), {"-qmp", "unix:" + daemon_qmp + ",server=on,wait=off"});
-  auto booted = guest.Boot(config);
-  ASSERT_TRUE(booted.ok()) << booted.error().message << guest.Diagnostics();
-  ASSERT_TRUE(guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)").ok());
+  auto booted = BootWithAgent(guest, *image, tag);
+  ASSERT_TRUE(booted.ok()) << booted.error().message;
+  const std::string daemon_qmp = *booted;
 
   PrivateHvtraced hvt(tag, "");
   ASSERT_TRUE(hvt.Start().ok()) << hvt.Log();

@@ -32,6 +32,7 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
+using test_support::MarkerLine;
 using test_support::ReadText;
 using test_support::RunCommand;
 
@@ -52,18 +53,6 @@ std::vector<std::string> Markers() {
     if (i < 3) m.push_back("HVT-TD" + std::to_string(i));
   }
   return m;
-}
-
-// The line that ends with |marker|, or "".
-std::string MarkerLine(const std::string& text, const std::string& marker) {
-  for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at + 1)) {
-    const size_t end = at + marker.size();
-    if (end != text.size() && text[end] != '\n') continue;
-    const size_t start = text.rfind('\n', at);
-    return text.substr(start == std::string::npos ? 0 : start + 1,
-                       end - (start == std::string::npos ? 0 : start + 1));
-  }
-  return "";
 }
 
 // Checks that |text| holds every marker once, in the written order and at

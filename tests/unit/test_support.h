@@ -87,6 +87,19 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// The line of |text| that ends with |marker| (so "M-1" does not match
+// "M-10"), or "".
+inline std::string MarkerLine(const std::string& text, const std::string& marker) {
+  for (size_t at = text.find(marker); at != std::string::npos; at = text.find(marker, at + 1)) {
+    const size_t end = at + marker.size();
+    if (end != text.size() && text[end] != '\n') continue;
+    const size_t start = text.rfind('\n', at);
+    return text.substr(start == std::string::npos ? 0 : start + 1,
+                       end - (start == std::string::npos ? 0 : start + 1));
+  }
+  return "";
+}
+
 }  // namespace hvtrace::test_support
 
 #endif  // HVTRACE_TESTS_UNIT_TEST_SUPPORT_H_

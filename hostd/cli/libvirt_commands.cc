@@ -11,14 +11,14 @@
 #include <string>
 #include <string_view>
 
-#include "boot_vm.h"
+#include "boot_request.h"
 #include "commands.h"
 #include "config.h"
 #include "control_client.h"
 #include "daemon_call.h"
 #include "domain_xml.h"
 #include "libvirt_attach.h"
-#include "libvirt_backend.h"
+#include "units.h"
 #include "libvirt_client.h"
 
 namespace hvtrace::cli {

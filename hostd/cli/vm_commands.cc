@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "boot_vm.h"
+#include "boot_request.h"
 #include "commands.h"
 #include "config.h"
 #include "control_client.h"

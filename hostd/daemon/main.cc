@@ -1,4 +1,4 @@
-// hvtraced: the hvtrace host daemon. Everything lives in hostd/lib/daemon.cc.
+// hvtraced: the hvtrace host daemon. The daemon is hostd/daemon/daemon.cc.
 #include "daemon.h"
 
 int main(int argc, char** argv) { return hvtrace::hostd::DaemonMain(argc, argv); }

@@ -514,6 +514,21 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
   const std::string shown = RunCommand(std::string(HVTRACE_BIN_DIR) + "/hvtrace show " + dir.string() + " 2>&1");
   EXPECT_NE(shown.find(MarkerLine(report, "HVT-T2")), std::string::npos)
       << "hvtrace show prints trace-cmd's line\n" << MarkerLine(report, "HVT-T2");
+
+  // SIGTERM while a stream client is connected: the stream ends saying why
+  // and the daemon exits (it once waited forever for the stream's worker).
+  StreamCollector last_stream(hvt.socket(), {{"name", name}, {"format", "text"}});
+  ASSERT_TRUE(last_stream.WaitFor([&](const std::string&) { return last_stream.notes().find("streaming VM") != std::string::npos; },
+                             std::chrono::seconds(10)))
+      << last_stream.end();
+  const double exit_ms = hvt.Stop();
+  EXPECT_GE(exit_ms, 0) << "hvtraced needed SIGKILL after SIGTERM with a stream connected\n" << hvt.Log();
+  ASSERT_TRUE(last_stream.WaitFor([&](const std::string&) { return last_stream.done(); }, std::chrono::seconds(5)));
+  EXPECT_NE(last_stream.end().find("shutting down"), std::string::npos) << last_stream.end();
+  // vm_on_shutdown = keep (the default): the adopted guest runs on.
+  EXPECT_EQ(guest.Run("echo alive")->status, 0) << guest.Diagnostics();
+  std::printf("[attach-text %s] SIGTERM with a stream connected: hvtraced exited after %.1f ms\n", version.c_str(),
+              exit_ms);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttachE2e, ::testing::Values("6.12", "6.1"),

@@ -26,6 +26,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "manifest_layout.h"
 #include "control_client.h"
 #include "formats_cache.h"
 #include "formats_harvest.h"
@@ -183,7 +184,7 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
     EXPECT_NE(region.find("hvt-mark-" + std::to_string(kMarkers)), std::string::npos);
     json m = json::parse(ReadText(dir / "manifest.json"));
     EXPECT_EQ(m["trigger"], "manual");
-    EXPECT_TRUE(m["extra"]["qmp"]["consistency"].contains("pages_being_written")) << m.dump(2);
+    EXPECT_TRUE(m["extra"]["consistency"].contains("pages_being_written")) << m.dump(2);
     EXPECT_GT(m["totals"]["events"].get<uint64_t>(), 0u) << m.dump(2);
     EXPECT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"].dump(2);
     EXPECT_TRUE(fs::exists(dir / "boot-0.trace.dat"));
@@ -214,7 +215,8 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   bool saw_panic_event = false;
   for (const json& e : m["qmp_events"]) saw_panic_event |= e["event"] == "GUEST_PANICKED";
   EXPECT_TRUE(saw_panic_event) << m.dump(2);
-  EXPECT_EQ(m["extra"]["qmp"]["consistency"]["vm_paused"], true);
+  EXPECT_EQ(m["extra"]["consistency"]["vcpus_stopped"], true);
+  ExpectBootRangeManifestLayout(m, "qmp");
   EXPECT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"].dump(2);
   ASSERT_TRUE(m["extra"]["boots"].is_array() && !m["extra"]["boots"].empty()) << m.dump(2);
 

@@ -255,7 +255,7 @@ TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAn
   HvtracedProcess daemon("lc-away");
   // The daemon SIGKILLs itself once the panic's region.bin is durable, before
   // the capture is decoded and committed (the moment a crash used to lose it).
-  daemon.SetEnv("HVTRACE_TEST_CRASH_AFTER_REGION", "1");
+  daemon.SetBinary("hvtraced-crash-after-region");
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = UniqueName("lc-away");
   auto guest = BootGuest(daemon, name);
@@ -280,7 +280,7 @@ TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAn
   ASSERT_EQ(incomplete.size(), 1u);
   // pvpanic paused the VM once the panic message was out; nobody watches QMP now.
   std::this_thread::sleep_for(2s);
-  daemon.SetEnv("HVTRACE_TEST_CRASH_AFTER_REGION", "");
+  daemon.SetBinary("hvtraced");
   const auto restart = std::chrono::steady_clock::now();
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   // The next run finishes the dead run's capture under its own trigger and time.

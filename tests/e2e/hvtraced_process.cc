@@ -57,7 +57,7 @@ Status HvtracedProcess::Start() {
     for (const auto& [name, value] : env_) ::setenv(name.c_str(), value.c_str(), 1);
     const std::string log_path = dir_ + "/hvtraced.log";
     if (std::freopen(log_path.c_str(), "a", stderr) == nullptr) ::_exit(126);
-    const std::string bin = std::string(HVTRACE_BIN_DIR) + "/hvtraced";
+    const std::string bin = std::string(HVTRACE_BIN_DIR) + "/" + binary_;
     const std::string conf = dir_ + "/hvtraced.conf", state = state_dir(), run = dir_ + "/run";
     ::execl(bin.c_str(), bin.c_str(), "--config", conf.c_str(), "--state-dir", state.c_str(), "--run-dir",
             run.c_str(), static_cast<char*>(nullptr));

@@ -41,6 +41,10 @@ class HvtracedProcess {
   // no longer set).
   void SetEnv(const std::string& name, const std::string& value);
 
+  // The daemon binary (in HVTRACE_BIN_DIR) the next Start runs: "hvtraced"
+  // unless a test picks one of the fault-injecting ones (tests/tools/).
+  void SetBinary(const std::string& name) { binary_ = name; }
+
   // Starts hvtraced and waits until its socket answers.
   Status Start();
   // Waits up to |timeout| for the daemon to exit on its own; its wait status,
@@ -65,6 +69,7 @@ class HvtracedProcess {
   std::string dir_;
   pid_t pid_ = -1;
   std::map<std::string, std::string> env_;
+  std::string binary_ = "hvtraced";
 };
 
 std::string ReadWholeFile(const std::string& path);

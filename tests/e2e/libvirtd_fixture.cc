@@ -1,6 +1,7 @@
 #include "libvirtd_fixture.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -190,11 +191,30 @@ std::string PrivateHvtraced::Log() const { return Tail(dir_ + "/hvtraced.log", 6
 
 Status PrivateHvtraced::Start(uid_t uid) {
   if (pid_ > 0) return Error{"hvtraced already started"};
+  std::string bin = std::string(HVTRACE_BIN_DIR) + "/hvtraced";
   if (uid != 0) {
     for (const char* sub : {"", "/state", "/run"}) {
       std::filesystem::create_directories(dir_ + sub);
       if (chown((dir_ + sub).c_str(), uid, uid) != 0) return Error{"chown " + dir_ + sub};
     }
+    // The build tree may sit below a directory |uid| cannot enter (a clone
+    // in /root or in a 0700 mktemp dir): run a copy from the test's own
+    // directory, which it can.
+    const std::string copy = dir_ + "/hvtraced";
+    std::error_code ec;
+    std::filesystem::copy_file(bin, copy, std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec) return Error{"cannot copy " + bin + " to " + copy + " for uid " + std::to_string(uid) + ": " + ec.message()};
+    if (chmod(dir_.c_str(), 0755) != 0 || chmod(copy.c_str(), 0755) != 0) {
+      return Error{"cannot make " + copy + " reachable for uid " + std::to_string(uid)};
+    }
+    for (std::filesystem::path p = dir_; p.has_relative_path(); p = p.parent_path()) {
+      struct stat st {};
+      if (stat(p.c_str(), &st) == 0 && (st.st_mode & S_IXOTH) == 0) {
+        return Error{"uid " + std::to_string(uid) + " cannot enter " + p.string() + " (mode " +
+                     std::to_string(st.st_mode & 07777) + "), where this test keeps its daemon"};
+      }
+    }
+    bin = copy;
   }
   pid_ = fork();
   if (pid_ < 0) return Error{"fork failed"};
@@ -206,7 +226,6 @@ Status PrivateHvtraced::Start(uid_t uid) {
     // A test that dies must not leave its daemon behind (set after setuid,
     // which clears it).
     prctl(PR_SET_PDEATHSIG, SIGTERM);
-    std::string bin = std::string(HVTRACE_BIN_DIR) + "/hvtraced";
     std::string conf = dir_ + "/hvtraced.conf", state = state_dir(), run = dir_ + "/run";
     execl(bin.c_str(), bin.c_str(), "--config", conf.c_str(), "--state-dir", state.c_str(),
           "--run-dir", run.c_str(), static_cast<char*>(nullptr));
@@ -224,15 +243,22 @@ Status PrivateHvtraced::Start(uid_t uid) {
   return Error{"hvtraced did not answer ping within 20 s:\n" + Log()};
 }
 
-void PrivateHvtraced::Stop() {
-  if (pid_ <= 0) return;
+double PrivateHvtraced::Stop() {
+  if (pid_ <= 0) return 0;
+  const auto start = std::chrono::steady_clock::now();
   kill(pid_, SIGTERM);
-  for (int i = 0; i < 100 && waitpid(pid_, nullptr, WNOHANG) == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  bool exited = false;
+  for (int i = 0; i < 2000 && !exited; ++i) {
+    exited = waitpid(pid_, nullptr, WNOHANG) == pid_;
+    if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  kill(pid_, SIGKILL);
-  waitpid(pid_, nullptr, 0);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  if (!exited) {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
   pid_ = -1;
+  return exited ? ms : -1;
 }
 
 RunResult PrivateHvtraced::Hvtrace(std::vector<std::string> args) const {

@@ -81,8 +81,10 @@ class PrivateHvtraced {
   // Starts it (as |uid| when not 0: the state/run dirs are handed over) and
   // waits until it answers `ping`.
   Status Start(uid_t uid = 0);
-  // SIGTERM, wait for the exit; the state dir stays.
-  void Stop();
+  // SIGTERM, wait (10 s at most) for the exit, then SIGKILL; the state dir
+  // stays. Returns how long the exit took in ms, or -1 when SIGKILL was
+  // needed.
+  double Stop();
 
   const std::string& dir() const { return dir_; }
   std::string socket() const { return dir_ + "/run/hvtraced.sock"; }

@@ -1,4 +1,4 @@
-#include "attach_vm.h"
+#include "attach_args.h"
 
 #include <unistd.h>
 

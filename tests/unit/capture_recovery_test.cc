@@ -3,7 +3,7 @@
 // without), under the original trigger and time, marked recovered; without a
 // record, or with a record or region.bin that does not hold up, they are
 // removed and the reason said. The region is the real 6.12 boot_map fixture.
-#include "capture_recovery.h"
+#include "capture_service.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -92,7 +92,7 @@ TEST(CaptureRecoveryTest, DurableRegionIsDecodedAndCommittedAsRecovered) {
   const HostTime triggered = HostTime::Now();
   LeaveIncomplete(store, region, triggered);
 
-  auto report = RecoverIncompleteCaptures(store, formats.service.get());
+  auto report = CaptureService(formats.service, 1).Recover(store);
   ASSERT_TRUE(report.ok()) << report.error().message;
   ASSERT_EQ(report->recovered.size(), 1u);
   EXPECT_TRUE(report->removed.empty());
@@ -133,7 +133,7 @@ TEST(CaptureRecoveryTest, WithoutFormatsTheRegionIsCountedAndKept) {
   TempDir tmp;
   CaptureStore store(tmp.path() / "captures");
   LeaveIncomplete(store, region, HostTime::Now());
-  auto report = RecoverIncompleteCaptures(store, nullptr);
+  auto report = CaptureService(nullptr, 1).Recover(store);
   ASSERT_TRUE(report.ok());
   ASSERT_EQ(report->recovered.size(), 1u);
   json m = Manifest(report->recovered[0]);
@@ -156,7 +156,7 @@ TEST(CaptureRecoveryTest, CapturesThatCannotBeFinishedAreRemovedWithTheReason) {
   const fs::path garbage = LeaveIncomplete(store, region, HostTime::Now());
   std::ofstream(garbage / std::string(kRecoveryRecordName), std::ios::trunc) << "{\"format\": \"hvtrace-capture-recovery\", \"manifest\": {\"vm\": 7}}";
 
-  auto report = RecoverIncompleteCaptures(store, nullptr);
+  auto report = CaptureService(nullptr, 1).Recover(store);
   ASSERT_TRUE(report.ok());
   EXPECT_TRUE(report->recovered.empty());
   ASSERT_EQ(report->removed.size(), 3u);

@@ -3,6 +3,9 @@
 // supervisor's own logic — triggers, isolation, policy — runs for real.
 #include "supervisor.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -27,11 +30,13 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 using namespace std::chrono_literals;
 
-// Copies a region file like the boot-buffer backend will; can be told to
-// throw from any entry point.
+// Names a raw region file for the capture service to copy, like a shmem
+// region; can be told to throw from any entry point.
 class FileRegionBackend : public VmBackend {
  public:
-  FileRegionBackend(fs::path region, uint64_t size) : region_(std::move(region)), size_(size) {}
+  FileRegionBackend(fs::path region, uint64_t size)
+      : region_(std::move(region)), size_(size), fd_(::open(region_.c_str(), O_RDONLY | O_CLOEXEC)) {}
+  ~FileRegionBackend() override { ::close(fd_); }
   std::string_view kind() const override { return "test-file"; }
   void Start(VmEventSink& sink) override {
     if (throw_on_start) throw std::runtime_error("QMP greeting missing");
@@ -39,14 +44,12 @@ class FileRegionBackend : public VmBackend {
   }
   void Stop() override { stopped = true; }
   void Release() override { released = true; }
-  Status Capture(PendingCapture& capture, CaptureManifest& manifest) override {
+  Result<CaptureInputs> PrepareCapture() override {
     if (throw_on_capture) throw std::runtime_error("decoder bug");
-    auto copy = CopyRegionFile(region_, 0, size_);
-    if (!copy.ok()) return copy.error();
-    if (Status s = capture.WriteFile("region.bin", *copy); !s.ok()) return s;
-    manifest.region = {{"file", region_.string()}, {"size", size_}};
-    manifest.cpus.push_back({0, 7, 1, 0, {}});
-    return {};
+    CaptureInputs in;
+    in.region_file = RegionFileSource{fd_, region_, 0, size_, 0, /*boot_range=*/false, {}, {}};
+    in.transport = {{"kind", "test-file"}};
+    return in;
   }
   void ApplyPanicPolicy(PanicPolicy policy) override {
     std::lock_guard lock(mu);
@@ -64,12 +67,14 @@ class FileRegionBackend : public VmBackend {
  private:
   fs::path region_;
   uint64_t size_;
+  int fd_;
 };
 
 struct Fixture {
   TempDir tmp;
   boost::asio::thread_pool pool{2};
   fs::path region = tmp.path() / "region";
+  std::shared_ptr<CaptureService> captures = std::make_shared<CaptureService>(nullptr, 2);
 
   Fixture() {
     std::ofstream out(region, std::ios::binary);
@@ -87,7 +92,7 @@ struct Fixture {
     options.panic_policy = policy;
     options.capture_retention = 3;
     auto s = std::make_shared<VmSupervisor>(name, std::move(backend), pool.get_executor(),
-                                            CaptureStore(tmp.path() / name / "captures"), options);
+                                            CaptureStore(tmp.path() / name / "captures"), captures, options);
     s->Start();
     return s;
   }
@@ -134,7 +139,10 @@ TEST(SupervisorTest, PanicEventCapturesRegionWithEventsAndAppliesPolicy) {
   ASSERT_EQ(m["qmp_events"].size(), 1u);  // STOP came after the capture began.
   EXPECT_EQ(m["qmp_events"][0]["event"], "GUEST_PANICKED");
   EXPECT_EQ(m["qmp_events"][0]["data"]["action"], "pause");
-  EXPECT_EQ(m["totals"]["events"], 7);
+  EXPECT_EQ(m["region"]["kind"], "shmem");
+  EXPECT_EQ(m["region"]["size"], 65536);
+  EXPECT_EQ(m["extra"]["transport"]["kind"], "test-file");
+  EXPECT_EQ(m["extra"]["consistency"]["vcpus_stopped"], true);
   std::lock_guard lock(backend->mu);
   EXPECT_EQ(backend->policies, std::vector<PanicPolicy>{PanicPolicy::kResume});
 }
@@ -262,7 +270,7 @@ TEST(SupervisorTest, FailingVmIsIsolatedAndReported) {
   broken->throw_on_start = true;
   bad = broken.get();
   auto bad_vm = std::make_shared<VmSupervisor>("bad", std::move(broken), f.pool.get_executor(),
-                                               CaptureStore(f.tmp.path() / "bad"),
+                                               CaptureStore(f.tmp.path() / "bad"), f.captures,
                                                SupervisorOptions{});
   SupervisorRegistry registry;
   ASSERT_TRUE(registry.Add(bad_vm).ok());
@@ -319,7 +327,7 @@ TEST(SupervisorTest, RetentionKeepsNewestCaptures) {
 TEST(SupervisorTest, OfflineVmCannotCapture) {
   Fixture f;
   auto vm = std::make_shared<VmSupervisor>("old", nullptr, f.pool.get_executor(),
-                                           CaptureStore(f.tmp.path() / "old"),
+                                           CaptureStore(f.tmp.path() / "old"), f.captures,
                                            SupervisorOptions{});
   vm->Start();
   std::promise<Result<CaptureSummary>> done;

@@ -1,5 +1,3 @@
-// GCC 12 reports -Wnull-dereference inside Asio's scheduler (Boost 1.74).
-#pragma GCC diagnostic ignored "-Wnull-dereference"
 // The Asio-backed libvirt event loop, driven through libvirt's own public
 // entry points (virEventAddHandle & co. call the registered implementation),
 // with pipes, so no daemon is needed.

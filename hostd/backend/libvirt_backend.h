@@ -1,0 +1,158 @@
+// The VmBackend for a libvirt domain (vm_backend.h): what hvtraced runs for
+// a domain it serves by name, beside the QMP backend for QEMUs it launched.
+//
+// Events are translated to the names the supervisor knows from QMP:
+//   CRASHED/PANICKED → GUEST_PANICKED, CRASHED/CRASHLOADED → GUEST_CRASHLOADED,
+//   SHUTDOWN → SHUTDOWN, REBOOT → RESET, SUSPENDED → STOP, RESUMED and
+//   STARTED → RESUME, DEVICE_ADDED/REMOVED → DEVICE_ADDED/DEVICE_DELETED,
+//   STOPPED/* → OnVmGone; a lost libvirtd connection is recorded
+//   (LIBVIRT_DISCONNECTED/RECONNECTED), and after reconnecting the domain's
+//   state is read again so a panic during the gap is still reported.
+//
+// Panic: libvirt emits CRASHED/PANICKED and then carries out <on_crash> on
+// its own; with `destroy` QEMU is gone milliseconds later. The region file
+// is opened when the backend is created and kept open, so its contents stay
+// readable after QEMU is gone and libvirt deletes the file (it removes
+// memory_backing_dir files when a domain stops; /dev/shm shmem files it
+// never deletes): the event callback only notes the panic and reports it,
+// and the capture copies on a worker. The manifest says whether QEMU was
+// still there at capture time ("preserved" or "destroyed").
+#ifndef HVTRACE_HOSTD_LIBVIRT_BACKEND_H_
+#define HVTRACE_HOSTD_LIBVIRT_BACKEND_H_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+
+#include "domain_xml.h"
+#include "hvtrace/result.h"
+#include "units.h"
+#include "libvirt_client.h"
+#include "live_region.h"
+#include "vm_backend.h"
+
+namespace hvtrace::hostd {
+
+struct LibvirtRegionSpec {
+  // "shmem" (a raw shmem file, no region header), "boot-range", or "none"
+  // (attach mode only: the region comes with `attach`, see live_region()).
+  std::string kind;
+  std::filesystem::path path;
+  uint64_t offset = 0;  // Of the trace data in the file.
+  uint64_t size = 0;    // What hostd configured; never read from the guest.
+};
+
+// The boot range of a running domain made from `hvtrace domain-xml`: the
+// node-1 file from QEMU's command line (libvirt names it), and the range
+// from the domain's memmap= kernel parameter and NUMA cells.
+Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info);
+
+// Where attach/detach do their blocking libvirt work (they wait for
+// DEVICE_ADDED/REMOVED); never the libvirt event loop's executor. Empty: on
+// the caller's thread.
+struct LibvirtBackendOptions {
+  boost::asio::any_io_executor blocking;
+};
+
+class LibvirtDomainBackend : public VmBackend {
+ public:
+  // Resolves |domain| (name or UUID) and opens |region|.
+  static Result<std::unique_ptr<LibvirtDomainBackend>> Create(std::shared_ptr<LibvirtClient> client,
+                                                              const std::string& domain,
+                                                              LibvirtRegionSpec region,
+                                                              LibvirtBackendOptions options = {});
+  ~LibvirtDomainBackend() override;
+
+  std::string_view kind() const override { return "libvirt"; }
+  void Start(VmEventSink& sink) override;
+  void Stop() override;
+  Result<CaptureInputs> PrepareCapture() override;
+  uint64_t region_file_bytes() const override { return region_.kind == "none" ? 0 : region_.size; }
+  KernelFiles kernel_files() const override { return {kernel_key_, kernel_path_, initrd_path_}; }
+  void ApplyPanicPolicy(PanicPolicy policy) override;
+  nlohmann::json Describe() const override;
+  // Attach mode (attach_vm.h): the region file is created with its header
+  // (LiveRegion), owned by QEMU's user, then hot-plugged as <shmem> with the
+  // alias ua-hvtrace-<file name>; detach trusts only DEVICE_REMOVED.
+  void Attach(const AttachOptions& options, AttachDone done) override;
+  void Detach(std::chrono::milliseconds timeout, AttachDone done) override;
+  std::shared_ptr<LiveRegion> live_region() const override;
+  nlohmann::json AttachStatus() const override;
+  // A region hvtrace attached earlier (found by AdoptLibvirtDomain).
+  void AdoptAttachedRegion(std::shared_ptr<LiveRegion> region, std::string shm_name);
+
+  const std::string& domain_name() const { return name_; }
+  const std::string& domain_uuid() const { return uuid_; }
+
+ private:
+  LibvirtDomainBackend(std::shared_ptr<LibvirtClient> client, std::string name, std::string uuid,
+                       LibvirtRegionSpec region, int fd, std::string on_crash);
+  Result<nlohmann::json> DoAttach(const AttachOptions& options);
+  Result<nlohmann::json> DoDetach(std::chrono::milliseconds timeout);
+  void RunBlocking(std::function<void()> fn);
+  void OnEvent(const LibvirtDomainEvent& event);
+  void OnCrash(const LibvirtDomainEvent& event, const std::string& name);
+  // DEVICE_REMOVED of our <shmem>, asked for or not (a guest may eject it).
+  void OnShmemRemoved(const std::string& alias);
+  // libvirt's view of the domain: "running", "paused (crashed)", "shut off", …
+  std::string StateNow(bool* active) const;
+
+  std::shared_ptr<LibvirtClient> client_;
+  const std::string name_;
+  const std::string uuid_;
+  const LibvirtRegionSpec region_;
+  int fd_ = -1;
+  const std::string on_crash_;
+  std::string kernel_path_;  // <os><kernel>, when the domain has one.
+  std::string kernel_key_;   // formats_cache.h key of that file.
+  std::string kernel_key_error_;
+  std::string initrd_path_;  // <os><initrd>: a harvest boots the kernel with it.
+  LibvirtBackendOptions options_;
+  int subscription_ = -1;
+
+  mutable std::mutex mu_;  // Guards the fields below.
+  VmEventSink* sink_ = nullptr;
+  struct PanicNote {
+    std::string event;      // CRASHED/PANICKED or CRASHED/CRASHLOADED.
+    double ms_to_callback;  // libvirt's event → our callback.
+  };
+  std::optional<PanicNote> pending_panic_;  // Reported, not yet captured.
+  std::optional<std::string> stopped_after_panic_;   // STOPPED/* after the last panic.
+  uint64_t disconnects_ = 0;
+  std::shared_ptr<LiveRegion> live_region_;  // Attach mode; kept after detach.
+  std::string attach_shm_;                   // /dev/shm/<attach_shm_> while attached.
+  bool attached_ = false;
+  bool attach_busy_ = false;
+  nlohmann::json attach_info_;               // Last attach/detach reply or error.
+};
+
+// Convenience for the daemon and tools: the shmem region of an attachment.
+LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size);
+
+// For `adopt DOMAIN`: a backend for a running domain, with the region found
+// from its live XML — a boot range made by `hvtrace domain-xml`, and/or a
+// shmem device hvtrace attached (alias ua-hvtrace-*, /dev/shm/<name>): with
+// a region header it is the attach-mode region (live_region()), without one
+// a raw region. With neither, an error saying what was looked for, unless
+// |allow_no_region| (`attach` adopts first, then plugs a region).
+Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr<LibvirtClient> client,
+                                                                 const std::string& domain,
+                                                                 LibvirtBackendOptions options = {},
+                                                                 bool allow_no_region = false);
+
+// QEMU's pid for the running domain |name| (from /proc/*/cmdline "-name
+// guest=NAME"), or an error saying none runs here.
+Result<pid_t> FindDomainQemu(const std::string& name);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_LIBVIRT_BACKEND_H_

@@ -1,0 +1,163 @@
+// The VmBackend for QEMU guests hvtraced talks to over QMP: guests the daemon
+// boots itself (`hvtrace boot`, with a host-backed boot range) and guests
+// someone else launched (`hvtrace adopt NAME --qmp SOCK [--boot-region
+// FILE@GPA:SIZE]`). Any of them can get an attach-mode region hot-plugged
+// (`hvtrace attach`): an ivshmem-plain device backed by a file hvtraced
+// creates, which the guest agent fills; a VM with both captures both.
+//
+// The backend keeps the VM's one QMP session on the daemon's io_context and
+// forwards every event, stamped with the host time it arrived, to the
+// supervisor. The region file is opened when the backend starts and kept
+// open, so a capture still reads it after QEMU is gone and the file unlinked.
+//
+// A capture: the backend names the region file (kept open) and the
+// attached region; the CaptureService copies, decodes and commits them
+// (capture_service.h). After GUEST_PANICKED with -action panic=pause the
+// vCPUs are stopped, so the copy is exact.
+#ifndef HVTRACE_HOSTD_QMP_VM_H_
+#define HVTRACE_HOSTD_QMP_VM_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+#include <optional>
+#include <chrono>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <nlohmann/json.hpp>
+
+#include "hvtrace/result.h"
+#include "qmp_client.h"
+#include "vm_backend.h"
+#include "vm_process.h"
+
+namespace hvtrace::hostd {
+
+struct QmpVmSpec {
+  std::string qmp_socket;
+  std::filesystem::path region_path;  // Host file backing the trace range.
+  uint64_t region_offset = 0;         // Of the range in that file.
+  uint64_t region_size = 0;           // What the host configured.
+  uint64_t region_gpa = 0;
+  pid_t pid = -1;                     // QEMU's pid when known.
+  uint64_t pid_start_time = 0;        // vm_process.h ProcessStartTime: tells a reused pid apart.
+  std::string console_socket;         // ttyS0 socket when the daemon booted it.
+  std::vector<std::string> owned_paths;  // Files `hvtrace stop` removes (booted VMs).
+  bool exited = false;                // QEMU exited unwatched; its region was captured at re-adopt.
+  std::string console_log;            // Guest ttyS0 log when the daemon booted it.
+  bool booted_by_daemon = false;
+  std::string kernel_path;            // When known: names the formats to decode with.
+  std::string kernel_key;             // formats_cache.h key (SHA-256 of vmlinuz).
+  // Attach mode: the region hot-plugged now (empty when none), so a
+  // restarted daemon maps it again. region_size 0 = no boot range.
+  std::string attach_region;
+  std::string attach_device;  // ivshmem-plain id.
+  std::string attach_memdev;  // memory-backend-file id.
+  std::string initrd_path;            // When known: lets the daemon harvest the formats.
+
+  nlohmann::json ToJson() const;
+  static Result<QmpVmSpec> FromJson(const nlohmann::json& j);
+};
+
+// "FILE@GPA:SIZE" (GPA/SIZE as the kernel's memmap= parses: 0x…, K/M/G). The
+// range starts at file offset 0 (the file is the node-1 backing file).
+Result<QmpVmSpec> ParseBootRegion(std::string_view text);
+
+// Where the daemon remembers a QMP VM so a restarted daemon re-adopts it.
+std::filesystem::path QmpVmSpecPath(const std::filesystem::path& vm_dir);
+Status SaveQmpVmSpec(const std::filesystem::path& vm_dir, const QmpVmSpec& spec);
+Result<QmpVmSpec> LoadQmpVmSpec(const std::filesystem::path& vm_dir);
+
+// Synthetic event names on the QMP timeline (data says what was found).
+inline constexpr const char* kEventFoundPanicked = "HVTRACE_FOUND_PANICKED";
+inline constexpr const char* kEventFoundPaused = "HVTRACE_FOUND_PAUSED";
+
+class QmpVmBackend : public VmBackend {
+ public:
+  // |vm| is the QEMU the daemon launched or re-attached to (owned: stopped
+  // with the backend unless released), or null for an adopted one.
+  //
+  // Once QMP is up the backend asks query-status: a guest that already sits
+  // in guest-panicked (it panicked while no daemon watched: hvtraced was down,
+  // or the VM was adopted after the fact) is reported to the supervisor as
+  // kEventFoundPanicked, which captures it as "panic-while-away".
+  // |spec_dir| is the VM's state dir, where attach changes to the spec are
+  // saved (empty: not saved).
+  QmpVmBackend(boost::asio::any_io_executor io, QmpVmSpec spec, std::unique_ptr<Vm> vm,
+               std::filesystem::path spec_dir = {});
+  ~QmpVmBackend() override;
+
+  std::string_view kind() const override { return "qmp"; }
+  void Start(VmEventSink& sink) override;
+  void Stop() override;
+  // Stops watching and leaves the QEMU running (daemon exit, vm_on_shutdown = keep).
+  void Release() override;
+  Result<CaptureInputs> PrepareCapture() override;
+  uint64_t region_file_bytes() const override { return spec_.region_size; }
+  KernelFiles kernel_files() const override {
+    return {spec_.kernel_key, spec_.kernel_path, spec_.initrd_path};
+  }
+  void ApplyPanicPolicy(PanicPolicy policy) override;
+  nlohmann::json Describe() const override;
+
+  const QmpVmSpec& spec() const { return spec_; }
+  // Kills an owned QEMU (for `hvtrace stop --kill`); asks QMP quit otherwise.
+  void Quit() override;
+
+  // Attach mode (attach_vm.h has the replies). |options.region_path| names
+  // the file to create.
+  void Attach(const AttachOptions& options, AttachDone done) override;
+  void Detach(std::chrono::milliseconds timeout, AttachDone done) override;
+  std::shared_ptr<LiveRegion> live_region() const override;
+  nlohmann::json AttachStatus() const override;
+
+ private:
+  void CheckStatusAtConnect(const HostTime& watch_began);
+  // Attach-mode steps, on the I/O executor.
+  struct AttachJob;
+  void AttachWhenConnected(std::shared_ptr<AttachJob> job);
+  void AttachCheckMachine(std::shared_ptr<AttachJob> job);
+  void AttachPlug(std::shared_ptr<AttachJob> job);
+  void AttachAwaitAgent(std::shared_ptr<AttachJob> job);
+  void AttachFinish(std::shared_ptr<AttachJob> job, Result<nlohmann::json> result);
+  void OnDeviceDeleted(const std::string& device);
+  void SaveAttachSpec();
+  boost::asio::any_io_executor io_;
+  const QmpVmSpec spec_;
+  std::unique_ptr<Vm> vm_;
+  int region_fd_ = -1;
+  std::shared_ptr<QmpClient> qmp_;
+
+  mutable std::mutex mu_;  // Guards the fields below.
+  VmEventSink* sink_ = nullptr;
+  bool connected_ = false;
+  std::string last_qmp_event_;
+  const std::filesystem::path spec_dir_;
+  QmpVmSpec attach_spec_;  // spec_ with the attach fields as they are now.
+  std::shared_ptr<LiveRegion> live_region_;
+  bool attached_ = false;        // The device is plugged.
+  bool attach_busy_ = false;     // An attach or detach is under way.
+  nlohmann::json attach_info_;   // Last attach reply, for status.
+  struct PendingDetach {
+    std::string device;
+    std::string memdev;
+    AttachDone done;
+    std::chrono::steady_clock::time_point start;
+    std::shared_ptr<boost::asio::steady_timer> timer;
+  };
+  std::optional<PendingDetach> detach_;
+  // Callbacks still queued when the backend goes check this first.
+  std::shared_ptr<int> life_ = std::make_shared<int>(0);
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_QMP_VM_H_

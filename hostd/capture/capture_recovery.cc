@@ -1,0 +1,122 @@
+#include "capture_service.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "capture_steps.h"
+#include "capped_file.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr size_t kMaxRecordBytes = 16u << 20;
+// A boot range is sized by hostd (MiBs); anything past this is not ours.
+constexpr uint64_t kMaxRegionBytes = 64ull << 30;
+
+// The manifest a capture had when its region copy became durable.
+Result<CaptureManifest> ReadRecord(const fs::path& dir) {
+  const fs::path path = dir / std::string(kRecoveryRecordName);
+  Result<std::vector<std::byte>> bytes = ReadCappedFileBytes(path, kMaxRecordBytes);
+  if (!bytes.ok()) return bytes.error();
+  json record = json::parse(reinterpret_cast<const char*>(bytes->data()),
+                            reinterpret_cast<const char*>(bytes->data()) + bytes->size(), nullptr, false);
+  if (record.is_discarded() || !record.is_object() || record.value("format", "") != "hvtrace-capture-recovery" ||
+      !record.contains("manifest")) {
+    return Error{path.string() + " is not an hvtrace recovery record"};
+  }
+  Result<CaptureManifest> manifest = CaptureManifest::FromJson(record["manifest"]);
+  if (!manifest.ok()) return Error{path.string() + ": " + manifest.error().message};
+  return manifest;
+}
+
+// A copy file of the capture, exactly |size| bytes.
+Result<std::vector<std::byte>> ReadCopy(const fs::path& path, uint64_t size) {
+  Result<std::vector<std::byte>> copy = ReadCappedFileBytes(path, size);
+  if (!copy.ok()) return copy.error();
+  if (copy->size() != size) {
+    return Error{path.string() + " is " + std::to_string(copy->size()) + " bytes, the region " + std::to_string(size)};
+  }
+  return copy;
+}
+
+Result<uint64_t> RegionSize(const json& region, const char* what) {
+  if (!region.is_object() || !region.contains("size") || !region["size"].is_number_unsigned() ||
+      region["size"].get<uint64_t>() == 0 || region["size"].get<uint64_t>() > kMaxRegionBytes) {
+    return Error{std::string("its recovery record names no ") + what + " of a usable size"};
+  }
+  return region["size"].get<uint64_t>();
+}
+
+// Finishes one capture (steps 3–4 of capture_service.h); on error the
+// caller drops it.
+Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats) {
+  Result<CaptureManifest> manifest = ReadRecord(pending.dir());
+  if (!manifest.ok()) return manifest.error();
+  CaptureManifest& m = *manifest;
+  const std::string kind = m.region.is_object() ? m.region.value("kind", std::string()) : std::string();
+  if (kind == "boot-range" || kind == "shmem") {
+    Result<uint64_t> size = RegionSize(m.region, "region file");
+    if (!size.ok()) return size.error();
+    Result<std::vector<std::byte>> copy = ReadCopy(pending.dir() / kRegionFileName, *size);
+    if (!copy.ok()) return copy.error();
+    DecodeRegionFileStep(*copy, formats, pending, m);
+  }
+  if (const json* attach = AttachRegionJson(m)) {
+    Result<RegionGeometry> geometry = GeometryFromJson(attach->value("geometry", json()));
+    if (!geometry.ok()) return geometry.error();
+    Result<std::vector<std::byte>> copy = ReadCopy(pending.dir() / kAttachRegionFileName, geometry->region_size);
+    if (!copy.ok()) return copy.error();
+    const bool stopped = m.extra.value("/consistency/vcpus_stopped"_json_pointer, false);
+    if (Status s = DecodeAttachStep(std::move(*copy), *geometry, stopped, pending, m); !s.ok()) return s.error();
+  } else if (kind != "boot-range" && kind != "shmem") {
+    return Error{"its recovery record names no region this daemon can finish"};
+  }
+  const HostTime now = HostTime::Now();
+  m.recovered = {{"at", {{"realtime_ns", now.realtime_ns}, {"monotonic_ns", now.monotonic_ns}, {"utc", UtcStamp(now.realtime_ns)}}},
+                 {"note", "hvtraced stopped after region.bin (or attach-region.bin) was durable and before the capture was "
+                          "committed; a later run decoded the copy and committed it (timings after "
+                          "trigger_to_region_durable are that run's)"}};
+  return pending.Commit(std::move(m));
+}
+
+}  // namespace
+
+Result<CaptureService::RecoveryReport> CaptureService::Recover(const CaptureStore& store) {
+  Result<std::vector<fs::path>> incomplete = store.ListIncomplete();
+  if (!incomplete.ok()) return incomplete.error();
+  RecoveryReport report;
+  for (const fs::path& dir : *incomplete) {
+    Result<std::unique_ptr<PendingCapture>> pending = store.Resume(dir);
+    if (!pending.ok()) {
+      // Not a name this store gives: nothing in it can be finished.
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      report.removed.push_back(dir.string() + ": removed, " + pending.error().message +
+                               (ec ? " (removing failed: " + ec.message() + ")" : std::string()));
+      continue;
+    }
+    std::error_code ec;
+    if (!fs::exists(dir / std::string(kRecoveryRecordName), ec)) {
+      report.removed.push_back(dir.string() + ": removed, no recovery record (the daemon stopped before "
+                                              "the region copy was durable)");
+      continue;  // |pending| removes it.
+    }
+    Result<CaptureEntry> entry = Finish(**pending, formats_.get());
+    if (!entry.ok()) {
+      report.removed.push_back(dir.string() + ": removed, cannot be finished: " + entry.error().message);
+      continue;
+    }
+    report.recovered.push_back(std::move(*entry));
+  }
+  return report;
+}
+
+}  // namespace hvtrace::hostd

@@ -1,0 +1,162 @@
+#include "capture_service.h"
+
+#include <utility>
+
+#include "capped_file.h"
+#include "capture_steps.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+using nlohmann::json;
+
+json ConsistencyJson(bool vcpus_stopped, const json& validation, bool region_file) {
+  json c = {{"vcpus_stopped", vcpus_stopped},
+            {"note", vcpus_stopped
+                         ? "vCPUs were stopped (or QEMU gone) while copying: the copy is exact"
+                         : "the guest kept running while copying: each page was copied once; pages "
+                           "being written then (listed per CPU for a boot range; torn slots counted "
+                           "for an attach region) may be inconsistent"}};
+  if (vcpus_stopped || !region_file) return c;
+  json pages = json::array();
+  if (validation.is_object() && validation.contains("per_cpu") && validation["per_cpu"].is_array()) {
+    for (const json& cpu : validation["per_cpu"]) {
+      if (!cpu.is_object()) continue;
+      pages.push_back({{"cpu", cpu.value("cpu", -1)},
+                       {"head_slot", cpu.value("head_slot", json())},
+                       {"commit_slot", cpu.value("commit_slot", json())}});
+    }
+  }
+  c["pages_being_written"] = std::move(pages);
+  return c;
+}
+
+// A guest found panicked by a daemon that (re)starts may still be in the
+// panic an earlier run captured (or recovered). A paused guest writes
+// nothing, so a region byte-identical to the newest panic capture's is that
+// panic; a guest that rebooted and panicked again wrote new events.
+std::optional<CaptureEntry> SamePanicCaptured(const CaptureStore& store, const std::filesystem::path& region) {
+  auto entries = store.List();
+  if (!entries.ok()) return std::nullopt;
+  for (auto it = entries->rbegin(); it != entries->rend(); ++it) {
+    const std::string trigger = it->summary.value("trigger", std::string());
+    if (trigger != "panic" && trigger != "panic-while-away") continue;
+    if (SameContents(it->dir / kRegionFileName, region)) return *it;
+    return std::nullopt;  // Only the newest panic capture can be this one.
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+// One private copy buffer, returned to the pool when the capture is done.
+class CaptureService::BufferLease {
+ public:
+  BufferLease(CaptureService& service, std::unique_ptr<std::vector<std::byte>> buffer)
+      : service_(service), buffer_(std::move(buffer)) {}
+  BufferLease(BufferLease&&) = default;
+  ~BufferLease() {
+    if (!buffer_) return;
+    std::lock_guard lock(service_.mu_);
+    service_.free_buffers_.push_back(std::move(buffer_));
+    service_.free_cv_.notify_one();
+  }
+  std::vector<std::byte>& get() { return *buffer_; }
+
+ private:
+  CaptureService& service_;
+  std::unique_ptr<std::vector<std::byte>> buffer_;
+};
+
+CaptureService::CaptureService(std::shared_ptr<FormatsService> formats, size_t copy_buffers,
+                               CaptureFaults faults)
+    : formats_(std::move(formats)), faults_(std::move(faults)) {
+  for (size_t i = 0; i < std::max<size_t>(copy_buffers, 1); ++i) {
+    free_buffers_.push_back(std::make_unique<std::vector<std::byte>>());
+  }
+}
+
+void CaptureService::Reserve(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  if (bytes <= reserved_bytes_) return;
+  reserved_bytes_ = bytes;
+  // Buffers out on a capture grow when they come back (AcquireBuffer).
+  for (auto& buffer : free_buffers_) {
+    buffer->resize(bytes);
+    // Touch every page now, not at panic time.
+    for (uint64_t i = 0; i < bytes; i += 4096) (*buffer)[i] = std::byte{0};
+  }
+}
+
+CaptureService::BufferLease CaptureService::AcquireBuffer() {
+  std::unique_lock lock(mu_);
+  free_cv_.wait(lock, [this] { return !free_buffers_.empty(); });
+  auto buffer = std::move(free_buffers_.back());
+  free_buffers_.pop_back();
+  if (buffer->size() < reserved_bytes_) buffer->resize(reserved_bytes_);
+  return BufferLease(*this, std::move(buffer));
+}
+
+Status CaptureService::Build(const CaptureRequest& request, std::vector<std::byte>& copy,
+                             PendingCapture& pending, CaptureManifest& manifest) {
+  const CaptureInputs& in = request.inputs;
+  if (!in.region_file && !in.attach) {
+    return Error{"VM '" + request.vm + "' has no trace region to capture (`hvtrace attach " + request.vm +
+                 "` adds one)"};
+  }
+  manifest.extra["transport"] = in.transport;
+  // Recorded before the copies, so a recovery knows it too; completed below.
+  manifest.extra["consistency"] = {{"vcpus_stopped", in.vcpus_stopped}};
+  if (in.region_file) {
+    if (Status s = CopyRegionFileStep(*in.region_file, copy, pending, manifest); !s.ok()) return s;
+    // From here on the capture survives this daemon (Recover).
+    if (Status s = pending.WriteRecoveryRecord(manifest); !s.ok()) return s;
+  }
+  std::vector<std::byte> attach_copy;
+  if (in.attach) {
+    Result<std::vector<std::byte>> copied = CopyAttachStep(*in.attach, pending, manifest);
+    if (!copied.ok()) return copied.error();
+    attach_copy = std::move(*copied);
+    if (Status s = pending.WriteRecoveryRecord(manifest); !s.ok()) return s;
+  }
+  if (faults_.after_copies_durable) faults_.after_copies_durable();
+  if (in.region_file) DecodeRegionFileStep(copy, formats_.get(), pending, manifest);
+  if (in.attach) {
+    Status s = DecodeAttachStep(std::move(attach_copy), in.attach->geometry(), in.vcpus_stopped, pending, manifest);
+    if (!s.ok()) return s;
+  }
+  manifest.extra["consistency"] = ConsistencyJson(in.vcpus_stopped, manifest.validation, in.region_file.has_value());
+  manifest.extra["timing_ms"]["trigger_to_decoded"] = MsSince(request.triggered);
+  return {};
+}
+
+Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store, const CaptureRequest& request) {
+  auto pending = CaptureStore(store.dir()).Begin(request.trigger, request.triggered);
+  if (!pending.ok()) return pending.error();
+  CaptureManifest manifest;
+  manifest.vm = request.vm;
+  manifest.trigger = request.trigger;
+  manifest.triggered = request.triggered;
+  manifest.qmp_events = request.events;
+  {
+    BufferLease buffer = AcquireBuffer();
+    if (Status s = Build(request, buffer.get(), **pending, manifest); !s.ok()) {
+      return Error{"VM " + request.vm + ", capture '" + request.trigger + "': " + s.error().message};
+    }
+  }
+  if (request.dedupe_same_panic && request.inputs.region_file) {
+    if (auto same = SamePanicCaptured(store, (*pending)->dir() / kRegionFileName)) {
+      // |pending| removes what it wrote.
+      return CaptureOutcome{same->id, same->summary.value("trigger", request.trigger), true, 0.0, {}};
+    }
+  }
+  Result<CaptureEntry> entry = (*pending)->Commit(std::move(manifest));
+  if (!entry.ok()) return Error{"VM " + request.vm + ": " + entry.error().message};
+  CaptureOutcome outcome{entry->id, request.trigger, false, MsSince(request.triggered), {}};
+  if (request.retention > 0) {
+    if (auto pruned = store.Prune(request.retention); !pruned.ok()) outcome.retention_error = pruned.error().message;
+  }
+  return outcome;
+}
+
+}  // namespace hvtrace::hostd

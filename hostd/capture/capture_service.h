@@ -1,0 +1,136 @@
+// The one path from a VM backend's bytes and facts to a committed capture.
+//
+// A backend (QMP, libvirt, …) only says what there is to copy and what it
+// knows (CaptureInputs); everything else happens here, the same way for every
+// backend:
+//
+//   1. boot range: copied into a private buffer and written to region.bin,
+//      fsynced; the recovery record (the manifest so far) is written next, so
+//      from here on a daemon that dies leaves a capture the next run finishes
+//   2. attach region: copied (slots rewritten during the copy count as torn),
+//      attach-region.bin written durably, the recovery record updated
+//   3. both decoded from the private copies (never the live memory) with the
+//      daemon's FormatsService: boot-<n>.trace.dat, region-gen-<N>.trace.dat
+//   4. the manifest (layout: capture_store.h) committed, retention applied
+//
+// Recovery at start-up (Recover) runs steps 3–4 for every capture a previous
+// run left after step 1 or 2.
+#ifndef HVTRACE_HOSTD_CAPTURE_SERVICE_H_
+#define HVTRACE_HOSTD_CAPTURE_SERVICE_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "capture_store.h"
+#include "formats_service.h"
+#include "hvtrace/result.h"
+#include "live_region.h"
+
+namespace hvtrace::hostd {
+
+// A host file holding a guest-physical range (the boot range, or a raw
+// shmem region). |fd| stays open in the backend so the bytes outlive QEMU.
+struct RegionFileSource {
+  int fd = -1;
+  std::filesystem::path path;  // For the manifest and errors.
+  uint64_t offset = 0;         // Of the range in the file.
+  uint64_t size = 0;           // What hostd configured; never the guest's word.
+  uint64_t gpa = 0;
+  // false: a raw shmem file with no persistent ring buffer: kept as
+  // region.bin, not decoded.
+  bool boot_range = true;
+  std::string kernel_path;  // The kernel file, when the backend knows it.
+  std::string kernel_key;   // Its formats cache key (formats_cache.h).
+};
+
+// What a backend hands over for one capture. Cheap to make: no copying.
+struct CaptureInputs {
+  std::optional<RegionFileSource> region_file;
+  std::shared_ptr<LiveRegion> attach;  // Null when nothing is attached.
+  // The vCPUs did not run while the regions were copied (paused for a
+  // panic, or QEMU gone): the copy is exact.
+  bool vcpus_stopped = false;
+  // manifest.extra.transport: {kind, …} what the backend knows of the VM.
+  nlohmann::json transport = nlohmann::json::object();
+};
+
+struct CaptureRequest {
+  std::string vm;
+  std::string trigger;
+  HostTime triggered;
+  std::vector<RecordedEvent> events;  // The VM's recent events, oldest first.
+  CaptureInputs inputs;
+  size_t retention = 20;  // Captures kept per VM; 0 = all.
+  // A panic found by a restarted daemon whose region is byte-identical to the
+  // newest panic capture's is that capture: nothing new is committed.
+  bool dedupe_same_panic = false;
+};
+
+struct CaptureOutcome {
+  std::string id;
+  std::string trigger;
+  bool deduplicated = false;  // An earlier capture holds it (see above).
+  double trigger_to_disk_ms = 0;
+  std::string retention_error;  // Pruning failed (the capture is committed).
+};
+
+// Test seam: called right after the given step; the tests of recovery make
+// it kill the process (tests/tools/hvtraced_crash_after_region.cc) or throw,
+// nothing else sets it.
+struct CaptureFaults {
+  // Every region copy and the recovery record are durable; nothing is
+  // decoded or committed yet.
+  std::function<void()> after_copies_durable;
+};
+
+class CaptureService {
+ public:
+  // |formats| may be null (captures keep their raw copies, counted only).
+  // |copy_buffers| private copies may be in flight at once (the workers).
+  CaptureService(std::shared_ptr<FormatsService> formats, size_t copy_buffers,
+                 CaptureFaults faults = {});
+
+  // Grows the copy buffers ahead of time to hold a |bytes| region, so a
+  // panic capture copies without allocating or faulting in pages.
+  void Reserve(uint64_t bytes);
+
+  // Steps 1–4 for one capture into |store|. Blocking: run it on a worker.
+  Result<CaptureOutcome> Take(const CaptureStore& store, const CaptureRequest& request);
+
+  struct RecoveryReport {
+    std::vector<CaptureEntry> recovered;  // Committed now.
+    std::vector<std::string> removed;     // Why each other directory went.
+  };
+  // Finishes (steps 3–4) or removes every capture of |store| a previous run
+  // left incomplete. Fails only when the directory cannot be listed.
+  Result<RecoveryReport> Recover(const CaptureStore& store);
+
+  FormatsService* formats() const { return formats_.get(); }
+
+ private:
+  class BufferLease;
+  BufferLease AcquireBuffer();
+  Status Build(const CaptureRequest& request, std::vector<std::byte>& copy, PendingCapture& pending,
+               CaptureManifest& manifest);
+
+  std::shared_ptr<FormatsService> formats_;
+  CaptureFaults faults_;
+  std::mutex mu_;
+  std::condition_variable free_cv_;
+  std::vector<std::unique_ptr<std::vector<std::byte>>> free_buffers_;
+  uint64_t reserved_bytes_ = 0;
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CAPTURE_SERVICE_H_

@@ -1,0 +1,57 @@
+// The steps of a capture (capture_service.h), each one function over a
+// PendingCapture and its manifest, shared by a live capture and by recovery.
+// Internal to the capture layer.
+#ifndef HVTRACE_HOSTD_CAPTURE_STEPS_H_
+#define HVTRACE_HOSTD_CAPTURE_STEPS_H_
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "capture_service.h"
+#include "capture_store.h"
+#include "formats_service.h"
+#include "hvtrace/region_reader.h"
+#include "hvtrace/result.h"
+#include "live_region.h"
+
+namespace hvtrace::hostd {
+
+inline constexpr const char* kRegionFileName = "region.bin";
+inline constexpr const char* kAttachRegionFileName = "attach-region.bin";
+
+// Step 1: |source| → |copy| and region.bin, durable on return. Fills
+// manifest.region (or, when an attach region was described first, moves
+// that to region.attach), kernel.path/formats_key and extra.timing_ms.
+Status CopyRegionFileStep(const RegionFileSource& source, std::vector<std::byte>& copy,
+                          PendingCapture& pending, CaptureManifest& manifest);
+
+// Step 2: a private copy of |region| and attach-region.bin, durable on
+// return. Describes the region in the manifest (with its geometry, which
+// recovery needs) as region, or region.attach beside a region file.
+Result<std::vector<std::byte>> CopyAttachStep(const LiveRegion& region, PendingCapture& pending,
+                                              CaptureManifest& manifest);
+
+// Step 3 for a region file copy: decodes a boot range with |formats| (or
+// counts it), nothing for a raw shmem region. Never fails: problems are in
+// the manifest.
+void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* formats,
+                          PendingCapture& pending, CaptureManifest& manifest);
+
+// Step 3 for an attach copy.
+Status DecodeAttachStep(std::vector<std::byte> copy, const RegionGeometry& geometry, bool vcpus_stopped,
+                        PendingCapture& pending, CaptureManifest& manifest);
+
+// The attach region's description in |manifest| (region or region.attach);
+// null when the capture has none.
+const nlohmann::json* AttachRegionJson(const CaptureManifest& manifest);
+
+// RegionGeometry in the manifest and back (checked: ValidateGeometry).
+nlohmann::json GeometryToJson(const RegionGeometry& geometry);
+Result<RegionGeometry> GeometryFromJson(const nlohmann::json& j);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CAPTURE_STEPS_H_

@@ -1,0 +1,545 @@
+#include "capture_store.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <system_error>
+
+#include "unique_fd.h"
+#include "state_dir.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view kManifestName = "manifest.json";
+constexpr size_t kMaxManifestBytes = 16 * 1024 * 1024;
+
+std::string Errno(int err) { return std::strerror(err); }
+
+json TimeJson(const HostTime& t) {
+  return {{"realtime_ns", t.realtime_ns},
+          {"monotonic_ns", t.monotonic_ns},
+          {"utc", UtcStamp(t.realtime_ns)}};
+}
+
+Status WriteAll(const std::filesystem::path& path, std::span<const std::byte> data, int flags) {
+  UniqueFd fd(::open(path.c_str(), flags | O_WRONLY | O_CLOEXEC, 0640));
+  if (fd.get() < 0) return Error{"cannot create " + path.string() + ": " + Errno(errno)};
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"writing " + path.string() + " at offset " + std::to_string(done) + " of " +
+                   std::to_string(data.size()) + ": " + Errno(errno)};
+    }
+    if (n == 0) {
+      return Error{"writing " + path.string() + " at offset " + std::to_string(done) +
+                   ": write returned 0"};
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd.get()) != 0) return Error{"fsync " + path.string() + ": " + Errno(errno)};
+  if (fd.Close() != 0) return Error{"closing " + path.string() + ": " + Errno(errno)};
+  return {};
+}
+
+// Reads exactly |out.size()| bytes at |offset| of |fd|; errors name |path|.
+Status PreadFully(int fd, const std::filesystem::path& path, uint64_t offset,
+                  std::span<std::byte> out) {
+  uint64_t done = 0;
+  while (done < out.size()) {
+    ssize_t n = ::pread(fd, out.data() + done, out.size() - done,
+                        static_cast<off_t>(offset + done));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"reading region " + path.string() + " at offset " +
+                   std::to_string(offset + done) + ": " + Errno(errno)};
+    }
+    if (n == 0) {
+      return Error{"region " + path.string() + " shrank while copying, at offset " +
+                   std::to_string(offset + done)};
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return {};
+}
+
+// Checks that |fd| holds |size| bytes at |offset|.
+Status CheckRegionSize(int fd, const std::filesystem::path& path, uint64_t offset, uint64_t size) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) return Error{"fstat " + path.string() + ": " + Errno(errno)};
+  uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (offset > file_size || size > file_size - offset) {
+    return Error{"region " + path.string() + " is " + std::to_string(file_size) +
+                 " bytes, shorter than offset " + std::to_string(offset) + " + size " +
+                 std::to_string(size)};
+  }
+  return {};
+}
+
+Status PwriteFully(int fd, const std::filesystem::path& path, uint64_t offset,
+                   std::span<const std::byte> data) {
+  uint64_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done,
+                         static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return Error{"writing " + path.string() + " at offset " + std::to_string(offset + done) +
+                   ": " + (n < 0 ? Errno(errno) : std::string("write returned 0"))};
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return {};
+}
+
+bool AllZero(std::span<const std::byte> page) {
+  // memcmp against the page's own first byte shifted by one: zero iff the
+  // first byte is zero and every byte equals its neighbour.
+  return page.empty() ||
+         (page[0] == std::byte{0} && std::memcmp(page.data(), page.data() + 1, page.size() - 1) == 0);
+}
+
+double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+Status FsyncDir(const std::filesystem::path& dir) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd.get() < 0) return Error{"cannot open directory " + dir.string() + ": " + Errno(errno)};
+  if (::fsync(fd.get()) != 0) return Error{"fsync " + dir.string() + ": " + Errno(errno)};
+  return {};
+}
+
+Status ValidateFileName(std::string_view name) {
+  if (name.empty() || name.size() > 128 || name.front() == '.' ||
+      name.find('/') != std::string_view::npos || name.find('\0') != std::string_view::npos) {
+    return Error{"invalid capture file name '" + std::string(name) + "'"};
+  }
+  return {};
+}
+
+Result<std::string> ReadSmallFile(const std::filesystem::path& path, size_t max) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Error{"cannot open " + path.string() + ": " + Errno(errno)};
+  std::string text;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{"reading " + path.string() + ": " + Errno(errno)};
+    }
+    if (n == 0) break;
+    if (text.size() + static_cast<size_t>(n) > max) {
+      return Error{path.string() + " is larger than " + std::to_string(max) + " bytes"};
+    }
+    text.append(buf, static_cast<size_t>(n));
+  }
+  return text;
+}
+
+// Summarizes a manifest for listings. The file is ours, but a disk or a person
+// may have damaged it, so every member is checked before use.
+json Summarize(const std::string& id, const std::filesystem::path& dir) {
+  json summary = {{"id", id}, {"path", dir.string()}};
+  auto text = ReadSmallFile(dir / std::string(kManifestName), kMaxManifestBytes);
+  if (!text.ok()) {
+    summary["error"] = text.error().message;
+    return summary;
+  }
+  json doc = json::parse(*text, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    summary["error"] = (dir / std::string(kManifestName)).string() + " is not a JSON object";
+    return summary;
+  }
+  for (const char* key : {"vm", "trigger", "totals", "files", "kernel", "recovered"}) {
+    if (auto it = doc.find(key); it != doc.end()) summary[key] = *it;
+  }
+  if (auto ht = doc.find("host_time"); ht != doc.end() && ht->is_object()) {
+    if (auto tr = ht->find("triggered"); tr != ht->end()) summary["triggered"] = *tr;
+  }
+  return summary;
+}
+
+}  // namespace
+
+
+
+json CaptureManifest::ToJson() const {
+  json cpu_list = json::array();
+  uint64_t events = 0, pages = 0, lost = 0, bad = 0;
+  for (const auto& c : cpus) {
+    uint64_t cpu_bad = 0;
+    for (const auto& [reason, n] : c.bad_pages) cpu_bad += n;
+    cpu_list.push_back({{"cpu", c.cpu},
+                        {"events", c.events},
+                        {"pages", c.pages},
+                        {"lost_events", c.lost_events},
+                        {"bad_pages", c.bad_pages},
+                        {"bad_pages_total", cpu_bad}});
+    events += c.events;
+    pages += c.pages;
+    lost += c.lost_events;
+    bad += cpu_bad;
+  }
+  json events_list = json::array();
+  for (const auto& e : qmp_events) {
+    events_list.push_back({{"event", e.event},
+                           {"realtime_ns", e.time.realtime_ns},
+                           {"monotonic_ns", e.time.monotonic_ns},
+                           {"data", e.data}});
+  }
+  json doc = {{"format", "hvtrace-capture"},
+              {"version", kManifestVersion},
+              {"vm", vm},
+              {"trigger", trigger},
+              {"host_time", {{"triggered", TimeJson(triggered)}, {"completed", TimeJson(completed)}}},
+              {"kernel", kernel},
+              {"region", region},
+              {"cpus", cpu_list},
+              {"totals", {{"events", events}, {"pages", pages}, {"lost_events", lost}, {"bad_pages", bad}}},
+              {"validation", validation},
+              {"qmp_events", events_list},
+              {"extra", extra}};
+  if (!recovered.is_null()) doc["recovered"] = recovered;
+  return doc;
+}
+
+Result<CaptureManifest> CaptureManifest::FromJson(const json& doc) {
+  auto bad = [](const std::string& what) { return Error{"capture manifest: " + what}; };
+  if (!doc.is_object()) return bad("not a JSON object");
+  CaptureManifest m;
+  auto str = [&](const char* key, std::string* out) -> Status {
+    auto it = doc.find(key);
+    if (it == doc.end() || !it->is_string()) return bad(std::string(key) + " is not a string");
+    *out = it->get<std::string>();
+    return {};
+  };
+  if (Status s = str("vm", &m.vm); !s.ok()) return s.error();
+  if (Status s = str("trigger", &m.trigger); !s.ok()) return s.error();
+  if (Status s = ValidateTrigger(m.trigger); !s.ok()) return bad(s.error().message);
+  auto time_of = [](const json& t, HostTime* out) {
+    if (!t.is_object() || !t.contains("realtime_ns") || !t.contains("monotonic_ns") ||
+        !t["realtime_ns"].is_number_integer() || !t["monotonic_ns"].is_number_integer()) {
+      return false;
+    }
+    out->realtime_ns = t["realtime_ns"].get<int64_t>();
+    out->monotonic_ns = t["monotonic_ns"].get<int64_t>();
+    return true;
+  };
+  const json* host_time = doc.contains("host_time") ? &doc["host_time"] : nullptr;
+  if (host_time == nullptr || !host_time->is_object() || !host_time->contains("triggered") ||
+      !time_of((*host_time)["triggered"], &m.triggered)) {
+    return bad("host_time.triggered is missing or malformed");
+  }
+  for (auto [key, out] : {std::pair{"kernel", &m.kernel}, std::pair{"region", &m.region},
+                          std::pair{"extra", &m.extra}}) {
+    auto it = doc.find(key);
+    if (it == doc.end()) continue;
+    if (!it->is_object()) return bad(std::string(key) + " is not an object");
+    *out = *it;
+  }
+  if (auto it = doc.find("qmp_events"); it != doc.end()) {
+    if (!it->is_array()) return bad("qmp_events is not an array");
+    for (const json& e : *it) {
+      RecordedEvent ev;
+      if (!e.is_object() || !e.contains("event") || !e["event"].is_string() || !time_of(e, &ev.time)) {
+        return bad("a qmp_events entry is malformed");
+      }
+      ev.event = e["event"].get<std::string>();
+      ev.data = e.value("data", json());
+      m.qmp_events.push_back(std::move(ev));
+    }
+  }
+  return m;
+}
+
+Status ValidateTrigger(std::string_view trigger) {
+  bool ok = !trigger.empty() && trigger.size() <= 32 &&
+            std::all_of(trigger.begin(), trigger.end(), [](char c) {
+              return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+            });
+  if (!ok) return Error{"invalid capture trigger '" + std::string(trigger.substr(0, 40)) + "'"};
+  return {};
+}
+
+PendingCapture::PendingCapture(std::filesystem::path captures_dir, std::filesystem::path temp_dir,
+                               std::string base_name)
+    : captures_dir_(std::move(captures_dir)),
+      temp_dir_(std::move(temp_dir)),
+      base_name_(std::move(base_name)) {}
+
+PendingCapture::~PendingCapture() { Discard(); }
+
+void PendingCapture::Discard() {
+  if (done_) return;
+  done_ = true;
+  std::error_code ec;
+  std::filesystem::remove_all(temp_dir_, ec);
+}
+
+Status PendingCapture::WriteFile(std::string_view name, std::span<const std::byte> data) {
+  if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
+  if (Status s = ValidateFileName(name); !s.ok()) return s;
+  return WriteAll(temp_dir_ / std::string(name), data, O_CREAT | O_EXCL);
+}
+
+Status PendingCapture::WriteRecoveryRecord(const CaptureManifest& manifest) {
+  if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
+  json record = {{"format", "hvtrace-capture-recovery"}, {"version", 1}, {"manifest", manifest.ToJson()}};
+  const std::string text = record.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  // Whole or absent: written aside, then renamed into place.
+  const std::filesystem::path aside = temp_dir_ / ".recovery.json.new";
+  const std::filesystem::path path = temp_dir_ / std::string(kRecoveryRecordName);
+  Status s = WriteAll(aside, std::as_bytes(std::span(text.data(), text.size())), O_CREAT | O_TRUNC);
+  if (!s.ok()) return s;
+  if (::rename(aside.c_str(), path.c_str()) != 0) {
+    return Error{"cannot rename " + aside.string() + " to " + path.string() + ": " + Errno(errno)};
+  }
+  return FsyncDir(temp_dir_);
+}
+
+Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
+    std::string_view name, int region_fd, const std::filesystem::path& source, uint64_t offset,
+    uint64_t size, std::vector<std::byte>& copy) {
+  // 1 MiB: large enough for few system calls, small enough that the disk
+  // starts early.
+  constexpr uint64_t kChunk = 1u << 20;
+  constexpr uint64_t kPage = 4096;
+  if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
+  if (Status s = ValidateFileName(name); !s.ok()) return s.error();
+  if (Status s = CheckRegionSize(region_fd, source, offset, size); !s.ok()) return s.error();
+  const std::filesystem::path path = temp_dir_ / std::string(name);
+  UniqueFd out(::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0640));
+  if (out.get() < 0) return Error{"cannot create " + path.string() + ": " + Errno(errno)};
+  if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0) {
+    return Error{"cannot size " + path.string() + " to " + std::to_string(size) + ": " + Errno(errno)};
+  }
+  RegionCopyStats stats;
+  const auto alloc = std::chrono::steady_clock::now();
+  // A buffer of the right size is reused as is: every byte is overwritten.
+  if (copy.size() != size) copy.assign(size, std::byte{0});
+  stats.copy_ms = MsBetween(alloc, std::chrono::steady_clock::now());
+  for (uint64_t at = 0; at < size; at += kChunk) {
+    const uint64_t len = std::min(kChunk, size - at);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::span<std::byte> chunk(copy.data() + at, len);
+    if (Status s = PreadFully(region_fd, source, offset + at, chunk); !s.ok()) return s.error();
+    const auto t1 = std::chrono::steady_clock::now();
+    // Runs of non-zero pages, written as one call each.
+    uint64_t run = 0, run_len = 0;
+    for (uint64_t p = 0; p <= len; p += kPage) {
+      const bool zero = p == len || AllZero(chunk.subspan(p, std::min(kPage, len - p)));
+      if (!zero) {
+        if (run_len == 0) run = p;
+        run_len += std::min(kPage, len - p);
+        continue;
+      }
+      if (run_len == 0) continue;
+      if (Status s = PwriteFully(out.get(), path, at + run, chunk.subspan(run, run_len)); !s.ok()) {
+        return s.error();
+      }
+      stats.bytes_written += run_len;
+      run_len = 0;
+    }
+    // Start writeback of this chunk now; fdatasync below waits for it.
+    (void)::sync_file_range(out.get(), static_cast<off_t>(at), static_cast<off_t>(len),
+                            SYNC_FILE_RANGE_WRITE);
+    const auto t2 = std::chrono::steady_clock::now();
+    stats.copy_ms += MsBetween(t0, t1);
+    stats.write_ms += MsBetween(t1, t2);
+  }
+  const auto t3 = std::chrono::steady_clock::now();
+  if (::fdatasync(out.get()) != 0) return Error{"fdatasync " + path.string() + ": " + Errno(errno)};
+  if (out.Close() != 0) return Error{"closing " + path.string() + ": " + Errno(errno)};
+  stats.sync_ms = MsBetween(t3, std::chrono::steady_clock::now());
+  return stats;
+}
+
+Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
+  if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
+  manifest.completed = HostTime::Now();
+  json files = json::array();
+  std::error_code ec;
+  std::vector<std::pair<std::string, uint64_t>> listing;
+  for (std::filesystem::directory_iterator it(temp_dir_, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    std::error_code size_ec;
+    uint64_t bytes = it->file_size(size_ec);
+    if (!size_ec) listing.emplace_back(it->path().filename().string(), bytes);
+  }
+  if (ec) {
+    Discard();
+    return Error{"cannot list " + temp_dir_.string() + ": " + ec.message()};
+  }
+  std::sort(listing.begin(), listing.end());
+  for (const auto& [name, bytes] : listing) {
+    if (name != kManifestName && name != kRecoveryRecordName) {
+      files.push_back({{"name", name}, {"bytes", bytes}});
+    }
+  }
+  json doc = manifest.ToJson();
+  doc["files"] = std::move(files);
+
+  // The name is chosen before the manifest is written so the manifest can
+  // carry it; a concurrent capture of the same millisecond takes the next
+  // suffix (RENAME_NOREPLACE settles the race).
+  for (int attempt = 1; attempt <= 100; ++attempt) {
+    std::string id = base_name_ + (attempt > 1 ? "-" + std::to_string(attempt) : "");
+    std::filesystem::path final_dir = captures_dir_ / id;
+    if (std::filesystem::exists(final_dir, ec)) continue;
+    doc["id"] = id;
+    std::string text = doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+    std::filesystem::path manifest_path = temp_dir_ / std::string(kManifestName);
+    Status s = WriteAll(manifest_path, std::as_bytes(std::span(text.data(), text.size())),
+                        O_CREAT | O_TRUNC);
+    if (s.ok()) s = FsyncDir(temp_dir_);
+    if (!s.ok()) {
+      Discard();
+      return s.error();
+    }
+    if (::renameat2(AT_FDCWD, temp_dir_.c_str(), AT_FDCWD, final_dir.c_str(),
+                    RENAME_NOREPLACE) != 0) {
+      int err = errno;
+      if (err == EEXIST || err == ENOTEMPTY) continue;
+      Discard();
+      return Error{"cannot rename " + temp_dir_.string() + " to " + final_dir.string() + ": " +
+                   Errno(err)};
+    }
+    done_ = true;
+    // The capture is visible now: its recovery record has served (a crash
+    // before this unlink leaves it in a committed capture, where it is not
+    // listed and harms nothing). A failed directory fsync only weakens
+    // durability across a host crash, so it is reported, not undone.
+    ::unlink((final_dir / std::string(kRecoveryRecordName)).c_str());
+    Status synced = FsyncDir(captures_dir_);
+    CaptureEntry entry{id, final_dir, Summarize(id, final_dir)};
+    if (!synced.ok()) entry.summary["warning"] = synced.error().message;
+    return entry;
+  }
+  Discard();
+  return Error{"no free capture name for " + (captures_dir_ / base_name_).string()};
+}
+
+Result<std::unique_ptr<PendingCapture>> CaptureStore::Begin(std::string_view trigger,
+                                                            const HostTime& triggered) {
+  if (Status s = ValidateTrigger(trigger); !s.ok()) return s.error();
+  if (Status s = MakeDirs(captures_dir_, 0750); !s.ok()) return s.error();
+  std::string base = UtcStamp(triggered.realtime_ns) + "-" + std::string(trigger);
+  std::string tmpl = (captures_dir_ / (".tmp-" + base + "-XXXXXX")).string();
+  if (::mkdtemp(tmpl.data()) == nullptr) {
+    return Error{"cannot create capture directory " + tmpl + ": " + Errno(errno)};
+  }
+  ::chmod(tmpl.c_str(), 0750);
+  return std::unique_ptr<PendingCapture>(new PendingCapture(captures_dir_, tmpl, base));
+}
+
+Result<std::vector<CaptureEntry>> CaptureStore::List() const {
+  std::vector<CaptureEntry> entries;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(captures_dir_, ec);
+  if (ec) {
+    if (ec == std::errc::no_such_file_or_directory) return entries;
+    return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
+  }
+  for (std::filesystem::directory_iterator end; it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    std::error_code type_ec;
+    if (name.empty() || name.front() == '.' || !it->is_directory(type_ec)) continue;
+    entries.push_back(CaptureEntry{name, it->path(), {}});
+  }
+  if (ec) return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
+  // Names sort by millisecond; within one millisecond (or when a clock was
+  // set back) the manifest's trigger time decides, so the order is the order
+  // of the triggers.
+  std::vector<std::pair<int64_t, CaptureEntry>> keyed;
+  for (auto& e : entries) {
+    e.summary = Summarize(e.id, e.dir);
+    int64_t when = INT64_MAX;
+    const json& t = e.summary.contains("triggered") ? e.summary["triggered"] : json();
+    if (t.is_object() && t.contains("realtime_ns") && t["realtime_ns"].is_number_integer()) {
+      when = t["realtime_ns"].get<int64_t>();
+    }
+    keyed.emplace_back(when, std::move(e));
+  }
+  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second.id < b.second.id;
+  });
+  entries.clear();
+  for (auto& [when, e] : keyed) entries.push_back(std::move(e));
+  return entries;
+}
+
+Result<size_t> CaptureStore::Prune(size_t keep) const {
+  if (keep == 0) return size_t{0};
+  auto entries = List();
+  if (!entries.ok()) return entries.error();
+  size_t removed = 0;
+  for (size_t i = 0; i + keep < entries->size(); ++i) {
+    std::error_code ec;
+    std::filesystem::remove_all((*entries)[i].dir, ec);
+    if (ec) return Error{"cannot remove " + (*entries)[i].dir.string() + ": " + ec.message()};
+    ++removed;
+  }
+  return removed;
+}
+
+Result<std::vector<std::filesystem::path>> CaptureStore::ListIncomplete() const {
+  std::vector<std::filesystem::path> found;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(captures_dir_, ec);
+  if (ec) {
+    if (ec == std::errc::no_such_file_or_directory) return found;
+    return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
+  }
+  for (std::filesystem::directory_iterator end; it != end; it.increment(ec)) {
+    std::error_code type_ec;
+    if (it->path().filename().string().starts_with(".tmp-") && it->is_directory(type_ec) &&
+        !it->is_symlink(type_ec)) {
+      found.push_back(it->path());
+    }
+  }
+  if (ec) return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+Result<std::unique_ptr<PendingCapture>> CaptureStore::Resume(const std::filesystem::path& temp_dir) const {
+  // ".tmp-<base>-XXXXXX" (mkdtemp's six characters), in this store.
+  const std::string name = temp_dir.filename().string();
+  if (temp_dir.parent_path() != captures_dir_ || !name.starts_with(".tmp-") || name.size() < 5 + 1 + 7 ||
+      name[name.size() - 7] != '-') {
+    return Error{temp_dir.string() + " is not an incomplete capture of " + captures_dir_.string()};
+  }
+  std::string base = name.substr(5, name.size() - 5 - 7);
+  return std::unique_ptr<PendingCapture>(new PendingCapture(captures_dir_, temp_dir, std::move(base)));
+}
+
+Result<std::vector<std::byte>> CopyRegionFile(const std::filesystem::path& path, uint64_t offset,
+                                              uint64_t size) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) return Error{"cannot open region " + path.string() + ": " + Errno(errno)};
+  return CopyRegionFd(fd.get(), path, offset, size);
+}
+
+Result<std::vector<std::byte>> CopyRegionFd(int fd, const std::filesystem::path& path,
+                                            uint64_t offset, uint64_t size) {
+  if (Status s = CheckRegionSize(fd, path, offset, size); !s.ok()) return s.error();
+  std::vector<std::byte> copy(size);
+  if (Status s = PreadFully(fd, path, offset, copy); !s.ok()) return s.error();
+  return copy;
+}
+
+}  // namespace hvtrace::hostd

@@ -1,0 +1,211 @@
+// Capture store: one directory per capture of a VM's trace region,
+//
+//   <captures>/<UTC time>-<trigger>[-N]/manifest.json
+//                                       region.bin      raw copy of the region
+//                                       trace*.dat      decoded, when available
+//
+// e.g. 20250612T101530.123Z-panic. A capture is written into a hidden
+// ".tmp-…" directory beside the final one and renamed into place only when
+// every file (and the manifest, last) is written and fsynced, so a reader
+// never sees half a capture, and a failure (a full disk, a crash) leaves
+// nothing visible but an error naming the path.
+//
+// manifest.json (format "hvtrace-capture" version 2), the same keys for
+// every backend:
+//   vm, trigger, id; host_time {triggered, completed} each {realtime_ns,
+//   monotonic_ns, utc}; kernel {path, formats_key, release, … as known};
+//   region {kind: boot-range | shmem | attach, source, size, offset, gpa; for
+//   attach: region_id, geometry, files; a boot range with an attached region
+//   beside it holds that one as region.attach}; cpus [{cpu, events, pages,
+//   lost_events, bad_pages {reason: count}, bad_pages_total}]; totals {events,
+//   pages, lost_events, bad_pages}; validation {...} (the reader's report);
+//   qmp_events [{event, realtime_ns, monotonic_ns, data}] (libvirt events are
+//   translated to QMP's names); files [{name, bytes}];
+//   extra {transport {kind: qmp | libvirt, … what that backend knows},
+//          consistency {vcpus_stopped, note, pages_being_written?},
+//          timing_ms {copy, region_write, region_fsync, …, trigger_to_decoded},
+//          formats {key, cache, state, decoded, …} (boot ranges),
+//          boots [...] (boot ranges), attach {...} (attach regions)};
+//   recovered {at, note} when a later daemon run finished the capture.
+// Version 1 (before the backends shared one capture path) had extra.qmp /
+// extra.libvirt instead of extra.transport and extra.consistency.
+//
+// A daemon that dies mid-capture must not lose the raw copy: once region.bin
+// is durable the backend writes a recovery record (recovery.json: the
+// manifest so far) into the hidden directory, and the next daemon run
+// finishes such captures (capture_recovery.h) instead of removing them. A
+// hidden directory without a record held no durable copy and is removed.
+#ifndef HVTRACE_HOSTD_CAPTURE_STORE_H_
+#define HVTRACE_HOSTD_CAPTURE_STORE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "host_time.h"
+#include "hvtrace/result.h"
+
+namespace hvtrace::hostd {
+
+
+struct CpuCaptureCounts {
+  int cpu = 0;
+  uint64_t events = 0;
+  uint64_t pages = 0;
+  uint64_t lost_events = 0;
+  std::map<std::string, uint64_t> bad_pages;  // Reason → count.
+};
+
+// A QMP (or libvirt) event as the daemon saw it.
+struct RecordedEvent {
+  std::string event;
+  HostTime time;
+  nlohmann::json data;
+};
+
+struct CaptureManifest {
+  std::string vm;
+  std::string trigger;  // panic, crashloaded, reset, shutdown, qemu-gone, manual, …
+  HostTime triggered;
+  HostTime completed;  // Set by Commit.
+  nlohmann::json kernel = nlohmann::json::object();
+  nlohmann::json region = nlohmann::json::object();
+  std::vector<CpuCaptureCounts> cpus;
+  nlohmann::json validation = nlohmann::json::object();
+  std::vector<RecordedEvent> qmp_events;
+  nlohmann::json extra = nlohmann::json::object();
+  // Null, or how a later daemon run finished this capture.
+  nlohmann::json recovered;
+
+  nlohmann::json ToJson() const;
+  // The fields a recovery record keeps (vm, trigger, host_time.triggered,
+  // kernel, region, qmp_events, extra); counts and validation are not read.
+  // The record is ours but on disk, so every member is checked.
+  static Result<CaptureManifest> FromJson(const nlohmann::json& doc);
+};
+
+// The file a capture directory holds from the moment its region copy is
+// durable until the capture is committed.
+inline constexpr std::string_view kRecoveryRecordName = "recovery.json";
+inline constexpr int kManifestVersion = 2;
+
+// One committed capture, as listed.
+struct CaptureEntry {
+  std::string id;  // Directory name.
+  std::filesystem::path dir;
+  nlohmann::json summary;  // id, trigger, times, totals, files; or "error".
+};
+
+// 1..32 characters from [a-z0-9-].
+Status ValidateTrigger(std::string_view trigger);
+
+// A capture being written. Destroying it without Commit removes everything it
+// wrote.
+class PendingCapture {
+ public:
+  PendingCapture(const PendingCapture&) = delete;
+  PendingCapture& operator=(const PendingCapture&) = delete;
+  ~PendingCapture();
+
+  // The hidden directory the capture is assembled in; other writers (the
+  // trace.dat writer) may create files here too.
+  const std::filesystem::path& dir() const { return temp_dir_; }
+
+  // Writes and fsyncs dir()/|name|. Errors name the file and offset.
+  Status WriteFile(std::string_view name, std::span<const std::byte> data);
+
+  struct RegionCopyStats {
+    double copy_ms = 0;          // Reading the region into |copy|.
+    double write_ms = 0;         // Writing into the page cache, writeback started.
+    double sync_ms = 0;          // The final fdatasync.
+    uint64_t bytes_written = 0;  // Non-zero pages; zero pages stay holes.
+  };
+  // Copies |size| bytes at |offset| of the region file |region_fd| (named
+  // |source| in errors; |size| is what hostd configured) into |copy| — the
+  // private copy everything else reads — and into dir()/|name|, durable on
+  // return. Chunk by chunk, so the disk works while the CPU copies: each
+  // chunk is read once, its non-zero pages are written (zero pages stay
+  // holes: a ring buffer that is not full is mostly zeros) and their
+  // writeback started (sync_file_range) before the next chunk is read; one
+  // fdatasync at the end. A |copy| that already holds |size| bytes is reused
+  // (no allocation, no page faults at panic time).
+  Result<RegionCopyStats> CopyRegion(std::string_view name, int region_fd,
+                                     const std::filesystem::path& source, uint64_t offset,
+                                     uint64_t size, std::vector<std::byte>& copy);
+
+  // Writes recovery.json (|manifest| as it stands) durably: call it once the
+  // raw copy is durable, so a daemon that dies before Commit leaves a capture
+  // the next run can finish.
+  Status WriteRecoveryRecord(const CaptureManifest& manifest);
+
+  // Writes manifest.json (with the files present and their sizes), fsyncs,
+  // renames the directory to its final name, and returns the entry. On error
+  // nothing is left visible. The recovery record is not listed and is
+  // removed once the capture is visible.
+  Result<CaptureEntry> Commit(CaptureManifest manifest);
+
+ private:
+  friend class CaptureStore;
+  PendingCapture(std::filesystem::path captures_dir, std::filesystem::path temp_dir,
+                 std::string base_name);
+  void Discard();
+
+  std::filesystem::path captures_dir_;
+  std::filesystem::path temp_dir_;
+  std::string base_name_;
+  bool done_ = false;
+};
+
+class CaptureStore {
+ public:
+  explicit CaptureStore(std::filesystem::path captures_dir)
+      : captures_dir_(std::move(captures_dir)) {}
+
+  const std::filesystem::path& dir() const { return captures_dir_; }
+
+  // Starts a capture named after |triggered| (UTC) and |trigger|.
+  Result<std::unique_ptr<PendingCapture>> Begin(std::string_view trigger,
+                                                const HostTime& triggered);
+
+  // Committed captures, oldest first. A capture whose manifest cannot be read
+  // is listed with an "error" in its summary rather than hidden.
+  Result<std::vector<CaptureEntry>> List() const;
+
+  // Removes the oldest captures so that at most |keep| remain (0: keep all).
+  // Returns how many were removed.
+  Result<size_t> Prune(size_t keep) const;
+
+  // The ".tmp-…" directories left by a daemon that died mid-capture, oldest
+  // name first.
+  Result<std::vector<std::filesystem::path>> ListIncomplete() const;
+
+  // Takes over one of them (as ListIncomplete names it) to finish or drop
+  // it: destroying the result without Commit removes the directory.
+  Result<std::unique_ptr<PendingCapture>> Resume(const std::filesystem::path& temp_dir) const;
+
+ private:
+  std::filesystem::path captures_dir_;
+};
+
+// Copies |size| bytes at |offset| of a region file (a /dev/shm backing file)
+// into memory. |size| comes from what hostd configured, never from the guest;
+// a file shorter than offset + size is an error naming the path.
+Result<std::vector<std::byte>> CopyRegionFile(const std::filesystem::path& path, uint64_t offset,
+                                              uint64_t size);
+
+// The same from a region file the caller keeps open (QEMU may have unlinked
+// it); |path| names it in errors.
+Result<std::vector<std::byte>> CopyRegionFd(int fd, const std::filesystem::path& path,
+                                            uint64_t offset, uint64_t size);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CAPTURE_STORE_H_

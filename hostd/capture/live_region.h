@@ -1,0 +1,103 @@
+// An attach-mode region file on the host (ABI: hvtrace/region.h), created and
+// mapped by hvtraced, shared by every reader of one VM's region: the capture,
+// `hvtrace stream`, status.
+//
+// The mapping stays valid as long as the LiveRegion lives, also after the
+// device was unplugged, QEMU quit or the file was unlinked: captures after a
+// detach or a crash still read it. Everything read through it is a private
+// copy (Snapshot); the guest may write the mapping at any time.
+//
+// The geometry is the one hostd planned for the file it created. A region
+// opened by path (OpenExisting, e.g. after a daemon restart) takes it from
+// the file's header and checks it against the file's size.
+#ifndef HVTRACE_HOSTD_LIVE_REGION_H_
+#define HVTRACE_HOSTD_LIVE_REGION_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "hvtrace/region_reader.h"
+#include "hvtrace/result.h"
+
+namespace hvtrace::hostd {
+
+struct LiveRegionOptions {
+  std::filesystem::path path;   // Usually /dev/shm/hvtrace-<vm>-attach.
+  uint64_t size_bytes = 16ull << 20;  // A power of two (QEMU aborts otherwise).
+  uint32_t max_cpus = 1;        // CPU rings: the guest's vCPUs.
+  std::string events;           // HostRequests::events ("" = the agent's default).
+  uint32_t pump_interval_ms = 50;
+  std::optional<uid_t> owner_uid;  // chown the file (a QEMU running as another user).
+  std::optional<gid_t> owner_gid;
+  bool replace_existing = false;   // Otherwise an existing file is refused.
+};
+
+// Checks |size_bytes| for a region QEMU can map: a power of two within the
+// ABI's limits. The message says why QEMU needs it.
+Status CheckRegionSize(uint64_t size_bytes);
+
+// The guest agent's announcement as attach replies and `status` show it:
+// {boot_id, boot_generation, kernel_release, nr_cpus, agent_pid,
+// trace_clock, page_size, state}.
+nlohmann::json AttachGuestJson(const RegionGuestInfo& guest);
+
+class LiveRegion {
+ public:
+  // Creates the file, sizes it, maps it and writes the host header and the
+  // initial requests. The file is left in place when the LiveRegion goes.
+  static Result<std::shared_ptr<LiveRegion>> Create(const LiveRegionOptions& options);
+  // Maps an existing region file; the geometry comes from its header,
+  // validated against the file's size.
+  static Result<std::shared_ptr<LiveRegion>> OpenExisting(const std::filesystem::path& path);
+
+  ~LiveRegion();
+  LiveRegion(const LiveRegion&) = delete;
+  LiveRegion& operator=(const LiveRegion&) = delete;
+
+  const std::filesystem::path& path() const { return path_; }
+  const RegionGeometry& geometry() const { return geometry_; }
+  uint64_t size() const { return geometry_.region_size; }
+  // The shared mapping. Never parse it in place: copy first (Snapshot).
+  const std::byte* data() const { return data_; }
+
+  // A private copy (CopyLiveRegion), validated and sliced (ReadRegion).
+  Result<RegionSnapshot> Snapshot() const;
+  // Just the copy, for the raw region.bin of a capture.
+  std::vector<std::byte> Copy() const;
+
+  // Host → guest requests (HostRequests, bumping request_seq).
+  void SetEvents(const std::string& events);
+  void SetPumpInterval(uint32_t ms);
+  // Asks the agent for an immediate push of every CPU.
+  void RequestSnapshot();
+
+  // Set by the backend once the device is unplugged: readers (stream) stop
+  // expecting new data; captures still read the mapping.
+  void MarkDetached() { detached_.store(true); }
+  bool detached() const { return detached_.load(); }
+
+ private:
+  LiveRegion(std::filesystem::path path, int fd, std::byte* data, RegionGeometry geometry);
+  void BumpRequest();
+
+  std::filesystem::path path_;
+  int fd_ = -1;
+  std::byte* data_ = nullptr;
+  RegionGeometry geometry_;
+  std::mutex requests_mu_;  // One host writer of HostRequests at a time.
+  std::atomic<bool> detached_{false};
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_LIVE_REGION_H_

@@ -1,0 +1,112 @@
+// What the daemon needs of a VM, whatever runs it: the VmBackend interface.
+//
+// A backend (QMP for QEMUs hvtraced launched or adopted, libvirt for
+// domains, whatever comes later) watches one VM and reports what happens to
+// it through VmEventSink, supplies the bytes and facts a capture needs
+// (PrepareCapture: the CaptureService does the rest), and plugs and unplugs
+// attach regions. It never writes captures itself.
+//
+// Threads: Start/Stop/Release/PrepareCapture/ApplyPanicPolicy run on the
+// VM's strand; the other methods may be called from any thread.
+#ifndef HVTRACE_HOSTD_VM_BACKEND_H_
+#define HVTRACE_HOSTD_VM_BACKEND_H_
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "capture_service.h"
+#include "config.h"
+#include "host_time.h"
+#include "hvtrace/result.h"
+#include "live_region.h"
+
+namespace hvtrace::hostd {
+
+struct VmEvent {
+  std::string name;  // QMP event name, e.g. "GUEST_PANICKED".
+  nlohmann::json data = nlohmann::json::object();
+  HostTime time;     // When the daemon received it.
+};
+
+// How a backend reports to its supervisor. Thread-safe.
+class VmEventSink {
+ public:
+  virtual ~VmEventSink() = default;
+  virtual void OnVmEvent(VmEvent event) = 0;
+  // The backend lost its VM (QMP EOF, process exit); |reason| says how.
+  virtual void OnVmGone(std::string reason) = 0;
+  // The backend cannot continue; the VM is marked failed.
+  virtual void OnVmFailure(std::string reason) = 0;
+};
+
+// What `hvtrace attach` asks of a backend.
+struct AttachOptions {
+  std::filesystem::path region_path;  // The file to create (the daemon names it).
+  uint64_t size_bytes = 16ull << 20;  // Region size, a power of two.
+  std::string events;                 // Kernel events for the agent ("" = markers only).
+  uint32_t pump_interval_ms = 50;
+  std::chrono::milliseconds wait{30000};  // For the agent's announcement.
+};
+// Gets the reply JSON of attach/detach (daemon/attach_args.h) or the error;
+// may run on any thread.
+using AttachDone = std::function<void(Result<nlohmann::json>)>;
+
+// The guest kernel's files, when the backend knows them: the daemon loads
+// (or harvests) their formats ahead of a capture.
+struct KernelFiles {
+  std::string key;  // formats_cache.h key; empty = unknown.
+  std::string path;
+  std::string initrd;
+};
+
+class VmBackend {
+ public:
+  virtual ~VmBackend() = default;
+  virtual std::string_view kind() const = 0;  // "qmp", "libvirt", …
+  // Starts watching; reports through |sink| until Stop. May throw.
+  virtual void Start(VmEventSink& sink) = 0;
+  virtual void Stop() = 0;
+  // Stops watching but leaves the VM running, for a daemon that exits with
+  // vm_on_shutdown = keep. Backends that never own the VM just Stop.
+  virtual void Release() { Stop(); }
+  // Shuts the VM down when hvtraced owns it (`hvtrace stop --kill`);
+  // otherwise nothing: a libvirt domain or adopted QEMU is not ours to stop.
+  virtual void Quit() {}
+
+  // The regions to copy now and what the backend knows (CaptureInputs).
+  // Cheap: it copies nothing. May throw.
+  virtual Result<CaptureInputs> PrepareCapture() = 0;
+  // Size of the region file a capture copies (0: none), for preallocation.
+  virtual uint64_t region_file_bytes() const { return 0; }
+  virtual KernelFiles kernel_files() const { return {}; }
+  // Lets the VM go after a panic capture (resume or quit; pause = nothing).
+  virtual void ApplyPanicPolicy(PanicPolicy policy) = 0;
+  // Shown in `status`; called on the VM's strand after Start.
+  virtual nlohmann::json Describe() const { return nlohmann::json::object(); }
+
+  // Attach mode. Hot-plugs a new region and waits (bounded) for the guest
+  // agent to announce itself. Asynchronous: |done| runs exactly once.
+  virtual void Attach(const AttachOptions& /*options*/, AttachDone done) {
+    done(Error{std::string(kind()) + " VMs do not support attach"});
+  }
+  // Unplugs the region; the region stays mapped so captures still read it.
+  virtual void Detach(std::chrono::milliseconds /*timeout*/, AttachDone done) {
+    done(Error{std::string(kind()) + " VMs do not support detach"});
+  }
+  // The attached (or detached but kept) region, for stream and capture;
+  // null when the VM never had one. Any thread.
+  virtual std::shared_ptr<LiveRegion> live_region() const { return nullptr; }
+  // Attach state for `status` (null: never attached). Any thread, cheap.
+  virtual nlohmann::json AttachStatus() const { return nullptr; }
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_VM_BACKEND_H_

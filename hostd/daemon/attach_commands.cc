@@ -1,0 +1,301 @@
+#include "attach_args.h"
+
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "daemon.h"
+#include "daemon_libvirt.h"
+#include "daemon_log.h"
+#include "qmp_vm.h"
+#include "region_stream.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+
+Status GetString(const json& args, const char* cmd, const char* key, bool required, std::string* out) {
+  auto it = args.find(key);
+  if (it == args.end() || it->is_null()) {
+    if (required) return Error{std::string(cmd) + ": args." + key + " is required"};
+    return {};
+  }
+  if (!it->is_string()) return Error{std::string(cmd) + ": args." + key + " must be a string"};
+  *out = it->get<std::string>();
+  return {};
+}
+
+Status GetUint(const json& args, const char* cmd, const char* key, uint64_t lo, uint64_t hi,
+               uint64_t* out) {
+  auto it = args.find(key);
+  if (it == args.end() || it->is_null()) return {};
+  // JSON from the wire parses as unsigned; built in C++ it may be signed.
+  if (!it->is_number_integer() || (!it->is_number_unsigned() && it->get<int64_t>() < 0)) {
+    return Error{std::string(cmd) + ": args." + key + " must be a non-negative integer"};
+  }
+  const uint64_t v = it->get<uint64_t>();
+  if (v < lo || v > hi) {
+    return Error{std::string(cmd) + ": args." + key + " = " + std::to_string(v) + " is outside " +
+                 std::to_string(lo) + ".." + std::to_string(hi)};
+  }
+  *out = v;
+  return {};
+}
+
+Status CheckObject(const json& args, const char* cmd) {
+  if (!args.is_object()) return Error{std::string(cmd) + ": args must be an object"};
+  return {};
+}
+
+}  // namespace
+
+Result<AttachArgs> ParseAttachArgs(const json& args) {
+  if (Status s = CheckObject(args, "attach"); !s.ok()) return s.error();
+  AttachArgs a;
+  uint64_t size_mib = a.options.size_bytes >> 20;
+  uint64_t pump = a.options.pump_interval_ms;
+  uint64_t wait = static_cast<uint64_t>(a.options.wait.count());
+  for (Status s : {GetString(args, "attach", "name", true, &a.name),
+                   GetString(args, "attach", "qmp", false, &a.qmp),
+                   GetString(args, "attach", "events", false, &a.options.events),
+                   GetUint(args, "attach", "size_mib", 1, 16384, &size_mib),
+                   GetUint(args, "attach", "pump_interval_ms", 1, 60000, &pump),
+                   GetUint(args, "attach", "wait_ms", 0, 600000, &wait)}) {
+    if (!s.ok()) return s.error();
+  }
+  if (Status s = ValidateVmName(a.name); !s.ok()) return Error{"attach: " + s.error().message};
+  a.options.size_bytes = size_mib << 20;
+  if (Status s = CheckRegionSize(a.options.size_bytes); !s.ok()) {
+    return Error{"attach: --size " + std::to_string(size_mib) + "M: " + s.error().message};
+  }
+  if (a.options.events.size() > region::kEventsTextSize) {
+    return Error{"attach: args.events is " + std::to_string(a.options.events.size()) +
+                 " bytes; at most " + std::to_string(region::kEventsTextSize) + " fit in the region"};
+  }
+  a.options.pump_interval_ms = static_cast<uint32_t>(pump);
+  a.options.wait = std::chrono::milliseconds(wait);
+  return a;
+}
+
+Result<DetachArgs> ParseDetachArgs(const json& args) {
+  if (Status s = CheckObject(args, "detach"); !s.ok()) return s.error();
+  DetachArgs d;
+  uint64_t timeout = static_cast<uint64_t>(d.timeout.count());
+  for (Status s : {GetString(args, "detach", "name", true, &d.name),
+                   GetUint(args, "detach", "timeout_ms", 1, 600000, &timeout)}) {
+    if (!s.ok()) return s.error();
+  }
+  if (Status s = ValidateVmName(d.name); !s.ok()) return Error{"detach: " + s.error().message};
+  d.timeout = std::chrono::milliseconds(timeout);
+  return d;
+}
+
+Result<StreamArgs> ParseStreamArgs(const json& args) {
+  if (Status s = CheckObject(args, "stream"); !s.ok()) return s.error();
+  StreamArgs a;
+  std::string format = "text", from = "now";
+  for (Status s : {GetString(args, "stream", "name", true, &a.name),
+                   GetString(args, "stream", "format", false, &format),
+                   GetString(args, "stream", "from", false, &from)}) {
+    if (!s.ok()) return s.error();
+  }
+  if (Status s = ValidateVmName(a.name); !s.ok()) return Error{"stream: " + s.error().message};
+  if (format != "text" && format != "json") return Error{"stream: format '" + format + "' is not text or json"};
+  if (from != "now" && from != "start") return Error{"stream: from '" + from + "' is not now or start"};
+  a.json = format == "json";
+  a.from_start = from == "start";
+  return a;
+}
+
+namespace {
+
+// One `hvtrace stream` request: polls the VM's region on the worker pool and
+// sends what is new until the client hangs up, the VM goes, or the region is
+// detached.
+class StreamSession : public std::enable_shared_from_this<StreamSession> {
+ public:
+  StreamSession(asio::any_io_executor pool, std::shared_ptr<VmSupervisor> vm,
+                std::shared_ptr<LiveRegion> region, std::shared_ptr<Responder> responder,
+                const StreamArgs& args, std::function<bool()> daemon_stopping)
+      : timer_(pool),
+        daemon_stopping_(std::move(daemon_stopping)),
+        vm_(std::move(vm)),
+        region_(std::move(region)),
+        responder_(std::move(responder)),
+        streamer_(region_->geometry(), RegionStreamOptions{args.json, args.from_start, std::chrono::milliseconds(1000)}) {}
+
+  void Start() {
+    responder_->Stream({{"note", "streaming VM " + vm_->name() + " (region " + region_->path().string() +
+                                     "); Ctrl-C ends"}});
+    Tick();
+  }
+
+ private:
+  void Tick() {
+    if (!responder_->connected()) {
+      Log("VM " + vm_->name() + ": stream client gone after " + std::to_string(streamer_.events_out()) + " events");
+      return;
+    }
+    const VmState state = vm_->state();
+    std::string end_reason;
+    if (daemon_stopping_()) {
+      // The daemon waits for its workers before it exits: end now.
+      end_reason = "hvtraced is shutting down";
+    } else if (state == VmState::kGone || state == VmState::kStopped || state == VmState::kFailed ||
+        state == VmState::kOffline) {
+      end_reason = "VM " + vm_->name() + " is " + std::string(VmStateName(state));
+    } else if (state == VmState::kPanicked) {
+      end_reason = "VM " + vm_->name() + " panicked";
+    } else if (region_->detached()) {
+      end_reason = "region detached from VM " + vm_->name();
+    }
+    const bool flush = !end_reason.empty();
+    auto snapshot = region_->Snapshot();
+    if (!snapshot.ok()) {
+      responder_->Fail(kErrInternal, "stream " + vm_->name() + ": " + snapshot.error().message);
+      return;
+    }
+    RegionStreamer::Output out = streamer_.Feed(&*snapshot, std::chrono::steady_clock::now(), flush);
+    for (const std::string& note : out.notes) responder_->Stream({{"note", note}});
+    if (!out.text.empty()) responder_->Stream({{"text", std::move(out.text)}});
+    if (flush) {
+      responder_->End({{"reason", end_reason},
+                       {"events", streamer_.events_out()},
+                       {"pages_missed", streamer_.pages_missed()}});
+      return;
+    }
+    timer_.expires_after(kStreamPollInterval);
+    timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (ec) return;
+      try {
+        self->Tick();
+      } catch (const std::exception& e) {
+        self->responder_->Fail(kErrInternal, std::string("stream failed: ") + e.what());
+      }
+    });
+  }
+
+  asio::steady_timer timer_;
+  std::function<bool()> daemon_stopping_;
+  std::shared_ptr<VmSupervisor> vm_;
+  std::shared_ptr<LiveRegion> region_;
+  std::shared_ptr<Responder> responder_;
+  RegionStreamer streamer_;
+};
+
+}  // namespace
+
+void Daemon::HandleStream(const Request& request, const std::shared_ptr<Responder>& responder) {
+  auto args = ParseStreamArgs(request.args);
+  if (!args.ok()) {
+    responder->Fail(kErrBadRequest, args.error().message);
+    return;
+  }
+  auto vm = VmFromArgs(request, *responder);
+  if (!vm) return;
+  std::shared_ptr<LiveRegion> region = vm->backend() ? vm->backend()->live_region() : nullptr;
+  if (!region) {
+    responder->Fail(kErrBadRequest,
+                    "VM " + vm->name() + " has no attached region; `hvtrace attach " + vm->name() + "` first");
+    return;
+  }
+  auto session = std::make_shared<StreamSession>(pool_.get_executor(), vm, region, responder, *args,
+                                                 [this] { return stopping(); });
+  asio::post(pool_, [session] { session->Start(); });
+}
+
+void Daemon::HandleDetach(const Request& request, const std::shared_ptr<Responder>& responder) {
+  auto args = ParseDetachArgs(request.args);
+  if (!args.ok()) {
+    responder->Fail(kErrBadRequest, args.error().message);
+    return;
+  }
+  auto vm = VmFromArgs(request, *responder);
+  if (!vm) return;
+  if (!vm->backend()) {
+    responder->Fail(kErrBadRequest, "VM " + vm->name() + " is offline (no backend to detach from)");
+    return;
+  }
+  const std::string name = vm->name();
+  vm->backend()->Detach(args->timeout, [vm, responder, name](Result<json> result) {
+    if (!result.ok()) {
+      responder->Fail(kErrVmFailed, "detach " + name + ": " + result.error().message);
+      return;
+    }
+    Log("VM " + name + ": detached");
+    responder->Reply(*result);
+  });
+}
+
+void Daemon::AdoptForAttach(const std::string& name, const std::string& qmp,
+                            const std::shared_ptr<Responder>& responder, std::function<void()> then) {
+  if (!qmp.empty()) {
+    // An attach-only QMP VM (no boot range).
+    QmpVmSpec spec;
+    spec.qmp_socket = std::filesystem::absolute(qmp).string();
+    if (Status s = RegisterQmpVm(name, spec, nullptr); !s.ok()) {
+      responder->Fail(kErrInternal, "attach " + name + ": " + s.error().message);
+      return;
+    }
+    asio::post(pool_, std::move(then));
+    return;
+  }
+  if (!libvirt_) {
+    responder->Fail(registry_.Find(name) ? kErrBadRequest : kErrUnknownVm,
+                    "VM '" + name + "' is not watched by hvtraced; give its QMP socket (`hvtrace attach " + name +
+                        " --qmp SOCK`), adopt it first, or set libvirt_uri to attach libvirt domains");
+    return;
+  }
+  // A name hvtraced does not serve (and no --qmp) can only be a libvirt domain.
+  asio::post(pool_, [this, name, responder, then = std::move(then)] {
+    Result<json> adopted = libvirt_->Adopt(name, name, /*allow_no_region=*/true);
+    if (!adopted.ok()) {
+      responder->Fail(kErrVmFailed, "attach " + name + ": hvtraced does not serve '" + name +
+                                        "' yet and cannot adopt it as a libvirt domain: " + adopted.error().message +
+                                        " (a QEMU of your own: `hvtrace attach " + name + " --qmp SOCK`)");
+      return;
+    }
+    then();
+  });
+}
+
+void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responder>& responder) {
+  auto args = ParseAttachArgs(request.args);
+  if (!args.ok()) {
+    responder->Fail(kErrBadRequest, args.error().message);
+    return;
+  }
+  const std::string name = args->name;
+  AttachOptions options = args->options;
+  options.region_path = "/dev/shm/hvtrace-" + name + "-attach";
+  // Runs on the pool once the VM is served, whatever its kind.
+  auto attach = [this, name, options, responder] {
+    auto vm = registry_.Find(name);
+    if (!vm || !vm->backend()) {
+      responder->Fail(kErrInternal, "attach " + name + ": the VM vanished while adopting it");
+      return;
+    }
+    vm->backend()->Attach(options, [vm, responder, name](Result<json> result) {
+      if (!result.ok()) {
+        responder->Fail(kErrVmFailed, "attach " + name + ": " + result.error().message);
+        return;
+      }
+      json reply = std::move(*result);
+      reply["name"] = name;
+      Log("VM " + name + ": attached region " + reply.value("/region/file"_json_pointer, std::string()));
+      responder->Reply(reply);
+    });
+  };
+  auto vm = registry_.Find(name);
+  if (vm && vm->live()) {
+    asio::post(pool_, attach);
+    return;
+  }
+  if (!ReadyForNewVm(name, *responder)) return;
+  AdoptForAttach(name, args->qmp, responder, attach);
+}
+
+}  // namespace hvtrace::hostd

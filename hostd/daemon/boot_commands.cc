@@ -1,0 +1,306 @@
+#include "boot_request.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <iostream>
+#include <mutex>
+
+#include <boost/asio/post.hpp>
+
+#include "daemon.h"
+#include "daemon_libvirt.h"
+#include "daemon_log.h"
+#include "formats_cache.h"
+#include "kvm_probe.h"
+#include "qmp_vm.h"
+#include "vm_process.h"
+
+namespace hvtrace::hostd {
+
+using nlohmann::json;
+
+namespace {
+
+namespace asio = boost::asio;
+
+// The boot range's backing file is created by QEMU. Something already at
+// that path is refused: QEMU would put its memory into a temporary file
+// inside a directory (and the daemon would read the wrong thing), and an
+// existing file may be another QEMU's live memory or a stale ring the new
+// kernel would mistake for its previous boot.
+Result<std::unique_ptr<Vm>> CheckBackingPath(const std::string& name, const std::string& path) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) return std::unique_ptr<Vm>();
+  const std::string what = S_ISDIR(st.st_mode) ? "a directory" : S_ISREG(st.st_mode) ? "a file" : "not a regular file";
+  return Error{"VM '" + name + "': the boot range's backing path " + path + " already exists (" + what +
+               "); it may belong to another QEMU: remove it, or `hvtrace stop " + name +
+               "` if it is what this VM left"};
+}
+
+std::string ArgName(const Request& request) {
+  auto it = request.args.find("name");
+  return it != request.args.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+}  // namespace
+
+// Runs on the I/O thread; only cheap work happens here. QEMU is spawned on
+// the pool (LaunchBoot): it runs in its own session (VmLifetime::
+// kIndependent), so the forking thread does not matter, and the KVM probe
+// and the kernel hash never block other clients.
+void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>& responder) {
+  const std::string name = ArgName(request);
+  if (!ReadyForNewVm(name, *responder)) return;
+  auto req = BootRequest::FromJson(request.args);
+  if (!req.ok()) {
+    responder->Fail(kErrBadRequest, req.error().message);
+    return;
+  }
+  if (req->accel == "auto") req->accel = config_.accel;
+  BootPaths paths = DefaultBootPaths(name, config_.EffectiveSocketPath().parent_path(), state_.VmDir(name));
+  auto config = MakeBootVmConfig(*req, paths);
+  if (!config.ok()) {
+    responder->Fail(kErrBadRequest, config.error().message);
+    return;
+  }
+  auto accel = ParseAccel(req->accel);
+  booting_.insert(name);
+  // A gone/stopped/failed VM of that name still holds its files: stop it
+  // first and boot when that is done (its cleanup must not remove the new
+  // QEMU's files).
+  std::shared_ptr<VmSupervisor> old = registry_.Find(name);
+  auto launch = [this, name, boot = *req, paths, vm_config = *config, accel_kind = *accel, responder] {
+    LaunchBoot(name, boot, paths, vm_config, accel_kind, responder);
+  };
+  if (old && old->backend()) {
+    registry_.Remove(name);
+    (void)SetOffline(name);
+    old->Stop([this, name, launch] {
+      RemoveRemnants(name);
+      launch();
+    });
+    return;
+  }
+  asio::post(pool_, launch);
+}
+
+// adopt NAME --qmp SOCK [--boot-region FILE@GPA:SIZE]: a QEMU someone else
+// started. adopt NAME [--domain D] (no --qmp): a libvirt domain.
+void Daemon::HandleAdopt(const Request& request, const std::shared_ptr<Responder>& responder) {
+  const std::string name = ArgName(request);
+  if (!ReadyForNewVm(name, *responder)) return;
+  auto qmp = request.args.find("qmp");
+  if (qmp == request.args.end() || qmp->is_null()) {
+    if (!libvirt_) {
+      responder->Fail(kErrBadRequest, "adopt " + name + ": give --qmp SOCK (a QEMU of your own), or set "
+                                      "libvirt_uri in hvtraced.conf to adopt libvirt domains");
+      return;
+    }
+    auto domain = request.args.find("domain");
+    const std::string domain_name = domain != request.args.end() && domain->is_string() ? domain->get<std::string>() : name;
+    // libvirt calls block (and must not run on the event loop's thread).
+    asio::post(pool_, [this, name, domain_name, responder] {
+      Result<json> r = libvirt_->Adopt(name, domain_name);
+      if (r.ok()) {
+        responder->Reply(*r);
+      } else {
+        responder->Fail(kErrVmFailed, "adopt " + name + ": " + r.error().message);
+      }
+    });
+    return;
+  }
+  auto region = request.args.find("boot_region");
+  if (!qmp->is_string() || (region != request.args.end() && !region->is_null() && !region->is_string())) {
+    responder->Fail(kErrBadRequest, "adopt needs args.qmp (socket) and optionally args.boot_region (FILE@GPA:SIZE)");
+    return;
+  }
+  // Without a boot region the VM is watched for `hvtrace attach`.
+  const bool boot_range = region != request.args.end() && region->is_string();
+  auto parsed = boot_range ? ParseBootRegion(region->get<std::string>()) : Result<QmpVmSpec>(QmpVmSpec{});
+  if (!parsed.ok()) {
+    responder->Fail(kErrBadRequest, parsed.error().message);
+    return;
+  }
+  QmpVmSpec spec = *parsed;
+  // The file is QEMU's node-1 backing file: the range starts at its offset 0
+  // (gpa_layout.h), whatever GPA the guest sees it at.
+  spec.qmp_socket = std::filesystem::absolute(qmp->get<std::string>()).string();
+  struct stat st;
+  if (boot_range &&
+      (::stat(spec.region_path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) < spec.region_size)) {
+    responder->Fail(kErrBadRequest, "region file " + spec.region_path.string() + " is missing or shorter than " +
+                                        std::to_string(spec.region_size));
+    return;
+  }
+  if (Status s = RegisterQmpVm(name, spec, nullptr); !s.ok()) {
+    responder->Fail(kErrInternal, s.error().message);
+    return;
+  }
+  responder->Reply({{"name", name},
+                    {"region",
+                     {{"file", spec.region_path.string()},
+                      {"offset", spec.region_offset},
+                      {"size", spec.region_size},
+                      {"gpa", spec.region_gpa}}},
+                    {"qmp", spec.qmp_socket}});
+}
+
+void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const BootPaths& paths,
+                        const VmConfig& vm_config, Accel accel_kind, const std::shared_ptr<Responder>& responder) {
+  // Slow: the KVM probe (first time only), QEMU start-up, hashing vmlinuz.
+  if (accel_kind == Accel::kAuto) Log("boot " + name + ": accel auto: " + KvmVerdict(boot.kernel).reason);
+  Result<std::unique_ptr<Vm>> started = CheckBackingPath(name, paths.backing_file);
+  if (started.ok()) {
+    started = Vm::Start(vm_config, ResolveKvm(accel_kind, boot.kernel), std::chrono::seconds(15), VmLifetime::kIndependent);
+  }
+  std::string kernel_key;
+  if (started.ok()) {
+    if (auto key = KernelKeyOfFile(boot.kernel); key.ok()) kernel_key = *key;
+  }
+  // Registering touches the registry and the io_context's QMP objects: back
+  // on the I/O thread.
+  auto finish = [this, name, boot, paths, kernel_key, responder, accel_kind,
+                 started = std::make_shared<Result<std::unique_ptr<Vm>>>(std::move(started))]() mutable {
+    booting_.erase(name);
+    if (!started->ok()) {
+      responder->Fail(kErrVmFailed, "boot " + name + ": " + started->error().message);
+      return;
+    }
+    std::unique_ptr<Vm> vm = std::move(started->value());
+    const BootRangeLayout& layout = *vm->plan().boot_range;
+    const VmIdentity identity = vm->Identity();
+    QmpVmSpec spec;
+    spec.qmp_socket = paths.qmp_socket;
+    spec.region_path = paths.backing_file;
+    spec.region_offset = layout.file_offset;
+    spec.region_size = layout.range_bytes;
+    spec.region_gpa = layout.range_gpa;
+    spec.pid = vm->pid();
+    spec.pid_start_time = identity.start_time;
+    spec.owned_paths = identity.owned_paths;
+    spec.console_log = paths.console_log;
+    spec.console_socket = paths.console_socket;
+    spec.booted_by_daemon = true;
+    spec.kernel_path = std::filesystem::absolute(boot.kernel).string();
+    spec.kernel_key = kernel_key;
+    if (!boot.initrd.empty()) spec.initrd_path = std::filesystem::absolute(boot.initrd).string();
+    json reply = {{"name", name}, {"pid", vm->pid()}, {"kvm", vm->kvm()}, {"argv", vm->plan().argv}};
+    // Why auto chose what it chose (kvm_probe.h), so a TCG guest on a KVM
+    // host is never a mystery.
+    if (accel_kind == Accel::kAuto) reply["kvm_probe"] = KvmVerdict(boot.kernel).reason;  // Cached.
+    if (stopping_) {
+      // The daemon began to exit while QEMU started: treat the new VM as
+      // the shutdown policy says (its spec is saved for re-adoption).
+      (void)SaveQmpVmSpec(state_.VmDir(name), spec);
+      if (config_.vm_on_shutdown == VmOnShutdown::kKeep) vm->Release();
+      responder->Fail(kErrVmFailed, "boot " + name + ": hvtraced is shutting down (vm_on_shutdown = " +
+                                        std::string(VmOnShutdownName(config_.vm_on_shutdown)) + ")");
+      return;
+    }
+    if (Status s = RegisterQmpVm(name, spec, std::move(vm)); !s.ok()) {
+      responder->Fail(kErrInternal, s.error().message);
+      return;
+    }
+    reply["region"] = {{"file", spec.region_path.string()},
+                       {"offset", spec.region_offset},
+                       {"size", spec.region_size},
+                       {"gpa", spec.region_gpa}};
+    reply["qmp"] = spec.qmp_socket;
+    reply["console_log"] = spec.console_log;
+    reply["console_socket"] = spec.console_socket;
+    responder->Reply(reply);
+  };
+  asio::post(io_, std::move(finish));
+}
+
+void Daemon::RemoveRemnants(const std::string& name) {
+  // For an offline VM whose QEMU hvtraced booted and which exited meanwhile:
+  // its sockets and /dev/shm file. A live process's files are never touched
+  // here (a backend with a Vm removes those after stopping it).
+  auto spec = LoadQmpVmSpec(state_.VmDir(name));
+  if (!spec.ok() || !spec->booted_by_daemon) return;
+  if (spec->pid > 0 && spec->pid_start_time != 0 &&
+      ProcessStartTime(spec->pid).value_or(0) == spec->pid_start_time) {
+    return;
+  }
+  std::error_code ec;
+  for (const std::string& path : spec->owned_paths) std::filesystem::remove(path, ec);
+}
+
+Status Daemon::RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm) {
+  const std::filesystem::path vm_dir = state_.VmDir(name);
+  if (Status s = SaveQmpVmSpec(vm_dir, spec); !s.ok()) Log("warning: VM " + name + ": " + s.error().message);
+  auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), spec, std::move(vm), vm_dir);
+  if (Status s = ReplaceVm(name, std::move(backend)); !s.ok()) return s;
+  Log("VM " + name + ": " + (spec.booted_by_daemon ? "booted" : "adopted") + ", pid " + std::to_string(spec.pid) +
+      ", region " + spec.region_path.string());
+  return {};
+}
+
+void Daemon::ReadoptVm(const std::string& name) {
+  auto spec = LoadQmpVmSpec(state_.VmDir(name));
+  if (!spec.ok()) return;  // Not a QMP VM (or never one).
+  std::unique_ptr<Vm> vm;
+  std::string gone;
+  if (spec->booted_by_daemon) {
+    // Ours: take the process back, but only the very QEMU we started.
+    VmIdentity identity;
+    identity.pid = spec->pid;
+    identity.start_time = spec->pid_start_time;
+    identity.cmdline_mentions = spec->qmp_socket;
+    identity.owned_paths = spec->owned_paths;
+    auto reattached = Vm::Reattach(name, identity);
+    if (reattached.ok()) {
+      vm = std::move(*reattached);
+    } else {
+      gone = reattached.error().message;
+    }
+  } else if (spec->pid > 0 && ::kill(spec->pid, 0) != 0) {
+    gone = "QEMU pid " + std::to_string(spec->pid) + " is gone";
+  } else if (spec->pid > 0 && spec->pid_start_time != 0 &&
+             ProcessStartTime(spec->pid).value_or(0) != spec->pid_start_time) {
+    gone = "pid " + std::to_string(spec->pid) + " now belongs to another process";
+  }
+  std::error_code ec;
+  if (gone.empty() && !std::filesystem::exists(spec->qmp_socket, ec)) gone = "QMP socket " + spec->qmp_socket + " is gone";
+  if (gone.empty() && spec->region_size != 0 && !std::filesystem::exists(spec->region_path, ec)) {
+    gone = "region file " + spec->region_path.string() + " is gone";
+  }
+  if (!vm && !gone.empty() && spec->booted_by_daemon && !spec->exited && spec->region_size != 0 &&
+      std::filesystem::exists(spec->region_path, ec)) {
+    // Our QEMU exited while no daemon watched, but its region file is still
+    // there: capture it now ("qemu-gone", as if we had seen it go), then let
+    // `hvtrace stop` remove the remnants. Nothing the guest wrote is lost.
+    auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), *spec, Vm::Remnant(name, spec->owned_paths),
+                                                  state_.VmDir(name));
+    if (Status s = ReplaceVm(name, std::move(backend)); !s.ok()) {
+      Log("VM " + name + ": cannot capture the region left by its QEMU: " + s.error().message);
+      return;
+    }
+    if (auto vm_supervisor = registry_.Find(name)) {
+      vm_supervisor->OnVmGone("QEMU exited while hvtraced was not running (" + gone + ")");
+    }
+    // Once is enough: a later daemon only lists it (and `stop` cleans up).
+    spec->exited = true;
+    if (Status s = SaveQmpVmSpec(state_.VmDir(name), *spec); !s.ok()) Log("warning: VM " + name + ": " + s.error().message);
+    Log("VM " + name + ": QEMU is gone (" + gone + "); capturing its region file " + spec->region_path.string());
+    return;
+  }
+  if (!gone.empty()) {
+    if (vm) vm->Release();  // Not ours to stop on a doubt.
+    Log("VM " + name + ": not re-adopted (" + gone + "); keeping it offline" +
+        (spec->booted_by_daemon ? "; `hvtrace stop " + name + "` removes what its QEMU left" : ""));
+    return;
+  }
+  auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), *spec, std::move(vm), state_.VmDir(name));
+  if (Status s = ReplaceVm(name, std::move(backend)); !s.ok()) {
+    Log("VM " + name + ": re-adopt failed: " + s.error().message);
+    return;
+  }
+  Log("VM " + name + ": re-adopted (" + (spec->booted_by_daemon ? "booted by hvtraced, pid " : "adopted, pid ") +
+      std::to_string(spec->pid) + ", QMP " + spec->qmp_socket + ")");
+}
+
+}  // namespace hvtrace::hostd

@@ -1,0 +1,182 @@
+// The command table and the handlers that do not depend on a VM's kind.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <map>
+
+#include <boost/asio/post.hpp>
+
+#include "daemon.h"
+#include "daemon_libvirt.h"
+#include "daemon_log.h"
+
+namespace hvtrace::hostd {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+
+const std::map<std::string, Daemon::Handler, std::less<>>& Daemon::CommandTable() {
+  static const std::map<std::string, Daemon::Handler, std::less<>> kTable = {
+      {"ping", &Daemon::HandlePing},         {"version", &Daemon::HandleVersion},
+      {"list", &Daemon::HandleList},         {"status", &Daemon::HandleStatus},
+      {"captures", &Daemon::HandleCaptures}, {"shutdown", &Daemon::HandleShutdown},
+      {"boot", &Daemon::HandleBoot},         {"adopt", &Daemon::HandleAdopt},
+      {"capture", &Daemon::HandleCapture},   {"stop", &Daemon::HandleStop},
+      {"attach", &Daemon::HandleAttach},     {"detach", &Daemon::HandleDetach},
+      {"stream", &Daemon::HandleStream},
+  };
+  return kTable;
+}
+
+Daemon::Handler Daemon::FindHandler(std::string_view cmd) {
+  auto it = CommandTable().find(cmd);
+  return it == CommandTable().end() ? nullptr : it->second;
+}
+
+std::string Daemon::CommandNames() {
+  std::string names;
+  for (const auto& [name, handler] : CommandTable()) names += (names.empty() ? "" : ", ") + name;
+  return names;
+}
+
+void Daemon::HandleRequest(const Request& request, const PeerCredentials& /*peer*/,
+                           const std::shared_ptr<Responder>& responder) {
+  try {
+    Handler handler = FindHandler(request.cmd);
+    if (handler == nullptr) {
+      responder->Fail(kErrUnknownCommand, "unknown command '" + request.cmd + "'; known: " + CommandNames());
+      return;
+    }
+    (this->*handler)(request, responder);
+  } catch (const std::exception& e) {
+    responder->Fail(kErrInternal, std::string("'") + request.cmd + "' failed: " + e.what());
+  }
+}
+
+std::shared_ptr<VmSupervisor> Daemon::VmFromArgs(const Request& request, Responder& responder) {
+  auto it = request.args.find("name");
+  if (it == request.args.end() || !it->is_string()) {
+    responder.Fail(kErrBadRequest, "'" + request.cmd + "' needs args.name (a VM name)");
+    return nullptr;
+  }
+  const std::string& name = it->get_ref<const std::string&>();
+  if (Status s = ValidateVmName(name); !s.ok()) {
+    responder.Fail(kErrBadRequest, s.error().message);
+    return nullptr;
+  }
+  auto vm = registry_.Find(name);
+  if (!vm) {
+    std::string known;
+    for (const auto& s : registry_.All()) known += (known.empty() ? "" : ", ") + s->name();
+    responder.Fail(kErrUnknownVm, "no VM named '" + name + "' (known: " + (known.empty() ? "none" : known) + ")");
+  }
+  return vm;
+}
+
+bool Daemon::ReadyForNewVm(const std::string& name, Responder& responder) {
+  if (Status s = ValidateVmName(name); !s.ok()) {
+    responder.Fail(kErrBadRequest, s.error().message);
+    return false;
+  }
+  if (booting_.count(name) != 0 || stopping_vms_.count(name) != 0) {
+    responder.Fail(kErrBusy, "VM '" + name + "' is being booted or stopped by an earlier request");
+    return false;
+  }
+  if (auto existing = registry_.Find(name); existing && existing->live()) {
+    responder.Fail(kErrBusy, "VM '" + name + "' is " + std::string(VmStateName(existing->state())) +
+                                 "; `hvtrace stop " + name + "` first");
+    return false;
+  }
+  if (Status s = MakeDirs(state_.VmDir(name), 0750); !s.ok()) {
+    responder.Fail(kErrInternal, s.error().message);
+    return false;
+  }
+  return true;
+}
+
+void Daemon::HandlePing(const Request&, const std::shared_ptr<Responder>& responder) {
+  json pong = {{"pong", true},
+               {"pid", ::getpid()},
+               {"uptime_ms", (HostTime::Now().monotonic_ns - started_.monotonic_ns) / 1000000}};
+  pong["libvirt"] = libvirt_ ? libvirt_->StatusJson() : json(nullptr);
+  responder->Reply(pong);
+}
+
+void Daemon::HandleList(const Request&, const std::shared_ptr<Responder>& responder) {
+  json vms = json::array();
+  for (const auto& vm : registry_.All()) vms.push_back(vm->StatusJson());
+  responder->Reply({{"vms", std::move(vms)}});
+}
+
+void Daemon::HandleStatus(const Request& request, const std::shared_ptr<Responder>& responder) {
+  if (auto vm = VmFromArgs(request, *responder)) responder->Reply(vm->StatusJson());
+}
+
+void Daemon::HandleCaptures(const Request& request, const std::shared_ptr<Responder>& responder) {
+  auto vm = VmFromArgs(request, *responder);
+  if (!vm) return;
+  // Reading manifests touches the disk: off the I/O thread.
+  asio::post(pool_, [vm, responder] {
+    auto list = vm->ListCaptures();
+    if (!list.ok()) {
+      responder->Fail(kErrInternal, list.error().message);
+      return;
+    }
+    json captures = json::array();
+    for (const auto& e : *list) captures.push_back(e.summary);
+    responder->Reply({{"vm", vm->name()}, {"captures", std::move(captures)}});
+  });
+}
+
+void Daemon::HandleShutdown(const Request&, const std::shared_ptr<Responder>& responder) {
+  responder->Reply({{"stopping", true}});
+  RequestShutdown("shutdown command");
+}
+
+void Daemon::HandleCapture(const Request& request, const std::shared_ptr<Responder>& responder) {
+  auto vm = VmFromArgs(request, *responder);
+  if (!vm) return;
+  vm->RequestCapture("manual", [responder](Result<CaptureSummary> result) {
+    if (!result.ok()) {
+      responder->Fail(kErrVmFailed, result.error().message);
+      return;
+    }
+    responder->Reply({{"capture", result->id},
+                      {"trigger", result->trigger},
+                      {"trigger_to_disk_ms", result->trigger_to_disk_ms}});
+  });
+}
+
+// Any kind of VM: stop watching it (a QEMU hvtraced booted is shut down and
+// its files removed; an adopted QEMU or a libvirt domain is only let go) and
+// list it offline, so its captures stay reachable. The reply waits for the
+// backend to stop, so a `boot` of the same name right after never races the
+// cleanup.
+void Daemon::HandleStop(const Request& request, const std::shared_ptr<Responder>& responder) {
+  auto vm = VmFromArgs(request, *responder);
+  if (!vm) return;
+  const std::string name = vm->name();
+  if (booting_.count(name) != 0 || stopping_vms_.count(name) != 0) {
+    responder->Fail(kErrBusy, "VM '" + name + "' is being booted or stopped by an earlier request");
+    return;
+  }
+  const std::string kind = vm->backend() ? std::string(vm->backend()->kind()) : std::string("none");
+  registry_.Remove(name);
+  (void)SetOffline(name);
+  stopping_vms_.insert(name);
+  vm->Stop([this, name, kind, responder] {
+    RemoveRemnants(name);
+    // Forgotten: a restarted daemon does not re-adopt it.
+    std::error_code ec;
+    std::filesystem::remove(QmpVmSpecPath(state_.VmDir(name)), ec);
+    std::filesystem::remove(LibvirtVmRecordPath(state_.VmDir(name)), ec);
+    asio::post(io_, [this, name, kind, responder] {
+      stopping_vms_.erase(name);
+      json reply = {{"stopped", name}, {"kind", kind}};
+      if (kind == "libvirt") reply["libvirt"] = true;
+      responder->Reply(reply);
+    });
+  });
+}
+
+}  // namespace hvtrace::hostd

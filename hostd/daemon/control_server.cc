@@ -1,0 +1,345 @@
+#include "control_server.h"
+
+#include <grp.h>
+#include <pwd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/write.hpp>
+
+namespace hvtrace::hostd {
+
+namespace asio = boost::asio;
+using stream_protocol = asio::local::stream_protocol;
+
+bool UserInGroup(uid_t uid, gid_t group) {
+  std::array<char, 16384> buf;
+  struct passwd pw;
+  struct passwd* found = nullptr;
+  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return false;
+  if (pw.pw_gid == group) return true;
+  int count = 64;
+  std::vector<gid_t> groups(count);
+  if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) {
+    groups.resize(count);
+    if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) return false;
+  }
+  groups.resize(count);
+  return std::find(groups.begin(), groups.end(), group) != groups.end();
+}
+
+// One client. Lives on the I/O thread; Responders reach it by posting.
+class ControlConnection : public std::enable_shared_from_this<ControlConnection> {
+ public:
+  ControlConnection(ControlServer* server, stream_protocol::socket socket)
+      : server_(server),
+        socket_(std::move(socket)),
+        framer_(kMaxRequestBytes),
+        close_timer_(socket_.get_executor()) {}
+
+  void Start(bool over_connection_limit) {
+    if (over_connection_limit) {
+      Enqueue(ErrorReply(std::nullopt, kErrBusy,
+                         "hvtraced already serves " +
+                             std::to_string(server_->options_.max_connections) +
+                             " connections; try again later"),
+              false);
+      CloseAfterFlush();
+      return;
+    }
+    struct ucred cred;
+    socklen_t len = sizeof cred;
+    if (::getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+      Enqueue(ErrorReply(std::nullopt, kErrDenied,
+                         std::string("cannot read peer credentials: ") + std::strerror(errno)),
+              false);
+      CloseAfterFlush();
+      return;
+    }
+    peer_ = PeerCredentials{cred.pid, cred.uid, cred.gid};
+    if (!server_->PeerAllowed(peer_)) {
+      Enqueue(ErrorReply(std::nullopt, kErrDenied,
+                         "uid " + std::to_string(peer_.uid) + " (pid " + std::to_string(peer_.pid) +
+                             ") may not use hvtraced: needs root, the daemon's user, or the "
+                             "socket group"),
+              false);
+      CloseAfterFlush();
+      return;
+    }
+    Read();
+  }
+
+  // Queues one reply line. |final| ends a request.
+  void Enqueue(std::string line, bool final) {
+    if (closed_) return;
+    if (final && in_flight_ > 0) --in_flight_;
+    unsent_bytes_ += line.size();
+    if (server_ && unsent_bytes_ > server_->options_.max_unsent_bytes) {
+      // The client stopped reading; holding more replies would let it grow
+      // the daemon's memory without bound.
+      Close();
+      return;
+    }
+    queue_.push_back(std::move(line));
+    if (!writing_) WriteNext();
+  }
+
+  void CloseAfterFlush() {
+    if (closed_ || closing_) return;
+    closing_ = true;
+    boost::system::error_code ignored;
+    socket_.shutdown(stream_protocol::socket::shutdown_receive, ignored);
+    if (queue_.empty() && !writing_) {
+      Close();
+      return;
+    }
+    close_timer_.expires_after(std::chrono::seconds(1));
+    close_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec) self->Close();
+    });
+  }
+
+  void Close() {
+    if (closed_) return;
+    closed_ = true;
+    boost::system::error_code ignored;
+    close_timer_.cancel();
+    socket_.close(ignored);
+    queue_.clear();
+    if (server_) server_->Forget(this);
+  }
+
+  void Detach() { server_ = nullptr; }
+  asio::any_io_executor executor() { return socket_.get_executor(); }
+
+ private:
+  void Read() {
+    socket_.async_read_some(
+        asio::buffer(read_buffer_),
+        [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+          self->OnRead(ec, n);
+        });
+  }
+
+  void OnRead(const boost::system::error_code& ec, size_t n) {
+    if (closed_ || closing_) return;
+    if (ec) {
+      // EOF or error: finish sending what is queued (replies to requests
+      // already handled), then close.
+      CloseAfterFlush();
+      return;
+    }
+    frames_.clear();
+    framer_.Feed(std::string_view(read_buffer_.data(), n), frames_);
+    for (Frame& frame : frames_) {
+      if (closed_ || closing_ || server_ == nullptr) return;
+      HandleFrame(frame);
+    }
+    if (!closed_ && !closing_) Read();
+  }
+
+  void HandleFrame(Frame& frame) {
+    if (!frame.within_limit) {
+      Enqueue(ErrorReply(std::nullopt, kErrTooLarge,
+                         "request at stream offset " + std::to_string(frame.stream_offset) +
+                             " exceeds " + std::to_string(kMaxRequestBytes) +
+                             " bytes; skipped to the next newline"),
+              false);
+      return;
+    }
+    if (IsBlankLine(frame.text)) return;
+    auto parsed = ParseRequest(frame.text);
+    if (auto* error = std::get_if<RequestError>(&parsed)) {
+      Enqueue(ErrorReply(error->id, error->code, error->message), false);
+      return;
+    }
+    Request& request = std::get<Request>(parsed);
+    if (in_flight_ >= server_->options_.max_in_flight) {
+      Enqueue(ErrorReply(request.id, kErrBusy,
+                         "too many requests in flight on this connection (limit " +
+                             std::to_string(server_->options_.max_in_flight) + ")"),
+              false);
+      return;
+    }
+    ++in_flight_;
+    auto responder = std::make_shared<Responder>(weak_from_this(), request.id);
+    server_->handler_(request, peer_, std::move(responder));
+  }
+
+  void WriteNext() {
+    if (queue_.empty() || closed_) {
+      writing_ = false;
+      if (closing_ && !closed_) Close();
+      return;
+    }
+    writing_ = true;
+    asio::async_write(socket_, asio::buffer(queue_.front()),
+                      [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                        if (self->closed_) return;
+                        if (ec) {
+                          self->Close();
+                          return;
+                        }
+                        self->unsent_bytes_ -= self->queue_.front().size();
+                        self->queue_.pop_front();
+                        self->WriteNext();
+                      });
+  }
+
+  ControlServer* server_;
+  stream_protocol::socket socket_;
+  LineFramer framer_;
+  asio::steady_timer close_timer_;
+  PeerCredentials peer_;
+  std::array<char, 65536> read_buffer_;
+  std::vector<Frame> frames_;
+  std::deque<std::string> queue_;
+  size_t unsent_bytes_ = 0;
+  size_t in_flight_ = 0;
+  bool writing_ = false;
+  bool closing_ = false;
+  bool closed_ = false;
+};
+
+Responder::Responder(std::weak_ptr<ControlConnection> connection, int64_t id)
+    : connection_(std::move(connection)), id_(id) {}
+
+Responder::~Responder() {
+  if (!finished_.load()) {
+    Send(ErrorReply(id_, kErrInternal, "request ended without a reply (daemon bug)"), true);
+  }
+}
+
+void Responder::Send(std::string line, bool final) {
+  if (final && finished_.exchange(true)) return;
+  if (!final && finished_.load()) return;
+  std::shared_ptr<ControlConnection> connection = connection_.lock();
+  if (!connection) return;
+  // dispatch, not post: a reply made on the I/O thread itself is queued at
+  // once, so replies keep the order of the requests that were answered
+  // synchronously (bad lines are answered inline too).
+  asio::dispatch(connection->executor(), [connection, line = std::move(line), final]() mutable {
+    connection->Enqueue(std::move(line), final);
+  });
+}
+
+void Responder::Reply(const nlohmann::json& result) { Send(OkReply(id_, result), true); }
+void Responder::Fail(std::string_view code, std::string_view message) {
+  Send(ErrorReply(id_, code, message), true);
+}
+void Responder::Stream(const nlohmann::json& item) { Send(StreamItem(id_, item), false); }
+void Responder::End(const nlohmann::json& result) { Send(StreamEnd(id_, result), true); }
+
+ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options,
+                             RequestHandler handler)
+    : io_(io),
+      options_(std::move(options)),
+      handler_(std::move(handler)),
+      acceptor_(io),
+      accept_retry_(io) {}
+
+ControlServer::~ControlServer() {
+  Close();
+  for (const auto& c : connections_) c->Detach();
+}
+
+Status ControlServer::Listen() {
+  const std::filesystem::path& path = options_.socket_path;
+  if (path.native().size() >= sizeof(sockaddr_un::sun_path)) {
+    return Error{"socket path " + path.string() + " is too long for a Unix socket (max " +
+                 std::to_string(sizeof(sockaddr_un::sun_path) - 1) + " bytes)"};
+  }
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) {
+      return Error{path.string() + " exists and is not a socket; refusing to replace it"};
+    }
+    if (::unlink(path.c_str()) != 0) {
+      return Error{"cannot remove stale socket " + path.string() + ": " + std::strerror(errno)};
+    }
+  }
+  boost::system::error_code ec;
+  acceptor_.open(stream_protocol(), ec);
+  if (ec) return Error{"cannot create socket for " + path.string() + ": " + ec.message()};
+  // The socket file must never exist with a looser mode than 0660, not even
+  // between bind and chmod.
+  mode_t old_mask = ::umask(0117);
+  acceptor_.bind(stream_protocol::endpoint(path.string()), ec);
+  ::umask(old_mask);
+  if (ec) return Error{"cannot bind " + path.string() + ": " + ec.message()};
+  bound_ = true;
+  if (::chmod(path.c_str(), 0660) != 0) {
+    return Error{"cannot chmod 0660 " + path.string() + ": " + std::strerror(errno)};
+  }
+  if (options_.group && ::chown(path.c_str(), static_cast<uid_t>(-1), *options_.group) != 0) {
+    return Error{"cannot set group " + std::to_string(*options_.group) + " on " + path.string() +
+                 ": " + std::strerror(errno)};
+  }
+  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return Error{"cannot listen on " + path.string() + ": " + ec.message()};
+  Accept();
+  return {};
+}
+
+void ControlServer::Accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& ec,
+                                stream_protocol::socket socket) {
+    if (closed_) return;
+    if (!ec) {
+      bool over = connections_.size() >= options_.max_connections;
+      auto connection = std::make_shared<ControlConnection>(this, std::move(socket));
+      connections_.insert(connection);
+      connection->Start(over);
+    } else if (ec == asio::error::operation_aborted) {
+      return;
+    }
+    if (!ec) {
+      Accept();
+      return;
+    }
+    // Other errors (EMFILE, ECONNABORTED) concern one attempt; keep serving,
+    // but after a pause so a lasting EMFILE does not spin the I/O thread.
+    accept_retry_.expires_after(std::chrono::milliseconds(100));
+    accept_retry_.async_wait([this](const boost::system::error_code& wait_ec) {
+      if (!wait_ec && !closed_) Accept();
+    });
+  });
+}
+
+void ControlServer::Forget(ControlConnection* connection) {
+  for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+    if (it->get() == connection) {
+      connections_.erase(it);
+      return;
+    }
+  }
+}
+
+bool ControlServer::PeerAllowed(const PeerCredentials& peer) const {
+  if (peer.uid == 0 || peer.uid == ::geteuid()) return true;
+  if (!options_.group) return false;
+  return peer.gid == *options_.group || UserInGroup(peer.uid, *options_.group);
+}
+
+void ControlServer::Close() {
+  if (closed_) return;
+  closed_ = true;
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  accept_retry_.cancel();
+  if (bound_) ::unlink(options_.socket_path.c_str());
+  // Copy: closing a connection erases it from the set.
+  auto connections = connections_;
+  for (const auto& c : connections) c->CloseAfterFlush();
+}
+
+}  // namespace hvtrace::hostd

@@ -1,0 +1,159 @@
+// hvtraced's core: the state directory, the control socket, the per-VM
+// supervisors, the capture service, and the threads they run on.
+//
+// Threads: one I/O thread runs the io_context (socket, signals, QMP sessions,
+// libvirt's event loop); a small pool runs everything slow (captures, QEMU
+// start-up, libvirt calls, listing the disk). Control commands are answered
+// on the I/O thread only when that is cheap; the rest is posted to the pool.
+//
+// Requests are routed by one command table (commands.cc): one handler per
+// command, each reaching the VM through its VmBackend, whatever kind it is.
+#ifndef HVTRACE_HOSTD_DAEMON_H_
+#define HVTRACE_HOSTD_DAEMON_H_
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include <atomic>
+
+#include "boot_request.h"
+#include "capture_service.h"
+#include "capture_store.h"
+#include "config.h"
+#include "control_server.h"
+#include "formats_service.h"
+#include "hvtrace/result.h"
+#include "qmp_vm.h"
+#include "state_dir.h"
+#include "supervisor.h"
+
+namespace hvtrace::hostd {
+
+class DaemonLibvirt;
+
+inline constexpr int kControlProtocolVersion = 1;
+std::string_view HvtraceVersion();
+// The effective configuration, as `version` and `hvtraced --check-config` show it.
+nlohmann::json ConfigJson(const Config& config);
+
+class Daemon {
+ public:
+  explicit Daemon(Config config);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Prepares the state dir, takes the socket lock (one daemon per socket),
+  // registers the VMs found in the state dir, and starts listening.
+  Status Start();
+
+  // Serves until SIGTERM/SIGINT or the `shutdown` command, then stops the
+  // supervisors and waits for in-flight captures.
+  void Run();
+
+  // Thread-safe.
+  void RequestShutdown(std::string reason);
+
+  SupervisorRegistry& registry() { return registry_; }
+  boost::asio::io_context& io() { return io_; }
+  boost::asio::thread_pool& pool() { return pool_; }
+  const Config& config() const { return config_; }
+
+  // Registers |name| with |backend| in place of whatever had that name (the
+  // old supervisor is stopped), loads its kernel's formats and sizes the
+  // capture buffers, then starts it. A null |backend| lists |name| offline
+  // with its captures (SetOffline).
+  Status ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> backend);
+  Status SetOffline(const std::string& name) { return ReplaceVm(name, nullptr); }
+  // True while a shutdown is under way: long-running work (streams) ends.
+  bool stopping() const { return stopping_.load(); }
+
+  // Test seam: faults the capture service injects (capture_service.h).
+  // Call before Start.
+  void SetCaptureFaults(CaptureFaults faults);
+
+ private:
+  // One handler per control command (commands.cc, boot_commands.cc,
+  // attach_commands.cc); the command table (FindHandler) routes to them.
+  using Handler = void (Daemon::*)(const Request&, const std::shared_ptr<Responder>&);
+  static const std::map<std::string, Handler, std::less<>>& CommandTable();
+  static Handler FindHandler(std::string_view cmd);
+  static std::string CommandNames();
+  void HandlePing(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleVersion(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleList(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleStatus(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleCaptures(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleShutdown(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleBoot(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleAdopt(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleCapture(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleStop(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleAttach(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleDetach(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleStream(const Request& request, const std::shared_ptr<Responder>& responder);
+
+  void HandleRequest(const Request& request, const PeerCredentials& peer,
+                     const std::shared_ptr<Responder>& responder);
+  // Finds the VM named by args.name, or fails |responder| and returns null.
+  std::shared_ptr<VmSupervisor> VmFromArgs(const Request& request, Responder& responder);
+  // The checks before a boot or adopt of |name|: a valid name, nothing of
+  // that name under way or live, its state dir made. Fails |responder|.
+  bool ReadyForNewVm(const std::string& name, Responder& responder);
+  // The pool part of boot: checks the backing path, starts QEMU, then posts
+  // the registration and the reply back to the I/O thread.
+  void LaunchBoot(const std::string& name, const BootRequest& boot, const BootPaths& paths,
+                  const VmConfig& vm_config, Accel accel, const std::shared_ptr<Responder>& responder);
+  // Registers a QMP VM (booted or adopted) and saves its spec for re-adoption.
+  Status RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm);
+  // attach on a VM hvtraced does not serve yet: adopts it (QMP with
+  // args.qmp, else a libvirt domain) on the pool, then |then| on the pool.
+  void AdoptForAttach(const std::string& name, const std::string& qmp,
+                      const std::shared_ptr<Responder>& responder, std::function<void()> then);
+  // Removes the files a dead daemon-booted QEMU left (never a live one's).
+  void RemoveRemnants(const std::string& name);
+  // Re-adopts a QMP VM remembered in its state dir whose QEMU still runs
+  // (for a VM the daemon booted: the same process, checked by start time).
+  void ReadoptVm(const std::string& name);
+  // Finishes the captures an earlier run died in, in the background.
+  void RecoverCaptures(const std::vector<std::string>& names);
+  void DoShutdown(const std::string& reason);
+  void PollStop(std::chrono::steady_clock::time_point deadline);
+  SupervisorOptions supervisor_options() const;
+
+  Config config_;
+  boost::asio::io_context io_;
+  boost::asio::thread_pool pool_;
+  boost::asio::signal_set signals_;
+  boost::asio::steady_timer stop_timer_;
+  StateDir state_;
+  std::shared_ptr<FormatsService> formats_;  // The formats cache every VM decodes with.
+  std::shared_ptr<CaptureService> captures_;
+  SupervisorRegistry registry_;
+  std::unique_ptr<ControlServer> server_;
+  int lock_fd_ = -1;
+  HostTime started_;
+  std::atomic<bool> stopping_{false};
+  // libvirt domains (daemon_libvirt.h); null when config libvirt_uri is empty.
+  std::unique_ptr<DaemonLibvirt> libvirt_;
+  // Names whose boot or stop is under way on the pool (I/O thread only):
+  // another boot/stop of the same name waits for it to finish.
+  std::set<std::string, std::less<>> booting_;
+  std::set<std::string, std::less<>> stopping_vms_;
+};
+
+// hvtraced's main: flags, config, Start, Run. Returns the exit status.
+// |faults| is the test seam of tests/tools/ (capture_service.h).
+int DaemonMain(int argc, char** argv, CaptureFaults faults = {});
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_DAEMON_H_

@@ -1,0 +1,100 @@
+// hvtraced's command line: flags, config file, then the Daemon.
+#include <signal.h>
+
+#include <cstdio>
+#include <optional>
+
+#include "daemon.h"
+
+namespace hvtrace::hostd {
+
+namespace {
+
+int Usage(FILE* out) {
+  std::fprintf(out,
+               "usage: hvtraced [--config FILE] [--state-dir DIR] [--run-dir DIR] "
+               "[--socket PATH] [--check-config]\n"
+               "  --config FILE   config file (default %s; absent = defaults)\n"
+               "  --state-dir DIR captures and per-VM state (overrides state_dir)\n"
+               "  --run-dir DIR   socket and lock directory (overrides run_dir)\n"
+               "  --socket PATH   control socket (overrides socket)\n"
+               "  --check-config  print the effective configuration as JSON and exit\n",
+               std::string(kDefaultConfigPath).c_str());
+  return out == stdout ? 0 : 2;
+}
+
+}  // namespace
+
+int DaemonMain(int argc, char** argv, CaptureFaults faults) {
+  std::string config_path(kDefaultConfigPath);
+  bool config_given = false;
+  bool check_only = false;
+  std::optional<std::filesystem::path> state_dir, run_dir, socket;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    auto value = [&](std::string_view flag) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "hvtraced: %.*s needs a value\n", static_cast<int>(flag.size()),
+                     flag.data());
+        return nullptr;
+      }
+      return argv[++i];
+    };
+    const char* v = nullptr;
+    if (arg == "--help" || arg == "-h") return Usage(stdout);
+    if (arg == "--version") {
+      std::printf("hvtraced %s\n", std::string(HvtraceVersion()).c_str());
+      return 0;
+    }
+    if (arg == "--check-config") {
+      check_only = true;
+    } else if (arg == "--config") {
+      if (!(v = value(arg))) return 2;
+      config_path = v;
+      config_given = true;
+    } else if (arg == "--state-dir") {
+      if (!(v = value(arg))) return 2;
+      state_dir = std::filesystem::absolute(v);
+    } else if (arg == "--run-dir") {
+      if (!(v = value(arg))) return 2;
+      run_dir = std::filesystem::absolute(v);
+    } else if (arg == "--socket") {
+      if (!(v = value(arg))) return 2;
+      socket = std::filesystem::absolute(v);
+    } else {
+      std::fprintf(stderr, "hvtraced: unknown argument '%s'\n", argv[i]);
+      return Usage(stderr);
+    }
+  }
+  auto config = LoadConfigFile(config_path, config_given);
+  if (!config.ok()) {
+    std::fprintf(stderr, "hvtraced: %s\n", config.error().message.c_str());
+    return 1;
+  }
+  if (state_dir) config->state_dir = *state_dir;
+  if (run_dir) config->run_dir = *run_dir;
+  if (socket) config->socket_path = *socket;
+  if (check_only) {
+    std::printf("%s\n", ConfigJson(*config).dump(2).c_str());
+    return 0;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  // Block the termination signals before the pool's threads exist, so only
+  // the I/O thread (through signal_set) ever handles them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  Daemon daemon(std::move(*config));
+  if (faults.after_copies_durable) daemon.SetCaptureFaults(std::move(faults));
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  if (Status s = daemon.Start(); !s.ok()) {
+    std::fprintf(stderr, "hvtraced: %s\n", s.error().message.c_str());
+    return 1;
+  }
+  daemon.Run();
+  return 0;
+}
+
+}  // namespace hvtrace::hostd

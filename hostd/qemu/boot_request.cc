@@ -1,0 +1,107 @@
+#include "boot_request.h"
+
+#include "kvm_probe.h"
+
+namespace hvtrace::hostd {
+
+using nlohmann::json;
+
+json BootRequest::ToJson() const {
+  return {{"name", name},         {"kernel", kernel},         {"initrd", initrd},
+          {"append", append},     {"cpus", cpus},             {"memory_mib", memory_mib},
+          {"trace_size_mib", trace_size_mib}, {"events", events}, {"accel", accel}};
+}
+
+Result<BootRequest> BootRequest::FromJson(const json& args) {
+  BootRequest r;
+  if (!args.is_object()) return Error{"boot: args must be an object"};
+  auto str = [&](const char* key, std::string& out, bool required) -> Status {
+    auto it = args.find(key);
+    if (it == args.end() || it->is_null()) {
+      if (required) return Error{std::string("boot: args.") + key + " is required"};
+      return {};
+    }
+    if (!it->is_string()) return Error{std::string("boot: args.") + key + " must be a string"};
+    out = it->get<std::string>();
+    return {};
+  };
+  auto num = [&](const char* key, uint64_t lo, uint64_t hi, uint64_t& out) -> Status {
+    auto it = args.find(key);
+    if (it == args.end() || it->is_null()) return {};
+    if (!it->is_number_unsigned()) return Error{std::string("boot: args.") + key + " must be a positive integer"};
+    uint64_t v = it->get<uint64_t>();
+    if (v < lo || v > hi) {
+      return Error{std::string("boot: args.") + key + " = " + std::to_string(v) + " is outside " +
+                   std::to_string(lo) + ".." + std::to_string(hi)};
+    }
+    out = v;
+    return {};
+  };
+  for (Status s : {str("name", r.name, true), str("kernel", r.kernel, true),
+                   str("initrd", r.initrd, false), str("append", r.append, false),
+                   str("events", r.events, false), str("accel", r.accel, false)}) {
+    if (!s.ok()) return s.error();
+  }
+  uint64_t cpus = static_cast<uint64_t>(r.cpus);
+  for (Status s : {num("cpus", 1, 64, cpus), num("memory_mib", 256, 65536, r.memory_mib),
+                   num("trace_size_mib", 1, 1024, r.trace_size_mib)}) {
+    if (!s.ok()) return s.error();
+  }
+  r.cpus = static_cast<int>(cpus);
+  if (auto a = ParseAccel(r.accel); !a.ok()) return a.error();
+  return r;
+}
+
+BootPaths DefaultBootPaths(const std::string& name, const std::filesystem::path& run_dir,
+                           const std::filesystem::path& vm_dir) {
+  BootPaths p;
+  p.qmp_socket = (run_dir / (name + ".qmp")).string();
+  p.console_log = (vm_dir / "console.log").string();
+  p.console_socket = (run_dir / (name + ".console")).string();
+  p.qemu_log = (vm_dir / "qemu.log").string();
+  p.backing_file = "/dev/shm/hvtrace-" + name;
+  return p;
+}
+
+Result<Accel> ParseAccel(std::string_view text) {
+  if (text == "auto") return Accel::kAuto;
+  if (text == "tcg") return Accel::kTcg;
+  if (text == "kvm") return Accel::kKvm;
+  return Error{"accel '" + std::string(text) + "' is not one of auto, tcg, kvm"};
+}
+
+bool ResolveKvm(Accel accel, const std::string& kernel) {
+  switch (accel) {
+    case Accel::kKvm: return true;
+    case Accel::kTcg: return false;
+    case Accel::kAuto: return KvmUsable(kernel);
+  }
+  return false;
+}
+
+Result<VmConfig> MakeBootVmConfig(const BootRequest& r, const BootPaths& paths) {
+  auto accel = ParseAccel(r.accel);
+  if (!accel.ok()) return accel.error();
+  VmConfig c;
+  c.name = r.name;
+  c.accel = *accel;
+  c.vcpus = r.cpus;
+  c.memory_bytes = r.memory_mib * kMiB;
+  c.kernel = r.kernel;
+  c.initrd = r.initrd;
+  c.cmdline = r.append;
+  c.qmp_socket = paths.qmp_socket;
+  c.console_log = paths.console_log;
+  c.console_socket = paths.console_socket;
+  c.qemu_log = paths.qemu_log;
+  c.panic_device = PanicDevice::kIsa;
+  c.pause_on_panic = true;
+  BootRangeConfig br;
+  br.backing_path = paths.backing_file;
+  br.range_bytes = r.trace_size_mib * kMiB;
+  br.events = r.events;
+  c.boot_range = br;
+  return c;
+}
+
+}  // namespace hvtrace::hostd

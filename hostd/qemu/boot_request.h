@@ -1,0 +1,64 @@
+// What `hvtrace boot` / `hvtrace qemu-args` turn into: a VmConfig with a
+// host-backed boot range whose kernel parameters (memmap=, trace_instance=)
+// BuildQemuPlan adds, so the guest's persistent ring buffer lives in a host
+// file from early boot.
+#ifndef HVTRACE_HOSTD_BOOT_REQUEST_H_
+#define HVTRACE_HOSTD_BOOT_REQUEST_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "hvtrace/result.h"
+#include "vm_config.h"
+
+namespace hvtrace::hostd {
+
+// Events that show the boot sequence of a 6.12 guest: initcalls, interrupts,
+// timers and the scheduler (names checked against the 6.12 guest's tracefs).
+// Writes to instances/boot_map/trace_marker land there too, with no event.
+inline constexpr const char* kDefaultBootEvents =
+    "initcall:initcall_start,initcall:initcall_finish,irq:irq_handler_entry,"
+    "irq:irq_handler_exit,irq:softirq_entry,irq:softirq_exit,timer:hrtimer_expire_entry,"
+    "sched:sched_switch,sched:sched_wakeup,sched:sched_process_exec,sched:sched_process_exit";
+
+struct BootRequest {
+  std::string name;
+  std::string kernel;
+  std::string initrd;
+  std::string append;
+  int cpus = 2;
+  uint64_t memory_mib = 1088;
+  uint64_t trace_size_mib = 16;
+  std::string events = kDefaultBootEvents;
+  std::string accel = "auto";  // auto | tcg | kvm
+
+  nlohmann::json ToJson() const;
+  // Checks types and ranges; errors name the field.
+  static Result<BootRequest> FromJson(const nlohmann::json& args);
+};
+
+// Where the daemon (or a person running QEMU themselves) puts the VM's
+// sockets, logs and backing file.
+struct BootPaths {
+  std::string qmp_socket;
+  std::string console_log;
+  std::string console_socket;  // ttyS0, for people and tests to type into.
+  std::string qemu_log;
+  std::string backing_file;  // /dev/shm/hvtrace-<name>
+};
+BootPaths DefaultBootPaths(const std::string& name, const std::filesystem::path& run_dir,
+                           const std::filesystem::path& vm_dir);
+
+Result<Accel> ParseAccel(std::string_view text);
+// kvm → true; tcg → false; auto → KvmUsable(kernel) (probe guests, the last
+// one |kernel| itself, must finish under KVM).
+bool ResolveKvm(Accel accel, const std::string& kernel);
+
+Result<VmConfig> MakeBootVmConfig(const BootRequest& request, const BootPaths& paths);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_BOOT_REQUEST_H_

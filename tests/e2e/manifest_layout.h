@@ -1,0 +1,45 @@
+// The layout every capture manifest has, whichever backend took it
+// (hostd/capture/capture_store.h): the QMP and the libvirt e2e tests check
+// their captures against the same lists, so the two cannot drift apart.
+#ifndef HVTRACE_TESTS_E2E_MANIFEST_LAYOUT_H_
+#define HVTRACE_TESTS_E2E_MANIFEST_LAYOUT_H_
+
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace hvtrace::e2e {
+
+inline std::set<std::string> KeysOf(const nlohmann::json& j) {
+  std::set<std::string> keys;
+  if (j.is_object()) {
+    for (const auto& [key, value] : j.items()) keys.insert(key);
+  }
+  return keys;
+}
+
+// A decoded boot-range capture taken through |transport_kind|'s backend.
+inline void ExpectBootRangeManifestLayout(const nlohmann::json& m, const std::string& transport_kind) {
+  EXPECT_EQ(KeysOf(m), (std::set<std::string>{"format", "version", "vm", "trigger", "id", "host_time", "kernel",
+                                              "region", "cpus", "totals", "validation", "qmp_events", "files",
+                                              "extra"}))
+      << m.dump(2);
+  EXPECT_EQ(m["version"], 2);
+  EXPECT_EQ(KeysOf(m["region"]), (std::set<std::string>{"kind", "source", "offset", "size", "gpa"}))
+      << m["region"].dump(2);
+  EXPECT_EQ(KeysOf(m["extra"]),
+            (std::set<std::string>{"transport", "consistency", "timing_ms", "formats", "boots"}))
+      << m["extra"].dump(2);
+  EXPECT_EQ(m["extra"]["transport"]["kind"], transport_kind);
+  EXPECT_TRUE(KeysOf(m["extra"]["consistency"]).count("vcpus_stopped")) << m["extra"].dump(2);
+  for (const char* key : {"copy", "region_write_fsync", "trigger_to_region_durable", "decode", "trigger_to_decoded"}) {
+    EXPECT_TRUE(m["extra"]["timing_ms"].contains(key)) << key << " in " << m["extra"]["timing_ms"].dump();
+  }
+  EXPECT_TRUE(KeysOf(m["kernel"]).count("formats_key")) << m["kernel"].dump();
+}
+
+}  // namespace hvtrace::e2e
+
+#endif  // HVTRACE_TESTS_E2E_MANIFEST_LAYOUT_H_

@@ -2,7 +2,7 @@
 # Builds the hvtrace test guests: a Debian kernel plus a busybox initramfs.
 #
 #   qemu-scripts/build-guest.sh [--kernel 6.12|6.1|all] [--out DIR] [--agent PATH]
-#                               [--with-kexec-kernel] [--overlay DIR] [--refresh]
+#                               [--guest-test PATH] [--with-kexec-kernel] [--overlay DIR] [--refresh]
 #
 # Guests (the guest contract, see qemu-scripts/README.md):
 #   6.12  newest linux-image-6.12.*-amd64 in bookworm-backports (has the
@@ -22,8 +22,10 @@
 # The package lists are refreshed when older than HVTRACE_APT_MAX_AGE_HOURS
 # (default 24) or with --refresh; without network the cached lists and
 # packages are used. An initramfs is rebuilt only when one of its inputs
-# (kernel package, init, busybox, helper, agent, overlay, this script)
-# changed, so a run with everything cached takes about a second.
+# (kernel package, init, busybox, helper, agent, test tools, overlay, this
+# script) changed, so a run with everything cached takes about a second.
+# --guest-test PATH puts the test tools (build/bin/hvtrace-guest-test: dw-write,
+# scribble) at /bin/hvtrace-guest-test; only test images ask for them.
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -33,6 +35,7 @@ MAX_AGE_HOURS=${HVTRACE_APT_MAX_AGE_HOURS:-24}
 OUT="$ROOT/build/guest"
 AGENT=""
 AGENT_GIVEN=0
+GUEST_TEST=""
 GUESTS=(6.12 6.1)
 WITH_KEXEC_KERNEL=0
 OVERLAY=""
@@ -59,6 +62,7 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     --out) [ $# -ge 2 ] || usage; OUT=$2; shift 2 ;;
     --agent) [ $# -ge 2 ] || usage; AGENT=$2; AGENT_GIVEN=1; shift 2 ;;
+    --guest-test) [ $# -ge 2 ] || usage; GUEST_TEST=$2; shift 2 ;;
     --with-kexec-kernel) WITH_KEXEC_KERNEL=1; shift ;;
     --overlay) [ $# -ge 2 ] || usage; OVERLAY=$2; shift 2 ;;
     --refresh) REFRESH=1; shift ;;
@@ -84,6 +88,10 @@ if [ "$AGENT_GIVEN" -eq 1 ]; then
   AGENT=$(cd "$(dirname "$AGENT")" && pwd)/$(basename "$AGENT")
 elif [ -f "$ROOT/build/bin/hvtrace-agent" ]; then
   AGENT="$ROOT/build/bin/hvtrace-agent"
+fi
+if [ -n "$GUEST_TEST" ]; then
+  [ -f "$GUEST_TEST" ] || die "--guest-test $GUEST_TEST: no such file"
+  GUEST_TEST=$(cd "$(dirname "$GUEST_TEST")" && pwd)/$(basename "$GUEST_TEST")
 fi
 if [ -n "$OVERLAY" ]; then
   [ -d "$OVERLAY" ] || die "--overlay $OVERLAY: no such directory"
@@ -306,9 +314,11 @@ if [ ! -x "$KEXEC_BIN" ]; then
   mv "$KEXEC_BIN.tmp" "$KEXEC_BIN"
 fi
 
-if [ -n "$AGENT" ] && LC_ALL=C readelf -l "$AGENT" 2>/dev/null | grep -q 'Requesting program interpreter'; then
-  log "warning: $AGENT is dynamically linked; it will not run in the initramfs"
-fi
+for f in "$AGENT" "$GUEST_TEST"; do
+  if [ -n "$f" ] && LC_ALL=C readelf -l "$f" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+    log "warning: $f is dynamically linked; it will not run in the initramfs"
+  fi
+done
 
 # Writes the initramfs for the unpacked kernel to $1 (gzip'd newc cpio); with
 # $2 = 1 it also carries the kernel at /boot/vmlinuz.
@@ -332,6 +342,7 @@ make_initramfs() {
   install -m 0755 "$KEXEC_BIN" "$stage/bin/hvtrace-kexec"
   install -m 0755 "$SCRIPT_DIR/guest/hvtrace-kexec-self" "$stage/bin/hvtrace-kexec-self"
   [ -z "$AGENT" ] || install -m 0755 "$AGENT" "$stage/bin/hvtrace-agent"
+  [ -z "$GUEST_TEST" ] || install -m 0755 "$GUEST_TEST" "$stage/bin/hvtrace-guest-test"
   : >"$stage/etc/hvtrace/modules"
   for f in "${MODULE_FILES[@]}"; do
     local base=${f##*/}; base=${base%.ko*}
@@ -362,6 +373,7 @@ inputs_hash() {
     sha256sum "$0" "$SCRIPT_DIR/guest/init" "$SCRIPT_DIR/guest/hvtrace-kexec-self" "$KEXEC_BIN" "$BUSYBOX" \
       | cut -d' ' -f1
     if [ -n "$AGENT" ]; then echo "agent"; sha256sum <"$AGENT"; fi
+    if [ -n "$GUEST_TEST" ]; then echo "guest-test"; sha256sum <"$GUEST_TEST"; fi
     if [ -n "$OVERLAY" ]; then
       echo "overlay"
       (cd "$OVERLAY" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum)

@@ -1,7 +1,7 @@
 // Attach mode against a real 6.12 guest with a cold-plugged region: the host
 // creates the region file (header and requests, as hvtraced will), the guest
 // runs hvtrace-agent from its initramfs, writes markers through trace_marker
-// and through the direct-write library (hvtrace-agent dw-write), and the host
+// and through the direct-write library (hvtrace-guest-test dw-write), and the host
 // region reader finds all of them, in time order, without a single issue.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -100,7 +100,7 @@ TEST(AttachColdE2e, MarkersAndDirectWritesReachTheHostRegion) {
   }
 
   ASSERT_EQ(guest.Run("echo HVT-KMARK-1 > /sys/kernel/tracing/trace_marker")->status, 0);
-  auto dw = guest.Run("hvtrace-agent dw-write --count 3 HVT-DW");
+  auto dw = guest.Run("hvtrace-guest-test dw-write --count 3 HVT-DW");
   ASSERT_TRUE(dw.ok());
   ASSERT_EQ(dw->status, 0) << dw->output;
   ASSERT_EQ(guest.Run("echo HVT-KMARK-2 > /sys/kernel/tracing/trace_marker")->status, 0);

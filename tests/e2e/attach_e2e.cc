@@ -211,7 +211,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // The stream's first look is taken.
   const auto write_start = Clock::now();
   ASSERT_EQ(guest.Run("echo HVT-K1 > /sys/kernel/tracing/trace_marker")->status, 0);
-  auto dw = guest.Run("hvtrace-agent dw-write --count 3 HVT-DW");
+  auto dw = guest.Run("hvtrace-guest-test dw-write --count 3 HVT-DW");
   ASSERT_TRUE(dw.ok());
   ASSERT_EQ(dw->status, 0) << dw->output;
   ASSERT_EQ(guest.Run("echo HVT-K2 > /sys/kernel/tracing/trace_marker")->status, 0);
@@ -294,7 +294,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   ASSERT_TRUE(cli.WaitFor("streaming VM", std::chrono::seconds(10))) << cli.Output();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ASSERT_EQ(guest.Run("echo HVT-R-K1 > /sys/kernel/tracing/trace_marker")->status, 0);
-  auto dw_again = guest.Run("hvtrace-agent dw-write --count 2 HVT-R-DW");
+  auto dw_again = guest.Run("hvtrace-guest-test dw-write --count 2 HVT-R-DW");
   ASSERT_TRUE(dw_again.ok());
   ASSERT_EQ(dw_again->status, 0) << dw_again->output;
   ASSERT_TRUE(cli.WaitFor("text=HVT-R-DW 1", std::chrono::seconds(30)))
@@ -306,7 +306,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   const std::string crash =
       "i=0; while [ $i -lt " + std::to_string(kBurst) +
       " ]; do echo HVT-LOSS-$i > /sys/kernel/tracing/trace_marker; i=$((i+1)); done; "
-      "hvtrace-agent dw-write --count 5 HVT-LAST > /dev/null; echo c > /proc/sysrq-trigger\n";
+      "hvtrace-guest-test dw-write --count 5 HVT-LAST > /dev/null; echo c > /proc/sysrq-trigger\n";
   ASSERT_TRUE(guest.console().Send(crash).ok());
   fs::path capture_dir;
   const auto deadline = Clock::now() + std::chrono::seconds(90);

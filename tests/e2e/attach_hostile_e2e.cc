@@ -4,7 +4,7 @@
 // each writes markers tagged with its own name through trace_marker and the
 // direct-write library. TwoVmsAttachedAtOnceStayIsolated checks that every
 // tag lands in its own VM's region only. ScribblerIsReportedAndSkipped runs
-// `hvtrace-agent scribble all` in one guest (wrong lengths, torn slots,
+// `hvtrace-guest-test scribble all` in one guest (wrong lengths, torn slots,
 // counters running backwards, a format table that lies, broken pages, symbol
 // and comm areas that lie, a rewritten host header) while the host keeps reading both regions: the
 // reader reports each kind of damage by reason, never fails, keeps the good
@@ -88,7 +88,7 @@ Status Mark(AttachedGuest* g, const std::string& what, int count, bool dw = true
                          "-K$i > /sys/kernel/tracing/trace_marker; done");
   if (!k.ok() || k->status != 0) return Error{g->tag + ": trace_marker failed"};
   if (!dw) return Status();
-  auto d = g->guest->Run("hvtrace-agent dw-write --count " + std::to_string(count) + " " + prefix + "-D");
+  auto d = g->guest->Run("hvtrace-guest-test dw-write --count " + std::to_string(count) + " " + prefix + "-D");
   if (!d.ok() || d->status != 0) return Error{g->tag + ": dw-write failed: " + (d.ok() ? d->output : "")};
   return Status();
 }
@@ -175,7 +175,7 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
     tracker_a.Update(&sa);
     tracker_b.Update(&sb);
   }
-  ASSERT_EQ(a_.guest->Run("(hvtrace-agent scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")->status, 0);
+  ASSERT_EQ(a_.guest->Run("(hvtrace-guest-test scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")->status, 0);
   // The text areas' content is checked when it is inflated, as stream and
   // capture do.
   RegionTextCache texts_a, texts_b;
@@ -248,7 +248,7 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
   // (Its direct-write programs cannot attach any more: the scribbler broke
   // the host header they check; they must say so and exit, not crash.)
   ASSERT_TRUE(Mark(&a_, "after", 5, /*dw=*/false).ok());
-  auto dw_after = a_.guest->Run("hvtrace-agent dw-write HVT-VMA-after-D");
+  auto dw_after = a_.guest->Run("hvtrace-guest-test dw-write HVT-VMA-after-D");
   ASSERT_TRUE(dw_after.ok());
   EXPECT_EQ(dw_after->status, 1) << dw_after->output;
   std::printf("dw-write in the scribbled guest: %s", dw_after->output.c_str());
@@ -339,7 +339,7 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
         return r.ok() && r->status == 0;
       },
       std::chrono::seconds(30)));
-  ASSERT_EQ(vms[0].guest->Run("(hvtrace-agent scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")->status,
+  ASSERT_EQ(vms[0].guest->Run("(hvtrace-guest-test scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")->status,
             0);
   ASSERT_EQ(mark(vms[1], "during", 20)->status, 0);
   std::this_thread::sleep_for(std::chrono::seconds(5));  // Until the scribbler is done.

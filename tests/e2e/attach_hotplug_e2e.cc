@@ -85,7 +85,7 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
       << "agent never announced itself in region A\n" << log() << guest.Diagnostics();
   std::printf("region A: device_add -> agent running %.1f ms\n", Ms(SteadyClock::now() - plug_a));
 
-  ASSERT_EQ(guest.Run("(hvtrace-agent dw-write --for-ms 600000 --every-ms 20 --stop-file /tmp/dw.stop "
+  ASSERT_EQ(guest.Run("(hvtrace-guest-test dw-write --for-ms 600000 --every-ms 20 --stop-file /tmp/dw.stop "
                       "HVT-DWLOOP > /tmp/dw.log 2>&1 &)")
                 ->status,
             0);

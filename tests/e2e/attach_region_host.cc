@@ -16,8 +16,11 @@ using SteadyClock = std::chrono::steady_clock;
 
 Result<GuestImage> ImageWithThisAgent(const std::string& version) {
   const std::string out = std::string(HVTRACE_BIN_DIR) + "/../guest-attach";
+  // The test tools (dw-write, scribble) come along when they are built.
+  const std::string guest_test = std::string(HVTRACE_BIN_DIR) + "/hvtrace-guest-test";
   const std::string cmd = std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh --kernel " + version +
-                          " --out " + out + " --agent " + HVTRACE_BIN_DIR + "/hvtrace-agent 2>&1";
+                          " --out " + out + " --agent " + HVTRACE_BIN_DIR + "/hvtrace-agent" +
+                          (access(guest_test.c_str(), X_OK) == 0 ? " --guest-test " + guest_test : "") + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return Error{"cannot run build-guest.sh"};
   std::string all;

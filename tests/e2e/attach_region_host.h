@@ -18,7 +18,8 @@
 namespace hvtrace::e2e {
 
 // The guest image of kernel |version| ("6.12", "6.1") with this build's
-// hvtrace-agent in its initramfs (build-guest.sh is cached).
+// hvtrace-agent and hvtrace-guest-test in its initramfs (build-guest.sh is
+// cached).
 Result<GuestImage> ImageWithThisAgent(const std::string& version = "6.12");
 
 class HostRegion {

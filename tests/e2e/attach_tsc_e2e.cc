@@ -128,7 +128,7 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
   for (const std::string& marker : Markers()) {
     if (!cmd.empty()) cmd += "; ";
     cmd += marker.starts_with("HVT-TK") ? "echo " + marker + " > /sys/kernel/tracing/trace_marker"
-                                        : "hvtrace-agent dw-write --tsc " + marker;
+                                        : "hvtrace-guest-test dw-write --tsc " + marker;
   }
   auto wrote = guest.Run(cmd);
   ASSERT_TRUE(wrote.ok()) << wrote.error().message;

@@ -326,13 +326,18 @@ TEST(LibvirtE2e, LibvirtdRestartThenPanicWithOnCrashPreserve) {
   EXPECT_EQ((*again)["captures"].size(), 1u) << again->dump(2);
 }
 
-// The 6.12 guest image with this build's hvtrace-agent (build-guest.sh
-// caches it; the same image attach_e2e.cc uses).
+// The 6.12 guest image with this build's hvtrace-agent and
+// hvtrace-guest-test (build-guest.sh caches it; the same image attach_e2e.cc
+// uses).
 Result<GuestImage> ImageWithAgent() {
   const std::string out = std::string(HVTRACE_BIN_DIR) + "/../guest-attach";
-  Result<std::string> built =
-      RunArgv({std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh", "--kernel", "6.12",
-               "--out", out, "--agent", Bin("hvtrace-agent")});
+  std::vector<std::string> argv = {std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh",
+                                    "--kernel", "6.12", "--out", out, "--agent", Bin("hvtrace-agent")};
+  // The test tools (dw-write) come along when they are built.
+  if (access(Bin("hvtrace-guest-test").c_str(), X_OK) == 0) {
+    argv.insert(argv.end(), {"--guest-test", Bin("hvtrace-guest-test")});
+  }
+  Result<std::string> built = RunArgv(argv);
   if (!built.ok()) return built.error();
   GuestImage image;
   std::istringstream lines(*built);
@@ -448,7 +453,7 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   std::this_thread::sleep_for(500ms);  // The stream's first look is taken.
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(domain.console().Run("echo HVT-LV-K1 > /sys/kernel/tracing/trace_marker", kCommandTimeout)->status, 0);
-  auto dw = domain.console().Run("hvtrace-agent dw-write --count 3 HVT-LV-DW", kCommandTimeout);
+  auto dw = domain.console().Run("hvtrace-guest-test dw-write --count 3 HVT-LV-DW", kCommandTimeout);
   ASSERT_TRUE(dw.ok() && dw->status == 0) << (dw.ok() ? dw->output : dw.error().message);
   ASSERT_TRUE(stream.WaitFor({"HVT-LV-K1", "HVT-LV-DW 2"}, 30s)) << stream.Text() << diag();
   std::printf("[ metric ] markers written -> shown by `hvtrace stream`: %.0f ms\n",
@@ -458,7 +463,7 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   EXPECT_LT(text.find("HVT-LV-DW 0"), text.find("HVT-LV-DW 2")) << text;
 
   LV_ASSERT_OK(domain.console().Send(
-      "hvtrace-agent dw-write --count 2 HVT-LV-LAST > /dev/null; echo c > /proc/sysrq-trigger\n"));
+      "hvtrace-guest-test dw-write --count 2 HVT-LV-LAST > /dev/null; echo c > /proc/sysrq-trigger\n"));
   Result<json> captures = hvt.WaitForCaptures(domain.name(), 1, 60s);
   ASSERT_TRUE(captures.ok()) << captures.error().message << diag();
   const std::string path = (*captures)["captures"][0]["path"];

@@ -21,148 +21,15 @@
 #include <vector>
 
 #include "event_text.h"
+#include "num_expr.h"
+#include "sched_printer.h"
 
 namespace hvtrace {
 namespace {
 
-// ---- numeric expressions (eval_num_arg) ------------------------------------
-
-struct Expr {
-  enum Kind { kConst, kField, kMask, kTernary, kBinary, kNull } kind = kNull;
-  uint64_t value = 0;  // kConst; kMask: the mask.
-  uint32_t offset = 0, size = 0;  // kField.
-  char op[3] = {0, 0, 0};         // kBinary.
-  std::unique_ptr<Expr> a, b, c;  // Operands; kMask: a; kTernary: a ? b : c.
-
-  uint64_t Eval(const unsigned char* data, uint32_t record_size) const {
-    switch (kind) {
-      case kNull: return 0;
-      case kConst: return value;
-      case kField: {
-        // check_data_offset_size(): a field past the record reads as 0.
-        if (static_cast<uint64_t>(offset) + size > record_size) return 0;
-        const unsigned char* p = data + offset;
-        switch (size) {
-          case 1: return p[0];
-          case 2: return static_cast<uint64_t>(p[0] | p[1] << 8);
-          case 4: {
-            uint32_t v;
-            std::memcpy(&v, p, 4);
-            return v;
-          }
-          case 8: {
-            uint64_t v;
-            std::memcpy(&v, p, 8);
-            return v;
-          }
-          default: return 0;
-        }
-      }
-      case kMask: return a->Eval(data, record_size) & value;
-      case kTernary:
-        return a->Eval(data, record_size) ? b->Eval(data, record_size) : c->Eval(data, record_size);
-      case kBinary: {
-        uint64_t l = a->Eval(data, record_size);
-        uint64_t r = b->Eval(data, record_size);
-        switch (op[0]) {
-          case '!': return op[1] == 0 ? !r : l != r;
-          case '~': return ~r;
-          case '|': return op[1] ? (l || r) : (l | r);
-          case '&': return op[1] ? (l && r) : (l & r);
-          case '<': return op[1] == 0 ? l < r : op[1] == '<' ? l << (r & 63) : l <= r;
-          case '>': return op[1] == 0 ? l > r : op[1] == '>' ? l >> (r & 63) : l >= r;
-          case '=': return l == r;
-          case '-': return l - r;
-          case '+': return l + r;
-          // libtraceevent would divide by zero here; a hostile record
-          // must not crash us, and the value is never printed by the kernel.
-          case '/': return r ? l / r : 0;
-          case '%': return r ? l % r : 0;
-          case '*': return l * r;
-        }
-        return 0;
-      }
-    }
-    return 0;
-  }
-};
-
-// eval_type_str() with pointer == 0, as a mask (its signed cases mask too).
-uint64_t TypeMask(const char* type) {
-  size_t len = std::strlen(type);
-  if (len < 2 || type[len - 1] == '*' || !std::strncmp(type, "struct", 6)) return ~0ULL;
-  std::string_view t(type);
-  if (t == "u8" || t == "s8") return 0xff;
-  if (t == "u16" || t == "s16") return 0xffff;
-  if (t == "u32" || t == "s32") return 0xffffffffULL;
-  if (t == "u64" || t == "s64") return ~0ULL;
-  if (t.starts_with("unsigned ")) t.remove_prefix(9);
-  if (t == "char") return 0xff;
-  if (t == "short") return 0xffff;
-  if (t == "int") return 0xffffffffULL;
-  return ~0ULL;
-}
-
-tep_format_field* FindField(tep_event* event, tep_print_arg* arg) {
-  if (arg->field.field == nullptr) arg->field.field = tep_find_any_field(event, arg->field.name);
-  return arg->field.field;
-}
-
-std::unique_ptr<Expr> CompileNum(tep_event* event, tep_print_arg* arg) {
-  auto e = std::make_unique<Expr>();
-  if (arg == nullptr) return e;  // kNull
-  switch (arg->type) {
-    case TEP_PRINT_NULL:
-      return e;
-    case TEP_PRINT_ATOM: {
-      const char* atom = arg->atom.atom;
-      e->kind = Expr::kConst;
-      e->value = std::strtoull(atom, nullptr, 0);
-      // A zero from a non-number is a symbol name (test_for_symbol).
-      if (e->value == 0 && !std::isdigit(static_cast<unsigned char>(atom[0]))) return nullptr;
-      return e;
-    }
-    case TEP_PRINT_FIELD: {
-      tep_format_field* f = FindField(event, arg);
-      if (f == nullptr || f->offset < 0 || f->size < 0) return nullptr;
-      e->kind = Expr::kField;
-      e->offset = static_cast<uint32_t>(f->offset);
-      e->size = static_cast<uint32_t>(f->size);
-      return e;
-    }
-    case TEP_PRINT_TYPE: {
-      e->kind = Expr::kMask;
-      e->value = TypeMask(arg->typecast.type);
-      e->a = CompileNum(event, arg->typecast.item);
-      return e->a ? std::move(e) : nullptr;
-    }
-    case TEP_PRINT_OP: {
-      const char* op = arg->op.op;
-      if (!std::strcmp(op, "[")) return nullptr;
-      if (!std::strcmp(op, "?")) {
-        tep_print_arg* colon = arg->op.right;
-        if (colon == nullptr || colon->type != TEP_PRINT_OP) return nullptr;
-        e->kind = Expr::kTernary;
-        e->a = CompileNum(event, arg->op.left);
-        e->b = CompileNum(event, colon->op.left);
-        e->c = CompileNum(event, colon->op.right);
-        return e->a && e->b && e->c ? std::move(e) : nullptr;
-      }
-      static const char* const kOps[] = {"!", "!=", "~", "|", "||", "&", "&&", "<", "<<", "<=",
-                                         ">", ">>", ">=", "==", "-", "+", "/", "%", "*"};
-      bool known = false;
-      for (const char* k : kOps) known = known || !std::strcmp(op, k);
-      if (!known) return nullptr;
-      e->kind = Expr::kBinary;
-      std::memcpy(e->op, op, std::strlen(op));
-      e->a = CompileNum(event, arg->op.left);
-      e->b = CompileNum(event, arg->op.right);
-      return e->a && e->b ? std::move(e) : nullptr;
-    }
-    default:
-      return nullptr;
-  }
-}
+using event_printer_internal::CompileNum;
+using event_printer_internal::Expr;
+using event_printer_internal::FindField;
 
 // ---- printf pieces ----------------------------------------------------------
 
@@ -533,115 +400,148 @@ struct StringStep : Step {
 
 // ---- the format string (parse_args) -----------------------------------------
 
-// Cuts |format| into steps as parse_args()/parse_arg_format()/
-// parse_arg_string() do, consuming |arg| in order. Returns false when a piece
-// is outside what we reproduce.
-bool CompileFormat(tep_handle* tep, tep_event* event, const char* format, tep_print_arg* arg,
-                   SymbolCache* symbols, std::vector<std::unique_ptr<Step>>* steps) {
-  const int long_size = tep_get_long_size(tep);
-  const char* p = format;
-  while (*p) {
-    if (*p == '%' && p[1] != '%') {
-      const char* start = p;
-      int ls = 0;
-      tep_print_arg* len_arg = nullptr;
-      ++p;
-      bool done = false;
-      for (; *p && !done; ++p) {
-        char c = *p;
-        switch (c) {
-          case '#':  // Kept in the text; printf handles it (not natively).
-            break;
-          case 'h': ls--; break;
-          case 'l': ls++; break;
-          case 'L': ls = 2; break;
-          case 'z':
-          case 'Z': ls = 1; break;
-          case '.':
-          case '-':
-            break;
-          case '*':
-            if (arg == nullptr || len_arg != nullptr) return false;
-            len_arg = arg;
-            arg = arg->next;
-            break;
-          case 'p': {
-            if (arg == nullptr) return false;
-            char k = p[1];
-            auto step = std::make_unique<PointerStep>();
-            step->symbols = symbols;
-            if (arg->type == TEP_PRINT_BSTRING) return false;
-            if (k == 'F' || k == 'f' || k == 'S' || k == 's') {
-              step->kind = k;
-              ++p;
-            } else if (k == 'M' || k == 'm' || k == 'I' || k == 'i' || k == 'U' || k == 'h') {
-              return false;
-            }
-            step->value = CompileNum(event, arg);
-            if (!step->value) return false;
-            arg = arg->next;
-            steps->push_back(std::move(step));
-            done = true;
-            break;
-          }
-          case 'd':
-          case 'u':
-          case 'i':
-          case 'x':
-          case 'X':
-          case 'o': {
-            if (arg == nullptr) return false;
-            std::string text(start, static_cast<size_t>(p + 1 - start));
-            if (text.size() > 30) return false;
-            if (ls < -2 || ls > 2) return false;
-            if (long_size == 8 && ls == 1 && sizeof(long) != 8) return false;
-            auto step = std::make_unique<NumberStep>();
-            step->spec = ParseSpec(text);
-            step->ls = ls;
-            step->value = CompileNum(event, arg);
-            if (!step->value) return false;
-            if (len_arg != nullptr) {
-              step->len_arg = CompileNum(event, len_arg);
-              if (!step->len_arg) return false;
-            }
-            arg = arg->next;
-            steps->push_back(std::move(step));
-            done = true;
-            break;
-          }
-          case 's': {
-            if (arg == nullptr) return false;
-            std::string text(start, static_cast<size_t>(p + 1 - start));
-            if (text.size() > 31) return false;
-            auto step = std::make_unique<StringStep>();
-            step->spec = ParseSpec(text);
-            step->node = CompileStr(tep, event, arg);
-            if (!step->node) return false;
-            if (len_arg != nullptr) {
-              step->len_arg = CompileNum(event, len_arg);
-              if (!step->len_arg) return false;
-            }
-            arg = arg->next;
-            steps->push_back(std::move(step));
-            done = true;
-            break;
-          }
-          default:
-            if (c >= '0' && c <= '9') break;
-            {
-              // libtraceevent prints an unknown conversion as ">c<".
-              auto lit = std::make_unique<LiteralStep>();
-              lit->text = std::string(">") + c + "<";
-              steps->push_back(std::move(lit));
-              done = true;
-            }
-            break;
-        }
-      }
-      if (!done) return false;  // Ran off the end inside a conversion.
-      continue;
+// Cuts a print format into steps as parse_args()/parse_arg_format()/
+// parse_arg_string() do, consuming the event's print arguments in order.
+// Every method returns false when a piece is outside what we reproduce.
+class FormatCompiler {
+ public:
+  FormatCompiler(tep_handle* tep, tep_event* event, tep_print_arg* args, SymbolCache* symbols,
+                 std::vector<std::unique_ptr<Step>>* steps)
+      : tep_(tep), event_(event), arg_(args), symbols_(symbols), steps_(steps), long_size_(tep_get_long_size(tep)) {}
+
+  bool Compile(const char* format) {
+    const char* p = format;
+    while (*p) {
+      const bool ok = *p == '%' && p[1] != '%' ? Conversion(&p) : Literal(&p);
+      if (!ok) return false;
     }
-    // parse_arg_string(): literal text up to the next lone '%'.
+    return true;
+  }
+
+ private:
+  // parse_arg_format(): the conversion starting at the '%' |*pp| points to.
+  // Leaves |*pp| just past it.
+  bool Conversion(const char** pp) {
+    const char* p = *pp;
+    const char* start = p;
+    int ls = 0;
+    tep_print_arg* len_arg = nullptr;
+    ++p;
+    bool done = false;
+    for (; *p && !done; ++p) {
+      char c = *p;
+      switch (c) {
+        case '#':  // Kept in the text; printf handles it (not natively).
+          break;
+        case 'h': ls--; break;
+        case 'l': ls++; break;
+        case 'L': ls = 2; break;
+        case 'z':
+        case 'Z': ls = 1; break;
+        case '.':
+        case '-':
+          break;
+        case '*':
+          if (arg_ == nullptr || len_arg != nullptr) return false;
+          len_arg = arg_;
+          arg_ = arg_->next;
+          break;
+        case 'p':
+          if (!Pointer(&p)) return false;
+          done = true;
+          break;
+        case 'd':
+        case 'u':
+        case 'i':
+        case 'x':
+        case 'X':
+        case 'o':
+          if (!Number(std::string(start, static_cast<size_t>(p + 1 - start)), ls, len_arg)) return false;
+          done = true;
+          break;
+        case 's':
+          if (!String(std::string(start, static_cast<size_t>(p + 1 - start)), len_arg)) return false;
+          done = true;
+          break;
+        default:
+          if (c >= '0' && c <= '9') break;
+          {
+            // libtraceevent prints an unknown conversion as ">c<".
+            auto lit = std::make_unique<LiteralStep>();
+            lit->text = std::string(">") + c + "<";
+            steps_->push_back(std::move(lit));
+            done = true;
+          }
+          break;
+      }
+    }
+    if (!done) return false;  // Ran off the end inside a conversion.
+    *pp = p;
+    return true;
+  }
+
+  // %p and %pS/%ps/%pF/%pf; |*pp| points at the 'p' and is moved onto the
+  // kind letter when there is one.
+  bool Pointer(const char** pp) {
+    if (arg_ == nullptr) return false;
+    char k = (*pp)[1];
+    auto step = std::make_unique<PointerStep>();
+    step->symbols = symbols_;
+    if (arg_->type == TEP_PRINT_BSTRING) return false;
+    if (k == 'F' || k == 'f' || k == 'S' || k == 's') {
+      step->kind = k;
+      ++*pp;
+    } else if (k == 'M' || k == 'm' || k == 'I' || k == 'i' || k == 'U' || k == 'h') {
+      return false;
+    }
+    step->value = CompileNum(event_, arg_);
+    if (!step->value) return false;
+    arg_ = arg_->next;
+    steps_->push_back(std::move(step));
+    return true;
+  }
+
+  // %d %u %i %x %X %o with length modifier |ls| ("%lu": 1), as |text|.
+  bool Number(const std::string& text, int ls, tep_print_arg* len_arg) {
+    if (arg_ == nullptr) return false;
+    if (text.size() > 30) return false;
+    if (ls < -2 || ls > 2) return false;
+    if (long_size_ == 8 && ls == 1 && sizeof(long) != 8) return false;
+    auto step = std::make_unique<NumberStep>();
+    step->spec = ParseSpec(text);
+    step->ls = ls;
+    step->value = CompileNum(event_, arg_);
+    if (!step->value) return false;
+    if (len_arg != nullptr) {
+      step->len_arg = CompileNum(event_, len_arg);
+      if (!step->len_arg) return false;
+    }
+    arg_ = arg_->next;
+    steps_->push_back(std::move(step));
+    return true;
+  }
+
+  // %s, as |text|.
+  bool String(const std::string& text, tep_print_arg* len_arg) {
+    if (arg_ == nullptr) return false;
+    if (text.size() > 31) return false;
+    auto step = std::make_unique<StringStep>();
+    step->spec = ParseSpec(text);
+    step->node = CompileStr(tep_, event_, arg_);
+    if (!step->node) return false;
+    if (len_arg != nullptr) {
+      step->len_arg = CompileNum(event_, len_arg);
+      if (!step->len_arg) return false;
+    }
+    arg_ = arg_->next;
+    steps_->push_back(std::move(step));
+    return true;
+  }
+
+  // parse_arg_string(): literal text from |*pp| up to the next lone '%'
+  // (or the end), where it leaves |*pp|.
+  bool Literal(const char** pp) {
+    const char* p = *pp;
     auto lit = std::make_unique<LiteralStep>();
     for (; *p; ++p) {
       if (*p == '\\') {
@@ -665,9 +565,22 @@ bool CompileFormat(tep_handle* tep, tep_event* event, const char* format, tep_pr
         lit->text.push_back(*p);
       }
     }
-    steps->push_back(std::move(lit));
+    steps_->push_back(std::move(lit));
+    *pp = p;
+    return true;
   }
-  return true;
+
+  tep_handle* tep_;
+  tep_event* event_;
+  tep_print_arg* arg_;  // The next argument to consume.
+  SymbolCache* symbols_;
+  std::vector<std::unique_ptr<Step>>* steps_;
+  int long_size_;
+};
+
+bool CompileFormat(tep_handle* tep, tep_event* event, const char* format, tep_print_arg* arg,
+                   SymbolCache* symbols, std::vector<std::unique_ptr<Step>>* steps) {
+  return FormatCompiler(tep, event, arg, symbols, steps).Compile(format);
 }
 
 // ---- printers ------------------------------------------------------------------
@@ -703,136 +616,6 @@ class FormatPrinter : public EventPrinter {
   }
 };
 
-// plugin_sched_switch's handlers, including their tep_register_comm() calls.
-class SchedPrinter : public EventPrinter {
- public:
-  struct F {
-    uint32_t offset = 0, size = 0;
-    bool present = false;
-  };
-  tep_handle* tep = nullptr;
-  bool is_switch = false;
-  F prev_pid, prev_comm, prev_prio, prev_state, next_pid, next_comm, next_prio;
-  F pid, comm, prio, success, target_cpu;
-
-  static uint64_t Read(const unsigned char* data, const F& f) {
-    uint64_t v = 0;
-    std::memcpy(&v, data + f.offset, f.size);  // tep_read_number_field: no record bound.
-    return v;
-  }
-  void Comm(const unsigned char* data, const F& f, uint64_t pid_value, std::string* out) {
-    const char* s = reinterpret_cast<const char*>(data + f.offset);
-    size_t n = strnlen(s, f.size);
-    size_t start = out->size();
-    out->append(s, n);
-    tep_register_comm(tep, out->c_str() + start, static_cast<int>(pid_value));
-  }
-  static void State(std::string* out, int val) {
-    static const char kStates[] = "SDTtZXxW";
-    bool found = false;
-    for (int i = 0; i < 8; ++i) {
-      if (!(val & (1 << i))) continue;
-      if (found) out->push_back('|');
-      found = true;
-      out->push_back(kStates[i]);
-    }
-    if (!found) out->push_back('R');
-  }
-
-  void Print(const unsigned char* data, uint32_t, std::string* out) override {
-    if (is_switch) {
-      uint64_t v = Read(data, prev_pid);
-      if (prev_comm.present) {
-        Comm(data, prev_comm, v, out);
-        out->push_back(':');
-      }
-      AppendInt(out, static_cast<long long>(v));
-      out->push_back(' ');
-      if (prev_prio.present) {
-        out->push_back('[');
-        AppendInt(out, static_cast<int>(Read(data, prev_prio)));
-        out->append("] ");
-      }
-      if (prev_state.present) State(out, static_cast<int>(Read(data, prev_state)));
-      out->append(" ==> ");
-      v = Read(data, next_pid);
-      if (next_comm.present) {
-        Comm(data, next_comm, v, out);
-        out->push_back(':');
-      }
-      AppendInt(out, static_cast<long long>(v));
-      if (next_prio.present) {
-        out->append(" [");
-        AppendInt(out, static_cast<int>(Read(data, next_prio)));
-        out->push_back(']');
-      }
-      return;
-    }
-    uint64_t v = Read(data, pid);
-    if (comm.present) {
-      Comm(data, comm, v, out);
-      out->push_back(':');
-    }
-    AppendInt(out, static_cast<long long>(v));
-    if (prio.present) {
-      out->append(" [");
-      AppendInt(out, static_cast<long long>(Read(data, prio)));
-      out->push_back(']');
-    }
-    if (success.present) {
-      out->append(" success=");
-      AppendInt(out, static_cast<long long>(Read(data, success)));
-    }
-    if (target_cpu.present) {
-      out->append(" CPU:");
-      AppendUintZeroPad(out, Read(data, target_cpu), 3);
-    }
-  }
-};
-
-bool NumberField(tep_event* event, const char* name, SchedPrinter::F* f) {
-  tep_format_field* field = tep_find_any_field(event, name);
-  if (field == nullptr) return true;  // Optional; the handler skips it too.
-  if (field->offset < 0 || (field->size != 1 && field->size != 2 && field->size != 4 && field->size != 8)) {
-    return false;  // The handler would print '!' or skip; leave it to libtraceevent.
-  }
-  f->offset = static_cast<uint32_t>(field->offset);
-  f->size = static_cast<uint32_t>(field->size);
-  f->present = true;
-  return true;
-}
-
-bool CommField(tep_event* event, const char* name, SchedPrinter::F* f) {
-  tep_format_field* field = tep_find_any_field(event, name);
-  if (field == nullptr) return true;
-  if (field->offset < 0 || field->size <= 0 || field->size > 256) return false;
-  f->offset = static_cast<uint32_t>(field->offset);
-  f->size = static_cast<uint32_t>(field->size);
-  f->present = true;
-  return true;
-}
-
-std::unique_ptr<EventPrinter> CompileSched(tep_handle* tep, tep_event* event, bool is_switch) {
-  auto p = std::make_unique<SchedPrinter>();
-  p->tep = tep;
-  p->is_switch = is_switch;
-  bool ok;
-  if (is_switch) {
-    ok = NumberField(event, "prev_pid", &p->prev_pid) && CommField(event, "prev_comm", &p->prev_comm) &&
-         NumberField(event, "prev_prio", &p->prev_prio) && NumberField(event, "prev_state", &p->prev_state) &&
-         NumberField(event, "next_pid", &p->next_pid) && CommField(event, "next_comm", &p->next_comm) &&
-         NumberField(event, "next_prio", &p->next_prio);
-    // Without a pid the handler prints '!' and stops; leave that to it.
-    ok = ok && p->prev_pid.present && p->next_pid.present;
-  } else {
-    ok = NumberField(event, "pid", &p->pid) && CommField(event, "comm", &p->comm) &&
-         NumberField(event, "prio", &p->prio) && NumberField(event, "success", &p->success) &&
-         NumberField(event, "target_cpu", &p->target_cpu) && p->pid.present;
-  }
-  if (!ok) return nullptr;
-  return p;
-}
-
 }  // namespace
 
 const char* SymbolCache::Find(uint64_t addr, uint64_t* start) {
@@ -858,9 +641,9 @@ std::unique_ptr<EventPrinter> EventPrinter::Compile(tep_handle* tep, tep_event* 
     // Only the plugin handlers we reproduce; identified by the event they
     // are registered for (as the plugins register them).
     std::string_view sys = format.system, name = format.name;
-    if (sys == "sched" && name == "sched_switch") return CompileSched(tep, event, true);
+    if (sys == "sched" && name == "sched_switch") return CompileSchedPrinter(tep, event, true);
     if (sys == "sched" && (name == "sched_wakeup" || name == "sched_wakeup_new")) {
-      return CompileSched(tep, event, false);
+      return CompileSchedPrinter(tep, event, false);
     }
     kmem = sys == "kmem" && (name == "kfree" || name == "kmalloc" || name == "kmalloc_node" ||
                              name == "kmem_cache_alloc" || name == "kmem_cache_alloc_node" ||

@@ -7,8 +7,8 @@
 // for everything else (the caller then uses libtraceevent). It also
 // reproduces the sched_switch / sched_wakeup plugin handlers, including
 // their side effect of registering comms.
-#ifndef HVTRACE_SHARED_SRC_EVENT_PRINTER_H_
-#define HVTRACE_SHARED_SRC_EVENT_PRINTER_H_
+#ifndef HVTRACE_SHARED_DECODE_SRC_EVENT_PRINTER_H_
+#define HVTRACE_SHARED_DECODE_SRC_EVENT_PRINTER_H_
 
 #include <cstdint>
 #include <memory>
@@ -57,4 +57,4 @@ class EventPrinter {
 
 }  // namespace hvtrace
 
-#endif  // HVTRACE_SHARED_SRC_EVENT_PRINTER_H_
+#endif  // HVTRACE_SHARED_DECODE_SRC_EVENT_PRINTER_H_

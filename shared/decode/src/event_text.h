@@ -1,8 +1,8 @@
 // Small, allocation-free text helpers for the decoder's hot path: integer
 // formatting with printf's padding rules and JSON string escaping. They
 // append to a std::string that the caller reuses as its write buffer.
-#ifndef HVTRACE_SHARED_SRC_EVENT_TEXT_H_
-#define HVTRACE_SHARED_SRC_EVENT_TEXT_H_
+#ifndef HVTRACE_SHARED_DECODE_SRC_EVENT_TEXT_H_
+#define HVTRACE_SHARED_DECODE_SRC_EVENT_TEXT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -90,4 +90,4 @@ void AppendJsonFieldValue(std::string* out, const FieldFormat& field, const unsi
 
 }  // namespace hvtrace
 
-#endif  // HVTRACE_SHARED_SRC_EVENT_TEXT_H_
+#endif  // HVTRACE_SHARED_DECODE_SRC_EVENT_TEXT_H_

@@ -1,4 +1,4 @@
-// "hvtrace-agent scribble MODE": a hostile guest on purpose. It maps the
+// "hvtrace-guest-test scribble MODE": a hostile guest on purpose. It maps the
 // region the agent attached (or --region PATH) and damages it the ways a
 // broken or malicious guest could, so tests can check that the host reports
 // and skips what is bad, keeps the rest and keeps running:
@@ -23,13 +23,13 @@
 // repeats the damage every 10 ms for that long (the agent keeps writing
 // over some of it); counters are run backwards and formats added once. The region id and magic are left alone: the agent
 // would otherwise detach, and the point is damage it cannot see.
-#ifndef HVTRACE_AGENT_SCRIBBLE_H_
-#define HVTRACE_AGENT_SCRIBBLE_H_
+#ifndef HVTRACE_TESTS_GUEST_SCRIBBLE_H_
+#define HVTRACE_TESTS_GUEST_SCRIBBLE_H_
 
-namespace hvtrace::agent {
+namespace hvtrace::guest_test {
 
 int ScribbleMain(int argc, char** argv);
 
-}  // namespace hvtrace::agent
+}  // namespace hvtrace::guest_test
 
-#endif  // HVTRACE_AGENT_SCRIBBLE_H_
+#endif  // HVTRACE_TESTS_GUEST_SCRIBBLE_H_

@@ -11,7 +11,7 @@
 
 #include "hvtrace/dwtrace.hpp"
 
-namespace hvtrace::agent {
+namespace hvtrace::guest_test {
 namespace {
 
 struct Marker {
@@ -83,4 +83,4 @@ int DwWriteMain(int argc, char** argv) {
   return timed || written == n ? 0 : 1;
 }
 
-}  // namespace hvtrace::agent
+}  // namespace hvtrace::guest_test

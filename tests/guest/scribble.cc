@@ -15,7 +15,7 @@
 #include "hvtrace/format.h"
 #include "hvtrace/region_writer.h"
 
-namespace hvtrace::agent {
+namespace hvtrace::guest_test {
 namespace {
 
 struct Slot {
@@ -315,7 +315,7 @@ int ScribbleMain(int argc, char** argv) {
     }
   }
   if (modes.empty()) {
-    std::fprintf(stderr, "usage: hvtrace-agent scribble [--region PATH] [--repeat-ms MS] MODE...\n");
+    std::fprintf(stderr, "usage: hvtrace-guest-test scribble [--region PATH] [--repeat-ms MS] MODE...\n");
     return 2;
   }
   if (path.empty()) {
@@ -347,4 +347,4 @@ int ScribbleMain(int argc, char** argv) {
   return 0;
 }
 
-}  // namespace hvtrace::agent
+}  // namespace hvtrace::guest_test

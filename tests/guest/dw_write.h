@@ -1,9 +1,9 @@
-// "hvtrace-agent dw-write": a small direct-write client, so a guest image
-// that only carries the agent can still exercise hvtrace/dwtrace.hpp.
-#ifndef HVTRACE_AGENT_DW_WRITE_H_
-#define HVTRACE_AGENT_DW_WRITE_H_
+// "hvtrace-guest-test dw-write": a small direct-write client, so that test
+// guests exercise hvtrace/dwtrace.hpp without a program of their own.
+#ifndef HVTRACE_TESTS_GUEST_DW_WRITE_H_
+#define HVTRACE_TESTS_GUEST_DW_WRITE_H_
 
-namespace hvtrace::agent {
+namespace hvtrace::guest_test {
 
 // Registers hvtrace_dw:marker {u32 seq; char text[64]} and writes --count
 // events (default 1) with TEXT, the n-th as "TEXT n"; with --for-ms MS it
@@ -15,6 +15,6 @@ namespace hvtrace::agent {
 // --for-ms).
 int DwWriteMain(int argc, char** argv);
 
-}  // namespace hvtrace::agent
+}  // namespace hvtrace::guest_test
 
-#endif  // HVTRACE_AGENT_DW_WRITE_H_
+#endif  // HVTRACE_TESTS_GUEST_DW_WRITE_H_

@@ -12,7 +12,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libvirt-dev libvirt-daemon-system libvirt-clients
   libtraceevent-dev libtracefs-dev libtracecmd-dev trace-cmd
-  libzstd-dev zlib1g-dev
+  libzstd-dev zlib1g-dev nettle-dev
   qemu-system-x86 qemu-utils
   busybox-static cpio zstd xz-utils gzip kmod
   liblttng-ust-dev lttng-tools

@@ -294,7 +294,7 @@ void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responde
     asio::post(pool_, attach);
     return;
   }
-  if (!ReadyForNewVm(name, *responder)) return;
+  if (!ReadyForNewVm(name, *responder, /*make_dir=*/!args->qmp.empty())) return;
   AdoptForAttach(name, args->qmp, responder, attach);
 }
 

@@ -90,9 +90,10 @@ void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>
 // started. adopt NAME [--domain D] (no --qmp): a libvirt domain.
 void Daemon::HandleAdopt(const Request& request, const std::shared_ptr<Responder>& responder) {
   const std::string name = ArgName(request);
-  if (!ReadyForNewVm(name, *responder)) return;
   auto qmp = request.args.find("qmp");
-  if (qmp == request.args.end() || qmp->is_null()) {
+  const bool libvirt_domain = qmp == request.args.end() || qmp->is_null();
+  if (!ReadyForNewVm(name, *responder, /*make_dir=*/!libvirt_domain)) return;
+  if (libvirt_domain) {
     if (!libvirt_) {
       responder->Fail(kErrBadRequest, "adopt " + name + ": give --qmp SOCK (a QEMU of your own), or set "
                                       "libvirt_uri in hvtraced.conf to adopt libvirt domains");

@@ -73,7 +73,7 @@ std::shared_ptr<VmSupervisor> Daemon::VmFromArgs(const Request& request, Respond
   return vm;
 }
 
-bool Daemon::ReadyForNewVm(const std::string& name, Responder& responder) {
+bool Daemon::ReadyForNewVm(const std::string& name, Responder& responder, bool make_dir) {
   if (Status s = ValidateVmName(name); !s.ok()) {
     responder.Fail(kErrBadRequest, s.error().message);
     return false;
@@ -87,6 +87,7 @@ bool Daemon::ReadyForNewVm(const std::string& name, Responder& responder) {
                                  "; `hvtrace stop " + name + "` first");
     return false;
   }
+  if (!make_dir) return true;
   if (Status s = MakeDirs(state_.VmDir(name), 0750); !s.ok()) {
     responder.Fail(kErrInternal, s.error().message);
     return false;

@@ -106,8 +106,9 @@ class Daemon {
   // Finds the VM named by args.name, or fails |responder| and returns null.
   std::shared_ptr<VmSupervisor> VmFromArgs(const Request& request, Responder& responder);
   // The checks before a boot or adopt of |name|: a valid name, nothing of
-  // that name under way or live, its state dir made. Fails |responder|.
-  bool ReadyForNewVm(const std::string& name, Responder& responder);
+  // that name under way or live, and (|make_dir|) its state dir made. Fails
+  // |responder|. A libvirt adopt makes the dir only once the domain is found.
+  bool ReadyForNewVm(const std::string& name, Responder& responder, bool make_dir = true);
   // The pool part of boot: checks the backing path, starts QEMU, then posts
   // the registration and the reply back to the I/O thread.
   void LaunchBoot(const std::string& name, const BootRequest& boot, const BootPaths& paths,

@@ -20,7 +20,7 @@
 #include "unique_fd.h"
 #include "capped_file.h"
 #include "config.h"
-#include "formats_sha256.h"
+#include "sha256.h"
 #include "hvtrace/format.h"
 #include "state_dir.h"
 

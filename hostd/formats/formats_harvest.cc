@@ -14,7 +14,7 @@
 
 #include "formats_bundle.h"
 #include "formats_cache.h"
-#include "formats_sha256.h"
+#include "sha256.h"
 #include "vm_config.h"
 #include "vm_console.h"
 #include "vm_process.h"

@@ -18,7 +18,7 @@
 #include "formats_bundle.h"
 #include "formats_cache.h"
 #include "formats_harvest.h"
-#include "formats_sha256.h"
+#include "sha256.h"
 #include "guest_harness.h"
 #include "hvtrace/format.h"
 #include "test_support.h"

@@ -18,7 +18,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "formats_sha256.h"
+#include "sha256.h"
 
 namespace hvtrace::hostd {
 namespace {

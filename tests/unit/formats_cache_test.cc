@@ -16,7 +16,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "formats_sha256.h"
+#include "sha256.h"
 #include "hvtrace/format.h"
 #include "fixture_bundle.h"
 #include "test_support.h"

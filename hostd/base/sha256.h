@@ -1,8 +1,9 @@
-// SHA-256 (FIPS 180-4), for the format cache's kernel key. Our own small
-// implementation so hostd does not take a crypto library dependency for one
-// content hash; checked against the NIST test vectors in the unit tests.
-#ifndef HVTRACE_HOSTD_FORMATS_SHA256_H_
-#define HVTRACE_HOSTD_FORMATS_SHA256_H_
+// SHA-256 for content keys (the formats cache's kernel key, initrd hashes),
+// computed by nettle (already on every host through libvirt's GnuTLS).
+#ifndef HVTRACE_HOSTD_SHA256_H_
+#define HVTRACE_HOSTD_SHA256_H_
+
+#include <nettle/sha2.h>
 
 #include <array>
 #include <cstddef>
@@ -27,12 +28,7 @@ class Sha256 {
   static std::string Hex(const Digest& digest);
 
  private:
-  void Block(const uint8_t* block);
-
-  std::array<uint32_t, 8> state_;
-  std::array<uint8_t, 64> buffer_{};
-  size_t buffered_ = 0;
-  uint64_t total_bytes_ = 0;
+  sha256_ctx ctx_;
 };
 
 // Lowercase hex SHA-256 of |data|.
@@ -44,4 +40,4 @@ Result<std::string> Sha256File(const std::string& path);
 
 }  // namespace hvtrace::hostd
 
-#endif  // HVTRACE_HOSTD_FORMATS_SHA256_H_
+#endif  // HVTRACE_HOSTD_SHA256_H_

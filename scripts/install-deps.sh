@@ -8,7 +8,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   clang libclang-rt-14-dev
   libboost-dev libboost-system-dev
-  nlohmann-json3-dev
+  nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   libvirt-dev libvirt-daemon-system libvirt-clients
   libtraceevent-dev libtracefs-dev libtracecmd-dev trace-cmd

@@ -7,15 +7,18 @@
 namespace hvtrace::hostd {
 namespace {
 
-// Splits "16M" into 16 and "M"; the number is a C integer (strtoull base 0).
-Result<std::pair<uint64_t, std::string>> SplitNumber(std::string_view text, const char* what) {
+// Splits "16M" into 16 and "M"; the number is a C integer (strtoull |base|:
+// 0 reads 0x hex and 0 octal as the kernel does for sizes; durations are
+// decimal, so "010" is ten).
+Result<std::pair<uint64_t, std::string>> SplitNumber(std::string_view text, const char* what, int base = 0) {
   std::string s(text);
   if (s.empty() || s.size() > 24 || s[0] == '-' || s[0] == '+' || std::isspace(static_cast<unsigned char>(s[0]))) {
     return Error{std::string(what) + " '" + s + "' is malformed"};
   }
   char* end = nullptr;
   errno = 0;
-  unsigned long long v = std::strtoull(s.c_str(), &end, 0);
+  unsigned long long v = std::strtoull(s.c_str(), &end, base);
+  if (errno == ERANGE) return Error{std::string(what) + " '" + s + "' is too large"};
   if (errno != 0 || end == s.c_str()) return Error{std::string(what) + " '" + s + "' is not a number"};
   return std::pair<uint64_t, std::string>{static_cast<uint64_t>(v), std::string(end)};
 }
@@ -65,7 +68,7 @@ Result<uint64_t> ParseSize(std::string_view text, uint64_t bare_unit) {
 
 Result<std::chrono::milliseconds> ParseDuration(std::string_view text,
                                                 std::chrono::milliseconds bare_unit) {
-  auto parts = SplitNumber(text, "duration");
+  auto parts = SplitNumber(text, "duration", 10);
   if (!parts.ok()) return parts.error();
   const std::string& suffix = parts->second;
   uint64_t unit_ms;

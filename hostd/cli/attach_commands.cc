@@ -1,215 +1,189 @@
-// CLI commands for attach mode (issue #5), all through hvtraced:
-//   attach NAME [--qmp SOCK] [--size 16M] [--events LIST] [--pump-ms N] [--wait-ms N]
-//   detach NAME [--timeout-ms N]
-//   stream NAME [--format text|json] [--from-start]
+// CLI commands for attach mode, all through hvtraced:
+//   attach NAME [--qmp SOCK] [--size 16M] [--events LIST] [--pump 50ms] [--wait 30s]
+//   detach NAME [--timeout 10s]
+//   stream NAME [--json | --format text|json] [--from-start]
 // The daemon owns the region files (root-owned under /dev/shm), so `stream`
 // gets decoded lines over the control socket rather than mapping the file.
+// libvirt-attach / libvirt-detach are hidden old names of attach / detach:
+// hvtraced adopts the libvirt domain and hot-plugs the region itself, so
+// this binary never talks to libvirt.
 #include <signal.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <optional>
+#include <filesystem>
 #include <string>
-#include <string_view>
-#include <vector>
 
-#include "commands.h"
-#include "config.h"
-#include "control_client.h"
+#include "command.h"
+#include "command_table.h"
 #include "daemon_call.h"
 
 namespace hvtrace::cli {
 namespace {
 
 using nlohmann::json;
+using std::chrono::milliseconds;
 
+constexpr uint64_t kMiB = 1ull << 20;
 
-struct Parsed {
-  std::vector<std::string> positional;
-  std::string socket;
-  bool json_output = false;
-  json args = json::object();
+// How much longer than its own wait the CLI waits for a reply.
+constexpr milliseconds kAttachReplySlack = std::chrono::seconds(30);
+constexpr milliseconds kDetachReplySlack = std::chrono::seconds(15);
+// hvtraced's defaults (attach_vm.h), for the reply timeout only.
+constexpr milliseconds kDefaultWait = std::chrono::seconds(30);
+constexpr milliseconds kDefaultDetachTimeout = std::chrono::seconds(10);
+
+// The flags `libvirt-attach` / `libvirt-detach` took when they called libvirt
+// from the CLI. hvtraced now names the region (/dev/shm/hvtrace-NAME-attach)
+// and uses its own libvirt_uri; the flags are accepted and said to be ignored.
+struct LegacyLibvirtFlags {
+  std::string shm, uri;
+  bool replace_stale = false;
+
+  void Define(CLI::App& app, bool attach) {
+    app.add_option("--shm", shm)->group("");
+    app.add_option("--uri", uri)->group("");
+    if (attach) app.add_flag("--replace-stale", replace_stale)->group("");
+  }
+  void Note(const std::string& command) const {
+    if (shm.empty() && uri.empty() && !replace_stale) return;
+    std::fprintf(
+        stderr,
+        "hvtrace %s: now `hvtrace %s` through hvtraced; --shm, --uri and --replace-stale are "
+        "ignored (the region is /dev/shm/hvtrace-NAME-attach, the URI hvtraced's libvirt_uri)\n",
+        command.c_str(), command.substr(command.find('-') + 1).c_str());
+  }
 };
 
-// Parses "16", "16M", "16m", "1G" as MiB.
-std::optional<uint64_t> ParseSizeMib(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = std::strtoull(text.c_str(), &end, 10);
-  if (errno != 0 || end == text.c_str()) return std::nullopt;
-  const std::string unit(end);
-  if (unit.empty() || unit == "M" || unit == "m" || unit == "MiB") return n;
-  if (unit == "G" || unit == "g" || unit == "GiB") return n * 1024;
-  return std::nullopt;
-}
+class AttachCommand final : public Command {
+ public:
+  explicit AttachCommand(bool legacy = false) : legacy_(legacy) {}
 
-std::optional<uint64_t> ParseNumber(const std::string& text) {
-  char* end = nullptr;
-  errno = 0;
-  const unsigned long long n = std::strtoull(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0) return std::nullopt;
-  return n;
-}
-
-// Flags common to the three commands plus |extra| (flag -> handler).
-bool Parse(const char* command, const char* usage, int argc, char** argv, Parsed& out,
-           const std::function<int(std::string_view flag, const char* value)>& extra) {
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    const char* next = i + 1 < argc ? argv[i + 1] : nullptr;
-    if (arg == "-h" || arg == "--help") {
-      std::printf("usage: hvtrace %s %s\n", command, usage);
-      std::exit(0);
-    } else if (arg == "--socket") {
-      if (!next) {
-        std::fprintf(stderr, "hvtrace %s: --socket needs a value\n", command);
-        return false;
-      }
-      out.socket = argv[++i];
-    } else if (arg == "--json") {
-      out.json_output = true;
-    } else if (arg.size() > 1 && arg[0] == '-') {
-      // Handler returns how many values it used, or -1.
-      const int used = extra(arg, next);
-      if (used < 0) return false;
-      i += used;
-    } else {
-      out.positional.emplace_back(arg);
+  void Define(CLI::App& app) override {
+    AddVmName(app, name_, "the VM (hvtraced's name for it, or a running libvirt domain)");
+    app.add_option("--qmp", qmp_,
+                   "adopt the QEMU whose QMP socket this is, if hvtraced does not watch it yet")
+        ->type_name("SOCK");
+    AddSizeOption(
+        app, "--size", kMiB, kMiB, [this](uint64_t mib) { args_["size_mib"] = mib; },
+        "the region, a power of two (default 16M; a bare number is MiB)");
+    app.add_option_function<std::string>(
+           "--events", [this](const std::string& v) { args_["events"] = v; },
+           "kernel events for the agent to pump: SYSTEM:EVENT or SYSTEM:*, comma separated "
+           "(trace_marker writes and direct-write events always come)")
+        ->type_name("LIST");
+    AddDurationOption(
+        app, "--pump", "--pump-ms", milliseconds(1), std::chrono::minutes(1),
+        [this](milliseconds d) { args_["pump_interval_ms"] = d.count(); },
+        "how often the agent pushes kernel events (default 50ms)");
+    // libvirt-attach's --timeout-ms (DEVICE_ADDED) is the nearest thing to --wait.
+    AddDurationOption(
+        app, "--wait", legacy_ ? "--wait-ms,--timeout-ms" : "--wait-ms", milliseconds(0),
+        std::chrono::minutes(10), [this](milliseconds d) { args_["wait_ms"] = d.count(); },
+        "how long to wait for the guest agent to announce itself (default 30s)");
+    if (legacy_) legacy_flags_.Define(app, /*attach=*/true);
+    AddDaemonFlags(app, flags_);
+    app.footer(
+        "Hot-plugs an ivshmem-plain region into the running VM and waits for hvtrace-agent in the\n"
+        "guest to announce itself; without an agent in time the device stays plugged and attach\n"
+        "exits 1. A name hvtraced does not watch is adopted: with --qmp as that QEMU, without it\n"
+        "as the libvirt domain of that name.");
+  }
+  std::optional<DaemonRequest> Request() const override {
+    DaemonRequest r{"attach", args_};
+    r.args["name"] = name_;
+    if (!qmp_.empty()) r.args["qmp"] = std::filesystem::absolute(qmp_).string();
+    r.timeout = milliseconds(args_.value("wait_ms", kDefaultWait.count())) + kAttachReplySlack;
+    return r;
+  }
+  int Run() override {
+    if (legacy_) legacy_flags_.Note(name());
+    json result;
+    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
+    const json guest = result.value("guest", json());
+    if (flags_.json) {
+      PrintJson(result);
+      return guest.is_null() ? kExitFailed : kExitOk;
     }
-  }
-  if (out.positional.size() != 1) {
-    std::fprintf(stderr, "usage: hvtrace %s %s\n", command, usage);
-    return false;
-  }
-  out.args["name"] = out.positional[0];
-  return true;
-}
-
-std::optional<json> CallOnce(const char* command, const Parsed& p, std::string_view cmd,
-                             std::chrono::milliseconds timeout) {
-  return CallDaemon(command, p.socket, cmd, p.args, timeout);
-}
-
-const char* kAttachUsage =
-    "NAME [--qmp SOCK] [--size 16M] [--events LIST] [--pump-ms 50] [--wait-ms 30000]\n"
-    "          [--socket PATH] [--json]\n"
-    "  Hot-plugs an ivshmem-plain region (a power-of-two size) into the running\n"
-    "  VM and waits for hvtrace-agent in the guest to announce itself. --qmp\n"
-    "  adopts a QEMU hvtraced does not watch yet. --events: kernel events for\n"
-    "  the agent to pump (SYSTEM:EVENT or SYSTEM:*, comma separated); trace_marker\n"
-    "  writes and direct-write events always come.";
-
-const char* kDetachUsage =
-    "NAME [--timeout-ms 10000] [--socket PATH] [--json]\n"
-    "  Unplugs the region (device_del, waits for DEVICE_DELETED, object-del).\n"
-    "  hvtraced keeps the region mapped: `hvtrace capture NAME` still reads it.";
-
-const char* kStreamUsage =
-    "NAME [--format text|json] [--from-start] [--socket PATH]\n"
-    "  Prints the attached region's events live, as `trace-cmd report` does\n"
-    "  (or JSON lines). Ctrl-C ends it; so does the VM going away.";
-
-}  // namespace
-
-int RunAttach(int argc, char** argv) {
-  Parsed p;
-  bool ok = Parse("attach", kAttachUsage, argc, argv, p, [&](std::string_view flag, const char* v) -> int {
-    if (v == nullptr) {
-      std::fprintf(stderr, "hvtrace attach: %.*s needs a value\n", static_cast<int>(flag.size()), flag.data());
-      return -1;
+    const json region = result.value("region", json::object());
+    std::printf("%s: region %s (%llu MiB) plugged as %s in %.1f ms\n", name_.c_str(),
+                region.value("file", std::string()).c_str(),
+                static_cast<unsigned long long>(region.value("size", uint64_t{0}) >> 20),
+                result.value("/device/id"_json_pointer, std::string()).c_str(),
+                result.value("plug_ms", 0.0));
+    if (guest.is_null()) {
+      std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(),
+                   result.value("note", std::string("no agent announced")).c_str());
+      return kExitFailed;
     }
-    if (flag == "--qmp") {
-      p.args["qmp"] = v;
-    } else if (flag == "--events") {
-      p.args["events"] = v;
-    } else if (flag == "--size") {
-      auto mib = ParseSizeMib(v);
-      if (!mib) {
-        std::fprintf(stderr, "hvtrace attach: --size wants MiB (16, 16M, 1G), not '%s'\n", v);
-        return -1;
-      }
-      p.args["size_mib"] = *mib;
-    } else if (flag == "--pump-ms" || flag == "--wait-ms") {
-      auto n = ParseNumber(v);
-      if (!n) {
-        std::fprintf(stderr, "hvtrace attach: %.*s wants a number, not '%s'\n", static_cast<int>(flag.size()),
-                     flag.data(), v);
-        return -1;
-      }
-      p.args[flag == "--pump-ms" ? "pump_interval_ms" : "wait_ms"] = *n;
-    } else {
-      std::fprintf(stderr, "hvtrace attach: unknown flag %.*s\n", static_cast<int>(flag.size()), flag.data());
-      return -1;
-    }
-    return 1;
-  });
-  if (!ok) return 2;
-  const uint64_t wait_ms = p.args.value("wait_ms", uint64_t{30000});
-  auto result = CallOnce("attach", p, "attach", std::chrono::milliseconds(wait_ms + 30000));
-  if (!result) return 1;
-  if (p.json_output) {
-    std::printf("%s\n", result->dump(2).c_str());
-    return (*result)["guest"].is_null() ? 1 : 0;
+    std::printf(
+        "guest: kernel %s, %u CPU(s), boot id %s (generation %llu), agent pid %u, clock %s; "
+        "announced %.1f ms after the plug\n",
+        guest.value("kernel_release", std::string()).c_str(), guest.value("nr_cpus", 0u),
+        guest.value("boot_id", std::string()).c_str(),
+        static_cast<unsigned long long>(guest.value("boot_generation", uint64_t{0})),
+        guest.value("agent_pid", 0u), guest.value("trace_clock", std::string()).c_str(),
+        result.value("announce_ms", 0.0));
+    return kExitOk;
   }
-  const json& region = (*result)["region"];
-  std::printf("%s: region %s (%llu MiB) plugged as %s in %.1f ms\n", p.positional[0].c_str(),
-              region.value("file", std::string()).c_str(),
-              static_cast<unsigned long long>(region.value("size", uint64_t{0}) >> 20),
-              result->value("/device/id"_json_pointer, std::string()).c_str(), result->value("plug_ms", 0.0));
-  const json& guest = (*result)["guest"];
-  if (guest.is_null()) {
-    std::fprintf(stderr, "hvtrace attach: %s\n", result->value("note", std::string("no agent announced")).c_str());
-    return 1;
-  }
-  std::printf("guest: kernel %s, %u CPU(s), boot id %s (generation %llu), agent pid %u, clock %s; "
-              "announced %.1f ms after the plug\n",
-              guest.value("kernel_release", std::string()).c_str(), guest.value("nr_cpus", 0u),
-              guest.value("boot_id", std::string()).c_str(),
-              static_cast<unsigned long long>(guest.value("boot_generation", uint64_t{0})),
-              guest.value("agent_pid", 0u), guest.value("trace_clock", std::string()).c_str(),
-              result->value("announce_ms", 0.0));
-  return 0;
-}
 
-int RunDetach(int argc, char** argv) {
-  Parsed p;
-  bool ok = Parse("detach", kDetachUsage, argc, argv, p, [&](std::string_view flag, const char* v) -> int {
-    if (flag == "--timeout-ms" && v != nullptr) {
-      auto n = ParseNumber(v);
-      if (!n) return -1;
-      p.args["timeout_ms"] = *n;
-      return 1;
-    }
-    std::fprintf(stderr, "hvtrace detach: unknown flag or missing value: %.*s\n", static_cast<int>(flag.size()),
-                 flag.data());
-    return -1;
-  });
-  if (!ok) return 2;
-  const uint64_t timeout = p.args.value("timeout_ms", uint64_t{10000});
-  auto result = CallOnce("detach", p, "detach", std::chrono::milliseconds(timeout + 15000));
-  if (!result) return 1;
-  if (p.json_output) {
-    std::printf("%s\n", result->dump(2).c_str());
-    return 0;
-  }
-  std::printf("%s: %s unplugged (DEVICE_DELETED after %.1f ms); region %s kept for captures\n",
-              p.positional[0].c_str(), result->value("device", std::string()).c_str(),
-              result->value("device_deleted_ms", 0.0),
-              result->value("/region/file"_json_pointer, std::string()).c_str());
-  if (result->contains("object_del_error")) {
-    std::fprintf(stderr, "hvtrace detach: warning: object-del %s\n",
-                 (*result)["object_del_error"].get<std::string>().c_str());
-  }
-  return 0;
-}
+ private:
+  bool legacy_;
+  std::string name_, qmp_;
+  json args_ = json::object();
+  DaemonFlags flags_;
+  LegacyLibvirtFlags legacy_flags_;
+};
 
-namespace {
+class DetachCommand final : public Command {
+ public:
+  explicit DetachCommand(bool legacy = false) : legacy_(legacy) {}
+
+  void Define(CLI::App& app) override {
+    AddVmName(app, name_);
+    AddDurationOption(
+        app, "--timeout", "--timeout-ms", milliseconds(1), std::chrono::minutes(10),
+        [this](milliseconds d) { timeout_ = d; },
+        "how long the guest may take to release the device (default 10s)");
+    if (legacy_) legacy_flags_.Define(app, /*attach=*/false);
+    AddDaemonFlags(app, flags_);
+    app.footer(
+        "Unplugs the region (device_del, waits for DEVICE_DELETED / DEVICE_REMOVED, object-del).\n"
+        "hvtraced keeps the region mapped: `hvtrace capture NAME` still reads it.");
+  }
+  std::optional<DaemonRequest> Request() const override {
+    DaemonRequest r{"detach", {{"name", name_}}};
+    if (timeout_) r.args["timeout_ms"] = timeout_->count();
+    r.timeout = timeout_.value_or(kDefaultDetachTimeout) + kDetachReplySlack;
+    return r;
+  }
+  int Run() override {
+    if (legacy_) legacy_flags_.Note(name());
+    json result;
+    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
+    if (flags_.json) {
+      PrintJson(result);
+      return kExitOk;
+    }
+    std::printf("%s: %s unplugged (DEVICE_DELETED after %.1f ms); region %s kept for captures\n",
+                name_.c_str(), result.value("device", std::string()).c_str(),
+                result.value("device_deleted_ms", 0.0),
+                result.value("/region/file"_json_pointer, std::string()).c_str());
+    if (result.contains("object_del_error")) {
+      std::fprintf(stderr, "hvtrace %s: warning: object-del %s\n", name().c_str(),
+                   result.value("object_del_error", std::string()).c_str());
+    }
+    return kExitOk;
+  }
+
+ private:
+  bool legacy_;
+  std::string name_;
+  std::optional<milliseconds> timeout_;
+  DaemonFlags flags_;
+  LegacyLibvirtFlags legacy_flags_;
+};
 
 void OnInterrupt(int) {
   // The daemon sees the socket close and stops this stream.
@@ -219,58 +193,68 @@ void OnInterrupt(int) {
   ::_exit(0);
 }
 
+class StreamCommand final : public Command {
+ public:
+  void Define(CLI::App& app) override {
+    AddVmName(app, name_);
+    AddFormatFlags(app, json_);
+    app.add_flag("--from-start", from_start_, "begin with what the region already holds");
+    AddDaemonFlags(app, flags_, /*json=*/false);
+    app.footer(
+        "Prints the attached region's events live, as `trace-cmd report` does (or JSON lines).\n"
+        "Ctrl-C ends it; so does the VM going away or the region being detached.");
+  }
+  std::optional<DaemonRequest> Request() const override {
+    DaemonRequest r{"stream", {{"name", name_}}, std::chrono::hours(24 * 365)};
+    if (json_) r.args["format"] = "json";
+    if (from_start_) r.args["from"] = "start";
+    return r;
+  }
+  int Run() override {
+    ::signal(SIGINT, OnInterrupt);
+    ::signal(SIGTERM, OnInterrupt);
+    ::signal(SIGPIPE, SIG_IGN);
+    json result;
+    const int rc = CallDaemon(name(), flags_.socket, *Request(), &result, [this](const json& item) {
+      if (item.contains("text") && item["text"].is_string()) {
+        const std::string& text = item["text"].get_ref<const std::string&>();
+        if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() ||
+            std::fflush(stdout) != 0) {
+          ::_exit(kExitFailed);  // Reader gone (e.g. `| head`).
+        }
+      } else if (item.contains("note") && item["note"].is_string()) {
+        std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(),
+                     item["note"].get<std::string>().c_str());
+      }
+    });
+    if (rc != kExitOk) return rc;
+    std::fprintf(stderr, "hvtrace %s: ended: %s (%llu events, %llu pages missed)\n", name().c_str(),
+                 result.value("reason", std::string("?")).c_str(),
+                 static_cast<unsigned long long>(result.value("events", uint64_t{0})),
+                 static_cast<unsigned long long>(result.value("pages_missed", uint64_t{0})));
+    return kExitOk;
+  }
+
+ private:
+  std::string name_;
+  bool json_ = false;
+  bool from_start_ = false;
+  DaemonFlags flags_;
+};
+
 }  // namespace
 
-int RunStream(int argc, char** argv) {
-  Parsed p;
-  bool ok = Parse("stream", kStreamUsage, argc, argv, p, [&](std::string_view flag, const char* v) -> int {
-    if (flag == "--format" && v != nullptr) {
-      if (std::strcmp(v, "text") != 0 && std::strcmp(v, "json") != 0) {
-        std::fprintf(stderr, "hvtrace stream: --format is text or json, not '%s'\n", v);
-        return -1;
-      }
-      p.args["format"] = v;
-      return 1;
-    }
-    if (flag == "--from-start") {
-      p.args["from"] = "start";
-      return 0;
-    }
-    std::fprintf(stderr, "hvtrace stream: unknown flag or missing value: %.*s\n", static_cast<int>(flag.size()),
-                 flag.data());
-    return -1;
-  });
-  if (!ok) return 2;
-  ::signal(SIGINT, OnInterrupt);
-  ::signal(SIGTERM, OnInterrupt);
-  ::signal(SIGPIPE, SIG_IGN);
-  auto client = ConnectDaemon("stream", p.socket);
-  if (!client.ok()) return 1;
-  bool write_failed = false;
-  auto reply = client->Call("stream", p.args, std::chrono::hours(24 * 365), [&](const json& item) {
-    if (item.contains("text") && item["text"].is_string()) {
-      const std::string& text = item["text"].get_ref<const std::string&>();
-      if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() || std::fflush(stdout) != 0) {
-        if (!write_failed) ::_exit(1);  // Reader gone (e.g. `| head`).
-        write_failed = true;
-      }
-    } else if (item.contains("note") && item["note"].is_string()) {
-      std::fprintf(stderr, "hvtrace stream: %s\n", item["note"].get<std::string>().c_str());
-    }
-  });
-  if (!reply.ok()) {
-    std::fprintf(stderr, "hvtrace stream: %s\n", reply.error().message.c_str());
-    return 1;
-  }
-  if (!reply->ok) {
-    std::fprintf(stderr, "hvtrace stream: %s\n", reply->error.c_str());
-    return 1;
-  }
-  std::fprintf(stderr, "hvtrace stream: ended: %s (%llu events, %llu pages missed)\n",
-               reply->result.value("reason", std::string("?")).c_str(),
-               static_cast<unsigned long long>(reply->result.value("events", uint64_t{0})),
-               static_cast<unsigned long long>(reply->result.value("pages_missed", uint64_t{0})));
-  return 0;
+void AddAttachCommands(CommandTable& table) {
+  table.Add("attach", "hot-plug a trace region into a running VM; the guest agent fills it",
+            std::make_unique<AttachCommand>());
+  table.Add("detach", "unplug the region again (captures still read it)",
+            std::make_unique<DetachCommand>());
+  table.Add("stream", "print an attached VM's events live (trace-cmd text or JSON lines)",
+            std::make_unique<StreamCommand>());
+  table.Add("libvirt-attach", "old name of `attach` for libvirt domains",
+            std::make_unique<AttachCommand>(true), nullptr, /*hidden=*/true);
+  table.Add("libvirt-detach", "old name of `detach` for libvirt domains",
+            std::make_unique<DetachCommand>(true), nullptr, /*hidden=*/true);
 }
 
 }  // namespace hvtrace::cli

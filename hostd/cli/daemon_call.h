@@ -1,32 +1,26 @@
 // The CLI's one way to talk to hvtraced: connect to its control socket and
 // make a request, printing any failure as "hvtrace COMMAND: why" on stderr
-// (the caller then only chooses its exit status).
+// and turning it into the exit status (command.h's table), so the caller
+// only returns that status.
 #ifndef HVTRACE_HOSTD_CLI_DAEMON_CALL_H_
 #define HVTRACE_HOSTD_CLI_DAEMON_CALL_H_
 
-#include <chrono>
-#include <optional>
-#include <string>
-#include <string_view>
-
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 
-#include "config.h"
-#include "control_client.h"
-#include "hvtrace/result.h"
+#include "command.h"
 
 namespace hvtrace::cli {
 
-// Connects to the socket |socket_flag| names (empty: the default one, see
-// ResolveClientSocket); for long-lived calls such as stream.
-Result<hostd::ControlClient> ConnectDaemon(const char* command, const std::string& socket_flag);
-
-// One request and its successful result; nullopt (after printing why) when
-// the daemon cannot be reached, the reply does not come within |timeout|, or
-// the daemon answers with an error.
-std::optional<nlohmann::json> CallDaemon(const char* command, const std::string& socket_flag,
-                                         std::string_view request, const nlohmann::json& args,
-                                         std::chrono::milliseconds timeout);
+// Sends |request| to the daemon on the socket |socket_flag| names (empty:
+// the default one, see ResolveClientSocket). Stream items go to |on_item|.
+// Returns kExitOk with the reply's result in |*result|; kExitNoDaemon when
+// the daemon cannot be reached or does not answer within the request's
+// timeout; ExitCodeForDaemonError when it answers with an error.
+int CallDaemon(const std::string& command, const std::string& socket_flag,
+               const DaemonRequest& request, nlohmann::json* result,
+               const std::function<void(const nlohmann::json&)>& on_item = {});
 
 }  // namespace hvtrace::cli
 

@@ -1,4 +1,4 @@
-// hvtrace report FILE.dat [--format text|json] [-o OUT]
+// hvtrace report FILE.dat [--json | --format text|json] [-o OUT] [--strict]
 //
 // Exit status: 0 when the file was read (problems inside it are printed to
 // stderr, and every good event is still written); 1 when nothing could be
@@ -13,115 +13,77 @@
 #include <cstring>
 #include <string>
 
-#include "commands.h"
+#include "command.h"
+#include "command_table.h"
 #include "hvtrace/output.h"
 
 namespace hvtrace::cli {
 namespace {
 
-void ReportUsage(FILE* out) {
-  std::fprintf(out,
-               "usage: hvtrace report FILE.dat [--format text|json] [-o OUT] [--strict]\n"
-               "\n"
-               "Prints every event of FILE.dat (trace-cmd's trace.dat, version 6 or 7) in\n"
-               "time order: as `trace-cmd report` prints it (text, the default) or as one\n"
-               "JSON object per line. Problems in the file go to stderr, naming the CPU and\n"
-               "offset; the good events are still printed.\n"
-               "\n"
-               "  --format text|json   output format (default text)\n"
-               "  -o OUT               write to OUT instead of stdout\n"
-               "  --strict             exit 3 when the file had any problem\n"
-               "  --no-fast-paths      print every event through libtraceevent (slower;\n"
-               "                       for checking the compiled printers)\n");
-}
+class ReportCommand final : public Command {
+ public:
+  void Define(CLI::App& app) override {
+    app.add_option("FILE", input_, "a trace-cmd trace.dat, version 6 or 7")
+        ->required()
+        ->type_name("");
+    AddFormatFlags(app, json_);
+    app.add_option("-o,--output", output_, "write to OUT instead of stdout")->type_name("OUT");
+    app.add_flag("--strict", strict_, "exit 3 when the file had any problem");
+    app.add_flag(
+        "!--no-fast-paths", fast_paths_,
+        "print every event through libtraceevent (slower; for checking the compiled printers)");
+    app.footer(
+        "Prints every event of FILE (trace-cmd's trace.dat) in time order: as `trace-cmd report`\n"
+        "prints it (text, the default) or as one JSON object per line. Problems in the file go to\n"
+        "stderr, naming the CPU and offset; the good events are still printed.");
+  }
+
+  int Run() override {
+    ReportOptions options;
+    options.format = json_ ? OutputFormat::kJson : OutputFormat::kText;
+    options.fast_paths = fast_paths_;
+    int fd = STDOUT_FILENO;
+    if (!output_.empty() && output_ != "-") {
+      fd = ::open(output_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) {
+        std::fprintf(stderr, "hvtrace report: cannot open %s: %s\n", output_.c_str(),
+                     std::strerror(errno));
+        return kExitFailed;
+      }
+    }
+    Result<ReportStats> stats = WriteReport(input_, options, fd);
+    if (fd != STDOUT_FILENO && ::close(fd) != 0 && stats.ok()) {
+      std::fprintf(stderr, "hvtrace report: writing %s: %s\n", output_.c_str(),
+                   std::strerror(errno));
+      return kExitFailed;
+    }
+    if (!stats.ok()) {
+      std::fprintf(stderr, "hvtrace report: %s\n", stats.error().message.c_str());
+      return kExitFailed;
+    }
+    for (const std::string& issue : stats->issues)
+      std::fprintf(stderr, "hvtrace report: %s\n", issue.c_str());
+    if (!stats->issues.empty()) {
+      std::fprintf(stderr, "hvtrace report: %zu problem(s); %llu events decoded\n",
+                   stats->issues.size(), static_cast<unsigned long long>(stats->events));
+      if (stats->events == 0) return kExitFailed;
+      if (strict_) return kExitProblems;
+    }
+    return kExitOk;
+  }
+
+ private:
+  std::string input_, output_;
+  bool json_ = false;
+  bool strict_ = false;
+  bool fast_paths_ = true;
+};
 
 }  // namespace
 
-int RunReport(int argc, char** argv) {
-  std::string input, output;
-  ReportOptions options;
-  bool strict = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&](const char* flag) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "hvtrace report: %s needs a value\n", flag);
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    if (arg == "-h" || arg == "--help") {
-      ReportUsage(stdout);
-      return 0;
-    } else if (arg == "--format" || arg == "-f") {
-      const char* v = value("--format");
-      if (v == nullptr) return 2;
-      if (!std::strcmp(v, "text")) {
-        options.format = OutputFormat::kText;
-      } else if (!std::strcmp(v, "json")) {
-        options.format = OutputFormat::kJson;
-      } else {
-        std::fprintf(stderr, "hvtrace report: unknown format '%s' (text or json)\n", v);
-        return 2;
-      }
-    } else if (arg.starts_with("--format=")) {
-      std::string v = arg.substr(9);
-      if (v == "text") {
-        options.format = OutputFormat::kText;
-      } else if (v == "json") {
-        options.format = OutputFormat::kJson;
-      } else {
-        std::fprintf(stderr, "hvtrace report: unknown format '%s' (text or json)\n", v.c_str());
-        return 2;
-      }
-    } else if (arg == "-o" || arg == "--output") {
-      const char* v = value("-o");
-      if (v == nullptr) return 2;
-      output = v;
-    } else if (arg == "--strict") {
-      strict = true;
-    } else if (arg == "--no-fast-paths") {
-      options.fast_paths = false;
-    } else if (!arg.empty() && arg[0] == '-' && arg != "-") {
-      std::fprintf(stderr, "hvtrace report: unknown option '%s'\n", arg.c_str());
-      ReportUsage(stderr);
-      return 2;
-    } else if (input.empty()) {
-      input = arg;
-    } else {
-      std::fprintf(stderr, "hvtrace report: more than one input file ('%s')\n", arg.c_str());
-      return 2;
-    }
-  }
-  if (input.empty()) {
-    ReportUsage(stderr);
-    return 2;
-  }
-  int fd = STDOUT_FILENO;
-  if (!output.empty() && output != "-") {
-    fd = ::open(output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      std::fprintf(stderr, "hvtrace report: cannot open %s: %s\n", output.c_str(), std::strerror(errno));
-      return 1;
-    }
-  }
-  Result<ReportStats> stats = WriteReport(input, options, fd);
-  if (fd != STDOUT_FILENO && ::close(fd) != 0 && stats.ok()) {
-    std::fprintf(stderr, "hvtrace report: writing %s: %s\n", output.c_str(), std::strerror(errno));
-    return 1;
-  }
-  if (!stats.ok()) {
-    std::fprintf(stderr, "hvtrace report: %s\n", stats.error().message.c_str());
-    return 1;
-  }
-  for (const std::string& issue : stats->issues) std::fprintf(stderr, "hvtrace report: %s\n", issue.c_str());
-  if (!stats->issues.empty()) {
-    std::fprintf(stderr, "hvtrace report: %zu problem(s); %llu events decoded\n", stats->issues.size(),
-                 static_cast<unsigned long long>(stats->events));
-    if (stats->events == 0) return 1;
-    if (strict) return 3;
-  }
-  return 0;
+void AddReportCommand(CommandTable& table) {
+  table.Add("report", "decode a trace.dat like `trace-cmd report` (text or JSON lines)",
+            std::make_unique<ReportCommand>());
 }
 
 }  // namespace hvtrace::cli

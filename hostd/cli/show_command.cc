@@ -1,4 +1,4 @@
-// hvtrace show CAPTURE_DIR [--boot N] [--format text|json] [-o OUT]
+// hvtrace show CAPTURE_DIR [--boot N] [--json | --format text|json] [-o OUT]
 // hvtrace show --region FILE --formats KEY_OR_DIR [--cpus N] [--boot N] ...
 //
 // Prints a capture's events with `hvtrace report` (the same text as
@@ -28,7 +28,8 @@
 
 #include "capture_pipeline.h"
 #include "capture_store.h"
-#include "commands.h"
+#include "command.h"
+#include "command_table.h"
 #include "formats_cache.h"
 #include "hvtrace/output.h"
 
@@ -42,33 +43,6 @@ constexpr uint64_t kMaxManifestBytes = 16u << 20;
 // A region is what the host reserved; this only stops a wrong file name
 // from filling memory.
 constexpr uint64_t kMaxRegionBytes = 4ull << 30;
-
-void ShowUsage(FILE* out) {
-  std::fprintf(out,
-               "usage: hvtrace show CAPTURE_DIR [--boot N] [--format text|json] [-o OUT]\n"
-               "                    [--formats KEY_OR_DIR]\n"
-               "       hvtrace show --region FILE --formats KEY_OR_DIR [--cpus N] [--boot N]\n"
-               "                    [--format text|json] [-o OUT]\n"
-               "\n"
-               "Prints the events of a capture (a directory made by hvtraced), every boot\n"
-               "oldest first, as `trace-cmd report` prints its trace.dat files (text) or\n"
-               "as JSON lines. Each boot starts with a header: '# ...' lines in text, a\n"
-               "{\"capture\": ...} object (no \"event\" key) in JSON.\n"
-               "\n"
-               "With --region, decodes a raw boot-range file (the guest's persistent ring\n"
-               "buffer, Linux 6.12 layout) directly; --formats names the guest kernel's\n"
-               "formats: a cache key (`hvtrace formats list`), a cache entry directory, or\n"
-               "a directory with header_page, header_event and events/ (or formats/).\n"
-               "A capture taken before its kernel's formats were cached holds only\n"
-               "region.bin: show decodes it with the formats its manifest names (from the\n"
-               "cache, see `hvtrace formats`) or with --formats.\n"
-               "The boot buffer keeps no task names: trace-cmd's text shows <...>.\n"
-               "\n"
-               "  --boot N             only boot N (0 = oldest)\n"
-               "  --format text|json   output format (default text)\n"
-               "  -o OUT               write to OUT instead of stdout\n"
-               "  --cpus N             the guest's CPU count (--region; default: derived)\n");
-}
 
 bool Tty() { return ::isatty(STDERR_FILENO) == 1; }
 
@@ -390,87 +364,68 @@ int ShowUndecodedCapture(const ShowArgs& args, const fs::path& dir, const json& 
   return DecodeRegionAndShow(args, dir / "region.bin", *formats, manifest, fd);
 }
 
-}  // namespace
+class ShowCommand final : public Command {
+ public:
+  void Define(CLI::App& app) override {
+    auto* capture =
+        app.add_option("CAPTURE_DIR", args_.capture, "a capture directory hvtraced made")
+            ->type_name("");
+    app.add_option("--region", args_.region,
+                   "decode a raw boot-range file instead (needs --formats)")
+        ->type_name("FILE")
+        ->excludes(capture);
+    app.add_option(
+           "--formats", args_.formats,
+           "the guest kernel's formats: a cache key (`hvtrace formats list`), a cache entry "
+           "directory, or a directory with header_page, header_event and events/")
+        ->type_name("KEY_OR_DIR");
+    AddCountOption(
+        app, "--boot", 0, 999999, [this](uint64_t n) { args_.boot = static_cast<uint32_t>(n); },
+        "only boot N (0 = oldest)");
+    AddCountOption(
+        app, "--cpus", 0, 512, [this](uint64_t n) { args_.cpus = static_cast<int>(n); },
+        "the guest's CPU count (--region; default: derived)");
+    AddFormatFlags(app, json_);
+    app.add_option("-o,--output", args_.output, "write to OUT instead of stdout")->type_name("OUT");
+    app.footer(
+        "Prints the events of a capture, every boot oldest first, as `trace-cmd report` prints "
+        "its\n"
+        "trace.dat files (text) or as JSON lines. Each boot starts with a header: '# ...' lines "
+        "in\n"
+        "text, a {\"capture\": ...} object (no \"event\" key) in JSON.\n"
+        "--region decodes a raw boot-range file (the guest's persistent ring buffer, Linux 6.12\n"
+        "layout) directly. A capture taken before its kernel's formats were cached holds only\n"
+        "region.bin: show decodes it with the formats its manifest names (from the cache, see\n"
+        "`hvtrace formats`) or with --formats. The boot buffer keeps no task names: trace-cmd's\n"
+        "text shows <...>.\n"
+        "Exit status as `hvtrace report`: 0 read (problems go to stderr), 1 nothing could be read\n"
+        "or the output failed, 2 usage.");
+  }
+  Status Check() const override {
+    if (args_.capture.empty() && args_.region.empty())
+      return Error{"give a CAPTURE_DIR or --region FILE"};
+    if (!args_.region.empty() && args_.formats.empty())
+      return Error{"--region needs --formats KEY_OR_DIR"};
+    return {};
+  }
+  int Run() override {
+    args_.format = json_ ? OutputFormat::kJson : OutputFormat::kText;
+    return Show(args_);
+  }
 
-int RunShow(int argc, char** argv) {
-  ShowArgs args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&](const char* flag) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "hvtrace show: %s needs a value\n", flag);
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    auto number = [&](const char* flag, uint64_t max, uint64_t* out) {
-      const char* v = value(flag);
-      if (v == nullptr) return false;
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long n = std::strtoull(v, &end, 10);
-      if (*v == '\0' || *end != '\0' || errno != 0 || n > max || *v == '-') {
-        std::fprintf(stderr, "hvtrace show: %s '%s' is not a number up to %llu\n", flag, v,
-                     static_cast<unsigned long long>(max));
-        return false;
-      }
-      *out = n;
-      return true;
-    };
-    if (arg == "-h" || arg == "--help") {
-      ShowUsage(stdout);
-      return 0;
-    } else if (arg == "--format" || arg == "-f") {
-      const char* v = value("--format");
-      if (v == nullptr) return 2;
-      if (!std::strcmp(v, "text")) {
-        args.format = OutputFormat::kText;
-      } else if (!std::strcmp(v, "json")) {
-        args.format = OutputFormat::kJson;
-      } else {
-        std::fprintf(stderr, "hvtrace show: unknown format '%s' (text or json)\n", v);
-        return 2;
-      }
-    } else if (arg == "--boot") {
-      uint64_t n;
-      if (!number("--boot", 999999, &n)) return 2;
-      args.boot = static_cast<uint32_t>(n);
-    } else if (arg == "--cpus") {
-      uint64_t n;
-      if (!number("--cpus", 512, &n)) return 2;
-      args.cpus = static_cast<int>(n);
-    } else if (arg == "--region") {
-      const char* v = value("--region");
-      if (v == nullptr) return 2;
-      args.region = v;
-    } else if (arg == "--formats") {
-      const char* v = value("--formats");
-      if (v == nullptr) return 2;
-      args.formats = v;
-    } else if (arg == "-o" || arg == "--output") {
-      const char* v = value("-o");
-      if (v == nullptr) return 2;
-      args.output = v;
-    } else if (!arg.empty() && arg[0] == '-') {
-      std::fprintf(stderr, "hvtrace show: unknown option '%s'\n", arg.c_str());
-      ShowUsage(stderr);
-      return 2;
-    } else if (args.capture.empty()) {
-      args.capture = arg;
-    } else {
-      std::fprintf(stderr, "hvtrace show: more than one capture ('%s')\n", arg.c_str());
-      return 2;
-    }
-  }
-  if (args.region.empty() == args.capture.empty() || (!args.region.empty() && args.formats.empty())) {
-    ShowUsage(stderr);
-    return 2;
-  }
+ private:
+  static int Show(const ShowArgs& args);
+  ShowArgs args_;
+  bool json_ = false;
+};
+
+int ShowCommand::Show(const ShowArgs& args) {
   int fd = STDOUT_FILENO;
   if (!args.output.empty() && args.output != "-") {
     fd = ::open(args.output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-      std::fprintf(stderr, "hvtrace show: cannot open %s: %s\n", args.output.c_str(), std::strerror(errno));
+      std::fprintf(stderr, "hvtrace show: cannot open %s: %s\n", args.output.c_str(),
+                   std::strerror(errno));
       return 1;
     }
   }
@@ -500,16 +455,25 @@ int RunShow(int argc, char** argv) {
         manifest["validation"].contains("issues_total") &&
         manifest["validation"]["issues_total"].is_number_unsigned() &&
         manifest["validation"]["issues_total"].get<uint64_t>() != 0) {
-      std::fprintf(stderr, "hvtrace show: the region had %llu validation issue(s); see %s/manifest.json\n",
-                   static_cast<unsigned long long>(manifest["validation"]["issues_total"].get<uint64_t>()),
-                   dir.c_str());
+      std::fprintf(
+          stderr, "hvtrace show: the region had %llu validation issue(s); see %s/manifest.json\n",
+          static_cast<unsigned long long>(manifest["validation"]["issues_total"].get<uint64_t>()),
+          dir.c_str());
     }
   }
   if (fd != STDOUT_FILENO && ::close(fd) != 0 && rc == 0) {
-    std::fprintf(stderr, "hvtrace show: writing %s: %s\n", args.output.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "hvtrace show: writing %s: %s\n", args.output.c_str(),
+                 std::strerror(errno));
     return 1;
   }
   return rc;
+}
+
+}  // namespace
+
+void AddShowCommand(CommandTable& table) {
+  table.Add("show", "print a capture's events per boot (or decode a raw region file with --region)",
+            std::make_unique<ShowCommand>());
 }
 
 }  // namespace hvtrace::cli

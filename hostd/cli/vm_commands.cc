@@ -1,24 +1,15 @@
-// CLI commands for QEMU guests hvtraced watches: boot, qemu-args, adopt,
+// CLI commands for the guests hvtraced watches: boot, qemu-args, adopt,
 // capture, stop. All but qemu-args talk to hvtraced (--socket PATH, else
 // $HVTRACE_SOCKET, the config file's socket, /run/hvtrace/hvtraced.sock).
-#include <cerrno>
-#include <chrono>
-#include <filesystem>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <optional>
+#include <filesystem>
 #include <string>
-#include <string_view>
-#include <vector>
 
 #include "boot_request.h"
-#include "commands.h"
-#include "config.h"
-#include "control_client.h"
+#include "command.h"
+#include "command_table.h"
 #include "daemon_call.h"
-#include "formats_cache.h"
-#include "state_dir.h"
+#include "units.h"
 
 namespace hvtrace::cli {
 namespace {
@@ -26,301 +17,291 @@ namespace {
 using hostd::BootRequest;
 using nlohmann::json;
 
-// boot may probe KVM and waits for QEMU's QMP socket; capture copies and fsyncs.
-constexpr auto kReplyTimeout = std::chrono::seconds(60);
+// boot may probe KVM and waits for QEMU's QMP socket; capture copies and
+// fsyncs; adopting a libvirt domain reads its XML.
+constexpr std::chrono::milliseconds kVmReplyTimeout = std::chrono::seconds(60);
 
-std::optional<json> Call(const char* command, const std::string& socket_flag, std::string_view cmd,
-                         const json& args) {
-  return CallDaemon(command, socket_flag, cmd, args, kReplyTimeout);
+constexpr uint64_t kMiB = 1ull << 20;
+
+// The flags boot and qemu-args share: what the guest looks like.
+void AddBootFlags(CLI::App& app, BootRequest& r) {
+  AddVmName(app, r.name);
+  app.add_option("--kernel", r.kernel, "the guest kernel (bzImage/vmlinuz)")
+      ->required()
+      ->type_name("PATH");
+  app.add_option("--initrd", r.initrd, "its initramfs")->type_name("PATH");
+  app.add_option("--append", r.append, "more kernel parameters")->type_name("ARGS");
+  AddCountOption(
+      app, "--cpus", 1, INT32_MAX, [&r](uint64_t n) { r.cpus = static_cast<int>(n); },
+      "vCPUs (default 2)");
+  AddSizeOption(
+      app, "--memory", kMiB, kMiB, [&r](uint64_t mib) { r.memory_mib = mib; },
+      "guest memory, 1088M by default (a bare number is MiB)");
+  AddSizeOption(
+      app, "--trace-size", kMiB, kMiB, [&r](uint64_t mib) { r.trace_size_mib = mib; },
+      "the host-backed boot trace range, 16M by default (a bare number is MiB)");
+  app.add_option(
+         "--events", r.events,
+         "trace_instance events, SYSTEM:EVENT or SYSTEM, comma separated (default: the boot "
+         "sequence, see README)")
+      ->type_name("LIST");
+  app.add_option("--accel", r.accel,
+                 "auto (KVM only when it proves usable; the default), tcg or kvm")
+      ->type_name("auto|tcg|kvm")
+      ->check([](const std::string& v) {
+        auto a = hostd::ParseAccel(v);
+        return a.ok() ? std::string() : a.error().message;
+      });
 }
 
-struct BootArgs {
-  BootRequest request;
-  std::string socket;
-  bool json_output = false;
-  bool harvest = true;
-  std::string run_dir = "/run/hvtrace";
+// The ranges hvtraced enforces, checked before anything is sent or booted.
+Status CheckBootRequest(const BootRequest& r) {
+  // Through text, as hvtraced receives it (a parsed 4 is unsigned, ToJson's int is not).
+  auto checked = BootRequest::FromJson(json::parse(r.ToJson().dump()));
+  if (checked.ok()) return {};
+  std::string why = checked.error().message;  // "boot: args.cpus = 99 is outside 1..64"
+  if (why.starts_with("boot: ")) why.erase(0, 6);
+  return Error{why};
+}
+
+// The daemon resolves paths in its own working directory.
+std::string Absolute(const std::string& path) {
+  return path.empty() ? path : std::filesystem::absolute(path).string();
+}
+
+class BootCommand final : public Command {
+ public:
+  void Define(CLI::App& app) override {
+    AddBootFlags(app, request_);
+    app.add_flag(
+        "!--no-harvest", harvest_,
+        "do not harvest the kernel's event formats into the cache first (captures then keep "
+        "region.bin until `hvtrace formats harvest`)");
+    AddDaemonFlags(app, flags_);
+  }
+  Status Check() const override { return CheckBootRequest(request_); }
+  std::optional<DaemonRequest> Request() const override {
+    BootRequest r = request_;
+    r.kernel = Absolute(r.kernel);
+    r.initrd = Absolute(r.initrd);
+    return DaemonRequest{"boot", r.ToJson(), kVmReplyTimeout};
+  }
+  int Run() override {
+    const DaemonRequest request = *Request();
+    if (harvest_) {
+      const int rc =
+          EnsureFormatsCached(request.args.value("kernel", ""), request.args.value("initrd", ""));
+      if (rc != kExitOk) return rc;
+    }
+    json result;
+    if (int rc = CallDaemon(name(), flags_.socket, request, &result); rc != kExitOk) return rc;
+    if (flags_.json) {
+      PrintJson(result);
+      return kExitOk;
+    }
+    const json region = result.value("region", json::object());
+    std::printf("booted %s: QEMU pid %s (%s), boot range %s bytes at GPA 0x%llx in %s\n",
+                request_.name.c_str(), result.value("pid", json()).dump().c_str(),
+                result.value("kvm", false) ? "KVM" : "TCG",
+                region.value("size", json()).dump().c_str(),
+                static_cast<unsigned long long>(region.value("gpa", uint64_t{0})),
+                region.value("file", std::string()).c_str());
+    if (result.contains("kvm_probe")) {
+      std::printf("accel auto: %s\n", result.value("kvm_probe", std::string()).c_str());
+    }
+    if (result.contains("console_log")) {
+      std::printf("console log: %s\nconsole socket: %s\n",
+                  result.value("console_log", std::string()).c_str(),
+                  result.value("console_socket", std::string()).c_str());
+    }
+    return kExitOk;
+  }
+
+ private:
+  BootRequest request_;
+  bool harvest_ = true;
+  DaemonFlags flags_;
 };
 
-const char* kBootUsage =
-    "NAME --kernel K [--initrd I] [--append ARGS] [--cpus N] [--memory MIB]\n"
-    "          [--trace-size MIB] [--events LIST] [--accel auto|tcg|kvm] [--no-harvest]\n"
-    "          [--socket PATH] [--json]\n"
-    "  --events LIST   trace_instance events (default: the boot sequence,\n"
-    "                  " "see README); SYSTEM:EVENT or SYSTEM, comma separated";
-
-bool ParseBoot(const char* command, int argc, char** argv, BootArgs& out) {
-  std::vector<std::string> positional;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    auto value = [&](std::string& dst) {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "hvtrace %s: %s needs a value\n", command, argv[i]);
-        return false;
-      }
-      dst = argv[++i];
-      return true;
-    };
-    auto number = [&](uint64_t& dst) {
-      std::string v;
-      if (!value(v)) return false;
-      char* end = nullptr;
-      errno = 0;
-      unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-      if (v.empty() || *end != '\0' || errno != 0) {
-        std::fprintf(stderr, "hvtrace %s: %s wants a number, not '%s'\n", command, argv[i - 1], v.c_str());
-        return false;
-      }
-      dst = n;
-      return true;
-    };
-    uint64_t n = 0;
-    if (arg == "-h" || arg == "--help") {
-      std::printf("usage: hvtrace %s %s\n", command, kBootUsage);
-      std::exit(0);
-    } else if (arg == "--kernel") {
-      if (!value(out.request.kernel)) return false;
-    } else if (arg == "--initrd") {
-      if (!value(out.request.initrd)) return false;
-    } else if (arg == "--append") {
-      if (!value(out.request.append)) return false;
-    } else if (arg == "--events") {
-      if (!value(out.request.events)) return false;
-    } else if (arg == "--accel") {
-      if (!value(out.request.accel)) return false;
-    } else if (arg == "--socket") {
-      if (!value(out.socket)) return false;
-    } else if (arg == "--run-dir") {
-      if (!value(out.run_dir)) return false;
-    } else if (arg == "--cpus") {
-      if (!number(n)) return false;
-      out.request.cpus = static_cast<int>(n);
-    } else if (arg == "--memory") {
-      if (!number(out.request.memory_mib)) return false;
-    } else if (arg == "--trace-size") {
-      if (!number(out.request.trace_size_mib)) return false;
-    } else if (arg == "--json") {
-      out.json_output = true;
-    } else if (arg == "--no-harvest") {
-      out.harvest = false;
-    } else if (arg.starts_with("-")) {
-      std::fprintf(stderr, "hvtrace %s: unknown option '%s'\n", command, argv[i]);
-      return false;
-    } else {
-      positional.emplace_back(arg);
-    }
-  }
-  if (positional.size() != 1 || out.request.kernel.empty()) {
-    std::fprintf(stderr, "usage: hvtrace %s %s\n", command, kBootUsage);
-    return false;
-  }
-  out.request.name = positional[0];
-  if (auto s = hostd::ValidateVmName(out.request.name); !s.ok()) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command, s.error().message.c_str());
-    return false;
-  }
-  // The daemon resolves paths in its own working directory.
-  out.request.kernel = std::filesystem::absolute(out.request.kernel).string();
-  if (!out.request.initrd.empty()) out.request.initrd = std::filesystem::absolute(out.request.initrd).string();
-  return true;
+std::string ShellQuote(const std::string& a) {
+  if (a.find_first_of(" $'\"\\,;&|<>()") == std::string::npos) return a;
+  std::string q = "'";
+  for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
 }
 
-// Harvests the kernel's formats into the CLI's cache unless already there,
-// so the capture can be decoded without an agent.
-bool EnsureFormats(const BootRequest& r) {
-  auto key = hostd::KernelKeyOfFile(r.kernel);
-  if (!key.ok()) {
-    std::fprintf(stderr, "hvtrace boot: %s\n", key.error().message.c_str());
-    return false;
+class QemuArgsCommand final : public Command {
+ public:
+  void Define(CLI::App& app) override {
+    AddBootFlags(app, request_);
+    app.add_option("--run-dir", run_dir_,
+                   "where the QMP and console sockets go (default /run/hvtrace)")
+        ->type_name("DIR");
+    app.add_flag("--json", json_, "print {argv, boot_region} as JSON");
   }
-  auto root = hostd::DefaultCacheRoot();
-  if (!root.ok()) return true;  // No cache dir: nothing to check.
-  auto found = hostd::FormatCache(*root).Lookup(*key);
-  if (found.ok() && found->has_value()) return true;
-  if (r.initrd.empty()) {
-    std::fprintf(stderr, "hvtrace boot: formats for %s are not cached and harvesting needs --initrd\n",
-                 r.kernel.c_str());
-    return true;
+  Status Check() const override { return CheckBootRequest(request_); }
+  int Run() override {
+    const hostd::Accel accel = *hostd::ParseAccel(request_.accel);  // Checked while parsing.
+    hostd::BootPaths paths = hostd::DefaultBootPaths(
+        request_.name, run_dir_, std::filesystem::path(run_dir_) / request_.name);
+    auto config = hostd::MakeBootVmConfig(request_, paths);
+    if (!config.ok()) {
+      std::fprintf(stderr, "hvtrace qemu-args: %s\n", config.error().message.c_str());
+      return kExitUsage;
+    }
+    config->console_log.clear();  // People running QEMU pick their own console.
+    config->console_socket.clear();
+    config->qemu_log.clear();
+    auto plan = hostd::BuildQemuPlan(*config, hostd::ResolveKvm(accel, config->kernel));
+    if (!plan.ok()) {
+      std::fprintf(stderr, "hvtrace qemu-args: %s\n", plan.error().message.c_str());
+      return kExitUsage;
+    }
+    const auto& l = *plan->boot_range;
+    if (json_) {
+      PrintJson({{"argv", plan->argv},
+                 {"boot_region", paths.backing_file + "@" + std::to_string(l.range_gpa) + ":" +
+                                     std::to_string(l.range_bytes)}});
+      return kExitOk;
+    }
+    std::string line;
+    for (const std::string& a : plan->argv) line += (line.empty() ? "" : " ") + ShellQuote(a);
+    std::printf("%s\n", line.c_str());
+    for (size_t i = 0; i + 1 < plan->argv.size(); ++i) {
+      if (plan->argv[i] == "-append")
+        std::printf("# kernel parameters: %s\n", plan->argv[i + 1].c_str());
+    }
+    std::printf("# then: hvtrace adopt %s --qmp %s --boot-region %s@0x%llx:%llu\n",
+                request_.name.c_str(), paths.qmp_socket.c_str(), paths.backing_file.c_str(),
+                static_cast<unsigned long long>(l.range_gpa),
+                static_cast<unsigned long long>(l.range_bytes));
+    return kExitOk;
   }
-  std::fprintf(stderr, "hvtrace boot: harvesting event formats of %s once (boots it briefly)...\n",
-               r.kernel.c_str());
-  std::vector<std::string> args = {"formats", "harvest", "--kernel", r.kernel, "--initrd", r.initrd};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  return RunFormats(static_cast<int>(args.size()), argv.data()) == 0;
+
+ private:
+  BootRequest request_;
+  std::string run_dir_ = "/run/hvtrace";
+  bool json_ = false;
+};
+
+// adopt NAME --qmp SOCK [--boot-region F@GPA:SIZE]: a QEMU someone started.
+// adopt NAME [--domain DOMAIN]: a running libvirt domain.
+class AdoptCommand final : public Command {
+ public:
+  void Define(CLI::App& app) override {
+    AddVmName(app, name_);
+    auto* qmp =
+        app.add_option("--qmp", qmp_,
+                       "the QEMU's QMP socket (a monitor of its own: QEMU serves one client)")
+            ->type_name("SOCK");
+    app.add_option(
+           "--boot-region", region_,
+           "its boot range: the file backing it, the GPA and size (`hvtrace qemu-args` prints "
+           "it); without it the VM waits for `hvtrace attach`")
+        ->type_name("FILE@GPA:SIZE")
+        ->needs(qmp);
+    app.add_option("--domain", domain_, "the libvirt domain (name or UUID; default NAME)")
+        ->type_name("DOMAIN")
+        ->excludes(qmp);
+    AddDaemonFlags(app, flags_);
+    app.footer(
+        "Without --qmp, NAME is a running libvirt domain that hvtraced serves from now on: its "
+        "trace\n"
+        "region is found from the domain's XML (an hvtrace shmem device, else the boot range of a\n"
+        "domain made by `hvtrace domain-xml`), and a panic is captured before libvirt acts on\n"
+        "<on_crash>. The daemon's config key libvirt_uri names the libvirt connection.");
+  }
+  std::optional<DaemonRequest> Request() const override {
+    DaemonRequest r{"adopt", {{"name", name_}}, kVmReplyTimeout};
+    if (!qmp_.empty()) {
+      r.args["qmp"] = Absolute(qmp_);
+      if (!region_.empty()) r.args["boot_region"] = region_;
+    } else if (!domain_.empty()) {
+      r.args["domain"] = domain_;
+    }
+    return r;
+  }
+  int Run() override {
+    json result;
+    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
+    if (flags_.json) {
+      PrintJson(result);
+    } else if (!qmp_.empty()) {
+      std::printf("adopted %s (QMP %s)\n", name_.c_str(),
+                  result.value("qmp", std::string()).c_str());
+    } else {
+      const json region = result.value("region", json::object());
+      std::printf("adopted %s: libvirt domain %s (%s), %s region %s (offset %llu, %llu bytes)\n",
+                  name_.c_str(), result.value("domain", std::string()).c_str(),
+                  result.value("uuid", std::string()).c_str(),
+                  region.value("kind", std::string()).c_str(),
+                  region.value("path", std::string()).c_str(),
+                  static_cast<unsigned long long>(region.value("offset", uint64_t{0})),
+                  static_cast<unsigned long long>(region.value("size", uint64_t{0})));
+    }
+    return kExitOk;
+  }
+
+ private:
+  std::string name_, qmp_, region_, domain_;
+  DaemonFlags flags_;
+};
+
+// capture NAME / stop NAME: one request about one VM.
+class VmRequestCommand final : public Command {
+ public:
+  VmRequestCommand(std::string daemon_cmd, void (*print)(const std::string&, const json&))
+      : daemon_cmd_(std::move(daemon_cmd)), print_(print) {}
+  void Define(CLI::App& app) override {
+    AddVmName(app, name_);
+    AddDaemonFlags(app, flags_);
+  }
+  std::optional<DaemonRequest> Request() const override {
+    return DaemonRequest{daemon_cmd_, {{"name", name_}}, kVmReplyTimeout};
+  }
+  int Run() override {
+    json result;
+    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
+    if (flags_.json) {
+      PrintJson(result);
+    } else {
+      print_(name_, result);
+    }
+    return kExitOk;
+  }
+
+ private:
+  std::string daemon_cmd_;
+  void (*print_)(const std::string&, const json&);
+  std::string name_;
+  DaemonFlags flags_;
+};
+
+void PrintCaptured(const std::string& vm, const json& result) {
+  std::printf("captured %s: %s (%.1f ms to disk)\n", vm.c_str(),
+              result.value("capture", std::string()).c_str(),
+              result.value("trigger_to_disk_ms", 0.0));
 }
 
-bool ParseNameCommand(const char* command, const char* usage, int argc, char** argv, std::string& name,
-                      std::string& socket, bool& json_output, std::vector<std::pair<std::string, std::string*>> opts = {}) {
-  std::vector<std::string> positional;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    bool matched = false;
-    for (auto& [flag, dst] : opts) {
-      if (arg == flag) {
-        if (i + 1 >= argc) {
-          std::fprintf(stderr, "hvtrace %s: %s needs a value\n", command, argv[i]);
-          return false;
-        }
-        *dst = argv[++i];
-        matched = true;
-      }
-    }
-    if (matched) continue;
-    if (arg == "-h" || arg == "--help") {
-      std::printf("usage: hvtrace %s %s\n", command, usage);
-      std::exit(0);
-    } else if (arg == "--socket") {
-      if (i + 1 >= argc) return false;
-      socket = argv[++i];
-    } else if (arg == "--json") {
-      json_output = true;
-    } else if (arg.starts_with("-")) {
-      std::fprintf(stderr, "hvtrace %s: unknown option '%s'\n", command, argv[i]);
-      return false;
-    } else {
-      positional.emplace_back(arg);
-    }
-  }
-  if (positional.size() != 1) {
-    std::fprintf(stderr, "usage: hvtrace %s %s\n", command, usage);
-    return false;
-  }
-  name = positional[0];
-  return true;
+void PrintStopped(const std::string& vm, const json&) {
+  std::printf("stopped watching %s (a VM hvtraced booted is shut down)\n", vm.c_str());
 }
 
 }  // namespace
 
-int RunBoot(int argc, char** argv) {
-  BootArgs args;
-  if (!ParseBoot("boot", argc, argv, args)) return 2;
-  if (args.harvest && !EnsureFormats(args.request)) return 1;
-  auto result = Call("boot", args.socket, "boot", args.request.ToJson());
-  if (!result) return 1;
-  if (args.json_output) {
-    std::printf("%s\n", result->dump(2).c_str());
-    return 0;
-  }
-  const json& region = (*result)["region"];
-  std::printf("booted %s: QEMU pid %s (%s), boot range %s bytes at GPA 0x%llx in %s\n",
-              args.request.name.c_str(), (*result)["pid"].dump().c_str(),
-              result->value("kvm", false) ? "KVM" : "TCG", region["size"].dump().c_str(),
-              static_cast<unsigned long long>(region.value("gpa", uint64_t{0})),
-              region.value("file", std::string()).c_str());
-  if (result->contains("kvm_probe")) {
-    std::printf("accel auto: %s\n", (*result)["kvm_probe"].get<std::string>().c_str());
-  }
-  if (result->contains("console_log")) {
-    std::printf("console log: %s\nconsole socket: %s\n", (*result)["console_log"].get<std::string>().c_str(),
-                result->value("console_socket", std::string()).c_str());
-  }
-  return 0;
-}
-
-int RunQemuArgs(int argc, char** argv) {
-  BootArgs args;
-  if (!ParseBoot("qemu-args", argc, argv, args)) return 2;
-  auto accel = hostd::ParseAccel(args.request.accel);
-  if (!accel.ok()) {
-    std::fprintf(stderr, "hvtrace qemu-args: %s\n", accel.error().message.c_str());
-    return 2;
-  }
-  hostd::BootPaths paths = hostd::DefaultBootPaths(args.request.name, args.run_dir,
-                                                   std::filesystem::path(args.run_dir) / args.request.name);
-  auto config = hostd::MakeBootVmConfig(args.request, paths);
-  if (!config.ok()) {
-    std::fprintf(stderr, "hvtrace qemu-args: %s\n", config.error().message.c_str());
-    return 2;
-  }
-  config->console_log.clear();  // People running QEMU pick their own console.
-  config->console_socket.clear();
-  config->qemu_log.clear();
-  auto plan = hostd::BuildQemuPlan(*config, hostd::ResolveKvm(*accel, config->kernel));
-  if (!plan.ok()) {
-    std::fprintf(stderr, "hvtrace qemu-args: %s\n", plan.error().message.c_str());
-    return 2;
-  }
-  if (args.json_output) {
-    json j = {{"argv", plan->argv}};
-    const auto& l = *plan->boot_range;
-    j["boot_region"] = paths.backing_file + "@" + std::to_string(l.range_gpa) + ":" + std::to_string(l.range_bytes);
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
-  }
-  std::string line;
-  for (const std::string& a : plan->argv) {
-    bool quote = a.find_first_of(" $'\"\\,;&|<>()") != std::string::npos;
-    std::string q = a;
-    if (quote) {
-      q = "'";
-      for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-      q += "'";
-    }
-    line += (line.empty() ? "" : " ") + q;
-  }
-  const auto& l = *plan->boot_range;
-  std::printf("%s\n", line.c_str());
-  for (size_t i = 0; i + 1 < plan->argv.size(); ++i) {
-    if (plan->argv[i] == "-append") std::printf("# kernel parameters: %s\n", plan->argv[i + 1].c_str());
-  }
-  std::printf("# then: hvtrace adopt %s --qmp %s --boot-region %s@0x%llx:%llu\n", args.request.name.c_str(),
-              paths.qmp_socket.c_str(), paths.backing_file.c_str(),
-              static_cast<unsigned long long>(l.range_gpa), static_cast<unsigned long long>(l.range_bytes));
-  return 0;
-}
-
-int RunAdopt(int argc, char** argv) {
-  // Without --qmp, NAME is a libvirt domain (libvirt_commands.cc).
-  bool has_qmp = false;
-  for (int i = 1; i < argc; ++i) has_qmp |= std::string_view(argv[i]) == "--qmp";
-  if (!has_qmp) return RunAdoptDomain(argc, argv);
-  std::string name, socket, qmp, region;
-  bool json_output = false;
-  // Without --boot-region the VM has no boot range: `hvtrace attach` gives it a region.
-  const char* usage = "NAME --qmp SOCK [--boot-region FILE@GPA:SIZE] [--socket PATH] [--json]";
-  if (!ParseNameCommand("adopt", usage, argc, argv, name, socket, json_output,
-                        {{"--qmp", &qmp}, {"--boot-region", &region}}) ||
-      qmp.empty()) {
-    if (qmp.empty()) std::fprintf(stderr, "usage: hvtrace adopt %s\n", usage);
-    return 2;
-  }
-  json adopt_args = {{"name", name}, {"qmp", std::filesystem::absolute(qmp).string()}};
-  if (!region.empty()) adopt_args["boot_region"] = region;
-  auto result = Call("adopt", socket, "adopt", adopt_args);
-  if (!result) return 1;
-  if (json_output) {
-    std::printf("%s\n", result->dump(2).c_str());
-  } else {
-    std::printf("adopted %s (QMP %s)\n", name.c_str(), result->value("qmp", std::string()).c_str());
-  }
-  return 0;
-}
-
-int RunCapture(int argc, char** argv) {
-  std::string name, socket;
-  bool json_output = false;
-  if (!ParseNameCommand("capture", "NAME [--socket PATH] [--json]", argc, argv, name, socket, json_output)) return 2;
-  auto result = Call("capture", socket, "capture", {{"name", name}});
-  if (!result) return 1;
-  if (json_output) {
-    std::printf("%s\n", result->dump(2).c_str());
-  } else {
-    std::printf("captured %s: %s (%.1f ms to disk)\n", name.c_str(),
-                result->value("capture", std::string()).c_str(), result->value("trigger_to_disk_ms", 0.0));
-  }
-  return 0;
-}
-
-int RunStop(int argc, char** argv) {
-  std::string name, socket;
-  bool json_output = false;
-  if (!ParseNameCommand("stop", "NAME [--socket PATH]", argc, argv, name, socket, json_output)) return 2;
-  auto result = Call("stop", socket, "stop", {{"name", name}});
-  if (!result) return 1;
-  std::printf("stopped watching %s (a VM hvtraced booted is shut down)\n", name.c_str());
-  return 0;
+void AddVmCommands(CommandTable& table) {
+  table.Add("boot", "ask hvtraced to boot a guest with a host-backed boot trace buffer",
+            std::make_unique<BootCommand>());
+  table.Add("qemu-args",
+            "print the QEMU argv + kernel params for a boot buffer (run QEMU yourself)",
+            std::make_unique<QemuArgsCommand>());
+  table.Add("adopt",
+            "let hvtraced watch a QEMU you started (--qmp SOCK) or a running libvirt domain",
+            std::make_unique<AdoptCommand>());
+  table.Add("capture", "snapshot a VM's trace region now, guest keeps running",
+            std::make_unique<VmRequestCommand>("capture", PrintCaptured));
+  table.Add("stop", "stop watching a VM (and shut it down if hvtraced booted it)",
+            std::make_unique<VmRequestCommand>("stop", PrintStopped));
 }
 
 }  // namespace hvtrace::cli

@@ -486,7 +486,8 @@ TEST(DaemonTest, CliTalksToDaemon) {
       << out;
   EXPECT_NE(out.find("20240612T101530.123Z-manual"), std::string::npos) << out;
 
-  EXPECT_EQ(DaemonProcess::Run({hvtrace, "status", "nope", "--socket", sock}, &out, log), 1);
+  // Exit statuses follow the daemon's error codes: 4 for unknown_vm.
+  EXPECT_EQ(DaemonProcess::Run({hvtrace, "status", "nope", "--socket", sock}, &out, log), 4);
   EXPECT_NE(out.find("no VM named 'nope'"), std::string::npos) << out;
 
   // HVTRACE_SOCKET is honoured when --socket is absent.
@@ -497,7 +498,7 @@ TEST(DaemonTest, CliTalksToDaemon) {
 
   EXPECT_EQ(DaemonProcess::Run({hvtrace, "ping", "--socket", (d.dir() / "none.sock").string()},
                                &out, log),
-            1);
+            5);  // No daemon there.
   EXPECT_NE(out.find("hvtraced is not running"), std::string::npos) << out;
 
   EXPECT_EQ(DaemonProcess::Run({hvtrace, "daemon-shutdown", "--socket", sock}, &out, log), 0)

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "boot_vm.h"
+#include "boot_request.h"
 #include "command.h"
 #include "command_table.h"
 #include "domain_xml.h"

@@ -24,8 +24,9 @@
 //   extra {transport {kind: qmp | libvirt, … what that backend knows},
 //          consistency {vcpus_stopped, note, pages_being_written?},
 //          timing_ms {copy, region_write, region_fsync, …, trigger_to_decoded},
-//          formats {key, cache, state, decoded, …} (boot ranges),
-//          boots [...] (boot ranges), attach {...} (attach regions)};
+//          formats {key, cache, state, decoded, …}, boots [...], and when
+//          decoded trace_clock and pipeline_ms (boot ranges),
+//          attach {...} (attach regions)};
 //   recovered {at, note} when a later daemon run finished the capture.
 // Version 1 (before the backends shared one capture path) had extra.qmp /
 // extra.libvirt instead of extra.transport and extra.consistency.

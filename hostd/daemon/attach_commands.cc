@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <atomic>
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
@@ -119,13 +121,19 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
  public:
   StreamSession(asio::any_io_executor pool, std::shared_ptr<VmSupervisor> vm,
                 std::shared_ptr<LiveRegion> region, std::shared_ptr<Responder> responder,
-                const StreamArgs& args, std::function<bool()> daemon_stopping)
+                const StreamArgs& args, std::function<bool()> daemon_stopping, std::atomic<int>& active)
       : timer_(pool),
         daemon_stopping_(std::move(daemon_stopping)),
+        active_(active),
         vm_(std::move(vm)),
         region_(std::move(region)),
         responder_(std::move(responder)),
-        streamer_(region_->geometry(), RegionStreamOptions{args.json, args.from_start, std::chrono::milliseconds(1000)}) {}
+        streamer_(region_->geometry(), RegionStreamOptions{args.json, args.from_start, std::chrono::milliseconds(1000)}) {
+    ++active_;
+  }
+  ~StreamSession() { --active_; }
+  StreamSession(const StreamSession&) = delete;
+  StreamSession& operator=(const StreamSession&) = delete;
 
   void Start() {
     responder_->Stream({{"note", "streaming VM " + vm_->name() + " (region " + region_->path().string() +
@@ -180,6 +188,7 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
 
   asio::steady_timer timer_;
   std::function<bool()> daemon_stopping_;
+  std::atomic<int>& active_;  // The daemon's count of running streams.
   std::shared_ptr<VmSupervisor> vm_;
   std::shared_ptr<LiveRegion> region_;
   std::shared_ptr<Responder> responder_;
@@ -203,7 +212,7 @@ void Daemon::HandleStream(const Request& request, const std::shared_ptr<Responde
     return;
   }
   auto session = std::make_shared<StreamSession>(pool_.get_executor(), vm, region, responder, *args,
-                                                 [this] { return stopping(); });
+                                                 [this] { return stopping(); }, active_streams_);
   asio::post(pool_, [session] { session->Start(); });
 }
 

@@ -156,14 +156,18 @@ Status Daemon::Start() {
         HandleRequest(request, peer, responder);
       });
   if (Status s = server_->Listen(); !s.ok()) return s;
+  if (!config_.libvirt_uri.empty()) libvirt_ = std::make_unique<DaemonLibvirt>(*this, state_);
   // Captures an earlier run died in are finished on the pool, after the
-  // socket listens: a long recovery never delays start-up.
-  RecoverCaptures(*names);
-  for (const std::string& name : *names) ReadoptVm(name);
-  if (!config_.libvirt_uri.empty()) {
-    libvirt_ = std::make_unique<DaemonLibvirt>(*this, state_);
-    if (Status s = libvirt_->Start(*names); !s.ok()) return s;
-  }
+  // socket listens, so a long recovery never delays start-up. The VMs are
+  // re-adopted only then: a guest found still in a recovered panic must be
+  // recognised as that panic, not captured twice.
+  RecoverCaptures(*names, [this, known = *names] {
+    if (stopping_) return;
+    for (const std::string& name : known) ReadoptVm(name);
+    if (libvirt_) {
+      if (Status s = libvirt_->Start(known); !s.ok()) Log("warning: libvirt: " + s.error().message);
+    }
+  });
 
   signals_.add(SIGTERM);
   signals_.add(SIGINT);
@@ -194,8 +198,8 @@ Status Daemon::ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> bac
   return {};
 }
 
-void Daemon::RecoverCaptures(const std::vector<std::string>& names) {
-  asio::post(pool_, [this, names] {
+void Daemon::RecoverCaptures(const std::vector<std::string>& names, std::function<void()> then) {
+  asio::post(pool_, [this, names, then = std::move(then)] {
     for (const std::string& name : names) {
       auto recovery = captures_->Recover(CaptureStore(state_.CapturesDir(name)));
       if (!recovery.ok()) {
@@ -207,6 +211,7 @@ void Daemon::RecoverCaptures(const std::vector<std::string>& names) {
       }
       for (const std::string& why : recovery->removed) Log("VM " + name + ": incomplete capture " + why);
     }
+    asio::post(io_, then);
   });
 }
 
@@ -234,6 +239,23 @@ void Daemon::DoShutdown(const std::string& reason) {
   NotifySystemd("STOPPING=1");
   boost::system::error_code ignored;
   signals_.cancel(ignored);
+  // Streams see |stopping_| at their next look (kStreamPollInterval) and end
+  // with the reason; their clients get that before the connections close.
+  DrainStreams(std::chrono::steady_clock::now() + std::chrono::seconds(1));
+}
+
+void Daemon::DrainStreams(std::chrono::steady_clock::time_point deadline) {
+  if (active_streams_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    stop_timer_.expires_after(std::chrono::milliseconds(10));
+    stop_timer_.async_wait([this, deadline](const boost::system::error_code& ec) {
+      if (!ec) DrainStreams(deadline);
+    });
+    return;
+  }
+  FinishShutdown();
+}
+
+void Daemon::FinishShutdown() {
   if (server_) server_->Close();
   // keep: QEMUs hvtraced booted run on in their own sessions and the next
   // daemon re-adopts them from their specs; stop: they are quit here.

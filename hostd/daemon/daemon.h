@@ -12,6 +12,7 @@
 #define HVTRACE_HOSTD_DAEMON_H_
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -124,9 +125,13 @@ class Daemon {
   // Re-adopts a QMP VM remembered in its state dir whose QEMU still runs
   // (for a VM the daemon booted: the same process, checked by start time).
   void ReadoptVm(const std::string& name);
-  // Finishes the captures an earlier run died in, in the background.
-  void RecoverCaptures(const std::vector<std::string>& names);
+  // Finishes the captures an earlier run died in, on the pool; then runs
+  // |then| on the I/O thread.
+  void RecoverCaptures(const std::vector<std::string>& names, std::function<void()> then);
   void DoShutdown(const std::string& reason);
+  // Waits (until |deadline|) for streams to end, then FinishShutdown.
+  void DrainStreams(std::chrono::steady_clock::time_point deadline);
+  void FinishShutdown();
   void PollStop(std::chrono::steady_clock::time_point deadline);
   SupervisorOptions supervisor_options() const;
 
@@ -143,6 +148,7 @@ class Daemon {
   int lock_fd_ = -1;
   HostTime started_;
   std::atomic<bool> stopping_{false};
+  std::atomic<int> active_streams_{0};  // `stream` sessions still running.
   // libvirt domains (daemon_libvirt.h); null when config libvirt_uri is empty.
   std::unique_ptr<DaemonLibvirt> libvirt_;
   // Names whose boot or stop is under way on the pool (I/O thread only):

@@ -214,8 +214,8 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
   // captures of QEMUs hvtraced booted are.
   EXPECT_EQ(manifest["extra"]["formats"]["decoded"], true) << manifest["extra"].dump(2);
   EXPECT_EQ(manifest["extra"]["formats"]["state"], "cached") << manifest["extra"].dump(2);
-  std::printf("[ metric ] libvirt boot-range panic capture: %s events; copy %.2f ms after "
-              "CRASHED/PANICKED (state then: %s)\n",
+  std::printf("[ metric ] libvirt boot-range panic capture: %s events; callback %.2f ms after "
+              "CRASHED/PANICKED (state at capture: %s)\n",
               manifest["totals"]["events"].dump().c_str(),
               manifest["extra"]["transport"]["panic"]["event_to_callback_ms"].get<double>(),
               manifest["extra"]["transport"]["state_at_capture"].get<std::string>().c_str());

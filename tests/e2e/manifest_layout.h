@@ -20,7 +20,7 @@ inline std::set<std::string> KeysOf(const nlohmann::json& j) {
   return keys;
 }
 
-// A decoded boot-range capture taken through |transport_kind|'s backend.
+// A decoded boot-range capture (formats cached) taken through |transport_kind|'s backend.
 inline void ExpectBootRangeManifestLayout(const nlohmann::json& m, const std::string& transport_kind) {
   EXPECT_EQ(KeysOf(m), (std::set<std::string>{"format", "version", "vm", "trigger", "id", "host_time", "kernel",
                                               "region", "cpus", "totals", "validation", "qmp_events", "files",
@@ -29,8 +29,8 @@ inline void ExpectBootRangeManifestLayout(const nlohmann::json& m, const std::st
   EXPECT_EQ(m["version"], 2);
   EXPECT_EQ(KeysOf(m["region"]), (std::set<std::string>{"kind", "source", "offset", "size", "gpa"}))
       << m["region"].dump(2);
-  EXPECT_EQ(KeysOf(m["extra"]),
-            (std::set<std::string>{"transport", "consistency", "timing_ms", "formats", "boots"}))
+  EXPECT_EQ(KeysOf(m["extra"]), (std::set<std::string>{"transport", "consistency", "timing_ms", "formats", "boots",
+                                                       "trace_clock", "pipeline_ms"}))
       << m["extra"].dump(2);
   EXPECT_EQ(m["extra"]["transport"]["kind"], transport_kind);
   EXPECT_TRUE(KeysOf(m["extra"]["consistency"]).count("vcpus_stopped")) << m["extra"].dump(2);

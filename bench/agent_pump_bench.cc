@@ -39,7 +39,9 @@ uint64_t NowNs() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-double RusageSeconds(const timeval& tv) { return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6; }
+double RusageSeconds(const timeval& tv) {
+  return static_cast<double>(tv.tv_sec) + tv.tv_usec / 1e6;
+}
 
 bool WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path);
@@ -54,10 +56,11 @@ int main(int argc, char** argv) {
   const uint32_t interval_ms = argc > 2 ? static_cast<uint32_t>(std::atoi(argv[2])) : 50;
   const uint64_t region_mib = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 64;
   const std::string tracing = "/sys/kernel/tracing";
-  const std::string instance = tracing + "/instances/hvtrace-pump-bench-" + std::to_string(getpid());
+  const std::string instance =
+      tracing + "/instances/hvtrace-pump-bench-" + std::to_string(getpid());
   if (mkdir(instance.c_str(), 0755) != 0) {
-    std::fprintf(stderr, "agent_pump_bench: cannot create %s: %s (needs root and tracefs)\n", instance.c_str(),
-                 std::strerror(errno));
+    std::fprintf(stderr, "agent_pump_bench: cannot create %s: %s (needs root and tracefs)\n",
+                 instance.c_str(), std::strerror(errno));
     return 1;
   }
   const long cpus = sysconf(_SC_NPROCESSORS_CONF);
@@ -77,7 +80,8 @@ int main(int argc, char** argv) {
     }
     std::vector<std::byte> mem(size);
     (void)hvtrace::InitRegionHeader(mem, *g, 1);
-    auto* req = reinterpret_cast<hvtrace::region::HostRequests*>(mem.data() + hvtrace::region::kHostRequestsOffset);
+    auto* req = reinterpret_cast<hvtrace::region::HostRequests*>(
+        mem.data() + hvtrace::region::kHostRequestsOffset);
     const std::string events = "syscalls:sys_enter_getppid,syscalls:sys_exit_getppid";
     std::memcpy(req->events, events.data(), events.size());
     req->events_len = static_cast<uint32_t>(events.size());
@@ -85,7 +89,8 @@ int main(int argc, char** argv) {
     req->request_seq = 1;
     {
       std::ofstream out(region_path, std::ios::binary);
-      out.write(reinterpret_cast<const char*>(mem.data()), static_cast<std::streamsize>(mem.size()));
+      out.write(reinterpret_cast<const char*>(mem.data()),
+                static_cast<std::streamsize>(mem.size()));
     }
     auto host = hvtrace::RegionMapping::Map(region_path);
     WriteFile(instance + "/buffer_size_kb", "4096");
@@ -100,8 +105,9 @@ int main(int argc, char** argv) {
         for (int i = 0; i < 1000; ++i) syscall(SYS_getppid);
         calls += 1000;
       }
-      std::printf("load: %llu getppid() calls (%.0f/s, %llu events)\n", static_cast<unsigned long long>(calls),
-                  static_cast<double>(calls) / seconds, static_cast<unsigned long long>(2 * calls));
+      std::printf("load: %llu getppid() calls (%.0f/s, %llu events)\n",
+                  static_cast<unsigned long long>(calls), static_cast<double>(calls) / seconds,
+                  static_cast<unsigned long long>(2 * calls));
       std::fflush(stdout);
       _exit(0);
     }
@@ -122,25 +128,28 @@ int main(int argc, char** argv) {
     waitpid(child, nullptr, 0);
 
     if (host.ok()) {
-      const auto* st = reinterpret_cast<const hvtrace::region::GuestStatus*>(host->data() +
-                                                                           hvtrace::region::kGuestStatusOffset);
+      const auto* st = reinterpret_cast<const hvtrace::region::GuestStatus*>(
+          host->data() + hvtrace::region::kGuestStatusOffset);
       uint64_t lost = 0, overrun = 0;
       for (uint32_t c = 0; c < g->max_cpus; ++c) {
-        const auto* ring =
-            reinterpret_cast<const hvtrace::region::CpuRingHeader*>(host->data() + g->CpuRingOffset(c));
+        const auto* ring = reinterpret_cast<const hvtrace::region::CpuRingHeader*>(
+            host->data() + g->CpuRingOffset(c));
         lost += ring->lost_events;
         overrun += ring->overrun;
       }
       const double user = RusageSeconds(after.ru_utime) - RusageSeconds(before.ru_utime);
       const double sys = RusageSeconds(after.ru_stime) - RusageSeconds(before.ru_stime);
       const double pages = static_cast<double>(st->pages_pushed);
-      std::printf("pump: %.0f pages in %.2f s = %.0f pages/s (%.1f MB/s), pump interval %u ms, %ld CPUs\n", pages,
-                  wall, pages / wall, pages * 4096 / wall / 1e6, interval_ms, cpus);
-      std::printf("agent CPU: user %.3f s + sys %.3f s = %.1f%% of one CPU; %.2f us per page\n", user, sys,
-                  100.0 * (user + sys) / wall, pages > 0 ? (user + sys) * 1e6 / pages : 0.0);
-      std::printf("kernel ring: %llu events lost (missed in pages), overrun %llu; loss window %.1f ms\n",
-                  static_cast<unsigned long long>(lost), static_cast<unsigned long long>(overrun),
-                  static_cast<double>(st->max_push_gap_ns) / 1e6);
+      std::printf(
+          "pump: %.0f pages in %.2f s = %.0f pages/s (%.1f MB/s), pump interval %u ms, %ld CPUs\n",
+          pages, wall, pages / wall, pages * 4096 / wall / 1e6, interval_ms, cpus);
+      std::printf("agent CPU: user %.3f s + sys %.3f s = %.1f%% of one CPU; %.2f us per page\n",
+                  user, sys, 100.0 * (user + sys) / wall,
+                  pages > 0 ? (user + sys) * 1e6 / pages : 0.0);
+      std::printf(
+          "kernel ring: %llu events lost (missed in pages), overrun %llu; loss window %.1f ms\n",
+          static_cast<unsigned long long>(lost), static_cast<unsigned long long>(overrun),
+          static_cast<double>(st->max_push_gap_ns) / 1e6);
       // What was pushed is really there (the newest slots_per_cpu pages of
       // each CPU; older ones were overwritten by the ring, as designed).
       std::vector<std::byte> copy;
@@ -152,15 +161,19 @@ int main(int argc, char** argv) {
           for (const auto& page : ring.pages) records += page.records;
           pages_kept += ring.pages.size();
         }
-        std::printf("region check: %llu pages readable (ring capacity %u per CPU), %llu events, %llu issues\n",
-                    static_cast<unsigned long long>(pages_kept), g->slots_per_cpu,
-                    static_cast<unsigned long long>(records), static_cast<unsigned long long>(snap->issue_total()));
+        std::printf(
+            "region check: %llu pages readable (ring capacity %u per CPU), %llu events, %llu "
+            "issues\n",
+            static_cast<unsigned long long>(pages_kept), g->slots_per_cpu,
+            static_cast<unsigned long long>(records),
+            static_cast<unsigned long long>(snap->issue_total()));
       }
     }
   }
   unlink(region_path.c_str());
   if (rmdir(instance.c_str()) != 0) {
-    std::fprintf(stderr, "agent_pump_bench: could not remove %s: %s\n", instance.c_str(), std::strerror(errno));
+    std::fprintf(stderr, "agent_pump_bench: could not remove %s: %s\n", instance.c_str(),
+                 std::strerror(errno));
   }
   return status;
 }

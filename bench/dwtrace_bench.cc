@@ -86,14 +86,16 @@ Figure Measure(int threads, const std::function<void(long)>& body) {
     }
     go = true;
     for (auto& th : pool) th.join();
-    per_event.push_back(static_cast<double>(*std::max_element(elapsed.begin(), elapsed.end())) / kEvents);
+    per_event.push_back(static_cast<double>(*std::max_element(elapsed.begin(), elapsed.end())) /
+                        kEvents);
   }
   std::sort(per_event.begin(), per_event.end());
   return {per_event.front(), per_event[per_event.size() / 2]};
 }
 
 void Print(const char* name, int threads, const Figure& f) {
-  std::printf("  %-44s %2d thr  min %7.1f ns  median %7.1f ns\n", name, threads, f.min_ns, f.median_ns);
+  std::printf("  %-44s %2d thr  min %7.1f ns  median %7.1f ns\n", name, threads, f.min_ns,
+              f.median_ns);
 }
 
 }  // namespace
@@ -134,16 +136,18 @@ int main() {
     std::fprintf(stderr, "%s\n", mono.error().message.c_str());
     return 1;
   }
-  const std::vector<hvtrace::dw::Field> fields = {{"step", "int", offsetof(Payload, step), 4, true},
-                                                  {"value", "long", offsetof(Payload, value), 8, true},
-                                                  {"text", "char[12]", offsetof(Payload, text), 12, false}};
+  const std::vector<hvtrace::dw::Field> fields = {
+      {"step", "int", offsetof(Payload, step), 4, true},
+      {"value", "long", offsetof(Payload, value), 8, true},
+      {"text", "char[12]", offsetof(Payload, text), 12, false}};
   auto ev = (*mono)->Register("bench", "event", fields);
   if (!ev.ok()) return 1;
   const uint16_t event_id = *ev;
   hvtrace::dw::Tracer* tracer_mono = mono->get();
 
-  std::printf("dwtrace_bench: %ld events x %d reps per figure, %d CPUs, payload int+long+char[12]\n", kEvents,
-              kReps, cpus);
+  std::printf(
+      "dwtrace_bench: %ld events x %d reps per figure, %d CPUs, payload int+long+char[12]\n",
+      kEvents, kReps, cpus);
   std::vector<std::pair<int, Figure>> dw_mono, dw_tsc, dw_auto, lttng;
   auto automatic = hvtrace::dw::Tracer::FromMemory(base, size, hvtrace::dw::Clock::kAuto);
   if (!automatic.ok()) return 1;
@@ -223,7 +227,9 @@ int main() {
       Print("LTTng-UST tracepoint, active session", threads, f);
       lttng.push_back({threads, f});
     } else {
-      std::printf("  LTTng-UST: no active session has hvtrace_bench:event enabled (run bench/dwtrace_bench.sh)\n");
+      std::printf(
+          "  LTTng-UST: no active session has hvtrace_bench:event enabled (run "
+          "bench/dwtrace_bench.sh)\n");
     }
 #else
     std::printf("  LTTng-UST: not built (liblttng-ust-dev missing)\n");
@@ -251,20 +257,23 @@ int main() {
       for (const auto& page : ring.pages) records += page.records;
     }
     std::printf("region check: %llu direct-write records readable in the region, %llu issues\n",
-                static_cast<unsigned long long>(records), static_cast<unsigned long long>(snap->issue_total()));
+                static_cast<unsigned long long>(records),
+                static_cast<unsigned long long>(snap->issue_total()));
   }
   // What a program gets without choosing: Clock::kAuto, and why.
-  std::printf("default clock (Clock::kAuto): %s; this CPU's TSC is %s, the kernel %s it "
-              "(available_clocksource), the region holds clock-sync samples\n",
-              auto_name, hvtrace::dw::HasInvariantTsc() ? "invariant" : "not invariant",
-              hvtrace::dw::KernelTrustsTsc() ? "trusts" : "does not trust");
+  std::printf(
+      "default clock (Clock::kAuto): %s; this CPU's TSC is %s, the kernel %s it "
+      "(available_clocksource), the region holds clock-sync samples\n",
+      auto_name, hvtrace::dw::HasInvariantTsc() ? "invariant" : "not invariant",
+      hvtrace::dw::KernelTrustsTsc() ? "trusts" : "does not trust");
   for (size_t i = 0; i < lttng.size() && i < dw_mono.size(); ++i) {
     const double mono_ratio = dw_mono[i].second.median_ns / lttng[i].second.median_ns;
     const double tsc_ratio = dw_tsc[i].second.median_ns / lttng[i].second.median_ns;
     const double auto_ratio = dw_auto[i].second.median_ns / lttng[i].second.median_ns;
-    std::printf("RATIO %d thread(s): direct-write/LTTng-UST median = %.3f (MONOTONIC), %.3f (TSC), %.3f "
-                "(Clock::kAuto = %s); goal <= 0.25\n",
-                lttng[i].first, mono_ratio, tsc_ratio, auto_ratio, auto_name);
+    std::printf(
+        "RATIO %d thread(s): direct-write/LTTng-UST median = %.3f (MONOTONIC), %.3f (TSC), %.3f "
+        "(Clock::kAuto = %s); goal <= 0.25\n",
+        lttng[i].first, mono_ratio, tsc_ratio, auto_ratio, auto_name);
   }
   munmap(mem, size);
   return 0;

@@ -13,11 +13,10 @@
 #include <lttng/tracepoint.h>
 
 LTTNG_UST_TRACEPOINT_EVENT(hvtrace_bench, event,
-    LTTNG_UST_TP_ARGS(int, step, long, value, const char*, text),
-    LTTNG_UST_TP_FIELDS(
-        lttng_ust_field_integer(int, step, step)
-        lttng_ust_field_integer(long, value, value)
-        lttng_ust_field_string(text, text)))
+                           LTTNG_UST_TP_ARGS(int, step, long, value, const char*, text),
+                           LTTNG_UST_TP_FIELDS(lttng_ust_field_integer(int, step, step)
+                                                   lttng_ust_field_integer(long, value, value)
+                                                       lttng_ust_field_string(text, text)))
 
 #endif
 

@@ -35,6 +35,11 @@ if [ -x qemu-scripts/build-guest.sh ]; then
   qemu-scripts/build-guest.sh || { echo "guest image build failed"; exit 1; }
 fi
 
+step "format (clang-format, .clang-format)"
+# The tree is kept formatted; a file that is not fails here with its diff.
+git ls-files '*.cc' '*.h' '*.hpp' | grep -v '^tests/fixtures/' | xargs clang-format --dry-run --Werror
+record "clang-format" $?
+
 step "unit tests"
 ctest --test-dir build -L unit -j"$JOBS" --output-on-failure --no-tests=error
 record "unit tests" $?

@@ -36,12 +36,18 @@ bool ParseUuid(const std::string& text, uint8_t out[16]) {
   for (size_t i = 0; i < text.size() && n < 32; ++i) {
     const char c = text[i];
     int v;
-    if (c >= '0' && c <= '9') v = c - '0';
-    else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-    else continue;
-    if (n % 2 == 0) out[n / 2] = static_cast<uint8_t>(v << 4);
-    else out[n / 2] |= static_cast<uint8_t>(v);
+    if (c >= '0' && c <= '9')
+      v = c - '0';
+    else if (c >= 'a' && c <= 'f')
+      v = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      v = c - 'A' + 10;
+    else
+      continue;
+    if (n % 2 == 0)
+      out[n / 2] = static_cast<uint8_t>(v << 4);
+    else
+      out[n / 2] |= static_cast<uint8_t>(v);
     ++n;
   }
   return n == 32;
@@ -102,7 +108,8 @@ Status Agent::Attach(const std::string& path) {
     discard_backlog_ = false;
   }
   tracefs_.Write("tracing_on", "1");
-  if (options_.set_mono_clock && tracefs_.CurrentClock() != "mono") tracefs_.Write("trace_clock", "mono");
+  if (options_.set_mono_clock && tracefs_.CurrentClock() != "mono")
+    tracefs_.Write("trace_clock", "mono");
   if (!cmdlines_raised_) {
     cmdlines_raised_ = true;
     const std::string size = tracefs_.Read("saved_cmdlines_size");
@@ -149,7 +156,8 @@ void Agent::Detach(const char* why) {
   region_.reset();
   mapping_.Unmap();
   device_slot_.clear();
-  Log(std::string("detached: ") + why + " (bus faults absorbed so far: " + std::to_string(RegionBusFaults()) + ")");
+  Log(std::string("detached: ") + why +
+      " (bus faults absorbed so far: " + std::to_string(RegionBusFaults()) + ")");
 }
 
 void Agent::Announce() {
@@ -157,7 +165,8 @@ void Agent::Announce() {
   region::GuestIdentity id{};
   {  // A missing boot_id leaves zeros: every attach then counts as one boot.
     std::string text;
-    const int fd = open((options_.proc + "/sys/kernel/random/boot_id").c_str(), O_RDONLY | O_CLOEXEC);
+    const int fd =
+        open((options_.proc + "/sys/kernel/random/boot_id").c_str(), O_RDONLY | O_CLOEXEC);
     if (fd >= 0) {
       char buf[64];
       const ssize_t n = read(fd, buf, sizeof(buf));
@@ -234,7 +243,8 @@ void Agent::PublishHeaders() {
       Log(std::string("cannot read ") + file);
       continue;
     }
-    if (auto r = region_->PublishFormat(kind, generation_, 0, "ftrace", text, 0); !r.ok()) Log(r.error().message);
+    if (auto r = region_->PublishFormat(kind, generation_, 0, "ftrace", text, 0); !r.ok())
+      Log(r.error().message);
   }
   // trace_marker writes are ftrace:print events: always decodable.
   PublishEvent("ftrace/print");
@@ -250,7 +260,9 @@ void Agent::PublishEvent(const std::string& sys_event) {
   }
   const uint64_t fp = EventFingerprint(*parsed);
   if (region_->HasFormat(region::kFormatKernelEvent, generation_, parsed->id, fp)) return;
-  if (auto r = region_->PublishFormat(region::kFormatKernelEvent, generation_, parsed->id, sys, text, fp); !r.ok()) {
+  if (auto r = region_->PublishFormat(region::kFormatKernelEvent, generation_, parsed->id, sys,
+                                      text, fp);
+      !r.ok()) {
     Log(sys_event + ": " + r.error().message);
   }
 }
@@ -268,8 +280,10 @@ void Agent::PublishSymbols() {
                       h.stored_size == s->text.stored.size();
     if (same) {
       note += " (already in the region)";
-    } else if (Status w = region_->WriteTextArea(TextAreaKind::kSymbols, generation_, s->text); !w.ok()) {
-      state = region_->geometry().symbol_size == 0 ? region::kSymbolsNoArea : region::kSymbolsTooLarge;
+    } else if (Status w = region_->WriteTextArea(TextAreaKind::kSymbols, generation_, s->text);
+               !w.ok()) {
+      state =
+          region_->geometry().symbol_size == 0 ? region::kSymbolsNoArea : region::kSymbolsTooLarge;
       note += ": not published, " + w.error().message;
     }
   }
@@ -281,7 +295,8 @@ void Agent::PublishComms() {
   if (region_->geometry().comm_size == 0) return;
   const std::string text = tracefs_.Read("saved_cmdlines");
   if (text.empty() || text == comms_published_) return;  // Unchanged: the usual case, one read.
-  if (Status w = region_->WriteTextArea(TextAreaKind::kComms, generation_, EncodeText(text)); !w.ok()) {
+  if (Status w = region_->WriteTextArea(TextAreaKind::kComms, generation_, EncodeText(text));
+      !w.ok()) {
     if (comms_published_.empty()) Log("comms: " + w.error().message);
   }
   comms_published_ = text;
@@ -290,7 +305,8 @@ void Agent::PublishComms() {
 void Agent::ApplyRequests(const region::HostRequests& req) {
   if (req.request_seq == request_seq_) return;
   request_seq_ = req.request_seq;
-  pump_interval_ms_ = req.pump_interval_ms == 0 ? 100 : std::clamp<uint32_t>(req.pump_interval_ms, 1, 60000);
+  pump_interval_ms_ =
+      req.pump_interval_ms == 0 ? 100 : std::clamp<uint32_t>(req.pump_interval_ms, 1, 60000);
   if (req.flags & region::kRequestStop) {
     DisableEvents();
     stopped_ = true;
@@ -312,8 +328,10 @@ void Agent::ApplyRequests(const region::HostRequests& req) {
     for (const std::string& e : wanted) {
       if (enabled_.count(e)) continue;
       PublishEvent(e);
-      if (tracefs_.Write("events/" + e + "/enable", "1")) enabled_.insert(e);
-      else Log("cannot enable " + e);
+      if (tracefs_.Write("events/" + e + "/enable", "1"))
+        enabled_.insert(e);
+      else
+        Log("cannot enable " + e);
     }
     for (auto it = enabled_.begin(); it != enabled_.end();) {
       if (wanted.count(*it)) {
@@ -337,7 +355,8 @@ void Agent::DisableEvents() {
 void Agent::OpenPipes() {
   ClosePipes();
   for (unsigned c = 0; c < nr_cpus_; ++c) {
-    const std::string path = tracefs_.root() + "/per_cpu/cpu" + std::to_string(c) + "/trace_pipe_raw";
+    const std::string path =
+        tracefs_.root() + "/per_cpu/cpu" + std::to_string(c) + "/trace_pipe_raw";
     const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
       Log("cannot open " + path + ": " + std::strerror(errno));
@@ -379,9 +398,11 @@ uint64_t Agent::PumpAll() {
         }
         ring->lost_events += missed;
       }
-      const uint32_t flags = 16 + commit + 256 < static_cast<uint64_t>(n) ? uint32_t{region::kSlotPartial} : 0u;
+      const uint32_t flags =
+          16 + commit + 256 < static_cast<uint64_t>(n) ? uint32_t{region::kSlotPartial} : 0u;
       region_->PushCpuPage(p.cpu, generation_,
-                           std::span<const std::byte>(page_buffer_.data(), static_cast<size_t>(n)), flags);
+                           std::span<const std::byte>(page_buffer_.data(), static_cast<size_t>(n)),
+                           flags);
       ++pushed;
     }
   }
@@ -413,11 +434,14 @@ void Agent::ReapDwRings() {
     if (owner == 0) continue;
     const uint32_t gen = static_cast<uint32_t>(owner >> 32);
     const uint32_t tid = static_cast<uint32_t>(owner);
-    const std::string task = options_.proc + "/" + std::to_string(h->pid) + "/task/" + std::to_string(tid);
+    const std::string task =
+        options_.proc + "/" + std::to_string(h->pid) + "/task/" + std::to_string(tid);
     if (gen == generation_ && access(task.c_str(), F_OK) == 0) continue;
-    if (__atomic_compare_exchange_n(&h->owner, &owner, uint64_t{0}, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+    if (__atomic_compare_exchange_n(&h->owner, &owner, uint64_t{0}, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED)) {
       for (uint32_t s = 0; s < g.dw_slots; ++s) {
-        __atomic_fetch_and(&region_->dw_desc(r, s)->flags, ~uint32_t{region::kSlotOpen}, __ATOMIC_RELEASE);
+        __atomic_fetch_and(&region_->dw_desc(r, s)->flags, ~uint32_t{region::kSlotOpen},
+                           __ATOMIC_RELEASE);
       }
     }
   }
@@ -512,7 +536,8 @@ int Agent::Run() {
       return 1;
     }
   } else {
-    if (!uevents_.Open()) Log(std::string("no uevent socket (") + std::strerror(errno) + "): rescanning every second");
+    if (!uevents_.Open())
+      Log(std::string("no uevent socket (") + std::strerror(errno) + "): rescanning every second");
     for (const std::string& bar : FindIvshmemBars(options_.sysfs_pci_devices)) {
       pending_slots_.push_back(Basename(bar.substr(0, bar.size() - 10)));
     }

@@ -48,9 +48,9 @@ struct AgentOptions {
   std::string sysfs_pci_devices = "/sys/bus/pci/devices";
   std::string tracefs = "/sys/kernel/tracing";
   std::string proc = "/proc";
-  std::string kallsyms = "/proc/kallsyms";  // Published to the symbol area.
+  std::string kallsyms = "/proc/kallsyms";        // Published to the symbol area.
   std::string pointer_file = kRegionPointerFile;  // "" to not write one.
-  std::string region_path;   // Fixed region file: no PCI discovery (tests).
+  std::string region_path;                        // Fixed region file: no PCI discovery (tests).
   bool set_mono_clock = true;  // Kernel trace clock "mono", as direct-write uses.
   uint64_t run_for_ms = 0;     // Stop after this long (0: forever).
   bool verbose = false;
@@ -119,9 +119,9 @@ class Agent {
   uint64_t last_push_ns_ = 0;
   uint64_t next_heartbeat_ns_ = 0;
   SymbolSource symbols_;
-  bool symbols_written_ = false;   // For the current region.
-  bool cmdlines_raised_ = false;   // saved_cmdlines_size raised (once: it clears the list).
-  std::string comms_published_;    // saved_cmdlines text in the current region.
+  bool symbols_written_ = false;  // For the current region.
+  bool cmdlines_raised_ = false;  // saved_cmdlines_size raised (once: it clears the list).
+  std::string comms_published_;   // saved_cmdlines text in the current region.
   std::vector<std::string> pending_slots_;  // Added devices waiting for resource2.
   uint64_t pending_deadline_ns_ = 0;
 };

@@ -70,11 +70,13 @@ void SymbolSource::Work() {
   } else {
     result_.text = EncodeText(text);
     const double t2 = NowMs();
-    result_.state = region::kSymbolsPublished;  // Unless the area is missing or small: the agent decides.
-    std::snprintf(note, sizeof note,
-                  "symbols: %llu text symbols, %zu bytes, %zu compressed; read %.0f ms, compress %.0f ms",
-                  static_cast<unsigned long long>(result_.text.lines), text.size(), result_.text.stored.size(),
-                  t1 - t0, t2 - t1);
+    result_.state =
+        region::kSymbolsPublished;  // Unless the area is missing or small: the agent decides.
+    std::snprintf(
+        note, sizeof note,
+        "symbols: %llu text symbols, %zu bytes, %zu compressed; read %.0f ms, compress %.0f ms",
+        static_cast<unsigned long long>(result_.text.lines), text.size(),
+        result_.text.stored.size(), t1 - t0, t2 - t1);
   }
   result_.note = note;
   done_.store(true, std::memory_order_release);

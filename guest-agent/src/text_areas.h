@@ -34,7 +34,9 @@ class SymbolSource {
   // Starts the worker the first time; later calls do nothing.
   void Start();
   // The result once the worker finished, else nullptr.
-  const Symbols* Ready() const { return done_.load(std::memory_order_acquire) ? &result_ : nullptr; }
+  const Symbols* Ready() const {
+    return done_.load(std::memory_order_acquire) ? &result_ : nullptr;
+  }
 
  private:
   void Work();

@@ -27,11 +27,16 @@ bool ParseUevent(std::string_view datagram, Uevent* out) {
     const size_t eq = kv.find('=');
     if (eq == std::string_view::npos) continue;
     const std::string_view key = kv.substr(0, eq), value = kv.substr(eq + 1);
-    if (key == "ACTION") out->action = value;
-    else if (key == "DEVPATH") out->devpath = value;
-    else if (key == "SUBSYSTEM") out->subsystem = value;
-    else if (key == "PCI_ID") out->pci_id = value;
-    else if (key == "PCI_SLOT_NAME") out->pci_slot = value;
+    if (key == "ACTION")
+      out->action = value;
+    else if (key == "DEVPATH")
+      out->devpath = value;
+    else if (key == "SUBSYSTEM")
+      out->subsystem = value;
+    else if (key == "PCI_ID")
+      out->pci_id = value;
+    else if (key == "PCI_SLOT_NAME")
+      out->pci_slot = value;
   }
   return !out->action.empty() && !out->devpath.empty();
 }

@@ -4,14 +4,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <thread>
-
-#include <nlohmann/json.hpp>
-
-#include <boost/asio/post.hpp>
 
 #include "formats_cache.h"
 #include "libvirt_attach.h"
@@ -28,22 +26,28 @@ double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_cl
 
 std::string StateName(int state, int reason) {
   switch (state) {
-    case VIR_DOMAIN_RUNNING: return "running";
-    case VIR_DOMAIN_BLOCKED: return "blocked";
+    case VIR_DOMAIN_RUNNING:
+      return "running";
+    case VIR_DOMAIN_BLOCKED:
+      return "blocked";
     case VIR_DOMAIN_PAUSED:
       return reason == VIR_DOMAIN_PAUSED_CRASHED ? "paused (crashed)"
                                                  : "paused (reason " + std::to_string(reason) + ")";
-    case VIR_DOMAIN_SHUTDOWN: return "shutting down";
+    case VIR_DOMAIN_SHUTDOWN:
+      return "shutting down";
     case VIR_DOMAIN_SHUTOFF:
       return reason == VIR_DOMAIN_SHUTOFF_CRASHED ? "shut off (crashed)"
              : reason == VIR_DOMAIN_SHUTOFF_DESTROYED
                  ? "shut off (destroyed)"
                  : "shut off (reason " + std::to_string(reason) + ")";
     case VIR_DOMAIN_CRASHED:
-      return reason == VIR_DOMAIN_CRASHED_PANICKED ? "crashed (panicked)"
-                                                   : "crashed (reason " + std::to_string(reason) + ")";
-    case VIR_DOMAIN_PMSUSPENDED: return "pmsuspended";
-    default: return "state " + std::to_string(state);
+      return reason == VIR_DOMAIN_CRASHED_PANICKED
+                 ? "crashed (panicked)"
+                 : "crashed (reason " + std::to_string(reason) + ")";
+    case VIR_DOMAIN_PMSUSPENDED:
+      return "pmsuspended";
+    default:
+      return "state " + std::to_string(state);
   }
 }
 
@@ -94,7 +98,6 @@ Result<pid_t> FindDomainQemu(const std::string& name) {
   return Error{"no QEMU runs for domain '" + name + "' on this host (-name guest=" + name + ")"};
 }
 
-
 Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info) {
   const std::string ctx = "domain '" + info.name + "' boot range: ";
   // memmap=SIZE$ADDR, as `hvtrace domain-xml` wrote it into <cmdline>.
@@ -111,8 +114,10 @@ Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info) {
     size = *s;
     gpa = *a;
   }
-  if (!size) return Error{ctx + "no memmap=SIZE$ADDR in the kernel command line (not made by "
-                          "`hvtrace domain-xml`?)"};
+  if (!size)
+    return Error{ctx +
+                 "no memmap=SIZE$ADDR in the kernel command line (not made by "
+                 "`hvtrace domain-xml`?)"};
   if (info.numa_cells.size() != 2 || info.numa_cells[1].mem_access != "shared") {
     return Error{ctx + "expected two NUMA cells, cell 1 with memAccess='shared'"};
   }
@@ -156,10 +161,9 @@ LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size) 
   return LibvirtRegionSpec{"shmem", path, 0, size};
 }
 
-Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr<LibvirtClient> client,
-                                                                 const std::string& domain,
-                                                                 LibvirtBackendOptions options,
-                                                                 bool allow_no_region) {
+Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(
+    std::shared_ptr<LibvirtClient> client, const std::string& domain, LibvirtBackendOptions options,
+    bool allow_no_region) {
   Result<LibvirtDomainPtr> dom = client->FindDomain(domain);
   if (!dom.ok()) return dom.error();
   if (virDomainIsActive(dom->get()) != 1) {
@@ -199,8 +203,8 @@ Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr
     return Error{"libvirt: domain '" + domain + "' has no hvtrace shmem device (`hvtrace attach " +
                  domain + "`) and no boot range: " + boot.error().message};
   }
-  Result<std::unique_ptr<LibvirtDomainBackend>> backend =
-      LibvirtDomainBackend::Create(std::move(client), domain, std::move(region), std::move(options));
+  Result<std::unique_ptr<LibvirtDomainBackend>> backend = LibvirtDomainBackend::Create(
+      std::move(client), domain, std::move(region), std::move(options));
   if (backend.ok() && live) (*backend)->AdoptAttachedRegion(std::move(live), live_shm);
   return backend;
 }
@@ -248,7 +252,8 @@ Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
   backend->kernel_path_ = kernel;
   backend->initrd_path_ = initrd;
   if (kernel.empty()) {
-    backend->kernel_key_error_ = "the domain has no <os><kernel> (direct kernel boot) to name its formats";
+    backend->kernel_key_error_ =
+        "the domain has no <os><kernel> (direct kernel boot) to name its formats";
   } else if (Result<std::string> key = KernelKeyOfFile(kernel); key.ok()) {
     backend->kernel_key_ = *key;
   } else {
@@ -286,12 +291,13 @@ void LibvirtDomainBackend::Start(VmEventSink& sink) {
   bool active = false;
   const std::string state = StateNow(&active);
   if (active && (state.rfind("crashed", 0) == 0 || state == "paused (crashed)")) {
-    sink.OnVmEvent(VmEvent{"HVTRACE_FOUND_PANICKED",
-                           {{"status", state},
-                            {"libvirt_state", state},
-                            {"note", "the domain was already " + state +
-                                         " when hvtraced began watching it; the panic's time is unknown"}},
-                           HostTime::Now()});
+    sink.OnVmEvent(
+        VmEvent{"HVTRACE_FOUND_PANICKED",
+                {{"status", state},
+                 {"libvirt_state", state},
+                 {"note", "the domain was already " + state +
+                              " when hvtraced began watching it; the panic's time is unknown"}},
+                HostTime::Now()});
   }
 }
 
@@ -330,7 +336,8 @@ void LibvirtDomainBackend::OnCrash(const LibvirtDomainEvent& e, const std::strin
     sink = sink_;
   }
   if (sink) {
-    json data = {{"libvirt_event", LibvirtLifecycleName(e.event, e.detail)}, {"on_crash", on_crash_}};
+    json data = {{"libvirt_event", LibvirtLifecycleName(e.event, e.detail)},
+                 {"on_crash", on_crash_}};
     sink->OnVmEvent(VmEvent{name, data, HostTime::Now()});
   }
 }
@@ -345,7 +352,8 @@ void LibvirtDomainBackend::OnShmemRemoved(const std::string& alias) {
     attached_ = false;
     region = live_region_;
     if (!attach_busy_) {
-      attach_info_ = {{"detached", true}, {"device", alias}, {"by", "guest (DEVICE_REMOVED nobody asked for)"}};
+      attach_info_ = {
+          {"detached", true}, {"device", alias}, {"by", "guest (DEVICE_REMOVED nobody asked for)"}};
     }
   }
   if (region) region->MarkDetached();
@@ -372,10 +380,16 @@ void LibvirtDomainBackend::OnEvent(const LibvirtDomainEvent& e) {
           OnCrash(e, e.detail == VIR_DOMAIN_EVENT_CRASHED_CRASHLOADED ? "GUEST_CRASHLOADED"
                                                                       : "GUEST_PANICKED");
           return;
-        case VIR_DOMAIN_EVENT_SHUTDOWN: emit("SHUTDOWN", data); return;
-        case VIR_DOMAIN_EVENT_SUSPENDED: emit("STOP", data); return;
+        case VIR_DOMAIN_EVENT_SHUTDOWN:
+          emit("SHUTDOWN", data);
+          return;
+        case VIR_DOMAIN_EVENT_SUSPENDED:
+          emit("STOP", data);
+          return;
         case VIR_DOMAIN_EVENT_RESUMED:
-        case VIR_DOMAIN_EVENT_STARTED: emit("RESUME", data); return;
+        case VIR_DOMAIN_EVENT_STARTED:
+          emit("RESUME", data);
+          return;
         case VIR_DOMAIN_EVENT_STOPPED: {
           {
             std::lock_guard lock(mu_);
@@ -384,12 +398,20 @@ void LibvirtDomainBackend::OnEvent(const LibvirtDomainEvent& e) {
           sink->OnVmGone("libvirt: domain '" + name_ + "' " + what);
           return;
         }
-        default: emit("LIBVIRT_" + what.substr(0, what.find('/')), data); return;
+        default:
+          emit("LIBVIRT_" + what.substr(0, what.find('/')), data);
+          return;
       }
     }
-    case Kind::kReboot: emit("RESET", {{"libvirt_event", "REBOOT"}}); return;
-    case Kind::kDeviceAdded: emit("DEVICE_ADDED", {{"device", e.device_alias}}); return;
-    case Kind::kDeviceRemoved: emit("DEVICE_DELETED", {{"device", e.device_alias}}); return;
+    case Kind::kReboot:
+      emit("RESET", {{"libvirt_event", "REBOOT"}});
+      return;
+    case Kind::kDeviceAdded:
+      emit("DEVICE_ADDED", {{"device", e.device_alias}});
+      return;
+    case Kind::kDeviceRemoved:
+      emit("DEVICE_DELETED", {{"device", e.device_alias}});
+      return;
     case Kind::kDisconnected: {
       {
         std::lock_guard lock(mu_);
@@ -440,8 +462,9 @@ Result<CaptureInputs> LibvirtDomainBackend::PrepareCapture() {
   if (region_.kind != "none") {
     // Through our own descriptor: libvirt deletes a boot range's node-1
     // file when the domain stops, and the open file still holds the data.
-    in.region_file = RegionFileSource{fd_, region_.path, region_.offset, region_.size, 0,
-                                      region_.kind == "boot-range", kernel_path_, kernel_key_};
+    in.region_file = RegionFileSource{
+        fd_,          region_.path, region_.offset, region_.size, 0, region_.kind == "boot-range",
+        kernel_path_, kernel_key_};
   }
   in.attach = live_region();
   bool active = false;
@@ -482,8 +505,11 @@ nlohmann::json LibvirtDomainBackend::Describe() const {
           {"on_crash", on_crash_},
           {"kernel", kernel_path_},
           {"formats_key", kernel_key_},
-          {"region", {{"kind", region_.kind}, {"path", region_.path.string()},
-                      {"offset", region_.offset}, {"size", region_.size}}},
+          {"region",
+           {{"kind", region_.kind},
+            {"path", region_.path.string()},
+            {"offset", region_.offset},
+            {"size", region_.size}}},
           {"attach", attach_info_.is_null() ? json(nullptr) : attach_info_}};
 }
 
@@ -506,13 +532,15 @@ json LibvirtDomainBackend::AttachStatus() const {
   return j;
 }
 
-void LibvirtDomainBackend::AdoptAttachedRegion(std::shared_ptr<LiveRegion> region, std::string shm_name) {
+void LibvirtDomainBackend::AdoptAttachedRegion(std::shared_ptr<LiveRegion> region,
+                                               std::string shm_name) {
   std::lock_guard lock(mu_);
   live_region_ = std::move(region);
   attach_shm_ = std::move(shm_name);
   attached_ = true;
-  attach_info_ = {{"region", {{"file", live_region_->path().string()}, {"size", live_region_->size()}}},
-                  {"found_at_adopt", true}};
+  attach_info_ = {
+      {"region", {{"file", live_region_->path().string()}, {"size", live_region_->size()}}},
+      {"found_at_adopt", true}};
 }
 
 void LibvirtDomainBackend::RunBlocking(std::function<void()> fn) {
@@ -552,7 +580,8 @@ Result<json> LibvirtDomainBackend::DoAttach(const AttachOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::string shm = options.region_path.filename().string();
   if (options.region_path.parent_path() != "/dev/shm" || !ValidateShmName(shm).ok()) {
-    return Error{"region " + options.region_path.string() + " must be a valid name in /dev/shm "
+    return Error{"region " + options.region_path.string() +
+                 " must be a valid name in /dev/shm "
                  "(libvirt's <shmem> lives there)"};
   }
   // QEMU may run as another user (libvirt-qemu): the file must be its.
@@ -564,7 +593,7 @@ Result<json> LibvirtDomainBackend::DoAttach(const AttachOptions& options) {
   }
   Result<LibvirtDomainPtr> dom = client_->FindDomain(uuid_);
   if (!dom.ok()) return dom.error();
-  virDomainInfo info {};
+  virDomainInfo info{};
   if (virDomainGetInfo(dom->get(), &info) != 0) {
     return Error{"domain '" + name_ + "': cannot read its vCPU count: " + LibvirtLastError()};
   }
@@ -616,22 +645,27 @@ Result<json> LibvirtDomainBackend::DoAttach(const AttachOptions& options) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     snap = (*region)->Snapshot();
   }
-  json reply = {{"region", {{"file", (*region)->path().string()},
-                            {"size", (*region)->size()},
-                            {"region_id", (*region)->geometry().region_id}}},
+  json reply = {{"region",
+                 {{"file", (*region)->path().string()},
+                  {"size", (*region)->size()},
+                  {"region_id", (*region)->geometry().region_id}}},
                 {"device", {{"id", plugged->alias}, {"memdev", "shmem " + shm}}},
-                {"libvirt", {{"domain", name_}, {"uuid", uuid_}, {"uri", client_->uri()},
-                             {"device_added_ms", plugged->attach_ms},
-                             {"owner_uid", plugged->owner_uid}}},
+                {"libvirt",
+                 {{"domain", name_},
+                  {"uuid", uuid_},
+                  {"uri", client_->uri()},
+                  {"device_added_ms", plugged->attach_ms},
+                  {"owner_uid", plugged->owner_uid}}},
                 {"plug_ms", plug_ms}};
   if (announced()) {
     reply["announce_ms"] = MsBetween(plugged_at, std::chrono::steady_clock::now());
     reply["guest"] = AttachGuestJson(snap->guest);
   } else {
     reply["guest"] = nullptr;
-    reply["note"] = "no hvtrace-agent announced itself within " + std::to_string(options.wait.count()) +
-                    " ms; the region stays plugged (start hvtrace-agent in the guest; `hvtrace status` "
-                    "shows it later)";
+    reply["note"] =
+        "no hvtrace-agent announced itself within " + std::to_string(options.wait.count()) +
+        " ms; the region stays plugged (start hvtrace-agent in the guest; `hvtrace status` "
+        "shows it later)";
   }
   return reply;
 }
@@ -681,8 +715,9 @@ Result<json> LibvirtDomainBackend::DoDetach(std::chrono::milliseconds timeout) {
   return json{{"detached", true},
               {"device", ShmemAlias(shm)},
               {"device_deleted_ms", removed_ms},
-              {"region", {{"file", region ? region->path().string() : std::string()},
-                          {"kept_open", region != nullptr}}}};
+              {"region",
+               {{"file", region ? region->path().string() : std::string()},
+                {"kept_open", region != nullptr}}}};
 }
 
 }  // namespace hvtrace::hostd

@@ -20,6 +20,7 @@
 #ifndef HVTRACE_HOSTD_LIBVIRT_BACKEND_H_
 #define HVTRACE_HOSTD_LIBVIRT_BACKEND_H_
 
+#include <boost/asio/any_io_executor.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -31,13 +32,11 @@
 #include <string>
 #include <vector>
 
-#include <boost/asio/any_io_executor.hpp>
-
 #include "domain_xml.h"
 #include "hvtrace/result.h"
-#include "units.h"
 #include "libvirt_client.h"
 #include "live_region.h"
+#include "units.h"
 #include "vm_backend.h"
 
 namespace hvtrace::hostd {
@@ -125,14 +124,14 @@ class LibvirtDomainBackend : public VmBackend {
     std::string event;      // CRASHED/PANICKED or CRASHED/CRASHLOADED.
     double ms_to_callback;  // libvirt's event → our callback.
   };
-  std::optional<PanicNote> pending_panic_;  // Reported, not yet captured.
-  std::optional<std::string> stopped_after_panic_;   // STOPPED/* after the last panic.
+  std::optional<PanicNote> pending_panic_;          // Reported, not yet captured.
+  std::optional<std::string> stopped_after_panic_;  // STOPPED/* after the last panic.
   uint64_t disconnects_ = 0;
   std::shared_ptr<LiveRegion> live_region_;  // Attach mode; kept after detach.
   std::string attach_shm_;                   // /dev/shm/<attach_shm_> while attached.
   bool attached_ = false;
   bool attach_busy_ = false;
-  nlohmann::json attach_info_;               // Last attach/detach reply or error.
+  nlohmann::json attach_info_;  // Last attach/detach reply or error.
 };
 
 // Convenience for the daemon and tools: the shmem region of an attachment.
@@ -144,10 +143,9 @@ LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size);
 // a region header it is the attach-mode region (live_region()), without one
 // a raw region. With neither, an error saying what was looked for, unless
 // |allow_no_region| (`attach` adopts first, then plugs a region).
-Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(std::shared_ptr<LibvirtClient> client,
-                                                                 const std::string& domain,
-                                                                 LibvirtBackendOptions options = {},
-                                                                 bool allow_no_region = false);
+Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(
+    std::shared_ptr<LibvirtClient> client, const std::string& domain,
+    LibvirtBackendOptions options = {}, bool allow_no_region = false);
 
 // QEMU's pid for the running domain |name| (from /proc/*/cmdline "-name
 // guest=NAME"), or an error saying none runs here.

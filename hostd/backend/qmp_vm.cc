@@ -32,15 +32,15 @@ VmEvent ToVmEvent(const QmpEvent& e) {
 }  // namespace
 
 json QmpVmSpec::ToJson() const {
-  return {{"qmp_socket", qmp_socket},     {"region_path", region_path.string()},
-          {"region_offset", region_offset}, {"region_size", region_size},
-          {"region_gpa", region_gpa},     {"pid", pid},
+  return {{"qmp_socket", qmp_socket},         {"region_path", region_path.string()},
+          {"region_offset", region_offset},   {"region_size", region_size},
+          {"region_gpa", region_gpa},         {"pid", pid},
           {"pid_start_time", pid_start_time}, {"console_socket", console_socket},
-          {"owned_paths", owned_paths},   {"exited", exited},
-          {"console_log", console_log},   {"booted_by_daemon", booted_by_daemon},
-          {"kernel_path", kernel_path},   {"kernel_key", kernel_key},
-          {"attach_region", attach_region}, {"attach_device", attach_device},
-          {"attach_memdev", attach_memdev}, {"attach_only", region_size == 0},
+          {"owned_paths", owned_paths},       {"exited", exited},
+          {"console_log", console_log},       {"booted_by_daemon", booted_by_daemon},
+          {"kernel_path", kernel_path},       {"kernel_key", kernel_key},
+          {"attach_region", attach_region},   {"attach_device", attach_device},
+          {"attach_memdev", attach_memdev},   {"attach_only", region_size == 0},
           {"initrd_path", initrd_path}};
 }
 
@@ -51,9 +51,12 @@ Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
     // A VM adopted without a boot range (for `hvtrace attach`) says so; every
     // other spec must describe its boot range.
     const bool attach_only = j.value("attach_only", false);
-    s.region_path = attach_only ? j.value("region_path", std::string()) : j.at("region_path").get<std::string>();
-    s.region_offset = attach_only ? j.value("region_offset", uint64_t{0}) : j.at("region_offset").get<uint64_t>();
-    s.region_size = attach_only ? j.value("region_size", uint64_t{0}) : j.at("region_size").get<uint64_t>();
+    s.region_path = attach_only ? j.value("region_path", std::string())
+                                : j.at("region_path").get<std::string>();
+    s.region_offset =
+        attach_only ? j.value("region_offset", uint64_t{0}) : j.at("region_offset").get<uint64_t>();
+    s.region_size =
+        attach_only ? j.value("region_size", uint64_t{0}) : j.at("region_size").get<uint64_t>();
     s.region_gpa = j.value("region_gpa", uint64_t{0});
     s.pid = j.value("pid", -1);
     s.pid_start_time = j.value("pid_start_time", uint64_t{0});
@@ -68,8 +71,8 @@ Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
     s.attach_region = j.value("attach_region", std::string());
     s.attach_device = j.value("attach_device", std::string());
     s.attach_memdev = j.value("attach_memdev", std::string());
-    if (s.qmp_socket.empty() || (attach_only ? s.region_size != 0
-                                             : (s.region_path.empty() || s.region_size == 0))) {
+    if (s.qmp_socket.empty() ||
+        (attach_only ? s.region_size != 0 : (s.region_path.empty() || s.region_size == 0))) {
       return Error{"QMP VM spec lacks a socket, region path or size"};
     }
     return s;
@@ -88,7 +91,8 @@ Result<QmpVmSpec> ParseBootRegion(std::string_view text) {
   if (!gpa.ok()) return Error{usage + ": GPA: " + gpa.error().message};
   auto size = ParseKernelSize(text.substr(colon + 1));
   if (!size.ok()) return Error{usage + ": SIZE: " + size.error().message};
-  if (*size == 0 || *size % 4096 != 0) return Error{usage + ": SIZE must be a non-zero multiple of 4 KiB"};
+  if (*size == 0 || *size % 4096 != 0)
+    return Error{usage + ": SIZE must be a non-zero multiple of 4 KiB"};
   QmpVmSpec spec;
   spec.region_path = std::filesystem::absolute(std::string(text.substr(0, at)));
   spec.region_gpa = *gpa;
@@ -111,7 +115,8 @@ Status SaveQmpVmSpec(const std::filesystem::path& vm_dir, const QmpVmSpec& spec)
     if (!out.flush()) return Error{"cannot write " + tmp.string()};
   }
   std::filesystem::rename(tmp, path, ec);
-  if (ec) return Error{"cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message()};
+  if (ec)
+    return Error{"cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message()};
   return {};
 }
 
@@ -130,7 +135,10 @@ Result<QmpVmSpec> LoadQmpVmSpec(const std::filesystem::path& vm_dir) {
 
 QmpVmBackend::QmpVmBackend(boost::asio::any_io_executor io, QmpVmSpec spec, std::unique_ptr<Vm> vm,
                            std::filesystem::path spec_dir)
-    : io_(std::move(io)), spec_(std::move(spec)), vm_(std::move(vm)), spec_dir_(std::move(spec_dir)),
+    : io_(std::move(io)),
+      spec_(std::move(spec)),
+      vm_(std::move(vm)),
+      spec_dir_(std::move(spec_dir)),
       attach_spec_(spec_) {}
 
 QmpVmBackend::~QmpVmBackend() {
@@ -193,32 +201,35 @@ void QmpVmBackend::Start(VmEventSink& sink) {
 }
 
 void QmpVmBackend::CheckStatusAtConnect(const HostTime& watch_began) {
-  qmp_->AsyncExecute("query-status", json::object(), kQmpCommandTimeout, [this, watch_began](Result<json> r) {
-    std::lock_guard lock(mu_);
-    if (!sink_) return;
-    if (!r.ok() || !r->is_object() || !r->contains("status") || !(*r)["status"].is_string()) {
-      sink_->OnVmEvent(VmEvent{"HVTRACE_STATUS_UNKNOWN",
-                               {{"error", r.ok() ? "query-status returned " + r->dump() : r.error().message}},
-                               HostTime::Now()});
-      return;
-    }
-    const std::string status = (*r)["status"].get<std::string>();
-    const char* name = status == "guest-panicked" ? kEventFoundPanicked
-                       : status == "paused"       ? kEventFoundPaused
-                                                  : nullptr;
-    if (name == nullptr) return;
-    // Honest about timing: QEMU does not say when the guest stopped, only
-    // that it did before this watch began.
-    sink_->OnVmEvent(VmEvent{
-        name,
-        {{"status", status},
-         {"watch_began_monotonic_ns", watch_began.monotonic_ns},
-         {"note", "the VM was already " + status +
-                      " when hvtraced connected (it stopped while no daemon watched it); the real "
-                      "time of the panic/stop is unknown, only that it came before the watch began; "
-                      "trigger_to_disk_ms counts from when hvtraced found it"}},
-        HostTime::Now()});
-  });
+  qmp_->AsyncExecute(
+      "query-status", json::object(), kQmpCommandTimeout, [this, watch_began](Result<json> r) {
+        std::lock_guard lock(mu_);
+        if (!sink_) return;
+        if (!r.ok() || !r->is_object() || !r->contains("status") || !(*r)["status"].is_string()) {
+          sink_->OnVmEvent(VmEvent{
+              "HVTRACE_STATUS_UNKNOWN",
+              {{"error", r.ok() ? "query-status returned " + r->dump() : r.error().message}},
+              HostTime::Now()});
+          return;
+        }
+        const std::string status = (*r)["status"].get<std::string>();
+        const char* name = status == "guest-panicked" ? kEventFoundPanicked
+                           : status == "paused"       ? kEventFoundPaused
+                                                      : nullptr;
+        if (name == nullptr) return;
+        // Honest about timing: QEMU does not say when the guest stopped, only
+        // that it did before this watch began.
+        sink_->OnVmEvent(VmEvent{
+            name,
+            {{"status", status},
+             {"watch_began_monotonic_ns", watch_began.monotonic_ns},
+             {"note",
+              "the VM was already " + status +
+                  " when hvtraced connected (it stopped while no daemon watched it); the real "
+                  "time of the panic/stop is unknown, only that it came before the watch began; "
+                  "trigger_to_disk_ms counts from when hvtraced found it"}},
+            HostTime::Now()});
+      });
 }
 
 void QmpVmBackend::Stop() {
@@ -263,9 +274,9 @@ void QmpVmBackend::Quit() {
 Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
   CaptureInputs in;
   if (spec_.region_size > 0) {
-    in.region_file = RegionFileSource{region_fd_,         spec_.region_path, spec_.region_offset,
-                                      spec_.region_size,  spec_.region_gpa,  true,
-                                      spec_.kernel_path,  spec_.kernel_key};
+    in.region_file = RegionFileSource{region_fd_,        spec_.region_path, spec_.region_offset,
+                                      spec_.region_size, spec_.region_gpa,  true,
+                                      spec_.kernel_path, spec_.kernel_key};
   }
   in.attach = live_region();
   std::lock_guard lock(mu_);
@@ -291,7 +302,6 @@ json QmpVmBackend::Describe() const {
   return j;
 }
 
-
 // ---- Attach mode -----------------------------------------------------------
 
 namespace {
@@ -311,7 +321,6 @@ std::string Hex(uint64_t v) {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
   return buf;
 }
-
 
 // A free pcie-root-port of a q35 VM (query-pci), with the size of its
 // 64-bit prefetchable window (0 when the firmware gave it none).
@@ -396,7 +405,8 @@ void QmpVmBackend::Attach(const AttachOptions& options, AttachDone done) {
       return;
     }
     if (attached_ && live_region_) {
-      done(Error{"region " + live_region_->path().string() + " is already attached; `hvtrace detach` first"});
+      done(Error{"region " + live_region_->path().string() +
+                 " is already attached; `hvtrace detach` first"});
       return;
     }
     attach_busy_ = true;
@@ -433,7 +443,8 @@ void QmpVmBackend::AttachWhenConnected(std::shared_ptr<AttachJob> job) {
     return;
   }
   if (std::chrono::steady_clock::now() - job->start > kAttachConnectWait) {
-    AttachFinish(job, Error{"QMP " + spec_.qmp_socket + " is not connected (is QEMU running, and is no "
+    AttachFinish(job, Error{"QMP " + spec_.qmp_socket +
+                            " is not connected (is QEMU running, and is no "
                             "other client holding its one QMP connection?)"});
     return;
   }
@@ -447,63 +458,77 @@ void QmpVmBackend::AttachWhenConnected(std::shared_ptr<AttachJob> job) {
 void QmpVmBackend::AttachCheckMachine(std::shared_ptr<AttachJob> job) {
   // Every QOM object has a "type" property: the machine's names its board
   // (pc-i440fx-7.2-machine, pc-q35-7.2-machine, ...).
-  qmp_->AsyncExecute("qom-get", {{"path", "/machine"}, {"property", "type"}}, kQmpCommandTimeout,
-                     [this, job](Result<json> type) {
-    if (job->life.expired()) return;
-    if (!type.ok()) {
-      AttachFinish(job, Error{"cannot read the machine type: " + type.error().message});
-      return;
-    }
-    job->machine = type->is_string() ? type->get<std::string>() : type->dump();
-    auto count_cpus = [this, job] {
-      qmp_->AsyncExecute("query-cpus-fast", json::object(), kQmpCommandTimeout, [this, job](Result<json> cpus) {
+  qmp_->AsyncExecute(
+      "qom-get", {{"path", "/machine"}, {"property", "type"}}, kQmpCommandTimeout,
+      [this, job](Result<json> type) {
         if (job->life.expired()) return;
-        if (cpus.ok() && cpus->is_array() && !cpus->empty()) job->cpus = static_cast<uint32_t>(cpus->size());
-        AttachPlug(job);
+        if (!type.ok()) {
+          AttachFinish(job, Error{"cannot read the machine type: " + type.error().message});
+          return;
+        }
+        job->machine = type->is_string() ? type->get<std::string>() : type->dump();
+        auto count_cpus = [this, job] {
+          qmp_->AsyncExecute("query-cpus-fast", json::object(), kQmpCommandTimeout,
+                             [this, job](Result<json> cpus) {
+                               if (job->life.expired()) return;
+                               if (cpus.ok() && cpus->is_array() && !cpus->empty())
+                                 job->cpus = static_cast<uint32_t>(cpus->size());
+                               AttachPlug(job);
+                             });
+        };
+        if (job->machine.find("q35") == std::string::npos) {
+          count_cpus();
+          return;
+        }
+        // q35: pcie.0 takes no hot-plug; the device needs a free root port whose
+        // firmware-assigned 64-bit prefetchable window holds the BAR, or the
+        // guest "can't assign; no space" while device_add still answers {}.
+        qmp_->AsyncExecute(
+            "query-pci", json::object(), kQmpCommandTimeout,
+            [this, job, count_cpus](Result<json> pci) {
+              if (job->life.expired()) return;
+              if (!pci.ok()) {
+                AttachFinish(job,
+                             Error{"q35 machine: cannot list PCI devices: " + pci.error().message});
+                return;
+              }
+              std::vector<RootPort> ports;
+              int busy = 0;
+              if (pci->is_array()) {
+                for (const json& bus : *pci) {
+                  if (bus.is_object())
+                    FindRootPorts(bus.value("devices", json::array()), &ports, &busy);
+                }
+              }
+              const uint64_t need = job->options.size_bytes;
+              std::string seen;
+              for (const RootPort& p : ports) {
+                seen += (seen.empty() ? "" : ", ") +
+                        (p.id.empty() ? std::string("(no id)") : p.id) + " window " +
+                        (p.pref_window ? SizeText(p.pref_window) : std::string("none"));
+                if (!p.id.empty() && p.pref_window >= need) {
+                  job->bus = p.id;
+                  break;
+                }
+              }
+              if (job->bus.empty()) {
+                AttachFinish(
+                    job,
+                    Error{"machine " + job->machine +
+                          " (q35) has no free pcie-root-port with a 64-bit prefetchable "
+                          "window of " +
+                          SizeText(need) +
+                          " for the region (free ports: " + (seen.empty() ? "none" : seen) +
+                          "; ports in use: " + std::to_string(busy) +
+                          "). Start QEMU with a spare port, e.g. "
+                          "-device "
+                          "pcie-root-port,id=hvtrace-rp0,bus=pcie.0,chassis=9,pref64-reserve=" +
+                          SizeText(need) + ", or use the pc machine type"});
+                return;
+              }
+              count_cpus();
+            });
       });
-    };
-    if (job->machine.find("q35") == std::string::npos) {
-      count_cpus();
-      return;
-    }
-    // q35: pcie.0 takes no hot-plug; the device needs a free root port whose
-    // firmware-assigned 64-bit prefetchable window holds the BAR, or the
-    // guest "can't assign; no space" while device_add still answers {}.
-    qmp_->AsyncExecute("query-pci", json::object(), kQmpCommandTimeout, [this, job, count_cpus](Result<json> pci) {
-      if (job->life.expired()) return;
-      if (!pci.ok()) {
-        AttachFinish(job, Error{"q35 machine: cannot list PCI devices: " + pci.error().message});
-        return;
-      }
-      std::vector<RootPort> ports;
-      int busy = 0;
-      if (pci->is_array()) {
-        for (const json& bus : *pci) {
-          if (bus.is_object()) FindRootPorts(bus.value("devices", json::array()), &ports, &busy);
-        }
-      }
-      const uint64_t need = job->options.size_bytes;
-      std::string seen;
-      for (const RootPort& p : ports) {
-        seen += (seen.empty() ? "" : ", ") + (p.id.empty() ? std::string("(no id)") : p.id) + " window " +
-                (p.pref_window ? SizeText(p.pref_window) : std::string("none"));
-        if (!p.id.empty() && p.pref_window >= need) {
-          job->bus = p.id;
-          break;
-        }
-      }
-      if (job->bus.empty()) {
-        AttachFinish(job, Error{
-            "machine " + job->machine + " (q35) has no free pcie-root-port with a 64-bit prefetchable "
-            "window of " + SizeText(need) + " for the region (free ports: " + (seen.empty() ? "none" : seen) +
-            "; ports in use: " + std::to_string(busy) + "). Start QEMU with a spare port, e.g. "
-            "-device pcie-root-port,id=hvtrace-rp0,bus=pcie.0,chassis=9,pref64-reserve=" + SizeText(need) +
-            ", or use the pc machine type"});
-        return;
-      }
-      count_cpus();
-    });
-  });
 }
 
 void QmpVmBackend::AttachPlug(std::shared_ptr<AttachJob> job) {
@@ -534,35 +559,38 @@ void QmpVmBackend::AttachPlug(std::shared_ptr<AttachJob> job) {
                  {"mem-path", path},
                  {"size", job->options.size_bytes},
                  {"share", true}};
-  qmp_->AsyncExecute("object-add", memdev, kQmpCommandTimeout, [this, job, abandon](Result<json> added) {
-    if (job->life.expired()) return;
-    if (!added.ok()) {
-      abandon("object-add " + job->memdev + ": " + added.error().message);
-      return;
-    }
-    json dev = {{"driver", "ivshmem-plain"}, {"memdev", job->memdev}, {"id", job->device}};
-    if (!job->bus.empty()) dev["bus"] = job->bus;
-    qmp_->AsyncExecute("device_add", dev, kQmpCommandTimeout, [this, job, abandon](Result<json> plugged) {
-      if (job->life.expired()) return;
-      if (!plugged.ok()) {
-        qmp_->AsyncExecute("object-del", {{"id", job->memdev}}, kQmpCommandTimeout, [](Result<json>) {});
-        abandon("device_add " + job->device + ": " + plugged.error().message);
-        return;
-      }
-      job->plug_ms = MsSince(job->start);
-      job->plugged = std::chrono::steady_clock::now();
-      {
-        std::lock_guard lock(mu_);
-        live_region_ = job->region;
-        attached_ = true;
-        attach_spec_.attach_region = job->region->path().string();
-        attach_spec_.attach_device = job->device;
-        attach_spec_.attach_memdev = job->memdev;
-        SaveAttachSpec();
-      }
-      AttachAwaitAgent(job);
-    });
-  });
+  qmp_->AsyncExecute(
+      "object-add", memdev, kQmpCommandTimeout, [this, job, abandon](Result<json> added) {
+        if (job->life.expired()) return;
+        if (!added.ok()) {
+          abandon("object-add " + job->memdev + ": " + added.error().message);
+          return;
+        }
+        json dev = {{"driver", "ivshmem-plain"}, {"memdev", job->memdev}, {"id", job->device}};
+        if (!job->bus.empty()) dev["bus"] = job->bus;
+        qmp_->AsyncExecute(
+            "device_add", dev, kQmpCommandTimeout, [this, job, abandon](Result<json> plugged) {
+              if (job->life.expired()) return;
+              if (!plugged.ok()) {
+                qmp_->AsyncExecute("object-del", {{"id", job->memdev}}, kQmpCommandTimeout,
+                                   [](Result<json>) {});
+                abandon("device_add " + job->device + ": " + plugged.error().message);
+                return;
+              }
+              job->plug_ms = MsSince(job->start);
+              job->plugged = std::chrono::steady_clock::now();
+              {
+                std::lock_guard lock(mu_);
+                live_region_ = job->region;
+                attached_ = true;
+                attach_spec_.attach_region = job->region->path().string();
+                attach_spec_.attach_device = job->device;
+                attach_spec_.attach_memdev = job->memdev;
+                SaveAttachSpec();
+              }
+              AttachAwaitAgent(job);
+            });
+      });
 }
 
 void QmpVmBackend::AttachAwaitAgent(std::shared_ptr<AttachJob> job) {
@@ -578,9 +606,10 @@ void QmpVmBackend::AttachAwaitAgent(std::shared_ptr<AttachJob> job) {
     });
     return;
   }
-  json reply = {{"region", {{"file", job->region->path().string()},
-                            {"size", job->region->size()},
-                            {"region_id", Hex(job->region->geometry().region_id)}}},
+  json reply = {{"region",
+                 {{"file", job->region->path().string()},
+                  {"size", job->region->size()},
+                  {"region_id", Hex(job->region->geometry().region_id)}}},
                 {"device", {{"id", job->device}, {"memdev", job->memdev}}},
                 {"machine", job->machine},
                 {"plug_ms", job->plug_ms}};
@@ -590,9 +619,10 @@ void QmpVmBackend::AttachAwaitAgent(std::shared_ptr<AttachJob> job) {
     reply["guest"] = AttachGuestJson(snapshot->guest);
   } else {
     reply["guest"] = nullptr;
-    reply["note"] = "no hvtrace-agent announced itself within " + std::to_string(job->options.wait.count()) +
-                    " ms; the region stays plugged (start hvtrace-agent in the guest; `hvtrace status` "
-                    "shows it later)";
+    reply["note"] =
+        "no hvtrace-agent announced itself within " + std::to_string(job->options.wait.count()) +
+        " ms; the region stays plugged (start hvtrace-agent in the guest; `hvtrace status` "
+        "shows it later)";
   }
   AttachFinish(job, reply);
 }
@@ -637,19 +667,20 @@ void QmpVmBackend::Detach(std::chrono::milliseconds timeout, AttachDone done) {
     detach_ = std::move(pending);
   }
   std::weak_ptr<int> life = life_;
-  qmp_->AsyncExecute("device_del", {{"id", device}}, kQmpCommandTimeout, [this, life, device](Result<json> r) {
-    if (life.expired() || r.ok()) return;
-    AttachDone failed;
-    {
-      std::lock_guard lock(mu_);
-      if (!detach_ || detach_->device != device) return;
-      detach_->timer->cancel();
-      failed = std::move(detach_->done);
-      detach_.reset();
-      attach_busy_ = false;
-    }
-    failed(Error{"device_del " + device + ": " + r.error().message});
-  });
+  qmp_->AsyncExecute("device_del", {{"id", device}}, kQmpCommandTimeout,
+                     [this, life, device](Result<json> r) {
+                       if (life.expired() || r.ok()) return;
+                       AttachDone failed;
+                       {
+                         std::lock_guard lock(mu_);
+                         if (!detach_ || detach_->device != device) return;
+                         detach_->timer->cancel();
+                         failed = std::move(detach_->done);
+                         detach_.reset();
+                         attach_busy_ = false;
+                       }
+                       failed(Error{"device_del " + device + ": " + r.error().message});
+                     });
 }
 
 void QmpVmBackend::OnDeviceDeleted(const std::string& device) {
@@ -678,21 +709,23 @@ void QmpVmBackend::OnDeviceDeleted(const std::string& device) {
   std::weak_ptr<int> life = life_;
   // Only now does QEMU let the backend go ("in use" before DEVICE_DELETED).
   qmp_->AsyncExecute("object-del", {{"id", memdev}}, kQmpCommandTimeout,
-                     [this, life, pending = std::move(pending), region, device, memdev, deleted_ms](
-                         Result<json> r) mutable {
-    if (life.expired()) return;
-    {
-      std::lock_guard lock(mu_);
-      if (pending) attach_busy_ = false;
-    }
-    if (!pending || !pending->done) return;
-    json reply = {{"detached", true},
-                  {"device", device},
-                  {"device_deleted_ms", deleted_ms},
-                  {"region", {{"file", region ? region->path().string() : std::string()}, {"kept_open", true}}}};
-    if (!r.ok()) reply["object_del_error"] = memdev + ": " + r.error().message;
-    pending->done(reply);
-  });
+                     [this, life, pending = std::move(pending), region, device, memdev,
+                      deleted_ms](Result<json> r) mutable {
+                       if (life.expired()) return;
+                       {
+                         std::lock_guard lock(mu_);
+                         if (pending) attach_busy_ = false;
+                       }
+                       if (!pending || !pending->done) return;
+                       json reply = {{"detached", true},
+                                     {"device", device},
+                                     {"device_deleted_ms", deleted_ms},
+                                     {"region",
+                                      {{"file", region ? region->path().string() : std::string()},
+                                       {"kept_open", true}}}};
+                       if (!r.ok()) reply["object_del_error"] = memdev + ": " + r.error().message;
+                       pending->done(reply);
+                     });
 }
 
 }  // namespace hvtrace::hostd

@@ -19,20 +19,19 @@
 
 #include <sys/types.h>
 
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-#include <optional>
-#include <chrono>
-
-#include <boost/asio/any_io_executor.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <nlohmann/json.hpp>
 
 #include "hvtrace/result.h"
 #include "qmp_client.h"
@@ -47,21 +46,21 @@ struct QmpVmSpec {
   uint64_t region_offset = 0;         // Of the range in that file.
   uint64_t region_size = 0;           // What the host configured.
   uint64_t region_gpa = 0;
-  pid_t pid = -1;                     // QEMU's pid when known.
-  uint64_t pid_start_time = 0;        // vm_process.h ProcessStartTime: tells a reused pid apart.
-  std::string console_socket;         // ttyS0 socket when the daemon booted it.
+  pid_t pid = -1;                        // QEMU's pid when known.
+  uint64_t pid_start_time = 0;           // vm_process.h ProcessStartTime: tells a reused pid apart.
+  std::string console_socket;            // ttyS0 socket when the daemon booted it.
   std::vector<std::string> owned_paths;  // Files `hvtrace stop` removes (booted VMs).
-  bool exited = false;                // QEMU exited unwatched; its region was captured at re-adopt.
-  std::string console_log;            // Guest ttyS0 log when the daemon booted it.
+  bool exited = false;      // QEMU exited unwatched; its region was captured at re-adopt.
+  std::string console_log;  // Guest ttyS0 log when the daemon booted it.
   bool booted_by_daemon = false;
-  std::string kernel_path;            // When known: names the formats to decode with.
-  std::string kernel_key;             // formats_cache.h key (SHA-256 of vmlinuz).
+  std::string kernel_path;  // When known: names the formats to decode with.
+  std::string kernel_key;   // formats_cache.h key (SHA-256 of vmlinuz).
   // Attach mode: the region hot-plugged now (empty when none), so a
   // restarted daemon maps it again. region_size 0 = no boot range.
   std::string attach_region;
   std::string attach_device;  // ivshmem-plain id.
   std::string attach_memdev;  // memory-backend-file id.
-  std::string initrd_path;            // When known: lets the daemon harvest the formats.
+  std::string initrd_path;    // When known: lets the daemon harvest the formats.
 
   nlohmann::json ToJson() const;
   static Result<QmpVmSpec> FromJson(const nlohmann::json& j);
@@ -143,9 +142,9 @@ class QmpVmBackend : public VmBackend {
   const std::filesystem::path spec_dir_;
   QmpVmSpec attach_spec_;  // spec_ with the attach fields as they are now.
   std::shared_ptr<LiveRegion> live_region_;
-  bool attached_ = false;        // The device is plugged.
-  bool attach_busy_ = false;     // An attach or detach is under way.
-  nlohmann::json attach_info_;   // Last attach reply, for status.
+  bool attached_ = false;       // The device is plugged.
+  bool attach_busy_ = false;    // An attach or detach is under way.
+  nlohmann::json attach_info_;  // Last attach reply, for status.
   struct PendingDetach {
     std::string device;
     std::string memdev;

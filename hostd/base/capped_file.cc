@@ -58,13 +58,15 @@ Result<std::vector<std::byte>> ReadCappedFileBytes(const std::filesystem::path& 
 
 bool SameContents(const std::filesystem::path& a, const std::filesystem::path& b) {
   std::error_code ec_a, ec_b;
-  if (std::filesystem::file_size(a, ec_a) != std::filesystem::file_size(b, ec_b) || ec_a || ec_b) return false;
+  if (std::filesystem::file_size(a, ec_a) != std::filesystem::file_size(b, ec_b) || ec_a || ec_b)
+    return false;
   std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
   std::vector<char> ba(1 << 20), bb(1 << 20);
   while (fa && fb) {
     fa.read(ba.data(), static_cast<std::streamsize>(ba.size()));
     fb.read(bb.data(), static_cast<std::streamsize>(bb.size()));
-    if (fa.gcount() != fb.gcount() || std::memcmp(ba.data(), bb.data(), static_cast<size_t>(fa.gcount())) != 0) {
+    if (fa.gcount() != fb.gcount() ||
+        std::memcmp(ba.data(), bb.data(), static_cast<size_t>(fa.gcount())) != 0) {
       return false;
     }
   }

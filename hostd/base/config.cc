@@ -42,9 +42,12 @@ Result<std::filesystem::path> ParsePath(std::string_view value) {
 
 std::string_view PanicPolicyName(PanicPolicy policy) {
   switch (policy) {
-    case PanicPolicy::kPause: return "pause";
-    case PanicPolicy::kResume: return "resume";
-    case PanicPolicy::kQuit: return "quit";
+    case PanicPolicy::kPause:
+      return "pause";
+    case PanicPolicy::kResume:
+      return "resume";
+    case PanicPolicy::kQuit:
+      return "quit";
   }
   return "?";
 }
@@ -80,9 +83,7 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
     if (!seen.insert(std::string(key)).second) {
       return Error{where + "'" + std::string(key) + "' is set twice"};
     }
-    auto fail = [&](const Error& e) {
-      return Error{where + std::string(key) + ": " + e.message};
-    };
+    auto fail = [&](const Error& e) { return Error{where + std::string(key) + ": " + e.message}; };
     if (key == "state_dir" || key == "run_dir" || key == "socket" || key == "cache_dir") {
       auto path = ParsePath(value);
       if (!path.ok()) return fail(path.error());

@@ -77,8 +77,7 @@ struct Config {
 
 // Applies the settings in |text| on top of |base|. |origin| names the source
 // (a file path) in error messages, which also carry the line number.
-Result<Config> ParseConfig(std::string_view text, std::string_view origin,
-                           Config base = Config{});
+Result<Config> ParseConfig(std::string_view text, std::string_view origin, Config base = Config{});
 
 // Reads |path|. A missing file is an error only when |must_exist| (the user
 // named it); the default path may be absent, meaning "all defaults".

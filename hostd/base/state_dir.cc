@@ -38,7 +38,8 @@ Status MakeDirs(const std::filesystem::path& path, unsigned mode) {
     if (err == EEXIST) {
       struct stat st;
       if (::stat(partial.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) continue;
-      return Error{"cannot create directory " + partial.string() + ": exists and is not a directory"};
+      return Error{"cannot create directory " + partial.string() +
+                   ": exists and is not a directory"};
     }
     return Error{"cannot create directory " + partial.string() + ": " + std::strerror(err)};
   }

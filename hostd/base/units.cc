@@ -10,21 +10,25 @@ namespace {
 // Splits "16M" into 16 and "M"; the number is a C integer (strtoull |base|:
 // 0 reads 0x hex and 0 octal as the kernel does for sizes; durations are
 // decimal, so "010" is ten).
-Result<std::pair<uint64_t, std::string>> SplitNumber(std::string_view text, const char* what, int base = 0) {
+Result<std::pair<uint64_t, std::string>> SplitNumber(std::string_view text, const char* what,
+                                                     int base = 0) {
   std::string s(text);
-  if (s.empty() || s.size() > 24 || s[0] == '-' || s[0] == '+' || std::isspace(static_cast<unsigned char>(s[0]))) {
+  if (s.empty() || s.size() > 24 || s[0] == '-' || s[0] == '+' ||
+      std::isspace(static_cast<unsigned char>(s[0]))) {
     return Error{std::string(what) + " '" + s + "' is malformed"};
   }
   char* end = nullptr;
   errno = 0;
   unsigned long long v = std::strtoull(s.c_str(), &end, base);
   if (errno == ERANGE) return Error{std::string(what) + " '" + s + "' is too large"};
-  if (errno != 0 || end == s.c_str()) return Error{std::string(what) + " '" + s + "' is not a number"};
+  if (errno != 0 || end == s.c_str())
+    return Error{std::string(what) + " '" + s + "' is not a number"};
   return std::pair<uint64_t, std::string>{static_cast<uint64_t>(v), std::string(end)};
 }
 
 Result<uint64_t> Scale(uint64_t v, uint64_t unit, std::string_view text) {
-  if (unit != 0 && v > UINT64_MAX / unit) return Error{"size '" + std::string(text) + "' overflows"};
+  if (unit != 0 && v > UINT64_MAX / unit)
+    return Error{"size '" + std::string(text) + "' overflows"};
   return v * unit;
 }
 
@@ -35,10 +39,14 @@ Result<uint64_t> ParseKernelSize(std::string_view text) {
   if (!parts.ok()) return parts.error();
   const std::string& suffix = parts->second;
   uint64_t unit = 1;
-  if (suffix == "K" || suffix == "k") unit = 1ull << 10;
-  else if (suffix == "M" || suffix == "m") unit = 1ull << 20;
-  else if (suffix == "G" || suffix == "g") unit = 1ull << 30;
-  else if (!suffix.empty()) return Error{"size '" + std::string(text) + "' has an unknown suffix"};
+  if (suffix == "K" || suffix == "k")
+    unit = 1ull << 10;
+  else if (suffix == "M" || suffix == "m")
+    unit = 1ull << 20;
+  else if (suffix == "G" || suffix == "g")
+    unit = 1ull << 30;
+  else if (!suffix.empty())
+    return Error{"size '" + std::string(text) + "' has an unknown suffix"};
   return Scale(parts->first, unit, text);
 }
 
@@ -72,12 +80,19 @@ Result<std::chrono::milliseconds> ParseDuration(std::string_view text,
   if (!parts.ok()) return parts.error();
   const std::string& suffix = parts->second;
   uint64_t unit_ms;
-  if (suffix.empty()) unit_ms = static_cast<uint64_t>(bare_unit.count());
-  else if (suffix == "ms") unit_ms = 1;
-  else if (suffix == "s") unit_ms = 1000;
-  else if (suffix == "m" || suffix == "min") unit_ms = 60'000;
-  else if (suffix == "h") unit_ms = 3'600'000;
-  else return Error{"duration '" + std::string(text) + "' has an unknown unit '" + suffix + "' (use ms, s, m or h)"};
+  if (suffix.empty())
+    unit_ms = static_cast<uint64_t>(bare_unit.count());
+  else if (suffix == "ms")
+    unit_ms = 1;
+  else if (suffix == "s")
+    unit_ms = 1000;
+  else if (suffix == "m" || suffix == "min")
+    unit_ms = 60'000;
+  else if (suffix == "h")
+    unit_ms = 3'600'000;
+  else
+    return Error{"duration '" + std::string(text) + "' has an unknown unit '" + suffix +
+                 "' (use ms, s, m or h)"};
   // Anything past a year is a typo, and keeps the product far from overflow.
   constexpr uint64_t kMaxMs = 366ull * 24 * 3'600'000;
   if (unit_ms != 0 && parts->first > kMaxMs / unit_ms) {

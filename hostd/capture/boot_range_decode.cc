@@ -9,7 +9,8 @@ namespace hvtrace::hostd {
 
 using nlohmann::json;
 
-BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy, FormatsService* formats_service,
+BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
+                                         FormatsService* formats_service,
                                          const std::string& kernel_key,
                                          const std::string& kernel_path, PendingCapture& capture,
                                          CaptureManifest& manifest) {
@@ -32,9 +33,10 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy, Format
   }
   times.formats_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  json info = {{"key", kernel_key},
-               {"cache", formats_service != nullptr ? formats_service->root().string() : std::string()},
-               {"state", state}};
+  json info = {
+      {"key", kernel_key},
+      {"cache", formats_service != nullptr ? formats_service->root().string() : std::string()},
+      {"state", state}};
   BootMapCaptureOptions options;
   options.write_region = false;  // The caller wrote (and fsynced) region.bin.
   std::string decode_error;

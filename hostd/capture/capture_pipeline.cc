@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <cstdio>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <set>
@@ -16,9 +16,9 @@
 #include <tuple>
 
 #include "capped_file.h"
-#include "kallsyms_subset.h"
 #include "hvtrace/format.h"
 #include "hvtrace/page.h"
+#include "kallsyms_subset.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -124,8 +124,8 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
   map_options.layout = d.layout;
   Progress(opts, "decode", 0, 1);
   Result<BootMap> map = ReadBootMap(region, map_options);
-  if (!map.ok()) return Error{"region of " + std::to_string(region.size()) +
-                              " bytes: " + map.error().message};
+  if (!map.ok())
+    return Error{"region of " + std::to_string(region.size()) + " bytes: " + map.error().message};
   d.map = std::move(*map);
   const BootMap& m = d.map;
 
@@ -170,7 +170,8 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
     }
     for (const BootMapPage& p : c.pages) {
       if (p.skipped || p.records == 0) continue;
-      if (p.boot >= nboots || p.offset > region.size() || region.size() - p.offset < psize) continue;
+      if (p.boot >= nboots || p.offset > region.size() || region.size() - p.offset < psize)
+        continue;
       std::span<const std::byte> page = region.subspan(p.offset, psize);
       if (p.error != PageError::kOk) {
         // Cut the page at its first bad record so trace-cmd reads exactly the
@@ -304,7 +305,9 @@ json KaslrRelocation(const BootMap& map, const KernelFormats& formats, int64_t* 
     const uint64_t text = SymbolAddress(formats.kallsyms, "_text");
     if (text == 0) return {{"relocated", false}, {"why", "kallsyms has no _text"}};
     *delta = static_cast<int64_t>(meta->text_addr - (text - kStartKernel));
-    return {{"relocated", *delta != 0}, {"delta", *delta}, {"from", "meta kaslr_addr vs kallsyms _text"}};
+    return {{"relocated", *delta != 0},
+            {"delta", *delta},
+            {"from", "meta kaslr_addr vs kallsyms _text"}};
   }
   const uint64_t text = SymbolAddress(formats.kallsyms, "rb_meta_init_text_addr");
   if (text == 0) return {{"relocated", false}, {"why", "kallsyms has no rb_meta_init_text_addr"}};
@@ -482,7 +485,8 @@ Result<KernelFormats> KernelFormatsFromDirectory(const fs::path& dir) {
                      std::to_string(kMaxDirectoryFormats) + " formats"};
       }
       Result<std::string> text = ReadCappedFile(path, kMaxFormatTextSize);
-      if (!text.ok()) return Error{"formats directory " + dir.string() + ": " + text.error().message};
+      if (!text.ok())
+        return Error{"formats directory " + dir.string() + ": " + text.error().message};
       CachedEventFormat f;
       f.system = sys->path().filename().string();
       f.name = ev->path().filename().string();

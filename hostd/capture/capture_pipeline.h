@@ -29,12 +29,11 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "capture_store.h"
 #include "formats_cache.h"
@@ -53,11 +52,11 @@ struct CaptureProgress {
 };
 
 struct BootMapCaptureOptions {
-  int cpus = 0;                    // The guest's nr_cpu_ids when known; 0 derives it.
-  uint32_t subbuf_size = 4096;     // Sub-buffer size (the guest's PAGE_SIZE).
-  uint32_t long_size = 8;          // The guest's userspace long (x86_64: 8).
+  int cpus = 0;                       // The guest's nr_cpu_ids when known; 0 derives it.
+  uint32_t subbuf_size = 4096;        // Sub-buffer size (the guest's PAGE_SIZE).
+  uint32_t long_size = 8;             // The guest's userspace long (x86_64: 8).
   std::string trace_clock = "local";  // The boot instance's clock.
-  bool write_region = true;        // Also write region.bin (the raw copy).
+  bool write_region = true;           // Also write region.bin (the raw copy).
   // Called from the calling thread now and then; may be empty.
   std::function<void(const CaptureProgress&)> progress;
 };
@@ -65,7 +64,7 @@ struct BootMapCaptureOptions {
 // One boot found in the region (0 = oldest).
 struct CaptureBoot {
   uint32_t boot = 0;
-  std::string file;              // "boot-<n>.trace.dat"
+  std::string file;  // "boot-<n>.trace.dat"
   uint64_t events = 0;
   uint64_t pages = 0;            // Pages written to the file.
   uint64_t first_timestamp = 0;  // ns of the guest's trace clock
@@ -74,13 +73,13 @@ struct CaptureBoot {
 };
 
 struct CaptureResult {
-  std::string layout;            // "linux-6.12", ...
+  std::string layout;  // "linux-6.12", ...
   int cpus = 0;
   std::vector<CpuCaptureCounts> cpu_counts;  // For CaptureManifest::cpus.
   std::vector<uint64_t> unknown_id_events;   // Per CPU: ids without a format.
   std::vector<CaptureBoot> boots;
   uint64_t events = 0, unknown_id = 0, bad_pages = 0, lost_events = 0;
-  nlohmann::json validation;     // For CaptureManifest::validation.
+  nlohmann::json validation;       // For CaptureManifest::validation.
   std::vector<std::string> files;  // Written into the capture directory.
   double decode_ms = 0, write_ms = 0;
 };

@@ -1,5 +1,3 @@
-#include "capture_service.h"
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,8 +6,9 @@
 #include <cstring>
 #include <memory>
 
-#include "capture_steps.h"
 #include "capped_file.h"
+#include "capture_service.h"
+#include "capture_steps.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -26,10 +25,11 @@ Result<CaptureManifest> ReadRecord(const fs::path& dir) {
   const fs::path path = dir / std::string(kRecoveryRecordName);
   Result<std::vector<std::byte>> bytes = ReadCappedFileBytes(path, kMaxRecordBytes);
   if (!bytes.ok()) return bytes.error();
-  json record = json::parse(reinterpret_cast<const char*>(bytes->data()),
-                            reinterpret_cast<const char*>(bytes->data()) + bytes->size(), nullptr, false);
-  if (record.is_discarded() || !record.is_object() || record.value("format", "") != "hvtrace-capture-recovery" ||
-      !record.contains("manifest")) {
+  json record =
+      json::parse(reinterpret_cast<const char*>(bytes->data()),
+                  reinterpret_cast<const char*>(bytes->data()) + bytes->size(), nullptr, false);
+  if (record.is_discarded() || !record.is_object() ||
+      record.value("format", "") != "hvtrace-capture-recovery" || !record.contains("manifest")) {
     return Error{path.string() + " is not an hvtrace recovery record"};
   }
   Result<CaptureManifest> manifest = CaptureManifest::FromJson(record["manifest"]);
@@ -42,7 +42,8 @@ Result<std::vector<std::byte>> ReadCopy(const fs::path& path, uint64_t size) {
   Result<std::vector<std::byte>> copy = ReadCappedFileBytes(path, size);
   if (!copy.ok()) return copy.error();
   if (copy->size() != size) {
-    return Error{path.string() + " is " + std::to_string(copy->size()) + " bytes, the region " + std::to_string(size)};
+    return Error{path.string() + " is " + std::to_string(copy->size()) + " bytes, the region " +
+                 std::to_string(size)};
   }
   return copy;
 }
@@ -61,7 +62,8 @@ Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats) {
   Result<CaptureManifest> manifest = ReadRecord(pending.dir());
   if (!manifest.ok()) return manifest.error();
   CaptureManifest& m = *manifest;
-  const std::string kind = m.region.is_object() ? m.region.value("kind", std::string()) : std::string();
+  const std::string kind =
+      m.region.is_object() ? m.region.value("kind", std::string()) : std::string();
   if (kind == "boot-range" || kind == "shmem") {
     Result<uint64_t> size = RegionSize(m.region, "region file");
     if (!size.ok()) return size.error();
@@ -72,18 +74,25 @@ Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats) {
   if (const json* attach = AttachRegionJson(m)) {
     Result<RegionGeometry> geometry = GeometryFromJson(attach->value("geometry", json()));
     if (!geometry.ok()) return geometry.error();
-    Result<std::vector<std::byte>> copy = ReadCopy(pending.dir() / kAttachRegionFileName, geometry->region_size);
+    Result<std::vector<std::byte>> copy =
+        ReadCopy(pending.dir() / kAttachRegionFileName, geometry->region_size);
     if (!copy.ok()) return copy.error();
     const bool stopped = m.extra.value("/consistency/vcpus_stopped"_json_pointer, false);
-    if (Status s = DecodeAttachStep(std::move(*copy), *geometry, stopped, pending, m); !s.ok()) return s.error();
+    if (Status s = DecodeAttachStep(std::move(*copy), *geometry, stopped, pending, m); !s.ok())
+      return s.error();
   } else if (kind != "boot-range" && kind != "shmem") {
     return Error{"its recovery record names no region this daemon can finish"};
   }
   const HostTime now = HostTime::Now();
-  m.recovered = {{"at", {{"realtime_ns", now.realtime_ns}, {"monotonic_ns", now.monotonic_ns}, {"utc", UtcStamp(now.realtime_ns)}}},
-                 {"note", "hvtraced stopped after region.bin (or attach-region.bin) was durable and before the capture was "
-                          "committed; a later run decoded the copy and committed it (timings after "
-                          "trigger_to_region_durable are that run's)"}};
+  m.recovered = {{"at",
+                  {{"realtime_ns", now.realtime_ns},
+                   {"monotonic_ns", now.monotonic_ns},
+                   {"utc", UtcStamp(now.realtime_ns)}}},
+                 {"note",
+                  "hvtraced stopped after region.bin (or attach-region.bin) was durable and before "
+                  "the capture was "
+                  "committed; a later run decoded the copy and committed it (timings after "
+                  "trigger_to_region_durable are that run's)"}};
   return pending.Commit(std::move(m));
 }
 
@@ -105,13 +114,15 @@ Result<CaptureService::RecoveryReport> CaptureService::Recover(const CaptureStor
     }
     std::error_code ec;
     if (!fs::exists(dir / std::string(kRecoveryRecordName), ec)) {
-      report.removed.push_back(dir.string() + ": removed, no recovery record (the daemon stopped before "
-                                              "the region copy was durable)");
+      report.removed.push_back(dir.string() +
+                               ": removed, no recovery record (the daemon stopped before "
+                               "the region copy was durable)");
       continue;  // |pending| removes it.
     }
     Result<CaptureEntry> entry = Finish(**pending, formats_.get());
     if (!entry.ok()) {
-      report.removed.push_back(dir.string() + ": removed, cannot be finished: " + entry.error().message);
+      report.removed.push_back(dir.string() +
+                               ": removed, cannot be finished: " + entry.error().message);
       continue;
     }
     report.recovered.push_back(std::move(*entry));

@@ -11,15 +11,17 @@ namespace {
 using nlohmann::json;
 
 json ConsistencyJson(bool vcpus_stopped, const json& validation, bool region_file) {
-  json c = {{"vcpus_stopped", vcpus_stopped},
-            {"note", vcpus_stopped
-                         ? "vCPUs were stopped (or QEMU gone) while copying: the copy is exact"
-                         : "the guest kept running while copying: each page was copied once; pages "
-                           "being written then (listed per CPU for a boot range; torn slots counted "
-                           "for an attach region) may be inconsistent"}};
+  json c = {
+      {"vcpus_stopped", vcpus_stopped},
+      {"note", vcpus_stopped
+                   ? "vCPUs were stopped (or QEMU gone) while copying: the copy is exact"
+                   : "the guest kept running while copying: each page was copied once; pages "
+                     "being written then (listed per CPU for a boot range; torn slots counted "
+                     "for an attach region) may be inconsistent"}};
   if (vcpus_stopped || !region_file) return c;
   json pages = json::array();
-  if (validation.is_object() && validation.contains("per_cpu") && validation["per_cpu"].is_array()) {
+  if (validation.is_object() && validation.contains("per_cpu") &&
+      validation["per_cpu"].is_array()) {
     for (const json& cpu : validation["per_cpu"]) {
       if (!cpu.is_object()) continue;
       pages.push_back({{"cpu", cpu.value("cpu", -1)},
@@ -35,7 +37,8 @@ json ConsistencyJson(bool vcpus_stopped, const json& validation, bool region_fil
 // panic an earlier run captured (or recovered). A paused guest writes
 // nothing, so a region byte-identical to the newest panic capture's is that
 // panic; a guest that rebooted and panicked again wrote new events.
-std::optional<CaptureEntry> SamePanicCaptured(const CaptureStore& store, const std::filesystem::path& region) {
+std::optional<CaptureEntry> SamePanicCaptured(const CaptureStore& store,
+                                              const std::filesystem::path& region) {
   auto entries = store.List();
   if (!entries.ok()) return std::nullopt;
   for (auto it = entries->rbegin(); it != entries->rend(); ++it) {
@@ -101,8 +104,8 @@ Status CaptureService::Build(const CaptureRequest& request, std::vector<std::byt
                              PendingCapture& pending, CaptureManifest& manifest) {
   const CaptureInputs& in = request.inputs;
   if (!in.region_file && !in.attach) {
-    return Error{"VM '" + request.vm + "' has no trace region to capture (`hvtrace attach " + request.vm +
-                 "` adds one)"};
+    return Error{"VM '" + request.vm + "' has no trace region to capture (`hvtrace attach " +
+                 request.vm + "` adds one)"};
   }
   manifest.extra["transport"] = in.transport;
   // Recorded before the copies, so a recovery knows it too; completed below.
@@ -122,15 +125,18 @@ Status CaptureService::Build(const CaptureRequest& request, std::vector<std::byt
   if (faults_.after_copies_durable) faults_.after_copies_durable();
   if (in.region_file) DecodeRegionFileStep(copy, formats_.get(), pending, manifest);
   if (in.attach) {
-    Status s = DecodeAttachStep(std::move(attach_copy), in.attach->geometry(), in.vcpus_stopped, pending, manifest);
+    Status s = DecodeAttachStep(std::move(attach_copy), in.attach->geometry(), in.vcpus_stopped,
+                                pending, manifest);
     if (!s.ok()) return s;
   }
-  manifest.extra["consistency"] = ConsistencyJson(in.vcpus_stopped, manifest.validation, in.region_file.has_value());
+  manifest.extra["consistency"] =
+      ConsistencyJson(in.vcpus_stopped, manifest.validation, in.region_file.has_value());
   manifest.extra["timing_ms"]["trigger_to_decoded"] = MsSince(request.triggered);
   return {};
 }
 
-Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store, const CaptureRequest& request) {
+Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
+                                            const CaptureRequest& request) {
   auto pending = CaptureStore(store.dir()).Begin(request.trigger, request.triggered);
   if (!pending.ok()) return pending.error();
   CaptureManifest manifest;
@@ -141,20 +147,23 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store, const Cap
   {
     BufferLease buffer = AcquireBuffer();
     if (Status s = Build(request, buffer.get(), **pending, manifest); !s.ok()) {
-      return Error{"VM " + request.vm + ", capture '" + request.trigger + "': " + s.error().message};
+      return Error{"VM " + request.vm + ", capture '" + request.trigger +
+                   "': " + s.error().message};
     }
   }
   if (request.dedupe_same_panic && request.inputs.region_file) {
     if (auto same = SamePanicCaptured(store, (*pending)->dir() / kRegionFileName)) {
       // |pending| removes what it wrote.
-      return CaptureOutcome{same->id, same->summary.value("trigger", request.trigger), true, 0.0, {}};
+      return CaptureOutcome{
+          same->id, same->summary.value("trigger", request.trigger), true, 0.0, {}};
     }
   }
   Result<CaptureEntry> entry = (*pending)->Commit(std::move(manifest));
   if (!entry.ok()) return Error{"VM " + request.vm + ": " + entry.error().message};
   CaptureOutcome outcome{entry->id, request.trigger, false, MsSince(request.triggered), {}};
   if (request.retention > 0) {
-    if (auto pruned = store.Prune(request.retention); !pruned.ok()) outcome.retention_error = pruned.error().message;
+    if (auto pruned = store.Prune(request.retention); !pruned.ok())
+      outcome.retention_error = pruned.error().message;
   }
   return outcome;
 }

@@ -90,13 +90,14 @@ void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* forma
   timing["trace_dat_write"] = times.write_ms;
 }
 
-Status DecodeAttachStep(std::vector<std::byte> copy, const RegionGeometry& geometry, bool vcpus_stopped,
-                        PendingCapture& pending, CaptureManifest& manifest) {
+Status DecodeAttachStep(std::vector<std::byte> copy, const RegionGeometry& geometry,
+                        bool vcpus_stopped, PendingCapture& pending, CaptureManifest& manifest) {
   RegionCaptureOptions options;
   options.write_region = false;  // CopyAttachStep wrote it.
   options.vm_paused = vcpus_stopped;
   const auto start = std::chrono::steady_clock::now();
-  Result<RegionCaptureResult> r = BuildRegionCapture(std::move(copy), geometry, options, pending, manifest);
+  Result<RegionCaptureResult> r =
+      BuildRegionCapture(std::move(copy), geometry, options, pending, manifest);
   const json* attach = AttachRegionJson(manifest);
   const std::string source = attach ? attach->value("source", std::string()) : std::string();
   if (!r.ok()) return Error{"attach region " + source + ": " + r.error().message};
@@ -118,15 +119,24 @@ const json* AttachRegionJson(const CaptureManifest& manifest) {
 }
 
 json GeometryToJson(const RegionGeometry& g) {
-  return {{"region_size", g.region_size},       {"region_id", g.region_id},
-          {"slot_size", g.slot_size},           {"max_cpus", g.max_cpus},
-          {"slots_per_cpu", g.slots_per_cpu},   {"format_entries", g.format_entries},
-          {"format_text_size", g.format_text_size}, {"dw_rings", g.dw_rings},
-          {"dw_slots", g.dw_slots},             {"format_offset", g.format_offset},
-          {"cpu_offset", g.cpu_offset},         {"cpu_stride", g.cpu_stride},
-          {"dw_offset", g.dw_offset},           {"dw_stride", g.dw_stride},
-          {"symbol_offset", g.symbol_offset},   {"symbol_size", g.symbol_size},
-          {"comm_size", g.comm_size},           {"comm_offset", g.comm_offset}};
+  return {{"region_size", g.region_size},
+          {"region_id", g.region_id},
+          {"slot_size", g.slot_size},
+          {"max_cpus", g.max_cpus},
+          {"slots_per_cpu", g.slots_per_cpu},
+          {"format_entries", g.format_entries},
+          {"format_text_size", g.format_text_size},
+          {"dw_rings", g.dw_rings},
+          {"dw_slots", g.dw_slots},
+          {"format_offset", g.format_offset},
+          {"cpu_offset", g.cpu_offset},
+          {"cpu_stride", g.cpu_stride},
+          {"dw_offset", g.dw_offset},
+          {"dw_stride", g.dw_stride},
+          {"symbol_offset", g.symbol_offset},
+          {"symbol_size", g.symbol_size},
+          {"comm_size", g.comm_size},
+          {"comm_offset", g.comm_offset}};
 }
 
 Result<RegionGeometry> GeometryFromJson(const json& j) {
@@ -135,8 +145,10 @@ Result<RegionGeometry> GeometryFromJson(const json& j) {
   bool ok = true;
   auto u64 = [&](const char* key, uint64_t& out) {
     auto it = j.find(key);
-    if (it == j.end() || !it->is_number_unsigned()) ok = false;
-    else out = it->get<uint64_t>();
+    if (it == j.end() || !it->is_number_unsigned())
+      ok = false;
+    else
+      out = it->get<uint64_t>();
   };
   auto u32 = [&](const char* key, uint32_t& out) {
     uint64_t v = 0;
@@ -144,15 +156,27 @@ Result<RegionGeometry> GeometryFromJson(const json& j) {
     if (v > UINT32_MAX) ok = false;
     out = static_cast<uint32_t>(v);
   };
-  u64("region_size", g.region_size); u64("region_id", g.region_id); u32("slot_size", g.slot_size);
-  u32("max_cpus", g.max_cpus); u32("slots_per_cpu", g.slots_per_cpu);
-  u32("format_entries", g.format_entries); u32("format_text_size", g.format_text_size);
-  u32("dw_rings", g.dw_rings); u32("dw_slots", g.dw_slots); u64("format_offset", g.format_offset);
-  u64("cpu_offset", g.cpu_offset); u64("cpu_stride", g.cpu_stride); u64("dw_offset", g.dw_offset);
-  u64("dw_stride", g.dw_stride); u64("symbol_offset", g.symbol_offset);
-  u32("symbol_size", g.symbol_size); u32("comm_size", g.comm_size); u64("comm_offset", g.comm_offset);
+  u64("region_size", g.region_size);
+  u64("region_id", g.region_id);
+  u32("slot_size", g.slot_size);
+  u32("max_cpus", g.max_cpus);
+  u32("slots_per_cpu", g.slots_per_cpu);
+  u32("format_entries", g.format_entries);
+  u32("format_text_size", g.format_text_size);
+  u32("dw_rings", g.dw_rings);
+  u32("dw_slots", g.dw_slots);
+  u64("format_offset", g.format_offset);
+  u64("cpu_offset", g.cpu_offset);
+  u64("cpu_stride", g.cpu_stride);
+  u64("dw_offset", g.dw_offset);
+  u64("dw_stride", g.dw_stride);
+  u64("symbol_offset", g.symbol_offset);
+  u32("symbol_size", g.symbol_size);
+  u32("comm_size", g.comm_size);
+  u64("comm_offset", g.comm_offset);
   if (!ok) return Error{"region geometry lacks a field or has one out of range"};
-  if (Status s = ValidateGeometry(g); !s.ok()) return Error{"region geometry: " + s.error().message};
+  if (Status s = ValidateGeometry(g); !s.ok())
+    return Error{"region geometry: " + s.error().message};
   return g;
 }
 

@@ -5,10 +5,9 @@
 #define HVTRACE_HOSTD_CAPTURE_STEPS_H_
 
 #include <cstddef>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "capture_service.h"
 #include "capture_store.h"
@@ -41,8 +40,8 @@ void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* forma
                           PendingCapture& pending, CaptureManifest& manifest);
 
 // Step 3 for an attach copy.
-Status DecodeAttachStep(std::vector<std::byte> copy, const RegionGeometry& geometry, bool vcpus_stopped,
-                        PendingCapture& pending, CaptureManifest& manifest);
+Status DecodeAttachStep(std::vector<std::byte> copy, const RegionGeometry& geometry,
+                        bool vcpus_stopped, PendingCapture& pending, CaptureManifest& manifest);
 
 // The attach region's description in |manifest| (region or region.attach);
 // null when the capture has none.

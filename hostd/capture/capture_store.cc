@@ -13,8 +13,8 @@
 #include <cstring>
 #include <system_error>
 
-#include "unique_fd.h"
 #include "state_dir.h"
+#include "unique_fd.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -59,8 +59,8 @@ Status PreadFully(int fd, const std::filesystem::path& path, uint64_t offset,
                   std::span<std::byte> out) {
   uint64_t done = 0;
   while (done < out.size()) {
-    ssize_t n = ::pread(fd, out.data() + done, out.size() - done,
-                        static_cast<off_t>(offset + done));
+    ssize_t n =
+        ::pread(fd, out.data() + done, out.size() - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return Error{"reading region " + path.string() + " at offset " +
@@ -92,8 +92,8 @@ Status PwriteFully(int fd, const std::filesystem::path& path, uint64_t offset,
                    std::span<const std::byte> data) {
   uint64_t done = 0;
   while (done < data.size()) {
-    ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done,
-                         static_cast<off_t>(offset + done));
+    ssize_t n =
+        ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       return Error{"writing " + path.string() + " at offset " + std::to_string(offset + done) +
@@ -107,8 +107,8 @@ Status PwriteFully(int fd, const std::filesystem::path& path, uint64_t offset,
 bool AllZero(std::span<const std::byte> page) {
   // memcmp against the page's own first byte shifted by one: zero iff the
   // first byte is zero and every byte equals its neighbour.
-  return page.empty() ||
-         (page[0] == std::byte{0} && std::memcmp(page.data(), page.data() + 1, page.size() - 1) == 0);
+  return page.empty() || (page[0] == std::byte{0} &&
+                          std::memcmp(page.data(), page.data() + 1, page.size() - 1) == 0);
 }
 
 double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
@@ -175,8 +175,6 @@ json Summarize(const std::string& id, const std::filesystem::path& dir) {
 
 }  // namespace
 
-
-
 json CaptureManifest::ToJson() const {
   json cpu_list = json::array();
   uint64_t events = 0, pages = 0, lost = 0, bad = 0;
@@ -201,18 +199,19 @@ json CaptureManifest::ToJson() const {
                            {"monotonic_ns", e.time.monotonic_ns},
                            {"data", e.data}});
   }
-  json doc = {{"format", "hvtrace-capture"},
-              {"version", kManifestVersion},
-              {"vm", vm},
-              {"trigger", trigger},
-              {"host_time", {{"triggered", TimeJson(triggered)}, {"completed", TimeJson(completed)}}},
-              {"kernel", kernel},
-              {"region", region},
-              {"cpus", cpu_list},
-              {"totals", {{"events", events}, {"pages", pages}, {"lost_events", lost}, {"bad_pages", bad}}},
-              {"validation", validation},
-              {"qmp_events", events_list},
-              {"extra", extra}};
+  json doc = {
+      {"format", "hvtrace-capture"},
+      {"version", kManifestVersion},
+      {"vm", vm},
+      {"trigger", trigger},
+      {"host_time", {{"triggered", TimeJson(triggered)}, {"completed", TimeJson(completed)}}},
+      {"kernel", kernel},
+      {"region", region},
+      {"cpus", cpu_list},
+      {"totals", {{"events", events}, {"pages", pages}, {"lost_events", lost}, {"bad_pages", bad}}},
+      {"validation", validation},
+      {"qmp_events", events_list},
+      {"extra", extra}};
   if (!recovered.is_null()) doc["recovered"] = recovered;
   return doc;
 }
@@ -255,7 +254,8 @@ Result<CaptureManifest> CaptureManifest::FromJson(const json& doc) {
     if (!it->is_array()) return bad("qmp_events is not an array");
     for (const json& e : *it) {
       RecordedEvent ev;
-      if (!e.is_object() || !e.contains("event") || !e["event"].is_string() || !time_of(e, &ev.time)) {
+      if (!e.is_object() || !e.contains("event") || !e["event"].is_string() ||
+          !time_of(e, &ev.time)) {
         return bad("a qmp_events entry is malformed");
       }
       ev.event = e["event"].get<std::string>();
@@ -298,7 +298,8 @@ Status PendingCapture::WriteFile(std::string_view name, std::span<const std::byt
 
 Status PendingCapture::WriteRecoveryRecord(const CaptureManifest& manifest) {
   if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
-  json record = {{"format", "hvtrace-capture-recovery"}, {"version", 1}, {"manifest", manifest.ToJson()}};
+  json record = {
+      {"format", "hvtrace-capture-recovery"}, {"version", 1}, {"manifest", manifest.ToJson()}};
   const std::string text = record.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   // Whole or absent: written aside, then renamed into place.
   const std::filesystem::path aside = temp_dir_ / ".recovery.json.new";
@@ -325,7 +326,8 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   UniqueFd out(::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0640));
   if (out.get() < 0) return Error{"cannot create " + path.string() + ": " + Errno(errno)};
   if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0) {
-    return Error{"cannot size " + path.string() + " to " + std::to_string(size) + ": " + Errno(errno)};
+    return Error{"cannot size " + path.string() + " to " + std::to_string(size) + ": " +
+                 Errno(errno)};
   }
   RegionCopyStats stats;
   const auto alloc = std::chrono::steady_clock::now();
@@ -410,8 +412,8 @@ Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
       Discard();
       return s.error();
     }
-    if (::renameat2(AT_FDCWD, temp_dir_.c_str(), AT_FDCWD, final_dir.c_str(),
-                    RENAME_NOREPLACE) != 0) {
+    if (::renameat2(AT_FDCWD, temp_dir_.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE) !=
+        0) {
       int err = errno;
       if (err == EEXIST || err == ENOTEMPTY) continue;
       Discard();
@@ -516,15 +518,17 @@ Result<std::vector<std::filesystem::path>> CaptureStore::ListIncomplete() const 
   return found;
 }
 
-Result<std::unique_ptr<PendingCapture>> CaptureStore::Resume(const std::filesystem::path& temp_dir) const {
+Result<std::unique_ptr<PendingCapture>> CaptureStore::Resume(
+    const std::filesystem::path& temp_dir) const {
   // ".tmp-<base>-XXXXXX" (mkdtemp's six characters), in this store.
   const std::string name = temp_dir.filename().string();
-  if (temp_dir.parent_path() != captures_dir_ || !name.starts_with(".tmp-") || name.size() < 5 + 1 + 7 ||
-      name[name.size() - 7] != '-') {
+  if (temp_dir.parent_path() != captures_dir_ || !name.starts_with(".tmp-") ||
+      name.size() < 5 + 1 + 7 || name[name.size() - 7] != '-') {
     return Error{temp_dir.string() + " is not an incomplete capture of " + captures_dir_.string()};
   }
   std::string base = name.substr(5, name.size() - 5 - 7);
-  return std::unique_ptr<PendingCapture>(new PendingCapture(captures_dir_, temp_dir, std::move(base)));
+  return std::unique_ptr<PendingCapture>(
+      new PendingCapture(captures_dir_, temp_dir, std::move(base)));
 }
 
 Result<std::vector<std::byte>> CopyRegionFile(const std::filesystem::path& path, uint64_t offset,

@@ -44,18 +44,16 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "host_time.h"
 #include "hvtrace/result.h"
 
 namespace hvtrace::hostd {
-
 
 struct CpuCaptureCounts {
   int cpu = 0;

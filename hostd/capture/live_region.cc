@@ -66,7 +66,8 @@ LiveRegion::~LiveRegion() {
 
 Result<std::shared_ptr<LiveRegion>> LiveRegion::Create(const LiveRegionOptions& options) {
   const std::string where = "region " + options.path.string();
-  if (Status s = CheckRegionSize(options.size_bytes); !s.ok()) return Error{where + ": " + s.error().message};
+  if (Status s = CheckRegionSize(options.size_bytes); !s.ok())
+    return Error{where + ": " + s.error().message};
   RegionPlanOptions plan;
   plan.max_cpus = std::max<uint32_t>(1, options.max_cpus);
   plan.region_id = RandomRegionId();
@@ -81,7 +82,8 @@ Result<std::shared_ptr<LiveRegion>> LiveRegion::Create(const LiveRegionOptions& 
   if (options.replace_existing) {
     // A new region must start zeroed: a stale file's guest data would be
     // mistaken for this guest's.
-    if (::unlink(options.path.c_str()) != 0 && errno != ENOENT) return Error{Errno("cannot replace " + where)};
+    if (::unlink(options.path.c_str()) != 0 && errno != ENOENT)
+      return Error{Errno("cannot replace " + where)};
   }
   flags |= O_EXCL;
   const int fd = ::open(options.path.c_str(), flags, 0600);
@@ -96,7 +98,8 @@ Result<std::shared_ptr<LiveRegion>> LiveRegion::Create(const LiveRegionOptions& 
     ::unlink(options.path.c_str());
     return Error{message};
   };
-  if (::ftruncate(fd, static_cast<off_t>(options.size_bytes)) != 0) return fail(Errno("cannot size " + where));
+  if (::ftruncate(fd, static_cast<off_t>(options.size_bytes)) != 0)
+    return fail(Errno("cannot size " + where));
   if (options.owner_uid || options.owner_gid) {
     const uid_t uid = options.owner_uid.value_or(static_cast<uid_t>(-1));
     const gid_t gid = options.owner_gid.value_or(static_cast<gid_t>(-1));
@@ -147,7 +150,8 @@ Result<std::shared_ptr<LiveRegion>> LiveRegion::OpenExisting(const std::filesyst
     ::close(fd);
     return Error{where + ": " + geometry.error().message};
   }
-  return std::shared_ptr<LiveRegion>(new LiveRegion(path, fd, static_cast<std::byte*>(map), *geometry));
+  return std::shared_ptr<LiveRegion>(
+      new LiveRegion(path, fd, static_cast<std::byte*>(map), *geometry));
 }
 
 Result<RegionSnapshot> LiveRegion::Snapshot() const { return ReadRegion(Copy(), geometry_); }

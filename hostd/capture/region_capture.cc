@@ -4,16 +4,16 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <memory>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 
 #include "hvtrace/page.h"
 #include "hvtrace/region.h"
 #include "hvtrace/region_clock.h"
-#include "kallsyms_subset.h"
 #include "hvtrace/tracedat_writer.h"
+#include "kallsyms_subset.h"
 #include "live_region.h"
 
 namespace hvtrace::hostd {
@@ -117,8 +117,9 @@ std::span<const std::byte> WritablePage(const RegionPage& p, const PageLayout& l
 // more clean pages (a converted delta may need a TIME_EXTEND the original did
 // not, so the records may not fit one page). Only the good records are
 // copied; those whose time cannot be placed are counted in |*off_clock|.
-void RestampPage(std::span<const std::byte> page, const PageLayout& layout, const RegionTimeline& timeline,
-                 uint32_t ring_clock, std::deque<std::vector<std::byte>>* storage,
+void RestampPage(std::span<const std::byte> page, const PageLayout& layout,
+                 const RegionTimeline& timeline, uint32_t ring_clock,
+                 std::deque<std::vector<std::byte>>* storage,
                  std::vector<std::span<const std::byte>>* out, uint64_t* off_clock) {
   PageCursor cursor(page, layout);
   RawRecord rec;
@@ -231,7 +232,8 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
       it = plans.emplace(std::pair{gen, unplaced}, PlanGeneration(s, gen, unplaced)).first;
       it->second.pages.assign(nrings, {});
       // The TSC file holds direct-write rings only: no kernel pointers.
-      if (const std::string& text = text_of(TextAreaKind::kSymbols, gen); !unplaced && !text.empty()) {
+      if (const std::string& text = text_of(TextAreaKind::kSymbols, gen);
+          !unplaced && !text.empty()) {
         it->second.symbols = std::make_unique<KallsymsSubset>(text, 0);
       }
     }
@@ -263,12 +265,14 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
       rj["clock"] = ring.clock == region::kClockMono || ring.clock == region::kClockTsc
                         ? TraceClockName(ring.clock)
                         : "unknown " + std::to_string(ring.clock);
-      rj["time_stamps"] = mode == RegionTimeline::Mode::kConvert
-                              ? std::string("converted to ") + TraceClockName(s.guest.trace_clock)
-                          : mode == RegionTimeline::Mode::kUnplaceable
-                              ? std::string("raw TSC ticks, in region-gen-<N>-tsc.trace.dat: the region has "
-                                            "no usable clock-sync samples")
-                              : std::string("as written");
+      rj["time_stamps"] =
+          mode == RegionTimeline::Mode::kConvert
+              ? std::string("converted to ") + TraceClockName(s.guest.trace_clock)
+          : mode == RegionTimeline::Mode::kUnplaceable
+              ? std::string(
+                    "raw TSC ticks, in region-gen-<N>-tsc.trace.dat: the region has "
+                    "no usable clock-sync samples")
+              : std::string("as written");
     } else {
       rj["overrun"] = ring.overrun;
     }
@@ -299,7 +303,8 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
         PageStats stats;
         WalkPage(page, layout, &stats, [&](const RawRecord& rec) {
           uint16_t type = 0;
-          if (rec.payload.size() >= sizeof type) std::memcpy(&type, rec.payload.data(), sizeof type);
+          if (rec.payload.size() >= sizeof type)
+            std::memcpy(&type, rec.payload.data(), sizeof type);
           RegionGenerationFile& f = g.file;
           if (!g.known_ids.contains(type)) {
             f.unknown_id++;
@@ -342,7 +347,8 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
   // (trace-cmd keeps a pid's first line).
   std::string dw_cmdlines;
   for (const RegionRing& ring : s.dw_rings) {
-    if (ring.tid != 0 && !ring.comm.empty()) dw_cmdlines += std::to_string(ring.tid) + " " + ring.comm + "\n";
+    if (ring.tid != 0 && !ring.comm.empty())
+      dw_cmdlines += std::to_string(ring.tid) + " " + ring.comm + "\n";
   }
   json names = json::object();
 
@@ -359,13 +365,16 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
     // the same, and the file does not carry the kernel's whole table.
     if (g.symbols) in.kallsyms = g.symbols->Text();
     if (!key.second) {
-      auto lines = [](const std::string& t) { return static_cast<uint64_t>(std::count(t.begin(), t.end(), '\n')); };
+      auto lines = [](const std::string& t) {
+        return static_cast<uint64_t>(std::count(t.begin(), t.end(), '\n'));
+      };
       names[std::to_string(gen)] = {{"symbols", lines(text_of(TextAreaKind::kSymbols, gen))},
                                     {"symbols_in_file", lines(in.kallsyms)},
                                     {"guest_tasks", lines(text_of(TextAreaKind::kComms, gen))},
                                     {"dw_threads", lines(dw_cmdlines)}};
     }
-    in.trace_clock = g.unplaced ? TraceClockName(region::kClockTsc) : TraceClockName(s.guest.trace_clock);
+    in.trace_clock =
+        g.unplaced ? TraceClockName(region::kClockTsc) : TraceClockName(s.guest.trace_clock);
     in.cpus = std::move(g.pages);
     const fs::path path = dir / g.file.file;
     if (Status st = WriteTraceDat(path.string(), in); !st.ok()) {
@@ -399,13 +408,14 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
   }
   const region::GuestStatus& st = s.guest.status;
   r.attach = {{"guest", GuestJson(s.guest)},
-              {"geometry", {{"region_size", s.geometry.region_size},
-                            {"region_id", s.geometry.region_id},
-                            {"slot_size", s.geometry.slot_size},
-                            {"max_cpus", s.geometry.max_cpus},
-                            {"slots_per_cpu", s.geometry.slots_per_cpu},
-                            {"dw_rings", s.geometry.dw_rings},
-                            {"dw_slots", s.geometry.dw_slots}}},
+              {"geometry",
+               {{"region_size", s.geometry.region_size},
+                {"region_id", s.geometry.region_id},
+                {"slot_size", s.geometry.slot_size},
+                {"max_cpus", s.geometry.max_cpus},
+                {"slots_per_cpu", s.geometry.slots_per_cpu},
+                {"dw_rings", s.geometry.dw_rings},
+                {"dw_slots", s.geometry.dw_slots}}},
               {"loss_window",
                {{"agent_max_push_gap_ns", st.max_push_gap_ns},
                 {"agent_last_push_mono_ns", st.last_push_mono_ns},
@@ -419,14 +429,17 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
               {"slots_skipped", skipped_slots},
               {"unknown_id_events", r.unknown_id},
               {"dw_events_off_clock", r.dw_events_off_clock},
-              {"clock_sync", {{"samples", s.clock_sync.size()},
-                              {"sound", timeline.tsc().used()},
-                              {"dropped", timeline.tsc().dropped()},
-                              {"tsc_hz", timeline.tsc().tsc_hz()}}},
-              {"names", {{"per_generation", names},
-                         {"guest_symbols_state", st.symbols_state},
-                         {"note", "symbols and task names from the guest agent's text areas; without them "
-                                  "pointers print as addresses and kernel tasks as <...>"}}}};
+              {"clock_sync",
+               {{"samples", s.clock_sync.size()},
+                {"sound", timeline.tsc().used()},
+                {"dropped", timeline.tsc().dropped()},
+                {"tsc_hz", timeline.tsc().tsc_hz()}}},
+              {"names",
+               {{"per_generation", names},
+                {"guest_symbols_state", st.symbols_state},
+                {"note",
+                 "symbols and task names from the guest agent's text areas; without them "
+                 "pointers print as addresses and kernel tasks as <...>"}}}};
   return r;
 }
 

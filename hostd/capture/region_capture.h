@@ -37,10 +37,9 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "capture_store.h"
 #include "hvtrace/region_reader.h"
@@ -76,7 +75,7 @@ struct RegionGenerationFile {
 struct RegionCaptureResult {
   std::vector<RegionGenerationFile> generations;
   uint64_t events = 0, pages = 0, unknown_id = 0, lost_events = 0, bad_slots = 0;
-  uint64_t dw_events_off_clock = 0;  // TSC stamps no conversion can represent.
+  uint64_t dw_events_off_clock = 0;          // TSC stamps no conversion can represent.
   std::vector<CpuCaptureCounts> cpu_counts;  // Kernel CPUs, then dw rings (cpu = n + ring).
   nlohmann::json attach;  // manifest.extra["attach"]: guest, loss window, rings, issues.
   std::vector<std::string> files;

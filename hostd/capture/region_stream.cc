@@ -38,7 +38,8 @@ std::string RegionStreamer::CommsOf(uint32_t generation) const {
   return texts_.Text(TextAreaKind::kComms, generation) + dw_comms_;
 }
 
-EventDecoder* RegionStreamer::DecoderFor(const RegionSnapshot& s, uint32_t generation, Output* out) {
+EventDecoder* RegionStreamer::DecoderFor(const RegionSnapshot& s, uint32_t generation,
+                                         Output* out) {
   const size_t formats = FormatsOf(s, generation);
   GenerationDecoder& d = decoders_[generation];
   const std::string& symbols = texts_.Text(TextAreaKind::kSymbols, generation);
@@ -52,7 +53,8 @@ EventDecoder* RegionStreamer::DecoderFor(const RegionSnapshot& s, uint32_t gener
     return d.decoder.get();
   }
   TraceMetadata m;
-  m.source = "region " + std::to_string(geometry_.region_id) + " generation " + std::to_string(generation);
+  m.source =
+      "region " + std::to_string(geometry_.region_id) + " generation " + std::to_string(generation);
   m.page_size = geometry_.slot_size;
   m.trace_clock = TraceClockName(trace_clock_);
   m.cmdlines = CommsOf(generation);
@@ -97,20 +99,22 @@ void RegionStreamer::Emit(const Held& e, Output* out) {
   ++events_out_;
 }
 
-RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::steady_clock::time_point now,
-                                            bool flush) {
+RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
+                                            std::chrono::steady_clock::time_point now, bool flush) {
   Output out;
   if (s->guest.present) {
     if (generation_ != 0 && s->guest.boot_generation != generation_) {
       out.notes.push_back("guest boot generation " + std::to_string(generation_) + " -> " +
-                          std::to_string(s->guest.boot_generation) + " (boot id " + s->guest.boot_id + ")");
+                          std::to_string(s->guest.boot_generation) + " (boot id " +
+                          s->guest.boot_id + ")");
     }
     generation_ = s->guest.boot_generation;
     trace_clock_ = s->guest.trace_clock;
   }
   dw_comms_.clear();
   for (const RegionRing& ring : s->dw_rings) {
-    if (ring.tid != 0 && !ring.comm.empty()) dw_comms_ += std::to_string(ring.tid) + " " + ring.comm + "\n";
+    if (ring.tid != 0 && !ring.comm.empty())
+      dw_comms_ += std::to_string(ring.tid) + " " + ring.comm + "\n";
   }
   for (std::string& note : texts_.Update(s)) out.notes.push_back(std::move(note));
 
@@ -126,21 +130,25 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::stea
   const RegionTimeline timeline(trace_clock_, s->clock_sync);
   if (timeline.tsc().dropped() > sync_dropped_noted_) {
     sync_dropped_noted_ = timeline.tsc().dropped();
-    out.notes.push_back(std::to_string(sync_dropped_noted_) + " of " + std::to_string(s->clock_sync.size()) +
-                        " clock-sync samples in the region are inconsistent and were dropped; TSC stamps are "
-                        "converted with the " + std::to_string(timeline.tsc().used()) + " sound ones");
+    out.notes.push_back(
+        std::to_string(sync_dropped_noted_) + " of " + std::to_string(s->clock_sync.size()) +
+        " clock-sync samples in the region are inconsistent and were dropped; TSC stamps are "
+        "converted with the " +
+        std::to_string(timeline.tsc().used()) + " sound ones");
   }
   if (!skip) {
     std::map<uint32_t, PageLayout> layouts;
     for (const RegionTracker::NewData& nd : delta.pages) {
       const RegionPage& p = *nd.page;
       auto lit = layouts.find(p.boot_generation);
-      if (lit == layouts.end()) lit = layouts.emplace(p.boot_generation, CpuLayout(*s, p.boot_generation)).first;
+      if (lit == layouts.end())
+        lit = layouts.emplace(p.boot_generation, CpuLayout(*s, p.boot_generation)).first;
       const PageLayout layout = nd.direct_write ? s->dw_layout : lit->second;
       PageCursor cursor(p.page, layout);
-      int64_t missed = cursor.header().missed_events
-                           ? (cursor.missed_count() > 0 ? static_cast<int64_t>(cursor.missed_count()) : -1)
-                           : 0;
+      int64_t missed =
+          cursor.header().missed_events
+              ? (cursor.missed_count() > 0 ? static_cast<int64_t>(cursor.missed_count()) : -1)
+              : 0;
       const uint32_t ring_clock = nd.direct_write ? p.clock : trace_clock_;
       RawRecord rec;
       while (cursor.Next(&rec)) {
@@ -210,13 +218,14 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s, std::chrono::stea
     if (unplaced_noted_.insert(h.trace_cpu).second) {
       const uint32_t ring = h.trace_cpu - ncpu;
       const RegionRing* r = ring < s->dw_rings.size() ? &s->dw_rings[ring] : nullptr;
-      out.notes.push_back("direct-write ring " + std::to_string(ring) +
-                          (r != nullptr ? " (tid " + std::to_string(r->tid) + " " + r->comm + ")" : std::string()) +
-                          " stamps TSC ticks that cannot be put on the kernel's clock (" +
-                          std::to_string(timeline.tsc().used()) + " of " + std::to_string(s->clock_sync.size()) +
-                          " clock-sync samples sound, 2 needed, or a stamp out of range): its events are printed "
-                          "with raw TSC time stamps on trace CPU " + std::to_string(h.trace_cpu) +
-                          ", after the others, not on the kernel's timeline");
+      out.notes.push_back(
+          "direct-write ring " + std::to_string(ring) +
+          (r != nullptr ? " (tid " + std::to_string(r->tid) + " " + r->comm + ")" : std::string()) +
+          " stamps TSC ticks that cannot be put on the kernel's clock (" +
+          std::to_string(timeline.tsc().used()) + " of " + std::to_string(s->clock_sync.size()) +
+          " clock-sync samples sound, 2 needed, or a stamp out of range): its events are printed "
+          "with raw TSC time stamps on trace CPU " +
+          std::to_string(h.trace_cpu) + ", after the others, not on the kernel's timeline");
     }
     if (DecoderFor(*s, h.generation, &out) == nullptr) continue;
     Emit(h, &out);

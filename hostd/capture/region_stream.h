@@ -32,8 +32,8 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -70,8 +70,8 @@ class RegionStreamer {
 
  private:
   struct Held {
-    uint64_t timestamp;  // On the trace clock once |placed|; else raw ring ticks.
-    uint32_t ring_clock; // The ring's clock (direct-write), or the trace clock.
+    uint64_t timestamp;   // On the trace clock once |placed|; else raw ring ticks.
+    uint32_t ring_clock;  // The ring's clock (direct-write), or the trace clock.
     bool placed;
     uint32_t trace_cpu;
     uint32_t generation;
@@ -80,7 +80,7 @@ class RegionStreamer {
     std::vector<std::byte> payload;
   };
   struct GenerationDecoder {
-    size_t formats = 0;  // Formats of the generation it was built with.
+    size_t formats = 0;    // Formats of the generation it was built with.
     bool symbols = false;  // Built with the guest's symbols.
     std::string comms;     // Task names it was last given.
     std::unique_ptr<EventDecoder> decoder;
@@ -102,8 +102,8 @@ class RegionStreamer {
   uint32_t trace_clock_ = 0;
   uint32_t sync_dropped_noted_ = 0;
   std::set<uint32_t> unplaced_noted_;  // Trace CPUs whose raw stamps were noted.
-  uint64_t push_seen_ = 0;    // GuestStatus::last_push_mono_ns last seen,
-  uint64_t push_before_ = 0;  // and the one before it: the release mark.
+  uint64_t push_seen_ = 0;             // GuestStatus::last_push_mono_ns last seen,
+  uint64_t push_before_ = 0;           // and the one before it: the release mark.
   uint64_t events_out_ = 0;
   uint64_t pages_missed_ = 0;
 };

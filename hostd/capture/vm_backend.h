@@ -16,10 +16,9 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "capture_service.h"
 #include "config.h"
@@ -32,7 +31,7 @@ namespace hvtrace::hostd {
 struct VmEvent {
   std::string name;  // QMP event name, e.g. "GUEST_PANICKED".
   nlohmann::json data = nlohmann::json::object();
-  HostTime time;     // When the daemon received it.
+  HostTime time;  // When the daemon received it.
 };
 
 // How a backend reports to its supervisor. Thread-safe.

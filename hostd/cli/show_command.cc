@@ -20,11 +20,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "capture_pipeline.h"
 #include "capture_store.h"
@@ -120,13 +119,15 @@ std::vector<std::pair<uint32_t, fs::path>> BootFiles(const fs::path& dir) {
 }
 
 std::string JsonString(const json& doc, const char* key) {
-  if (doc.is_object() && doc.contains(key) && doc[key].is_string()) return doc[key].get<std::string>();
+  if (doc.is_object() && doc.contains(key) && doc[key].is_string())
+    return doc[key].get<std::string>();
   return "?";
 }
 
 // Facts about one boot from the manifest, when it has them.
 json ManifestBoot(const json& manifest, uint32_t boot) {
-  if (!manifest.is_object() || !manifest.contains("extra") || !manifest["extra"].is_object()) return {};
+  if (!manifest.is_object() || !manifest.contains("extra") || !manifest["extra"].is_object())
+    return {};
   const json& extra = manifest["extra"];
   if (!extra.contains("boots") || !extra["boots"].is_array()) return {};
   for (const json& b : extra["boots"]) {
@@ -170,14 +171,16 @@ struct ShowArgs {
 int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, int fd) {
   const auto files = BootFiles(dir);
   if (files.empty()) {
-    std::fprintf(stderr, "hvtrace show: %s holds no boot-<n>.trace.dat or region-gen-<n>.trace.dat\n",
+    std::fprintf(stderr,
+                 "hvtrace show: %s holds no boot-<n>.trace.dat or region-gen-<n>.trace.dat\n",
                  dir.c_str());
     return 1;
   }
   const std::string vm = JsonString(manifest, "vm");
   const std::string trigger = JsonString(manifest, "trigger");
-  const std::string id = manifest.is_object() && manifest.contains("id") ? JsonString(manifest, "id")
-                                                                         : dir.filename().string();
+  const std::string id = manifest.is_object() && manifest.contains("id")
+                             ? JsonString(manifest, "id")
+                             : dir.filename().string();
   bool shown = false;
   uint64_t events = 0;
   size_t problems = 0;
@@ -199,7 +202,8 @@ int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, i
       }
       header += "\n";
     } else {
-      json h = {{"capture", id}, {"vm", vm}, {"trigger", trigger}, {"boot", boot},
+      json h = {{"capture", id},         {"vm", vm},
+                {"trigger", trigger},    {"boot", boot},
                 {"boots", files.size()}, {"file", path.filename().string()}};
       if (mb.is_object()) h["summary"] = mb;
       header = h.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
@@ -223,13 +227,14 @@ int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, i
       std::fprintf(stderr, "hvtrace show: %s\n", stats.error().message.c_str());
       return 1;
     }
-    for (const std::string& issue : stats->issues) std::fprintf(stderr, "hvtrace show: %s\n", issue.c_str());
+    for (const std::string& issue : stats->issues)
+      std::fprintf(stderr, "hvtrace show: %s\n", issue.c_str());
     events += stats->events;
     problems += stats->issues.size();
   }
   if (!shown) {
-    std::fprintf(stderr, "hvtrace show: %s has no boot %u (boots 0..%zu)\n", dir.c_str(), *args.boot,
-                 files.size() - 1);
+    std::fprintf(stderr, "hvtrace show: %s has no boot %u (boots 0..%zu)\n", dir.c_str(),
+                 *args.boot, files.size() - 1);
     return 1;
   }
   if (problems != 0 && events == 0) return 1;
@@ -309,11 +314,13 @@ int DecodeRegionAndShow(const ShowArgs& args, const fs::path& region,
                    i["check"].get<std::string>().c_str(), i["message"].get<std::string>().c_str());
     }
     if (result->unknown_id != 0) {
-      std::fprintf(stderr, "hvtrace show: %llu events have ids without a format (kept in the region)\n",
+      std::fprintf(stderr,
+                   "hvtrace show: %llu events have ids without a format (kept in the region)\n",
                    static_cast<unsigned long long>(result->unknown_id));
     }
     if (!manifest.is_object()) manifest = json::object();
-    if (!manifest.contains("extra") || !manifest["extra"].is_object()) manifest["extra"] = json::object();
+    if (!manifest.contains("extra") || !manifest["extra"].is_object())
+      manifest["extra"] = json::object();
     manifest["extra"]["boots"] = hostd::BootsToJson(*result);
     rc = ShowBoots(args, tmp, manifest, fd);
   }
@@ -328,9 +335,8 @@ int ShowRegion(const ShowArgs& args, int fd) {
     std::fprintf(stderr, "hvtrace show: %s\n", formats.error().message.c_str());
     return 1;
   }
-  json manifest = {{"id", fs::path(args.region).filename().string()},
-                   {"vm", "-"},
-                   {"trigger", "region-file"}};
+  json manifest = {
+      {"id", fs::path(args.region).filename().string()}, {"vm", "-"}, {"trigger", "region-file"}};
   return DecodeRegionAndShow(args, args.region, *formats, std::move(manifest), fd);
 }
 

@@ -8,10 +8,9 @@
 #include <deque>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "control_protocol.h"
 #include "hvtrace/result.h"

@@ -42,8 +42,7 @@ struct ErrorCatcher : nlohmann::json_sax<json> {
   bool end_object() override { return true; }
   bool start_array(std::size_t) override { return true; }
   bool end_array() override { return true; }
-  bool parse_error(std::size_t, const std::string&,
-                   const nlohmann::detail::exception& e) override {
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
     message = e.what();
     return false;
   }
@@ -173,9 +172,9 @@ std::variant<Request, RequestError> ParseRequest(std::string_view line) {
   }
   const std::string& cmd = cmd_it->get_ref<const std::string&>();
   if (cmd.empty() || cmd.size() > kMaxCommandName) {
-    return RequestError{id, std::string(kErrBadRequest),
-                        "request \"cmd\" must be 1.." + std::to_string(kMaxCommandName) +
-                            " characters"};
+    return RequestError{
+        id, std::string(kErrBadRequest),
+        "request \"cmd\" must be 1.." + std::to_string(kMaxCommandName) + " characters"};
   }
   Request request;
   request.id = *id;
@@ -183,9 +182,9 @@ std::variant<Request, RequestError> ParseRequest(std::string_view line) {
   auto args_it = doc.find("args");
   if (args_it != doc.end() && !args_it->is_null()) {
     if (!args_it->is_object()) {
-      return RequestError{id, std::string(kErrBadRequest),
-                          std::string("request \"args\" must be an object, got ") +
-                              args_it->type_name()};
+      return RequestError{
+          id, std::string(kErrBadRequest),
+          std::string("request \"args\" must be an object, got ") + args_it->type_name()};
     }
     request.args = *args_it;
   }
@@ -201,8 +200,7 @@ std::string OkReply(int64_t id, const json& result) {
   return DumpJson(reply) + "\n";
 }
 
-std::string ErrorReply(std::optional<int64_t> id, std::string_view code,
-                       std::string_view message) {
+std::string ErrorReply(std::optional<int64_t> id, std::string_view code, std::string_view message) {
   json reply = {{"id", IdJson(id)},
                 {"ok", false},
                 {"error", std::string(message)},
@@ -246,8 +244,8 @@ Result<Reply> ParseReply(std::string_view line) {
     if (auto it = doc.find("result"); it != doc.end()) reply.result = std::move(*it);
   } else {
     auto err = doc.find("error");
-    reply.error = err != doc.end() && err->is_string() ? err->get<std::string>()
-                                                        : "unspecified error";
+    reply.error =
+        err != doc.end() && err->is_string() ? err->get<std::string>() : "unspecified error";
     auto code = doc.find("code");
     if (code != doc.end() && code->is_string()) reply.code = code->get<std::string>();
   }

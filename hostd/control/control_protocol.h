@@ -22,14 +22,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "hvtrace/result.h"
 
@@ -56,15 +55,14 @@ struct Frame {
   // False when the line exceeded the cap; |text| is then empty and the framer
   // has skipped input up to and including the next newline.
   bool within_limit = true;
-  std::string text;       // Without the trailing "\n" (and "\r").
+  std::string text;        // Without the trailing "\n" (and "\r").
   uint64_t stream_offset;  // Offset of the line's first byte in the stream.
 };
 
 // Splits a byte stream into newline-terminated lines of at most |max_line|
-// bytes, not counting the newline. An over-long line yields one Frame with |within_limit| false as soon
-// as the cap is passed (not when its newline finally arrives), and the framer
-// then discards bytes until the next newline, so a peer cannot make it buffer
-// more than |max_line| bytes.
+// bytes, not counting the newline. An over-long line yields one Frame with |within_limit| false as
+// soon as the cap is passed (not when its newline finally arrives), and the framer then discards
+// bytes until the next newline, so a peer cannot make it buffer more than |max_line| bytes.
 class LineFramer {
  public:
   explicit LineFramer(size_t max_line) : max_line_(max_line) {}
@@ -80,8 +78,8 @@ class LineFramer {
   size_t max_line_;
   std::string partial_;
   bool discarding_ = false;
-  uint64_t offset_ = 0;        // Stream offset of the next byte fed.
-  uint64_t line_start_ = 0;    // Stream offset of |partial_|'s first byte.
+  uint64_t offset_ = 0;      // Stream offset of the next byte fed.
+  uint64_t line_start_ = 0;  // Stream offset of |partial_|'s first byte.
 };
 
 struct Request {
@@ -106,8 +104,7 @@ bool IsBlankLine(std::string_view line);
 // Reply lines, each ending in "\n". Strings that are not valid UTF-8 are
 // replaced rather than making serialization throw.
 std::string OkReply(int64_t id, const nlohmann::json& result);
-std::string ErrorReply(std::optional<int64_t> id, std::string_view code,
-                       std::string_view message);
+std::string ErrorReply(std::optional<int64_t> id, std::string_view code, std::string_view message);
 std::string StreamItem(int64_t id, const nlohmann::json& item);
 std::string StreamEnd(int64_t id, const nlohmann::json& result);
 

@@ -18,9 +18,8 @@
 #define HVTRACE_HOSTD_ATTACH_ARGS_H_
 
 #include <chrono>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "hvtrace/result.h"
 #include "supervisor.h"

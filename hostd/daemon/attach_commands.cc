@@ -1,12 +1,10 @@
-#include "attach_args.h"
-
 #include <unistd.h>
 
 #include <atomic>
-
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "attach_args.h"
 #include "daemon.h"
 #include "daemon_libvirt.h"
 #include "daemon_log.h"
@@ -19,7 +17,8 @@ namespace {
 namespace asio = boost::asio;
 using nlohmann::json;
 
-Status GetString(const json& args, const char* cmd, const char* key, bool required, std::string* out) {
+Status GetString(const json& args, const char* cmd, const char* key, bool required,
+                 std::string* out) {
   auto it = args.find(key);
   if (it == args.end() || it->is_null()) {
     if (required) return Error{std::string(cmd) + ": args." + key + " is required"};
@@ -75,7 +74,8 @@ Result<AttachArgs> ParseAttachArgs(const json& args) {
   }
   if (a.options.events.size() > region::kEventsTextSize) {
     return Error{"attach: args.events is " + std::to_string(a.options.events.size()) +
-                 " bytes; at most " + std::to_string(region::kEventsTextSize) + " fit in the region"};
+                 " bytes; at most " + std::to_string(region::kEventsTextSize) +
+                 " fit in the region"};
   }
   a.options.pump_interval_ms = static_cast<uint32_t>(pump);
   a.options.wait = std::chrono::milliseconds(wait);
@@ -105,8 +105,10 @@ Result<StreamArgs> ParseStreamArgs(const json& args) {
     if (!s.ok()) return s.error();
   }
   if (Status s = ValidateVmName(a.name); !s.ok()) return Error{"stream: " + s.error().message};
-  if (format != "text" && format != "json") return Error{"stream: format '" + format + "' is not text or json"};
-  if (from != "now" && from != "start") return Error{"stream: from '" + from + "' is not now or start"};
+  if (format != "text" && format != "json")
+    return Error{"stream: format '" + format + "' is not text or json"};
+  if (from != "now" && from != "start")
+    return Error{"stream: from '" + from + "' is not now or start"};
   a.json = format == "json";
   a.from_start = from == "start";
   return a;
@@ -121,14 +123,16 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
  public:
   StreamSession(asio::any_io_executor pool, std::shared_ptr<VmSupervisor> vm,
                 std::shared_ptr<LiveRegion> region, std::shared_ptr<Responder> responder,
-                const StreamArgs& args, std::function<bool()> daemon_stopping, std::atomic<int>& active)
+                const StreamArgs& args, std::function<bool()> daemon_stopping,
+                std::atomic<int>& active)
       : timer_(pool),
         daemon_stopping_(std::move(daemon_stopping)),
         active_(active),
         vm_(std::move(vm)),
         region_(std::move(region)),
         responder_(std::move(responder)),
-        streamer_(region_->geometry(), RegionStreamOptions{args.json, args.from_start, std::chrono::milliseconds(1000)}) {
+        streamer_(region_->geometry(), RegionStreamOptions{args.json, args.from_start,
+                                                           std::chrono::milliseconds(1000)}) {
     ++active_;
   }
   ~StreamSession() { --active_; }
@@ -136,15 +140,16 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
   StreamSession& operator=(const StreamSession&) = delete;
 
   void Start() {
-    responder_->Stream({{"note", "streaming VM " + vm_->name() + " (region " + region_->path().string() +
-                                     "); Ctrl-C ends"}});
+    responder_->Stream({{"note", "streaming VM " + vm_->name() + " (region " +
+                                     region_->path().string() + "); Ctrl-C ends"}});
     Tick();
   }
 
  private:
   void Tick() {
     if (!responder_->connected()) {
-      Log("VM " + vm_->name() + ": stream client gone after " + std::to_string(streamer_.events_out()) + " events");
+      Log("VM " + vm_->name() + ": stream client gone after " +
+          std::to_string(streamer_.events_out()) + " events");
       return;
     }
     const VmState state = vm_->state();
@@ -153,7 +158,7 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
       // The daemon waits for its workers before it exits: end now.
       end_reason = "hvtraced is shutting down";
     } else if (state == VmState::kGone || state == VmState::kStopped || state == VmState::kFailed ||
-        state == VmState::kOffline) {
+               state == VmState::kOffline) {
       end_reason = "VM " + vm_->name() + " is " + std::string(VmStateName(state));
     } else if (state == VmState::kPanicked) {
       end_reason = "VM " + vm_->name() + " panicked";
@@ -166,7 +171,8 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
       responder_->Fail(kErrInternal, "stream " + vm_->name() + ": " + snapshot.error().message);
       return;
     }
-    RegionStreamer::Output out = streamer_.Feed(&*snapshot, std::chrono::steady_clock::now(), flush);
+    RegionStreamer::Output out =
+        streamer_.Feed(&*snapshot, std::chrono::steady_clock::now(), flush);
     for (const std::string& note : out.notes) responder_->Stream({{"note", note}});
     if (!out.text.empty()) responder_->Stream({{"text", std::move(out.text)}});
     if (flush) {
@@ -207,12 +213,14 @@ void Daemon::HandleStream(const Request& request, const std::shared_ptr<Responde
   if (!vm) return;
   std::shared_ptr<LiveRegion> region = vm->backend() ? vm->backend()->live_region() : nullptr;
   if (!region) {
-    responder->Fail(kErrBadRequest,
-                    "VM " + vm->name() + " has no attached region; `hvtrace attach " + vm->name() + "` first");
+    responder->Fail(
+        kErrBadRequest,
+        "VM " + vm->name() + " has no attached region; `hvtrace attach " + vm->name() + "` first");
     return;
   }
-  auto session = std::make_shared<StreamSession>(pool_.get_executor(), vm, region, responder, *args,
-                                                 [this] { return stopping(); }, active_streams_);
+  auto session = std::make_shared<StreamSession>(
+      pool_.get_executor(), vm, region, responder, *args, [this] { return stopping(); },
+      active_streams_);
   asio::post(pool_, [session] { session->Start(); });
 }
 
@@ -240,7 +248,8 @@ void Daemon::HandleDetach(const Request& request, const std::shared_ptr<Responde
 }
 
 void Daemon::AdoptForAttach(const std::string& name, const std::string& qmp,
-                            const std::shared_ptr<Responder>& responder, std::function<void()> then) {
+                            const std::shared_ptr<Responder>& responder,
+                            std::function<void()> then) {
   if (!qmp.empty()) {
     // An attach-only QMP VM (no boot range).
     QmpVmSpec spec;
@@ -253,18 +262,21 @@ void Daemon::AdoptForAttach(const std::string& name, const std::string& qmp,
     return;
   }
   if (!libvirt_) {
-    responder->Fail(registry_.Find(name) ? kErrBadRequest : kErrUnknownVm,
-                    "VM '" + name + "' is not watched by hvtraced; give its QMP socket (`hvtrace attach " + name +
-                        " --qmp SOCK`), adopt it first, or set libvirt_uri to attach libvirt domains");
+    responder->Fail(
+        registry_.Find(name) ? kErrBadRequest : kErrUnknownVm,
+        "VM '" + name + "' is not watched by hvtraced; give its QMP socket (`hvtrace attach " +
+            name + " --qmp SOCK`), adopt it first, or set libvirt_uri to attach libvirt domains");
     return;
   }
   // A name hvtraced does not serve (and no --qmp) can only be a libvirt domain.
   asio::post(pool_, [this, name, responder, then = std::move(then)] {
     Result<json> adopted = libvirt_->Adopt(name, name, /*allow_no_region=*/true);
     if (!adopted.ok()) {
-      responder->Fail(kErrVmFailed, "attach " + name + ": hvtraced does not serve '" + name +
-                                        "' yet and cannot adopt it as a libvirt domain: " + adopted.error().message +
-                                        " (a QEMU of your own: `hvtrace attach " + name + " --qmp SOCK`)");
+      responder->Fail(
+          kErrVmFailed,
+          "attach " + name + ": hvtraced does not serve '" + name +
+              "' yet and cannot adopt it as a libvirt domain: " + adopted.error().message +
+              " (a QEMU of your own: `hvtrace attach " + name + " --qmp SOCK`)");
       return;
     }
     then();
@@ -294,7 +306,8 @@ void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responde
       }
       json reply = std::move(*result);
       reply["name"] = name;
-      Log("VM " + name + ": attached region " + reply.value("/region/file"_json_pointer, std::string()));
+      Log("VM " + name + ": attached region " +
+          reply.value("/region/file"_json_pointer, std::string()));
       responder->Reply(reply);
     });
   };

@@ -1,14 +1,12 @@
-#include "boot_request.h"
-
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <iostream>
 #include <mutex>
 
-#include <boost/asio/post.hpp>
-
+#include "boot_request.h"
 #include "daemon.h"
 #include "daemon_libvirt.h"
 #include "daemon_log.h"
@@ -33,9 +31,11 @@ namespace asio = boost::asio;
 Result<std::unique_ptr<Vm>> CheckBackingPath(const std::string& name, const std::string& path) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) return std::unique_ptr<Vm>();
-  const std::string what = S_ISDIR(st.st_mode) ? "a directory" : S_ISREG(st.st_mode) ? "a file" : "not a regular file";
-  return Error{"VM '" + name + "': the boot range's backing path " + path + " already exists (" + what +
-               "); it may belong to another QEMU: remove it, or `hvtrace stop " + name +
+  const std::string what = S_ISDIR(st.st_mode)   ? "a directory"
+                           : S_ISREG(st.st_mode) ? "a file"
+                                                 : "not a regular file";
+  return Error{"VM '" + name + "': the boot range's backing path " + path + " already exists (" +
+               what + "); it may belong to another QEMU: remove it, or `hvtrace stop " + name +
                "` if it is what this VM left"};
 }
 
@@ -59,7 +59,8 @@ void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>
     return;
   }
   if (req->accel == "auto") req->accel = config_.accel;
-  BootPaths paths = DefaultBootPaths(name, config_.EffectiveSocketPath().parent_path(), state_.VmDir(name));
+  BootPaths paths =
+      DefaultBootPaths(name, config_.EffectiveSocketPath().parent_path(), state_.VmDir(name));
   auto config = MakeBootVmConfig(*req, paths);
   if (!config.ok()) {
     responder->Fail(kErrBadRequest, config.error().message);
@@ -71,9 +72,8 @@ void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>
   // first and boot when that is done (its cleanup must not remove the new
   // QEMU's files).
   std::shared_ptr<VmSupervisor> old = registry_.Find(name);
-  auto launch = [this, name, boot = *req, paths, vm_config = *config, accel_kind = *accel, responder] {
-    LaunchBoot(name, boot, paths, vm_config, accel_kind, responder);
-  };
+  auto launch = [this, name, boot = *req, paths, vm_config = *config, accel_kind = *accel,
+                 responder] { LaunchBoot(name, boot, paths, vm_config, accel_kind, responder); };
   if (old && old->backend()) {
     registry_.Remove(name);
     (void)SetOffline(name);
@@ -95,12 +95,14 @@ void Daemon::HandleAdopt(const Request& request, const std::shared_ptr<Responder
   if (!ReadyForNewVm(name, *responder, /*make_dir=*/!libvirt_domain)) return;
   if (libvirt_domain) {
     if (!libvirt_) {
-      responder->Fail(kErrBadRequest, "adopt " + name + ": give --qmp SOCK (a QEMU of your own), or set "
-                                      "libvirt_uri in hvtraced.conf to adopt libvirt domains");
+      responder->Fail(kErrBadRequest, "adopt " + name +
+                                          ": give --qmp SOCK (a QEMU of your own), or set "
+                                          "libvirt_uri in hvtraced.conf to adopt libvirt domains");
       return;
     }
     auto domain = request.args.find("domain");
-    const std::string domain_name = domain != request.args.end() && domain->is_string() ? domain->get<std::string>() : name;
+    const std::string domain_name =
+        domain != request.args.end() && domain->is_string() ? domain->get<std::string>() : name;
     // libvirt calls block (and must not run on the event loop's thread).
     asio::post(pool_, [this, name, domain_name, responder] {
       Result<json> r = libvirt_->Adopt(name, domain_name);
@@ -113,13 +115,17 @@ void Daemon::HandleAdopt(const Request& request, const std::shared_ptr<Responder
     return;
   }
   auto region = request.args.find("boot_region");
-  if (!qmp->is_string() || (region != request.args.end() && !region->is_null() && !region->is_string())) {
-    responder->Fail(kErrBadRequest, "adopt needs args.qmp (socket) and optionally args.boot_region (FILE@GPA:SIZE)");
+  if (!qmp->is_string() ||
+      (region != request.args.end() && !region->is_null() && !region->is_string())) {
+    responder->Fail(
+        kErrBadRequest,
+        "adopt needs args.qmp (socket) and optionally args.boot_region (FILE@GPA:SIZE)");
     return;
   }
   // Without a boot region the VM is watched for `hvtrace attach`.
   const bool boot_range = region != request.args.end() && region->is_string();
-  auto parsed = boot_range ? ParseBootRegion(region->get<std::string>()) : Result<QmpVmSpec>(QmpVmSpec{});
+  auto parsed =
+      boot_range ? ParseBootRegion(region->get<std::string>()) : Result<QmpVmSpec>(QmpVmSpec{});
   if (!parsed.ok()) {
     responder->Fail(kErrBadRequest, parsed.error().message);
     return;
@@ -129,9 +135,10 @@ void Daemon::HandleAdopt(const Request& request, const std::shared_ptr<Responder
   // (gpa_layout.h), whatever GPA the guest sees it at.
   spec.qmp_socket = std::filesystem::absolute(qmp->get<std::string>()).string();
   struct stat st;
-  if (boot_range &&
-      (::stat(spec.region_path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) < spec.region_size)) {
-    responder->Fail(kErrBadRequest, "region file " + spec.region_path.string() + " is missing or shorter than " +
+  if (boot_range && (::stat(spec.region_path.c_str(), &st) != 0 ||
+                     static_cast<uint64_t>(st.st_size) < spec.region_size)) {
+    responder->Fail(kErrBadRequest, "region file " + spec.region_path.string() +
+                                        " is missing or shorter than " +
                                         std::to_string(spec.region_size));
     return;
   }
@@ -149,12 +156,15 @@ void Daemon::HandleAdopt(const Request& request, const std::shared_ptr<Responder
 }
 
 void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const BootPaths& paths,
-                        const VmConfig& vm_config, Accel accel_kind, const std::shared_ptr<Responder>& responder) {
+                        const VmConfig& vm_config, Accel accel_kind,
+                        const std::shared_ptr<Responder>& responder) {
   // Slow: the KVM probe (first time only), QEMU start-up, hashing vmlinuz.
-  if (accel_kind == Accel::kAuto) Log("boot " + name + ": accel auto: " + KvmVerdict(boot.kernel).reason);
+  if (accel_kind == Accel::kAuto)
+    Log("boot " + name + ": accel auto: " + KvmVerdict(boot.kernel).reason);
   Result<std::unique_ptr<Vm>> started = CheckBackingPath(name, paths.backing_file);
   if (started.ok()) {
-    started = Vm::Start(vm_config, ResolveKvm(accel_kind, boot.kernel), std::chrono::seconds(15), VmLifetime::kIndependent);
+    started = Vm::Start(vm_config, ResolveKvm(accel_kind, boot.kernel), std::chrono::seconds(15),
+                        VmLifetime::kIndependent);
   }
   std::string kernel_key;
   if (started.ok()) {
@@ -163,7 +173,8 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
   // Registering touches the registry and the io_context's QMP objects: back
   // on the I/O thread.
   auto finish = [this, name, boot, paths, kernel_key, responder, accel_kind,
-                 started = std::make_shared<Result<std::unique_ptr<Vm>>>(std::move(started))]() mutable {
+                 started =
+                     std::make_shared<Result<std::unique_ptr<Vm>>>(std::move(started))]() mutable {
     booting_.erase(name);
     if (!started->ok()) {
       responder->Fail(kErrVmFailed, "boot " + name + ": " + started->error().message);
@@ -187,7 +198,8 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     spec.kernel_path = std::filesystem::absolute(boot.kernel).string();
     spec.kernel_key = kernel_key;
     if (!boot.initrd.empty()) spec.initrd_path = std::filesystem::absolute(boot.initrd).string();
-    json reply = {{"name", name}, {"pid", vm->pid()}, {"kvm", vm->kvm()}, {"argv", vm->plan().argv}};
+    json reply = {
+        {"name", name}, {"pid", vm->pid()}, {"kvm", vm->kvm()}, {"argv", vm->plan().argv}};
     // Why auto chose what it chose (kvm_probe.h), so a TCG guest on a KVM
     // host is never a mystery.
     if (accel_kind == Accel::kAuto) reply["kvm_probe"] = KvmVerdict(boot.kernel).reason;  // Cached.
@@ -196,8 +208,9 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
       // the shutdown policy says (its spec is saved for re-adoption).
       (void)SaveQmpVmSpec(state_.VmDir(name), spec);
       if (config_.vm_on_shutdown == VmOnShutdown::kKeep) vm->Release();
-      responder->Fail(kErrVmFailed, "boot " + name + ": hvtraced is shutting down (vm_on_shutdown = " +
-                                        std::string(VmOnShutdownName(config_.vm_on_shutdown)) + ")");
+      responder->Fail(kErrVmFailed,
+                      "boot " + name + ": hvtraced is shutting down (vm_on_shutdown = " +
+                          std::string(VmOnShutdownName(config_.vm_on_shutdown)) + ")");
       return;
     }
     if (Status s = RegisterQmpVm(name, spec, std::move(vm)); !s.ok()) {
@@ -230,13 +243,15 @@ void Daemon::RemoveRemnants(const std::string& name) {
   for (const std::string& path : spec->owned_paths) std::filesystem::remove(path, ec);
 }
 
-Status Daemon::RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm) {
+Status Daemon::RegisterQmpVm(const std::string& name, const QmpVmSpec& spec,
+                             std::unique_ptr<Vm> vm) {
   const std::filesystem::path vm_dir = state_.VmDir(name);
-  if (Status s = SaveQmpVmSpec(vm_dir, spec); !s.ok()) Log("warning: VM " + name + ": " + s.error().message);
+  if (Status s = SaveQmpVmSpec(vm_dir, spec); !s.ok())
+    Log("warning: VM " + name + ": " + s.error().message);
   auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), spec, std::move(vm), vm_dir);
   if (Status s = ReplaceVm(name, std::move(backend)); !s.ok()) return s;
-  Log("VM " + name + ": " + (spec.booted_by_daemon ? "booted" : "adopted") + ", pid " + std::to_string(spec.pid) +
-      ", region " + spec.region_path.string());
+  Log("VM " + name + ": " + (spec.booted_by_daemon ? "booted" : "adopted") + ", pid " +
+      std::to_string(spec.pid) + ", region " + spec.region_path.string());
   return {};
 }
 
@@ -265,7 +280,8 @@ void Daemon::ReadoptVm(const std::string& name) {
     gone = "pid " + std::to_string(spec->pid) + " now belongs to another process";
   }
   std::error_code ec;
-  if (gone.empty() && !std::filesystem::exists(spec->qmp_socket, ec)) gone = "QMP socket " + spec->qmp_socket + " is gone";
+  if (gone.empty() && !std::filesystem::exists(spec->qmp_socket, ec))
+    gone = "QMP socket " + spec->qmp_socket + " is gone";
   if (gone.empty() && spec->region_size != 0 && !std::filesystem::exists(spec->region_path, ec)) {
     gone = "region file " + spec->region_path.string() + " is gone";
   }
@@ -274,8 +290,8 @@ void Daemon::ReadoptVm(const std::string& name) {
     // Our QEMU exited while no daemon watched, but its region file is still
     // there: capture it now ("qemu-gone", as if we had seen it go), then let
     // `hvtrace stop` remove the remnants. Nothing the guest wrote is lost.
-    auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), *spec, Vm::Remnant(name, spec->owned_paths),
-                                                  state_.VmDir(name));
+    auto backend = std::make_unique<QmpVmBackend>(
+        io_.get_executor(), *spec, Vm::Remnant(name, spec->owned_paths), state_.VmDir(name));
     if (Status s = ReplaceVm(name, std::move(backend)); !s.ok()) {
       Log("VM " + name + ": cannot capture the region left by its QEMU: " + s.error().message);
       return;
@@ -285,8 +301,10 @@ void Daemon::ReadoptVm(const std::string& name) {
     }
     // Once is enough: a later daemon only lists it (and `stop` cleans up).
     spec->exited = true;
-    if (Status s = SaveQmpVmSpec(state_.VmDir(name), *spec); !s.ok()) Log("warning: VM " + name + ": " + s.error().message);
-    Log("VM " + name + ": QEMU is gone (" + gone + "); capturing its region file " + spec->region_path.string());
+    if (Status s = SaveQmpVmSpec(state_.VmDir(name), *spec); !s.ok())
+      Log("warning: VM " + name + ": " + s.error().message);
+    Log("VM " + name + ": QEMU is gone (" + gone + "); capturing its region file " +
+        spec->region_path.string());
     return;
   }
   if (!gone.empty()) {
@@ -295,12 +313,14 @@ void Daemon::ReadoptVm(const std::string& name) {
         (spec->booted_by_daemon ? "; `hvtrace stop " + name + "` removes what its QEMU left" : ""));
     return;
   }
-  auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), *spec, std::move(vm), state_.VmDir(name));
+  auto backend =
+      std::make_unique<QmpVmBackend>(io_.get_executor(), *spec, std::move(vm), state_.VmDir(name));
   if (Status s = ReplaceVm(name, std::move(backend)); !s.ok()) {
     Log("VM " + name + ": re-adopt failed: " + s.error().message);
     return;
   }
-  Log("VM " + name + ": re-adopted (" + (spec->booted_by_daemon ? "booted by hvtraced, pid " : "adopted, pid ") +
+  Log("VM " + name + ": re-adopted (" +
+      (spec->booted_by_daemon ? "booted by hvtraced, pid " : "adopted, pid ") +
       std::to_string(spec->pid) + ", QMP " + spec->qmp_socket + ")");
 }
 

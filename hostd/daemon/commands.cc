@@ -2,9 +2,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <map>
-
 #include <boost/asio/post.hpp>
+#include <map>
 
 #include "daemon.h"
 #include "daemon_libvirt.h"
@@ -44,7 +43,8 @@ void Daemon::HandleRequest(const Request& request, const PeerCredentials& /*peer
   try {
     Handler handler = FindHandler(request.cmd);
     if (handler == nullptr) {
-      responder->Fail(kErrUnknownCommand, "unknown command '" + request.cmd + "'; known: " + CommandNames());
+      responder->Fail(kErrUnknownCommand,
+                      "unknown command '" + request.cmd + "'; known: " + CommandNames());
       return;
     }
     (this->*handler)(request, responder);
@@ -68,7 +68,8 @@ std::shared_ptr<VmSupervisor> Daemon::VmFromArgs(const Request& request, Respond
   if (!vm) {
     std::string known;
     for (const auto& s : registry_.All()) known += (known.empty() ? "" : ", ") + s->name();
-    responder.Fail(kErrUnknownVm, "no VM named '" + name + "' (known: " + (known.empty() ? "none" : known) + ")");
+    responder.Fail(kErrUnknownVm,
+                   "no VM named '" + name + "' (known: " + (known.empty() ? "none" : known) + ")");
   }
   return vm;
 }

@@ -8,13 +8,12 @@
 
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstring>
-#include <deque>
-
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <cerrno>
+#include <cstring>
+#include <deque>
 
 namespace hvtrace::hostd {
 
@@ -123,11 +122,9 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
 
  private:
   void Read() {
-    socket_.async_read_some(
-        asio::buffer(read_buffer_),
-        [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-          self->OnRead(ec, n);
-        });
+    socket_.async_read_some(asio::buffer(read_buffer_),
+                            [self = shared_from_this()](const boost::system::error_code& ec,
+                                                        size_t n) { self->OnRead(ec, n); });
   }
 
   void OnRead(const boost::system::error_code& ec, size_t n) {
@@ -291,28 +288,28 @@ Status ControlServer::Listen() {
 }
 
 void ControlServer::Accept() {
-  acceptor_.async_accept([this](const boost::system::error_code& ec,
-                                stream_protocol::socket socket) {
-    if (closed_) return;
-    if (!ec) {
-      bool over = connections_.size() >= options_.max_connections;
-      auto connection = std::make_shared<ControlConnection>(this, std::move(socket));
-      connections_.insert(connection);
-      connection->Start(over);
-    } else if (ec == asio::error::operation_aborted) {
-      return;
-    }
-    if (!ec) {
-      Accept();
-      return;
-    }
-    // Other errors (EMFILE, ECONNABORTED) concern one attempt; keep serving,
-    // but after a pause so a lasting EMFILE does not spin the I/O thread.
-    accept_retry_.expires_after(std::chrono::milliseconds(100));
-    accept_retry_.async_wait([this](const boost::system::error_code& wait_ec) {
-      if (!wait_ec && !closed_) Accept();
-    });
-  });
+  acceptor_.async_accept(
+      [this](const boost::system::error_code& ec, stream_protocol::socket socket) {
+        if (closed_) return;
+        if (!ec) {
+          bool over = connections_.size() >= options_.max_connections;
+          auto connection = std::make_shared<ControlConnection>(this, std::move(socket));
+          connections_.insert(connection);
+          connection->Start(over);
+        } else if (ec == asio::error::operation_aborted) {
+          return;
+        }
+        if (!ec) {
+          Accept();
+          return;
+        }
+        // Other errors (EMFILE, ECONNABORTED) concern one attempt; keep serving,
+        // but after a pause so a lasting EMFILE does not spin the I/O thread.
+        accept_retry_.expires_after(std::chrono::milliseconds(100));
+        accept_retry_.async_wait([this](const boost::system::error_code& wait_ec) {
+          if (!wait_ec && !closed_) Accept();
+        });
+      });
 }
 
 void ControlServer::Forget(ControlConnection* connection) {

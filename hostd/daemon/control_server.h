@@ -17,18 +17,17 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cstddef>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/local/stream_protocol.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <nlohmann/json.hpp>
 
 #include "control_protocol.h"
 #include "hvtrace/result.h"

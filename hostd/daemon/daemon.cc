@@ -9,13 +9,12 @@
 #include <unistd.h>
 
 #include <array>
+#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
-
-#include <boost/asio/post.hpp>
 
 #include "daemon_libvirt.h"
 #include "daemon_log.h"
@@ -61,8 +60,6 @@ std::optional<gid_t> ResolveGroup(const std::string& name) {
   return grp.gr_gid;
 }
 
-
-
 }  // namespace
 
 std::string_view HvtraceVersion() { return HVTRACE_VERSION; }
@@ -82,11 +79,11 @@ json ConfigJson(const Config& c) {
           {"libvirt_uri", c.libvirt_uri},
           {"cache_dir", c.cache_dir.string()},
           {"formats_cache", [&] {
-             auto root = ResolveCacheRoot(CacheRootSourcesFromEnvironment("", c.cache_dir.string()));
+             auto root =
+                 ResolveCacheRoot(CacheRootSourcesFromEnvironment("", c.cache_dir.string()));
              return root.ok() ? root->string() : std::string();
            }()}};
 }
-
 
 Daemon::Daemon(Config config)
     : config_(std::move(config)),
@@ -100,12 +97,13 @@ Daemon::Daemon(Config config)
   if (!root.ok()) Log("warning: " + root.error().message + "; captures keep region.bin only");
   formats_ = std::make_shared<FormatsService>(root.ok() ? *root : std::filesystem::path(),
                                               pool_.get_executor(), Log);
-  captures_ = std::make_shared<CaptureService>(formats_, static_cast<size_t>(config_.worker_threads));
+  captures_ =
+      std::make_shared<CaptureService>(formats_, static_cast<size_t>(config_.worker_threads));
 }
 
 void Daemon::SetCaptureFaults(CaptureFaults faults) {
-  captures_ = std::make_shared<CaptureService>(formats_, static_cast<size_t>(config_.worker_threads),
-                                               std::move(faults));
+  captures_ = std::make_shared<CaptureService>(
+      formats_, static_cast<size_t>(config_.worker_threads), std::move(faults));
 }
 
 Daemon::~Daemon() {
@@ -134,8 +132,8 @@ Status Daemon::Start() {
   lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd_ < 0) return Error{"cannot open lock " + lock_path + ": " + std::strerror(errno)};
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    return Error{"another hvtraced already serves " + socket_path.string() + " (lock " +
-                 lock_path + " is held)"};
+    return Error{"another hvtraced already serves " + socket_path.string() + " (lock " + lock_path +
+                 " is held)"};
   }
 
   auto names = state_.ListVmNames();
@@ -152,9 +150,7 @@ Status Daemon::Start() {
   server_ = std::make_unique<ControlServer>(
       io_, options,
       [this](const Request& request, const PeerCredentials& peer,
-             std::shared_ptr<Responder> responder) {
-        HandleRequest(request, peer, responder);
-      });
+             std::shared_ptr<Responder> responder) { HandleRequest(request, peer, responder); });
   if (Status s = server_->Listen(); !s.ok()) return s;
   if (!config_.libvirt_uri.empty()) libvirt_ = std::make_unique<DaemonLibvirt>(*this, state_);
   // Captures an earlier run died in are finished on the pool, after the
@@ -175,8 +171,9 @@ Status Daemon::Start() {
     if (!ec) DoShutdown(std::string("signal ") + ::strsignal(signo));
   });
   Log("listening on " + socket_path.string() + ", state in " + config_.state_dir.string() + ", " +
-      "formats cache " + (formats_->root().empty() ? std::string("(none)") : formats_->root().string()) +
-      ", " + std::to_string(names->size()) + " known VM(s)");
+      "formats cache " +
+      (formats_->root().empty() ? std::string("(none)") : formats_->root().string()) + ", " +
+      std::to_string(names->size()) + " known VM(s)");
   return {};
 }
 
@@ -190,8 +187,8 @@ Status Daemon::ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> bac
     captures_->Reserve(backend->region_file_bytes());
   }
   auto supervisor = std::make_shared<VmSupervisor>(name, std::move(backend), pool_.get_executor(),
-                                                   CaptureStore(state_.CapturesDir(name)), captures_,
-                                                   supervisor_options());
+                                                   CaptureStore(state_.CapturesDir(name)),
+                                                   captures_, supervisor_options());
   if (auto old = registry_.Remove(name); old && old->backend()) old->Stop();
   if (Status s = registry_.Add(supervisor); !s.ok()) return s;
   supervisor->Start();
@@ -207,9 +204,11 @@ void Daemon::RecoverCaptures(const std::vector<std::string>& names, std::functio
         continue;
       }
       for (const CaptureEntry& entry : recovery->recovered) {
-        Log("VM " + name + ": recovered capture " + entry.id + " left incomplete by an earlier run");
+        Log("VM " + name + ": recovered capture " + entry.id +
+            " left incomplete by an earlier run");
       }
-      for (const std::string& why : recovery->removed) Log("VM " + name + ": incomplete capture " + why);
+      for (const std::string& why : recovery->removed)
+        Log("VM " + name + ": incomplete capture " + why);
     }
     asio::post(io_, then);
   });

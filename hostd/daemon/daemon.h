@@ -11,19 +11,17 @@
 #ifndef HVTRACE_HOSTD_DAEMON_H_
 #define HVTRACE_HOSTD_DAEMON_H_
 
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/signal_set.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/thread_pool.hpp>
-
-#include <atomic>
 
 #include "boot_request.h"
 #include "capture_service.h"
@@ -113,7 +111,8 @@ class Daemon {
   // The pool part of boot: checks the backing path, starts QEMU, then posts
   // the registration and the reply back to the I/O thread.
   void LaunchBoot(const std::string& name, const BootRequest& boot, const BootPaths& paths,
-                  const VmConfig& vm_config, Accel accel, const std::shared_ptr<Responder>& responder);
+                  const VmConfig& vm_config, Accel accel,
+                  const std::shared_ptr<Responder>& responder);
   // Registers a QMP VM (booted or adopted) and saves its spec for re-adoption.
   Status RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm);
   // attach on a VM hvtraced does not serve yet: adopts it (QMP with

@@ -2,10 +2,9 @@
 
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <fstream>
 #include <sstream>
-
-#include <boost/asio/post.hpp>
 
 #include "daemon.h"
 #include "daemon_log.h"
@@ -50,7 +49,8 @@ Status SaveLibvirtVmRecord(const std::filesystem::path& vm_dir, const LibvirtVmR
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) return Error{"cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message()};
+  if (ec)
+    return Error{"cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message()};
   return {};
 }
 
@@ -200,8 +200,8 @@ Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& do
                  "); hvtraced keeps retrying"};
   }
   if (auto existing = daemon_.registry().Find(name); existing && existing->live()) {
-    return Error{"VM '" + name + "' is " + std::string(VmStateName(existing->state())) + "; `hvtrace stop " +
-                 name + "` first"};
+    return Error{"VM '" + name + "' is " + std::string(VmStateName(existing->state())) +
+                 "; `hvtrace stop " + name + "` first"};
   }
   Result<std::unique_ptr<LibvirtDomainBackend>> backend =
       AdoptLibvirtDomain(lv, domain, backend_options(), allow_no_region);
@@ -211,7 +211,8 @@ Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& do
   if (Status s = MakeDirs(vm_dir, 0750); !s.ok()) return s.error();
   LibvirtVmRecord record{(*backend)->domain_name(), (*backend)->domain_uuid(), uri_};
   if (Status s = SaveLibvirtVmRecord(vm_dir, record); !s.ok()) {
-    Log("warning: VM " + name + ": " + s.error().message + " (a restarted hvtraced will not re-adopt it)");
+    Log("warning: VM " + name + ": " + s.error().message +
+        " (a restarted hvtraced will not re-adopt it)");
   }
   if (Status s = daemon_.ReplaceVm(name, std::move(*backend)); !s.ok()) return s.error();
   Log("VM " + name + ": adopted libvirt domain " + record.domain + " (" +

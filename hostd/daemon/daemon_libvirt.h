@@ -17,15 +17,14 @@
 #ifndef HVTRACE_HOSTD_DAEMON_LIBVIRT_H_
 #define HVTRACE_HOSTD_DAEMON_LIBVIRT_H_
 
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <boost/asio/steady_timer.hpp>
-#include <nlohmann/json.hpp>
 
 #include "control_server.h"
 #include "hvtrace/result.h"

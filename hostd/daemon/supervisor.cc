@@ -1,9 +1,8 @@
 #include "supervisor.h"
 
+#include <boost/asio/post.hpp>
 #include <exception>
 #include <optional>
-
-#include <boost/asio/post.hpp>
 
 #include "daemon_log.h"
 
@@ -14,14 +13,22 @@ using nlohmann::json;
 
 std::string_view VmStateName(VmState state) {
   switch (state) {
-    case VmState::kOffline: return "offline";
-    case VmState::kStarting: return "starting";
-    case VmState::kRunning: return "running";
-    case VmState::kPaused: return "paused";
-    case VmState::kPanicked: return "panicked";
-    case VmState::kStopped: return "stopped";
-    case VmState::kGone: return "gone";
-    case VmState::kFailed: return "failed";
+    case VmState::kOffline:
+      return "offline";
+    case VmState::kStarting:
+      return "starting";
+    case VmState::kRunning:
+      return "running";
+    case VmState::kPaused:
+      return "paused";
+    case VmState::kPanicked:
+      return "panicked";
+    case VmState::kStopped:
+      return "stopped";
+    case VmState::kGone:
+      return "gone";
+    case VmState::kFailed:
+      return "failed";
   }
   return "?";
 }
@@ -252,7 +259,8 @@ json VmSupervisor::StatusJson() const {
                  {"captures_dir", store_.dir().string()},
                  {"backend", backend_info_}};
   if (backend_) {
-    if (json attach = backend_->AttachStatus(); !attach.is_null()) status["attach"] = std::move(attach);
+    if (json attach = backend_->AttachStatus(); !attach.is_null())
+      status["attach"] = std::move(attach);
   }
   status["last_error"] = last_error_.empty() ? json(nullptr) : json(last_error_);
   status["last_event"] = last_event_.empty() ? json(nullptr) : json(last_event_);

@@ -20,6 +20,9 @@
 #ifndef HVTRACE_HOSTD_SUPERVISOR_H_
 #define HVTRACE_HOSTD_SUPERVISOR_H_
 
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/strand.hpp>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <filesystem>
@@ -27,16 +30,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <chrono>
-
-#include <boost/asio/any_io_executor.hpp>
-#include <boost/asio/strand.hpp>
-#include <nlohmann/json.hpp>
 
 #include "capture_service.h"
 #include "capture_store.h"
@@ -47,14 +45,14 @@
 namespace hvtrace::hostd {
 
 enum class VmState {
-  kOffline,    // Known from the state dir only (no backend): captures are listable.
+  kOffline,  // Known from the state dir only (no backend): captures are listable.
   kStarting,
   kRunning,
   kPaused,
   kPanicked,
-  kStopped,    // Shut down or quit cleanly.
-  kGone,       // QEMU disappeared.
-  kFailed,     // The backend threw or reported an error; see last_error.
+  kStopped,  // Shut down or quit cleanly.
+  kGone,     // QEMU disappeared.
+  kFailed,   // The backend threw or reported an error; see last_error.
 };
 std::string_view VmStateName(VmState state);
 

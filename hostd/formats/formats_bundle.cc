@@ -95,7 +95,8 @@ bool IsSafeComponent(std::string_view name) {
                      [](char c) { return c > ' ' && c <= '~' && c != '/' && c != '\\'; });
 }
 
-Result<std::vector<TarMember>> ReadTar(std::span<const std::byte> archive, const TarLimits& limits) {
+Result<std::vector<TarMember>> ReadTar(std::span<const std::byte> archive,
+                                       const TarLimits& limits) {
   const auto* data = reinterpret_cast<const uint8_t*>(archive.data());
   const size_t size = archive.size();
   std::vector<TarMember> members;
@@ -179,8 +180,8 @@ Result<std::vector<TarMember>> ReadTar(std::span<const std::byte> archive, const
                    " bytes in total at '" + name + "'" + At(off - kBlock)};
     }
     if (members.size() >= limits.max_members) {
-      return Error{"tar archive has more than " + std::to_string(limits.max_members) +
-                   " members" + At(off - kBlock)};
+      return Error{"tar archive has more than " + std::to_string(limits.max_members) + " members" +
+                   At(off - kBlock)};
     }
     if (!names.insert(name).second) {
       return Error{"tar member '" + name + "' appears twice" + At(off - kBlock)};
@@ -257,7 +258,8 @@ Result<uint64_t> FindKallsym(std::string_view kallsyms, std::string_view name) {
     if (sym != name) continue;
     uint64_t addr = 0;
     const std::string_view hex = line.substr(0, sp1);
-    if (hex.empty() || hex.size() > 16) return Error{"kallsyms: bad address for " + std::string(name)};
+    if (hex.empty() || hex.size() > 16)
+      return Error{"kallsyms: bad address for " + std::string(name)};
     for (char c : hex) {
       int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
       if (d < 0) return Error{"kallsyms: bad address for " + std::string(name)};
@@ -282,10 +284,14 @@ Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive) {
 
   // Per-member caps: kallsyms of a distribution kernel with many modules is
   // the big one (~7 MiB for Debian's 6.12 with three modules).
-  const std::map<std::string, size_t> kAllowed = {
-      {"formats", 32u << 20},    {"header_page", 64u << 10},    {"header_event", 64u << 10},
-      {"printk_formats", 16u << 20}, {"kallsyms", 64u << 20}, {"version", 4096},
-      {"release", 256},          {"modules", 1u << 20}};
+  const std::map<std::string, size_t> kAllowed = {{"formats", 32u << 20},
+                                                  {"header_page", 64u << 10},
+                                                  {"header_event", 64u << 10},
+                                                  {"printk_formats", 16u << 20},
+                                                  {"kallsyms", 64u << 20},
+                                                  {"version", 4096},
+                                                  {"release", 256},
+                                                  {"modules", 1u << 20}};
   std::unordered_map<std::string, std::string*> slot;
   HarvestBundle bundle;
   std::string formats, version;
@@ -312,7 +318,8 @@ Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive) {
                                "kallsyms", "printk_formats"}) {
     const bool present = std::any_of(members->begin(), members->end(),
                                      [&](const TarMember& m) { return m.name == required; });
-    if (!present) return Error{"harvest archive: member '" + std::string(required) + "' is missing"};
+    if (!present)
+      return Error{"harvest archive: member '" + std::string(required) + "' is missing"};
   }
 
   const std::string_view release = StripNewline(bundle.release);

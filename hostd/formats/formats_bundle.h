@@ -58,8 +58,8 @@ Result<std::vector<TarMember>> ReadTar(std::span<const std::byte> archive,
 struct HarvestedEvent {
   std::string system;
   std::string name;
-  uint32_t id = 0;    // 0 when the format did not parse.
-  std::string text;   // The format file, byte for byte as the guest read it.
+  uint32_t id = 0;   // 0 when the format did not parse.
+  std::string text;  // The format file, byte for byte as the guest read it.
   // Why ParseEventFormat refused the text; empty when it parsed. Such
   // formats are still kept (their names are safe and the kernel printed them):
   // every reader parses them again, and a later parser may accept them.
@@ -73,7 +73,7 @@ struct HarvestBundle {
   std::string header_event;
   std::string printk_formats;
   std::string kallsyms;
-  std::string modules;       // /proc/modules; may be empty
+  std::string modules;                 // /proc/modules; may be empty
   std::vector<HarvestedEvent> events;  // Sorted by system, name.
   size_t unparsed = 0;                 // Events with a parse_error.
   // "<system>/<event>: <why>" for formats that contradict the others: a

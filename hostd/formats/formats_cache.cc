@@ -17,12 +17,12 @@
 #include <tuple>
 #include <vector>
 
-#include "unique_fd.h"
 #include "capped_file.h"
 #include "config.h"
-#include "sha256.h"
 #include "hvtrace/format.h"
+#include "sha256.h"
 #include "state_dir.h"
+#include "unique_fd.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -117,8 +117,9 @@ Result<fs::path> ResolveCacheRoot(const CacheRootSources& sources) {
     return fs::path(sources.xdg_cache_home) / "hvtrace";
   }
   if (!sources.home.empty()) return fs::path(sources.home) / ".cache" / "hvtrace";
-  return Error{"no formats cache directory: none of HVTRACE_CACHE_DIR, cache_dir (config), "
-               "XDG_CACHE_HOME, HOME is set and the user has no home directory; pass --cache DIR"};
+  return Error{
+      "no formats cache directory: none of HVTRACE_CACHE_DIR, cache_dir (config), "
+      "XDG_CACHE_HOME, HOME is set and the user has no home directory; pass --cache DIR"};
 }
 
 CacheRootSources CacheRootSourcesFromEnvironment(std::string flag, std::string config_cache_dir) {
@@ -187,8 +188,9 @@ Result<KernelFormats> FormatCache::Load(std::string_view key) const {
   Result<std::optional<json>> manifest = Lookup(key);
   if (!manifest.ok()) return manifest.error();
   const fs::path dir = EntryDir(key);
-  if (!manifest->has_value()) return Error{"no cached formats for kernel " + std::string(key) +
-                                           " in " + formats_dir().string()};
+  if (!manifest->has_value())
+    return Error{"no cached formats for kernel " + std::string(key) + " in " +
+                 formats_dir().string()};
   KernelFormats out;
   out.key = std::string(key);
   out.manifest = std::move(**manifest);
@@ -300,9 +302,9 @@ Result<fs::path> FormatCache::Store(std::string_view key, const HarvestBundle& b
   const fs::path final_dir = EntryDir(key);
 
   static std::atomic<uint64_t> counter{0};
-  const fs::path tmp = formats_dir() / (".tmp-" + std::string(key) + "-" +
-                                        std::to_string(::getpid()) + "-" +
-                                        std::to_string(counter.fetch_add(1)));
+  const fs::path tmp =
+      formats_dir() / (".tmp-" + std::string(key) + "-" + std::to_string(::getpid()) + "-" +
+                       std::to_string(counter.fetch_add(1)));
   if (Status s = MakeDir(tmp); !s.ok()) return s.error();
   auto fail = [&tmp](const Error& e) -> Result<fs::path> {
     RemoveTree(tmp);
@@ -354,7 +356,8 @@ Result<fs::path> FormatCache::Store(std::string_view key, const HarvestBundle& b
   manifest["rejected_formats"] = bundle.rejected;
   json unparsed = json::array();
   for (const HarvestedEvent& ev : bundle.events) {
-    if (!ev.parse_error.empty()) unparsed.push_back(ev.system + "/" + ev.name + ": " + ev.parse_error);
+    if (!ev.parse_error.empty())
+      unparsed.push_back(ev.system + "/" + ev.name + ": " + ev.parse_error);
   }
   manifest["unparsed_formats"] = std::move(unparsed);
   manifest["printk_formats_bytes"] = bundle.printk_formats.size();

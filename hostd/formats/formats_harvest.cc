@@ -52,8 +52,8 @@ class WorkDir {
  public:
   static Result<WorkDir> Create() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                       "/hvtrace-harvest-XXXXXX";
+    std::string tmpl =
+        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/hvtrace-harvest-XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) {
       return Error{"cannot create a work directory from " + tmpl + ": " + Errno(errno)};
     }
@@ -166,8 +166,9 @@ Status AwaitArchive(const fs::path& archive_path, uint64_t archive_bytes) {
 }
 
 // Stores a checked harvest in the cache and reads the entry back.
-Result<HarvestResult> StoreHarvest(FormatCache& cache, const std::string& key, const HarvestBundle& bundle,
-                                   json manifest, Clock::time_point start) {
+Result<HarvestResult> StoreHarvest(FormatCache& cache, const std::string& key,
+                                   const HarvestBundle& bundle, json manifest,
+                                   Clock::time_point start) {
   Result<fs::path> stored = cache.Store(key, bundle, std::move(manifest));
   if (!stored.ok()) return stored.error();
   Result<std::optional<json>> written = cache.Lookup(key);
@@ -183,7 +184,8 @@ Result<HarvestResult> StoreHarvest(FormatCache& cache, const std::string& key, c
 
 // The throwaway VM a harvest boots: TCG, one vCPU, its console and QMP in
 // |dir|, and a virtio-serial port whose host end is |archive_path|.
-VmConfig HarvestVmConfig(const HarvestOptions& options, const fs::path& dir, const fs::path& archive_path) {
+VmConfig HarvestVmConfig(const HarvestOptions& options, const fs::path& dir,
+                         const fs::path& archive_path) {
   std::error_code ec;
   VmConfig config;
   config.name = "hvtrace-harvest";
@@ -206,10 +208,13 @@ VmConfig HarvestVmConfig(const HarvestOptions& options, const fs::path& dir, con
   config.console_socket = (dir / "console.sock").string();
   config.console_log = (dir / "console.log").string();
   config.qemu_log = (dir / "qemu.log").string();
-  config.extra_args = {"-device", "virtio-serial-pci,id=hvt_vser",
-                       "-chardev", "file,id=hvt_harvest,path=" + OptValue(archive_path.string()),
-                       "-device", "virtserialport,bus=hvt_vser.0,chardev=hvt_harvest,name=" +
-                                      std::string(kPortName)};
+  config.extra_args = {
+      "-device",
+      "virtio-serial-pci,id=hvt_vser",
+      "-chardev",
+      "file,id=hvt_harvest,path=" + OptValue(archive_path.string()),
+      "-device",
+      "virtserialport,bus=hvt_vser.0,chardev=hvt_harvest,name=" + std::string(kPortName)};
   return config;
 }
 
@@ -238,36 +243,37 @@ Result<uint64_t> PackFormatsInGuest(GuestSession& guest) {
   // tracefs files stat as size 0, so they are copied with cat/grep into the
   // initramfs (tmpfs) first; `grep -H ''` copies all ~2000 formats in one
   // process, prefixing every line with its file's path.
-  Result<std::string> collected = guest.Must(
-      "copying tracefs formats",
-      "rm -rf " + H + " && mkdir -p " + H +
-          " && cd /sys/kernel/tracing/events && grep -H '' */*/format > " + H +
-          "/formats && cat header_page > " + H + "/header_page && cat header_event > " + H +
-          "/header_event && cat ../printk_formats > " + H + "/printk_formats; S=$?; cd /; [ $S = 0 ]");
+  Result<std::string> collected =
+      guest.Must("copying tracefs formats",
+                 "rm -rf " + H + " && mkdir -p " + H +
+                     " && cd /sys/kernel/tracing/events && grep -H '' */*/format > " + H +
+                     "/formats && cat header_page > " + H + "/header_page && cat header_event > " +
+                     H + "/header_event && cat ../printk_formats > " + H +
+                     "/printk_formats; S=$?; cd /; [ $S = 0 ]");
   if (!collected.ok()) return collected.error();
-  Result<std::string> identity = guest.Must(
-      "copying kallsyms and the kernel identity",
-      "echo 0 > /proc/sys/kernel/kptr_restrict && cat /proc/kallsyms > " + H +
-          "/kallsyms && cat /proc/version > " + H + "/version && uname -r > " + H +
-          "/release && cat /proc/modules > " + H + "/modules");
+  Result<std::string> identity =
+      guest.Must("copying kallsyms and the kernel identity",
+                 "echo 0 > /proc/sys/kernel/kptr_restrict && cat /proc/kallsyms > " + H +
+                     "/kallsyms && cat /proc/version > " + H + "/version && uname -r > " + H +
+                     "/release && cat /proc/modules > " + H + "/modules");
   if (!identity.ok()) return identity.error();
   Result<std::string> packed = guest.Must(
       "packing the archive",
       "cd " + H + " && tar -cf " + kGuestTar +
           " formats header_page header_event printk_formats kallsyms version release modules; "
-          "S=$?; cd /; [ $S = 0 ] && wc -c < " + kGuestTar);
+          "S=$?; cd /; [ $S = 0 ] && wc -c < " +
+          kGuestTar);
   if (!packed.ok()) return packed.error();
   uint64_t archive_bytes = 0;
   if (!LastNumberLine(*packed, &archive_bytes) || archive_bytes == 0) {
     return Error{"the guest did not report the archive size; output:\n" + packed->substr(0, 500)};
   }
   if (archive_bytes > kMaxHarvestArchiveBytes) {
-    return Error{"the guest reports a " + std::to_string(archive_bytes) + "-byte archive; the limit is " +
-                 std::to_string(kMaxHarvestArchiveBytes)};
+    return Error{"the guest reports a " + std::to_string(archive_bytes) +
+                 "-byte archive; the limit is " + std::to_string(kMaxHarvestArchiveBytes)};
   }
   return archive_bytes;
 }
-
 
 }  // namespace
 
@@ -318,8 +324,7 @@ Result<HarvestResult> HarvestFormats(const HarvestOptions& options) {
     (void)(*vm)->Stop(nullptr, 2s);
     return Error{text};
   };
-  Result<std::unique_ptr<GuestConsole>> console =
-      GuestConsole::Connect(config.console_socket, 15s);
+  Result<std::unique_ptr<GuestConsole>> console = GuestConsole::Connect(config.console_socket, 15s);
   if (!console.ok()) return fail(console.error().message, nullptr);
   GuestConsole& con = **console;
   Result<std::string> ready = con.WaitForLine("HVTRACE-GUEST-READY", options.boot_timeout);
@@ -344,7 +349,8 @@ Result<HarvestResult> HarvestFormats(const HarvestOptions& options) {
   Result<std::string> sent =
       guest.Must("sending the archive", std::string("cat ") + kGuestTar + " > /dev/" + *port);
   if (!sent.ok()) return fail(sent.error().message, &con);
-  if (Status s = AwaitArchive(archive_path, *archive_bytes); !s.ok()) return fail(s.error().message, &con);
+  if (Status s = AwaitArchive(archive_path, *archive_bytes); !s.ok())
+    return fail(s.error().message, &con);
   const double transfer_seconds = SecondsSince(transfer_start);
   // The guest is of no further use; stop it before checking its output.
   if (Status s = (*vm)->Stop(nullptr, 2s); !s.ok()) {

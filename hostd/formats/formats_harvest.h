@@ -21,18 +21,17 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "hvtrace/result.h"
 
 namespace hvtrace::hostd {
 
 struct HarvestOptions {
-  std::string kernel;  // vmlinuz
-  std::string initrd;  // An initramfs following the guest contract.
+  std::string kernel;                // vmlinuz
+  std::string initrd;                // An initramfs following the guest contract.
   std::filesystem::path cache_root;  // FormatCache root (holds formats/).
   std::string qemu_binary = "qemu-system-x86_64";
   std::chrono::milliseconds boot_timeout = std::chrono::seconds(180);

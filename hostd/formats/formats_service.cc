@@ -1,9 +1,8 @@
 #include "formats_service.h"
 
+#include <boost/asio/post.hpp>
 #include <optional>
 #include <utility>
-
-#include <boost/asio/post.hpp>
 
 #include "formats_harvest.h"
 
@@ -104,8 +103,8 @@ void FormatsService::RunNextHarvest() {
     }
   }
   if (outcome.empty()) {
-    log_("formats " + job.key + ": harvested in " + std::to_string(harvested->seconds) + " s into " +
-         harvested->entry_dir.string());
+    log_("formats " + job.key + ": harvested in " + std::to_string(harvested->seconds) +
+         " s into " + harvested->entry_dir.string());
     if (auto loaded = Get(job.key); !loaded.ok()) {
       log_("formats " + job.key + ": " + loaded.error().message);
     }

@@ -15,6 +15,7 @@
 #ifndef HVTRACE_HOSTD_FORMATS_SERVICE_H_
 #define HVTRACE_HOSTD_FORMATS_SERVICE_H_
 
+#include <boost/asio/any_io_executor.hpp>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -22,8 +23,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-
-#include <boost/asio/any_io_executor.hpp>
 
 #include "formats_cache.h"
 #include "hvtrace/result.h"

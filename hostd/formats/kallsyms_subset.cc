@@ -11,7 +11,8 @@ KallsymsSubset::KallsymsSubset(std::string_view text, int64_t delta) : delta_(de
   lines_.reserve(text.size() / 40);
   while (!text.empty()) {
     const size_t nl = text.find('\n');
-    const std::string_view line = text.substr(0, nl == std::string_view::npos ? text.size() : nl + 1);
+    const std::string_view line =
+        text.substr(0, nl == std::string_view::npos ? text.size() : nl + 1);
     text.remove_prefix(line.size());
     Line k;
     const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), k.addr, 16);
@@ -30,7 +31,8 @@ KallsymsSubset::KallsymsSubset(std::string_view text, int64_t delta) : delta_(de
   // /proc/kallsyms is in address order but for a few stragglers; the order
   // among aliases does not matter (they are kept together).
   auto by_addr = [](const Line& a, const Line& b) { return a.addr < b.addr; };
-  if (!std::is_sorted(lines_.begin(), lines_.end(), by_addr)) std::sort(lines_.begin(), lines_.end(), by_addr);
+  if (!std::is_sorted(lines_.begin(), lines_.end(), by_addr))
+    std::sort(lines_.begin(), lines_.end(), by_addr);
   for (const Line& k : lines_) {
     if (k.addr != 0) {
       lowest_ = k.addr;

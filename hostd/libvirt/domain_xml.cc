@@ -1,13 +1,12 @@
 #include "domain_xml.h"
 
+#include <boost/property_tree/ptree.hpp>
+#include <boost/property_tree/xml_parser.hpp>
 #include <cctype>
 #include <cstdio>
 #include <map>
 #include <set>
 #include <sstream>
-
-#include <boost/property_tree/ptree.hpp>
-#include <boost/property_tree/xml_parser.hpp>
 
 #include "vm_config.h"
 
@@ -31,11 +30,20 @@ std::string Trim(std::string s) {
 // libvirt's scaled integers (virScaleInteger): unit names and their factors.
 Result<uint64_t> ScaledBytes(const std::string& value, const std::string& unit_in,
                              const std::string& default_unit, const std::string& what) {
-  static const std::map<std::string, uint64_t> kUnits = {
-      {"b", 1},          {"bytes", 1},           {"k", 1ull << 10}, {"kib", 1ull << 10},
-      {"kb", 1000},      {"m", 1ull << 20},      {"mib", 1ull << 20}, {"mb", 1000000},
-      {"g", 1ull << 30}, {"gib", 1ull << 30},    {"gb", 1000000000ull},
-      {"t", 1ull << 40}, {"tib", 1ull << 40},    {"tb", 1000000000000ull}};
+  static const std::map<std::string, uint64_t> kUnits = {{"b", 1},
+                                                         {"bytes", 1},
+                                                         {"k", 1ull << 10},
+                                                         {"kib", 1ull << 10},
+                                                         {"kb", 1000},
+                                                         {"m", 1ull << 20},
+                                                         {"mib", 1ull << 20},
+                                                         {"mb", 1000000},
+                                                         {"g", 1ull << 30},
+                                                         {"gib", 1ull << 30},
+                                                         {"gb", 1000000000ull},
+                                                         {"t", 1ull << 40},
+                                                         {"tib", 1ull << 40},
+                                                         {"tb", 1000000000000ull}};
   std::string unit = unit_in.empty() ? default_unit : unit_in;
   for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   auto it = kUnits.find(unit);
@@ -62,8 +70,9 @@ void AnalyzeHotplug(const pt::ptree& devices, DomainXmlInfo& info) {
     bool pc = info.machine.find("i440fx") != std::string::npos || info.machine == "pc" ||
               info.machine.rfind("pc-", 0) == 0;
     if (!pc) {
-      info.hotplug_reason = "machine '" + info.machine +
-                            "': hvtrace knows PCI hot-plug only for the pc (i440fx) and q35 machines";
+      info.hotplug_reason =
+          "machine '" + info.machine +
+          "': hvtrace knows PCI hot-plug only for the pc (i440fx) and q35 machines";
       return;
     }
     if (!info.acpi) {
@@ -105,10 +114,11 @@ void AnalyzeHotplug(const pt::ptree& devices, DomainXmlInfo& info) {
       return;
     }
   }
-  info.hotplug_reason = "q35 machine '" + info.machine + "' has no free pcie-root-port (" +
-                        std::to_string(root_ports) +
-                        " root ports, all in use; pcie.0 is not hot-pluggable): add "
-                        "<controller type='pci' model='pcie-root-port'/> to the domain and restart it";
+  info.hotplug_reason =
+      "q35 machine '" + info.machine + "' has no free pcie-root-port (" +
+      std::to_string(root_ports) +
+      " root ports, all in use; pcie.0 is not hot-pluggable): add "
+      "<controller type='pci' model='pcie-root-port'/> to the domain and restart it";
 }
 
 }  // namespace
@@ -118,12 +128,23 @@ std::string XmlEscape(std::string_view text) {
   out.reserve(text.size());
   for (char c : text) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '\'': out += "&apos;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -161,7 +182,8 @@ Result<DomainXmlInfo> ParseDomainXml(std::string_view xml) {
     info.acpi = static_cast<bool>(dom->get_child_optional("features.acpi"));
     info.on_crash = Trim(dom->get<std::string>("on_crash", ""));
     if (auto mem = dom->get_child_optional("memory")) {
-      Result<uint64_t> bytes = ScaledBytes(mem->data(), Attr(*mem, "unit"), "KiB", ctx + "<memory>");
+      Result<uint64_t> bytes =
+          ScaledBytes(mem->data(), Attr(*mem, "unit"), "KiB", ctx + "<memory>");
       if (!bytes.ok()) return bytes.error();
       info.memory_bytes = *bytes;
     }
@@ -173,8 +195,8 @@ Result<DomainXmlInfo> ParseDomainXml(std::string_view xml) {
         if (tag != "cell") continue;
         DomainNumaCell c;
         c.id = static_cast<int>(ParseIndex(Attr(cell, "id")));
-        Result<uint64_t> bytes = ScaledBytes(Attr(cell, "memory"), Attr(cell, "unit"), "KiB",
-                                             ctx + "NUMA cell memory");
+        Result<uint64_t> bytes =
+            ScaledBytes(Attr(cell, "memory"), Attr(cell, "unit"), "KiB", ctx + "NUMA cell memory");
         if (!bytes.ok()) return bytes.error();
         c.memory_bytes = *bytes;
         c.mem_access = Attr(cell, "memAccess");
@@ -227,7 +249,8 @@ Result<std::string> ShmemDeviceXml(std::string_view name, uint64_t size_bytes,
                  " bytes is not a power of two of at least 1 MiB (QEMU aborts on such a BAR)"};
   }
   if (alias.rfind("ua-", 0) != 0 || alias.size() > 64) {
-    return Error{"shmem alias '" + std::string(alias) + "' must start with 'ua-' (libvirt user alias)"};
+    return Error{"shmem alias '" + std::string(alias) +
+                 "' must start with 'ua-' (libvirt user alias)"};
   }
   for (char c : alias) {
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-')) {
@@ -250,8 +273,8 @@ Result<BootBufferDomainXml> MakeBootBufferDomainXml(const BootBufferDomainReques
     return Error{ctx + "instance name '" + r.instance_name + "' must be [A-Za-z0-9_.-]"};
   }
   for (char c : r.events) {
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || std::string_view(":,_*^-").find(c) !=
-                                                             std::string_view::npos)) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) ||
+          std::string_view(":,_*^-").find(c) != std::string_view::npos)) {
       return Error{ctx + "events '" + r.events + "' may only hold names, ':', ',', '*', '^'"};
     }
   }
@@ -284,15 +307,15 @@ Result<BootBufferDomainXml> MakeBootBufferDomainXml(const BootBufferDomainReques
                  "' unit='KiB'/>\n      <cell id='1' memory='" +
                  std::to_string(layout->node1_bytes / 1024) +
                  "' unit='KiB' memAccess='shared'/>\n    </numa>\n  </cpu>";
-  std::string cmdline = r.extra_cmdline.empty() ? out.kernel_params
-                                                : r.extra_cmdline + " " + out.kernel_params;
+  std::string cmdline =
+      r.extra_cmdline.empty() ? out.kernel_params : r.extra_cmdline + " " + out.kernel_params;
   std::string serial;
   if (!r.console_socket.empty()) {
-    serial = "    <serial type='unix'>\n      <source mode='bind' path='" + XmlEscape(r.console_socket) +
-             "'/>\n" +
-             (r.console_log.empty() ? ""
-                                    : "      <log file='" + XmlEscape(r.console_log) +
-                                          "' append='off'/>\n") +
+    serial = "    <serial type='unix'>\n      <source mode='bind' path='" +
+             XmlEscape(r.console_socket) + "'/>\n" +
+             (r.console_log.empty()
+                  ? ""
+                  : "      <log file='" + XmlEscape(r.console_log) + "' append='off'/>\n") +
              "      <target port='0'/>\n    </serial>\n";
   } else if (!r.console_log.empty()) {
     serial = "    <serial type='file'>\n      <source path='" + XmlEscape(r.console_log) +
@@ -300,31 +323,44 @@ Result<BootBufferDomainXml> MakeBootBufferDomainXml(const BootBufferDomainReques
   } else {
     serial = "    <serial type='pty'>\n      <target port='0'/>\n    </serial>\n";
   }
-  out.domain_xml =
-      "<!-- hvtrace boot buffer: node 1 (" + KernelSize(layout->node1_bytes) +
-      ", file-backed, shared) starts at GPA " + where + "; the kernel's persistent ring buffer '" +
-      r.instance_name + "' (" + KernelSize(layout->range_bytes) + ") lives at its start. -->\n"
-      "<domain type='qemu'>\n"
-      "  <name>" + XmlEscape(r.name) + "</name>\n"
-      "  <memory unit='KiB'>" + std::to_string((layout->node0_bytes + layout->node1_bytes) / 1024) +
-      "</memory>\n"
-      "  <vcpu>" + std::to_string(r.vcpus) + "</vcpu>\n"
-      "  <os>\n"
-      "    <type arch='x86_64' machine='pc'>hvm</type>\n"
-      "    <kernel>" + XmlEscape(r.kernel) + "</kernel>\n" +
-      (r.initrd.empty() ? "" : "    <initrd>" + XmlEscape(r.initrd) + "</initrd>\n") +
-      "    <cmdline>" + XmlEscape(cmdline) + "</cmdline>\n"
-      "  </os>\n"
-      "  <features><acpi/></features>\n"
-      "  " + out.numa_xml + "\n"
-      "  <on_poweroff>destroy</on_poweroff>\n"
-      "  <on_reboot>restart</on_reboot>\n"
-      "  <on_crash>" + r.on_crash + "</on_crash>\n"
-      "  <devices>\n" + serial +
-      "    <panic model='isa'/>\n"
-      "    <memballoon model='none'/>\n"
-      "  </devices>\n"
-      "</domain>\n";
+  out.domain_xml = "<!-- hvtrace boot buffer: node 1 (" + KernelSize(layout->node1_bytes) +
+                   ", file-backed, shared) starts at GPA " + where +
+                   "; the kernel's persistent ring buffer '" + r.instance_name + "' (" +
+                   KernelSize(layout->range_bytes) +
+                   ") lives at its start. -->\n"
+                   "<domain type='qemu'>\n"
+                   "  <name>" +
+                   XmlEscape(r.name) +
+                   "</name>\n"
+                   "  <memory unit='KiB'>" +
+                   std::to_string((layout->node0_bytes + layout->node1_bytes) / 1024) +
+                   "</memory>\n"
+                   "  <vcpu>" +
+                   std::to_string(r.vcpus) +
+                   "</vcpu>\n"
+                   "  <os>\n"
+                   "    <type arch='x86_64' machine='pc'>hvm</type>\n"
+                   "    <kernel>" +
+                   XmlEscape(r.kernel) + "</kernel>\n" +
+                   (r.initrd.empty() ? "" : "    <initrd>" + XmlEscape(r.initrd) + "</initrd>\n") +
+                   "    <cmdline>" + XmlEscape(cmdline) +
+                   "</cmdline>\n"
+                   "  </os>\n"
+                   "  <features><acpi/></features>\n"
+                   "  " +
+                   out.numa_xml +
+                   "\n"
+                   "  <on_poweroff>destroy</on_poweroff>\n"
+                   "  <on_reboot>restart</on_reboot>\n"
+                   "  <on_crash>" +
+                   r.on_crash +
+                   "</on_crash>\n"
+                   "  <devices>\n" +
+                   serial +
+                   "    <panic model='isa'/>\n"
+                   "    <memballoon model='none'/>\n"
+                   "  </devices>\n"
+                   "</domain>\n";
   return out;
 }
 

@@ -118,15 +118,16 @@ Result<ShmemAttachment> AttachShmem(const std::shared_ptr<LibvirtClient>& client
       return Error{what + ": " + out.path.string() + " is in use by " + *user +
                    "; pick another name"};
     }
-    std::string desc = out.path.string() + " (" + std::to_string(st.st_size) + " bytes, owner uid " +
-                       std::to_string(st.st_uid) + ")";
+    std::string desc = out.path.string() + " (" + std::to_string(st.st_size) +
+                       " bytes, owner uid " + std::to_string(st.st_uid) + ")";
     if (!S_ISREG(st.st_mode)) {
       return Error{what + ": " + desc + " is not a regular file; refusing to touch it"};
     }
     if (!req.replace_stale) {
-      return Error{what + ": stale " + desc +
-                   " left by an earlier run (libvirt never deletes shmem files; a file owned by "
-                   "another user can also stop QEMU from starting): remove it or ask to replace it"};
+      return Error{
+          what + ": stale " + desc +
+          " left by an earlier run (libvirt never deletes shmem files; a file owned by "
+          "another user can also stop QEMU from starting): remove it or ask to replace it"};
     }
     if (unlink(out.path.c_str()) != 0) {
       return Error{what + ": cannot remove stale " + desc + ": " + std::strerror(errno)};
@@ -136,7 +137,8 @@ Result<ShmemAttachment> AttachShmem(const std::shared_ptr<LibvirtClient>& client
 
   LibvirtEventWaiter waiter(client, info.uuid);
   auto t0 = std::chrono::steady_clock::now();
-  if (virDomainAttachDeviceFlags(ctx->domain.get(), device_xml->c_str(), VIR_DOMAIN_AFFECT_LIVE) != 0) {
+  if (virDomainAttachDeviceFlags(ctx->domain.get(), device_xml->c_str(), VIR_DOMAIN_AFFECT_LIVE) !=
+      0) {
     return Error{what + ": libvirt refused the device: " + LibvirtLastError()};
   }
   Result<LibvirtDomainEvent> added = waiter.Wait(
@@ -163,7 +165,11 @@ Result<ShmemAttachment> AttachShmem(const std::shared_ptr<LibvirtClient>& client
     return Error{what + ": " + out.path.string() + " is owned by uid " + std::to_string(st.st_uid) +
                  " gid " + std::to_string(st.st_gid) + " mode " +
                  std::to_string(st.st_mode & 0777) + " (octal " +
-                 [&] { char b[8]; std::snprintf(b, sizeof b, "%o", st.st_mode & 0777); return std::string(b); }() +
+                 [&] {
+                   char b[8];
+                   std::snprintf(b, sizeof b, "%o", st.st_mode & 0777);
+                   return std::string(b);
+                 }() +
                  ") and hvtrace (uid " + std::to_string(geteuid()) +
                  ") cannot read and write it; run hvtraced as root or in QEMU's group"};
   }
@@ -174,7 +180,8 @@ Status DetachShmem(const std::shared_ptr<LibvirtClient>& client, const std::stri
                    const std::string& shm_name, std::chrono::milliseconds timeout) {
   const std::string what = "detach shmem '" + shm_name + "' from domain '" + domain + "'";
   if (LibvirtEventLoop::OnLoopThread()) {
-    return Error{what + ": called on the libvirt event loop's thread (it waits for DEVICE_REMOVED)"};
+    return Error{what +
+                 ": called on the libvirt event loop's thread (it waits for DEVICE_REMOVED)"};
   }
   Result<DomainContext> ctx = LoadDomain(client, domain);
   if (!ctx.ok()) return Error{what + ": " + ctx.error().message};
@@ -193,7 +200,8 @@ Status DetachShmem(const std::shared_ptr<LibvirtClient>& client, const std::stri
       },
       timeout, "DEVICE_REMOVED for '" + alias + "'");
   if (!removed.ok()) {
-    return Error{what + ": the guest did not release the device (no PCI hotplug driver, or it "
+    return Error{what +
+                 ": the guest did not release the device (no PCI hotplug driver, or it "
                  "is still in use); libvirt's own success is not proof: " +
                  removed.error().message};
   }

@@ -34,8 +34,8 @@
 namespace hvtrace::hostd {
 
 struct ShmemAttachRequest {
-  std::string domain;       // Name or UUID.
-  std::string shm_name;     // /dev/shm/<shm_name>.
+  std::string domain;    // Name or UUID.
+  std::string shm_name;  // /dev/shm/<shm_name>.
   uint64_t size_bytes = 4ull << 20;
   bool replace_stale = false;
   // The caller (hvtraced) has just created the file with the region header,
@@ -54,8 +54,8 @@ struct ShmemAttachment {
   uint64_t size_bytes = 0;
   uid_t owner_uid = 0;
   gid_t owner_gid = 0;
-  double attach_ms = 0;        // virDomainAttachDeviceFlags → DEVICE_ADDED.
-  std::string stale_note;      // What was done about a stale file, if any.
+  double attach_ms = 0;    // virDomainAttachDeviceFlags → DEVICE_ADDED.
+  std::string stale_note;  // What was done about a stale file, if any.
 };
 
 // The alias hvtrace gives the shmem device named |shm_name|.

@@ -1,20 +1,19 @@
 #include "libvirt_client.h"
 
+#include <libvirt/virterror.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <utility>
 #include <vector>
-
-#include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
-#include <libvirt/virterror.h>
 
 #include "libvirt_event_loop.h"
 
@@ -29,8 +28,9 @@ std::string LibvirtLastError() {
 }
 
 std::string LibvirtLifecycleName(int event, int detail) {
-  static const char* const kEvents[] = {"DEFINED", "UNDEFINED", "STARTED", "SUSPENDED", "RESUMED",
-                                        "STOPPED", "SHUTDOWN", "PMSUSPENDED", "CRASHED"};
+  static const char* const kEvents[] = {"DEFINED",   "UNDEFINED",   "STARTED",
+                                        "SUSPENDED", "RESUMED",     "STOPPED",
+                                        "SHUTDOWN",  "PMSUSPENDED", "CRASHED"};
   std::string name = event >= 0 && event < static_cast<int>(std::size(kEvents))
                          ? kEvents[event]
                          : "EVENT" + std::to_string(event);
@@ -41,8 +41,8 @@ std::string LibvirtLifecycleName(int event, int detail) {
       if (detail == VIR_DOMAIN_EVENT_CRASHED_CRASHLOADED) d = "CRASHLOADED";
       break;
     case VIR_DOMAIN_EVENT_STOPPED: {
-      static const char* const k[] = {"SHUTDOWN", "DESTROYED", "CRASHED", "MIGRATED",
-                                      "SAVED", "FAILED", "FROM_SNAPSHOT"};
+      static const char* const k[] = {"SHUTDOWN", "DESTROYED", "CRASHED",      "MIGRATED",
+                                      "SAVED",    "FAILED",    "FROM_SNAPSHOT"};
       if (detail >= 0 && detail < static_cast<int>(std::size(k))) d = k[detail];
       break;
     }
@@ -52,8 +52,9 @@ std::string LibvirtLifecycleName(int event, int detail) {
       break;
     }
     case VIR_DOMAIN_EVENT_SUSPENDED: {
-      static const char* const k[] = {"PAUSED", "MIGRATED", "IOERROR", "WATCHDOG", "RESTORED",
-                                      "FROM_SNAPSHOT", "API_ERROR", "POSTCOPY", "POSTCOPY_FAILED"};
+      static const char* const k[] = {"PAUSED",    "MIGRATED", "IOERROR",
+                                      "WATCHDOG",  "RESTORED", "FROM_SNAPSHOT",
+                                      "API_ERROR", "POSTCOPY", "POSTCOPY_FAILED"};
       if (detail >= 0 && detail < static_cast<int>(std::size(k))) d = k[detail];
       break;
     }
@@ -245,7 +246,8 @@ struct LibvirtClient::Core : std::enable_shared_from_this<Core> {
     const Reg regs[] = {
         {VIR_DOMAIN_EVENT_ID_LIFECYCLE, VIR_DOMAIN_EVENT_CALLBACK(&OnLifecycle), "lifecycle"},
         {VIR_DOMAIN_EVENT_ID_REBOOT, VIR_DOMAIN_EVENT_CALLBACK(&OnReboot), "reboot"},
-        {VIR_DOMAIN_EVENT_ID_DEVICE_ADDED, VIR_DOMAIN_EVENT_CALLBACK(&OnDeviceAdded), "device-added"},
+        {VIR_DOMAIN_EVENT_ID_DEVICE_ADDED, VIR_DOMAIN_EVENT_CALLBACK(&OnDeviceAdded),
+         "device-added"},
         {VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED, VIR_DOMAIN_EVENT_CALLBACK(&OnDeviceRemoved),
          "device-removed"},
     };
@@ -400,8 +402,8 @@ Result<LibvirtDomainPtr> LibvirtClient::FindDomain(std::string_view name_or_uuid
 int LibvirtClient::Subscribe(std::string uuid, Listener listener) {
   std::lock_guard lock(core_->subs_mu);
   int id = core_->next_sub++;
-  core_->subs.emplace(id, std::make_pair(std::move(uuid),
-                                         std::make_shared<Listener>(std::move(listener))));
+  core_->subs.emplace(
+      id, std::make_pair(std::move(uuid), std::make_shared<Listener>(std::move(listener))));
   return id;
 }
 
@@ -425,13 +427,14 @@ struct LibvirtEventWaiter::State {
 
 LibvirtEventWaiter::LibvirtEventWaiter(std::shared_ptr<LibvirtClient> client, std::string uuid)
     : client_(std::move(client)), state_(std::make_shared<State>()) {
-  subscription_ = client_->Subscribe(std::move(uuid), [state = state_](const LibvirtDomainEvent& e) {
-    std::lock_guard lock(state->mu);
-    if (state->events.size() >= 4096) return;  // A waiter nobody drains must not grow forever.
-    state->events.push_back(e);
-    state->consumed.push_back(false);
-    state->changed.notify_all();
-  });
+  subscription_ =
+      client_->Subscribe(std::move(uuid), [state = state_](const LibvirtDomainEvent& e) {
+        std::lock_guard lock(state->mu);
+        if (state->events.size() >= 4096) return;  // A waiter nobody drains must not grow forever.
+        state->events.push_back(e);
+        state->consumed.push_back(false);
+        state->changed.notify_all();
+      });
 }
 
 LibvirtEventWaiter::~LibvirtEventWaiter() { client_->Unsubscribe(subscription_); }
@@ -474,8 +477,8 @@ Result<LibvirtDomainEvent> LibvirtEventWaiter::Wait(const Predicate& match,
       std::string seen;
       for (const auto& e : state_->events) seen += (seen.empty() ? "" : ", ") + DescribeEvent(e);
       return Error{"libvirt: no " + std::string(what) + " within " +
-                   std::to_string(timeout.count()) + " ms (events seen: " +
-                   (seen.empty() ? "none" : seen) + ")"};
+                   std::to_string(timeout.count()) +
+                   " ms (events seen: " + (seen.empty() ? "none" : seen) + ")"};
     }
   }
 }

@@ -16,14 +16,14 @@
 #ifndef HVTRACE_HOSTD_LIBVIRT_CLIENT_H_
 #define HVTRACE_HOSTD_LIBVIRT_CLIENT_H_
 
+#include <libvirt/libvirt.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
-
-#include <libvirt/libvirt.h>
 
 #include "hvtrace/result.h"
 
@@ -55,7 +55,14 @@ Result<LibvirtDomainPtr> LookupLibvirtDomain(virConnectPtr conn, std::string_vie
 Result<std::string> LibvirtDomainXml(virDomainPtr domain, bool inactive = false);
 
 struct LibvirtDomainEvent {
-  enum class Kind { kLifecycle, kDeviceAdded, kDeviceRemoved, kReboot, kDisconnected, kReconnected };
+  enum class Kind {
+    kLifecycle,
+    kDeviceAdded,
+    kDeviceRemoved,
+    kReboot,
+    kDisconnected,
+    kReconnected
+  };
   Kind kind = Kind::kLifecycle;
   std::string domain_name;  // Empty for kDisconnected/kReconnected.
   std::string domain_uuid;

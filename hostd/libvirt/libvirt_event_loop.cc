@@ -1,10 +1,18 @@
 #include "libvirt_event_loop.h"
 
 #include <fcntl.h>
+#include <libvirt/libvirt.h>
+#include <libvirt/virterror.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -13,15 +21,6 @@
 #include <set>
 #include <string>
 #include <thread>
-
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/posix/stream_descriptor.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
-#include <libvirt/libvirt.h>
-#include <libvirt/virterror.h>
 
 namespace hvtrace::hostd {
 namespace {
@@ -40,8 +39,9 @@ class Loop {
     std::lock_guard lock(install_mu_);
     if (strand_) {
       if (executor == base_executor_) return {};
-      return Error{"libvirt event loop: already installed on another executor (libvirt allows one "
-                   "event implementation per process)"};
+      return Error{
+          "libvirt event loop: already installed on another executor (libvirt allows one "
+          "event implementation per process)"};
     }
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
     if (epoll_fd_ < 0) {
@@ -65,8 +65,9 @@ class Loop {
       if (strand_) return {};
       if (!private_io_) {
         private_io_ = std::make_unique<asio::io_context>();
-        private_guard_ = std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(
-            private_io_->get_executor());
+        private_guard_ =
+            std::make_unique<asio::executor_work_guard<asio::io_context::executor_type>>(
+                private_io_->get_executor());
         std::thread([io = private_io_.get()] { io->run(); }).detach();
       }
     }

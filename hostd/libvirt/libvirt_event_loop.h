@@ -24,9 +24,8 @@
 #ifndef HVTRACE_HOSTD_LIBVIRT_EVENT_LOOP_H_
 #define HVTRACE_HOSTD_LIBVIRT_EVENT_LOOP_H_
 
-#include <cstdint>
-
 #include <boost/asio/any_io_executor.hpp>
+#include <cstdint>
 
 #include "hvtrace/result.h"
 
@@ -55,11 +54,11 @@ class LibvirtEventLoop {
   static bool OnLoopThread();
 
   struct Stats {
-    int handles = 0;         // Registered and not removed.
+    int handles = 0;  // Registered and not removed.
     int timeouts = 0;
     uint64_t handle_dispatches = 0;
     uint64_t timeout_dispatches = 0;
-    uint64_t wakeups = 0;    // Times the epoll set was found ready.
+    uint64_t wakeups = 0;  // Times the epoll set was found ready.
   };
   static Stats GetStats();
 };

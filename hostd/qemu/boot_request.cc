@@ -7,9 +7,15 @@ namespace hvtrace::hostd {
 using nlohmann::json;
 
 json BootRequest::ToJson() const {
-  return {{"name", name},         {"kernel", kernel},         {"initrd", initrd},
-          {"append", append},     {"cpus", cpus},             {"memory_mib", memory_mib},
-          {"trace_size_mib", trace_size_mib}, {"events", events}, {"accel", accel}};
+  return {{"name", name},
+          {"kernel", kernel},
+          {"initrd", initrd},
+          {"append", append},
+          {"cpus", cpus},
+          {"memory_mib", memory_mib},
+          {"trace_size_mib", trace_size_mib},
+          {"events", events},
+          {"accel", accel}};
 }
 
 Result<BootRequest> BootRequest::FromJson(const json& args) {
@@ -28,7 +34,8 @@ Result<BootRequest> BootRequest::FromJson(const json& args) {
   auto num = [&](const char* key, uint64_t lo, uint64_t hi, uint64_t& out) -> Status {
     auto it = args.find(key);
     if (it == args.end() || it->is_null()) return {};
-    if (!it->is_number_unsigned()) return Error{std::string("boot: args.") + key + " must be a positive integer"};
+    if (!it->is_number_unsigned())
+      return Error{std::string("boot: args.") + key + " must be a positive integer"};
     uint64_t v = it->get<uint64_t>();
     if (v < lo || v > hi) {
       return Error{std::string("boot: args.") + key + " = " + std::to_string(v) + " is outside " +
@@ -72,9 +79,12 @@ Result<Accel> ParseAccel(std::string_view text) {
 
 bool ResolveKvm(Accel accel, const std::string& kernel) {
   switch (accel) {
-    case Accel::kKvm: return true;
-    case Accel::kTcg: return false;
-    case Accel::kAuto: return KvmUsable(kernel);
+    case Accel::kKvm:
+      return true;
+    case Accel::kTcg:
+      return false;
+    case Accel::kAuto:
+      return KvmUsable(kernel);
   }
   return false;
 }

@@ -7,9 +7,8 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "hvtrace/result.h"
 #include "vm_config.h"

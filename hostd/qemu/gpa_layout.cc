@@ -32,12 +32,14 @@ Result<BootRangeLayout> ComputeBootRangeLayout(const BootRangeRequest& request) 
   const uint64_t memory = request.memory_bytes;
   const uint64_t range = request.range_bytes;
   if (range == 0 || range % kGuestPageSize != 0) {
-    return Error{"boot range size " + std::to_string(range) + " is not a non-zero multiple of the " +
-                 std::to_string(kGuestPageSize) + "-byte page size"};
+    return Error{"boot range size " + std::to_string(range) +
+                 " is not a non-zero multiple of the " + std::to_string(kGuestPageSize) +
+                 "-byte page size"};
   }
   if (memory == 0 || memory % kNodeAlignment != 0) {
-    return Error{"guest memory " + std::to_string(memory) + " bytes is not a non-zero multiple of " +
-                 MiB(kNodeAlignment) + ", needed to split it into NUMA nodes"};
+    return Error{"guest memory " + std::to_string(memory) +
+                 " bytes is not a non-zero multiple of " + MiB(kNodeAlignment) +
+                 ", needed to split it into NUMA nodes"};
   }
   const uint64_t low_limit = LowMemoryLimit(request.machine, memory);
   if (memory > low_limit) {
@@ -54,8 +56,8 @@ Result<BootRangeLayout> ComputeBootRangeLayout(const BootRangeRequest& request) 
     layout.node1_bytes = (needed_node1 + kNodeAlignment - 1) / kNodeAlignment * kNodeAlignment;
     if (layout.node1_bytes >= memory) {
       return Error{"boot range of " + MiB(range) + " needs node 1 of " + MiB(layout.node1_bytes) +
-                   " (range + " + MiB(kBootRangeHeadroom) + " headroom), more than all guest memory " +
-                   MiB(memory)};
+                   " (range + " + MiB(kBootRangeHeadroom) +
+                   " headroom), more than all guest memory " + MiB(memory)};
     }
     layout.node0_bytes = memory - layout.node1_bytes;
   } else {
@@ -71,13 +73,14 @@ Result<BootRangeLayout> ComputeBootRangeLayout(const BootRangeRequest& request) 
     layout.node1_bytes = memory - request.node0_bytes;
     if (layout.node1_bytes < needed_node1) {
       return Error{"boot range of " + MiB(range) + " is too large for its node: node 1 at " +
-                   Hex(layout.node0_bytes) + " has " + MiB(layout.node1_bytes) + ", needs at least " +
-                   MiB(needed_node1) + " (range + " + MiB(kBootRangeHeadroom) + " headroom)"};
+                   Hex(layout.node0_bytes) + " has " + MiB(layout.node1_bytes) +
+                   ", needs at least " + MiB(needed_node1) + " (range + " +
+                   MiB(kBootRangeHeadroom) + " headroom)"};
     }
   }
   if (layout.node0_bytes < kMinNode0Bytes) {
-    return Error{"node 0 would have only " + MiB(layout.node0_bytes) + "; the guest needs at least " +
-                 MiB(kMinNode0Bytes) + " below the boot range"};
+    return Error{"node 0 would have only " + MiB(layout.node0_bytes) +
+                 "; the guest needs at least " + MiB(kMinNode0Bytes) + " below the boot range"};
   }
   layout.range_gpa = layout.node0_bytes;
   layout.file_offset = layout.range_gpa - layout.node0_bytes;  // Node 1 starts at node 0's end.

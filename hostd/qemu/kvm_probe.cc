@@ -32,8 +32,9 @@ using Clock = std::chrono::steady_clock;
 //   2: hlt; jmp 2b
 //   msg: "HVTRACE-KVM-PROBE-OK\n\0"
 std::vector<unsigned char> BootSector() {
-  static constexpr unsigned char kCode[] = {0xfa, 0x31, 0xc0, 0x8e, 0xd8, 0xbe, 0x16, 0x7c, 0xba, 0xf8, 0x03,
-                                            0xac, 0x84, 0xc0, 0x74, 0x03, 0xee, 0xeb, 0xf8, 0xf4, 0xeb, 0xfd};
+  static constexpr unsigned char kCode[] = {0xfa, 0x31, 0xc0, 0x8e, 0xd8, 0xbe, 0x16, 0x7c,
+                                            0xba, 0xf8, 0x03, 0xac, 0x84, 0xc0, 0x74, 0x03,
+                                            0xee, 0xeb, 0xf8, 0xf4, 0xeb, 0xfd};
   static constexpr char kMessage[] = "HVTRACE-KVM-PROBE-OK\n";  // At 0x7c16, NUL-terminated.
   std::vector<unsigned char> sector(512, 0);
   std::memcpy(sector.data(), kCode, sizeof kCode);
@@ -167,28 +168,33 @@ KvmProbeResult RunProbeGuest(const ProbeGuest& guest, const std::string& dir) {
     exited = ::waitpid(pid, &status, WNOHANG) == pid;
     const std::string out = ReadTail(serial, 8192);
     const std::string err = ReadTail(err_path);
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+    const auto ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
     if (std::string kvm_error = KvmErrorIn(err); !kvm_error.empty()) {
-      result = {false, "QEMU reported a KVM failure running the " + guest.what + ": " + OneLine(kvm_error)};
+      result = {false, "QEMU reported a KVM failure running the " + guest.what + ": " +
+                           OneLine(kvm_error)};
       break;
     }
     if (std::string found = FoundIn(out, guest.success); !found.empty()) {
-      result = {true, guest.what + " wrote '" + found + "' under KVM after " + std::to_string(ms) + " ms"};
+      result = {true, guest.what + " wrote '" + found + "' under KVM after " + std::to_string(ms) +
+                          " ms"};
       break;
     }
     if (exited) {
-      const std::string why = WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
-                                                : "was killed by signal " + std::to_string(WTERMSIG(status));
-      result = {false, "QEMU running the " + guest.what + " " + why + " before " + guest.success_name + ": " +
-                           OneLine(err)};
+      const std::string why = WIFEXITED(status)
+                                  ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                  : "was killed by signal " + std::to_string(WTERMSIG(status));
+      result = {false, "QEMU running the " + guest.what + " " + why + " before " +
+                           guest.success_name + ": " + OneLine(err)};
       break;
     }
     if (Clock::now() - start >= guest.deadline) {
       const std::string tail = out.size() > 300 ? out.substr(out.size() - 300) : out;
-      result = {false, "the " + guest.what + " under KVM wrote nothing to its serial port matching " +
-                           guest.success_name + " within " + std::to_string(guest.deadline.count()) + " ms" +
-                           (tail.empty() ? "" : "; it wrote '" + OneLine(tail) + "'") +
-                           (err.empty() ? "" : "; QEMU said: " + OneLine(err))};
+      result = {false,
+                "the " + guest.what + " under KVM wrote nothing to its serial port matching " +
+                    guest.success_name + " within " + std::to_string(guest.deadline.count()) +
+                    " ms" + (tail.empty() ? "" : "; it wrote '" + OneLine(tail) + "'") +
+                    (err.empty() ? "" : "; QEMU said: " + OneLine(err))};
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -202,8 +208,18 @@ KvmProbeResult RunProbeGuest(const ProbeGuest& guest, const std::string& dir) {
 }
 
 std::vector<std::string> QemuBase(const KvmProbeOptions& options, const char* memory) {
-  return {options.qemu_binary, "-nodefaults", "-no-user-config", "-display", "none", "-machine", "pc",
-          "-accel", "kvm", "-m", memory, "-no-reboot"};
+  return {options.qemu_binary,
+          "-nodefaults",
+          "-no-user-config",
+          "-display",
+          "none",
+          "-machine",
+          "pc",
+          "-accel",
+          "kvm",
+          "-m",
+          memory,
+          "-no-reboot"};
 }
 
 }  // namespace
@@ -213,22 +229,29 @@ KvmProbeResult ProbeKvm(const KvmProbeOptions& options) {
     return {false, options.device + " cannot be opened read-write: " + std::strerror(errno)};
   }
   TempDir dir;
-  if (dir.path().empty()) return {false, std::string("cannot create a probe directory: ") + std::strerror(errno)};
+  if (dir.path().empty())
+    return {false, std::string("cannot create a probe directory: ") + std::strerror(errno)};
   const std::string disk = dir.path() + "/boot.img";
-  if (!WriteWhole(disk, BootSector())) return {false, "cannot write the probe boot sector in " + dir.path()};
+  if (!WriteWhole(disk, BootSector()))
+    return {false, "cannot write the probe boot sector in " + dir.path()};
 
-  ProbeGuest sector{"probe guest", QemuBase(options, "16"), {kKvmProbeBanner}, "its banner", options.deadline};
-  sector.args.insert(sector.args.end(), {"-drive", "file=" + disk + ",format=raw,if=floppy,readonly=on"});
+  ProbeGuest sector{
+      "probe guest", QemuBase(options, "16"), {kKvmProbeBanner}, "its banner", options.deadline};
+  sector.args.insert(sector.args.end(),
+                     {"-drive", "file=" + disk + ",format=raw,if=floppy,readonly=on"});
   KvmProbeResult first = RunProbeGuest(sector, dir.path());
   if (!first.usable || options.kernel.empty()) return first;
 
   // No initrd and an init that does not exist: a kernel that ran every
   // initcall under KVM then asks for its root fs (or init) and panics.
-  ProbeGuest kernel{"kernel " + options.kernel, QemuBase(options, "256"),
+  ProbeGuest kernel{"kernel " + options.kernel,
+                    QemuBase(options, "256"),
                     {"Unable to mount root fs", "No working init found", "Run /"},
-                    "the end of its boot", options.kernel_deadline};
-  kernel.args.insert(kernel.args.end(), {"-kernel", options.kernel, "-append",
-                                         "console=ttyS0 panic=-1 rdinit=/hvtrace-kvm-probe-no-init"});
+                    "the end of its boot",
+                    options.kernel_deadline};
+  kernel.args.insert(kernel.args.end(),
+                     {"-kernel", options.kernel, "-append",
+                      "console=ttyS0 panic=-1 rdinit=/hvtrace-kvm-probe-no-init"});
   KvmProbeResult second = RunProbeGuest(kernel, dir.path());
   if (!second.usable) return second;
   return {true, first.reason + "; " + second.reason};

@@ -1,13 +1,12 @@
 #include "qmp_client.h"
 
-#include <future>
-#include <utility>
-
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
+#include <future>
+#include <utility>
 
 namespace hvtrace::hostd {
 
@@ -19,7 +18,8 @@ constexpr size_t kReadChunk = 64 * 1024;
 constexpr std::chrono::milliseconds kConnectRetry{20};
 }  // namespace
 
-std::shared_ptr<QmpClient> QmpClient::Create(asio::any_io_executor executor, size_t max_message_bytes) {
+std::shared_ptr<QmpClient> QmpClient::Create(asio::any_io_executor executor,
+                                             size_t max_message_bytes) {
   return std::shared_ptr<QmpClient>(new QmpClient(std::move(executor), max_message_bytes));
 }
 
@@ -45,7 +45,8 @@ void QmpClient::SetDisconnectHandler(DisconnectHandler handler) {
   });
 }
 
-void QmpClient::AsyncConnect(std::string socket_path, std::chrono::milliseconds timeout, ConnectHandler handler) {
+void QmpClient::AsyncConnect(std::string socket_path, std::chrono::milliseconds timeout,
+                             ConnectHandler handler) {
   asio::dispatch(strand_, [self = shared_from_this(), path = std::move(socket_path), timeout,
                            h = std::move(handler)]() mutable {
     if (self->state_ != State::kIdle) {
@@ -60,10 +61,11 @@ void QmpClient::AsyncConnect(std::string socket_path, std::chrono::milliseconds 
     self->connect_deadline_.async_wait([self](const boost::system::error_code& ec) {
       if (ec || (self->state_ != State::kConnecting && self->state_ != State::kNegotiating)) return;
       const bool got_socket = self->state_ == State::kNegotiating;
-      std::string why = got_socket && self->greeting_.is_null()
-                            ? " (connected but no greeting: QEMU 7.2 serves one QMP client at a time; is "
-                              "another client holding the socket?)"
-                            : "";
+      std::string why =
+          got_socket && self->greeting_.is_null()
+              ? " (connected but no greeting: QEMU 7.2 serves one QMP client at a time; is "
+                "another client holding the socket?)"
+              : "";
       self->Shutdown(Error{"QMP " + self->socket_path_ + ": not ready within " +
                            std::to_string(self->connect_timeout_.count()) + " ms" + why},
                      /*notify=*/false);
@@ -74,48 +76,50 @@ void QmpClient::AsyncConnect(std::string socket_path, std::chrono::milliseconds 
 
 void QmpClient::TryConnect() {
   socket_ = asio::local::stream_protocol::socket(strand_);
-  socket_.async_connect(asio::local::stream_protocol::endpoint(socket_path_),
-                        [self = shared_from_this()](const boost::system::error_code& ec) {
-                          if (self->state_ != State::kConnecting) return;
-                          if (ec) {
-                            // QEMU creates and listens on the socket early in
-                            // startup; until then retry, bounded by the deadline.
-                            self->retry_timer_.expires_after(kConnectRetry);
-                            self->retry_timer_.async_wait([self](const boost::system::error_code& tec) {
-                              if (!tec && self->state_ == State::kConnecting) self->TryConnect();
-                            });
-                            return;
-                          }
-                          self->state_ = State::kNegotiating;
-                          self->StartRead();
-                        });
+  socket_.async_connect(
+      asio::local::stream_protocol::endpoint(socket_path_),
+      [self = shared_from_this()](const boost::system::error_code& ec) {
+        if (self->state_ != State::kConnecting) return;
+        if (ec) {
+          // QEMU creates and listens on the socket early in
+          // startup; until then retry, bounded by the deadline.
+          self->retry_timer_.expires_after(kConnectRetry);
+          self->retry_timer_.async_wait([self](const boost::system::error_code& tec) {
+            if (!tec && self->state_ == State::kConnecting) self->TryConnect();
+          });
+          return;
+        }
+        self->state_ = State::kNegotiating;
+        self->StartRead();
+      });
 }
 
 void QmpClient::StartRead() {
-  socket_.async_read_some(
-      asio::buffer(read_buffer_),
-      [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
-        if (self->state_ == State::kClosed) return;
-        if (ec) {
-          std::string why = ec == asio::error::eof ? "closed by QEMU (process exited?)" : ec.message();
-          Status tail = self->framer_.Finish();
-          if (!tail.ok()) why += "; " + tail.error().message;
-          self->Shutdown(Error{"QMP " + self->socket_path_ + ": connection " + why}, /*notify=*/true);
-          return;
-        }
-        Status fed = self->framer_.Feed(std::string_view(self->read_buffer_.data(), n));
-        nlohmann::json message;
-        while (self->state_ != State::kClosed && self->framer_.Pop(&message)) {
-          self->HandleMessage(std::move(message));
-        }
-        if (self->state_ == State::kClosed) return;
-        if (!fed.ok()) {
-          self->Shutdown(Error{"QMP " + self->socket_path_ + ": protocol error: " + fed.error().message},
-                         /*notify=*/true);
-          return;
-        }
-        self->StartRead();
-      });
+  socket_.async_read_some(asio::buffer(read_buffer_), [self = shared_from_this()](
+                                                          const boost::system::error_code& ec,
+                                                          size_t n) {
+    if (self->state_ == State::kClosed) return;
+    if (ec) {
+      std::string why = ec == asio::error::eof ? "closed by QEMU (process exited?)" : ec.message();
+      Status tail = self->framer_.Finish();
+      if (!tail.ok()) why += "; " + tail.error().message;
+      self->Shutdown(Error{"QMP " + self->socket_path_ + ": connection " + why}, /*notify=*/true);
+      return;
+    }
+    Status fed = self->framer_.Feed(std::string_view(self->read_buffer_.data(), n));
+    nlohmann::json message;
+    while (self->state_ != State::kClosed && self->framer_.Pop(&message)) {
+      self->HandleMessage(std::move(message));
+    }
+    if (self->state_ == State::kClosed) return;
+    if (!fed.ok()) {
+      self->Shutdown(
+          Error{"QMP " + self->socket_path_ + ": protocol error: " + fed.error().message},
+          /*notify=*/true);
+      return;
+    }
+    self->StartRead();
+  });
 }
 
 void QmpClient::HandleMessage(nlohmann::json message) {
@@ -126,8 +130,8 @@ void QmpClient::HandleMessage(nlohmann::json message) {
          [self = shared_from_this()](Result<nlohmann::json> reply) {
            if (self->state_ != State::kNegotiating) return;
            if (!reply.ok()) {
-             self->Shutdown(Error{"QMP " + self->socket_path_ + ": qmp_capabilities failed: " +
-                                  reply.error().message},
+             self->Shutdown(Error{"QMP " + self->socket_path_ +
+                                  ": qmp_capabilities failed: " + reply.error().message},
                             /*notify=*/false);
              return;
            }
@@ -160,23 +164,24 @@ void QmpClient::HandleMessage(nlohmann::json message) {
   if (auto ret = message.find("return"); ret != message.end()) {
     p.handler(*ret);
   } else if (auto err = message.find("error"); err != message.end() && err->is_object()) {
-    p.handler(Error{"QMP command '" + p.command + "' failed: " + err->value("class", std::string("?")) + ": " +
+    p.handler(Error{"QMP command '" + p.command +
+                    "' failed: " + err->value("class", std::string("?")) + ": " +
                     err->value("desc", std::string("?"))});
   } else {
     p.handler(Error{"QMP command '" + p.command + "': reply has neither return nor error"});
   }
 }
 
-void QmpClient::AsyncExecute(std::string command, nlohmann::json arguments, std::chrono::milliseconds timeout,
-                             ReplyHandler handler) {
-  asio::dispatch(strand_, [self = shared_from_this(), command = std::move(command), args = std::move(arguments),
-                           timeout, h = std::move(handler)]() mutable {
+void QmpClient::AsyncExecute(std::string command, nlohmann::json arguments,
+                             std::chrono::milliseconds timeout, ReplyHandler handler) {
+  asio::dispatch(strand_, [self = shared_from_this(), command = std::move(command),
+                           args = std::move(arguments), timeout, h = std::move(handler)]() mutable {
     self->Send(std::move(command), std::move(args), timeout, std::move(h));
   });
 }
 
-void QmpClient::Send(std::string command, nlohmann::json arguments, std::chrono::milliseconds timeout,
-                     ReplyHandler handler) {
+void QmpClient::Send(std::string command, nlohmann::json arguments,
+                     std::chrono::milliseconds timeout, ReplyHandler handler) {
   if (state_ == State::kClosed || state_ == State::kIdle || state_ == State::kConnecting) {
     const std::string why = state_ == State::kClosed ? "connection is closed" : "not connected";
     asio::post(strand_, [h = std::move(handler), why, command] {
@@ -186,18 +191,20 @@ void QmpClient::Send(std::string command, nlohmann::json arguments, std::chrono:
   }
   const uint64_t id = next_id_++;
   nlohmann::json request = {{"execute", command}, {"id", id}};
-  if (!arguments.is_null() && !(arguments.is_object() && arguments.empty())) request["arguments"] = arguments;
+  if (!arguments.is_null() && !(arguments.is_object() && arguments.empty()))
+    request["arguments"] = arguments;
   Pending p{command, std::move(handler), std::make_unique<asio::steady_timer>(strand_)};
   p.timer->expires_after(timeout);
-  p.timer->async_wait([self = shared_from_this(), id, timeout](const boost::system::error_code& ec) {
-    if (ec) return;
-    auto it = self->pending_.find(id);
-    if (it == self->pending_.end()) return;
-    Pending expired = std::move(it->second);
-    self->pending_.erase(it);
-    expired.handler(Error{"QMP command '" + expired.command + "' (id " + std::to_string(id) +
-                          ") got no reply within " + std::to_string(timeout.count()) + " ms"});
-  });
+  p.timer->async_wait(
+      [self = shared_from_this(), id, timeout](const boost::system::error_code& ec) {
+        if (ec) return;
+        auto it = self->pending_.find(id);
+        if (it == self->pending_.end()) return;
+        Pending expired = std::move(it->second);
+        self->pending_.erase(it);
+        expired.handler(Error{"QMP command '" + expired.command + "' (id " + std::to_string(id) +
+                              ") got no reply within " + std::to_string(timeout.count()) + " ms"});
+      });
   pending_.emplace(id, std::move(p));
   write_queue_.push_back(request.dump() + "\r\n");
   if (!writing_) WriteNext();
@@ -213,8 +220,9 @@ void QmpClient::WriteNext() {
                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
                       if (self->state_ == State::kClosed) return;
                       if (ec) {
-                        self->Shutdown(Error{"QMP " + self->socket_path_ + ": write failed: " + ec.message()},
-                                       /*notify=*/true);
+                        self->Shutdown(
+                            Error{"QMP " + self->socket_path_ + ": write failed: " + ec.message()},
+                            /*notify=*/true);
                         return;
                       }
                       self->write_queue_.pop_front();
@@ -242,7 +250,8 @@ void QmpClient::Shutdown(const Error& error, bool notify) {
   pending_.clear();
   for (auto& [id, p] : pending) {
     p.timer->cancel();
-    p.handler(Error{"QMP command '" + p.command + "' (id " + std::to_string(id) + "): " + error.message});
+    p.handler(
+        Error{"QMP command '" + p.command + "' (id " + std::to_string(id) + "): " + error.message});
   }
   write_queue_.clear();
   if (was_connecting) {
@@ -277,8 +286,9 @@ Result<std::unique_ptr<QmpSyncClient>> QmpSyncClient::Connect(const std::string&
   });
   std::promise<Status> connected;
   auto future = connected.get_future();
-  c->client_->AsyncConnect(socket_path, timeout, [&connected](Status s) { connected.set_value(std::move(s)); });
-  Status status = future.get();  // The client's own deadline bounds this.
+  c->client_->AsyncConnect(socket_path, timeout,
+                           [&connected](Status s) { connected.set_value(std::move(s)); });
+  Status status = future.get();             // The client's own deadline bounds this.
   if (!status.ok()) return status.error();  // ~QmpSyncClient stops the thread.
   return c;
 }
@@ -313,7 +323,8 @@ Result<nlohmann::json> QmpSyncClient::Execute(const std::string& command, nlohma
   return future.get();  // The command timer bounds this.
 }
 
-Result<QmpEvent> QmpSyncClient::WaitForEvent(const std::string& name, std::chrono::milliseconds timeout) {
+Result<QmpEvent> QmpSyncClient::WaitForEvent(const std::string& name,
+                                             std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   std::unique_lock lock(mutex_);
   size_t scanned = 0;
@@ -327,8 +338,8 @@ Result<QmpEvent> QmpSyncClient::WaitForEvent(const std::string& name, std::chron
     if (disconnect_) {
       return Error{"QMP event " + name + " never came: " + disconnect_->message};
     }
-    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && scanned == events_.size() &&
-        !disconnect_) {
+    if (changed_.wait_until(lock, deadline) == std::cv_status::timeout &&
+        scanned == events_.size() && !disconnect_) {
       std::string seen;
       for (const auto& e : events_) seen += (seen.empty() ? "" : ", ") + e.name;
       return Error{"QMP event " + name + " not received within " + std::to_string(timeout.count()) +

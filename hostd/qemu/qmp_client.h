@@ -14,6 +14,11 @@
 #ifndef HVTRACE_HOSTD_QMP_CLIENT_H_
 #define HVTRACE_HOSTD_QMP_CLIENT_H_
 
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -22,17 +27,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <boost/asio/any_io_executor.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/local/stream_protocol.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/strand.hpp>
-#include <nlohmann/json.hpp>
 
 #include "hvtrace/result.h"
 #include "qmp_framer.h"
@@ -40,9 +39,9 @@
 namespace hvtrace::hostd {
 
 struct QmpEvent {
-  std::string name;      // "GUEST_PANICKED", "STOP", "SHUTDOWN", ...
-  nlohmann::json data;   // The event's "data" object; {} when absent.
-  int64_t qemu_seconds = 0;       // QEMU's timestamp (host wall clock).
+  std::string name;          // "GUEST_PANICKED", "STOP", "SHUTDOWN", ...
+  nlohmann::json data;       // The event's "data" object; {} when absent.
+  int64_t qemu_seconds = 0;  // QEMU's timestamp (host wall clock).
   int64_t qemu_microseconds = 0;
   std::chrono::steady_clock::time_point received;  // When we parsed it.
 };
@@ -54,8 +53,9 @@ class QmpClient : public std::enable_shared_from_this<QmpClient> {
   using DisconnectHandler = std::function<void(const Error&)>;
   using ConnectHandler = std::function<void(Status)>;
 
-  static std::shared_ptr<QmpClient> Create(boost::asio::any_io_executor executor,
-                                           size_t max_message_bytes = QmpFramer::kDefaultMaxMessageBytes);
+  static std::shared_ptr<QmpClient> Create(
+      boost::asio::any_io_executor executor,
+      size_t max_message_bytes = QmpFramer::kDefaultMaxMessageBytes);
   ~QmpClient();
 
   // Handlers run on the client's strand. Set them before AsyncConnect so no
@@ -68,14 +68,15 @@ class QmpClient : public std::enable_shared_from_this<QmpClient> {
   // Connects to |socket_path|, retrying while QEMU has not created or is not
   // yet listening on it, reads the greeting and negotiates capabilities, all
   // within |timeout|.
-  void AsyncConnect(std::string socket_path, std::chrono::milliseconds timeout, ConnectHandler handler);
+  void AsyncConnect(std::string socket_path, std::chrono::milliseconds timeout,
+                    ConnectHandler handler);
 
   // Sends {"execute": command, "arguments": arguments, "id": N}. The handler
   // gets the reply's "return" value, the QMP error ("class: desc"), a timeout
   // error, or the disconnect error. A reply arriving after its timeout is
   // dropped. Safe to call from any thread.
-  void AsyncExecute(std::string command, nlohmann::json arguments, std::chrono::milliseconds timeout,
-                    ReplyHandler handler);
+  void AsyncExecute(std::string command, nlohmann::json arguments,
+                    std::chrono::milliseconds timeout, ReplyHandler handler);
 
   // Closes the connection; pending commands fail with "closed". Idempotent;
   // the disconnect handler is not called.
@@ -96,7 +97,8 @@ class QmpClient : public std::enable_shared_from_this<QmpClient> {
   void TryConnect();
   void StartRead();
   void HandleMessage(nlohmann::json message);
-  void Send(std::string command, nlohmann::json arguments, std::chrono::milliseconds timeout, ReplyHandler handler);
+  void Send(std::string command, nlohmann::json arguments, std::chrono::milliseconds timeout,
+            ReplyHandler handler);
   void WriteNext();
   void Shutdown(const Error& error, bool notify);
   void FinishConnect(Status status);

@@ -22,11 +22,12 @@ Status QmpFramer::CompleteMessage() {
   const size_t size = current_.size();
   current_.clear();
   if (message.is_discarded()) {
-    return Fail("QMP: malformed JSON message of " + std::to_string(size) + " bytes ending at byte " +
-                std::to_string(consumed_));
+    return Fail("QMP: malformed JSON message of " + std::to_string(size) +
+                " bytes ending at byte " + std::to_string(consumed_));
   }
   if (!message.is_object()) {
-    return Fail("QMP: message ending at byte " + std::to_string(consumed_) + " is not a JSON object");
+    return Fail("QMP: message ending at byte " + std::to_string(consumed_) +
+                " is not a JSON object");
   }
   ready_.push_back(std::move(message));
   return {};
@@ -95,8 +96,9 @@ bool QmpFramer::Pop(nlohmann::json* message) {
 Status QmpFramer::Finish() const {
   if (failed_) return error_;
   if (!current_.empty()) {
-    return Error{"QMP: stream ended in the middle of a message (" + std::to_string(current_.size()) +
-                 " bytes pending at byte " + std::to_string(consumed_) + ")"};
+    return Error{"QMP: stream ended in the middle of a message (" +
+                 std::to_string(current_.size()) + " bytes pending at byte " +
+                 std::to_string(consumed_) + ")"};
   }
   return {};
 }

@@ -19,10 +19,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "hvtrace/result.h"
 
@@ -58,7 +57,7 @@ class QmpFramer {
 
   size_t max_message_bytes_;
   std::string current_;  // Bytes of the message being assembled.
-  int depth_ = 0;         // Nesting of {} and [] inside |current_|.
+  int depth_ = 0;        // Nesting of {} and [] inside |current_|.
   bool in_string_ = false;
   bool escape_ = false;
   bool failed_ = false;

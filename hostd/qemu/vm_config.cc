@@ -34,7 +34,8 @@ bool IsPlainName(const std::string& s, bool allow_colon_comma) {
   if (s.empty()) return false;
   return std::all_of(s.begin(), s.end(), [&](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
-           c == '-' || c == '.' || (allow_colon_comma && (c == ':' || c == ',' || c == '*' || c == '^'));
+           c == '-' || c == '.' ||
+           (allow_colon_comma && (c == ':' || c == ',' || c == '*' || c == '^'));
   });
 }
 
@@ -75,11 +76,13 @@ Status CheckVmConfig(const VmConfig& config, const std::string& vm) {
     return Error{vm + "vCPU count " + std::to_string(config.vcpus) + " is outside 1..255"};
   }
   if (config.memory_bytes == 0 || config.memory_bytes % kMiB != 0) {
-    return Error{vm + "memory " + std::to_string(config.memory_bytes) + " bytes is not a whole number of MiB"};
+    return Error{vm + "memory " + std::to_string(config.memory_bytes) +
+                 " bytes is not a whole number of MiB"};
   }
   if (config.kernel.empty()) return Error{vm + "no kernel"};
   if (config.qmp_socket.empty()) return Error{vm + "no QMP socket path"};
-  if (Status s = CheckSocketPath("QMP socket", config.qmp_socket); !s.ok()) return Error{vm + s.error().message};
+  if (Status s = CheckSocketPath("QMP socket", config.qmp_socket); !s.ok())
+    return Error{vm + s.error().message};
   if (!config.console_socket.empty()) {
     if (Status s = CheckSocketPath("console socket", config.console_socket); !s.ok()) {
       return Error{vm + s.error().message};
@@ -90,26 +93,29 @@ Status CheckVmConfig(const VmConfig& config, const std::string& vm) {
 
 Result<bool> ChooseKvm(const VmConfig& config, bool kvm_usable, const std::string& vm) {
   switch (config.accel) {
-    case Accel::kAuto: return kvm_usable;
+    case Accel::kAuto:
+      return kvm_usable;
     case Accel::kKvm:
       if (!kvm_usable) return Error{vm + "KVM requested but /dev/kvm is not usable"};
       return true;
-    case Accel::kTcg: return false;
+    case Accel::kTcg:
+      return false;
   }
   return false;
 }
 
 // The boot range: node 1 backed by the host file, and the kernel parameters
 // that put the persistent ring buffer there.
-Status AddBootRange(const VmConfig& config, const std::string& vm, QemuPlan& plan, std::string& cmdline,
-                    std::set<std::string>& backing_paths) {
+Status AddBootRange(const VmConfig& config, const std::string& vm, QemuPlan& plan,
+                    std::string& cmdline, std::set<std::string>& backing_paths) {
   const BootRangeConfig& br = *config.boot_range;
   if (br.backing_path.empty()) return Error{vm + "boot range has no backing file path"};
   if (!IsPlainName(br.instance_name, false)) {
     return Error{vm + "boot range instance name '" + br.instance_name + "' must be [A-Za-z0-9_.-]"};
   }
   if (!br.events.empty() && !IsPlainName(br.events, true)) {
-    return Error{vm + "boot range events '" + br.events + "' may only hold names, ':', ',', '*', '^'"};
+    return Error{vm + "boot range events '" + br.events +
+                 "' may only hold names, ':', ',', '*', '^'"};
   }
   BootRangeRequest request;
   request.machine = config.machine;
@@ -127,14 +133,17 @@ Status AddBootRange(const VmConfig& config, const std::string& vm, QemuPlan& pla
                  " bytes; need at least " + std::to_string(16 * kGuestPageSize)};
   }
   backing_paths.insert(br.backing_path);
-  plan.argv.insert(plan.argv.end(),
-                   {"-object", "memory-backend-ram,id=hvt_node0,size=" + std::to_string(layout->node0_bytes),
-                    "-object", "memory-backend-file,id=hvt_node1,size=" + std::to_string(layout->node1_bytes) +
-                                   ",mem-path=" + OptValue(br.backing_path) + ",share=on",
-                    "-numa", "node,nodeid=0,memdev=hvt_node0", "-numa", "node,nodeid=1,memdev=hvt_node1"});
+  plan.argv.insert(
+      plan.argv.end(),
+      {"-object", "memory-backend-ram,id=hvt_node0,size=" + std::to_string(layout->node0_bytes),
+       "-object",
+       "memory-backend-file,id=hvt_node1,size=" + std::to_string(layout->node1_bytes) +
+           ",mem-path=" + OptValue(br.backing_path) + ",share=on",
+       "-numa", "node,nodeid=0,memdev=hvt_node0", "-numa", "node,nodeid=1,memdev=hvt_node1"});
   const std::string where = Hex(layout->range_gpa);
   cmdline += " memmap=" + KernelSize(layout->range_bytes) + "$" + where;
-  cmdline += " trace_instance=" + br.instance_name + "@" + where + ":" + KernelSize(layout->range_bytes);
+  cmdline +=
+      " trace_instance=" + br.instance_name + "@" + where + ":" + KernelSize(layout->range_bytes);
   if (!br.events.empty()) cmdline += "," + br.events;
   plan.boot_range = *layout;
   return {};
@@ -144,12 +153,13 @@ Status AddBootRange(const VmConfig& config, const std::string& vm, QemuPlan& pla
 // guest writes, also while nobody is connected.
 void AddConsole(const VmConfig& config, std::vector<std::string>& a) {
   if (!config.console_socket.empty()) {
-    std::string chardev = "socket,id=hvt_con,path=" + OptValue(config.console_socket) + ",server=on,wait=off";
+    std::string chardev =
+        "socket,id=hvt_con,path=" + OptValue(config.console_socket) + ",server=on,wait=off";
     if (!config.console_log.empty()) chardev += ",logfile=" + OptValue(config.console_log);
     a.insert(a.end(), {"-chardev", chardev, "-serial", "chardev:hvt_con"});
   } else if (!config.console_log.empty()) {
-    a.insert(a.end(),
-             {"-chardev", "file,id=hvt_con,path=" + OptValue(config.console_log), "-serial", "chardev:hvt_con"});
+    a.insert(a.end(), {"-chardev", "file,id=hvt_con,path=" + OptValue(config.console_log),
+                       "-serial", "chardev:hvt_con"});
   } else {
     a.insert(a.end(), {"-serial", "null"});
   }
@@ -170,12 +180,15 @@ Status AddIvshmem(const VmConfig& config, const std::string& vm, std::vector<std
     }
     if (iv.backing_path.empty()) return Error{which + "no backing file path"};
     if (!backing_paths.insert(iv.backing_path).second) {
-      return Error{which + "backing file '" + iv.backing_path + "' is already used by another region"};
+      return Error{which + "backing file '" + iv.backing_path +
+                   "' is already used by another region"};
     }
     const std::string memdev = "hvt_ivs" + std::to_string(i);
-    a.insert(a.end(), {"-object", "memory-backend-file,id=" + memdev + ",size=" + std::to_string(iv.size_bytes) +
-                                      ",mem-path=" + OptValue(iv.backing_path) + ",share=on",
-                       "-device", "ivshmem-plain,memdev=" + memdev + ",id=" + iv.id});
+    a.insert(a.end(),
+             {"-object",
+              "memory-backend-file,id=" + memdev + ",size=" + std::to_string(iv.size_bytes) +
+                  ",mem-path=" + OptValue(iv.backing_path) + ",share=on",
+              "-device", "ivshmem-plain,memdev=" + memdev + ",id=" + iv.id});
   }
   return {};
 }
@@ -195,28 +208,48 @@ Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable) {
   // int3-then-sync protocol of text_poke_bp holds. KVM is unaffected.
   QemuPlan plan;
   auto& a = plan.argv;
-  a = {config.qemu_binary, "-name", OptValue(config.name), "-no-user-config", "-nodefaults",
-       "-display", "none", "-machine", config.machine == MachineType::kQ35 ? "q35" : "pc",
-       "-accel", *kvm ? "kvm" : "tcg,thread=single", "-smp", std::to_string(config.vcpus),
-       "-m", std::to_string(config.memory_bytes / kMiB) + "M"};
+  a = {config.qemu_binary,
+       "-name",
+       OptValue(config.name),
+       "-no-user-config",
+       "-nodefaults",
+       "-display",
+       "none",
+       "-machine",
+       config.machine == MachineType::kQ35 ? "q35" : "pc",
+       "-accel",
+       *kvm ? "kvm" : "tcg,thread=single",
+       "-smp",
+       std::to_string(config.vcpus),
+       "-m",
+       std::to_string(config.memory_bytes / kMiB) + "M"};
   if (!config.cpu_model.empty()) a.insert(a.end(), {"-cpu", config.cpu_model});
 
   std::set<std::string> backing_paths;
   std::string cmdline = config.cmdline;
-  if (!HasToken(cmdline, "console=")) cmdline += cmdline.empty() ? "console=ttyS0" : " console=ttyS0";
+  if (!HasToken(cmdline, "console="))
+    cmdline += cmdline.empty() ? "console=ttyS0" : " console=ttyS0";
   if (config.boot_range) {
-    if (Status s = AddBootRange(config, vm, plan, cmdline, backing_paths); !s.ok()) return s.error();
+    if (Status s = AddBootRange(config, vm, plan, cmdline, backing_paths); !s.ok())
+      return s.error();
   }
   a.insert(a.end(), {"-kernel", config.kernel});
   if (!config.initrd.empty()) a.insert(a.end(), {"-initrd", config.initrd});
   a.insert(a.end(), {"-append", cmdline});
   AddConsole(config, a);
-  a.insert(a.end(), {"-chardev", "socket,id=hvt_qmp,path=" + OptValue(config.qmp_socket) + ",server=on,wait=off",
-                     "-mon", "chardev=hvt_qmp,mode=control"});
+  a.insert(
+      a.end(),
+      {"-chardev", "socket,id=hvt_qmp,path=" + OptValue(config.qmp_socket) + ",server=on,wait=off",
+       "-mon", "chardev=hvt_qmp,mode=control"});
   switch (config.panic_device) {
-    case PanicDevice::kNone: break;
-    case PanicDevice::kIsa: a.insert(a.end(), {"-device", "pvpanic"}); break;
-    case PanicDevice::kPci: a.insert(a.end(), {"-device", "pvpanic-pci"}); break;
+    case PanicDevice::kNone:
+      break;
+    case PanicDevice::kIsa:
+      a.insert(a.end(), {"-device", "pvpanic"});
+      break;
+    case PanicDevice::kPci:
+      a.insert(a.end(), {"-device", "pvpanic-pci"});
+      break;
   }
   if (config.pause_on_panic) a.insert(a.end(), {"-action", "panic=pause"});
   if (config.no_reboot) a.push_back("-no-reboot");

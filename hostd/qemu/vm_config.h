@@ -24,14 +24,14 @@ struct BootRangeConfig {
   uint64_t range_bytes = 16 * kMiB;
   uint64_t node0_bytes = 0;  // 0: smallest node 1 that fits (see gpa_layout.h).
   std::string instance_name = "boot_map";
-  std::string events;        // e.g. "sched:sched_switch,irq"; may be empty.
+  std::string events;             // e.g. "sched:sched_switch,irq"; may be empty.
   bool remove_on_cleanup = true;  // Only if the launcher created the file.
 };
 
 // A cold-plugged ivshmem-plain device backed by a host file.
 struct IvshmemConfig {
-  std::string id;            // QEMU device id, e.g. "ivs0".
-  std::string backing_path;  // Usually /dev/shm/<unique>.
+  std::string id;                  // QEMU device id, e.g. "ivs0".
+  std::string backing_path;        // Usually /dev/shm/<unique>.
   uint64_t size_bytes = 4 * kMiB;  // Must be a power of two: QEMU aborts otherwise.
   bool remove_on_cleanup = true;
 };
@@ -41,16 +41,16 @@ struct VmConfig {
   std::string qemu_binary = "qemu-system-x86_64";
   MachineType machine = MachineType::kPc;
   Accel accel = Accel::kAuto;
-  std::string cpu_model;     // Empty: QEMU's default for the accelerator.
+  std::string cpu_model;  // Empty: QEMU's default for the accelerator.
   int vcpus = 2;
   uint64_t memory_bytes = 1088 * kMiB;  // Whole MiB.
   std::string kernel;
-  std::string initrd;        // May be empty.
-  std::string cmdline;       // "console=ttyS0" is added when missing.
-  std::string qmp_socket;    // Unix socket path; QEMU listens (server=on,wait=off).
-  std::string console_log;   // Everything the guest writes to ttyS0.
+  std::string initrd;          // May be empty.
+  std::string cmdline;         // "console=ttyS0" is added when missing.
+  std::string qmp_socket;      // Unix socket path; QEMU listens (server=on,wait=off).
+  std::string console_log;     // Everything the guest writes to ttyS0.
   std::string console_socket;  // Optional unix socket for ttyS0 input/output.
-  std::string qemu_log;      // QEMU's own stdout/stderr; empty: /dev/null.
+  std::string qemu_log;        // QEMU's own stdout/stderr; empty: /dev/null.
   PanicDevice panic_device = PanicDevice::kIsa;
   bool pause_on_panic = true;  // -action panic=pause: keeps the memory to read.
   bool no_reboot = false;

@@ -6,8 +6,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 namespace hvtrace::hostd {
@@ -38,8 +38,8 @@ Result<std::unique_ptr<GuestConsole>> GuestConsole::Connect(const std::string& s
     if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return Error{"console: cannot connect to " + socket_path + " within " + std::to_string(timeout.count()) +
-               " ms: " + std::strerror(last_errno)};
+  return Error{"console: cannot connect to " + socket_path + " within " +
+               std::to_string(timeout.count()) + " ms: " + std::strerror(last_errno)};
 }
 
 GuestConsole::GuestConsole(int fd) : fd_(fd) {
@@ -109,8 +109,8 @@ void GuestConsole::AddLine(std::string line) {
 }
 
 template <typename Match>
-Result<std::string> GuestConsole::WaitFor(const std::string& what, std::chrono::milliseconds timeout,
-                                          Match&& match) {
+Result<std::string> GuestConsole::WaitFor(const std::string& what,
+                                          std::chrono::milliseconds timeout, Match&& match) {
   const auto deadline = Clock::now() + timeout;
   std::unique_lock lock(mutex_);
   while (true) {
@@ -135,15 +135,18 @@ Result<std::string> GuestConsole::WaitFor(const std::string& what, std::chrono::
   }
 }
 
-Result<std::string> GuestConsole::WaitForLine(std::string_view needle, std::chrono::milliseconds timeout) {
-  return WaitFor("containing '" + std::string(needle) + "'", timeout,
-                 [needle](const std::string& line) { return line.find(needle) != std::string::npos; });
+Result<std::string> GuestConsole::WaitForLine(std::string_view needle,
+                                              std::chrono::milliseconds timeout) {
+  return WaitFor(
+      "containing '" + std::string(needle) + "'", timeout,
+      [needle](const std::string& line) { return line.find(needle) != std::string::npos; });
 }
 
 Result<std::vector<std::string>> GuestConsole::WaitForMatch(const std::regex& pattern,
                                                             std::chrono::milliseconds timeout) {
-  auto matched = WaitFor("matching the pattern", timeout,
-                         [&pattern](const std::string& line) { return std::regex_search(line, pattern); });
+  auto matched = WaitFor("matching the pattern", timeout, [&pattern](const std::string& line) {
+    return std::regex_search(line, pattern);
+  });
   if (!matched.ok()) return matched.error();
   std::smatch m;
   std::regex_search(matched.value(), m, pattern);
@@ -165,7 +168,7 @@ Status GuestConsole::Send(std::string_view text) {
 }
 
 Result<GuestConsole::CommandResult> GuestConsole::Run(const std::string& command,
-                                                       std::chrono::milliseconds timeout) {
+                                                      std::chrono::milliseconds timeout) {
   if (command.find('\n') != std::string::npos) return Error{"console: command must be one line"};
   const auto deadline = Clock::now() + timeout;
   auto left = [&deadline] {
@@ -185,12 +188,14 @@ Result<GuestConsole::CommandResult> GuestConsole::Run(const std::string& command
   const std::string id = std::to_string(n);
   const std::string begin = "__HVT_BEGIN_" + id + "__";
   const std::string marker = "__HVT_DONE_" + id + "_";
-  if (Status s = Send("echo __HVT_BEG''IN_" + id + "__; " + command + "; echo " + marker + "$?\n"); !s.ok()) {
+  if (Status s = Send("echo __HVT_BEG''IN_" + id + "__; " + command + "; echo " + marker + "$?\n");
+      !s.ok()) {
     return s.error();
   }
   const std::string what = "after `" + command + "`";
-  auto begin_line = WaitFor("'" + begin + "' " + what, left(),
-                            [&begin](const std::string& l) { return l.find(begin) != std::string::npos; });
+  auto begin_line = WaitFor("'" + begin + "' " + what, left(), [&begin](const std::string& l) {
+    return l.find(begin) != std::string::npos;
+  });
   if (!begin_line.ok()) return begin_line.error();
   uint64_t first_output;
   {

@@ -45,7 +45,8 @@ class GuestConsole {
   // line and moves the cursor past it. Errors carry the console tail.
   Result<std::string> WaitForLine(std::string_view needle, std::chrono::milliseconds timeout);
   // For a pattern: the match groups ([0] is the whole match).
-  Result<std::vector<std::string>> WaitForMatch(const std::regex& pattern, std::chrono::milliseconds timeout);
+  Result<std::vector<std::string>> WaitForMatch(const std::regex& pattern,
+                                                std::chrono::milliseconds timeout);
 
   struct CommandResult {
     int status = -1;
@@ -69,7 +70,8 @@ class GuestConsole {
   void AddLine(std::string line);  // Called with |mutex_| held.
   // Waits for a line after the cursor satisfying |match|; moves the cursor.
   template <typename Match>
-  Result<std::string> WaitFor(const std::string& what, std::chrono::milliseconds timeout, Match&& match);
+  Result<std::string> WaitFor(const std::string& what, std::chrono::milliseconds timeout,
+                              Match&& match);
 
   int fd_ = -1;
   int stop_pipe_[2] = {-1, -1};

@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <linux/close_range.h>
-#include <signal.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -42,7 +42,8 @@ std::string ReadTail(const std::string& path, size_t max_bytes) {
   struct stat st;
   std::string out;
   if (fstat(fd, &st) == 0 && st.st_size > 0) {
-    const off_t start = st.st_size > static_cast<off_t>(max_bytes) ? st.st_size - static_cast<off_t>(max_bytes) : 0;
+    const off_t start =
+        st.st_size > static_cast<off_t>(max_bytes) ? st.st_size - static_cast<off_t>(max_bytes) : 0;
     out.resize(static_cast<size_t>(st.st_size - start));
     const ssize_t n = pread(fd, out.data(), out.size(), start);
     out.resize(n > 0 ? static_cast<size_t>(n) : 0);
@@ -99,7 +100,8 @@ Result<std::unique_ptr<Vm>> Vm::Reattach(const std::string& name, const VmIdenti
   if (Status s = check(); !s.ok()) return s.error();
   std::string cmdline = ReadFile("/proc/" + std::to_string(identity.pid) + "/cmdline");
   std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-  if (!identity.cmdline_mentions.empty() && cmdline.find(identity.cmdline_mentions) == std::string::npos) {
+  if (!identity.cmdline_mentions.empty() &&
+      cmdline.find(identity.cmdline_mentions) == std::string::npos) {
     return Error{vm + which + " is not the QEMU we started: its command line does not mention " +
                  identity.cmdline_mentions};
   }
@@ -130,7 +132,8 @@ std::unique_ptr<Vm> Vm::Remnant(const std::string& name, std::vector<std::string
 }
 
 Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
-                                      std::chrono::milliseconds ready_timeout, VmLifetime lifetime) {
+                                      std::chrono::milliseconds ready_timeout,
+                                      VmLifetime lifetime) {
   Result<QemuPlan> plan = BuildQemuPlan(config, kvm_usable);
   if (!plan.ok()) return plan.error();
   const std::string vm = "VM '" + config.name + "': ";
@@ -153,12 +156,15 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
   auto own_if_new = [&](const std::string& path, bool remove) {
     if (remove && !PathExists(path)) self->owned_files_.push_back(path);
   };
-  if (config.boot_range) own_if_new(config.boot_range->backing_path, config.boot_range->remove_on_cleanup);
+  if (config.boot_range)
+    own_if_new(config.boot_range->backing_path, config.boot_range->remove_on_cleanup);
   for (const IvshmemConfig& iv : config.ivshmem) own_if_new(iv.backing_path, iv.remove_on_cleanup);
 
-  const std::string& log_path = config.qemu_log.empty() ? std::string("/dev/null") : config.qemu_log;
+  const std::string& log_path =
+      config.qemu_log.empty() ? std::string("/dev/null") : config.qemu_log;
   const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (log_fd < 0) return Error{vm + "cannot open QEMU log " + log_path + ": " + std::strerror(errno)};
+  if (log_fd < 0)
+    return Error{vm + "cannot open QEMU log " + log_path + ": " + std::strerror(errno)};
   const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   int exec_pipe[2];
   if (null_fd < 0 || pipe2(exec_pipe, O_CLOEXEC) != 0) {
@@ -359,6 +365,8 @@ void Vm::Cleanup() {
 
 std::vector<std::string> Vm::OwnedPaths() const { return owned_files_; }
 
-std::string Vm::QemuLogTail(size_t max_bytes) const { return ReadTail(config_.qemu_log, max_bytes); }
+std::string Vm::QemuLogTail(size_t max_bytes) const {
+  return ReadTail(config_.qemu_log, max_bytes);
+}
 
 }  // namespace hvtrace::hostd

@@ -47,17 +47,18 @@ std::optional<uint64_t> ProcessStartTime(pid_t pid);
 // What a restarted daemon knows about a QEMU an earlier daemon started.
 struct VmIdentity {
   pid_t pid = -1;
-  uint64_t start_time = 0;                 // ProcessStartTime at launch.
-  std::string cmdline_mentions;            // A string QEMU's argv must contain (its QMP socket).
-  std::vector<std::string> owned_paths;    // Removed by Cleanup (sockets, backing file).
+  uint64_t start_time = 0;               // ProcessStartTime at launch.
+  std::string cmdline_mentions;          // A string QEMU's argv must contain (its QMP socket).
+  std::vector<std::string> owned_paths;  // Removed by Cleanup (sockets, backing file).
 };
 
 class Vm {
  public:
   // |kvm_usable| resolves Accel::kAuto; pass KvmUsable() normally.
-  static Result<std::unique_ptr<Vm>> Start(const VmConfig& config, bool kvm_usable,
-                                           std::chrono::milliseconds ready_timeout = std::chrono::seconds(15),
-                                           VmLifetime lifetime = VmLifetime::kDiesWithStarter);
+  static Result<std::unique_ptr<Vm>> Start(
+      const VmConfig& config, bool kvm_usable,
+      std::chrono::milliseconds ready_timeout = std::chrono::seconds(15),
+      VmLifetime lifetime = VmLifetime::kDiesWithStarter);
   // Takes back a QEMU started by another process (an earlier hvtraced) after
   // checking that |identity.pid| still is that QEMU: same start time, and its
   // argv mentions |identity.cmdline_mentions|. Errors say which check failed.
@@ -84,7 +85,8 @@ class Vm {
 
   // QMP quit through |qmp| (if given and connected), then SIGTERM, then
   // SIGKILL, each given |grace| to work. Fails only if QEMU cannot be reaped.
-  Status Stop(QmpSyncClient* qmp = nullptr, std::chrono::milliseconds grace = std::chrono::seconds(3));
+  Status Stop(QmpSyncClient* qmp = nullptr,
+              std::chrono::milliseconds grace = std::chrono::seconds(3));
   // SIGKILL to the process group, as if QEMU crashed; does not wait.
   void Kill();
 
@@ -111,8 +113,8 @@ class Vm {
   QemuPlan plan_;
   pid_t pid_ = -1;
   uint64_t start_time_ = 0;
-  bool child_ = true;   // false after Reattach: not ours to waitpid.
-  int pidfd_ = -1;      // Reattached VMs: pins the process, readable when it exits.
+  bool child_ = true;  // false after Reattach: not ours to waitpid.
+  int pidfd_ = -1;     // Reattached VMs: pins the process, readable when it exits.
   bool released_ = false;
   std::optional<int> wait_status_;
   std::vector<std::string> owned_files_;  // Sockets + created backing files.

@@ -4,6 +4,7 @@
 // and through the direct-write library (hvtrace-guest-test dw-write), and the host
 // region reader finds all of them, in time order, without a single issue.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -13,8 +14,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "attach_region_host.h"
 #include "guest_harness.h"
@@ -94,8 +93,9 @@ TEST(AttachColdE2e, MarkersAndDirectWritesReachTheHostRegion) {
       EXPECT_EQ(s->guest.trace_clock, region::kClockMono);
       break;
     }
-    ASSERT_LT(Clock::now(), attach_deadline) << "agent never announced the guest\n"
-                                             << guest.Run("cat /tmp/agent.log")->output << guest.Diagnostics();
+    ASSERT_LT(Clock::now(), attach_deadline)
+        << "agent never announced the guest\n"
+        << guest.Run("cat /tmp/agent.log")->output << guest.Diagnostics();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 
@@ -137,7 +137,8 @@ TEST(AttachColdE2e, MarkersAndDirectWritesReachTheHostRegion) {
       }
     }
   }
-  EXPECT_TRUE(k1.seen && k2.seen) << "trace_marker events missing\n" << guest.Run("cat /tmp/agent.log")->output;
+  EXPECT_TRUE(k1.seen && k2.seen) << "trace_marker events missing\n"
+                                  << guest.Run("cat /tmp/agent.log")->output;
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(d[i].seen) << "direct-write event " << i << " missing";
   EXPECT_EQ(issues, 0u);
   // One clock (mono) on both paths: the order the guest wrote them in.

@@ -14,11 +14,10 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
-
-#include <nlohmann/json.hpp>
 
 #include "control_client.h"
 #include "hvtrace/result.h"
@@ -45,9 +44,7 @@ class AttachTestDaemon {
   std::string socket() const { return dir_ + "/run/hvtraced.sock"; }
   std::string state_dir() const { return dir_ + "/state"; }
   std::string dir() const { return dir_; }
-  std::string log() const {
-    return test_support::ReadText(dir_ + "/hvtraced.log");
-  }
+  std::string log() const { return test_support::ReadText(dir_ + "/hvtraced.log"); }
 
   bool Start() {
     pid_ = ::fork();
@@ -56,12 +53,13 @@ class AttachTestDaemon {
       if (std::freopen(log_path.c_str(), "a", stderr) == nullptr) ::_exit(126);
       const std::string bin = std::string(HVTRACE_BIN_DIR) + "/hvtraced";
       const std::string conf = dir_ + "/hvtraced.conf", state = state_dir(), run = dir_ + "/run";
-      ::execl(bin.c_str(), bin.c_str(), "--config", conf.c_str(), "--state-dir", state.c_str(), "--run-dir",
-              run.c_str(), static_cast<char*>(nullptr));
+      ::execl(bin.c_str(), bin.c_str(), "--config", conf.c_str(), "--state-dir", state.c_str(),
+              "--run-dir", run.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     for (int i = 0; i < 100; ++i) {
-      if (auto c = hostd::ControlClient::Connect(socket(), std::chrono::seconds(1)); c.ok()) return true;
+      if (auto c = hostd::ControlClient::Connect(socket(), std::chrono::seconds(1)); c.ok())
+        return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     return false;
@@ -107,11 +105,14 @@ class StreamCollector {
     }
     client_ = std::make_unique<hostd::ControlClient>(std::move(*c));
     thread_ = std::thread([this, args] {
-      auto r = client_->Call("stream", args, std::chrono::minutes(30), [this](const nlohmann::json& item) {
-        std::lock_guard lock(mu_);
-        if (item.contains("text") && item["text"].is_string()) text_ += item["text"].get<std::string>();
-        if (item.contains("note") && item["note"].is_string()) notes_ += item["note"].get<std::string>() + "\n";
-      });
+      auto r = client_->Call("stream", args, std::chrono::minutes(30),
+                             [this](const nlohmann::json& item) {
+                               std::lock_guard lock(mu_);
+                               if (item.contains("text") && item["text"].is_string())
+                                 text_ += item["text"].get<std::string>();
+                               if (item.contains("note") && item["note"].is_string())
+                                 notes_ += item["note"].get<std::string>() + "\n";
+                             });
       std::lock_guard lock(mu_);
       if (!r.ok()) {
         end_ = "error: " + r.error().message;

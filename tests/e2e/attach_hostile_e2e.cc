@@ -15,23 +15,20 @@
 // the other VM carries every one of that VM's markers and none of the
 // hostile one's, and the captures report the damage by reason in one VM's
 // manifest and none in the other's.
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-
-#include <nlohmann/json.hpp>
-
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "attach_daemon_harness.h"
 #include "attach_region_host.h"
@@ -58,7 +55,8 @@ struct AttachedGuest {
   }
 };
 
-Status Start(AttachedGuest* g, const GuestImage& image, const std::string& tag, uint64_t region_id) {
+Status Start(AttachedGuest* g, const GuestImage& image, const std::string& tag,
+             uint64_t region_id) {
   g->tag = tag;
   g->guest = std::make_unique<TestGuest>("hostile-" + tag);
   if (Status s = g->guest->Boot(g->guest->MakeConfig(image)); !s.ok()) {
@@ -66,10 +64,13 @@ Status Start(AttachedGuest* g, const GuestImage& image, const std::string& tag, 
   }
   auto started = g->guest->Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)");
   if (!started.ok()) return started.error();
-  auto region = HostRegion::Create(g->guest->ShmPath("region"), kRegionSize, 2, region_id, 50, kEvents);
+  auto region =
+      HostRegion::Create(g->guest->ShmPath("region"), kRegionSize, 2, region_id, 50, kEvents);
   if (!region.ok()) return region.error();
   g->region = std::move(*region);
-  if (Status s = HotplugRegion(g->guest->qmp(), "hv1", "ivs1", g->region->path(), kRegionSize); !s.ok()) return s;
+  if (Status s = HotplugRegion(g->guest->qmp(), "hv1", "ivs1", g->region->path(), kRegionSize);
+      !s.ok())
+    return s;
   const bool running = WaitUntil(
       [&] {
         const RegionSnapshot s = g->region->Read();
@@ -88,8 +89,10 @@ Status Mark(AttachedGuest* g, const std::string& what, int count, bool dw = true
                          "-K$i > /sys/kernel/tracing/trace_marker; done");
   if (!k.ok() || k->status != 0) return Error{g->tag + ": trace_marker failed"};
   if (!dw) return Status();
-  auto d = g->guest->Run("hvtrace-guest-test dw-write --count " + std::to_string(count) + " " + prefix + "-D");
-  if (!d.ok() || d->status != 0) return Error{g->tag + ": dw-write failed: " + (d.ok() ? d->output : "")};
+  auto d = g->guest->Run("hvtrace-guest-test dw-write --count " + std::to_string(count) + " " +
+                         prefix + "-D");
+  if (!d.ok() || d->status != 0)
+    return Error{g->tag + ": dw-write failed: " + (d.ok() ? d->output : "")};
   return Status();
 }
 
@@ -108,8 +111,8 @@ std::pair<int, int> CountTag(const std::vector<RegionRecord>& records, const std
 // race of reading a live region (the next read has it whole), not damage —
 // so it is left out.
 uint64_t DamageIn(const RegionSnapshot& s) {
-  return s.issue_total() - s.issue_count(RegionIssue::kSlotTorn) - s.issue_count(RegionIssue::kCommsTorn) -
-         s.issue_count(RegionIssue::kSymbolsTorn);
+  return s.issue_total() - s.issue_count(RegionIssue::kSlotTorn) -
+         s.issue_count(RegionIssue::kCommsTorn) - s.issue_count(RegionIssue::kSymbolsTorn);
 }
 
 class AttachHostileE2e : public ::testing::Test {
@@ -139,7 +142,8 @@ TEST_F(AttachHostileE2e, TwoVmsAttachedAtOnceStayIsolated) {
         return a_in_a == std::make_pair(20, 20) && b_in_b == std::make_pair(20, 20);
       },
       std::chrono::seconds(30)))
-      << "A has " << a_in_a.first << "+" << a_in_a.second << ", B has " << b_in_b.first << "+" << b_in_b.second;
+      << "A has " << a_in_a.first << "+" << a_in_a.second << ", B has " << b_in_b.first << "+"
+      << b_in_b.second;
   const RegionSnapshot sa = a_.region->Read(), sb = b_.region->Read();
   const auto ra = AllRecords(sa), rb = AllRecords(sb);
   EXPECT_EQ(CountTag(ra, "HVT-VMB"), std::make_pair(0, 0)) << "B's markers in A's region";
@@ -147,8 +151,10 @@ TEST_F(AttachHostileE2e, TwoVmsAttachedAtOnceStayIsolated) {
   EXPECT_NE(sa.guest.boot_id, sb.guest.boot_id);
   EXPECT_EQ(DamageIn(sa), 0u);
   EXPECT_EQ(DamageIn(sb), 0u);
-  std::printf("isolation: A region %zu records, B region %zu records; 20+20 tagged markers each, none crossed\n",
-              ra.size(), rb.size());
+  std::printf(
+      "isolation: A region %zu records, B region %zu records; 20+20 tagged markers each, none "
+      "crossed\n",
+      ra.size(), rb.size());
 }
 
 TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) {
@@ -175,7 +181,10 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
     tracker_a.Update(&sa);
     tracker_b.Update(&sb);
   }
-  ASSERT_EQ(a_.guest->Run("(hvtrace-guest-test scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")->status, 0);
+  ASSERT_EQ(
+      a_.guest->Run("(hvtrace-guest-test scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")
+          ->status,
+      0);
   // The text areas' content is checked when it is inflated, as stream and
   // capture do.
   RegionTextCache texts_a, texts_b;
@@ -189,9 +198,10 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
     texts_a.Update(&sa);
     for (size_t i = 0; i < seen.size(); ++i) seen[i] += sa.issues[i];
     for (const RegionProblem& p : sa.problems) {
-      if (examples.size() < 12 && seen[static_cast<size_t>(p.issue)] == sa.issues[static_cast<size_t>(p.issue)]) {
-        examples.push_back(std::string(RegionIssueName(p.issue)) + " @" + std::to_string(p.offset) + " " + p.where +
-                           ": " + p.detail);
+      if (examples.size() < 12 &&
+          seen[static_cast<size_t>(p.issue)] == sa.issues[static_cast<size_t>(p.issue)]) {
+        examples.push_back(std::string(RegionIssueName(p.issue)) + " @" + std::to_string(p.offset) +
+                           " " + p.where + ": " + p.detail);
       }
     }
     uint64_t good = 0;
@@ -203,38 +213,46 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
     b_issues += DamageIn(sb);
     b_torn += sb.issue_count(RegionIssue::kSlotTorn);
     for (const RegionProblem& p : sb.problems) {
-      if (b_examples.size() < 5) b_examples.push_back(std::string(RegionIssueName(p.issue)) + " " + p.where + ": " + p.detail);
+      if (b_examples.size() < 5)
+        b_examples.push_back(std::string(RegionIssueName(p.issue)) + " " + p.where + ": " +
+                             p.detail);
     }
     ++reads;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   const std::string scribble_log = a_.guest->Run("cat /tmp/scribble.log")->output;
   std::printf("scribbler said:\n%s", scribble_log.c_str());
-  std::printf("host reads of A during the scribbling: %llu; issues by reason (summed over reads):\n",
-              static_cast<unsigned long long>(reads));
+  std::printf(
+      "host reads of A during the scribbling: %llu; issues by reason (summed over reads):\n",
+      static_cast<unsigned long long>(reads));
   for (size_t i = 0; i < seen.size(); ++i) {
-    if (seen[i] != 0) std::printf("  %-28s %llu\n", RegionIssueName(static_cast<RegionIssue>(i)),
-                                  static_cast<unsigned long long>(seen[i]));
+    if (seen[i] != 0)
+      std::printf("  %-28s %llu\n", RegionIssueName(static_cast<RegionIssue>(i)),
+                  static_cast<unsigned long long>(seen[i]));
   }
   for (const std::string& e : examples) std::printf("  e.g. %s\n", e.c_str());
-  std::printf("fewest good CPU pages in one read of A: %llu\n", static_cast<unsigned long long>(a_good_pages_min));
-  std::printf("other VM (B) over the same %llu reads: %llu issues, %llu slots caught mid-write by the copy\n",
-              static_cast<unsigned long long>(reads), static_cast<unsigned long long>(b_issues),
-              static_cast<unsigned long long>(b_torn));
+  std::printf("fewest good CPU pages in one read of A: %llu\n",
+              static_cast<unsigned long long>(a_good_pages_min));
+  std::printf(
+      "other VM (B) over the same %llu reads: %llu issues, %llu slots caught mid-write by the "
+      "copy\n",
+      static_cast<unsigned long long>(reads), static_cast<unsigned long long>(b_issues),
+      static_cast<unsigned long long>(b_torn));
   for (const std::string& e : b_examples) std::printf("  B: %s\n", e.c_str());
 
   // Every kind of damage is reported by its reason.
   for (RegionIssue issue : {RegionIssue::kHeaderMismatch, RegionIssue::kSlotLengthOutOfRange,
                             RegionIssue::kSlotCommitPastLength, RegionIssue::kSlotTorn,
                             RegionIssue::kFormatIdMismatch, RegionIssue::kFormatFingerprintMismatch,
-                            RegionIssue::kFormatBadKind, RegionIssue::kFormatParseError, RegionIssue::kFormatConflict,
-                            RegionIssue::kFormatOutOfRange, RegionIssue::kSlotPageError,
-                            RegionIssue::kCounterBackwards}) {
+                            RegionIssue::kFormatBadKind, RegionIssue::kFormatParseError,
+                            RegionIssue::kFormatConflict, RegionIssue::kFormatOutOfRange,
+                            RegionIssue::kSlotPageError, RegionIssue::kCounterBackwards}) {
     EXPECT_GT(seen[static_cast<size_t>(issue)], 0u) << RegionIssueName(issue) << " never reported";
   }
   // The comm area lies (a 4 MiB region has no symbol area: the daemon test
   // below covers that one).
-  EXPECT_GT(seen[static_cast<size_t>(RegionIssue::kCommsBad)], 0u) << "comm area lies never reported";
+  EXPECT_GT(seen[static_cast<size_t>(RegionIssue::kCommsBad)], 0u)
+      << "comm area lies never reported";
   EXPECT_GT(seen[static_cast<size_t>(RegionIssue::kRingCounterBehind)] +
                 seen[static_cast<size_t>(RegionIssue::kSlotMisplaced)],
             0u)
@@ -267,7 +285,8 @@ TEST_F(AttachHostileE2e, ScribblerIsReportedAndSkippedAndTheOtherVmIsUntouched) 
   const RegionSnapshot sb = b_.region->Read();
   EXPECT_EQ(DamageIn(sb), 0u);
   EXPECT_EQ(CountTag(AllRecords(sb), "HVT-VMA"), std::make_pair(0, 0));
-  EXPECT_EQ(a_.guest->Run("pidof hvtrace-agent")->status, 0) << "the hostile guest's agent died\n" << a_.Log();
+  EXPECT_EQ(a_.guest->Run("pidof hvtrace-agent")->status, 0) << "the hostile guest's agent died\n"
+                                                             << a_.Log();
 }
 
 // Both guests attached by one hvtraced, over its own QMP monitor per guest.
@@ -275,7 +294,8 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
   using nlohmann::json;
   namespace fs = std::filesystem;
   if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
-  if (access((std::string(HVTRACE_BIN_DIR) + "/hvtraced").c_str(), X_OK) != 0) GTEST_SKIP() << "no hvtraced";
+  if (access((std::string(HVTRACE_BIN_DIR) + "/hvtraced").c_str(), X_OK) != 0)
+    GTEST_SKIP() << "no hvtraced";
   auto image = ImageWithThisAgent();
   ASSERT_TRUE(image.ok()) << image.error().message;
 
@@ -292,7 +312,8 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
     v.name = std::string("hostile-") + tags[i] + "-" + std::to_string(getpid());
     v.qmp = "/tmp/hvt-" + v.name + ".qmp";
     hostd::VmConfig config = v.guest->MakeConfig(*image);
-    config.extra_args.insert(config.extra_args.end(), {"-qmp", "unix:" + v.qmp + ",server=on,wait=off"});
+    config.extra_args.insert(config.extra_args.end(),
+                             {"-qmp", "unix:" + v.qmp + ",server=on,wait=off"});
     ASSERT_TRUE(v.guest->Boot(config).ok()) << v.guest->Diagnostics();
     ASSERT_EQ(v.guest->Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)")->status, 0);
   }
@@ -319,18 +340,20 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
   StreamCollector stream_a(daemon.socket(), {{"name", vms[0].name}, {"format", "text"}});
   StreamCollector stream_b(daemon.socket(), {{"name", vms[1].name}, {"format", "text"}});
   for (StreamCollector* s : {&stream_a, &stream_b}) {
-    ASSERT_TRUE(s->WaitFor([&](const std::string&) { return s->notes().find("streaming VM") != std::string::npos; },
-                           std::chrono::seconds(10)))
+    ASSERT_TRUE(s->WaitFor(
+        [&](const std::string&) { return s->notes().find("streaming VM") != std::string::npos; },
+        std::chrono::seconds(10)))
         << s->end();
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto mark = [&](Vm& v, const std::string& what, int count) {
-    return v.guest->Run("for i in $(seq " + std::to_string(count) + "); do echo HVT-" + v.tag + "-" + what +
-                        "-$i > /sys/kernel/tracing/trace_marker; done");
+    return v.guest->Run("for i in $(seq " + std::to_string(count) + "); do echo HVT-" + v.tag +
+                        "-" + what + "-$i > /sys/kernel/tracing/trace_marker; done");
   };
   ASSERT_EQ(mark(vms[0], "before", 50)->status, 0);
   ASSERT_EQ(mark(vms[1], "before", 20)->status, 0);
-  std::this_thread::sleep_for(std::chrono::seconds(3));  // Pages pile up in A's rings for the scribbler.
+  std::this_thread::sleep_for(
+      std::chrono::seconds(3));  // Pages pile up in A's rings for the scribbler.
 
   // The agent's own symbols first, so the scribbler's lies come after them.
   ASSERT_TRUE(WaitUntil(
@@ -339,19 +362,26 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
         return r.ok() && r->status == 0;
       },
       std::chrono::seconds(30)));
-  ASSERT_EQ(vms[0].guest->Run("(hvtrace-guest-test scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")->status,
-            0);
+  ASSERT_EQ(
+      vms[0]
+          .guest
+          ->Run("(hvtrace-guest-test scribble --repeat-ms 4000 all > /tmp/scribble.log 2>&1 &)")
+          ->status,
+      0);
   ASSERT_EQ(mark(vms[1], "during", 20)->status, 0);
   std::this_thread::sleep_for(std::chrono::seconds(5));  // Until the scribbler is done.
   ASSERT_EQ(mark(vms[0], "after", 5)->status, 0);
   ASSERT_EQ(mark(vms[1], "after", 5)->status, 0);
 
   // The daemon lives and still streams both.
-  EXPECT_TRUE(stream_a.WaitFor([](const std::string& t) { return t.find("HVT-VMA-after-5") != std::string::npos; },
-                               std::chrono::seconds(30)))
-      << "the hostile VM's later events never came through\n" << stream_a.notes() << daemon.log();
-  EXPECT_TRUE(stream_b.WaitFor([](const std::string& t) { return t.find("HVT-VMB-after-5") != std::string::npos; },
-                               std::chrono::seconds(30)))
+  EXPECT_TRUE(stream_a.WaitFor(
+      [](const std::string& t) { return t.find("HVT-VMA-after-5") != std::string::npos; },
+      std::chrono::seconds(30)))
+      << "the hostile VM's later events never came through\n"
+      << stream_a.notes() << daemon.log();
+  EXPECT_TRUE(stream_b.WaitFor(
+      [](const std::string& t) { return t.find("HVT-VMB-after-5") != std::string::npos; },
+      std::chrono::seconds(30)))
       << stream_b.notes() << daemon.log();
   ASSERT_TRUE(daemon.Call("status", {{"name", vms[1].name}}).ok()) << daemon.log();
   const std::string text_b = stream_b.text();
@@ -371,7 +401,8 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
   auto manifest_of = [&](const Vm& v) -> json {
     auto c = daemon.Call("capture", {{"name", v.name}});
     if (!c.ok()) return json{{"error", c.error().message}};
-    const fs::path dir = fs::path(daemon.state_dir()) / "vms" / v.name / "captures" / (*c)["capture"].get<std::string>();
+    const fs::path dir = fs::path(daemon.state_dir()) / "vms" / v.name / "captures" /
+                         (*c)["capture"].get<std::string>();
     return json::parse(test_support::ReadText(dir / "manifest.json"), nullptr, false);
   };
   const json ma = manifest_of(vms[0]), mb = manifest_of(vms[1]);
@@ -382,15 +413,18 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
   std::printf("capture of the hostile VM: issues %s\n", ia["by_reason"].dump().c_str());
   std::printf("capture of the other VM: issues %s\n", ib["by_reason"].dump().c_str());
   EXPECT_GT(ia["total"].get<uint64_t>(), 0u);
-  for (const char* reason : {"header_mismatch", "format_id_mismatch", "format_fingerprint_mismatch", "format_bad_kind",
-                             "format_conflict", "format_out_of_range", "format_parse_error", "symbols_bad"}) {
+  for (const char* reason :
+       {"header_mismatch", "format_id_mismatch", "format_fingerprint_mismatch", "format_bad_kind",
+        "format_conflict", "format_out_of_range", "format_parse_error", "symbols_bad"}) {
     EXPECT_TRUE(ia["by_reason"].contains(reason)) << reason << " not in " << ia.dump();
   }
   // Caught mid-rewrite by the copy (the guest kept running): not damage.
   uint64_t b_torn = 0;
-  for (const char* torn : {"slot_torn", "symbols_torn", "comms_torn"}) b_torn += ib["by_reason"].value(torn, uint64_t{0});
+  for (const char* torn : {"slot_torn", "symbols_torn", "comms_torn"})
+    b_torn += ib["by_reason"].value(torn, uint64_t{0});
   EXPECT_EQ(ib["total"].get<uint64_t>() - b_torn, 0u) << ib.dump(2);
-  EXPECT_EQ(vms[0].guest->Run("pidof hvtrace-agent")->status, 0) << "the hostile guest's agent died";
+  EXPECT_EQ(vms[0].guest->Run("pidof hvtrace-agent")->status, 0)
+      << "the hostile guest's agent died";
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 // nothing of A's session leaks into B (no A pages or markers, no events the
 // kernel buffered while detached, no old direct-write events, no counters
 // carried over), while A's file is not written after DEVICE_DELETED.
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,8 +21,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "attach_region_host.h"
 
@@ -45,7 +44,8 @@ uint32_t DwSeq(const RegionRecord& r) {
 std::vector<uint32_t> DwLoopSeqs(const std::vector<RegionRecord>& records) {
   std::vector<uint32_t> seqs;
   for (const RegionRecord& r : records) {
-    if (r.direct_write && r.payload.find("HVT-DWLOOP") != std::string::npos) seqs.push_back(DwSeq(r));
+    if (r.direct_write && r.payload.find("HVT-DWLOOP") != std::string::npos)
+      seqs.push_back(DwSeq(r));
   }
   std::sort(seqs.begin(), seqs.end());
   return seqs;
@@ -76,36 +76,45 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
   std::printf("guest cpuinfo nonstop_tsc lines: %s\n", tsc.ok() ? tsc->output.c_str() : "?");
 
   // --- Region A, hot-plugged into the running guest.
-  auto a = HostRegion::Create(guest.ShmPath("region-a"), kRegionSize, 2, 0xa11ce001, kPumpIntervalMs,
-                              "sched:sched_process_exec");
+  auto a = HostRegion::Create(guest.ShmPath("region-a"), kRegionSize, 2, 0xa11ce001,
+                              kPumpIntervalMs, "sched:sched_process_exec");
   ASSERT_TRUE(a.ok()) << a.error().message;
   const auto plug_a = SteadyClock::now();
   ASSERT_TRUE(HotplugRegion(guest.qmp(), "hv1", "ivs1", (*a)->path(), kRegionSize).ok());
   ASSERT_TRUE(WaitUntil([&] { return Running(**a); }, std::chrono::seconds(30)))
-      << "agent never announced itself in region A\n" << log() << guest.Diagnostics();
+      << "agent never announced itself in region A\n"
+      << log() << guest.Diagnostics();
   std::printf("region A: device_add -> agent running %.1f ms\n", Ms(SteadyClock::now() - plug_a));
 
-  ASSERT_EQ(guest.Run("(hvtrace-guest-test dw-write --for-ms 600000 --every-ms 20 --stop-file /tmp/dw.stop "
-                      "HVT-DWLOOP > /tmp/dw.log 2>&1 &)")
-                ->status,
-            0);
+  ASSERT_EQ(
+      guest
+          .Run(
+              "(hvtrace-guest-test dw-write --for-ms 600000 --every-ms 20 --stop-file /tmp/dw.stop "
+              "HVT-DWLOOP > /tmp/dw.log 2>&1 &)")
+          ->status,
+      0);
   ASSERT_EQ(guest.Run("echo HVT-A-MARK > /sys/kernel/tracing/trace_marker")->status, 0);
   const auto marked_a = SteadyClock::now();
   // The page holding the marker is not full: it arrives because the agent
   // pushes partial pages every pump interval.
   ASSERT_TRUE(WaitUntil([&] { return AnyRecordContains(AllRecords((*a)->Read()), "HVT-A-MARK"); },
                         std::chrono::seconds(20)))
-      << "marker never reached region A\n" << log();
-  std::printf("region A: trace_marker -> seen by the host %.1f ms\n", Ms(SteadyClock::now() - marked_a));
-  ASSERT_TRUE(WaitUntil([&] { return DwLoopSeqs(AllRecords((*a)->Read())).size() >= 5; }, std::chrono::seconds(20)))
-      << "direct-write events never reached region A\n" << log();
+      << "marker never reached region A\n"
+      << log();
+  std::printf("region A: trace_marker -> seen by the host %.1f ms\n",
+              Ms(SteadyClock::now() - marked_a));
+  ASSERT_TRUE(WaitUntil([&] { return DwLoopSeqs(AllRecords((*a)->Read())).size() >= 5; },
+                        std::chrono::seconds(20)))
+      << "direct-write events never reached region A\n"
+      << log();
 
   {
     const RegionSnapshot s = (*a)->Read();
     const double window_ms = static_cast<double>(s.guest.status.max_push_gap_ns) / 1e6;
-    std::printf("region A: loss window (largest gap between pushes) %.1f ms, pump interval %u ms, "
-                "pages pushed %llu\n",
-                window_ms, kPumpIntervalMs, static_cast<unsigned long long>(s.guest.status.pages_pushed));
+    std::printf(
+        "region A: loss window (largest gap between pushes) %.1f ms, pump interval %u ms, "
+        "pages pushed %llu\n",
+        window_ms, kPumpIntervalMs, static_cast<unsigned long long>(s.guest.status.pages_pushed));
     // A bound on behaviour, not a speed: pushes happen every interval (a
     // TCG guest on a loaded host may stall, hence the slack).
     EXPECT_GT(s.guest.status.max_push_gap_ns, 0u);
@@ -124,26 +133,31 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
         return r.ok() && r->status == 0;
       },
       std::chrono::seconds(20)))
-      << "the agent did not notice the removal\n" << log();
+      << "the agent did not notice the removal\n"
+      << log();
   // Written while nobody is attached: must not show up in the next region.
   ASSERT_EQ(guest.Run("echo HVT-GAP-MARK > /sys/kernel/tracing/trace_marker")->status, 0);
   std::this_thread::sleep_for(std::chrono::seconds(1));  // Direct writes keep coming meanwhile.
 
   // --- Region B: a new file.
-  auto b = HostRegion::Create(guest.ShmPath("region-b"), kRegionSize, 2, 0xb0b0b002, kPumpIntervalMs,
-                              "sched:sched_process_exec");
+  auto b = HostRegion::Create(guest.ShmPath("region-b"), kRegionSize, 2, 0xb0b0b002,
+                              kPumpIntervalMs, "sched:sched_process_exec");
   ASSERT_TRUE(b.ok()) << b.error().message;
   const auto plug_b = SteadyClock::now();
   ASSERT_TRUE(HotplugRegion(guest.qmp(), "hv2", "ivs2", (*b)->path(), kRegionSize).ok());
   ASSERT_TRUE(WaitUntil([&] { return Running(**b); }, std::chrono::seconds(30)))
-      << "agent never re-attached to region B\n" << log() << guest.Diagnostics();
+      << "agent never re-attached to region B\n"
+      << log() << guest.Diagnostics();
   std::printf("region B: device_add -> agent running %.1f ms\n", Ms(SteadyClock::now() - plug_b));
   ASSERT_EQ(guest.Run("echo HVT-B-MARK > /sys/kernel/tracing/trace_marker")->status, 0);
   ASSERT_TRUE(WaitUntil([&] { return AnyRecordContains(AllRecords((*b)->Read()), "HVT-B-MARK"); },
                         std::chrono::seconds(20)))
-      << "marker never reached region B\n" << log();
-  ASSERT_TRUE(WaitUntil([&] { return DwLoopSeqs(AllRecords((*b)->Read())).size() >= 5; }, std::chrono::seconds(20)))
-      << "the direct-write program never followed to region B\n" << log();
+      << "marker never reached region B\n"
+      << log();
+  ASSERT_TRUE(WaitUntil([&] { return DwLoopSeqs(AllRecords((*b)->Read())).size() >= 5; },
+                        std::chrono::seconds(20)))
+      << "the direct-write program never followed to region B\n"
+      << log();
 
   // Stop the writer; it must have lived through it all and counted its drops.
   ASSERT_EQ(guest.Run("touch /tmp/dw.stop")->status, 0);
@@ -156,15 +170,18 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
         return true;
       },
       std::chrono::seconds(20)))
-      << "the direct-write program died or hung\n" << log();
+      << "the direct-write program died or hung\n"
+      << log();
   std::printf("%s", dw_summary.c_str());
   unsigned long long written = 0, total = 0, dropped = 0, reattaches = 0, faults = 0;
   const char* at = std::strstr(dw_summary.c_str(), "dw-write: id");
   ASSERT_NE(at, nullptr);
-  ASSERT_EQ(std::sscanf(std::strchr(at, ',') + 2, "%llu/%llu events written", &written, &total), 2) << dw_summary;
+  ASSERT_EQ(std::sscanf(std::strchr(at, ',') + 2, "%llu/%llu events written", &written, &total), 2)
+      << dw_summary;
   const char* d = std::strstr(at, "dropped detached ");
   ASSERT_NE(d, nullptr);
-  ASSERT_EQ(std::sscanf(d, "dropped detached %llu, reattaches %llu, bus faults %llu", &dropped, &reattaches, &faults),
+  ASSERT_EQ(std::sscanf(d, "dropped detached %llu, reattaches %llu, bus faults %llu", &dropped,
+                        &reattaches, &faults),
             3);
   EXPECT_GT(dropped, 0u) << "events written while detached must be dropped and counted";
   EXPECT_GE(reattaches, 1u);
@@ -174,7 +191,8 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
   const RegionSnapshot sb = (*b)->Read();
   const std::vector<RegionRecord> rb = AllRecords(sb);
   EXPECT_FALSE(AnyRecordContains(rb, "HVT-A-MARK"));
-  EXPECT_FALSE(AnyRecordContains(rb, "HVT-GAP-MARK")) << "events buffered while detached leaked into B";
+  EXPECT_FALSE(AnyRecordContains(rb, "HVT-GAP-MARK"))
+      << "events buffered while detached leaked into B";
   EXPECT_TRUE(AnyRecordContains(rb, "HVT-B-MARK"));
   const std::vector<uint32_t> b_seqs = DwLoopSeqs(rb);
   ASSERT_FALSE(b_seqs.empty());
@@ -200,11 +218,16 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
   // asserted): read() syscall tracepoints under a dd of single bytes.
   (*b)->SetEvents("syscalls:sys_enter_read,syscalls:sys_exit_read");
   const uint64_t wanted_seq =
-      reinterpret_cast<const region::HostRequests*>((*b)->live() + region::kHostRequestsOffset)->request_seq;
-  ASSERT_TRUE(WaitUntil([&] { return (*b)->Read().guest.status.request_ack == wanted_seq; }, std::chrono::seconds(20)))
-      << "the agent did not take the new event set\n" << log();
+      reinterpret_cast<const region::HostRequests*>((*b)->live() + region::kHostRequestsOffset)
+          ->request_seq;
+  ASSERT_TRUE(WaitUntil([&] { return (*b)->Read().guest.status.request_ack == wanted_seq; },
+                        std::chrono::seconds(20)))
+      << "the agent did not take the new event set\n"
+      << log();
   if ((*b)->Read().guest.status.events_enabled != 2) {
-    std::printf("pump in the TCG guest: not measured, the guest kernel has no read() syscall tracepoints\n");
+    std::printf(
+        "pump in the TCG guest: not measured, the guest kernel has no read() syscall "
+        "tracepoints\n");
     (void)guest.Run("kill $(pidof hvtrace-agent)");
     return;
   }
@@ -214,9 +237,10 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
     const size_t paren = r->output.rfind(')');
     if (paren == std::string::npos) return -1;
     unsigned long utime = 0, stime = 0;
-    // After "comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime.
-    if (std::sscanf(r->output.c_str() + paren + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime,
-                    &stime) != 2) {
+    // After "comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
+    // stime.
+    if (std::sscanf(r->output.c_str() + paren + 1,
+                    " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &utime, &stime) != 2) {
       return -1;
     }
     return static_cast<long>(utime + stime);
@@ -235,16 +259,22 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
     lost += ring.lost_events;
     overrun += ring.overrun;
   }
-  const double cpu_ms = (ticks0 >= 0 && ticks1 >= ticks0) ? static_cast<double>(ticks1 - ticks0) * 10.0 : -1;
-  std::printf("pump in the TCG guest: %.0f pages in %.2f s = %.0f pages/s; agent CPU %.0f ms (USER_HZ ticks) = "
-              "%.1f us/page; kernel lost %llu, overrun %llu; issues %llu\n",
-              pages, load_s, pages / load_s, cpu_ms, pages > 0 && cpu_ms >= 0 ? cpu_ms * 1000 / pages : -1.0,
-              static_cast<unsigned long long>(lost), static_cast<unsigned long long>(overrun),
-              static_cast<unsigned long long>(after.issue_total()));
+  const double cpu_ms =
+      (ticks0 >= 0 && ticks1 >= ticks0) ? static_cast<double>(ticks1 - ticks0) * 10.0 : -1;
+  std::printf(
+      "pump in the TCG guest: %.0f pages in %.2f s = %.0f pages/s; agent CPU %.0f ms (USER_HZ "
+      "ticks) = "
+      "%.1f us/page; kernel lost %llu, overrun %llu; issues %llu\n",
+      pages, load_s, pages / load_s, cpu_ms,
+      pages > 0 && cpu_ms >= 0 ? cpu_ms * 1000 / pages : -1.0,
+      static_cast<unsigned long long>(lost), static_cast<unsigned long long>(overrun),
+      static_cast<unsigned long long>(after.issue_total()));
   EXPECT_GT(pages, 0) << "no pages pumped under a syscall load";
   std::printf("agent log:\n%s", log().c_str());
-  printf("region B: %zu direct-write events (seq %u..%u), A had seq %u..%u; dropped while detached %llu\n",
-         b_seqs.size(), b_seqs.front(), b_seqs.back(), a_seqs.front(), a_seqs.back(), dropped);
+  printf(
+      "region B: %zu direct-write events (seq %u..%u), A had seq %u..%u; dropped while detached "
+      "%llu\n",
+      b_seqs.size(), b_seqs.front(), b_seqs.back(), a_seqs.front(), a_seqs.back(), dropped);
   (void)guest.Run("kill $(pidof hvtrace-agent)");
 }
 

@@ -8,15 +8,14 @@
 // a 4 MiB attach goes onto that port, the agent maps it, a marker reaches
 // the host, and `hvtrace detach` unplugs it again (DEVICE_DELETED). A
 // third attach is ejected by the guest itself: the VM is detached as well.
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <string>
-
-#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "attach_daemon_harness.h"
 #include "attach_region_host.h"
@@ -92,7 +91,8 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
                              "-device pcie-root-port,", "pref64-reserve=16M", "pc machine type"}) {
     EXPECT_NE(refused.output.find(needed), std::string::npos) << "refusal lacks '" << needed << "'";
   }
-  EXPECT_EQ(refused.output.find("plugged as"), std::string::npos) << "a refusal must not read as success";
+  EXPECT_EQ(refused.output.find("plugged as"), std::string::npos)
+      << "a refusal must not read as success";
   EXPECT_FALSE(std::filesystem::exists(region_file)) << "a refused attach left its region file";
   auto pci = guest.qmp().Execute("query-pci", json::object(), kCommandTimeout);
   ASSERT_TRUE(pci.ok()) << pci.error().message;
@@ -101,32 +101,38 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
   EXPECT_EQ(on_bus, 0) << "an ivshmem device is on the bus after a refusal";
   auto objects = guest.qmp().Execute("qom-list", {{"path", "/objects"}}, kCommandTimeout);
   ASSERT_TRUE(objects.ok()) << objects.error().message;
-  EXPECT_EQ(objects->dump().find("hvtrace-mem-"), std::string::npos) << "a memory backend left behind";
+  EXPECT_EQ(objects->dump().find("hvtrace-mem-"), std::string::npos)
+      << "a memory backend left behind";
   auto status = hvt.HvtraceJson({"status", name});
   ASSERT_TRUE(status.ok()) << status.error().message;
   EXPECT_NE(status->dump().find("pref64-reserve"), std::string::npos)
       << "status should keep the refusal: " << status->dump(2);
 
   // 4 MiB fits: plugged onto the spare port, the agent maps it.
-  auto attached = hvt.HvtraceJson({"attach", name, "--size", "4M", "--pump-ms", "50", "--wait-ms", "60000"});
+  auto attached =
+      hvt.HvtraceJson({"attach", name, "--size", "4M", "--pump-ms", "50", "--wait-ms", "60000"});
   ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
-  EXPECT_NE((*attached)["machine"].get<std::string>().find("q35"), std::string::npos) << attached->dump(2);
+  EXPECT_NE((*attached)["machine"].get<std::string>().find("q35"), std::string::npos)
+      << attached->dump(2);
   EXPECT_EQ((*attached)["device"]["bus"], "hvt-rp0") << attached->dump(2);
   ASSERT_FALSE((*attached)["guest"].is_null()) << attached->dump(2) << diag();
   EXPECT_EQ((*attached)["guest"]["kernel_release"], image->release);
   EXPECT_NE(GuestIvshmemCount(guest).find('1'), std::string::npos);
   std::printf("[q35] attach on %s: plugged in %.1f ms, agent announced %.1f ms later\n",
-              (*attached)["device"]["bus"].get<std::string>().c_str(), (*attached)["plug_ms"].get<double>(),
-              (*attached)["announce_ms"].get<double>());
+              (*attached)["device"]["bus"].get<std::string>().c_str(),
+              (*attached)["plug_ms"].get<double>(), (*attached)["announce_ms"].get<double>());
 
   StreamCollector stream(hvt.socket(), {{"name", name}});
-  ASSERT_TRUE(stream.WaitFor([&](const std::string&) { return stream.notes().find("streaming VM") != std::string::npos; },
-                             std::chrono::seconds(10)))
+  ASSERT_TRUE(stream.WaitFor(
+      [&](const std::string&) { return stream.notes().find("streaming VM") != std::string::npos; },
+      std::chrono::seconds(10)))
       << stream.end();
   ASSERT_EQ(guest.Run("echo HVT-Q35-MARK > /sys/kernel/tracing/trace_marker")->status, 0);
-  ASSERT_TRUE(stream.WaitFor([](const std::string& t) { return t.find("HVT-Q35-MARK") != std::string::npos; },
-                             std::chrono::seconds(30)))
-      << "the marker never reached the host\n" << stream.text() << stream.notes() << diag();
+  ASSERT_TRUE(stream.WaitFor(
+      [](const std::string& t) { return t.find("HVT-Q35-MARK") != std::string::npos; },
+      std::chrono::seconds(30)))
+      << "the marker never reached the host\n"
+      << stream.text() << stream.notes() << diag();
 
   // Unplug from the root port (the guest's hot-plug driver must let go).
   auto detached = hvt.HvtraceJson({"detach", name, "--timeout-ms", "30000"});
@@ -135,9 +141,12 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
   EXPECT_FALSE(detached->contains("object_del_error")) << detached->dump(2);
   EXPECT_TRUE(WaitUntil([&] { return GuestIvshmemCount(guest).find('0') != std::string::npos; },
                         std::chrono::seconds(20)))
-      << "the guest still sees the device\n" << diag();
-  std::printf("[q35] detach: DEVICE_DELETED after %.1f ms\n", (*detached)["device_deleted_ms"].get<double>());
-  EXPECT_TRUE(stream.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) || stream.done());
+      << "the guest still sees the device\n"
+      << diag();
+  std::printf("[q35] detach: DEVICE_DELETED after %.1f ms\n",
+              (*detached)["device_deleted_ms"].get<double>());
+  EXPECT_TRUE(stream.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) ||
+              stream.done());
   EXPECT_NE(stream.end().find("region detached"), std::string::npos) << stream.end();
 
   // Attached again, then the guest ejects the device itself (slot power
@@ -146,13 +155,16 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
   ASSERT_TRUE(again.ok()) << again.error().message << diag();
   ASSERT_FALSE((*again)["guest"].is_null()) << again->dump(2) << diag();
   StreamCollector second(hvt.socket(), {{"name", name}});
-  ASSERT_EQ(guest.Run("for s in /sys/bus/pci/slots/*; do a=$(cat $s/address); "
-                      "grep -qs 0x1110 /sys/bus/pci/devices/$a.0/device && echo 0 > $s/power; done; true")
-                ->status,
-            0);
+  ASSERT_EQ(
+      guest
+          .Run("for s in /sys/bus/pci/slots/*; do a=$(cat $s/address); "
+               "grep -qs 0x1110 /sys/bus/pci/devices/$a.0/device && echo 0 > $s/power; done; true")
+          ->status,
+      0);
   EXPECT_TRUE(WaitUntil([&] { return GuestIvshmemCount(guest).find('0') != std::string::npos; },
                         std::chrono::seconds(20)))
-      << "the guest could not eject the device\n" << diag();
+      << "the guest could not eject the device\n"
+      << diag();
   const auto ejected = std::chrono::steady_clock::now();
   EXPECT_TRUE(WaitUntil(
       [&] {
@@ -160,14 +172,19 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
         return st.ok() && st->contains("attach") && (*st)["attach"]["attached"] == false;
       },
       std::chrono::seconds(20)))
-      << "a guest-side eject left the VM attached\n" << hvt.Log();
-  std::printf("[q35] guest-side eject: status says detached %.0f ms after the guest saw the device go\n",
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ejected).count());
-  EXPECT_TRUE(second.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) || second.done());
+      << "a guest-side eject left the VM attached\n"
+      << hvt.Log();
+  std::printf(
+      "[q35] guest-side eject: status says detached %.0f ms after the guest saw the device go\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ejected)
+          .count());
+  EXPECT_TRUE(second.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) ||
+              second.done());
   EXPECT_NE(second.end().find("region detached"), std::string::npos) << second.end();
   const RunResult after_eject = hvt.Hvtrace({"detach", name});
   EXPECT_EQ(after_eject.status, 1);
-  EXPECT_NE(after_eject.output.find("no region is attached"), std::string::npos) << after_eject.output;
+  EXPECT_NE(after_eject.output.find("no region is attached"), std::string::npos)
+      << after_eject.output;
 }
 
 }  // namespace

@@ -18,9 +18,10 @@ Result<GuestImage> ImageWithThisAgent(const std::string& version) {
   const std::string out = std::string(HVTRACE_BIN_DIR) + "/../guest-attach";
   // The test tools (dw-write, scribble) come along when they are built.
   const std::string guest_test = std::string(HVTRACE_BIN_DIR) + "/hvtrace-guest-test";
-  const std::string cmd = std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh --kernel " + version +
-                          " --out " + out + " --agent " + HVTRACE_BIN_DIR + "/hvtrace-agent" +
-                          (access(guest_test.c_str(), X_OK) == 0 ? " --guest-test " + guest_test : "") + " 2>&1";
+  const std::string cmd =
+      std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh --kernel " + version +
+      " --out " + out + " --agent " + HVTRACE_BIN_DIR + "/hvtrace-agent" +
+      (access(guest_test.c_str(), X_OK) == 0 ? " --guest-test " + guest_test : "") + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return Error{"cannot run build-guest.sh"};
   std::string all;
@@ -30,15 +31,17 @@ Result<GuestImage> ImageWithThisAgent(const std::string& version) {
   while (std::fgets(line, sizeof(line), p) != nullptr) {
     all += line;
     char kernel[1024], initrd[1024], release[256];
-    if (std::sscanf(line, want.c_str(), kernel, initrd, release) == 3) image = {kernel, initrd, release};
+    if (std::sscanf(line, want.c_str(), kernel, initrd, release) == 3)
+      image = {kernel, initrd, release};
   }
   if (pclose(p) != 0 || image.kernel.empty()) return Error{"build-guest.sh failed:\n" + all};
   return image;
 }
 
-Result<std::unique_ptr<HostRegion>> HostRegion::Create(const std::string& path, uint64_t size, uint32_t max_cpus,
-                                                      uint64_t region_id, uint32_t pump_interval_ms,
-                                                      const std::string& events) {
+Result<std::unique_ptr<HostRegion>> HostRegion::Create(const std::string& path, uint64_t size,
+                                                       uint32_t max_cpus, uint64_t region_id,
+                                                       uint32_t pump_interval_ms,
+                                                       const std::string& events) {
   RegionPlanOptions opt;
   opt.max_cpus = max_cpus;
   opt.region_id = region_id;
@@ -126,28 +129,32 @@ bool AnyRecordContains(const std::vector<RegionRecord>& records, const std::stri
   return false;
 }
 
-Status HotplugRegion(hostd::QmpSyncClient& qmp, const std::string& backend_id, const std::string& device_id,
-                     const std::string& path, uint64_t size) {
+Status HotplugRegion(hostd::QmpSyncClient& qmp, const std::string& backend_id,
+                     const std::string& device_id, const std::string& path, uint64_t size) {
   auto added = qmp.Execute("object-add", {{"qom-type", "memory-backend-file"},
                                           {"id", backend_id},
                                           {"mem-path", path},
                                           {"size", size},
                                           {"share", true}});
   if (!added.ok()) return Error{"object-add " + backend_id + ": " + added.error().message};
-  auto plugged = qmp.Execute("device_add", {{"driver", "ivshmem-plain"}, {"memdev", backend_id}, {"id", device_id}});
+  auto plugged = qmp.Execute(
+      "device_add", {{"driver", "ivshmem-plain"}, {"memdev", backend_id}, {"id", device_id}});
   if (!plugged.ok()) return Error{"device_add " + device_id + ": " + plugged.error().message};
   return Status();
 }
 
-Status UnplugRegion(hostd::QmpSyncClient& qmp, const std::string& backend_id, const std::string& device_id) {
+Status UnplugRegion(hostd::QmpSyncClient& qmp, const std::string& backend_id,
+                    const std::string& device_id) {
   auto del = qmp.Execute("device_del", {{"id", device_id}});
   if (!del.ok()) return Error{"device_del " + device_id + ": " + del.error().message};
   const auto deadline = SteadyClock::now() + std::chrono::seconds(60);
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
     if (left.count() <= 0) return Error{"no DEVICE_DELETED for " + device_id + " within 60 s"};
     auto ev = qmp.WaitForEvent("DEVICE_DELETED", left);
-    if (!ev.ok()) return Error{"waiting for DEVICE_DELETED of " + device_id + ": " + ev.error().message};
+    if (!ev.ok())
+      return Error{"waiting for DEVICE_DELETED of " + device_id + ": " + ev.error().message};
     if (ev->data.value("device", std::string()) == device_id) break;
   }
   auto obj = qmp.Execute("object-del", {{"id", backend_id}});

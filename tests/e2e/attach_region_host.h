@@ -26,8 +26,9 @@ class HostRegion {
  public:
   // Creates |path| (power-of-two |size|), maps it and writes the header and
   // the requests (|events|, pump interval).
-  static Result<std::unique_ptr<HostRegion>> Create(const std::string& path, uint64_t size, uint32_t max_cpus,
-                                                    uint64_t region_id, uint32_t pump_interval_ms,
+  static Result<std::unique_ptr<HostRegion>> Create(const std::string& path, uint64_t size,
+                                                    uint32_t max_cpus, uint64_t region_id,
+                                                    uint32_t pump_interval_ms,
                                                     const std::string& events);
   ~HostRegion();  // Unmaps and deletes the file.
 
@@ -61,10 +62,11 @@ std::vector<RegionRecord> AllRecords(const RegionSnapshot& s);
 bool AnyRecordContains(const std::vector<RegionRecord>& records, const std::string& needle);
 
 // QMP: object-add memory-backend-file (share=on) + device_add ivshmem-plain.
-Status HotplugRegion(hostd::QmpSyncClient& qmp, const std::string& backend_id, const std::string& device_id,
-                     const std::string& path, uint64_t size);
+Status HotplugRegion(hostd::QmpSyncClient& qmp, const std::string& backend_id,
+                     const std::string& device_id, const std::string& path, uint64_t size);
 // QMP: device_del, wait for DEVICE_DELETED, object-del.
-Status UnplugRegion(hostd::QmpSyncClient& qmp, const std::string& backend_id, const std::string& device_id);
+Status UnplugRegion(hostd::QmpSyncClient& qmp, const std::string& backend_id,
+                    const std::string& device_id);
 
 // Polls |done| every 100 ms until it is true or |timeout| passes.
 bool WaitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout);

@@ -6,25 +6,24 @@
 //
 // TCG guests have no invariant TSC, so Clock::kAuto picks CLOCK_MONOTONIC
 // there; the guest program forces the TSC (`dw-write --tsc`).
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
 #include "attach_daemon_harness.h"
 #include "attach_region_host.h"
-#include "test_support.h"
 #include "guest_harness.h"
+#include "test_support.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -63,7 +62,8 @@ void ExpectInterleaved(const std::string& what, const std::string& text) {
   std::string shown;
   for (const std::string& marker : Markers()) {
     const std::string line = MarkerLine(text, marker);
-    ASSERT_FALSE(line.empty()) << what << ": " << marker << " missing in:\n" << text.substr(0, 4000);
+    ASSERT_FALSE(line.empty()) << what << ": " << marker << " missing in:\n"
+                               << text.substr(0, 4000);
     const size_t at = text.find(line);
     EXPECT_GE(at, prev_at) << what << ": " << marker << " out of order:\n" << text.substr(0, 4000);
     const uint64_t ns = LineTimeNs(line);
@@ -93,7 +93,8 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
   TestGuest guest(tag);
   hostd::VmConfig config = guest.MakeConfig(*image);
   const std::string daemon_qmp = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid()) + ".qmp";
-  config.extra_args.insert(config.extra_args.end(), {"-qmp", "unix:" + daemon_qmp + ",server=on,wait=off"});
+  config.extra_args.insert(config.extra_args.end(),
+                           {"-qmp", "unix:" + daemon_qmp + ",server=on,wait=off"});
   auto booted = guest.Boot(config);
   ASSERT_TRUE(booted.ok()) << booted.error().message << guest.Diagnostics();
   auto agent = guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)");
@@ -110,8 +111,11 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
     return guest.Diagnostics() + "\n--- agent ---\n" + guest.Run("cat /tmp/agent.log")->output +
            "\n--- hvtraced ---\n" + daemon.log();
   };
-  auto attached = daemon.Call("attach", {{"name", name}, {"qmp", daemon_qmp}, {"size_mib", 16},
-                                         {"pump_interval_ms", 50}, {"wait_ms", 60000}});
+  auto attached = daemon.Call("attach", {{"name", name},
+                                         {"qmp", daemon_qmp},
+                                         {"size_mib", 16},
+                                         {"pump_interval_ms", 50},
+                                         {"wait_ms", 60000}});
   ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
   ASSERT_FALSE((*attached)["guest"].is_null()) << attached->dump(2) << diag();
   EXPECT_EQ((*attached)["guest"]["trace_clock"], "mono");
@@ -142,9 +146,13 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
   EXPECT_EQ(tsc_runs, 3u) << wrote->output;
 
   const bool all_seen = stream.WaitFor(
-      [](const std::string& t) { return t.find("HVT-TK3") != std::string::npos && t.find("HVT-TD2") != std::string::npos; },
+      [](const std::string& t) {
+        return t.find("HVT-TK3") != std::string::npos && t.find("HVT-TD2") != std::string::npos;
+      },
       std::chrono::seconds(30));
-  ASSERT_TRUE(all_seen) << "stream text:\n" << stream.text() << "\nnotes:\n" << stream.notes() << diag();
+  ASSERT_TRUE(all_seen) << "stream text:\n"
+                        << stream.text() << "\nnotes:\n"
+                        << stream.notes() << diag();
   ExpectInterleaved("stream", stream.text());
   EXPECT_EQ(stream.notes().find("raw TSC"), std::string::npos) << stream.notes();
 
@@ -168,9 +176,11 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
               attach["issues"]["by_reason"].dump().c_str());
   const fs::path dat = dir / "region-gen-1.trace.dat";
   ASSERT_TRUE(fs::exists(dat)) << manifest.dump(2);
-  ExpectInterleaved("capture, trace-cmd report", RunCommand("trace-cmd report " + dat.string() + " 2>&1"));
-  ExpectInterleaved("capture, hvtrace show",
-                    RunCommand(std::string(HVTRACE_BIN_DIR) + "/hvtrace show " + dir.string() + " 2>/dev/null"));
+  ExpectInterleaved("capture, trace-cmd report",
+                    RunCommand("trace-cmd report " + dat.string() + " 2>&1"));
+  ExpectInterleaved(
+      "capture, hvtrace show",
+      RunCommand(std::string(HVTRACE_BIN_DIR) + "/hvtrace show " + dir.string() + " 2>/dev/null"));
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // `hvtrace formats harvest` against the real 6.12 guest: boot the kernel in a
 // throwaway TCG VM, bring its formats home over virtio-serial, cache them,
 // and find them there again without booting.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,15 +14,12 @@
 #include <sstream>
 #include <string>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include "formats_bundle.h"
 #include "formats_cache.h"
 #include "formats_harvest.h"
-#include "sha256.h"
 #include "guest_harness.h"
 #include "hvtrace/format.h"
+#include "sha256.h"
 #include "test_support.h"
 
 namespace hvtrace::e2e {
@@ -74,7 +73,8 @@ TEST(FormatsHarvestE2eTest, Harvests612FormatsThenHitsTheCache) {
   const double harvest_s = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_FALSE(first->cache_hit);
   RecordProperty("harvest_seconds", std::to_string(harvest_s));
-  RecordProperty("boot_seconds", std::to_string(first->manifest["harvest"].value("boot_seconds", 0.0)));
+  RecordProperty("boot_seconds",
+                 std::to_string(first->manifest["harvest"].value("boot_seconds", 0.0)));
   std::printf("harvest: %.1f s (boot %.1f s, collect %.1f s, transfer %.2f s), %zu events\n",
               harvest_s, first->manifest["harvest"].value("boot_seconds", 0.0),
               first->manifest["harvest"].value("collect_seconds", 0.0),
@@ -103,16 +103,18 @@ TEST(FormatsHarvestE2eTest, Harvests612FormatsThenHitsTheCache) {
   // Formats our parser refuses are kept and listed; they should be rare.
   EXPECT_LT(k->manifest["unparsed_formats"].size(), 5u) << k->manifest["unparsed_formats"].dump(1);
   if (!k->manifest["unparsed_formats"].empty()) {
-    std::printf("formats our parser refuses: %s\n", k->manifest["unparsed_formats"].dump(1).c_str());
+    std::printf("formats our parser refuses: %s\n",
+                k->manifest["unparsed_formats"].dump(1).c_str());
   }
 
   struct Want {
     const char* system;
     const char* name;
     std::vector<const char*> fields;
-  } wants[] = {{"sched", "sched_switch", {"prev_comm", "prev_pid", "prev_state", "next_comm", "next_pid"}},
-               {"ftrace", "print", {"ip", "buf"}},
-               {"irq", "irq_handler_entry", {"irq", "name"}}};
+  } wants[] = {
+      {"sched", "sched_switch", {"prev_comm", "prev_pid", "prev_state", "next_comm", "next_pid"}},
+      {"ftrace", "print", {"ip", "buf"}},
+      {"irq", "irq_handler_entry", {"irq", "name"}}};
   for (const Want& w : wants) {
     SCOPED_TRACE(std::string(w.system) + "/" + w.name);
     const hostd::CachedEventFormat* e = Find(*k, w.system, w.name);
@@ -163,14 +165,15 @@ TEST(FormatsHarvestE2eTest, Harvests612FormatsThenHitsTheCache) {
   struct stat st;
   if (::stat(cli.c_str(), &st) == 0) {
     int status = 0;
-    const std::string list = RunAndCapture(cli + " formats list --cache " + cache_root.string(), &status);
+    const std::string list =
+        RunAndCapture(cli + " formats list --cache " + cache_root.string(), &status);
     EXPECT_EQ(status, 0) << list;
     EXPECT_THAT(list, HasSubstr(image->release));
     EXPECT_THAT(list, HasSubstr(first->key.substr(0, 16)));
-    const std::string again = RunAndCapture(cli + " formats harvest --kernel " + image->kernel +
-                                                " --initrd " + image->initrd + " --cache " +
-                                                cache_root.string() + " 2>&1",
-                                            &status);
+    const std::string again =
+        RunAndCapture(cli + " formats harvest --kernel " + image->kernel + " --initrd " +
+                          image->initrd + " --cache " + cache_root.string() + " 2>&1",
+                      &status);
     EXPECT_EQ(status, 0) << again;
     EXPECT_THAT(again, HasSubstr("key       " + first->key));
     EXPECT_THAT(again, HasSubstr("status    cached"));

@@ -72,8 +72,8 @@ Result<GuestImage> FindGuestImage(const std::string& version) {
           std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh --kernel " + version;
       const int status = RunCommand(cmd, &out);
       if (status != 0 || !complete()) {
-        return Error{"guest image " + version + " missing in " + dir + " and `" + cmd + "` failed (status " +
-                     std::to_string(status) + "):\n" + out};
+        return Error{"guest image " + version + " missing in " + dir + " and `" + cmd +
+                     "` failed (status " + std::to_string(status) + "):\n" + out};
       }
     }
   }
@@ -83,7 +83,8 @@ Result<GuestImage> FindGuestImage(const std::string& version) {
 
 TestGuest::TestGuest(const std::string& tag) {
   static std::atomic<int> counter{0};
-  const std::string unique = "hvt-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
+  const std::string unique =
+      "hvt-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
   // Unix socket paths are limited to 107 bytes: keep the directory short.
   dir_ = "/tmp/" + unique;
   fs::create_directories(dir_);
@@ -118,7 +119,9 @@ hostd::VmConfig TestGuest::MakeConfig(const GuestImage& image) const {
   return c;
 }
 
-std::string TestGuest::ShmPath(const std::string& suffix) const { return shm_prefix_ + "-" + suffix; }
+std::string TestGuest::ShmPath(const std::string& suffix) const {
+  return shm_prefix_ + "-" + suffix;
+}
 
 Status TestGuest::Boot(const hostd::VmConfig& config) {
   const auto started = std::chrono::steady_clock::now();
@@ -135,12 +138,15 @@ Status TestGuest::Boot(const hostd::VmConfig& config) {
   qmp_ = std::move(qmp.value());
   auto ready = console_->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout);
   if (!ready.ok()) {
-    return Error{"guest did not boot (" + std::string(vm_->kvm() ? "KVM" : "TCG") + "): " + ready.error().message +
-                 "\nQEMU " + vm_->DescribeExit() + ", stderr:\n" + vm_->QemuLogTail()};
+    return Error{"guest did not boot (" + std::string(vm_->kvm() ? "KVM" : "TCG") +
+                 "): " + ready.error().message + "\nQEMU " + vm_->DescribeExit() + ", stderr:\n" +
+                 vm_->QemuLogTail()};
   }
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::printf("[harness] %s: %s guest %s ready after %.1f s\n", config.name.c_str(), vm_->kvm() ? "KVM" : "TCG",
-              ready->c_str() + ready->find("HVTRACE-GUEST-READY"), seconds);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  std::printf("[harness] %s: %s guest %s ready after %.1f s\n", config.name.c_str(),
+              vm_->kvm() ? "KVM" : "TCG", ready->c_str() + ready->find("HVTRACE-GUEST-READY"),
+              seconds);
   return {};
 }
 
@@ -160,7 +166,8 @@ std::string TestGuest::Diagnostics() const {
     std::ostringstream content;
     content << log.rdbuf();
     const std::string all = content.str();
-    out << "console log tail:\n" << (all.size() > 3000 ? all.substr(all.size() - 3000) : all) << "\n";
+    out << "console log tail:\n"
+        << (all.size() > 3000 ? all.substr(all.size() - 3000) : all) << "\n";
   }
   if (vm_) out << "QEMU (" << vm_->DescribeExit() << ") stderr:\n" << vm_->QemuLogTail();
   return out.str();

@@ -7,33 +7,32 @@
 // trace file showed (after the markers, and just before the crash) are in it
 // with the same text.
 // One guest boot covers all of it (a boot is 10-60 s on this machine).
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
-#include "manifest_layout.h"
 #include "control_client.h"
 #include "formats_cache.h"
 #include "formats_harvest.h"
 #include "guest_harness.h"
+#include "manifest_layout.h"
+#include "test_support.h"
 #include "trace_text.h"
 #include "vm_console.h"
-#include "test_support.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -52,7 +51,8 @@ class DaemonProcess {
     fs::create_directories(dir_);
     // stop: the daemon's exit also ends the QEMU it booted (keep, the
     // production default, would leave it running after a failed test).
-    std::ofstream(dir_ + "/hvtraced.conf") << "socket_group =\naccel = tcg\nvm_on_shutdown = stop\n" << extra_config;
+    std::ofstream(dir_ + "/hvtraced.conf") << "socket_group =\naccel = tcg\nvm_on_shutdown = stop\n"
+                                           << extra_config;
   }
   ~DaemonProcess() {
     Kill();
@@ -64,7 +64,9 @@ class DaemonProcess {
   std::string log() const { return ReadText(dir_ + "/hvtraced.log"); }
 
   // Set in the daemon's environment only.
-  void SetEnv(std::string name, std::string value) { env_.emplace_back(std::move(name), std::move(value)); }
+  void SetEnv(std::string name, std::string value) {
+    env_.emplace_back(std::move(name), std::move(value));
+  }
 
   bool Start() {
     pid_ = ::fork();
@@ -87,13 +89,15 @@ class DaemonProcess {
   void Kill() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 50 && ::waitpid(pid_, nullptr, WNOHANG) == 0; ++i) std::this_thread::sleep_for(100ms);
+    for (int i = 0; i < 50 && ::waitpid(pid_, nullptr, WNOHANG) == 0; ++i)
+      std::this_thread::sleep_for(100ms);
     ::kill(pid_, SIGKILL);
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
 
-  Result<json> Call(const std::string& cmd, const json& args, std::chrono::milliseconds timeout = 60s) {
+  Result<json> Call(const std::string& cmd, const json& args,
+                    std::chrono::milliseconds timeout = 60s) {
     auto c = hostd::ControlClient::Connect(socket(), 5s);
     if (!c.ok()) return c.error();
     auto r = c->Call(cmd, args, timeout);
@@ -109,7 +113,9 @@ class DaemonProcess {
 };
 
 // Runs |cmd| with sh; stdout only (stderr goes to the test log).
-test_support::CommandResult RunCmd(const std::string& cmd) { return test_support::RunCommandStatus(cmd); }
+test_support::CommandResult RunCmd(const std::string& cmd) {
+  return test_support::RunCommandStatus(cmd);
+}
 
 // Text lines that are events (no '#' headers, no "cpus=" line).
 std::vector<std::string> EventLines(const std::string& text) {
@@ -143,7 +149,8 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   auto harvested = hostd::HarvestFormats(harvest);
   ASSERT_TRUE(harvested.ok()) << harvested.error().message;
   std::printf("[hvtraced e2e] formats %s in %s (%s, %.1f s)\n", harvested->key.c_str(),
-              cache_root->c_str(), harvested->cache_hit ? "cache hit" : "harvested", harvested->seconds);
+              cache_root->c_str(), harvested->cache_hit ? "cache hit" : "harvested",
+              harvested->seconds);
 
   DaemonProcess daemon("boote2e", "cache_dir = " + cache_root->string() + "\n");
   ASSERT_TRUE(daemon.Start()) << daemon.log();
@@ -167,10 +174,12 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
                     marker + "; ls /proc > /dev/null; done";
   auto ran = (*console)->Run(cmd, kCommandTimeout);
   ASSERT_TRUE(ran.ok() && ran->status == 0) << tail();
-  auto guest_count = (*console)->Run("grep -c hvt-mark- /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
+  auto guest_count = (*console)->Run(
+      "grep -c hvt-mark- /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
   ASSERT_TRUE(guest_count.ok()) << tail();
   // A first view of the guest's own trace file, well before the crash.
-  auto early_tail = (*console)->Run("tail -n 60 /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
+  auto early_tail =
+      (*console)->Run("tail -n 60 /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
   ASSERT_TRUE(early_tail.ok() && early_tail->status == 0) << tail();
 
   // On-demand capture while the guest runs.
@@ -191,12 +200,16 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   }
 
   // What the guest's own trace file shows just before the crash.
-  auto guest_tail = (*console)->Run("tail -n 40 /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
+  auto guest_tail =
+      (*console)->Run("tail -n 40 /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
   ASSERT_TRUE(guest_tail.ok() && guest_tail->status == 0) << tail();
   const std::vector<TraceEvent> guest_events = GuestTraceEvents(guest_tail->output);
 
   // The last marker right before the crash; the panic must be captured.
-  ASSERT_TRUE((*console)->Send("echo hvt-last-before-crash > " + marker + "; echo c > /proc/sysrq-trigger\n").ok());
+  ASSERT_TRUE(
+      (*console)
+          ->Send("echo hvt-last-before-crash > " + marker + "; echo c > /proc/sysrq-trigger\n")
+          .ok());
   json panic;
   const auto deadline = std::chrono::steady_clock::now() + 60s;
   while (panic.is_null() && std::chrono::steady_clock::now() < deadline) {
@@ -241,7 +254,8 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   EXPECT_TRUE(has("sched_wakeup", " CPU:")) << "no decoded sched_wakeup";
   EXPECT_TRUE(has("sched_switch", " ==> ")) << "no decoded sched_switch";
   // The same capture as JSON names the fields, sched_switch's prev_comm too.
-  test_support::CommandResult as_json = RunCmd(hvtrace + " show --format json '" + dir.string() + "'");
+  test_support::CommandResult as_json =
+      RunCmd(hvtrace + " show --format json '" + dir.string() + "'");
   ASSERT_EQ(as_json.status, 0);
   bool json_prev_comm = false;
   size_t json_events = 0;
@@ -259,16 +273,20 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   // trace-cmd opens every boot's trace.dat, and its text is show's, line for line.
   std::string reports;
   for (const json& b : m["extra"]["boots"]) {
-    test_support::CommandResult report = RunCmd("trace-cmd report -i '" + (dir / b["file"].get<std::string>()).string() + "'");
+    test_support::CommandResult report =
+        RunCmd("trace-cmd report -i '" + (dir / b["file"].get<std::string>()).string() + "'");
     ASSERT_EQ(report.status, 0) << b.dump();
     reports += report.out;
   }
-  const std::vector<std::string> report_lines = EventLines(reports), show_lines = EventLines(shown.out);
+  const std::vector<std::string> report_lines = EventLines(reports),
+                                 show_lines = EventLines(shown.out);
   EXPECT_EQ(report_lines.size(), show_lines.size());
   size_t differ = 0;
   for (size_t i = 0; i < std::min(report_lines.size(), show_lines.size()); ++i) {
     if (report_lines[i] == show_lines[i]) continue;
-    if (differ++ < 5) ADD_FAILURE() << "line " << i << "\n trace-cmd: " << report_lines[i] << "\n show:      " << show_lines[i];
+    if (differ++ < 5)
+      ADD_FAILURE() << "line " << i << "\n trace-cmd: " << report_lines[i]
+                    << "\n show:      " << show_lines[i];
   }
   EXPECT_EQ(differ, 0u);
 
@@ -284,7 +302,9 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   for (const std::vector<TraceEvent>* seen : {&early_events, &guest_events}) {
     const GuestViewComparison view = CompareGuestView(*seen, events);
     for (const std::string& line : view.restamped_lines) {
-      std::printf("[hvtraced e2e] guest's trace file printed an earlier time (kernel iterator): %s\n", line.c_str());
+      std::printf(
+          "[hvtraced e2e] guest's trace file printed an earlier time (kernel iterator): %s\n",
+          line.c_str());
     }
     for (const std::string& problem : view.problems) ADD_FAILURE() << problem;
     view_lines += view.lines;
@@ -296,18 +316,24 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   auto status = daemon.Call("status", {{"name", name}});
   ASSERT_TRUE(status.ok());
   const json& t = m["extra"]["timing_ms"];
-  std::printf("[hvtraced e2e] panic->region.bin durable: %.1f ms (16 MiB: copy %.1f ms, write+fsync %.1f ms); "
-              "panic->decoded: %.1f ms (formats %.1f ms, decode %.1f ms, trace.dat write %.1f ms); "
-              "panic->committed: %.1f ms\n",
-              t["trigger_to_region_durable"].get<double>(), t["copy"].get<double>(),
-              t["region_write_fsync"].get<double>(), t["trigger_to_decoded"].get<double>(),
-              t["formats_load"].get<double>(), t["decode"].get<double>(), t["trace_dat_write"].get<double>(),
-              (*status)["last_capture"]["trigger_to_disk_ms"].get<double>());
-  std::printf("[hvtraced e2e] events recovered %s in %zu boot(s); markers recovered %zu+%zu of %d+1 written "
-              "(guest trace file showed %s marker lines); guest's own views: %zu of %zu lines in the capture "
-              "(%zu of them at the ring's time where the guest's iterator printed an earlier one)\n",
-              m["totals"]["events"].dump().c_str(), m["extra"]["boots"].size(), markers, last_markers, kMarkers,
-              guest_count->output.c_str(), found, view_lines, restamped);
+  std::printf(
+      "[hvtraced e2e] panic->region.bin durable: %.1f ms (16 MiB: copy %.1f ms, write+fsync %.1f "
+      "ms); "
+      "panic->decoded: %.1f ms (formats %.1f ms, decode %.1f ms, trace.dat write %.1f ms); "
+      "panic->committed: %.1f ms\n",
+      t["trigger_to_region_durable"].get<double>(), t["copy"].get<double>(),
+      t["region_write_fsync"].get<double>(), t["trigger_to_decoded"].get<double>(),
+      t["formats_load"].get<double>(), t["decode"].get<double>(),
+      t["trace_dat_write"].get<double>(),
+      (*status)["last_capture"]["trigger_to_disk_ms"].get<double>());
+  std::printf(
+      "[hvtraced e2e] events recovered %s in %zu boot(s); markers recovered %zu+%zu of %d+1 "
+      "written "
+      "(guest trace file showed %s marker lines); guest's own views: %zu of %zu lines in the "
+      "capture "
+      "(%zu of them at the ring's time where the guest's iterator printed an earlier one)\n",
+      m["totals"]["events"].dump().c_str(), m["extra"]["boots"].size(), markers, last_markers,
+      kMarkers, guest_count->output.c_str(), found, view_lines, restamped);
   EXPECT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
 }
 
@@ -349,13 +375,15 @@ TEST(HvtracedBootE2e, FormatsHarvestedInTheBackgroundDecodeTheFirstPanic) {
   // The harvest boots its own guest next to this one; wait for its entry.
   const fs::path entry = cache / "formats" / *key / "manifest.json";
   const auto deadline = std::chrono::steady_clock::now() + 300s;
-  while (!fs::exists(entry) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(500ms);
+  while (!fs::exists(entry) && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(500ms);
   ASSERT_TRUE(fs::exists(entry)) << tail();
   const double harvest_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - booted_at).count();
 
   const std::string marker = "/sys/kernel/tracing/instances/boot_map/trace_marker";
-  ASSERT_TRUE((*console)->Send("echo hvt-bg-last > " + marker + "; echo c > /proc/sysrq-trigger\n").ok());
+  ASSERT_TRUE(
+      (*console)->Send("echo hvt-bg-last > " + marker + "; echo c > /proc/sysrq-trigger\n").ok());
   json panic;
   const auto capture_deadline = std::chrono::steady_clock::now() + 60s;
   while (panic.is_null() && std::chrono::steady_clock::now() < capture_deadline) {
@@ -367,20 +395,24 @@ TEST(HvtracedBootE2e, FormatsHarvestedInTheBackgroundDecodeTheFirstPanic) {
     if (panic.is_null()) std::this_thread::sleep_for(200ms);
   }
   ASSERT_FALSE(panic.is_null()) << tail();
-  const fs::path dir = fs::path(daemon.state_dir()) / "vms" / name / "captures" / panic["id"].get<std::string>();
+  const fs::path dir =
+      fs::path(daemon.state_dir()) / "vms" / name / "captures" / panic["id"].get<std::string>();
   json m = json::parse(ReadText(dir / "manifest.json"));
   EXPECT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"].dump(2);
   EXPECT_EQ(m["extra"]["formats"]["cache"], cache.string());
   EXPECT_TRUE(fs::exists(dir / "boot-0.trace.dat"));
   EXPECT_NE(daemon.log().find("harvested in"), std::string::npos) << daemon.log();
-  test_support::CommandResult shown = RunCmd(std::string(HVTRACE_BIN_DIR) + "/hvtrace show '" + dir.string() + "'");
+  test_support::CommandResult shown =
+      RunCmd(std::string(HVTRACE_BIN_DIR) + "/hvtrace show '" + dir.string() + "'");
   ASSERT_EQ(shown.status, 0);
   const std::vector<TraceEvent> events = ReportTraceEvents(shown.out);
   EXPECT_EQ(CountMarkers(events, "hvt-bg-last"), 1u);
-  std::printf("[hvtraced e2e] background harvest: formats cached %.1f s after boot; first panic decoded: %s, "
-              "%zu events; panic->decoded %.1f ms\n",
-              harvest_s, m["extra"]["formats"]["decoded"].dump().c_str(), events.size(),
-              m["extra"]["timing_ms"]["trigger_to_decoded"].get<double>());
+  std::printf(
+      "[hvtraced e2e] background harvest: formats cached %.1f s after boot; first panic decoded: "
+      "%s, "
+      "%zu events; panic->decoded %.1f ms\n",
+      harvest_s, m["extra"]["formats"]["decoded"].dump().c_str(), events.size(),
+      m["extra"]["timing_ms"]["trigger_to_decoded"].get<double>());
   EXPECT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
 }
 

@@ -12,6 +12,7 @@
 //   - kexec into the same kernel, then panic → one capture holding two boots;
 //   - bad boot requests (missing kernel, a name already running, a trace
 //     range QEMU cannot map) → clear errors, the daemon stays up.
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -22,12 +23,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "guest_harness.h"
 #include "hvtraced_process.h"
@@ -54,15 +53,17 @@ struct BootedGuest {
 
 std::string UniqueName(const std::string& tag) { return tag + "-" + std::to_string(::getpid()); }
 
-Result<BootedGuest> BootGuest(HvtracedProcess& daemon, const std::string& name, const std::string& initrd_override = "") {
+Result<BootedGuest> BootGuest(HvtracedProcess& daemon, const std::string& name,
+                              const std::string& initrd_override = "") {
   auto image = FindGuestImage("6.12");
   if (!image.ok()) return image.error();
   const auto started = std::chrono::steady_clock::now();
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", initrd_override.empty() ? image->initrd : initrd_override},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
+  auto booted =
+      daemon.Call("boot", {{"name", name},
+                           {"kernel", image->kernel},
+                           {"initrd", initrd_override.empty() ? image->initrd : initrd_override},
+                           {"accel", "tcg"},
+                           {"trace_size_mib", 16}});
   if (!booted.ok()) return Error{booted.error().message + "\n--- hvtraced ---\n" + daemon.log()};
   BootedGuest g;
   g.name = name;
@@ -80,11 +81,12 @@ Result<BootedGuest> BootGuest(HvtracedProcess& daemon, const std::string& name, 
 }
 
 Status WriteMarkers(hostd::GuestConsole& console, const std::string& prefix, int count) {
-  const std::string cmd = "for i in $(seq 1 " + std::to_string(count) + "); do echo " + prefix + "-$i > " + kMarker +
-                          "; done";
+  const std::string cmd = "for i in $(seq 1 " + std::to_string(count) + "); do echo " + prefix +
+                          "-$i > " + kMarker + "; done";
   auto ran = console.Run(cmd, kCommandTimeout);
   if (!ran.ok()) return ran.error();
-  if (ran->status != 0) return Error{"marker loop exited " + std::to_string(ran->status) + ": " + ran->output};
+  if (ran->status != 0)
+    return Error{"marker loop exited " + std::to_string(ran->status) + ": " + ran->output};
   return {};
 }
 
@@ -98,7 +100,8 @@ uint64_t RecordedStartTime(HvtracedProcess& daemon, const std::string& name) {
 }
 
 // Waits until `status NAME` shows the VM running with its QMP session up.
-Result<json> WaitRunning(HvtracedProcess& daemon, const std::string& name, std::chrono::milliseconds timeout) {
+Result<json> WaitRunning(HvtracedProcess& daemon, const std::string& name,
+                         std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   json last;
   while (std::chrono::steady_clock::now() < deadline) {
@@ -114,17 +117,19 @@ Result<json> WaitRunning(HvtracedProcess& daemon, const std::string& name, std::
 }
 
 json Manifest(HvtracedProcess& daemon, const std::string& name, const json& summary) {
-  return json::parse(ReadWholeFile(daemon.vm_dir(name) + "/captures/" + summary["id"].get<std::string>() +
-                                   "/manifest.json"));
+  return json::parse(ReadWholeFile(daemon.vm_dir(name) + "/captures/" +
+                                   summary["id"].get<std::string>() + "/manifest.json"));
 }
 
 std::string Region(HvtracedProcess& daemon, const std::string& name, const json& summary) {
-  return ReadWholeFile(daemon.vm_dir(name) + "/captures/" + summary["id"].get<std::string>() + "/region.bin");
+  return ReadWholeFile(daemon.vm_dir(name) + "/captures/" + summary["id"].get<std::string>() +
+                       "/region.bin");
 }
 
 void ExpectMarkers(const std::string& region, const std::string& prefix, int count) {
   for (int i = 1; i <= count; ++i) {
-    EXPECT_NE(region.find(prefix + "-" + std::to_string(i) + "\n"), std::string::npos) << prefix << "-" << i;
+    EXPECT_NE(region.find(prefix + "-" + std::to_string(i) + "\n"), std::string::npos)
+        << prefix << "-" << i;
   }
 }
 
@@ -194,7 +199,8 @@ TEST_F(HvtracedLifecycleE2e, DaemonKilledThenTerminatedReadoptsTheVmAndCapturesI
 
   // 2. SIGTERM: an orderly exit keeps the VM (vm_on_shutdown = keep).
   daemon.Stop(SIGTERM);
-  ASSERT_TRUE(SameProcessAlive(guest->pid, start_time)) << "SIGTERM took QEMU down:\n" << daemon.log();
+  ASSERT_TRUE(SameProcessAlive(guest->pid, start_time)) << "SIGTERM took QEMU down:\n"
+                                                        << daemon.log();
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   st = WaitRunning(daemon, name, 30s);
   ASSERT_TRUE(st.ok()) << st.error().message << "\n" << daemon.log();
@@ -213,15 +219,19 @@ TEST_F(HvtracedLifecycleE2e, DaemonKilledThenTerminatedReadoptsTheVmAndCapturesI
   EXPECT_EQ(cli_status["state"], "running") << cli_out;
   EXPECT_EQ(cli_status["backend"]["pid"], guest->pid) << cli_out;
   EXPECT_EQ(cli_status["backend"]["qmp_connected"], true) << cli_out;
-  std::printf("[lifecycle] after SIGKILL + SIGTERM restarts, hvtrace status: state %s, pid %s, qmp_connected %s\n",
-              cli_status["state"].dump().c_str(), cli_status["backend"]["pid"].dump().c_str(),
-              cli_status["backend"]["qmp_connected"].dump().c_str());
+  std::printf(
+      "[lifecycle] after SIGKILL + SIGTERM restarts, hvtrace status: state %s, pid %s, "
+      "qmp_connected %s\n",
+      cli_status["state"].dump().c_str(), cli_status["backend"]["pid"].dump().c_str(),
+      cli_status["backend"]["qmp_connected"].dump().c_str());
 
   // 3. The re-adopted VM's panic is captured live, with every marker.
   ASSERT_TRUE(WriteMarkers(*guest->console, "after-term", 5).ok()) << guest->console->Tail();
   ASSERT_TRUE(Crash(*guest->console, "last-before-crash").ok());
   auto panic = daemon.WaitForCapture(name, "panic", 90s);
-  ASSERT_TRUE(panic.ok()) << panic.error().message << "\n" << guest->console->Tail() << "\n" << daemon.log();
+  ASSERT_TRUE(panic.ok()) << panic.error().message << "\n"
+                          << guest->console->Tail() << "\n"
+                          << daemon.log();
   const std::string region = Region(daemon, name, *panic);
   ExpectMarkers(region, "before-kill", 5);
   ExpectMarkers(region, "after-kill", 5);
@@ -233,9 +243,10 @@ TEST_F(HvtracedLifecycleE2e, DaemonKilledThenTerminatedReadoptsTheVmAndCapturesI
   EXPECT_TRUE(saw_panic) << m["qmp_events"].dump(2);
   auto after = daemon.Call("status", {{"name", name}});
   ASSERT_TRUE(after.ok());
-  std::printf("[lifecycle] panic after two daemon restarts -> capture on disk %.1f ms (trigger %s)\n",
-              (*after)["last_capture"]["trigger_to_disk_ms"].get<double>(),
-              (*after)["last_capture"]["trigger"].dump().c_str());
+  std::printf(
+      "[lifecycle] panic after two daemon restarts -> capture on disk %.1f ms (trigger %s)\n",
+      (*after)["last_capture"]["trigger_to_disk_ms"].get<double>(),
+      (*after)["last_capture"]["trigger"].dump().c_str());
 
   // `stop` on a re-adopted VM still ends that QEMU and removes its files.
   const std::string backing = guest->reply["region"]["file"];
@@ -266,7 +277,8 @@ TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAn
   ASSERT_TRUE(Crash(*guest->console, "away-last").ok());
   auto died = daemon.WaitExit(60s);
   ASSERT_TRUE(died.ok()) << died.error().message << "\n" << daemon.log();
-  ASSERT_TRUE(WIFSIGNALED(*died) && WTERMSIG(*died) == SIGKILL) << "wait status " << *died << "\n" << daemon.log();
+  ASSERT_TRUE(WIFSIGNALED(*died) && WTERMSIG(*died) == SIGKILL) << "wait status " << *died << "\n"
+                                                                << daemon.log();
   ASSERT_TRUE(SameProcessAlive(guest->pid, start_time));
   // What it left: the hidden capture directory, region.bin and the record.
   const fs::path captures = fs::path(daemon.vm_dir(name)) / "captures";
@@ -286,7 +298,8 @@ TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAn
   // The next run finishes the dead run's capture under its own trigger and time.
   auto recovered = daemon.WaitForCapture(name, "panic", 60s);
   ASSERT_TRUE(recovered.ok()) << recovered.error().message << "\n" << daemon.log();
-  EXPECT_NE(daemon.log().find("recovered capture " + (*recovered)["id"].get<std::string>()), std::string::npos)
+  EXPECT_NE(daemon.log().find("recovered capture " + (*recovered)["id"].get<std::string>()),
+            std::string::npos)
       << daemon.log();
   {
     json m = Manifest(daemon, name, *recovered);
@@ -298,26 +311,31 @@ TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAn
     ExpectMarkers(region, "away-mark", 6);
     EXPECT_NE(region.find("away-last"), std::string::npos);
     EXPECT_FALSE(fs::exists(captures / (*recovered)["id"].get<std::string>() / "recovery.json"));
-    std::printf("[lifecycle] capture recovered after the daemon died mid-capture: %s events, decoded %s "
-                "(panic->region.bin durable %.1f ms in the run that died)\n",
-                m["totals"]["events"].dump().c_str(), m["extra"]["formats"].value("decoded", json()).dump().c_str(),
-                m["extra"]["timing_ms"].value("trigger_to_region_durable", -1.0));
+    std::printf(
+        "[lifecycle] capture recovered after the daemon died mid-capture: %s events, decoded %s "
+        "(panic->region.bin durable %.1f ms in the run that died)\n",
+        m["totals"]["events"].dump().c_str(),
+        m["extra"]["formats"].value("decoded", json()).dump().c_str(),
+        m["extra"]["timing_ms"].value("trigger_to_region_durable", -1.0));
   }
   EXPECT_FALSE(fs::exists(incomplete[0])) << incomplete[0];
   // And it finds the guest still in that panic: the region is the recovered
   // capture's byte for byte, so the daemon names that capture instead of
   // taking a second one of the same panic.
-  const std::string same = "found panicked, in the panic capture " + (*recovered)["id"].get<std::string>() + " holds";
+  const std::string same =
+      "found panicked, in the panic capture " + (*recovered)["id"].get<std::string>() + " holds";
   bool said = false;
   for (int i = 0; i < 600 && !said; ++i) {
     said = daemon.log().find(same) != std::string::npos;
     if (!said) std::this_thread::sleep_for(100ms);
   }
   EXPECT_TRUE(said) << daemon.log();
-  std::printf("[lifecycle] daemon start -> guest found in the recovered panic, no second capture: %.1f s\n",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - restart).count());
+  std::printf(
+      "[lifecycle] daemon start -> guest found in the recovered panic, no second capture: %.1f s\n",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - restart).count());
   size_t committed = 0;
-  for (const auto& e : fs::directory_iterator(captures)) committed += e.path().filename().string()[0] != '.';
+  for (const auto& e : fs::directory_iterator(captures))
+    committed += e.path().filename().string()[0] != '.';
   EXPECT_EQ(committed, 1u);
   auto status = daemon.Call("status", {{"name", name}});
   ASSERT_TRUE(status.ok());
@@ -348,8 +366,9 @@ TEST_F(HvtracedLifecycleE2e, KexecIntoTheSameKernelThenPanicCapturesBothBoots) {
   ASSERT_TRUE(image.ok()) << image.error().message;
   const std::string kexec_initrd = fs::path(image->initrd).parent_path() / "initrd-kexec.img";
   if (!fs::exists(kexec_initrd)) {
-    const std::string cmd = std::string(HVTRACE_SOURCE_DIR) +
-                            "/qemu-scripts/build-guest.sh --kernel 6.12 --with-kexec-kernel > /dev/null";
+    const std::string cmd =
+        std::string(HVTRACE_SOURCE_DIR) +
+        "/qemu-scripts/build-guest.sh --kernel 6.12 --with-kexec-kernel > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
   ASSERT_TRUE(fs::exists(kexec_initrd)) << kexec_initrd;
@@ -368,7 +387,9 @@ TEST_F(HvtracedLifecycleE2e, KexecIntoTheSameKernelThenPanicCapturesBothBoots) {
   ASSERT_TRUE(WriteMarkers(*guest->console, "boot1-mark", 6).ok()) << guest->console->Tail();
   ASSERT_TRUE(Crash(*guest->console, "boot1-last").ok());
   auto panic = daemon.WaitForCapture(name, "panic", 90s);
-  ASSERT_TRUE(panic.ok()) << panic.error().message << "\n" << guest->console->Tail() << "\n" << daemon.log();
+  ASSERT_TRUE(panic.ok()) << panic.error().message << "\n"
+                          << guest->console->Tail() << "\n"
+                          << daemon.log();
   const std::string region = Region(daemon, name, *panic);
   ExpectMarkers(region, "boot0-mark", 6);
   ExpectMarkers(region, "boot1-mark", 6);
@@ -376,13 +397,14 @@ TEST_F(HvtracedLifecycleE2e, KexecIntoTheSameKernelThenPanicCapturesBothBoots) {
   // The boot-map reader splits the ring where time restarts.
   EXPECT_EQ(m["validation"]["boots"], 2) << m["validation"].dump(2);
   // Per-boot trace.dat files, once captures write them (engineer "cap").
-  const fs::path dir = fs::path(daemon.vm_dir(name)) / "captures" / (*panic)["id"].get<std::string>();
+  const fs::path dir =
+      fs::path(daemon.vm_dir(name)) / "captures" / (*panic)["id"].get<std::string>();
   if (fs::exists(dir / "boot-0.trace.dat") || fs::exists(dir / "boot-1.trace.dat")) {
     EXPECT_TRUE(fs::exists(dir / "boot-0.trace.dat"));
     EXPECT_TRUE(fs::exists(dir / "boot-1.trace.dat"));
   }
-  std::printf("[lifecycle] kexec capture: boots %s, events %s\n", m["validation"]["boots"].dump().c_str(),
-              m["totals"]["events"].dump().c_str());
+  std::printf("[lifecycle] kexec capture: boots %s, events %s\n",
+              m["validation"]["boots"].dump().c_str(), m["totals"]["events"].dump().c_str());
 }
 
 TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
@@ -393,7 +415,8 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   const std::string name = UniqueName("lc-bad");
 
   // A kernel that does not exist: named in the error.
-  auto missing = daemon.Call("boot", {{"name", name}, {"kernel", "/nonexistent/vmlinuz"}, {"accel", "tcg"}});
+  auto missing =
+      daemon.Call("boot", {{"name", name}, {"kernel", "/nonexistent/vmlinuz"}, {"accel", "tcg"}});
   ASSERT_FALSE(missing.ok());
   std::printf("[lifecycle] missing kernel: %s\n", missing.error().message.c_str());
   EXPECT_NE(missing.error().message.find("/nonexistent/vmlinuz"), std::string::npos);
@@ -416,15 +439,18 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   // the new kernel would take for its previous boot). Refused before QEMU.
   const std::string blocked = "/dev/shm/hvtrace-" + name;
   fs::create_directories(blocked);
-  auto unmappable = daemon.Call("boot", {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd},
-                                         {"accel", "tcg"}});
+  auto unmappable = daemon.Call(
+      "boot",
+      {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd}, {"accel", "tcg"}});
   fs::remove_all(blocked);
   ASSERT_FALSE(unmappable.ok());
   std::printf("[lifecycle] backing path is a directory: %s\n", unmappable.error().message.c_str());
-  EXPECT_NE(unmappable.error().message.find(blocked + " already exists (a directory)"), std::string::npos);
+  EXPECT_NE(unmappable.error().message.find(blocked + " already exists (a directory)"),
+            std::string::npos);
   std::ofstream(blocked) << "stale";
-  auto stale = daemon.Call("boot", {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd},
-                                    {"accel", "tcg"}});
+  auto stale = daemon.Call(
+      "boot",
+      {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd}, {"accel", "tcg"}});
   EXPECT_EQ(ReadWholeFile(blocked), "stale");  // Not touched.
   fs::remove(blocked);
   ASSERT_FALSE(stale.ok());
@@ -435,8 +461,9 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   // way or running; the running VM is untouched.
   auto first = BootGuest(daemon, name);
   ASSERT_TRUE(first.ok()) << first.error().message;
-  auto again = daemon.Call("boot", {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd},
-                                    {"accel", "tcg"}});
+  auto again = daemon.Call(
+      "boot",
+      {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd}, {"accel", "tcg"}});
   ASSERT_FALSE(again.ok());
   std::printf("[lifecycle] name already running: %s\n", again.error().message.c_str());
   EXPECT_NE(again.error().message.find("hvtrace stop " + name), std::string::npos);
@@ -456,8 +483,9 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   Result<BootedGuest> second = Error{"not booted"};
   std::thread first_boot([&] { second = BootGuest(daemon, name); });
   std::this_thread::sleep_for(50ms);
-  auto racing = daemon.Call("boot", {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd},
-                                     {"accel", "tcg"}});
+  auto racing = daemon.Call(
+      "boot",
+      {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd}, {"accel", "tcg"}});
   first_boot.join();
   ASSERT_TRUE(second.ok()) << second.error().message;
   ASSERT_FALSE(racing.ok());
@@ -470,7 +498,8 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   const uint64_t start_time = RecordedStartTime(daemon, name);
   ASSERT_NE(start_time, 0u);
   daemon.Stop(SIGTERM);
-  EXPECT_FALSE(SameProcessAlive(second->pid, start_time)) << "QEMU outlived a daemon with vm_on_shutdown = stop";
+  EXPECT_FALSE(SameProcessAlive(second->pid, start_time))
+      << "QEMU outlived a daemon with vm_on_shutdown = stop";
   EXPECT_FALSE(fs::exists(backing)) << backing;
 }
 
@@ -483,10 +512,12 @@ TEST_F(HvtracedLifecycleE2e, KvmProbeOnThisHost) {
   auto image = FindGuestImage("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
   hostd::KvmProbeOptions options;
-  if (const char* qemu = std::getenv("HVTRACE_QEMU"); qemu != nullptr && *qemu != '\0') options.qemu_binary = qemu;
+  if (const char* qemu = std::getenv("HVTRACE_QEMU"); qemu != nullptr && *qemu != '\0')
+    options.qemu_binary = qemu;
   options.kernel = image->kernel;
   const hostd::KvmProbeResult r = hostd::ProbeKvm(options);
-  std::printf("[lifecycle] KVM probe: %s — %s\n", r.usable ? "usable" : "unusable", r.reason.c_str());
+  std::printf("[lifecycle] KVM probe: %s — %s\n", r.usable ? "usable" : "unusable",
+              r.reason.c_str());
   if (!r.usable) {
     const bool concrete = r.reason.find("cannot be opened") != std::string::npos ||
                           r.reason.find("wrote nothing to its serial port") != std::string::npos ||
@@ -508,8 +539,10 @@ TEST_F(HvtracedLifecycleE2e, KvmProbeOnThisHost) {
   auto console = hostd::GuestConsole::Connect(config.console_socket, 10s);
   ASSERT_TRUE(console.ok()) << console.error().message;
   auto ready = (*console)->WaitForLine("HVTRACE-GUEST-READY", 60s);
-  EXPECT_TRUE(ready.ok()) << "the probe said KVM is usable, but a real guest did not boot under it: "
-                          << ready.error().message << "\n" << (*vm)->QemuLogTail();
+  EXPECT_TRUE(ready.ok())
+      << "the probe said KVM is usable, but a real guest did not boot under it: "
+      << ready.error().message << "\n"
+      << (*vm)->QemuLogTail();
 }
 
 }  // namespace

@@ -14,8 +14,8 @@
 
 #include "control_client.h"
 #include "qmp_vm.h"
-#include "vm_process.h"
 #include "test_support.h"
+#include "vm_process.h"
 
 namespace hvtrace::e2e {
 
@@ -59,8 +59,8 @@ Status HvtracedProcess::Start() {
     if (std::freopen(log_path.c_str(), "a", stderr) == nullptr) ::_exit(126);
     const std::string bin = std::string(HVTRACE_BIN_DIR) + "/" + binary_;
     const std::string conf = dir_ + "/hvtraced.conf", state = state_dir(), run = dir_ + "/run";
-    ::execl(bin.c_str(), bin.c_str(), "--config", conf.c_str(), "--state-dir", state.c_str(), "--run-dir",
-            run.c_str(), static_cast<char*>(nullptr));
+    ::execl(bin.c_str(), bin.c_str(), "--config", conf.c_str(), "--state-dir", state.c_str(),
+            "--run-dir", run.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   for (int i = 0; i < 150; ++i) {
@@ -112,7 +112,8 @@ void HvtracedProcess::Stop(int signo, std::chrono::milliseconds grace) {
   pid_ = -1;
 }
 
-Result<json> HvtracedProcess::Call(const std::string& cmd, const json& args, std::chrono::milliseconds timeout) {
+Result<json> HvtracedProcess::Call(const std::string& cmd, const json& args,
+                                   std::chrono::milliseconds timeout) {
   auto c = hostd::ControlClient::Connect(socket(), 5s);
   if (!c.ok()) return c.error();
   auto r = c->Call(cmd, args, timeout);
@@ -137,8 +138,8 @@ Result<json> HvtracedProcess::WaitForCapture(const std::string& name, const std:
     }
     std::this_thread::sleep_for(200ms);
   }
-  return Error{"no '" + trigger + "' capture of " + name + " within " + std::to_string(timeout.count()) +
-               " ms; last answer: " + last};
+  return Error{"no '" + trigger + "' capture of " + name + " within " +
+               std::to_string(timeout.count()) + " ms; last answer: " + last};
 }
 
 void HvtracedProcess::KillRecordedVms() {
@@ -150,7 +151,8 @@ void HvtracedProcess::KillRecordedVms() {
         hostd::ProcessStartTime(spec->pid).value_or(0) == spec->pid_start_time) {
       std::fprintf(stderr, "[hvtraced fixture] killing QEMU pid %d left by the test\n", spec->pid);
       ::kill(spec->pid, SIGKILL);
-      for (int i = 0; i < 250 && hostd::ProcessStartTime(spec->pid).value_or(0) == spec->pid_start_time; ++i) {
+      for (int i = 0;
+           i < 250 && hostd::ProcessStartTime(spec->pid).value_or(0) == spec->pid_start_time; ++i) {
         ::waitpid(spec->pid, nullptr, WNOHANG);  // Ours once its daemon died (subreaper).
         std::this_thread::sleep_for(20ms);
       }

@@ -14,9 +14,8 @@
 
 #include <chrono>
 #include <map>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "hvtrace/result.h"
 

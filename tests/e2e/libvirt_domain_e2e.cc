@@ -7,6 +7,8 @@
 // down at daemon start and restarted while a domain runs, hvtraced restarted
 // (re-adopts), a hot-plugged shmem region, and the errors people meet.
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -16,38 +18,35 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <thread>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
-
-#include "manifest_layout.h"
 #include "libvirt_attach.h"
 #include "libvirtd_fixture.h"
+#include "manifest_layout.h"
 
 namespace hvtrace::e2e {
 namespace {
 
+using nlohmann::json;
 using ::testing::HasSubstr;
 using ::testing::Not;
-using nlohmann::json;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-#define LV_SKIP_UNLESS_AVAILABLE()                                       \
-  do {                                                                   \
-    if (std::string why = LibvirtdUnavailableReason(); !why.empty()) {   \
-      GTEST_SKIP() << "private libvirtd cannot run here: " << why;       \
-    }                                                                    \
+#define LV_SKIP_UNLESS_AVAILABLE()                                     \
+  do {                                                                 \
+    if (std::string why = LibvirtdUnavailableReason(); !why.empty()) { \
+      GTEST_SKIP() << "private libvirtd cannot run here: " << why;     \
+    }                                                                  \
   } while (0)
 
-#define LV_ASSERT_OK(expr)                           \
-  do {                                               \
-    auto&& _s = (expr);                              \
-    ASSERT_TRUE(_s.ok()) << _s.error().message;      \
+#define LV_ASSERT_OK(expr)                      \
+  do {                                          \
+    auto&& _s = (expr);                         \
+    ASSERT_TRUE(_s.ok()) << _s.error().message; \
   } while (0)
 
 const std::string kBootMarker = "/sys/kernel/tracing/instances/boot_map/trace_marker";
@@ -110,10 +109,10 @@ Result<int> WaitGuestIvshmemCount(TestDomain& domain, int expected) {
 Status Crash(TestDomain& domain) { return domain.console().Send("echo c > /proc/sysrq-trigger\n"); }
 
 Status WriteBootMarkers(TestDomain& domain, const std::string& prefix, int count) {
-  Result<hostd::GuestConsole::CommandResult> r = domain.console().Run(
-      "for i in $(seq 1 " + std::to_string(count) + "); do echo " + prefix + "-$i > " + kBootMarker +
-          "; done",
-      kCommandTimeout);
+  Result<hostd::GuestConsole::CommandResult> r =
+      domain.console().Run("for i in $(seq 1 " + std::to_string(count) + "); do echo " + prefix +
+                               "-$i > " + kBootMarker + "; done",
+                           kCommandTimeout);
   if (!r.ok()) return r.error();
   if (r->status != 0) return Error{"writing markers failed: " + r->output};
   return {};
@@ -169,8 +168,9 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
   LV_ASSERT_OK(lv.StartLibvirtd());
   Result<json> up = hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s);
   ASSERT_TRUE(up.ok()) << up.error().message;
-  std::printf("[ metric ] libvirtd started -> hvtraced connected: %.0f ms\n",
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  std::printf(
+      "[ metric ] libvirtd started -> hvtraced connected: %.0f ms\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 
   TestDomain domain(lv, "boot");
   Result<std::string> xml = BootRangeXml(domain, *image, "destroy");
@@ -214,11 +214,12 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
   // captures of QEMUs hvtraced booted are.
   EXPECT_EQ(manifest["extra"]["formats"]["decoded"], true) << manifest["extra"].dump(2);
   EXPECT_EQ(manifest["extra"]["formats"]["state"], "cached") << manifest["extra"].dump(2);
-  std::printf("[ metric ] libvirt boot-range panic capture: %s events; callback %.2f ms after "
-              "CRASHED/PANICKED (state at capture: %s)\n",
-              manifest["totals"]["events"].dump().c_str(),
-              manifest["extra"]["transport"]["panic"]["event_to_callback_ms"].get<double>(),
-              manifest["extra"]["transport"]["state_at_capture"].get<std::string>().c_str());
+  std::printf(
+      "[ metric ] libvirt boot-range panic capture: %s events; callback %.2f ms after "
+      "CRASHED/PANICKED (state at capture: %s)\n",
+      manifest["totals"]["events"].dump().c_str(),
+      manifest["extra"]["transport"]["panic"]["event_to_callback_ms"].get<double>(),
+      manifest["extra"]["transport"]["state_at_capture"].get<std::string>().c_str());
 
   // What a user reads: early boot (initcalls) through the last marker.
   RunResult show = RunArgvStatus({Bin("hvtrace"), "show", path});
@@ -228,7 +229,8 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
   EXPECT_THAT(show.output, HasSubstr("hvt-lv-boot-10"));
   EXPECT_THAT(show.output, HasSubstr("hvt-lv-after-3"));
   size_t initcalls = 0;
-  for (size_t at = 0; (at = show.output.find("initcall_finish", at)) != std::string::npos; ++at) ++initcalls;
+  for (size_t at = 0; (at = show.output.find("initcall_finish", at)) != std::string::npos; ++at)
+    ++initcalls;
   std::printf("[ metric ] hvtrace show: %zu bytes of text, %zu initcall_finish events\n",
               show.output.size(), initcalls);
 
@@ -281,8 +283,9 @@ TEST(LibvirtE2e, LibvirtdRestartThenPanicWithOnCrashPreserve) {
   Result<json> back = hvt.WaitForLibvirt(
       [](const json& l) { return l["connected"] == true && l.value("reconnects", 0) >= 1; }, 60s);
   ASSERT_TRUE(back.ok()) << back.error().message << "\n" << lv.LogTail();
-  std::printf("[ metric ] libvirtd restart -> hvtraced reconnected: %.0f ms\n",
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  std::printf(
+      "[ metric ] libvirtd restart -> hvtraced reconnected: %.0f ms\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 
   LV_ASSERT_OK(WriteBootMarkers(domain, "hvt-lv-pres", 5));
   LV_ASSERT_OK(Crash(domain));
@@ -302,10 +305,11 @@ TEST(LibvirtE2e, LibvirtdRestartThenPanicWithOnCrashPreserve) {
   Result<std::string> state = RunArgv({"virsh", "-q", "-c", lv.uri(), "domstate", domain.name()});
   LV_ASSERT_OK(state);
   EXPECT_THAT(*state, HasSubstr("crashed"));  // libvirt 9.0 keeps QEMU, stopped by pvpanic.
-  std::printf("[ metric ] on_crash=preserve after libvirtd restart: callback %.2f ms after "
-              "CRASHED/PANICKED; state at capture: %s\n",
-              panic["event_to_callback_ms"].get<double>(),
-              manifest["extra"]["transport"]["state_at_capture"].get<std::string>().c_str());
+  std::printf(
+      "[ metric ] on_crash=preserve after libvirtd restart: callback %.2f ms after "
+      "CRASHED/PANICKED; state at capture: %s\n",
+      panic["event_to_callback_ms"].get<double>(),
+      manifest["extra"]["transport"]["state_at_capture"].get<std::string>().c_str());
 
   // hvtraced restarted while the domain sits crashed: no event will come, so
   // the re-adopted backend looks, finds the domain still in the panic the
@@ -332,7 +336,12 @@ TEST(LibvirtE2e, LibvirtdRestartThenPanicWithOnCrashPreserve) {
 Result<GuestImage> ImageWithAgent() {
   const std::string out = std::string(HVTRACE_BIN_DIR) + "/../guest-attach";
   std::vector<std::string> argv = {std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh",
-                                    "--kernel", "6.12", "--out", out, "--agent", Bin("hvtrace-agent")};
+                                   "--kernel",
+                                   "6.12",
+                                   "--out",
+                                   out,
+                                   "--agent",
+                                   Bin("hvtrace-agent")};
   // The test tools (dw-write) come along when they are built.
   if (access(Bin("hvtrace-guest-test").c_str(), X_OK) == 0) {
     argv.insert(argv.end(), {"--guest-test", Bin("hvtrace-guest-test")});
@@ -344,8 +353,8 @@ Result<GuestImage> ImageWithAgent() {
   std::string line;
   while (std::getline(lines, line)) {
     char kernel[1024], initrd[1024], release[256];
-    if (std::sscanf(line.c_str(), "GUEST 6.12 KERNEL=%1023s INITRD=%1023s RELEASE=%255s", kernel, initrd,
-                    release) == 3) {
+    if (std::sscanf(line.c_str(), "GUEST 6.12 KERNEL=%1023s INITRD=%1023s RELEASE=%255s", kernel,
+                    initrd, release) == 3) {
       image = {kernel, initrd, release};
     }
   }
@@ -436,11 +445,11 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   EXPECT_EQ((*attached)["guest"]["kernel_release"], image->release);
   EXPECT_EQ((*attached)["region"]["file"], region_file);
   EXPECT_EQ((*attached)["device"]["id"], "ua-hvtrace-hvtrace-" + domain.name() + "-attach");
-  std::printf("[ metric ] libvirt attach through hvtraced: plugged in %.1f ms (DEVICE_ADDED %.1f ms), "
-              "agent announced %.1f ms later\n",
-              (*attached)["plug_ms"].get<double>(),
-              (*attached)["libvirt"]["device_added_ms"].get<double>(),
-              (*attached)["announce_ms"].get<double>());
+  std::printf(
+      "[ metric ] libvirt attach through hvtraced: plugged in %.1f ms (DEVICE_ADDED %.1f ms), "
+      "agent announced %.1f ms later\n",
+      (*attached)["plug_ms"].get<double>(), (*attached)["libvirt"]["device_added_ms"].get<double>(),
+      (*attached)["announce_ms"].get<double>());
   Result<int> seen = WaitGuestIvshmemCount(domain, 1);
   LV_ASSERT_OK(seen);
   EXPECT_EQ(*seen, 1);
@@ -452,18 +461,24 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   StreamProcess stream(hvt, domain.name(), lv.dir() + "/stream.txt");
   std::this_thread::sleep_for(500ms);  // The stream's first look is taken.
   auto t0 = std::chrono::steady_clock::now();
-  ASSERT_EQ(domain.console().Run("echo HVT-LV-K1 > /sys/kernel/tracing/trace_marker", kCommandTimeout)->status, 0);
-  auto dw = domain.console().Run("hvtrace-guest-test dw-write --count 3 HVT-LV-DW", kCommandTimeout);
+  ASSERT_EQ(domain.console()
+                .Run("echo HVT-LV-K1 > /sys/kernel/tracing/trace_marker", kCommandTimeout)
+                ->status,
+            0);
+  auto dw =
+      domain.console().Run("hvtrace-guest-test dw-write --count 3 HVT-LV-DW", kCommandTimeout);
   ASSERT_TRUE(dw.ok() && dw->status == 0) << (dw.ok() ? dw->output : dw.error().message);
   ASSERT_TRUE(stream.WaitFor({"HVT-LV-K1", "HVT-LV-DW 2"}, 30s)) << stream.Text() << diag();
-  std::printf("[ metric ] markers written -> shown by `hvtrace stream`: %.0f ms\n",
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  std::printf(
+      "[ metric ] markers written -> shown by `hvtrace stream`: %.0f ms\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   const std::string text = stream.Text();
   EXPECT_LT(text.find("HVT-LV-K1"), text.find("HVT-LV-DW 0")) << text;
   EXPECT_LT(text.find("HVT-LV-DW 0"), text.find("HVT-LV-DW 2")) << text;
 
-  LV_ASSERT_OK(domain.console().Send(
-      "hvtrace-guest-test dw-write --count 2 HVT-LV-LAST > /dev/null; echo c > /proc/sysrq-trigger\n"));
+  LV_ASSERT_OK(
+      domain.console().Send("hvtrace-guest-test dw-write --count 2 HVT-LV-LAST > /dev/null; echo c "
+                            "> /proc/sysrq-trigger\n"));
   Result<json> captures = hvt.WaitForCaptures(domain.name(), 1, 60s);
   ASSERT_TRUE(captures.ok()) << captures.error().message << diag();
   const std::string path = (*captures)["captures"][0]["path"];

@@ -1,12 +1,11 @@
 #include "libvirtd_fixture.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
+#include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <signal.h>
 
 #include <atomic>
 #include <cstdio>
@@ -27,13 +26,15 @@ const std::string kScript =
 // script says why: multi-threaded TCG breaks the guest kernel's live text
 // patching about once in 25 boots). Domains that name an emulator keep it.
 std::string WithSingleThreadTcg(std::string xml) {
-  if (xml.find("<domain type='qemu'") == std::string::npos || xml.find("<emulator>") != std::string::npos) {
+  if (xml.find("<domain type='qemu'") == std::string::npos ||
+      xml.find("<emulator>") != std::string::npos) {
     return xml;
   }
   const size_t devices = xml.find("<devices>");
   if (devices == std::string::npos) return xml;
-  xml.insert(devices + std::strlen("<devices>"), "\n    <emulator>" + std::string(HVTRACE_SOURCE_DIR) +
-                                                      "/qemu-scripts/libvirt/qemu-tcg-single-thread</emulator>");
+  xml.insert(devices + std::strlen("<devices>"),
+             "\n    <emulator>" + std::string(HVTRACE_SOURCE_DIR) +
+                 "/qemu-scripts/libvirt/qemu-tcg-single-thread</emulator>");
   return xml;
 }
 
@@ -135,8 +136,8 @@ Result<std::unique_ptr<PrivateLibvirtd>> PrivateLibvirtd::Start(const std::strin
   signal(SIGPIPE, SIG_IGN);
   static std::atomic<int> counter{0};
   // Short: the socket path must fit in sun_path (108 bytes).
-  std::string dir = "/tmp/hvt-lv-" + tag + "-" + std::to_string(getpid()) + "-" +
-                    std::to_string(counter++);
+  std::string dir =
+      "/tmp/hvt-lv-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
   std::filesystem::remove_all(dir);
   std::unique_ptr<PrivateLibvirtd> d(new PrivateLibvirtd(dir));
   Result<std::string> out = RunArgv({kScript, "start", dir});
@@ -177,8 +178,8 @@ PrivateHvtraced::PrivateHvtraced(const std::string& tag, const std::string& libv
   dir_ = "/tmp/hvt-d-" + tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
   std::filesystem::remove_all(dir_);
   std::filesystem::create_directories(dir_);
-  std::ofstream(dir_ + "/hvtraced.conf") << "socket_group =\naccel = tcg\nlibvirt_uri = "
-                                         << libvirt_uri << "\n";
+  std::ofstream(dir_ + "/hvtraced.conf")
+      << "socket_group =\naccel = tcg\nlibvirt_uri = " << libvirt_uri << "\n";
 }
 
 PrivateHvtraced::~PrivateHvtraced() {
@@ -203,7 +204,9 @@ Status PrivateHvtraced::Start(uid_t uid) {
     const std::string copy = dir_ + "/hvtraced";
     std::error_code ec;
     std::filesystem::copy_file(bin, copy, std::filesystem::copy_options::overwrite_existing, ec);
-    if (ec) return Error{"cannot copy " + bin + " to " + copy + " for uid " + std::to_string(uid) + ": " + ec.message()};
+    if (ec)
+      return Error{"cannot copy " + bin + " to " + copy + " for uid " + std::to_string(uid) + ": " +
+                   ec.message()};
     if (chmod(dir_.c_str(), 0755) != 0 || chmod(copy.c_str(), 0755) != 0) {
       return Error{"cannot make " + copy + " reachable for uid " + std::to_string(uid)};
     }
@@ -252,7 +255,8 @@ double PrivateHvtraced::Stop() {
     exited = waitpid(pid_, nullptr, WNOHANG) == pid_;
     if (!exited) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   if (!exited) {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
@@ -293,11 +297,13 @@ Result<nlohmann::json> PrivateHvtraced::WaitForCaptures(const std::string& name,
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return Error{"no " + std::to_string(count) + " capture(s) of " + name + " within " +
-               std::to_string(timeout.count()) + " ms; last: " + last + "\nhvtraced log:\n" + Log()};
+               std::to_string(timeout.count()) + " ms; last: " + last + "\nhvtraced log:\n" +
+               Log()};
 }
 
 Result<nlohmann::json> PrivateHvtraced::WaitForLibvirt(
-    const std::function<bool(const nlohmann::json&)>& pred, std::chrono::milliseconds timeout) const {
+    const std::function<bool(const nlohmann::json&)>& pred,
+    std::chrono::milliseconds timeout) const {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string last;
   while (std::chrono::steady_clock::now() < deadline) {
@@ -328,27 +334,42 @@ TestDomain::~TestDomain() {
 
 std::string TestDomain::MakeXml(const GuestImage& image, const TestDomainOptions& o) const {
   return "<domain type='qemu'>\n"
-         "  <name>" + name_ + "</name>\n"
+         "  <name>" +
+         name_ +
+         "</name>\n"
          "  <memory unit='MiB'>512</memory>\n"
          "  <vcpu>2</vcpu>\n"
          "  <os>\n"
-         "    <type arch='x86_64' machine='" + o.machine + "'>hvm</type>\n"
-         "    <kernel>" + image.kernel + "</kernel>\n"
-         "    <initrd>" + image.initrd + "</initrd>\n"
+         "    <type arch='x86_64' machine='" +
+         o.machine +
+         "'>hvm</type>\n"
+         "    <kernel>" +
+         image.kernel +
+         "</kernel>\n"
+         "    <initrd>" +
+         image.initrd +
+         "</initrd>\n"
          "    <cmdline>console=ttyS0</cmdline>\n"
          "  </os>\n"
          "  <features><acpi/></features>\n"
          "  <on_poweroff>destroy</on_poweroff>\n"
          "  <on_reboot>restart</on_reboot>\n"
-         "  <on_crash>" + o.on_crash + "</on_crash>\n"
+         "  <on_crash>" +
+         o.on_crash +
+         "</on_crash>\n"
          "  <devices>\n"
          "    <serial type='unix'>\n"
-         "      <source mode='bind' path='" + console_socket() + "'/>\n"
-         "      <log file='" + console_log() + "' append='off'/>\n"
+         "      <source mode='bind' path='" +
+         console_socket() +
+         "'/>\n"
+         "      <log file='" +
+         console_log() +
+         "' append='off'/>\n"
          "      <target port='0'/>\n"
          "    </serial>\n"
          "    <panic model='isa'/>\n"
-         "    <memballoon model='none'/>\n" + o.extra_devices +
+         "    <memballoon model='none'/>\n" +
+         o.extra_devices +
          "  </devices>\n"
          "</domain>\n";
 }
@@ -359,7 +380,8 @@ Status TestDomain::Create(const GuestImage& image, const TestDomainOptions& opti
     if (!conn.ok()) return conn.error();
     conn_ = std::move(*conn);
   }
-  const std::string xml = WithSingleThreadTcg(options.raw_xml.empty() ? MakeXml(image, options) : options.raw_xml);
+  const std::string xml =
+      WithSingleThreadTcg(options.raw_xml.empty() ? MakeXml(image, options) : options.raw_xml);
   if (options.via_virsh) {
     const std::string file = daemon_.dir() + "/" + name_ + ".xml";
     std::ofstream(file) << xml;

@@ -14,10 +14,9 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "guest_harness.h"
 #include "hvtrace/result.h"

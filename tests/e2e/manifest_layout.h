@@ -4,11 +4,11 @@
 #ifndef HVTRACE_TESTS_E2E_MANIFEST_LAYOUT_H_
 #define HVTRACE_TESTS_E2E_MANIFEST_LAYOUT_H_
 
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 namespace hvtrace::e2e {
 
@@ -21,21 +21,25 @@ inline std::set<std::string> KeysOf(const nlohmann::json& j) {
 }
 
 // A decoded boot-range capture (formats cached) taken through |transport_kind|'s backend.
-inline void ExpectBootRangeManifestLayout(const nlohmann::json& m, const std::string& transport_kind) {
-  EXPECT_EQ(KeysOf(m), (std::set<std::string>{"format", "version", "vm", "trigger", "id", "host_time", "kernel",
-                                              "region", "cpus", "totals", "validation", "qmp_events", "files",
-                                              "extra"}))
+inline void ExpectBootRangeManifestLayout(const nlohmann::json& m,
+                                          const std::string& transport_kind) {
+  EXPECT_EQ(KeysOf(m), (std::set<std::string>{"format", "version", "vm", "trigger", "id",
+                                              "host_time", "kernel", "region", "cpus", "totals",
+                                              "validation", "qmp_events", "files", "extra"}))
       << m.dump(2);
   EXPECT_EQ(m["version"], 2);
   EXPECT_EQ(KeysOf(m["region"]), (std::set<std::string>{"kind", "source", "offset", "size", "gpa"}))
       << m["region"].dump(2);
-  EXPECT_EQ(KeysOf(m["extra"]), (std::set<std::string>{"transport", "consistency", "timing_ms", "formats", "boots",
-                                                       "trace_clock", "pipeline_ms"}))
+  EXPECT_EQ(KeysOf(m["extra"]),
+            (std::set<std::string>{"transport", "consistency", "timing_ms", "formats", "boots",
+                                   "trace_clock", "pipeline_ms"}))
       << m["extra"].dump(2);
   EXPECT_EQ(m["extra"]["transport"]["kind"], transport_kind);
   EXPECT_TRUE(KeysOf(m["extra"]["consistency"]).count("vcpus_stopped")) << m["extra"].dump(2);
-  for (const char* key : {"copy", "region_write_fsync", "trigger_to_region_durable", "decode", "trigger_to_decoded"}) {
-    EXPECT_TRUE(m["extra"]["timing_ms"].contains(key)) << key << " in " << m["extra"]["timing_ms"].dump();
+  for (const char* key : {"copy", "region_write_fsync", "trigger_to_region_durable", "decode",
+                          "trigger_to_decoded"}) {
+    EXPECT_TRUE(m["extra"]["timing_ms"].contains(key))
+        << key << " in " << m["extra"]["timing_ms"].dump();
   }
   EXPECT_TRUE(KeysOf(m["kernel"]).count("formats_key")) << m["kernel"].dump();
 }

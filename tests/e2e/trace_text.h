@@ -38,7 +38,8 @@ struct TraceEvent {
 };
 
 inline std::ostream& operator<<(std::ostream& os, const TraceEvent& e) {
-  return os << "[" << e.cpu << "] pid " << e.pid << " " << e.usecs << " " << e.name << ": " << e.text;
+  return os << "[" << e.cpu << "] pid " << e.pid << " " << e.usecs << " " << e.name << ": "
+            << e.text;
 }
 
 inline std::vector<std::string> TextLines(const std::string& text) {
@@ -73,7 +74,8 @@ inline std::string PluginState(const std::string& state) {
 // echo, kernel messages on the console) are skipped.
 //   "          <idle>-0       [000] d.h2.     0.000000: irq_handler_entry: irq=0 name=timer"
 inline std::vector<TraceEvent> GuestTraceEvents(const std::string& text) {
-  static const std::regex kLine(R"(^\s*.+-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d{6}): ([a-z_0-9]+): ?(.*)$)");
+  static const std::regex kLine(
+      R"(^\s*.+-(\d+)\s+\[(\d+)\]\s+\S+\s+(\d+\.\d{6}): ([a-z_0-9]+): ?(.*)$)");
   static const std::regex kSwitch(
       R"(^prev_comm=(.*) prev_pid=(\d+) prev_prio=(\d+) prev_state=(\S+) ==> )"
       R"(next_comm=(.*) next_pid=(\d+) next_prio=(\d+)$)");
@@ -92,8 +94,8 @@ inline std::vector<TraceEvent> GuestTraceEvents(const std::string& text) {
     }
     static const std::regex kWakeup(R"(^comm=(.*) pid=(\d+) prio=(\d+) target_cpu=(\d+)$)");
     if (e.name.starts_with("sched_wakeup") && std::regex_match(e.text, sw, kWakeup)) {
-      e.text = std::string(sw[1]) + ":" + std::string(sw[2]) + " [" + std::string(sw[3]) + "] CPU:" +
-               std::string(sw[4]);
+      e.text = std::string(sw[1]) + ":" + std::string(sw[2]) + " [" + std::string(sw[3]) +
+               "] CPU:" + std::string(sw[4]);
     }
     out.push_back(std::move(e));
   }
@@ -108,13 +110,19 @@ inline bool SameEventText(const TraceEvent& guest, const TraceEvent& ours) {
   if (guest.text == ours.text) return true;
   static const std::regex kToken(R"(\S+)");
   std::vector<std::string> a, b;
-  for (auto it = std::sregex_iterator(guest.text.begin(), guest.text.end(), kToken); it != std::sregex_iterator(); ++it) a.push_back(it->str());
-  for (auto it = std::sregex_iterator(ours.text.begin(), ours.text.end(), kToken); it != std::sregex_iterator(); ++it) b.push_back(it->str());
+  for (auto it = std::sregex_iterator(guest.text.begin(), guest.text.end(), kToken);
+       it != std::sregex_iterator(); ++it)
+    a.push_back(it->str());
+  for (auto it = std::sregex_iterator(ours.text.begin(), ours.text.end(), kToken);
+       it != std::sregex_iterator(); ++it)
+    b.push_back(it->str());
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     if (a[i] == b[i]) continue;
     const size_t eq = a[i].find("=(____ptrval____)");
-    if (eq == std::string::npos || a[i].size() != eq + 17 || b[i].compare(0, eq + 1, a[i], 0, eq + 1) != 0) return false;
+    if (eq == std::string::npos || a[i].size() != eq + 17 ||
+        b[i].compare(0, eq + 1, a[i], 0, eq + 1) != 0)
+      return false;
   }
   return true;
 }
@@ -167,12 +175,15 @@ inline GuestViewComparison CompareGuestView(const std::vector<TraceEvent>& guest
     if (std::find(cpus.begin(), cpus.end(), g.cpu) == cpus.end()) cpus.push_back(g.cpu);
   }
   auto show = [](const TraceEvent& e) {
-    return "[" + std::to_string(e.cpu) + "] pid " + std::to_string(e.pid) + " " + e.usecs + " " + e.name + ": " + e.text;
+    return "[" + std::to_string(e.cpu) + "] pid " + std::to_string(e.pid) + " " + e.usecs + " " +
+           e.name + ": " + e.text;
   };
   for (int cpu : cpus) {
     std::vector<const TraceEvent*> g, c;
-    for (const TraceEvent& e : guest) if (e.cpu == cpu) g.push_back(&e);
-    for (const TraceEvent& e : capture) if (e.cpu == cpu) c.push_back(&e);
+    for (const TraceEvent& e : guest)
+      if (e.cpu == cpu) g.push_back(&e);
+    for (const TraceEvent& e : capture)
+      if (e.cpu == cpu) c.push_back(&e);
     // Where the run starts: the exact match of the view's first line on this
     // CPU (or, when that line is already restamped, its text at a later time).
     size_t start = c.size();
@@ -190,8 +201,10 @@ inline GuestViewComparison CompareGuestView(const std::vector<TraceEvent>& guest
     for (size_t i = 0; i < g.size(); ++i) {
       const size_t at = start + i;
       if (at >= c.size() || !SameEventText(*g[i], *c[at])) {
-        out.problems.push_back("not the capture's next event on CPU " + std::to_string(cpu) + ": " + show(*g[i]) +
-                               (at < c.size() ? "\n    capture has: " + show(*c[at]) : std::string("\n    capture has no more")));
+        out.problems.push_back("not the capture's next event on CPU " + std::to_string(cpu) + ": " +
+                               show(*g[i]) +
+                               (at < c.size() ? "\n    capture has: " + show(*c[at])
+                                              : std::string("\n    capture has no more")));
         continue;
       }
       const int64_t early = Usecs(c[at]->usecs) - Usecs(g[i]->usecs);
@@ -211,7 +224,8 @@ inline GuestViewComparison CompareGuestView(const std::vector<TraceEvent>& guest
         explained = early >= offset - 2;
       }
       if (!explained) {
-        out.problems.push_back("time differs: guest " + show(*g[i]) + "\n    capture " + show(*c[at]));
+        out.problems.push_back("time differs: guest " + show(*g[i]) + "\n    capture " +
+                               show(*c[at]));
         continue;
       }
       offset = early;
@@ -225,8 +239,10 @@ inline GuestViewComparison CompareGuestView(const std::vector<TraceEvent>& guest
 // `trace-cmd report` / `hvtrace show` text lines ('#' headers and "cpus="
 // skipped); |unparsed| counts the other lines that are not events.
 //   "           <...>-215   [001]    12.000000: print:                tracing_mark_write: m"
-inline std::vector<TraceEvent> ReportTraceEvents(const std::string& text, size_t* unparsed = nullptr) {
-  static const std::regex kLine(R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(\d+\.\d{6}): ([a-z_0-9]+): ?(.*)$)");
+inline std::vector<TraceEvent> ReportTraceEvents(const std::string& text,
+                                                 size_t* unparsed = nullptr) {
+  static const std::regex kLine(
+      R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(\d+\.\d{6}): ([a-z_0-9]+): ?(.*)$)");
   static const std::regex kSwitch(R"(^(.*:\d+ \[\d+\]) (\S+) ==> (.*)$)");
   std::vector<TraceEvent> out;
   for (const std::string& line : TextLines(text)) {
@@ -243,7 +259,8 @@ inline std::vector<TraceEvent> ReportTraceEvents(const std::string& text, size_t
     }
     static const std::regex kHrtimer(R"(^hrtimer=(\S+) now=(\d+) function=(\S+?)(/0x[0-9a-f]+)?$)");
     if (e.name == "hrtimer_expire_entry" && std::regex_match(e.text, sw, kHrtimer)) {
-      e.text = "hrtimer=" + std::string(sw[1]) + " function=" + std::string(sw[3]) + " now=" + std::string(sw[2]);
+      e.text = "hrtimer=" + std::string(sw[1]) + " function=" + std::string(sw[3]) +
+               " now=" + std::string(sw[2]);
     }
     if (e.name == "print") {
       const size_t colon = e.text.find(": ");

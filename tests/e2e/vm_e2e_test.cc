@@ -1,6 +1,8 @@
 // Real guests under QEMU: the launcher, the QMP client and the console
 // against the 6.12 and 6.1 guest images (qemu-scripts/build-guest.sh).
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -14,9 +16,6 @@
 #include <string>
 #include <vector>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include "guest_harness.h"
 
 namespace hvtrace::e2e {
@@ -25,17 +24,17 @@ namespace {
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
-#define SKIP_UNLESS_QEMU_RUNS()                                     \
-  do {                                                              \
-    if (std::string why = QemuUnavailableReason(); !why.empty()) {  \
-      GTEST_SKIP() << "QEMU cannot run here: " << why;              \
-    }                                                               \
+#define SKIP_UNLESS_QEMU_RUNS()                                    \
+  do {                                                             \
+    if (std::string why = QemuUnavailableReason(); !why.empty()) { \
+      GTEST_SKIP() << "QEMU cannot run here: " << why;             \
+    }                                                              \
   } while (0)
 
-#define ASSERT_OK(expr)                                      \
-  do {                                                       \
-    auto&& _s = (expr);                                      \
-    ASSERT_TRUE(_s.ok()) << _s.error().message;              \
+#define ASSERT_OK(expr)                         \
+  do {                                          \
+    auto&& _s = (expr);                         \
+    ASSERT_TRUE(_s.ok()) << _s.error().message; \
   } while (0)
 
 bool FileExists(const std::string& path) {
@@ -102,7 +101,8 @@ TEST(VmE2eTest, BootMap612PanicLeavesBufferInHostFile) {
   ASSERT_EQ(instance->output, "1\n");
 
   const std::string marker = RandomMarker();
-  auto wrote = guest.Run("echo " + marker + " > /sys/kernel/tracing/instances/boot_map/trace_marker");
+  auto wrote =
+      guest.Run("echo " + marker + " > /sys/kernel/tracing/instances/boot_map/trace_marker");
   ASSERT_OK(wrote);
   ASSERT_EQ(wrote->status, 0) << wrote->output << guest.Diagnostics();
   // The guest's own view (reading `trace` does not consume the buffer).
@@ -127,7 +127,8 @@ TEST(VmE2eTest, BootMap612PanicLeavesBufferInHostFile) {
   const size_t per_cpu = layout.range_bytes / 2;
   for (size_t cpu = 0; cpu < 2; ++cpu) {
     const size_t meta = layout.file_offset + cpu * per_cpu;
-    EXPECT_EQ(LoadLe32(file, meta), 0x0BADFEEDu) << "CPU " << cpu << " meta at file offset " << meta;
+    EXPECT_EQ(LoadLe32(file, meta), 0x0BADFEEDu)
+        << "CPU " << cpu << " meta at file offset " << meta;
     EXPECT_EQ(LoadLe32(file, meta + 4), 56u) << "CPU " << cpu << " struct_size";
   }
   const auto range_begin = file.begin() + static_cast<std::ptrdiff_t>(layout.file_offset);
@@ -190,7 +191,8 @@ TEST(VmE2eTest, QemuKilledFromOutside) {
 
   // The cold-plugged ivshmem device is there (PCI 1af4:1110) and its backing
   // file exists on the host.
-  auto pci = guest.Run("cat /sys/bus/pci/devices/*/device /sys/bus/pci/devices/*/vendor | sort -u | tr '\\n' ' '");
+  auto pci = guest.Run(
+      "cat /sys/bus/pci/devices/*/device /sys/bus/pci/devices/*/vendor | sort -u | tr '\\n' ' '");
   ASSERT_OK(pci);
   EXPECT_THAT(pci->output, HasSubstr("0x1110"));
   EXPECT_THAT(pci->output, HasSubstr("0x1af4"));
@@ -205,9 +207,11 @@ TEST(VmE2eTest, QemuKilledFromOutside) {
   EXPECT_THAT(eof->message, HasSubstr("closed by QEMU"));
   const auto latency = *guest.qmp().disconnected_at() - killed_at;
   EXPECT_LT(latency, 1s) << "EOF noticed after "
-                         << std::chrono::duration_cast<std::chrono::milliseconds>(latency).count() << " ms";
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(latency).count()
+                         << " ms";
   std::printf("QMP EOF noticed %lld us after SIGKILL\n",
-              static_cast<long long>(std::chrono::duration_cast<std::chrono::microseconds>(latency).count()));
+              static_cast<long long>(
+                  std::chrono::duration_cast<std::chrono::microseconds>(latency).count()));
 
   const auto before = Clock::now();
   auto after_eof = guest.qmp().Execute("query-status", nlohmann::json::object(), 10s);

@@ -45,27 +45,33 @@ Baseline MakeBaseline() {
   id.page_size = 4096;
   std::memcpy(id.kernel_release, "6.12.0-fuzz", 11);
   guest->WriteIdentity(id);
-  if (!guest->PublishFormat(hvtrace::region::kFormatHeaderPage, 1, 0, "ftrace",
-                            "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
-                            "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
-                            "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n",
-                            0)
+  if (!guest
+           ->PublishFormat(hvtrace::region::kFormatHeaderPage, 1, 0, "ftrace",
+                           "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
+                           "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
+                           "\tfield: char data;\toffset:16;\tsize:4080;\tsigned:0;\n",
+                           0)
            .ok()) {
     __builtin_trap();
   }
   // Text areas (symbols, comms) the host inflates and checks.
-  if (!guest->WriteTextArea(hvtrace::TextAreaKind::kSymbols, 1,
-                            hvtrace::EncodeText("ffffffff81000000 T _text\n"
-                                                "ffffffff811a2b30 t tracing_mark_write\n"
-                                                "ffffffffc0200000 t virtio_dev_probe\t[virtio]\n"))
+  if (!guest
+           ->WriteTextArea(hvtrace::TextAreaKind::kSymbols, 1,
+                           hvtrace::EncodeText("ffffffff81000000 T _text\n"
+                                               "ffffffff811a2b30 t tracing_mark_write\n"
+                                               "ffffffffc0200000 t virtio_dev_probe\t[virtio]\n"))
            .ok() ||
-      !guest->WriteTextArea(hvtrace::TextAreaKind::kComms, 1, hvtrace::EncodeText("1 init\n242 sh\n")).ok()) {
+      !guest
+           ->WriteTextArea(hvtrace::TextAreaKind::kComms, 1,
+                           hvtrace::EncodeText("1 init\n242 sh\n"))
+           .ok()) {
     __builtin_trap();
   }
   {
     auto tracer = hvtrace::dw::Tracer::FromMemory(b.bytes.data(), b.bytes.size());
     if (!tracer.ok()) __builtin_trap();
-    auto ev = (*tracer)->Register("fuzz", "ev", {{"n", "int", 0, 4, true}, {"s", "char[8]", 4, 8, false}});
+    auto ev = (*tracer)->Register("fuzz", "ev",
+                                  {{"n", "int", 0, 4, true}, {"s", "char[8]", 4, 8, false}});
     if (!ev.ok()) __builtin_trap();
     struct {
       int32_t n;

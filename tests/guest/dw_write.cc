@@ -1,13 +1,13 @@
 #include "dw_write.h"
 
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
-
-#include <unistd.h>
 
 #include "hvtrace/dwtrace.hpp"
 
@@ -36,14 +36,22 @@ int DwWriteMain(int argc, char** argv) {
   dw::Clock clock = dw::Clock::kAuto;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--region" && i + 1 < argc) region = argv[++i];
-    else if (arg == "--count" && i + 1 < argc) count = std::strtoull(argv[++i], nullptr, 10);
-    else if (arg == "--for-ms" && i + 1 < argc) for_ms = std::strtoull(argv[++i], nullptr, 10);
-    else if (arg == "--every-ms" && i + 1 < argc) every_ms = std::strtoull(argv[++i], nullptr, 10);
-    else if (arg == "--stop-file" && i + 1 < argc) stop_file = argv[++i];
-    else if (arg == "--mono") clock = dw::Clock::kMonotonic;
-    else if (arg == "--tsc") clock = dw::Clock::kTsc;
-    else text = arg;
+    if (arg == "--region" && i + 1 < argc)
+      region = argv[++i];
+    else if (arg == "--count" && i + 1 < argc)
+      count = std::strtoull(argv[++i], nullptr, 10);
+    else if (arg == "--for-ms" && i + 1 < argc)
+      for_ms = std::strtoull(argv[++i], nullptr, 10);
+    else if (arg == "--every-ms" && i + 1 < argc)
+      every_ms = std::strtoull(argv[++i], nullptr, 10);
+    else if (arg == "--stop-file" && i + 1 < argc)
+      stop_file = argv[++i];
+    else if (arg == "--mono")
+      clock = dw::Clock::kMonotonic;
+    else if (arg == "--tsc")
+      clock = dw::Clock::kTsc;
+    else
+      text = arg;
   }
   auto tracer = dw::Tracer::Open(region, clock);
   if (!tracer.ok()) {
@@ -61,7 +69,8 @@ int DwWriteMain(int argc, char** argv) {
   const uint64_t end_ms = MonoMs() + for_ms;
   const bool timed = for_ms > 0;
   uint64_t written = 0, n = 0;
-  for (; timed ? MonoMs() < end_ms && (stop_file.empty() || access(stop_file.c_str(), F_OK) != 0) : n < count;
+  for (; timed ? MonoMs() < end_ms && (stop_file.empty() || access(stop_file.c_str(), F_OK) != 0)
+               : n < count;
        ++n) {
     Marker m{};
     m.seq = static_cast<uint32_t>(n);
@@ -69,17 +78,19 @@ int DwWriteMain(int argc, char** argv) {
                   static_cast<unsigned long long>(n));
     written += (*tracer)->Write(*id, &m, sizeof(m)) ? 1 : 0;
     if (timed) {
-      const timespec pause{static_cast<time_t>(every_ms / 1000), static_cast<long>(every_ms % 1000) * 1000000};
+      const timespec pause{static_cast<time_t>(every_ms / 1000),
+                           static_cast<long>(every_ms % 1000) * 1000000};
       nanosleep(&pause, nullptr);
     }
   }
-  std::printf("dw-write: id %u, %llu/%llu events written, generation %u, clock %s, dropped detached %llu, "
-              "reattaches %llu, bus faults %llu\n",
-              *id, static_cast<unsigned long long>(written), static_cast<unsigned long long>(n),
-              (*tracer)->boot_generation(), (*tracer)->clock() == dw::Clock::kTsc ? "tsc" : "mono",
-              static_cast<unsigned long long>((*tracer)->dropped_detached()),
-              static_cast<unsigned long long>((*tracer)->reattaches()),
-              static_cast<unsigned long long>(RegionBusFaults()));
+  std::printf(
+      "dw-write: id %u, %llu/%llu events written, generation %u, clock %s, dropped detached %llu, "
+      "reattaches %llu, bus faults %llu\n",
+      *id, static_cast<unsigned long long>(written), static_cast<unsigned long long>(n),
+      (*tracer)->boot_generation(), (*tracer)->clock() == dw::Clock::kTsc ? "tsc" : "mono",
+      static_cast<unsigned long long>((*tracer)->dropped_detached()),
+      static_cast<unsigned long long>((*tracer)->reattaches()),
+      static_cast<unsigned long long>(RegionBusFaults()));
   return timed || written == n ? 0 : 1;
 }
 

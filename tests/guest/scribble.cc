@@ -46,7 +46,8 @@ class Scribbler {
  private:
   void Say(const std::string& what, uint64_t offset) {
     if (said_.insert(what).second) {
-      std::printf("scribble: %s at offset %llu\n", what.c_str(), static_cast<unsigned long long>(offset));
+      std::printf("scribble: %s at offset %llu\n", what.c_str(),
+                  static_cast<unsigned long long>(offset));
     }
   }
 
@@ -61,7 +62,8 @@ class Scribbler {
       std::byte* page = r_.base() + (dw ? g_.DwPageOffset(ring, s) : g_.CpuPageOffset(ring, s));
       found.push_back({d->sequence, Slot{d, page, at}});
     }
-    std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::sort(found.begin(), found.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
     std::vector<Slot> out;
     for (auto& f : found) out.push_back(f.second);
     return out;
@@ -165,10 +167,13 @@ class Scribbler {
     return parsed.ok() ? EventFingerprint(*parsed) : 0;
   }
 
-  void Publish(region::FormatKind kind, uint32_t id, const std::string& text, uint64_t fp, const std::string& what) {
+  void Publish(region::FormatKind kind, uint32_t id, const std::string& text, uint64_t fp,
+               const std::string& what) {
     auto index = r_.PublishFormat(kind, generation_, id, "scribble", text, fp);
-    if (index.ok()) Say("format: " + what, g_.FormatEntryOffset(*index));
-    else std::printf("scribble: format: %s: %s\n", what.c_str(), index.error().message.c_str());
+    if (index.ok())
+      Say("format: " + what, g_.FormatEntryOffset(*index));
+    else
+      std::printf("scribble: format: %s: %s\n", what.c_str(), index.error().message.c_str());
   }
 
   void Formats() {
@@ -176,15 +181,18 @@ class Scribbler {
     const std::string t1 = Text("id_liar", 1000, 4);
     Publish(region::kFormatKernelEvent, 4242, t1, Fingerprint(t1), "entry id 4242, text ID 1000");
     const std::string t2 = Text("fp_liar", 1001, 4);
-    Publish(region::kFormatKernelEvent, 1001, t2, Fingerprint(t2) ^ 1, "fingerprint its text does not have");
-    Publish(static_cast<region::FormatKind>(77), 1002, Text("kind77", 1002, 4), 0, "unknown kind 77");
+    Publish(region::kFormatKernelEvent, 1001, t2, Fingerprint(t2) ^ 1,
+            "fingerprint its text does not have");
+    Publish(static_cast<region::FormatKind>(77), 1002, Text("kind77", 1002, 4), 0,
+            "unknown kind 77");
     Publish(region::kFormatKernelEvent, 1003, "this is not a format file\n", 0, "unparsable text");
     const std::string t4 = Text("conflict", 1004, 4), t5 = Text("conflict", 1004, 2);
     Publish(region::kFormatKernelEvent, 1004, t4, Fingerprint(t4), "id 1004 (first)");
     Publish(region::kFormatKernelEvent, 1004, t5, Fingerprint(t5), "id 1004 again, another format");
     // Sizes that lie: an entry whose text reaches past the text area.
     const std::string t6 = Text("size_liar", 1005, 4);
-    auto index = r_.PublishFormat(region::kFormatKernelEvent, generation_, 1005, "scribble", t6, Fingerprint(t6));
+    auto index = r_.PublishFormat(region::kFormatKernelEvent, generation_, 1005, "scribble", t6,
+                                  Fingerprint(t6));
     if (index.ok()) {
       auto* e = reinterpret_cast<region::FormatEntry*>(r_.base() + g_.FormatEntryOffset(*index));
       e->text_len = g_.format_text_size + 100;
@@ -203,7 +211,8 @@ class Scribbler {
       std::string what;
       switch (turn % 5) {
         case 0:
-          (void)r_.WriteTextArea(TextAreaKind::kSymbols, generation_, EncodeText(std::string("\x01\x02\xff bytes\n", 10)));
+          (void)r_.WriteTextArea(TextAreaKind::kSymbols, generation_,
+                                 EncodeText(std::string("\x01\x02\xff bytes\n", 10)));
           what = "symbols: binary bytes, sizes and CRC right";
           break;
         case 1: {
@@ -271,7 +280,8 @@ class Scribbler {
     h->cpu_offset = 7;
     h->region_size = 3;
     h->dw_rings = 0xffffffff;
-    Say("host header: slot size, CPU offset, region size, dw rings rewritten", region::kHostHeaderOffset);
+    Say("host header: slot size, CPU offset, region size, dw rings rewritten",
+        region::kHostHeaderOffset);
   }
 
   GuestRegion r_;
@@ -295,7 +305,8 @@ int ScribbleMain(int argc, char** argv) {
   std::string path;
   uint64_t repeat_ms = 0;
   std::set<std::string> modes;
-  const std::set<std::string> known = {"lengths", "torn", "backwards", "formats", "pages", "texts", "header", "identity"};
+  const std::set<std::string> known = {"lengths", "torn",  "backwards", "formats",
+                                       "pages",   "texts", "header",    "identity"};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--region" && i + 1 < argc) {
@@ -309,13 +320,16 @@ int ScribbleMain(int argc, char** argv) {
     } else if (known.count(arg)) {
       modes.insert(arg);
     } else {
-      std::fprintf(stderr, "scribble: unknown mode '%s' (lengths torn backwards formats pages texts header identity all)\n",
+      std::fprintf(stderr,
+                   "scribble: unknown mode '%s' (lengths torn backwards formats pages texts header "
+                   "identity all)\n",
                    arg.c_str());
       return 2;
     }
   }
   if (modes.empty()) {
-    std::fprintf(stderr, "usage: hvtrace-guest-test scribble [--region PATH] [--repeat-ms MS] MODE...\n");
+    std::fprintf(stderr,
+                 "usage: hvtrace-guest-test scribble [--region PATH] [--repeat-ms MS] MODE...\n");
     return 2;
   }
   if (path.empty()) {

@@ -21,8 +21,8 @@
 //
 // Each action is printed ("scribble: <what> at offset N"). --repeat-ms MS
 // repeats the damage every 10 ms for that long (the agent keeps writing
-// over some of it); counters are run backwards and formats added once. The region id and magic are left alone: the agent
-// would otherwise detach, and the point is damage it cannot see.
+// over some of it); counters are run backwards and formats added once. The region id and magic are
+// left alone: the agent would otherwise detach, and the point is damage it cannot see.
 #ifndef HVTRACE_TESTS_GUEST_SCRIBBLE_H_
 #define HVTRACE_TESTS_GUEST_SCRIBBLE_H_
 

@@ -1,6 +1,7 @@
 #include "agent.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,8 +10,6 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 #include "hvtrace/region_reader.h"
 #include "hvtrace/region_text.h"
@@ -46,14 +45,17 @@ class AgentTest : public ::testing::Test {
     Put(t / "events/header_page", Slurp(fx / "boot_map/header_page"));
     Put(t / "events/header_event", Slurp(fx / "boot_map/header_event"));
     Put(t / "events/ftrace/print/format", Slurp(fx / "boot_map/formats/ftrace/print/format"));
-    Put(t / "events/sched/sched_switch/format", Slurp(fx / "boot_map/formats/sched/sched_switch/format"));
+    Put(t / "events/sched/sched_switch/format",
+        Slurp(fx / "boot_map/formats/sched/sched_switch/format"));
     Put(t / "events/sched/sched_switch/enable", "0");
     Put(t / "trace_clock", "[local] global mono");
     Put(t / "tracing_on", "0");
     const long cpus = sysconf(_SC_NPROCESSORS_CONF);
     for (long c = 0; c < cpus; ++c) {
       std::string pages;
-      for (int i = 0; i < 3; ++i) pages += Slurp(fx / ("pages/cpu" + std::to_string(c % 2) + "-" + std::to_string(i) + ".bin"));
+      for (int i = 0; i < 3; ++i)
+        pages +=
+            Slurp(fx / ("pages/cpu" + std::to_string(c % 2) + "-" + std::to_string(i) + ".bin"));
       Put(t / ("per_cpu/cpu" + std::to_string(c) + "/trace_pipe_raw"), pages);
     }
     cpus_ = static_cast<uint32_t>(cpus);
@@ -113,7 +115,9 @@ TEST_F(AgentTest, AnnouncesPublishesEnablesAndPumps) {
   ASSERT_TRUE(agent.Attach(region_path_).ok());
   agent.Tick(true);
   RegionSnapshot s = Read();
-  EXPECT_EQ(s.issue_total(), 0u) << (s.problems.empty() ? "" : s.problems[0].where + ": " + s.problems[0].detail);
+  EXPECT_EQ(s.issue_total(), 0u) << (s.problems.empty()
+                                         ? ""
+                                         : s.problems[0].where + ": " + s.problems[0].detail);
   ASSERT_TRUE(s.guest.present);
   EXPECT_EQ(s.guest.boot_generation, 1u);
   EXPECT_EQ(s.guest.nr_cpus, std::min(cpus_, geometry_.max_cpus));
@@ -136,8 +140,9 @@ TEST_F(AgentTest, AnnouncesPublishesEnablesAndPumps) {
   for (uint32_t c = 0; c < s.guest.nr_cpus; ++c) {
     ASSERT_EQ(s.cpus[c].pages.size(), 3u) << "cpu " << c;
     for (int i = 0; i < 3; ++i) {
-      const std::string want = Slurp(fs::path(HVTRACE_FIXTURES_DIR) /
-                                     ("pages/cpu" + std::to_string(c % 2) + "-" + std::to_string(i) + ".bin"));
+      const std::string want =
+          Slurp(fs::path(HVTRACE_FIXTURES_DIR) /
+                ("pages/cpu" + std::to_string(c % 2) + "-" + std::to_string(i) + ".bin"));
       EXPECT_EQ(std::memcmp(s.cpus[c].pages[i].page.data(), want.data(), want.size()), 0);
       EXPECT_EQ(s.cpus[c].pages[i].page_error, PageError::kOk);
     }
@@ -148,7 +153,8 @@ TEST_F(AgentTest, AnnouncesPublishesEnablesAndPumps) {
 
 // Ticks until the agent's symbol worker finished and the state is written.
 uint32_t WaitForSymbols(Agent& agent, RegionMapping& host) {
-  const auto* st = reinterpret_cast<const region::GuestStatus*>(host.data() + region::kGuestStatusOffset);
+  const auto* st =
+      reinterpret_cast<const region::GuestStatus*>(host.data() + region::kGuestStatusOffset);
   for (int i = 0; i < 500 && st->symbols_state == region::kSymbolsPending; ++i) {
     agent.Tick(false);
     usleep(10000);
@@ -201,7 +207,8 @@ TEST_F(AgentTest, SymbolsThatDoNotFitTheAreaAreNotPublished) {
   std::string big;
   for (int i = 0; big.size() < (1u << 20); ++i) {
     char line[96];
-    std::snprintf(line, sizeof line, "ffffffff%08x t f%x_%08x\n", i * 16, i * 2654435761u, i * 40503u);
+    std::snprintf(line, sizeof line, "ffffffff%08x t f%x_%08x\n", i * 16, i * 2654435761u,
+                  i * 40503u);
     big += line;
   }
   Put(root_ / "kallsyms", big);
@@ -330,7 +337,9 @@ TEST(Uevent, ParsesKernelMessagesAndIgnoresOthers) {
   EXPECT_EQ(e.action, "add");
   EXPECT_EQ(e.pci_slot, "0000:00:04.0");
   EXPECT_TRUE(e.IsIvshmem());
-  const char other[] = "remove@/devices/virtual/net/lo\0ACTION=remove\0DEVPATH=/devices/virtual/net/lo\0SUBSYSTEM=net";
+  const char other[] =
+      "remove@/devices/virtual/net/lo\0ACTION=remove\0DEVPATH=/devices/virtual/net/"
+      "lo\0SUBSYSTEM=net";
   ASSERT_TRUE(ParseUevent(std::string_view(other, sizeof(other) - 1), &e));
   EXPECT_FALSE(e.IsIvshmem());
   EXPECT_FALSE(ParseUevent(std::string_view("libudev\0\xfe\xed", 10), &e));

@@ -1,10 +1,9 @@
 #include "attach_args.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <filesystem>
-
-#include <gtest/gtest.h>
 
 #include "live_region.h"
 
@@ -25,8 +24,12 @@ TEST(AttachArgs, Defaults) {
 }
 
 TEST(AttachArgs, AllFields) {
-  auto a = ParseAttachArgs({{"name", "vm-2"}, {"qmp", "/run/x.qmp"}, {"size_mib", 4},
-                            {"events", "sched:sched_switch"}, {"pump_interval_ms", 20}, {"wait_ms", 0}});
+  auto a = ParseAttachArgs({{"name", "vm-2"},
+                            {"qmp", "/run/x.qmp"},
+                            {"size_mib", 4},
+                            {"events", "sched:sched_switch"},
+                            {"pump_interval_ms", 20},
+                            {"wait_ms", 0}});
   ASSERT_TRUE(a.ok()) << a.error().message;
   EXPECT_EQ(a->qmp, "/run/x.qmp");
   EXPECT_EQ(a->options.size_bytes, 4ull << 20);
@@ -91,7 +94,8 @@ TEST(LiveRegion, CreateWritesTheHeaderAndRefusesAnExistingFile) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(std::filesystem::file_size(path), 1u << 20);
   EXPECT_EQ((*r)->geometry().max_cpus, 2u);
-  auto* req = reinterpret_cast<const region::HostRequests*>((*r)->data() + region::kHostRequestsOffset);
+  auto* req =
+      reinterpret_cast<const region::HostRequests*>((*r)->data() + region::kHostRequestsOffset);
   EXPECT_EQ(req->pump_interval_ms, 25u);
   EXPECT_EQ(std::string(req->events, req->events_len), "sched:sched_switch");
   const uint64_t seq = req->request_seq;

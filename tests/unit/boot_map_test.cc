@@ -1,8 +1,7 @@
 #include "hvtrace/boot_map.h"
 
-#include <zstd.h>
-
 #include <gtest/gtest.h>
+#include <zstd.h>
 
 #include <cstring>
 #include <fstream>
@@ -101,7 +100,9 @@ class BootMapTest : public ::testing::Test {
   static constexpr uint64_t kBuffers = 56;
   static constexpr uint64_t kHead = 32;
   static constexpr uint64_t kCommit = 40;
-  uint64_t PageOffset(uint64_t chunk, int32_t slot) const { return chunk + 0x3000 + 4096ull * slot; }
+  uint64_t PageOffset(uint64_t chunk, int32_t slot) const {
+    return chunk + 0x3000 + 4096ull * slot;
+  }
   int32_t Buffer(uint64_t chunk, int i) const {
     int32_t v;
     std::memcpy(&v, range_.data() + chunk + kBuffers + 4 * i, 4);
@@ -173,7 +174,8 @@ TEST_F(BootMapTest, RealFixtureMatchesTheGuestsTraceFile) {
   EXPECT_EQ(want_markers.size(), 10u);
   for (const BootMapCpu& cpu : map->cpu) {
     for (const BootMapRecord& r : cpu.records) {
-      if (Type(r) == print.id) got_markers.insert({cpu.cpu, Usecs(r.timestamp), PrintText(r, print)});
+      if (Type(r) == print.id)
+        got_markers.insert({cpu.cpu, Usecs(r.timestamp), PrintText(r, print)});
     }
   }
   EXPECT_EQ(got_markers, want_markers);
@@ -274,8 +276,8 @@ TEST_F(BootMapTest, Malicious_IndexOutOfRange) {
   ASSERT_TRUE(map.ok());
   EXPECT_TRUE(HasIssue(*map, 0, BootMapCheck::kIndexOutOfRange));
   EXPECT_FALSE(map->cpu[0].meta_valid);
-  EXPECT_EQ(map->cpu[0].records.size(), clean->cpu[0].records.size() - victim.records -
-                                            clean->cpu[0].pages[7].records);
+  EXPECT_EQ(map->cpu[0].records.size(),
+            clean->cpu[0].records.size() - victim.records - clean->cpu[0].pages[7].records);
   EXPECT_EQ(map->cpu[1].records.size(), clean->cpu[1].records.size());
 }
 
@@ -446,8 +448,8 @@ TEST(BootMapBootsTest, KexecSplitsBootsWhereTimeRestarts) {
   put32(0, kBootMapMagic);
   put32(4, 56);
   put64(24, first_va);
-  put64(32, first_va + 4096 * 1);           // head: slot 1
-  put64(40, first_va + 4096 * (nr - 1));    // commit: last slot
+  put64(32, first_va + 4096 * 1);         // head: slot 1
+  put64(40, first_va + 4096 * (nr - 1));  // commit: last slot
   put32(48, 4096);
   put32(52, nr);
   for (uint32_t i = 0; i < nr; ++i) put32(56 + 4 * i, i);

@@ -1,10 +1,10 @@
 #include "capped_file.h"
 
-#include <filesystem>
-#include <fstream>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "test_support.h"
 
@@ -12,8 +12,8 @@ namespace hvtrace::hostd {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using test_support::TempDir;
+using ::testing::HasSubstr;
 
 TEST(CappedFileTest, ReadsWholeFilesUpToTheCap) {
   TempDir dir;

@@ -4,11 +4,10 @@
 // against the guest's own trace file; hand-corrupted copies reported per CPU.
 #include "capture_pipeline.h"
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zstd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdio>
@@ -164,8 +163,10 @@ bool SameKey(const Event& a, const Event& b) {
 // trace-cmd report (no latency columns):
 //   "          <idle>-0     [000]     0.000000: irq_handler_entry:    irq=0 name=timer"
 //   "           <...>-215   [001]    12.000000: print:                tracing_mark_write: m"
-std::map<int, std::vector<Event>> ReportEvents(const std::string& text, std::set<std::string>* comms) {
-  static const std::regex kLine(R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(\d+\.\d{6}): ([a-z_0-9]+): ?(.*)$)");
+std::map<int, std::vector<Event>> ReportEvents(const std::string& text,
+                                               std::set<std::string>* comms) {
+  static const std::regex kLine(
+      R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(\d+\.\d{6}): ([a-z_0-9]+): ?(.*)$)");
   std::map<int, std::vector<Event>> out;
   for (const std::string& line : Lines(text)) {
     if (line.empty() || line[0] == '#' || line.starts_with("cpus=")) continue;
@@ -203,8 +204,9 @@ std::map<int, std::vector<Event>> ReportEvents(const std::string& text, std::set
 class CapturePipelineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    tmp_ = fs::temp_directory_path() / ("hvtrace-cpipe-" + std::to_string(getpid()) + "-" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    tmp_ = fs::temp_directory_path() /
+           ("hvtrace-cpipe-" + std::to_string(getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(tmp_);
     fs::create_directories(tmp_);
     range_ = Unzstd(kDir + "region.bin.zst");
@@ -280,7 +282,8 @@ class CapturePipelineTest : public ::testing::Test {
   static std::map<int, size_t> ResultCounts(const CaptureResult& r, uint32_t boot = 0) {
     std::map<int, size_t> counts;
     for (size_t i = 0; i < r.boots[boot].events_per_cpu.size(); ++i) {
-      if (r.boots[boot].events_per_cpu[i] != 0) counts[static_cast<int>(i)] = r.boots[boot].events_per_cpu[i];
+      if (r.boots[boot].events_per_cpu[i] != 0)
+        counts[static_cast<int>(i)] = r.boots[boot].events_per_cpu[i];
     }
     return counts;
   }
@@ -313,8 +316,8 @@ TEST_F(CapturePipelineTest, RealRegionMatchesTheGuestTraceCmdAndShow) {
   EXPECT_EQ(r.unknown_id, 0u);
   EXPECT_EQ(r.bad_pages, 0u);
   EXPECT_EQ(ReadText(c.dir / "region.bin").size(), range_.size());
-  EXPECT_EQ(ReadText(c.dir / "region.bin"), std::string(reinterpret_cast<const char*>(range_.data()),
-                                                        range_.size()));
+  EXPECT_EQ(ReadText(c.dir / "region.bin"),
+            std::string(reinterpret_cast<const char*>(range_.data()), range_.size()));
   EXPECT_EQ(c.manifest["totals"]["events"], r.events);
   EXPECT_EQ(c.manifest["extra"]["boots"].size(), 1u);
   EXPECT_EQ(c.manifest["extra"]["boots"][0]["file"], "boot-0.trace.dat");
@@ -353,7 +356,8 @@ TEST_F(CapturePipelineTest, RealRegionMatchesTheGuestTraceCmdAndShow) {
       // print addresses where the guest printed symbol names.
       if (ours[i].name.starts_with("tasklet_") && SameKey(ours[i], list[i])) continue;
       ++differ;
-      if (shown++ < 5) ADD_FAILURE() << "event " << i << "\n ours:  " << ours[i] << "\n guest: " << list[i];
+      if (shown++ < 5)
+        ADD_FAILURE() << "event " << i << "\n ours:  " << ours[i] << "\n guest: " << list[i];
     }
     EXPECT_EQ(differ, 0u);
   }
@@ -403,13 +407,14 @@ TEST_F(CapturePipelineTest, ShowRegionDecodesARawFileLikeTheCapture) {
   const fs::path region = tmp_ / "region.bin";
   {
     std::ofstream out(region, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(range_.data()), static_cast<std::streamsize>(range_.size()));
+    out.write(reinterpret_cast<const char*>(range_.data()),
+              static_cast<std::streamsize>(range_.size()));
   }
   Captured c = Capture(range_, formats_);
   ASSERT_FALSE(c.dir.empty());
   CmdRun from_capture = RunCommand("'" + Hvtrace() + "' show '" + c.dir.string() + "'");
   CmdRun from_region = RunCommand("'" + Hvtrace() + "' show --region '" + region.string() +
-                               "' --formats '" + kDir + "'");
+                                  "' --formats '" + kDir + "'");
   ASSERT_EQ(from_region.status, 0);
   const auto a = Lines(from_capture.out, true), b = Lines(from_region.out, true);
   EXPECT_GT(b.size(), 30000u);
@@ -418,8 +423,10 @@ TEST_F(CapturePipelineTest, ShowRegionDecodesARawFileLikeTheCapture) {
   // Usage errors are errors.
   EXPECT_EQ(RunCommand("'" + Hvtrace() + "' show --region '" + region.string() + "'").status, 2);
   EXPECT_EQ(RunCommand("'" + Hvtrace() + "' show '" + c.dir.string() + "' --boot 7").status, 1);
-  EXPECT_EQ(RunCommand("'" + Hvtrace() + "' show --region '" + region.string() +
-                       "' --formats not-a-key").status, 1);
+  EXPECT_EQ(
+      RunCommand("'" + Hvtrace() + "' show --region '" + region.string() + "' --formats not-a-key")
+          .status,
+      1);
 }
 
 // Formats harvested from another boot of the kernel: KASLR put it elsewhere,
@@ -442,8 +449,9 @@ TEST_F(CapturePipelineTest, KallsymsOfAnotherKaslrBootAreRelocated) {
   for (const std::string& line : Lines(formats_.kallsyms)) {
     if (line.empty()) continue;
     char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx",
-                  static_cast<unsigned long long>(std::stoull(line.substr(0, 16), nullptr, 16) - kDelta));
+    std::snprintf(
+        hex, sizeof hex, "%016llx",
+        static_cast<unsigned long long>(std::stoull(line.substr(0, 16), nullptr, 16) - kDelta));
     moved += hex + line.substr(16) + "\n";
   }
   char hex[17];
@@ -477,9 +485,11 @@ TEST_F(CapturePipelineTest, TraceDatKeepsOnlyTheSymbolsTheEventsName) {
   for (int i = 0; i < 1000; ++i) {
     char line[64];
     // Below tracing_mark_write (ffffffffafa34ec0), and past the last symbol.
-    std::snprintf(line, sizeof line, "%016llx t filler_low_%d\n", 0xffffffffaf900000ull + 16ull * i, i);
+    std::snprintf(line, sizeof line, "%016llx t filler_low_%d\n", 0xffffffffaf900000ull + 16ull * i,
+                  i);
     crowded.kallsyms += line;
-    std::snprintf(line, sizeof line, "%016llx t filler_high_%d\n", 0xffffffffb0000000ull + 16ull * i, i);
+    std::snprintf(line, sizeof line, "%016llx t filler_high_%d\n",
+                  0xffffffffb0000000ull + 16ull * i, i);
     crowded.kallsyms += line;
   }
   Captured plain = Capture(range_, formats_);
@@ -495,8 +505,9 @@ TEST_F(CapturePipelineTest, TraceDatKeepsOnlyTheSymbolsTheEventsName) {
   // Event words past every symbol (-1, flags) are named by the last one, in
   // trace-cmd as with the whole table: that one stays, no other.
   const size_t high = kept.find("filler_high_");
-  EXPECT_TRUE(high == std::string::npos || (kept.find("filler_high_999\n") == high &&
-                                            kept.find("filler_high_", high + 1) == std::string::npos))
+  EXPECT_TRUE(high == std::string::npos ||
+              (kept.find("filler_high_999\n") == high &&
+               kept.find("filler_high_", high + 1) == std::string::npos))
       << kept.substr(0, 2000);
   EXPECT_LT(kept.size(), 250u) << kept;
   CmdRun a = RunCommand("'" + Hvtrace() + "' show '" + plain.dir.string() + "'");
@@ -505,7 +516,8 @@ TEST_F(CapturePipelineTest, TraceDatKeepsOnlyTheSymbolsTheEventsName) {
   const auto want = Lines(a.out, true), got = Lines(b.out, true);
   EXPECT_GT(got.size(), 30000u);
   EXPECT_TRUE(want == got);
-  CmdRun report = RunCommand("trace-cmd report -i '" + (many.dir / "boot-0.trace.dat").string() + "'");
+  CmdRun report =
+      RunCommand("trace-cmd report -i '" + (many.dir / "boot-0.trace.dat").string() + "'");
   EXPECT_NE(report.out.find("tracing_mark_write: "), std::string::npos);
 }
 
@@ -537,14 +549,16 @@ TEST_F(CapturePipelineTest, RegionOnlyCaptureIsCountedAndShownLater) {
   Captured decoded = Capture(range_, formats_);
   ASSERT_FALSE(decoded.dir.empty());
   CmdRun want = RunCommand("'" + Hvtrace() + "' show '" + decoded.dir.string() + "'");
-  CmdRun got = RunCommand("'" + Hvtrace() + "' show '" + entry->dir.string() + "' --formats '" + kDir + "'");
+  CmdRun got =
+      RunCommand("'" + Hvtrace() + "' show '" + entry->dir.string() + "' --formats '" + kDir + "'");
   ASSERT_EQ(got.status, 0);
   const auto a = Lines(want.out, true), b = Lines(got.out, true);
   EXPECT_GT(b.size(), 30000u);
   EXPECT_TRUE(a == b);
   EXPECT_NE(got.out.find("vm fixture, trigger panic"), std::string::npos);
   // Without --formats and without a key in the manifest: a clear error.
-  CmdRun no_formats = RunCommand("{ '" + Hvtrace() + "' show '" + entry->dir.string() + "' 2>&1; }");
+  CmdRun no_formats =
+      RunCommand("{ '" + Hvtrace() + "' show '" + entry->dir.string() + "' 2>&1; }");
   EXPECT_EQ(no_formats.status, 1);
   EXPECT_NE(no_formats.out.find("--formats"), std::string::npos) << no_formats.out;
 }
@@ -592,7 +606,8 @@ TEST_F(CapturePipelineTest, KexecRegionGivesTwoBootsBothKept) {
       for (const auto& [cpu, list] : guest_boot0) {
         ASSERT_GE(got.at(cpu).size(), list.size());
         for (size_t i = 0; i < list.size(); ++i) {
-          if (got.at(cpu)[i].name.starts_with("tasklet_") && SameKey(got.at(cpu)[i], list[i])) continue;
+          if (got.at(cpu)[i].name.starts_with("tasklet_") && SameKey(got.at(cpu)[i], list[i]))
+            continue;
           EXPECT_EQ(got.at(cpu)[i], list[i]) << "cpu " << cpu << " event " << i;
         }
       }
@@ -715,7 +730,8 @@ TEST_F(CapturePipelineTest, Malicious_RecordPastCommitKeepsTheGoodPrefix) {
 
 TEST_F(CapturePipelineTest, Malicious_UnknownEventIdsAreCountedAndKeptInTheRegion) {
   KernelFormats fewer = formats_;
-  std::erase_if(fewer.events, [](const CachedEventFormat& ev) { return ev.name == "sched_switch"; });
+  std::erase_if(fewer.events,
+                [](const CachedEventFormat& ev) { return ev.name == "sched_switch"; });
   Captured c = Capture(range_, fewer);
   ASSERT_FALSE(c.dir.empty());
   EXPECT_GT(c.result.unknown_id, 100u);
@@ -776,10 +792,11 @@ TEST_F(CapturePipelineTest, MeasuresThePipelineOnTheRealRegion) {
   ASSERT_FALSE(c.dir.empty());
   const double total_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  std::printf("capture pipeline, 16 MiB region, %llu events: copy %.2f ms, decode %.2f ms, "
-              "write (region.bin + trace.dat, fsync) %.2f ms, total with commit %.2f ms\n",
-              static_cast<unsigned long long>(c.result.events), copy_ms, c.result.decode_ms,
-              c.result.write_ms, total_ms);
+  std::printf(
+      "capture pipeline, 16 MiB region, %llu events: copy %.2f ms, decode %.2f ms, "
+      "write (region.bin + trace.dat, fsync) %.2f ms, total with commit %.2f ms\n",
+      static_cast<unsigned long long>(c.result.events), copy_ms, c.result.decode_ms,
+      c.result.write_ms, total_ms);
   RecordProperty("decode_ms", std::to_string(c.result.decode_ms));
   RecordProperty("write_ms", std::to_string(c.result.write_ms));
   EXPECT_GT(c.result.decode_ms, 0.0);

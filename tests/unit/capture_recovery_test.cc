@@ -3,9 +3,10 @@
 // without), under the original trigger and time, marked recovered; without a
 // record, or with a record or region.bin that does not hold up, they are
 // removed and the reason said. The region is the real 6.12 boot_map fixture.
-#include "capture_service.h"
+#include <gtest/gtest.h>
 
 #include <algorithm>
+#include <boost/asio/thread_pool.hpp>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -14,10 +15,8 @@
 #include <tuple>
 #include <vector>
 
-#include <boost/asio/thread_pool.hpp>
-#include <gtest/gtest.h>
-
 #include "capture_pipeline.h"
+#include "capture_service.h"
 #include "fixture_bundle.h"
 #include "test_support.h"
 
@@ -44,7 +43,8 @@ HarvestBundle FixtureBundle() {
 struct Formats {
   Formats() : pool(1) {
     EXPECT_TRUE(FormatCache(cache.path()).Store(kKey, FixtureBundle(), {}).ok());
-    service = std::make_shared<FormatsService>(cache.path(), pool.get_executor(), [](const std::string&) {});
+    service = std::make_shared<FormatsService>(cache.path(), pool.get_executor(),
+                                               [](const std::string&) {});
   }
   ~Formats() { pool.join(); }
   TempDir cache;
@@ -54,8 +54,8 @@ struct Formats {
 
 // What a daemon that died right after the region copy was durable leaves:
 // a hidden capture directory with region.bin and the recovery record.
-fs::path LeaveIncomplete(const CaptureStore& store, std::span<const std::byte> region, const HostTime& triggered,
-                         bool with_record = true) {
+fs::path LeaveIncomplete(const CaptureStore& store, std::span<const std::byte> region,
+                         const HostTime& triggered, bool with_record = true) {
   CaptureStore writer(store.dir());
   auto pending = writer.Begin("panic", triggered);
   EXPECT_TRUE(pending.ok());
@@ -67,8 +67,11 @@ fs::path LeaveIncomplete(const CaptureStore& store, std::span<const std::byte> r
     m.trigger = "panic";
     m.triggered = triggered;
     m.kernel = {{"formats_key", kKey}, {"path", "/boot/vmlinuz-6.12"}};
-    m.region = {{"kind", "boot-range"}, {"source", "/dev/shm/hvtrace-vm1"}, {"offset", 0},
-                {"size", region.size()}, {"gpa", 0x40000000}};
+    m.region = {{"kind", "boot-range"},
+                {"source", "/dev/shm/hvtrace-vm1"},
+                {"offset", 0},
+                {"size", region.size()},
+                {"gpa", 0x40000000}};
     m.qmp_events.push_back({"GUEST_PANICKED", triggered, {{"action", "pause"}}});
     m.extra["timing_ms"] = {{"trigger_to_region_durable", 12.5}};
     EXPECT_TRUE((*pending)->WriteRecoveryRecord(m).ok());
@@ -154,7 +157,8 @@ TEST(CaptureRecoveryTest, CapturesThatCannotBeFinishedAreRemovedWithTheReason) {
   fs::resize_file(short_region / "region.bin", 4096);
   // A record that is not one.
   const fs::path garbage = LeaveIncomplete(store, region, HostTime::Now());
-  std::ofstream(garbage / std::string(kRecoveryRecordName), std::ios::trunc) << "{\"format\": \"hvtrace-capture-recovery\", \"manifest\": {\"vm\": 7}}";
+  std::ofstream(garbage / std::string(kRecoveryRecordName), std::ios::trunc)
+      << "{\"format\": \"hvtrace-capture-recovery\", \"manifest\": {\"vm\": 7}}";
 
   auto report = CaptureService(nullptr, 1).Recover(store);
   ASSERT_TRUE(report.ok());

@@ -1,6 +1,7 @@
 #include "capture_store.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/mount.h>
@@ -16,8 +17,6 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "state_dir.h"
 #include "test_support.h"
 
@@ -25,8 +24,8 @@ namespace hvtrace::hostd {
 namespace {
 
 namespace fs = std::filesystem;
-using test_support::TempDir;
 using nlohmann::json;
+using test_support::TempDir;
 
 std::vector<std::byte> Bytes(size_t n, uint8_t seed) {
   std::vector<std::byte> v(n);
@@ -129,9 +128,9 @@ TEST(CaptureStoreTest, SameMillisecondGetsSuffix) {
     ASSERT_TRUE(e.ok()) << e.error().message;
     ids.push_back(e->id);
   }
-  EXPECT_EQ(ids, (std::vector<std::string>{"20240612T101530.123Z-reset",
-                                           "20240612T101530.123Z-reset-2",
-                                           "20240612T101530.123Z-reset-3"}));
+  EXPECT_EQ(ids,
+            (std::vector<std::string>{"20240612T101530.123Z-reset", "20240612T101530.123Z-reset-2",
+                                      "20240612T101530.123Z-reset-3"}));
 }
 
 TEST(CaptureStoreTest, ListIsChronologicalAndPruneKeepsNewest) {
@@ -212,7 +211,8 @@ TEST(CaptureStoreTest, IncompleteCapturesAreListedAndCanBeTakenOver) {
   m.trigger = "panic";
   auto entry = (*resumed)->Commit(m);
   ASSERT_TRUE(entry.ok()) << entry.error().message;
-  EXPECT_EQ(entry->id, leftover.filename().string().substr(5, leftover.filename().string().size() - 12));
+  EXPECT_EQ(entry->id,
+            leftover.filename().string().substr(5, leftover.filename().string().size() - 12));
   EXPECT_TRUE(fs::exists(entry->dir / "region.bin"));
 }
 
@@ -360,10 +360,11 @@ TEST(CopyRegionTest, FullSixteenMiBRegionTimings) {
   ASSERT_TRUE(stats.ok()) << stats.error().message;
   EXPECT_EQ(stats->bytes_written, size);
   EXPECT_TRUE(copy == data);
-  std::printf("full 16 MiB region -> region.bin in %s: copy %.1f ms, write %.1f ms, fdatasync %.1f ms, "
-              "total %.1f ms\n",
-              tmp.path().c_str(), stats->copy_ms, stats->write_ms, stats->sync_ms,
-              stats->copy_ms + stats->write_ms + stats->sync_ms);
+  std::printf(
+      "full 16 MiB region -> region.bin in %s: copy %.1f ms, write %.1f ms, fdatasync %.1f ms, "
+      "total %.1f ms\n",
+      tmp.path().c_str(), stats->copy_ms, stats->write_ms, stats->sync_ms,
+      stats->copy_ms + stats->write_ms + stats->sync_ms);
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 #include "config.h"
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace hvtrace::hostd {
 namespace {
@@ -76,8 +76,7 @@ TEST_P(ConfigBadTest, ErrorsNameFileLineAndKey) {
   auto c = ParseConfig(GetParam().text, "/etc/x.conf");
   ASSERT_FALSE(c.ok()) << GetParam().text;
   EXPECT_NE(c.error().message.find("/etc/x.conf:"), std::string::npos) << c.error().message;
-  EXPECT_NE(c.error().message.find(GetParam().fragment), std::string::npos)
-      << c.error().message;
+  EXPECT_NE(c.error().message.find(GetParam().fragment), std::string::npos) << c.error().message;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -92,7 +91,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadConfig{"capture_retention = 99999999999\n", "not an integer"},
                       BadConfig{"run_dir = /a\nrun_dir = /b\n", ":2: 'run_dir' is set twice"},
                       BadConfig{" = 3\n", "missing key"},
-                      BadConfig{"vm_on_shutdown = kill\n", "vm_on_shutdown: 'kill' is not one of keep, stop"}));
+                      BadConfig{"vm_on_shutdown = kill\n",
+                                "vm_on_shutdown: 'kill' is not one of keep, stop"}));
 
 TEST(ConfigTest, MissingDefaultFileMeansDefaults) {
   auto c = LoadConfigFile("/nonexistent/hvtraced.conf", false);

@@ -1,9 +1,9 @@
 #include "control_protocol.h"
 
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace hvtrace::hostd {
 namespace {
@@ -29,7 +29,10 @@ TEST(LineFramerTest, SplitsSeveralLinesInOneRead) {
 
 TEST(LineFramerTest, ReassemblesByteByByte) {
   LineFramer framer(100);
-  std::string input = R"({"id":1,"cmd":"ping"})" "\n" R"({"id":2,"cmd":"list"})" "\n";
+  std::string input = R"({"id":1,"cmd":"ping"})"
+                      "\n"
+                      R"({"id":2,"cmd":"list"})"
+                      "\n";
   std::vector<Frame> frames;
   for (char c : input) framer.Feed(std::string_view(&c, 1), frames);
   ASSERT_EQ(frames.size(), 2u);

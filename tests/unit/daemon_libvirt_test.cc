@@ -2,12 +2,12 @@
 // re-adopts the domain: round trip, and what a hand-edited file gets.
 #include "daemon_libvirt.h"
 
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "test_support.h"
 
@@ -40,8 +40,12 @@ TEST_F(LibvirtVmRecordTest, MissingFileIsAnErrorNamingThePath) {
 }
 
 TEST_F(LibvirtVmRecordTest, MalformedFilesAreRefusedWithThePath) {
-  const std::vector<std::string> bad = {"", "not json", "[]", "{\"domain\": 3, \"uuid\": \"x\"}",
-                                       "{\"domain\": \"a\"}", std::string(70000, ' ') + "{}"};
+  const std::vector<std::string> bad = {"",
+                                        "not json",
+                                        "[]",
+                                        "{\"domain\": 3, \"uuid\": \"x\"}",
+                                        "{\"domain\": \"a\"}",
+                                        std::string(70000, ' ') + "{}"};
   for (const std::string& text : bad) {
     Write(text);
     Result<LibvirtVmRecord> r = LoadLibvirtVmRecord(dir_);

@@ -1,12 +1,12 @@
 // VmSupervisor with test backends: the backends below stand in for a VM's
 // QMP session (they deliver events and copy a real region file), so the
 // supervisor's own logic — triggers, isolation, policy — runs for real.
-#include "supervisor.h"
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <filesystem>
@@ -16,9 +16,7 @@
 #include <stdexcept>
 #include <thread>
 
-#include <boost/asio/thread_pool.hpp>
-#include <gtest/gtest.h>
-
+#include "supervisor.h"
 #include "test_support.h"
 
 namespace hvtrace::hostd {
@@ -35,7 +33,9 @@ using namespace std::chrono_literals;
 class FileRegionBackend : public VmBackend {
  public:
   FileRegionBackend(fs::path region, uint64_t size)
-      : region_(std::move(region)), size_(size), fd_(::open(region_.c_str(), O_RDONLY | O_CLOEXEC)) {}
+      : region_(std::move(region)),
+        size_(size),
+        fd_(::open(region_.c_str(), O_RDONLY | O_CLOEXEC)) {}
   ~FileRegionBackend() override { ::close(fd_); }
   std::string_view kind() const override { return "test-file"; }
   void Start(VmEventSink& sink) override {
@@ -92,7 +92,8 @@ struct Fixture {
     options.panic_policy = policy;
     options.capture_retention = 3;
     auto s = std::make_shared<VmSupervisor>(name, std::move(backend), pool.get_executor(),
-                                            CaptureStore(tmp.path() / name / "captures"), captures, options);
+                                            CaptureStore(tmp.path() / name / "captures"), captures,
+                                            options);
     s->Start();
     return s;
   }
@@ -156,7 +157,8 @@ TEST(SupervisorTest, FoundPanickedIsCapturedAsPanicWhileAway) {
   auto vm = f.Make("vm1", &backend, PanicPolicy::kQuit);
   ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
   backend->sink_->OnVmEvent(Event("HVTRACE_FOUND_PANICKED", {{"status", "guest-panicked"}}));
-  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; })) << vm->StatusJson().dump();
+  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; }))
+      << vm->StatusJson().dump();
   json status = vm->StatusJson();
   EXPECT_EQ(status["state"], "panicked");
   EXPECT_EQ(status["last_capture"]["trigger"], "panic-while-away");
@@ -179,7 +181,8 @@ TEST(SupervisorTest, FoundPanickedInTheSamePanicIsNotCapturedTwice) {
     auto vm = f.Make("vm1", &backend);
     ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
     backend->sink_->OnVmEvent(Event("GUEST_PANICKED", {{"action", "pause"}}));
-    ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; })) << vm->StatusJson().dump();
+    ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; }))
+        << vm->StatusJson().dump();
     first_id = vm->StatusJson()["last_capture"]["id"];
     vm->Stop();
   }
@@ -189,14 +192,15 @@ TEST(SupervisorTest, FoundPanickedInTheSamePanicIsNotCapturedTwice) {
   ASSERT_TRUE(WaitFor([&] {
     const json last = vm->StatusJson()["last_capture"];
     return last.is_object() && last.value("id", "") == first_id;
-  }))
-      << vm->StatusJson().dump();
+  })) << vm->StatusJson().dump();
   EXPECT_EQ(vm->StatusJson()["captures_taken"], 0);
   EXPECT_EQ(vm->StatusJson()["state"], "panicked");
   auto list = vm->ListCaptures();
   ASSERT_TRUE(list.ok());
   EXPECT_EQ(list->size(), 1u);
-  EXPECT_EQ(std::distance(fs::directory_iterator(f.tmp.path() / "vm1" / "captures"), fs::directory_iterator()), 1);
+  EXPECT_EQ(std::distance(fs::directory_iterator(f.tmp.path() / "vm1" / "captures"),
+                          fs::directory_iterator()),
+            1);
 
   {
     std::fstream region(f.region, std::ios::in | std::ios::out | std::ios::binary);
@@ -204,7 +208,8 @@ TEST(SupervisorTest, FoundPanickedInTheSamePanicIsNotCapturedTwice) {
     region.put('\x7f');
   }
   backend->sink_->OnVmEvent(Event("HVTRACE_FOUND_PANICKED", {{"status", "guest-panicked"}}));
-  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; })) << vm->StatusJson().dump();
+  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; }))
+      << vm->StatusJson().dump();
   EXPECT_EQ(vm->StatusJson()["last_capture"]["trigger"], "panic-while-away");
 }
 
@@ -214,7 +219,8 @@ TEST(SupervisorTest, FoundPausedIsCapturedAsPausedWhileAway) {
   auto vm = f.Make("vm1", &backend);
   ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
   backend->sink_->OnVmEvent(Event("HVTRACE_FOUND_PAUSED", {{"status", "paused"}}));
-  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; })) << vm->StatusJson().dump();
+  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; }))
+      << vm->StatusJson().dump();
   EXPECT_EQ(vm->StatusJson()["state"], "paused");
   EXPECT_EQ(vm->StatusJson()["last_capture"]["trigger"], "paused-while-away");
   std::lock_guard lock(backend->mu);
@@ -296,7 +302,8 @@ TEST(SupervisorTest, FailingVmIsIsolatedAndReported) {
 
   good->throw_on_capture = false;
   std::promise<Result<CaptureSummary>> done;
-  good_vm->RequestCapture("manual", [&](Result<CaptureSummary> r) { done.set_value(std::move(r)); });
+  good_vm->RequestCapture("manual",
+                          [&](Result<CaptureSummary> r) { done.set_value(std::move(r)); });
   auto future = done.get_future();
   ASSERT_EQ(future.wait_for(5s), std::future_status::ready);
   auto result = future.get();

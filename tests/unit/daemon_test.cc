@@ -2,6 +2,7 @@
 // talks to it the way clients (and hostile clients) do.
 #include <fcntl.h>
 #include <grp.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -19,8 +20,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "capture_store.h"
 #include "control_client.h"
@@ -58,9 +57,12 @@ class DaemonProcess {
 
   // Starts hvtraced and waits until it answers; |extra| are more flags.
   void Start(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {(kBinDir / "hvtraced").string(), "--config",
-                                     WriteConfig().string(),          "--state-dir",
-                                     state_.string(),                 "--socket",
+    std::vector<std::string> args = {(kBinDir / "hvtraced").string(),
+                                     "--config",
+                                     WriteConfig().string(),
+                                     "--state-dir",
+                                     state_.string(),
+                                     "--socket",
                                      socket_.string()};
     args.insert(args.end(), extra.begin(), extra.end());
     pid_ = Spawn(args, dir_ / "daemon.log");
@@ -257,7 +259,8 @@ TEST(DaemonTest, FragmentedAndPipelinedRequestsAnsweredInOrder) {
   DaemonProcess d;
   d.Start();
   auto c = d.Client();
-  std::string req = R"({"id":41,"cmd":"ping"})" "\n";
+  std::string req = R"({"id":41,"cmd":"ping"})"
+                    "\n";
   for (char ch : req) {
     ASSERT_TRUE(c.SendRaw(std::string_view(&ch, 1)).ok());
   }
@@ -268,7 +271,10 @@ TEST(DaemonTest, FragmentedAndPipelinedRequestsAnsweredInOrder) {
 
   std::string batch;
   for (int i = 0; i < 10; ++i) {
-    batch += i % 3 == 2 ? "{oops\n" : R"({"id":)" + std::to_string(100 + i) + R"(,"cmd":"ping"})" "\n";
+    batch += i % 3 == 2 ? "{oops\n"
+                        : R"({"id":)" + std::to_string(100 + i) +
+                              R"(,"cmd":"ping"})"
+                              "\n";
   }
   ASSERT_TRUE(c.SendRaw(batch).ok());
   for (int i = 0; i < 10; ++i) {

@@ -1,12 +1,12 @@
 #include "hvtrace/decoder.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include "hvtrace/page.h"
 #include "hvtrace/tracedat.h"
@@ -17,7 +17,9 @@ namespace {
 
 const char* const kFixtures[] = {"real-v6.dat", "real-v7.dat", "real-v7-zstd.dat"};
 
-std::string Fixture(const char* name) { return std::string(HVTRACE_FIXTURES_DIR) + "/tracedat/" + name; }
+std::string Fixture(const char* name) {
+  return std::string(HVTRACE_FIXTURES_DIR) + "/tracedat/" + name;
+}
 
 // Every record of every CPU of |path|, in file order per CPU.
 struct Rec {
@@ -38,7 +40,8 @@ std::vector<Rec> ReadAll(const std::string& path) {
     Status s = dat->ForEachPage(i, [&](std::span<const std::byte> page, uint64_t) {
       PageCursor cursor(page, *layout);
       RawRecord r;
-      while (cursor.Next(&r)) out.push_back({cpu, r.timestamp, {r.payload.begin(), r.payload.end()}});
+      while (cursor.Next(&r))
+        out.push_back({cpu, r.timestamp, {r.payload.begin(), r.payload.end()}});
       return true;
     });
     EXPECT_TRUE(s.ok());
@@ -128,7 +131,8 @@ TEST(DecoderTest, Malicious_RecordsStayInsideTheScratchCopy) {
         ASSERT_FALSE(text.empty());
         EXPECT_EQ(text.back(), '\n') << ev->name << " " << len;
         if (ev->print_fmt.find("\\n") == std::string::npos) {
-          EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1) << ev->name << " " << len << ": " << text;
+          EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1)
+              << ev->name << " " << len << ": " << text;
         }
         EXPECT_FALSE(nlohmann::json::parse(json, nullptr, false).is_discarded()) << json;
       }
@@ -144,12 +148,17 @@ TEST(DecoderTest, Malicious_BadFormatsAreSkippedWithAWarning) {
   TraceMetadata meta;
   meta.source = "test.dat";
   meta.header_page = "garbage";
-  meta.formats.push_back({"sched", "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:0;\tsize:9999999;\n"});
-  meta.formats.push_back({"sched", "name: y\nID: 2\nformat:\n\tfield:int a;\toffset:8;\tsize:4;\tsigned:1;\n\nprint fmt: \"%d\", REC->missing\n"});
+  meta.formats.push_back(
+      {"sched", "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:0;\tsize:9999999;\n"});
+  meta.formats.push_back(
+      {"sched",
+       "name: y\nID: 2\nformat:\n\tfield:int a;\toffset:8;\tsize:4;\tsigned:1;\n\nprint fmt: "
+       "\"%d\", REC->missing\n"});
   auto dec = EventDecoder::Create(meta);
   ASSERT_TRUE(dec.ok());
   EXPECT_EQ((*dec)->warnings().size(), 3u);
-  for (const std::string& w : (*dec)->warnings()) EXPECT_NE(w.find("test.dat"), std::string::npos) << w;
+  for (const std::string& w : (*dec)->warnings())
+    EXPECT_NE(w.find("test.dat"), std::string::npos) << w;
   EXPECT_EQ((*dec)->FindFormat(1), nullptr);
   EXPECT_EQ((*dec)->FindFormat(2), nullptr);
 }
@@ -166,7 +175,8 @@ TEST(DecoderTest, Malicious_UnsafePrintFormatsPrintRawInsteadOfCrashing) {
            "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
            "\tfield:u32 a;\toffset:8;\tsize:4;\tsigned:0;\n"
            "\tfield:u32 b;\toffset:12;\tsize:4;\tsigned:0;\n\n"
-           "print fmt: \"q=%u\", " + std::string(args) + "\n";
+           "print fmt: \"q=%u\", " +
+           std::string(args) + "\n";
   };
   TraceMetadata meta;
   meta.source = "hostile";
@@ -204,7 +214,8 @@ TEST(DecoderTest, Malicious_UnsafePrintFormatsPrintRawInsteadOfCrashing) {
     EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 5) << text;
   }
   bool warned = false;
-  for (const std::string& w : (*dec)->warnings()) warned = warned || w.find("test/div11") != std::string::npos;
+  for (const std::string& w : (*dec)->warnings())
+    warned = warned || w.find("test/div11") != std::string::npos;
   EXPECT_TRUE(warned);
 }
 
@@ -212,8 +223,8 @@ TEST(DecoderTest, Malicious_UnsafePrintFormatsPrintRawInsteadOfCrashing) {
 // (format_fuzzer found this one: a NULL dereference while it folds
 // constants) costs a forked trial child, not the decoder.
 TEST(DecoderTest, Malicious_FormatThatCrashesLibtraceeventsParserPrintsRaw) {
-  const std::string text =
-      test_support::ReadText(std::string(HVTRACE_FIXTURES_DIR) + "/fuzz/format/parser_null_deref.format");
+  const std::string text = test_support::ReadText(std::string(HVTRACE_FIXTURES_DIR) +
+                                                  "/fuzz/format/parser_null_deref.format");
   ASSERT_FALSE(text.empty());
   ASSERT_TRUE(ParseEventFormat("sched", text).ok());
   TraceMetadata meta;
@@ -232,7 +243,8 @@ TEST(DecoderTest, Malicious_FormatThatCrashesLibtraceeventsParserPrintsRaw) {
             std::string::npos)
       << out;
   bool warned = false;
-  for (const std::string& w : (*dec)->warnings()) warned = warned || w.find("in a trial run") != std::string::npos;
+  for (const std::string& w : (*dec)->warnings())
+    warned = warned || w.find("in a trial run") != std::string::npos;
   EXPECT_TRUE(warned);
 }
 

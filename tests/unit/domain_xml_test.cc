@@ -1,8 +1,8 @@
 #include "domain_xml.h"
 
-#include <string>
-
 #include <gtest/gtest.h>
+
+#include <string>
 
 namespace hvtrace::hostd {
 namespace {
@@ -102,12 +102,15 @@ TEST(DomainXml, Malicious_BrokenAndHostileXml) {
   EXPECT_FALSE(ParseDomainXml("<domain><name>x</name>").ok());
   EXPECT_FALSE(ParseDomainXml("<notadomain/>").ok());
   EXPECT_FALSE(ParseDomainXml("<domain type='qemu'></domain>").ok());  // No name.
-  EXPECT_FALSE(ParseDomainXml("<domain><name>x</name><memory unit='parsec'>1</memory></domain>").ok());
   EXPECT_FALSE(
-      ParseDomainXml("<domain><name>x</name><memory unit='TiB'>99999999999999</memory></domain>").ok());
+      ParseDomainXml("<domain><name>x</name><memory unit='parsec'>1</memory></domain>").ok());
+  EXPECT_FALSE(
+      ParseDomainXml("<domain><name>x</name><memory unit='TiB'>99999999999999</memory></domain>")
+          .ok());
   EXPECT_FALSE(ParseDomainXml("<domain><name>x</name><memory>-5</memory></domain>").ok());
   Result<DomainXmlInfo> r = ParseDomainXml(
-      "<domain><name>x</name><devices><shmem name='a'><size unit='M'>zz</size></shmem></devices></domain>");
+      "<domain><name>x</name><devices><shmem name='a'><size "
+      "unit='M'>zz</size></shmem></devices></domain>");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("shmem 'a'"), std::string::npos) << r.error().message;
   EXPECT_FALSE(ParseDomainXml(std::string(17u << 20, ' ')).ok());
@@ -119,7 +122,7 @@ TEST(DomainXml, ShmemDeviceXml) {
   EXPECT_EQ(*xml,
             "<shmem name='hvt-vm1'><model type='ivshmem-plain'/><size unit='M'>4</size>"
             "<alias name='ua-hvtrace-0'/></shmem>");
-  EXPECT_FALSE(ShmemDeviceXml("hvt", 3u << 20, "ua-x").ok());   // Not a power of two.
+  EXPECT_FALSE(ShmemDeviceXml("hvt", 3u << 20, "ua-x").ok());    // Not a power of two.
   EXPECT_FALSE(ShmemDeviceXml("hvt", 512u << 10, "ua-x").ok());  // Below 1 MiB.
   EXPECT_FALSE(ShmemDeviceXml("../etc", 4u << 20, "ua-x").ok());
   EXPECT_FALSE(ShmemDeviceXml("a'b", 4u << 20, "ua-x").ok());
@@ -147,8 +150,8 @@ TEST(DomainXml, BootBufferDomainUsesGpaLayoutAndRoundTrips) {
   EXPECT_EQ(out->layout.node1_bytes, expect->node1_bytes);
   char gpa[32];
   std::snprintf(gpa, sizeof gpa, "0x%llx", static_cast<unsigned long long>(expect->range_gpa));
-  EXPECT_EQ(out->kernel_params, std::string("memmap=16M$") + gpa + " trace_instance=boot_map@" + gpa +
-                                    ":16M,sched:sched_switch,irq");
+  EXPECT_EQ(out->kernel_params, std::string("memmap=16M$") + gpa + " trace_instance=boot_map@" +
+                                    gpa + ":16M,sched:sched_switch,irq");
 
   // What we write, we read back the same way libvirt would.
   Result<DomainXmlInfo> info = ParseDomainXml(out->domain_xml);

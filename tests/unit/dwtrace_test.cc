@@ -1,17 +1,16 @@
 #include "hvtrace/dwtrace.hpp"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
-#include <atomic>
 #include <map>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 #include "hvtrace/dwtrace.h"
 #include "hvtrace/fingerprint.h"
@@ -130,8 +129,9 @@ TEST_F(DwTest, RegisteredFormatParsesWithItsFingerprint) {
   ASSERT_NE(what, nullptr);
   EXPECT_EQ(what->offset, 8 + offsetof(Progress, what));
   EXPECT_EQ(what->type, "char[12]");
-  EXPECT_NE(f->text.find("print fmt: \"step=%d what=%s value=%llu\", REC->step, REC->what, REC->value"),
-            std::string::npos)
+  EXPECT_NE(
+      f->text.find("print fmt: \"step=%d what=%s value=%llu\", REC->step, REC->what, REC->value"),
+      std::string::npos)
       << f->text;
 }
 
@@ -219,7 +219,9 @@ TEST_F(DwTest, ThreadsGetTheirOwnRingsAndLoseNothing) {
   }
   // The threads exited: their rings are free again.
   for (uint32_t r = 0; r < geometry_.dw_rings; ++r) {
-    EXPECT_EQ(reinterpret_cast<region::DwRingHeader*>(mem_.data() + geometry_.DwRingOffset(r))->owner, 0u);
+    EXPECT_EQ(
+        reinterpret_cast<region::DwRingHeader*>(mem_.data() + geometry_.DwRingOffset(r))->owner,
+        0u);
   }
 }
 
@@ -327,8 +329,8 @@ TEST_F(DwTest, AutoClockIsTheTscOnlyWithClockSyncSamplesAndATrustedInvariantTsc)
   const bool tsc = dw::HasInvariantTsc() && dw::KernelTrustsTsc();
   EXPECT_EQ((*after)->clock(), tsc ? dw::Clock::kTsc : dw::Clock::kMonotonic);
   std::printf("this machine: TSC %s, kernel %s it: Clock::kAuto = %s\n",
-              dw::HasInvariantTsc() ? "invariant" : "not invariant", dw::KernelTrustsTsc() ? "trusts" : "does not trust",
-              tsc ? "TSC" : "CLOCK_MONOTONIC");
+              dw::HasInvariantTsc() ? "invariant" : "not invariant",
+              dw::KernelTrustsTsc() ? "trusts" : "does not trust", tsc ? "TSC" : "CLOCK_MONOTONIC");
   // Forcing a clock is always obeyed.
   EXPECT_EQ((*dw::Tracer::FromMemory(mem_.data(), mem_.size(), dw::Clock::kMonotonic))->clock(),
             dw::Clock::kMonotonic);
@@ -364,7 +366,8 @@ TEST_F(DwTest, LargeRecordsTimeGapsAndPaddingReadBackWhole) {
     for (uint32_t k = 0; k < sizes[i]; ++k) blob[k] = static_cast<uint8_t>(i * 31 + k);
     timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    before.push_back(static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec));
+    before.push_back(static_cast<uint64_t>(ts.tv_sec) * 1000000000ull +
+                     static_cast<uint64_t>(ts.tv_nsec));
     ASSERT_TRUE((*t)->Write(*id, blob.data(), sizes[i])) << i;
   }
   RegionSnapshot s = Snapshot();
@@ -374,10 +377,11 @@ TEST_F(DwTest, LargeRecordsTimeGapsAndPaddingReadBackWhole) {
   for (const RegionRing& ring : s.dw_rings) {
     for (const RegionPage& page : ring.pages) {
       PageStats stats;
-      EXPECT_EQ(WalkPage(page.page, s.dw_layout, &stats, [&](const RawRecord& r) {
-                  got.push_back(r);
-                  payloads.emplace_back(r.payload.begin(), r.payload.end());
-                }),
+      EXPECT_EQ(WalkPage(page.page, s.dw_layout, &stats,
+                         [&](const RawRecord& r) {
+                           got.push_back(r);
+                           payloads.emplace_back(r.payload.begin(), r.payload.end());
+                         }),
                 PageError::kOk);
     }
   }
@@ -386,9 +390,11 @@ TEST_F(DwTest, LargeRecordsTimeGapsAndPaddingReadBackWhole) {
     ASSERT_GE(payloads[i].size(), 8 + sizes[i]) << i;
     EXPECT_LT(payloads[i].size(), 8 + sizes[i] + 4) << i;
     for (uint32_t k = 0; k < sizes[i]; ++k) {
-      ASSERT_EQ(static_cast<uint8_t>(payloads[i][8 + k]), static_cast<uint8_t>(i * 31 + k)) << i << " byte " << k;
+      ASSERT_EQ(static_cast<uint8_t>(payloads[i][8 + k]), static_cast<uint8_t>(i * 31 + k))
+          << i << " byte " << k;
     }
-    for (size_t k = 8 + sizes[i]; k < payloads[i].size(); ++k) EXPECT_EQ(payloads[i][k], std::byte{0}) << i;
+    for (size_t k = 8 + sizes[i]; k < payloads[i].size(); ++k)
+      EXPECT_EQ(payloads[i][k], std::byte{0}) << i;
     EXPECT_GE(got[i].timestamp, before[i]) << i;
     if (i + 1 < sizes.size()) {
       EXPECT_LE(got[i].timestamp, before[i + 1]) << i;

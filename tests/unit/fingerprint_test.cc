@@ -1,10 +1,10 @@
 #include "hvtrace/fingerprint.h"
 
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <set>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 namespace hvtrace {
 namespace {

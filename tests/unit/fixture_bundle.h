@@ -14,14 +14,16 @@
 
 namespace hvtrace::test_support {
 
-inline const std::filesystem::path kBootMapFixtures = std::filesystem::path(HVTRACE_FIXTURES_DIR) / "boot_map";
+inline const std::filesystem::path kBootMapFixtures =
+    std::filesystem::path(HVTRACE_FIXTURES_DIR) / "boot_map";
 
 inline hostd::HarvestBundle BootMapFixtureBundle() {
   hostd::HarvestBundle b;
   b.release = "6.12.95+deb12-amd64";
   b.header_page = ReadText(kBootMapFixtures / "header_page");
   b.header_event = ReadText(kBootMapFixtures / "header_event");
-  for (const auto& e : std::filesystem::recursive_directory_iterator(kBootMapFixtures / "formats")) {
+  for (const auto& e :
+       std::filesystem::recursive_directory_iterator(kBootMapFixtures / "formats")) {
     if (e.path().filename() != "format") continue;
     hostd::HarvestedEvent ev;
     ev.name = e.path().parent_path().filename().string();
@@ -29,8 +31,9 @@ inline hostd::HarvestBundle BootMapFixtureBundle() {
     ev.text = ReadText(e.path());
     b.events.push_back(ev);
   }
-  std::sort(b.events.begin(), b.events.end(),
-            [](const auto& x, const auto& y) { return std::tie(x.system, x.name) < std::tie(y.system, y.name); });
+  std::sort(b.events.begin(), b.events.end(), [](const auto& x, const auto& y) {
+    return std::tie(x.system, x.name) < std::tie(y.system, y.name);
+  });
   return b;
 }
 

@@ -1,10 +1,10 @@
 #include "hvtrace/format.h"
 
+#include <gtest/gtest.h>
+
 #include <fstream>
 #include <sstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace hvtrace {
 namespace {
@@ -120,7 +120,8 @@ std::string WithDivision(const std::string& args) {
          "\tfield:u64 a;\toffset:8;\tsize:8;\tsigned:0;\n"
          "\tfield:u32 b;\toffset:16;\tsize:4;\tsigned:0;\n"
          "\tfield:char s[4];\toffset:20;\tsize:4;\tsigned:0;\n\n"
-         "print fmt: \"%llu %% / %c\", " + args + ", '/'\n";
+         "print fmt: \"%llu %% / %c\", " +
+         args + ", '/'\n";
 }
 
 // libtraceevent divides without a zero check (SIGFPE at parse time for a
@@ -168,7 +169,10 @@ TEST(FormatTest, Malicious_LengthArgumentsAreSorted) {
   } cases[] = {
       // The kernel's own shapes (cxl, dma, neigh, ras arm_event, i2c).
       {"__print_hex(REC->a, 0x20)", {}, false},
-      {"__print_array(__get_dynamic_array(s), __get_dynamic_array_len(s) / sizeof(u64), sizeof(u64))", {}, false},
+      {"__print_array(__get_dynamic_array(s), __get_dynamic_array_len(s) / sizeof(u64), "
+       "sizeof(u64))",
+       {},
+       false},
       {"__print_hex_str(REC->s, REC->b)", {"b"}, false},
       {"__print_hex(__get_dynamic_array(s), (REC->b))", {"b"}, false},
       {"__print_array(REC->s, 4, 4)", {}, false},
@@ -191,11 +195,13 @@ TEST(FormatTest, Malicious_LengthArgumentsAreSorted) {
   }
   // '*' takes the argument before its conversion's: here REC->b (width) and
   // REC->a (precision); "%%" takes none.
-  auto star = ParseEventFormat(
-      "test", "name: s\nID: 9\nformat:\n\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n"
-              "\tfield:u64 a;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:u32 b;\toffset:16;\tsize:4;\tsigned:0;\n"
-              "\tfield:char s[4];\toffset:20;\tsize:4;\tsigned:0;\n\n"
-              "print fmt: \"%% [%*phD] %.*s\", REC->b, REC->s, REC->a, REC->s\n");
+  auto star = ParseEventFormat("test",
+                               "name: s\nID: 9\nformat:\n\tfield:unsigned short "
+                               "common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n"
+                               "\tfield:u64 a;\toffset:8;\tsize:8;\tsigned:0;\n\tfield:u32 "
+                               "b;\toffset:16;\tsize:4;\tsigned:0;\n"
+                               "\tfield:char s[4];\toffset:20;\tsize:4;\tsigned:0;\n\n"
+                               "print fmt: \"%% [%*phD] %.*s\", REC->b, REC->s, REC->a, REC->s\n");
   ASSERT_TRUE(star.ok()) << star.error().message;
   EXPECT_EQ(star->length_fields, (std::vector<std::string>{"b", "a"}));
   EXPECT_TRUE(star->unchecked_print.empty()) << star->unchecked_print;
@@ -222,7 +228,8 @@ TEST(FormatTest, Malicious_Rejected) {
       {"no field name", "name: x\nID: 1\nformat:\n\tfield:;\toffset:0;\tsize:4;\n"},
       {"type missing", "name: x\nID: 1\nformat:\n\tfield:a;\toffset:0;\tsize:4;\n"},
       {"duplicate field",
-       "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:0;\tsize:4;\n\tfield:int a;\toffset:4;\tsize:4;\n"},
+       "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:0;\tsize:4;\n\tfield:int "
+       "a;\toffset:4;\tsize:4;\n"},
       {"garbage line", "name: x\nID: 1\nhello\n"},
       {"nul byte", std::string("name: x\nID: 1\0\nformat:\n", 22)},
       {"name with slash", "name: ../x\nID: 1\nformat:\n"},
@@ -248,18 +255,18 @@ TEST(FormatTest, Malicious_PrintFormatsLibtraceeventCannotParse) {
   const std::string head =
       "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:8;\tsize:4;\tsigned:1;\n\nprint fmt: ";
   const char* bad[] = {
-      "\"a=%d\", REC->b",                               // Field that does not exist.
-      "\"a=%d\", (REC->a) ? __p:unsigned long a;",        // Cut-off expression.
-      "\"a=%d\", REC->a)",                              // Unbalanced.
-      "\"a=%d\", (REC->a",                              // Unclosed.
-      "\"a=%d\", REC->a ? 1",                           // '?' without ':'.
-      "\"a=%d\", REC->a : 1",                           // ':' without '?'.
-      "\"a=%d\", REC->a +",                             // Dangling operator.
-      "\"a=%d\", , REC->a",                             // Empty argument.
-      "\"a=%d, REC->a",                                  // Unterminated string.
-      "REC->a",                                         // No format string.
-      "\"a=%d\" REC->a",                                // No comma.
-      "\"a=%d\", REC->a @ 2",                           // Not C.
+      "\"a=%d\", REC->b",                           // Field that does not exist.
+      "\"a=%d\", (REC->a) ? __p:unsigned long a;",  // Cut-off expression.
+      "\"a=%d\", REC->a)",                          // Unbalanced.
+      "\"a=%d\", (REC->a",                          // Unclosed.
+      "\"a=%d\", REC->a ? 1",                       // '?' without ':'.
+      "\"a=%d\", REC->a : 1",                       // ':' without '?'.
+      "\"a=%d\", REC->a +",                         // Dangling operator.
+      "\"a=%d\", , REC->a",                         // Empty argument.
+      "\"a=%d, REC->a",                             // Unterminated string.
+      "REC->a",                                     // No format string.
+      "\"a=%d\" REC->a",                            // No comma.
+      "\"a=%d\", REC->a @ 2",                       // Not C.
   };
   for (const char* fmt : bad) {
     EXPECT_FALSE(ParseEventFormat("s", head + fmt + "\n").ok()) << fmt;
@@ -293,7 +300,8 @@ TEST(FormatTest, Malicious_HeaderEvent) {
   EXPECT_FALSE(ParseHeaderEvent("type_len : 5 bits\n").ok());  // No time_delta.
   EXPECT_FALSE(ParseHeaderEvent("type_len : 9 bits\ntime_delta : 23 bits\n").ok());
   EXPECT_FALSE(ParseHeaderEvent("type_len : 5 bits\ntime_delta : 26 bits\n").ok());
-  EXPECT_FALSE(ParseHeaderEvent("type_len : 5 bits\ntime_delta : 27 bits\npadding : type == 99\n").ok());
+  EXPECT_FALSE(
+      ParseHeaderEvent("type_len : 5 bits\ntime_delta : 27 bits\npadding : type == 99\n").ok());
   EXPECT_FALSE(ParseHeaderPage("\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n").ok());
 }
 

@@ -2,6 +2,8 @@
 // listing splitter and the whole-archive check, with hostile archives.
 #include "formats_bundle.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -14,9 +16,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "sha256.h"
 
@@ -42,9 +41,9 @@ class TarBuilder {
  public:
   struct Options {
     char type = '0';
-    std::string size_field;     // Overrides the octal size when not empty.
-    std::string prefix;         // POSIX prefix field.
-    int checksum_delta = 0;     // Added to the correct checksum.
+    std::string size_field;       // Overrides the octal size when not empty.
+    std::string prefix;           // POSIX prefix field.
+    int checksum_delta = 0;       // Added to the correct checksum.
     const char* magic = "ustar";  // Followed by NUL and "00".
   };
 
@@ -66,7 +65,8 @@ class TarBuilder {
     unsigned sum = 0;
     for (unsigned char c : h) sum += c;
     char chk[8];
-    std::snprintf(chk, sizeof(chk), "%06o", static_cast<unsigned>(static_cast<int>(sum) + o.checksum_delta));
+    std::snprintf(chk, sizeof(chk), "%06o",
+                  static_cast<unsigned>(static_cast<int>(sum) + o.checksum_delta));
     std::memcpy(&h[148], chk, 7);
     out_ += h;
     out_ += data;
@@ -78,7 +78,9 @@ class TarBuilder {
   std::string Unfinished() const { return out_; }
 
  private:
-  static void Put(std::string* h, size_t off, const std::string& v) { h->replace(off, v.size(), v); }
+  static void Put(std::string* h, size_t off, const std::string& v) {
+    h->replace(off, v.size(), v);
+  }
   std::string out_;
 };
 
@@ -107,7 +109,8 @@ TEST(Sha256Test, MillionAInOddChunks) {
 }
 
 TEST(Sha256Test, FileMatchesBytesAndNamesMissingFile) {
-  const std::string path = (fs::temp_directory_path() / ("hvtrace-sha-" + std::to_string(getpid()))).string();
+  const std::string path =
+      (fs::temp_directory_path() / ("hvtrace-sha-" + std::to_string(getpid()))).string();
   std::string data(3 << 20, '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 131 + (i >> 9));
   std::ofstream(path, std::ios::binary) << data;
@@ -160,8 +163,8 @@ TEST(ReadTarTest, ReadsArchivesFromBusyboxAndGnuTar) {
     if (bin == "busybox" && std::system("busybox tar --help >/dev/null 2>&1") != 0) continue;
     ++tools;
     const fs::path out = dir / "a.tar";
-    const std::string cmd = "cd " + (dir / "src").string() + " && " + tool + " -cf " + out.string() +
-                            " formats kallsyms empty";
+    const std::string cmd = "cd " + (dir / "src").string() + " && " + tool + " -cf " +
+                            out.string() + " formats kallsyms empty";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     const std::string archive = ReadText(out);
     Result<std::vector<TarMember>> m = ReadTar(AsBytes(archive));
@@ -185,8 +188,8 @@ void ExpectTarError(const std::string& archive, const std::string& needle,
 }
 
 TEST(ReadTarTest, Malicious_PathTraversal) {
-  for (const std::string name : {"../etc/passwd", "a/../../b", "/etc/passwd", "a//b", "a/./b",
-                                 "..", "a/..", "x y", "a\\b", "new\nline", "a/"}) {
+  for (const std::string name : {"../etc/passwd", "a/../../b", "/etc/passwd", "a//b", "a/./b", "..",
+                                 "a/..", "x y", "a\\b", "new\nline", "a/"}) {
     SCOPED_TRACE(name);
     ExpectTarError(TarBuilder().Add(name, "x").Finish(), "tar member name");
   }
@@ -266,8 +269,8 @@ TEST(ReadTarTest, Malicious_TruncatedTransfer) {
   const std::string whole = TarBuilder().Add("a", std::string(2000, 'z')).Add("b", "x").Finish();
   // Cut anywhere before the end-of-archive block: always an error, never a
   // silently shorter member.
-  for (size_t cut : {size_t{0}, size_t{100}, size_t{512}, size_t{1500}, size_t{2560},
-                     size_t{3072}, size_t{3100}}) {
+  for (size_t cut : {size_t{0}, size_t{100}, size_t{512}, size_t{1500}, size_t{2560}, size_t{3072},
+                     size_t{3100}}) {
     SCOPED_TRACE(cut);
     Result<std::vector<TarMember>> m = ReadTar(AsBytes(std::string_view(whole).substr(0, cut)));
     EXPECT_FALSE(m.ok());

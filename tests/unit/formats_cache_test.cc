@@ -2,6 +2,8 @@
 // directory edited by someone else.
 #include "formats_cache.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -13,21 +15,18 @@
 #include <thread>
 #include <vector>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
-#include "sha256.h"
-#include "hvtrace/format.h"
 #include "fixture_bundle.h"
+#include "hvtrace/format.h"
+#include "sha256.h"
 #include "test_support.h"
 
 namespace hvtrace::hostd {
 namespace {
 
 namespace fs = std::filesystem;
-using test_support::TempDir;
-using test_support::ReadText;
 using nlohmann::json;
+using test_support::ReadText;
+using test_support::TempDir;
 using ::testing::HasSubstr;
 
 const fs::path kFixtures = fs::path(HVTRACE_FIXTURES_DIR) / "boot_map";
@@ -112,7 +111,8 @@ TEST(FormatCacheTest, CacheRootSourcesComeFromTheEnvironmentOrPasswd) {
             fs::path("/somewhere/cache"));
   ::unsetenv("HVTRACE_CACHE_DIR");
   ::unsetenv("XDG_CACHE_HOME");
-  EXPECT_EQ(ResolveCacheRoot(CacheRootSourcesFromEnvironment("", "/cfg")).value(), fs::path("/cfg"));
+  EXPECT_EQ(ResolveCacheRoot(CacheRootSourcesFromEnvironment("", "/cfg")).value(),
+            fs::path("/cfg"));
   ::setenv("HOME", "/home/tester", 1);
   EXPECT_EQ(ResolveCacheRoot(CacheRootSourcesFromEnvironment("", "")).value(),
             fs::path("/home/tester/.cache/hvtrace"));

@@ -3,18 +3,17 @@
 // initrd; a cache entry edited into garbage is an error naming it.
 #include "formats_service.h"
 
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <algorithm>
+#include <boost/asio/thread_pool.hpp>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
-
-#include <boost/asio/thread_pool.hpp>
-#include <gtest/gtest.h>
 
 #include "fixture_bundle.h"
 #include "test_support.h"
@@ -23,8 +22,8 @@ namespace hvtrace::hostd {
 namespace {
 
 namespace fs = std::filesystem;
-using test_support::TempDir;
 using test_support::ReadText;
+using test_support::TempDir;
 
 const fs::path kFixtures = fs::path(HVTRACE_FIXTURES_DIR) / "boot_map";
 const std::string kKey(64, 'b');
@@ -86,7 +85,8 @@ TEST(FormatsServiceTest, MissingKernelIsReportedAndNotHarvestedWithoutInitrd) {
   EXPECT_EQ(s.formats->StateOf(kKey), "missing");
   s.formats->Prepare(kKey, "/boot/vmlinuz-x", "");
   s.pool.join();
-  EXPECT_NE(s.Log().find("hvtrace formats harvest --kernel /boot/vmlinuz-x"), std::string::npos) << s.Log();
+  EXPECT_NE(s.Log().find("hvtrace formats harvest --kernel /boot/vmlinuz-x"), std::string::npos)
+      << s.Log();
   EXPECT_EQ(s.formats->StateOf(kKey), "missing");
   EXPECT_FALSE(fs::exists(dir.path() / "formats" / kKey));
 }

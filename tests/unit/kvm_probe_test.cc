@@ -3,14 +3,13 @@
 // KvmProbeE2e). Assertions are on the reported reason, never on timings.
 #include "kvm_probe.h"
 
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 namespace hvtrace::hostd {
 namespace {
@@ -29,9 +28,10 @@ class KvmProbeTest : public ::testing::Test {
   // the probe's "-serial file:PATH" argument.
   std::string FakeQemu(const std::string& body) {
     const std::string path = dir_ + "/qemu-" + std::to_string(counter_++);
-    std::ofstream(path) << "#!/bin/sh\nSERIAL=\nfor a in \"$@\"; do case \"$a\" in file:*) SERIAL=${a#file:};; "
-                           "esac; done\n"
-                        << body << "\n";
+    std::ofstream(path)
+        << "#!/bin/sh\nSERIAL=\nfor a in \"$@\"; do case \"$a\" in file:*) SERIAL=${a#file:};; "
+           "esac; done\n"
+        << body << "\n";
     fs::permissions(path, fs::perms::owner_all);
     return path;
   }
@@ -57,7 +57,8 @@ TEST_F(KvmProbeTest, MissingDeviceIsUnusableAndNamed) {
 }
 
 TEST_F(KvmProbeTest, BannerOnTheSerialPortMeansUsable) {
-  KvmProbeResult r = ProbeKvm(Options(FakeQemu("printf 'HVTRACE-KVM-PROBE-OK\\n' > \"$SERIAL\"; sleep 30")));
+  KvmProbeResult r =
+      ProbeKvm(Options(FakeQemu("printf 'HVTRACE-KVM-PROBE-OK\\n' > \"$SERIAL\"; sleep 30")));
   EXPECT_TRUE(r.usable) << r.reason;
   EXPECT_NE(r.reason.find("wrote 'HVTRACE-KVM-PROBE-OK' under KVM"), std::string::npos) << r.reason;
 }
@@ -66,7 +67,10 @@ TEST_F(KvmProbeTest, KvmInternalErrorWinsOverAnything) {
   KvmProbeResult r = ProbeKvm(Options(FakeQemu(
       "echo 'KVM internal error. Suberror: 1' >&2; echo 'emulation failure' >&2; sleep 30")));
   EXPECT_FALSE(r.usable);
-  EXPECT_NE(r.reason.find("QEMU reported a KVM failure running the probe guest: KVM internal error. Suberror: 1"), std::string::npos)
+  EXPECT_NE(
+      r.reason.find(
+          "QEMU reported a KVM failure running the probe guest: KVM internal error. Suberror: 1"),
+      std::string::npos)
       << r.reason;
 }
 
@@ -84,7 +88,8 @@ TEST_F(KvmProbeTest, WrongTextIsNotTheBanner) {
 }
 
 TEST_F(KvmProbeTest, QemuExitingEarlyIsUnusable) {
-  KvmProbeResult r = ProbeKvm(Options(FakeQemu("echo 'failed to initialise something' >&2; exit 1")));
+  KvmProbeResult r =
+      ProbeKvm(Options(FakeQemu("echo 'failed to initialise something' >&2; exit 1")));
   EXPECT_FALSE(r.usable);
   EXPECT_NE(r.reason.find("exited with status 1"), std::string::npos) << r.reason;
   EXPECT_NE(r.reason.find("failed to initialise something"), std::string::npos) << r.reason;
@@ -101,9 +106,9 @@ TEST_F(KvmProbeTest, MissingQemuBinaryIsUnusable) {
 class KvmProbeKernelTest : public KvmProbeTest {
  protected:
   KvmProbeResult Probe(const std::string& kernel_body) {
-    KvmProbeOptions o = Options(FakeQemu(
-        "case \"$*\" in *-kernel*) " + kernel_body + ";; *) printf 'HVTRACE-KVM-PROBE-OK\\n' > \"$SERIAL\"; "
-        "sleep 30;; esac"));
+    KvmProbeOptions o = Options(FakeQemu("case \"$*\" in *-kernel*) " + kernel_body +
+                                         ";; *) printf 'HVTRACE-KVM-PROBE-OK\\n' > \"$SERIAL\"; "
+                                         "sleep 30;; esac"));
     o.kernel = "/boot/vmlinuz-probe";
     o.kernel_deadline = std::chrono::milliseconds(1500);
     return ProbeKvm(o);
@@ -112,10 +117,12 @@ class KvmProbeKernelTest : public KvmProbeTest {
 
 TEST_F(KvmProbeKernelTest, KernelThatFinishesBootingMeansUsable) {
   KvmProbeResult r = Probe(
-      "printf '[ 0.9] VFS: Cannot open root device\\n[ 0.9] Kernel panic - not syncing: VFS: Unable to mount "
+      "printf '[ 0.9] VFS: Cannot open root device\\n[ 0.9] Kernel panic - not syncing: VFS: "
+      "Unable to mount "
       "root fs on unknown-block(0,0)\\n' > \"$SERIAL\"; exit 0");
   EXPECT_TRUE(r.usable) << r.reason;
-  EXPECT_NE(r.reason.find("kernel /boot/vmlinuz-probe wrote 'Unable to mount root fs' under KVM"), std::string::npos)
+  EXPECT_NE(r.reason.find("kernel /boot/vmlinuz-probe wrote 'Unable to mount root fs' under KVM"),
+            std::string::npos)
       << r.reason;
 }
 
@@ -134,15 +141,17 @@ TEST_F(KvmProbeKernelTest, BootSectorFineButKernelEmulationFailureIsUnusable) {
 TEST_F(KvmProbeKernelTest, KernelThatStopsHalfwayIsUnusable) {
   KvmProbeResult r = Probe("printf 'Linux version 6.12\\n' > \"$SERIAL\"; sleep 30");
   EXPECT_FALSE(r.usable);
-  EXPECT_NE(r.reason.find("matching the end of its boot within 1500 ms"), std::string::npos) << r.reason;
+  EXPECT_NE(r.reason.find("matching the end of its boot within 1500 ms"), std::string::npos)
+      << r.reason;
   EXPECT_NE(r.reason.find("Linux version 6.12"), std::string::npos) << r.reason;
 }
 
 TEST_F(KvmProbeKernelTest, QemuExitingBeforeTheKernelFinishesIsUnusable) {
   KvmProbeResult r = Probe("echo 'qemu: could not load kernel' >&2; exit 1");
   EXPECT_FALSE(r.usable);
-  EXPECT_NE(r.reason.find("exited with status 1 before the end of its boot: qemu: could not load kernel"),
-            std::string::npos)
+  EXPECT_NE(
+      r.reason.find("exited with status 1 before the end of its boot: qemu: could not load kernel"),
+      std::string::npos)
       << r.reason;
 }
 

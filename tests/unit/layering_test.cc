@@ -93,8 +93,8 @@ TEST(Layering, EveryFolderIsAKnownLayer) {
   const Project p = Scan();
   ASSERT_FALSE(p.sources.empty());
   for (const fs::path& f : p.sources) {
-    EXPECT_TRUE(AllowedIncludes().count(LayerOf(f))) << f << " is in folder " << LayerOf(f)
-                                                      << ", which is not a layer this test knows";
+    EXPECT_TRUE(AllowedIncludes().count(LayerOf(f)))
+        << f << " is in folder " << LayerOf(f) << ", which is not a layer this test knows";
   }
 }
 
@@ -140,7 +140,8 @@ TEST(SourceShape, FilesAndFunctionsStaySmall) {
     std::ifstream in(f);
     std::vector<std::string> lines;
     for (std::string line; std::getline(in, line);) lines.push_back(line);
-    EXPECT_LE(lines.size(), 800u) << fs::relative(f, kRoot).string() << " has " << lines.size() << " lines";
+    EXPECT_LE(lines.size(), 800u) << fs::relative(f, kRoot).string() << " has " << lines.size()
+                                  << " lines";
     for (size_t i = 0; i < lines.size(); ++i) {
       const std::string& l = lines[i];
       if (l.empty() || std::isspace(static_cast<unsigned char>(l[0])) || l.back() != '{' ||
@@ -153,8 +154,8 @@ TEST(SourceShape, FilesAndFunctionsStaySmall) {
       size_t end = i + 1;
       while (end < lines.size() && lines[end].rfind("}", 0) != 0) ++end;
       ++functions;
-      EXPECT_LE(end - i + 1, 120u) << fs::relative(f, kRoot).string() << ":" << i + 1 << " " << l << " is "
-                                   << end - i + 1 << " lines";
+      EXPECT_LE(end - i + 1, 120u) << fs::relative(f, kRoot).string() << ":" << i + 1 << " " << l
+                                   << " is " << end - i + 1 << " lines";
       i = end;
     }
   }

@@ -4,18 +4,17 @@
 #include "libvirt_event_loop.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
+#include <libvirt/libvirt.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <vector>
-
-#include <boost/asio/io_context.hpp>
-#include <gtest/gtest.h>
-#include <libvirt/libvirt.h>
 
 namespace hvtrace::hostd {
 namespace {

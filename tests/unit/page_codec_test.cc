@@ -5,14 +5,14 @@ extern "C" {
 #include <kbuffer.h>
 }
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace hvtrace {
 namespace {
@@ -59,8 +59,8 @@ std::vector<Seen> WalkOurs(const Bytes& page, PageError* error = nullptr,
   while (cursor.Next(&rec)) {
     EXPECT_GE(rec.payload.data(), page.data());
     EXPECT_LE(rec.payload.data() + rec.payload.size(), page.data() + page.size());
-    out.push_back({rec.timestamp, static_cast<size_t>(rec.payload.data() - page.data()),
-                   rec.payload.size()});
+    out.push_back(
+        {rec.timestamp, static_cast<size_t>(rec.payload.data() - page.data()), rec.payload.size()});
   }
   if (error) *error = cursor.error();
   return out;
@@ -120,16 +120,14 @@ TEST(PageLayoutTest, Malicious_RejectsBadHeaderPages) {
   EXPECT_FALSE(PageLayout::FromHeaderPage(
                    ts + commit + "\tfield: char data;\toffset:8;\tsize:1;\tsigned:0;\n", 4096)
                    .ok());  // Data overlaps commit.
-  EXPECT_FALSE(PageLayout::FromHeaderPage(
-                   ts + "\tfield: local_t commit;\toffset:18446744073709551615;\tsize:8;\n" +
-                       data,
-                   4096)
-                   .ok());
+  EXPECT_FALSE(
+      PageLayout::FromHeaderPage(
+          ts + "\tfield: local_t commit;\toffset:18446744073709551615;\tsize:8;\n" + data, 4096)
+          .ok());
   EXPECT_FALSE(PageLayout::FromHeaderPage(ts + commit + data, 16).ok());  // No room for data.
   EXPECT_FALSE(PageLayout::FromHeaderPage(ts + commit + data, 0x10000000).ok());
-  EXPECT_FALSE(PageLayout::FromHeaderPage("\tfield: u64 timestamp;\toffset:;\tsize:8;\n" +
-                                              commit + data,
-                                          4096)
+  EXPECT_FALSE(PageLayout::FromHeaderPage(
+                   "\tfield: u64 timestamp;\toffset:;\tsize:8;\n" + commit + data, 4096)
                    .ok());
 }
 
@@ -282,7 +280,7 @@ TEST(PageWriterTest, FillsToCapacityAndRefusesMore) {
   EXPECT_EQ(writer.used(), 240u);
   Bytes before = page;
   EXPECT_FALSE(writer.Append(1000, Payload(8)));
-  EXPECT_EQ(page, before);  // Nothing written on refusal.
+  EXPECT_EQ(page, before);                  // Nothing written on refusal.
   EXPECT_FALSE(writer.SetMissedEvents(3));  // No room for the count.
   writer.Finish();
   EXPECT_EQ(WalkOurs(page, nullptr, layout).size(), 10u);
@@ -301,8 +299,8 @@ TEST(PageCursorTest, DiscardedEventPaddingIsSkippedWithItsDelta) {
   Bytes page(4096);
   Put64(page, 0, 1000);
   Put32(page, 16, kRecordTypePadding | (7u << 5));  // Discarded, delta 7.
-  Put32(page, 20, 12);                               // 12 bytes after header.
-  Put32(page, 32, 2u | (3u << 5));                   // Data, delta 3.
+  Put32(page, 20, 12);                              // 12 bytes after header.
+  Put32(page, 32, 2u | (3u << 5));                  // Data, delta 3.
   Put32(page, 44, kRecordTypePadding | (1u << 5));  // Discarded, delta marker 1.
   Put32(page, 48, 4);
   Put32(page, 52, 2u | (4u << 5));
@@ -384,7 +382,7 @@ TEST(PageCursorTest, Malicious_TruncatedHeaders) {
   Bytes page = PageWithCommit(2);  // Not even one header word.
   EXPECT_EQ(FirstError(page), PageError::kTruncatedHeader);
   page = PageWithCommit(12);
-  Put32(page, 16, 1);  // 8-byte record.
+  Put32(page, 16, 1);                      // 8-byte record.
   Put32(page, 24, kRecordTypeTimeExtend);  // Needs 8, only 4 left.
   size_t n = 0;
   EXPECT_EQ(FirstError(page, &n), PageError::kTruncatedHeader);
@@ -417,7 +415,7 @@ TEST(PageCursorTest, Malicious_PaddingLoopsAndBadPadding) {
 TEST(PageCursorTest, Malicious_TimeGoingBackwards) {
   Bytes page = PageWithCommit(24);
   Put64(page, 0, 1'000'000);
-  Put32(page, 16, 2u | (5u << 5));  // Data at 1'000'005.
+  Put32(page, 16, 2u | (5u << 5));                     // Data at 1'000'005.
   Put32(page, 28, kRecordTypeTimeStamp | (10u << 5));  // Absolute 10.
   Put32(page, 32, 0);
   size_t n = 0;

@@ -2,6 +2,8 @@
 // reply matching, events, timeouts, EOF, and hostile server output.
 #include "qmp_client.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -14,9 +16,6 @@
 #include <string>
 #include <thread>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 namespace hvtrace::hostd {
 namespace {
 
@@ -25,7 +24,8 @@ using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::string_view kGreeting =
-    "{\"QMP\": {\"version\": {\"qemu\": {\"micro\": 0, \"minor\": 2, \"major\": 7}, \"package\": \"\"}, "
+    "{\"QMP\": {\"version\": {\"qemu\": {\"micro\": 0, \"minor\": 2, \"major\": 7}, \"package\": "
+    "\"\"}, "
     "\"capabilities\": [\"oob\"]}}\r\n";
 
 // A QMP peer: accepts one connection, optionally greets, then hands every
@@ -34,15 +34,18 @@ class ScriptedServer {
  public:
   using Handler = std::function<void(int fd, const nlohmann::json& request)>;
 
-  explicit ScriptedServer(Handler on_request, bool greet = true) : on_request_(std::move(on_request)) {
+  explicit ScriptedServer(Handler on_request, bool greet = true)
+      : on_request_(std::move(on_request)) {
     static std::atomic<int> counter{0};
-    path_ = "/tmp/hvt-qmp-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".sock";
+    path_ =
+        "/tmp/hvt-qmp-test-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".sock";
     unlink(path_.c_str());
     listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::memcpy(addr.sun_path, path_.c_str(), path_.size() + 1);
-    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(listen_fd_, 4) != 0) {
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        listen(listen_fd_, 4) != 0) {
       ADD_FAILURE() << "cannot listen on " << path_ << ": " << std::strerror(errno);
     }
     thread_ = std::thread([this, greet] { Serve(greet); });
@@ -122,12 +125,14 @@ TEST(QmpClientTest, CommandsEventsAndErrors) {
     if (cmd == "query-status") {
       // An event first, split across writes, then the reply.
       ScriptedServer::Write(fd, "{\"timestamp\": {\"seconds\": 5, \"microseconds\": 6}, \"ev");
-      ScriptedServer::Write(fd, "ent\": \"STOP\"}\r\n" + Reply(req, "{\"status\": \"running\", \"running\": true}"));
+      ScriptedServer::Write(
+          fd, "ent\": \"STOP\"}\r\n" + Reply(req, "{\"status\": \"running\", \"running\": true}"));
     } else if (cmd == "echo-args") {
       ScriptedServer::Write(fd, Reply(req, req["arguments"].dump()));
     } else {
-      ScriptedServer::Write(fd, "{\"error\": {\"class\": \"CommandNotFound\", \"desc\": \"The command " + cmd +
-                                    " has not been found\"}, \"id\": " + req["id"].dump() + "}\r\n");
+      ScriptedServer::Write(
+          fd, "{\"error\": {\"class\": \"CommandNotFound\", \"desc\": \"The command " + cmd +
+                  " has not been found\"}, \"id\": " + req["id"].dump() + "}\r\n");
     }
   });
   auto qmp = QmpSyncClient::Connect(server.path(), 5s);
@@ -221,7 +226,11 @@ TEST(QmpClientTest, EofFailsPendingCommandAndNotifiesPromptly) {
 }
 
 TEST(QmpClientTest, Malicious_GarbageFromServerDisconnects) {
-  ScriptedServer server([](int fd, const nlohmann::json&) { ScriptedServer::Write(fd, "\x7f" "ELF garbage"); });
+  ScriptedServer server([](int fd, const nlohmann::json&) {
+    ScriptedServer::Write(fd,
+                          "\x7f"
+                          "ELF garbage");
+  });
   auto qmp = QmpSyncClient::Connect(server.path(), 5s);
   ASSERT_TRUE(qmp.ok());
   auto r = (*qmp)->Execute("query-status", nlohmann::json::object(), 5s);
@@ -245,10 +254,11 @@ TEST(QmpClientTest, Malicious_OversizedMessageDisconnects) {
 
 TEST(QmpClientTest, Malicious_RepliesWithForeignIdsAreIgnored) {
   ScriptedServer server([](int fd, const nlohmann::json& req) {
-    ScriptedServer::Write(fd,
-                          "{\"return\": 1, \"id\": \"str\"}{\"return\": 2, \"id\": 999999}{\"return\": 3}"
-                          "{\"event\": 42}{\"event\": \"X\", \"data\": null, \"timestamp\": 7}" +
-                              Reply(req, "4"));
+    ScriptedServer::Write(
+        fd,
+        "{\"return\": 1, \"id\": \"str\"}{\"return\": 2, \"id\": 999999}{\"return\": 3}"
+        "{\"event\": 42}{\"event\": \"X\", \"data\": null, \"timestamp\": 7}" +
+            Reply(req, "4"));
   });
   auto qmp = QmpSyncClient::Connect(server.path(), 5s);
   ASSERT_TRUE(qmp.ok());
@@ -261,7 +271,8 @@ TEST(QmpClientTest, Malicious_RepliesWithForeignIdsAreIgnored) {
 }
 
 TEST(QmpClientTest, ConnectRetriesUntilSocketAppears) {
-  ScriptedServer server([](int fd, const nlohmann::json& req) { ScriptedServer::Write(fd, Reply(req, "0")); });
+  ScriptedServer server(
+      [](int fd, const nlohmann::json& req) { ScriptedServer::Write(fd, Reply(req, "0")); });
   // Hide the listening socket, as before QEMU creates it; connect() must
   // retry ENOENT until it appears.
   const std::string hidden = server.path() + ".hidden";

@@ -1,9 +1,9 @@
 #include "qmp_framer.h"
 
+#include <gtest/gtest.h>
+
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace hvtrace::hostd {
 namespace {
@@ -127,7 +127,8 @@ TEST(QmpFramerTest, Malicious_TopLevelArrayOrScalar) {
 }
 
 TEST(QmpFramerTest, Malicious_BalancedButInvalidJson) {
-  for (std::string_view bad : {"{]", "{\"a\" 1}", "{\"a\":tru}", "{\"a\":1,}", "{\"a\":\"\x01\"}"}) {
+  for (std::string_view bad :
+       {"{]", "{\"a\" 1}", "{\"a\":tru}", "{\"a\":1,}", "{\"a\":\"\x01\"}"}) {
     QmpFramer framer;
     Status status = framer.Feed(bad);
     EXPECT_FALSE(status.ok()) << bad;

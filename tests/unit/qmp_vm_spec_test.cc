@@ -1,11 +1,11 @@
 // qmp_vm.json: what a restarted hvtraced reads to re-adopt a VM. It is our own
 // file, but it outlives versions of the daemon and may be damaged: old specs
 // load with defaults, broken ones are refused with the file named.
+#include <gtest/gtest.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <gtest/gtest.h>
 
 #include "qmp_vm.h"
 
@@ -33,7 +33,8 @@ TEST_F(QmpVmSpecTest, RoundTripKeepsWhatReadoptionNeeds) {
   spec.pid = 4242;
   spec.pid_start_time = 987654321;
   spec.console_socket = "/run/hvtrace/web1.console";
-  spec.owned_paths = {"/run/hvtrace/web1.qmp", "/run/hvtrace/web1.console", "/dev/shm/hvtrace-web1"};
+  spec.owned_paths = {"/run/hvtrace/web1.qmp", "/run/hvtrace/web1.console",
+                      "/dev/shm/hvtrace-web1"};
   spec.booted_by_daemon = true;
   spec.exited = true;
   ASSERT_TRUE(SaveQmpVmSpec(dir_, spec).ok());
@@ -61,9 +62,10 @@ TEST_F(QmpVmSpecTest, SpecFromAnOlderDaemonLoadsWithDefaults) {
 }
 
 TEST_F(QmpVmSpecTest, Malicious_DamagedSpecsAreRefusedWithThePath) {
-  for (const char* text : {"not json", "[]", R"({"qmp_socket":"/x"})",
-                           R"({"qmp_socket":"/x","region_path":"/y","region_offset":0,"region_size":0})",
-                           R"({"qmp_socket":"/x","region_path":"/y","region_offset":0,"region_size":4096,
+  for (const char* text :
+       {"not json", "[]", R"({"qmp_socket":"/x"})",
+        R"({"qmp_socket":"/x","region_path":"/y","region_offset":0,"region_size":0})",
+        R"({"qmp_socket":"/x","region_path":"/y","region_offset":0,"region_size":4096,
                                "owned_paths":"not-a-list"})"}) {
     std::ofstream(dir_ / "qmp_vm.json", std::ios::trunc) << text;
     auto loaded = LoadQmpVmSpec(dir_);

@@ -1,5 +1,6 @@
 #include "region_capture.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,14 +11,12 @@
 #include <random>
 #include <sstream>
 
-#include <gtest/gtest.h>
-
+#include "capture_service.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/page.h"
 #include "hvtrace/region_text.h"
 #include "hvtrace/region_writer.h"
 #include "hvtrace/tracedat.h"
-#include "capture_service.h"
 #include "live_region.h"
 #include "region_stream.h"
 #include "test_support.h"
@@ -94,17 +93,23 @@ class RegionCaptureTest : public ::testing::Test {
     id.trace_clock = region::kClockMono;
     id.page_size = 4096;
     guest->WriteIdentity(id);
-    ASSERT_TRUE(guest->PublishFormat(region::kFormatHeaderPage, 1, 0, "ftrace",
-                                     ReadFixture("pages/header_page.txt"), 0).ok());
+    ASSERT_TRUE(guest
+                    ->PublishFormat(region::kFormatHeaderPage, 1, 0, "ftrace",
+                                    ReadFixture("pages/header_page.txt"), 0)
+                    .ok());
     const std::string sched = ReadFixture("boot_map/formats/sched/sched_switch/format");
     auto parsed = ParseEventFormat("sched", sched);
     ASSERT_TRUE(parsed.ok());
-    ASSERT_TRUE(guest->PublishFormat(region::kFormatKernelEvent, 1, parsed->id, "sched", sched,
-                                     EventFingerprint(*parsed)).ok());
+    ASSERT_TRUE(guest
+                    ->PublishFormat(region::kFormatKernelEvent, 1, parsed->id, "sched", sched,
+                                    EventFingerprint(*parsed))
+                    .ok());
     auto dw = ParseEventFormat("hvtrace", kDwFormat);
     ASSERT_TRUE(dw.ok()) << dw.error().message;
-    ASSERT_TRUE(guest->PublishFormat(region::kFormatDwEvent, 1, kDwId, "hvtrace", kDwFormat,
-                                     EventFingerprint(*dw)).ok());
+    ASSERT_TRUE(guest
+                    ->PublishFormat(region::kFormatDwEvent, 1, kDwId, "hvtrace", kDwFormat,
+                                    EventFingerprint(*dw))
+                    .ok());
     for (int i = 0; i < 3; ++i) {
       guest->PushCpuPage(0, 1, Bytes(ReadFixture("pages/cpu0-" + std::to_string(i) + ".bin")), 0);
     }
@@ -186,9 +191,10 @@ TEST_F(RegionCaptureTest, OneTraceDatPerGenerationThatTraceCmdReads) {
   if (Shell("command -v trace-cmd").empty()) GTEST_SKIP() << "trace-cmd not installed";
   const std::string report = Shell("trace-cmd report " + (dir / g.file).string() + " 2>&1");
   EXPECT_EQ(Count(report, "hvt_value:"), 5u) << report.substr(0, 2000);
-  for (int i = 0; i < 5; ++i) EXPECT_NE(report.find("value=" + std::to_string(i)), std::string::npos);
-  EXPECT_EQ(Count(report, "sched_switch:"), r->cpu_counts[0].events + r->cpu_counts[1].events -
-                                                 g.unknown_id);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_NE(report.find("value=" + std::to_string(i)), std::string::npos);
+  EXPECT_EQ(Count(report, "sched_switch:"),
+            r->cpu_counts[0].events + r->cpu_counts[1].events - g.unknown_id);
   EXPECT_NE(report.find("dwprog-78"), std::string::npos) << "saved cmdlines name the dw thread";
 }
 
@@ -224,8 +230,10 @@ TEST_F(RegionCaptureTest, OlderGenerationGetsItsOwnFile) {
   id.boot_generation = 2;
   guest_->WriteIdentity(id);
   auto dw = ParseEventFormat("hvtrace", kDwFormat);
-  ASSERT_TRUE(guest_->PublishFormat(region::kFormatDwEvent, 2, kDwId, "hvtrace", kDwFormat,
-                                    EventFingerprint(*dw)).ok());
+  ASSERT_TRUE(guest_
+                  ->PublishFormat(region::kFormatDwEvent, 2, kDwId, "hvtrace", kDwFormat,
+                                  EventFingerprint(*dw))
+                  .ok());
   WriteDwPage(1, 0, 3, 5000, 2);
   RegionSnapshot s = Read();
   EXPECT_EQ(s.issue_total(), 0u) << s.problems[0].detail;
@@ -252,7 +260,8 @@ TEST_F(RegionCaptureTest, Malicious_TornAndBadSlotsCountedRestKept) {
   EXPECT_EQ(r->attach["issues"]["by_reason"]["slot_torn"], 1);
   EXPECT_EQ(r->generations[0].dw_events, 0u + r->cpu_counts[2].events);
   if (Shell("command -v trace-cmd").empty()) GTEST_SKIP() << "trace-cmd not installed";
-  const std::string report = Shell("trace-cmd report " + (dir / "region-gen-1.trace.dat").string() + " 2>&1");
+  const std::string report =
+      Shell("trace-cmd report " + (dir / "region-gen-1.trace.dat").string() + " 2>&1");
   EXPECT_EQ(Count(report, "hvt_value:"), r->cpu_counts[2].events) << report.substr(0, 1500);
 }
 
@@ -328,11 +337,14 @@ const char kFnFormat[] =
 TEST_F(RegionCaptureTest, GuestSymbolsAndTaskNamesReachStreamAndCapture) {
   auto fn = ParseEventFormat("hvtrace", kFnFormat);
   ASSERT_TRUE(fn.ok()) << fn.error().message;
-  ASSERT_TRUE(guest_->PublishFormat(region::kFormatDwEvent, 1, kDwId + 1, "hvtrace", kFnFormat,
-                                    EventFingerprint(*fn)).ok());
-  const std::string used = "ffffffffa01a2b30 t tracing_mark_write\nffffffffa01a2c00 T next_function\n";
-  const std::string symbols = "ffffffffa0000000 T _text\nffffffffa0100000 T unused_middle\n" + used +
-                              "ffffffffa0ff0000 T far_away\n";
+  ASSERT_TRUE(guest_
+                  ->PublishFormat(region::kFormatDwEvent, 1, kDwId + 1, "hvtrace", kFnFormat,
+                                  EventFingerprint(*fn))
+                  .ok());
+  const std::string used =
+      "ffffffffa01a2b30 t tracing_mark_write\nffffffffa01a2c00 T next_function\n";
+  const std::string symbols = "ffffffffa0000000 T _text\nffffffffa0100000 T unused_middle\n" +
+                              used + "ffffffffa0ff0000 T far_away\n";
   ASSERT_TRUE(guest_->WriteTextArea(TextAreaKind::kSymbols, 1, EncodeText(symbols)).ok());
   ASSERT_TRUE(guest_->WriteTextArea(TextAreaKind::kComms, 1, EncodeText("4242 worker one\n")).ok());
   const uint32_t slot = 1;
@@ -362,13 +374,15 @@ TEST_F(RegionCaptureTest, GuestSymbolsAndTaskNamesReachStreamAndCapture) {
   RegionStreamer st(geometry_, RegionStreamOptions{false, true, std::chrono::milliseconds(1000)});
   RegionSnapshot s = Read();
   auto out = st.Feed(&s, T(0), true);
-  EXPECT_NE(out.text.find("hvt_fn:               tracing_mark_write: here"), std::string::npos) << out.text;
+  EXPECT_NE(out.text.find("hvt_fn:               tracing_mark_write: here"), std::string::npos)
+      << out.text;
   EXPECT_NE(out.text.find(want), std::string::npos) << out.text;
   EXPECT_EQ(s.issue_total(), 0u);
   RegionStreamer js(geometry_, RegionStreamOptions{true, true, std::chrono::milliseconds(1000)});
   RegionSnapshot sj = Read();
   const std::string json_text = js.Feed(&sj, T(0), true).text;
-  EXPECT_NE(json_text.find(R"("event":"hvt_fn","system":"hvtrace","pid":4242,"comm":"worker one")"), std::string::npos)
+  EXPECT_NE(json_text.find(R"("event":"hvt_fn","system":"hvtrace","pid":4242,"comm":"worker one")"),
+            std::string::npos)
       << json_text;
 
   RegionSnapshot c = Read();
@@ -387,7 +401,8 @@ TEST_F(RegionCaptureTest, GuestSymbolsAndTaskNamesReachStreamAndCapture) {
   EXPECT_NE(dat->kallsyms().find(used), std::string::npos) << dat->kallsyms();
   EXPECT_EQ(dat->kallsyms().find("unused_middle"), std::string::npos) << dat->kallsyms();
   if (Shell("command -v trace-cmd").empty()) GTEST_SKIP() << "trace-cmd not installed";
-  const std::string report = Shell("trace-cmd report " + (dir / "region-gen-1.trace.dat").string() + " 2>&1");
+  const std::string report =
+      Shell("trace-cmd report " + (dir / "region-gen-1.trace.dat").string() + " 2>&1");
   EXPECT_NE(report.find("tracing_mark_write: here"), std::string::npos) << report;
   EXPECT_NE(report.find(want), std::string::npos) << report;
 }
@@ -395,8 +410,10 @@ TEST_F(RegionCaptureTest, GuestSymbolsAndTaskNamesReachStreamAndCapture) {
 TEST_F(RegionCaptureTest, StreamWaitsOnePushSoTaskNamesPublishedWithItAreUsed) {
   auto fn = ParseEventFormat("hvtrace", kFnFormat);
   ASSERT_TRUE(fn.ok());
-  ASSERT_TRUE(guest_->PublishFormat(region::kFormatDwEvent, 1, kDwId + 1, "hvtrace", kFnFormat,
-                                    EventFingerprint(*fn)).ok());
+  ASSERT_TRUE(guest_
+                  ->PublishFormat(region::kFormatDwEvent, 1, kDwId + 1, "hvtrace", kFnFormat,
+                                  EventFingerprint(*fn))
+                  .ok());
   RegionStreamer st(geometry_, {});
   guest_->status()->last_push_mono_ns = 4000;
   RegionSnapshot s0 = Read();
@@ -435,8 +452,10 @@ TEST_F(RegionCaptureTest, StreamWaitsOnePushSoTaskNamesPublishedWithItAreUsed) {
 TEST_F(RegionCaptureTest, Malicious_LyingTextAreasLeaveAddressesAndAreReported) {
   auto fn = ParseEventFormat("hvtrace", kFnFormat);
   ASSERT_TRUE(fn.ok());
-  ASSERT_TRUE(guest_->WriteTextArea(TextAreaKind::kSymbols, 1,
-                                    EncodeText("ffffffff811a2b30 t tracing_mark_write\n")).ok());
+  ASSERT_TRUE(guest_
+                  ->WriteTextArea(TextAreaKind::kSymbols, 1,
+                                  EncodeText("ffffffff811a2b30 t tracing_mark_write\n"))
+                  .ok());
   auto* sym = reinterpret_cast<region::TextAreaHeader*>(mem_.data() + geometry_.symbol_offset);
   sym->crc32 ^= 1;
   auto* comm = reinterpret_cast<region::TextAreaHeader*>(mem_.data() + geometry_.comm_offset);
@@ -498,7 +517,6 @@ TEST_F(RegionCaptureTest, StreamJsonLinesAndMissedPagesNoted) {
   EXPECT_EQ(out.events, geometry_.dw_slots);
   EXPECT_NE(out.text.find("\"event\":\"hvt_value\""), std::string::npos) << out.text;
 }
-
 
 // ---- Direct-write rings stamped with the TSC ----------------------------
 
@@ -573,15 +591,21 @@ TEST_F(RegionCaptureTest, TscStampsArePutOnTheKernelsClockInCaptureAndStream) {
   id.trace_clock = region::kClockMono;
   id.page_size = 4096;
   guest_->WriteIdentity(id);
-  ASSERT_TRUE(guest_->PublishFormat(region::kFormatHeaderPage, 1, 0, "ftrace",
-                                    ReadFixture("pages/header_page.txt"), 0).ok());
+  ASSERT_TRUE(guest_
+                  ->PublishFormat(region::kFormatHeaderPage, 1, 0, "ftrace",
+                                  ReadFixture("pages/header_page.txt"), 0)
+                  .ok());
   auto kf = ParseEventFormat("test", kKernelFormat);
   ASSERT_TRUE(kf.ok()) << kf.error().message;
-  ASSERT_TRUE(guest_->PublishFormat(region::kFormatKernelEvent, 1, kKernelId, "test", kKernelFormat,
-                                    EventFingerprint(*kf)).ok());
+  ASSERT_TRUE(guest_
+                  ->PublishFormat(region::kFormatKernelEvent, 1, kKernelId, "test", kKernelFormat,
+                                  EventFingerprint(*kf))
+                  .ok());
   auto dwf = ParseEventFormat("hvtrace", kDwFormat);
-  ASSERT_TRUE(guest_->PublishFormat(region::kFormatDwEvent, 1, kDwId, "hvtrace", kDwFormat,
-                                    EventFingerprint(*dwf)).ok());
+  ASSERT_TRUE(guest_
+                  ->PublishFormat(region::kFormatDwEvent, 1, kDwId, "hvtrace", kDwFormat,
+                                  EventFingerprint(*dwf))
+                  .ok());
   const uint64_t t0 = 2000000000000ull;  // 2000 s after the guest's boot.
   std::vector<std::byte> kpage(geometry_.slot_size);
   PageWriter kw(kpage, PageLayout::Default(geometry_.slot_size), t0);
@@ -593,7 +617,8 @@ TEST_F(RegionCaptureTest, TscStampsArePutOnTheKernelsClockInCaptureAndStream) {
   kw.Finish();
   guest_->PushCpuPage(1, 1, kpage, 0);
   // Samples a second apart around the events, as the agent takes them.
-  for (uint64_t m : {t0 - 1000000000, t0, t0 + 1000000000}) guest_->AddClockSync(m, m + 5, m + 7, TscAt(m));
+  for (uint64_t m : {t0 - 1000000000, t0, t0 + 1000000000})
+    guest_->AddClockSync(m, m + 5, m + 7, TscAt(m));
   dw_clock_ = region::kClockTsc;
   WriteDwPage(0, 0, 3, TscAt(t0 + 5000), 1, 30000);  // 10 us apart at 3 GHz.
 
@@ -619,8 +644,8 @@ TEST_F(RegionCaptureTest, TscStampsArePutOnTheKernelsClockInCaptureAndStream) {
   auto out = st.Feed(&s2, T(0), true);
   std::vector<uint64_t> all, dw;
   JsonTimes(out.text, &all, &dw);
-  EXPECT_EQ(all, (std::vector<uint64_t>{t0, t0 + 5000, t0 + 10000, t0 + 15000, t0 + 20000, t0 + 25000,
-                                        t0 + 30000}))
+  EXPECT_EQ(all, (std::vector<uint64_t>{t0, t0 + 5000, t0 + 10000, t0 + 15000, t0 + 20000,
+                                        t0 + 25000, t0 + 30000}))
       << out.text;
   EXPECT_EQ(dw, (std::vector<uint64_t>{t0 + 5000, t0 + 15000, t0 + 25000}));
 
@@ -631,8 +656,10 @@ TEST_F(RegionCaptureTest, TscStampsArePutOnTheKernelsClockInCaptureAndStream) {
   std::istringstream in(report);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.find("kmark:") != std::string::npos) order.push_back("k" + line.substr(line.find("k=") + 2));
-    if (line.find("hvt_value:") != std::string::npos) order.push_back("d" + line.substr(line.find("value=") + 6));
+    if (line.find("kmark:") != std::string::npos)
+      order.push_back("k" + line.substr(line.find("k=") + 2));
+    if (line.find("hvt_value:") != std::string::npos)
+      order.push_back("d" + line.substr(line.find("value=") + 6));
   }
   EXPECT_EQ(order, (std::vector<std::string>{"k0", "d0", "k1", "d1", "k2", "d2", "k3"})) << report;
   EXPECT_NE(report.find("2000.000015: hvt_value:"), std::string::npos) << report;
@@ -654,7 +681,8 @@ TEST_F(RegionCaptureTest, TscPagesThatOutgrowTheirPageWhenRestampedAreSplit) {
   EXPECT_EQ(r->generations[0].dw_events, static_cast<uint64_t>(n));
   EXPECT_EQ(r->generations[0].last_dw_timestamp, 1500000000ull + 200000000ull * (n - 1));
   if (Shell("command -v trace-cmd").empty()) GTEST_SKIP() << "trace-cmd not installed";
-  const std::string report = Shell("trace-cmd report " + (dir / "region-gen-1.trace.dat").string() + " 2>&1");
+  const std::string report =
+      Shell("trace-cmd report " + (dir / "region-gen-1.trace.dat").string() + " 2>&1");
   EXPECT_EQ(Count(report, "hvt_value:"), static_cast<size_t>(n)) << report.substr(0, 2000);
 }
 
@@ -692,7 +720,8 @@ TEST_F(RegionCaptureTest, Malicious_TscRingWithoutSamplesIsKeptApartAndReported)
   auto out2 = st.Feed(&s2, T(1500), false);
   EXPECT_EQ(Count(out2.text, "hvt_value:"), 4u) << out2.text;
   bool noted = false;
-  for (const std::string& n : out2.notes) noted |= n.find("raw TSC time stamps") != std::string::npos;
+  for (const std::string& n : out2.notes)
+    noted |= n.find("raw TSC time stamps") != std::string::npos;
   EXPECT_TRUE(noted);
   // `hvtrace show` lists that file right after the generation's own (the
   // sanitizer build builds only the tests, not the CLI).
@@ -708,7 +737,8 @@ TEST_F(RegionCaptureTest, Malicious_TscRingWithoutSamplesIsKeptApartAndReported)
     EXPECT_EQ(Count(shown.substr(0, tsc_at), "hvt_value:"), 0u);
   }
   if (Shell("command -v trace-cmd").empty()) GTEST_SKIP() << "trace-cmd not installed";
-  const std::string report = Shell("trace-cmd report " + (dir / "region-gen-1-tsc.trace.dat").string() + " 2>&1");
+  const std::string report =
+      Shell("trace-cmd report " + (dir / "region-gen-1-tsc.trace.dat").string() + " 2>&1");
   EXPECT_EQ(Count(report, "hvt_value:"), 4u) << report.substr(0, 2000);
 }
 
@@ -813,7 +843,8 @@ TEST_F(RegionCaptureTest, Malicious_RandomClockSamplesAndTscStampsNeverCrash) {
     EXPECT_EQ(r->generations.back().dw_events + r->dw_events_off_clock, 3u);
     RegionStreamer st(geometry_, RegionStreamOptions{false, true, std::chrono::milliseconds(1000)});
     auto out = st.Feed(&*s, T(0), true);
-    EXPECT_EQ(Count(out.text, "hvt_value:"), 3u) << "the stream prints even raw stamps, round " << round;
+    EXPECT_EQ(Count(out.text, "hvt_value:"), 3u)
+        << "the stream prints even raw stamps, round " << round;
     fs::remove_all(dir);
   }
 }
@@ -826,7 +857,8 @@ TEST_F(RegionCaptureTest, AttachCaptureThatDiesAfterItsCopyIsRecovered) {
   const fs::path region_file = dir / "region";
   {
     std::ofstream out(region_file, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(mem_.data()), static_cast<std::streamsize>(mem_.size()));
+    out.write(reinterpret_cast<const char*>(mem_.data()),
+              static_cast<std::streamsize>(mem_.size()));
   }
   auto live = LiveRegion::OpenExisting(region_file);
   ASSERT_TRUE(live.ok()) << live.error().message;
@@ -837,7 +869,8 @@ TEST_F(RegionCaptureTest, AttachCaptureThatDiesAfterItsCopyIsRecovered) {
   CaptureFaults faults;
   faults.after_copies_durable = [&] {
     for (const auto& e : fs::directory_iterator(store.dir())) {
-      if (e.path().filename().string().starts_with(".tmp-")) fs::copy(e.path(), kept / e.path().filename());
+      if (e.path().filename().string().starts_with(".tmp-"))
+        fs::copy(e.path(), kept / e.path().filename());
     }
     throw std::runtime_error("killed");
   };
@@ -852,7 +885,8 @@ TEST_F(RegionCaptureTest, AttachCaptureThatDiesAfterItsCopyIsRecovered) {
   CaptureService dying(nullptr, 1, faults);
   EXPECT_THROW((void)dying.Take(store, request), std::runtime_error);
   ASSERT_FALSE(fs::is_empty(kept));
-  for (const auto& e : fs::directory_iterator(kept)) fs::rename(e.path(), store.dir() / e.path().filename());
+  for (const auto& e : fs::directory_iterator(kept))
+    fs::rename(e.path(), store.dir() / e.path().filename());
 
   auto report = CaptureService(nullptr, 1).Recover(store);
   ASSERT_TRUE(report.ok()) << report.error().message;

@@ -1,5 +1,6 @@
 #include "hvtrace/region_clock.h"
 
+#include <gtest/gtest.h>
 #include <time.h>
 #include <x86intrin.h>
 
@@ -9,8 +10,6 @@
 #include <random>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 namespace hvtrace {
 namespace {
@@ -63,7 +62,8 @@ TEST(TscToMono, ConvertsRealPairsOfThisMachine) {
     const region::ClockSync probe = RealSample(0);
     auto mono = conv.ToMonoNs(probe.tsc);
     ASSERT_TRUE(mono.has_value());
-    worst = std::max<int64_t>(worst, std::llabs(static_cast<int64_t>(*mono) - static_cast<int64_t>(probe.mono_ns)));
+    worst = std::max<int64_t>(
+        worst, std::llabs(static_cast<int64_t>(*mono) - static_cast<int64_t>(probe.mono_ns)));
   }
   std::printf("worst conversion error over 20 probes (up to 60 ms past the last sample): %lld ns\n",
               static_cast<long long>(worst));
@@ -78,18 +78,18 @@ TEST(TscToMono, ConvertsRealPairsOfThisMachine) {
 TEST(TscToMono, Malicious_SamplesThatGoBackwardsOrAreAbsurdAreDropped) {
   std::vector<region::ClockSync> s(6);
   s[0] = {2, 1000000000, 0, 0, 3000000000, {}};
-  s[1] = {4, 2000000000, 0, 0, 6000000000, {}};     // 3 GHz: good.
-  s[2] = {6, 1500000000, 0, 0, 7000000000, {}};     // mono backwards.
-  s[3] = {8, 3000000000, 0, 0, 5000000000, {}};     // tsc backwards.
-  s[4] = {10, 3000000000, 0, 0, 6000000001, {}};    // 1 tick per s: no TSC.
-  s[5] = {12, 0, 0, 0, 0, {}};                      // empty.
+  s[1] = {4, 2000000000, 0, 0, 6000000000, {}};   // 3 GHz: good.
+  s[2] = {6, 1500000000, 0, 0, 7000000000, {}};   // mono backwards.
+  s[3] = {8, 3000000000, 0, 0, 5000000000, {}};   // tsc backwards.
+  s[4] = {10, 3000000000, 0, 0, 6000000001, {}};  // 1 tick per s: no TSC.
+  s[5] = {12, 0, 0, 0, 0, {}};                    // empty.
   TscToMono conv(s);
   ASSERT_TRUE(conv.usable());
   EXPECT_EQ(conv.dropped(), 4u);
   EXPECT_NEAR(conv.tsc_hz(), 3e9, 1);
   EXPECT_EQ(*conv.ToMonoNs(4500000000), 1500000000u);
-  EXPECT_EQ(*conv.ToMonoNs(9000000000), 3000000000u);   // Extended past the last.
-  EXPECT_EQ(*conv.ToMonoNs(0), 0u);                      // And before the first.
+  EXPECT_EQ(*conv.ToMonoNs(9000000000), 3000000000u);  // Extended past the last.
+  EXPECT_EQ(*conv.ToMonoNs(0), 0u);                    // And before the first.
   EXPECT_FALSE(conv.ToMonoNs(UINT64_MAX).has_value() && *conv.ToMonoNs(UINT64_MAX) < 3000000000u);
 }
 
@@ -101,7 +101,6 @@ TEST(TscToMono, Malicious_OneSampleOrNoneConvertsNothing) {
   EXPECT_FALSE(conv.ToMonoNs(7).has_value());
   EXPECT_EQ(conv.tsc_hz(), 0);
 }
-
 
 TEST(TscToMono, Malicious_ASampleOffTheLineIsDroppedWhereverItSits) {
   // Six samples of a 2 GHz TSC a second apart; the fourth claims a time one

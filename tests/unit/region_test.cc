@@ -1,16 +1,15 @@
-#include "hvtrace/region_reader.h"
+#include <gtest/gtest.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 #include <fstream>
 #include <random>
 #include <sstream>
-
-#include <gtest/gtest.h>
+#include <thread>
 
 #include "hvtrace/fingerprint.h"
+#include "hvtrace/region_reader.h"
 #include "hvtrace/region_writer.h"
 
 namespace hvtrace {
@@ -53,14 +52,17 @@ class RegionTest : public ::testing::Test {
     id.trace_clock = region::kClockMono;
     id.page_size = 4096;
     guest->WriteIdentity(id);
-    ASSERT_TRUE(guest->PublishFormat(region::kFormatHeaderPage, 1, 0, "ftrace",
-                                     ReadFixture("pages/header_page.txt"), 0)
+    ASSERT_TRUE(guest
+                    ->PublishFormat(region::kFormatHeaderPage, 1, 0, "ftrace",
+                                    ReadFixture("pages/header_page.txt"), 0)
                     .ok());
     const std::string text = ReadFixture("boot_map/formats/sched/sched_switch/format");
     auto parsed = ParseEventFormat("sched", text);
     ASSERT_TRUE(parsed.ok());
     sched_fp_ = EventFingerprint(*parsed);
-    ASSERT_TRUE(guest->PublishFormat(region::kFormatKernelEvent, 1, parsed->id, "sched", text, sched_fp_).ok());
+    ASSERT_TRUE(
+        guest->PublishFormat(region::kFormatKernelEvent, 1, parsed->id, "sched", text, sched_fp_)
+            .ok());
     for (int i = 0; i < 3; ++i) {
       guest->PushCpuPage(0, 1, Bytes(ReadFixture("pages/cpu0-" + std::to_string(i) + ".bin")), 0);
     }
@@ -75,9 +77,15 @@ class RegionTest : public ::testing::Test {
     return std::move(*snap);
   }
   template <typename T>
-  T* At(uint64_t offset) { return reinterpret_cast<T*>(mem_.data() + offset); }
-  region::SlotDesc* CpuDesc(uint32_t cpu, uint32_t slot) { return At<region::SlotDesc>(geometry_.CpuDescOffset(cpu, slot)); }
-  region::FormatEntry* Entry(uint32_t i) { return At<region::FormatEntry>(geometry_.FormatEntryOffset(i)); }
+  T* At(uint64_t offset) {
+    return reinterpret_cast<T*>(mem_.data() + offset);
+  }
+  region::SlotDesc* CpuDesc(uint32_t cpu, uint32_t slot) {
+    return At<region::SlotDesc>(geometry_.CpuDescOffset(cpu, slot));
+  }
+  region::FormatEntry* Entry(uint32_t i) {
+    return At<region::FormatEntry>(geometry_.FormatEntryOffset(i));
+  }
 
   RegionGeometry geometry_;
   std::vector<std::byte> mem_;
@@ -278,9 +286,12 @@ TEST_F(RegionTest, Malicious_FormatConflictAndGarbageText) {
   text.replace(at, 28, "offset:28;\tsize:4;\tsigned:0;");
   auto parsed = ParseEventFormat("sched", text);
   ASSERT_TRUE(parsed.ok()) << parsed.error().message;
-  ASSERT_TRUE(guest_->PublishFormat(region::kFormatKernelEvent, 1, 310, "sched", text,
-                                    EventFingerprint(*parsed)).ok());
-  ASSERT_TRUE(guest_->PublishFormat(region::kFormatKernelEvent, 1, 5, "x", "\x01\x02 garbage", 0).ok());
+  ASSERT_TRUE(guest_
+                  ->PublishFormat(region::kFormatKernelEvent, 1, 310, "sched", text,
+                                  EventFingerprint(*parsed))
+                  .ok());
+  ASSERT_TRUE(
+      guest_->PublishFormat(region::kFormatKernelEvent, 1, 5, "x", "\x01\x02 garbage", 0).ok());
   RegionSnapshot s = Read();
   EXPECT_EQ(s.issue_count(RegionIssue::kFormatConflict), 1u);
   EXPECT_EQ(s.issue_count(RegionIssue::kFormatParseError), 1u);
@@ -392,9 +403,15 @@ TEST_F(RegionTest, Malicious_RandomScribblesNeverCrash) {
       // Aim at the interesting parts: control area, format table, descriptors.
       uint64_t at;
       switch (k % 3) {
-        case 0: at = rng() % region::kControlAreaSize; break;
-        case 1: at = geometry_.format_offset + rng() % 4096; break;
-        default: at = geometry_.CpuRingOffset(rng() % 2) + rng() % 4096; break;
+        case 0:
+          at = rng() % region::kControlAreaSize;
+          break;
+        case 1:
+          at = geometry_.format_offset + rng() % 4096;
+          break;
+        default:
+          at = geometry_.CpuRingOffset(rng() % 2) + rng() % 4096;
+          break;
       }
       mem_[at] = static_cast<std::byte>(rng());
     }

@@ -2,6 +2,7 @@
 // writes, and the host's checks against a guest that lies about them.
 #include "hvtrace/region_text.h"
 
+#include <gtest/gtest.h>
 #include <zlib.h>
 
 #include <chrono>
@@ -10,8 +11,6 @@
 #include <random>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "hvtrace/region_writer.h"
 
@@ -131,7 +130,9 @@ class RegionTextTest : public ::testing::Test {
   region::TextAreaHeader* SymbolHeader() {
     return reinterpret_cast<region::TextAreaHeader*>(mem_.data() + geometry_.symbol_offset);
   }
-  std::byte* SymbolBytes() { return mem_.data() + geometry_.symbol_offset + sizeof(region::TextAreaHeader); }
+  std::byte* SymbolBytes() {
+    return mem_.data() + geometry_.symbol_offset + sizeof(region::TextAreaHeader);
+  }
   // Replaces the symbol area's content with |stored| under the given header
   // values, as a lying guest would (seq kept even).
   void Lie(const std::vector<std::byte>& stored, uint32_t raw_size, uint32_t crc) {
@@ -143,7 +144,8 @@ class RegionTextTest : public ::testing::Test {
     h->seq += 2;
   }
   static uint32_t Crc(const std::string& s) {
-    return static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(s.data()), static_cast<uInt>(s.size())));
+    return static_cast<uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(s.data()), static_cast<uInt>(s.size())));
   }
   // The host's view after one snapshot: the symbols it would use, and the
   // issue it counted.
@@ -262,7 +264,8 @@ TEST_F(RegionTextTest, Malicious_TextThatIsNotSymbolsOrCommsIsRefused) {
     EXPECT_EQ(s.issue_count(RegionIssue::kSymbolsBad), 1u) << text;
   }
   // Comms: a pid that is no number, a name with control bytes.
-  for (const std::string& text : {std::string("x1 init\n"), std::string("1 in\x1bit\n"), std::string("1\n")}) {
+  for (const std::string& text :
+       {std::string("x1 init\n"), std::string("1 in\x1bit\n"), std::string("1\n")}) {
     ASSERT_TRUE(guest_->WriteTextArea(TextAreaKind::kComms, 2, EncodeText(text)).ok());
     RegionSnapshot s = Read();
     RegionTextCache cache;
@@ -282,8 +285,9 @@ TEST_F(RegionTextTest, Malicious_ZlibBombStopsAtTheStatedSize) {
   RegionSnapshot s = Read();
   EXPECT_EQ(HostSymbols(&s), "");
   EXPECT_EQ(s.issue_count(RegionIssue::kSymbolsBad), 1u);
-  std::printf("zlib bomb refused in %.2f ms\n",
-              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  std::printf(
+      "zlib bomb refused in %.2f ms\n",
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
 }
 
 TEST_F(RegionTextTest, ABadRewriteKeepsTheLastGoodTextAndIsReportedOnce) {

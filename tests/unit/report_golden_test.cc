@@ -1,16 +1,15 @@
 // Golden test: `hvtrace report` against `trace-cmd report` on real trace.dat
 // fixtures (v6, v7, v7 with zstd), line by line.
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -100,7 +99,9 @@ TEST_P(ReportGoldenTest, JsonParsesAndCountsMatchText) {
   size_t text_events = 0;
   for (const std::string& l : text.lines) {
     // Header and trace-cmd's "CPU:N [... EVENTS DROPPED]" lines are not events.
-    if (l.starts_with("cpus=") || (l.starts_with("CPU:") && l.find("DROPPED]") != std::string::npos)) continue;
+    if (l.starts_with("cpus=") ||
+        (l.starts_with("CPU:") && l.find("DROPPED]") != std::string::npos))
+      continue;
     ++text_events;
   }
   EXPECT_EQ(json.lines.size(), text_events);
@@ -108,7 +109,8 @@ TEST_P(ReportGoldenTest, JsonParsesAndCountsMatchText) {
   for (const std::string& l : json.lines) {
     auto j = nlohmann::json::parse(l, nullptr, /*allow_exceptions=*/false);
     ASSERT_FALSE(j.is_discarded()) << l;
-    ASSERT_TRUE(j.contains("ts_ns") && j.contains("cpu") && j.contains("event") && j.contains("fields"));
+    ASSERT_TRUE(j.contains("ts_ns") && j.contains("cpu") && j.contains("event") &&
+                j.contains("fields"));
     uint64_t ts = j["ts_ns"];
     EXPECT_GE(ts, last_ts) << "JSON events out of time order";
     last_ts = ts;
@@ -119,7 +121,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, ReportGoldenTest,
                          testing::Values("real-v6.dat", "real-v7.dat", "real-v7-zstd.dat"),
                          [](const testing::TestParamInfo<const char*>& param) {
                            std::string s = param.param;
-                           for (char& c : s) if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+                           for (char& c : s)
+                             if (!isalnum(static_cast<unsigned char>(c))) c = '_';
                            return s;
                          });
 
@@ -146,7 +149,8 @@ TEST(ReportCliTest, Malicious_MissingAndTruncatedFiles) {
   }
   ASSERT_GT(data.size(), 100000u);
   std::string cut = testing::TempDir() + "/truncated.dat";
-  std::ofstream(cut, std::ios::binary).write(data.data(), static_cast<std::streamsize>(data.size() * 3 / 4));
+  std::ofstream(cut, std::ios::binary)
+      .write(data.data(), static_cast<std::streamsize>(data.size() * 3 / 4));
   CmdResult partial = Capture("'" + Hvtrace() + "' report '" + cut + "'");
   EXPECT_TRUE(partial.status == 0 || partial.status == 1) << partial.status;
   CmdResult full = Capture("'" + Hvtrace() + "' report '" + Fixture("real-v6.dat") + "'");

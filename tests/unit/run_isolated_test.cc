@@ -1,9 +1,9 @@
 #include "hvtrace/run_isolated.h"
 
-#include <csignal>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <csignal>
 
 namespace hvtrace {
 namespace {
@@ -16,7 +16,12 @@ TEST(RunIsolatedTest, ReportsWhatTheChildDid) {
   EXPECT_EQ(touched, 0);  // The child wrote its own copy.
   EXPECT_THAT(RunIsolated([] { std::raise(SIGSEGV); }, 5), HasSubstr("killed by signal 11"));
   EXPECT_THAT(RunIsolated([] { _exit(3); }, 5), HasSubstr("exited with status 3"));
-  EXPECT_THAT(RunIsolated([] { for (;;) pause(); }, 1), HasSubstr("timed out after 1 s"));
+  EXPECT_THAT(RunIsolated(
+                  [] {
+                    for (;;) pause();
+                  },
+                  1),
+              HasSubstr("timed out after 1 s"));
 }
 
 }  // namespace

@@ -1,6 +1,5 @@
-#include "hvtrace/tracedat.h"
-
 #include <event-parse.h>
+#include <gtest/gtest.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -12,9 +11,8 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "hvtrace/page.h"
+#include "hvtrace/tracedat.h"
 
 // trace-cmd.h pulls in tracefs.h, which does not compile as C++; declare the
 // few libtracecmd calls used here (trace-cmd.h, libtracecmd 1.3).
@@ -175,15 +173,15 @@ TEST_P(RealTraceDatTest, AgreesWithLibtracecmd) {
   EXPECT_GT(total, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, RealTraceDatTest,
-    ::testing::Values(FixtureCase{"tracedat/real-v6.dat", 6, "none"},
-                      FixtureCase{"tracedat/real-v7.dat", 7, "none"},
-                      FixtureCase{"tracedat/real-v7-zstd.dat", 7, "zstd"},
-                      FixtureCase{"tracedat/instance-v7-zstd.dat", 7, "zstd"},
-                      FixtureCase{"fuzz/tracedat/tiny-v6.dat", 6, "none"},
-                      FixtureCase{"fuzz/tracedat/tiny-v7.dat", 7, "none"},
-                      FixtureCase{"fuzz/tracedat/tiny-v7-zstd.dat", 7, "zstd"}));
+INSTANTIATE_TEST_SUITE_P(Fixtures, RealTraceDatTest,
+                         ::testing::Values(FixtureCase{"tracedat/real-v6.dat", 6, "none"},
+                                           FixtureCase{"tracedat/real-v7.dat", 7, "none"},
+                                           FixtureCase{"tracedat/real-v7-zstd.dat", 7, "zstd"},
+                                           FixtureCase{"tracedat/instance-v7-zstd.dat", 7, "zstd"},
+                                           FixtureCase{"fuzz/tracedat/tiny-v6.dat", 6, "none"},
+                                           FixtureCase{"fuzz/tracedat/tiny-v7.dat", 7, "none"},
+                                           FixtureCase{"fuzz/tracedat/tiny-v7-zstd.dat", 7,
+                                                       "zstd"}));
 
 TEST(TraceDatTest, VersionsAndCompressionHoldTheSameRecords) {
   auto v6 = TraceDat::Open(Fixture("tracedat/real-v6.dat"));
@@ -221,10 +219,12 @@ TEST(TraceDatTest, StopsWhenTheCallbackSaysSo) {
   auto dat = TraceDat::Open(Fixture("tracedat/real-v6.dat"));
   ASSERT_TRUE(dat.ok());
   int pages = 0;
-  ASSERT_TRUE(dat->ForEachPage(0, [&](std::span<const std::byte>, uint64_t) {
-                   ++pages;
-                   return false;
-                 }).ok());
+  ASSERT_TRUE(dat->ForEachPage(0,
+                               [&](std::span<const std::byte>, uint64_t) {
+                                 ++pages;
+                                 return false;
+                               })
+                  .ok());
   EXPECT_EQ(pages, 1);
   EXPECT_FALSE(dat->ForEachPage(2, [](std::span<const std::byte>, uint64_t) { return true; }).ok());
 }
@@ -487,8 +487,8 @@ TEST(TraceDatTest, Malicious_BadInitialHeader) {
 }
 
 TEST(TraceDatTest, Malicious_TruncatedFilesNeverCrashAndKeepGoodData) {
-  for (const char* name : {"tracedat/real-v6.dat", "tracedat/real-v7.dat",
-                           "tracedat/real-v7-zstd.dat"}) {
+  for (const char* name :
+       {"tracedat/real-v6.dat", "tracedat/real-v7.dat", "tracedat/real-v7-zstd.dat"}) {
     Bytes whole = ReadBytes(Fixture(name));
     for (size_t cut = 0; cut < whole.size(); cut += whole.size() / 97 + 1) {
       Bytes part(whole.begin(), whole.begin() + static_cast<long>(cut));

@@ -1,13 +1,12 @@
 #include "hvtrace/tracedat_writer.h"
 
 #include <event-parse.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
-
-#include <gtest/gtest.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -124,10 +123,10 @@ TEST_F(TraceDatWriterTest, TraceCmdReportShowsTheGuestsMarkers) {
   // The oracle: trace-cmd's text of our file against the guest's own trace.
   std::vector<std::byte> guest_bytes = Unzstd(kDir + "trace.txt.zst");
   const std::string guest(reinterpret_cast<const char*>(guest_bytes.data()), guest_bytes.size());
-  const auto want = Markers(
-      guest, std::regex(R"(\[(\d+)\]\s+\S+\s+(\d+\.\d{6}): (tracing_mark_write: .*)$)"));
-  const auto got =
-      Markers(report, std::regex(R"(\[(\d+)\]\s+(\d+\.\d{6}): print:\s+(tracing_mark_write: .*)$)"));
+  const auto want =
+      Markers(guest, std::regex(R"(\[(\d+)\]\s+\S+\s+(\d+\.\d{6}): (tracing_mark_write: .*)$)"));
+  const auto got = Markers(
+      report, std::regex(R"(\[(\d+)\]\s+(\d+\.\d{6}): print:\s+(tracing_mark_write: .*)$)"));
   EXPECT_EQ(want.size(), 10u);
   EXPECT_EQ(got, want);
 
@@ -242,7 +241,8 @@ TEST(TraceDatWriterKexecTest, OneFilePerBoot) {
   auto map = ReadBootMap(range, options);
   ASSERT_TRUE(map.ok()) << map.error().message;
   ASSERT_EQ(map->boots, 2u);
-  const fs::path tmp = fs::temp_directory_path() / ("hvtrace-tdw-kexec-" + std::to_string(getpid()));
+  const fs::path tmp =
+      fs::temp_directory_path() / ("hvtrace-tdw-kexec-" + std::to_string(getpid()));
   fs::create_directories(tmp);
   for (uint32_t boot = 0; boot < map->boots; ++boot) {
     SCOPED_TRACE("boot " + std::to_string(boot));

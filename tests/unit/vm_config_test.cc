@@ -1,11 +1,11 @@
 #include "vm_config.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "gpa_layout.h"
 
@@ -76,15 +76,17 @@ TEST(GpaLayoutTest, RefusesRangeTooLargeForItsNode) {
 }
 
 TEST(GpaLayoutTest, RefusesUnalignedSizesAndAddresses) {
-  EXPECT_THAT(ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB, 16 * kMiB + 100, 0}).error().message,
-              HasSubstr("page size"));
+  EXPECT_THAT(
+      ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB, 16 * kMiB + 100, 0}).error().message,
+      HasSubstr("page size"));
   EXPECT_FALSE(ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB, 0, 0}).ok());
   EXPECT_THAT(ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB, 16 * kMiB, 1024 * kMiB + 4096})
                   .error()
                   .message,
               HasSubstr("aligned"));
-  EXPECT_THAT(ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB + 4096, 16 * kMiB, 0}).error().message,
-              HasSubstr("multiple"));
+  EXPECT_THAT(
+      ComputeBootRangeLayout({MachineType::kPc, 1088 * kMiB + 4096, 16 * kMiB, 0}).error().message,
+      HasSubstr("multiple"));
 }
 
 TEST(GpaLayoutTest, RefusesMemoryAboveLowMemoryLimit) {
@@ -104,7 +106,8 @@ TEST(GpaLayoutTest, RefusesRangeLargerThanMemoryOrTinyNode0) {
   EXPECT_FALSE(ComputeBootRangeLayout({MachineType::kPc, 256 * kMiB, 512 * kMiB, 0}).ok());
   EXPECT_THAT(ComputeBootRangeLayout({MachineType::kPc, 256 * kMiB, 128 * kMiB, 0}).error().message,
               HasSubstr("node 0"));
-  EXPECT_FALSE(ComputeBootRangeLayout({MachineType::kPc, 1024 * kMiB, 16 * kMiB, 2048 * kMiB}).ok());
+  EXPECT_FALSE(
+      ComputeBootRangeLayout({MachineType::kPc, 1024 * kMiB, 16 * kMiB, 2048 * kMiB}).ok());
 }
 
 TEST(VmConfigTest, BasicArgv) {
@@ -150,9 +153,10 @@ TEST(VmConfigTest, BootRangeMatchesDesignRecipe) {
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   const auto& argv = plan->argv;
   EXPECT_THAT(AllAfter(argv, "-object"),
-              ::testing::ElementsAre("memory-backend-ram,id=hvt_node0,size=1073741824",
-                                     "memory-backend-file,id=hvt_node1,size=67108864,mem-path=/dev/shm/t1-boot,"
-                                     "share=on"));
+              ::testing::ElementsAre(
+                  "memory-backend-ram,id=hvt_node0,size=1073741824",
+                  "memory-backend-file,id=hvt_node1,size=67108864,mem-path=/dev/shm/t1-boot,"
+                  "share=on"));
   EXPECT_THAT(AllAfter(argv, "-numa"), ::testing::ElementsAre("node,nodeid=0,memdev=hvt_node0",
                                                               "node,nodeid=1,memdev=hvt_node1"));
   EXPECT_EQ(ArgAfter(argv, "-append"),
@@ -211,9 +215,11 @@ TEST(VmConfigTest, Ivshmem) {
   c.ivshmem.push_back({"ivs1", "/dev/shm/t1,ivs1", 64 * 1024, true});
   auto plan = BuildQemuPlan(c, false);
   ASSERT_TRUE(plan.ok()) << plan.error().message;
-  EXPECT_THAT(AllAfter(plan->argv, "-object"),
-              ::testing::ElementsAre("memory-backend-file,id=hvt_ivs0,size=4194304,mem-path=/dev/shm/t1-ivs0,share=on",
-                                     "memory-backend-file,id=hvt_ivs1,size=65536,mem-path=/dev/shm/t1,,ivs1,share=on"));
+  EXPECT_THAT(
+      AllAfter(plan->argv, "-object"),
+      ::testing::ElementsAre(
+          "memory-backend-file,id=hvt_ivs0,size=4194304,mem-path=/dev/shm/t1-ivs0,share=on",
+          "memory-backend-file,id=hvt_ivs1,size=65536,mem-path=/dev/shm/t1,,ivs1,share=on"));
   EXPECT_THAT(AllAfter(plan->argv, "-device"),
               ::testing::ElementsAre("pvpanic", "ivshmem-plain,memdev=hvt_ivs0,id=ivs0",
                                      "ivshmem-plain,memdev=hvt_ivs1,id=ivs1"));

@@ -3,6 +3,7 @@
 // command line, stop through the pidfd, Release leaving the process alone.
 #include "vm_process.h"
 
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -13,8 +14,6 @@
 #include <sstream>
 #include <string>
 #include <thread>
-
-#include <gtest/gtest.h>
 
 namespace hvtrace::hostd {
 namespace {
@@ -27,7 +26,8 @@ using namespace std::chrono_literals;
 pid_t SpawnSleeper(const std::string& mark) {
   const pid_t pid = ::fork();
   if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", "while :; do sleep 1; done", mark.c_str(), static_cast<char*>(nullptr));
+    ::execl("/bin/sh", "sh", "-c", "while :; do sleep 1; done", mark.c_str(),
+            static_cast<char*>(nullptr));
     ::_exit(127);
   }
   return pid;
@@ -131,7 +131,8 @@ TEST(VmReattachTest, RefusesAProcessThatIsNotThatQemu) {
   ASSERT_TRUE(start.has_value());
   auto vm = Vm::Reattach("rt", VmIdentity{pid, *start, "/run/hvtrace/rt.qmp", {}});
   ASSERT_FALSE(vm.ok());
-  EXPECT_NE(vm.error().message.find("is not the QEMU we started"), std::string::npos) << vm.error().message;
+  EXPECT_NE(vm.error().message.find("is not the QEMU we started"), std::string::npos)
+      << vm.error().message;
   Reap(pid);
 }
 
@@ -143,7 +144,8 @@ TEST(VmReattachTest, RefusesAGoneProcessAndMissingIdentity) {
   Reap(pid);
   auto gone = Vm::Reattach("rt", VmIdentity{pid, *start, "", {}});
   ASSERT_FALSE(gone.ok());
-  EXPECT_NE(gone.error().message.find("no longer exists"), std::string::npos) << gone.error().message;
+  EXPECT_NE(gone.error().message.find("no longer exists"), std::string::npos)
+      << gone.error().message;
   auto unknown = Vm::Reattach("rt", VmIdentity{-1, 0, "", {}});
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.error().message.find("no recorded QEMU pid"), std::string::npos);

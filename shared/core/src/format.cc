@@ -170,8 +170,7 @@ std::string ParseFieldLine(std::string_view line, bool strict_scalars, FieldForm
     field->is_signed = s != 0;
   }
   if (!Trim(rest).empty()) return "unexpected text after field '" + field->name + "'";
-  if (strict_scalars && field->kind == FieldKind::kScalar && field->size > 8 &&
-      field->size != 16) {
+  if (strict_scalars && field->kind == FieldKind::kScalar && field->size > 8 && field->size != 16) {
     // Scalars are 1, 2, 4 or 8 bytes (16 for __int128 / u128 fields).
     return "scalar field '" + field->name + "' has size " + std::to_string(field->size);
   }
@@ -185,8 +184,8 @@ std::string ParseFieldLine(std::string_view line, bool strict_scalars, FieldForm
 }
 
 Error MakeError(std::string_view system, std::string_view name, int line, const std::string& what) {
-  std::string where = std::string(system.empty() ? "?" : system) + "/" +
-                      std::string(name.empty() ? "?" : name);
+  std::string where =
+      std::string(system.empty() ? "?" : system) + "/" + std::string(name.empty() ? "?" : name);
   return Error{"event format " + where + " line " + std::to_string(line) + ": " + what};
 }
 
@@ -302,8 +301,9 @@ Result<EventFormat> ParseEventFormat(std::string_view system, std::string_view t
     while (end < ev.print_fmt.size() && IsIdentChar(ev.print_fmt[end])) ++end;
     std::string_view ref(ev.print_fmt.data() + start, end - start);
     if (!seen.contains(ref)) {
-      return MakeError(system, ev.name, 0,
-                       "print fmt refers to unknown field '" + std::string(ref.substr(0, 64)) + "'");
+      return MakeError(
+          system, ev.name, 0,
+          "print fmt refers to unknown field '" + std::string(ref.substr(0, 64)) + "'");
     }
   }
   if (!ev.print_fmt.empty()) {
@@ -363,7 +363,8 @@ Result<HeaderEventFormat> ParseHeaderEvent(std::string_view text) {
     }
     size_t colon = t.find(':');
     if (colon == std::string_view::npos) {
-      return Error{"header_event line " + std::to_string(lines.line_no()) + ": expected 'key : value'"};
+      return Error{"header_event line " + std::to_string(lines.line_no()) +
+                   ": expected 'key : value'"};
     }
     std::string_view key = Trim(t.substr(0, colon));
     std::string_view value = Trim(t.substr(colon + 1));

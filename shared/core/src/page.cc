@@ -50,16 +50,26 @@ std::string_view FieldName(std::string_view line) {
 
 const char* PageErrorName(PageError error) {
   switch (error) {
-    case PageError::kOk: return "ok";
-    case PageError::kShortPage: return "short_page";
-    case PageError::kCommitPastEnd: return "commit_past_end";
-    case PageError::kTruncatedHeader: return "truncated_header";
-    case PageError::kZeroLength: return "zero_length";
-    case PageError::kRecordPastCommit: return "record_past_commit";
-    case PageError::kBadPadding: return "bad_padding";
-    case PageError::kTimeWentBackwards: return "time_went_backwards";
-    case PageError::kMissedCountPastEnd: return "missed_count_past_end";
-    case PageError::kCount: break;
+    case PageError::kOk:
+      return "ok";
+    case PageError::kShortPage:
+      return "short_page";
+    case PageError::kCommitPastEnd:
+      return "commit_past_end";
+    case PageError::kTruncatedHeader:
+      return "truncated_header";
+    case PageError::kZeroLength:
+      return "zero_length";
+    case PageError::kRecordPastCommit:
+      return "record_past_commit";
+    case PageError::kBadPadding:
+      return "bad_padding";
+    case PageError::kTimeWentBackwards:
+      return "time_went_backwards";
+    case PageError::kMissedCountPastEnd:
+      return "missed_count_past_end";
+    case PageError::kCount:
+      break;
   }
   return "unknown";
 }
@@ -94,14 +104,13 @@ Result<PageLayout> PageLayout::FromHeaderPage(std::string_view header_page, uint
     if (name.empty()) continue;
     uint64_t offset = 0, size = 0;
     if (!FindNumber(line, "offset:", &offset) || !FindNumber(line, "size:", &size)) {
-      return Error{"header_page line " + std::to_string(line_no) + ": field '" +
-                   std::string(name) + "' has no offset/size"};
+      return Error{"header_page line " + std::to_string(line_no) + ": field '" + std::string(name) +
+                   "' has no offset/size"};
     }
     if (offset > page_size || size > page_size) {
-      return Error{"header_page line " + std::to_string(line_no) + ": field '" +
-                   std::string(name) + "' offset " + std::to_string(offset) + " size " +
-                   std::to_string(size) + " outside a " + std::to_string(page_size) +
-                   "-byte page"};
+      return Error{"header_page line " + std::to_string(line_no) + ": field '" + std::string(name) +
+                   "' offset " + std::to_string(offset) + " size " + std::to_string(size) +
+                   " outside a " + std::to_string(page_size) + "-byte page"};
     }
     if (name == "timestamp") {
       layout.timestamp_offset = static_cast<uint32_t>(offset);
@@ -118,7 +127,10 @@ Result<PageLayout> PageLayout::FromHeaderPage(std::string_view header_page, uint
   }
   if (!have_ts || !have_commit || !have_data) {
     return Error{std::string("header_page: missing field '") +
-                 (!have_ts ? "timestamp" : !have_commit ? "commit" : "data") + "'"};
+                 (!have_ts       ? "timestamp"
+                  : !have_commit ? "commit"
+                                 : "data") +
+                 "'"};
   }
   if (layout.timestamp_size != 8) {
     return Error{"header_page: timestamp size " + std::to_string(layout.timestamp_size) +
@@ -150,17 +162,17 @@ PageCursor::PageCursor(std::span<const std::byte> page_copy, const PageLayout& l
   // The layout may come from a guest too: check it against the copy before
   // reading anything.
   const uint64_t limit = std::min<uint64_t>(page_copy.size(), layout.page_size);
-  const bool sizes_ok = layout.timestamp_size == 8 &&
-                        (layout.commit_size == 4 || layout.commit_size == 8);
+  const bool sizes_ok =
+      layout.timestamp_size == 8 && (layout.commit_size == 4 || layout.commit_size == 8);
   if (!sizes_ok || uint64_t{layout.timestamp_offset} + layout.timestamp_size > limit ||
-      uint64_t{layout.commit_offset} + layout.commit_size > limit ||
-      layout.data_offset > limit) {
+      uint64_t{layout.commit_offset} + layout.commit_size > limit || layout.data_offset > limit) {
     Fail(PageError::kShortPage, 0);
     return;
   }
   data_offset_ = layout.data_offset;
   header_.time_stamp = LoadLe(page_, layout.timestamp_offset, 8);
-  const uint32_t raw = static_cast<uint32_t>(LoadLe(page_, layout.commit_offset, layout.commit_size));
+  const uint32_t raw =
+      static_cast<uint32_t>(LoadLe(page_, layout.commit_offset, layout.commit_size));
   header_.missed_events = (raw & kPageMissedEvents) != 0;
   header_.missed_stored = (raw & kPageMissedStored) != 0;
   const uint32_t commit = raw & kPageCommitMask;
@@ -194,7 +206,8 @@ PageWriter::PageWriter(std::span<std::byte> page, const PageLayout& layout,
     page_ = {};
     return;
   }
-  capacity_ = static_cast<uint32_t>(std::min<uint64_t>(limit - layout.data_offset, kPageCommitMask));
+  capacity_ =
+      static_cast<uint32_t>(std::min<uint64_t>(limit - layout.data_offset, kPageCommitMask));
   StoreLe(page_, layout.timestamp_offset, 8, page_time_stamp);
   StoreLe(page_, layout.commit_offset, layout.commit_size, 0);
 }

@@ -38,7 +38,8 @@ size_t SkipBrackets(std::string_view fmt, size_t open) {
 }
 
 size_t SkipBlanks(std::string_view fmt, size_t i) {
-  while (i < fmt.size() && (fmt[i] == ' ' || fmt[i] == '\t' || fmt[i] == '\n' || fmt[i] == '\r')) ++i;
+  while (i < fmt.size() && (fmt[i] == ' ' || fmt[i] == '\t' || fmt[i] == '\n' || fmt[i] == '\r'))
+    ++i;
   return i;
 }
 
@@ -109,14 +110,15 @@ DivisorKind ClassifyDivisor(std::string_view fmt, size_t i, const EventFormat& e
     std::string_view inner = Trim(fmt.substr(open + 1, end - open - 2));
     bool of_field = inner.starts_with("REC->");
     const FieldFormat* f = of_field ? ev.FindField(inner.substr(5)) : nullptr;
-    kind = of_field && (f == nullptr || f->size == 0) ? DivisorKind::kUnchecked : DivisorKind::kSafe;
+    kind =
+        of_field && (f == nullptr || f->size == 0) ? DivisorKind::kUnchecked : DivisorKind::kSafe;
   } else {
     return DivisorKind::kUnchecked;  // A unary operator, a call, a macro.
   }
   // Postfix ("REC->a[1]", "x.y", "f(...)") makes it another value.
   size_t next = SkipBlanks(fmt, end);
-  if (next < fmt.size() && (fmt[next] == '[' || fmt[next] == '(' || fmt[next] == '.' ||
-                            fmt.substr(next, 2) == "->")) {
+  if (next < fmt.size() &&
+      (fmt[next] == '[' || fmt[next] == '(' || fmt[next] == '.' || fmt.substr(next, 2) == "->")) {
     return DivisorKind::kUnchecked;
   }
   *end_out = end;
@@ -124,7 +126,8 @@ DivisorKind ClassifyDivisor(std::string_view fmt, size_t i, const EventFormat& e
 }
 
 void AddOnce(std::vector<std::string>* names, std::string name) {
-  if (std::find(names->begin(), names->end(), name) == names->end()) names->push_back(std::move(name));
+  if (std::find(names->begin(), names->end(), name) == names->end())
+    names->push_back(std::move(name));
 }
 
 // The top-level comma-separated parts of |s| (brackets and literals kept
@@ -151,7 +154,8 @@ std::vector<std::string_view> SplitArgs(std::string_view s) {
 
 std::string_view StripParens(std::string_view s) {
   s = Trim(s);
-  while (s.size() >= 2 && s.front() == '(' && SkipBrackets(s, 0) == s.size()) s = Trim(s.substr(1, s.size() - 2));
+  while (s.size() >= 2 && s.front() == '(' && SkipBrackets(s, 0) == s.size())
+    s = Trim(s.substr(1, s.size() - 2));
   return s;
 }
 
@@ -181,19 +185,22 @@ DivisorKind ClassifyLength(std::string_view arg, const EventFormat& ev, std::str
   if (arg.starts_with("REC->") && IsIdentifier(arg.substr(5))) {
     *field = std::string(arg.substr(5));
     const FieldFormat* f = ev.FindField(*field);
-    return f != nullptr && f->kind == FieldKind::kScalar && f->size >= 1 && f->size <= 8 ? DivisorKind::kField
-                                                                                        : DivisorKind::kUnchecked;
+    return f != nullptr && f->kind == FieldKind::kScalar && f->size >= 1 && f->size <= 8
+               ? DivisorKind::kField
+               : DivisorKind::kUnchecked;
   }
   if (!arg.empty() && arg[0] >= '0' && arg[0] <= '9') {
     uint64_t value = 0;
-    return ParseIntLiteral(arg, &value) && value <= kMaxPrintLength ? DivisorKind::kSafe : DivisorKind::kUnchecked;
+    return ParseIntLiteral(arg, &value) && value <= kMaxPrintLength ? DivisorKind::kSafe
+                                                                    : DivisorKind::kUnchecked;
   }
   if (arg.starts_with("sizeof") && arg.size() > 6 && !IsIdentChar(arg[6])) {
     size_t open = SkipBlanks(arg, 6);
     bool whole = open < arg.size() && arg[open] == '(' && SkipBrackets(arg, open) == arg.size();
     return whole ? DivisorKind::kSafe : DivisorKind::kUnchecked;
   }
-  if (arg.starts_with("__get_dynamic_array_len") || arg.starts_with("__get_rel_dynamic_array_len")) {
+  if (arg.starts_with("__get_dynamic_array_len") ||
+      arg.starts_with("__get_rel_dynamic_array_len")) {
     size_t open = arg.find('(');
     size_t end = open == std::string_view::npos ? open : SkipBrackets(arg, open);
     if (end == std::string_view::npos) return DivisorKind::kUnchecked;
@@ -201,7 +208,8 @@ DivisorKind ClassifyLength(std::string_view arg, const EventFormat& ev, std::str
     if (rest.empty()) return DivisorKind::kSafe;
     std::string unused;
     size_t divisor_end = 0;
-    if (rest[0] == '/' && ClassifyDivisor(rest, 1, ev, &unused, &divisor_end) == DivisorKind::kSafe &&
+    if (rest[0] == '/' &&
+        ClassifyDivisor(rest, 1, ev, &unused, &divisor_end) == DivisorKind::kSafe &&
         SkipBlanks(rest, divisor_end) == rest.size()) {
       return DivisorKind::kSafe;
     }
@@ -247,8 +255,8 @@ std::vector<size_t> StarArguments(std::string_view literal) {
 // empty string when the format is acceptable.
 std::string CheckPrintFormat(std::string_view fmt) {
   enum class Tok { kString, kChar, kNumber, kIdent, kOpen, kClose, kComma, kOp };
-  std::vector<char> stack;      // Open brackets.
-  std::vector<int> ternaries;   // Unmatched '?' per bracket level.
+  std::vector<char> stack;     // Open brackets.
+  std::vector<int> ternaries;  // Unmatched '?' per bracket level.
   ternaries.push_back(0);
   size_t i = 0;
   bool first = true;
@@ -289,7 +297,8 @@ std::string CheckPrintFormat(std::string_view fmt) {
       if (ternaries.back() != 0) return "'?' without ':'";
       // "f()" is fine; "(a +)" and "(a,)" are not.
       // A cast's '*' may close: "(void *)".
-      if (have_prev && ((prev == Tok::kOp && prev_char != '*') || (prev == Tok::kComma && c != '}'))) {
+      if (have_prev &&
+          ((prev == Tok::kOp && prev_char != '*') || (prev == Tok::kComma && c != '}'))) {
         return "missing operand";
       }
       stack.pop_back();
@@ -360,7 +369,8 @@ void FindPrintHazards(EventFormat* ev) {
         break;
       case DivisorKind::kUnchecked:
         if (ev->unchecked_print.empty()) {
-          ev->unchecked_print = std::string(what) + " length '" + std::string(arg.substr(0, 64)) + "' is not bounded";
+          ev->unchecked_print =
+              std::string(what) + " length '" + std::string(arg.substr(0, 64)) + "' is not bounded";
         }
         break;
     }
@@ -384,7 +394,8 @@ void FindPrintHazards(EventFormat* ev) {
         if (args.size() != (hex ? 2u : 3u)) {
           ev->unchecked_print = std::string(name) + " takes " + (hex ? "2" : "3") + " arguments";
         } else {
-          for (size_t k = 1; k < args.size(); ++k) length(args[k], hex ? "__print_hex" : "__print_array");
+          for (size_t k = 1; k < args.size(); ++k)
+            length(args[k], hex ? "__print_hex" : "__print_array");
         }
       }
       i = end - 1;
@@ -401,7 +412,8 @@ void FindPrintHazards(EventFormat* ev) {
         break;
       case DivisorKind::kUnchecked:
         if (ev->unchecked_print.empty()) {
-          ev->unchecked_print = "divisor '" + std::string(Trim(fmt.substr(i + 1, 32))) + "' may be 0";
+          ev->unchecked_print =
+              "divisor '" + std::string(Trim(fmt.substr(i + 1, 32))) + "' may be 0";
         }
         break;
     }

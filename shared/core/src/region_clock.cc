@@ -32,7 +32,8 @@ std::optional<Int128> Extend(uint64_t m0, Int128 dt, Int128 dm, Int128 dtt) {
 
 // Mono ns at |tsc| on the line through (t0, m0) and (t1, m1), t1 != t0.
 std::optional<Int128> OnLine(uint64_t t0, uint64_t m0, uint64_t t1, uint64_t m1, uint64_t tsc) {
-  return Extend(m0, static_cast<Int128>(tsc) - t0, static_cast<Int128>(m1) - m0, static_cast<Int128>(t1) - t0);
+  return Extend(m0, static_cast<Int128>(tsc) - t0, static_cast<Int128>(m1) - m0,
+                static_cast<Int128>(t1) - t0);
 }
 
 }  // namespace
@@ -73,7 +74,8 @@ TscToMono::TscToMono(std::span<const region::ClockSync> samples) {
       const Point& a = all[i].p;
       const Point& b = all[j].p;
       if (b.tsc <= a.tsc || b.mono_ns <= a.mono_ns) continue;
-      const double hz = static_cast<double>(b.tsc - a.tsc) * 1e9 / static_cast<double>(b.mono_ns - a.mono_ns);
+      const double hz =
+          static_cast<double>(b.tsc - a.tsc) * 1e9 / static_cast<double>(b.mono_ns - a.mono_ns);
       if (hz < kMinHz || hz > kMaxHz) continue;
       std::vector<uint32_t> set;
       for (const Sample& s : all) {
@@ -82,8 +84,8 @@ TscToMono::TscToMono(std::span<const region::ClockSync> samples) {
       std::sort(set.begin(), set.end());
       const uint64_t span = b.tsc - a.tsc;
       const bool better = set.size() != best_set.size() ? set.size() > best_set.size()
-                          : set != best_set          ? set < best_set
-                                                     : span > best_span;
+                          : set != best_set             ? set < best_set
+                                                        : span > best_span;
       if (better) {
         best_set = std::move(set);
         best_span = span;
@@ -132,7 +134,8 @@ std::optional<uint64_t> TscToMono::ToMonoNs(uint64_t tsc) const {
     // (continuous with the inside, and the most precise rate there is).
     const Point& anchor = tsc <= front.tsc ? front : back;
     mono = Extend(anchor.mono_ns, static_cast<Int128>(tsc) - anchor.tsc,
-                  static_cast<Int128>(back.mono_ns) - front.mono_ns, static_cast<Int128>(back.tsc) - front.tsc);
+                  static_cast<Int128>(back.mono_ns) - front.mono_ns,
+                  static_cast<Int128>(back.tsc) - front.tsc);
   } else {
     auto upper = std::upper_bound(points_.begin(), points_.end(), tsc,
                                   [](uint64_t t, const Point& p) { return t < p.tsc; });
@@ -147,7 +150,8 @@ std::optional<uint64_t> TscToMono::ToMonoNs(uint64_t tsc) const {
 namespace {
 
 // The samples with |mono_ns| replaced by the clock the trace uses.
-std::vector<region::ClockSync> SamplesFor(uint32_t trace_clock, std::span<const region::ClockSync> samples) {
+std::vector<region::ClockSync> SamplesFor(uint32_t trace_clock,
+                                          std::span<const region::ClockSync> samples) {
   std::vector<region::ClockSync> out(samples.begin(), samples.end());
   if (trace_clock == region::kClockBoot) {
     for (region::ClockSync& s : out) s.mono_ns = s.boottime_ns;
@@ -169,21 +173,30 @@ RegionTimeline::Mode RegionTimeline::ModeOf(uint32_t ring_clock) const {
 
 std::optional<uint64_t> RegionTimeline::ToTraceClock(uint32_t ring_clock, uint64_t ts) const {
   switch (ModeOf(ring_clock)) {
-    case Mode::kAsIs: return ts;
-    case Mode::kConvert: return tsc_.ToMonoNs(ts);
-    case Mode::kUnplaceable: break;
+    case Mode::kAsIs:
+      return ts;
+    case Mode::kConvert:
+      return tsc_.ToMonoNs(ts);
+    case Mode::kUnplaceable:
+      break;
   }
   return std::nullopt;
 }
 
 const char* TraceClockName(uint32_t clock) {
   switch (clock) {
-    case region::kClockLocal: return "local";
-    case region::kClockMono: return "mono";
-    case region::kClockTsc: return "x86-tsc";
-    case region::kClockBoot: return "boot";
-    case region::kClockGlobal: return "global";
-    default: return "local";
+    case region::kClockLocal:
+      return "local";
+    case region::kClockMono:
+      return "mono";
+    case region::kClockTsc:
+      return "x86-tsc";
+    case region::kClockBoot:
+      return "boot";
+    case region::kClockGlobal:
+      return "global";
+    default:
+      return "local";
   }
 }
 

@@ -92,7 +92,8 @@ Status ValidateGeometry(const RegionGeometry& g) {
       g.format_text_size > g.region_size) {
     return GeometryError(g, "format table sizes out of range");
   }
-  if (g.dw_rings > region::kMaxDwRings || (g.dw_rings > 0 && (g.dw_slots == 0 || g.dw_slots > kMaxDwSlots))) {
+  if (g.dw_rings > region::kMaxDwRings ||
+      (g.dw_rings > 0 && (g.dw_slots == 0 || g.dw_slots > kMaxDwSlots))) {
     return GeometryError(g, "direct-write ring counts out of range");
   }
   // All values are now small enough (< 2^35 each, counts < 2^22) that the
@@ -107,24 +108,28 @@ Status ValidateGeometry(const RegionGeometry& g) {
   for (auto [name, offset, size] : {std::tuple{"symbol", g.symbol_offset, g.symbol_size},
                                     std::tuple{"comm", g.comm_offset, g.comm_size}}) {
     if (size == 0) {
-      if (offset != 0) return GeometryError(g, std::string(name) + " area has an offset but no size");
+      if (offset != 0)
+        return GeometryError(g, std::string(name) + " area has an offset but no size");
       continue;
     }
-    if (offset % g.slot_size != 0 || offset < area_end || size < 2 * sizeof(region::TextAreaHeader) ||
-        size > g.region_size / 2 || offset > g.region_size - size) {
+    if (offset % g.slot_size != 0 || offset < area_end ||
+        size < 2 * sizeof(region::TextAreaHeader) || size > g.region_size / 2 ||
+        offset > g.region_size - size) {
       return GeometryError(g, std::string(name) + " area " + std::to_string(offset) + "+" +
                                   std::to_string(size) + " overlaps, is unaligned or does not fit");
     }
     area_end = offset + size;
   }
   const uint64_t format_end = area_end;
-  if (g.cpu_offset % g.slot_size != 0 || g.cpu_offset < format_end || g.cpu_offset > g.region_size) {
+  if (g.cpu_offset % g.slot_size != 0 || g.cpu_offset < format_end ||
+      g.cpu_offset > g.region_size) {
     return GeometryError(g, "cpu area offset " + std::to_string(g.cpu_offset) +
                                 " overlaps the format or text areas or is unaligned");
   }
   if (g.cpu_stride % g.slot_size != 0 || g.cpu_stride > g.region_size ||
       g.cpu_stride < RingStride(sizeof(CpuRingHeader), g.slots_per_cpu, g.slot_size)) {
-    return GeometryError(g, "cpu stride " + std::to_string(g.cpu_stride) + " too small or unaligned");
+    return GeometryError(g,
+                         "cpu stride " + std::to_string(g.cpu_stride) + " too small or unaligned");
   }
   const uint64_t cpu_end = g.cpu_offset + uint64_t{g.max_cpus} * g.cpu_stride;
   if (cpu_end > g.region_size) return GeometryError(g, "cpu rings run past the region");
@@ -152,15 +157,17 @@ Result<RegionGeometry> PlanRegion(uint64_t region_size, const RegionPlanOptions&
   g.max_cpus = options.max_cpus;
   if (!IsPowerOfTwo(region_size) || region_size < region::kMinRegionSize ||
       region_size > region::kMaxRegionSize) {
-    return GeometryError(g, "size must be a power of two in [1 MiB, 16 GiB] (QEMU aborts otherwise)");
+    return GeometryError(g,
+                         "size must be a power of two in [1 MiB, 16 GiB] (QEMU aborts otherwise)");
   }
   if (!IsPowerOfTwo(g.slot_size) || g.slot_size < region::kMinSlotSize ||
       g.slot_size > region::kMaxSlotSize || g.max_cpus == 0 || g.max_cpus > region::kMaxCpus) {
     return GeometryError(g, "slot size or CPU count out of range");
   }
-  g.format_text_size = options.format_text_size != 0
-                           ? options.format_text_size
-                           : static_cast<uint32_t>(std::clamp<uint64_t>(region_size / 32, 32 << 10, 1 << 20));
+  g.format_text_size =
+      options.format_text_size != 0
+          ? options.format_text_size
+          : static_cast<uint32_t>(std::clamp<uint64_t>(region_size / 32, 32 << 10, 1 << 20));
   g.format_text_size = static_cast<uint32_t>(AlignUp(g.format_text_size, region::kCacheLine));
   g.format_entries = options.format_entries != 0
                          ? options.format_entries
@@ -170,12 +177,14 @@ Result<RegionGeometry> PlanRegion(uint64_t region_size, const RegionPlanOptions&
     return GeometryError(g, "format table does not fit");
   }
   uint64_t next = AlignUp(g.FormatTextOffset() + g.format_text_size, g.slot_size);
-  const uint64_t symbols = options.symbol_area_size != RegionPlanOptions::kAutoArea ? options.symbol_area_size
-                           : region_size < (8ull << 20)                           ? 0
-                                                         : std::min(region_size / 16, kMaxSymbolArea);
-  const uint64_t comms = options.comm_area_size != RegionPlanOptions::kAutoArea ? options.comm_area_size
-                         : region_size < (4ull << 20)                         ? 0
-                                                                              : kAutoCommArea;
+  const uint64_t symbols =
+      options.symbol_area_size != RegionPlanOptions::kAutoArea ? options.symbol_area_size
+      : region_size < (8ull << 20)                             ? 0
+                                   : std::min(region_size / 16, kMaxSymbolArea);
+  const uint64_t comms = options.comm_area_size != RegionPlanOptions::kAutoArea
+                             ? options.comm_area_size
+                         : region_size < (4ull << 20) ? 0
+                                                      : kAutoCommArea;
   if (symbols != 0) {
     g.symbol_offset = next;
     g.symbol_size = static_cast<uint32_t>(AlignUp(symbols, g.slot_size));

@@ -70,10 +70,10 @@ class Reader {
     ReadIdentity();
     ReadClockSync();
     ReadFormats();
-    ReadTextArea(g_.symbol_offset, g_.symbol_size, RegionIssue::kSymbolsTorn, RegionIssue::kSymbolsBad,
-                 "symbol area", &s_->symbols);
-    ReadTextArea(g_.comm_offset, g_.comm_size, RegionIssue::kCommsTorn, RegionIssue::kCommsBad, "comm area",
-                 &s_->comms);
+    ReadTextArea(g_.symbol_offset, g_.symbol_size, RegionIssue::kSymbolsTorn,
+                 RegionIssue::kSymbolsBad, "symbol area", &s_->symbols);
+    ReadTextArea(g_.comm_offset, g_.comm_size, RegionIssue::kCommsTorn, RegionIssue::kCommsBad,
+                 "comm area", &s_->comms);
     ChooseLayouts();
     for (uint32_t c = 0; c < g_.max_cpus; ++c) ReadRing(c, /*direct_write=*/false);
     for (uint32_t r = 0; r < g_.dw_rings; ++r) ReadRing(r, /*direct_write=*/true);
@@ -87,8 +87,8 @@ class Reader {
 
   // The header of a text area, bounded by the area the host sized; its
   // content is checked when it is inflated (region_text.h).
-  void ReadTextArea(uint64_t offset, uint32_t size, RegionIssue torn, RegionIssue bad, const char* where,
-                    RegionTextArea* out) {
+  void ReadTextArea(uint64_t offset, uint32_t size, RegionIssue torn, RegionIssue bad,
+                    const char* where, RegionTextArea* out) {
     if (size == 0) return;
     const auto h = Load<region::TextAreaHeader>(bytes_, offset);
     if (h.seq == 0) return;  // Nothing published (a 1.0 agent, or not yet).
@@ -99,8 +99,8 @@ class Reader {
     const uint64_t room = size - sizeof(region::TextAreaHeader);
     std::string why;
     if (h.stored_size == 0 || h.stored_size > room) {
-      why = "states " + std::to_string(h.stored_size) + " compressed bytes in a " + std::to_string(room) +
-            "-byte area";
+      why = "states " + std::to_string(h.stored_size) + " compressed bytes in a " +
+            std::to_string(room) + "-byte area";
     } else if (h.boot_generation == 0 ||
                (s_->guest.present && h.boot_generation > s_->guest.boot_generation)) {
       why = "generation " + std::to_string(h.boot_generation) + ", guest at " +
@@ -122,7 +122,8 @@ class Reader {
   }
 
   void CheckHostHeader() {
-    auto from_header = GeometryFromHeader(bytes_.subspan(0, sizeof(region::HostHeader)), g_.region_size);
+    auto from_header =
+        GeometryFromHeader(bytes_.subspan(0, sizeof(region::HostHeader)), g_.region_size);
     if (!from_header.ok()) {
       Report(RegionIssue::kHeaderMismatch, "host header", 0, from_header.error().message);
     } else if (!(*from_header == g_)) {
@@ -145,7 +146,8 @@ class Reader {
     if (id.boot_generation == 0 || id.boot_generation > UINT32_MAX) {
       why = "boot generation " + std::to_string(id.boot_generation);
     } else if (id.nr_cpus == 0 || id.nr_cpus > g_.max_cpus) {
-      why = "nr_cpus " + std::to_string(id.nr_cpus) + " (region has " + std::to_string(g_.max_cpus) + ")";
+      why = "nr_cpus " + std::to_string(id.nr_cpus) + " (region has " +
+            std::to_string(g_.max_cpus) + ")";
     } else if (!CleanString(id.kernel_release, sizeof(id.kernel_release), &info.kernel_release)) {
       why = "kernel release is not printable text";
     } else if (id.page_size != 0 && id.page_size != g_.slot_size) {
@@ -186,7 +188,8 @@ class Reader {
           tsc_pages |= p.clock == region::kClockTsc;
           continue;
         }
-        Report(RegionIssue::kDwClockUnknown, "dw ring " + std::to_string(ring.index) + " slot " + std::to_string(p.slot),
+        Report(RegionIssue::kDwClockUnknown,
+               "dw ring " + std::to_string(ring.index) + " slot " + std::to_string(p.slot),
                g_.DwDescOffset(ring.index, p.slot) + offsetof(SlotDesc, clock),
                "clock " + std::to_string(p.clock) + ": time stamps taken as the trace clock's");
         break;  // Once per ring.
@@ -196,17 +199,20 @@ class Reader {
     const RegionTimeline timeline(s_->guest.trace_clock, s_->clock_sync);
     if (timeline.tsc().dropped() != 0) {
       Report(RegionIssue::kClockSyncDropped, "clock sync", region::kClockSyncOffset,
-             std::to_string(timeline.tsc().dropped()) + " of " + std::to_string(s_->clock_sync.size()) +
+             std::to_string(timeline.tsc().dropped()) + " of " +
+                 std::to_string(s_->clock_sync.size()) +
                  " samples dropped (empty, backwards or off the line the others agree on)");
     }
     for (const RegionRing& ring : s_->dw_rings) {
-      const bool unplaceable = std::any_of(ring.pages.begin(), ring.pages.end(), [&](const RegionPage& p) {
-        return timeline.ModeOf(p.clock) == RegionTimeline::Mode::kUnplaceable;
-      });
+      const bool unplaceable =
+          std::any_of(ring.pages.begin(), ring.pages.end(), [&](const RegionPage& p) {
+            return timeline.ModeOf(p.clock) == RegionTimeline::Mode::kUnplaceable;
+          });
       if (!unplaceable) continue;
-      Report(RegionIssue::kDwClockUnplaceable, "dw ring " + std::to_string(ring.index), g_.DwRingOffset(ring.index) + offsetof(DwRingHeader, clock),
-             "time stamps are TSC ticks and only " + std::to_string(timeline.tsc().used()) + " of " +
-                 std::to_string(s_->clock_sync.size()) +
+      Report(RegionIssue::kDwClockUnplaceable, "dw ring " + std::to_string(ring.index),
+             g_.DwRingOffset(ring.index) + offsetof(DwRingHeader, clock),
+             "time stamps are TSC ticks and only " + std::to_string(timeline.tsc().used()) +
+                 " of " + std::to_string(s_->clock_sync.size()) +
                  " clock-sync samples are sound: kept apart from the kernel's timeline");
     }
   }
@@ -273,7 +279,8 @@ class Reader {
         if (!inserted) continue;  // Same format registered twice: keep one.
         f.parsed = std::move(*parsed);
       } else if (e.fingerprint != 0) {
-        Report(RegionIssue::kFormatFingerprintMismatch, where, at, "header file with a fingerprint");
+        Report(RegionIssue::kFormatFingerprintMismatch, where, at,
+               "header file with a fingerprint");
         continue;
       }
       s_->formats.push_back(std::move(f));
@@ -341,19 +348,21 @@ class Reader {
       }
       if (d.sequence > ring.published) {
         Report(RegionIssue::kRingCounterBehind, where, desc_at,
-               "page " + std::to_string(d.sequence) + " but published " + std::to_string(ring.published));
+               "page " + std::to_string(d.sequence) + " but published " +
+                   std::to_string(ring.published));
         continue;
       }
       if (d.boot_generation == 0 || (generation != 0 && d.boot_generation > generation)) {
         Report(RegionIssue::kSlotBadGeneration, where, desc_at,
-               "generation " + std::to_string(d.boot_generation) + ", guest at " + std::to_string(generation));
+               "generation " + std::to_string(d.boot_generation) + ", guest at " +
+                   std::to_string(generation));
         continue;
       }
       const PageLayout layout = dw ? s_->dw_layout : LayoutFor(d.boot_generation);
       if (d.length < layout.data_offset || d.length > g_.slot_size) {
         Report(RegionIssue::kSlotLengthOutOfRange, where, desc_at,
-               "length " + std::to_string(d.length) + " outside [" + std::to_string(layout.data_offset) +
-                   ", " + std::to_string(g_.slot_size) + "]");
+               "length " + std::to_string(d.length) + " outside [" +
+                   std::to_string(layout.data_offset) + ", " + std::to_string(g_.slot_size) + "]");
         continue;
       }
       std::byte* page = s_->copy.data() + page_at;
@@ -422,39 +431,67 @@ void CopyRange(const std::byte* live, std::vector<std::byte>* out, uint64_t from
 
 const char* RegionIssueName(RegionIssue issue) {
   switch (issue) {
-    case RegionIssue::kHeaderMismatch: return "header_mismatch";
-    case RegionIssue::kIdentityTorn: return "identity_torn";
-    case RegionIssue::kIdentityBad: return "identity_bad";
-    case RegionIssue::kFormatTorn: return "format_torn";
-    case RegionIssue::kFormatOutOfRange: return "format_out_of_range";
-    case RegionIssue::kFormatBadKind: return "format_bad_kind";
-    case RegionIssue::kFormatParseError: return "format_parse_error";
-    case RegionIssue::kFormatIdMismatch: return "format_id_mismatch";
-    case RegionIssue::kFormatFingerprintMismatch: return "format_fingerprint_mismatch";
-    case RegionIssue::kFormatConflict: return "format_conflict";
-    case RegionIssue::kSlotTorn: return "slot_torn";
-    case RegionIssue::kSlotMisplaced: return "slot_misplaced";
-    case RegionIssue::kSlotLengthOutOfRange: return "slot_length_out_of_range";
-    case RegionIssue::kSlotCommitPastLength: return "slot_commit_past_length";
-    case RegionIssue::kSlotBadGeneration: return "slot_bad_generation";
-    case RegionIssue::kSlotPageError: return "slot_page_error";
-    case RegionIssue::kRingCounterBehind: return "ring_counter_behind";
-    case RegionIssue::kCounterBackwards: return "counter_backwards";
-    case RegionIssue::kClockSyncDropped: return "clock_sync_dropped";
-    case RegionIssue::kDwClockUnplaceable: return "dw_clock_unplaceable";
-    case RegionIssue::kDwClockUnknown: return "dw_clock_unknown";
-    case RegionIssue::kSymbolsTorn: return "symbols_torn";
-    case RegionIssue::kSymbolsBad: return "symbols_bad";
-    case RegionIssue::kCommsTorn: return "comms_torn";
-    case RegionIssue::kCommsBad: return "comms_bad";
-    case RegionIssue::kCount: break;
+    case RegionIssue::kHeaderMismatch:
+      return "header_mismatch";
+    case RegionIssue::kIdentityTorn:
+      return "identity_torn";
+    case RegionIssue::kIdentityBad:
+      return "identity_bad";
+    case RegionIssue::kFormatTorn:
+      return "format_torn";
+    case RegionIssue::kFormatOutOfRange:
+      return "format_out_of_range";
+    case RegionIssue::kFormatBadKind:
+      return "format_bad_kind";
+    case RegionIssue::kFormatParseError:
+      return "format_parse_error";
+    case RegionIssue::kFormatIdMismatch:
+      return "format_id_mismatch";
+    case RegionIssue::kFormatFingerprintMismatch:
+      return "format_fingerprint_mismatch";
+    case RegionIssue::kFormatConflict:
+      return "format_conflict";
+    case RegionIssue::kSlotTorn:
+      return "slot_torn";
+    case RegionIssue::kSlotMisplaced:
+      return "slot_misplaced";
+    case RegionIssue::kSlotLengthOutOfRange:
+      return "slot_length_out_of_range";
+    case RegionIssue::kSlotCommitPastLength:
+      return "slot_commit_past_length";
+    case RegionIssue::kSlotBadGeneration:
+      return "slot_bad_generation";
+    case RegionIssue::kSlotPageError:
+      return "slot_page_error";
+    case RegionIssue::kRingCounterBehind:
+      return "ring_counter_behind";
+    case RegionIssue::kCounterBackwards:
+      return "counter_backwards";
+    case RegionIssue::kClockSyncDropped:
+      return "clock_sync_dropped";
+    case RegionIssue::kDwClockUnplaceable:
+      return "dw_clock_unplaceable";
+    case RegionIssue::kDwClockUnknown:
+      return "dw_clock_unknown";
+    case RegionIssue::kSymbolsTorn:
+      return "symbols_torn";
+    case RegionIssue::kSymbolsBad:
+      return "symbols_bad";
+    case RegionIssue::kCommsTorn:
+      return "comms_torn";
+    case RegionIssue::kCommsBad:
+      return "comms_bad";
+    case RegionIssue::kCount:
+      break;
   }
   return "unknown";
 }
 
-void RegionSnapshot::Report(RegionIssue issue, std::string where, uint64_t offset, std::string detail) {
+void RegionSnapshot::Report(RegionIssue issue, std::string where, uint64_t offset,
+                            std::string detail) {
   issues[static_cast<size_t>(issue)]++;
-  if (problems.size() < kMaxProblems) problems.push_back({issue, std::move(where), offset, std::move(detail)});
+  if (problems.size() < kMaxProblems)
+    problems.push_back({issue, std::move(where), offset, std::move(detail)});
 }
 
 uint64_t RegionSnapshot::issue_total() const {
@@ -492,7 +529,8 @@ void CopyLiveRegion(const std::byte* live, const RegionGeometry& g, std::vector<
     }
   }
   // Text areas: the whole area, then the header's seq again.
-  for (auto [offset, size] : {std::pair{g.symbol_offset, g.symbol_size}, std::pair{g.comm_offset, g.comm_size}}) {
+  for (auto [offset, size] :
+       {std::pair{g.symbol_offset, g.symbol_size}, std::pair{g.comm_offset, g.comm_size}}) {
     if (size == 0) continue;
     CopyRange(live, out, offset, offset + size);
     RecheckSeq64(live, out, offset + offsetof(region::TextAreaHeader, seq));
@@ -554,8 +592,8 @@ RegionTracker::Delta RegionTracker::Update(RegionSnapshot* snap) {
       RingState& st = states[ring.index];
       const bool first = st.published == 0 && st.next_sequence == 0;
       if (ring.published < st.published) {
-        backwards((dw ? "dw ring " : "cpu ") + std::to_string(ring.index) + " published", st.published,
-                  ring.published);
+        backwards((dw ? "dw ring " : "cpu ") + std::to_string(ring.index) + " published",
+                  st.published, ring.published);
         // Start over from what the ring holds now.
         st = RingState{};
       }
@@ -570,7 +608,8 @@ RegionTracker::Delta RegionTracker::Update(RegionSnapshot* snap) {
           continue;
         }
         if (page.sequence < st.next_sequence) continue;
-        if (started && page.sequence > st.next_sequence) delta.pages_missed += page.sequence - st.next_sequence;
+        if (started && page.sequence > st.next_sequence)
+          delta.pages_missed += page.sequence - st.next_sequence;
         started = true;
         delta.pages.push_back({&page, dw, 0});
         st.next_sequence = page.sequence + 1;

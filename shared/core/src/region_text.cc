@@ -22,19 +22,23 @@ bool SymbolLineOk(std::string_view line, std::string* why) {
   size_t i = 0;
   while (i < line.size() && IsHex(line[i])) ++i;
   if (i == 0 || i > 16) return *why = "address is not 1-16 lower-case hex digits", false;
-  if (line.size() < i + 4 || line[i] != ' ' || (line[i + 1] != 'T' && line[i + 1] != 't') || line[i + 2] != ' ') {
+  if (line.size() < i + 4 || line[i] != ' ' || (line[i + 1] != 'T' && line[i + 1] != 't') ||
+      line[i + 2] != ' ') {
     return *why = "not '<address> T|t <name>'", false;
   }
   std::string_view rest = line.substr(i + 3);
   const size_t tab = rest.find('\t');
   const std::string_view name = rest.substr(0, tab);
-  if (name.empty() || name.size() > kMaxSymbolName || !std::all_of(name.begin(), name.end(), IsNameChar)) {
+  if (name.empty() || name.size() > kMaxSymbolName ||
+      !std::all_of(name.begin(), name.end(), IsNameChar)) {
     return *why = "symbol name empty, too long or not printable", false;
   }
   if (tab == std::string_view::npos) return true;
   const std::string_view mod = rest.substr(tab + 1);
-  if (mod.size() < 3 || mod.size() > kMaxModuleName + 2 || mod.front() != '[' || mod.back() != ']' ||
-      !std::all_of(mod.begin() + 1, mod.end() - 1, [](char c) { return IsNameChar(c) && c != '[' && c != ']'; })) {
+  if (mod.size() < 3 || mod.size() > kMaxModuleName + 2 || mod.front() != '[' ||
+      mod.back() != ']' || !std::all_of(mod.begin() + 1, mod.end() - 1, [](char c) {
+        return IsNameChar(c) && c != '[' && c != ']';
+      })) {
     return *why = "module is not '[name]'", false;
   }
   return true;
@@ -57,21 +61,25 @@ bool CommLineOk(std::string_view line, std::string* why) {
 RegionIssue BadIssue(TextAreaKind kind) {
   return kind == TextAreaKind::kSymbols ? RegionIssue::kSymbolsBad : RegionIssue::kCommsBad;
 }
-const char* AreaName(TextAreaKind kind) { return kind == TextAreaKind::kSymbols ? "symbol area" : "comm area"; }
+const char* AreaName(TextAreaKind kind) {
+  return kind == TextAreaKind::kSymbols ? "symbol area" : "comm area";
+}
 
 }  // namespace
 
 EncodedText EncodeText(std::string_view text) {
   EncodedText e;
   e.raw_size = static_cast<uint32_t>(text.size());
-  e.crc32 = static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
+  e.crc32 = static_cast<uint32_t>(
+      crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
   e.lines = static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n'));
   uLongf size = compressBound(static_cast<uLong>(text.size()));
   e.stored.resize(size);
   // Level 6: ~15% larger than 9 on kallsyms at a third of the time, which
   // counts in a TCG guest.
-  if (compress2(reinterpret_cast<Bytef*>(e.stored.data()), &size, reinterpret_cast<const Bytef*>(text.data()),
-                static_cast<uLong>(text.size()), 6) != Z_OK) {
+  if (compress2(reinterpret_cast<Bytef*>(e.stored.data()), &size,
+                reinterpret_cast<const Bytef*>(text.data()), static_cast<uLong>(text.size()),
+                6) != Z_OK) {
     size = 0;  // Only on out of memory; an empty area means "no text".
   }
   e.stored.resize(size);
@@ -89,7 +97,8 @@ std::string TextSymbolsOf(std::string_view kallsyms, bool* any_address) {
     if (space == std::string_view::npos || line.size() < space + 4) continue;
     const char type = line[space + 1];
     if (type != 'T' && type != 't') continue;
-    if (!*any_address && line.substr(0, space).find_first_not_of('0') != std::string_view::npos) *any_address = true;
+    if (!*any_address && line.substr(0, space).find_first_not_of('0') != std::string_view::npos)
+      *any_address = true;
     out.append(line);
     out.push_back('\n');
   }
@@ -105,7 +114,8 @@ Status CheckAreaText(TextAreaKind kind, std::string_view text) {
     const size_t nl = text.find('\n');
     const std::string_view line = text.substr(0, nl);
     text.remove_prefix(nl + 1);
-    const bool ok = kind == TextAreaKind::kSymbols ? SymbolLineOk(line, &why) : CommLineOk(line, &why);
+    const bool ok =
+        kind == TextAreaKind::kSymbols ? SymbolLineOk(line, &why) : CommLineOk(line, &why);
     if (!ok) {
       std::string shown(line.substr(0, 40));
       for (char& c : shown) {
@@ -119,7 +129,8 @@ Status CheckAreaText(TextAreaKind kind, std::string_view text) {
 
 Result<std::string> DecodeTextArea(TextAreaKind kind, const RegionTextArea& area) {
   const uint32_t cap = kind == TextAreaKind::kSymbols ? kMaxSymbolText : kMaxCommText;
-  if (area.encoding != region::kTextZlib) return Error{"encoding " + std::to_string(area.encoding) + " unknown"};
+  if (area.encoding != region::kTextZlib)
+    return Error{"encoding " + std::to_string(area.encoding) + " unknown"};
   if (area.raw_size > cap) {
     return Error{"states " + std::to_string(area.raw_size) + " bytes of text, more than the " +
                  std::to_string(cap) + " accepted"};
@@ -140,12 +151,14 @@ Result<std::string> DecodeTextArea(TextAreaKind kind, const RegionTextArea& area
   if (rc != Z_STREAM_END) {
     return Error{rc == Z_DATA_ERROR ? std::string("compressed bytes are not a zlib stream")
                  : produced == area.raw_size
-                     ? "inflates to more than the stated " + std::to_string(area.raw_size) + " bytes"
+                     ? "inflates to more than the stated " + std::to_string(area.raw_size) +
+                           " bytes"
                      : "zlib stream ends early (" + std::to_string(produced) + " of " +
                            std::to_string(area.raw_size) + " bytes)"};
   }
   if (produced != area.raw_size) {
-    return Error{"inflates to " + std::to_string(produced) + " bytes, states " + std::to_string(area.raw_size)};
+    return Error{"inflates to " + std::to_string(produced) + " bytes, states " +
+                 std::to_string(area.raw_size)};
   }
   if (consumed != area.stored.size()) {
     return Error{"zlib stream ends " + std::to_string(area.stored.size() - consumed) +
@@ -184,13 +197,14 @@ std::vector<std::string> RegionTextCache::Update(RegionSnapshot* s) {
       if (kind == TextAreaKind::kSymbols) k.backoff = kSymbolRetryLooks;
       const std::string detail = "generation " + std::to_string(area.boot_generation) + ": " +
                                  text.error().message + "; its names are not used";
-      notes.push_back(std::string(AreaName(kind)) + " at offset " + std::to_string(area.offset) + ": " + detail);
+      notes.push_back(std::string(AreaName(kind)) + " at offset " + std::to_string(area.offset) +
+                      ": " + detail);
       s->Report(BadIssue(kind), AreaName(kind), area.offset, detail);
       continue;
     }
     if (kind == TextAreaKind::kSymbols) {
-      notes.push_back("guest kernel symbols of generation " + std::to_string(area.boot_generation) + ": " +
-                      std::to_string(std::count(text->begin(), text->end(), '\n')) + " (" +
+      notes.push_back("guest kernel symbols of generation " + std::to_string(area.boot_generation) +
+                      ": " + std::to_string(std::count(text->begin(), text->end(), '\n')) + " (" +
                       std::to_string(text->size()) + " bytes)");
     }
     k.by_generation[area.boot_generation] = std::move(*text);

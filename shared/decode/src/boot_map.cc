@@ -70,8 +70,8 @@ class CpuReader {
  private:
   void Issue(BootMapCheck check, uint64_t offset, std::string message, bool meta = true) {
     if (meta) out_->meta_valid = false;
-    out_->issues.push_back({out_->cpu, check, offset,
-                            "cpu " + std::to_string(out_->cpu) + ": " + std::move(message)});
+    out_->issues.push_back(
+        {out_->cpu, check, offset, "cpu " + std::to_string(out_->cpu) + ": " + std::move(message)});
   }
   // Physical slot of a guest address of this CPU's sub-buffers, or -1.
   int64_t SlotOf(uint64_t va) const;
@@ -111,8 +111,9 @@ bool CpuReader::ReadMeta() {
   const uint32_t magic = Load<uint32_t>(range_, off);
   c.struct_size = Load<int32_t>(range_, off + 4);
   if (magic != kBootMapMagic) {
-    Issue(BootMapCheck::kMagic, off, "magic " + Hex(magic) + " at " + Hex(off) + ", want " +
-                                         Hex(kBootMapMagic) + "; CPU not decoded");
+    Issue(BootMapCheck::kMagic, off,
+          "magic " + Hex(magic) + " at " + Hex(off) + ", want " + Hex(kBootMapMagic) +
+              "; CPU not decoded");
     return false;
   }
   c.meta_found = true;
@@ -150,8 +151,8 @@ bool CpuReader::ReadMeta() {
               sizeof(int32_t) * g_.nr_subbufs);
 
   if (c.first_buffer == 0 || c.first_buffer % layout_.page_size != 0) {
-    Issue(BootMapCheck::kFirstBuffer, p, "first_buffer " + Hex(c.first_buffer) +
-                                             " is not a sub-buffer address; CPU not decoded");
+    Issue(BootMapCheck::kFirstBuffer, p,
+          "first_buffer " + Hex(c.first_buffer) + " is not a sub-buffer address; CPU not decoded");
     return false;
   }
   if (c.head_buffer == 0) {
@@ -282,8 +283,8 @@ void CpuReader::WalkPages() {
     if (page.error != PageError::kOk) {
       Issue(BootMapCheck::kBadPage, page.offset,
             "page logical " + std::to_string(page.logical) + " slot " +
-                std::to_string(page.physical) + ": " + PageErrorName(page.error) +
-                "; " + std::to_string(page.records) + " records before it kept",
+                std::to_string(page.physical) + ": " + PageErrorName(page.error) + "; " +
+                std::to_string(page.records) + " records before it kept",
             /*meta=*/false);
     }
   }
@@ -367,23 +368,40 @@ void CpuReader::Run() {
 
 const char* BootMapCheckName(BootMapCheck check) {
   switch (check) {
-    case BootMapCheck::kChunkOutsideRange: return "chunk_outside_range";
-    case BootMapCheck::kMagic: return "magic";
-    case BootMapCheck::kStructSize: return "struct_size";
-    case BootMapCheck::kSubbufSize: return "subbuf_size";
-    case BootMapCheck::kNrSubbufs: return "nr_subbufs";
-    case BootMapCheck::kFirstBuffer: return "first_buffer";
-    case BootMapCheck::kHeadOutOfRange: return "head_out_of_range";
-    case BootMapCheck::kCommitOutOfRange: return "commit_out_of_range";
-    case BootMapCheck::kIndexOutOfRange: return "index_out_of_range";
-    case BootMapCheck::kDuplicateIndex: return "duplicate_index";
-    case BootMapCheck::kHeadIsReader: return "head_is_reader";
-    case BootMapCheck::kHeadNotInRing: return "head_not_in_ring";
-    case BootMapCheck::kCommitNotFound: return "commit_not_found";
-    case BootMapCheck::kBadPage: return "bad_page";
-    case BootMapCheck::kTimeWentBackwards: return "time_went_backwards";
-    case BootMapCheck::kEmpty: return "empty";
-    case BootMapCheck::kCount: break;
+    case BootMapCheck::kChunkOutsideRange:
+      return "chunk_outside_range";
+    case BootMapCheck::kMagic:
+      return "magic";
+    case BootMapCheck::kStructSize:
+      return "struct_size";
+    case BootMapCheck::kSubbufSize:
+      return "subbuf_size";
+    case BootMapCheck::kNrSubbufs:
+      return "nr_subbufs";
+    case BootMapCheck::kFirstBuffer:
+      return "first_buffer";
+    case BootMapCheck::kHeadOutOfRange:
+      return "head_out_of_range";
+    case BootMapCheck::kCommitOutOfRange:
+      return "commit_out_of_range";
+    case BootMapCheck::kIndexOutOfRange:
+      return "index_out_of_range";
+    case BootMapCheck::kDuplicateIndex:
+      return "duplicate_index";
+    case BootMapCheck::kHeadIsReader:
+      return "head_is_reader";
+    case BootMapCheck::kHeadNotInRing:
+      return "head_not_in_ring";
+    case BootMapCheck::kCommitNotFound:
+      return "commit_not_found";
+    case BootMapCheck::kBadPage:
+      return "bad_page";
+    case BootMapCheck::kTimeWentBackwards:
+      return "time_went_backwards";
+    case BootMapCheck::kEmpty:
+      return "empty";
+    case BootMapCheck::kCount:
+      break;
   }
   return "unknown";
 }

@@ -32,7 +32,7 @@ constexpr size_t kScratchSize = kMaxPayload + kMaxFieldEnd + kMaxDynamicReach + 
 
 struct EventInfo {
   EventFormat format;
-  tep_event* event = nullptr;  // libtraceevent's view; null if it has none.
+  tep_event* event = nullptr;             // libtraceevent's view; null if it has none.
   std::unique_ptr<EventPrinter> printer;  // Null: libtraceevent prints it.
   std::string name_column;                // " name: " padded as trace-cmd does.
   // The smallest record the format describes: the end of its last field
@@ -58,7 +58,8 @@ struct EventInfo {
       if (ReadUnsigned(data + offset, size, little_endian) == 0) return "print fmt divides by zero";
     }
     for (auto [offset, size] : lengths) {
-      if (ReadUnsigned(data + offset, size, little_endian) > kMaxPrintLength) return "print fmt length too large";
+      if (ReadUnsigned(data + offset, size, little_endian) > kMaxPrintLength)
+        return "print fmt length too large";
     }
     return nullptr;
   }
@@ -136,8 +137,8 @@ struct EventDecoder::Impl {
     }
     if (!info->format.unchecked_print.empty()) {
       info->text = WithoutPrintFormat(info->text);
-      warnings.push_back(source + ": " + sys + "/" + info->format.name + ": " + info->format.unchecked_print +
-                         "; its events print their fields raw");
+      warnings.push_back(source + ": " + sys + "/" + info->format.name + ": " +
+                         info->format.unchecked_print + "; its events print their fields raw");
     }
     // libtraceevent's parser has no defence against hostile text (it has
     // crashed on formats that pass ParseEventFormat), so a forked copy of
@@ -145,7 +146,8 @@ struct EventDecoder::Impl {
     // first; only a format that survives reaches this process's handle.
     std::string crashed = RunIsolated([&] { TrialParse(*info); }, kTrialSeconds);
     if (!crashed.empty()) {
-      warnings.push_back(source + ": " + sys + "/" + info->format.name + ": libtraceevent " + crashed +
+      warnings.push_back(source + ": " + sys + "/" + info->format.name + ": libtraceevent " +
+                         crashed +
                          " on this format in a trial run; its events print their fields raw");
       info->raw_only = true;
       std::string().swap(info->text);
@@ -201,8 +203,9 @@ struct EventDecoder::Impl {
   }
   int32_t ReadS32(size_t off) const {
     const unsigned char* p = scratch.data() + off;
-    uint32_t v = little_endian ? (p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24)
-                               : (p[3] | p[2] << 8 | p[1] << 16 | static_cast<uint32_t>(p[0]) << 24);
+    uint32_t v = little_endian
+                     ? (p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24)
+                     : (p[3] | p[2] << 8 | p[1] << 16 | static_cast<uint32_t>(p[0]) << 24);
     return static_cast<int32_t>(v);
   }
 
@@ -235,8 +238,8 @@ bool ClockInNanoseconds(const std::string& trace_clock) {
   std::string clock;
   if (size_t open = trace_clock.find('['); open != std::string::npos) {
     size_t close = trace_clock.find(']', open);
-    clock = trace_clock.substr(open + 1, close == std::string::npos ? std::string::npos
-                                                                    : close - open - 1);
+    clock = trace_clock.substr(open + 1,
+                               close == std::string::npos ? std::string::npos : close - open - 1);
   } else {
     size_t end = trace_clock.find_first_of(" \n\t");
     clock = trace_clock.substr(0, end);
@@ -345,7 +348,8 @@ void EventDecoder::UpdateComms(std::string_view text) {
     text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
     char* after = nullptr;
     const long pid = std::strtol(line.c_str(), &after, 10);
-    if (after == line.c_str() || *after != ' ' || after[1] == '\0' || pid < 0 || pid > INT32_MAX) continue;
+    if (after == line.c_str() || *after != ' ' || after[1] == '\0' || pid < 0 || pid > INT32_MAX)
+      continue;
     if (!seen.insert(pid).second) continue;
     tep_override_comm(impl_->tep, after + 1, static_cast<int>(pid));
   }
@@ -396,8 +400,9 @@ void EventDecoder::Impl::AppendPrefix(const DecodedRecord& r, const char* comm, 
   *p++ = '-';
   char num[24];
   char* end = num + sizeof(num);
-  char* d = FormatUintBackwards(pid < 0 ? 0 - static_cast<uint64_t>(static_cast<int64_t>(pid))
-                                        : static_cast<uint64_t>(pid), end);
+  char* d = FormatUintBackwards(
+      pid < 0 ? 0 - static_cast<uint64_t>(static_cast<int64_t>(pid)) : static_cast<uint64_t>(pid),
+      end);
   if (pid < 0) *--d = '-';
   size_t n = static_cast<size_t>(end - d);
   std::memcpy(p, d, n);

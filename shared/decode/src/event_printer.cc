@@ -133,20 +133,40 @@ struct NumberStep : Step {
     int64_t sv;
     uint64_t uv;
     switch (ls) {
-      case -2: sv = static_cast<signed char>(v); uv = static_cast<unsigned char>(v); break;
-      case -1: sv = static_cast<short>(v); uv = static_cast<unsigned short>(v); break;
-      case 0: sv = static_cast<int>(v); uv = static_cast<unsigned int>(v); break;
-      default: sv = static_cast<int64_t>(v); uv = v; break;
+      case -2:
+        sv = static_cast<signed char>(v);
+        uv = static_cast<unsigned char>(v);
+        break;
+      case -1:
+        sv = static_cast<short>(v);
+        uv = static_cast<unsigned short>(v);
+        break;
+      case 0:
+        sv = static_cast<int>(v);
+        uv = static_cast<unsigned int>(v);
+        break;
+      default:
+        sv = static_cast<int64_t>(v);
+        uv = v;
+        break;
     }
     if (spec.native && !len_arg) {
       size_t start = out->size();
       switch (spec.conv) {
         case 'd':
-        case 'i': AppendInt(out, sv); break;
-        case 'u': AppendInt(out, uv); break;
+        case 'i':
+          AppendInt(out, sv);
+          break;
+        case 'u':
+          AppendInt(out, uv);
+          break;
         case 'x':
-        case 'X': AppendHex(out, uv, spec.conv == 'X'); break;
-        default: AppendOctal(out, uv); break;
+        case 'X':
+          AppendHex(out, uv, spec.conv == 'X');
+          break;
+        default:
+          AppendOctal(out, uv);
+          break;
       }
       Pad(out, start, spec, true);
       return;
@@ -157,16 +177,26 @@ struct NumberStep : Step {
     const char* f = spec.text.c_str();
     // Same argument types as print_arg_number() passes.
     switch (ls) {
-      case -2: n = plen >= 0 ? std::snprintf(buf, sizeof(buf), f, plen, static_cast<char>(v))
-                             : std::snprintf(buf, sizeof(buf), f, static_cast<char>(v)); break;
-      case -1: n = plen >= 0 ? std::snprintf(buf, sizeof(buf), f, plen, static_cast<short>(v))
-                             : std::snprintf(buf, sizeof(buf), f, static_cast<short>(v)); break;
-      case 0: n = plen >= 0 ? std::snprintf(buf, sizeof(buf), f, plen, static_cast<int>(v))
-                            : std::snprintf(buf, sizeof(buf), f, static_cast<int>(v)); break;
-      case 1: n = plen >= 0 ? std::snprintf(buf, sizeof(buf), f, plen, static_cast<long>(v))
-                            : std::snprintf(buf, sizeof(buf), f, static_cast<long>(v)); break;
-      default: n = plen >= 0 ? std::snprintf(buf, sizeof(buf), f, plen, static_cast<long long>(v))
-                             : std::snprintf(buf, sizeof(buf), f, static_cast<long long>(v)); break;
+      case -2:
+        n = plen >= 0 ? std::snprintf(buf, sizeof(buf), f, plen, static_cast<char>(v))
+                      : std::snprintf(buf, sizeof(buf), f, static_cast<char>(v));
+        break;
+      case -1:
+        n = plen >= 0 ? std::snprintf(buf, sizeof(buf), f, plen, static_cast<short>(v))
+                      : std::snprintf(buf, sizeof(buf), f, static_cast<short>(v));
+        break;
+      case 0:
+        n = plen >= 0 ? std::snprintf(buf, sizeof(buf), f, plen, static_cast<int>(v))
+                      : std::snprintf(buf, sizeof(buf), f, static_cast<int>(v));
+        break;
+      case 1:
+        n = plen >= 0 ? std::snprintf(buf, sizeof(buf), f, plen, static_cast<long>(v))
+                      : std::snprintf(buf, sizeof(buf), f, static_cast<long>(v));
+        break;
+      default:
+        n = plen >= 0 ? std::snprintf(buf, sizeof(buf), f, plen, static_cast<long long>(v))
+                      : std::snprintf(buf, sizeof(buf), f, static_cast<long long>(v));
+        break;
     }
     if (n > 0) out->append(buf, std::min(static_cast<size_t>(n), sizeof(buf) - 1));
   }
@@ -229,7 +259,15 @@ struct PointerStep : Step {
 
 // print_str_arg() for the argument kinds we support, as a tree.
 struct StrNode {
-  enum Kind { kNothing, kLiteral, kCharField, kDynString, kFlags, kSymbol, kTernary } kind = kNothing;
+  enum Kind {
+    kNothing,
+    kLiteral,
+    kCharField,
+    kDynString,
+    kFlags,
+    kSymbol,
+    kTernary
+  } kind = kNothing;
   std::string literal;
   uint32_t offset = 0, len = 0;  // kCharField: bytes; kDynString: the u32 locator.
   bool relative = false;         // kDynString with __rel_loc.
@@ -308,8 +346,8 @@ std::unique_ptr<StrNode> CompileStr(tep_handle* tep, tep_event* event, tep_print
   }
 }
 
-void RunStr(const StrNode& n, const Spec& spec, int len_arg, const unsigned char* data, uint32_t size,
-            std::string* out) {
+void RunStr(const StrNode& n, const Spec& spec, int len_arg, const unsigned char* data,
+            uint32_t size, std::string* out) {
   switch (n.kind) {
     case StrNode::kNothing:
       return;
@@ -407,7 +445,12 @@ class FormatCompiler {
  public:
   FormatCompiler(tep_handle* tep, tep_event* event, tep_print_arg* args, SymbolCache* symbols,
                  std::vector<std::unique_ptr<Step>>* steps)
-      : tep_(tep), event_(event), arg_(args), symbols_(symbols), steps_(steps), long_size_(tep_get_long_size(tep)) {}
+      : tep_(tep),
+        event_(event),
+        arg_(args),
+        symbols_(symbols),
+        steps_(steps),
+        long_size_(tep_get_long_size(tep)) {}
 
   bool Compile(const char* format) {
     const char* p = format;
@@ -433,11 +476,19 @@ class FormatCompiler {
       switch (c) {
         case '#':  // Kept in the text; printf handles it (not natively).
           break;
-        case 'h': ls--; break;
-        case 'l': ls++; break;
-        case 'L': ls = 2; break;
+        case 'h':
+          ls--;
+          break;
+        case 'l':
+          ls++;
+          break;
+        case 'L':
+          ls = 2;
+          break;
         case 'z':
-        case 'Z': ls = 1; break;
+        case 'Z':
+          ls = 1;
+          break;
         case '.':
         case '-':
           break;
@@ -456,11 +507,13 @@ class FormatCompiler {
         case 'x':
         case 'X':
         case 'o':
-          if (!Number(std::string(start, static_cast<size_t>(p + 1 - start)), ls, len_arg)) return false;
+          if (!Number(std::string(start, static_cast<size_t>(p + 1 - start)), ls, len_arg))
+            return false;
           done = true;
           break;
         case 's':
-          if (!String(std::string(start, static_cast<size_t>(p + 1 - start)), len_arg)) return false;
+          if (!String(std::string(start, static_cast<size_t>(p + 1 - start)), len_arg))
+            return false;
           done = true;
           break;
         default:
@@ -547,12 +600,23 @@ class FormatCompiler {
       if (*p == '\\') {
         ++p;
         switch (*p) {
-          case 'n': lit->text.push_back('\n'); break;
-          case 't': lit->text.push_back('\t'); break;
-          case 'r': lit->text.push_back('\r'); break;
-          case '\\': lit->text.push_back('\\'); break;
-          case '\0': return false;
-          default: lit->text.push_back(*p); break;
+          case 'n':
+            lit->text.push_back('\n');
+            break;
+          case 't':
+            lit->text.push_back('\t');
+            break;
+          case 'r':
+            lit->text.push_back('\r');
+            break;
+          case '\\':
+            lit->text.push_back('\\');
+            break;
+          case '\0':
+            return false;
+          default:
+            lit->text.push_back(*p);
+            break;
         }
       } else if (*p == '%') {
         if (p[1] == '%') {
@@ -631,7 +695,8 @@ const char* SymbolCache::Find(uint64_t addr, uint64_t* start) {
 }
 
 std::unique_ptr<EventPrinter> EventPrinter::Compile(tep_handle* tep, tep_event* event,
-                                                    const EventFormat& format, SymbolCache* symbols) {
+                                                    const EventFormat& format,
+                                                    SymbolCache* symbols) {
   if (event == nullptr || tep == nullptr) return nullptr;
   if (event->flags & (TEP_EVENT_FL_FAILED | TEP_EVENT_FL_ISBPRINT | TEP_EVENT_FL_PRINTRAW)) {
     return nullptr;

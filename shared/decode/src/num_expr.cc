@@ -73,8 +73,8 @@ std::unique_ptr<Expr> CompileNum(tep_event* event, tep_print_arg* arg) {
         e->c = CompileNum(event, colon->op.right);
         return e->a && e->b && e->c ? std::move(e) : nullptr;
       }
-      static const char* const kOps[] = {"!", "!=", "~", "|", "||", "&", "&&", "<", "<<", "<=",
-                                         ">", ">>", ">=", "==", "-", "+", "/", "%", "*"};
+      static const char* const kOps[] = {"!", "!=", "~",  "|",  "||", "&", "&&", "<", "<<", "<=",
+                                         ">", ">>", ">=", "==", "-",  "+", "/",  "%", "*"};
       bool known = false;
       for (const char* k : kOps) known = known || !std::strcmp(op, k);
       if (!known) return nullptr;

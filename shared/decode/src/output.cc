@@ -61,7 +61,8 @@ struct Page {
 // One CPU's pages, produced by a reader thread and consumed by the merge.
 class CpuStream {
  public:
-  CpuStream(std::string path, size_t index, uint32_t cpu) : path_(std::move(path)), index_(index), cpu_(cpu) {}
+  CpuStream(std::string path, size_t index, uint32_t cpu)
+      : path_(std::move(path)), index_(index), cpu_(cpu) {}
   ~CpuStream() { Stop(); }
 
   void Start() {
@@ -100,27 +101,29 @@ class CpuStream {
       Finish({TraceDatIssue{static_cast<int>(cpu_), 0, dat.error().message}});
       return;
     }
-    Status status = dat->ForEachPage(index_, [&](std::span<const std::byte> page_copy, uint64_t offset) {
-      std::vector<std::byte> buf;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return ready_.size() < kQueueDepth || stop_; });
-        if (stop_) return false;
-        if (!free_.empty()) {
-          buf = std::move(free_.back());
-          free_.pop_back();
-        }
-      }
-      buf.assign(page_copy.begin(), page_copy.end());
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ready_.push_back(Page{std::move(buf), offset});
-      }
-      cv_.notify_all();
-      return true;
-    });
+    Status status =
+        dat->ForEachPage(index_, [&](std::span<const std::byte> page_copy, uint64_t offset) {
+          std::vector<std::byte> buf;
+          {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] { return ready_.size() < kQueueDepth || stop_; });
+            if (stop_) return false;
+            if (!free_.empty()) {
+              buf = std::move(free_.back());
+              free_.pop_back();
+            }
+          }
+          buf.assign(page_copy.begin(), page_copy.end());
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            ready_.push_back(Page{std::move(buf), offset});
+          }
+          cv_.notify_all();
+          return true;
+        });
     std::vector<TraceDatIssue> issues = dat->issues();
-    if (!status.ok()) issues.push_back(TraceDatIssue{static_cast<int>(cpu_), 0, status.error().message});
+    if (!status.ok())
+      issues.push_back(TraceDatIssue{static_cast<int>(cpu_), 0, status.error().message});
     Finish(std::move(issues));
   }
 
@@ -191,7 +194,8 @@ Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& op
   (*decoder)->SetFastPathsEnabled(options.fast_paths);
 
   PageLayout layout;
-  if (Result<PageLayout> l = PageLayout::FromHeaderPage(dat->header_page(), dat->page_size()); l.ok()) {
+  if (Result<PageLayout> l = PageLayout::FromHeaderPage(dat->header_page(), dat->page_size());
+      l.ok()) {
     layout = *l;
   } else {
     stats.issues.push_back(path + ": " + l.error().message + "; using the default page layout");
@@ -221,7 +225,9 @@ Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& op
         // start of the data (not after a time extend).
         if (c.first_in_page && c.cursor->header().missed_events &&
             c.record.offset == layout.data_offset) {
-          c.missed = c.cursor->header().missed_stored ? static_cast<int64_t>(c.cursor->missed_count()) : -1;
+          c.missed = c.cursor->header().missed_stored
+                         ? static_cast<int64_t>(c.cursor->missed_count())
+                         : -1;
         }
         c.first_in_page = false;
         c.has_record = true;
@@ -248,7 +254,8 @@ Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& op
   for (;;) {
     CpuCursor* next = nullptr;
     for (CpuCursor& c : cpus) {
-      if (c.has_record && (next == nullptr || c.record.timestamp < next->record.timestamp)) next = &c;
+      if (c.has_record && (next == nullptr || c.record.timestamp < next->record.timestamp))
+        next = &c;
     }
     if (next == nullptr) break;
     DecodedRecord rec;

@@ -101,7 +101,8 @@ class SchedPrinter : public EventPrinter {
 bool NumberField(tep_event* event, const char* name, SchedPrinter::F* f) {
   tep_format_field* field = tep_find_any_field(event, name);
   if (field == nullptr) return true;  // Optional; the handler skips it too.
-  if (field->offset < 0 || (field->size != 1 && field->size != 2 && field->size != 4 && field->size != 8)) {
+  if (field->offset < 0 ||
+      (field->size != 1 && field->size != 2 && field->size != 4 && field->size != 8)) {
     return false;  // The handler would print '!' or skip; leave it to libtraceevent.
   }
   f->offset = static_cast<uint32_t>(field->offset);
@@ -122,15 +123,19 @@ bool CommField(tep_event* event, const char* name, SchedPrinter::F* f) {
 
 }  // namespace
 
-std::unique_ptr<EventPrinter> CompileSchedPrinter(tep_handle* tep, tep_event* event, bool is_switch) {
+std::unique_ptr<EventPrinter> CompileSchedPrinter(tep_handle* tep, tep_event* event,
+                                                  bool is_switch) {
   auto p = std::make_unique<SchedPrinter>();
   p->tep = tep;
   p->is_switch = is_switch;
   bool ok;
   if (is_switch) {
-    ok = NumberField(event, "prev_pid", &p->prev_pid) && CommField(event, "prev_comm", &p->prev_comm) &&
-         NumberField(event, "prev_prio", &p->prev_prio) && NumberField(event, "prev_state", &p->prev_state) &&
-         NumberField(event, "next_pid", &p->next_pid) && CommField(event, "next_comm", &p->next_comm) &&
+    ok = NumberField(event, "prev_pid", &p->prev_pid) &&
+         CommField(event, "prev_comm", &p->prev_comm) &&
+         NumberField(event, "prev_prio", &p->prev_prio) &&
+         NumberField(event, "prev_state", &p->prev_state) &&
+         NumberField(event, "next_pid", &p->next_pid) &&
+         CommField(event, "next_comm", &p->next_comm) &&
          NumberField(event, "next_prio", &p->next_prio);
     // Without a pid the handler prints '!' and stops; leave that to it.
     ok = ok && p->prev_pid.present && p->next_pid.present;

@@ -60,7 +60,8 @@ Result<std::vector<std::byte>> TraceDat::Impl::Decompress(const std::string& alg
     size_t n = ZSTD_decompress(out.data(), out.size(), in.data(), in.size());
     if (ZSTD_isError(n)) return Error{std::string("zstd: ") + ZSTD_getErrorName(n)};
     if (n != out_size) {
-      return Error{"zstd: " + std::to_string(n) + " bytes, file claims " + std::to_string(out_size)};
+      return Error{"zstd: " + std::to_string(n) + " bytes, file claims " +
+                   std::to_string(out_size)};
     }
   } else if (algorithm == "zlib") {
     uLongf n = static_cast<uLongf>(out.size());
@@ -69,7 +70,8 @@ Result<std::vector<std::byte>> TraceDat::Impl::Decompress(const std::string& alg
                         reinterpret_cast<const Bytef*>(in.data()), static_cast<uLong>(in.size()));
     if (rc != Z_OK) return Error{"zlib: error " + std::to_string(rc)};
     if (n != out_size) {
-      return Error{"zlib: " + std::to_string(n) + " bytes, file claims " + std::to_string(out_size)};
+      return Error{"zlib: " + std::to_string(n) + " bytes, file claims " +
+                   std::to_string(out_size)};
     }
   } else {
     return Error{"unsupported compression '" + algorithm + "'"};
@@ -120,8 +122,8 @@ Status TraceDat::Impl::ParseInitial(uint64_t* pos) {
   return {};
 }
 
-bool TraceDat::Impl::ParseSizedText(MemCursor& c, int size_bytes, std::string* out,
-                                    ParseError* err, const char* what) {
+bool TraceDat::Impl::ParseSizedText(MemCursor& c, int size_bytes, std::string* out, ParseError* err,
+                                    const char* what) {
   uint64_t n = 0;
   if (size_bytes == 4) {
     uint32_t n32 = 0;
@@ -183,7 +185,8 @@ bool TraceDat::Impl::ParseEventFormats(MemCursor& c, ParseError* err) {
       uint64_t size = 0;
       if (!c.Int(&size, err, "format size")) return false;
       if (size > kMaxFormatSize) {
-        *err = {c.file_offset() - 8, "system '" + system + "': format size " + std::to_string(size)};
+        *err = {c.file_offset() - 8,
+                "system '" + system + "': format size " + std::to_string(size)};
         return false;
       }
       FormatText f{system, {}};
@@ -375,8 +378,9 @@ Status TraceDat::Impl::ForEachPage(
       return {};
     }
     if (uint64_t{sizes[0]} > end - at - 8) {
-      Issue(cpu_id, at, "chunk " + std::to_string(i) + " claims " + std::to_string(sizes[0]) +
-                            " compressed bytes, past the CPU data");
+      Issue(cpu_id, at,
+            "chunk " + std::to_string(i) + " claims " + std::to_string(sizes[0]) +
+                " compressed bytes, past the CPU data");
       return {};
     }
     const uint64_t chunk_at = at;

@@ -15,7 +15,8 @@ namespace hvtrace {
 void TraceDat::Impl::ParseOption(uint16_t id, std::span<const std::byte> data,
                                  uint64_t option_offset) {
   auto text = [&] {
-    std::string s(reinterpret_cast<const char*>(data.data()), std::min(data.size(), kMaxStringSize));
+    std::string s(reinterpret_cast<const char*>(data.data()),
+                  std::min(data.size(), kMaxStringSize));
     return s.substr(0, s.find('\0'));
   };
   switch (id) {
@@ -110,9 +111,9 @@ void TraceDat::Impl::ParseBufferOptionV7(std::span<const std::byte> data, uint64
   have_top_buffer = true;
   if (!clock.empty()) trace_clock = SelectedClock(clock);
   if (buffer_page_size != page_size) {
-    Issue(-1, option_offset, "BUFFER page size " + std::to_string(buffer_page_size) +
-                                 " differs from the file's " + std::to_string(page_size) +
-                                 "; using the file's");
+    Issue(-1, option_offset,
+          "BUFFER page size " + std::to_string(buffer_page_size) + " differs from the file's " +
+              std::to_string(page_size) + "; using the file's");
   }
   if (count > kMaxCpus || count > c.remaining() / 20) {
     Issue(-1, c.file_offset() - 4, "BUFFER CPU count " + std::to_string(count) + " is absurd");
@@ -197,15 +198,33 @@ Status TraceDat::Impl::ParseV7(uint64_t pos) {
       uint64_t value = 0;
       if (size >= 8) std::memcpy(&value, data.data(), 8);
       switch (id) {
-        case kOptDone: next = value; break;
-        case kOptHeaderInfo: header_info = value; break;
-        case kOptFtraceEvents: ftrace = value; break;
-        case kOptEventFormats: events = value; break;
-        case kOptKallsyms: ksyms = value; break;
-        case kOptPrintk: printk = value; break;
-        case kOptCmdlines: cmdl = value; break;
-        case kOptBuffer: ParseBufferOptionV7(data, at + 6); break;
-        default: ParseOption(id, data, at); break;
+        case kOptDone:
+          next = value;
+          break;
+        case kOptHeaderInfo:
+          header_info = value;
+          break;
+        case kOptFtraceEvents:
+          ftrace = value;
+          break;
+        case kOptEventFormats:
+          events = value;
+          break;
+        case kOptKallsyms:
+          ksyms = value;
+          break;
+        case kOptPrintk:
+          printk = value;
+          break;
+        case kOptCmdlines:
+          cmdl = value;
+          break;
+        case kOptBuffer:
+          ParseBufferOptionV7(data, at + 6);
+          break;
+        default:
+          ParseOption(id, data, at);
+          break;
       }
       if (id == kOptDone) break;
     }

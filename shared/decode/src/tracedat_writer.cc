@@ -42,8 +42,8 @@ Result<std::string> EncodeHeader(const TraceDatWriterInput& in) {
     for (size_t i = 0; i < in.cpus[cpu].size(); ++i) {
       if (in.cpus[cpu][i].size() != in.page_size) {
         return Error{"trace.dat: CPU " + std::to_string(cpu) + " page " + std::to_string(i) +
-                     " has " + std::to_string(in.cpus[cpu][i].size()) + " bytes, not the page size " +
-                     std::to_string(in.page_size)};
+                     " has " + std::to_string(in.cpus[cpu][i].size()) +
+                     " bytes, not the page size " + std::to_string(in.page_size)};
       }
     }
   }
@@ -216,7 +216,8 @@ Result<std::string> EncodeTraceDat(const TraceDatWriterInput& input) {
   std::string out = std::move(*header);
   for (const auto& pages : input.cpus) {
     PadTo(&out, input.page_size);
-    for (const auto& page : pages) out.append(reinterpret_cast<const char*>(page.data()), page.size());
+    for (const auto& page : pages)
+      out.append(reinterpret_cast<const char*>(page.data()), page.size());
   }
   return out;
 }

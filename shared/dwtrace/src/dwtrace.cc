@@ -42,7 +42,8 @@ struct TraceEntry {
 static_assert(sizeof(TraceEntry) == 8);
 
 std::mutex g_alive_mutex;
-std::unordered_set<uint64_t>* g_alive = new std::unordered_set<uint64_t>;  // Never freed: used at thread exit.
+std::unordered_set<uint64_t>* g_alive =
+    new std::unordered_set<uint64_t>;  // Never freed: used at thread exit.
 std::atomic<uint64_t> g_next_serial{1};
 
 bool ValidName(std::string_view s) {
@@ -56,7 +57,8 @@ bool ValidName(std::string_view s) {
 bool ValidType(std::string_view s) {
   if (s.empty() || s.size() > 64) return false;
   for (char c : s) {
-    if (c == ';' || c == '\n' || c == '\t' || c == ':' || c == '"' || static_cast<unsigned char>(c) < 0x20) {
+    if (c == ';' || c == '\n' || c == '\t' || c == ':' || c == '"' ||
+        static_cast<unsigned char>(c) < 0x20) {
       return false;
     }
   }
@@ -171,7 +173,8 @@ bool HasInvariantTsc() {
     while (std::getline(in, line)) {
       if (line.rfind("flags", 0) != 0) continue;
       const std::string padded = " " + line + " ";
-      return padded.find(" constant_tsc ") != std::string::npos && padded.find(" nonstop_tsc ") != std::string::npos;
+      return padded.find(" constant_tsc ") != std::string::npos &&
+             padded.find(" nonstop_tsc ") != std::string::npos;
     }
     return false;
   }();
@@ -240,9 +243,11 @@ Result<std::unique_ptr<Tracer::Attachment>> Tracer::MapRegion(const std::string&
     candidates.push_back(env);
   } else {
     if (std::string p = ReadFirstToken(kRegionPointerFile); !p.empty()) candidates.push_back(p);
-    for (std::string& bar : FindIvshmemBars("/sys/bus/pci/devices")) candidates.push_back(std::move(bar));
+    for (std::string& bar : FindIvshmemBars("/sys/bus/pci/devices"))
+      candidates.push_back(std::move(bar));
   }
-  if (candidates.empty()) return Error{"no hvtrace region: no ivshmem device and no " + std::string(kRegionPointerFile)};
+  if (candidates.empty())
+    return Error{"no hvtrace region: no ivshmem device and no " + std::string(kRegionPointerFile)};
   std::string errors;
   for (const std::string& path : candidates) {
     auto mapping = RegionMapping::Map(path);
@@ -287,7 +292,8 @@ std::string Tracer::FormatText(std::string_view name, uint32_t id, const std::ve
   t += "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n";
   t += "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n";
   for (const Field& f : fields) {
-    t += "\tfield:" + Declaration(f) + ";\toffset:" + std::to_string(sizeof(TraceEntry) + f.offset) +
+    t += "\tfield:" + Declaration(f) +
+         ";\toffset:" + std::to_string(sizeof(TraceEntry) + f.offset) +
          ";\tsize:" + std::to_string(f.size) + ";\tsigned:" + (f.is_signed ? "1" : "0") + ";\n";
   }
   t += "\nprint fmt: ";
@@ -304,7 +310,8 @@ Result<uint16_t> Tracer::RegisterIn(Attachment* a, const Registration& r) {
   if (!probe.ok()) return Error{"dwtrace: " + probe.error().message};
   const uint64_t fingerprint = EventFingerprint(*probe);
   GuestRegion& region = a->region;
-  if (uint32_t id = region.FindFormatId(region::kFormatDwEvent, a->generation, fingerprint); id != 0) {
+  if (uint32_t id = region.FindFormatId(region::kFormatDwEvent, a->generation, fingerprint);
+      id != 0) {
     return static_cast<uint16_t>(id);
   }
   const uint32_t id = region.NextDwId();
@@ -318,14 +325,17 @@ Result<uint16_t> Tracer::RegisterIn(Attachment* a, const Registration& r) {
 Result<uint16_t> Tracer::Register(std::string_view system, std::string_view name,
                                   const std::vector<Field>& fields, std::string_view print_fmt) {
   if (!ValidName(system) || !ValidName(name)) {
-    return Error{"dwtrace: invalid event name '" + std::string(system) + ":" + std::string(name) + "'"};
+    return Error{"dwtrace: invalid event name '" + std::string(system) + ":" + std::string(name) +
+                 "'"};
   }
   for (const Field& f : fields) {
-    if (!ValidName(f.name) || !ValidType(f.type) || f.size == 0 || uint64_t{f.offset} + f.size > kMaxPayload) {
+    if (!ValidName(f.name) || !ValidType(f.type) || f.size == 0 ||
+        uint64_t{f.offset} + f.size > kMaxPayload) {
       return Error{"dwtrace: " + std::string(name) + ": bad field '" + f.name + "'"};
     }
   }
-  if (print_fmt.find('\n') != std::string_view::npos) return Error{"dwtrace: print fmt has a newline"};
+  if (print_fmt.find('\n') != std::string_view::npos)
+    return Error{"dwtrace: print fmt has a newline"};
   std::lock_guard<std::mutex> lock(mutex_);
   Attachment* a = current_.load();
   if (!a->region.StillMapped() && !ReopenLocked()) return Error{"dwtrace: the region is gone"};
@@ -333,7 +343,8 @@ Result<uint16_t> Tracer::Register(std::string_view system, std::string_view name
   Registration r{std::string(system), std::string(name), fields, std::string(print_fmt), 0};
   for (const Field& f : fields) {
     if (uint64_t{f.offset} + f.size > a->max_payload) {
-      return Error{"dwtrace: " + std::string(name) + ": field '" + f.name + "' past the largest payload"};
+      return Error{"dwtrace: " + std::string(name) + ": field '" + f.name +
+                   "' past the largest payload"};
     }
   }
   auto id = RegisterIn(a, r);
@@ -351,7 +362,8 @@ Result<uint16_t> Tracer::Register(std::string_view system, std::string_view name
     };
     uint32_t app = *id;
     for (const Registration& old : registrations_) {
-      if (old.system == r.system && old.name == r.name && a->id_map[old.app_id - region::kDwFirstEventId] == *id) {
+      if (old.system == r.system && old.name == r.name &&
+          a->id_map[old.app_id - region::kDwFirstEventId] == *id) {
         return old.app_id;
       }
     }
@@ -382,7 +394,8 @@ bool Tracer::ReopenLocked() {
   for (uint32_t i = 0; i < kIdMapSize; ++i) a->id_map[i].store(0, std::memory_order_relaxed);
   for (const Registration& r : registrations_) {
     auto id = RegisterIn(a, r);
-    if (id.ok()) a->id_map[r.app_id - region::kDwFirstEventId].store(*id, std::memory_order_relaxed);
+    if (id.ok())
+      a->id_map[r.app_id - region::kDwFirstEventId].store(*id, std::memory_order_relaxed);
   }
   attachments_.push_back(std::move(*fresh));
   current_.store(a, std::memory_order_release);
@@ -461,7 +474,8 @@ bool Tracer::Bind(ThreadState* ts) {
     if (__atomic_load_n(&region.dw_ring(i)->owner, __ATOMIC_ACQUIRE) != token) continue;
     found = i;
     for (uint32_t s = 0; s < region.geometry().dw_slots; ++s) {
-      __atomic_fetch_and(&region.dw_desc(i, s)->flags, ~uint32_t{region::kSlotOpen}, __ATOMIC_RELEASE);
+      __atomic_fetch_and(&region.dw_desc(i, s)->flags, ~uint32_t{region::kSlotOpen},
+                         __ATOMIC_RELEASE);
     }
   }
   for (uint32_t k = 0; k < rings && found < 0; ++k) {
@@ -494,7 +508,8 @@ bool Tracer::Bind(ThreadState* ts) {
 bool Tracer::StartPage(ThreadState* ts, uint64_t now) {
   GuestRegion& region = ts->attachment->region;
   region::DwRingHeader* h = ts->header;
-  if (ts->desc != nullptr) __atomic_fetch_and(&ts->desc->flags, ~uint32_t{region::kSlotOpen}, __ATOMIC_RELEASE);
+  if (ts->desc != nullptr)
+    __atomic_fetch_and(&ts->desc->flags, ~uint32_t{region::kSlotOpen}, __ATOMIC_RELEASE);
   // The host may have scribbled |published|; whatever it says, the slot
   // index stays inside the ring.
   const uint64_t sequence = h->published;
@@ -532,8 +547,8 @@ void Tracer::Release(ThreadState* ts) {
 // Appends a record the fast path does not take: a time gap past 27 bits (a
 // TIME_EXTEND first), a payload past 112 bytes (length word), or time that
 // went backwards (kept at the page's last time). False when it does not fit.
-static bool AppendRecord(Tracer::ThreadState* ts, uint64_t now, const TraceEntry& entry, const void* payload,
-                  uint32_t size) {
+static bool AppendRecord(Tracer::ThreadState* ts, uint64_t now, const TraceEntry& entry,
+                         const void* payload, uint32_t size) {
   if (now < ts->last_time) now = ts->last_time;
   uint64_t delta = now - ts->last_time;
   const uint32_t data = static_cast<uint32_t>(sizeof(TraceEntry)) + size;
@@ -544,8 +559,9 @@ static bool AppendRecord(Tracer::ThreadState* ts, uint64_t now, const TraceEntry
   if (uint64_t{ts->used} + extend + record > ts->capacity) return false;
   std::byte* at = ts->page + kDataOffset + ts->used;
   if (extend != 0) {
-    const uint32_t words[2] = {kRecordTypeTimeExtend | static_cast<uint32_t>((delta & kTimeDeltaMax) << 5),
-                               static_cast<uint32_t>(delta >> kTimeDeltaBits)};
+    const uint32_t words[2] = {
+        kRecordTypeTimeExtend | static_cast<uint32_t>((delta & kTimeDeltaMax) << 5),
+        static_cast<uint32_t>(delta >> kTimeDeltaBits)};
     std::memcpy(at, words, 8);
     at += 8;
     delta = 0;
@@ -569,16 +585,20 @@ static bool AppendRecord(Tracer::ThreadState* ts, uint64_t now, const TraceEntry
 
 bool Tracer::Write(uint16_t id, const void* payload, uint32_t size) {
   ThreadState* ts = tls_;
-  if (ts == nullptr || ts->serial != serial_.load(std::memory_order_relaxed) || ts->desc == nullptr) [[unlikely]] {
+  if (ts == nullptr || ts->serial != serial_.load(std::memory_order_relaxed) || ts->desc == nullptr)
+      [[unlikely]] {
     if (ts == nullptr) {
       t_owner.state = std::make_unique<ThreadState>();
       ts = tls_ = t_owner.state.get();
     }
     if (!Bind(ts)) return false;
   }
-  if (!ts->Live()) [[unlikely]] return DropDetached();
+  if (!ts->Live()) [[unlikely]]
+    return DropDetached();
   if (ts->id_map != nullptr) [[unlikely]] {
-    id = id >= region::kDwFirstEventId ? ts->id_map[id - region::kDwFirstEventId].load(std::memory_order_relaxed) : 0;
+    id = id >= region::kDwFirstEventId
+             ? ts->id_map[id - region::kDwFirstEventId].load(std::memory_order_relaxed)
+             : 0;
     if (id == 0) {
       ts->header->lost_events++;
       return false;
@@ -638,15 +658,17 @@ extern "C" int hvt_dw_open(const char* region_path) {
   return 0;
 }
 
-extern "C" int hvt_dw_register(const char* system, const char* name, const struct hvt_dw_field* fields,
-                               unsigned int nfields, const char* print_fmt) {
+extern "C" int hvt_dw_register(const char* system, const char* name,
+                               const struct hvt_dw_field* fields, unsigned int nfields,
+                               const char* print_fmt) {
   hvtrace::dw::Tracer* t = g_c_tracer.load(std::memory_order_acquire);
   if (t == nullptr) return -EBADF;
   if (system == nullptr || name == nullptr || (nfields > 0 && fields == nullptr)) return -EINVAL;
   std::vector<hvtrace::dw::Field> list;
   for (unsigned int i = 0; i < nfields; ++i) {
     if (fields[i].name == nullptr || fields[i].type == nullptr) return -EINVAL;
-    list.push_back({fields[i].name, fields[i].type, fields[i].offset, fields[i].size, fields[i].is_signed != 0});
+    list.push_back({fields[i].name, fields[i].type, fields[i].offset, fields[i].size,
+                    fields[i].is_signed != 0});
   }
   std::lock_guard<std::mutex> lock(g_c_mutex);
   auto id = t->Register(system, name, list, print_fmt ? print_fmt : "");

@@ -2,8 +2,8 @@
 #include "hvtrace/region_writer.h"
 
 #include <dirent.h>
-#include <signal.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,9 +11,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <mutex>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 
 namespace hvtrace {
 namespace {
@@ -27,9 +27,13 @@ using region::HostRequests;
 using region::SlotDesc;
 
 template <typename T>
-T LoadAcquire(const T* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+T LoadAcquire(const T* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
 template <typename T>
-void StoreRelease(T* p, T v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+void StoreRelease(T* p, T v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
 
 // Reads a sysfs hex attribute such as "0x1af4\n".
 bool ReadHex(const std::string& path, unsigned long* out) {
@@ -176,7 +180,8 @@ Result<RegionMapping> RegionMapping::Map(const std::string& path) {
     close(fd);
     return Error{"stat " + path + ": " + (err ? std::strerror(err) : "empty file")};
   }
-  void* p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  void* p =
+      mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int err = errno;
   close(fd);
   if (p == MAP_FAILED) return Error{"mmap " + path + ": " + std::strerror(err)};
@@ -240,7 +245,8 @@ Status GuestRegion::WriteTextArea(TextAreaKind kind, uint32_t generation, const 
   }
   auto* h = At<region::TextAreaHeader>(offset);
   const uint64_t done = SeqBeginWrite(&h->seq);
-  std::memcpy(base_ + offset + sizeof(region::TextAreaHeader), text.stored.data(), text.stored.size());
+  std::memcpy(base_ + offset + sizeof(region::TextAreaHeader), text.stored.data(),
+              text.stored.size());
   h->boot_generation = generation;
   h->encoding = region::kTextZlib;
   h->raw_size = text.raw_size;
@@ -263,10 +269,12 @@ region::GuestStatus* GuestRegion::status() const {
   return At<region::GuestStatus>(region::kGuestStatusOffset);
 }
 
-void GuestRegion::AddClockSync(uint64_t mono_ns, uint64_t boottime_ns, uint64_t realtime_ns, uint64_t tsc) {
+void GuestRegion::AddClockSync(uint64_t mono_ns, uint64_t boottime_ns, uint64_t realtime_ns,
+                               uint64_t tsc) {
   region::GuestStatus* st = status();
   const uint32_t n = st->clock_sync_count;
-  auto* c = At<ClockSync>(region::kClockSyncOffset + (n % region::kClockSyncCount) * sizeof(ClockSync));
+  auto* c =
+      At<ClockSync>(region::kClockSyncOffset + (n % region::kClockSyncCount) * sizeof(ClockSync));
   // Samples are ordered by seq, so each new one must get a larger even seq
   // than any before: derive it from the running count.
   const uint64_t odd = 2ull * n + 1;
@@ -284,20 +292,23 @@ FormatTableHeader* GuestRegion::format_table() const {
   return At<FormatTableHeader>(geometry_.format_offset);
 }
 
-Result<uint32_t> GuestRegion::PublishFormat(region::FormatKind kind, uint32_t generation, uint32_t id,
-                                            std::string_view system, std::string_view text,
-                                            uint64_t fingerprint) {
+Result<uint32_t> GuestRegion::PublishFormat(region::FormatKind kind, uint32_t generation,
+                                            uint32_t id, std::string_view system,
+                                            std::string_view text, uint64_t fingerprint) {
   FormatTableHeader* table = format_table();
   if (system.empty() || system.size() > 0xffff) return Error{"format: bad system name"};
   const uint64_t len = system.size() + text.size();
   if (len > geometry_.format_text_size) {
     __atomic_fetch_add(&table->dropped, 1, __ATOMIC_RELAXED);
-    return Error{"format " + std::string(system) + ": " + std::to_string(len) + " bytes do not fit"};
+    return Error{"format " + std::string(system) + ": " + std::to_string(len) +
+                 " bytes do not fit"};
   }
-  const uint32_t text_at = __atomic_fetch_add(&table->text_used, static_cast<uint32_t>(len), __ATOMIC_RELAXED);
+  const uint32_t text_at =
+      __atomic_fetch_add(&table->text_used, static_cast<uint32_t>(len), __ATOMIC_RELAXED);
   if (uint64_t{text_at} + len > geometry_.format_text_size) {
     __atomic_fetch_add(&table->dropped, 1, __ATOMIC_RELAXED);
-    return Error{"format table text area full (" + std::to_string(geometry_.format_text_size) + " bytes)"};
+    return Error{"format table text area full (" + std::to_string(geometry_.format_text_size) +
+                 " bytes)"};
   }
   const uint32_t index = __atomic_fetch_add(&table->entry_count, 1, __ATOMIC_RELAXED);
   if (index >= geometry_.format_entries) {
@@ -321,7 +332,8 @@ Result<uint32_t> GuestRegion::PublishFormat(region::FormatKind kind, uint32_t ge
   return index;
 }
 
-uint32_t GuestRegion::FindFormatId(region::FormatKind kind, uint32_t generation, uint64_t fingerprint) const {
+uint32_t GuestRegion::FindFormatId(region::FormatKind kind, uint32_t generation,
+                                   uint64_t fingerprint) const {
   const FormatTableHeader* table = format_table();
   const uint32_t count = std::min(LoadAcquire(&table->entry_count), geometry_.format_entries);
   for (uint32_t i = 0; i < count; ++i) {

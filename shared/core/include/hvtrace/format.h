@@ -31,17 +31,17 @@ namespace hvtrace {
 // Limits applied to untrusted format text.
 inline constexpr size_t kMaxFormatTextSize = 1 << 20;  // kmem's print fmts reach ~8 KiB.
 inline constexpr size_t kMaxFields = 512;
-inline constexpr size_t kMaxNameSize = 256;           // System, event and field names.
-inline constexpr uint32_t kMaxFieldEnd = 1 << 20;     // offset + size.
+inline constexpr size_t kMaxNameSize = 256;        // System, event and field names.
+inline constexpr uint32_t kMaxFieldEnd = 1 << 20;  // offset + size.
 // The largest length argument (EventFormat::length_fields) a record may carry
 // into libtraceevent's printer: a __data_loc array's own limit.
 inline constexpr uint64_t kMaxPrintLength = 1 << 16;
 
 enum class FieldKind : uint8_t {
-  kScalar,    // int, unsigned long, pid_t, pointers ...
-  kArray,     // char comm[16], u32 buf[] (array_length 0 when open-ended)
-  kDataLoc,   // __data_loc T[] name: u32 (len << 16 | offset from record start)
-  kRelLoc,    // __rel_loc T[] name: u32 (len << 16 | offset after the field)
+  kScalar,   // int, unsigned long, pid_t, pointers ...
+  kArray,    // char comm[16], u32 buf[] (array_length 0 when open-ended)
+  kDataLoc,  // __data_loc T[] name: u32 (len << 16 | offset from record start)
+  kRelLoc,   // __rel_loc T[] name: u32 (len << 16 | offset after the field)
 };
 
 struct FieldFormat {

@@ -149,8 +149,8 @@ class PageCursor {
 // Walks a whole page copy, calling |on_record(const RawRecord&)| for every good
 // record, and updates |stats|. Returns the first error (kOk for a clean page).
 template <typename F>
-PageError WalkPage(std::span<const std::byte> page_copy, const PageLayout& layout,
-                   PageStats* stats, F&& on_record) {
+PageError WalkPage(std::span<const std::byte> page_copy, const PageLayout& layout, PageStats* stats,
+                   F&& on_record) {
   PageCursor cursor(page_copy, layout);
   RawRecord record;
   uint64_t n = 0;

@@ -105,7 +105,7 @@ inline constexpr uint32_t kDwFirstEventId = 0xC000;
 // bounds everything it maps by it; the host reader compares it with the
 // geometry it remembers and reports a mismatch.
 struct HostHeader {
-  uint64_t magic[2];         // kRegionMagicXored ^ kRegionMagicXor, per word.
+  uint64_t magic[2];  // kRegionMagicXored ^ kRegionMagicXor, per word.
   uint16_t version_major;
   uint16_t version_minor;
   uint32_t header_size;      // sizeof(HostHeader)
@@ -115,21 +115,21 @@ struct HostHeader {
   uint32_t slot_size;        // Page size of every slot (power of two).
   uint32_t max_cpus;         // CPU rings in the region.
   uint32_t slots_per_cpu;
-  uint32_t format_entries;   // FormatEntry capacity.
-  uint64_t format_offset;    // FormatTableHeader, entries, text.
-  uint32_t format_text_size; // Bytes of format text after the entries.
-  uint32_t dw_rings;         // Direct-write rings.
-  uint64_t cpu_offset;       // First CPU ring (slot_size aligned).
-  uint64_t cpu_stride;       // Bytes per CPU ring.
-  uint64_t dw_offset;        // First direct-write ring (slot_size aligned).
-  uint64_t dw_stride;        // Bytes per direct-write ring.
-  uint32_t dw_slots;         // Pages per direct-write ring.
-  uint32_t host_flags;       // Reserved, 0.
+  uint32_t format_entries;    // FormatEntry capacity.
+  uint64_t format_offset;     // FormatTableHeader, entries, text.
+  uint32_t format_text_size;  // Bytes of format text after the entries.
+  uint32_t dw_rings;          // Direct-write rings.
+  uint64_t cpu_offset;        // First CPU ring (slot_size aligned).
+  uint64_t cpu_stride;        // Bytes per CPU ring.
+  uint64_t dw_offset;         // First direct-write ring (slot_size aligned).
+  uint64_t dw_stride;         // Bytes per direct-write ring.
+  uint32_t dw_slots;          // Pages per direct-write ring.
+  uint32_t host_flags;        // Reserved, 0.
   // Minor version 1; all 0 in a 1.0 region (no text areas).
-  uint64_t symbol_offset;    // TextAreaHeader + symbols (slot_size aligned).
-  uint32_t symbol_size;      // Bytes of the symbol area, header included; 0: none.
-  uint32_t comm_size;        // Bytes of the comm area, header included; 0: none.
-  uint64_t comm_offset;      // TextAreaHeader + comms (slot_size aligned).
+  uint64_t symbol_offset;  // TextAreaHeader + symbols (slot_size aligned).
+  uint32_t symbol_size;    // Bytes of the symbol area, header included; 0: none.
+  uint32_t comm_size;      // Bytes of the comm area, header included; 0: none.
+  uint64_t comm_offset;    // TextAreaHeader + comms (slot_size aligned).
   uint8_t reserved[112];
 };
 static_assert(sizeof(HostHeader) == 256);
@@ -137,8 +137,8 @@ static_assert(offsetof(HostHeader, cpu_offset) == 80);
 static_assert(offsetof(HostHeader, symbol_offset) == 120);
 
 enum RequestFlags : uint32_t {
-  kRequestStop = 1u << 0,      // Stop pumping and disable what we enabled.
-  kRequestMonoClock = 1u << 1, // Switch the kernel trace clock to "mono".
+  kRequestStop = 1u << 0,       // Stop pumping and disable what we enabled.
+  kRequestMonoClock = 1u << 1,  // Switch the kernel trace clock to "mono".
 };
 
 inline constexpr uint32_t kEventsTextSize = 1984;
@@ -176,11 +176,11 @@ struct GuestIdentity {
   char kernel_release[64];   // uname -r, NUL padded.
   uint32_t nr_cpus;          // CPUs the guest pumps (<= max_cpus).
   uint32_t agent_version;
-  uint32_t trace_clock;      // TraceClock of the kernel pages.
-  uint32_t page_size;        // Sub-buffer size trace_pipe_raw returns.
+  uint32_t trace_clock;  // TraceClock of the kernel pages.
+  uint32_t page_size;    // Sub-buffer size trace_pipe_raw returns.
   uint32_t agent_pid;
   uint32_t reserved0;
-  uint64_t attach_mono_ns;   // Guest CLOCK_MONOTONIC when the agent attached.
+  uint64_t attach_mono_ns;  // Guest CLOCK_MONOTONIC when the agent attached.
   uint8_t reserved[128];
 };
 static_assert(sizeof(GuestIdentity) == 256);
@@ -197,14 +197,14 @@ enum GuestState : uint32_t {
 
 // Guest status, rewritten on every pump tick.
 struct GuestStatus {
-  uint32_t state;             // GuestState.
+  uint32_t state;  // GuestState.
   int32_t last_errno;
-  uint64_t heartbeat;         // +1 per tick.
+  uint64_t heartbeat;  // +1 per tick.
   uint64_t heartbeat_mono_ns;
-  uint64_t request_ack;       // Last HostRequests::request_seq applied.
-  uint64_t snapshot_ack;      // Last snapshot_seq pushed.
-  uint64_t last_push_mono_ns; // End of the last push of every CPU.
-  uint64_t max_push_gap_ns;   // Largest gap between pushes: the loss window.
+  uint64_t request_ack;        // Last HostRequests::request_seq applied.
+  uint64_t snapshot_ack;       // Last snapshot_seq pushed.
+  uint64_t last_push_mono_ns;  // End of the last push of every CPU.
+  uint64_t max_push_gap_ns;    // Largest gap between pushes: the loss window.
   uint64_t pages_pushed;
   uint64_t events_enabled;
   uint64_t dw_rings_exhausted;  // Direct-write events dropped: no free ring.
@@ -216,7 +216,7 @@ static_assert(sizeof(GuestStatus) == 128);
 
 // What the agent did about the symbol area (GuestStatus::symbols_state).
 enum SymbolsState : uint32_t {
-  kSymbolsPending = 0,     // Not yet (reading and compressing takes a while), or a 1.0 agent.
+  kSymbolsPending = 0,  // Not yet (reading and compressing takes a while), or a 1.0 agent.
   kSymbolsPublished = 1,
   kSymbolsRestricted = 2,  // /proc/kallsyms shows zero addresses (kptr_restrict).
   kSymbolsTooLarge = 3,    // Compressed, they do not fit the area.
@@ -300,7 +300,7 @@ struct CpuRingHeader {
   uint64_t overrun;      // per_cpu/cpuN/stats "overrun" at the last push.
   uint64_t read_errors;
   uint32_t cpu;
-  uint32_t online;       // 1 while the agent pumps this CPU.
+  uint32_t online;  // 1 while the agent pumps this CPU.
   uint64_t reserved[3];
 };
 static_assert(sizeof(CpuRingHeader) == 64);
@@ -313,11 +313,11 @@ enum SlotFlags : uint32_t {
 // Describes one page slot; slot i of a ring holds the page whose |sequence|
 // is congruent to i modulo the ring's slot count.
 struct SlotDesc {
-  uint64_t seq;              // Seqlock; 0 = never written.
-  uint64_t sequence;         // Per-ring page number, from 0.
+  uint64_t seq;       // Seqlock; 0 = never written.
+  uint64_t sequence;  // Per-ring page number, from 0.
   uint32_t boot_generation;
-  uint32_t length;           // Bytes of the page that are valid (header incl.).
-  uint32_t flags;            // SlotFlags.
+  uint32_t length;  // Bytes of the page that are valid (header incl.).
+  uint32_t flags;   // SlotFlags.
   // Direct-write: TraceClock of this page's time stamps. A ring outlives
   // its threads, and the next owner may stamp with another clock than the
   // pages the last one left; 0 (writers before this field): the ring's
@@ -334,11 +334,11 @@ struct DwRingHeader {
   uint32_t pid;
   uint32_t tid;
   uint32_t boot_generation;
-  uint32_t clock;          // TraceClock of the time stamps.
-  uint64_t published;      // Pages begun = next |sequence|.
-  uint64_t lost_events;    // Events dropped (too large for a page).
-  char comm[16];           // Thread name, NUL padded.
-  uint64_t claims;         // Times the ring was claimed (ring reuse).
+  uint32_t clock;        // TraceClock of the time stamps.
+  uint64_t published;    // Pages begun = next |sequence|.
+  uint64_t lost_events;  // Events dropped (too large for a page).
+  char comm[16];         // Thread name, NUL padded.
+  uint64_t claims;       // Times the ring was claimed (ring reuse).
   uint64_t reserved[8];
 };
 static_assert(sizeof(DwRingHeader) == 128);

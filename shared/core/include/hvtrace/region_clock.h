@@ -58,9 +58,9 @@ class TscToMono {
 class RegionTimeline {
  public:
   enum class Mode : uint8_t {
-    kAsIs,        // Already on the trace clock (or a clock we cannot convert).
-    kConvert,     // TSC ticks, converted with the clock-sync samples.
-    kUnplaceable, // TSC ticks and no usable samples: not on the trace clock.
+    kAsIs,         // Already on the trace clock (or a clock we cannot convert).
+    kConvert,      // TSC ticks, converted with the clock-sync samples.
+    kUnplaceable,  // TSC ticks and no usable samples: not on the trace clock.
   };
 
   RegionTimeline(uint32_t trace_clock, std::span<const region::ClockSync> samples);

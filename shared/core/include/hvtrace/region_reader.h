@@ -103,30 +103,30 @@ bool HasRegionMagic(std::span<const std::byte> header_copy);
 
 // Why something in a region was not used. Stable names: RegionIssueName.
 enum class RegionIssue : uint8_t {
-  kHeaderMismatch,         // HostHeader no longer matches the host's geometry.
-  kIdentityTorn,           // GuestIdentity seq odd or changed during the copy.
-  kIdentityBad,            // Impossible identity values (CPUs, generation).
-  kFormatTorn,             // Entry being written.
-  kFormatOutOfRange,       // Text offset/length outside the text area.
+  kHeaderMismatch,    // HostHeader no longer matches the host's geometry.
+  kIdentityTorn,      // GuestIdentity seq odd or changed during the copy.
+  kIdentityBad,       // Impossible identity values (CPUs, generation).
+  kFormatTorn,        // Entry being written.
+  kFormatOutOfRange,  // Text offset/length outside the text area.
   kFormatBadKind,
-  kFormatParseError,       // Text is not a format.
-  kFormatIdMismatch,       // Entry id differs from the text's ID (or dw id rule).
+  kFormatParseError,  // Text is not a format.
+  kFormatIdMismatch,  // Entry id differs from the text's ID (or dw id rule).
   kFormatFingerprintMismatch,
-  kFormatConflict,         // Same generation and id, different fingerprint.
-  kSlotTorn,               // seq odd or changed during the copy.
-  kSlotMisplaced,          // sequence % slots != slot, or older than the ring allows.
-  kSlotLengthOutOfRange,   // length < data offset or > slot size.
-  kSlotCommitPastLength,   // Page commit reaches past the slot's length.
-  kSlotBadGeneration,      // 0 or newer than the guest's generation.
-  kSlotPageError,          // The page walker rejected the page (see detail).
-  kRingCounterBehind,      // A slot's sequence is past the ring's published count.
-  kCounterBackwards,       // A counter went down since the previous read.
-  kClockSyncDropped,       // Clock-sync samples off the line the others agree on (region_clock.h).
-  kDwClockUnplaceable,     // A TSC-stamped ring with too few sound samples to convert.
-  kDwClockUnknown,         // A ring's clock is neither CLOCK_MONOTONIC nor the TSC.
-  kSymbolsTorn,            // Symbol area seq odd or changed during the copy.
-  kSymbolsBad,             // Symbol area: sizes, CRC, compression or text that lie.
-  kCommsTorn,              // Comm area likewise.
+  kFormatConflict,        // Same generation and id, different fingerprint.
+  kSlotTorn,              // seq odd or changed during the copy.
+  kSlotMisplaced,         // sequence % slots != slot, or older than the ring allows.
+  kSlotLengthOutOfRange,  // length < data offset or > slot size.
+  kSlotCommitPastLength,  // Page commit reaches past the slot's length.
+  kSlotBadGeneration,     // 0 or newer than the guest's generation.
+  kSlotPageError,         // The page walker rejected the page (see detail).
+  kRingCounterBehind,     // A slot's sequence is past the ring's published count.
+  kCounterBackwards,      // A counter went down since the previous read.
+  kClockSyncDropped,      // Clock-sync samples off the line the others agree on (region_clock.h).
+  kDwClockUnplaceable,    // A TSC-stamped ring with too few sound samples to convert.
+  kDwClockUnknown,        // A ring's clock is neither CLOCK_MONOTONIC nor the TSC.
+  kSymbolsTorn,           // Symbol area seq odd or changed during the copy.
+  kSymbolsBad,            // Symbol area: sizes, CRC, compression or text that lie.
+  kCommsTorn,             // Comm area likewise.
   kCommsBad,
   kCount,
 };
@@ -187,9 +187,9 @@ struct RegionPage {
   uint32_t boot_generation = 0;
   uint32_t flags = 0;
   uint32_t length = 0;
-  uint32_t clock = 0;   // Direct-write: TraceClock of its stamps (SlotDesc::clock, else the ring's).
-  uint64_t offset = 0;  // Of the page in the region.
-  uint64_t records = 0;                  // Good records (before any error).
+  uint32_t clock = 0;  // Direct-write: TraceClock of its stamps (SlotDesc::clock, else the ring's).
+  uint64_t offset = 0;                    // Of the page in the region.
+  uint64_t records = 0;                   // Good records (before any error).
   PageError page_error = PageError::kOk;  // Records after the error are unusable.
   std::span<const std::byte> page;
 };
@@ -199,7 +199,7 @@ struct RegionRing {
   bool direct_write = false;
   uint64_t published = 0;
   uint64_t lost_events = 0;
-  uint64_t overrun = 0;  // CPU rings.
+  uint64_t overrun = 0;       // CPU rings.
   uint32_t pid = 0, tid = 0;  // Direct-write rings.
   uint32_t clock = 0;
   std::string comm;

@@ -88,20 +88,20 @@ enum class BootMapCheck : uint8_t {
 const char* BootMapCheckName(BootMapCheck check);
 
 struct BootMapIssue {
-  int cpu = -1;             // -1: about the whole range.
+  int cpu = -1;  // -1: about the whole range.
   BootMapCheck check = BootMapCheck::kCount;
-  uint64_t offset = 0;      // Offset in the range of the bad field or page.
-  std::string message;      // Says which CPU, slot, value.
+  uint64_t offset = 0;  // Offset in the range of the bad field or page.
+  std::string message;  // Says which CPU, slot, value.
 };
 
 // One sub-buffer in read order.
 struct BootMapPage {
-  uint32_t logical = 0;     // Index into buffers[] (0 = reader page).
-  uint32_t physical = 0;    // Slot after the meta.
-  uint64_t offset = 0;      // Offset of the page in the range.
-  uint32_t boot = 0;        // Boot index over the whole range (0 = oldest).
+  uint32_t logical = 0;              // Index into buffers[] (0 = reader page).
+  uint32_t physical = 0;             // Slot after the meta.
+  uint64_t offset = 0;               // Offset of the page in the range.
+  uint32_t boot = 0;                 // Boot index over the whole range (0 = oldest).
   PageError error = PageError::kOk;  // First walk error; records before it count.
-  bool skipped = false;     // Not decoded (duplicate slot, or a corrupt time).
+  bool skipped = false;              // Not decoded (duplicate slot, or a corrupt time).
   bool time_went_backwards = false;  // Starts before the previous page ended.
   uint32_t records = 0;
   uint64_t first_timestamp = 0;  // Of the first record (page time when empty).
@@ -113,7 +113,7 @@ struct BootMapPage {
 struct BootMapRecord {
   uint64_t timestamp = 0;
   uint32_t boot = 0;
-  uint32_t page = 0;        // Index into BootMapCpu::pages.
+  uint32_t page = 0;  // Index into BootMapCpu::pages.
   std::span<const std::byte> payload;
 };
 
@@ -125,7 +125,7 @@ struct BootMapCpu {
 
   // Fields as read from the copy (0 when the chunk is outside the range).
   int32_t struct_size = 0;
-  uint64_t text_addr = 0;   // kaslr_addr in the 48-byte variant.
+  uint64_t text_addr = 0;  // kaslr_addr in the 48-byte variant.
   uint64_t data_addr = 0;
   uint64_t first_buffer = 0, head_buffer = 0, commit_buffer = 0;
   uint32_t subbuf_size = 0, nr_subbufs = 0;
@@ -137,21 +137,21 @@ struct BootMapCpu {
   std::vector<BootMapRecord> records;  // Read order.
   PageStats stats;
   std::vector<BootMapIssue> issues;
-  uint32_t boots = 0;       // Boot segments on this CPU.
+  uint32_t boots = 0;  // Boot segments on this CPU.
 };
 
 struct BootMapOptions {
-  int cpus = 0;             // nr_cpu_ids when known; 0 derives it.
-  PageLayout layout;        // From the guest's events/header_page.
+  int cpus = 0;       // nr_cpu_ids when known; 0 derives it.
+  PageLayout layout;  // From the guest's events/header_page.
 };
 
 struct BootMap {
-  std::string layout;       // "linux-6.12" (56-byte meta) or "linux-6.12-kaslr".
+  std::string layout;  // "linux-6.12" (56-byte meta) or "linux-6.12-kaslr".
   int cpus = 0;
   bool cpus_derived = false;
   uint32_t nr_subbufs = 0;  // Expected per CPU, from the range size.
   uint64_t chunk_stride = 0;
-  uint32_t boots = 0;       // Boots seen in the range (max over CPUs).
+  uint32_t boots = 0;  // Boots seen in the range (max over CPUs).
   std::vector<BootMapCpu> cpu;
   std::vector<BootMapIssue> issues;  // Every CPU's issues and global ones.
 
@@ -166,8 +166,8 @@ Result<BootMap> ReadBootMap(std::span<const std::byte> range, const BootMapOptio
 
 // Per-CPU nr_subbufs and chunk stride as the 6.12 kernel computes them for a
 // range of |range_size| bytes split over |cpus|; false when it would not fit.
-bool BootMapGeometry(uint64_t range_size, int cpus, uint32_t subbuf_size,
-                     uint32_t meta_size, uint32_t* nr_subbufs, uint64_t* stride);
+bool BootMapGeometry(uint64_t range_size, int cpus, uint32_t subbuf_size, uint32_t meta_size,
+                     uint32_t* nr_subbufs, uint64_t* stride);
 
 }  // namespace hvtrace
 

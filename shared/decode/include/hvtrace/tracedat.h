@@ -36,8 +36,8 @@ struct TraceDatCpu {
 
 // A problem found while reading; reading goes on past it where it can.
 struct TraceDatIssue {
-  int cpu = -1;          // -1 when not about one CPU.
-  uint64_t offset = 0;   // File offset (or offset in the decompressed stream).
+  int cpu = -1;         // -1 when not about one CPU.
+  uint64_t offset = 0;  // File offset (or offset in the decompressed stream).
   std::string message;
 };
 
@@ -65,16 +65,16 @@ class TraceDat {
   int version() const;
   bool big_endian() const;
   uint32_t long_size() const;
-  uint32_t page_size() const;  // Sub-buffer size of the trace data.
+  uint32_t page_size() const;              // Sub-buffer size of the trace data.
   const std::string& compression() const;  // "none", "zstd", "zlib".
 
-  const std::string& header_page() const;   // events/header_page text
-  const std::string& header_event() const;  // events/header_event text
+  const std::string& header_page() const;          // events/header_page text
+  const std::string& header_event() const;         // events/header_event text
   const std::vector<FormatText>& formats() const;  // ftrace + event formats
-  const std::string& kallsyms() const;       // /proc/kallsyms text (may be empty)
-  const std::string& printk_formats() const; // printk_formats text (may be empty)
-  const std::string& cmdlines() const;       // saved_cmdlines text: "pid comm\n"
-  const std::string& trace_clock() const;    // The clock in use, e.g. "local".
+  const std::string& kallsyms() const;             // /proc/kallsyms text (may be empty)
+  const std::string& printk_formats() const;       // printk_formats text (may be empty)
+  const std::string& cmdlines() const;             // saved_cmdlines text: "pid comm\n"
+  const std::string& trace_clock() const;          // The clock in use, e.g. "local".
   // Time offset to add to every time stamp (trace-cmd's TSC/guest offset
   // options); 0 when the file has none.
   int64_t timestamp_offset() const;
@@ -89,11 +89,11 @@ class TraceDat {
   // Calls |on_page(page_copy, offset)| for every page of CPU index |cpu_index|
   // (into cpus()), in order. |page_copy| is a private copy of page_size()
   // bytes, valid for the call. |offset| is the page's file offset, or for
-  // compressed data its offset in the CPU's decompressed stream. Return false from |on_page| to stop. Problems
-  // are appended to issues() and the walk continues where it can.
-  Status ForEachPage(size_t cpu_index,
-                     const std::function<bool(std::span<const std::byte> page_copy,
-                                              uint64_t offset)>& on_page);
+  // compressed data its offset in the CPU's decompressed stream. Return false from |on_page| to
+  // stop. Problems are appended to issues() and the walk continues where it can.
+  Status ForEachPage(
+      size_t cpu_index,
+      const std::function<bool(std::span<const std::byte> page_copy, uint64_t offset)>& on_page);
 
   const std::vector<TraceDatIssue>& issues() const;
 

@@ -38,9 +38,9 @@ struct TraceDatWriterInput {
   // Format files; system "ftrace" goes to the ftrace section, the others are
   // grouped by system in first-seen order.
   std::vector<FormatText> formats;
-  std::string kallsyms;        // /proc/kallsyms text (may be empty).
-  std::string printk_formats;  // printk_formats text (may be empty).
-  std::string cmdlines;        // saved_cmdlines text, "pid comm\n" lines.
+  std::string kallsyms;               // /proc/kallsyms text (may be empty).
+  std::string printk_formats;         // printk_formats text (may be empty).
+  std::string cmdlines;               // saved_cmdlines text, "pid comm\n" lines.
   std::string trace_clock = "local";  // The clock name, e.g. "local", "global".
   // Per CPU (index = CPU number), the pages in read order; each exactly
   // |page_size| bytes.

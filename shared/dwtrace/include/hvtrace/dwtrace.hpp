@@ -47,9 +47,9 @@
 #ifndef HVTRACE_DWTRACE_HPP_
 #define HVTRACE_DWTRACE_HPP_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -61,7 +61,11 @@
 
 namespace hvtrace::dw {
 
-enum class Clock : uint32_t { kAuto = 0, kMonotonic = region::kClockMono, kTsc = region::kClockTsc };
+enum class Clock : uint32_t {
+  kAuto = 0,
+  kMonotonic = region::kClockMono,
+  kTsc = region::kClockTsc
+};
 
 // Whether this CPU's TSC is invariant, and whether the kernel still lists it
 // as a clocksource (what Clock::kAuto checks, once each).
@@ -103,8 +107,8 @@ class Tracer {
   bool Write(uint16_t id, const void* payload, uint32_t size);
 
   // The format text Register() publishes (exposed for tests).
-  static std::string FormatText(std::string_view name, uint32_t id, const std::vector<Field>& fields,
-                                std::string_view print_fmt);
+  static std::string FormatText(std::string_view name, uint32_t id,
+                                const std::vector<Field>& fields, std::string_view print_fmt);
 
   // Of the region written to now.
   uint32_t boot_generation() const;

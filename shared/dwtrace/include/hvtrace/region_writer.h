@@ -118,7 +118,8 @@ class GuestRegion {
   uint32_t FindFormatId(region::FormatKind kind, uint32_t generation, uint64_t fingerprint) const;
   // Whether a format of |kind| with |id| and |fingerprint| is published for
   // |generation| (an agent restarted in the same boot does not republish).
-  bool HasFormat(region::FormatKind kind, uint32_t generation, uint32_t id, uint64_t fingerprint) const;
+  bool HasFormat(region::FormatKind kind, uint32_t generation, uint32_t id,
+                 uint64_t fingerprint) const;
   // Replaces the symbol or comm area with |text| (EncodeText), seqlocked.
   // Fails when the host gave no such area or the text does not fit it.
   Status WriteTextArea(TextAreaKind kind, uint32_t generation, const EncodedText& text);
@@ -130,7 +131,8 @@ class GuestRegion {
 
   // CPU rings: copies |page| (a whole sub-buffer as trace_pipe_raw returned
   // it, <= slot_size bytes) into the next slot of |cpu| and publishes it.
-  void PushCpuPage(uint32_t cpu, uint32_t generation, std::span<const std::byte> page, uint32_t flags);
+  void PushCpuPage(uint32_t cpu, uint32_t generation, std::span<const std::byte> page,
+                   uint32_t flags);
   region::CpuRingHeader* cpu_ring(uint32_t cpu) const;
 
   region::DwRingHeader* dw_ring(uint32_t ring) const;
@@ -141,7 +143,9 @@ class GuestRegion {
  private:
   GuestRegion(std::byte* base, const RegionGeometry& geometry) : base_(base), geometry_(geometry) {}
   template <typename T>
-  T* At(uint64_t offset) const { return reinterpret_cast<T*>(base_ + offset); }
+  T* At(uint64_t offset) const {
+    return reinterpret_cast<T*>(base_ + offset);
+  }
 
   std::byte* base_ = nullptr;
   RegionGeometry geometry_;

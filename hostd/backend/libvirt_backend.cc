@@ -20,10 +20,6 @@ using json = nlohmann::json;
 
 namespace {
 
-double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 std::string StateName(int state, int reason) {
   switch (state) {
     case VIR_DOMAIN_RUNNING:

@@ -28,4 +28,8 @@ double MsSince(const HostTime& since) {
   return static_cast<double>(HostTime::Now().monotonic_ns - since.monotonic_ns) / 1e6;
 }
 
+double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
 }  // namespace hvtrace::hostd

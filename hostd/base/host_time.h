@@ -3,6 +3,7 @@
 #ifndef HVTRACE_HOSTD_HOST_TIME_H_
 #define HVTRACE_HOSTD_HOST_TIME_H_
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 
@@ -19,6 +20,9 @@ std::string UtcStamp(int64_t realtime_ns);
 
 // Milliseconds on the monotonic clock from |since| to now.
 double MsSince(const HostTime& since);
+
+// Milliseconds from |a| to |b| on the steady clock.
+double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b);
 
 }  // namespace hvtrace::hostd
 

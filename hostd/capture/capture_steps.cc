@@ -10,10 +10,6 @@ namespace {
 
 using nlohmann::json;
 
-double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 // Puts |attach| where the layout says: region when it is the only one,
 // region.attach beside a region file.
 void PlaceAttachRegion(CaptureManifest& manifest, json attach) {

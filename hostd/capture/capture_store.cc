@@ -111,10 +111,6 @@ bool AllZero(std::span<const std::byte> page) {
                           std::memcmp(page.data(), page.data() + 1, page.size() - 1) == 0);
 }
 
-double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 Status FsyncDir(const std::filesystem::path& dir) {
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (fd.get() < 0) return Error{"cannot open directory " + dir.string() + ": " + Errno(errno)};

@@ -24,10 +24,6 @@ using nlohmann::json;
 
 constexpr size_t kMaxProblemsInManifest = 256;
 
-double MsBetween(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
-  return std::chrono::duration<double, std::milli>(b - a).count();
-}
-
 void StoreLe(std::span<std::byte> page, uint32_t offset, uint32_t size, uint64_t value) {
   for (uint32_t i = 0; i < size; ++i) page[offset + i] = static_cast<std::byte>(value >> (8 * i));
 }

@@ -32,9 +32,12 @@
 #include <string>
 #include <vector>
 
+#include "attach_session.h"
 #include "domain_xml.h"
 #include "hvtrace/result.h"
 #include "libvirt_client.h"
+#include "libvirt_domain.h"
+#include "libvirt_region_transport.h"
 #include "live_region.h"
 #include "units.h"
 #include "vm_backend.h"
@@ -55,11 +58,17 @@ struct LibvirtRegionSpec {
 // from the domain's memmap= kernel parameter and NUMA cells.
 Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info);
 
-// Where attach/detach do their blocking libvirt work (they wait for
-// DEVICE_ADDED/REMOVED); never the libvirt event loop's executor. Empty: on
-// the caller's thread.
+// Where attach/detach and the look after a reconnect do their blocking
+// libvirt work; never the libvirt event loop's executor. Attach needs it.
 struct LibvirtBackendOptions {
   boost::asio::any_io_executor blocking;
+};
+
+// What the domain's XML says that the backend keeps.
+struct LibvirtDomainFacts {
+  std::string on_crash;  // <on_crash>: what libvirt does after a panic.
+  std::string kernel;    // <os><kernel>, when the domain boots one directly.
+  std::string initrd;    // <os><initrd>: a harvest boots the kernel with it.
 };
 
 class LibvirtDomainBackend : public VmBackend {
@@ -69,6 +78,10 @@ class LibvirtDomainBackend : public VmBackend {
                                                               const std::string& domain,
                                                               LibvirtRegionSpec region,
                                                               LibvirtBackendOptions options = {});
+  // For |domain| as given (tests pass a fake); |region_fd| is |region|'s
+  // file, opened read-only, or -1 for kind "none"; the backend closes it.
+  LibvirtDomainBackend(std::unique_ptr<LibvirtDomain> domain, LibvirtRegionSpec region,
+                       int region_fd, LibvirtDomainFacts facts, LibvirtBackendOptions options);
   ~LibvirtDomainBackend() override;
 
   std::string_view kind() const override { return "libvirt"; }
@@ -76,47 +89,43 @@ class LibvirtDomainBackend : public VmBackend {
   void Stop() override;
   Result<CaptureInputs> PrepareCapture() override;
   uint64_t region_file_bytes() const override { return region_.kind == "none" ? 0 : region_.size; }
-  KernelFiles kernel_files() const override { return {kernel_key_, kernel_path_, initrd_path_}; }
+  KernelFiles kernel_files() const override { return {kernel_key_, facts_.kernel, facts_.initrd}; }
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
-  // Attach mode (attach_vm.h): the region file is created with its header
-  // (LiveRegion), owned by QEMU's user, then hot-plugged as <shmem> with the
-  // alias ua-hvtrace-<file name>; detach trusts only DEVICE_REMOVED.
-  void Attach(const AttachOptions& options, AttachDone done) override;
-  void Detach(std::chrono::milliseconds timeout, AttachDone done) override;
-  std::shared_ptr<LiveRegion> live_region() const override;
-  nlohmann::json AttachStatus() const override;
+  // Attach mode (attach_session.h; the libvirt steps in
+  // libvirt_region_transport.h).
+  void Attach(const AttachOptions& options, AttachDone done) override {
+    attach_.Attach(options, std::move(done));
+  }
+  void Detach(std::chrono::milliseconds timeout, AttachDone done) override {
+    attach_.Detach(timeout, std::move(done));
+  }
+  std::shared_ptr<LiveRegion> live_region() const override { return attach_.region(); }
+  nlohmann::json AttachStatus() const override { return attach_.Status(); }
   // A region hvtrace attached earlier (found by AdoptLibvirtDomain).
-  void AdoptAttachedRegion(std::shared_ptr<LiveRegion> region, std::string shm_name);
+  void AdoptAttachedRegion(std::shared_ptr<LiveRegion> region, const std::string& shm_name);
 
-  const std::string& domain_name() const { return name_; }
-  const std::string& domain_uuid() const { return uuid_; }
+  const std::string& domain_name() const { return domain_->name(); }
+  const std::string& domain_uuid() const { return domain_->uuid(); }
 
  private:
-  LibvirtDomainBackend(std::shared_ptr<LibvirtClient> client, std::string name, std::string uuid,
-                       LibvirtRegionSpec region, int fd, std::string on_crash);
-  Result<nlohmann::json> DoAttach(const AttachOptions& options);
-  Result<nlohmann::json> DoDetach(std::chrono::milliseconds timeout);
-  void RunBlocking(std::function<void()> fn);
   void OnEvent(const LibvirtDomainEvent& event);
+  void OnLifecycle(const LibvirtDomainEvent& event, VmEventSink& sink);
   void OnCrash(const LibvirtDomainEvent& event, const std::string& name);
-  // DEVICE_REMOVED of our <shmem>, asked for or not (a guest may eject it).
-  void OnShmemRemoved(const std::string& alias);
-  // libvirt's view of the domain: "running", "paused (crashed)", "shut off", …
-  std::string StateNow(bool* active) const;
+  // After a reconnect: events during the gap are lost, so look (off the
+  // event loop's thread).
+  void LookAfterReconnect(const LibvirtDomainEvent& event);
+  std::string StateText(bool* active) const;
 
-  std::shared_ptr<LibvirtClient> client_;
-  const std::string name_;
-  const std::string uuid_;
+  std::unique_ptr<LibvirtDomain> domain_;
   const LibvirtRegionSpec region_;
   int fd_ = -1;
-  const std::string on_crash_;
-  std::string kernel_path_;  // <os><kernel>, when the domain has one.
-  std::string kernel_key_;   // formats_cache.h key of that file.
+  const LibvirtDomainFacts facts_;
+  std::string kernel_key_;  // formats_cache.h key of facts_.kernel.
   std::string kernel_key_error_;
-  std::string initrd_path_;  // <os><initrd>: a harvest boots the kernel with it.
   LibvirtBackendOptions options_;
   int subscription_ = -1;
+  std::shared_ptr<int> life_ = std::make_shared<int>(0);
 
   mutable std::mutex mu_;  // Guards the fields below.
   VmEventSink* sink_ = nullptr;
@@ -127,11 +136,10 @@ class LibvirtDomainBackend : public VmBackend {
   std::optional<PanicNote> pending_panic_;          // Reported, not yet captured.
   std::optional<std::string> stopped_after_panic_;  // STOPPED/* after the last panic.
   uint64_t disconnects_ = 0;
-  std::shared_ptr<LiveRegion> live_region_;  // Attach mode; kept after detach.
-  std::string attach_shm_;                   // /dev/shm/<attach_shm_> while attached.
-  bool attached_ = false;
-  bool attach_busy_ = false;
-  nlohmann::json attach_info_;  // Last attach/detach reply or error.
+
+  // Last: they go first, while the fields above still stand.
+  LibvirtRegionTransport attach_transport_;
+  AttachSession attach_;
 };
 
 // Convenience for the daemon and tools: the shmem region of an attachment.
@@ -146,10 +154,6 @@ LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size);
 Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(
     std::shared_ptr<LibvirtClient> client, const std::string& domain,
     LibvirtBackendOptions options = {}, bool allow_no_region = false);
-
-// QEMU's pid for the running domain |name| (from /proc/*/cmdline "-name
-// guest=NAME"), or an error saying none runs here.
-Result<pid_t> FindDomainQemu(const std::string& name);
 
 }  // namespace hvtrace::hostd
 

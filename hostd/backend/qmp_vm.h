@@ -33,7 +33,9 @@
 #include <string_view>
 #include <vector>
 
+#include "attach_session.h"
 #include "hvtrace/result.h"
+#include "qmp_attach.h"
 #include "qmp_client.h"
 #include "vm_backend.h"
 #include "vm_process.h"
@@ -111,24 +113,21 @@ class QmpVmBackend : public VmBackend {
   // Kills an owned QEMU (for `hvtrace stop --kill`); asks QMP quit otherwise.
   void Quit() override;
 
-  // Attach mode (attach_vm.h has the replies). |options.region_path| names
-  // the file to create.
-  void Attach(const AttachOptions& options, AttachDone done) override;
-  void Detach(std::chrono::milliseconds timeout, AttachDone done) override;
-  std::shared_ptr<LiveRegion> live_region() const override;
-  nlohmann::json AttachStatus() const override;
+  // Attach mode (attach_session.h; the QMP steps in qmp_attach.h).
+  void Attach(const AttachOptions& options, AttachDone done) override {
+    attach_.Attach(options, std::move(done));
+  }
+  void Detach(std::chrono::milliseconds timeout, AttachDone done) override {
+    attach_.Detach(timeout, std::move(done));
+  }
+  std::shared_ptr<LiveRegion> live_region() const override { return attach_.region(); }
+  nlohmann::json AttachStatus() const override { return attach_.Status(); }
 
  private:
   void CheckStatusAtConnect(const HostTime& watch_began);
-  // Attach-mode steps, on the I/O executor.
-  struct AttachJob;
-  void AttachWhenConnected(std::shared_ptr<AttachJob> job);
-  void AttachCheckMachine(std::shared_ptr<AttachJob> job);
-  void AttachPlug(std::shared_ptr<AttachJob> job);
-  void AttachAwaitAgent(std::shared_ptr<AttachJob> job);
-  void AttachFinish(std::shared_ptr<AttachJob> job, Result<nlohmann::json> result);
   void OnDeviceDeleted(const std::string& device);
-  void SaveAttachSpec();
+  // Saves the attach fields of the spec (region null: none attached).
+  void RememberAttach(const LiveRegion* region, const PluggedDevice* device);
   boost::asio::any_io_executor io_;
   const QmpVmSpec spec_;
   std::unique_ptr<Vm> vm_;
@@ -141,20 +140,9 @@ class QmpVmBackend : public VmBackend {
   std::string last_qmp_event_;
   const std::filesystem::path spec_dir_;
   QmpVmSpec attach_spec_;  // spec_ with the attach fields as they are now.
-  std::shared_ptr<LiveRegion> live_region_;
-  bool attached_ = false;       // The device is plugged.
-  bool attach_busy_ = false;    // An attach or detach is under way.
-  nlohmann::json attach_info_;  // Last attach reply, for status.
-  struct PendingDetach {
-    std::string device;
-    std::string memdev;
-    AttachDone done;
-    std::chrono::steady_clock::time_point start;
-    std::shared_ptr<boost::asio::steady_timer> timer;
-  };
-  std::optional<PendingDetach> detach_;
-  // Callbacks still queued when the backend goes check this first.
-  std::shared_ptr<int> life_ = std::make_shared<int>(0);
+  // Last: they go first, while the fields above still stand.
+  QmpRegionTransport attach_transport_;
+  AttachSession attach_;
 };
 
 }  // namespace hvtrace::hostd

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 
 namespace hvtrace::hostd {
@@ -109,6 +110,18 @@ std::string SizeText(uint64_t bytes) {
     }
   }
   return std::to_string(bytes);
+}
+
+std::string HexText(uint64_t value) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(value));
+  return buf;
+}
+
+std::string HexId(uint64_t value) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(value));
+  return buf;
 }
 
 }  // namespace hvtrace::hostd

@@ -31,6 +31,11 @@ Result<std::chrono::milliseconds> ParseDuration(
 // "16M", "1G", "4096" — the shortest exact spelling ParseSize reads back.
 std::string SizeText(uint64_t bytes);
 
+// "0x40000000": an address or size as QEMU and the kernel print them.
+std::string HexText(uint64_t value);
+// "00c0ffee12345678": a 64-bit id at fixed width (region ids).
+std::string HexId(uint64_t value);
+
 }  // namespace hvtrace::hostd
 
 #endif  // HVTRACE_HOSTD_UNITS_H_

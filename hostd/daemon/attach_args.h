@@ -1,16 +1,18 @@
 // Attach mode in hvtraced: the control commands attach, detach and stream
-// (handlers: Daemon::HandleAttachCommand in attach_vm.cc) and their
+// (handlers: Daemon::HandleAttach/HandleDetach in attach_commands.cc) and their
 // arguments.
 //
 //   attach {name, qmp?, size_mib? = 16, events? = "", pump_interval_ms? = 50,
 //           wait_ms? = 30000}
-//     A VM unknown to hvtraced is adopted first when |qmp| is given (no boot
-//     region). Reply: {name, region {file, size, region_id}, device {id,
-//     memdev, bus?}, plug_ms, announce_ms, guest {...} | null, note?}; guest
-//     is null when no agent announced itself within wait_ms (the device
-//     stays plugged).
+//     A VM unknown to hvtraced is adopted first (a QEMU by |qmp|, a libvirt
+//     domain by name). Reply, the same for every backend
+//     (backend/attach_session.h): {name, region {file, size, region_id},
+//     device {id, memdev, bus?}, transport {kind, …}, plug_ms, announce_ms?,
+//     guest {...} | null, note?}; guest is null when no agent announced
+//     itself within wait_ms (the device stays plugged).
 //   detach {name, timeout_ms? = 10000}
-//     Reply: {name, detached, device_deleted_ms, region {file, kept_open}}.
+//     Reply: {name, detached, device, device_deleted_ms, region {file,
+//     kept_open}}.
 //   stream {name, format? = "text" | "json", from? = "now" | "start"}
 //     Stream items {"text": lines} (JSON lines for format json) and
 //     {"note": text}; the final line {reason, events, pages_missed}.

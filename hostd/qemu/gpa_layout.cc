@@ -3,14 +3,10 @@
 #include <cstdio>
 #include <string>
 
+#include "units.h"
+
 namespace hvtrace::hostd {
 namespace {
-
-std::string Hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
-}
 
 std::string MiB(uint64_t v) {
   if (v % kMiB == 0) return std::to_string(v / kMiB) + " MiB";
@@ -46,7 +42,7 @@ Result<BootRangeLayout> ComputeBootRangeLayout(const BootRangeRequest& request) 
     // Beyond the limit QEMU moves the rest of RAM above 4 GiB and node 1 is no
     // longer contiguous with node 0; refuse rather than guess the split.
     return Error{"guest memory " + MiB(memory) + " does not fit below the low-memory limit " +
-                 Hex(low_limit) + " of this machine type; a boot range needs all RAM below it"};
+                 HexText(low_limit) + " of this machine type; a boot range needs all RAM below it"};
   }
 
   BootRangeLayout layout;
@@ -62,18 +58,18 @@ Result<BootRangeLayout> ComputeBootRangeLayout(const BootRangeRequest& request) 
     layout.node0_bytes = memory - layout.node1_bytes;
   } else {
     if (request.node0_bytes % kNodeAlignment != 0) {
-      return Error{"boot range address " + Hex(request.node0_bytes) + " (node 0 size) is not " +
+      return Error{"boot range address " + HexText(request.node0_bytes) + " (node 0 size) is not " +
                    MiB(kNodeAlignment) + " aligned"};
     }
     if (request.node0_bytes >= memory) {
-      return Error{"boot range address " + Hex(request.node0_bytes) + " is beyond guest memory " +
-                   MiB(memory)};
+      return Error{"boot range address " + HexText(request.node0_bytes) +
+                   " is beyond guest memory " + MiB(memory)};
     }
     layout.node0_bytes = request.node0_bytes;
     layout.node1_bytes = memory - request.node0_bytes;
     if (layout.node1_bytes < needed_node1) {
       return Error{"boot range of " + MiB(range) + " is too large for its node: node 1 at " +
-                   Hex(layout.node0_bytes) + " has " + MiB(layout.node1_bytes) +
+                   HexText(layout.node0_bytes) + " has " + MiB(layout.node1_bytes) +
                    ", needs at least " + MiB(needed_node1) + " (range + " +
                    MiB(kBootRangeHeadroom) + " headroom)"};
     }
@@ -85,8 +81,8 @@ Result<BootRangeLayout> ComputeBootRangeLayout(const BootRangeRequest& request) 
   layout.range_gpa = layout.node0_bytes;
   layout.file_offset = layout.range_gpa - layout.node0_bytes;  // Node 1 starts at node 0's end.
   if (layout.range_gpa + layout.range_bytes > low_limit) {
-    return Error{"boot range " + Hex(layout.range_gpa) + "+" + Hex(range) +
-                 " does not fit below the low-memory limit " + Hex(low_limit)};
+    return Error{"boot range " + HexText(layout.range_gpa) + "+" + HexText(range) +
+                 " does not fit below the low-memory limit " + HexText(low_limit)};
   }
   return layout;
 }

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "kvm_probe.h"
+#include "units.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -19,12 +20,6 @@ std::string OptValue(const std::string& v) {
     if (c == ',') out.push_back(',');
   }
   return out;
-}
-
-std::string Hex(uint64_t v) {
-  char buf[24];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
@@ -140,7 +135,7 @@ Status AddBootRange(const VmConfig& config, const std::string& vm, QemuPlan& pla
        "memory-backend-file,id=hvt_node1,size=" + std::to_string(layout->node1_bytes) +
            ",mem-path=" + OptValue(br.backing_path) + ",share=on",
        "-numa", "node,nodeid=0,memdev=hvt_node0", "-numa", "node,nodeid=1,memdev=hvt_node1"});
-  const std::string where = Hex(layout->range_gpa);
+  const std::string where = HexText(layout->range_gpa);
   cmdline += " memmap=" + KernelSize(layout->range_bytes) + "$" + where;
   cmdline +=
       " trace_instance=" + br.instance_name + "@" + where + ":" + KernelSize(layout->range_bytes);

@@ -199,7 +199,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
       version.c_str(), (*attached)["plug_ms"].get<double>(),
       (*attached)["announce_ms"].get<double>(),
       std::chrono::duration<double, std::milli>(Clock::now() - attach_start).count(),
-      (*attached)["machine"].get<std::string>().c_str());
+      (*attached)["transport"]["machine"].get<std::string>().c_str());
   // A second attach while one is plugged is refused.
   const RunResult twice = hvt.Hvtrace({"attach", name, "--wait-ms", "0"});
   EXPECT_EQ(twice.status, 1) << twice.output;

@@ -112,7 +112,7 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
   auto attached =
       hvt.HvtraceJson({"attach", name, "--size", "4M", "--pump-ms", "50", "--wait-ms", "60000"});
   ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
-  EXPECT_NE((*attached)["machine"].get<std::string>().find("q35"), std::string::npos)
+  EXPECT_NE((*attached)["transport"]["machine"].get<std::string>().find("q35"), std::string::npos)
       << attached->dump(2);
   EXPECT_EQ((*attached)["device"]["bus"], "hvt-rp0") << attached->dump(2);
   ASSERT_FALSE((*attached)["guest"].is_null()) << attached->dump(2) << diag();

@@ -448,7 +448,8 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   std::printf(
       "[ metric ] libvirt attach through hvtraced: plugged in %.1f ms (DEVICE_ADDED %.1f ms), "
       "agent announced %.1f ms later\n",
-      (*attached)["plug_ms"].get<double>(), (*attached)["libvirt"]["device_added_ms"].get<double>(),
+      (*attached)["plug_ms"].get<double>(),
+      (*attached)["transport"]["device_added_ms"].get<double>(),
       (*attached)["announce_ms"].get<double>());
   Result<int> seen = WaitGuestIvshmemCount(domain, 1);
   LV_ASSERT_OK(seen);

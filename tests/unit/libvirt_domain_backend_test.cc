@@ -1,0 +1,263 @@
+// LibvirtDomainBackend against a fake LibvirtDomain (hostd/libvirt/
+// libvirt_domain.h): libvirt's events become the supervisor's, a panic is
+// noted and described at capture, a reconnect looks at the domain off the
+// event loop's thread, and attach/detach go through the one attach session.
+// The real libvirt calls are covered by the libvirt e2e tests.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "libvirt_backend.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace std::chrono_literals;
+using Kind = LibvirtDomainEvent::Kind;
+
+struct FakeDomain : LibvirtDomain {
+  std::string name_ = "fake-dom", uuid_ = "0b6ee4d2-6c6e-4a52-9d3b-6f0c3a1e5d11";
+  LibvirtDomainState state{"running", true, false};
+  LibvirtClient::Listener listener;
+  std::vector<std::string> calls;
+  std::vector<std::thread::id> state_threads;
+  Result<ShmemAttachment> attach_result = Error{"unset"};
+  Status detach_result;
+
+  const std::string& name() const override { return name_; }
+  const std::string& uuid() const override { return uuid_; }
+  json Connection() const override {
+    return {{"uri", "test:///fake"}, {"connected", true}, {"reconnects", 0}};
+  }
+  std::string uri() const override { return "test:///fake"; }
+  Result<LibvirtDomainState> State() const override {
+    const_cast<FakeDomain*>(this)->state_threads.push_back(std::this_thread::get_id());
+    return state;
+  }
+  Result<uint32_t> VcpuCount() const override { return 3u; }
+  Result<pid_t> QemuPid() const override { return getpid(); }
+  Status Resume() override { return Call("resume"); }
+  Status Destroy() override { return Call("destroy"); }
+  Result<ShmemAttachment> AttachShmem(ShmemAttachRequest request) override {
+    calls.push_back("attach " + request.shm_name + " " + std::to_string(request.size_bytes));
+    return attach_result;
+  }
+  Status DetachShmem(const std::string& shm_name, std::chrono::milliseconds) override {
+    calls.push_back("detach " + shm_name);
+    return detach_result;
+  }
+  int Subscribe(LibvirtClient::Listener l) override {
+    listener = std::move(l);
+    return 1;
+  }
+  void Unsubscribe(int) override { listener = nullptr; }
+
+  Status Call(const std::string& what) {
+    calls.push_back(what);
+    return {};
+  }
+};
+
+struct RecordingSink : VmEventSink {
+  std::mutex mu;
+  std::vector<VmEvent> events;
+  std::vector<std::string> gone;
+  void OnVmEvent(VmEvent e) override {
+    std::lock_guard lock(mu);
+    events.push_back(std::move(e));
+  }
+  void OnVmGone(std::string reason) override {
+    std::lock_guard lock(mu);
+    gone.push_back(std::move(reason));
+  }
+  void OnVmFailure(std::string) override {}
+  std::vector<std::string> Names() {
+    std::lock_guard lock(mu);
+    std::vector<std::string> n;
+    for (const VmEvent& e : events) n.push_back(e.name);
+    return n;
+  }
+};
+
+LibvirtDomainEvent Lifecycle(int event, int detail) {
+  LibvirtDomainEvent e;
+  e.kind = Kind::kLifecycle;
+  e.event = event;
+  e.detail = detail;
+  e.received = std::chrono::steady_clock::now();
+  return e;
+}
+
+LibvirtDomainEvent OfKind(Kind kind, std::string alias = {}) {
+  LibvirtDomainEvent e;
+  e.kind = kind;
+  e.device_alias = std::move(alias);
+  e.received = std::chrono::steady_clock::now();
+  return e;
+}
+
+class LibvirtDomainBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto domain = std::make_unique<FakeDomain>();
+    fake_ = domain.get();
+    LibvirtBackendOptions options;
+    options.blocking = io_.get_executor();
+    backend_ = std::make_unique<LibvirtDomainBackend>(
+        std::move(domain), LibvirtRegionSpec{"none", {}, 0, 0}, -1,
+        LibvirtDomainFacts{"preserve", "", ""}, options);
+  }
+  void TearDown() override {
+    backend_.reset();
+    fs::remove(shm_);
+  }
+  void Send(const LibvirtDomainEvent& e) {
+    ASSERT_TRUE(fake_->listener) << "not subscribed";
+    fake_->listener(e);
+  }
+  Result<json> Run(const std::function<void(AttachDone)>& call) {
+    std::optional<Result<json>> reply;
+    call([&reply](Result<json> r) { reply = std::move(r); });
+    io_.restart();
+    while (!reply && io_.run_one_for(5s) > 0) {
+    }
+    if (!reply) return Error{"no reply"};
+    return *reply;
+  }
+  Result<json> Attach(const fs::path& path) {
+    AttachOptions o;
+    o.region_path = path;
+    o.size_bytes = 1 << 20;
+    o.wait = 0ms;
+    return Run([&](AttachDone done) { backend_->Attach(o, std::move(done)); });
+  }
+
+  boost::asio::io_context io_;
+  FakeDomain* fake_ = nullptr;
+  std::unique_ptr<LibvirtDomainBackend> backend_;
+  RecordingSink sink_;
+  fs::path shm_ = "/dev/shm/hvtrace-unit-" + std::to_string(getpid()) + "-attach";
+};
+
+TEST_F(LibvirtDomainBackendTest, APanicIsReportedAndDescribedAtCapture) {
+  backend_->Start(sink_);
+  Send(Lifecycle(VIR_DOMAIN_EVENT_CRASHED, VIR_DOMAIN_EVENT_CRASHED_PANICKED));
+  Send(Lifecycle(VIR_DOMAIN_EVENT_STOPPED, VIR_DOMAIN_EVENT_STOPPED_DESTROYED));
+  ASSERT_EQ(sink_.Names(), (std::vector<std::string>{"GUEST_PANICKED"}));
+  EXPECT_EQ(sink_.events[0].data["libvirt_event"], "CRASHED/PANICKED");
+  ASSERT_EQ(sink_.gone.size(), 1u);
+  EXPECT_NE(sink_.gone[0].find("fake-dom"), std::string::npos) << sink_.gone[0];
+  fake_->state = {"shut off (destroyed)", false, false};
+  Result<CaptureInputs> in = backend_->PrepareCapture();
+  ASSERT_TRUE(in.ok()) << in.error().message;
+  const json& t = in->transport;
+  EXPECT_EQ(t["kind"], "libvirt");
+  EXPECT_EQ(t["domain"], "fake-dom");
+  EXPECT_EQ(t["on_crash"], "preserve");
+  EXPECT_EQ(t["state_at_capture"], "shut off (destroyed)");
+  EXPECT_EQ(t["panic"]["event"], "CRASHED/PANICKED");
+  EXPECT_EQ(t["panic"]["outcome"], "destroyed");
+  EXPECT_EQ(t["panic"]["stopped_event"], "STOPPED/DESTROYED");
+  EXPECT_FALSE(in->region_file.has_value());  // Kind "none": attach only.
+}
+
+TEST_F(LibvirtDomainBackendTest, ADomainFoundCrashedAtStartIsReported) {
+  fake_->state = {"paused (crashed)", true, true};
+  backend_->Start(sink_);
+  ASSERT_EQ(sink_.Names(), (std::vector<std::string>{"HVTRACE_FOUND_PANICKED"}));
+  EXPECT_EQ(sink_.events[0].data["libvirt_state"], "paused (crashed)");
+}
+
+TEST_F(LibvirtDomainBackendTest, AfterAReconnectTheDomainIsReadOffTheEventLoop) {
+  backend_->Start(sink_);
+  const size_t reads_at_start = fake_->state_threads.size();
+  fake_->state = {"paused (crashed)", true, true};
+  Send(OfKind(Kind::kDisconnected));
+  Send(OfKind(Kind::kReconnected));
+  // The event loop's thread (here: this one) only posts the look.
+  EXPECT_EQ(fake_->state_threads.size(), reads_at_start);
+  EXPECT_EQ(sink_.Names(),
+            (std::vector<std::string>{"LIBVIRT_DISCONNECTED", "LIBVIRT_RECONNECTED"}));
+  io_.run();
+  EXPECT_EQ(fake_->state_threads.size(), reads_at_start + 1);
+  EXPECT_EQ(sink_.Names().back(), "GUEST_PANICKED");
+  EXPECT_EQ(backend_->Describe()["disconnects"], 1);
+}
+
+TEST_F(LibvirtDomainBackendTest, ADomainGoneWhileLibvirtdWasAwayIsReportedGone) {
+  backend_->Start(sink_);
+  fake_->state = {"shut off (destroyed)", false, false};
+  Send(OfKind(Kind::kReconnected));
+  io_.run();
+  ASSERT_EQ(sink_.gone.size(), 1u);
+  EXPECT_NE(sink_.gone[0].find("while libvirtd was away"), std::string::npos) << sink_.gone[0];
+}
+
+TEST_F(LibvirtDomainBackendTest, PanicPolicyActsOnlyOnARunningDomain) {
+  backend_->ApplyPanicPolicy(PanicPolicy::kPause);
+  backend_->ApplyPanicPolicy(PanicPolicy::kResume);
+  backend_->ApplyPanicPolicy(PanicPolicy::kQuit);
+  fake_->state = {"shut off (destroyed)", false, false};
+  backend_->ApplyPanicPolicy(PanicPolicy::kResume);
+  EXPECT_EQ(fake_->calls, (std::vector<std::string>{"resume", "destroy"}));
+}
+
+TEST_F(LibvirtDomainBackendTest, AttachPlugsAShmemAndTheGuestEjectingItDetaches) {
+  backend_->Start(sink_);
+  ShmemAttachment plugged;
+  plugged.alias = "ua-hvtrace-" + shm_.filename().string();
+  plugged.attach_ms = 12.5;
+  plugged.owner_uid = geteuid();
+  fake_->attach_result = plugged;
+  Result<json> r = Attach(shm_);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(fake_->calls.at(0), "attach " + shm_.filename().string() + " 1048576");
+  EXPECT_EQ((*r)["device"]["id"], plugged.alias);
+  EXPECT_EQ((*r)["device"]["memdev"], "shmem " + shm_.filename().string());
+  EXPECT_EQ((*r)["transport"]["kind"], "libvirt");
+  EXPECT_EQ((*r)["transport"]["domain"], "fake-dom");
+  EXPECT_EQ((*r)["transport"]["device_added_ms"], 12.5);
+  ASSERT_NE(backend_->live_region(), nullptr);
+  EXPECT_EQ(backend_->live_region()->geometry().max_cpus, 3u);  // VcpuCount.
+  EXPECT_EQ(backend_->AttachStatus()["attached"], true);
+
+  Send(OfKind(Kind::kDeviceRemoved, plugged.alias));
+  EXPECT_EQ(sink_.Names().back(), "DEVICE_DELETED");
+  EXPECT_EQ(backend_->AttachStatus()["attached"], false);
+  EXPECT_TRUE(backend_->live_region()->detached());
+}
+
+TEST_F(LibvirtDomainBackendTest, AttachRefusesAPathOutsideDevShm) {
+  Result<json> r = Attach(fs::temp_directory_path() / "not-shm");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("must be a valid name in /dev/shm"), std::string::npos);
+  EXPECT_TRUE(fake_->calls.empty());
+}
+
+TEST_F(LibvirtDomainBackendTest, DetachWaitsForLibvirtAndSaysWhyItFailed) {
+  ShmemAttachment plugged;
+  plugged.alias = "ua-hvtrace-" + shm_.filename().string();
+  fake_->attach_result = plugged;
+  ASSERT_TRUE(Attach(shm_).ok());
+  fake_->detach_result = Error{"no DEVICE_REMOVED within 10000 ms"};
+  Result<json> failed = Run([&](AttachDone d) { backend_->Detach(1s, std::move(d)); });
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.error().message, "no DEVICE_REMOVED within 10000 ms");
+  EXPECT_EQ(backend_->AttachStatus()["attached"], true);
+  fake_->detach_result = {};
+  Result<json> ok = Run([&](AttachDone d) { backend_->Detach(1s, std::move(d)); });
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ((*ok)["device"], plugged.alias);
+  EXPECT_EQ(fake_->calls.back(), "detach " + shm_.filename().string());
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

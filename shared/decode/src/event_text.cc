@@ -122,7 +122,10 @@ void AppendJsonFieldValue(std::string* out, const FieldFormat& field, const unsi
       AppendScalar(out, p, field.size, field.is_signed, little_endian);
       return;
     case FieldKind::kArray:
-      AppendArray(out, field, p, field.size, little_endian);
+      // A size-0 array is the record's flexible tail (`char buf[]` of
+      // ftrace:print): it runs to the end of the record, as libtraceevent
+      // reads it.
+      AppendArray(out, field, p, field.size != 0 ? field.size : size - field.offset, little_endian);
       return;
     case FieldKind::kDataLoc:
     case FieldKind::kRelLoc: {

@@ -1,0 +1,282 @@
+#include "hvtrace/decoder.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "hvtrace/page.h"
+#include "hvtrace/tracedat.h"
+#include "test_support.h"
+
+namespace hvtrace {
+namespace {
+
+const char* const kFixtures[] = {"real-v6.dat", "real-v7.dat", "real-v7-zstd.dat"};
+
+std::string Fixture(const char* name) {
+  return std::string(HVTRACE_FIXTURES_DIR) + "/tracedat/" + name;
+}
+
+// Every record of every CPU of |path|, in file order per CPU.
+struct Rec {
+  uint32_t cpu;
+  uint64_t ts;
+  std::vector<std::byte> payload;
+};
+std::vector<Rec> ReadAll(const std::string& path) {
+  std::vector<Rec> out;
+  auto dat = TraceDat::Open(path);
+  EXPECT_TRUE(dat.ok()) << (dat.ok() ? "" : dat.error().message);
+  if (!dat.ok()) return out;
+  auto layout = PageLayout::FromHeaderPage(dat->header_page(), dat->page_size());
+  EXPECT_TRUE(layout.ok());
+  if (!layout.ok()) return out;
+  for (size_t i = 0; i < dat->cpus().size(); ++i) {
+    uint32_t cpu = dat->cpus()[i].cpu;
+    Status s = dat->ForEachPage(i, [&](std::span<const std::byte> page, uint64_t) {
+      PageCursor cursor(page, *layout);
+      RawRecord r;
+      while (cursor.Next(&r))
+        out.push_back({cpu, r.timestamp, {r.payload.begin(), r.payload.end()}});
+      return true;
+    });
+    EXPECT_TRUE(s.ok());
+  }
+  return out;
+}
+
+// The compiled printers must print exactly what libtraceevent prints, on
+// every record of the real fixtures.
+TEST(DecoderTest, FastPathsMatchLibtraceeventOnEveryRecord) {
+  for (const char* name : kFixtures) {
+    SCOPED_TRACE(name);
+    auto dat = TraceDat::Open(Fixture(name));
+    ASSERT_TRUE(dat.ok()) << dat.error().message;
+    TraceMetadata meta = TraceMetadataFrom(*dat);
+    auto fast = EventDecoder::Create(meta);
+    auto slow = EventDecoder::Create(meta);
+    ASSERT_TRUE(fast.ok() && slow.ok());
+    (*slow)->SetFastPathsEnabled(false);
+    std::vector<Rec> recs = ReadAll(Fixture(name));
+    ASSERT_GT(recs.size(), 1000u);
+    size_t mismatches = 0;
+    for (const Rec& r : recs) {
+      DecodedRecord d{r.cpu, r.ts, r.payload, 0};
+      std::string a, b;
+      (*fast)->AppendText(d, &a);
+      (*slow)->AppendText(d, &b);
+      if (a != b && ++mismatches <= 5) ADD_FAILURE() << "fast: " << a << "slow: " << b;
+    }
+    EXPECT_EQ(mismatches, 0u);
+    EXPECT_EQ((*slow)->fast_path_count(), 0u);
+    // Most events of these traces (kmem, sched, syscalls, irq, timer) take
+    // the compiled path; if this drops, a printer stopped compiling.
+    EXPECT_GT((*fast)->fast_path_count(), recs.size() / 2)
+        << "fast " << (*fast)->fast_path_count() << " of " << recs.size();
+  }
+}
+
+TEST(DecoderTest, JsonLinesParseAndCarryFields) {
+  auto dat = TraceDat::Open(Fixture("real-v7.dat"));
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  auto dec = EventDecoder::Create(TraceMetadataFrom(*dat));
+  ASSERT_TRUE(dec.ok());
+  std::vector<Rec> recs = ReadAll(Fixture("real-v7.dat"));
+  size_t switches = 0;
+  for (const Rec& r : recs) {
+    std::string line;
+    (*dec)->AppendJson(DecodedRecord{r.cpu, r.ts, r.payload, 0}, &line);
+    ASSERT_EQ(line.back(), '\n');
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << line;
+    EXPECT_EQ(j["cpu"], r.cpu);
+    EXPECT_EQ(j["ts_ns"], r.ts);
+    if (j["event"] == "sched_switch") {
+      ++switches;
+      EXPECT_EQ(j["system"], "sched");
+      EXPECT_TRUE(j["fields"]["prev_comm"].is_string());
+      EXPECT_TRUE(j["fields"]["next_pid"].is_number_integer());
+    }
+  }
+  EXPECT_GT(switches, 0u);
+}
+
+// ftrace:print ends in a flexible `char buf[]` (size 0): JSON carries the
+// marker text to the end of the record, as the text line does.
+TEST(DecoderTest, JsonCarriesTheTextOfAFlexibleCharArray) {
+  TraceMetadata meta;
+  meta.source = "print";
+  meta.formats.push_back({"ftrace",
+                          "name: print\nID: 5\nformat:\n"
+                          "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+                          "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+                          "\tfield:unsigned long ip;\toffset:8;\tsize:8;\tsigned:0;\n"
+                          "\tfield:char buf[];\toffset:16;\tsize:0;\tsigned:0;\n\n"
+                          "print fmt: \"%s\", REC->buf\n"});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  const std::string marker = "HVT-JSON-MARK 7\n";
+  std::vector<std::byte> p(16 + marker.size() + 4, std::byte{0});  // NUL + padding.
+  p[0] = std::byte{5};
+  std::memcpy(p.data() + 16, marker.data(), marker.size());
+  for (bool fast : {true, false}) {
+    (*dec)->SetFastPathsEnabled(fast);
+    std::string line, text;
+    (*dec)->AppendJson(DecodedRecord{0, 1, p, 0}, &line);
+    (*dec)->AppendText(DecodedRecord{0, 1, p, 0}, &text);
+    auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(j.is_discarded()) << line;
+    EXPECT_EQ(j["fields"]["buf"], marker) << line;
+    EXPECT_NE(text.find("HVT-JSON-MARK 7"), std::string::npos) << text;
+  }
+}
+
+// Hostile records: too short, unknown ids, dynamic strings pointing far
+// outside the record. Nothing may crash (ASan runs this) and every call
+// still yields its line(s), ending in a newline.
+TEST(DecoderTest, Malicious_RecordsStayInsideTheScratchCopy) {
+  auto dat = TraceDat::Open(Fixture("real-v7.dat"));
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  auto dec = EventDecoder::Create(TraceMetadataFrom(*dat));
+  ASSERT_TRUE(dec.ok());
+  for (const FormatText& ft : dat->formats()) {
+    auto ev = ParseEventFormat(ft.system, ft.text);
+    if (!ev.ok()) continue;
+    for (size_t len : {0u, 1u, 2u, 8u, 12u, 16u, 64u}) {
+      std::vector<std::byte> payload(len, std::byte{0xff});
+      if (len >= 2) {
+        payload[0] = std::byte(ev->id & 0xff);
+        payload[1] = std::byte(ev->id >> 8);
+      }
+      for (bool fast : {true, false}) {
+        (*dec)->SetFastPathsEnabled(fast);
+        std::string text, json;
+        (*dec)->AppendText(DecodedRecord{0, 1, payload, 0}, &text);
+        (*dec)->AppendJson(DecodedRecord{0, 1, payload, 0}, &json);
+        // One line, except stack events whose print formats hold newlines.
+        ASSERT_FALSE(text.empty());
+        EXPECT_EQ(text.back(), '\n') << ev->name << " " << len;
+        if (ev->print_fmt.find("\\n") == std::string::npos) {
+          EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 1)
+              << ev->name << " " << len << ": " << text;
+        }
+        EXPECT_FALSE(nlohmann::json::parse(json, nullptr, false).is_discarded()) << json;
+      }
+    }
+  }
+  std::string text;
+  std::vector<std::byte> unknown = {std::byte{0xfe}, std::byte{0xfe}, std::byte{0}, std::byte{0}};
+  (*dec)->AppendText(DecodedRecord{3, 5, unknown, 0}, &text);
+  EXPECT_EQ(text, "[UNKNOWN EVENT][UNKNOWN EVENT] (NULL):               [UNKNOWN EVENT]\n");
+}
+
+TEST(DecoderTest, Malicious_BadFormatsAreSkippedWithAWarning) {
+  TraceMetadata meta;
+  meta.source = "test.dat";
+  meta.header_page = "garbage";
+  meta.formats.push_back(
+      {"sched", "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:0;\tsize:9999999;\n"});
+  meta.formats.push_back(
+      {"sched",
+       "name: y\nID: 2\nformat:\n\tfield:int a;\toffset:8;\tsize:4;\tsigned:1;\n\nprint fmt: "
+       "\"%d\", REC->missing\n"});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok());
+  EXPECT_EQ((*dec)->warnings().size(), 3u);
+  for (const std::string& w : (*dec)->warnings())
+    EXPECT_NE(w.find("test.dat"), std::string::npos) << w;
+  EXPECT_EQ((*dec)->FindFormat(1), nullptr);
+  EXPECT_EQ((*dec)->FindFormat(2), nullptr);
+}
+
+// A guest can publish a print format that divides by a field and then write
+// a record where it is 0, one that divides by a constant 0 (libtraceevent
+// dies of SIGFPE), or one whose __print_hex length reaches past the record
+// (libtraceevent reads it). Such records print their fields raw.
+TEST(DecoderTest, Malicious_UnsafePrintFormatsPrintRawInsteadOfCrashing) {
+  auto format = [](int id, const char* args) {
+    return "name: div" + std::to_string(id) + "\nID: " + std::to_string(id) +
+           "\nformat:\n"
+           "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+           "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+           "\tfield:u32 a;\toffset:8;\tsize:4;\tsigned:0;\n"
+           "\tfield:u32 b;\toffset:12;\tsize:4;\tsigned:0;\n\n"
+           "print fmt: \"q=%u\", " +
+           std::string(args) + "\n";
+  };
+  TraceMetadata meta;
+  meta.source = "hostile";
+  meta.formats.push_back({"test", format(10, "REC->a / REC->b")});
+  meta.formats.push_back({"test", format(11, "REC->a / (1 - 1)")});
+  meta.formats.push_back({"test", format(12, "REC->a, __print_hex(REC->a, REC->b)")});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  auto record = [](int id, uint32_t a, uint32_t b) {
+    std::vector<std::byte> p(16, std::byte{0});
+    p[0] = std::byte(id);
+    std::memcpy(p.data() + 8, &a, 4);
+    std::memcpy(p.data() + 12, &b, 4);
+    return p;
+  };
+  for (bool fast : {true, false}) {
+    (*dec)->SetFastPathsEnabled(fast);
+    std::string text;
+    auto ok = record(10, 100, 4);
+    auto zero = record(10, 100, 0);
+    auto constant = record(11, 100, 4);
+    (*dec)->AppendText(DecodedRecord{0, 1000, ok, 0}, &text);
+    (*dec)->AppendText(DecodedRecord{0, 2000, zero, 0}, &text);
+    (*dec)->AppendText(DecodedRecord{0, 3000, constant, 0}, &text);
+    EXPECT_NE(text.find("q=25\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("[print fmt divides by zero] a=100 b=0\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("[print fmt not used] a=100 b=4\n"), std::string::npos) << text;
+    // A length past what a record can hold is not handed to libtraceevent.
+    auto long_hex = record(12, 7, 70000);
+    auto short_hex = record(12, 7, 2);
+    (*dec)->AppendText(DecodedRecord{0, 4000, long_hex, 0}, &text);
+    (*dec)->AppendText(DecodedRecord{0, 5000, short_hex, 0}, &text);
+    EXPECT_NE(text.find("[print fmt length too large] a=7 b=70000\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("q=7\n"), std::string::npos) << text;
+    EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 5) << text;
+  }
+  bool warned = false;
+  for (const std::string& w : (*dec)->warnings())
+    warned = warned || w.find("test/div11") != std::string::npos;
+  EXPECT_TRUE(warned);
+}
+
+// A format that passes ParseEventFormat but crashes libtraceevent's parser
+// (format_fuzzer found this one: a NULL dereference while it folds
+// constants) costs a forked trial child, not the decoder.
+TEST(DecoderTest, Malicious_FormatThatCrashesLibtraceeventsParserPrintsRaw) {
+  const std::string text = test_support::ReadText(std::string(HVTRACE_FIXTURES_DIR) +
+                                                  "/fuzz/format/parser_null_deref.format");
+  ASSERT_FALSE(text.empty());
+  ASSERT_TRUE(ParseEventFormat("sched", text).ok());
+  TraceMetadata meta;
+  meta.source = "hostile";
+  meta.formats.push_back({"sched", text});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  std::vector<std::byte> payload(64, std::byte{0});
+  payload[0] = std::byte(372 & 0xff);
+  payload[1] = std::byte(372 >> 8);
+  payload[8] = std::byte{'s'};
+  payload[9] = std::byte{'h'};
+  std::string out;
+  (*dec)->AppendText(DecodedRecord{0, 1000, payload, 0}, &out);
+  EXPECT_NE(out.find("[libtraceevent cannot parse this format] prev_comm=\"sh\" prev_pid=0"),
+            std::string::npos)
+      << out;
+  bool warned = false;
+  for (const std::string& w : (*dec)->warnings())
+    warned = warned || w.find("in a trial run") != std::string::npos;
+  EXPECT_TRUE(warned);
+}
+
+}  // namespace
+}  // namespace hvtrace

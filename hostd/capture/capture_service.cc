@@ -35,16 +35,24 @@ json ConsistencyJson(bool vcpus_stopped, const json& validation, bool region_fil
 
 // A guest found panicked by a daemon that (re)starts may still be in the
 // panic an earlier run captured (or recovered). A paused guest writes
-// nothing, so a region byte-identical to the newest panic capture's is that
-// panic; a guest that rebooted and panicked again wrote new events.
+// nothing, so regions byte-identical to the newest panic capture's (the boot
+// range, the attach region, whichever |pending| holds) are that panic; a
+// guest that rebooted and panicked again wrote new events.
 std::optional<CaptureEntry> SamePanicCaptured(const CaptureStore& store,
-                                              const std::filesystem::path& region) {
+                                              const std::filesystem::path& pending) {
   auto entries = store.List();
   if (!entries.ok()) return std::nullopt;
   for (auto it = entries->rbegin(); it != entries->rend(); ++it) {
     const std::string trigger = it->summary.value("trigger", std::string());
     if (trigger != "panic" && trigger != "panic-while-away") continue;
-    if (SameContents(it->dir / kRegionFileName, region)) return *it;
+    int compared = 0;
+    for (const char* name : {kRegionFileName, kAttachRegionFileName}) {
+      std::error_code ec;
+      if (!std::filesystem::exists(pending / name, ec)) continue;
+      if (!SameContents(it->dir / name, pending / name)) return std::nullopt;
+      ++compared;
+    }
+    if (compared > 0) return *it;
     return std::nullopt;  // Only the newest panic capture can be this one.
   }
   return std::nullopt;
@@ -137,7 +145,7 @@ Status CaptureService::Build(const CaptureRequest& request, std::vector<std::byt
 
 Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
                                             const CaptureRequest& request) {
-  auto pending = CaptureStore(store.dir()).Begin(request.trigger, request.triggered);
+  auto pending = store.Begin(request.trigger, request.triggered);
   if (!pending.ok()) return pending.error();
   CaptureManifest manifest;
   manifest.vm = request.vm;
@@ -151,8 +159,8 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
                    "': " + s.error().message};
     }
   }
-  if (request.dedupe_same_panic && request.inputs.region_file) {
-    if (auto same = SamePanicCaptured(store, (*pending)->dir() / kRegionFileName)) {
+  if (request.dedupe_same_panic) {
+    if (auto same = SamePanicCaptured(store, (*pending)->dir())) {
       // |pending| removes what it wrote.
       return CaptureOutcome{
           same->id, same->summary.value("trigger", request.trigger), true, 0.0, {}};

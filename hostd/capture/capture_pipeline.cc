@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "capped_file.h"
+#include "host_time.h"
 #include "hvtrace/format.h"
 #include "hvtrace/page.h"
 #include "kallsyms_subset.h"
@@ -32,11 +33,6 @@ constexpr size_t kMaxIssuesInManifest = 1000;
 constexpr size_t kMaxHeaderBytes = 64u << 10;
 constexpr size_t kMaxSymbolBytes = 64u << 20;
 constexpr size_t kMaxDirectoryFormats = 20000;
-
-double MsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 void Progress(const BootMapCaptureOptions& opts, std::string_view stage, uint64_t done,
               uint64_t total) {
@@ -363,7 +359,7 @@ Status WriteBoots(Decoded& d, const KernelFormats& formats, const BootMapCapture
     done += boot.pages;
     Progress(opts, "write", done, total);
   }
-  d.result.write_ms += MsSince(start);
+  d.result.write_ms += MsBetween(start, std::chrono::steady_clock::now());
   return {};
 }
 
@@ -376,7 +372,7 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
   const auto start = std::chrono::steady_clock::now();
   Result<Decoded> d = Decode(region_copy, &formats, opts);
   if (!d.ok()) return d.error();
-  d->result.decode_ms = MsSince(start);
+  d->result.decode_ms = MsBetween(start, std::chrono::steady_clock::now());
   if (opts.write_region) {
     const auto region_start = std::chrono::steady_clock::now();
     Progress(opts, "region", 0, region_copy.size());
@@ -384,7 +380,7 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
     if (!s.ok()) return s.error();
     Progress(opts, "region", region_copy.size(), region_copy.size());
     d->result.files.push_back("region.bin");
-    d->result.write_ms += MsSince(region_start);
+    d->result.write_ms += MsBetween(region_start, std::chrono::steady_clock::now());
   }
   Status s = WriteBoots(*d, formats, opts, out.dir());
   if (!s.ok()) return s.error();
@@ -410,7 +406,7 @@ Result<CaptureResult> WriteBootMapTraceDats(std::span<const std::byte> region_co
   const auto start = std::chrono::steady_clock::now();
   Result<Decoded> d = Decode(region_copy, &formats, opts);
   if (!d.ok()) return d.error();
-  d->result.decode_ms = MsSince(start);
+  d->result.decode_ms = MsBetween(start, std::chrono::steady_clock::now());
   Status s = WriteBoots(*d, formats, opts, dir);
   if (!s.ok()) return s.error();
   return std::move(d->result);
@@ -423,7 +419,7 @@ Result<CaptureResult> CountBootMapCapture(std::span<const std::byte> region_copy
   Result<Decoded> d = Decode(region_copy, nullptr, opts);
   if (!d.ok()) return d.error();
   CaptureResult& r = d->result;
-  r.decode_ms = MsSince(start);
+  r.decode_ms = MsBetween(start, std::chrono::steady_clock::now());
   manifest.cpus = r.cpu_counts;
   manifest.validation = r.validation;
   manifest.validation["unknown_id_events"] = "not checked: no formats";

@@ -432,7 +432,7 @@ Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
 }
 
 Result<std::unique_ptr<PendingCapture>> CaptureStore::Begin(std::string_view trigger,
-                                                            const HostTime& triggered) {
+                                                            const HostTime& triggered) const {
   if (Status s = ValidateTrigger(trigger); !s.ok()) return s.error();
   if (Status s = MakeDirs(captures_dir_, 0750); !s.ok()) return s.error();
   std::string base = UtcStamp(triggered.realtime_ns) + "-" + std::string(trigger);

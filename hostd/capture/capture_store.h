@@ -172,7 +172,7 @@ class CaptureStore {
 
   // Starts a capture named after |triggered| (UTC) and |trigger|.
   Result<std::unique_ptr<PendingCapture>> Begin(std::string_view trigger,
-                                                const HostTime& triggered);
+                                                const HostTime& triggered) const;
 
   // Committed captures, oldest first. A capture whose manifest cannot be read
   // is listed with an "error" in its summary rather than hidden.

@@ -9,6 +9,7 @@
 #include <system_error>
 
 #include "domain_xml.h"
+#include "host_time.h"
 #include "libvirt_event_loop.h"
 
 namespace hvtrace::hostd {
@@ -19,10 +20,6 @@ std::string Comm(const std::string& pid) {
   std::string comm;
   std::getline(in, comm);
   return comm;
-}
-
-double MsSince(std::chrono::steady_clock::time_point t0, std::chrono::steady_clock::time_point t1) {
-  return std::chrono::duration<double, std::milli>(t1 - t0).count();
 }
 
 // The domain, its live XML parsed, and the checks every attach/detach needs.
@@ -147,7 +144,7 @@ Result<ShmemAttachment> AttachShmem(const std::shared_ptr<LibvirtClient>& client
       },
       req.timeout, "DEVICE_ADDED for '" + alias + "'");
   if (!added.ok()) return Error{what + ": " + added.error().message};
-  out.attach_ms = MsSince(t0, added->received);
+  out.attach_ms = MsBetween(t0, added->received);
 
   if (stat(out.path.c_str(), &st) != 0) {
     return Error{what + ": DEVICE_ADDED arrived but " + out.path.string() +

@@ -205,7 +205,12 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
   json manifest = ReadManifest(path);
   ASSERT_TRUE(manifest.is_object()) << path;
   EXPECT_EQ(manifest["trigger"], "panic");
-  EXPECT_EQ(manifest["extra"]["transport"]["panic"]["outcome"], "destroyed") << manifest.dump(2);
+  // <on_crash>destroy</on_crash>: libvirt destroys QEMU milliseconds after
+  // CRASHED, so the capture may run before or after; the manifest says which,
+  // and the bytes are the same either way (the region file is held open).
+  const json& transport = manifest["extra"]["transport"];
+  const bool gone = transport["state_at_capture"].get<std::string>().starts_with("shut off");
+  EXPECT_EQ(transport["panic"]["outcome"], gone ? "destroyed" : "preserved") << manifest.dump(2);
   ExpectBootRangeManifestLayout(manifest, "libvirt");
   EXPECT_EQ(manifest["validation"]["reader"], "boot_map");
   EXPECT_EQ(manifest["kernel"]["path"], image->kernel);
@@ -487,7 +492,12 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   EXPECT_EQ(manifest["trigger"], "panic");
   EXPECT_EQ(manifest["region"]["kind"], "attach") << manifest.dump(2);
   EXPECT_EQ(manifest["extra"]["transport"]["on_crash"], "destroy");
-  EXPECT_EQ(manifest["extra"]["transport"]["panic"]["outcome"], "destroyed") << manifest.dump(2);
+  // <on_crash>destroy</on_crash>: libvirt destroys QEMU milliseconds after
+  // CRASHED, so the capture may run before or after; the manifest says which,
+  // and the bytes are the same either way (the region file is held open).
+  const json& transport = manifest["extra"]["transport"];
+  const bool gone = transport["state_at_capture"].get<std::string>().starts_with("shut off");
+  EXPECT_EQ(transport["panic"]["outcome"], gone ? "destroyed" : "preserved") << manifest.dump(2);
   RunResult show = RunArgvStatus({Bin("hvtrace"), "show", path});
   ASSERT_EQ(show.status, 0) << show.output.substr(0, 4000);
   EXPECT_THAT(show.output, HasSubstr("HVT-LV-K1"));

@@ -16,7 +16,7 @@
 #include <string>
 #include <thread>
 
-#include "qmp_scripted_server.h"
+#include "hostd/qemu/qmp_scripted_server.h"
 
 namespace hvtrace::hostd {
 namespace {

@@ -11,7 +11,7 @@
 #include <optional>
 #include <vector>
 
-#include "qmp_scripted_server.h"
+#include "hostd/qemu/qmp_scripted_server.h"
 #include "qmp_vm.h"
 
 namespace hvtrace::hostd {

@@ -6,13 +6,8 @@
 // in the capture, `hvtrace show`), <on_crash> destroy and preserve, libvirtd
 // down at daemon start and restarted while a domain runs, hvtraced restarted
 // (re-adopts), a hot-plugged shmem region, and the errors people meet.
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -23,9 +18,11 @@
 #include <sstream>
 #include <thread>
 
+#include "hvtraced_harness.h"
 #include "libvirt_attach.h"
 #include "libvirtd_fixture.h"
 #include "manifest_layout.h"
+#include "stream_reader.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -119,7 +116,7 @@ Status WriteBootMarkers(TestDomain& domain, const std::string& prefix, int count
 }
 
 // `hvtrace status NAME --json` until the VM runs under the libvirt backend.
-Result<json> WaitServed(const PrivateHvtraced& hvt, const std::string& name,
+Result<json> WaitServed(const HvtracedProcess& hvt, const std::string& name,
                         std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string last;
@@ -130,7 +127,7 @@ Result<json> WaitServed(const PrivateHvtraced& hvt, const std::string& name,
     std::this_thread::sleep_for(200ms);
   }
   return Error{"VM " + name + " not served within " + std::to_string(timeout.count()) +
-               " ms; last status: " + last + "\nhvtraced log:\n" + hvt.Log()};
+               " ms; last status: " + last + "\nhvtraced log:\n" + hvt.LogTail()};
 }
 
 json ReadManifest(const std::string& capture_dir) {
@@ -154,7 +151,7 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
 
   // libvirtd down when hvtraced starts: not fatal, reported, retried.
   LV_ASSERT_OK(lv.StopLibvirtd());
-  PrivateHvtraced hvt("boot", lv.uri());
+  HvtracedProcess hvt({.tag = "boot", .libvirt_uri = lv.uri()});
   LV_ASSERT_OK(hvt.Start());
   Result<json> down = hvt.WaitForLibvirt(
       [](const json& l) { return l["connected"] == false && l["error"].is_string(); }, 10s);
@@ -182,7 +179,7 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
   ASSERT_TRUE(created.ok()) << created.error().message << "\n" << *xml;
 
   Result<json> adopted = hvt.HvtraceJson({"adopt", domain.name()});
-  ASSERT_TRUE(adopted.ok()) << adopted.error().message << "\n" << hvt.Log();
+  ASSERT_TRUE(adopted.ok()) << adopted.error().message << "\n" << hvt.LogTail();
   EXPECT_EQ((*adopted)["domain"], domain.name());
   EXPECT_EQ((*adopted)["region"]["kind"], "boot-range");
   EXPECT_EQ((*adopted)["region"]["size"], 16u << 20);
@@ -238,14 +235,14 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
   // died here) and lists it offline with its capture, also after a restart,
   // which does not re-adopt it.
   RunResult stop = hvt.Hvtrace({"stop", domain.name()});
-  ASSERT_EQ(stop.status, 0) << stop.output << "\n" << hvt.Log();
+  ASSERT_EQ(stop.status, 0) << stop.output << "\n" << hvt.LogTail();
   for (int run = 0; run < 2; ++run) {
     if (run == 1) {
-      EXPECT_GE(hvt.Stop(), 0) << hvt.Log();
+      EXPECT_GE(hvt.Stop(), 0) << hvt.LogTail();
       LV_ASSERT_OK(hvt.Start());
     }
     Result<json> status = hvt.HvtraceJson({"status", domain.name()});
-    ASSERT_TRUE(status.ok()) << status.error().message << "\n" << hvt.Log();
+    ASSERT_TRUE(status.ok()) << status.error().message << "\n" << hvt.LogTail();
     EXPECT_EQ((*status)["state"], "offline") << status->dump(2);
     Result<json> listed = hvt.HvtraceJson({"captures", domain.name()});
     ASSERT_TRUE(listed.ok()) << listed.error().message;
@@ -263,7 +260,7 @@ TEST(LibvirtE2e, LibvirtdRestartThenPanicWithOnCrashPreserve) {
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("pres");
   LV_ASSERT_OK(libvirtd);
   PrivateLibvirtd& lv = **libvirtd;
-  PrivateHvtraced hvt("pres", lv.uri());
+  HvtracedProcess hvt({.tag = "pres", .libvirt_uri = lv.uri()});
   LV_ASSERT_OK(hvt.Start());
   ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok());
 
@@ -319,12 +316,7 @@ TEST(LibvirtE2e, LibvirtdRestartThenPanicWithOnCrashPreserve) {
   hvt.Stop();
   LV_ASSERT_OK(hvt.Start());
   const std::string same = "found panicked, in the panic capture " + first_id + " holds";
-  bool said = false;
-  for (int i = 0; i < 600 && !said; ++i) {
-    said = hvt.Log().find(same) != std::string::npos;
-    if (!said) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_TRUE(said) << hvt.Log();
+  EXPECT_TRUE(hvt.WaitForLog(same, 60s)) << hvt.LogTail();
   Result<json> again = hvt.HvtraceJson({"captures", domain.name()});
   LV_ASSERT_OK(again);
   EXPECT_EQ((*again)["captures"].size(), 1u) << again->dump(2);
@@ -362,49 +354,6 @@ Result<GuestImage> ImageWithAgent() {
   return image;
 }
 
-// `hvtrace stream NAME` as a child process writing into a file; ended (and
-// reaped) with the object.
-class StreamProcess {
- public:
-  StreamProcess(const PrivateHvtraced& hvt, const std::string& name, const std::string& out)
-      : out_(out) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      const std::string bin = Bin("hvtrace"), sock = hvt.socket();
-      execl(bin.c_str(), bin.c_str(), "stream", name.c_str(), "--socket", sock.c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-  }
-  ~StreamProcess() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-  }
-  std::string Text() const { return ReadWhole(out_); }
-  bool WaitFor(const std::vector<std::string>& needles, std::chrono::milliseconds timeout) const {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      const std::string text = Text();
-      bool all = true;
-      for (const auto& n : needles) all = all && text.find(n) != std::string::npos;
-      if (all) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  }
-
- private:
-  std::string out_;
-  pid_t pid_ = -1;
-};
-
 // Attach mode for a domain, through hvtraced: `hvtrace attach NAME` makes the
 // region (header, QEMU's owner), hot-plugs it as <shmem> and waits for the
 // guest agent; `hvtrace stream NAME` shows the guest's markers (trace_marker
@@ -419,7 +368,7 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("dest");
   LV_ASSERT_OK(libvirtd);
   PrivateLibvirtd& lv = **libvirtd;
-  PrivateHvtraced hvt("dest", lv.uri());
+  HvtracedProcess hvt({.tag = "dest", .libvirt_uri = lv.uri()});
   LV_ASSERT_OK(hvt.Start());
   ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok());
   TestDomain domain(lv, "dest");
@@ -436,7 +385,7 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   auto diag = [&] {
     auto log = domain.console().Run("cat /tmp/agent.log", kCommandTimeout);
     return domain.Diagnostics() + "\n--- agent ---\n" + (log.ok() ? log->output : "") +
-           "\n--- hvtraced ---\n" + hvt.Log();
+           "\n--- hvtraced ---\n" + hvt.LogTail();
   };
 
   Result<json> attached = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
@@ -458,7 +407,8 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   EXPECT_NE(twice.status, 0);
   EXPECT_THAT(twice.output, HasSubstr("already attached"));
 
-  StreamProcess stream(hvt, domain.name(), lv.dir() + "/stream.txt");
+  StreamReader stream(hvt, domain.name());
+  ASSERT_TRUE(stream.WaitForNote("streaming VM", 10s)) << stream.output() << diag();
   std::this_thread::sleep_for(500ms);  // The stream's first look is taken.
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(domain.console()
@@ -468,11 +418,11 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   auto dw =
       domain.console().Run("hvtrace-guest-test dw-write --count 3 HVT-LV-DW", kCommandTimeout);
   ASSERT_TRUE(dw.ok() && dw->status == 0) << (dw.ok() ? dw->output : dw.error().message);
-  ASSERT_TRUE(stream.WaitFor({"HVT-LV-K1", "HVT-LV-DW 2"}, 30s)) << stream.Text() << diag();
+  ASSERT_TRUE(stream.WaitForAll({"HVT-LV-K1", "HVT-LV-DW 2"}, 30s)) << stream.output() << diag();
   std::printf(
       "[ metric ] markers written -> shown by `hvtrace stream`: %.0f ms\n",
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  const std::string text = stream.Text();
+  const std::string text = stream.text();
   EXPECT_LT(text.find("HVT-LV-K1"), text.find("HVT-LV-DW 0")) << text;
   EXPECT_LT(text.find("HVT-LV-DW 0"), text.find("HVT-LV-DW 2")) << text;
 
@@ -512,7 +462,7 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("det");
   LV_ASSERT_OK(libvirtd);
   PrivateLibvirtd& lv = **libvirtd;
-  PrivateHvtraced hvt("det", lv.uri());
+  HvtracedProcess hvt({.tag = "det", .libvirt_uri = lv.uri()});
   LV_ASSERT_OK(hvt.Start());
   ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok());
   TestDomain domain(lv, "det");
@@ -526,7 +476,7 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
   LV_ASSERT_OK(domain.console().Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout));
 
   Result<json> first = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
-  ASSERT_TRUE(first.ok()) << first.error().message << "\n" << hvt.Log();
+  ASSERT_TRUE(first.ok()) << first.error().message << "\n" << hvt.LogTail();
   ASSERT_FALSE((*first)["guest"].is_null()) << first->dump(2);
   Result<int> seen = WaitGuestIvshmemCount(domain, 1);
   LV_ASSERT_OK(seen);
@@ -550,7 +500,7 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
     std::this_thread::sleep_for(100ms);
   }
   Result<json> second = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
-  ASSERT_TRUE(second.ok()) << second.error().message << "\n" << hvt.Log();
+  ASSERT_TRUE(second.ok()) << second.error().message << "\n" << hvt.LogTail();
   ASSERT_FALSE((*second)["guest"].is_null()) << second->dump(2);
   EXPECT_NE((*second)["region"]["region_id"], (*first)["region"]["region_id"]);
 
@@ -574,7 +524,7 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
     }
     std::this_thread::sleep_for(200ms);
   }
-  EXPECT_TRUE(marked_detached) << "a guest-side eject left the domain attached\n" << hvt.Log();
+  EXPECT_TRUE(marked_detached) << "a guest-side eject left the domain attached\n" << hvt.LogTail();
   RunResult after_eject = hvt.Hvtrace({"detach", domain.name()});
   EXPECT_NE(after_eject.status, 0);
   EXPECT_THAT(after_eject.output, HasSubstr("no region is attached"));
@@ -588,7 +538,7 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
   }
   RunResult old_attach = hvt.Hvtrace({"libvirt-attach", domain.name(), "--shm", ShmName("det"),
                                       "--uri", lv.uri(), "--size", "4M", "--timeout-ms", "60000"});
-  ASSERT_EQ(old_attach.status, 0) << old_attach.output << "\n" << hvt.Log();
+  ASSERT_EQ(old_attach.status, 0) << old_attach.output << "\n" << hvt.LogTail();
   EXPECT_THAT(old_attach.output, HasSubstr("ignored"));
   EXPECT_THAT(old_attach.output, HasSubstr(region_file));
   RunResult old_detach = hvt.Hvtrace({"libvirt-detach", domain.name(), "--shm", ShmName("det")});
@@ -604,7 +554,7 @@ TEST(LibvirtE2e, ClearErrors) {
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("err");
   LV_ASSERT_OK(libvirtd);
   PrivateLibvirtd& lv = **libvirtd;
-  PrivateHvtraced hvt("err", lv.uri());
+  HvtracedProcess hvt({.tag = "err", .libvirt_uri = lv.uri()});
   LV_ASSERT_OK(hvt.Start());
   ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok());
 
@@ -647,8 +597,8 @@ TEST(LibvirtE2e, ClearErrors) {
 
   // A denied connection: hvtraced running as nobody cannot open libvirtd's
   // 0700 root socket. It still serves its socket and says why.
-  PrivateHvtraced denied("deny", lv.uri());
-  LV_ASSERT_OK(denied.Start(65534));
+  HvtracedProcess denied({.tag = "deny", .libvirt_uri = lv.uri(), .uid = 65534});
+  LV_ASSERT_OK(denied.Start());
   Result<json> refused = denied.WaitForLibvirt(
       [](const json& l) { return l["connected"] == false && l["error"].is_string(); }, 20s);
   ASSERT_TRUE(refused.ok()) << refused.error().message;

@@ -5,9 +5,12 @@
 // Covered: a boot-range domain from `hvtrace domain-xml` (early-boot events
 // in the capture, `hvtrace show`), <on_crash> destroy and preserve, libvirtd
 // down at daemon start and restarted while a domain runs, hvtraced restarted
-// (re-adopts), a hot-plugged shmem region, and the errors people meet.
+// (re-adopts), a hot-plugged shmem region, an attach capture recovered after
+// hvtraced died in the middle of it, and the errors people meet.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -448,6 +451,130 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   std::printf("[ metric ] on_crash=destroy (attach): capture %s, state at copy: %s\n",
               (*captures)["captures"][0]["id"].get<std::string>().c_str(),
               manifest["extra"]["transport"]["state_at_capture"].get<std::string>().c_str());
+}
+
+// The one capture directory an hvtraced that died mid-capture left
+// (".tmp-*"), once it is checked to hold the attach region's copy and the
+// recovery record of a libvirt panic capture.
+void FindIncompleteAttachCapture(const fs::path& captures, uint64_t region_size, fs::path* found) {
+  std::vector<fs::path> incomplete;
+  std::string listing;
+  for (const auto& e : fs::directory_iterator(captures)) {
+    listing += e.path().filename().string() + " ";
+    if (e.path().filename().string().starts_with(".tmp-")) incomplete.push_back(e.path());
+  }
+  ASSERT_EQ(incomplete.size(), 1u) << "in " << captures << ": " << listing;
+  const fs::path& dir = incomplete[0];
+  ASSERT_TRUE(fs::exists(dir / "attach-region.bin")) << dir;
+  EXPECT_EQ(fs::file_size(dir / "attach-region.bin"), region_size);
+  EXPECT_FALSE(fs::exists(dir / "region.bin")) << "an attach-only domain has no region file";
+  const json record = json::parse(ReadWhole(dir / "recovery.json"), nullptr, false);
+  ASSERT_TRUE(record.is_object()) << dir / "recovery.json";
+  EXPECT_EQ(record["format"], "hvtrace-capture-recovery");
+  EXPECT_EQ(record["manifest"]["trigger"], "panic") << record.dump(2);
+  EXPECT_EQ(record["manifest"]["region"]["kind"], "attach") << record.dump(2);
+  EXPECT_EQ(record["manifest"]["extra"]["transport"]["kind"], "libvirt") << record.dump(2);
+  *found = dir;
+}
+
+// Waits until the guest agent's log says it published the kernel's symbols.
+bool AgentPublishedSymbols(TestDomain& domain) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto r = domain.console().Run("grep -q 'symbols: ' /tmp/agent.log", kCommandTimeout);
+    if (r.ok() && r->status == 0) return true;
+    std::this_thread::sleep_for(500ms);
+  }
+  return false;
+}
+
+// Attach mode for a domain whose hvtraced dies in the middle of the panic
+// capture: the daemon (hvtraced-crash-after-region, tests/tools/) SIGKILLs
+// itself once attach-region.bin and the recovery record are durable. The
+// next hvtraced finishes that capture at start-up: recovered, the libvirt
+// transport kept, the guest's markers decoded, and the temporary directory
+// gone.
+TEST(LibvirtE2e, DaemonDiesMidAttachPanicCaptureThenTheNextRunRecoversIt) {
+  LV_SKIP_UNLESS_AVAILABLE();
+  if (access(Bin("hvtrace-agent").c_str(), X_OK) != 0) GTEST_SKIP() << "hvtrace-agent not built";
+  Result<GuestImage> image = ImageWithAgent();
+  LV_ASSERT_OK(image);
+  Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("rec");
+  LV_ASSERT_OK(libvirtd);
+  PrivateLibvirtd& lv = **libvirtd;
+  HvtracedProcess hvt(
+      {.tag = "rec", .libvirt_uri = lv.uri(), .binary = "hvtraced-crash-after-region"});
+  LV_ASSERT_OK(hvt.Start());
+  ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok());
+  TestDomain domain(lv, "rec");
+  TestDomainOptions options;
+  options.on_crash = "destroy";
+  options.via_virsh = true;
+  Status created = domain.Create(*image, options);
+  ASSERT_TRUE(created.ok()) << created.error().message;
+  ShmCleanup cleanup;
+  cleanup.paths.push_back("/dev/shm/hvtrace-" + domain.name() + "-attach");
+  LV_ASSERT_OK(domain.console().Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout));
+  auto diag = [&] { return domain.Diagnostics() + "\n--- hvtraced ---\n" + hvt.LogTail(); };
+  Result<json> attached = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
+  ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
+  ASSERT_FALSE((*attached)["guest"].is_null()) << attached->dump(2) << diag();
+  // The agent publishes the kernel's symbols a few seconds after it attached;
+  // the recovered capture must name the marker's function with them.
+  ASSERT_TRUE(AgentPublishedSymbols(domain)) << "no symbols published\n" << diag();
+
+  // Markers through both paths, seen live before the panic.
+  StreamReader stream(hvt, domain.name());
+  ASSERT_TRUE(stream.WaitForNote("streaming VM", 10s)) << stream.output() << diag();
+  std::this_thread::sleep_for(500ms);  // The stream's first look is taken.
+  auto wrote = domain.console().Run(
+      "echo HVT-RC-K1 > /sys/kernel/tracing/trace_marker && "
+      "hvtrace-guest-test dw-write --count 3 HVT-RC-DW",
+      kCommandTimeout);
+  ASSERT_TRUE(wrote.ok() && wrote->status == 0) << (wrote.ok() ? wrote->output : "") << diag();
+  ASSERT_TRUE(stream.WaitForAll({"HVT-RC-K1", "HVT-RC-DW 2"}, 30s)) << stream.output() << diag();
+
+  LV_ASSERT_OK(
+      domain.console().Send("hvtrace-guest-test dw-write --count 2 HVT-RC-LAST > /dev/null; echo c "
+                            "> /proc/sysrq-trigger\n"));
+  Result<int> died = hvt.WaitExit(60s);
+  ASSERT_TRUE(died.ok()) << died.error().message << diag();
+  ASSERT_TRUE(WIFSIGNALED(*died) && WTERMSIG(*died) == SIGKILL)
+      << "wait status " << *died << diag();
+  const fs::path captures = hvt.captures_dir(domain.name());
+  fs::path incomplete;
+  ASSERT_NO_FATAL_FAILURE(FindIncompleteAttachCapture(
+      captures, (*attached)["region"]["size"].get<uint64_t>(), &incomplete));
+
+  hvt.SetBinary("hvtraced");
+  LV_ASSERT_OK(hvt.Start());
+  Result<json> recovered = hvt.WaitForCapture(domain.name(), "panic", 60s);
+  ASSERT_TRUE(recovered.ok()) << recovered.error().message << "\n" << hvt.LogTail();
+  const std::string id = (*recovered)["id"];
+  EXPECT_THAT(hvt.log(), HasSubstr("recovered capture " + id));
+  const json manifest = ReadManifest((captures / id).string());
+  ASSERT_TRUE(manifest.is_object()) << captures / id;
+  EXPECT_TRUE(manifest["recovered"].is_object()) << manifest.dump(2);
+  EXPECT_EQ(manifest["trigger"], "panic");
+  EXPECT_EQ(manifest["region"]["kind"], "attach") << manifest.dump(2);
+  EXPECT_EQ(manifest["extra"]["transport"]["kind"], "libvirt") << manifest.dump(2);
+  EXPECT_EQ(manifest["extra"]["transport"]["domain"], domain.name());
+  EXPECT_FALSE(fs::exists(captures / id / "recovery.json"));
+  EXPECT_FALSE(fs::exists(incomplete)) << incomplete;
+  EXPECT_GT(manifest["extra"]["attach"]["names"]["per_generation"]["1"]["symbols"].get<uint64_t>(),
+            10000u)
+      << manifest["extra"]["attach"]["names"].dump(2);
+  RunResult show = RunArgvStatus({Bin("hvtrace"), "show", (captures / id).string()});
+  ASSERT_EQ(show.status, 0) << show.output.substr(0, 4000);
+  for (const char* marker :
+       {"tracing_mark_write: HVT-RC-K1", "text=HVT-RC-DW 2", "text=HVT-RC-LAST 1"}) {
+    EXPECT_THAT(show.output, HasSubstr(marker)) << "not in the recovered capture";
+  }
+  Result<json> listed = hvt.HvtraceJson({"captures", domain.name()});
+  LV_ASSERT_OK(listed);
+  EXPECT_EQ((*listed)["captures"].size(), 1u) << listed->dump(2);
+  std::printf("[ metric ] attach capture recovered by the next hvtraced: %s, %s events\n",
+              id.c_str(), manifest["totals"]["events"].dump().c_str());
 }
 
 // Detach through hvtraced trusts only DEVICE_REMOVED; the guest's agent lets

@@ -14,11 +14,7 @@
 //
 // The guest's QEMU is launched by the test (as a user would); hvtraced gets
 // its own QMP monitor (QEMU serves one client per monitor).
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -33,10 +29,10 @@
 #include <string>
 #include <thread>
 
-#include "attach_daemon_harness.h"
 #include "attach_region_host.h"
 #include "guest_harness.h"
-#include "libvirtd_fixture.h"
+#include "hvtraced_harness.h"
+#include "stream_reader.h"
 #include "test_support.h"
 
 namespace hvtrace::e2e {
@@ -78,52 +74,6 @@ bool GuestLogHas(TestGuest& guest, const std::string& path, const std::string& n
       },
       std::chrono::seconds(20));
 }
-
-// `hvtrace stream NAME` as a user runs it, its stdout and stderr in one file.
-class CliStream {
- public:
-  CliStream(const PrivateHvtraced& hvt, const std::string& name)
-      : out_(hvt.dir() + "/stream-" + name + ".out") {
-    const std::string bin = std::string(HVTRACE_BIN_DIR) + "/hvtrace";
-    const std::string socket = hvt.socket();
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int fd = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-      if (fd < 0) ::_exit(126);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      ::execl(bin.c_str(), bin.c_str(), "stream", name.c_str(), "--socket", socket.c_str(),
-              static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-  }
-  ~CliStream() {
-    if (pid_ > 0 && !exited_) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    std::filesystem::remove(out_);
-  }
-  CliStream(const CliStream&) = delete;
-  CliStream& operator=(const CliStream&) = delete;
-
-  std::string Output() const { return ReadText(out_); }
-  bool WaitFor(const std::string& needle, std::chrono::milliseconds timeout) const {
-    return WaitUntil([&] { return Output().find(needle) != std::string::npos; }, timeout);
-  }
-  // True when it exited on its own within |timeout|.
-  bool WaitForExit(std::chrono::milliseconds timeout) {
-    if (pid_ <= 0) return false;
-    exited_ = WaitUntil([&] { return ::waitpid(pid_, nullptr, WNOHANG) == pid_; }, timeout);
-    return exited_;
-  }
-
- private:
-  std::string out_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
-};
 
 // "PREFIX-VERSION" with the version's dots as dashes (guest and VM names).
 std::string AttachTag(const std::string& prefix, const std::string& version) {
@@ -169,8 +119,9 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   EXPECT_EQ(before->output.find('1'), std::string::npos)
       << "an ivshmem device before attach: " << before->output;
 
-  PrivateHvtraced hvt(tag, "");  // No libvirt: a QMP VM.
-  ASSERT_TRUE(hvt.Start().ok()) << hvt.Log();
+  HvtracedProcess hvt({.tag = tag});  // No libvirt: a QMP VM.
+  Status started = hvt.Start();
+  ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = tag + "-" + std::to_string(::getpid());
   const std::string region_file = "/dev/shm/hvtrace-" + name + "-attach";
   struct Cleanup {
@@ -179,7 +130,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   } cleanup{region_file};
   auto diag = [&] {
     return guest.Diagnostics() + "\n--- agent ---\n" + guest.Run("cat /tmp/agent.log")->output +
-           "\n--- hvtraced ---\n" + hvt.Log();
+           "\n--- hvtraced ---\n" + hvt.LogTail();
   };
 
   const auto attach_start = Clock::now();
@@ -214,11 +165,8 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
               symbols_line.ok() ? symbols_line->output.c_str() : "?");
 
   // Live stream: markers through both paths, in order, with the right text.
-  StreamCollector stream(hvt.socket(), {{"name", name}, {"format", "text"}});
-  ASSERT_TRUE(stream.WaitFor(
-      [&](const std::string&) { return stream.notes().find("streaming VM") != std::string::npos; },
-      std::chrono::seconds(10)))
-      << stream.end();
+  StreamReader stream(hvt, name);
+  ASSERT_TRUE(stream.WaitForNote("streaming VM", std::chrono::seconds(10))) << stream.output();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // The stream's first look is taken.
   const auto write_start = Clock::now();
   ASSERT_EQ(guest.Run("echo HVT-K1 > /sys/kernel/tracing/trace_marker")->status, 0);
@@ -266,8 +214,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   EXPECT_EQ((*detached)["device"], (*attached)["device"]["id"]);
   EXPECT_EQ((*detached)["region"]["file"], region_file);
   EXPECT_FALSE(detached->contains("object_del_error")) << detached->dump(2);
-  EXPECT_TRUE(stream.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) ||
-              stream.done());
+  EXPECT_TRUE(stream.WaitForExit(std::chrono::seconds(5))) << stream.output();
   EXPECT_TRUE(stream.done()) << "the stream should end when the region is detached";
   EXPECT_NE(stream.end().find("region detached"), std::string::npos) << stream.end();
   EXPECT_TRUE(GuestLogHas(guest, "/tmp/agent.log", "detached:")) << "the agent did not let go\n"
@@ -313,17 +260,17 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
               (*again)["announce_ms"].get<double>());
 
   // `hvtrace stream` (the CLI) shows what is written after the re-attach.
-  CliStream cli(hvt, name);
-  ASSERT_TRUE(cli.WaitFor("streaming VM", std::chrono::seconds(10))) << cli.Output();
+  StreamReader cli(hvt, name);
+  ASSERT_TRUE(cli.WaitForNote("streaming VM", std::chrono::seconds(10))) << cli.output();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ASSERT_EQ(guest.Run("echo HVT-R-K1 > /sys/kernel/tracing/trace_marker")->status, 0);
   auto dw_again = guest.Run("hvtrace-guest-test dw-write --count 2 HVT-R-DW");
   ASSERT_TRUE(dw_again.ok());
   ASSERT_EQ(dw_again->status, 0) << dw_again->output;
-  ASSERT_TRUE(cli.WaitFor("text=HVT-R-DW 1", std::chrono::seconds(30)))
+  ASSERT_TRUE(cli.WaitForText("text=HVT-R-DW 1", std::chrono::seconds(30)))
       << "markers written after the re-attach never reached `hvtrace stream`\n"
-      << cli.Output() << diag();
-  EXPECT_TRUE(cli.WaitFor("HVT-R-K1", std::chrono::seconds(1))) << cli.Output();
+      << cli.output() << diag();
+  EXPECT_TRUE(cli.WaitForText("HVT-R-K1", std::chrono::seconds(1))) << cli.output();
 
   // Crash: a burst of trace_marker writes, then direct writes, then panic.
   constexpr int kBurst = 300;
@@ -345,9 +292,9 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   ASSERT_FALSE(capture_dir.empty()) << "no panic capture\n" << diag();
   EXPECT_TRUE(cli.WaitForExit(std::chrono::seconds(10)))
       << "`hvtrace stream` should end when the guest panics";
-  EXPECT_NE(cli.Output().find("panicked"), std::string::npos) << cli.Output();
+  EXPECT_NE(cli.output().find("panicked"), std::string::npos) << cli.output();
   for (const char* old : {"HVT-K1", "HVT-DW", "HVT-GAP"}) {
-    EXPECT_EQ(cli.Output().find(old), std::string::npos)
+    EXPECT_EQ(cli.output().find(old), std::string::npos)
         << old << " in the stream after the re-attach";
   }
 
@@ -461,8 +408,9 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
   ASSERT_TRUE(booted.ok()) << booted.error().message;
   const std::string daemon_qmp = *booted;
 
-  PrivateHvtraced hvt(tag, "");
-  ASSERT_TRUE(hvt.Start().ok()) << hvt.Log();
+  HvtracedProcess hvt({.tag = tag});
+  Status started = hvt.Start();
+  ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = tag + "-" + std::to_string(::getpid());
   struct Cleanup {
     std::string path;
@@ -470,7 +418,7 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
   } cleanup{"/dev/shm/hvtrace-" + name + "-attach"};
   auto diag = [&] {
     return guest.Diagnostics() + "\n--- agent ---\n" + guest.Run("cat /tmp/agent.log")->output +
-           "\n--- hvtraced ---\n" + hvt.Log();
+           "\n--- hvtraced ---\n" + hvt.LogTail();
   };
   auto attached =
       hvt.HvtraceJson({"attach", name, "--qmp", daemon_qmp, "--size", "16M", "--pump-ms", "60000",
@@ -483,11 +431,8 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
   std::printf("[attach-text %s] agent: %s\n", version.c_str(),
               symbols_line.ok() ? symbols_line->output.c_str() : "?");
 
-  StreamCollector stream(hvt.socket(), {{"name", name}, {"format", "text"}});
-  ASSERT_TRUE(stream.WaitFor(
-      [&](const std::string&) { return stream.notes().find("streaming VM") != std::string::npos; },
-      std::chrono::seconds(10)))
-      << stream.end();
+  StreamReader stream(hvt, name);
+  ASSERT_TRUE(stream.WaitForNote("streaming VM", std::chrono::seconds(10))) << stream.output();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   // One shell: the builtin echo writes the markers, then the guest's own
   // trace file is read while the agent has not pumped them yet.
@@ -565,18 +510,13 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
 
   // SIGTERM while a stream client is connected: the stream ends saying why
   // and the daemon exits (it once waited forever for the stream's worker).
-  StreamCollector last_stream(hvt.socket(), {{"name", name}, {"format", "text"}});
-  ASSERT_TRUE(last_stream.WaitFor(
-      [&](const std::string&) {
-        return last_stream.notes().find("streaming VM") != std::string::npos;
-      },
-      std::chrono::seconds(10)))
-      << last_stream.end();
+  StreamReader last_stream(hvt, name);
+  ASSERT_TRUE(last_stream.WaitForNote("streaming VM", std::chrono::seconds(10)))
+      << last_stream.output();
   const double exit_ms = hvt.Stop();
   EXPECT_GE(exit_ms, 0) << "hvtraced needed SIGKILL after SIGTERM with a stream connected\n"
-                        << hvt.Log();
-  ASSERT_TRUE(last_stream.WaitFor([&](const std::string&) { return last_stream.done(); },
-                                  std::chrono::seconds(5)));
+                        << hvt.LogTail();
+  ASSERT_TRUE(last_stream.WaitForExit(std::chrono::seconds(5))) << last_stream.output();
   EXPECT_NE(last_stream.end().find("shutting down"), std::string::npos) << last_stream.end();
   // vm_on_shutdown = keep (the default): the adopted guest runs on.
   EXPECT_EQ(guest.Run("echo alive")->status, 0) << guest.Diagnostics();

@@ -30,9 +30,10 @@
 #include <thread>
 #include <vector>
 
-#include "attach_daemon_harness.h"
 #include "attach_region_host.h"
 #include "hvtrace/region_text.h"
+#include "hvtraced_harness.h"
+#include "stream_reader.h"
 #include "test_support.h"
 
 namespace hvtrace::e2e {
@@ -324,8 +325,9 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
     }
   } cleanup{{vms[0].qmp, vms[1].qmp, "/dev/shm/hvtrace-" + vms[0].name + "-attach",
              "/dev/shm/hvtrace-" + vms[1].name + "-attach"}};
-  AttachTestDaemon daemon("hostile");
-  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  HvtracedProcess daemon({.tag = "hostile"});
+  Status started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started.error().message;
   for (Vm& v : vms) {
     // 16 MiB (the default): regions from 8 MiB on have a symbol area.
     auto attached = daemon.Call("attach", {{"name", v.name},
@@ -337,13 +339,10 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
     ASSERT_TRUE(attached.ok()) << attached.error().message << daemon.log();
     ASSERT_FALSE((*attached)["guest"].is_null()) << attached->dump(2);
   }
-  StreamCollector stream_a(daemon.socket(), {{"name", vms[0].name}, {"format", "text"}});
-  StreamCollector stream_b(daemon.socket(), {{"name", vms[1].name}, {"format", "text"}});
-  for (StreamCollector* s : {&stream_a, &stream_b}) {
-    ASSERT_TRUE(s->WaitFor(
-        [&](const std::string&) { return s->notes().find("streaming VM") != std::string::npos; },
-        std::chrono::seconds(10)))
-        << s->end();
+  StreamReader stream_a(daemon, vms[0].name);
+  StreamReader stream_b(daemon, vms[1].name);
+  for (StreamReader* s : {&stream_a, &stream_b}) {
+    ASSERT_TRUE(s->WaitForNote("streaming VM", std::chrono::seconds(10))) << s->output();
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto mark = [&](Vm& v, const std::string& what, int count) {

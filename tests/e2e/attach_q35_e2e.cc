@@ -17,10 +17,10 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "attach_daemon_harness.h"
 #include "attach_region_host.h"
 #include "guest_harness.h"
-#include "libvirtd_fixture.h"
+#include "hvtraced_harness.h"
+#include "stream_reader.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -68,8 +68,9 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
   ASSERT_TRUE(booted.ok()) << booted.error().message << guest.Diagnostics();
   ASSERT_EQ(guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)")->status, 0);
 
-  PrivateHvtraced hvt("q35", "");
-  ASSERT_TRUE(hvt.Start().ok()) << hvt.Log();
+  HvtracedProcess hvt({.tag = "q35"});
+  Status started = hvt.Start();
+  ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = "q35-" + std::to_string(::getpid());
   const std::string region_file = "/dev/shm/hvtrace-" + name + "-attach";
   struct Cleanup {
@@ -79,7 +80,7 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
   auto diag = [&] {
     auto agent = guest.Run("cat /tmp/agent.log");
     return guest.Diagnostics() + "\n--- agent ---\n" + (agent.ok() ? agent->output : "?") +
-           "\n--- hvtraced ---\n" + hvt.Log();
+           "\n--- hvtraced ---\n" + hvt.LogTail();
   };
 
   // 16 MiB does not fit the port's 4 MiB window: refused, and why.
@@ -122,17 +123,12 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
               (*attached)["device"]["bus"].get<std::string>().c_str(),
               (*attached)["plug_ms"].get<double>(), (*attached)["announce_ms"].get<double>());
 
-  StreamCollector stream(hvt.socket(), {{"name", name}});
-  ASSERT_TRUE(stream.WaitFor(
-      [&](const std::string&) { return stream.notes().find("streaming VM") != std::string::npos; },
-      std::chrono::seconds(10)))
-      << stream.end();
+  StreamReader stream(hvt, name);
+  ASSERT_TRUE(stream.WaitForNote("streaming VM", std::chrono::seconds(10))) << stream.output();
   ASSERT_EQ(guest.Run("echo HVT-Q35-MARK > /sys/kernel/tracing/trace_marker")->status, 0);
-  ASSERT_TRUE(stream.WaitFor(
-      [](const std::string& t) { return t.find("HVT-Q35-MARK") != std::string::npos; },
-      std::chrono::seconds(30)))
+  ASSERT_TRUE(stream.WaitForText("HVT-Q35-MARK", std::chrono::seconds(30)))
       << "the marker never reached the host\n"
-      << stream.text() << stream.notes() << diag();
+      << stream.output() << diag();
 
   // Unplug from the root port (the guest's hot-plug driver must let go).
   auto detached = hvt.HvtraceJson({"detach", name, "--timeout-ms", "30000"});
@@ -145,8 +141,7 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
       << diag();
   std::printf("[q35] detach: DEVICE_DELETED after %.1f ms\n",
               (*detached)["device_deleted_ms"].get<double>());
-  EXPECT_TRUE(stream.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) ||
-              stream.done());
+  EXPECT_TRUE(stream.WaitForExit(std::chrono::seconds(5))) << stream.output();
   EXPECT_NE(stream.end().find("region detached"), std::string::npos) << stream.end();
 
   // Attached again, then the guest ejects the device itself (slot power
@@ -154,7 +149,8 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
   auto again = hvt.HvtraceJson({"attach", name, "--size", "4M", "--wait-ms", "60000"});
   ASSERT_TRUE(again.ok()) << again.error().message << diag();
   ASSERT_FALSE((*again)["guest"].is_null()) << again->dump(2) << diag();
-  StreamCollector second(hvt.socket(), {{"name", name}});
+  StreamReader second(hvt, name);
+  ASSERT_TRUE(second.WaitForNote("streaming VM", std::chrono::seconds(10))) << second.output();
   ASSERT_EQ(
       guest
           .Run("for s in /sys/bus/pci/slots/*; do a=$(cat $s/address); "
@@ -173,13 +169,12 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
       },
       std::chrono::seconds(20)))
       << "a guest-side eject left the VM attached\n"
-      << hvt.Log();
+      << hvt.LogTail();
   std::printf(
       "[q35] guest-side eject: status says detached %.0f ms after the guest saw the device go\n",
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - ejected)
           .count());
-  EXPECT_TRUE(second.WaitFor([](const std::string&) { return false; }, std::chrono::seconds(5)) ||
-              second.done());
+  EXPECT_TRUE(second.WaitForExit(std::chrono::seconds(5))) << second.output();
   EXPECT_NE(second.end().find("region detached"), std::string::npos) << second.end();
   const RunResult after_eject = hvt.Hvtrace({"detach", name});
   EXPECT_EQ(after_eject.status, 1);

@@ -20,9 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include "attach_daemon_harness.h"
 #include "attach_region_host.h"
 #include "guest_harness.h"
+#include "hvtraced_harness.h"
+#include "stream_reader.h"
 #include "test_support.h"
 
 namespace hvtrace::e2e {
@@ -100,8 +101,9 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
   auto agent = guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)");
   ASSERT_TRUE(agent.ok()) << agent.error().message;
 
-  AttachTestDaemon daemon(tag);
-  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  HvtracedProcess daemon({.tag = tag});
+  Status started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = tag + "-" + std::to_string(::getpid());
   struct Cleanup {
     std::string path;
@@ -120,11 +122,8 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
   ASSERT_FALSE((*attached)["guest"].is_null()) << attached->dump(2) << diag();
   EXPECT_EQ((*attached)["guest"]["trace_clock"], "mono");
 
-  StreamCollector stream(daemon.socket(), {{"name", name}, {"format", "text"}});
-  ASSERT_TRUE(stream.WaitFor(
-      [&](const std::string&) { return stream.notes().find("streaming VM") != std::string::npos; },
-      std::chrono::seconds(10)))
-      << stream.end();
+  StreamReader stream(daemon, name);
+  ASSERT_TRUE(stream.WaitForNote("streaming VM", std::chrono::seconds(10))) << stream.output();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // The stream's first look is taken.
 
   // One guest command: kernel marker, TSC direct write, kernel marker, ...

@@ -8,8 +8,6 @@
 // with the same text.
 // One guest boot covers all of it (a boot is 10-60 s on this machine).
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,18 +15,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "control_client.h"
 #include "formats_cache.h"
 #include "formats_harvest.h"
 #include "guest_harness.h"
+#include "hvtraced_harness.h"
 #include "manifest_layout.h"
 #include "test_support.h"
 #include "trace_text.h"
@@ -42,75 +38,12 @@ namespace fs = std::filesystem;
 
 using test_support::ReadText;
 
-// hvtraced in a private state/run dir; killed (then reaped) however the test ends.
-class DaemonProcess {
- public:
-  explicit DaemonProcess(const std::string& tag, const std::string& extra_config = "") {
-    dir_ = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    // stop: the daemon's exit also ends the QEMU it booted (keep, the
-    // production default, would leave it running after a failed test).
-    std::ofstream(dir_ + "/hvtraced.conf") << "socket_group =\naccel = tcg\nvm_on_shutdown = stop\n"
-                                           << extra_config;
-  }
-  ~DaemonProcess() {
-    Kill();
-    std::error_code ec;
-    if (std::getenv("HVTRACE_KEEP_TMP") == nullptr) fs::remove_all(dir_, ec);
-  }
-  std::string socket() const { return dir_ + "/run/hvtraced.sock"; }
-  std::string state_dir() const { return dir_ + "/state"; }
-  std::string log() const { return ReadText(dir_ + "/hvtraced.log"); }
-
-  // Set in the daemon's environment only.
-  void SetEnv(std::string name, std::string value) {
-    env_.emplace_back(std::move(name), std::move(value));
-  }
-
-  bool Start() {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      for (const auto& [name, value] : env_) ::setenv(name.c_str(), value.c_str(), 1);
-      std::string log = dir_ + "/hvtraced.log";
-      std::freopen(log.c_str(), "a", stderr);
-      std::string bin = std::string(HVTRACE_BIN_DIR) + "/hvtraced";
-      std::string conf = dir_ + "/hvtraced.conf", state = state_dir(), run = dir_ + "/run";
-      ::execl(bin.c_str(), bin.c_str(), "--config", conf.c_str(), "--state-dir", state.c_str(),
-              "--run-dir", run.c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    for (int i = 0; i < 100; ++i) {
-      if (auto c = hostd::ControlClient::Connect(socket(), 1s); c.ok()) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  }
-  void Kill() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 50 && ::waitpid(pid_, nullptr, WNOHANG) == 0; ++i)
-      std::this_thread::sleep_for(100ms);
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
-  Result<json> Call(const std::string& cmd, const json& args,
-                    std::chrono::milliseconds timeout = 60s) {
-    auto c = hostd::ControlClient::Connect(socket(), 5s);
-    if (!c.ok()) return c.error();
-    auto r = c->Call(cmd, args, timeout);
-    if (!r.ok()) return r.error();
-    if (!r->ok) return Error{cmd + ": " + r->error};
-    return r->result;
-  }
-
- private:
-  std::string dir_;
-  pid_t pid_ = -1;
-  std::vector<std::pair<std::string, std::string>> env_;
-};
+// hvtraced in a private state/run dir (hvtraced_harness.h), with
+// vm_on_shutdown = stop: the daemon's exit also ends the QEMU it booted (keep,
+// the production default, would leave it running after a failed test).
+HvtracedOptions BootDaemon(const std::string& tag, const std::string& config = "") {
+  return {.tag = tag, .config = "vm_on_shutdown = stop\n" + config};
+}
 
 // Runs |cmd| with sh; stdout only (stderr goes to the test log).
 test_support::CommandResult RunCmd(const std::string& cmd) {
@@ -152,8 +85,9 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
               cache_root->c_str(), harvested->cache_hit ? "cache hit" : "harvested",
               harvested->seconds);
 
-  DaemonProcess daemon("boote2e", "cache_dir = " + cache_root->string() + "\n");
-  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  HvtracedProcess daemon(BootDaemon("boote2e", "cache_dir = " + cache_root->string() + "\n"));
+  Status started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = "boot-e2e-" + std::to_string(::getpid());
   auto booted = daemon.Call("boot", {{"name", name},
                                      {"kernel", image->kernel},
@@ -356,9 +290,10 @@ TEST(HvtracedBootE2e, FormatsHarvestedInTheBackgroundDecodeTheFirstPanic) {
     }
   } remove_cache{cache};
 
-  DaemonProcess daemon("bgharvest");
+  HvtracedProcess daemon(BootDaemon("bgharvest"));
   daemon.SetEnv("HVTRACE_CACHE_DIR", cache.string());
-  ASSERT_TRUE(daemon.Start()) << daemon.log();
+  Status started = daemon.Start();
+  ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = "bg-harvest-" + std::to_string(::getpid());
   const auto booted_at = std::chrono::steady_clock::now();
   auto booted = daemon.Call("boot", {{"name", name},

@@ -1,5 +1,5 @@
 // VM lifecycle under hvtraced, with real 6.12 guests under TCG booted by a
-// private hvtraced (hvtraced_process.h):
+// private hvtraced (hvtraced_harness.h):
 //   - QEMU SIGKILLed from outside → a "qemu-gone" capture read from the region
 //     file, holding the guest's markers;
 //   - hvtraced SIGKILLed, then SIGTERMed, while its VM runs → each new daemon
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "guest_harness.h"
-#include "hvtraced_process.h"
+#include "hvtraced_harness.h"
 #include "kvm_probe.h"
 #include "qmp_vm.h"
 #include "vm_console.h"
@@ -52,6 +52,12 @@ struct BootedGuest {
 };
 
 std::string UniqueName(const std::string& tag) { return tag + "-" + std::to_string(::getpid()); }
+
+// The daemon these tests run: QEMUs it booted outlive it, and the test reaps
+// them (a child subreaper) once their daemon died.
+HvtracedOptions LifecycleDaemon(const std::string& tag, const std::string& config = "") {
+  return {.tag = tag, .config = config, .reap_orphans = true};
+}
 
 Result<BootedGuest> BootGuest(HvtracedProcess& daemon, const std::string& name,
                               const std::string& initrd_override = "") {
@@ -117,13 +123,13 @@ Result<json> WaitRunning(HvtracedProcess& daemon, const std::string& name,
 }
 
 json Manifest(HvtracedProcess& daemon, const std::string& name, const json& summary) {
-  return json::parse(ReadWholeFile(daemon.vm_dir(name) + "/captures/" +
-                                   summary["id"].get<std::string>() + "/manifest.json"));
+  return json::parse(ReadWhole(daemon.vm_dir(name) + "/captures/" +
+                               summary["id"].get<std::string>() + "/manifest.json"));
 }
 
 std::string Region(HvtracedProcess& daemon, const std::string& name, const json& summary) {
-  return ReadWholeFile(daemon.vm_dir(name) + "/captures/" + summary["id"].get<std::string>() +
-                       "/region.bin");
+  return ReadWhole(daemon.vm_dir(name) + "/captures/" + summary["id"].get<std::string>() +
+                   "/region.bin");
 }
 
 void ExpectMarkers(const std::string& region, const std::string& prefix, int count) {
@@ -146,7 +152,7 @@ class HvtracedLifecycleE2e : public ::testing::Test {
 };
 
 TEST_F(HvtracedLifecycleE2e, QemuKilledFromOutsideIsCapturedFromTheRegionFile) {
-  HvtracedProcess daemon("lc-kill", "vm_on_shutdown = stop\n");
+  HvtracedProcess daemon(LifecycleDaemon("lc-kill", "vm_on_shutdown = stop\n"));
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = UniqueName("lc-kill");
   auto guest = BootGuest(daemon, name);
@@ -177,7 +183,7 @@ TEST_F(HvtracedLifecycleE2e, QemuKilledFromOutsideIsCapturedFromTheRegionFile) {
 }
 
 TEST_F(HvtracedLifecycleE2e, DaemonKilledThenTerminatedReadoptsTheVmAndCapturesItsPanic) {
-  HvtracedProcess daemon("lc-restart");  // vm_on_shutdown = keep (the default).
+  HvtracedProcess daemon(LifecycleDaemon("lc-restart"));  // vm_on_shutdown = keep (the default).
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = UniqueName("lc-restart");
   auto guest = BootGuest(daemon, name);
@@ -205,20 +211,13 @@ TEST_F(HvtracedLifecycleE2e, DaemonKilledThenTerminatedReadoptsTheVmAndCapturesI
   st = WaitRunning(daemon, name, 30s);
   ASSERT_TRUE(st.ok()) << st.error().message << "\n" << daemon.log();
   // What an operator sees: `hvtrace status NAME --json` through the CLI.
-  const std::string cli = std::string(HVTRACE_BIN_DIR) + "/hvtrace status " + name + " --socket " +
-                          daemon.socket() + " --json";
-  std::string cli_out;
-  if (FILE* p = ::popen(cli.c_str(), "r")) {
-    char buf[4096];
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) cli_out.append(buf, n);
-    EXPECT_EQ(::pclose(p), 0) << cli << "\n" << cli_out;
-  }
-  json cli_status = json::parse(cli_out, nullptr, false);
-  ASSERT_TRUE(cli_status.is_object()) << cli_out;
-  EXPECT_EQ(cli_status["state"], "running") << cli_out;
-  EXPECT_EQ(cli_status["backend"]["pid"], guest->pid) << cli_out;
-  EXPECT_EQ(cli_status["backend"]["qmp_connected"], true) << cli_out;
+  Result<json> cli = daemon.HvtraceJson({"status", name});
+  ASSERT_TRUE(cli.ok()) << cli.error().message;
+  const json& cli_status = *cli;
+  ASSERT_TRUE(cli_status.is_object()) << cli_status.dump();
+  EXPECT_EQ(cli_status["state"], "running") << cli_status.dump();
+  EXPECT_EQ(cli_status["backend"]["pid"], guest->pid) << cli_status.dump();
+  EXPECT_EQ(cli_status["backend"]["qmp_connected"], true) << cli_status.dump();
   std::printf(
       "[lifecycle] after SIGKILL + SIGTERM restarts, hvtrace status: state %s, pid %s, "
       "qmp_connected %s\n",
@@ -263,7 +262,7 @@ TEST_F(HvtracedLifecycleE2e, DaemonKilledThenTerminatedReadoptsTheVmAndCapturesI
 }
 
 TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAndFindsThePanic) {
-  HvtracedProcess daemon("lc-away");
+  HvtracedProcess daemon(LifecycleDaemon("lc-away"));
   // The daemon SIGKILLs itself once the panic's region.bin is durable, before
   // the capture is decoded and committed (the moment a crash used to lose it).
   daemon.SetBinary("hvtraced-crash-after-region");
@@ -324,12 +323,7 @@ TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAn
   // taking a second one of the same panic.
   const std::string same =
       "found panicked, in the panic capture " + (*recovered)["id"].get<std::string>() + " holds";
-  bool said = false;
-  for (int i = 0; i < 600 && !said; ++i) {
-    said = daemon.log().find(same) != std::string::npos;
-    if (!said) std::this_thread::sleep_for(100ms);
-  }
-  EXPECT_TRUE(said) << daemon.log();
+  EXPECT_TRUE(daemon.WaitForLog(same, 60s)) << daemon.log();
   std::printf(
       "[lifecycle] daemon start -> guest found in the recovered panic, no second capture: %.1f s\n",
       std::chrono::duration<double>(std::chrono::steady_clock::now() - restart).count());
@@ -373,7 +367,7 @@ TEST_F(HvtracedLifecycleE2e, KexecIntoTheSameKernelThenPanicCapturesBothBoots) {
   }
   ASSERT_TRUE(fs::exists(kexec_initrd)) << kexec_initrd;
 
-  HvtracedProcess daemon("lc-kexec", "vm_on_shutdown = stop\n");
+  HvtracedProcess daemon(LifecycleDaemon("lc-kexec", "vm_on_shutdown = stop\n"));
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = UniqueName("lc-kexec");
   auto guest = BootGuest(daemon, name, kexec_initrd);
@@ -410,7 +404,7 @@ TEST_F(HvtracedLifecycleE2e, KexecIntoTheSameKernelThenPanicCapturesBothBoots) {
 TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   auto image = FindGuestImage("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
-  HvtracedProcess daemon("lc-bad", "vm_on_shutdown = stop\n");
+  HvtracedProcess daemon(LifecycleDaemon("lc-bad", "vm_on_shutdown = stop\n"));
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = UniqueName("lc-bad");
 
@@ -451,7 +445,7 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   auto stale = daemon.Call(
       "boot",
       {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd}, {"accel", "tcg"}});
-  EXPECT_EQ(ReadWholeFile(blocked), "stale");  // Not touched.
+  EXPECT_EQ(ReadWhole(blocked), "stale");  // Not touched.
   fs::remove(blocked);
   ASSERT_FALSE(stale.ok());
   EXPECT_NE(stale.error().message.find(blocked + " already exists (a file)"), std::string::npos)

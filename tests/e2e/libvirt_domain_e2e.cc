@@ -5,13 +5,11 @@
 // Covered: a boot-range domain from `hvtrace domain-xml` (early-boot events
 // in the capture, `hvtrace show`), <on_crash> destroy and preserve, libvirtd
 // down at daemon start and restarted while a domain runs, hvtraced restarted
-// (re-adopts), a hot-plugged shmem region, and the errors people meet.
-#include <fcntl.h>
+// (re-adopts), a hot-plugged shmem region, an attach capture recovered after
+// hvtraced died in the middle of it, and the errors people meet.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,9 +21,11 @@
 #include <sstream>
 #include <thread>
 
+#include "hvtraced_harness.h"
 #include "libvirt_attach.h"
 #include "libvirtd_fixture.h"
 #include "manifest_layout.h"
+#include "stream_reader.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -119,7 +119,7 @@ Status WriteBootMarkers(TestDomain& domain, const std::string& prefix, int count
 }
 
 // `hvtrace status NAME --json` until the VM runs under the libvirt backend.
-Result<json> WaitServed(const PrivateHvtraced& hvt, const std::string& name,
+Result<json> WaitServed(const HvtracedProcess& hvt, const std::string& name,
                         std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string last;
@@ -130,7 +130,7 @@ Result<json> WaitServed(const PrivateHvtraced& hvt, const std::string& name,
     std::this_thread::sleep_for(200ms);
   }
   return Error{"VM " + name + " not served within " + std::to_string(timeout.count()) +
-               " ms; last status: " + last + "\nhvtraced log:\n" + hvt.Log()};
+               " ms; last status: " + last + "\nhvtraced log:\n" + hvt.LogTail()};
 }
 
 json ReadManifest(const std::string& capture_dir) {
@@ -154,7 +154,7 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
 
   // libvirtd down when hvtraced starts: not fatal, reported, retried.
   LV_ASSERT_OK(lv.StopLibvirtd());
-  PrivateHvtraced hvt("boot", lv.uri());
+  HvtracedProcess hvt({.tag = "boot", .libvirt_uri = lv.uri()});
   LV_ASSERT_OK(hvt.Start());
   Result<json> down = hvt.WaitForLibvirt(
       [](const json& l) { return l["connected"] == false && l["error"].is_string(); }, 10s);
@@ -182,7 +182,7 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
   ASSERT_TRUE(created.ok()) << created.error().message << "\n" << *xml;
 
   Result<json> adopted = hvt.HvtraceJson({"adopt", domain.name()});
-  ASSERT_TRUE(adopted.ok()) << adopted.error().message << "\n" << hvt.Log();
+  ASSERT_TRUE(adopted.ok()) << adopted.error().message << "\n" << hvt.LogTail();
   EXPECT_EQ((*adopted)["domain"], domain.name());
   EXPECT_EQ((*adopted)["region"]["kind"], "boot-range");
   EXPECT_EQ((*adopted)["region"]["size"], 16u << 20);
@@ -243,14 +243,14 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
   // died here) and lists it offline with its capture, also after a restart,
   // which does not re-adopt it.
   RunResult stop = hvt.Hvtrace({"stop", domain.name()});
-  ASSERT_EQ(stop.status, 0) << stop.output << "\n" << hvt.Log();
+  ASSERT_EQ(stop.status, 0) << stop.output << "\n" << hvt.LogTail();
   for (int run = 0; run < 2; ++run) {
     if (run == 1) {
-      EXPECT_GE(hvt.Stop(), 0) << hvt.Log();
+      EXPECT_GE(hvt.Stop(), 0) << hvt.LogTail();
       LV_ASSERT_OK(hvt.Start());
     }
     Result<json> status = hvt.HvtraceJson({"status", domain.name()});
-    ASSERT_TRUE(status.ok()) << status.error().message << "\n" << hvt.Log();
+    ASSERT_TRUE(status.ok()) << status.error().message << "\n" << hvt.LogTail();
     EXPECT_EQ((*status)["state"], "offline") << status->dump(2);
     Result<json> listed = hvt.HvtraceJson({"captures", domain.name()});
     ASSERT_TRUE(listed.ok()) << listed.error().message;
@@ -268,7 +268,7 @@ TEST(LibvirtE2e, LibvirtdRestartThenPanicWithOnCrashPreserve) {
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("pres");
   LV_ASSERT_OK(libvirtd);
   PrivateLibvirtd& lv = **libvirtd;
-  PrivateHvtraced hvt("pres", lv.uri());
+  HvtracedProcess hvt({.tag = "pres", .libvirt_uri = lv.uri()});
   LV_ASSERT_OK(hvt.Start());
   ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok());
 
@@ -324,12 +324,7 @@ TEST(LibvirtE2e, LibvirtdRestartThenPanicWithOnCrashPreserve) {
   hvt.Stop();
   LV_ASSERT_OK(hvt.Start());
   const std::string same = "found panicked, in the panic capture " + first_id + " holds";
-  bool said = false;
-  for (int i = 0; i < 600 && !said; ++i) {
-    said = hvt.Log().find(same) != std::string::npos;
-    if (!said) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_TRUE(said) << hvt.Log();
+  EXPECT_TRUE(hvt.WaitForLog(same, 60s)) << hvt.LogTail();
   Result<json> again = hvt.HvtraceJson({"captures", domain.name()});
   LV_ASSERT_OK(again);
   EXPECT_EQ((*again)["captures"].size(), 1u) << again->dump(2);
@@ -367,49 +362,6 @@ Result<GuestImage> ImageWithAgent() {
   return image;
 }
 
-// `hvtrace stream NAME` as a child process writing into a file; ended (and
-// reaped) with the object.
-class StreamProcess {
- public:
-  StreamProcess(const PrivateHvtraced& hvt, const std::string& name, const std::string& out)
-      : out_(out) {
-    pid_ = fork();
-    if (pid_ == 0) {
-      int fd = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        dup2(fd, 1);
-        dup2(fd, 2);
-      }
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      const std::string bin = Bin("hvtrace"), sock = hvt.socket();
-      execl(bin.c_str(), bin.c_str(), "stream", name.c_str(), "--socket", sock.c_str(),
-            static_cast<char*>(nullptr));
-      _exit(127);
-    }
-  }
-  ~StreamProcess() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    waitpid(pid_, nullptr, 0);
-  }
-  std::string Text() const { return ReadWhole(out_); }
-  bool WaitFor(const std::vector<std::string>& needles, std::chrono::milliseconds timeout) const {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      const std::string text = Text();
-      bool all = true;
-      for (const auto& n : needles) all = all && text.find(n) != std::string::npos;
-      if (all) return true;
-      std::this_thread::sleep_for(100ms);
-    }
-    return false;
-  }
-
- private:
-  std::string out_;
-  pid_t pid_ = -1;
-};
-
 // Attach mode for a domain, through hvtraced: `hvtrace attach NAME` makes the
 // region (header, QEMU's owner), hot-plugs it as <shmem> and waits for the
 // guest agent; `hvtrace stream NAME` shows the guest's markers (trace_marker
@@ -424,7 +376,7 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("dest");
   LV_ASSERT_OK(libvirtd);
   PrivateLibvirtd& lv = **libvirtd;
-  PrivateHvtraced hvt("dest", lv.uri());
+  HvtracedProcess hvt({.tag = "dest", .libvirt_uri = lv.uri()});
   LV_ASSERT_OK(hvt.Start());
   ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok());
   TestDomain domain(lv, "dest");
@@ -441,7 +393,7 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   auto diag = [&] {
     auto log = domain.console().Run("cat /tmp/agent.log", kCommandTimeout);
     return domain.Diagnostics() + "\n--- agent ---\n" + (log.ok() ? log->output : "") +
-           "\n--- hvtraced ---\n" + hvt.Log();
+           "\n--- hvtraced ---\n" + hvt.LogTail();
   };
 
   Result<json> attached = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
@@ -464,7 +416,8 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   EXPECT_NE(twice.status, 0);
   EXPECT_THAT(twice.output, HasSubstr("already attached"));
 
-  StreamProcess stream(hvt, domain.name(), lv.dir() + "/stream.txt");
+  StreamReader stream(hvt, domain.name());
+  ASSERT_TRUE(stream.WaitForNote("streaming VM", 10s)) << stream.output() << diag();
   std::this_thread::sleep_for(500ms);  // The stream's first look is taken.
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(domain.console()
@@ -474,11 +427,11 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   auto dw =
       domain.console().Run("hvtrace-guest-test dw-write --count 3 HVT-LV-DW", kCommandTimeout);
   ASSERT_TRUE(dw.ok() && dw->status == 0) << (dw.ok() ? dw->output : dw.error().message);
-  ASSERT_TRUE(stream.WaitFor({"HVT-LV-K1", "HVT-LV-DW 2"}, 30s)) << stream.Text() << diag();
+  ASSERT_TRUE(stream.WaitForAll({"HVT-LV-K1", "HVT-LV-DW 2"}, 30s)) << stream.output() << diag();
   std::printf(
       "[ metric ] markers written -> shown by `hvtrace stream`: %.0f ms\n",
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  const std::string text = stream.Text();
+  const std::string text = stream.text();
   EXPECT_LT(text.find("HVT-LV-K1"), text.find("HVT-LV-DW 0")) << text;
   EXPECT_LT(text.find("HVT-LV-DW 0"), text.find("HVT-LV-DW 2")) << text;
 
@@ -511,6 +464,130 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
               manifest["extra"]["transport"]["state_at_capture"].get<std::string>().c_str());
 }
 
+// The one capture directory an hvtraced that died mid-capture left
+// (".tmp-*"), once it is checked to hold the attach region's copy and the
+// recovery record of a libvirt panic capture.
+void FindIncompleteAttachCapture(const fs::path& captures, uint64_t region_size, fs::path* found) {
+  std::vector<fs::path> incomplete;
+  std::string listing;
+  for (const auto& e : fs::directory_iterator(captures)) {
+    listing += e.path().filename().string() + " ";
+    if (e.path().filename().string().starts_with(".tmp-")) incomplete.push_back(e.path());
+  }
+  ASSERT_EQ(incomplete.size(), 1u) << "in " << captures << ": " << listing;
+  const fs::path& dir = incomplete[0];
+  ASSERT_TRUE(fs::exists(dir / "attach-region.bin")) << dir;
+  EXPECT_EQ(fs::file_size(dir / "attach-region.bin"), region_size);
+  EXPECT_FALSE(fs::exists(dir / "region.bin")) << "an attach-only domain has no region file";
+  const json record = json::parse(ReadWhole(dir / "recovery.json"), nullptr, false);
+  ASSERT_TRUE(record.is_object()) << dir / "recovery.json";
+  EXPECT_EQ(record["format"], "hvtrace-capture-recovery");
+  EXPECT_EQ(record["manifest"]["trigger"], "panic") << record.dump(2);
+  EXPECT_EQ(record["manifest"]["region"]["kind"], "attach") << record.dump(2);
+  EXPECT_EQ(record["manifest"]["extra"]["transport"]["kind"], "libvirt") << record.dump(2);
+  *found = dir;
+}
+
+// Waits until the guest agent's log says it published the kernel's symbols.
+bool AgentPublishedSymbols(TestDomain& domain) {
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto r = domain.console().Run("grep -q 'symbols: ' /tmp/agent.log", kCommandTimeout);
+    if (r.ok() && r->status == 0) return true;
+    std::this_thread::sleep_for(500ms);
+  }
+  return false;
+}
+
+// Attach mode for a domain whose hvtraced dies in the middle of the panic
+// capture: the daemon (hvtraced-crash-after-region, tests/tools/) SIGKILLs
+// itself once attach-region.bin and the recovery record are durable. The
+// next hvtraced finishes that capture at start-up: recovered, the libvirt
+// transport kept, the guest's markers decoded, and the temporary directory
+// gone.
+TEST(LibvirtE2e, DaemonDiesMidAttachPanicCaptureThenTheNextRunRecoversIt) {
+  LV_SKIP_UNLESS_AVAILABLE();
+  if (access(Bin("hvtrace-agent").c_str(), X_OK) != 0) GTEST_SKIP() << "hvtrace-agent not built";
+  Result<GuestImage> image = ImageWithAgent();
+  LV_ASSERT_OK(image);
+  Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("rec");
+  LV_ASSERT_OK(libvirtd);
+  PrivateLibvirtd& lv = **libvirtd;
+  HvtracedProcess hvt(
+      {.tag = "rec", .libvirt_uri = lv.uri(), .binary = "hvtraced-crash-after-region"});
+  LV_ASSERT_OK(hvt.Start());
+  ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok());
+  TestDomain domain(lv, "rec");
+  TestDomainOptions options;
+  options.on_crash = "destroy";
+  options.via_virsh = true;
+  Status created = domain.Create(*image, options);
+  ASSERT_TRUE(created.ok()) << created.error().message;
+  ShmCleanup cleanup;
+  cleanup.paths.push_back("/dev/shm/hvtrace-" + domain.name() + "-attach");
+  LV_ASSERT_OK(domain.console().Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout));
+  auto diag = [&] { return domain.Diagnostics() + "\n--- hvtraced ---\n" + hvt.LogTail(); };
+  Result<json> attached = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
+  ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
+  ASSERT_FALSE((*attached)["guest"].is_null()) << attached->dump(2) << diag();
+  // The agent publishes the kernel's symbols a few seconds after it attached;
+  // the recovered capture must name the marker's function with them.
+  ASSERT_TRUE(AgentPublishedSymbols(domain)) << "no symbols published\n" << diag();
+
+  // Markers through both paths, seen live before the panic.
+  StreamReader stream(hvt, domain.name());
+  ASSERT_TRUE(stream.WaitForNote("streaming VM", 10s)) << stream.output() << diag();
+  std::this_thread::sleep_for(500ms);  // The stream's first look is taken.
+  auto wrote = domain.console().Run(
+      "echo HVT-RC-K1 > /sys/kernel/tracing/trace_marker && "
+      "hvtrace-guest-test dw-write --count 3 HVT-RC-DW",
+      kCommandTimeout);
+  ASSERT_TRUE(wrote.ok() && wrote->status == 0) << (wrote.ok() ? wrote->output : "") << diag();
+  ASSERT_TRUE(stream.WaitForAll({"HVT-RC-K1", "HVT-RC-DW 2"}, 30s)) << stream.output() << diag();
+
+  LV_ASSERT_OK(
+      domain.console().Send("hvtrace-guest-test dw-write --count 2 HVT-RC-LAST > /dev/null; echo c "
+                            "> /proc/sysrq-trigger\n"));
+  Result<int> died = hvt.WaitExit(60s);
+  ASSERT_TRUE(died.ok()) << died.error().message << diag();
+  ASSERT_TRUE(WIFSIGNALED(*died) && WTERMSIG(*died) == SIGKILL)
+      << "wait status " << *died << diag();
+  const fs::path captures = hvt.captures_dir(domain.name());
+  fs::path incomplete;
+  ASSERT_NO_FATAL_FAILURE(FindIncompleteAttachCapture(
+      captures, (*attached)["region"]["size"].get<uint64_t>(), &incomplete));
+
+  hvt.SetBinary("hvtraced");
+  LV_ASSERT_OK(hvt.Start());
+  Result<json> recovered = hvt.WaitForCapture(domain.name(), "panic", 60s);
+  ASSERT_TRUE(recovered.ok()) << recovered.error().message << "\n" << hvt.LogTail();
+  const std::string id = (*recovered)["id"];
+  EXPECT_THAT(hvt.log(), HasSubstr("recovered capture " + id));
+  const json manifest = ReadManifest((captures / id).string());
+  ASSERT_TRUE(manifest.is_object()) << captures / id;
+  EXPECT_TRUE(manifest["recovered"].is_object()) << manifest.dump(2);
+  EXPECT_EQ(manifest["trigger"], "panic");
+  EXPECT_EQ(manifest["region"]["kind"], "attach") << manifest.dump(2);
+  EXPECT_EQ(manifest["extra"]["transport"]["kind"], "libvirt") << manifest.dump(2);
+  EXPECT_EQ(manifest["extra"]["transport"]["domain"], domain.name());
+  EXPECT_FALSE(fs::exists(captures / id / "recovery.json"));
+  EXPECT_FALSE(fs::exists(incomplete)) << incomplete;
+  EXPECT_GT(manifest["extra"]["attach"]["names"]["per_generation"]["1"]["symbols"].get<uint64_t>(),
+            10000u)
+      << manifest["extra"]["attach"]["names"].dump(2);
+  RunResult show = RunArgvStatus({Bin("hvtrace"), "show", (captures / id).string()});
+  ASSERT_EQ(show.status, 0) << show.output.substr(0, 4000);
+  for (const char* marker :
+       {"tracing_mark_write: HVT-RC-K1", "text=HVT-RC-DW 2", "text=HVT-RC-LAST 1"}) {
+    EXPECT_THAT(show.output, HasSubstr(marker)) << "not in the recovered capture";
+  }
+  Result<json> listed = hvt.HvtraceJson({"captures", domain.name()});
+  LV_ASSERT_OK(listed);
+  EXPECT_EQ((*listed)["captures"].size(), 1u) << listed->dump(2);
+  std::printf("[ metric ] attach capture recovered by the next hvtraced: %s, %s events\n",
+              id.c_str(), manifest["totals"]["events"].dump().c_str());
+}
+
 // Detach through hvtraced trusts only DEVICE_REMOVED; the guest's agent lets
 // go, and a second attach plugs a fresh region the agent maps again. The old
 // `hvtrace libvirt-attach/-detach` spellings (once a libvirt client in the
@@ -523,7 +600,7 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("det");
   LV_ASSERT_OK(libvirtd);
   PrivateLibvirtd& lv = **libvirtd;
-  PrivateHvtraced hvt("det", lv.uri());
+  HvtracedProcess hvt({.tag = "det", .libvirt_uri = lv.uri()});
   LV_ASSERT_OK(hvt.Start());
   ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok());
   TestDomain domain(lv, "det");
@@ -537,7 +614,7 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
   LV_ASSERT_OK(domain.console().Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout));
 
   Result<json> first = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
-  ASSERT_TRUE(first.ok()) << first.error().message << "\n" << hvt.Log();
+  ASSERT_TRUE(first.ok()) << first.error().message << "\n" << hvt.LogTail();
   ASSERT_FALSE((*first)["guest"].is_null()) << first->dump(2);
   Result<int> seen = WaitGuestIvshmemCount(domain, 1);
   LV_ASSERT_OK(seen);
@@ -561,7 +638,7 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
     std::this_thread::sleep_for(100ms);
   }
   Result<json> second = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
-  ASSERT_TRUE(second.ok()) << second.error().message << "\n" << hvt.Log();
+  ASSERT_TRUE(second.ok()) << second.error().message << "\n" << hvt.LogTail();
   ASSERT_FALSE((*second)["guest"].is_null()) << second->dump(2);
   EXPECT_NE((*second)["region"]["region_id"], (*first)["region"]["region_id"]);
 
@@ -585,7 +662,7 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
     }
     std::this_thread::sleep_for(200ms);
   }
-  EXPECT_TRUE(marked_detached) << "a guest-side eject left the domain attached\n" << hvt.Log();
+  EXPECT_TRUE(marked_detached) << "a guest-side eject left the domain attached\n" << hvt.LogTail();
   RunResult after_eject = hvt.Hvtrace({"detach", domain.name()});
   EXPECT_NE(after_eject.status, 0);
   EXPECT_THAT(after_eject.output, HasSubstr("no region is attached"));
@@ -599,7 +676,7 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
   }
   RunResult old_attach = hvt.Hvtrace({"libvirt-attach", domain.name(), "--shm", ShmName("det"),
                                       "--uri", lv.uri(), "--size", "4M", "--timeout-ms", "60000"});
-  ASSERT_EQ(old_attach.status, 0) << old_attach.output << "\n" << hvt.Log();
+  ASSERT_EQ(old_attach.status, 0) << old_attach.output << "\n" << hvt.LogTail();
   EXPECT_THAT(old_attach.output, HasSubstr("ignored"));
   EXPECT_THAT(old_attach.output, HasSubstr(region_file));
   RunResult old_detach = hvt.Hvtrace({"libvirt-detach", domain.name(), "--shm", ShmName("det")});
@@ -615,7 +692,7 @@ TEST(LibvirtE2e, ClearErrors) {
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("err");
   LV_ASSERT_OK(libvirtd);
   PrivateLibvirtd& lv = **libvirtd;
-  PrivateHvtraced hvt("err", lv.uri());
+  HvtracedProcess hvt({.tag = "err", .libvirt_uri = lv.uri()});
   LV_ASSERT_OK(hvt.Start());
   ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok());
 
@@ -658,8 +735,8 @@ TEST(LibvirtE2e, ClearErrors) {
 
   // A denied connection: hvtraced running as nobody cannot open libvirtd's
   // 0700 root socket. It still serves its socket and says why.
-  PrivateHvtraced denied("deny", lv.uri());
-  LV_ASSERT_OK(denied.Start(65534));
+  HvtracedProcess denied({.tag = "deny", .libvirt_uri = lv.uri(), .uid = 65534});
+  LV_ASSERT_OK(denied.Start());
   Result<json> refused = denied.WaitForLibvirt(
       [](const json& l) { return l["connected"] == false && l["error"].is_string(); }, 20s);
   ASSERT_TRUE(refused.ok()) << refused.error().message;

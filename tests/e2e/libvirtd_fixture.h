@@ -9,16 +9,13 @@
 #ifndef HVTRACE_TESTS_E2E_LIBVIRTD_FIXTURE_H_
 #define HVTRACE_TESTS_E2E_LIBVIRTD_FIXTURE_H_
 
-#include <sys/types.h>
-
 #include <chrono>
-#include <functional>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "guest_harness.h"
+#include "host_command.h"
 #include "hvtrace/result.h"
 #include "libvirt_client.h"
 #include "vm_console.h"
@@ -28,19 +25,6 @@ namespace hvtrace::e2e {
 // Empty when a private libvirtd can run here (root, the daemons installed);
 // otherwise why not (the test then skips).
 std::string LibvirtdUnavailableReason();
-
-// The whole file ("" when unreadable).
-std::string ReadWhole(const std::string& path);
-
-// Runs argv, returns stdout+stderr; an error when the exit status is not 0.
-Result<std::string> RunArgv(const std::vector<std::string>& argv);
-
-// Runs argv; the exit status and stdout+stderr, whatever the status.
-struct RunResult {
-  int status = -1;  // Exit code; -1 when killed by a signal.
-  std::string output;
-};
-RunResult RunArgvStatus(const std::vector<std::string>& argv);
 
 class PrivateLibvirtd {
  public:
@@ -65,46 +49,6 @@ class PrivateLibvirtd {
   explicit PrivateLibvirtd(std::string dir);
   std::string dir_;
   std::string uri_;
-};
-
-// hvtraced as a user runs it, in a private state/run dir, configured with
-// |libvirt_uri|; SIGTERMed (then SIGKILLed) and reaped however the test ends.
-// Hvtrace() runs the real `hvtrace` CLI against its socket.
-class PrivateHvtraced {
- public:
-  PrivateHvtraced(const std::string& tag, const std::string& libvirt_uri);
-  ~PrivateHvtraced();
-  PrivateHvtraced(const PrivateHvtraced&) = delete;
-  PrivateHvtraced& operator=(const PrivateHvtraced&) = delete;
-
-  // Starts it (as |uid| when not 0: the state/run dirs are handed over) and
-  // waits until it answers `ping`.
-  Status Start(uid_t uid = 0);
-  // SIGTERM, wait (10 s at most) for the exit, then SIGKILL; the state dir
-  // stays. Returns how long the exit took in ms, or -1 when SIGKILL was
-  // needed.
-  double Stop();
-
-  const std::string& dir() const { return dir_; }
-  std::string socket() const { return dir_ + "/run/hvtraced.sock"; }
-  std::string state_dir() const { return dir_ + "/state"; }
-  std::string Log() const;
-
-  // `hvtrace ARGS... --socket SOCK`.
-  RunResult Hvtrace(std::vector<std::string> args) const;
-  // `hvtrace ARGS... --json --socket SOCK`, parsed; an error with the output
-  // when it fails or prints no JSON.
-  Result<nlohmann::json> HvtraceJson(std::vector<std::string> args) const;
-  // Polls `hvtrace captures NAME --json` until it lists |count| captures.
-  Result<nlohmann::json> WaitForCaptures(const std::string& name, size_t count,
-                                         std::chrono::milliseconds timeout) const;
-  // Polls `hvtrace ping --json` until |pred| holds for its "libvirt" object.
-  Result<nlohmann::json> WaitForLibvirt(const std::function<bool(const nlohmann::json&)>& pred,
-                                        std::chrono::milliseconds timeout) const;
-
- private:
-  std::string dir_;
-  pid_t pid_ = -1;
 };
 
 struct TestDomainOptions {

@@ -82,13 +82,14 @@ for fuzzer in build/sanitize/bin/*_fuzzer; do
   name=$(basename "$fuzzer")
   step "fuzz $name (${FUZZ_SECONDS}s)"
   corpus=$(mktemp -d)
+  scratch=$(mktemp -d)  # The fuzzer's own files ($TMPDIR), removed after it.
   seeds="tests/fixtures/fuzz/${name%_fuzzer}"
-  [ -d "$seeds" ] && cp -r "$seeds"/. "$corpus"/
-  "$fuzzer" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 \
-    "$corpus" >"build/sanitize/$name.log" 2>&1
+  [ -d "$seeds" ] && cp -rL "$seeds"/. "$corpus"/
+  TMPDIR="$scratch" "$fuzzer" -max_total_time="$FUZZ_SECONDS" -rss_limit_mb=2048 -timeout=10 \
+    -print_final_stats=1 "$corpus" >"build/sanitize/$name.log" 2>&1
   status=$?
   tail -n 12 "build/sanitize/$name.log"
-  rm -rf "$corpus"
+  rm -rf "$corpus" "$scratch"
   record "$name" $status
 done
 

@@ -156,12 +156,17 @@ QmpVmBackend::~QmpVmBackend() {
   if (region_fd_ >= 0) ::close(region_fd_);
 }
 
+void QmpVmBackend::UseRegionFd(int fd) {
+  if (region_fd_ >= 0) ::close(region_fd_);
+  region_fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+}
+
 void QmpVmBackend::Start(VmEventSink& sink) {
   {
     std::lock_guard lock(mu_);
     sink_ = &sink;
   }
-  if (spec_.region_size > 0) {
+  if (spec_.region_size > 0 && region_fd_ < 0) {
     region_fd_ = ::open(spec_.region_path.c_str(), O_RDONLY | O_CLOEXEC);
     if (region_fd_ < 0) {
       throw std::runtime_error("cannot open region " + spec_.region_path.string() + ": " +

@@ -170,7 +170,7 @@ Result<json> HvtracedProcess::Call(const std::string& cmd, const json& args,
                                    std::chrono::milliseconds timeout) const {
   auto c = hostd::ControlClient::Connect(socket(), 5s);
   if (!c.ok()) return c.error();
-  auto r = c->Call(cmd, args, timeout);
+  auto r = c->CallWithFiles(cmd, args, timeout);
   if (!r.ok()) return r.error();
   if (!r->ok) return Error{cmd + ": " + r->error + (r->code.empty() ? "" : " (" + r->code + ")")};
   return r->result;

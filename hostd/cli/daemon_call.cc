@@ -26,7 +26,9 @@ int CallDaemon(const std::string& command, const std::string& socket_flag,
                                               std::chrono::seconds(5));
   if (!client.ok()) {
     std::fprintf(stderr, "hvtrace %s: %s\n", command.c_str(), client.error().message.c_str());
-    return kExitNoDaemon;
+    // The socket's mode refused this user: as much a refusal as the daemon's.
+    return client.error().message.starts_with("permission denied on ") ? kExitDenied
+                                                                       : kExitNoDaemon;
   }
   const std::vector<int> fds = files->raw();
   auto reply = client->Call(request.cmd, args, request.timeout, on_item, fds);

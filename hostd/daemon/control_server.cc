@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <deque>
 
+#include "daemon_log.h"
 #include "fd_passing.h"
 
 namespace hvtrace::hostd {
@@ -37,6 +39,37 @@ std::vector<gid_t> PeerGroups(int fd) {
     }
     if (errno != ERANGE) break;
     groups.resize(len / sizeof(gid_t) + 1);
+  }
+  return {};
+}
+
+// Lets |group| connect to the socket file |path| besides its owning group, by
+// a POSIX ACL (user::rw- group::rw- group:GID:rw- mask::rw- other::---): the
+// admin group need not also be the socket group. Written as the kernel's
+// xattr format directly, so the daemon needs no libacl.
+Status GrantGroupAccess(const std::filesystem::path& path, gid_t group) {
+  struct Entry {
+    uint16_t tag;
+    uint16_t perm;
+    uint32_t id;
+  };
+  constexpr uint32_t kUndefined = 0xffffffff;
+  constexpr uint16_t kRw = 6;
+  struct {
+    uint32_t version = 2;
+    Entry entries[5];
+  } acl;
+  acl.entries[0] = {0x01, kRw, kUndefined};  // ACL_USER_OBJ
+  acl.entries[1] = {0x04, kRw, kUndefined};  // ACL_GROUP_OBJ
+  acl.entries[2] = {0x08, kRw, group};       // ACL_GROUP
+  acl.entries[3] = {0x10, kRw, kUndefined};  // ACL_MASK
+  acl.entries[4] = {0x20, 0, kUndefined};    // ACL_OTHER
+  static_assert(sizeof acl == 4 + 5 * 8);
+  if (::setxattr(path.c_str(), "system.posix_acl_access", &acl, sizeof acl, 0) != 0) {
+    return Error{"cannot let admin_group gid " + std::to_string(group) + " reach " + path.string() +
+                 " (POSIX ACL: " + std::strerror(errno) +
+                 "); only admins also in socket_group can connect: put the socket on a file "
+                 "system with ACLs (tmpfs has them), or add the admins to socket_group"};
   }
   return {};
 }
@@ -339,6 +372,11 @@ Status ControlServer::Listen() {
   if (options_.group && ::chown(path.c_str(), static_cast<uid_t>(-1), *options_.group) != 0) {
     return Error{"cannot set group " + std::to_string(*options_.group) + " on " + path.string() +
                  ": " + std::strerror(errno)};
+  }
+  const std::optional<gid_t> admin = options_.access.admin_group;
+  if (admin && admin != options_.group) {
+    // Not fatal: root and admins who are also in socket_group still work.
+    if (Status s = GrantGroupAccess(path, *admin); !s.ok()) Log("warning: " + s.error().message);
   }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Error{"cannot listen on " + path.string() + ": " + ec.message()};

@@ -35,7 +35,7 @@ HvtracedProcess::HvtracedProcess(HvtracedOptions options) : options_(std::move(o
   fs::remove_all(dir_);
   fs::create_directories(dir_);
   std::ofstream conf(dir_ + "/hvtraced.conf");
-  conf << "socket_group =\naccel = tcg\n";
+  conf << "socket_group = " << options_.socket_group << "\naccel = tcg\n";
   if (!options_.libvirt_uri.empty()) conf << "libvirt_uri = " << options_.libvirt_uri << "\n";
   conf << options_.config;
   // QEMUs whose daemon died are re-parented to us, not to a PID 1 that may

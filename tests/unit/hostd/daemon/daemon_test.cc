@@ -672,7 +672,57 @@ TEST(DaemonRolesTest, Malicious_FilesMustComeAsCheckedDescriptors) {
   ASSERT_TRUE(short_file.ok()) << short_file.error().message;
   EXPECT_NE(short_file->error.find("is shorter than 16777216"), std::string::npos)
       << short_file->error;
+  // A request that declares descriptors it did not send.
+  ASSERT_TRUE(c.SendRaw("{\"id\":9,\"cmd\":\"boot\",\"fds\":2,\"args\":{}}\n").ok());
+  auto lying = c.ReadReply(5s);
+  ASSERT_TRUE(lying.ok()) << lying.error().message;
+  EXPECT_NE(lying->error.find("declares 2 file descriptors but 0 arrived"), std::string::npos)
+      << lying->error;
   ExpectPing(d);
+}
+
+// adopt/attach --qmp: root connects only to a QMP socket served by the
+// requesting user or by root.
+TEST(DaemonRolesTest, Malicious_QmpSocketOfAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
+  DaemonProcess d;
+  d.Start();
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0777), 0);
+  const fs::path sock = d.dir() / "other.qmp";
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t server = ::fork();
+  ASSERT_GE(server, 0);
+  if (server == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) _exit(10);
+    int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un addr {};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", sock.c_str());
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 4) != 0)
+      _exit(11);
+    ssize_t ignored = ::write(ready[1], "r", 1);
+    (void)ignored;
+    ::pause();
+    _exit(0);
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::close(ready[0]);
+  auto c = d.Client();
+  Reply adopt = Call(c, "adopt", {{"name", "vm3"}, {"qmp", sock.string()}});
+  Reply attach = Call(c, "attach", {{"name", "vm4"}, {"qmp", sock.string()}, {"wait_ms", 0}});
+  ::kill(server, SIGKILL);
+  ::waitpid(server, nullptr, 0);
+  for (const Reply& r : {adopt, attach}) {
+    EXPECT_EQ(r.code, kErrBadRequest) << r.error;
+    EXPECT_NE(r.error.find("is served by uid 65534, not by the requesting user (uid 0) or root"),
+              std::string::npos)
+        << r.error;
+  }
+  Reply list = Call(c, "list");
+  EXPECT_EQ(list.result["vms"], json::array());
 }
 
 }  // namespace

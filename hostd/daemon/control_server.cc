@@ -220,6 +220,7 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
 
   void HandleFrame(Frame& frame) {
     if (!frame.within_limit) {
+      pending_fds_.clear();
       Enqueue(ErrorReply(std::nullopt, kErrTooLarge,
                          "request at stream offset " + std::to_string(frame.stream_offset) +
                              " exceeds " + std::to_string(kMaxRequestBytes) +
@@ -230,6 +231,9 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
     if (IsBlankLine(frame.text)) return;
     auto parsed = ParseRequest(frame.text);
     if (auto* error = std::get_if<RequestError>(&parsed)) {
+      // Descriptors sent with a line we could not read are not handed to a
+      // later request, which would then get the wrong files.
+      pending_fds_.clear();
       Enqueue(ErrorReply(error->id, error->code, error->message), false);
       return;
     }

@@ -189,10 +189,13 @@ void Daemon::ShareStateDir() const {
   // the group), 0750; files are written 0640. A VM's private inputs (its
   // kernel and initrd copies) stay 0700. Done at every start, so a state dir
   // from an older hvtraced or a changed socket_group is brought in line.
-  auto share = [group](const std::filesystem::path& path, bool dir) {
+  size_t failures = 0;  // Only the first is logged: a read-only dir fails for every file.
+  auto share = [group, &failures](const std::filesystem::path& path, bool dir) {
     if (::lchown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
-      Log("warning: cannot give " + path.string() + " to gid " + std::to_string(group) + ": " +
-          std::strerror(errno));
+      if (failures++ == 0) {
+        Log("warning: cannot give " + path.string() + " to gid " + std::to_string(group) + ": " +
+            std::strerror(errno) + "; observers may not read captures");
+      }
       return;
     }
     if (dir) (void)::chmod(path.c_str(), path.filename() == "inputs" ? 0700 : 02750);

@@ -21,8 +21,10 @@ Result<uint64_t> CheckClientFile(int fd, const std::string& what, uint64_t max_b
   // Not a FIFO, socket or device: reading those can block a worker forever
   // or read something that is no file at all.
   if (!S_ISREG(st.st_mode)) return Error{what + " is not a regular file"};
+  // O_PATH needs no read permission on the file (only search on its
+  // directory), so an O_PATH descriptor proves nothing: refused.
   const int flags = ::fcntl(fd, F_GETFL);
-  if (flags < 0 || (flags & O_ACCMODE) == O_WRONLY) {
+  if (flags < 0 || (flags & O_PATH) != 0 || (flags & O_ACCMODE) == O_WRONLY) {
     return Error{what + ": the descriptor passed is not open for reading"};
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);

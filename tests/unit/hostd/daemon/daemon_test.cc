@@ -653,6 +653,16 @@ TEST(DaemonRolesTest, Malicious_FilesMustComeAsCheckedDescriptors) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->code, kErrBadRequest);
   EXPECT_NE(r->error.find("is not a regular file"), std::string::npos) << r->error;
+  // An O_PATH descriptor needs no read permission on the file: refused.
+  int path_fd = ::open("/etc/shadow", O_PATH | O_CLOEXEC);
+  ASSERT_GE(path_fd, 0);
+  const int path_fds[] = {path_fd};
+  auto o_path = c.Call("boot", {{"name", "vm1"}, {"kernel", "/etc/shadow"}, {"kernel_fd", 0}}, 5s,
+                       {}, path_fds);
+  ::close(path_fd);
+  ASSERT_TRUE(o_path.ok()) << o_path.error().message;
+  EXPECT_EQ(o_path->code, kErrBadRequest);
+  EXPECT_NE(o_path->error.find("not open for reading"), std::string::npos) << o_path->error;
   // A descriptor index the request does not carry.
   Reply bad_index = Call(c, "boot", {{"name", "vm1"}, {"kernel", "k"}, {"kernel_fd", 3}});
   EXPECT_NE(bad_index.error.find("carries 0"), std::string::npos) << bad_index.error;

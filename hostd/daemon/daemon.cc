@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -121,9 +122,12 @@ SupervisorOptions Daemon::supervisor_options() const {
 Status Daemon::Start() {
   if (Status s = state_.Prepare(); !s.ok()) return s;
   std::filesystem::path socket_path = config_.EffectiveSocketPath();
-  // The run directory only needs to be traversable; the socket's own mode
-  // (0660 + group) is what grants access.
-  if (Status s = MakeDirs(socket_path.parent_path(), 0755); !s.ok()) return s;
+  // The run directory must be traversable by everyone (the daemon's umask
+  // is 027); the socket's own mode (0660 + group, ACL) is what grants access.
+  const mode_t old_mask = ::umask(022);
+  Status run_dir = MakeDirs(socket_path.parent_path(), 0755);
+  ::umask(old_mask);
+  if (!run_dir.ok()) return run_dir;
 
   std::string lock_path = socket_path.string() + ".lock";
   lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -156,16 +157,29 @@ QmpVmBackend::~QmpVmBackend() {
   if (region_fd_ >= 0) ::close(region_fd_);
 }
 
+void QmpVmBackend::UseRegionFd(int fd) {
+  if (region_fd_ >= 0) ::close(region_fd_);
+  region_fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+}
+
 void QmpVmBackend::Start(VmEventSink& sink) {
   {
     std::lock_guard lock(mu_);
     sink_ = &sink;
   }
-  if (spec_.region_size > 0) {
-    region_fd_ = ::open(spec_.region_path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (spec_.region_size > 0 && region_fd_ < 0) {
+    // Re-adoption after a restart opens the recorded path: never through a
+    // symlink, never a FIFO or device (O_NONBLOCK: no wait on one either).
+    region_fd_ = ::open(spec_.region_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (region_fd_ < 0) {
       throw std::runtime_error("cannot open region " + spec_.region_path.string() + ": " +
                                std::strerror(errno));
+    }
+    struct stat st;
+    if (::fstat(region_fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(region_fd_);
+      region_fd_ = -1;
+      throw std::runtime_error("region " + spec_.region_path.string() + " is not a regular file");
     }
   }
   if (!spec_.attach_region.empty()) {

@@ -110,6 +110,10 @@ class QmpVmBackend : public VmBackend {
   nlohmann::json Describe() const override;
 
   const QmpVmSpec& spec() const { return spec_; }
+  // Reads the region through |fd| (a duplicate is kept), which the client
+  // that adopted the VM opened, instead of opening spec.region_path as root.
+  // Call before Start.
+  void UseRegionFd(int fd);
   // Kills an owned QEMU (for `hvtrace stop --kill`); asks QMP quit otherwise.
   void Quit() override;
 

@@ -93,6 +93,8 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
                             : config.socket_path) = *path;
     } else if (key == "socket_group") {
       config.socket_group = std::string(value);
+    } else if (key == "admin_group") {
+      config.admin_group = std::string(value);
     } else if (key == "capture_retention") {
       auto n = ParseInt(value, 0, 1000000);
       if (!n.ok()) return fail(n.error());

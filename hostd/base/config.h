@@ -9,9 +9,14 @@
 //   state_dir           = /var/lib/hvtrace      captures, per-VM state
 //   run_dir             = /run/hvtrace          socket and lock file
 //   socket              = <run_dir>/hvtraced.sock
-//   socket_group        = hvtrace               group allowed on the socket
+//   socket_group        = hvtrace               observers: may connect, list,
+//                                               stream and read captures
 //                                               (empty: only root and the
 //                                               daemon's user)
+//   admin_group         = hvtrace-admin         admins: may also boot, adopt,
+//                                               attach, capture, stop, shut
+//                                               down (root always may)
+// A group is a name or a numeric gid.
 //   capture_retention   = 20                    captures kept per VM (0: all)
 //   panic_policy        = pause                 after a panic capture:
 //                                               pause | resume | quit
@@ -62,6 +67,7 @@ struct Config {
   std::filesystem::path run_dir = "/run/hvtrace";
   std::filesystem::path socket_path;  // Empty: run_dir / "hvtraced.sock".
   std::string socket_group = "hvtrace";
+  std::string admin_group = "hvtrace-admin";
   int capture_retention = 20;
   PanicPolicy panic_policy = PanicPolicy::kPause;
   std::string accel = "auto";

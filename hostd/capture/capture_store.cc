@@ -440,7 +440,9 @@ Result<std::unique_ptr<PendingCapture>> CaptureStore::Begin(std::string_view tri
   if (::mkdtemp(tmpl.data()) == nullptr) {
     return Error{"cannot create capture directory " + tmpl + ": " + Errno(errno)};
   }
-  ::chmod(tmpl.c_str(), 0750);
+  // Setgid kept: the capture's files take the state dir's group (the
+  // observers', so `hvtrace show` works without root).
+  ::chmod(tmpl.c_str(), 02750);
   return std::unique_ptr<PendingCapture>(new PendingCapture(captures_dir_, tmpl, base));
 }
 

@@ -30,7 +30,8 @@ const char* ExitStatusHelp() {
          "  4  hvtraced knows no VM of that name (unknown_vm)\n"
          "  5  hvtraced is not reachable on its socket, or did not answer in time\n"
          "  6  hvtraced is busy with an earlier request for that VM (busy): try again\n"
-         "  7  hvtraced refused this user (permission_denied)\n";
+         "  7  hvtraced refused this user (permission_denied), or this user cannot read\n"
+         "     an input file (boot --kernel/--initrd, adopt --boot-region)\n";
 }
 
 void AddDaemonFlags(CLI::App& app, DaemonFlags& flags, bool json) {

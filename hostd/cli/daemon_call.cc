@@ -1,5 +1,6 @@
 #include "daemon_call.h"
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 
@@ -11,13 +12,26 @@ namespace hvtrace::cli {
 int CallDaemon(const std::string& command, const std::string& socket_flag,
                const DaemonRequest& request, nlohmann::json* result,
                const std::function<void(const nlohmann::json&)>& on_item) {
+  // Input files are opened first, as the user running hvtrace: the daemon
+  // gets the descriptors and never opens a path itself (fd_passing.h). A file
+  // this user cannot read stops here, with nothing sent.
+  nlohmann::json args = request.args;
+  auto files = hostd::OpenRequestFiles(request.cmd, args);
+  if (!files.ok()) {
+    std::fprintf(stderr, "hvtrace %s: %s\n", command.c_str(), files.error().message.c_str());
+    return files.error().message.find("Permission denied") != std::string::npos ? kExitDenied
+                                                                                : kExitUsage;
+  }
   auto client = hostd::ControlClient::Connect(hostd::ResolveClientSocket(socket_flag),
                                               std::chrono::seconds(5));
   if (!client.ok()) {
     std::fprintf(stderr, "hvtrace %s: %s\n", command.c_str(), client.error().message.c_str());
-    return kExitNoDaemon;
+    // The socket's mode refused this user: as much a refusal as the daemon's.
+    return client.error().message.starts_with("permission denied on ") ? kExitDenied
+                                                                       : kExitNoDaemon;
   }
-  auto reply = client->Call(request.cmd, request.args, request.timeout, on_item);
+  const std::vector<int> fds = files->raw();
+  auto reply = client->Call(request.cmd, args, request.timeout, on_item, fds);
   if (!reply.ok()) {
     std::fprintf(stderr, "hvtrace %s: %s\n", command.c_str(), reply.error().message.c_str());
     return kExitNoDaemon;

@@ -12,6 +12,8 @@
 #include <thread>
 #include <vector>
 
+#include "fd_passing.h"
+
 namespace hvtrace::hostd {
 namespace {
 
@@ -152,16 +154,20 @@ bool ControlClient::WaitForClose(std::chrono::milliseconds timeout) {
 
 Result<Reply> ControlClient::Call(std::string_view cmd, const nlohmann::json& args,
                                   std::chrono::milliseconds timeout,
-                                  const std::function<void(const nlohmann::json&)>& on_item) {
+                                  const std::function<void(const nlohmann::json&)>& on_item,
+                                  std::span<const int> fds) {
   int64_t id = next_id_++;
   nlohmann::json request = {{"id", id}, {"cmd", std::string(cmd)}, {"args", args}};
+  if (!fds.empty()) request["fds"] = fds.size();
   std::string line = DumpJson(request) + "\n";
   if (line.size() > kMaxRequestBytes) {
     return Error{"request '" + std::string(cmd) + "' is larger than " +
                  std::to_string(kMaxRequestBytes) + " bytes"};
   }
   auto deadline = Clock::now() + timeout;
-  if (Status s = SendRaw(line); !s.ok()) {
+  Status sent = SendWithFds(fd_, line, fds);
+  if (!sent.ok()) sent = Error{"sending to " + socket_.string() + ": " + sent.error().message};
+  if (Status s = sent; !s.ok()) {
     // The daemon may have refused the connection (busy, permission) and
     // closed it before our request went out; its reason is still readable.
     auto refusal = ReadLine(std::min(deadline, Clock::now() + std::chrono::seconds(1)));
@@ -184,6 +190,15 @@ Result<Reply> ControlClient::Call(std::string_view cmd, const nlohmann::json& ar
     }
     return reply;
   }
+}
+
+Result<Reply> ControlClient::CallWithFiles(
+    std::string_view cmd, nlohmann::json args, std::chrono::milliseconds timeout,
+    const std::function<void(const nlohmann::json&)>& on_item) {
+  auto files = OpenRequestFiles(cmd, args);
+  if (!files.ok()) return files.error();
+  const std::vector<int> fds = files->raw();
+  return Call(cmd, args, timeout, on_item, fds);
 }
 
 void ControlClient::Shutdown() {

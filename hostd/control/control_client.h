@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -32,9 +33,17 @@ class ControlClient {
 
   // Sends {"id":…,"cmd":cmd,"args":args} and returns the final reply (which
   // may be an error reply: check |ok|). Stream items go to |on_item|.
+  // |fds| go along with the request (fd_passing.h; "fds" says how many).
   Result<Reply> Call(std::string_view cmd, const nlohmann::json& args,
                      std::chrono::milliseconds timeout,
-                     const std::function<void(const nlohmann::json&)>& on_item = {});
+                     const std::function<void(const nlohmann::json&)>& on_item = {},
+                     std::span<const int> fds = {});
+  // Call, after opening the files |args| name (OpenRequestFiles) as the
+  // calling user: a file that user cannot read fails here, before anything
+  // is sent.
+  Result<Reply> CallWithFiles(std::string_view cmd, nlohmann::json args,
+                              std::chrono::milliseconds timeout,
+                              const std::function<void(const nlohmann::json&)>& on_item = {});
 
   // Low level, for tests that speak the protocol badly on purpose.
   Status SendRaw(std::string_view bytes);

@@ -1,6 +1,11 @@
 #include "control_protocol.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <limits>
 
@@ -188,6 +193,14 @@ std::variant<Request, RequestError> ParseRequest(std::string_view line) {
     }
     request.args = *args_it;
   }
+  if (auto fds_it = doc.find("fds"); fds_it != doc.end() && !fds_it->is_null()) {
+    if (!fds_it->is_number_unsigned() || fds_it->get<uint64_t>() > kMaxFdsPerRequest) {
+      return RequestError{
+          id, std::string(kErrBadRequest),
+          "request \"fds\" must be an integer 0.." + std::to_string(kMaxFdsPerRequest)};
+    }
+    request.fd_count = fds_it->get<size_t>();
+  }
   return request;
 }
 
@@ -250,6 +263,47 @@ Result<Reply> ParseReply(std::string_view line) {
     if (code != doc.end() && code->is_string()) reply.code = code->get<std::string>();
   }
   return reply;
+}
+
+std::vector<int> OpenedFiles::raw() const {
+  std::vector<int> out;
+  for (const UniqueFd& fd : fds) out.push_back(fd.get());
+  return out;
+}
+
+Result<OpenedFiles> OpenRequestFiles(std::string_view cmd, json& args) {
+  OpenedFiles opened;
+  auto open_one = [&](const char* key, const std::string& path) -> Status {
+    // O_NONBLOCK: a FIFO or device named by mistake must not hang the CLI;
+    // the daemon refuses anything but a regular file anyway.
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+    if (fd < 0) {
+      return Error{std::string("cannot open ") + key + " " + path + " as uid " +
+                   std::to_string(::geteuid()) + ": " + std::strerror(errno) +
+                   " (hvtraced reads only files its client can read)"};
+    }
+    opened.fds.emplace_back(fd);
+    args[std::string(key) + "_fd"] = opened.fds.size() - 1;
+    return {};
+  };
+  auto string_arg = [&](const char* key) -> std::string {
+    auto it = args.find(key);
+    return it != args.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  if (cmd == "boot") {
+    for (const char* key : {"kernel", "initrd"}) {
+      if (std::string path = string_arg(key); !path.empty()) {
+        if (Status s = open_one(key, path); !s.ok()) return s.error();
+      }
+    }
+  } else if (cmd == "adopt") {
+    const std::string region = string_arg("boot_region");
+    const size_t at = region.rfind('@');
+    if (at != std::string::npos && at > 0) {
+      if (Status s = open_one("boot_region", region.substr(0, at)); !s.ok()) return s.error();
+    }
+  }
+  return opened;
 }
 
 }  // namespace hvtrace::hostd

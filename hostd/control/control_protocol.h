@@ -3,7 +3,8 @@
 // Request (one line, at most kMaxRequestBytes including the newline):
 //   {"id":N,"cmd":"status","args":{"name":"vm1"}}
 // |id| is a 64-bit integer chosen by the client and echoed in every reply line;
-// |args| is optional and must be an object when present.
+// |args| is optional and must be an object when present. "fds":N (0..4) says
+// the request carries N open files (fd_passing.h); args name them by index.
 //
 // Replies (one line each):
 //   {"id":N,"ok":true,"result":<any>}                      final, success
@@ -30,6 +31,7 @@
 #include <variant>
 #include <vector>
 
+#include "fd_passing.h"
 #include "hvtrace/result.h"
 
 namespace hvtrace::hostd {
@@ -86,6 +88,10 @@ struct Request {
   int64_t id = 0;
   std::string cmd;
   nlohmann::json args = nlohmann::json::object();
+  size_t fd_count = 0;        // "fds" as the request declared it.
+  std::vector<SharedFd> fds;  // The descriptors themselves (the server fills them in).
+  // The client's uid from SO_PEERCRED (the server sets it; never from the wire).
+  std::optional<uint32_t> peer_uid;
 };
 
 // A request that failed to parse: the error text and, when the line was JSON
@@ -118,6 +124,17 @@ struct Reply {
   std::string code;
 };
 Result<Reply> ParseReply(std::string_view line);
+
+// The args of |cmd| that name files the daemon reads: for each, the CLI
+// opens the file as the calling user and sends the descriptor, and the
+// daemon never opens the path. boot: "kernel", "initrd"; adopt: the FILE of
+// "boot_region" (FILE@GPA:SIZE). The descriptors' indices go into
+// "<key>_fd"; the paths stay in args, for messages only.
+struct OpenedFiles {
+  std::vector<UniqueFd> fds;
+  std::vector<int> raw() const;
+};
+Result<OpenedFiles> OpenRequestFiles(std::string_view cmd, nlohmann::json& args);
 
 // Serializes without ever throwing on invalid UTF-8.
 std::string DumpJson(const nlohmann::json& value);

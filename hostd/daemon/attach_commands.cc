@@ -247,13 +247,17 @@ void Daemon::HandleDetach(const Request& request, const std::shared_ptr<Responde
   });
 }
 
-void Daemon::AdoptForAttach(const std::string& name, const std::string& qmp,
+void Daemon::AdoptForAttach(const Request& request, const std::string& name, const std::string& qmp,
                             const std::shared_ptr<Responder>& responder,
                             std::function<void()> then) {
   if (!qmp.empty()) {
     // An attach-only QMP VM (no boot range).
     QmpVmSpec spec;
     spec.qmp_socket = std::filesystem::absolute(qmp).string();
+    if (Status s = CheckQmpPeer(request, spec.qmp_socket); !s.ok()) {
+      responder->Fail(kErrBadRequest, "attach " + name + ": " + s.error().message);
+      return;
+    }
     if (Status s = RegisterQmpVm(name, spec, nullptr); !s.ok()) {
       responder->Fail(kErrInternal, "attach " + name + ": " + s.error().message);
       return;
@@ -317,7 +321,7 @@ void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responde
     return;
   }
   if (!ReadyForNewVm(name, *responder, /*make_dir=*/!args->qmp.empty())) return;
-  AdoptForAttach(name, args->qmp, responder, attach);
+  AdoptForAttach(request, name, args->qmp, responder, attach);
 }
 
 }  // namespace hvtrace::hostd

@@ -3,10 +3,13 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <mutex>
 
 #include "boot_request.h"
+#include "client_files.h"
 #include "daemon.h"
 #include "daemon_libvirt.h"
 #include "daemon_log.h"
@@ -39,6 +42,12 @@ Result<std::unique_ptr<Vm>> CheckBackingPath(const std::string& name, const std:
                "` if it is what this VM left"};
 }
 
+// Where a boot's kernel and initrd are copied (client_files.h): a directory
+// only root may enter, inside the VM's state dir.
+std::filesystem::path BootInputsDir(const std::filesystem::path& vm_dir) {
+  return vm_dir / "inputs";
+}
+
 std::string ArgName(const Request& request) {
   auto it = request.args.find("name");
   return it != request.args.end() && it->is_string() ? it->get<std::string>() : std::string();
@@ -59,6 +68,22 @@ void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>
     return;
   }
   if (req->accel == "auto") req->accel = config_.accel;
+  // The kernel and initrd come as descriptors the client opened; the daemon
+  // boots private copies of them (client_files.h), never the client's paths.
+  auto kernel_fd = RequestFile(request, "kernel", kMaxKernelBytes, /*required=*/true);
+  auto initrd_fd = kernel_fd.ok() ? RequestFile(request, "initrd", kMaxInitrdBytes, false)
+                                  : Result<SharedFd>(SharedFd());
+  for (const auto* file : {&kernel_fd, &initrd_fd}) {
+    if (!file->ok()) {
+      responder->Fail(kErrBadRequest, "VM '" + name + "': " + file->error().message);
+      return;
+    }
+  }
+  const std::filesystem::path inputs = BootInputsDir(state_.VmDir(name));
+  const std::string kernel_what = "kernel " + req->kernel;
+  const std::string initrd_what = "initrd " + req->initrd;
+  req->kernel = (inputs / "kernel").string();
+  if (*initrd_fd) req->initrd = (inputs / "initrd").string();
   BootPaths paths =
       DefaultBootPaths(name, config_.EffectiveSocketPath().parent_path(), state_.VmDir(name));
   auto config = MakeBootVmConfig(*req, paths);
@@ -73,7 +98,27 @@ void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>
   // QEMU's files).
   std::shared_ptr<VmSupervisor> old = registry_.Find(name);
   auto launch = [this, name, boot = *req, paths, vm_config = *config, accel_kind = *accel,
-                 responder] { LaunchBoot(name, boot, paths, vm_config, accel_kind, responder); };
+                 responder, inputs, kernel = *kernel_fd, initrd = *initrd_fd, kernel_what,
+                 initrd_what] {
+    Status copied = MakeDirs(inputs, 0700);
+    if (copied.ok())
+      copied = ::chmod(inputs.c_str(), 0700) == 0
+                   ? Status()
+                   : Status(Error{"chmod " + inputs.string() + ": " + std::strerror(errno)});
+    if (copied.ok())
+      copied = CopyClientFile(kernel->get(), kernel_what, boot.kernel, kMaxKernelBytes);
+    if (copied.ok() && initrd) {
+      copied = CopyClientFile(initrd->get(), initrd_what, boot.initrd, kMaxInitrdBytes);
+    }
+    if (!copied.ok()) {
+      asio::post(io_, [this, name, responder, why = copied.error().message] {
+        booting_.erase(name);
+        responder->Fail(kErrVmFailed, "boot " + name + ": " + why);
+      });
+      return;
+    }
+    LaunchBoot(name, boot, paths, vm_config, accel_kind, responder);
+  };
   if (old && old->backend()) {
     registry_.Remove(name);
     (void)SetOffline(name);
@@ -134,15 +179,38 @@ void Daemon::HandleAdopt(const Request& request, const std::shared_ptr<Responder
   // The file is QEMU's node-1 backing file: the range starts at its offset 0
   // (gpa_layout.h), whatever GPA the guest sees it at.
   spec.qmp_socket = std::filesystem::absolute(qmp->get<std::string>()).string();
-  struct stat st;
-  if (boot_range && (::stat(spec.region_path.c_str(), &st) != 0 ||
-                     static_cast<uint64_t>(st.st_size) < spec.region_size)) {
-    responder->Fail(kErrBadRequest, "region file " + spec.region_path.string() +
-                                        " is missing or shorter than " +
-                                        std::to_string(spec.region_size));
+  // SIZE sizes the capture copy buffers (allocated at registration): capped
+  // before anything is allocated, and checked against the file the client
+  // passed (never a path the daemon opens).
+  SharedFd region_fd;
+  if (boot_range) {
+    if (spec.region_size > kMaxAdoptRegionBytes) {
+      responder->Fail(kErrBadRequest, "adopt " + name + ": boot region SIZE " +
+                                          std::to_string(spec.region_size) + " exceeds " +
+                                          std::to_string(kMaxAdoptRegionBytes) + " bytes");
+      return;
+    }
+    auto file = RequestFile(request, "boot_region", UINT64_MAX, /*required=*/true);
+    struct stat st;
+    if (file.ok() && ::fstat((*file)->get(), &st) == 0 &&
+        static_cast<uint64_t>(st.st_size) < spec.region_size) {
+      file = Error{"region file " + spec.region_path.string() + " is shorter than " +
+                   std::to_string(spec.region_size)};
+    } else if (file.ok() && st.st_uid != 0 && request.peer_uid != st.st_uid) {
+      file = Error{"region file " + spec.region_path.string() + " belongs to uid " +
+                   std::to_string(st.st_uid) + ", not to the requesting user or root"};
+    }
+    if (!file.ok()) {
+      responder->Fail(kErrBadRequest, "adopt " + name + ": " + file.error().message);
+      return;
+    }
+    region_fd = *file;
+  }
+  if (Status s = CheckQmpPeer(request, spec.qmp_socket); !s.ok()) {
+    responder->Fail(kErrBadRequest, "adopt " + name + ": " + s.error().message);
     return;
   }
-  if (Status s = RegisterQmpVm(name, spec, nullptr); !s.ok()) {
+  if (Status s = RegisterQmpVm(name, spec, nullptr, region_fd ? region_fd->get() : -1); !s.ok()) {
     responder->Fail(kErrInternal, s.error().message);
     return;
   }
@@ -229,6 +297,18 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
   asio::post(io_, std::move(finish));
 }
 
+Status Daemon::CheckQmpPeer(const Request& request, const std::string& socket) const {
+  auto uid = UnixSocketPeerUid(socket);
+  if (!uid.ok()) return Error{"QMP socket: " + uid.error().message};
+  if (*uid == 0 || *uid == ::geteuid() || (request.peer_uid && *request.peer_uid == *uid)) {
+    return {};
+  }
+  return Error{"QMP socket " + socket + " is served by uid " + std::to_string(*uid) +
+               ", not by the requesting user (uid " +
+               (request.peer_uid ? std::to_string(*request.peer_uid) : std::string("?")) +
+               ") or root"};
+}
+
 void Daemon::RemoveRemnants(const std::string& name) {
   // For an offline VM whose QEMU hvtraced booted and which exited meanwhile:
   // its sockets and /dev/shm file. A live process's files are never touched
@@ -243,12 +323,13 @@ void Daemon::RemoveRemnants(const std::string& name) {
   for (const std::string& path : spec->owned_paths) std::filesystem::remove(path, ec);
 }
 
-Status Daemon::RegisterQmpVm(const std::string& name, const QmpVmSpec& spec,
-                             std::unique_ptr<Vm> vm) {
+Status Daemon::RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm,
+                             int region_fd) {
   const std::filesystem::path vm_dir = state_.VmDir(name);
   if (Status s = SaveQmpVmSpec(vm_dir, spec); !s.ok())
     Log("warning: VM " + name + ": " + s.error().message);
   auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), spec, std::move(vm), vm_dir);
+  if (region_fd >= 0) backend->UseRegionFd(region_fd);
   if (Status s = ReplaceVm(name, std::move(backend)); !s.ok()) return s;
   Log("VM " + name + ": " + (spec.booted_by_daemon ? "booted" : "adopted") + ", pid " +
       std::to_string(spec.pid) + ", region " + spec.region_path.string());

@@ -14,22 +14,32 @@ namespace hvtrace::hostd {
 namespace asio = boost::asio;
 using nlohmann::json;
 
-const std::map<std::string, Daemon::Handler, std::less<>>& Daemon::CommandTable() {
-  static const std::map<std::string, Daemon::Handler, std::less<>> kTable = {
-      {"ping", &Daemon::HandlePing},         {"version", &Daemon::HandleVersion},
-      {"list", &Daemon::HandleList},         {"status", &Daemon::HandleStatus},
-      {"captures", &Daemon::HandleCaptures}, {"shutdown", &Daemon::HandleShutdown},
-      {"boot", &Daemon::HandleBoot},         {"adopt", &Daemon::HandleAdopt},
-      {"capture", &Daemon::HandleCapture},   {"stop", &Daemon::HandleStop},
-      {"attach", &Daemon::HandleAttach},     {"detach", &Daemon::HandleDetach},
-      {"stream", &Daemon::HandleStream},
+// Every command names the role it needs: observers look, admins change
+// state. A command added without a role is refused to everyone.
+const std::map<std::string, Daemon::Command, std::less<>>& Daemon::CommandTable() {
+  constexpr Role kObserver = Role::kObserver;
+  constexpr Role kAdmin = Role::kAdmin;
+  static const std::map<std::string, Daemon::Command, std::less<>> kTable = {
+      {"ping", {&Daemon::HandlePing, kObserver}},
+      {"version", {&Daemon::HandleVersion, kObserver}},
+      {"list", {&Daemon::HandleList, kObserver}},
+      {"status", {&Daemon::HandleStatus, kObserver}},
+      {"captures", {&Daemon::HandleCaptures, kObserver}},
+      {"stream", {&Daemon::HandleStream, kObserver}},
+      {"shutdown", {&Daemon::HandleShutdown, kAdmin}},
+      {"boot", {&Daemon::HandleBoot, kAdmin}},
+      {"adopt", {&Daemon::HandleAdopt, kAdmin}},
+      {"capture", {&Daemon::HandleCapture, kAdmin}},
+      {"stop", {&Daemon::HandleStop, kAdmin}},
+      {"attach", {&Daemon::HandleAttach, kAdmin}},
+      {"detach", {&Daemon::HandleDetach, kAdmin}},
   };
   return kTable;
 }
 
-Daemon::Handler Daemon::FindHandler(std::string_view cmd) {
+const Daemon::Command* Daemon::FindCommand(std::string_view cmd) {
   auto it = CommandTable().find(cmd);
-  return it == CommandTable().end() ? nullptr : it->second;
+  return it == CommandTable().end() ? nullptr : &it->second;
 }
 
 std::string Daemon::CommandNames() {
@@ -38,16 +48,21 @@ std::string Daemon::CommandNames() {
   return names;
 }
 
-void Daemon::HandleRequest(const Request& request, const PeerCredentials& /*peer*/,
+void Daemon::HandleRequest(const Request& request, const PeerCredentials& peer,
                            const std::shared_ptr<Responder>& responder) {
   try {
-    Handler handler = FindHandler(request.cmd);
-    if (handler == nullptr) {
+    const Command* command = FindCommand(request.cmd);
+    if (command == nullptr) {
       responder->Fail(kErrUnknownCommand,
                       "unknown command '" + request.cmd + "'; known: " + CommandNames());
       return;
     }
-    (this->*handler)(request, responder);
+    if (!Allows(PeerRole(access_, peer), command->role)) {
+      Log("refused: " + RefusalMessage(request.cmd, access_, peer, command->role));
+      responder->Fail(kErrDenied, RefusalMessage(request.cmd, access_, peer, command->role));
+      return;
+    }
+    (this->*command->handler)(request, responder);
   } catch (const std::exception& e) {
     responder->Fail(kErrInternal, std::string("'") + request.cmd + "' failed: " + e.what());
   }

@@ -1,9 +1,8 @@
 #include "control_server.h"
 
-#include <grp.h>
-#include <pwd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,26 +14,67 @@
 #include <cstring>
 #include <deque>
 
+#include "daemon_log.h"
+#include "fd_passing.h"
+
 namespace hvtrace::hostd {
 
 namespace asio = boost::asio;
 using stream_protocol = asio::local::stream_protocol;
 
-bool UserInGroup(uid_t uid, gid_t group) {
-  std::array<char, 16384> buf;
-  struct passwd pw;
-  struct passwd* found = nullptr;
-  if (getpwuid_r(uid, &pw, buf.data(), buf.size(), &found) != 0 || found == nullptr) return false;
-  if (pw.pw_gid == group) return true;
-  int count = 64;
-  std::vector<gid_t> groups(count);
-  if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) {
-    groups.resize(count);
-    if (getgrouplist(pw.pw_name, pw.pw_gid, groups.data(), &count) < 0) return false;
+namespace {
+
+// The peer's supplementary groups as the kernel recorded them at connect
+// time (SO_PEERGROUPS, Linux 4.13): what the process really holds, without a
+// /proc/<pid> read that a pid reuse could fool, and without the group
+// database, which may disagree with the process (newgrp, setpriv, a group
+// granted after login).
+std::vector<gid_t> PeerGroups(int fd) {
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) break;
+    groups.resize(len / sizeof(gid_t) + 1);
   }
-  groups.resize(count);
-  return std::find(groups.begin(), groups.end(), group) != groups.end();
+  return {};
 }
+
+// Lets |group| connect to the socket file |path| besides its owning group, by
+// a POSIX ACL (user::rw- group::rw- group:GID:rw- mask::rw- other::---): the
+// admin group need not also be the socket group. Written as the kernel's
+// xattr format directly, so the daemon needs no libacl.
+Status GrantGroupAccess(const std::filesystem::path& path, gid_t group) {
+  struct Entry {
+    uint16_t tag;
+    uint16_t perm;
+    uint32_t id;
+  };
+  constexpr uint32_t kUndefined = 0xffffffff;
+  constexpr uint16_t kRw = 6;
+  struct {
+    uint32_t version = 2;
+    Entry entries[5];
+  } acl;
+  acl.entries[0] = {0x01, kRw, kUndefined};  // ACL_USER_OBJ
+  acl.entries[1] = {0x04, kRw, kUndefined};  // ACL_GROUP_OBJ
+  acl.entries[2] = {0x08, kRw, group};       // ACL_GROUP
+  acl.entries[3] = {0x10, kRw, kUndefined};  // ACL_MASK
+  acl.entries[4] = {0x20, 0, kUndefined};    // ACL_OTHER
+  static_assert(sizeof acl == 4 + 5 * 8);
+  if (::setxattr(path.c_str(), "system.posix_acl_access", &acl, sizeof acl, 0) != 0) {
+    return Error{"cannot let admin_group gid " + std::to_string(group) + " reach " + path.string() +
+                 " (POSIX ACL: " + std::strerror(errno) +
+                 "); only admins also in socket_group can connect: put the socket on a file "
+                 "system with ACLs (tmpfs has them), or add the admins to socket_group"};
+  }
+  return {};
+}
+
+}  // namespace
 
 // One client. Lives on the I/O thread; Responders reach it by posting.
 class ControlConnection : public std::enable_shared_from_this<ControlConnection> {
@@ -64,12 +104,12 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
       CloseAfterFlush();
       return;
     }
-    peer_ = PeerCredentials{cred.pid, cred.uid, cred.gid};
+    peer_ = PeerCredentials{cred.pid, cred.uid, cred.gid, PeerGroups(socket_.native_handle())};
     if (!server_->PeerAllowed(peer_)) {
       Enqueue(ErrorReply(std::nullopt, kErrDenied,
                          "uid " + std::to_string(peer_.uid) + " (pid " + std::to_string(peer_.pid) +
-                             ") may not use hvtraced: needs root, the daemon's user, or the "
-                             "socket group"),
+                             ") may not use hvtraced: needs root, the daemon's user, the "
+                             "socket group or the admin group"),
               false);
       CloseAfterFlush();
       return;
@@ -121,10 +161,44 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
   asio::any_io_executor executor() { return socket_.get_executor(); }
 
  private:
+  // Waits for input, then reads with recvmsg: Asio's reads cannot take the
+  // descriptors a client passes along (SCM_RIGHTS).
   void Read() {
-    socket_.async_read_some(asio::buffer(read_buffer_),
-                            [self = shared_from_this()](const boost::system::error_code& ec,
-                                                        size_t n) { self->OnRead(ec, n); });
+    socket_.async_wait(
+        stream_protocol::socket::wait_read,
+        [self = shared_from_this()](const boost::system::error_code& ec) { self->OnReadable(ec); });
+  }
+
+  void OnReadable(boost::system::error_code ec) {
+    if (closed_ || closing_) return;
+    size_t n = 0;
+    if (!ec) {
+      bool truncated = false;
+      ssize_t got = RecvWithFds(socket_.native_handle(), read_buffer_, pending_fds_, &truncated);
+      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        Read();
+        return;
+      }
+      if (got < 0) {
+        ec = boost::system::error_code(errno, boost::system::system_category());
+      } else if (got == 0) {
+        ec = asio::error::eof;
+      } else {
+        n = static_cast<size_t>(got);
+      }
+      if (truncated || pending_fds_.size() > 2 * kMaxFdsPerRequest) {
+        // More descriptors than any request may claim: the client is broken
+        // or hostile, and holding them would let it exhaust our fd table.
+        pending_fds_.clear();
+        Enqueue(ErrorReply(std::nullopt, kErrTooLarge,
+                           "too many file descriptors passed (at most " +
+                               std::to_string(kMaxFdsPerRequest) + " per request)"),
+                false);
+        CloseAfterFlush();
+        return;
+      }
+    }
+    OnRead(ec, n);
   }
 
   void OnRead(const boost::system::error_code& ec, size_t n) {
@@ -146,6 +220,7 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
 
   void HandleFrame(Frame& frame) {
     if (!frame.within_limit) {
+      pending_fds_.clear();
       Enqueue(ErrorReply(std::nullopt, kErrTooLarge,
                          "request at stream offset " + std::to_string(frame.stream_offset) +
                              " exceeds " + std::to_string(kMaxRequestBytes) +
@@ -156,10 +231,29 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
     if (IsBlankLine(frame.text)) return;
     auto parsed = ParseRequest(frame.text);
     if (auto* error = std::get_if<RequestError>(&parsed)) {
+      // Descriptors sent with a line we could not read are not handed to a
+      // later request, which would then get the wrong files.
+      pending_fds_.clear();
       Enqueue(ErrorReply(error->id, error->code, error->message), false);
       return;
     }
     Request& request = std::get<Request>(parsed);
+    // The descriptors came with the request's first byte, so they are queued
+    // by now; a request claiming more than arrived is refused, and what it
+    // could claim is dropped so later requests do not get the wrong files.
+    if (request.fd_count > pending_fds_.size()) {
+      Enqueue(ErrorReply(request.id, kErrBadRequest,
+                         "request declares " + std::to_string(request.fd_count) +
+                             " file descriptors but " + std::to_string(pending_fds_.size()) +
+                             " arrived"),
+              false);
+      pending_fds_.clear();
+      return;
+    }
+    request.fds.assign(pending_fds_.begin(),
+                       pending_fds_.begin() + static_cast<ptrdiff_t>(request.fd_count));
+    pending_fds_.erase(pending_fds_.begin(),
+                       pending_fds_.begin() + static_cast<ptrdiff_t>(request.fd_count));
     if (in_flight_ >= server_->options_.max_in_flight) {
       Enqueue(ErrorReply(request.id, kErrBusy,
                          "too many requests in flight on this connection (limit " +
@@ -167,6 +261,7 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
               false);
       return;
     }
+    request.peer_uid = peer_.uid;
     ++in_flight_;
     auto responder = std::make_shared<Responder>(weak_from_this(), request.id);
     server_->handler_(request, peer_, std::move(responder));
@@ -199,6 +294,7 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
   PeerCredentials peer_;
   std::array<char, 65536> read_buffer_;
   std::vector<Frame> frames_;
+  std::vector<SharedFd> pending_fds_;  // Passed, not yet claimed by a request.
   std::deque<std::string> queue_;
   size_t unsent_bytes_ = 0;
   size_t in_flight_ = 0;
@@ -281,6 +377,11 @@ Status ControlServer::Listen() {
     return Error{"cannot set group " + std::to_string(*options_.group) + " on " + path.string() +
                  ": " + std::strerror(errno)};
   }
+  const std::optional<gid_t> admin = options_.access.admin_group;
+  if (admin && admin != options_.group) {
+    // Not fatal: root and admins who are also in socket_group still work.
+    if (Status s = GrantGroupAccess(path, *admin); !s.ok()) Log("warning: " + s.error().message);
+  }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Error{"cannot listen on " + path.string() + ": " + ec.message()};
   Accept();
@@ -322,9 +423,7 @@ void ControlServer::Forget(ControlConnection* connection) {
 }
 
 bool ControlServer::PeerAllowed(const PeerCredentials& peer) const {
-  if (peer.uid == 0 || peer.uid == ::geteuid()) return true;
-  if (!options_.group) return false;
-  return peer.gid == *options_.group || UserInGroup(peer.uid, *options_.group);
+  return PeerRole(options_.access, peer) != Role::kNone;
 }
 
 void ControlServer::Close() {

@@ -6,9 +6,11 @@
 // elsewhere, replying later through the thread-safe Responder.
 //
 // Access: the socket file is created with mode 0660 and the configured group,
-// and every peer's SO_PEERCRED is checked again on accept (uid 0, the daemon's
-// own uid, or a member of the group), so a socket whose mode someone loosened
-// still refuses strangers. Limits: connections at once, requests in flight per
+// and every peer's SO_PEERCRED and SO_PEERGROUPS are read on accept: a peer
+// with no role (access.h) is refused at once, so a socket whose mode someone
+// loosened still refuses strangers; the handler checks each request's role.
+// Descriptors a client passes (fd_passing.h) are queued per connection and
+// handed to the request that declares them. Limits: connections at once, requests in flight per
 // connection (more get a "busy" error), and unsent reply bytes per connection
 // (a client that stops reading is disconnected).
 #ifndef HVTRACE_HOSTD_CONTROL_SERVER_H_
@@ -29,6 +31,7 @@
 #include <set>
 #include <string>
 
+#include "access.h"
 #include "control_protocol.h"
 #include "hvtrace/result.h"
 
@@ -36,7 +39,8 @@ namespace hvtrace::hostd {
 
 struct ControlServerOptions {
   std::filesystem::path socket_path;
-  std::optional<gid_t> group;  // Socket group; its members may connect.
+  std::optional<gid_t> group;  // Socket group: the socket file's group.
+  AccessPolicy access;         // Who may connect at all (any role).
   size_t max_connections = 32;
   size_t max_in_flight = 16;  // Per connection.
   size_t max_unsent_bytes = 32 * 1024 * 1024;
@@ -70,12 +74,6 @@ class Responder {
   std::weak_ptr<ControlConnection> connection_;
   int64_t id_;
   std::atomic<bool> finished_{false};
-};
-
-struct PeerCredentials {
-  pid_t pid = 0;
-  uid_t uid = 0;
-  gid_t gid = 0;
 };
 
 using RequestHandler =
@@ -114,10 +112,6 @@ class ControlServer {
   bool bound_ = false;
   bool closed_ = false;
 };
-
-// Whether the user |uid| belongs to |group| per the group database (primary or
-// supplementary).
-bool UserInGroup(uid_t uid, gid_t group);
 
 }  // namespace hvtrace::hostd
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -47,17 +48,13 @@ void NotifySystemd(const std::string& state) {
   ::close(fd);
 }
 
-std::optional<gid_t> ResolveGroup(const std::string& name) {
-  if (name.empty()) return std::nullopt;
-  std::array<char, 16384> buf;
-  struct group grp;
-  struct group* found = nullptr;
-  if (getgrnam_r(name.c_str(), &grp, buf.data(), buf.size(), &found) != 0 || found == nullptr) {
-    Log("warning: socket group '" + name + "' does not exist; only root and uid " +
-        std::to_string(::geteuid()) + " may use the control socket");
-    return std::nullopt;
+std::optional<gid_t> ResolveGroup(const std::string& key, const std::string& spec) {
+  std::optional<gid_t> gid = ResolveGroupSpec(spec);
+  if (!gid && !spec.empty()) {
+    Log("warning: " + key + " '" + spec + "' is no group name or gid; only root and uid " +
+        std::to_string(::geteuid()) + " have that role");
   }
-  return grp.gr_gid;
+  return gid;
 }
 
 }  // namespace
@@ -69,6 +66,7 @@ json ConfigJson(const Config& c) {
           {"run_dir", c.run_dir.string()},
           {"socket", c.EffectiveSocketPath().string()},
           {"socket_group", c.socket_group},
+          {"admin_group", c.admin_group},
           {"capture_retention", c.capture_retention},
           {"panic_policy", PanicPolicyName(c.panic_policy)},
           {"accel", c.accel},
@@ -124,9 +122,12 @@ SupervisorOptions Daemon::supervisor_options() const {
 Status Daemon::Start() {
   if (Status s = state_.Prepare(); !s.ok()) return s;
   std::filesystem::path socket_path = config_.EffectiveSocketPath();
-  // The run directory only needs to be traversable; the socket's own mode
-  // (0660 + group) is what grants access.
-  if (Status s = MakeDirs(socket_path.parent_path(), 0755); !s.ok()) return s;
+  // The run directory must be traversable by everyone (the daemon's umask
+  // is 027); the socket's own mode (0660 + group, ACL) is what grants access.
+  const mode_t old_mask = ::umask(022);
+  Status run_dir = MakeDirs(socket_path.parent_path(), 0755);
+  ::umask(old_mask);
+  if (!run_dir.ok()) return run_dir;
 
   std::string lock_path = socket_path.string() + ".lock";
   lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
@@ -136,6 +137,13 @@ Status Daemon::Start() {
                  " is held)"};
   }
 
+  access_.daemon_uid = ::geteuid();
+  access_.observer_group = ResolveGroup("socket_group", config_.socket_group);
+  access_.admin_group = ResolveGroup("admin_group", config_.admin_group);
+  access_.observer_group_name = config_.socket_group;
+  access_.admin_group_name = config_.admin_group;
+  ShareStateDir();
+
   auto names = state_.ListVmNames();
   if (!names.ok()) return names.error();
   for (const std::string& name : *names) {
@@ -144,7 +152,8 @@ Status Daemon::Start() {
 
   ControlServerOptions options;
   options.socket_path = socket_path;
-  options.group = ResolveGroup(config_.socket_group);
+  options.group = access_.observer_group;
+  options.access = access_;
   options.max_connections = static_cast<size_t>(config_.max_connections);
   options.max_in_flight = static_cast<size_t>(config_.max_requests_per_connection);
   server_ = std::make_unique<ControlServer>(
@@ -175,6 +184,38 @@ Status Daemon::Start() {
       (formats_->root().empty() ? std::string("(none)") : formats_->root().string()) + ", " +
       std::to_string(names->size()) + " known VM(s)");
   return {};
+}
+
+void Daemon::ShareStateDir() const {
+  if (!access_.observer_group) return;
+  const gid_t group = *access_.observer_group;
+  // Directories: group socket_group, setgid (what is created below inherits
+  // the group), 0750; files are written 0640. A VM's private inputs (its
+  // kernel and initrd copies) stay 0700. Done at every start, so a state dir
+  // from an older hvtraced or a changed socket_group is brought in line.
+  size_t failures = 0;  // Only the first is logged: a read-only dir fails for every file.
+  auto share = [group, &failures](const std::filesystem::path& path, bool dir) {
+    if (::lchown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
+      if (failures++ == 0) {
+        Log("warning: cannot give " + path.string() + " to gid " + std::to_string(group) + ": " +
+            std::strerror(errno) + "; observers may not read captures");
+      }
+      return;
+    }
+    if (dir) (void)::chmod(path.c_str(), path.filename() == "inputs" ? 0700 : 02750);
+  };
+  std::error_code ec;
+  share(state_.root(), true);
+  for (auto it = std::filesystem::recursive_directory_iterator(state_.root(), ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    const bool dir = it->is_directory(ec) && !it->is_symlink(ec);
+    if (dir && it->path().filename() == "inputs") {
+      share(it->path(), true);
+      it.disable_recursion_pending();
+      continue;
+    }
+    share(it->path(), dir);
+  }
 }
 
 Status Daemon::ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> backend) {

@@ -23,6 +23,7 @@
 #include <set>
 #include <string>
 
+#include "access.h"
 #include "boot_request.h"
 #include "capture_service.h"
 #include "capture_store.h"
@@ -83,8 +84,13 @@ class Daemon {
   // One handler per control command (commands.cc, boot_commands.cc,
   // attach_commands.cc); the command table (FindHandler) routes to them.
   using Handler = void (Daemon::*)(const Request&, const std::shared_ptr<Responder>&);
-  static const std::map<std::string, Handler, std::less<>>& CommandTable();
-  static Handler FindHandler(std::string_view cmd);
+  // A command's handler and the role it needs (access.h); kNone: no one.
+  struct Command {
+    Handler handler = nullptr;
+    Role role = Role::kNone;
+  };
+  static const std::map<std::string, Command, std::less<>>& CommandTable();
+  static const Command* FindCommand(std::string_view cmd);
   static std::string CommandNames();
   void HandlePing(const Request& request, const std::shared_ptr<Responder>& responder);
   void HandleVersion(const Request& request, const std::shared_ptr<Responder>& responder);
@@ -114,10 +120,15 @@ class Daemon {
                   const VmConfig& vm_config, Accel accel,
                   const std::shared_ptr<Responder>& responder);
   // Registers a QMP VM (booted or adopted) and saves its spec for re-adoption.
-  Status RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm);
+  // |region_fd| >= 0: the region file as the adopting client opened it.
+  Status RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm,
+                       int region_fd = -1);
+  // A QMP socket a client named (adopt/attach --qmp) must be served by that
+  // client's uid or by root, checked on a connection (client_files.h).
+  Status CheckQmpPeer(const Request& request, const std::string& socket) const;
   // attach on a VM hvtraced does not serve yet: adopts it (QMP with
   // args.qmp, else a libvirt domain) on the pool, then |then| on the pool.
-  void AdoptForAttach(const std::string& name, const std::string& qmp,
+  void AdoptForAttach(const Request& request, const std::string& name, const std::string& qmp,
                       const std::shared_ptr<Responder>& responder, std::function<void()> then);
   // Removes the files a dead daemon-booted QEMU left (never a live one's).
   void RemoveRemnants(const std::string& name);
@@ -133,6 +144,13 @@ class Daemon {
   void FinishShutdown();
   void PollStop(std::chrono::steady_clock::time_point deadline);
   SupervisorOptions supervisor_options() const;
+  // Gives the state dir to the observer group (setgid dirs, so captures
+  // written later inherit it): `hvtrace show` works without root.
+  void ShareStateDir() const;
+  // The file behind the descriptor |key|_fd of |request| (fd_passing.h),
+  // checked: a regular file, opened for reading, at most |max_bytes|.
+  Result<SharedFd> RequestFile(const Request& request, const std::string& key, uint64_t max_bytes,
+                               bool required) const;
 
   Config config_;
   boost::asio::io_context io_;
@@ -144,6 +162,7 @@ class Daemon {
   std::shared_ptr<CaptureService> captures_;
   SupervisorRegistry registry_;
   std::unique_ptr<ControlServer> server_;
+  AccessPolicy access_;  // Who may do what (access.h), set by Start.
   int lock_fd_ = -1;
   HostTime started_;
   std::atomic<bool> stopping_{false};

@@ -1,5 +1,6 @@
 // hvtraced's command line: flags, config file, then the Daemon.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <optional>
@@ -79,6 +80,11 @@ int DaemonMain(int argc, char** argv, CaptureFaults faults) {
     return 0;
   }
   ::signal(SIGPIPE, SIG_IGN);
+  // The modes hvtraced asks for (dirs 0750, captures 0640, private files
+  // 0600) are what it gets, whatever umask the shell that started it had: a
+  // 077 would hide captures from the observer group, a 0 would let QEMU make
+  // world-readable files. Nothing it makes is for "other".
+  ::umask(027);
   // Block the termination signals before the pool's threads exist, so only
   // the I/O thread (through signal_set) ever handles them.
   sigset_t set;

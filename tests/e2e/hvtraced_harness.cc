@@ -35,7 +35,7 @@ HvtracedProcess::HvtracedProcess(HvtracedOptions options) : options_(std::move(o
   fs::remove_all(dir_);
   fs::create_directories(dir_);
   std::ofstream conf(dir_ + "/hvtraced.conf");
-  conf << "socket_group =\naccel = tcg\n";
+  conf << "socket_group = " << options_.socket_group << "\naccel = tcg\n";
   if (!options_.libvirt_uri.empty()) conf << "libvirt_uri = " << options_.libvirt_uri << "\n";
   conf << options_.config;
   // QEMUs whose daemon died are re-parented to us, not to a PID 1 that may
@@ -170,7 +170,7 @@ Result<json> HvtracedProcess::Call(const std::string& cmd, const json& args,
                                    std::chrono::milliseconds timeout) const {
   auto c = hostd::ControlClient::Connect(socket(), 5s);
   if (!c.ok()) return c.error();
-  auto r = c->Call(cmd, args, timeout);
+  auto r = c->CallWithFiles(cmd, args, timeout);
   if (!r.ok()) return r.error();
   if (!r->ok) return Error{cmd + ": " + r->error + (r->code.empty() ? "" : " (" + r->code + ")")};
   return r->result;

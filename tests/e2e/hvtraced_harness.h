@@ -45,6 +45,7 @@ struct HvtracedOptions {
   std::string tag{};                // Names the directory (keep it short).
   std::string config{};             // Appended to the config file ("key = value\n" lines).
   std::string libvirt_uri{};        // Written as libvirt_uri when not empty.
+  std::string socket_group{};       // socket_group (a name or gid); empty: none.
   std::string binary = "hvtraced";  // In HVTRACE_BIN_DIR; SetBinary changes it.
   uid_t uid = 0;                    // Not 0: the daemon runs as this uid (and gid).
   bool reap_orphans = false;        // Make the test process a child subreaper.

@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "control_client.h"
 #include "guest_harness.h"
 #include "hvtraced_harness.h"
 #include "kvm_probe.h"
@@ -408,13 +409,24 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = UniqueName("lc-bad");
 
-  // A kernel that does not exist: named in the error.
+  // A kernel that does not exist: the client cannot open it (it opens the
+  // files, the daemon gets descriptors), and says which file.
   auto missing =
       daemon.Call("boot", {{"name", name}, {"kernel", "/nonexistent/vmlinuz"}, {"accel", "tcg"}});
   ASSERT_FALSE(missing.ok());
   std::printf("[lifecycle] missing kernel: %s\n", missing.error().message.c_str());
   EXPECT_NE(missing.error().message.find("/nonexistent/vmlinuz"), std::string::npos);
-  EXPECT_NE(missing.error().message.find(name), std::string::npos);
+  // A path without a descriptor: the daemon opens nothing and names the VM.
+  {
+    auto client = hostd::ControlClient::Connect(daemon.socket(), 5s);
+    ASSERT_TRUE(client.ok()) << client.error().message;
+    auto path_only = client->Call(
+        "boot", {{"name", name}, {"kernel", "/nonexistent/vmlinuz"}, {"accel", "tcg"}}, 10s);
+    ASSERT_TRUE(path_only.ok()) << path_only.error().message;
+    EXPECT_FALSE(path_only->ok);
+    EXPECT_NE(path_only->error.find(name), std::string::npos) << path_only->error;
+    EXPECT_NE(path_only->error.find("open file descriptor"), std::string::npos) << path_only->error;
+  }
 
   // A trace range larger than the guest's memory layout allows.
   auto too_big = daemon.Call("boot", {{"name", name},

@@ -16,6 +16,8 @@ TEST(ConfigTest, DefaultsAreSane) {
   EXPECT_EQ(c.EffectiveSocketPath(), "/run/hvtrace/hvtraced.sock");
   EXPECT_EQ(c.panic_policy, PanicPolicy::kPause);
   EXPECT_GT(c.capture_retention, 0);
+  EXPECT_EQ(c.socket_group, "hvtrace");
+  EXPECT_EQ(c.admin_group, "hvtrace-admin");
   // Production default: a daemon restart must not take its VMs down.
   EXPECT_EQ(c.vm_on_shutdown, VmOnShutdown::kKeep);
 }
@@ -26,6 +28,7 @@ state_dir = /tmp/s
   run_dir=/tmp/r
 socket = "/tmp/r/x.sock"
 socket_group =
+admin_group = 4711
 capture_retention = 0
 panic_policy = quit
 worker_threads = 3
@@ -40,6 +43,7 @@ cache_dir = /var/cache/hvt
   EXPECT_EQ(c->run_dir, "/tmp/r");
   EXPECT_EQ(c->EffectiveSocketPath(), "/tmp/r/x.sock");
   EXPECT_EQ(c->socket_group, "");
+  EXPECT_EQ(c->admin_group, "4711");
   EXPECT_EQ(c->capture_retention, 0);
   EXPECT_EQ(c->panic_policy, PanicPolicy::kQuit);
   EXPECT_EQ(c->worker_threads, 3);

@@ -51,12 +51,25 @@ struct LibvirtRegionSpec {
   std::filesystem::path path;
   uint64_t offset = 0;  // Of the trace data in the file.
   uint64_t size = 0;    // What hostd configured; never read from the guest.
+  // The file must be QEMU's (its user's or root's), and for a boot range the
+  // very file QEMU |qemu_pid| maps; -1 / nullopt: not checked.
+  std::optional<uid_t> owner_uid;
+  pid_t qemu_pid = -1;
 };
 
 // The boot range of a running domain made from `hvtrace domain-xml`: the
-// node-1 file from QEMU's command line (libvirt names it), and the range
-// from the domain's memmap= kernel parameter and NUMA cells.
-Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info);
+// node-1 file from the command line of |qemu| (the domain's QEMU as libvirt
+// recorded it, FindDomainQemu; libvirt names the file), and the range from
+// the domain's memmap= kernel parameter and NUMA cells.
+Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info,
+                                              const Result<DomainQemu>& qemu);
+
+// Opens |region|'s file for reading as hvtraced keeps it: never through a
+// symlink, never blocking (a FIFO is refused, not waited on), a regular file
+// of at least offset + size bytes owned by |region.owner_uid| or root, and,
+// when |region.qemu_pid| is set, one that QEMU maps (same device and inode
+// in /proc/PID/maps). Errors name the domain and the file.
+Result<int> OpenRegionFile(const std::string& domain, const LibvirtRegionSpec& region);
 
 // Where attach/detach and the look after a reconnect do their blocking
 // libvirt work; never the libvirt event loop's executor. Attach needs it.

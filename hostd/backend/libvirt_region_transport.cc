@@ -48,13 +48,10 @@ Result<PlugTarget> LibvirtRegionTransport::DoProbe(const AttachOptions& options)
                  " must be a valid name in /dev/shm (libvirt's <shmem> lives there)"};
   }
   // QEMU may run as another user (libvirt-qemu): the file must be its.
-  Result<pid_t> qemu = domain_.QemuPid();
+  // Its identity comes from libvirt's pid file, never from a process that
+  // merely calls itself the domain's QEMU (FindDomainQemu).
+  Result<DomainQemu> qemu = domain_.Qemu();
   if (!qemu.ok()) return qemu.error();
-  struct stat proc {};
-  if (stat(("/proc/" + std::to_string(*qemu)).c_str(), &proc) != 0) {
-    return Error{"QEMU pid " + std::to_string(*qemu) + " of domain '" + domain_.name() +
-                 "' is gone"};
-  }
   Result<uint32_t> cpus = domain_.VcpuCount();
   if (!cpus.ok()) return cpus.error();
   // Our own mapping of an earlier (detached) region at this path is fine:
@@ -67,8 +64,8 @@ Result<PlugTarget> LibvirtRegionTransport::DoProbe(const AttachOptions& options)
   }
   PlugTarget target;
   target.cpus = *cpus > 0 ? *cpus : 1;
-  if (proc.st_uid != geteuid()) target.owner_uid = proc.st_uid;
-  if (proc.st_gid != getegid()) target.owner_gid = proc.st_gid;
+  if (qemu->uid != geteuid()) target.owner_uid = qemu->uid;
+  if (qemu->gid != getegid()) target.owner_gid = qemu->gid;
   target.transport = {{"kind", "libvirt"},
                       {"domain", domain_.name()},
                       {"uuid", domain_.uuid()},

@@ -84,7 +84,11 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
       return Error{where + "'" + std::string(key) + "' is set twice"};
     }
     auto fail = [&](const Error& e) { return Error{where + std::string(key) + ": " + e.message}; };
-    if (key == "state_dir" || key == "run_dir" || key == "socket" || key == "cache_dir") {
+    if (key == "harvest_initrd") {
+      auto path = ParsePath(value);
+      if (!path.ok()) return fail(path.error());
+      config.harvest_initrd = *path;
+    } else if (key == "state_dir" || key == "run_dir" || key == "socket" || key == "cache_dir") {
       auto path = ParsePath(value);
       if (!path.ok()) return fail(path.error());
       (key == "state_dir"   ? config.state_dir

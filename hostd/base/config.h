@@ -35,11 +35,18 @@
 //                                               (empty: libvirt off)
 //   cache_dir           = (see below)           kernel formats cache root
 //                                               (holds formats/<key>/)
+//   harvest_initrd      = (see below)           the project's own initramfs
+//                                               background harvests boot
 //
 // cache_dir has no fixed default: hvtrace and hvtraced resolve the formats
 // cache with one rule (formats_cache.h ResolveCacheRoot): $HVTRACE_CACHE_DIR,
 // else this key, else $XDG_CACHE_HOME/hvtrace, else ~/.cache/hvtrace (root's:
 // /root/.cache/hvtrace). The CLI reads the key from the default config file.
+//
+// harvest_initrd: a harvest trusts what the booted guest reports, so the
+// daemon boots a kernel only with this initramfs (qemu-scripts/build-guest.sh
+// builds it), never with a VM's own initrd. Default: guest/6.12/initrd.img
+// beside the directory hvtraced runs from (build/bin → build/guest).
 #ifndef HVTRACE_HOSTD_CONFIG_H_
 #define HVTRACE_HOSTD_CONFIG_H_
 
@@ -76,7 +83,8 @@ struct Config {
   int max_connections = 32;
   int max_requests_per_connection = 16;
   std::string libvirt_uri = "qemu:///system";
-  std::filesystem::path cache_dir;  // Empty: not set (see above).
+  std::filesystem::path cache_dir;       // Empty: not set (see above).
+  std::filesystem::path harvest_initrd;  // Empty: the default (see above).
 
   std::filesystem::path EffectiveSocketPath() const;
 };

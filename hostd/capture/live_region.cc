@@ -39,6 +39,25 @@ region::HostRequests* Requests(std::byte* data) {
   return reinterpret_cast<region::HostRequests*>(data + region::kHostRequestsOffset);
 }
 
+Status CheckReplaceable(const LiveRegionOptions& options, const std::string& where) {
+  struct stat st {};
+  if (::lstat(options.path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return {};
+    return Error{Errno("cannot stat " + where)};
+  }
+  const bool ours =
+      st.st_uid == ::geteuid() || (options.owner_uid && st.st_uid == *options.owner_uid);
+  if (S_ISREG(st.st_mode) && ours) return {};
+  const std::string kind = S_ISLNK(st.st_mode)   ? "a symlink"
+                           : S_ISREG(st.st_mode) ? "a file"
+                           : S_ISDIR(st.st_mode) ? "a directory"
+                                                 : "not a regular file";
+  return Error{where + " already exists and is not this daemon's: " + kind + " owned by uid " +
+               std::to_string(st.st_uid) +
+               " (not the daemon's or QEMU's user); refusing to use or replace it. Remove it "
+               "after checking who made it"};
+}
+
 }  // namespace
 
 Status CheckRegionSize(uint64_t size_bytes) {
@@ -78,15 +97,19 @@ Result<std::shared_ptr<LiveRegion>> LiveRegion::Create(const LiveRegionOptions& 
                  " bytes; the region holds at most " + std::to_string(region::kEventsTextSize)};
   }
 
-  int flags = O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW;
   if (options.replace_existing) {
     // A new region must start zeroed: a stale file's guest data would be
-    // mistaken for this guest's.
+    // mistaken for this guest's. Only a file this daemon or the VM's QEMU
+    // owns is stale; anything else (a local user's file or symlink planted
+    // in /dev/shm under the name) is refused, never reused or followed.
+    if (Status s = CheckReplaceable(options, where); !s.ok()) return s.error();
     if (::unlink(options.path.c_str()) != 0 && errno != ENOENT)
       return Error{Errno("cannot replace " + where)};
   }
-  flags |= O_EXCL;
-  const int fd = ::open(options.path.c_str(), flags, 0600);
+  // O_EXCL: if someone recreated the name since, this fails instead of
+  // opening their file.
+  const int fd =
+      ::open(options.path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     if (errno == EEXIST) {
       return Error{where + " already exists (left by an earlier attach?); remove it or replace it"};
@@ -104,7 +127,8 @@ Result<std::shared_ptr<LiveRegion>> LiveRegion::Create(const LiveRegionOptions& 
     const uid_t uid = options.owner_uid.value_or(static_cast<uid_t>(-1));
     const gid_t gid = options.owner_gid.value_or(static_cast<gid_t>(-1));
     if (::fchown(fd, uid, gid) != 0) return fail(Errno("cannot chown " + where));
-    if (::fchmod(fd, 0660) != 0) return fail(Errno("cannot chmod " + where));
+    // Guest memory: QEMU's user only (chown may have kept other bits).
+    if (::fchmod(fd, 0600) != 0) return fail(Errno("cannot chmod " + where));
   }
   void* map = ::mmap(nullptr, options.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) return fail(Errno("cannot map " + where));
@@ -125,12 +149,17 @@ Result<std::shared_ptr<LiveRegion>> LiveRegion::Create(const LiveRegionOptions& 
 
 Result<std::shared_ptr<LiveRegion>> LiveRegion::OpenExisting(const std::filesystem::path& path) {
   const std::string where = "region " + path.string();
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+  // O_NONBLOCK: a FIFO planted under the name must not block the worker.
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return Error{Errno("cannot open " + where)};
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
     ::close(fd);
     return Error{Errno("cannot stat " + where)};
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Error{where + " is not a regular file"};
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (Status s = CheckRegionSize(size); !s.ok()) {

@@ -31,14 +31,16 @@
 namespace hvtrace::hostd {
 
 struct LiveRegionOptions {
-  std::filesystem::path path;         // Usually /dev/shm/hvtrace-<vm>-attach.
+  std::filesystem::path path;         // <run_dir>/mem/ or (libvirt) /dev/shm/hvtrace-<vm>-attach.
   uint64_t size_bytes = 16ull << 20;  // A power of two (QEMU aborts otherwise).
   uint32_t max_cpus = 1;              // CPU rings: the guest's vCPUs.
   std::string events;                 // HostRequests::events ("" = the agent's default).
   uint32_t pump_interval_ms = 50;
   std::optional<uid_t> owner_uid;  // chown the file (a QEMU running as another user).
   std::optional<gid_t> owner_gid;
-  bool replace_existing = false;  // Otherwise an existing file is refused.
+  // Replace a stale file the daemon or QEMU (|owner_uid|) owns; anything
+  // else at the path is always refused.
+  bool replace_existing = false;
 };
 
 // Checks |size_bytes| for a region QEMU can map: a power of two within the

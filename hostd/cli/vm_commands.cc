@@ -171,6 +171,10 @@ class QemuArgsCommand final : public Command {
       if (plan->argv[i] == "-append")
         std::printf("# kernel parameters: %s\n", plan->argv[i + 1].c_str());
     }
+    // Guest RAM goes in a directory nobody else can enter (not /dev/shm,
+    // where another user could create the name first).
+    std::printf("# before: mkdir -p -m 0700 %s\n",
+                std::filesystem::path(paths.backing_file).parent_path().c_str());
     std::printf("# then: hvtrace adopt %s --qmp %s --boot-region %s@0x%llx:%llu\n",
                 request_.name.c_str(), paths.qmp_socket.c_str(), paths.backing_file.c_str(),
                 static_cast<unsigned long long>(l.range_gpa),

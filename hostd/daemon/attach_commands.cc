@@ -8,6 +8,7 @@
 #include "daemon.h"
 #include "daemon_libvirt.h"
 #include "daemon_log.h"
+#include "private_path.h"
 #include "qmp_vm.h"
 #include "region_stream.h"
 
@@ -294,14 +295,27 @@ void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responde
     return;
   }
   const std::string name = args->name;
-  AttachOptions options = args->options;
-  options.region_path = "/dev/shm/hvtrace-" + name + "-attach";
   // Runs on the pool once the VM is served, whatever its kind.
-  auto attach = [this, name, options, responder] {
+  auto attach = [this, name, options = args->options, responder]() mutable {
     auto vm = registry_.Find(name);
     if (!vm || !vm->backend()) {
       responder->Fail(kErrInternal, "attach " + name + ": the VM vanished while adopting it");
       return;
+    }
+    // libvirt's <shmem> can only live in /dev/shm (LiveRegion refuses a
+    // name there that is not ours); a QEMU we talk QMP to maps any path, so
+    // its region goes where only the daemon's user may enter.
+    const std::string file = "hvtrace-" + name + "-attach";
+    if (vm->backend()->kind() == "libvirt") {
+      options.region_path = std::filesystem::path("/dev/shm") / file;
+    } else {
+      const std::filesystem::path dir =
+          config_.EffectiveSocketPath().parent_path() / kMemoryDirName;
+      if (Status s = EnsurePrivateDir(dir, "attach " + name + ": region directory"); !s.ok()) {
+        responder->Fail(kErrInternal, s.error().message);
+        return;
+      }
+      options.region_path = dir / file;
     }
     vm->backend()->Attach(options, [vm, responder, name](Result<json> result) {
       if (!result.ok()) {

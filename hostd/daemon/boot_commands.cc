@@ -15,6 +15,7 @@
 #include "daemon_log.h"
 #include "formats_cache.h"
 #include "kvm_probe.h"
+#include "private_path.h"
 #include "qmp_vm.h"
 #include "vm_process.h"
 
@@ -26,20 +27,28 @@ namespace {
 
 namespace asio = boost::asio;
 
-// The boot range's backing file is created by QEMU. Something already at
-// that path is refused: QEMU would put its memory into a temporary file
-// inside a directory (and the daemon would read the wrong thing), and an
-// existing file may be another QEMU's live memory or a stale ring the new
-// kernel would mistake for its previous boot.
-Result<std::unique_ptr<Vm>> CheckBackingPath(const std::string& name, const std::string& path) {
-  struct stat st;
-  if (::lstat(path.c_str(), &st) != 0) return std::unique_ptr<Vm>();
-  const std::string what = S_ISDIR(st.st_mode)   ? "a directory"
-                           : S_ISREG(st.st_mode) ? "a file"
-                                                 : "not a regular file";
-  return Error{"VM '" + name + "': the boot range's backing path " + path + " already exists (" +
-               what + "); it may belong to another QEMU: remove it, or `hvtrace stop " + name +
-               "` if it is what this VM left"};
+// The boot range's backing file holds guest RAM (the trace range and 48 MiB
+// more), so the daemon creates it itself, empty, mode 0600, O_EXCL and
+// O_NOFOLLOW, in a directory only its own user may enter (the run
+// directory's mem/), and QEMU opens that very file: no local user can plant
+// a file or a symlink under the name first, or read the guest's memory
+// later. Something already at the path is refused: it may be another QEMU's
+// live memory or a stale ring the new kernel would take for its previous
+// boot.
+Result<std::unique_ptr<Vm>> PrepareBackingFile(const std::string& name, const std::string& path) {
+  const std::string what = "VM '" + name + "': the boot range's backing file";
+  if (Status s = EnsurePrivateDir(std::filesystem::path(path).parent_path(),
+                                  "VM '" + name + "': guest memory directory");
+      !s.ok()) {
+    return s.error();
+  }
+  Result<UniqueFd> fd = CreateExclusiveFile(path, 0600, what);
+  if (!fd.ok()) {
+    return Error{fd.error().message +
+                 "; it may belong to another QEMU: remove it, or `hvtrace stop " + name +
+                 "` if it is what this VM left"};
+  }
+  return std::unique_ptr<Vm>();
 }
 
 // Where a boot's kernel and initrd are copied (client_files.h): a directory
@@ -229,10 +238,14 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
   // Slow: the KVM probe (first time only), QEMU start-up, hashing vmlinuz.
   if (accel_kind == Accel::kAuto)
     Log("boot " + name + ": accel auto: " + KvmVerdict(boot.kernel).reason);
-  Result<std::unique_ptr<Vm>> started = CheckBackingPath(name, paths.backing_file);
+  Result<std::unique_ptr<Vm>> started = PrepareBackingFile(name, paths.backing_file);
   if (started.ok()) {
-    started = Vm::Start(vm_config, ResolveKvm(accel_kind, boot.kernel), std::chrono::seconds(15),
+    VmConfig prepared = vm_config;
+    prepared.boot_range->prepared = true;
+    started = Vm::Start(prepared, ResolveKvm(accel_kind, boot.kernel), std::chrono::seconds(15),
                         VmLifetime::kIndependent);
+    // A QEMU that never ran leaves nothing behind (the directory is ours).
+    if (!started.ok()) ::unlink(paths.backing_file.c_str());
   }
   std::string kernel_key;
   if (started.ok()) {

@@ -19,6 +19,7 @@
 
 #include "daemon_libvirt.h"
 #include "daemon_log.h"
+#include "formats_harvest.h"
 
 #ifndef HVTRACE_VERSION
 #define HVTRACE_VERSION "unknown"
@@ -76,6 +77,7 @@ json ConfigJson(const Config& c) {
           {"max_requests_per_connection", c.max_requests_per_connection},
           {"libvirt_uri", c.libvirt_uri},
           {"cache_dir", c.cache_dir.string()},
+          {"harvest_initrd", ResolveHarvestInitrd(c.harvest_initrd).string()},
           {"formats_cache", [&] {
              auto root =
                  ResolveCacheRoot(CacheRootSourcesFromEnvironment("", c.cache_dir.string()));
@@ -94,7 +96,8 @@ Daemon::Daemon(Config config)
   auto root = ResolveCacheRoot(CacheRootSourcesFromEnvironment("", config_.cache_dir.string()));
   if (!root.ok()) Log("warning: " + root.error().message + "; captures keep region.bin only");
   formats_ = std::make_shared<FormatsService>(root.ok() ? *root : std::filesystem::path(),
-                                              pool_.get_executor(), Log);
+                                              pool_.get_executor(), Log,
+                                              ResolveHarvestInitrd(config_.harvest_initrd));
   captures_ =
       std::make_shared<CaptureService>(formats_, static_cast<size_t>(config_.worker_threads));
 }
@@ -224,7 +227,8 @@ Status Daemon::ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> bac
     // Load (or harvest) the kernel's formats and size the copy buffers now,
     // so a panic capture neither waits for formats nor allocates.
     const KernelFiles kernel = backend->kernel_files();
-    if (!kernel.key.empty()) formats_->Prepare(kernel.key, kernel.path, kernel.initrd);
+    // Never with the VM's own initrd (formats_service.h).
+    if (!kernel.key.empty()) formats_->Prepare(kernel.key, kernel.path);
     captures_->Reserve(backend->region_file_bytes());
   }
   auto supervisor = std::make_shared<VmSupervisor>(name, std::move(backend), pool_.get_executor(),

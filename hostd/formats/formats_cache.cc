@@ -20,6 +20,7 @@
 #include "capped_file.h"
 #include "config.h"
 #include "hvtrace/format.h"
+#include "private_path.h"
 #include "sha256.h"
 #include "state_dir.h"
 #include "unique_fd.h"
@@ -58,7 +59,7 @@ Status WriteFile(const fs::path& path, std::string_view data) {
 }
 
 Status MakeDir(const fs::path& path) {
-  if (::mkdir(path.c_str(), 0755) != 0) {
+  if (::mkdir(path.c_str(), 0700) != 0) {
     return Error{"cannot create directory " + path.string() + ": " + Errno(errno)};
   }
   return {};
@@ -86,6 +87,15 @@ std::vector<std::string> ModuleNames(std::string_view modules) {
     if (IsSafeComponent(name)) names.emplace_back(name);
   }
   return names;
+}
+
+// Every file of an entry is read only when it and every directory above it
+// is root's (or this process's user's) and nobody else can write them
+// (private_path.h): hvtraced decodes every VM with that kernel with what it
+// says, so a local user must not be able to plant or swap an entry.
+Result<std::string> ReadTrusted(const fs::path& path, size_t cap) {
+  if (Status s = CheckTrustedPath(path, "formats cache"); !s.ok()) return s.error();
+  return ReadCappedFile(path, cap);
 }
 
 // Removes a temporary entry; best effort, errors are not interesting then.
@@ -166,7 +176,7 @@ Result<std::optional<json>> FormatCache::Lookup(std::string_view key) const {
     return Error{"stat " + dir.string() + ": " + Errno(errno)};
   }
   if (!S_ISDIR(st.st_mode)) return Error{dir.string() + " is not a directory"};
-  Result<std::string> text = ReadCappedFile(dir / "manifest.json", kMaxManifestBytes);
+  Result<std::string> text = ReadTrusted(dir / "manifest.json", kMaxManifestBytes);
   if (!text.ok()) return Error{"format cache entry: " + text.error().message};
   json manifest = json::parse(*text, nullptr, /*allow_exceptions=*/false);
   if (!manifest.is_object()) {
@@ -205,12 +215,12 @@ Result<KernelFormats> FormatCache::Load(std::string_view key) const {
                {"printk_formats", kMaxPrintkBytes, &out.printk_formats},
                {"kallsyms", kMaxKallsymsBytes, &out.kallsyms}};
   for (const auto& f : files) {
-    Result<std::string> data = ReadCappedFile(dir / f.name, f.cap);
+    Result<std::string> data = ReadTrusted(dir / f.name, f.cap);
     if (!data.ok()) return data.error();
     *f.into = std::move(*data);
   }
   const fs::path events_path = dir / "events.json";
-  Result<std::string> events_text = ReadCappedFile(events_path, kMaxEventsJsonBytes);
+  Result<std::string> events_text = ReadTrusted(events_path, kMaxEventsJsonBytes);
   if (!events_text.ok()) return events_text.error();
   const json events = json::parse(*events_text, nullptr, /*allow_exceptions=*/false);
   if (!events.is_object() || !events.contains("events") || !events["events"].is_array()) {
@@ -298,7 +308,10 @@ Result<fs::path> FormatCache::Store(std::string_view key, const HarvestBundle& b
     return Error{"format cache key '" + std::string(key.substr(0, 80)) +
                  "' is not 64 lowercase hex digits"};
   }
-  if (Status s = MakeDirs(formats_dir(), 0755); !s.ok()) return s.error();
+  // Root's own, 0700 when we create it; an existing one must at least be
+  // one nobody else can write.
+  if (Status s = MakeDirs(formats_dir(), 0700); !s.ok()) return s.error();
+  if (Status s = CheckTrustedPath(formats_dir(), "formats cache"); !s.ok()) return s.error();
   const fs::path final_dir = EntryDir(key);
 
   static std::atomic<uint64_t> counter{0};

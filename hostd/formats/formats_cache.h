@@ -22,6 +22,14 @@
 // 3000 small files and directories took 4-8 s, one file takes milliseconds,
 // and readers load it with one read.
 //
+// Trust: an entry is read only when it, its files and every directory above
+// them are root's (or this process's user's) and writable by nobody else, no
+// symlink on the way (private_path.h); directories are created 0700. A
+// user's own cache (the CLI's ~/.cache/hvtrace) is theirs, and hvtraced never
+// reads another user's. Formats a guest agent publishes are checked against
+// their fingerprints and stay in that VM's captures; only a harvest with the
+// project's own initramfs writes here.
+//
 // <root> follows one rule for hvtrace and hvtraced (ResolveCacheRoot), so an
 // entry the CLI harvested is the one the daemon decodes with. An entry
 // appears whole or not at all (written under a temporary name, fsynced,

@@ -277,6 +277,15 @@ Result<uint64_t> PackFormatsInGuest(GuestSession& guest) {
 
 }  // namespace
 
+std::filesystem::path ResolveHarvestInitrd(const std::filesystem::path& configured) {
+  if (!configured.empty()) return configured;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  const fs::path beside = exe.parent_path().parent_path() / "guest" / "6.12" / "initrd.img";
+  return fs::is_regular_file(beside, ec) ? beside : fs::path();
+}
+
 Result<HarvestResult> HarvestFormats(const HarvestOptions& options) {
   const Clock::time_point start = Clock::now();
   struct stat st;

@@ -50,6 +50,12 @@ struct HarvestResult {
   double seconds = 0;  // Wall time of this call.
 };
 
+// The initramfs hvtraced harvests with: |configured| (config harvest_initrd)
+// when set, else guest/6.12/initrd.img beside the directory of the running
+// binary (build/bin/hvtraced → build/guest/6.12/initrd.img, what
+// qemu-scripts/build-guest.sh makes) when it exists; else empty.
+std::filesystem::path ResolveHarvestInitrd(const std::filesystem::path& configured);
+
 // Returns the cache entry for |options.kernel|, harvesting it first when the
 // cache has none. Errors say which step failed and carry the guest console's
 // tail.

@@ -5,12 +5,16 @@
 #include <utility>
 
 #include "formats_harvest.h"
+#include "private_path.h"
 
 namespace hvtrace::hostd {
 
 FormatsService::FormatsService(std::filesystem::path root, boost::asio::any_io_executor pool,
-                               LogFn log)
-    : root_(std::move(root)), pool_(std::move(pool)), log_(std::move(log)) {}
+                               LogFn log, std::filesystem::path harvest_initrd)
+    : root_(std::move(root)),
+      pool_(std::move(pool)),
+      log_(std::move(log)),
+      harvest_initrd_(std::move(harvest_initrd)) {}
 
 Result<std::shared_ptr<const KernelFormats>> FormatsService::Get(const std::string& key) {
   if (!IsValidKernelKey(key)) {
@@ -39,27 +43,27 @@ Result<std::shared_ptr<const KernelFormats>> FormatsService::Get(const std::stri
   return shared;
 }
 
-void FormatsService::Prepare(const std::string& key, const std::string& kernel,
-                             const std::string& initrd) {
+void FormatsService::Prepare(const std::string& key, const std::string& kernel) {
   if (root_.empty() || !IsValidKernelKey(key)) return;
-  boost::asio::post(pool_, [self = shared_from_this(), key, kernel, initrd] {
+  boost::asio::post(pool_, [self = shared_from_this(), key, kernel] {
     Result<std::shared_ptr<const KernelFormats>> got = self->Get(key);
     if (!got.ok()) {
       self->log_("formats " + key + ": " + got.error().message);
       return;
     }
     if (*got != nullptr) return;
-    if (kernel.empty() || initrd.empty()) {
-      self->log_("formats " + key + " are not in " + self->root_.string() +
-                 " and the VM's initrd is unknown: captures keep region.bin only; run "
-                 "`hvtrace formats harvest --kernel " +
+    if (kernel.empty() || self->harvest_initrd_.empty()) {
+      self->log_("formats " + key + " are not in " + self->root_.string() + " and " +
+                 (kernel.empty() ? std::string("the VM's kernel is unknown")
+                                 : std::string("no harvest_initrd is configured")) +
+                 ": captures keep region.bin only; run `hvtrace formats harvest --kernel " +
                  (kernel.empty() ? std::string("K") : kernel) + " --initrd I`");
       return;
     }
     std::lock_guard lock(self->mu_);
     if (self->harvest_state_.contains(key)) return;  // Queued, running, or failed before.
     self->harvest_state_[key] = "queued";
-    self->harvest_queue_.push_back(HarvestJob{key, kernel, initrd});
+    self->harvest_queue_.push_back(HarvestJob{key, kernel});
     if (!self->harvest_running_) {
       self->harvest_running_ = true;
       boost::asio::post(self->pool_, [self] { self->RunNextHarvest(); });
@@ -80,12 +84,19 @@ void FormatsService::RunNextHarvest() {
     harvest_state_[job.key] = "harvesting";
   }
   log_("formats " + job.key + ": not cached; harvesting them from " + job.kernel +
-       " in the background");
+       " in the background with " + harvest_initrd_.string());
   HarvestOptions options;
   options.kernel = job.kernel;
-  options.initrd = job.initrd;
+  options.initrd = harvest_initrd_.string();
   options.cache_root = root_;
-  Result<HarvestResult> harvested = HarvestFormats(options);
+  // The initramfs decides what the harvest reports: only one nobody but
+  // root (or this daemon's user) can have changed.
+  Result<HarvestResult> harvested = Error{""};
+  if (Status trusted = CheckTrustedPath(harvest_initrd_, "harvest initramfs"); !trusted.ok()) {
+    harvested = trusted.error();
+  } else {
+    harvested = HarvestFormats(options);
+  }
   std::string outcome;
   if (!harvested.ok()) {
     outcome = "harvest failed: " + harvested.error().message;

@@ -12,6 +12,11 @@
 // (a queue), so with two or more worker threads one thread is always free for
 // captures; a kernel is harvested at most once per daemon run, and a failed
 // harvest is reported (StateOf, the capture manifest) and not retried.
+//
+// A harvest trusts what the booted guest reports, and its entry serves every
+// VM with that kernel: so it boots the kernel only with the project's own
+// initramfs (|harvest_initrd|), never with the initrd of the VM that asked,
+// which a user or a guest image may have crafted to report false formats.
 #ifndef HVTRACE_HOSTD_FORMATS_SERVICE_H_
 #define HVTRACE_HOSTD_FORMATS_SERVICE_H_
 
@@ -35,7 +40,10 @@ class FormatsService : public std::enable_shared_from_this<FormatsService> {
 
   // |root| is the cache root (ResolveCacheRoot); empty when none could be
   // resolved, then every kernel is "missing" and nothing is harvested.
-  FormatsService(std::filesystem::path root, boost::asio::any_io_executor pool, LogFn log);
+  // |harvest_initrd| is the initramfs harvests boot (ResolveHarvestInitrd);
+  // empty: nothing is harvested.
+  FormatsService(std::filesystem::path root, boost::asio::any_io_executor pool, LogFn log,
+                 std::filesystem::path harvest_initrd = {});
 
   const std::filesystem::path& root() const { return root_; }
 
@@ -43,9 +51,9 @@ class FormatsService : public std::enable_shared_from_this<FormatsService> {
   // cache has no entry; an error when the entry is unreadable. Thread-safe.
   Result<std::shared_ptr<const KernelFormats>> Get(const std::string& key);
 
-  // Loads |key| in the background; when it is not cached and both |kernel|
-  // and |initrd| are known, harvests it (queued, one at a time).
-  void Prepare(const std::string& key, const std::string& kernel, const std::string& initrd);
+  // Loads |key| in the background; when it is not cached and |kernel| is
+  // known, harvests it with the harvest initramfs (queued, one at a time).
+  void Prepare(const std::string& key, const std::string& kernel);
 
   // For manifests: "loaded", "cached", "harvesting", "queued", "missing" or
   // "harvest failed: <why>".
@@ -53,13 +61,14 @@ class FormatsService : public std::enable_shared_from_this<FormatsService> {
 
  private:
   struct HarvestJob {
-    std::string key, kernel, initrd;
+    std::string key, kernel;
   };
   void RunNextHarvest();
 
   const std::filesystem::path root_;
   boost::asio::any_io_executor pool_;
   LogFn log_;
+  const std::filesystem::path harvest_initrd_;
 
   std::mutex load_mu_;  // Serializes loads from disk (one copy per kernel).
   std::mutex mu_;       // Guards the fields below.

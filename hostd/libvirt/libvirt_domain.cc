@@ -1,10 +1,5 @@
 #include "libvirt_domain.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <filesystem>
-
 namespace hvtrace::hostd {
 namespace {
 
@@ -33,41 +28,6 @@ std::string StateText(int state, int reason) {
     default:
       return "state " + std::to_string(state);
   }
-}
-
-std::vector<std::string> ReadCmdline(const std::string& pid) {
-  std::string all;
-  int fd = open(("/proc/" + pid + "/cmdline").c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd >= 0) {
-    char buf[4096];
-    ssize_t n;
-    // QEMU command lines are long but bounded; cap what we hold anyway.
-    while (all.size() < (1u << 20) && (n = read(fd, buf, sizeof buf)) > 0) {
-      all.append(buf, static_cast<size_t>(n));
-    }
-    close(fd);
-  }
-  std::vector<std::string> args;
-  size_t start = 0;
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (all[i] == '\0') {
-      args.push_back(all.substr(start, i - start));
-      start = i + 1;
-    }
-  }
-  return args;
-}
-
-// QEMU started by libvirt for domain |name|: "-name guest=NAME,...".
-bool IsDomainQemu(const std::vector<std::string>& args, const std::string& name) {
-  const std::string guest_arg = "guest=" + name;
-  for (size_t i = 0; i + 1 < args.size(); ++i) {
-    if (args[i] == "-name" &&
-        (args[i + 1] == guest_arg || args[i + 1].rfind(guest_arg + ",", 0) == 0)) {
-      return true;
-    }
-  }
-  return false;
 }
 
 class RealDomain final : public LibvirtDomain {
@@ -104,11 +64,7 @@ class RealDomain final : public LibvirtDomain {
     return info.nrVirtCpu;
   }
 
-  Result<pid_t> QemuPid() const override {
-    Result<DomainQemu> qemu = FindDomainQemu(name_);
-    if (!qemu.ok()) return qemu.error();
-    return qemu->pid;
-  }
+  Result<DomainQemu> Qemu() const override { return FindDomainQemu(client_->uri(), name_); }
 
   Status Resume() override { return Act("resume", virDomainResume); }
   Status Destroy() override { return Act("destroy", virDomainDestroy); }
@@ -155,17 +111,6 @@ LibvirtDomainState DescribeLibvirtState(int state, int reason) {
 std::unique_ptr<LibvirtDomain> OpenLibvirtDomain(std::shared_ptr<LibvirtClient> client,
                                                  std::string name, std::string uuid) {
   return std::make_unique<RealDomain>(std::move(client), std::move(name), std::move(uuid));
-}
-
-Result<DomainQemu> FindDomainQemu(const std::string& name) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string pid = entry.path().filename().string();
-    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::vector<std::string> args = ReadCmdline(pid);
-    if (IsDomainQemu(args, name)) return DomainQemu{static_cast<pid_t>(std::stol(pid)), args};
-  }
-  return Error{"no QEMU runs for domain '" + name + "' on this host (-name guest=" + name + ")"};
 }
 
 }  // namespace hvtrace::hostd

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,6 +23,16 @@
 #include "libvirt_client.h"
 
 namespace hvtrace::hostd {
+
+// The QEMU libvirt runs for a domain, as libvirt itself recorded it (see
+// FindDomainQemu).
+struct DomainQemu {
+  pid_t pid = -1;
+  uid_t uid = 0;  // QEMU's user and group: region files must be theirs.
+  gid_t gid = 0;
+  std::vector<std::string> args;   // Its command line (trusted: libvirt wrote it).
+  std::filesystem::path pid_file;  // Where libvirt recorded the pid, as this host sees it.
+};
 
 // virDomainGetState, read.
 struct LibvirtDomainState {
@@ -42,8 +53,9 @@ class LibvirtDomain {
 
   virtual Result<LibvirtDomainState> State() const = 0;
   virtual Result<uint32_t> VcpuCount() const = 0;
-  // QEMU's pid and owner, from /proc (the region file must be its user's).
-  virtual Result<pid_t> QemuPid() const = 0;
+  // QEMU's pid, owner and command line, from libvirt's own pid file
+  // (FindDomainQemu).
+  virtual Result<DomainQemu> Qemu() const = 0;
   virtual Status Resume() = 0;
   virtual Status Destroy() = 0;
   // libvirt_attach.h, for this domain.
@@ -60,13 +72,26 @@ class LibvirtDomain {
 std::unique_ptr<LibvirtDomain> OpenLibvirtDomain(std::shared_ptr<LibvirtClient> client,
                                                  std::string name, std::string uuid);
 
-// The QEMU running domain |name| (from /proc/*/cmdline "-name guest=NAME"):
-// its pid and command line, or an error saying none runs here.
-struct DomainQemu {
-  pid_t pid = -1;
-  std::vector<std::string> args;
-};
-Result<DomainQemu> FindDomainQemu(const std::string& name);
+// The QEMU running domain |name| under the libvirtd at |uri|, found the way
+// libvirt knows it and never by a command line any local process can fake:
+//   1. libvirtd: the peer of its socket (the URI's socket=, else
+//      /run/libvirt/libvirt-sock), by SO_PEERCRED; it must be root's.
+//   2. Its pid file for the domain, <run>/libvirt/qemu/NAME.pid, read through
+//      libvirtd's own view of the file system (/proc/PID/root: a private
+//      libvirtd in its own mount namespace has its own /run); every
+//      component root's, not writable by others, no symlink.
+//   3. The process it names: started before libvirt wrote the file (a pid
+//      reused later is refused), command line `-name guest=NAME`; its user
+//      and group are QEMU's.
+// Errors say which step failed and why.
+Result<DomainQemu> FindDomainQemu(const std::string& uri, const std::string& name);
+
+// The unix socket of the libvirtd behind |uri| (qemu:///system[?socket=P]);
+// an error for URIs that do not name a local system daemon.
+Result<std::filesystem::path> LibvirtSocketOfUri(const std::string& uri);
+
+// The pid in a pid file's |text| ("1234\n"); an error for anything else.
+Result<pid_t> ParsePidFileText(std::string_view text);
 
 }  // namespace hvtrace::hostd
 

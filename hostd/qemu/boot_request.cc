@@ -66,7 +66,7 @@ BootPaths DefaultBootPaths(const std::string& name, const std::filesystem::path&
   p.console_log = (vm_dir / "console.log").string();
   p.console_socket = (run_dir / (name + ".console")).string();
   p.qemu_log = (vm_dir / "qemu.log").string();
-  p.backing_file = "/dev/shm/hvtrace-" + name;
+  p.backing_file = (run_dir / kMemoryDirName / ("hvtrace-" + name)).string();
   return p;
 }
 

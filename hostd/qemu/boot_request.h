@@ -46,8 +46,12 @@ struct BootPaths {
   std::string console_log;
   std::string console_socket;  // ttyS0, for people and tests to type into.
   std::string qemu_log;
-  std::string backing_file;  // /dev/shm/hvtrace-<name>
+  // <run_dir>/mem/hvtrace-<name>: a directory only the daemon's user may
+  // enter, never a world-writable one such as /dev/shm, where a local user
+  // could plant the file before QEMU opens it (kMemoryDirName).
+  std::string backing_file;
 };
+inline constexpr const char* kMemoryDirName = "mem";
 BootPaths DefaultBootPaths(const std::string& name, const std::filesystem::path& run_dir,
                            const std::filesystem::path& vm_dir);
 

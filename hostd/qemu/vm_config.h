@@ -20,12 +20,15 @@ enum class PanicDevice { kNone, kIsa, kPci };
 // A guest-physical range backed by a host file at the start of NUMA node 1,
 // where the 6.12+ kernel's persistent ring buffer lives from early boot.
 struct BootRangeConfig {
-  std::string backing_path;  // Usually /dev/shm/<unique>; QEMU creates it.
+  std::string backing_path;  // QEMU creates it unless |prepared|.
   uint64_t range_bytes = 16 * kMiB;
   uint64_t node0_bytes = 0;  // 0: smallest node 1 that fits (see gpa_layout.h).
   std::string instance_name = "boot_map";
   std::string events;             // e.g. "sched:sched_switch,irq"; may be empty.
   bool remove_on_cleanup = true;  // Only if the launcher created the file.
+  // The launcher created the (empty) file itself, O_EXCL in a private
+  // directory, and QEMU only sizes and maps it; Cleanup removes it.
+  bool prepared = false;
 };
 
 // A cold-plugged ivshmem-plain device backed by a host file.

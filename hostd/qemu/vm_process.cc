@@ -156,8 +156,11 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
   auto own_if_new = [&](const std::string& path, bool remove) {
     if (remove && !PathExists(path)) self->owned_files_.push_back(path);
   };
-  if (config.boot_range)
+  if (config.boot_range && config.boot_range->prepared) {
+    self->owned_files_.push_back(config.boot_range->backing_path);
+  } else if (config.boot_range) {
     own_if_new(config.boot_range->backing_path, config.boot_range->remove_on_cleanup);
+  }
   for (const IvshmemConfig& iv : config.ivshmem) own_if_new(iv.backing_path, iv.remove_on_cleanup);
 
   const std::string& log_path =

@@ -15,6 +15,7 @@
 // The guest's QEMU is launched by the test (as a user would); hvtraced gets
 // its own QMP monitor (QEMU serves one client per monitor).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -123,7 +124,9 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   Status started = hvt.Start();
   ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = tag + "-" + std::to_string(::getpid());
-  const std::string region_file = "/dev/shm/hvtrace-" + name + "-attach";
+  // The region is guest-shared memory: the daemon keeps it in its private
+  // <run_dir>/mem, never in world-writable /dev/shm.
+  const std::string region_file = hvt.dir() + "/run/mem/hvtrace-" + name + "-attach";
   struct Cleanup {
     std::string path;
     ~Cleanup() { std::filesystem::remove(path); }
@@ -144,6 +147,12 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   EXPECT_EQ(g["boot_generation"], 1);
   EXPECT_EQ((*attached)["region"]["file"], region_file);
   EXPECT_EQ((*attached)["region"]["size"], 16u << 20);
+  struct stat region_st {
+  }, dir_st{};
+  ASSERT_EQ(::stat(region_file.c_str(), &region_st), 0);
+  ASSERT_EQ(::stat((hvt.dir() + "/run/mem").c_str(), &dir_st), 0);
+  EXPECT_EQ(region_st.st_mode & 07777, 0600u);  // Nobody else reads guest-shared memory.
+  EXPECT_EQ(dir_st.st_mode & 07777, 0700u);
   std::printf(
       "[attach %s] attach: plugged in %.1f ms, agent announced %.1f ms later (round trip %.0f ms), "
       "machine %s\n",
@@ -415,7 +424,7 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
   struct Cleanup {
     std::string path;
     ~Cleanup() { std::filesystem::remove(path); }
-  } cleanup{"/dev/shm/hvtrace-" + name + "-attach"};
+  } cleanup{hvt.dir() + "/run/mem/hvtrace-" + name + "-attach"};
   auto diag = [&] {
     return guest.Diagnostics() + "\n--- agent ---\n" + guest.Run("cat /tmp/agent.log")->output +
            "\n--- hvtraced ---\n" + hvt.LogTail();

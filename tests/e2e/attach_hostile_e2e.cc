@@ -323,8 +323,7 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
     ~Cleanup() {
       for (const std::string& p : paths) std::filesystem::remove(p);
     }
-  } cleanup{{vms[0].qmp, vms[1].qmp, "/dev/shm/hvtrace-" + vms[0].name + "-attach",
-             "/dev/shm/hvtrace-" + vms[1].name + "-attach"}};
+  } cleanup{{vms[0].qmp, vms[1].qmp}};  // The regions go with the daemon's run dir.
   HvtracedProcess daemon({.tag = "hostile"});
   Status started = daemon.Start();
   ASSERT_TRUE(started.ok()) << started.error().message;

@@ -72,7 +72,7 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
   Status started = hvt.Start();
   ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = "q35-" + std::to_string(::getpid());
-  const std::string region_file = "/dev/shm/hvtrace-" + name + "-attach";
+  const std::string region_file = hvt.dir() + "/run/mem/hvtrace-" + name + "-attach";
   struct Cleanup {
     std::string path;
     ~Cleanup() { std::filesystem::remove(path); }

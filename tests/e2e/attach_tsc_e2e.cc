@@ -108,7 +108,7 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
   struct Cleanup {
     std::string path;
     ~Cleanup() { std::filesystem::remove(path); }
-  } cleanup{"/dev/shm/hvtrace-" + name + "-attach"};
+  } cleanup{daemon.dir() + "/run/mem/hvtrace-" + name + "-attach"};
   auto diag = [&] {
     return guest.Diagnostics() + "\n--- agent ---\n" + guest.Run("cat /tmp/agent.log")->output +
            "\n--- hvtraced ---\n" + daemon.log();

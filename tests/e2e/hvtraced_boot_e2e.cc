@@ -273,7 +273,10 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
 
 // A kernel whose formats are not in the daemon's cache: hvtraced harvests
 // them in the background when it boots the VM (a second, throwaway guest), so
-// the first panic already decodes.
+// the first panic already decodes. The harvest boots the kernel with the
+// project's own initramfs (harvest_initrd), never with the initrd the VM was
+// booted with: whatever that initrd reports would otherwise decide the
+// formats of every VM with this kernel (issue #11, item 6).
 TEST(HvtracedBootE2e, FormatsHarvestedInTheBackgroundDecodeTheFirstPanic) {
   if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
   auto image = FindGuestImage("6.12");
@@ -290,7 +293,12 @@ TEST(HvtracedBootE2e, FormatsHarvestedInTheBackgroundDecodeTheFirstPanic) {
     }
   } remove_cache{cache};
 
-  HvtracedProcess daemon(BootDaemon("bgharvest"));
+  // The VM's own initrd: a copy (same bytes, so the guest boots), at a path
+  // the harvest must not use.
+  fs::create_directories(cache);
+  const fs::path vm_initrd = cache / "vm-initrd.img";
+  fs::copy_file(image->initrd, vm_initrd);
+  HvtracedProcess daemon(BootDaemon("bgharvest", "harvest_initrd = " + image->initrd + "\n"));
   daemon.SetEnv("HVTRACE_CACHE_DIR", cache.string());
   Status started = daemon.Start();
   ASSERT_TRUE(started.ok()) << started.error().message;
@@ -298,7 +306,7 @@ TEST(HvtracedBootE2e, FormatsHarvestedInTheBackgroundDecodeTheFirstPanic) {
   const auto booted_at = std::chrono::steady_clock::now();
   auto booted = daemon.Call("boot", {{"name", name},
                                      {"kernel", image->kernel},
-                                     {"initrd", image->initrd},
+                                     {"initrd", vm_initrd.string()},
                                      {"accel", "tcg"},
                                      {"trace_size_mib", 16}});
   ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
@@ -313,6 +321,11 @@ TEST(HvtracedBootE2e, FormatsHarvestedInTheBackgroundDecodeTheFirstPanic) {
   while (!fs::exists(entry) && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(500ms);
   ASSERT_TRUE(fs::exists(entry)) << tail();
+  const json cached = json::parse(ReadText(entry));
+  EXPECT_EQ(cached["initrd_path"], image->initrd) << cached.dump(2);
+  EXPECT_NE(daemon.log().find("in the background with " + image->initrd), std::string::npos)
+      << daemon.log();
+  EXPECT_EQ(daemon.log().find("with " + vm_initrd.string()), std::string::npos) << daemon.log();
   const double harvest_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - booted_at).count();
 

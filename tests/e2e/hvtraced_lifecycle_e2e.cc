@@ -443,7 +443,12 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   // put guest memory in a temporary file inside it, and the daemon would
   // read the wrong thing) or a file (another QEMU's memory, or a stale ring
   // the new kernel would take for its previous boot). Refused before QEMU.
-  const std::string blocked = "/dev/shm/hvtrace-" + name;
+  // The path is in the daemon's private <run_dir>/mem (only root can put
+  // anything there).
+  const std::string mem_dir = daemon.dir() + "/run/mem";
+  const std::string blocked = mem_dir + "/hvtrace-" + name;
+  fs::create_directories(mem_dir);
+  fs::permissions(mem_dir, fs::perms::owner_all);
   fs::create_directories(blocked);
   auto unmappable = daemon.Call(
       "boot",
@@ -451,7 +456,7 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   fs::remove_all(blocked);
   ASSERT_FALSE(unmappable.ok());
   std::printf("[lifecycle] backing path is a directory: %s\n", unmappable.error().message.c_str());
-  EXPECT_NE(unmappable.error().message.find(blocked + " already exists (a directory)"),
+  EXPECT_NE(unmappable.error().message.find(blocked + " already exists (a directory"),
             std::string::npos);
   std::ofstream(blocked) << "stale";
   auto stale = daemon.Call(
@@ -460,13 +465,46 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   EXPECT_EQ(ReadWhole(blocked), "stale");  // Not touched.
   fs::remove(blocked);
   ASSERT_FALSE(stale.ok());
-  EXPECT_NE(stale.error().message.find(blocked + " already exists (a file)"), std::string::npos)
+  EXPECT_NE(stale.error().message.find(blocked + " already exists (a file"), std::string::npos)
       << stale.error().message;
+
+  // The attack of issue #11: a local user creates /dev/shm/hvtrace-NAME
+  // before the boot, hoping root's QEMU takes it as node 1 (guest RAM they
+  // can read and write). The daemon no longer looks there: the guest's
+  // memory is a file it created, 0600, in a directory only root can enter,
+  // and nobody else can read it or plant anything beside it.
+  const std::string planted = "/dev/shm/hvtrace-" + name;
+  auto as_nobody = [](const std::string& script) {
+    return RunArgvStatus(
+        {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "sh", "-c", script});
+  };
+  ASSERT_EQ(as_nobody("umask 0; echo planted > " + planted).status, 0);
+  struct RemovePlanted {
+    std::string path;
+    ~RemovePlanted() { ::unlink(path.c_str()); }
+  } remove_planted{planted};
 
   // A name that is already running: refused while the first boot is under
   // way or running; the running VM is untouched.
   auto first = BootGuest(daemon, name);
   ASSERT_TRUE(first.ok()) << first.error().message;
+  const std::string memory = first->reply["region"]["file"];
+  EXPECT_EQ(memory, blocked);
+  EXPECT_EQ(ReadWhole(planted), "planted\n");  // Never opened by root's QEMU.
+  struct stat mem_st {
+  }, dir_st{};
+  ASSERT_EQ(::stat(memory.c_str(), &mem_st), 0);
+  ASSERT_EQ(::stat(mem_dir.c_str(), &dir_st), 0);
+  EXPECT_EQ(mem_st.st_mode & 07777, 0600u);
+  EXPECT_EQ(mem_st.st_uid, 0u);
+  EXPECT_EQ(dir_st.st_mode & 07777, 0700u);
+  const RunResult read_ram = as_nobody("cat " + memory + " > /dev/null");
+  const RunResult plant_beside = as_nobody("echo x > " + mem_dir + "/hvtrace-other");
+  EXPECT_NE(read_ram.status, 0) << read_ram.output;
+  EXPECT_NE(plant_beside.status, 0) << plant_beside.output;
+  std::printf("[lifecycle] guest memory %s (mode %04o, dir %04o): uid 65534 reading it: %s",
+              memory.c_str(), mem_st.st_mode & 07777, dir_st.st_mode & 07777,
+              read_ram.output.c_str());
   auto again = daemon.Call(
       "boot",
       {{"name", name}, {"kernel", image->kernel}, {"initrd", image->initrd}, {"accel", "tcg"}});

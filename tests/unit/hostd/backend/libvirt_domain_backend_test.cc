@@ -4,16 +4,19 @@
 // event loop's thread, and attach/detach go through the one attach session.
 // The real libvirt calls are covered by the libvirt e2e tests.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <thread>
 #include <vector>
 
 #include "libvirt_backend.h"
+#include "test_support.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -43,7 +46,13 @@ struct FakeDomain : LibvirtDomain {
     return state;
   }
   Result<uint32_t> VcpuCount() const override { return 3u; }
-  Result<pid_t> QemuPid() const override { return getpid(); }
+  Result<DomainQemu> Qemu() const override {
+    DomainQemu qemu;
+    qemu.pid = getpid();
+    qemu.uid = geteuid();
+    qemu.gid = getegid();
+    return qemu;
+  }
   Status Resume() override { return Call("resume"); }
   Status Destroy() override { return Call("destroy"); }
   Result<ShmemAttachment> AttachShmem(ShmemAttachRequest request) override {
@@ -112,7 +121,7 @@ class LibvirtDomainBackendTest : public ::testing::Test {
     LibvirtBackendOptions options;
     options.blocking = io_.get_executor();
     backend_ = std::make_unique<LibvirtDomainBackend>(
-        std::move(domain), LibvirtRegionSpec{"none", {}, 0, 0}, -1,
+        std::move(domain), LibvirtRegionSpec{"none", {}, 0, 0, std::nullopt, -1}, -1,
         LibvirtDomainFacts{"preserve", "", ""}, options);
   }
   void TearDown() override {
@@ -240,6 +249,53 @@ TEST_F(LibvirtDomainBackendTest, AttachRefusesAPathOutsideDevShm) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("must be a valid name in /dev/shm"), std::string::npos);
   EXPECT_TRUE(fake_->calls.empty());
+}
+
+// libvirt's <shmem> must live in world-writable /dev/shm: a local user who
+// creates the region's name first (a file, or a symlink to a file they want
+// the root daemon to write) gets a clear refusal, and their file is left
+// untouched; nothing is plugged. A stale region of the daemon's own is
+// replaced by a fresh 0600 file.
+TEST_F(LibvirtDomainBackendTest, Malicious_AttachRefusesANamePlantedInDevShm) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to plant a file as another user";
+  struct Cleanup {
+    fs::path a, b;
+    ~Cleanup() {
+      ::unlink(a.c_str());
+      ::unlink(b.c_str());
+    }
+  } cleanup{shm_, fs::path(shm_.string() + "-target")};
+  backend_->Start(sink_);
+  std::ofstream(shm_) << "theirs";
+  ASSERT_EQ(::chown(shm_.c_str(), 65534, 65534), 0);
+  Result<json> r = Attach(shm_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("is not this daemon's"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("owned by uid 65534"), std::string::npos) << r.error().message;
+  EXPECT_EQ(test_support::ReadText(shm_), "theirs");
+  ::unlink(shm_.c_str());
+
+  std::ofstream(cleanup.b) << "target";
+  fs::create_symlink(cleanup.b, shm_);
+  ASSERT_EQ(::lchown(shm_.c_str(), 65534, 65534), 0);
+  r = Attach(shm_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("a symlink"), std::string::npos) << r.error().message;
+  EXPECT_EQ(test_support::ReadText(cleanup.b), "target");
+  EXPECT_TRUE(fake_->calls.empty());
+  ::unlink(shm_.c_str());
+
+  // The daemon's own stale file: replaced, 0600.
+  std::ofstream(shm_) << "stale";
+  ShmemAttachment plugged;
+  plugged.alias = "ua-hvtrace-" + shm_.filename().string();
+  fake_->attach_result = plugged;
+  r = Attach(shm_);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  struct stat st {};
+  ASSERT_EQ(::stat(shm_.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  EXPECT_EQ(st.st_size, 1 << 20);
 }
 
 TEST_F(LibvirtDomainBackendTest, DetachWaitsForLibvirtAndSaysWhyItFailed) {

@@ -36,6 +36,7 @@ vm_on_shutdown = stop
 max_connections = 5
 max_requests_per_connection = 2
 cache_dir = /var/cache/hvt
+harvest_initrd = /usr/lib/hvtrace/initrd.img
 )",
                        "test.conf");
   ASSERT_TRUE(c.ok()) << c.error().message;
@@ -51,6 +52,7 @@ cache_dir = /var/cache/hvt
   EXPECT_EQ(c->max_connections, 5);
   EXPECT_EQ(c->max_requests_per_connection, 2);
   EXPECT_EQ(c->cache_dir, "/var/cache/hvt");
+  EXPECT_EQ(c->harvest_initrd, "/usr/lib/hvtrace/initrd.img");
 }
 
 TEST(ConfigTest, LibvirtUriDefaultsToSystemAndMayBeTurnedOff) {

@@ -321,6 +321,54 @@ TEST(FormatCacheTest, Malicious_EditedEntriesAreErrorsNotCrashes) {
   EXPECT_THAT(problems[0], HasSubstr("format_version 99"));
 }
 
+// hvtraced decodes every VM with a kernel's entry, so an entry someone other
+// than root (or the cache's own user) could have written is not read: a file
+// or directory writable by others, one owned by another user, a symlink on
+// the way. New directories are 0700.
+TEST(FormatCacheTest, Malicious_EntriesOthersCouldChangeAreNotTrusted) {
+  TempDir dir;
+  FormatCache cache(dir.path() / "cache");
+  ASSERT_TRUE(cache.Store(kKey, FixtureBundle(), json::object()).ok());
+  const fs::path entry = cache.EntryDir(kKey);
+  for (const fs::path& d : {dir.path() / "cache", cache.formats_dir(), entry}) {
+    EXPECT_EQ(fs::status(d).permissions() & fs::perms::all, fs::perms::owner_all) << d;
+  }
+  ASSERT_TRUE(cache.Load(kKey).ok());
+
+  const fs::path manifest = entry / "manifest.json";
+  fs::permissions(manifest, fs::perms::others_write, fs::perm_options::add);
+  Result<std::optional<json>> looked = cache.Lookup(kKey);
+  ASSERT_FALSE(looked.ok());
+  EXPECT_THAT(looked.error().message, HasSubstr("writable by others"));
+  EXPECT_THAT(looked.error().message, HasSubstr(manifest.string()));
+  fs::permissions(manifest, fs::perms::others_write, fs::perm_options::remove);
+
+  fs::permissions(cache.formats_dir(), fs::perms::group_write, fs::perm_options::add);
+  Result<KernelFormats> loaded = cache.Load(kKey);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_THAT(loaded.error().message, HasSubstr("writable by others"));
+  EXPECT_THAT(loaded.error().message, HasSubstr(cache.formats_dir().string()));
+  // Nor is a new entry written there.
+  EXPECT_FALSE(cache.Store(std::string(64, 'c'), FixtureBundle(), json::object()).ok());
+  fs::permissions(cache.formats_dir(), fs::perms::group_write, fs::perm_options::remove);
+
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown((entry / "kallsyms").c_str(), 65534, 65534), 0);
+    loaded = cache.Load(kKey);
+    ASSERT_FALSE(loaded.ok());
+    EXPECT_THAT(loaded.error().message, HasSubstr("belongs to another user"));
+    EXPECT_THAT(loaded.error().message, HasSubstr("kallsyms"));
+    ASSERT_EQ(::chown((entry / "kallsyms").c_str(), 0, 0), 0);
+  }
+
+  // The cache reached through a symlink: not followed.
+  fs::create_directory_symlink(dir.path() / "cache", dir.path() / "link");
+  looked = FormatCache(dir.path() / "link").Lookup(kKey);
+  ASSERT_FALSE(looked.ok());
+  EXPECT_THAT(looked.error().message, HasSubstr("is a symlink"));
+  ASSERT_TRUE(cache.Load(kKey).ok());
+}
+
 TEST(FormatCacheTest, ListOfAMissingCacheIsEmpty) {
   TempDir dir;
   FormatCache cache(dir.path() / "never-created");

@@ -1,6 +1,7 @@
 // FormatsService: the daemon loads a kernel's cached formats once and shares
-// them; a kernel that is not cached is reported, not harvested without an
-// initrd; a cache entry edited into garbage is an error naming it.
+// them; a kernel that is not cached is reported, not harvested without the
+// harvest initramfs (and never with one another user could have changed); a
+// cache entry edited into garbage is an error naming it.
 #include "formats_service.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 
 #include <algorithm>
 #include <boost/asio/thread_pool.hpp>
+#include <chrono>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -35,13 +37,15 @@ HarvestBundle FixtureBundle() {
 }
 
 struct Service {
-  explicit Service(fs::path root)
+  explicit Service(fs::path root, fs::path harvest_initrd = {})
       : pool(1),
-        formats(std::make_shared<FormatsService>(std::move(root), pool.get_executor(),
-                                                 [this](const std::string& m) {
-                                                   std::lock_guard lock(mu);
-                                                   log.push_back(m);
-                                                 })) {}
+        formats(std::make_shared<FormatsService>(
+            std::move(root), pool.get_executor(),
+            [this](const std::string& m) {
+              std::lock_guard lock(mu);
+              log.push_back(m);
+            },
+            std::move(harvest_initrd))) {}
   ~Service() { pool.join(); }
   std::string Log() {
     std::lock_guard lock(mu);
@@ -76,19 +80,42 @@ TEST(FormatsServiceTest, LoadsACachedKernelOnceAndSharesIt) {
   EXPECT_EQ(c.get(), a->get());
 }
 
-TEST(FormatsServiceTest, MissingKernelIsReportedAndNotHarvestedWithoutInitrd) {
+TEST(FormatsServiceTest, MissingKernelIsReportedAndNotHarvestedWithoutHarvestInitrd) {
   TempDir dir;
   Service s(dir.path());
   auto got = s.formats->Get(kKey);
   ASSERT_TRUE(got.ok()) << got.error().message;
   EXPECT_EQ(*got, nullptr);
   EXPECT_EQ(s.formats->StateOf(kKey), "missing");
-  s.formats->Prepare(kKey, "/boot/vmlinuz-x", "");
+  s.formats->Prepare(kKey, "/boot/vmlinuz-x");
   s.pool.join();
   EXPECT_NE(s.Log().find("hvtrace formats harvest --kernel /boot/vmlinuz-x"), std::string::npos)
       << s.Log();
+  EXPECT_NE(s.Log().find("no harvest_initrd"), std::string::npos) << s.Log();
   EXPECT_EQ(s.formats->StateOf(kKey), "missing");
   EXPECT_FALSE(fs::exists(dir.path() / "formats" / kKey));
+}
+
+// A harvest initramfs another user could have rewritten (here: writable by
+// everyone) is refused before any guest boots: its /init would decide what
+// the cache says about the kernel for every VM.
+TEST(FormatsServiceTest, Malicious_HarvestInitrdOthersCanWriteIsRefused) {
+  TempDir dir;
+  const fs::path initrd = dir.path() / "initrd.img";
+  std::ofstream(initrd) << "not really an initramfs";
+  fs::permissions(initrd, fs::perms::all);
+  Service s(dir.path() / "cache", initrd);
+  s.formats->Prepare(kKey, "/boot/vmlinuz-x");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (s.formats->StateOf(kKey).rfind("harvest failed", 0) != 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const std::string state = s.formats->StateOf(kKey);
+  EXPECT_NE(state.find("harvest failed"), std::string::npos) << state;
+  EXPECT_NE(state.find("writable by others"), std::string::npos) << state;
+  EXPECT_NE(state.find(initrd.string()), std::string::npos) << state;
+  EXPECT_FALSE(fs::exists(dir.path() / "cache" / "formats" / kKey));
 }
 
 TEST(FormatsServiceTest, NoCacheRootMeansEveryKernelIsMissing) {

@@ -294,6 +294,64 @@ TEST(CaptureBudgetTest, FullDiskAtCommitKeepsTheDurableCopy) {
   EXPECT_EQ(done.summary["files"][0]["name"], "region.bin");
 }
 
+// The whole capture path at a real ENOSPC: the disk has room for region.bin
+// and its recovery record, not for the manifest. The panic capture fails
+// with an error saying where its durable copy is kept, and the next start's
+// recovery commits it once there is room.
+TEST(CaptureBudgetTest, PanicCaptureOnAFullDiskKeepsRegionBin) {
+  TempDir tmp;
+  const fs::path region_path = tmp.path() / "region";
+  {
+    std::vector<std::byte> bytes = Bytes(kMiB, 5);
+    std::ofstream(region_path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(kMiB));
+  }
+  int region_fd = ::open(region_path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(region_fd, 0);
+  const fs::path mnt = tmp.path() / "state";
+  SmallTmpfs tmpfs(mnt, "4m");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a small tmpfs here: " << tmpfs.error();
+  CaptureStore store(mnt / "vms/vm1/captures");
+  ASSERT_TRUE(fs::create_directories(store.dir()));
+  // Room for region.bin (256 pages) and the recovery record (one page).
+  FillTo(mnt, kMiB + 4096);
+
+  CaptureRequest request;
+  request.vm = "vm1";
+  request.trigger = "panic";
+  request.triggered = HostTime::Now();
+  RegionFileSource source;
+  source.fd = region_fd;
+  source.path = region_path;
+  source.size = kMiB;
+  source.boot_range = false;  // Raw shmem: kept, not decoded.
+  request.inputs.region_file = source;
+  request.inputs.vcpus_stopped = true;
+  CaptureService service(nullptr, 1);
+  auto taken = service.Take(store, request);
+  ::close(region_fd);
+  ASSERT_FALSE(taken.ok()) << "committed " << taken->id;
+  const std::string& msg = taken.error().message;
+  std::printf("panic capture on a full disk: %s\n", msg.c_str());
+  EXPECT_NE(msg.find("VM vm1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("kept in"), std::string::npos) << msg;
+  auto left = store.ListIncomplete();
+  ASSERT_TRUE(left.ok());
+  ASSERT_EQ(left->size(), 1u);
+  EXPECT_EQ(fs::file_size((*left)[0] / "region.bin"), kMiB);
+  EXPECT_TRUE(fs::exists((*left)[0] / std::string(kRecoveryRecordName)));
+  EXPECT_TRUE(store.List()->empty());
+
+  fs::remove(mnt / "filler");
+  auto report = service.Recover(store);
+  ASSERT_TRUE(report.ok());
+  ASSERT_EQ(report->recovered.size(), 1u);
+  EXPECT_EQ(report->recovered[0].summary.value("trigger", ""), "panic");
+  EXPECT_EQ(Names(report->recovered[0].dir),
+            (std::vector<std::string>{"manifest.json", "region.bin"}));
+}
+
 // What a writer that failed or died mid-file left (a trace.dat writer's
 // temporary, a part file) is never committed into files[].
 TEST(CaptureBudgetTest, OnlyFinishedFilesAreCommitted) {

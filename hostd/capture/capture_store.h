@@ -24,6 +24,9 @@
 //   extra {transport {kind: qmp | libvirt, … what that backend knows},
 //          consistency {vcpus_stopped, note, pages_being_written?},
 //          timing_ms {copy, region_write, region_fsync, …, trigger_to_decoded},
+//          disk {need_bytes, free_bytes_before, free_bytes_after_evicting,
+//          reserve_met, evicted} (the admission, capture_budget.h),
+//          incomplete (what failed after the raw copy was durable, if anything),
 //          formats {key, cache, state, decoded, …}, boots [...], and when
 //          decoded trace_clock and pipeline_ms (boot ranges),
 //          attach {...} (attach regions)};

@@ -8,6 +8,8 @@
 #include <set>
 #include <sstream>
 
+#include "units.h"
+
 namespace hvtrace::hostd {
 namespace {
 
@@ -103,6 +105,19 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
       auto n = ParseInt(value, 0, 1000000);
       if (!n.ok()) return fail(n.error());
       config.capture_retention = *n;
+    } else if (key == "capture_bytes_per_vm" || key == "capture_bytes_total" ||
+               key == "capture_free_reserve" || key == "console_log_size") {
+      auto n = ParseSize(value);
+      if (!n.ok()) return fail(n.error());
+      if (key == "console_log_size" && *n < 4096) return fail(Error{"must be at least 4096"});
+      (key == "capture_bytes_per_vm"  ? config.capture_bytes_per_vm
+       : key == "capture_bytes_total" ? config.capture_bytes_total
+       : key == "console_log_size"    ? config.console_log_size
+                                      : config.capture_free_reserve) = *n;
+    } else if (key == "console_log_files") {
+      auto n = ParseInt(value, 1, 100);
+      if (!n.ok()) return fail(n.error());
+      config.console_log_files = *n;
     } else if (key == "panic_policy") {
       if (value == "pause") {
         config.panic_policy = PanicPolicy::kPause;

@@ -18,6 +18,20 @@
 //                                               down (root always may)
 // A group is a name or a numeric gid.
 //   capture_retention   = 20                    captures kept per VM (0: all)
+//   capture_bytes_per_vm = 4G                   bytes of captures kept per VM
+//                                               (0: no limit)
+//   capture_bytes_total = 16G                   bytes of captures of all VMs
+//                                               (0: no limit)
+//   capture_free_reserve = 256M                 free space a capture leaves on
+//                                               the state_dir filesystem
+//   console_log_size    = 8M                    a booted guest's console.log
+//                                               is rotated at this size …
+//   console_log_files   = 2                     … keeping this many files
+//                                               (console.log, console.log.1)
+// Sizes take ParseSize's units (16M, 1G, 4096). Retention and the budgets go
+// by class: a capture of a cheaper trigger (crashloaded, reset, manual, …)
+// never evicts a panic capture (panic, panic-while-away, crash); see
+// capture_budget.h.
 //   panic_policy        = pause                 after a panic capture:
 //                                               pause | resume | quit
 //   accel               = auto                  for VMs hvtraced boots: tcg |
@@ -50,6 +64,7 @@
 #ifndef HVTRACE_HOSTD_CONFIG_H_
 #define HVTRACE_HOSTD_CONFIG_H_
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <string_view>
@@ -76,6 +91,11 @@ struct Config {
   std::string socket_group = "hvtrace";
   std::string admin_group = "hvtrace-admin";
   int capture_retention = 20;
+  uint64_t capture_bytes_per_vm = 4ull << 30;
+  uint64_t capture_bytes_total = 16ull << 30;
+  uint64_t capture_free_reserve = 256ull << 20;
+  uint64_t console_log_size = 8ull << 20;
+  int console_log_files = 2;
   PanicPolicy panic_policy = PanicPolicy::kPause;
   std::string accel = "auto";
   VmOnShutdown vm_on_shutdown = VmOnShutdown::kKeep;

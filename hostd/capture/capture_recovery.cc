@@ -78,8 +78,9 @@ Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats) {
         ReadCopy(pending.dir() / kAttachRegionFileName, geometry->region_size);
     if (!copy.ok()) return copy.error();
     const bool stopped = m.extra.value("/consistency/vcpus_stopped"_json_pointer, false);
+    // The copy is durable and checked: a decode failure is noted, not fatal.
     if (Status s = DecodeAttachStep(std::move(*copy), *geometry, stopped, pending, m); !s.ok())
-      return s.error();
+      m.extra["incomplete"] = s.error().message;
   } else if (kind != "boot-range" && kind != "shmem") {
     return Error{"its recovery record names no region this daemon can finish"};
   }
@@ -120,7 +121,13 @@ Result<CaptureService::RecoveryReport> CaptureService::Recover(const CaptureStor
       continue;  // |pending| removes it.
     }
     Result<CaptureEntry> entry = Finish(**pending, formats_.get());
+    if (!entry.ok() && (*pending)->kept()) {
+      // Durable and readable, but not committable now (a full disk).
+      report.kept.push_back(dir.string() + ": " + entry.error().message);
+      continue;
+    }
     if (!entry.ok()) {
+      (*pending)->Abandon();
       report.removed.push_back(dir.string() +
                                ": removed, cannot be finished: " + entry.error().message);
       continue;

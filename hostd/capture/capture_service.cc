@@ -80,8 +80,11 @@ class CaptureService::BufferLease {
 };
 
 CaptureService::CaptureService(std::shared_ptr<FormatsService> formats, size_t copy_buffers,
-                               CaptureFaults faults)
-    : formats_(std::move(formats)), faults_(std::move(faults)) {
+                               CaptureFaults faults, std::shared_ptr<CaptureBudget> budget)
+    : formats_(std::move(formats)),
+      faults_(std::move(faults)),
+      budget_(budget ? std::move(budget)
+                     : std::make_shared<CaptureBudget>(DiskLimits{}, std::filesystem::path())) {
   for (size_t i = 0; i < std::max<size_t>(copy_buffers, 1); ++i) {
     free_buffers_.push_back(std::make_unique<std::vector<std::byte>>());
   }
@@ -145,6 +148,12 @@ Status CaptureService::Build(const CaptureRequest& request, std::vector<std::byt
 
 Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
                                             const CaptureRequest& request) {
+  const CaptureInputs& in = request.inputs;
+  const uint64_t region_bytes = (in.region_file ? in.region_file->size : 0) +
+                                (in.attach ? in.attach->geometry().region_size : 0);
+  Result<CaptureBudget::Admission> admitted =
+      budget_->Admit(store, request.vm, request.trigger, region_bytes);
+  if (!admitted.ok()) return admitted.error();
   auto pending = store.Begin(request.trigger, request.triggered);
   if (!pending.ok()) return pending.error();
   CaptureManifest manifest;
@@ -152,27 +161,33 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
   manifest.trigger = request.trigger;
   manifest.triggered = request.triggered;
   manifest.qmp_events = request.events;
+  manifest.extra["disk"] = admitted->ToJson();
+  std::string incomplete;
   {
     BufferLease buffer = AcquireBuffer();
     if (Status s = Build(request, buffer.get(), **pending, manifest); !s.ok()) {
-      return Error{"VM " + request.vm + ", capture '" + request.trigger +
-                   "': " + s.error().message};
+      const std::string message =
+          "VM " + request.vm + ", capture '" + request.trigger + "': " + s.error().message;
+      // Nothing durable yet: nothing to keep.
+      if (!(*pending)->durable()) return Error{message};
+      // The raw copy is durable: it is committed with what there is.
+      incomplete = s.error().message;
+      manifest.extra["incomplete"] = incomplete;
     }
   }
-  if (request.dedupe_same_panic) {
+  if (request.dedupe_same_panic && incomplete.empty()) {
     if (auto same = SamePanicCaptured(store, (*pending)->dir())) {
-      // |pending| removes what it wrote.
+      (*pending)->Abandon();
       return CaptureOutcome{
-          same->id, same->summary.value("trigger", request.trigger), true, 0.0, {}};
+          same->id, same->summary.value("trigger", request.trigger), true, 0.0, {}, {}, {}};
     }
   }
   Result<CaptureEntry> entry = (*pending)->Commit(std::move(manifest));
   if (!entry.ok()) return Error{"VM " + request.vm + ": " + entry.error().message};
-  CaptureOutcome outcome{entry->id, request.trigger, false, MsSince(request.triggered), {}};
-  if (request.retention > 0) {
-    if (auto pruned = store.Prune(request.retention); !pruned.ok())
-      outcome.retention_error = pruned.error().message;
-  }
+  CaptureOutcome outcome{entry->id,  request.trigger,   false, MsSince(request.triggered), {},
+                         incomplete, admitted->ToJson()};
+  auto pruned = budget_->Prune(store, request.vm, request.trigger, entry->id, request.retention);
+  if (!pruned.ok()) outcome.retention_error = pruned.error().message;
   return outcome;
 }
 

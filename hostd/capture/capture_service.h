@@ -13,6 +13,13 @@
 //      daemon's FormatsService: boot-<n>.trace.dat, region-gen-<N>.trace.dat
 //   4. the manifest (layout: capture_store.h) committed, retention applied
 //
+// Before step 1 the capture is admitted by the disk budget
+// (capture_budget.h: byte budgets, free-space reserve, panic captures kept
+// from cheaper triggers); retention after step 4 follows the same classes.
+// A failure after step 1 never throws the durable copy away: the capture is
+// committed with what it has (manifest.extra.incomplete says what failed),
+// or, when even that fails (a full disk), kept for the next start.
+//
 // Recovery at start-up (Recover) runs steps 3–4 for every capture a previous
 // run left after step 1 or 2.
 #ifndef HVTRACE_HOSTD_CAPTURE_SERVICE_H_
@@ -30,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "capture_budget.h"
 #include "capture_store.h"
 #include "formats_service.h"
 #include "hvtrace/result.h"
@@ -81,6 +89,10 @@ struct CaptureOutcome {
   bool deduplicated = false;  // An earlier capture holds it (see above).
   double trigger_to_disk_ms = 0;
   std::string retention_error;  // Pruning failed (the capture is committed).
+  // A later step failed after the raw copy was durable: committed with what
+  // it has (manifest.extra.incomplete holds this).
+  std::string incomplete;
+  nlohmann::json disk;  // Admission: need, free bytes, evicted captures.
 };
 
 // Test seam: called right after the given step; the tests of recovery make
@@ -96,8 +108,10 @@ class CaptureService {
  public:
   // |formats| may be null (captures keep their raw copies, counted only).
   // |copy_buffers| private copies may be in flight at once (the workers).
+  // |budget| null: no byte budgets and no reserve (free space is still
+  // checked against the capture's need).
   CaptureService(std::shared_ptr<FormatsService> formats, size_t copy_buffers,
-                 CaptureFaults faults = {});
+                 CaptureFaults faults = {}, std::shared_ptr<CaptureBudget> budget = nullptr);
 
   // Grows the copy buffers ahead of time to hold a |bytes| region, so a
   // panic capture copies without allocating or faulting in pages.
@@ -109,6 +123,7 @@ class CaptureService {
   struct RecoveryReport {
     std::vector<CaptureEntry> recovered;  // Committed now.
     std::vector<std::string> removed;     // Why each other directory went.
+    std::vector<std::string> kept;        // Durable but not committable now (why).
   };
   // Finishes (steps 3–4) or removes every capture of |store| a previous run
   // left incomplete. Fails only when the directory cannot be listed.
@@ -124,6 +139,7 @@ class CaptureService {
 
   std::shared_ptr<FormatsService> formats_;
   CaptureFaults faults_;
+  std::shared_ptr<CaptureBudget> budget_;
   std::mutex mu_;
   std::condition_variable free_cv_;
   std::vector<std::unique_ptr<std::vector<std::byte>>> free_buffers_;

@@ -54,6 +54,49 @@ Status WriteAll(const std::filesystem::path& path, std::span<const std::byte> da
   return {};
 }
 
+// A file of a capture is written under a hidden name (PartName) and renamed
+// to its own only once whole and durable, so a name without a leading '.'
+// is always a finished file: a crash or a full disk mid-write leaves a part
+// file that Commit drops, never a short file listed in files[].
+std::filesystem::path PartName(const std::filesystem::path& path) {
+  return path.parent_path() / ("." + path.filename().string() + ".part");
+}
+
+// Renames |part| to |path|; on error removes |part|.
+Status Publish(const std::filesystem::path& part, const std::filesystem::path& path) {
+  if (::rename(part.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(part.c_str());
+    return Error{"cannot rename " + part.string() + " to " + path.string() + ": " + Errno(err)};
+  }
+  return {};
+}
+
+// WriteAll into a part file, then Publish. Errors name |path|.
+Status WriteFinished(const std::filesystem::path& path, std::span<const std::byte> data) {
+  const std::filesystem::path part = PartName(path);
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) return Error{"cannot create " + path.string() + ": exists"};
+  Status s = WriteAll(part, data, O_CREAT | O_EXCL);
+  if (!s.ok()) {
+    ::unlink(part.c_str());
+    std::string message = s.error().message;
+    const std::string part_text = part.string();
+    if (size_t at = message.find(part_text); at != std::string::npos) {
+      message.replace(at, part_text.size(), path.string());
+    }
+    return Error{message};
+  }
+  return Publish(part, path);
+}
+
+// Not a finished capture file: a hidden name (part files, the recovery
+// record's aside copy) or a writer's temporary ("x.tmp.XXXXXX", the
+// trace.dat writer's).
+bool Unfinished(const std::string& name) {
+  return name.empty() || name.front() == '.' || name.find(".tmp.") != std::string::npos;
+}
+
 // Reads exactly |out.size()| bytes at |offset| of |fd|; errors name |path|.
 Status PreadFully(int fd, const std::filesystem::path& path, uint64_t offset,
                   std::span<std::byte> out) {
@@ -277,7 +320,18 @@ PendingCapture::PendingCapture(std::filesystem::path captures_dir, std::filesyst
       temp_dir_(std::move(temp_dir)),
       base_name_(std::move(base_name)) {}
 
-PendingCapture::~PendingCapture() { Discard(); }
+PendingCapture::~PendingCapture() {
+  // A durable copy outlives whatever ended this capture early (an error, an
+  // exception): the next start finishes it. Only Abandon removes it.
+  if (!done_ && durable()) {
+    done_ = true;
+    kept_ = true;
+    return;
+  }
+  Discard();
+}
+
+void PendingCapture::Abandon() { Discard(); }
 
 void PendingCapture::Discard() {
   if (done_) return;
@@ -289,7 +343,7 @@ void PendingCapture::Discard() {
 Status PendingCapture::WriteFile(std::string_view name, std::span<const std::byte> data) {
   if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
   if (Status s = ValidateFileName(name); !s.ok()) return s;
-  return WriteAll(temp_dir_ / std::string(name), data, O_CREAT | O_EXCL);
+  return WriteFinished(temp_dir_ / std::string(name), data);
 }
 
 Status PendingCapture::WriteRecoveryRecord(const CaptureManifest& manifest) {
@@ -301,10 +355,11 @@ Status PendingCapture::WriteRecoveryRecord(const CaptureManifest& manifest) {
   const std::filesystem::path aside = temp_dir_ / ".recovery.json.new";
   const std::filesystem::path path = temp_dir_ / std::string(kRecoveryRecordName);
   Status s = WriteAll(aside, std::as_bytes(std::span(text.data(), text.size())), O_CREAT | O_TRUNC);
-  if (!s.ok()) return s;
-  if (::rename(aside.c_str(), path.c_str()) != 0) {
-    return Error{"cannot rename " + aside.string() + " to " + path.string() + ": " + Errno(errno)};
+  if (!s.ok()) {
+    ::unlink(aside.c_str());
+    return s;
   }
+  if (Status p = Publish(aside, path); !p.ok()) return p;
   return FsyncDir(temp_dir_);
 }
 
@@ -318,9 +373,22 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
   if (Status s = ValidateFileName(name); !s.ok()) return s.error();
   if (Status s = CheckRegionSize(region_fd, source, offset, size); !s.ok()) return s.error();
+  // Errors name |path|; the bytes go to its part file until they are durable.
   const std::filesystem::path path = temp_dir_ / std::string(name);
-  UniqueFd out(::open(path.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0640));
+  const std::filesystem::path part = PartName(path);
+  struct stat existing;
+  if (::lstat(path.c_str(), &existing) == 0) {
+    return Error{"cannot create " + path.string() + ": exists"};
+  }
+  UniqueFd out(::open(part.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0640));
   if (out.get() < 0) return Error{"cannot create " + path.string() + ": " + Errno(errno)};
+  struct RemovePart {
+    const std::filesystem::path& part;
+    bool keep = false;
+    ~RemovePart() {
+      if (!keep) ::unlink(part.c_str());
+    }
+  } remove_part{part};
   if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0) {
     return Error{"cannot size " + path.string() + " to " + std::to_string(size) + ": " +
                  Errno(errno)};
@@ -362,8 +430,30 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   const auto t3 = std::chrono::steady_clock::now();
   if (::fdatasync(out.get()) != 0) return Error{"fdatasync " + path.string() + ": " + Errno(errno)};
   if (out.Close() != 0) return Error{"closing " + path.string() + ": " + Errno(errno)};
+  if (Status s = Publish(part, path); !s.ok()) return s.error();
+  remove_part.keep = true;
   stats.sync_ms = MsBetween(t3, std::chrono::steady_clock::now());
   return stats;
+}
+
+bool PendingCapture::durable() const {
+  struct stat st;
+  return ::lstat((temp_dir_ / std::string(kRecoveryRecordName)).c_str(), &st) == 0 &&
+         S_ISREG(st.st_mode);
+}
+
+Error PendingCapture::Fail(const std::string& message) {
+  if (!durable()) {
+    Discard();
+    return Error{message};
+  }
+  // The raw copy and its recovery record are durable: they are worth more
+  // than the error, so they stay for the next daemon start (Recover).
+  ::unlink((temp_dir_ / std::string(kManifestName)).c_str());
+  done_ = true;
+  kept_ = true;
+  return Error{message + "; the durable copy and its recovery record are kept in " +
+               temp_dir_.string() + " (the next hvtraced start finishes the capture)"};
 }
 
 Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
@@ -374,14 +464,18 @@ Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
   std::vector<std::pair<std::string, uint64_t>> listing;
   for (std::filesystem::directory_iterator it(temp_dir_, ec), end; !ec && it != end;
        it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code type_ec;
+    if (Unfinished(name) || !it->is_regular_file(type_ec) || it->is_symlink(type_ec)) {
+      // Left by a writer that failed or died: never part of a capture.
+      std::filesystem::remove_all(it->path(), type_ec);
+      continue;
+    }
     std::error_code size_ec;
     uint64_t bytes = it->file_size(size_ec);
-    if (!size_ec) listing.emplace_back(it->path().filename().string(), bytes);
+    if (!size_ec) listing.emplace_back(name, bytes);
   }
-  if (ec) {
-    Discard();
-    return Error{"cannot list " + temp_dir_.string() + ": " + ec.message()};
-  }
+  if (ec) return Fail("cannot list " + temp_dir_.string() + ": " + ec.message());
   std::sort(listing.begin(), listing.end());
   for (const auto& [name, bytes] : listing) {
     if (name != kManifestName && name != kRecoveryRecordName) {
@@ -401,20 +495,16 @@ Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
     doc["id"] = id;
     std::string text = doc.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
     std::filesystem::path manifest_path = temp_dir_ / std::string(kManifestName);
-    Status s = WriteAll(manifest_path, std::as_bytes(std::span(text.data(), text.size())),
-                        O_CREAT | O_TRUNC);
+    ::unlink(manifest_path.c_str());  // An earlier attempt's.
+    Status s = WriteFinished(manifest_path, std::as_bytes(std::span(text.data(), text.size())));
     if (s.ok()) s = FsyncDir(temp_dir_);
-    if (!s.ok()) {
-      Discard();
-      return s.error();
-    }
+    if (!s.ok()) return Fail(s.error().message);
     if (::renameat2(AT_FDCWD, temp_dir_.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE) !=
         0) {
       int err = errno;
       if (err == EEXIST || err == ENOTEMPTY) continue;
-      Discard();
-      return Error{"cannot rename " + temp_dir_.string() + " to " + final_dir.string() + ": " +
-                   Errno(err)};
+      return Fail("cannot rename " + temp_dir_.string() + " to " + final_dir.string() + ": " +
+                  Errno(err));
     }
     done_ = true;
     // The capture is visible now: its recovery record has served (a crash
@@ -427,8 +517,7 @@ Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
     if (!synced.ok()) entry.summary["warning"] = synced.error().message;
     return entry;
   }
-  Discard();
-  return Error{"no free capture name for " + (captures_dir_ / base_name_).string()};
+  return Fail("no free capture name for " + (captures_dir_ / base_name_).string());
 }
 
 Result<std::unique_ptr<PendingCapture>> CaptureStore::Begin(std::string_view trigger,

@@ -24,6 +24,9 @@
 //   extra {transport {kind: qmp | libvirt, … what that backend knows},
 //          consistency {vcpus_stopped, note, pages_being_written?},
 //          timing_ms {copy, region_write, region_fsync, …, trigger_to_decoded},
+//          disk {need_bytes, free_bytes_before, free_bytes_after_evicting,
+//          reserve_met, evicted} (the admission, capture_budget.h),
+//          incomplete (what failed after the raw copy was durable, if anything),
 //          formats {key, cache, state, decoded, …}, boots [...], and when
 //          decoded trace_clock and pipeline_ms (boot ranges),
 //          attach {...} (attach regions)};
@@ -107,7 +110,8 @@ struct CaptureEntry {
 Status ValidateTrigger(std::string_view trigger);
 
 // A capture being written. Destroying it without Commit removes everything it
-// wrote.
+// wrote, unless its raw copy is durable (a recovery record exists): that stays
+// for the next start to finish (Abandon removes it too).
 class PendingCapture {
  public:
   PendingCapture(const PendingCapture&) = delete;
@@ -145,22 +149,40 @@ class PendingCapture {
   // the next run can finish.
   Status WriteRecoveryRecord(const CaptureManifest& manifest);
 
-  // Writes manifest.json (with the files present and their sizes), fsyncs,
-  // renames the directory to its final name, and returns the entry. On error
-  // nothing is left visible. The recovery record is not listed and is
-  // removed once the capture is visible.
+  // Writes manifest.json (listing the finished files and their sizes),
+  // fsyncs, renames the directory to its final name, and returns the entry.
+  // Only finished files are listed and kept: every file is written under a
+  // hidden part name and renamed when durable, so hidden names and writers'
+  // "*.tmp.*" files are what a failed or killed writer left, and go. The
+  // recovery record is not listed and is removed once the capture is
+  // visible. On error nothing is left visible; a capture whose raw copy is
+  // durable (a recovery record exists) stays in dir() for the next start to
+  // finish, and the error says so — a full disk at the manifest must not
+  // delete the one durable copy of a panic.
   Result<CaptureEntry> Commit(CaptureManifest manifest);
+
+  // Whether a recovery record was written: the raw copy is durable.
+  bool durable() const;
+  // Whether a failed Commit left dir() for the next start (see above).
+  bool kept() const { return kept_; }
+
+  // Removes everything written, durable or not (a capture found to be a
+  // duplicate of an earlier one, or one recovery cannot finish).
+  void Abandon();
 
  private:
   friend class CaptureStore;
   PendingCapture(std::filesystem::path captures_dir, std::filesystem::path temp_dir,
                  std::string base_name);
   void Discard();
+  // Ends a failed Commit: removes the capture, or keeps a durable one.
+  Error Fail(const std::string& message);
 
   std::filesystem::path captures_dir_;
   std::filesystem::path temp_dir_;
   std::string base_name_;
   bool done_ = false;
+  bool kept_ = false;
 };
 
 class CaptureStore {
@@ -187,7 +209,7 @@ class CaptureStore {
   Result<std::vector<std::filesystem::path>> ListIncomplete() const;
 
   // Takes over one of them (as ListIncomplete names it) to finish or drop
-  // it: destroying the result without Commit removes the directory.
+  // it (Abandon); destroying the result without either keeps a durable one.
   Result<std::unique_ptr<PendingCapture>> Resume(const std::filesystem::path& temp_dir) const;
 
  private:

@@ -20,6 +20,7 @@
 #include "daemon_libvirt.h"
 #include "daemon_log.h"
 #include "formats_harvest.h"
+#include "log_rotation.h"
 
 #ifndef HVTRACE_VERSION
 #define HVTRACE_VERSION "unknown"
@@ -69,6 +70,11 @@ json ConfigJson(const Config& c) {
           {"socket_group", c.socket_group},
           {"admin_group", c.admin_group},
           {"capture_retention", c.capture_retention},
+          {"capture_bytes_per_vm", c.capture_bytes_per_vm},
+          {"capture_bytes_total", c.capture_bytes_total},
+          {"capture_free_reserve", c.capture_free_reserve},
+          {"console_log_size", c.console_log_size},
+          {"console_log_files", c.console_log_files},
           {"panic_policy", PanicPolicyName(c.panic_policy)},
           {"accel", c.accel},
           {"vm_on_shutdown", VmOnShutdownName(c.vm_on_shutdown)},
@@ -90,6 +96,7 @@ Daemon::Daemon(Config config)
       pool_(static_cast<size_t>(config_.worker_threads)),
       signals_(io_),
       stop_timer_(io_),
+      console_timer_(io_),
       state_(config_.state_dir),
       started_(HostTime::Now()) {
   // The same cache the CLI harvests into (formats_cache.h ResolveCacheRoot).
@@ -98,13 +105,17 @@ Daemon::Daemon(Config config)
   formats_ = std::make_shared<FormatsService>(root.ok() ? *root : std::filesystem::path(),
                                               pool_.get_executor(), Log,
                                               ResolveHarvestInitrd(config_.harvest_initrd));
-  captures_ =
-      std::make_shared<CaptureService>(formats_, static_cast<size_t>(config_.worker_threads));
+  budget_ = std::make_shared<CaptureBudget>(
+      DiskLimits{config_.capture_bytes_per_vm, config_.capture_bytes_total,
+                 config_.capture_free_reserve},
+      state_.root() / "vms");
+  captures_ = std::make_shared<CaptureService>(
+      formats_, static_cast<size_t>(config_.worker_threads), CaptureFaults{}, budget_);
 }
 
 void Daemon::SetCaptureFaults(CaptureFaults faults) {
   captures_ = std::make_shared<CaptureService>(
-      formats_, static_cast<size_t>(config_.worker_threads), std::move(faults));
+      formats_, static_cast<size_t>(config_.worker_threads), std::move(faults), budget_);
 }
 
 Daemon::~Daemon() {
@@ -176,6 +187,8 @@ Status Daemon::Start() {
       if (Status s = libvirt_->Start(known); !s.ok()) Log("warning: libvirt: " + s.error().message);
     }
   });
+
+  ScheduleConsoleRotation();
 
   signals_.add(SIGTERM);
   signals_.add(SIGINT);
@@ -254,8 +267,30 @@ void Daemon::RecoverCaptures(const std::vector<std::string>& names, std::functio
       }
       for (const std::string& why : recovery->removed)
         Log("VM " + name + ": incomplete capture " + why);
+      for (const std::string& why : recovery->kept) Log("VM " + name + ": kept capture " + why);
     }
     asio::post(io_, then);
+  });
+}
+
+void Daemon::ScheduleConsoleRotation() {
+  console_timer_.expires_after(std::chrono::seconds(1));
+  console_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopping_) return;
+    // File work belongs on the pool; the next round starts when this one is done.
+    asio::post(pool_, [this] {
+      if (auto names = state_.ListVmNames(); names.ok()) {
+        for (const std::string& name : *names) {
+          const std::filesystem::path log = state_.VmDir(name) / "console.log";
+          Result<bool> rotated =
+              RotateLogIfLarger(log, config_.console_log_size, config_.console_log_files);
+          if (!rotated.ok() && console_errors_logged_.insert(name).second) {
+            Log("warning: VM " + name + ": console log: " + rotated.error().message);
+          }
+        }
+      }
+      asio::post(io_, [this] { ScheduleConsoleRotation(); });
+    });
   });
 }
 
@@ -283,6 +318,7 @@ void Daemon::DoShutdown(const std::string& reason) {
   NotifySystemd("STOPPING=1");
   boost::system::error_code ignored;
   signals_.cancel(ignored);
+  console_timer_.cancel();
   // Streams see |stopping_| at their next look (kStreamPollInterval) and end
   // with the reason; their clients get that before the connections close.
   DrainStreams(std::chrono::steady_clock::now() + std::chrono::seconds(1));

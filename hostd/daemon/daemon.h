@@ -139,6 +139,8 @@ class Daemon {
   // |then| on the I/O thread.
   void RecoverCaptures(const std::vector<std::string>& names, std::function<void()> then);
   void DoShutdown(const std::string& reason);
+  // Every second: caps each VM's console.log (console_log_size/_files).
+  void ScheduleConsoleRotation();
   // Waits (until |deadline|) for streams to end, then FinishShutdown.
   void DrainStreams(std::chrono::steady_clock::time_point deadline);
   void FinishShutdown();
@@ -157,9 +159,12 @@ class Daemon {
   boost::asio::thread_pool pool_;
   boost::asio::signal_set signals_;
   boost::asio::steady_timer stop_timer_;
+  boost::asio::steady_timer console_timer_;
+  std::set<std::string> console_errors_logged_;  // Pool-only (one round at a time).
   StateDir state_;
   std::shared_ptr<FormatsService> formats_;  // The formats cache every VM decodes with.
   std::shared_ptr<CaptureService> captures_;
+  std::shared_ptr<CaptureBudget> budget_;  // Byte budgets and reserve (capture_budget.h).
   SupervisorRegistry registry_;
   std::unique_ptr<ControlServer> server_;
   AccessPolicy access_;  // Who may do what (access.h), set by Start.

@@ -244,6 +244,8 @@ void VmSupervisor::DoCapture(const std::string& trigger, const HostTime& trigger
     if (!outcome->deduplicated) ++captures_taken_;
     last_capture_ = summary;  // `status` names the capture that holds it.
     if (!outcome->retention_error.empty()) last_error_ = "retention: " + outcome->retention_error;
+    if (!outcome->incomplete.empty())
+      last_error_ = "capture " + outcome->id + " is incomplete: " + outcome->incomplete;
   }
   finish(summary);
 }

@@ -150,11 +150,14 @@ void AddConsole(const VmConfig& config, std::vector<std::string>& a) {
   if (!config.console_socket.empty()) {
     std::string chardev =
         "socket,id=hvt_con,path=" + OptValue(config.console_socket) + ",server=on,wait=off";
-    if (!config.console_log.empty()) chardev += ",logfile=" + OptValue(config.console_log);
+    // Appending, so hvtraced's rotation (log_rotation.h) can truncate it.
+    if (!config.console_log.empty())
+      chardev += ",logfile=" + OptValue(config.console_log) + ",logappend=on";
     a.insert(a.end(), {"-chardev", chardev, "-serial", "chardev:hvt_con"});
   } else if (!config.console_log.empty()) {
-    a.insert(a.end(), {"-chardev", "file,id=hvt_con,path=" + OptValue(config.console_log),
-                       "-serial", "chardev:hvt_con"});
+    a.insert(a.end(),
+             {"-chardev", "file,id=hvt_con,path=" + OptValue(config.console_log) + ",append=on",
+              "-serial", "chardev:hvt_con"});
   } else {
     a.insert(a.end(), {"-serial", "null"});
   }

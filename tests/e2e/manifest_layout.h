@@ -32,8 +32,12 @@ inline void ExpectBootRangeManifestLayout(const nlohmann::json& m,
       << m["region"].dump(2);
   EXPECT_EQ(KeysOf(m["extra"]),
             (std::set<std::string>{"transport", "consistency", "timing_ms", "formats", "boots",
-                                   "trace_clock", "pipeline_ms"}))
+                                   "trace_clock", "pipeline_ms", "disk"}))
       << m["extra"].dump(2);
+  EXPECT_EQ(KeysOf(m["extra"]["disk"]),
+            (std::set<std::string>{"need_bytes", "free_bytes_before", "free_bytes_after_evicting",
+                                   "reserve_met", "evicted"}))
+      << m["extra"]["disk"].dump(2);
   EXPECT_EQ(m["extra"]["transport"]["kind"], transport_kind);
   EXPECT_TRUE(KeysOf(m["extra"]["consistency"]).count("vcpus_stopped")) << m["extra"].dump(2);
   for (const char* key : {"copy", "region_write_fsync", "trigger_to_region_durable", "decode",

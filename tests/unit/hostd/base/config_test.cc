@@ -37,6 +37,11 @@ max_connections = 5
 max_requests_per_connection = 2
 cache_dir = /var/cache/hvt
 harvest_initrd = /usr/lib/hvtrace/initrd.img
+capture_bytes_per_vm = 1G
+capture_bytes_total = 0
+capture_free_reserve = 64MiB
+console_log_size = 512k
+console_log_files = 3
 )",
                        "test.conf");
   ASSERT_TRUE(c.ok()) << c.error().message;
@@ -53,6 +58,11 @@ harvest_initrd = /usr/lib/hvtrace/initrd.img
   EXPECT_EQ(c->max_requests_per_connection, 2);
   EXPECT_EQ(c->cache_dir, "/var/cache/hvt");
   EXPECT_EQ(c->harvest_initrd, "/usr/lib/hvtrace/initrd.img");
+  EXPECT_EQ(c->capture_bytes_per_vm, 1ull << 30);
+  EXPECT_EQ(c->capture_bytes_total, 0u);
+  EXPECT_EQ(c->capture_free_reserve, 64ull << 20);
+  EXPECT_EQ(c->console_log_size, 512u << 10);
+  EXPECT_EQ(c->console_log_files, 3);
 }
 
 TEST(ConfigTest, LibvirtUriDefaultsToSystemAndMayBeTurnedOff) {
@@ -97,6 +107,9 @@ INSTANTIATE_TEST_SUITE_P(
                       BadConfig{"capture_retention = 99999999999\n", "not an integer"},
                       BadConfig{"run_dir = /a\nrun_dir = /b\n", ":2: 'run_dir' is set twice"},
                       BadConfig{" = 3\n", "missing key"},
+                      BadConfig{"capture_bytes_total = lots\n", "capture_bytes_total: "},
+                      BadConfig{"console_log_size = 100\n", "at least 4096"},
+                      BadConfig{"console_log_files = 0\n", "outside 1..100"},
                       BadConfig{"vm_on_shutdown = kill\n",
                                 "vm_on_shutdown: 'kill' is not one of keep, stop"}));
 
@@ -122,6 +135,11 @@ TEST(ConfigTest, PackagedConfigParsesToDefaults) {
   EXPECT_EQ(c->capture_retention, d.capture_retention);
   EXPECT_EQ(c->panic_policy, d.panic_policy);
   EXPECT_EQ(c->vm_on_shutdown, d.vm_on_shutdown);
+  EXPECT_EQ(c->capture_bytes_per_vm, d.capture_bytes_per_vm);
+  EXPECT_EQ(c->capture_bytes_total, d.capture_bytes_total);
+  EXPECT_EQ(c->capture_free_reserve, d.capture_free_reserve);
+  EXPECT_EQ(c->console_log_size, d.console_log_size);
+  EXPECT_EQ(c->console_log_files, d.console_log_files);
 }
 
 TEST(ConfigTest, ClientSocketPrecedence) {

@@ -17,18 +17,11 @@ TEST_F(RegionCaptureTest, AttachCaptureThatDiesAfterItsCopyIsRecovered) {
   auto live = LiveRegion::OpenExisting(region_file);
   ASSERT_TRUE(live.ok()) << live.error().message;
   CaptureStore store(dir / "captures");
-  // "Dies": the hook keeps the hidden directory from the unwinding capture
-  // and stops it, as SIGKILL would.
-  const fs::path kept = dir / "kept";
+  // "Dies": the hook stops the capture with an exception once its copy is
+  // durable; the hidden directory survives the unwinding, as it would
+  // survive SIGKILL.
   CaptureFaults faults;
-  faults.after_copies_durable = [&] {
-    for (const auto& e : fs::directory_iterator(store.dir())) {
-      if (e.path().filename().string().starts_with(".tmp-"))
-        fs::copy(e.path(), kept / e.path().filename());
-    }
-    throw std::runtime_error("killed");
-  };
-  fs::create_directories(kept);
+  faults.after_copies_durable = [] { throw std::runtime_error("killed"); };
   CaptureRequest request;
   request.vm = "vm1";
   request.trigger = "panic";
@@ -38,9 +31,11 @@ TEST_F(RegionCaptureTest, AttachCaptureThatDiesAfterItsCopyIsRecovered) {
   request.inputs.transport = {{"kind", "libvirt"}, {"domain", "vm1"}};
   CaptureService dying(nullptr, 1, faults);
   EXPECT_THROW((void)dying.Take(store, request), std::runtime_error);
-  ASSERT_FALSE(fs::is_empty(kept));
-  for (const auto& e : fs::directory_iterator(kept))
-    fs::rename(e.path(), store.dir() / e.path().filename());
+  auto left = store.ListIncomplete();
+  ASSERT_TRUE(left.ok());
+  ASSERT_EQ(left->size(), 1u);
+  EXPECT_TRUE(fs::exists((*left)[0] / "attach-region.bin"));
+  EXPECT_TRUE(fs::exists((*left)[0] / std::string(kRecoveryRecordName)));
 
   auto report = CaptureService(nullptr, 1).Recover(store);
   ASSERT_TRUE(report.ok()) << report.error().message;

@@ -125,10 +125,11 @@ TEST(VmConfigTest, BasicArgv) {
   EXPECT_EQ(ArgAfter(argv, "-device"), "pvpanic");
   EXPECT_EQ(ArgAfter(argv, "-action"), "panic=pause");
   EXPECT_EQ(ArgAfter(argv, "-serial"), "chardev:hvt_con");
-  EXPECT_THAT(AllAfter(argv, "-chardev"),
-              ::testing::ElementsAre(
-                  "socket,id=hvt_con,path=/tmp/t1.con,server=on,wait=off,logfile=/tmp/t1.log",
-                  "socket,id=hvt_qmp,path=/tmp/t1.qmp,server=on,wait=off"));
+  EXPECT_THAT(
+      AllAfter(argv, "-chardev"),
+      ::testing::ElementsAre(
+          "socket,id=hvt_con,path=/tmp/t1.con,server=on,wait=off,logfile=/tmp/t1.log,logappend=on",
+          "socket,id=hvt_qmp,path=/tmp/t1.qmp,server=on,wait=off"));
   EXPECT_EQ(ArgAfter(argv, "-mon"), "chardev=hvt_qmp,mode=control");
   EXPECT_FALSE(plan->boot_range.has_value());
   EXPECT_EQ(std::count(argv.begin(), argv.end(), "-numa"), 0);

@@ -152,6 +152,7 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
   manifest.trigger = request.trigger;
   manifest.triggered = request.triggered;
   manifest.qmp_events = request.events;
+  if (!request.coalesced.empty()) manifest.extra["coalesced"] = request.coalesced;
   {
     BufferLease buffer = AcquireBuffer();
     if (Status s = Build(request, buffer.get(), **pending, manifest); !s.ok()) {

@@ -99,6 +99,8 @@ Daemon::Daemon(Config config)
                                               pool_.get_executor(), Log);
   captures_ =
       std::make_shared<CaptureService>(formats_, static_cast<size_t>(config_.worker_threads));
+  capture_queue_ = std::make_shared<CaptureQueue>(pool_.get_executor(),
+                                                  static_cast<size_t>(config_.worker_threads));
 }
 
 void Daemon::SetCaptureFaults(CaptureFaults faults) {
@@ -118,6 +120,7 @@ SupervisorOptions Daemon::supervisor_options() const {
   SupervisorOptions o;
   o.capture_retention = static_cast<size_t>(config_.capture_retention);
   o.panic_policy = config_.panic_policy;
+  o.queue = capture_queue_;
   return o;
 }
 

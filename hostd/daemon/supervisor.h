@@ -181,9 +181,10 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   uint64_t captures_failed_ = 0;
   std::optional<CaptureSummary> last_capture_;
   std::string last_event_;
-  std::map<std::string, uint64_t> coalesced_;  // Triggers counted into another capture.
-  nlohmann::json capture_queue_ = nlohmann::json::object();  // Pending and running.
-  nlohmann::json backend_info_ = nlohmann::json::object();   // Describe() after Start.
+  std::map<std::string, uint64_t> coalesced_;             // Triggers counted into another capture.
+  nlohmann::json capture_queue_ = {{"in_flight", false},  // What PublishQueueState shows.
+                                   {"pending", nlohmann::json::array()}};
+  nlohmann::json backend_info_ = nlohmann::json::object();  // Describe() after Start.
 };
 
 // All supervisors by name. Thread-safe.

@@ -15,6 +15,10 @@
 //   Last, A panics for real (sysrq c): its panic capture is complete (the
 //   whole range, every marker written before it, vCPUs stopped) and kept.
 //
+//   A guest that resets itself in a loop (sysrq b from a script its initrd
+//   runs at every boot, until a deadline): at most one reset capture per
+//   guest interval, every reset counted, and its panic afterwards captured.
+//
 // Depends on: retention keeps A's panic because the flood leaves only a few
 // crashloaded captures (coalescing); that panics are never evicted by
 // cheaper triggers at all is the retention rule of issue 11's item 7.
@@ -24,6 +28,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -55,12 +61,14 @@ struct Guest {
   std::unique_ptr<hostd::GuestConsole> console;
 };
 
-Result<Guest> Boot(HvtracedProcess& daemon, const std::string& name) {
+Result<Guest> Boot(HvtracedProcess& daemon, const std::string& name, const std::string& initrd = "",
+                   const std::string& append = "") {
   auto image = FindGuestImage("6.12");
   if (!image.ok()) return image.error();
   auto booted = daemon.Call("boot", {{"name", name},
                                      {"kernel", image->kernel},
-                                     {"initrd", image->initrd},
+                                     {"initrd", initrd.empty() ? image->initrd : initrd},
+                                     {"append", append},
                                      {"accel", "tcg"},
                                      {"trace_size_mib", 16}});
   if (!booted.ok()) return Error{booted.error().message + "\n--- hvtraced ---\n" + daemon.log()};
@@ -250,6 +258,83 @@ TEST_F(CaptureFloodE2e, CrashloadedLoopIsCoalescedAndNeitherItsPanicNorAnotherVm
       b_quiet_ms, b_flood_ms);
   std::printf("[flood] hvtraced VmRSS: %.1f MiB before the flood, peak %.1f MiB, %.1f MiB after\n",
               rss_before / 1024.0, rss_peak / 1024.0, rss_after / 1024.0);
+}
+
+// The test image's initrd plus /reset-loop.sh (an initramfs may be several
+// cpio archives back to back): at every boot the script marks the boot and
+// resets the guest (sysrq b) until the host's |deadline| (the guest's clock
+// is the host's RTC), then prints RESET-LOOP-DONE.
+Result<std::string> ResetLoopInitrd(const std::string& dir, time_t deadline) {
+  auto image = FindGuestImage("6.12");
+  if (!image.ok()) return image.error();
+  const std::string stage = dir + "/reset-loop-stage";
+  fs::create_directories(stage);
+  std::ofstream(stage + "/reset-loop.sh")
+      << "echo reset-loop-boot > " << kMarker << "\n"
+      << "if [ $(date +%s) -lt " << deadline << " ]; then echo b > /proc/sysrq-trigger; fi\n"
+      << "echo RESET-LOOP-DONE\n";
+  const std::string initrd = dir + "/reset-loop-initrd.img";
+  const std::string cmd = "cd " + stage + " && echo reset-loop.sh | cpio -o -H newc --quiet > " +
+                          dir + "/extra.cpio && cat " + image->initrd + " " + dir +
+                          "/extra.cpio > " + initrd;
+  if (std::system(cmd.c_str()) != 0) return Error{"cannot build " + initrd + ": " + cmd};
+  return initrd;
+}
+
+TEST_F(CaptureFloodE2e, ResetLoopIsCoalescedAndItsPanicIsCaptured) {
+  HvtracedProcess daemon({.tag = "reset", .reap_orphans = true});
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  const std::string name = "reset-" + std::to_string(::getpid());
+  constexpr int kLoopSeconds = 45;
+  const time_t deadline = std::time(nullptr) + kLoopSeconds;
+  auto initrd = ResetLoopInitrd(daemon.dir(), deadline);
+  ASSERT_TRUE(initrd.ok()) << initrd.error().message;
+  const auto start = std::chrono::steady_clock::now();
+  auto g = Boot(daemon, name, *initrd, "hvtrace.run=/reset-loop.sh");
+  ASSERT_TRUE(g.ok()) << g.error().message;
+  auto done =
+      g->console->WaitForLine("RESET-LOOP-DONE", std::chrono::seconds(kLoopSeconds) + kBootTimeout);
+  ASSERT_TRUE(done.ok()) << done.error().message << "\n" << daemon.LogTail();
+  const double loop_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(g->console->Send("\n").ok());
+  ASSERT_TRUE(
+      g->console->Run("echo after-the-loop > " + std::string(kMarker), kCommandTimeout).ok())
+      << g->console->Tail();
+  ASSERT_TRUE(g->console->Send("echo c > /proc/sysrq-trigger\n").ok());
+  auto panic = WaitForPanics(daemon, name, 1, 120s);
+  ASSERT_TRUE(panic.ok()) << panic.error().message << "\n" << daemon.LogTail();
+
+  const std::vector<json> resets = CapturesOf(daemon, name, "reset");
+  auto status = daemon.Call("status", {{"name", name}});
+  ASSERT_TRUE(status.ok());
+  const json seen_by_status = (*status)["captures_coalesced"];
+  const uint64_t coalesced = seen_by_status.value("reset", uint64_t{0});
+  // Boots, from the console log: all but the last one reset.
+  auto log = ReadWhole(daemon.vm_dir(name) + "/console.log");
+  uint64_t boots = 0;
+  for (size_t at = log.find("HVTRACE-GUEST-READY"); at != std::string::npos;
+       at = log.find("HVTRACE-GUEST-READY", at + 1))
+    ++boots;
+  const json m = Manifest(daemon, name, *panic);
+  EXPECT_EQ(m["trigger"], "panic");
+  const std::string region = ReadWhole(daemon.captures_dir(name) + "/" +
+                                       (*panic)["id"].get<std::string>() + "/region.bin");
+  EXPECT_NE(region.find("after-the-loop"), std::string::npos);
+  EXPECT_GE(resets.size(), 1u);
+  EXPECT_LE(resets.size(), static_cast<size_t>(loop_s / kGuestIntervalSeconds) + 2);
+  // Every RESET QEMU reported (the panic's manifest lists the VM's events;
+  // a guest reboot may reset more than once) is a capture or counted.
+  uint64_t reset_events = 0;
+  for (const json& e : m["qmp_events"]) reset_events += e["event"] == "RESET";
+  EXPECT_GE(reset_events, boots - 1);
+  EXPECT_EQ(resets.size() + coalesced, reset_events) << status->dump(2);
+  std::printf(
+      "[flood] reset loop: %llu boots, %llu QMP RESET events in %.1f s -> %zu reset captures, "
+      "%llu resets coalesced; then its panic on disk %.1f ms after the trigger\n",
+      static_cast<unsigned long long>(boots), static_cast<unsigned long long>(reset_events), loop_s,
+      resets.size(), static_cast<unsigned long long>(coalesced),
+      TriggerToDisk(daemon, name, (*panic)["id"]));
 }
 
 }  // namespace

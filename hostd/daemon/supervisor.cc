@@ -227,22 +227,25 @@ void VmSupervisor::Schedule(std::string trigger, HostTime triggered, CaptureDone
   if (!slot) {
     slot = std::move(incoming);
   } else {
-    PendingCapture& into = *slot;
-    if (Rank(incoming.trigger) > Rank(into.trigger)) {
-      std::swap(into.trigger, incoming.trigger);
-      std::swap(into.triggered, incoming.triggered);
-    }
-    ++into.coalesced[incoming.trigger];
-    for (auto& [t, n] : incoming.coalesced) into.coalesced[t] += n;
-    for (auto& d : incoming.done) into.done.push_back(std::move(d));
-    for (auto& a : incoming.after) into.after.push_back(std::move(a));
-    std::lock_guard lock(mu_);
-    ++coalesced_[incoming.trigger];
+    Fold(*slot, std::move(incoming));
   }
   // A panic waiting behind this VM's guest-lane capture: that one goes
   // ahead of other VMs' guest captures now, so the panic is next.
   if (urgent_ && in_guest_lane_) options_.queue->Promote(*in_guest_lane_);
   Pump();
+}
+
+void VmSupervisor::Fold(PendingCapture& into, PendingCapture from) {
+  if (Rank(from.trigger) > Rank(into.trigger)) {
+    std::swap(into.trigger, from.trigger);
+    std::swap(into.triggered, from.triggered);
+  }
+  ++into.coalesced[from.trigger];
+  for (auto& [t, n] : from.coalesced) into.coalesced[t] += n;
+  for (auto& d : from.done) into.done.push_back(std::move(d));
+  for (auto& a : from.after) into.after.push_back(std::move(a));
+  std::lock_guard lock(mu_);
+  ++coalesced_[from.trigger];
 }
 
 void VmSupervisor::Pump() {
@@ -252,12 +255,7 @@ void VmSupervisor::Pump() {
       urgent_.reset();
       if (guest_) {
         // The urgent capture copies the newer state: it holds the guest's.
-        ++p.coalesced[guest_->trigger];
-        for (auto& [t, n] : guest_->coalesced) p.coalesced[t] += n;
-        for (auto& d : guest_->done) p.done.push_back(std::move(d));
-        for (auto& a : guest_->after) p.after.push_back(std::move(a));
-        std::lock_guard lock(mu_);
-        ++coalesced_[guest_->trigger];
+        Fold(p, std::move(*guest_));
         guest_.reset();
       }
       Dispatch(std::move(p), CaptureQueue::Lane::kUrgent);

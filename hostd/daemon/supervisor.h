@@ -140,6 +140,9 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   // the capture that holds this trigger ended, whatever its result.
   void Schedule(std::string trigger, HostTime triggered, CaptureDone done,
                 std::function<void()> after = {});
+  // Strand: counts |from| into |into|, which takes the more important
+  // trigger's name and time (a panic stays a panic).
+  void Fold(PendingCapture& into, PendingCapture from);
   // Strand: starts the next capture when none is in flight and one may start.
   void Pump();
   // Strand: prepares |p| and hands it to the queue.

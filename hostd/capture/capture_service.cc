@@ -163,6 +163,7 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
   manifest.qmp_events = request.events;
   manifest.extra["disk"] = admitted->ToJson();
   std::string incomplete;
+  if (!request.coalesced.empty()) manifest.extra["coalesced"] = request.coalesced;
   {
     BufferLease buffer = AcquireBuffer();
     if (Status s = Build(request, buffer.get(), **pending, manifest); !s.ok()) {

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -81,6 +82,10 @@ struct CaptureRequest {
   // A panic found by a restarted daemon whose region is byte-identical to the
   // newest panic capture's is that capture: nothing new is committed.
   bool dedupe_same_panic = false;
+  // Further triggers this capture stands for, by trigger ({"crashloaded":
+  // 57}): the VM's supervisor coalesced them instead of capturing each
+  // (supervisor.h). Kept as manifest extra.coalesced.
+  std::map<std::string, uint64_t> coalesced;
 };
 
 struct CaptureOutcome {

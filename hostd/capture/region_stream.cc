@@ -108,6 +108,7 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
                           std::to_string(s->guest.boot_generation) + " (boot id " +
                           s->guest.boot_id + ")");
     }
+    if (s->guest.boot_generation != generation_) previous_generation_ = generation_;
     generation_ = s->guest.boot_generation;
     trace_clock_ = s->guest.trace_clock;
   }
@@ -229,6 +230,13 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
     }
     if (DecoderFor(*s, h.generation, &out) == nullptr) continue;
     Emit(h, &out);
+  }
+  // Decoders of older generations go; an event of one still held gets a new
+  // decoder when it is printed.
+  if (decoders_.size() > kDecoderGenerationsKept) {
+    std::erase_if(decoders_, [&](const auto& entry) {
+      return entry.first != generation_ && entry.first != previous_generation_;
+    });
   }
   return out;
 }

@@ -18,6 +18,13 @@
 // program registers a new direct-write event) and is told about task names
 // whenever the guest's list changes.
 //
+// Memory. The guest chooses its boot generation and may raise it on every
+// look: a streamer keeps decoders for the current generation and the one
+// before it only (kDecoderGenerationsKept; an event of an older generation
+// gets a decoder built for it and dropped after the snapshot), and its text
+// cache keeps two generations' texts, within the process-wide limit
+// (hvtrace/region_text.h, kTextGenerationsKept, kMaxTextHeld).
+//
 // Trace CPUs are numbered as in captures (region_capture.h): the guest's
 // CPUs, then one per direct-write ring.
 //
@@ -65,7 +72,12 @@ class RegionStreamer {
   // (the VM is gone, or the stream ends).
   Output Feed(RegionSnapshot* snapshot, std::chrono::steady_clock::time_point now, bool flush);
 
+  static constexpr size_t kDecoderGenerationsKept = 2;
+
   uint64_t events_out() const { return events_out_; }
+  // What the streamer keeps across snapshots (bounded; see Memory above).
+  size_t decoders_kept() const { return decoders_.size(); }
+  const RegionTextCache& texts() const { return texts_; }
   uint64_t pages_missed() const { return pages_missed_; }
 
  private:
@@ -95,6 +107,7 @@ class RegionStreamer {
   RegionTracker tracker_;
   bool first_ = true;
   uint64_t generation_ = 0;
+  uint64_t previous_generation_ = 0;  // The guest's generation before |generation_|.
   std::vector<Held> held_;
   std::map<uint32_t, GenerationDecoder> decoders_;
   RegionTextCache texts_;

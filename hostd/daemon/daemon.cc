@@ -111,6 +111,8 @@ Daemon::Daemon(Config config)
       state_.root() / "vms");
   captures_ = std::make_shared<CaptureService>(
       formats_, static_cast<size_t>(config_.worker_threads), CaptureFaults{}, budget_);
+  capture_queue_ = std::make_shared<CaptureQueue>(pool_.get_executor(),
+                                                  static_cast<size_t>(config_.worker_threads));
 }
 
 void Daemon::SetCaptureFaults(CaptureFaults faults) {
@@ -130,6 +132,7 @@ SupervisorOptions Daemon::supervisor_options() const {
   SupervisorOptions o;
   o.capture_retention = static_cast<size_t>(config_.capture_retention);
   o.panic_policy = config_.panic_policy;
+  o.queue = capture_queue_;
   return o;
 }
 

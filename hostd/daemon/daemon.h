@@ -165,6 +165,7 @@ class Daemon {
   std::shared_ptr<FormatsService> formats_;  // The formats cache every VM decodes with.
   std::shared_ptr<CaptureService> captures_;
   std::shared_ptr<CaptureBudget> budget_;  // Byte budgets and reserve (capture_budget.h).
+  std::shared_ptr<CaptureQueue> capture_queue_;  // Every VM's captures, panics first.
   SupervisorRegistry registry_;
   std::unique_ptr<ControlServer> server_;
   AccessPolicy access_;  // Who may do what (access.h), set by Start.

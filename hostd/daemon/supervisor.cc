@@ -41,8 +41,11 @@ VmSupervisor::VmSupervisor(std::string name, std::unique_ptr<VmBackend> backend,
       strand_(asio::make_strand(pool)),
       store_(std::move(store)),
       captures_(std::move(captures)),
-      options_(options),
-      state_(backend_ ? VmState::kStarting : VmState::kOffline) {}
+      options_(std::move(options)),
+      interval_timer_(strand_),
+      state_(backend_ ? VmState::kStarting : VmState::kOffline) {
+  if (!options_.queue) options_.queue = std::make_shared<CaptureQueue>(pool, 2);
+}
 
 VmSupervisor::~VmSupervisor() = default;
 
@@ -71,21 +74,24 @@ void VmSupervisor::Start() {
 }
 
 void VmSupervisor::Stop(std::function<void()> then) {
-  Post([this, then = std::move(then)] {
-    // |then| runs even if Stop throws: the caller's reply must not get lost.
-    struct Finally {
-      const std::function<void()>& fn;
-      ~Finally() {
-        if (fn) fn();
-      }
-    } finally{then};
-    if (backend_) backend_->Stop();
+  // After the captures already triggered, as when they ran on the strand.
+  Post([this, then = std::move(then)]() mutable {
+    WhenIdle([this, then = std::move(then)] {
+      // |then| runs even if Stop throws: the caller's reply must not get lost.
+      struct Finally {
+        const std::function<void()>& fn;
+        ~Finally() {
+          if (fn) fn();
+        }
+      } finally{then};
+      if (backend_) backend_->Stop();
+    });
   });
 }
 
 void VmSupervisor::Release() {
   if (!backend_) return;
-  Post([this] { backend_->Release(); });
+  Post([this] { WhenIdle([this] { backend_->Release(); }); });
 }
 
 void VmSupervisor::OnVmEvent(VmEvent event) {
@@ -100,7 +106,7 @@ void VmSupervisor::OnVmGone(std::string reason) {
       last_error_ = "VM gone: " + reason;
     }
     events_.push_back(RecordedEvent{"HVTRACE_VM_GONE", when, json{{"reason", reason}}});
-    if (!captured_since_run_) DoCapture("qemu-gone", when, nullptr);
+    if (!captured_since_run_) Schedule("qemu-gone", when, nullptr);
     SetState(VmState::kGone);
   });
 }
@@ -146,27 +152,29 @@ void VmSupervisor::HandleEvent(const VmEvent& event) {
     if (!info.is_null()) backend_info_ = std::move(info);
   }
   const std::string& name = event.name;
+  // The panic policy lets the guest go only once its capture ended.
+  auto apply_policy = [this] {
+    if (backend_) backend_->ApplyPanicPolicy(options_.panic_policy);
+  };
   if (name == "GUEST_PANICKED") {
     SetState(VmState::kPanicked);
-    DoCapture("panic", event.time, nullptr);
-    if (backend_) backend_->ApplyPanicPolicy(options_.panic_policy);
+    Schedule("panic", event.time, nullptr, apply_policy);
   } else if (name == "HVTRACE_FOUND_PANICKED") {
     // Panicked while nobody watched: still captured, once per watch.
     SetState(VmState::kPanicked);
-    DoCapture("panic-while-away", event.time, nullptr);
-    if (backend_) backend_->ApplyPanicPolicy(options_.panic_policy);
+    Schedule("panic-while-away", event.time, nullptr, apply_policy);
   } else if (name == "HVTRACE_FOUND_PAUSED") {
     SetState(VmState::kPaused);
-    DoCapture("paused-while-away", event.time, nullptr);
+    Schedule("paused-while-away", event.time, nullptr);
   } else if (name == "GUEST_CRASHLOADED") {
     // The VM keeps running into its kdump kernel: the copy races the guest.
-    DoCapture("crashloaded", event.time, nullptr);
+    Schedule("crashloaded", event.time, nullptr);
   } else if (name == "RESET") {
-    if (!captured_since_run_) DoCapture("reset", event.time, nullptr);
+    if (!captured_since_run_) Schedule("reset", event.time, nullptr);
     captured_since_run_ = false;  // A new boot starts.
     SetState(VmState::kRunning);
   } else if (name == "SHUTDOWN") {
-    if (!captured_since_run_) DoCapture("shutdown", event.time, nullptr);
+    if (!captured_since_run_) Schedule("shutdown", event.time, nullptr);
     SetState(VmState::kStopped);
   } else if (name == "STOP") {
     if (state() != VmState::kPanicked) SetState(VmState::kPaused);
@@ -178,8 +186,8 @@ void VmSupervisor::HandleEvent(const VmEvent& event) {
 
 void VmSupervisor::RequestCapture(std::string trigger, CaptureDone done) {
   HostTime when = HostTime::Now();
-  Post([this, trigger = std::move(trigger), when, done = std::move(done)] {
-    DoCapture(trigger, when, done);
+  Post([this, trigger = std::move(trigger), when, done = std::move(done)]() mutable {
+    Schedule(std::move(trigger), when, std::move(done));
   });
 }
 
@@ -193,61 +201,183 @@ bool VcpusStopped(const std::string& trigger) {
          trigger == "qemu-gone" || trigger == "shutdown";
 }
 
+// What a running guest triggers by itself, as often as it likes.
+bool GuestTriggered(const std::string& trigger) {
+  return trigger == "crashloaded" || trigger == "reset";
+}
+
+// Which name a capture that stands for several triggers takes: the panic's,
+// so retention and `status` still see a panic however many cheaper triggers
+// were folded into it.
+int Rank(const std::string& trigger) {
+  if (trigger == "panic" || trigger == "panic-while-away") return 3;
+  if (VcpusStopped(trigger)) return 2;
+  return GuestTriggered(trigger) ? 0 : 1;
+}
+
 }  // namespace
 
-void VmSupervisor::DoCapture(const std::string& trigger, const HostTime& triggered,
-                             const CaptureDone& done) {
-  auto finish = [&](Result<CaptureSummary> result) {
-    if (!result.ok()) {
-      std::lock_guard lock(mu_);
-      ++captures_failed_;
-      last_error_ = "capture '" + trigger + "' failed: " + result.error().message;
+void VmSupervisor::Schedule(std::string trigger, HostTime triggered, CaptureDone done,
+                            std::function<void()> after) {
+  PendingCapture incoming{std::move(trigger), triggered, {}, {}, {}};
+  if (done) incoming.done.push_back(std::move(done));
+  if (after) incoming.after.push_back(std::move(after));
+  captured_since_run_ = true;
+  std::optional<PendingCapture>& slot = GuestTriggered(incoming.trigger) ? guest_ : urgent_;
+  if (!slot) {
+    slot = std::move(incoming);
+  } else {
+    Fold(*slot, std::move(incoming));
+  }
+  // A panic waiting behind this VM's guest-lane capture: that one goes
+  // ahead of other VMs' guest captures now, so the panic is next.
+  if (urgent_ && in_guest_lane_) options_.queue->Promote(*in_guest_lane_);
+  Pump();
+}
+
+void VmSupervisor::Fold(PendingCapture& into, PendingCapture from) {
+  if (Rank(from.trigger) > Rank(into.trigger)) {
+    std::swap(into.trigger, from.trigger);
+    std::swap(into.triggered, from.triggered);
+  }
+  ++into.coalesced[from.trigger];
+  for (auto& [t, n] : from.coalesced) into.coalesced[t] += n;
+  for (auto& d : from.done) into.done.push_back(std::move(d));
+  for (auto& a : from.after) into.after.push_back(std::move(a));
+  std::lock_guard lock(mu_);
+  ++coalesced_[from.trigger];
+}
+
+void VmSupervisor::Pump() {
+  if (!in_flight_) {
+    if (urgent_) {
+      PendingCapture p = std::move(*urgent_);
+      urgent_.reset();
+      if (guest_) {
+        // The urgent capture copies the newer state: it holds the guest's.
+        Fold(p, std::move(*guest_));
+        guest_.reset();
+      }
+      Dispatch(std::move(p), CaptureQueue::Lane::kUrgent);
+    } else if (guest_) {
+      const auto now = std::chrono::steady_clock::now();
+      const auto next = last_start_ + options_.guest_capture_interval;
+      if (flush_ || last_start_ == std::chrono::steady_clock::time_point{} || now >= next) {
+        PendingCapture p = std::move(*guest_);
+        guest_.reset();
+        Dispatch(std::move(p), CaptureQueue::Lane::kGuest);
+      } else {
+        interval_timer_.expires_at(next);
+        interval_timer_.async_wait(
+            [self = shared_from_this()](const boost::system::error_code& ec) {
+              if (!ec) self->Post([s = self.get()] { s->Pump(); });
+            });
+      }
     }
-    if (done) done(std::move(result));
-  };
+  }
+  if (!in_flight_ && !urgent_ && !guest_) {
+    flush_ = false;
+    std::vector<std::function<void()>> idle;
+    idle.swap(when_idle_);
+    for (auto& fn : idle) fn();
+  }
+  PublishQueueState();
+}
+
+void VmSupervisor::WhenIdle(std::function<void()> fn) {
+  when_idle_.push_back(std::move(fn));
+  flush_ = true;
+  interval_timer_.cancel();
+  Pump();
+}
+
+void VmSupervisor::Dispatch(PendingCapture p, CaptureQueue::Lane lane) {
+  in_flight_ = true;
+  last_start_ = std::chrono::steady_clock::now();
   if (!backend_) {
-    finish(Error{"VM '" + name_ + "' has no backend to capture from"});
+    Complete(std::move(p), Error{"VM '" + name_ + "' has no backend to capture from"});
     return;
   }
   CaptureRequest request;
   request.vm = name_;
-  request.trigger = trigger;
-  request.triggered = triggered;
+  request.trigger = p.trigger;
+  request.triggered = p.triggered;
   request.events.assign(events_.begin(), events_.end());
   request.retention = options_.capture_retention;
-  request.dedupe_same_panic = trigger == "panic-while-away";
+  request.dedupe_same_panic = p.trigger == "panic-while-away";
+  if (!p.coalesced.empty()) request.coalesced = p.coalesced;
   try {
     Result<CaptureInputs> inputs = backend_->PrepareCapture();
     if (!inputs.ok()) {
-      finish(inputs.error());
+      Complete(std::move(p), inputs.error());
       return;
     }
     request.inputs = std::move(*inputs);
   } catch (const std::exception& e) {
-    finish(Error{std::string("backend threw: ") + e.what()});
+    Complete(std::move(p), Error{std::string("backend threw: ") + e.what()});
     return;
   }
-  request.inputs.vcpus_stopped = VcpusStopped(trigger);
-  Result<CaptureOutcome> outcome = captures_->Take(store_, request);
+  request.inputs.vcpus_stopped = VcpusStopped(p.trigger);
+  auto job = [self = shared_from_this(), request = std::move(request),
+              p = std::make_shared<PendingCapture>(std::move(p))]() mutable {
+    Result<CaptureOutcome> outcome = Error{"capture did not run"};
+    try {
+      outcome = self->captures_->Take(self->store_, request);
+    } catch (const std::exception& e) {
+      outcome = Error{"VM " + self->name_ + ", capture '" + request.trigger + "': " + e.what()};
+    }
+    self->Post([s = self.get(), p, outcome = std::move(outcome)]() mutable {
+      s->Complete(std::move(*p), std::move(outcome));
+    });
+  };
+  const CaptureQueue::Ticket ticket = options_.queue->Submit(lane, std::move(job));
+  if (lane == CaptureQueue::Lane::kGuest) in_guest_lane_ = ticket;
+  PublishQueueState();
+}
+
+void VmSupervisor::Complete(PendingCapture p, Result<CaptureOutcome> outcome) {
+  in_flight_ = false;
+  in_guest_lane_.reset();
+  Result<CaptureSummary> result = Error{""};
   if (!outcome.ok()) {
-    finish(outcome.error());
-    return;
-  }
-  captured_since_run_ = true;
-  CaptureSummary summary{outcome->id, outcome->trigger, outcome->trigger_to_disk_ms};
-  if (outcome->deduplicated) {
-    Log("VM " + name_ + ": found panicked, in the panic capture " + outcome->id +
-        " holds (its region.bin is byte-identical): no second capture");
-  }
-  {
+    std::lock_guard lock(mu_);
+    ++captures_failed_;
+    last_error_ = "capture '" + p.trigger + "' failed: " + outcome.error().message;
+    result = outcome.error();
+    captured_since_run_ = false;  // Nothing holds this run yet.
+  } else {
+    CaptureSummary summary{outcome->id, outcome->trigger, outcome->trigger_to_disk_ms};
+    if (outcome->deduplicated) {
+      Log("VM " + name_ + ": found panicked, in the panic capture " + outcome->id +
+          " holds (its region.bin is byte-identical): no second capture");
+    }
+    if (!p.coalesced.empty()) {
+      std::string counts;
+      for (const auto& [t, n] : p.coalesced)
+        counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " " + t;
+      Log("VM " + name_ + ": capture " + outcome->id + " (" + p.trigger + ") also stands for " +
+          counts + " trigger(s) coalesced into it");
+    }
     std::lock_guard lock(mu_);
     if (!outcome->deduplicated) ++captures_taken_;
     last_capture_ = summary;  // `status` names the capture that holds it.
     if (!outcome->retention_error.empty()) last_error_ = "retention: " + outcome->retention_error;
     if (!outcome->incomplete.empty())
       last_error_ = "capture " + outcome->id + " is incomplete: " + outcome->incomplete;
+    result = summary;
   }
-  finish(summary);
+  for (const CaptureDone& done : p.done) done(result);
+  for (const auto& after : p.after) after();
+  Pump();
+}
+
+void VmSupervisor::PublishQueueState() {
+  json pending = json::array();
+  for (const auto* p : {&urgent_, &guest_}) {
+    if (*p) pending.push_back({{"trigger", (*p)->trigger}, {"coalesced", (*p)->coalesced}});
+  }
+  std::lock_guard lock(mu_);
+  capture_queue_ = {{"in_flight", in_flight_}, {"pending", std::move(pending)}};
 }
 
 json VmSupervisor::StatusJson() const {
@@ -258,6 +388,8 @@ json VmSupervisor::StatusJson() const {
                  {"events_seen", events_seen_},
                  {"captures_taken", captures_taken_},
                  {"captures_failed", captures_failed_},
+                 {"captures_coalesced", coalesced_},
+                 {"capture_queue", capture_queue_},
                  {"captures_dir", store_.dir().string()},
                  {"backend", backend_info_}};
   if (backend_) {

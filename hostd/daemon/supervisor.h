@@ -17,10 +17,25 @@
 //   its watch began) → "panic-while-away" (unless the region is
 //   byte-identical to the newest panic capture's: the same panic, which an
 //   earlier run captured), HVTRACE_FOUND_PAUSED → "paused-while-away".
+//
+// Floods. A guest can trigger "crashloaded" and "reset" as often as it likes
+// without stopping, so captures are scheduled, not run per event: each VM
+// has at most one capture in flight and at most one pending per class
+// (urgent: panics, a VM found stopped or gone, an operator's `capture`;
+// guest: crashloaded, reset). A trigger that finds one of its class pending
+// is counted into it (manifest extra.coalesced, status captures_coalesced)
+// instead of queued; a guest-class capture starts at most once per
+// |guest_capture_interval| (triggers meanwhile make one capture at its end);
+// a pending urgent capture absorbs a pending guest one and takes the more
+// important trigger's name, so a panic is never dropped or renamed by a
+// flood. The captures themselves run on the shared CaptureQueue
+// (capture_queue.h), where another VM's panic goes ahead of this VM's
+// guest-triggered ones.
 #ifndef HVTRACE_HOSTD_SUPERVISOR_H_
 #define HVTRACE_HOSTD_SUPERVISOR_H_
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <chrono>
 #include <cstdint>
@@ -36,6 +51,7 @@
 #include <string_view>
 #include <vector>
 
+#include "capture_queue.h"
 #include "capture_service.h"
 #include "capture_store.h"
 #include "config.h"
@@ -60,6 +76,12 @@ struct SupervisorOptions {
   size_t capture_retention = 20;
   PanicPolicy panic_policy = PanicPolicy::kPause;
   size_t max_recorded_events = 256;
+  // The least time between the starts of two captures a running guest
+  // triggers itself (crashloaded, reset); see Floods above.
+  std::chrono::milliseconds guest_capture_interval{10000};
+  // Shared by every VM of a daemon; null: the supervisor makes its own
+  // (tests).
+  std::shared_ptr<CaptureQueue> queue;
 };
 
 struct CaptureSummary {
@@ -105,8 +127,32 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   Result<std::vector<CaptureEntry>> ListCaptures() const { return store_.List(); }
 
  private:
+  // A capture waiting to start, with everything folded into it.
+  struct PendingCapture {
+    std::string trigger;
+    HostTime triggered;
+    std::map<std::string, uint64_t> coalesced;  // Further triggers it stands for.
+    std::vector<CaptureDone> done;
+    std::vector<std::function<void()>> after;  // On the strand once it ended.
+  };
   void HandleEvent(const VmEvent& event);
-  void DoCapture(const std::string& trigger, const HostTime& triggered, const CaptureDone& done);
+  // Strand: queues a capture (Floods above); |after| runs on the strand once
+  // the capture that holds this trigger ended, whatever its result.
+  void Schedule(std::string trigger, HostTime triggered, CaptureDone done,
+                std::function<void()> after = {});
+  // Strand: counts |from| into |into|, which takes the more important
+  // trigger's name and time (a panic stays a panic).
+  void Fold(PendingCapture& into, PendingCapture from);
+  // Strand: starts the next capture when none is in flight and one may start.
+  void Pump();
+  // Strand: prepares |p| and hands it to the queue.
+  void Dispatch(PendingCapture p, CaptureQueue::Lane lane);
+  // Strand: |p| ended with |result|.
+  void Complete(PendingCapture p, Result<CaptureOutcome> result);
+  // Strand: runs |fn| once no capture is pending or in flight; pending ones
+  // start at once, without waiting for the guest interval.
+  void WhenIdle(std::function<void()> fn);
+  void PublishQueueState();  // Strand: what `status` shows of the above.
   void SetState(VmState state);
   void Fail(const std::string& reason);
   // Runs |fn| on the strand; any exception marks this VM failed.
@@ -121,7 +167,14 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
 
   // Strand-only state.
   std::deque<RecordedEvent> events_;
-  bool captured_since_run_ = false;
+  bool captured_since_run_ = false;  // Or scheduled.
+  std::optional<PendingCapture> urgent_, guest_;
+  bool in_flight_ = false;
+  std::optional<CaptureQueue::Ticket> in_guest_lane_;  // The in-flight job, still promotable.
+  std::chrono::steady_clock::time_point last_start_{};
+  bool flush_ = false;  // WhenIdle waits: start pending captures now.
+  std::vector<std::function<void()>> when_idle_;
+  boost::asio::steady_timer interval_timer_;
 
   mutable std::mutex mu_;  // Guards the fields below (read by status).
   VmState state_;
@@ -131,6 +184,9 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   uint64_t captures_failed_ = 0;
   std::optional<CaptureSummary> last_capture_;
   std::string last_event_;
+  std::map<std::string, uint64_t> coalesced_;             // Triggers counted into another capture.
+  nlohmann::json capture_queue_ = {{"in_flight", false},  // What PublishQueueState shows.
+                                   {"pending", nlohmann::json::array()}};
   nlohmann::json backend_info_ = nlohmann::json::object();  // Describe() after Start.
 };
 

@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace hvtrace {
@@ -13,6 +14,9 @@ namespace {
 constexpr size_t kMaxSymbolName = 512;  // KSYM_NAME_LEN.
 constexpr size_t kMaxModuleName = 64;   // MODULE_NAME_LEN - 8 + slack.
 constexpr size_t kMaxComm = 64;         // TASK_COMM_LEN is 16; some kernels name more.
+
+// Bytes of text every RegionTextCache of the process holds (kMaxTextHeld).
+std::atomic<uint64_t> g_text_held{0};
 
 bool IsHex(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }
 bool IsNameChar(char c) { return c > 0x20 && c < 0x7f; }
@@ -192,6 +196,17 @@ std::vector<std::string> RegionTextCache::Update(RegionSnapshot* s) {
     }
     k.looked = true;
     k.last = key;
+    // Refused before inflating: the inflate itself allocates the stated size.
+    const uint64_t held = g_text_held.load();
+    if (held + area.raw_size > kMaxTextHeld) {
+      if (kind == TextAreaKind::kSymbols) k.backoff = kSymbolRetryLooks;
+      notes.push_back(std::string(AreaName(kind)) + " of generation " +
+                      std::to_string(area.boot_generation) + ": " + std::to_string(area.raw_size) +
+                      " bytes not kept: guest texts already take " + std::to_string(held >> 20) +
+                      " MiB of this process (limit " + std::to_string(kMaxTextHeld >> 20) +
+                      " MiB); its names are not used");
+      continue;
+    }
     auto text = DecodeTextArea(kind, area);
     if (!text.ok()) {
       if (kind == TextAreaKind::kSymbols) k.backoff = kSymbolRetryLooks;
@@ -206,11 +221,49 @@ std::vector<std::string> RegionTextCache::Update(RegionSnapshot* s) {
       notes.push_back("guest kernel symbols of generation " + std::to_string(area.boot_generation) +
                       ": " + std::to_string(std::count(text->begin(), text->end(), '\n')) + " (" +
                       std::to_string(text->size()) + " bytes)");
+      // The next generation's symbols wait too: a guest that raises its
+      // generation on every look gets one inflate per pause, not per look.
+      k.backoff = kSymbolRetryLooks;
     }
-    k.by_generation[area.boot_generation] = std::move(*text);
+    Keep(k, area.boot_generation, std::move(*text));
   }
   return notes;
 }
+
+void RegionTextCache::Keep(PerKind& k, uint64_t generation, std::string text) {
+  g_text_held += text.size();
+  auto it = k.by_generation.find(generation);
+  if (it != k.by_generation.end()) {
+    g_text_held -= it->second.size();
+    it->second = std::move(text);
+    k.order.erase(std::find(k.order.begin(), k.order.end(), generation));
+  } else {
+    k.by_generation.emplace(generation, std::move(text));
+  }
+  k.order.push_back(generation);
+  while (k.order.size() > kTextGenerationsKept) {
+    auto old = k.by_generation.find(k.order.front());
+    g_text_held -= old->second.size();
+    k.by_generation.erase(old);
+    k.order.erase(k.order.begin());
+  }
+}
+
+RegionTextCache::~RegionTextCache() { g_text_held -= held_bytes(); }
+
+size_t RegionTextCache::generations_kept(TextAreaKind kind) const {
+  return kinds_[kind == TextAreaKind::kSymbols ? 0 : 1].by_generation.size();
+}
+
+uint64_t RegionTextCache::held_bytes() const {
+  uint64_t n = 0;
+  for (const PerKind& k : kinds_) {
+    for (const auto& [generation, text] : k.by_generation) n += text.size();
+  }
+  return n;
+}
+
+uint64_t RegionTextCache::process_held_bytes() { return g_text_held.load(); }
 
 const std::string& RegionTextCache::Text(TextAreaKind kind, uint64_t generation) const {
   static const std::string kNone;

@@ -62,14 +62,38 @@ Result<std::string> DecodeTextArea(TextAreaKind kind, const RegionTextArea& area
 // final, and after a refused symbol area the next kSymbolRetryLooks updates
 // do not look at it: a guest rewriting it on every look costs one inflate
 // per ~second of a live stream, not one per look.
+//
+// Bounded. The guest chooses its boot generation, and a 64 MiB symbol text
+// compresses small enough to fit the area, so a guest raising its generation
+// on every look must not make a reader keep a text per generation: a cache
+// keeps the texts of its kTextGenerationsKept newest generations per kind
+// (the current boot and the one before, whose pages a region still holds),
+// a good symbol text also costs kSymbolRetryLooks looks before the next
+// generation's is inflated, and all caches of the process together hold at
+// most kMaxTextHeld bytes (a text that would pass it is refused with a note,
+// and its names are not used).
+inline constexpr size_t kTextGenerationsKept = 2;
+inline constexpr uint64_t kMaxTextHeld = 256ull << 20;
+
 class RegionTextCache {
  public:
+  RegionTextCache() = default;
+  ~RegionTextCache();
+  // The process-wide count (kMaxTextHeld) follows each cache's texts.
+  RegionTextCache(const RegionTextCache&) = delete;
+  RegionTextCache& operator=(const RegionTextCache&) = delete;
+
   // Looks at |snapshot|'s areas: inflates those whose header changed,
   // reports a bad one into the snapshot (once per header) and returns notes
   // for a live reader: what was refused, and texts that became available.
   std::vector<std::string> Update(RegionSnapshot* snapshot);
   // The last good text of |kind| for boot |generation|, "" if none.
   const std::string& Text(TextAreaKind kind, uint64_t generation) const;
+  // Generations with a text of |kind| kept now (at most kTextGenerationsKept).
+  size_t generations_kept(TextAreaKind kind) const;
+  // Bytes of text this cache holds; and all caches of the process.
+  uint64_t held_bytes() const;
+  static uint64_t process_held_bytes();
 
  private:
   struct Key {
@@ -84,7 +108,10 @@ class RegionTextCache {
     bool looked = false;
     uint32_t backoff = 0;  // Updates to skip before looking again.
     std::map<uint64_t, std::string> by_generation;
+    std::vector<uint64_t> order;  // Generations in by_generation, oldest stored first.
   };
+  // Stores |text| for |generation|, evicting the oldest beyond the bound.
+  void Keep(PerKind& k, uint64_t generation, std::string text);
   PerKind kinds_[2];
 };
 

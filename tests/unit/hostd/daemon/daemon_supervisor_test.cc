@@ -164,7 +164,13 @@ TEST(SupervisorTest, FoundPanickedIsCapturedAsPanicWhileAway) {
   EXPECT_EQ(status["last_capture"]["trigger"], "panic-while-away");
   // QEMU quitting afterwards is the same incident: no second capture.
   backend->sink_->OnVmGone("QMP EOF");
-  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kGone; }));
+  // Captures run off the VM's strand (supervisor.h, Floods): wait for the
+  // panic's to end too.
+  ASSERT_TRUE(WaitFor([&] {
+    const json st = vm->StatusJson();
+    return st["state"] == "gone" && st["capture_queue"]["in_flight"] == false &&
+           st["capture_queue"]["pending"].empty();
+  }));
   EXPECT_EQ(vm->StatusJson()["captures_taken"], 1);
   std::lock_guard lock(backend->mu);
   EXPECT_EQ(backend->policies, std::vector<PanicPolicy>{PanicPolicy::kQuit});
@@ -249,7 +255,13 @@ TEST(SupervisorTest, OneIncidentYieldsOneCaptureUntilTheVmRunsAgain) {
   backend->sink_->OnVmEvent(Event("GUEST_PANICKED"));
   backend->sink_->OnVmEvent(Event("SHUTDOWN"));
   backend->sink_->OnVmGone("QMP EOF");
-  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kGone; }));
+  // Captures run off the VM's strand (supervisor.h, Floods): wait for the
+  // panic's to end too.
+  ASSERT_TRUE(WaitFor([&] {
+    const json st = vm->StatusJson();
+    return st["state"] == "gone" && st["capture_queue"]["in_flight"] == false &&
+           st["capture_queue"]["pending"].empty();
+  }));
   EXPECT_EQ(vm->StatusJson()["captures_taken"], 1);
   EXPECT_NE(vm->StatusJson()["last_error"].get<std::string>().find("QMP EOF"), std::string::npos);
 

@@ -164,7 +164,7 @@ class Daemon {
   StateDir state_;
   std::shared_ptr<FormatsService> formats_;  // The formats cache every VM decodes with.
   std::shared_ptr<CaptureService> captures_;
-  std::shared_ptr<CaptureBudget> budget_;  // Byte budgets and reserve (capture_budget.h).
+  std::shared_ptr<CaptureBudget> budget_;        // Byte budgets and reserve (capture_budget.h).
   std::shared_ptr<CaptureQueue> capture_queue_;  // Every VM's captures, panics first.
   SupervisorRegistry registry_;
   std::unique_ptr<ControlServer> server_;

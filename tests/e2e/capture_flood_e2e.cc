@@ -273,11 +273,21 @@ Result<std::string> ResetLoopInitrd(const std::string& dir, time_t deadline) {
       << "echo reset-loop-boot > " << kMarker << "\n"
       << "if [ $(date +%s) -lt " << deadline << " ]; then echo b > /proc/sysrq-trigger; fi\n"
       << "echo RESET-LOOP-DONE\n";
+  const std::string extra = dir + "/extra.cpio";
+  const std::string cmd =
+      "cd " + stage + " && echo reset-loop.sh | cpio -o -H newc --quiet > " + extra;
+  if (std::system(cmd.c_str()) != 0) return Error{"cannot build " + extra + ": " + cmd};
+  // The kernel reads an uncompressed archive only at a 4-byte aligned offset
+  // and skips zero bytes between archives (init/initramfs.c): without the
+  // padding the extra archive is "invalid magic" whenever the gzip'd image's
+  // size is not a multiple of 4, and the script is missing in the guest.
   const std::string initrd = dir + "/reset-loop-initrd.img";
-  const std::string cmd = "cd " + stage + " && echo reset-loop.sh | cpio -o -H newc --quiet > " +
-                          dir + "/extra.cpio && cat " + image->initrd + " " + dir +
-                          "/extra.cpio > " + initrd;
-  if (std::system(cmd.c_str()) != 0) return Error{"cannot build " + initrd + ": " + cmd};
+  std::ofstream out(initrd, std::ios::binary);
+  std::ifstream base(image->initrd, std::ios::binary);
+  out << base.rdbuf();
+  const auto size = static_cast<size_t>(out.tellp());
+  out << std::string((4 - size % 4) % 4, '\0') << std::ifstream(extra, std::ios::binary).rdbuf();
+  if (!base || !out.flush()) return Error{"cannot write " + initrd + " from " + image->initrd};
   return initrd;
 }
 

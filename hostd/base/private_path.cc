@@ -75,6 +75,40 @@ Status EnsurePrivateDir(const std::filesystem::path& dir, const std::string& wha
   return CheckTrustedPath(dir, what);
 }
 
+Status TightenPrivateDir(const std::filesystem::path& dir, const std::string& what,
+                         bool* tightened) {
+  if (tightened != nullptr) *tightened = false;
+  if (Status s = MakeDirs(dir, 0700); !s.ok()) return Error{what + ": " + s.error().message};
+  // Opened without following a symlink, so the chmod acts on what was checked.
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) {
+    return Error{what + ": cannot open " + dir.string() +
+                 " (a directory, not a symlink): " + std::strerror(errno)};
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    return Error{what + ": cannot stat " + dir.string() + ": " + std::strerror(errno)};
+  }
+  if (st.st_uid != ::geteuid()) {
+    return Error{what + ": " + dir.string() + " must be this daemon's own (uid " +
+                 std::to_string(::geteuid()) + "), not " + Describe(st)};
+  }
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    // Someone else may already have planted entries: tightening now would
+    // bless them.
+    return Error{what + ": " + dir.string() + " is writable by others (" + Describe(st) +
+                 "); what is in it cannot be trusted"};
+  }
+  if ((st.st_mode & 077) != 0) {
+    if (::fchmod(fd.get(), 0700) != 0) {
+      return Error{what + ": cannot tighten " + dir.string() + " (" + Describe(st) +
+                   ") to 0700: " + std::strerror(errno)};
+    }
+    if (tightened != nullptr) *tightened = true;
+  }
+  return CheckTrustedPath(dir, what);
+}
+
 Result<UniqueFd> CreateExclusiveFile(const std::filesystem::path& path, mode_t mode,
                                      const std::string& what) {
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode));

@@ -32,6 +32,13 @@ Status CheckTrustedPath(const std::filesystem::path& path, const std::string& wh
 // a trusted path.
 Status EnsurePrivateDir(const std::filesystem::path& dir, const std::string& what);
 
+// Like EnsurePrivateDir, but an existing directory of ours that an older
+// version left readable by others (e.g. 0755) is tightened to 0700 instead of
+// refused (one others could write stays refused); |tightened| says whether it was. For caches whose
+// content is not secret-by-construction yet must not be read or planted by other users.
+Status TightenPrivateDir(const std::filesystem::path& dir, const std::string& what,
+                         bool* tightened = nullptr);
+
 // Creates a new file at |path| with O_CREAT|O_EXCL|O_NOFOLLOW and |mode|:
 // never an existing file, never through a symlink. The error says what is
 // already there.

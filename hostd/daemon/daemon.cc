@@ -19,6 +19,7 @@
 
 #include "daemon_libvirt.h"
 #include "daemon_log.h"
+#include "formats_cache.h"
 #include "formats_harvest.h"
 #include "log_rotation.h"
 
@@ -57,6 +58,18 @@ std::optional<gid_t> ResolveGroup(const std::string& key, const std::string& spe
         std::to_string(::geteuid()) + " have that role");
   }
   return gid;
+}
+
+// Caches made by older versions were 0755: tightened, so no local user reads
+// (or, with a loose parent, plants) the kernels' formats the daemon decodes with.
+void SecureFormatsCache(const std::filesystem::path& root) {
+  bool tightened = false;
+  Status s = FormatCache(root).Secure(&tightened);
+  if (!s.ok()) {
+    Log("warning: " + s.error().message + "; harvests cannot be stored");
+  } else if (tightened) {
+    Log("formats cache " + FormatCache(root).formats_dir().string() + " tightened to mode 0700");
+  }
 }
 
 }  // namespace
@@ -102,6 +115,7 @@ Daemon::Daemon(Config config)
   // The same cache the CLI harvests into (formats_cache.h ResolveCacheRoot).
   auto root = ResolveCacheRoot(CacheRootSourcesFromEnvironment("", config_.cache_dir.string()));
   if (!root.ok()) Log("warning: " + root.error().message + "; captures keep region.bin only");
+  if (root.ok()) SecureFormatsCache(*root);
   formats_ = std::make_shared<FormatsService>(root.ok() ? *root : std::filesystem::path(),
                                               pool_.get_executor(), Log,
                                               ResolveHarvestInitrd(config_.harvest_initrd));

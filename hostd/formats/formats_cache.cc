@@ -302,16 +302,17 @@ Result<std::vector<CacheEntrySummary>> FormatCache::List(std::vector<std::string
   return out;
 }
 
+Status FormatCache::Secure(bool* tightened) const {
+  return TightenPrivateDir(formats_dir(), "formats cache", tightened);
+}
+
 Result<fs::path> FormatCache::Store(std::string_view key, const HarvestBundle& bundle,
                                     json manifest) const {
   if (!IsValidKernelKey(key)) {
     return Error{"format cache key '" + std::string(key.substr(0, 80)) +
                  "' is not 64 lowercase hex digits"};
   }
-  // Root's own, 0700 when we create it; an existing one must at least be
-  // one nobody else can write.
-  if (Status s = MakeDirs(formats_dir(), 0700); !s.ok()) return s.error();
-  if (Status s = CheckTrustedPath(formats_dir(), "formats cache"); !s.ok()) return s.error();
+  if (Status s = Secure(); !s.ok()) return s.error();
   const fs::path final_dir = EntryDir(key);
 
   static std::atomic<uint64_t> counter{0};

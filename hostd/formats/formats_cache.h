@@ -133,6 +133,11 @@ class FormatCache {
   // ones are skipped and named in |problems| when given.
   Result<std::vector<CacheEntrySummary>> List(std::vector<std::string>* problems = nullptr) const;
 
+  // Makes formats/ this process's own, mode 0700 (tightening one an older
+  // version made 0755), under a trusted path: a local user can neither read
+  // nor plant entries. |tightened| says whether the mode was changed.
+  Status Secure(bool* tightened = nullptr) const;
+
   // Writes |bundle| as |key|'s entry with |manifest| (the harvest's facts;
   // counts and sizes are added here). Atomic: temp dir, fsync, rename. When
   // another harvest stored the same key first, that entry is kept and its

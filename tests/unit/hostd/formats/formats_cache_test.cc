@@ -197,6 +197,29 @@ TEST(FormatCacheTest, SecondStoreKeepsTheFirstEntry) {
   EXPECT_EQ(Names(dir.path() / "formats"), std::vector<std::string>{kKey});
 }
 
+// A cache an older version made 0755 is tightened, not refused; a symlink in
+// formats/'s place is refused and left alone.
+TEST(FormatCacheTest, Malicious_AnOpenOrSymlinkedCacheDirIsTightenedOrRefused) {
+  TempDir dir;
+  FormatCache cache(dir.path());
+  fs::create_directories(dir.path() / "formats");
+  fs::permissions(dir.path() / "formats", fs::perms(0755));
+  bool tightened = false;
+  ASSERT_TRUE(cache.Secure(&tightened).ok());
+  EXPECT_TRUE(tightened);
+  EXPECT_EQ(fs::status(dir.path() / "formats").permissions(), fs::perms(0700));
+  ASSERT_TRUE(cache.Store(kKey, FixtureBundle(), {{"kernel_path", "k"}}).ok());
+
+  TempDir other;
+  fs::create_directories(other.path() / "elsewhere");
+  fs::create_directory_symlink(other.path() / "elsewhere", other.path() / "formats");
+  Status s = FormatCache(other.path()).Secure();
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.error().message, HasSubstr("formats cache"));
+  EXPECT_FALSE(FormatCache(other.path()).Store(kKey, FixtureBundle(), {}).ok());
+  EXPECT_TRUE(fs::is_empty(other.path() / "elsewhere"));
+}
+
 TEST(FormatCacheTest, ConcurrentStoresOfOneKernelLeaveOneWholeEntry) {
   TempDir dir;
   FormatCache cache(dir.path());

@@ -118,6 +118,11 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
       auto n = ParseInt(value, 1, 100);
       if (!n.ok()) return fail(n.error());
       config.console_log_files = *n;
+    } else if (key == "guest_capture_interval") {
+      auto d = ParseDuration(value);
+      if (!d.ok()) return fail(d.error());
+      if (*d > std::chrono::hours(24)) return fail(Error{"must be at most 24h"});
+      config.guest_capture_interval = *d;
     } else if (key == "panic_policy") {
       if (value == "pause") {
         config.panic_policy = PanicPolicy::kPause;

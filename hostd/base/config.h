@@ -32,6 +32,11 @@
 // by class: a capture of a cheaper trigger (crashloaded, reset, manual, …)
 // never evicts a panic capture (panic, panic-while-away, crash); see
 // capture_budget.h.
+//   guest_capture_interval = 10s                a guest's own triggers
+//                                               (crashloaded, reset) start at
+//                                               most one capture per interval;
+//                                               more meanwhile make one at its
+//                                               end (ParseDuration units)
 //   panic_policy        = pause                 after a panic capture:
 //                                               pause | resume | quit
 //   accel               = auto                  for VMs hvtraced boots: tcg |
@@ -64,6 +69,7 @@
 #ifndef HVTRACE_HOSTD_CONFIG_H_
 #define HVTRACE_HOSTD_CONFIG_H_
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -100,6 +106,7 @@ struct Config {
   std::string accel = "auto";
   VmOnShutdown vm_on_shutdown = VmOnShutdown::kKeep;
   int worker_threads = 2;
+  std::chrono::milliseconds guest_capture_interval{10000};
   int max_connections = 32;
   int max_requests_per_connection = 16;
   std::string libvirt_uri = "qemu:///system";

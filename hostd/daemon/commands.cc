@@ -116,6 +116,8 @@ void Daemon::HandlePing(const Request&, const std::shared_ptr<Responder>& respon
                {"pid", ::getpid()},
                {"uptime_ms", (HostTime::Now().monotonic_ns - started_.monotonic_ns) / 1000000}};
   pong["libvirt"] = libvirt_ ? libvirt_->StatusJson() : json(nullptr);
+  // Whether captures are waiting, and in which lane (capture_queue.h).
+  pong["capture_queue"] = capture_queue_->StatsJson();
   responder->Reply(pong);
 }
 

@@ -92,6 +92,7 @@ json ConfigJson(const Config& c) {
           {"accel", c.accel},
           {"vm_on_shutdown", VmOnShutdownName(c.vm_on_shutdown)},
           {"worker_threads", c.worker_threads},
+          {"guest_capture_interval_ms", c.guest_capture_interval.count()},
           {"max_connections", c.max_connections},
           {"max_requests_per_connection", c.max_requests_per_connection},
           {"libvirt_uri", c.libvirt_uri},
@@ -147,6 +148,7 @@ SupervisorOptions Daemon::supervisor_options() const {
   o.capture_retention = static_cast<size_t>(config_.capture_retention);
   o.panic_policy = config_.panic_policy;
   o.queue = capture_queue_;
+  o.guest_capture_interval = config_.guest_capture_interval;
   return o;
 }
 

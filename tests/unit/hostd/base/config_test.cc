@@ -42,6 +42,7 @@ capture_bytes_total = 0
 capture_free_reserve = 64MiB
 console_log_size = 512k
 console_log_files = 3
+guest_capture_interval = 1500ms
 )",
                        "test.conf");
   ASSERT_TRUE(c.ok()) << c.error().message;
@@ -53,6 +54,7 @@ console_log_files = 3
   EXPECT_EQ(c->capture_retention, 0);
   EXPECT_EQ(c->panic_policy, PanicPolicy::kQuit);
   EXPECT_EQ(c->worker_threads, 3);
+  EXPECT_EQ(c->guest_capture_interval, std::chrono::milliseconds(1500));
   EXPECT_EQ(c->vm_on_shutdown, VmOnShutdown::kStop);
   EXPECT_EQ(c->max_connections, 5);
   EXPECT_EQ(c->max_requests_per_connection, 2);
@@ -103,6 +105,8 @@ INSTANTIATE_TEST_SUITE_P(
                       BadConfig{"cache_dir = ~/cache\n", "not an absolute path"},
                       BadConfig{"panic_policy = explode\n", "pause, resume, quit"},
                       BadConfig{"worker_threads = 0\n", "outside 1..64"},
+                      BadConfig{"guest_capture_interval = 2d\n", "guest_capture_interval"},
+                      BadConfig{"guest_capture_interval = 25h\n", "at most 24h"},
                       BadConfig{"worker_threads = 2x\n", "not an integer"},
                       BadConfig{"capture_retention = 99999999999\n", "not an integer"},
                       BadConfig{"run_dir = /a\nrun_dir = /b\n", ":2: 'run_dir' is set twice"},

@@ -118,7 +118,7 @@ Daemon::Daemon(Config config)
   if (!root.ok()) Log("warning: " + root.error().message + "; captures keep region.bin only");
   if (root.ok()) SecureFormatsCache(*root);
   formats_ = std::make_shared<FormatsService>(root.ok() ? *root : std::filesystem::path(),
-                                              pool_.get_executor(), Log,
+                                              formats_pool_.get_executor(), Log,
                                               ResolveHarvestInitrd(config_.harvest_initrd));
   budget_ = std::make_shared<CaptureBudget>(
       DiskLimits{config_.capture_bytes_per_vm, config_.capture_bytes_total,
@@ -139,6 +139,8 @@ Daemon::~Daemon() {
   // The server's handlers belong to io_, which no longer runs here.
   server_.reset();
   pool_.join();
+  formats_pool_.stop();  // Queued harvests are dropped; a running one ends on its timeout.
+  formats_pool_.join();
   libvirt_.reset();
   if (lock_fd_ >= 0) ::close(lock_fd_);
 }

@@ -157,6 +157,9 @@ class Daemon {
   Config config_;
   boost::asio::io_context io_;
   boost::asio::thread_pool pool_;
+  // Loads and harvests of kernel formats: a harvest boots a guest for up to a
+  // minute, and on pool_ it would hold a thread an urgent capture may need.
+  boost::asio::thread_pool formats_pool_{1};
   boost::asio::signal_set signals_;
   boost::asio::steady_timer stop_timer_;
   boost::asio::steady_timer console_timer_;

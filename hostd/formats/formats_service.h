@@ -8,9 +8,9 @@
 //
 // When a VM boots with a kernel the cache lacks, Prepare harvests its formats
 // in the background (formats_harvest.h: a throwaway TCG guest, 10-60 s) so the
-// first panic already decodes. Harvests run on the worker pool one at a time
-// (a queue), so with two or more worker threads one thread is always free for
-// captures; a kernel is harvested at most once per daemon run, and a failed
+// first panic already decodes. Harvests run on |pool| one at a time (a
+// queue); hvtraced gives the service its own thread, so a harvest never holds
+// one a capture needs. A kernel is harvested at most once per daemon run, and a failed
 // harvest is reported (StateOf, the capture manifest) and not retried.
 //
 // A harvest trusts what the booted guest reports, and its entry serves every

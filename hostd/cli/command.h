@@ -136,8 +136,9 @@ void AddDomainXmlCommand(CommandTable& table);
 void AddFormatsCommands(CommandTable& table);  // formats harvest, formats list
 
 // formats_command.cc: harvests |kernel|'s formats into the default cache
-// unless they are there (boot runs it before asking hvtraced); the exit status.
-int EnsureFormatsCached(const std::string& kernel, const std::string& initrd);
+// with the project's harvest initramfs unless they are there (boot runs it
+// before asking hvtraced); fails only for an unreadable kernel.
+int EnsureFormatsCached(const std::string& kernel);
 
 }  // namespace hvtrace::cli
 

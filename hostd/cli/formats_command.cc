@@ -1,4 +1,4 @@
-// hvtrace formats harvest --kernel K --initrd I [--cache DIR] [--timeout 180s]
+// hvtrace formats harvest --kernel K [--initrd I] [--cache DIR] [--timeout 180s]
 //                         [--keep-work-dir] [--json]
 // hvtrace formats list [--cache DIR] [--json]
 //
@@ -107,10 +107,9 @@ class HarvestCommand final : public Command {
     app.add_option("--kernel", options_.kernel, "the kernel image; its SHA-256 is the cache key")
         ->required()
         ->type_name("VMLINUZ");
-    app.add_option(
-           "--initrd", options_.initrd,
-           "an initramfs following the hvtrace guest contract (qemu-scripts/build-guest.sh's)")
-        ->required()
+    app.add_option("--initrd", options_.initrd,
+                   "an initramfs following the hvtrace guest contract (default: the project's own "
+                   "harvest initramfs, qemu-scripts/build-guest.sh's)")
         ->type_name("INITRD");
     app.add_option("--cache", cache_, kCacheHelp)->type_name("DIR");
     AddDurationOption(
@@ -130,6 +129,16 @@ class HarvestCommand final : public Command {
   }
   int Run() override {
     if (!ResolveCache(name(), cache_, &options_.cache_root)) return kExitFailed;
+    if (options_.initrd.empty()) {
+      options_.initrd = hostd::ResolveHarvestInitrd({}).string();
+      if (options_.initrd.empty()) {
+        std::fprintf(stderr,
+                     "hvtrace %s: no harvest initramfs beside this binary "
+                     "(../guest/6.12/initrd.img); pass --initrd\n",
+                     name().c_str());
+        return kExitUsage;
+      }
+    }
     return Harvest(name(), options_, json_);
   }
 
@@ -189,7 +198,7 @@ class ListCommand final : public Command {
 
 }  // namespace
 
-int EnsureFormatsCached(const std::string& kernel, const std::string& initrd) {
+int EnsureFormatsCached(const std::string& kernel) {
   auto key = hostd::KernelKeyOfFile(kernel);
   if (!key.ok()) {
     std::fprintf(stderr, "hvtrace boot: %s\n", key.error().message.c_str());
@@ -199,20 +208,30 @@ int EnsureFormatsCached(const std::string& kernel, const std::string& initrd) {
   if (!root.ok()) return kExitOk;  // No cache dir: nothing to check.
   auto found = FormatCache(*root).Lookup(*key);
   if (found.ok() && found->has_value()) return kExitOk;
+  // Never the VM's own initrd: what the harvest guest reports becomes the
+  // formats every VM with this kernel decodes with (formats_service.h).
+  const std::filesystem::path initrd = hostd::ResolveHarvestInitrd({});
   if (initrd.empty()) {
-    std::fprintf(stderr,
-                 "hvtrace boot: formats for %s are not cached and harvesting needs --initrd\n",
-                 kernel.c_str());
+    std::fprintf(
+        stderr,
+        "hvtrace boot: formats for %s are not cached and no harvest initramfs was found; "
+        "captures keep region.bin until `hvtrace formats harvest --kernel %s --initrd I`\n",
+        kernel.c_str(), kernel.c_str());
     return kExitOk;
   }
   std::fprintf(stderr, "hvtrace boot: harvesting event formats of %s once (boots it briefly)...\n",
                kernel.c_str());
   hostd::HarvestOptions options;
   options.kernel = kernel;
-  options.initrd = initrd;
+  options.initrd = initrd.string();
   options.cache_root = *root;
-  // The summary goes to stderr: stdout is boot's own (its --json too).
-  return Harvest("boot", options, /*json_output=*/false, stderr);
+  // The summary goes to stderr: stdout is boot's own (its --json too). A
+  // failed harvest does not stop the boot: the VM is traced either way, and
+  // its captures keep region.bin until the formats are harvested.
+  if (Harvest("boot", options, /*json_output=*/false, stderr) != kExitOk) {
+    std::fprintf(stderr, "hvtrace boot: booting without cached formats\n");
+  }
+  return kExitOk;
 }
 
 void AddFormatsCommands(CommandTable& table) {

@@ -89,8 +89,7 @@ class BootCommand final : public Command {
   int Run() override {
     const DaemonRequest request = *Request();
     if (harvest_) {
-      const int rc =
-          EnsureFormatsCached(request.args.value("kernel", ""), request.args.value("initrd", ""));
+      const int rc = EnsureFormatsCached(request.args.value("kernel", ""));
       if (rc != kExitOk) return rc;
     }
     json result;

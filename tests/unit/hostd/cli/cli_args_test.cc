@@ -326,8 +326,8 @@ TEST_F(CliArgs, LocalCommandsBadInput) {
               StartsWith("hvtrace show: --boot: 'x' is not a number"));
   EXPECT_THAT(UsageError({"formats"}),
               StartsWith("hvtrace formats: a subcommand is required: harvest, list"));
-  EXPECT_THAT(UsageError({"formats", "harvest", "--kernel", "k"}),
-              HasSubstr("--initrd is required"));
+  EXPECT_THAT(UsageError({"formats", "harvest", "--initrd", "i"}),
+              HasSubstr("--kernel is required"));
   EXPECT_THAT(
       UsageError({"formats", "harvest", "--kernel", "k", "--initrd", "i", "--timeout", "0"}),
       StartsWith("hvtrace formats harvest: --timeout: "));

@@ -77,6 +77,8 @@ TEST(AgentInstanceE2e, TheTopLevelBufferStaysTheUsersWhileTheAgentStreamsAndRest
 
   // The user's tracing is set up before the agent even starts.
   UseTopLevelAsTraceCmd(guest, "TOPLEVEL-MARK-1", true);
+  const std::string cmdlines_size =
+      GuestOutput(guest, std::string("cat ") + kTop + "/saved_cmdlines_size");
   ASSERT_EQ(guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)")->status, 0);
 
   HvtracedProcess hvt({.tag = tag});
@@ -138,6 +140,9 @@ TEST(AgentInstanceE2e, TheTopLevelBufferStaysTheUsersWhileTheAgentStreamsAndRest
       "1\n");
   EXPECT_NE(GuestOutput(guest, std::string("cat ") + kInstance + "/trace_clock").find("[mono]"),
             std::string::npos);
+  // Global, and a resize would drop the names trace-cmd needs: left alone.
+  EXPECT_EQ(GuestOutput(guest, std::string("cat ") + kTop + "/saved_cmdlines_size"), cmdlines_size);
+  std::printf("[agent-inst] saved_cmdlines_size %s", cmdlines_size.c_str());
   std::printf("[agent-inst] top-level trace after the attach:\n%s",
               GuestOutput(guest, std::string("grep TOPLEVEL ") + kTop + "/trace").c_str());
 

@@ -56,8 +56,8 @@ int main(int argc, char** argv) {
   const uint32_t interval_ms = argc > 2 ? static_cast<uint32_t>(std::atoi(argv[2])) : 50;
   const uint64_t region_mib = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 64;
   const std::string tracing = "/sys/kernel/tracing";
-  const std::string instance =
-      tracing + "/instances/hvtrace-pump-bench-" + std::to_string(getpid());
+  const std::string instance_name = "hvtrace-pump-bench-" + std::to_string(getpid());
+  const std::string instance = tracing + "/instances/" + instance_name;
   if (mkdir(instance.c_str(), 0755) != 0) {
     std::fprintf(stderr, "agent_pump_bench: cannot create %s: %s (needs root and tracefs)\n",
                  instance.c_str(), std::strerror(errno));
@@ -112,8 +112,13 @@ int main(int argc, char** argv) {
       _exit(0);
     }
 
+    // The agent may raise the global saved_cmdlines_size on an idle
+    // machine; the bench puts it back afterwards.
+    std::string cmdlines_size;
+    std::getline(std::ifstream(tracing + "/saved_cmdlines_size"), cmdlines_size);
     hvtrace::agent::AgentOptions options;
-    options.tracefs = instance;
+    options.tracefs = tracing;
+    options.instance = instance_name;
     options.region_path = region_path;
     options.pointer_file = "";
     options.set_mono_clock = false;
@@ -126,6 +131,10 @@ int main(int argc, char** argv) {
     const double wall = static_cast<double>(NowNs() - t0) / 1e9;
     getrusage(RUSAGE_THREAD, &after);
     waitpid(child, nullptr, 0);
+    std::string now_size;
+    std::getline(std::ifstream(tracing + "/saved_cmdlines_size"), now_size);
+    if (!cmdlines_size.empty() && now_size != cmdlines_size)
+      WriteFile(tracing + "/saved_cmdlines_size", cmdlines_size);
 
     if (host.ok()) {
       const auto* st = reinterpret_cast<const hvtrace::region::GuestStatus*>(

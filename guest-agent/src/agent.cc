@@ -76,16 +76,34 @@ uint64_t MonotonicNs() { return ClockNs(CLOCK_MONOTONIC); }
 constexpr int kSavedCmdlines = 1024;
 
 Agent::Agent(AgentOptions options)
-    : options_(std::move(options)), tracefs_(options_.tracefs), symbols_(options_.kallsyms) {}
+    : options_(std::move(options)),
+      tracefs_(options_.tracefs),
+      instance_(options_.tracefs + "/instances/" + options_.instance),
+      symbols_(options_.kallsyms) {}
 
-Agent::~Agent() { Detach("agent exit"); }
+// The instance records on: a successor agent continues it (agent.h).
+Agent::~Agent() { Detach("agent exit", false); }
 
 void Agent::Log(const std::string& message) const {
   std::fprintf(stderr, "hvtrace-agent: %s\n", message.c_str());
 }
 
+Status Agent::OpenInstance() {
+  const std::string& name = options_.instance;
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+    return Error{"instance name '" + name + "' is not a directory name"};
+  if (mkdir(instance_.root().c_str(), 0755) != 0 && errno != EEXIST) {
+    return Error{"cannot create tracefs instance " + instance_.root() + ": " +
+                 std::strerror(errno) + " (is tracefs mounted at " + options_.tracefs + "?)"};
+  }
+  if (!instance_.Exists("tracing_on") || !instance_.Exists("trace_clock"))
+    return Error{instance_.root() + " is not a tracefs instance (no tracing_on, trace_clock)"};
+  return Status();
+}
+
 Status Agent::Attach(const std::string& path) {
-  Detach("re-attach");
+  Detach("re-attach", true);
+  if (Status s = OpenInstance(); !s.ok()) return s;
   auto mapping = RegionMapping::Map(path);
   if (!mapping.ok()) return mapping.error();
   auto region = GuestRegion::Attach(mapping->data(), mapping->size());
@@ -101,23 +119,26 @@ Status Agent::Attach(const std::string& path) {
   device_slot_ = is_bar ? Basename(path.substr(0, path.size() - 10)) : "";
   region_->status()->state = region::kStateAttaching;
 
-  if (discard_backlog_) {
-    // Events the kernel buffered after the previous region went away belong
+  // The instance's events: a previous agent's (it exited and left them
+  // recording) are ours now; ApplyRequests keeps those the host wants.
+  AdoptEnabledEvents();
+  if (!KeepBacklogFor(region_->geometry().region_id)) {
+    // Events the instance buffered after the previous region went away belong
     // to no region; the new one starts with what happens from its attach on.
-    tracefs_.Write("trace", "");
-    discard_backlog_ = false;
+    // A restarted agent on the same region keeps them: they are its events.
+    instance_.Write("trace", "");
   }
-  tracefs_.Write("tracing_on", "1");
-  if (options_.set_mono_clock && tracefs_.CurrentClock() != "mono")
-    tracefs_.Write("trace_clock", "mono");
-  if (!cmdlines_raised_) {
-    cmdlines_raised_ = true;
-    const std::string size = tracefs_.Read("saved_cmdlines_size");
-    if (!size.empty() && std::atoi(size.c_str()) < kSavedCmdlines) {
-      tracefs_.Write("saved_cmdlines_size", std::to_string(kSavedCmdlines));
-    }
-  }
+  discard_backlog_ = false;
+  char owner[32];
+  std::snprintf(owner, sizeof owner, "%llx",
+                static_cast<unsigned long long>(region_->geometry().region_id));
+  SetBacklogOwner(owner);
+  instance_.Write("tracing_on", "1");
+  // Writing trace_clock empties the instance's buffer: only when it differs.
+  if (options_.set_mono_clock && instance_.CurrentClock() != "mono")
+    instance_.Write("trace_clock", "mono");
   Announce();
+  RaiseSavedCmdlines();  // After Announce: it counts nr_cpus_.
   PublishHeaders();
   symbols_written_ = false;
   comms_published_.clear();
@@ -143,16 +164,19 @@ Status Agent::Attach(const std::string& path) {
   return Status();
 }
 
-void Agent::Detach(const char* why) {
+void Agent::Detach(const char* why, bool region_gone) {
   if (!region_) return;
   // After a device removal the mapping reads zeros and swallows writes, so
   // the state written here only reaches the host when it still maps it.
   region_->status()->state = region::kStateDetached;
   for (unsigned c = 0; c < nr_cpus_; ++c) region_->cpu_ring(c)->online = 0;
   ClosePipes();
-  DisableEvents();
   RemovePointerFile();
-  discard_backlog_ = true;
+  if (region_gone) {
+    DisableEvents();
+    discard_backlog_ = true;
+    SetBacklogOwner("none");
+  }
   region_.reset();
   mapping_.Unmap();
   device_slot_.clear();
@@ -198,7 +222,7 @@ void Agent::Announce() {
   }
   id.nr_cpus = nr_cpus_;
   id.agent_version = 1;
-  id.trace_clock = ClockId(tracefs_.CurrentClock());
+  id.trace_clock = ClockId(instance_.CurrentClock());
   id.page_size = page_size_;
   id.agent_pid = static_cast<uint32_t>(getpid());
   id.attach_mono_ns = MonotonicNs();
@@ -238,7 +262,7 @@ void Agent::PublishHeaders() {
   for (auto [kind, file] : {std::pair{region::kFormatHeaderPage, "events/header_page"},
                             std::pair{region::kFormatHeaderEvent, "events/header_event"}}) {
     if (region_->HasFormat(kind, generation_, 0, 0)) continue;
-    const std::string text = tracefs_.Read(file);
+    const std::string text = instance_.Read(file);
     if (text.empty()) {
       Log(std::string("cannot read ") + file);
       continue;
@@ -251,7 +275,7 @@ void Agent::PublishHeaders() {
 }
 
 void Agent::PublishEvent(const std::string& sys_event) {
-  const std::string text = tracefs_.Read("events/" + sys_event + "/format");
+  const std::string text = instance_.Read("events/" + sys_event + "/format");
   const std::string sys = sys_event.substr(0, sys_event.find('/'));
   auto parsed = ParseEventFormat(sys, text);
   if (!parsed.ok()) {
@@ -293,6 +317,8 @@ void Agent::PublishSymbols() {
 
 void Agent::PublishComms() {
   if (region_->geometry().comm_size == 0) return;
+  // One list for all buffers (the kernel saves the comm of a task that
+  // records into any of them), so the instance's events find their names.
   const std::string text = tracefs_.Read("saved_cmdlines");
   if (text.empty() || text == comms_published_) return;  // Unchanged: the usual case, one read.
   if (Status w = region_->WriteTextArea(TextAreaKind::kComms, generation_, EncodeText(text));
@@ -321,14 +347,17 @@ void Agent::ApplyRequests(const region::HostRequests& req) {
       if (end == std::string::npos) end = text.size();
       const std::string spec = text.substr(start, end - start);
       if (!spec.empty()) {
-        for (std::string& e : tracefs_.Resolve(spec)) wanted.insert(std::move(e));
+        for (std::string& e : instance_.Resolve(spec)) wanted.insert(std::move(e));
       }
       start = end + 1;
     }
     for (const std::string& e : wanted) {
-      if (enabled_.count(e)) continue;
+      if (enabled_.count(e)) {
+        if (adopted_.erase(e) != 0) PublishEvent(e);  // Enabled by a previous agent.
+        continue;
+      }
       PublishEvent(e);
-      if (tracefs_.Write("events/" + e + "/enable", "1"))
+      if (instance_.Write("events/" + e + "/enable", "1"))
         enabled_.insert(e);
       else
         Log("cannot enable " + e);
@@ -337,7 +366,8 @@ void Agent::ApplyRequests(const region::HostRequests& req) {
       if (wanted.count(*it)) {
         ++it;
       } else {
-        tracefs_.Write("events/" + *it + "/enable", "0");
+        instance_.Write("events/" + *it + "/enable", "0");
+        adopted_.erase(*it);
         it = enabled_.erase(it);
       }
     }
@@ -348,15 +378,92 @@ void Agent::ApplyRequests(const region::HostRequests& req) {
 }
 
 void Agent::DisableEvents() {
-  for (const std::string& e : enabled_) tracefs_.Write("events/" + e + "/enable", "0");
+  for (const std::string& e : enabled_) instance_.Write("events/" + e + "/enable", "0");
   enabled_.clear();
+  adopted_.clear();
+}
+
+void Agent::AdoptEnabledEvents() {
+  // set_event lists the instance's enabled events as "sys:event" lines. Only
+  // an agent enables events here, so they are a predecessor's.
+  const std::string text = instance_.Read("set_event");
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(start, end - start);
+    start = end + 1;
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == line.size()) continue;
+    line[colon] = '/';
+    if (enabled_.insert(line).second) adopted_.insert(line);
+  }
+  if (!adopted_.empty())
+    Log("took over " + std::to_string(adopted_.size()) + " events enabled in " + instance_.root());
+}
+
+// <pointer dir>/backlog names the region the instance's events are recorded
+// for ("none" once it went away). /run outlives the agent (and switch_root),
+// so a successor agent knows whether the backlog is its region's.
+bool Agent::KeepBacklogFor(uint64_t region_id) {
+  if (discard_backlog_) return false;
+  if (options_.pointer_file.empty()) return true;
+  const std::string dir = options_.pointer_file.substr(0, options_.pointer_file.find_last_of('/'));
+  Tracefs run(dir);  // Plain file I/O, as for tracefs.
+  std::string owner = run.Read("backlog");
+  // No region served in this boot yet: lines written before the first
+  // attach are kept, as ever.
+  if (owner.empty()) return true;
+  while (!owner.empty() && (owner.back() == '\n' || owner.back() == ' ')) owner.pop_back();
+  char want[32];
+  std::snprintf(want, sizeof want, "%llx", static_cast<unsigned long long>(region_id));
+  return owner == want;
+}
+
+void Agent::SetBacklogOwner(const std::string& owner) {
+  if (options_.pointer_file.empty()) return;
+  const std::string dir = options_.pointer_file.substr(0, options_.pointer_file.find_last_of('/'));
+  mkdir(dir.c_str(), 0755);
+  const std::string path = dir + "/backlog", tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f == nullptr) return;
+  std::fprintf(f, "%s\n", owner.c_str());
+  std::fclose(f);
+  std::rename(tmp.c_str(), path.c_str());
+}
+
+// saved_cmdlines_size is global (no per-instance form), and a resize frees
+// the whole list: every buffer's tasks that exited lose their names (live
+// ones are saved again at their next switch). So the agent raises it (never
+// lowers it) once, and only when no buffer it can see needs a name yet: its
+// own instance and the top level hold no unread event, and the top level has
+// no tracer and no event enabled (no trace-cmd record there). That is the
+// first agent of a boot, which starts before other tracers; a restarted
+// agent whose instance holds a backlog leaves the size alone, or the backlog
+// it is about to forward would lose its names. A tracer using an instance of
+// its own (trace-cmd record -B) is not looked for.
+void Agent::RaiseSavedCmdlines() {
+  if (cmdlines_checked_) return;
+  cmdlines_checked_ = true;
+  const std::string size = tracefs_.Read("saved_cmdlines_size");
+  if (size.empty() || std::atoi(size.c_str()) >= kSavedCmdlines) return;
+  uint64_t buffered = 0;
+  for (unsigned c = 0; c < nr_cpus_; ++c) buffered += instance_.Entries(c) + tracefs_.Entries(c);
+  const std::string tracer = tracefs_.Read("current_tracer");
+  const std::string events = tracefs_.Read("events/enable");
+  if (buffered != 0 || tracer.rfind("nop", 0) != 0 || events.rfind("0", 0) != 0) {
+    Log("saved_cmdlines_size stays " + size.substr(0, size.find('\n')) +
+        ": a tracer or buffered events would lose names in a resize");
+    return;
+  }
+  tracefs_.Write("saved_cmdlines_size", std::to_string(kSavedCmdlines));
 }
 
 void Agent::OpenPipes() {
   ClosePipes();
   for (unsigned c = 0; c < nr_cpus_; ++c) {
     const std::string path =
-        tracefs_.root() + "/per_cpu/cpu" + std::to_string(c) + "/trace_pipe_raw";
+        instance_.root() + "/per_cpu/cpu" + std::to_string(c) + "/trace_pipe_raw";
     const int fd = open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
       Log("cannot open " + path + ": " + std::strerror(errno));
@@ -422,7 +529,7 @@ void Agent::Heartbeat(uint64_t now) {
   if (now < next_heartbeat_ns_) return;
   next_heartbeat_ns_ = now + 1000000000ull;
   SampleClocks();
-  for (const CpuPipe& p : pipes_) region_->cpu_ring(p.cpu)->overrun = tracefs_.Overrun(p.cpu);
+  for (const CpuPipe& p : pipes_) region_->cpu_ring(p.cpu)->overrun = instance_.Overrun(p.cpu);
   ReapDwRings();
 }
 
@@ -452,7 +559,7 @@ void Agent::Tick(bool force) {
   // The remove uevent comes after the kernel zapped the BAR (and the guard
   // swapped in zero pages), so the region may be gone before we hear of it.
   if (!region_->StillMapped()) {
-    Detach("the region is gone (device removed or replaced)");
+    Detach("the region is gone (device removed or replaced)", true);
     return;
   }
   const region::HostRequests req = region_->ReadRequests();
@@ -476,7 +583,7 @@ void Agent::Tick(bool force) {
 void Agent::HandleUevent(const Uevent& event) {
   const std::string slot = event.pci_slot.empty() ? Basename(event.devpath) : event.pci_slot;
   if (event.action == "remove" && region_ && slot == device_slot_) {
-    Detach("device removed");
+    Detach("device removed", true);
     return;
   }
   if (event.action == "add" && event.IsIvshmem()) {
@@ -530,6 +637,12 @@ int Agent::Run() {
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
   const uint64_t start = MonotonicNs();
+  // The instance exists from the start, so guest services can write its
+  // trace_marker before a region comes; an attach keeps those lines.
+  if (Status s = OpenInstance(); !s.ok()) {
+    Log(s.error().message);
+    return 1;
+  }
   if (!options_.region_path.empty()) {
     if (Status s = Attach(options_.region_path); !s.ok()) {
       Log(s.error().message);
@@ -588,7 +701,7 @@ int Agent::Run() {
   if (region_) {
     PublishComms();
     PumpAll();
-    Detach("agent exit");
+    Detach("agent exit", false);
   }
   return 0;
 }

@@ -2,6 +2,24 @@
 // the host who the guest is, publish event formats, enable what the host asks
 // for and pump every CPU's trace_pipe_raw pages into the region.
 //
+// Its own tracefs instance: everything the agent records and reads goes
+// through /sys/kernel/tracing/instances/hvtrace (AgentOptions::instance),
+// created at start if absent: events, trace_clock, tracing_on, the per-CPU
+// trace_pipe_raw and the backlog clear are that instance's. The top-level
+// buffer and every other instance belong to their users (trace-cmd, perf,
+// the boot range): the agent never writes them. It reads the global
+// saved_cmdlines (the kernel has one list for all buffers) and raises the
+// global saved_cmdlines_size only when that cannot cost anyone a name (see
+// RaiseSavedCmdlines). A guest service whose line should reach hvtrace
+// writes instances/hvtrace/trace_marker. The agent never removes its
+// instance: a user may read it, and a successor agent continues it.
+//
+// Restarts lose nothing: an agent that exits (signal, --run-for) leaves the
+// instance recording with the events it had enabled; the next agent (the
+// systemd unit after the initramfs one) takes those events over, and keeps
+// what the kernel buffered meanwhile unless the region changed in between
+// (the region id the backlog belongs to is kept in <pointer dir>/backlog).
+//
 // One thread, one poll loop: the uevent socket, the per-CPU pipes (readable
 // once buffer_percent is reached) and a timer at the host's pump interval,
 // so partial pages are pushed at least that often; the largest gap between
@@ -15,17 +33,16 @@
 // once: a new device may land at the same address. The kernel zaps the BAR
 // mapping before it sends that uevent, so an access in between would raise
 // SIGBUS; the mapping is guarded (GuardRegionMapping) and every tick first
-// checks that the region is still there. After a detach the kernel's backlog
-// is discarded at the next attach, so a new region never receives events
-// recorded for none. While attached it writes /run/hvtrace/region for direct-write
-// programs (hvtrace/dwtrace.hpp) and frees direct-write rings of threads
-// that are gone.
+// checks that the region is still there. After a region went away its events
+// are disabled and the instance's backlog is discarded at the next attach, so
+// a new region never receives events recorded for none. While attached it
+// writes /run/hvtrace/region for direct-write programs (hvtrace/dwtrace.hpp)
+// and frees direct-write rings of threads that are gone.
 //
 // Names for the host (region text areas): the kernel's text symbols, read
 // and compressed once on a worker thread and written when ready, and
-// saved_cmdlines (raised to kSavedCmdlines entries at the first attach),
-// republished before a pump whenever it changed, so the pages the host reads
-// find their tasks named.
+// saved_cmdlines, republished before a pump whenever it changed, so the
+// pages the host reads find their tasks named.
 #ifndef HVTRACE_AGENT_AGENT_H_
 #define HVTRACE_AGENT_AGENT_H_
 
@@ -47,11 +64,12 @@ namespace hvtrace::agent {
 struct AgentOptions {
   std::string sysfs_pci_devices = "/sys/bus/pci/devices";
   std::string tracefs = "/sys/kernel/tracing";
+  std::string instance = "hvtrace";  // The agent's own instance under tracefs/instances.
   std::string proc = "/proc";
   std::string kallsyms = "/proc/kallsyms";        // Published to the symbol area.
   std::string pointer_file = kRegionPointerFile;  // "" to not write one.
   std::string region_path;                        // Fixed region file: no PCI discovery (tests).
-  bool set_mono_clock = true;  // Kernel trace clock "mono", as direct-write uses.
+  bool set_mono_clock = true;  // The instance's trace clock "mono", as direct-write uses.
   uint64_t run_for_ms = 0;     // Stop after this long (0: forever).
   bool verbose = false;
 };
@@ -66,7 +84,14 @@ class Agent {
 
   // Steps of the loop, public for tests.
   Status Attach(const std::string& path);
-  void Detach(const char* why);
+  // |region_gone|: the region went away (or another replaces it), so what the
+  // instance records from now on belongs to none: its events are disabled and
+  // its backlog discarded at the next attach. Otherwise (the agent exits) the
+  // instance records on for the next agent.
+  void Detach(const char* why, bool region_gone);
+  // Creates the agent's tracefs instance if absent; an error if tracefs has
+  // no instances (or the name is not one).
+  Status OpenInstance();
   // Applies new host requests, pumps when due (or |force|), heartbeats.
   void Tick(bool force);
   bool attached() const { return region_.has_value(); }
@@ -87,6 +112,10 @@ class Agent {
   void PublishEvent(const std::string& sys_event);
   void ApplyRequests(const region::HostRequests& requests);
   void DisableEvents();
+  void AdoptEnabledEvents();
+  bool KeepBacklogFor(uint64_t region_id);
+  void SetBacklogOwner(const std::string& owner);
+  void RaiseSavedCmdlines();
   void OpenPipes();
   void ClosePipes();
   void Heartbeat(uint64_t now);
@@ -99,7 +128,8 @@ class Agent {
   void RemovePointerFile();
 
   AgentOptions options_;
-  Tracefs tracefs_;
+  Tracefs tracefs_;   // Top level: read only, but for RaiseSavedCmdlines.
+  Tracefs instance_;  // The agent's own instance.
   UeventSocket uevents_;
   RegionMapping mapping_;
   std::optional<GuestRegion> region_;
@@ -109,19 +139,20 @@ class Agent {
   uint32_t page_size_ = 4096;
   std::vector<CpuPipe> pipes_;
   std::vector<std::byte> page_buffer_;  // One page; reused by the pump.
-  std::set<std::string> enabled_;       // "sys/event" we enabled.
+  std::set<std::string> enabled_;       // "sys/event" enabled in the instance.
+  std::set<std::string> adopted_;       // Of those, found enabled (a previous agent's).
   uint64_t request_seq_ = 0;
   uint64_t snapshot_seq_ = 0;
   uint32_t pump_interval_ms_ = 100;
   bool stopped_ = false;
-  bool discard_backlog_ = false;  // A region went away: clear the kernel buffer at the next attach.
+  bool discard_backlog_ = false;  // A region went away: clear the instance at the next attach.
   uint64_t next_pump_ns_ = 0;
   uint64_t last_push_ns_ = 0;
   uint64_t next_heartbeat_ns_ = 0;
   SymbolSource symbols_;
-  bool symbols_written_ = false;  // For the current region.
-  bool cmdlines_raised_ = false;  // saved_cmdlines_size raised (once: it clears the list).
-  std::string comms_published_;   // saved_cmdlines text in the current region.
+  bool symbols_written_ = false;   // For the current region.
+  bool cmdlines_checked_ = false;  // RaiseSavedCmdlines ran (once: a resize clears the list).
+  std::string comms_published_;    // saved_cmdlines text in the current region.
   std::vector<std::string> pending_slots_;  // Added devices waiting for resource2.
   uint64_t pending_deadline_ns_ = 0;
 };

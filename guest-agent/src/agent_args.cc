@@ -9,17 +9,19 @@ namespace hvtrace::agent {
 namespace {
 
 constexpr char kUsage[] =
-    "usage: hvtrace-agent [--region PATH] [--tracefs DIR] [--sysfs DIR] [--keep-clock]\n"
-    "                     [--run-for MS] [-v|--verbose] [-h|--help] [--version]\n"
+    "usage: hvtrace-agent [--region PATH] [--tracefs DIR] [--instance NAME] [--sysfs DIR]\n"
+    "                     [--keep-clock] [--run-for MS] [-v|--verbose] [-h|--help] [--version]\n"
     "\n"
     "  --region PATH   use this region file instead of finding the ivshmem device\n"
     "  --tracefs DIR   tracefs mount (default /sys/kernel/tracing)\n"
+    "  --instance NAME the tracefs instance the agent owns, created if absent and\n"
+    "                  never removed (default hvtrace: DIR/instances/hvtrace)\n"
     "  --sysfs DIR     PCI devices directory (default /sys/bus/pci/devices)\n"
-    "  --keep-clock    leave the kernel's trace clock alone (default: set \"mono\")\n"
+    "  --keep-clock    leave the instance's trace clock alone (default: set \"mono\")\n"
     "  --run-for MS    stop after MS milliseconds (default: run until killed)\n"
     "  -v, --verbose   also log every ivshmem device that is added\n";
 
-enum LongOnly { kRegion = 256, kTracefs, kSysfs, kKeepClock, kRunFor, kVersion };
+enum LongOnly { kRegion = 256, kTracefs, kInstance, kSysfs, kKeepClock, kRunFor, kVersion };
 
 bool ParseMs(const char* text, uint64_t* value) {
   if (text[0] < '0' || text[0] > '9') return false;
@@ -38,6 +40,7 @@ std::optional<int> ParseAgentArgs(int argc, char** argv, AgentOptions* options, 
   static const option kOptions[] = {
       {"region", required_argument, nullptr, kRegion},
       {"tracefs", required_argument, nullptr, kTracefs},
+      {"instance", required_argument, nullptr, kInstance},
       {"sysfs", required_argument, nullptr, kSysfs},
       {"keep-clock", no_argument, nullptr, kKeepClock},
       {"run-for", required_argument, nullptr, kRunFor},
@@ -60,6 +63,9 @@ std::optional<int> ParseAgentArgs(int argc, char** argv, AgentOptions* options, 
         break;
       case kTracefs:
         options->tracefs = optarg;
+        break;
+      case kInstance:
+        options->instance = optarg;
         break;
       case kSysfs:
         options->sysfs_pci_devices = optarg;

@@ -67,11 +67,26 @@ std::string Tracefs::CurrentClock() const {
   return text.substr(open_bracket + 1, close_bracket - open_bracket - 1);
 }
 
+namespace {
+
+// "NAME: N" at the start of a line of |text|, or 0.
+uint64_t StatsField(const std::string& text, const std::string& name) {
+  const std::string key = name + ":";
+  for (size_t at = 0; (at = text.find(key, at)) != std::string::npos; at += key.size()) {
+    if (at == 0 || text[at - 1] == '\n')
+      return std::strtoull(text.c_str() + at + key.size(), nullptr, 10);
+  }
+  return 0;
+}
+
+}  // namespace
+
 uint64_t Tracefs::Overrun(unsigned cpu) const {
-  const std::string text = Read("per_cpu/cpu" + std::to_string(cpu) + "/stats");
-  const size_t at = text.find("overrun:");
-  if (at == std::string::npos) return 0;
-  return std::strtoull(text.c_str() + at + 8, nullptr, 10);
+  return StatsField(Read("per_cpu/cpu" + std::to_string(cpu) + "/stats"), "overrun");
+}
+
+uint64_t Tracefs::Entries(unsigned cpu) const {
+  return StatsField(Read("per_cpu/cpu" + std::to_string(cpu) + "/stats"), "entries");
 }
 
 }  // namespace hvtrace::agent

@@ -1,4 +1,6 @@
-// The few tracefs operations the agent needs, as plain file I/O.
+// The few tracefs operations the agent needs, as plain file I/O. A Tracefs
+// is rooted at the top level or at one instance (instances/NAME): the
+// relative paths are the same.
 //
 // libtracefs does link statically here (checked: a static test binary built
 // and ran), but it drags in libtraceevent, whose plugin loader makes a
@@ -30,6 +32,8 @@ class Tracefs {
   std::string CurrentClock() const;
   // per_cpu/cpuN/stats "overrun: N".
   uint64_t Overrun(unsigned cpu) const;
+  // per_cpu/cpuN/stats "entries: N": events buffered and not read yet.
+  uint64_t Entries(unsigned cpu) const;
 
  private:
   std::string root_;

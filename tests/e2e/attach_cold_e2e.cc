@@ -99,11 +99,15 @@ TEST(AttachColdE2e, MarkersAndDirectWritesReachTheHostRegion) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 
-  ASSERT_EQ(guest.Run("echo HVT-KMARK-1 > /sys/kernel/tracing/trace_marker")->status, 0);
+  ASSERT_EQ(
+      guest.Run("echo HVT-KMARK-1 > /sys/kernel/tracing/instances/hvtrace/trace_marker")->status,
+      0);
   auto dw = guest.Run("hvtrace-guest-test dw-write --count 3 HVT-DW");
   ASSERT_TRUE(dw.ok());
   ASSERT_EQ(dw->status, 0) << dw->output;
-  ASSERT_EQ(guest.Run("echo HVT-KMARK-2 > /sys/kernel/tracing/trace_marker")->status, 0);
+  ASSERT_EQ(
+      guest.Run("echo HVT-KMARK-2 > /sys/kernel/tracing/instances/hvtrace/trace_marker")->status,
+      0);
 
   Found k1, k2, d[3];
   uint64_t issues = 0;

@@ -178,11 +178,13 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   ASSERT_TRUE(stream.WaitForNote("streaming VM", std::chrono::seconds(10))) << stream.output();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // The stream's first look is taken.
   const auto write_start = Clock::now();
-  ASSERT_EQ(guest.Run("echo HVT-K1 > /sys/kernel/tracing/trace_marker")->status, 0);
+  ASSERT_EQ(guest.Run("echo HVT-K1 > /sys/kernel/tracing/instances/hvtrace/trace_marker")->status,
+            0);
   auto dw = guest.Run("hvtrace-guest-test dw-write --count 3 HVT-DW");
   ASSERT_TRUE(dw.ok());
   ASSERT_EQ(dw->status, 0) << dw->output;
-  ASSERT_EQ(guest.Run("echo HVT-K2 > /sys/kernel/tracing/trace_marker")->status, 0);
+  ASSERT_EQ(guest.Run("echo HVT-K2 > /sys/kernel/tracing/instances/hvtrace/trace_marker")->status,
+            0);
   const bool all_seen = stream.WaitFor(
       [](const std::string& t) {
         return t.find("HVT-K2") != std::string::npos && t.find("HVT-DW 2") != std::string::npos;
@@ -254,7 +256,8 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   }
 
   // Written while no region is plugged: must reach nobody.
-  ASSERT_EQ(guest.Run("echo HVT-GAP > /sys/kernel/tracing/trace_marker")->status, 0);
+  ASSERT_EQ(guest.Run("echo HVT-GAP > /sys/kernel/tracing/instances/hvtrace/trace_marker")->status,
+            0);
 
   // Re-attach in the same guest (the VM is watched now: no --qmp).
   auto again = hvt.HvtraceJson({"attach", name, "--pump-ms", "50", "--wait-ms", "60000"});
@@ -272,7 +275,8 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   StreamReader cli(hvt, name);
   ASSERT_TRUE(cli.WaitForNote("streaming VM", std::chrono::seconds(10))) << cli.output();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  ASSERT_EQ(guest.Run("echo HVT-R-K1 > /sys/kernel/tracing/trace_marker")->status, 0);
+  ASSERT_EQ(guest.Run("echo HVT-R-K1 > /sys/kernel/tracing/instances/hvtrace/trace_marker")->status,
+            0);
   auto dw_again = guest.Run("hvtrace-guest-test dw-write --count 2 HVT-R-DW");
   ASSERT_TRUE(dw_again.ok());
   ASSERT_EQ(dw_again->status, 0) << dw_again->output;
@@ -285,7 +289,8 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   constexpr int kBurst = 300;
   const std::string crash =
       "i=0; while [ $i -lt " + std::to_string(kBurst) +
-      " ]; do echo HVT-LOSS-$i > /sys/kernel/tracing/trace_marker; i=$((i+1)); done; "
+      " ]; do echo HVT-LOSS-$i > /sys/kernel/tracing/instances/hvtrace/trace_marker; "
+      "i=$((i+1)); done; "
       "hvtrace-guest-test dw-write --count 5 HVT-LAST > /dev/null; echo c > /proc/sysrq-trigger\n";
   ASSERT_TRUE(guest.console().Send(crash).ok());
   fs::path capture_dir;
@@ -372,7 +377,7 @@ TEST_P(AttachE2e, AttachStreamMarkersThenCrashCapture) {
   EXPECT_NE(shown.find("text=HVT-LAST 4"), std::string::npos) << shown.substr(0, 3000);
 }
 
-// One marker line of the guest's own /sys/kernel/tracing/trace or of
+// One marker line of the guest's own instances/hvtrace/trace or of
 // `trace-cmd report` text, in the parts both print: task, pid, CPU, time and
 // the print's text ("tracing_mark_write: HVT-T1"). The guest's file has an
 // irq-flags column and no event name for print; trace-cmd prints "print:"
@@ -396,8 +401,8 @@ std::optional<MarkerText> ParseReportLine(const std::string& line) {
 }
 
 // The text of an attached VM is the guest's own: for trace_marker writes the
-// stream prints what the guest's /sys/kernel/tracing/trace prints (task name
-// from the guest's saved_cmdlines, the print's ip as the guest's symbol
+// stream prints what the agent's instance's trace file in the guest prints
+// (task name from the guest's saved_cmdlines, the print's ip as the guest's symbol
 // tracing_mark_write), and a capture's trace.dat names %ps functions
 // (hrtimer_start's function=) from the guest's symbols for trace-cmd too.
 // The agent pumps at attach and then only every minute, so the markers are
@@ -446,8 +451,9 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
   // One shell: the builtin echo writes the markers, then the guest's own
   // trace file is read while the agent has not pumped them yet.
   auto own = guest.Run(
-      "for m in HVT-T1 HVT-T2 HVT-T3; do echo $m > /sys/kernel/tracing/trace_marker; done; "
-      "grep -E 'HVT-T[0-9]$' /sys/kernel/tracing/trace");
+      "for m in HVT-T1 HVT-T2 HVT-T3; do echo $m > "
+      "/sys/kernel/tracing/instances/hvtrace/trace_marker; done; "
+      "grep -E 'HVT-T[0-9]$' /sys/kernel/tracing/instances/hvtrace/trace");
   ASSERT_TRUE(own.ok()) << own.error().message;
   ASSERT_TRUE(guest.Run("kill -TERM $(pidof hvtrace-agent)").ok());
   ASSERT_TRUE(GuestLogHas(guest, "/tmp/agent.log", "agent exit")) << diag();

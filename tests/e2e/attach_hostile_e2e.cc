@@ -87,7 +87,7 @@ Status Start(AttachedGuest* g, const GuestImage& image, const std::string& tag,
 Status Mark(AttachedGuest* g, const std::string& what, int count, bool dw = true) {
   const std::string prefix = "HVT-" + g->tag + "-" + what;
   auto k = g->guest->Run("for i in $(seq " + std::to_string(count) + "); do echo " + prefix +
-                         "-K$i > /sys/kernel/tracing/trace_marker; done");
+                         "-K$i > /sys/kernel/tracing/instances/hvtrace/trace_marker; done");
   if (!k.ok() || k->status != 0) return Error{g->tag + ": trace_marker failed"};
   if (!dw) return Status();
   auto d = g->guest->Run("hvtrace-guest-test dw-write --count " + std::to_string(count) + " " +
@@ -346,7 +346,8 @@ TEST(AttachHostileDaemonE2e, ThroughOneHvtracedTheOtherVmsStreamAndCaptureAreUnt
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   auto mark = [&](Vm& v, const std::string& what, int count) {
     return v.guest->Run("for i in $(seq " + std::to_string(count) + "); do echo HVT-" + v.tag +
-                        "-" + what + "-$i > /sys/kernel/tracing/trace_marker; done");
+                        "-" + what +
+                        "-$i > /sys/kernel/tracing/instances/hvtrace/trace_marker; done");
   };
   ASSERT_EQ(mark(vms[0], "before", 50)->status, 0);
   ASSERT_EQ(mark(vms[1], "before", 20)->status, 0);

@@ -93,7 +93,8 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
               "HVT-DWLOOP > /tmp/dw.log 2>&1 &)")
           ->status,
       0);
-  ASSERT_EQ(guest.Run("echo HVT-A-MARK > /sys/kernel/tracing/trace_marker")->status, 0);
+  ASSERT_EQ(
+      guest.Run("echo HVT-A-MARK > /sys/kernel/tracing/instances/hvtrace/trace_marker")->status, 0);
   const auto marked_a = SteadyClock::now();
   // The page holding the marker is not full: it arrives because the agent
   // pushes partial pages every pump interval.
@@ -136,7 +137,9 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
       << "the agent did not notice the removal\n"
       << log();
   // Written while nobody is attached: must not show up in the next region.
-  ASSERT_EQ(guest.Run("echo HVT-GAP-MARK > /sys/kernel/tracing/trace_marker")->status, 0);
+  ASSERT_EQ(
+      guest.Run("echo HVT-GAP-MARK > /sys/kernel/tracing/instances/hvtrace/trace_marker")->status,
+      0);
   std::this_thread::sleep_for(std::chrono::seconds(1));  // Direct writes keep coming meanwhile.
 
   // --- Region B: a new file.
@@ -149,7 +152,8 @@ TEST(AttachHotplugE2e, DetachAndReattachLeakNothingAndSurviveTheHostGoingAway) {
       << "agent never re-attached to region B\n"
       << log() << guest.Diagnostics();
   std::printf("region B: device_add -> agent running %.1f ms\n", Ms(SteadyClock::now() - plug_b));
-  ASSERT_EQ(guest.Run("echo HVT-B-MARK > /sys/kernel/tracing/trace_marker")->status, 0);
+  ASSERT_EQ(
+      guest.Run("echo HVT-B-MARK > /sys/kernel/tracing/instances/hvtrace/trace_marker")->status, 0);
   ASSERT_TRUE(WaitUntil([&] { return AnyRecordContains(AllRecords((*b)->Read()), "HVT-B-MARK"); },
                         std::chrono::seconds(20)))
       << "marker never reached region B\n"

@@ -125,7 +125,9 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
 
   StreamReader stream(hvt, name);
   ASSERT_TRUE(stream.WaitForNote("streaming VM", std::chrono::seconds(10))) << stream.output();
-  ASSERT_EQ(guest.Run("echo HVT-Q35-MARK > /sys/kernel/tracing/trace_marker")->status, 0);
+  ASSERT_EQ(
+      guest.Run("echo HVT-Q35-MARK > /sys/kernel/tracing/instances/hvtrace/trace_marker")->status,
+      0);
   ASSERT_TRUE(stream.WaitForText("HVT-Q35-MARK", std::chrono::seconds(30)))
       << "the marker never reached the host\n"
       << stream.output() << diag();

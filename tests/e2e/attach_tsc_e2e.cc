@@ -130,8 +130,9 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
   std::string cmd;
   for (const std::string& marker : Markers()) {
     if (!cmd.empty()) cmd += "; ";
-    cmd += marker.starts_with("HVT-TK") ? "echo " + marker + " > /sys/kernel/tracing/trace_marker"
-                                        : "hvtrace-guest-test dw-write --tsc " + marker;
+    cmd += marker.starts_with("HVT-TK")
+               ? "echo " + marker + " > /sys/kernel/tracing/instances/hvtrace/trace_marker"
+               : "hvtrace-guest-test dw-write --tsc " + marker;
   }
   auto wrote = guest.Run(cmd);
   ASSERT_TRUE(wrote.ok()) << wrote.error().message;

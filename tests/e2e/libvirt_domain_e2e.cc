@@ -421,7 +421,8 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   std::this_thread::sleep_for(500ms);  // The stream's first look is taken.
   auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(domain.console()
-                .Run("echo HVT-LV-K1 > /sys/kernel/tracing/trace_marker", kCommandTimeout)
+                .Run("echo HVT-LV-K1 > /sys/kernel/tracing/instances/hvtrace/trace_marker",
+                     kCommandTimeout)
                 ->status,
             0);
   auto dw =
@@ -539,7 +540,7 @@ TEST(LibvirtE2e, DaemonDiesMidAttachPanicCaptureThenTheNextRunRecoversIt) {
   ASSERT_TRUE(stream.WaitForNote("streaming VM", 10s)) << stream.output() << diag();
   std::this_thread::sleep_for(500ms);  // The stream's first look is taken.
   auto wrote = domain.console().Run(
-      "echo HVT-RC-K1 > /sys/kernel/tracing/trace_marker && "
+      "echo HVT-RC-K1 > /sys/kernel/tracing/instances/hvtrace/trace_marker && "
       "hvtrace-guest-test dw-write --count 3 HVT-RC-DW",
       kCommandTimeout);
   ASSERT_TRUE(wrote.ok() && wrote->status == 0) << (wrote.ok() ? wrote->output : "") << diag();

@@ -47,6 +47,7 @@ TEST_F(AgentArgsTest, NoArgumentsKeepTheDefaults) {
   const AgentOptions defaults;
   EXPECT_EQ(options_.region_path, defaults.region_path);
   EXPECT_EQ(options_.tracefs, defaults.tracefs);
+  EXPECT_EQ(options_.instance, "hvtrace");
   EXPECT_EQ(options_.sysfs_pci_devices, defaults.sysfs_pci_devices);
   EXPECT_TRUE(options_.set_mono_clock);
   EXPECT_EQ(options_.run_for_ms, 0u);
@@ -54,11 +55,12 @@ TEST_F(AgentArgsTest, NoArgumentsKeepTheDefaults) {
 }
 
 TEST_F(AgentArgsTest, EveryOptionAsTheTestsAndScriptsSpellIt) {
-  EXPECT_EQ(Parse({"--region", "/tmp/r", "--tracefs", "/t", "--sysfs", "/s", "--keep-clock",
-                   "--run-for", "250", "-v"}),
+  EXPECT_EQ(Parse({"--region", "/tmp/r", "--tracefs", "/t", "--instance", "mine", "--sysfs", "/s",
+                   "--keep-clock", "--run-for", "250", "-v"}),
             std::nullopt);
   EXPECT_EQ(options_.region_path, "/tmp/r");
   EXPECT_EQ(options_.tracefs, "/t");
+  EXPECT_EQ(options_.instance, "mine");
   EXPECT_EQ(options_.sysfs_pci_devices, "/s");
   EXPECT_FALSE(options_.set_mono_clock);
   EXPECT_EQ(options_.run_for_ms, 250u);

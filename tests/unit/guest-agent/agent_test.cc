@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "hvtrace/region_reader.h"
@@ -34,14 +35,23 @@ void Put(const fs::path& p, const std::string& text) {
 }
 
 // A fake tracefs (real format files and real trace_pipe_raw pages from the
-// fixtures) and a region file as hostd creates it.
+// fixtures) and a region file as hostd creates it. The agent's instance is
+// tracing/instances/hvtrace; the top level is set up as a user (trace-cmd)
+// left it, and the tests check that the agent never writes it.
 class AgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
     root_ = fs::temp_directory_path() / ("hvtrace-agent-test-" + std::to_string(getpid()));
     fs::remove_all(root_);
     const fs::path fx = HVTRACE_FIXTURES_DIR;
-    const fs::path t = root_ / "tracing";
+    const fs::path top = root_ / "tracing";
+    for (const char* f : {"trace_clock", "tracing_on", "trace", "current_tracer", "events/enable",
+                          "events/sched/sched_switch/enable", "saved_cmdlines_size"}) {
+      Put(top / f, kTopLevel.at(f));
+    }
+    Put(top / "events/sched/sched_switch/format",
+        Slurp(fx / "boot_map/formats/sched/sched_switch/format"));
+    const fs::path t = inst();
     Put(t / "events/header_page", Slurp(fx / "boot_map/header_page"));
     Put(t / "events/header_event", Slurp(fx / "boot_map/header_event"));
     Put(t / "events/ftrace/print/format", Slurp(fx / "boot_map/formats/ftrace/print/format"));
@@ -50,6 +60,7 @@ class AgentTest : public ::testing::Test {
     Put(t / "events/sched/sched_switch/enable", "0");
     Put(t / "trace_clock", "[local] global mono");
     Put(t / "tracing_on", "0");
+    Put(t / "trace", "");
     const long cpus = sysconf(_SC_NPROCESSORS_CONF);
     for (long c = 0; c < cpus; ++c) {
       std::string pages;
@@ -75,12 +86,49 @@ class AgentTest : public ::testing::Test {
     host_ = std::move(*m);
     SetRequests("sched:sched_switch", 0, 2);
 
-    options_.tracefs = t;
+    options_.tracefs = top;
     options_.kallsyms = root_ / "kallsyms";  // Absent unless a test writes it.
     options_.region_path = region_path_;
     options_.pointer_file = root_ / "run/region";
   }
   void TearDown() override { fs::remove_all(root_); }
+
+  fs::path inst() const { return root_ / "tracing/instances/hvtrace"; }
+  // The top level as trace-cmd left it: the agent must find it so afterwards.
+  static inline const std::map<std::string, std::string> kTopLevel = {
+      {"trace_clock", "global [local] mono"},
+      {"tracing_on", "1"},
+      {"trace", "TOPLEVEL-MARK"},
+      {"current_tracer", "nop\n"},
+      {"events/enable", "0\n"},
+      {"events/sched/sched_switch/enable", "0"},
+      {"saved_cmdlines_size", "128\n"},
+  };
+  // saved_cmdlines_size is global, raised when harmless (its own tests).
+  void ExpectTopLevelUntouched() {
+    for (const auto& [file, text] : kTopLevel) {
+      if (file == "saved_cmdlines_size") continue;
+      EXPECT_EQ(Slurp(root_ / "tracing" / file), text) << "top-level " << file;
+    }
+  }
+  // A region with a new id, where the last one was (as after detach+attach).
+  void NewRegion(uint64_t region_id) {
+    host_.Unmap();
+    fs::remove(region_path_);
+    RegionPlanOptions opt;
+    opt.max_cpus = geometry_.max_cpus;
+    opt.region_id = region_id;
+    auto g = PlanRegion(1 << 21, opt);
+    ASSERT_TRUE(g.ok());
+    geometry_ = *g;
+    std::vector<std::byte> mem(geometry_.region_size);
+    ASSERT_TRUE(InitRegionHeader(mem, geometry_, 1).ok());
+    Put(region_path_, std::string(reinterpret_cast<const char*>(mem.data()), mem.size()));
+    auto m = RegionMapping::Map(region_path_);
+    ASSERT_TRUE(m.ok());
+    host_ = std::move(*m);
+    SetRequests("sched:sched_switch", 0, 2);
+  }
 
   region::HostRequests* requests() {
     return reinterpret_cast<region::HostRequests*>(host_.data() + region::kHostRequestsOffset);
@@ -133,9 +181,10 @@ TEST_F(AgentTest, AnnouncesPublishesEnablesAndPumps) {
   }
   EXPECT_TRUE(have_print);
   EXPECT_TRUE(have_header_page);
-  EXPECT_EQ(Slurp(root_ / "tracing/events/sched/sched_switch/enable"), "1");
-  EXPECT_EQ(Slurp(root_ / "tracing/trace_clock"), "mono");
-  EXPECT_EQ(Slurp(root_ / "tracing/tracing_on"), "1");
+  EXPECT_EQ(Slurp(inst() / "events/sched/sched_switch/enable"), "1");
+  EXPECT_EQ(Slurp(inst() / "trace_clock"), "mono");
+  EXPECT_EQ(Slurp(inst() / "tracing_on"), "1");
+  ExpectTopLevelUntouched();
   // Every page of every CPU pipe, byte for byte, in order.
   for (uint32_t c = 0; c < s.guest.nr_cpus; ++c) {
     ASSERT_EQ(s.cpus[c].pages.size(), 3u) << "cpu " << c;
@@ -173,7 +222,8 @@ TEST_F(AgentTest, PublishesTextSymbolsAndSavedCmdlines) {
   Put(root_ / "tracing/saved_cmdlines_size", "128\n");
   Agent agent(options_);
   ASSERT_TRUE(agent.Attach(region_path_).ok());
-  EXPECT_EQ(Slurp(root_ / "tracing/saved_cmdlines_size"), "1024") << "raised at the first attach";
+  EXPECT_EQ(Slurp(root_ / "tracing/saved_cmdlines_size"), "1024")
+      << "raised at the first attach: no buffer holds events, no tracer at the top level";
   EXPECT_EQ(WaitForSymbols(agent, host_), region::kSymbolsPublished);
   agent.Tick(true);
   RegionSnapshot s = Read();
@@ -223,13 +273,13 @@ TEST_F(AgentTest, FollowsStopAndEventChanges) {
   ASSERT_TRUE(agent.Attach(region_path_).ok());
   SetRequests("", region::kRequestStop, 3);
   agent.Tick(false);
-  EXPECT_EQ(Slurp(root_ / "tracing/events/sched/sched_switch/enable"), "0");
+  EXPECT_EQ(Slurp(inst() / "events/sched/sched_switch/enable"), "0");
   RegionSnapshot s = Read();
   EXPECT_EQ(s.guest.status.state, region::kStateStopped);
   EXPECT_EQ(s.guest.status.request_ack, 3u);
   SetRequests("sched", 0, 4);  // A whole system.
   agent.Tick(false);
-  EXPECT_EQ(Slurp(root_ / "tracing/events/sched/sched_switch/enable"), "1");
+  EXPECT_EQ(Slurp(inst() / "events/sched/sched_switch/enable"), "1");
   // A snapshot request is answered with a push and an ack.
   requests()->snapshot_seq = 9;
   agent.Tick(false);
@@ -281,9 +331,10 @@ TEST_F(AgentTest, FreesDirectWriteRingsOfThreadsThatAreGone) {
 // so. The agent must live, notice at its next tick, detach, and start the
 // next region without the backlog recorded for none.
 TEST_F(AgentTest, SurvivesTheRegionVanishingAndStartsTheNextOneClean) {
-  Put(root_ / "tracing/trace", "backlog");
+  Put(inst() / "trace", "backlog");
   Agent agent(options_);
   ASSERT_TRUE(agent.Attach(region_path_).ok());
+  EXPECT_EQ(Slurp(inst() / "trace"), "backlog") << "no region went away: kept";
   agent.Tick(true);
   const uint64_t faults = RegionBusFaults();
   ASSERT_EQ(truncate(region_path_.c_str(), 0), 0);
@@ -293,31 +344,94 @@ TEST_F(AgentTest, SurvivesTheRegionVanishingAndStartsTheNextOneClean) {
   EXPECT_FALSE(fs::exists(root_ / "run/region"));
   agent.Tick(true);  // Detached: nothing to do, nothing to crash on.
 
+  EXPECT_EQ(Slurp(inst() / "events/sched/sched_switch/enable"), "0") << "recording for none";
+
   // A new region at the same place.
-  host_.Unmap();
-  fs::remove(region_path_);
-  RegionPlanOptions opt;
-  opt.max_cpus = geometry_.max_cpus;
-  opt.region_id = 0xb0b;
-  auto g = PlanRegion(1 << 21, opt);
-  ASSERT_TRUE(g.ok());
-  geometry_ = *g;
-  std::vector<std::byte> mem(geometry_.region_size);
-  ASSERT_TRUE(InitRegionHeader(mem, geometry_, 1).ok());
-  Put(region_path_, std::string(reinterpret_cast<const char*>(mem.data()), mem.size()));
-  auto m = RegionMapping::Map(region_path_);
-  ASSERT_TRUE(m.ok());
-  host_ = std::move(*m);
-  SetRequests("sched:sched_switch", 0, 2);
-  Put(root_ / "tracing/trace", "backlog");
+  NewRegion(0xb0b);
+  Put(inst() / "trace", "backlog");
   ASSERT_TRUE(agent.Attach(region_path_).ok());
-  EXPECT_EQ(Slurp(root_ / "tracing/trace"), "") << "the detached backlog must be discarded";
+  EXPECT_EQ(Slurp(inst() / "trace"), "") << "the detached backlog must be discarded";
+  ExpectTopLevelUntouched();
   agent.Tick(true);
   RegionSnapshot s = Read();
   EXPECT_TRUE(s.guest.present);
   EXPECT_EQ(s.guest.status.state, region::kStateRunning);
   EXPECT_EQ(s.issue_total(), 0u);
   EXPECT_GE(s.clock_sync.size(), 2u);
+}
+
+// The initramfs agent stops, the systemd unit's agent starts: the instance
+// recorded on in between with the first agent's events; the second takes
+// them over and forwards the backlog into the same region.
+TEST_F(AgentTest, ARestartedAgentKeepsTheBacklogAndTheEventsOfTheSameRegion) {
+  {
+    Agent agent(options_);
+    ASSERT_TRUE(agent.Attach(region_path_).ok());
+    agent.Tick(true);
+  }
+  EXPECT_EQ(Slurp(inst() / "events/sched/sched_switch/enable"), "1") << "left recording";
+  EXPECT_EQ(Slurp(inst() / "tracing_on"), "1");
+  EXPECT_TRUE(fs::is_directory(inst())) << "the instance is never removed";
+  Put(inst() / "set_event", "sched:sched_switch\n");  // What the kernel lists then.
+  Put(inst() / "trace", "backlog");
+  Put(inst() / "per_cpu/cpu0/stats", "entries: 5\noverrun: 0\ncommit overrun: 0\n");
+  Put(root_ / "tracing/saved_cmdlines_size", "256\n");  // Someone set it after the first agent.
+  // A region that has never seen this sched_switch format (as after kexec).
+  auto* id = reinterpret_cast<region::GuestIdentity*>(host_.data() + region::kGuestIdentityOffset);
+  id->boot_id[0] ^= 0xff;
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  EXPECT_EQ(Slurp(inst() / "trace"), "backlog") << "same region: the backlog is its events";
+  EXPECT_EQ(Slurp(inst() / "events/sched/sched_switch/enable"), "1");
+  EXPECT_EQ(Slurp(root_ / "tracing/saved_cmdlines_size"), "256\n")
+      << "a resize would drop the names the backlog needs";
+  agent.Tick(true);
+  RegionSnapshot s = Read();
+  EXPECT_EQ(s.guest.status.events_enabled, 1u);
+  EXPECT_NE(s.FindFormat(agent.generation(), 310), nullptr)
+      << "a taken-over event's format is published for the new generation";
+  // The host no longer wants it: the agent disables what it took over.
+  SetRequests("", 0, 3);
+  agent.Tick(false);
+  EXPECT_EQ(Slurp(inst() / "events/sched/sched_switch/enable"), "0");
+}
+
+TEST_F(AgentTest, ARestartedAgentOnAnotherRegionDiscardsTheBacklog) {
+  {
+    Agent agent(options_);
+    ASSERT_TRUE(agent.Attach(region_path_).ok());
+  }
+  EXPECT_EQ(Slurp(root_ / "run/backlog"), "0\n") << "the region (id 0) owns the backlog";
+  NewRegion(0xc0ffee);  // Detached and attached anew while no agent ran.
+  Put(inst() / "trace", "backlog");
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  EXPECT_EQ(Slurp(inst() / "trace"), "") << "recorded for another region";
+  EXPECT_EQ(Slurp(root_ / "run/backlog"), "c0ffee\n");
+  ExpectTopLevelUntouched();
+}
+
+// trace-cmd record at the top level: a resize would cost it the names of
+// tasks that exited, so the global size stays.
+TEST_F(AgentTest, LeavesSavedCmdlinesSizeAloneWhileATracerUsesTheTopLevel) {
+  Put(root_ / "tracing/events/enable", "X\n");
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  EXPECT_EQ(Slurp(root_ / "tracing/saved_cmdlines_size"), "128\n");
+}
+
+TEST_F(AgentTest, CreatesItsInstanceAndSaysWhenTracefsHasNone) {
+  fs::remove_all(inst());
+  options_.instance = "mine";
+  Agent agent(options_);
+  const Status s = agent.Attach(region_path_);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(fs::is_directory(root_ / "tracing/instances/mine")) << "mkdir, as the kernel wants";
+  EXPECT_NE(s.error().message.find("instances/mine is not a tracefs instance"), std::string::npos)
+      << s.error().message;
+  options_.instance = "../x";
+  EXPECT_FALSE(Agent(options_).OpenInstance().ok());
+  ExpectTopLevelUntouched();
 }
 
 TEST_F(AgentTest, RefusesARegionWithoutMagic) {

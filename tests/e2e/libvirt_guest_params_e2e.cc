@@ -197,6 +197,16 @@ TEST_P(LibvirtGuestParamsE2e, BootRangeFoundFromTheCellNotTheCmdline) {
   Status second_stage = BootWithParamsFromInside(domain, params);
   ASSERT_TRUE(second_stage.ok()) << second_stage.error().message;
   ASSERT_TRUE(WriteMarkers(domain, "hvt-gp-" + tag, 8).ok()) << domain.Diagnostics();
+  // Adopted again now, the reply finds the meta the guest's kernel wrote.
+  RunResult stop = hvt.Hvtrace({"stop", domain.name()});
+  ASSERT_EQ(stop.status, 0) << stop.output << "\n" << hvt.LogTail();
+  Result<json> again = hvt.HvtraceJson({"adopt", domain.name()});
+  ASSERT_TRUE(again.ok()) << again.error().message << "\n" << hvt.LogTail();
+  const json& meta = (*again)["boot_range"]["guest_meta"];
+  EXPECT_EQ(meta["state"], "present") << again->dump(2);
+  EXPECT_EQ(meta["cpus"], 2) << again->dump(2);
+  EXPECT_EQ(meta["metas_valid"], 2) << again->dump(2);
+  EXPECT_FALSE((*again)["boot_range"].contains("note")) << again->dump(2);
   ASSERT_TRUE(domain.console().Send("echo c > /proc/sysrq-trigger\n").ok());
   Result<json> captures = hvt.WaitForCaptures(domain.name(), 1, 90s);
   ASSERT_TRUE(captures.ok()) << captures.error().message << "\n" << domain.Diagnostics();

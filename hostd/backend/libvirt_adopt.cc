@@ -1,5 +1,7 @@
 // Finding a libvirt domain's regions and making its backend: the boot range
-// from the live XML and QEMU's command line, hvtrace's <shmem> device.
+// from the domain's NUMA cell and QEMU's command line (never <cmdline>: a
+// disk-booted guest sets its parameters in its own boot loader), hvtrace's
+// <shmem> device.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -12,39 +14,26 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "boot_request.h"
+#include "hvtrace/boot_map.h"
 #include "libvirt_backend.h"
 
 namespace hvtrace::hostd {
 
 using json = nlohmann::json;
 
-Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info,
-                                              const Result<DomainQemu>& qemu) {
-  const std::string ctx = "domain '" + info.name + "' boot range: ";
-  // memmap=SIZE$ADDR, as `hvtrace domain-xml` wrote it into <cmdline>.
-  std::optional<uint64_t> size, gpa;
-  std::istringstream words(info.cmdline);
-  std::string word;
-  while (words >> word) {
-    if (word.rfind("memmap=", 0) != 0) continue;
-    size_t dollar = word.find('$');
-    if (dollar == std::string::npos) continue;
-    Result<uint64_t> s = ParseKernelSize(word.substr(7, dollar - 7));
-    Result<uint64_t> a = ParseKernelSize(word.substr(dollar + 1));
-    if (!s.ok() || !a.ok()) return Error{ctx + "cannot parse '" + word + "'"};
-    size = *s;
-    gpa = *a;
-  }
-  if (!size)
-    return Error{ctx +
-                 "no memmap=SIZE$ADDR in the kernel command line (not made by "
-                 "`hvtrace domain-xml`?)"};
-  if (info.numa_cells.size() != 2 || info.numa_cells[1].mem_access != "shared") {
-    return Error{ctx + "expected two NUMA cells, cell 1 with memAccess='shared'"};
-  }
-  const uint64_t node0 = info.numa_cells[0].memory_bytes;
-  if (*gpa < node0) return Error{ctx + "the range is not in NUMA node 1"};
+LibvirtRegionSpec BootRangeSpec(const DomainBootCell& cell) {
+  LibvirtRegionSpec spec;
+  spec.kind = "boot-range";
+  spec.offset = cell.layout.file_offset;
+  spec.size = cell.layout.range_bytes;
+  spec.gpa = cell.layout.range_gpa;
+  return spec;
+}
 
+Result<LibvirtRegionSpec> LocateBootRangeFile(const std::string& domain, LibvirtRegionSpec range,
+                                              const Result<DomainQemu>& qemu) {
+  const std::string ctx = "domain '" + domain + "' boot range: ";
   // libvirt names the node-1 file itself (memory_backing_dir/…/<id>-<name>/
   // ram-node1); the command line of the QEMU libvirt recorded says where.
   if (!qemu.ok()) {
@@ -60,22 +49,89 @@ Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info,
         obj.value("qom-type", "") != "memory-backend-file") {
       continue;
     }
-    LibvirtRegionSpec spec;
-    spec.kind = "boot-range";
-    spec.path = obj.value("mem-path", "");
+    range.path = obj.value("mem-path", "");
     const uint64_t node1 = obj.value("size", uint64_t{0});
-    spec.offset = *gpa - node0;
-    spec.size = *size;
-    spec.owner_uid = qemu->uid;
-    spec.qemu_pid = qemu->pid;
-    if (spec.path.empty() || spec.offset + spec.size > node1 || !obj.value("share", false)) {
-      return Error{ctx + "QEMU pid " + pid + "'s ram-node1 (" + spec.path.string() + ", " +
+    range.owner_uid = qemu->uid;
+    range.qemu_pid = qemu->pid;
+    if (range.path.empty() || range.offset + range.size > node1 || !obj.value("share", false)) {
+      return Error{ctx + "QEMU pid " + pid + "'s ram-node1 (" + range.path.string() + ", " +
                    std::to_string(node1) + " bytes, share=" +
                    (obj.value("share", false) ? "on" : "off") + ") cannot hold the range"};
     }
-    return spec;
+    return range;
   }
   return Error{ctx + "QEMU pid " + pid + " has no file-backed ram-node1"};
+}
+
+Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info,
+                                              const Result<DomainQemu>& qemu) {
+  Result<DomainBootCell> cell = FindDomainBootCell(info, "boot_map", "");
+  if (!cell.ok()) return cell.error();
+  return LocateBootRangeFile(info.name, BootRangeSpec(*cell), qemu);
+}
+
+json ProbeGuestBootMeta(int fd, const LibvirtRegionSpec& region) {
+  // Bounded: the probe copies the whole range (the reader needs it).
+  constexpr uint64_t kMaxProbeBytes = 256ull << 20;
+  if (region.size < 4096 || region.size > kMaxProbeBytes) {
+    return {{"state", "unreadable"},
+            {"message", "range of " + std::to_string(region.size) +
+                            " bytes is outside what the adopt-time probe reads (4 KiB..256 MiB)"}};
+  }
+  // Copied, then checked: the guest may write while we look.
+  std::vector<std::byte> copy(region.size);
+  size_t got = 0;
+  while (got < copy.size()) {
+    const ssize_t n =
+        pread(fd, copy.data() + got, copy.size() - got, static_cast<off_t>(region.offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return {{"state", "unreadable"},
+              {"message", "reading " + region.path.string() + " at " +
+                              std::to_string(region.offset + got) + ": " +
+                              (n < 0 ? std::strerror(errno) : "end of file")}};
+    }
+    got += static_cast<size_t>(n);
+  }
+  Result<BootMap> map = ReadBootMap(copy, BootMapOptions{});
+  if (!map.ok()) {
+    // The magic at the start, but no layout fits: the guest's range is not
+    // the cell's (or it is another kernel's). Else zeroes (a fresh file) or
+    // whatever the guest kept there: nothing of its buffer yet.
+    uint32_t magic = 0;
+    std::memcpy(&magic, copy.data(), sizeof magic);
+    if (magic == kBootMapMagic) {
+      return {{"state", "mismatch"},
+              {"message", "a meta is at the start of the range but does not fit a range of " +
+                              std::to_string(region.size) + " bytes (is the guest's " +
+                              "trace_instance= size the cell's?): " + map.error().message}};
+    }
+    return {{"state", "absent"}, {"message", map.error().message}};
+  }
+  size_t metas = 0, valid = 0;
+  for (const BootMapCpu& cpu : map->cpu) {
+    metas += cpu.meta_found;
+    valid += cpu.meta_valid;
+  }
+  json j = {{"layout", map->layout},
+            {"cpus", map->cpus},
+            {"metas_found", metas},
+            {"metas_valid", valid},
+            {"events", map->total_records()}};
+  // The CPU count is derived from metas whose nr_subbufs fits this range
+  // size; when none does, the guest sized its range differently.
+  for (const BootMapIssue& issue : map->issues) {
+    if (issue.check == BootMapCheck::kNrSubbufs && !j.contains("first_issue")) {
+      j["first_issue"] = issue.message;
+    }
+  }
+  const bool fits = valid > 0;
+  j["state"] = fits ? "present" : "mismatch";
+  j["message"] = fits ? "the guest's persistent ring buffer meta is in the range"
+                      : "metas are in the range but none is valid for a range of " +
+                            std::to_string(region.size) +
+                            " bytes: is the guest's trace_instance= size the cell's?";
+  return j;
 }
 
 LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size) {
@@ -86,18 +142,58 @@ LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size) 
   return spec;
 }
 
+json BootRangeFacts(const DomainBootCell& cell, const LibvirtRegionSpec& region, int fd,
+                    bool running) {
+  char gpa[32];
+  std::snprintf(gpa, sizeof gpa, "0x%llx", static_cast<unsigned long long>(region.gpa));
+  json facts = {{"gpa", gpa},
+                {"size", region.size},
+                {"source", "numa-cell"},
+                {"kernel_params", cell.kernel_params}};
+  if (!cell.cmdline_note.empty()) facts["cmdline_note"] = cell.cmdline_note;
+  json meta;
+  if (!running) {
+    meta = {{"state", "not-running"},
+            {"message", "the domain is not running; its range file is opened when it starts"}};
+  } else if (fd < 0) {
+    meta = {{"state", "unreadable"}, {"message", "the range file is not open"}};
+  } else {
+    meta = ProbeGuestBootMeta(fd, region);
+  }
+  const std::string state = meta.value("state", "");
+  if (state != "present") {
+    facts["note"] = "cell present, guest has not written a persistent-buffer meta yet (" + state +
+                    ") — captures will contain it once the guest boots with " + cell.kernel_params;
+  }
+  facts["guest_meta"] = std::move(meta);
+  return facts;
+}
+
 Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(
     std::shared_ptr<LibvirtClient> client, const std::string& domain, LibvirtBackendOptions options,
     bool allow_no_region) {
   Result<LibvirtDomainPtr> dom = client->FindDomain(domain);
   if (!dom.ok()) return dom.error();
-  if (virDomainIsActive(dom->get()) != 1) {
-    return Error{"libvirt: domain '" + domain + "' is not running; start it first"};
-  }
+  const bool running = virDomainIsActive(dom->get()) == 1;
   Result<std::string> xml = LibvirtDomainXml(dom->get());
   if (!xml.ok()) return xml.error();
   Result<DomainXmlInfo> info = ParseDomainXml(*xml);
   if (!info.ok()) return Error{"libvirt: domain '" + domain + "': " + info.error().message};
+  // The boot range from the NUMA cell alone; the guest's own kernel command
+  // line (its boot loader) is invisible here and not needed.
+  Result<DomainBootCell> cell = FindDomainBootCell(*info, "boot_map", kDefaultBootEvents);
+  if (!running) {
+    if (!cell.ok()) {
+      return Error{"libvirt: domain '" + domain +
+                   "' is not running; start it first (only a domain with a boot-range NUMA "
+                   "cell is adopted before it starts: " +
+                   cell.error().message + ")"};
+    }
+    Result<std::unique_ptr<LibvirtDomainBackend>> backend = LibvirtDomainBackend::Create(
+        std::move(client), domain, BootRangeSpec(*cell), std::move(options));
+    if (backend.ok()) (*backend)->SetBootRangeCell(*cell, /*running=*/false);
+    return backend;
+  }
   const Result<DomainQemu> qemu = FindDomainQemu(client->uri(), info->name);
   // hvtrace's shmem device: with a region header it is an attach-mode region.
   std::optional<LibvirtRegionSpec> raw_shmem;
@@ -118,7 +214,9 @@ Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(
     }
     break;
   }
-  Result<LibvirtRegionSpec> boot = FindBootRangeRegion(*info, qemu);
+  Result<LibvirtRegionSpec> boot = cell.ok()
+                                       ? LocateBootRangeFile(info->name, BootRangeSpec(*cell), qemu)
+                                       : Result<LibvirtRegionSpec>(cell.error());
   LibvirtRegionSpec region;
   if (boot.ok()) {
     region = std::move(*boot);
@@ -132,7 +230,9 @@ Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(
   }
   Result<std::unique_ptr<LibvirtDomainBackend>> backend = LibvirtDomainBackend::Create(
       std::move(client), domain, std::move(region), std::move(options));
-  if (backend.ok() && live) (*backend)->AdoptAttachedRegion(std::move(live), live_shm);
+  if (!backend.ok()) return backend;
+  if (live) (*backend)->AdoptAttachedRegion(std::move(live), live_shm);
+  if (boot.ok()) (*backend)->SetBootRangeCell(*cell, /*running=*/true);
   return backend;
 }
 
@@ -202,7 +302,9 @@ Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
     }
   }
   int fd = -1;
-  if (region.kind != "none") {
+  // A boot range without a path: the domain is not running yet; its file is
+  // opened when it starts (OpenBootRangeOfThisRun).
+  if (region.kind != "none" && !region.path.empty()) {
     Result<int> opened = OpenRegionFile(domain, region);
     if (!opened.ok()) return opened.error();
     fd = *opened;

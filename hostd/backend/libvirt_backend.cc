@@ -11,14 +11,29 @@ namespace hvtrace::hostd {
 
 using json = nlohmann::json;
 
+namespace {
+
+// A region file descriptor shared with the captures reading it: closed when
+// the last of them lets go, so switching to a new file never pulls it from
+// under a copy in progress.
+std::shared_ptr<const int> OwnFd(int fd) {
+  if (fd < 0) return nullptr;
+  return std::shared_ptr<const int>(new int(fd), [](const int* p) {
+    close(*p);
+    delete p;
+  });
+}
+
+}  // namespace
+
 LibvirtDomainBackend::LibvirtDomainBackend(std::unique_ptr<LibvirtDomain> domain,
                                            LibvirtRegionSpec region, int region_fd,
                                            LibvirtDomainFacts facts, LibvirtBackendOptions options)
     : domain_(std::move(domain)),
-      region_(std::move(region)),
-      fd_(region_fd),
       facts_(std::move(facts)),
       options_(std::move(options)),
+      region_(std::move(region)),
+      fd_(OwnFd(region_fd)),
       attach_transport_(*domain_, options_.blocking),
       attach_(options_.blocking ? options_.blocking : boost::asio::any_io_executor(),
               attach_transport_) {
@@ -36,7 +51,6 @@ LibvirtDomainBackend::LibvirtDomainBackend(std::unique_ptr<LibvirtDomain> domain
 LibvirtDomainBackend::~LibvirtDomainBackend() {
   life_.reset();
   Stop();
-  if (fd_ >= 0) close(fd_);
 }
 
 void LibvirtDomainBackend::Start(VmEventSink& sink) {
@@ -51,6 +65,13 @@ void LibvirtDomainBackend::Start(VmEventSink& sink) {
   // after the fact) sends no event: look once. With <on_crash>preserve</on_crash>
   // QEMU is stopped, so the region is as the panic left it.
   Result<LibvirtDomainState> state = domain_->State();
+  bool pending;
+  {
+    std::lock_guard lock(mu_);
+    pending = region_.kind == "boot-range" && fd_ == nullptr;
+  }
+  // Adopted before it started, and started since: open this run's file.
+  if (pending && state.ok() && state->active) OpenBootRangeOfThisRun();
   if (state.ok() && state->active && state->crashed) {
     sink.OnVmEvent(
         VmEvent{"HVTRACE_FOUND_PANICKED",
@@ -146,8 +167,25 @@ void LibvirtDomainBackend::OnLifecycle(const LibvirtDomainEvent& e, VmEventSink&
       return emit("SHUTDOWN");
     case VIR_DOMAIN_EVENT_SUSPENDED:
       return emit("STOP");
+    case VIR_DOMAIN_EVENT_STARTED: {
+      // libvirt made a new node-1 file for this run: the boot range is there
+      // now, not in the file of the last run (or nowhere, adopted before start).
+      bool boot_range;
+      {
+        std::lock_guard lock(mu_);
+        boot_range = region_.kind == "boot-range";
+      }
+      if (boot_range && options_.blocking) {
+        std::weak_ptr<int> life = life_;
+        boost::asio::post(options_.blocking, [this, life] {
+          if (!life.expired()) OpenBootRangeOfThisRun();
+        });
+      } else if (boot_range) {
+        OpenBootRangeOfThisRun();
+      }
+      return emit("RESUME");
+    }
     case VIR_DOMAIN_EVENT_RESUMED:
-    case VIR_DOMAIN_EVENT_STARTED:
       return emit("RESUME");
     case VIR_DOMAIN_EVENT_STOPPED: {
       {
@@ -202,13 +240,22 @@ Result<CaptureInputs> LibvirtDomainBackend::PrepareCapture() {
     pending_panic_.reset();
     stopped = stopped_after_panic_;
   }
+  LibvirtRegionSpec region;
+  std::shared_ptr<const int> fd;
+  std::string region_error;
+  {
+    std::lock_guard lock(mu_);
+    region = region_;
+    fd = fd_;
+    region_error = region_error_;
+  }
   CaptureInputs in;
-  if (region_.kind != "none") {
+  if (region.kind != "none" && fd) {
     // Through our own descriptor: libvirt deletes a boot range's node-1
     // file when the domain stops, and the open file still holds the data.
-    in.region_file = RegionFileSource{
-        fd_,           region_.path, region_.offset, region_.size, 0, region_.kind == "boot-range",
-        facts_.kernel, kernel_key_};
+    in.region_file = RegionFileSource{*fd,           region.path, region.offset,
+                                      region.size,   region.gpa,  region.kind == "boot-range",
+                                      facts_.kernel, kernel_key_, fd};
   }
   in.attach = live_region();
   bool active = false;
@@ -216,6 +263,9 @@ Result<CaptureInputs> LibvirtDomainBackend::PrepareCapture() {
   json lv = {{"kind", "libvirt"},     {"domain", domain_->name()},   {"uuid", domain_->uuid()},
              {"uri", domain_->uri()}, {"on_crash", facts_.on_crash}, {"state_at_capture", state}};
   if (!kernel_key_error_.empty()) lv["kernel_key_error"] = kernel_key_error_;
+  if (region.kind != "none" && !fd) {
+    lv["region_error"] = region_error.empty() ? "the boot range file is not open" : region_error;
+  }
   if (panic) {
     lv["panic"] = {{"event", panic->event},
                    {"event_to_callback_ms", panic->ms_to_callback},
@@ -245,9 +295,59 @@ nlohmann::json LibvirtDomainBackend::Describe() const {
              {{"kind", region_.kind},
               {"path", region_.path.string()},
               {"offset", region_.offset},
-              {"size", region_.size}}}};
+              {"size", region_.size},
+              {"open", fd_ != nullptr}}}};
+  if (!region_error_.empty()) j["region"]["error"] = region_error_;
+  if (!boot_range_facts_.is_null()) j["boot_range"] = boot_range_facts_;
   j.update(domain_->Connection());  // uri, connected, reconnects.
   return j;
+}
+
+void LibvirtDomainBackend::SetBootRangeCell(const DomainBootCell& cell, bool running) {
+  LibvirtRegionSpec region;
+  std::shared_ptr<const int> fd;
+  {
+    std::lock_guard lock(mu_);
+    region = region_;
+    fd = fd_;
+  }
+  // The probe copies the range: not under the lock.
+  json facts = BootRangeFacts(cell, region, fd ? *fd : -1, running);
+  std::lock_guard lock(mu_);
+  boot_range_facts_ = std::move(facts);
+}
+
+void LibvirtDomainBackend::OpenBootRangeOfThisRun() {
+  LibvirtRegionSpec range;
+  {
+    std::lock_guard lock(mu_);
+    range = region_;
+  }
+  range.path.clear();
+  range.owner_uid.reset();
+  range.qemu_pid = -1;
+  Result<LibvirtRegionSpec> located = LocateBootRangeFile(domain_->name(), range, domain_->Qemu());
+  Result<int> opened =
+      located.ok() ? OpenRegionFile(domain_->name(), *located) : Result<int>(located.error());
+  VmEventSink* sink;
+  {
+    std::lock_guard lock(mu_);
+    sink = sink_;
+    if (opened.ok()) {
+      region_ = *located;
+      fd_ = OwnFd(*opened);  // The last run's file closes once no capture holds it.
+      region_error_.clear();
+    } else {
+      fd_ = nullptr;  // Never the last run's bytes for this run's panic.
+      region_error_ = opened.error().message;
+    }
+  }
+  if (sink) {
+    sink->OnVmEvent(VmEvent{opened.ok() ? "HVTRACE_BOOT_RANGE_OPENED" : "HVTRACE_BOOT_RANGE_ERROR",
+                            opened.ok() ? json{{"path", located->path.string()}}
+                                        : json{{"error", opened.error().message}},
+                            HostTime::Now()});
+  }
 }
 
 void LibvirtDomainBackend::AdoptAttachedRegion(std::shared_ptr<LiveRegion> region,

@@ -55,14 +55,40 @@ struct LibvirtRegionSpec {
   // very file QEMU |qemu_pid| maps; -1 / nullopt: not checked.
   std::optional<uid_t> owner_uid;
   pid_t qemu_pid = -1;
+  uint64_t gpa = 0;  // Guest-physical address of the range (boot-range).
 };
 
-// The boot range of a running domain made from `hvtrace domain-xml`: the
-// node-1 file from the command line of |qemu| (the domain's QEMU as libvirt
-// recorded it, FindDomainQemu; libvirt names the file), and the range from
-// the domain's memmap= kernel parameter and NUMA cells.
+// A boot range as the domain's NUMA cells place it (FindDomainBootCell), its
+// file not yet known: kind "boot-range", offset, size and gpa set, no path.
+LibvirtRegionSpec BootRangeSpec(const DomainBootCell& cell);
+
+// |range| (from BootRangeSpec) with its file: node 1's memory-backend-file in
+// the command line of |qemu| (the domain's QEMU as libvirt recorded it;
+// libvirt names the file, a new one each time the domain starts), checked to
+// be shared and large enough, with QEMU's pid and user for OpenRegionFile.
+Result<LibvirtRegionSpec> LocateBootRangeFile(const std::string& domain, LibvirtRegionSpec range,
+                                              const Result<DomainQemu>& qemu);
+
+// Both steps for a running domain: the cells of |info|, the file of |qemu|.
+// Never <os><cmdline> (a disk-booted guest keeps its parameters in its own
+// boot loader).
 Result<LibvirtRegionSpec> FindBootRangeRegion(const DomainXmlInfo& info,
                                               const Result<DomainQemu>& qemu);
+
+// What the guest has written at the start of |region| (open as |fd|): the
+// range is copied, then read with the boot_map reader (hvtrace/boot_map.h).
+// {"state": "present"|"absent"|"mismatch"|"unreadable", "message", and for
+// a meta found "cpus", "layout", "events"}. "mismatch": metas are there but
+// none fits a range of region.size bytes (the guest's trace_instance= size
+// is not the cell's).
+nlohmann::json ProbeGuestBootMeta(int fd, const LibvirtRegionSpec& region);
+
+// The adopt reply's "boot_range": the range's GPA and size, the kernel
+// parameters the guest must boot with, a note when <cmdline> disagrees, and
+// "guest_meta" (ProbeGuestBootMeta through |fd|, or why not: not |running|,
+// fd -1) with a "note" saying what is missing until the guest has set it up.
+nlohmann::json BootRangeFacts(const DomainBootCell& cell, const LibvirtRegionSpec& region, int fd,
+                              bool running);
 
 // Opens |region|'s file for reading as hvtraced keeps it: never through a
 // symlink, never blocking (a FIFO is refused, not waited on), a regular file
@@ -92,7 +118,8 @@ class LibvirtDomainBackend : public VmBackend {
                                                               LibvirtRegionSpec region,
                                                               LibvirtBackendOptions options = {});
   // For |domain| as given (tests pass a fake); |region_fd| is |region|'s
-  // file, opened read-only, or -1 for kind "none"; the backend closes it.
+  // file, opened read-only, or -1 for kind "none" and for a boot range whose
+  // domain is not running yet (opened when it starts); the backend closes it.
   LibvirtDomainBackend(std::unique_ptr<LibvirtDomain> domain, LibvirtRegionSpec region,
                        int region_fd, LibvirtDomainFacts facts, LibvirtBackendOptions options);
   ~LibvirtDomainBackend() override;
@@ -101,7 +128,10 @@ class LibvirtDomainBackend : public VmBackend {
   void Start(VmEventSink& sink) override;
   void Stop() override;
   Result<CaptureInputs> PrepareCapture() override;
-  uint64_t region_file_bytes() const override { return region_.kind == "none" ? 0 : region_.size; }
+  uint64_t region_file_bytes() const override {
+    std::lock_guard lock(mu_);
+    return region_.kind == "none" ? 0 : region_.size;
+  }
   KernelFiles kernel_files() const override { return {kernel_key_, facts_.kernel, facts_.initrd}; }
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
@@ -117,6 +147,9 @@ class LibvirtDomainBackend : public VmBackend {
   nlohmann::json AttachStatus() const override { return attach_.Status(); }
   // A region hvtrace attached earlier (found by AdoptLibvirtDomain).
   void AdoptAttachedRegion(std::shared_ptr<LiveRegion> region, const std::string& shm_name);
+  // The boot range's cell, for Describe()'s "boot_range" (BootRangeFacts,
+  // with the guest's meta probed through the open file when |running|).
+  void SetBootRangeCell(const DomainBootCell& cell, bool running);
 
   const std::string& domain_name() const { return domain_->name(); }
   const std::string& domain_uuid() const { return domain_->uuid(); }
@@ -129,10 +162,11 @@ class LibvirtDomainBackend : public VmBackend {
   // event loop's thread).
   void LookAfterReconnect(const LibvirtDomainEvent& event);
   std::string StateText(bool* active) const;
+  // A boot range lives in a file libvirt makes anew each time the domain
+  // starts: find and open this run's (blocking: /proc, libvirt's pid file).
+  void OpenBootRangeOfThisRun();
 
   std::unique_ptr<LibvirtDomain> domain_;
-  const LibvirtRegionSpec region_;
-  int fd_ = -1;
   const LibvirtDomainFacts facts_;
   std::string kernel_key_;  // formats_cache.h key of facts_.kernel.
   std::string kernel_key_error_;
@@ -141,6 +175,10 @@ class LibvirtDomainBackend : public VmBackend {
   std::shared_ptr<int> life_ = std::make_shared<int>(0);
 
   mutable std::mutex mu_;  // Guards the fields below.
+  LibvirtRegionSpec region_;
+  std::shared_ptr<const int> fd_;  // region_'s file; closed when the last user lets go.
+  std::string region_error_;       // Why this run's boot range file is not open.
+  nlohmann::json boot_range_facts_;
   VmEventSink* sink_ = nullptr;
   struct PanicNote {
     std::string event;      // CRASHED/PANICKED or CRASHED/CRASHLOADED.
@@ -158,12 +196,15 @@ class LibvirtDomainBackend : public VmBackend {
 // Convenience for the daemon and tools: the shmem region of an attachment.
 LibvirtRegionSpec ShmemRegion(const std::filesystem::path& path, uint64_t size);
 
-// For `adopt DOMAIN`: a backend for a running domain, with the region found
-// from its live XML — a boot range made by `hvtrace domain-xml`, and/or a
-// shmem device hvtrace attached (alias ua-hvtrace-*, /dev/shm/<name>): with
-// a region header it is the attach-mode region (live_region()), without one
-// a raw region. With neither, an error saying what was looked for, unless
-// |allow_no_region| (`attach` adopts first, then plugs a region).
+// For `adopt DOMAIN`: a backend for a domain, with the region found from its
+// XML — a boot range in the NUMA cell `hvtrace domain-xml --numa` makes
+// (whether the kernel parameters are in <cmdline> or in the guest's own boot
+// loader), and/or a shmem device hvtrace attached (alias ua-hvtrace-*,
+// /dev/shm/<name>): with a region header it is the attach-mode region
+// (live_region()), without one a raw region. With neither, an error saying
+// what was looked for, unless |allow_no_region| (`attach` adopts first, then
+// plugs a region). A domain that is not running is adopted only for a boot
+// range, whose file is opened each time the domain starts.
 Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(
     std::shared_ptr<LibvirtClient> client, const std::string& domain,
     LibvirtBackendOptions options = {}, bool allow_no_region = false);

@@ -59,6 +59,9 @@ struct RegionFileSource {
   bool boot_range = true;
   std::string kernel_path;  // The kernel file, when the backend knows it.
   std::string kernel_key;   // Its formats cache key (formats_cache.h).
+  // Keeps |fd| open while the capture reads it: a backend may switch to a
+  // new file (a restarted libvirt domain) in the meantime.
+  std::shared_ptr<const void> fd_owner = nullptr;
 };
 
 // What a backend hands over for one capture. Cheap to make: no copying.

@@ -188,7 +188,7 @@ class QemuArgsCommand final : public Command {
 };
 
 // adopt NAME --qmp SOCK [--boot-region F@GPA:SIZE]: a QEMU someone started.
-// adopt NAME [--domain DOMAIN]: a running libvirt domain.
+// adopt NAME [--domain DOMAIN]: a libvirt domain (running, or with a boot-range cell).
 class AdoptCommand final : public Command {
  public:
   void Define(CLI::App& app) override {
@@ -208,11 +208,12 @@ class AdoptCommand final : public Command {
         ->excludes(qmp);
     AddDaemonFlags(app, flags_);
     app.footer(
-        "Without --qmp, NAME is a running libvirt domain that hvtraced serves from now on: its "
-        "trace\n"
-        "region is found from the domain's XML (an hvtrace shmem device, else the boot range of a\n"
-        "domain made by `hvtrace domain-xml`), and a panic is captured before libvirt acts on\n"
-        "<on_crash>. The daemon's config key libvirt_uri names the libvirt connection.");
+        "Without --qmp, NAME is a libvirt domain that hvtraced serves from now on: its trace\n"
+        "region is found from the domain's XML (an hvtrace shmem device, else the boot range in\n"
+        "the NUMA cell of `hvtrace domain-xml --numa`; the kernel parameters may be in the\n"
+        "guest's own boot loader, the reply says which ones), and a panic is captured before\n"
+        "libvirt acts on <on_crash>. A domain with that cell may be adopted before it starts.\n"
+        "The daemon's config key libvirt_uri names the libvirt connection.");
   }
   std::optional<DaemonRequest> Request() const override {
     DaemonRequest r{"adopt", {{"name", name_}}, kVmReplyTimeout};
@@ -241,6 +242,17 @@ class AdoptCommand final : public Command {
                   region.value("path", std::string()).c_str(),
                   static_cast<unsigned long long>(region.value("offset", uint64_t{0})),
                   static_cast<unsigned long long>(region.value("size", uint64_t{0})));
+      // The boot range as the NUMA cell places it, and what the guest must do.
+      if (const json boot = result.value("boot_range", json::object()); !boot.empty()) {
+        const json meta = boot.value("guest_meta", json::object());
+        std::printf("boot range: GPA %s, %llu bytes (from the NUMA cell); guest meta: %s\n",
+                    boot.value("gpa", std::string()).c_str(),
+                    static_cast<unsigned long long>(boot.value("size", uint64_t{0})),
+                    meta.value("state", std::string()).c_str());
+        for (const char* key : {"cmdline_note", "note"}) {
+          if (boot.contains(key)) std::printf("note: %s\n", boot[key].get<std::string>().c_str());
+        }
+      }
     }
     return kExitOk;
   }

@@ -218,13 +218,23 @@ Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& do
   Log("VM " + name + ": adopted libvirt domain " + record.domain + " (" +
       describe["region"].value("kind", std::string()) + " region " +
       describe["region"].value("path", std::string()) + ")");
-  return json{{"name", name},
-              {"domain", record.domain},
-              {"uuid", record.uuid},
-              {"uri", uri_},
-              {"region", describe["region"]},
-              {"kernel", describe["kernel"]},
-              {"formats_key", describe["formats_key"]}};
+  json reply = {{"name", name},
+                {"domain", record.domain},
+                {"uuid", record.uuid},
+                {"uri", uri_},
+                {"region", describe["region"]},
+                {"kernel", describe["kernel"]},
+                {"formats_key", describe["formats_key"]}};
+  if (describe.contains("boot_range")) {
+    const json& boot = describe["boot_range"];
+    // What the operator must know: a <cmdline> naming another range, and
+    // what the guest still has to do.
+    for (const char* key : {"cmdline_note", "note"}) {
+      if (boot.contains(key)) Log("VM " + name + ": " + boot[key].get<std::string>());
+    }
+    reply["boot_range"] = boot;
+  }
+  return reply;
 }
 
 }  // namespace hvtrace::hostd

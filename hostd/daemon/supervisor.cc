@@ -143,8 +143,11 @@ void VmSupervisor::HandleEvent(const VmEvent& event) {
   events_.push_back(RecordedEvent{event.name, event.time, event.data});
   while (events_.size() > options_.max_recorded_events) events_.pop_front();
   // The backend's description changes when its connection comes up (QMP's
-  // handshake completes after Start): refresh what `status` shows.
-  json info = event.name == "HVTRACE_QMP_CONNECTED" && backend_ ? backend_->Describe() : json();
+  // handshake completes after Start) or its boot range file changes (a
+  // libvirt domain started): refresh what `status` shows.
+  const bool changed =
+      event.name == "HVTRACE_QMP_CONNECTED" || event.name.starts_with("HVTRACE_BOOT_RANGE_");
+  json info = changed && backend_ ? backend_->Describe() : json();
   {
     std::lock_guard lock(mu_);
     ++events_seen_;

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "units.h"
 #include "vm_config.h"
 
 namespace hvtrace::hostd {
@@ -298,9 +299,7 @@ Result<BootBufferDomainXml> MakeBootBufferDomainXml(const BootBufferDomainReques
   out.layout = *layout;
   char where[32];
   std::snprintf(where, sizeof where, "0x%llx", static_cast<unsigned long long>(layout->range_gpa));
-  out.kernel_params = "memmap=" + KernelSize(layout->range_bytes) + "$" + where +
-                      " trace_instance=" + r.instance_name + "@" + where + ":" +
-                      KernelSize(layout->range_bytes) + (r.events.empty() ? "" : "," + r.events);
+  out.kernel_params = BootRangeKernelParams(*layout, r.instance_name, r.events);
   const std::string cpus = r.vcpus == 1 ? "0" : "0-" + std::to_string(r.vcpus - 1);
   out.numa_xml = "<cpu>\n    <numa>\n      <cell id='0' cpus='" + cpus + "' memory='" +
                  std::to_string(layout->node0_bytes / 1024) +
@@ -362,6 +361,90 @@ Result<BootBufferDomainXml> MakeBootBufferDomainXml(const BootBufferDomainReques
                    "  </devices>\n"
                    "</domain>\n";
   return out;
+}
+
+std::string BootRangeKernelParams(const BootRangeLayout& layout, std::string_view instance,
+                                  std::string_view events) {
+  char where[32];
+  std::snprintf(where, sizeof where, "0x%llx", static_cast<unsigned long long>(layout.range_gpa));
+  const std::string size = KernelSize(layout.range_bytes);
+  return "memmap=" + size + "$" + where + " trace_instance=" + std::string(instance) + "@" + where +
+         ":" + size + (events.empty() ? "" : "," + std::string(events));
+}
+
+namespace {
+
+// The memmap=SIZE$ADDR words of a kernel command line, as (size, addr); a
+// word that does not parse is returned as an error naming it.
+Result<std::vector<std::pair<uint64_t, uint64_t>>> MemmapWords(const std::string& cmdline) {
+  std::vector<std::pair<uint64_t, uint64_t>> out;
+  std::istringstream words(cmdline);
+  std::string word;
+  while (words >> word) {
+    if (word.rfind("memmap=", 0) != 0) continue;
+    const size_t dollar = word.find('$');
+    if (dollar == std::string::npos) continue;
+    Result<uint64_t> size = ParseKernelSize(word.substr(7, dollar - 7));
+    Result<uint64_t> addr = ParseKernelSize(word.substr(dollar + 1));
+    if (!size.ok() || !addr.ok()) return Error{"cannot parse '" + word + "'"};
+    out.emplace_back(*size, *addr);
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<DomainBootCell> FindDomainBootCell(const DomainXmlInfo& info, std::string_view instance,
+                                          std::string_view events) {
+  const std::string ctx = "domain '" + info.name + "' boot range: ";
+  const std::vector<DomainNumaCell>& cells = info.numa_cells;
+  if (cells.size() != 2 || cells[0].id != 0 || cells[1].id != 1 ||
+      cells[1].mem_access != "shared") {
+    return Error{
+        ctx + "expected the NUMA cells of `hvtrace domain-xml --numa` (cell 0, and cell 1 " +
+        "with memAccess='shared'); the domain has " + std::to_string(cells.size()) + " cell(s)"};
+  }
+  if (cells[0].mem_access == "shared") {
+    return Error{ctx + "cell 0 is shared too; only cell 1 may be (its file is the range)"};
+  }
+  const uint64_t node0 = cells[0].memory_bytes, node1 = cells[1].memory_bytes;
+  if (node1 <= kBootRangeHeadroom || node0 > UINT64_MAX - node1) {
+    return Error{ctx + "cell 1 of " + std::to_string(node1) +
+                 " bytes cannot hold a range and the " + std::to_string(kBootRangeHeadroom >> 20) +
+                 " MiB headroom after it"};
+  }
+  // libvirt keeps <memory> equal to the cells' sum; a definition that says
+  // otherwise is not one QEMU would lay out as the cells say.
+  if (info.memory_bytes != 0 && info.memory_bytes != node0 + node1) {
+    return Error{ctx + "<memory> (" + std::to_string(info.memory_bytes) +
+                 " bytes) is not the sum of the NUMA cells (" + std::to_string(node0 + node1) +
+                 " bytes)"};
+  }
+  BootRangeRequest request;
+  request.machine = info.q35 ? MachineType::kQ35 : MachineType::kPc;
+  request.memory_bytes = node0 + node1;
+  request.range_bytes = (node1 - kBootRangeHeadroom) / kGuestPageSize * kGuestPageSize;
+  request.node0_bytes = node0;
+  Result<BootRangeLayout> layout = ComputeBootRangeLayout(request);
+  if (!layout.ok()) return Error{ctx + layout.error().message};
+  DomainBootCell cell;
+  cell.layout = *layout;
+  cell.kernel_params = BootRangeKernelParams(*layout, instance, events);
+  Result<std::vector<std::pair<uint64_t, uint64_t>>> memmaps = MemmapWords(info.cmdline);
+  if (!memmaps.ok()) {
+    cell.cmdline_note =
+        "<cmdline>: " + memmaps.error().message + "; the range is taken from the NUMA cell";
+    return cell;
+  }
+  for (const auto& [size, addr] : *memmaps) {
+    if (size == layout->range_bytes && addr == layout->range_gpa) continue;
+    char text[96];
+    std::snprintf(text, sizeof text, "memmap=%s$0x%llx", KernelSize(size).c_str(),
+                  static_cast<unsigned long long>(addr));
+    cell.cmdline_note = std::string("<cmdline> has ") + text +
+                        ", which is not the range the NUMA cell places; the cell is used";
+  }
+  return cell;
 }
 
 }  // namespace hvtrace::hostd

@@ -17,7 +17,9 @@
 // 0 in a file too. libvirt chooses the file name (it includes the domain's
 // run id) and deletes the directory when the domain stops, so hostd finds
 // the file from QEMU's command line and keeps it open (libvirt_backend.h).
-// The kernel parameters (memmap=, trace_instance=) go in <os><cmdline>.
+// The kernel parameters (memmap=, trace_instance=) go in <os><cmdline>, or,
+// for a domain that boots from its own disk, in the guest's boot loader:
+// hostd then finds the range from the cells alone (FindDomainBootCell).
 #ifndef HVTRACE_HOSTD_DOMAIN_XML_H_
 #define HVTRACE_HOSTD_DOMAIN_XML_H_
 
@@ -107,6 +109,25 @@ struct BootBufferDomainXml {
 
 // Lays out the range with gpa_layout.h and writes the XML.
 Result<BootBufferDomainXml> MakeBootBufferDomainXml(const BootBufferDomainRequest& request);
+
+// "memmap=SIZE$ADDR trace_instance=NAME@ADDR:SIZE[,EVENTS]" for |layout|.
+std::string BootRangeKernelParams(const BootRangeLayout& layout, std::string_view instance,
+                                  std::string_view events);
+
+// The boot range a domain's NUMA cells place, as `hvtrace domain-xml --numa`
+// writes them: exactly cells 0 and 1, cell 1 memAccess='shared' (its file is
+// the range's host side). The range starts at node 1 (its GPA is node 0's
+// size, checked against the machine's low-memory limit by gpa_layout.h) and
+// is node 1 less kBootRangeHeadroom: the inverse of domain-xml's sizing, so
+// the same layout comes back. <os><cmdline> is never used for the range; a
+// memmap= there that disagrees is only reported in |cmdline_note|.
+struct DomainBootCell {
+  BootRangeLayout layout;
+  std::string kernel_params;  // What the guest's kernel command line needs.
+  std::string cmdline_note;   // Non-empty when <cmdline> names another range.
+};
+Result<DomainBootCell> FindDomainBootCell(const DomainXmlInfo& info, std::string_view instance,
+                                          std::string_view events);
 
 }  // namespace hvtrace::hostd
 

@@ -161,8 +161,7 @@ Status TestDomain::Create(const GuestImage& image, const TestDomainOptions& opti
     if (!defined.ok()) return defined.error();
     defined_ = true;
     if (!options.start) return {};
-    Result<std::string> started = RunArgv({"virsh", "-q", "-c", daemon_.uri(), "start", name_});
-    if (!started.ok()) return Error{started.error().message + "\n" + daemon_.LogTail()};
+    return Start();
   } else {
     virDomainPtr dom = virDomainDefineXML(conn_.get(), xml.c_str());
     if (dom == nullptr) return Error{"define " + name_ + ": " + hostd::LibvirtLastError()};
@@ -173,6 +172,16 @@ Status TestDomain::Create(const GuestImage& image, const TestDomainOptions& opti
       return Error{"start " + name_ + ": " + hostd::LibvirtLastError() + "\n" + daemon_.LogTail()};
     }
   }
+  return WaitReady();
+}
+
+Status TestDomain::Start() {
+  Result<std::string> started = RunArgv({"virsh", "-q", "-c", daemon_.uri(), "start", name_});
+  if (!started.ok()) return Error{started.error().message + "\n" + daemon_.LogTail()};
+  return WaitReady();
+}
+
+Status TestDomain::WaitReady() {
   Result<std::unique_ptr<hostd::GuestConsole>> console =
       hostd::GuestConsole::Connect(console_socket(), std::chrono::seconds(20));
   if (!console.ok()) return Error{"console of " + name_ + ": " + console.error().message};

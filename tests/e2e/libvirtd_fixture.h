@@ -74,11 +74,15 @@ class TestDomain {
   // Defines (and starts, connects the console and waits for the guest's
   // ready line, when options.start).
   Status Create(const GuestImage& image, const TestDomainOptions& options);
+  // Starts a domain defined with start = false (`virsh start`), then as Create.
+  Status Start();
 
   hostd::GuestConsole& console() { return *console_; }
   std::string Diagnostics() const;
 
  private:
+  // Connects the console and waits for the guest's ready line.
+  Status WaitReady();
   PrivateLibvirtd& daemon_;
   std::string name_;
   hostd::LibvirtConnectPtr conn_;

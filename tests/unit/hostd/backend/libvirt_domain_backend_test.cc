@@ -3,7 +3,9 @@
 // noted and described at capture, a reconnect looks at the domain off the
 // event loop's thread, and attach/detach go through the one attach session.
 // The real libvirt calls are covered by the libvirt e2e tests.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,6 +36,7 @@ struct FakeDomain : LibvirtDomain {
   std::vector<std::thread::id> state_threads;
   Result<ShmemAttachment> attach_result = Error{"unset"};
   Status detach_result;
+  std::vector<std::string> qemu_args;  // QEMU's command line as libvirt recorded it.
 
   const std::string& name() const override { return name_; }
   const std::string& uuid() const override { return uuid_; }
@@ -51,6 +54,7 @@ struct FakeDomain : LibvirtDomain {
     qemu.pid = getpid();
     qemu.uid = geteuid();
     qemu.gid = getegid();
+    qemu.args = qemu_args;
     return qemu;
   }
   Status Resume() override { return Call("resume"); }
@@ -176,6 +180,105 @@ TEST_F(LibvirtDomainBackendTest, APanicIsReportedAndDescribedAtCapture) {
   EXPECT_EQ(t["panic"]["outcome"], "destroyed");
   EXPECT_EQ(t["panic"]["stopped_event"], "STOPPED/DESTROYED");
   EXPECT_FALSE(in->region_file.has_value());  // Kind "none": attach only.
+}
+
+// A node-1 file as libvirt makes one per run, mapped by this process (the
+// fake's QEMU pid) so the open's "QEMU maps it" check holds.
+struct Node1File {
+  fs::path path;
+  void* map = MAP_FAILED;
+  Node1File(const fs::path& p, char first_byte) : path(p) {
+    std::ofstream(path).close();
+    fs::resize_file(path, 64u << 20);
+    const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
+    map = mmap(nullptr, 64u << 20, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (map != MAP_FAILED) static_cast<char*>(map)[0] = first_byte;
+  }
+  ~Node1File() {
+    if (map != MAP_FAILED) munmap(map, 64u << 20);
+    fs::remove(path);
+  }
+  std::string Object(bool share = true) const {
+    return json{{"qom-type", "memory-backend-file"},
+                {"id", "ram-node1"},
+                {"mem-path", path.string()},
+                {"share", share},
+                {"size", 64u << 20}}
+        .dump();
+  }
+};
+
+char FirstByte(const CaptureInputs& in) {
+  char c = 0;
+  EXPECT_EQ(pread(in.region_file->fd, &c, 1, static_cast<off_t>(in.region_file->offset)), 1);
+  return c;
+}
+
+// Adopted before it starts (the range from its NUMA cell, no file yet), then
+// started: this run's node-1 file is found and opened off the event loop.
+// A restart switches to the new run's file while a capture handed the old
+// one keeps reading it; a run whose file cannot be used leaves no file at
+// all, never the last run's.
+TEST_F(LibvirtDomainBackendTest, ABootRangeAdoptedBeforeStartIsOpenedForEachRun) {
+  const std::string tag = "/tmp/hvt-unit-node1-" + std::to_string(getpid());
+  Node1File run1(tag + "-1", 'A'), run2(tag + "-2", 'B');
+  ASSERT_NE(run1.map, MAP_FAILED);
+  ASSERT_NE(run2.map, MAP_FAILED);
+  auto domain = std::make_unique<FakeDomain>();
+  FakeDomain* fake = domain.get();
+  fake->state = {"shut off", false, false};
+  LibvirtRegionSpec range;
+  range.kind = "boot-range";
+  range.size = 16u << 20;
+  range.gpa = 0x1c000000;
+  LibvirtBackendOptions options;
+  options.blocking = io_.get_executor();
+  backend_ = std::make_unique<LibvirtDomainBackend>(
+      std::move(domain), range, -1, LibvirtDomainFacts{"preserve", "", ""}, options);
+  backend_->Start(sink_);
+  EXPECT_EQ(backend_->Describe()["region"]["open"], false);
+  Result<CaptureInputs> none = backend_->PrepareCapture();
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_FALSE(none->region_file.has_value());
+  EXPECT_TRUE(none->transport.contains("region_error")) << none->transport.dump(2);
+
+  auto start = [&](const std::string& object) {
+    fake->state = {"running", true, false};
+    fake->qemu_args = {"qemu-system-x86_64", "-object", object};
+    fake->listener(Lifecycle(VIR_DOMAIN_EVENT_STARTED, VIR_DOMAIN_EVENT_STARTED_BOOTED));
+    io_.restart();
+    io_.run();
+  };
+  start(run1.Object());
+  json d = backend_->Describe();
+  EXPECT_EQ(d["region"]["path"], run1.path.string()) << d.dump(2);
+  EXPECT_EQ(d["region"]["open"], true);
+  EXPECT_EQ(sink_.Names().back(), "HVTRACE_BOOT_RANGE_OPENED");
+  Result<CaptureInputs> first = backend_->PrepareCapture();
+  ASSERT_TRUE(first.ok() && first->region_file) << d.dump(2);
+  EXPECT_EQ(first->region_file->gpa, 0x1c000000u);
+  EXPECT_EQ(first->region_file->size, 16u << 20);
+  EXPECT_EQ(FirstByte(*first), 'A');
+
+  fake->listener(Lifecycle(VIR_DOMAIN_EVENT_STOPPED, VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN));
+  start(run2.Object());
+  EXPECT_EQ(backend_->Describe()["region"]["path"], run2.path.string());
+  Result<CaptureInputs> second = backend_->PrepareCapture();
+  ASSERT_TRUE(second.ok() && second->region_file);
+  EXPECT_EQ(FirstByte(*second), 'B');
+  EXPECT_EQ(FirstByte(*first), 'A');  // Still open for the capture that holds it.
+
+  // A run whose node 1 is not shared: reported, and no file at all.
+  start(run1.Object(/*share=*/false));
+  EXPECT_EQ(sink_.Names().back(), "HVTRACE_BOOT_RANGE_ERROR");
+  d = backend_->Describe();
+  EXPECT_EQ(d["region"]["open"], false);
+  EXPECT_NE(d["region"]["error"].get<std::string>().find("share=off"), std::string::npos)
+      << d.dump(2);
+  Result<CaptureInputs> third = backend_->PrepareCapture();
+  ASSERT_TRUE(third.ok());
+  EXPECT_FALSE(third->region_file.has_value());
 }
 
 TEST_F(LibvirtDomainBackendTest, ADomainFoundCrashedAtStartIsReported) {

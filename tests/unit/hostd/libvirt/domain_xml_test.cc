@@ -186,5 +186,120 @@ TEST(DomainXml, BootBufferRejectsBadRequests) {
   EXPECT_FALSE(MakeBootBufferDomainXml(req).ok());
 }
 
+// A disk-booted domain: the NUMA cell from `hvtrace domain-xml --numa`, no
+// kernel parameters in <cmdline> (the guest's boot loader has them). The
+// cell alone gives back the range domain-xml laid out, for pc and q35.
+TEST(DomainXml, BootCellGivesBackTheRangeDomainXmlLaidOut) {
+  for (const uint64_t range : {16ull << 20, 64ull << 20, (16ull << 20) + 4096}) {
+    BootBufferDomainRequest req;
+    req.name = "disk";
+    req.kernel = "-";
+    req.memory_bytes = 1088ull << 20;
+    req.range_bytes = range;
+    Result<BootBufferDomainXml> made = MakeBootBufferDomainXml(req);
+    ASSERT_TRUE(made.ok()) << made.error().message;
+    Result<DomainXmlInfo> info =
+        ParseDomainXml("<domain type='kvm'><name>disk</name><memory unit='KiB'>" +
+                       std::to_string((1088ull << 20) / 1024) +
+                       "</memory><os><type machine='pc-i440fx-7.2'>hvm</type></os>" +
+                       made->numa_xml + "</domain>");
+    ASSERT_TRUE(info.ok()) << info.error().message;
+    EXPECT_TRUE(info->cmdline.empty());
+    Result<DomainBootCell> cell = FindDomainBootCell(*info, "boot_map", "");
+    ASSERT_TRUE(cell.ok()) << cell.error().message;
+    EXPECT_EQ(cell->layout.range_gpa, made->layout.range_gpa);
+    EXPECT_EQ(cell->layout.node0_bytes, made->layout.node0_bytes);
+    EXPECT_EQ(cell->layout.file_offset, 0u);
+    // A range that is not a multiple of the 2 MiB node alignment comes back
+    // as the largest one the cell holds: at most 2 MiB more, never less.
+    EXPECT_GE(cell->layout.range_bytes, range);
+    EXPECT_LT(cell->layout.range_bytes, range + (2u << 20));
+    if (range % (2u << 20) == 0) {
+      EXPECT_EQ(cell->layout.range_bytes, range);
+      EXPECT_EQ(cell->kernel_params, made->kernel_params);  // Same events (none).
+    }
+    EXPECT_TRUE(cell->cmdline_note.empty()) << cell->cmdline_note;
+  }
+
+  // q35 places RAM the same way below its lower limit; the events ride along.
+  DomainXmlInfo q35;
+  q35.name = "q";
+  q35.q35 = true;
+  q35.numa_cells = {{0, 448ull << 20, ""}, {1, 64ull << 20, "shared"}};
+  Result<DomainBootCell> cell = FindDomainBootCell(q35, "boot_map", "sched:sched_switch");
+  ASSERT_TRUE(cell.ok()) << cell.error().message;
+  EXPECT_EQ(cell->layout.range_gpa, 448ull << 20);
+  EXPECT_EQ(cell->layout.range_bytes, 16ull << 20);
+  EXPECT_EQ(cell->kernel_params,
+            "memmap=16M$0x1c000000 trace_instance=boot_map@0x1c000000:16M,sched:sched_switch");
+}
+
+// <cmdline> is never the source: a memmap= that names another range (or
+// does not parse) is only reported, the cell wins; one that agrees is quiet.
+TEST(DomainXml, BootCellTrustsTheCellOverCmdline) {
+  DomainXmlInfo info;
+  info.name = "c";
+  info.numa_cells = {{0, 448ull << 20, ""}, {1, 64ull << 20, "shared"}};
+  info.cmdline = "console=ttyS0 memmap=16M$0x1c000000 trace_instance=boot_map@0x1c000000:16M";
+  Result<DomainBootCell> cell = FindDomainBootCell(info, "boot_map", "");
+  ASSERT_TRUE(cell.ok()) << cell.error().message;
+  EXPECT_TRUE(cell->cmdline_note.empty()) << cell->cmdline_note;
+
+  info.cmdline = "memmap=32M$0x10000000";
+  cell = FindDomainBootCell(info, "boot_map", "");
+  ASSERT_TRUE(cell.ok()) << cell.error().message;
+  EXPECT_EQ(cell->layout.range_gpa, 0x1c000000u);
+  EXPECT_EQ(cell->layout.range_bytes, 16u << 20);
+  EXPECT_NE(cell->cmdline_note.find("memmap=32M$0x10000000"), std::string::npos)
+      << cell->cmdline_note;
+  EXPECT_NE(cell->cmdline_note.find("the cell is used"), std::string::npos);
+
+  info.cmdline = "memmap=16M$zz";
+  cell = FindDomainBootCell(info, "boot_map", "");
+  ASSERT_TRUE(cell.ok()) << cell.error().message;
+  EXPECT_NE(cell->cmdline_note.find("cannot parse 'memmap=16M$zz'"), std::string::npos)
+      << cell->cmdline_note;
+}
+
+// Hostile or foreign definitions: refused with what was expected.
+TEST(DomainXml, Malicious_BootCellRefusesWhatItCannotPlace) {
+  auto refuse = [](DomainXmlInfo info, const std::string& expect) {
+    info.name = "h";
+    Result<DomainBootCell> cell = FindDomainBootCell(info, "boot_map", "");
+    ASSERT_FALSE(cell.ok()) << expect;
+    EXPECT_NE(cell.error().message.find(expect), std::string::npos) << cell.error().message;
+    EXPECT_NE(cell.error().message.find("domain 'h'"), std::string::npos);
+  };
+  const DomainNumaCell c0{0, 448ull << 20, ""}, c1{1, 64ull << 20, "shared"};
+  DomainXmlInfo info;
+  refuse(info, "0 cell(s)");  // No NUMA at all: an ordinary domain.
+  info.numa_cells = {c0};
+  refuse(info, "memAccess='shared'");
+  info.numa_cells = {c0, {1, 64ull << 20, "private"}};
+  refuse(info, "memAccess='shared'");
+  info.numa_cells = {c0, c1, {2, 64ull << 20, ""}};
+  refuse(info, "3 cell(s)");
+  info.numa_cells = {c1, c0};  // Ids swapped.
+  refuse(info, "cell 0");
+  info.numa_cells = {{0, 448ull << 20, "shared"}, c1};
+  refuse(info, "cell 0 is shared");
+  info.numa_cells = {c0, {1, 32ull << 20, "shared"}};  // No room past the headroom.
+  refuse(info, "cannot hold a range");
+  info.numa_cells = {c0, {1, UINT64_MAX - (1ull << 20), "shared"}};
+  refuse(info, "cannot hold a range");
+  info.numa_cells = {c0, c1};
+  info.memory_bytes = 1ull << 30;  // Not the cells' sum.
+  refuse(info, "not the sum");
+  info.memory_bytes = 0;
+  info.numa_cells = {{0, (448ull << 20) + 1024, ""}, c1};  // Not 2 MiB aligned.
+  refuse(info, "2 MiB");
+  info.numa_cells = {{0, (448ull << 20) + (1ull << 20), ""}, {1, 63ull << 20, "shared"}};
+  refuse(info, "aligned");                       // The sum is, node 0 is not.
+  info.numa_cells = {{0, 64ull << 20, ""}, c1};  // Too little below the range.
+  refuse(info, "at least 128 MiB");
+  info.numa_cells = {{0, 3ull << 30, ""}, {1, 1ull << 30, "shared"}};  // Past the PCI hole.
+  refuse(info, "low-memory limit");
+}
+
 }  // namespace
 }  // namespace hvtrace::hostd

@@ -50,7 +50,10 @@ BOOT_MIB=256
 ROOT_MIB=3072
 # Beyond the essentials: what the later e2e tests run inside the guest.
 # zstd: initramfs-tools recommends it and compresses with it by default.
-PACKAGES=(systemd-sysv udev kmod initramfs-tools zstd e2fsprogs dosfstools trace-cmd kexec-tools procps)
+# dbus: systemd-logind needs it, and logind turns the ACPI power button (QMP
+# system_powerdown, `virsh shutdown`) into a clean poweroff.
+PACKAGES=(systemd-sysv udev dbus kmod initramfs-tools zstd e2fsprogs dosfstools trace-cmd kexec-tools
+  procps)
 
 log() { echo "build-debian-image: $*" >&2; }
 die() { echo "build-debian-image: error: $*" >&2; exit 1; }
@@ -106,18 +109,22 @@ build_root() {  # build_root DEST.tar
   local dest=$1
   # The kernel's postinst runs update-initramfs (initramfs-tools defaults:
   # MODULES=most, so the initrd boots from virtio, SATA or SCSI disks).
+  # kexec-tools would turn every reboot into a kexec (LOAD_KEXEC=true); a
+  # reboot stays a reboot, and `kexec -l` + `systemctl kexec` still work.
   # .debs come from and go back to the cache (mmdebstrap's documented recipe).
   mmdebstrap --mode=root --variant=minbase --architectures=amd64 \
     --include="$(IFS=,; echo "${PACKAGES[*]}"),$KPKG=$KVERSION" \
     --aptopt='Acquire::Retries "3"' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt=force-unsafe-io \
     --skip=download/empty --skip=essential/unlink \
     --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
     --setup-hook="sync-in '$IMG_CACHE/debs' /var/cache/apt/archives/" \
     --customize-hook="sync-out /var/cache/apt/archives '$IMG_CACHE/debs'" \
     --customize-hook='rm -f "$1"/var/cache/apt/archives/*.deb' \
     --customize-hook='echo hvtrace-debian >"$1/etc/hostname"' \
+    --customize-hook='sed -i "s/^LOAD_KEXEC=true/LOAD_KEXEC=false/" "$1/etc/default/kexec"' \
     --customize-hook='echo "127.0.1.1 hvtrace-debian" >>"$1/etc/hosts"' \
     bookworm "$dest" \
     "deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" \
@@ -252,8 +259,10 @@ dir="$OUT/$GUEST"
 mkdir -p "$dir"
 # A hard link when the cache is on the same filesystem (no copy of ~1 GB),
 # replaced by rename so a running QEMU keeps its file.
-ln -f "$IMAGE" "$dir/disk.qcow2.tmp" 2>/dev/null || cp "$IMAGE" "$dir/disk.qcow2.tmp"
-mv -f "$dir/disk.qcow2.tmp" "$dir/disk.qcow2"
+if [ ! "$IMAGE" -ef "$dir/disk.qcow2" ]; then
+  ln -f "$IMAGE" "$dir/disk.qcow2.tmp" 2>/dev/null || cp "$IMAGE" "$dir/disk.qcow2.tmp"
+  mv -f "$dir/disk.qcow2.tmp" "$dir/disk.qcow2"
+fi
 echo "$RELEASE" >"$dir/kernel-release"
 echo "$KPKG $KVERSION" >"$dir/package"
 echo "$CMDLINE" >"$dir/cmdline"

@@ -2,15 +2,19 @@
 // QEMU from its own disk: syslinux, Debian's kernel and initramfs-tools
 // initrd, systemd. The agent runs from the initramfs (guest-agent/dist's
 // initramfs-tools hook), hands over before switch_root, and systemd starts
-// hvtrace-agent.service; the demo marker service writes its trace_marker
-// line; the guest powers off on the ACPI button.
+// hvtrace-agent.service, whose hardening still lets the agent map the
+// cold-plugged ivshmem region (it announces itself in it); the demo marker
+// service writes its trace_marker line; the guest powers off on the ACPI
+// button.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <regex>
 #include <string>
 
+#include "attach_region_host.h"
 #include "disk_guest.h"
 #include "guest_harness.h"
 
@@ -27,7 +31,7 @@ std::string RegexEscape(const std::string& text) {
   return std::regex_replace(text, special, R"(\$&)");
 }
 
-TEST(DebianImageE2eTest, BootsStartsAgentUnitAndDemoMarkerThenPowersOff) {
+TEST(DebianImageE2eTest, BootsAgentUnitAttachesRegionDemoMarkerThenPowersOff) {
   if (std::string why = QemuUnavailableReason(); !why.empty()) {
     GTEST_SKIP() << "QEMU cannot run here: " << why;
   }
@@ -46,7 +50,19 @@ TEST(DebianImageE2eTest, BootsStartsAgentUnitAndDemoMarkerThenPowersOff) {
     if (line.ok()) std::printf("[debian-image] %6.1f s  %s\n", seconds(), what);
     return line.ok();
   };
-  ASSERT_TRUE(guest.Boot(*image).ok()) << guest.Diagnostics();
+  // A region created as hvtraced creates it, cold-plugged: the agents (the
+  // initramfs one, then the unit's) find it at boot.
+  constexpr uint64_t kRegionSize = 4ull << 20;
+  const std::string region_path = "/dev/shm/hvt-deb-region-" + std::to_string(getpid());
+  auto region = HostRegion::Create(region_path, kRegionSize, 2, 0xdeb12001, 200, "");
+  ASSERT_TRUE(region.ok()) << region.error().message;
+  ASSERT_TRUE(guest
+                  .Boot(*image, {"-object",
+                                 "memory-backend-file,id=hvr,size=" + std::to_string(kRegionSize) +
+                                     ",mem-path=" + region_path + ",share=on",
+                                 "-device", "ivshmem-plain,memdev=hvr,id=ivs0"})
+                  .ok())
+      << guest.Diagnostics();
 
   // In boot order; each wait starts after the line the previous one matched.
   ASSERT_TRUE(step("kernel booted", std::regex("Linux version " + RegexEscape(image->release))));
@@ -63,7 +79,24 @@ TEST(DebianImageE2eTest, BootsStartsAgentUnitAndDemoMarkerThenPowersOff) {
   ASSERT_TRUE(
       step("multi-user.target reached", std::regex("Reached target .*multi-user\\.target")));
 
+  // The unit's agent (after the initramfs one let go) runs in the region.
+  auto running = [&] {
+    const RegionSnapshot snap = (*region)->Read();
+    return snap.guest.present && snap.guest.status.state == region::kStateRunning;
+  };
+  EXPECT_TRUE(WaitUntil(running, 60s)) << "no agent running in the region\n" << guest.Diagnostics();
+  std::printf("[debian-image] %6.1f s  agent running in the region\n", seconds());
+  // Whether the demo marker reached the region depends on the agent pumping
+  // its own instance (instances/hvtrace); printed, asserted by later tests.
+  std::printf(
+      "[debian-image] demo marker in the region: %s\n",
+      AnyRecordContains(AllRecords((*region)->Read()), "HVTRACE-DEMO-MARKER boot") ? "yes" : "no");
+
   const std::string log = guest.ConsoleLog();
+  EXPECT_TRUE(
+      std::regex_search(log, std::regex("hvtrace-agent\\[[0-9]+\\]: hvtrace-agent: attached ")))
+      << "the unit's agent did not attach the region\n"
+      << guest.Diagnostics();
   // The agent of the unit speaks on the console (StandardError=journal+console).
   EXPECT_TRUE(std::regex_search(log, std::regex("hvtrace-agent\\[[0-9]+\\]: hvtrace-agent: ")))
       << "no line of the unit's agent on the console\n"

@@ -91,16 +91,29 @@ flock 8
 
 # The kernel: the same bookworm-backports 6.12 package the initramfs guests
 # use, as build-guest.sh resolved it from the signed lists.
+# Exits 75 when log $1 shows that Debian's archive could not be reached.
+exit_if_offline() {
+  if grep -qiE 'Temporary failure resolving|Could not resolve|Could not connect|Unable to connect|Network is unreachable|Connection (refused|timed out)|Failed to fetch|No route to host' \
+       "$1"; then
+    echo "build-debian-image: cannot fetch Debian's packages (network?); see $1" >&2
+    exit 75
+  fi
+}
 if [ ! -f "$CACHE/resolved-6.12" ] || [ "$REFRESH" -eq 1 ]; then
   refresh=(); [ "$REFRESH" -eq 0 ] || refresh=(--refresh)
-  "$SCRIPT_DIR/build-guest.sh" --kernel 6.12 "${refresh[@]}" >/dev/null
+  if ! "$SCRIPT_DIR/build-guest.sh" --kernel 6.12 "${refresh[@]}" >"$IMG_CACHE/build-guest.log" 2>&1; then
+    cat "$IMG_CACHE/build-guest.log" >&2
+    exit_if_offline "$IMG_CACHE/build-guest.log"
+    die "build-guest.sh --kernel 6.12 failed"
+  fi
 fi
 read -r KPKG KVERSION _ <"$CACHE/resolved-6.12" || die "no kernel resolved in $CACHE/resolved-6.12"
 
 # The mirror apt on the host uses, the same choice build-guest.sh makes.
-MIRROR=$(sed -n 's/^URIs: //p' "$CACHE/apt/hvtrace.sources" 2>/dev/null | head -n1)
+uris=$(cat "$CACHE/apt/hvtrace.sources" 2>/dev/null | sed -n 's/^URIs: //p' || true)
+MIRROR=$(echo "$uris" | sed -n 1p)
 MIRROR=${HVTRACE_DEBIAN_MIRROR:-${MIRROR:-http://deb.debian.org/debian}}
-SECURITY_MIRROR=$(sed -n 's/^URIs: //p' "$CACHE/apt/hvtrace.sources" 2>/dev/null | sed -n 2p)
+SECURITY_MIRROR=$(echo "$uris" | sed -n 2p)
 SECURITY_MIRROR=${HVTRACE_DEBIAN_SECURITY_MIRROR:-${SECURITY_MIRROR:-http://deb.debian.org/debian-security}}
 
 # Stage 1: the package root. Everything that shapes it is in this function or
@@ -141,11 +154,7 @@ if [ ! -f "$ROOT_TAR" ]; then
   if ! build_root "$ROOT_TAR.tmp.tar" >"$IMG_CACHE/mmdebstrap.log" 2>&1; then
     tail -n 30 "$IMG_CACHE/mmdebstrap.log" >&2
     rm -f "$ROOT_TAR.tmp.tar"
-    if grep -qiE 'Temporary failure resolving|Could not resolve|Could not connect|Network is unreachable|Connection (refused|timed out)|Failed to fetch|No route to host' \
-         "$IMG_CACHE/mmdebstrap.log"; then
-      echo "build-debian-image: cannot fetch Debian's packages (network?); see $IMG_CACHE/mmdebstrap.log" >&2
-      exit 75
-    fi
+    exit_if_offline "$IMG_CACHE/mmdebstrap.log"
     die "mmdebstrap failed (see $IMG_CACHE/mmdebstrap.log)"
   fi
   mv "$ROOT_TAR.tmp.tar" "$ROOT_TAR"

@@ -89,8 +89,6 @@ OUT=$(cd "$OUT" && pwd)
 exec 8>"$IMG_CACHE/.lock"
 flock 8
 
-# The kernel: the same bookworm-backports 6.12 package the initramfs guests
-# use, as build-guest.sh resolved it from the signed lists.
 # Exits 75 when log $1 shows that Debian's archive could not be reached.
 exit_if_offline() {
   if grep -qiE 'Temporary failure resolving|Could not resolve|Could not connect|Unable to connect|Network is unreachable|Connection (refused|timed out)|Failed to fetch|No route to host' \
@@ -99,6 +97,8 @@ exit_if_offline() {
     exit 75
   fi
 }
+# The kernel: the same bookworm-backports 6.12 package the initramfs guests
+# use, as build-guest.sh resolved it from the signed lists.
 if [ ! -f "$CACHE/resolved-6.12" ] || [ "$REFRESH" -eq 1 ]; then
   refresh=(); [ "$REFRESH" -eq 0 ] || refresh=(--refresh)
   if ! "$SCRIPT_DIR/build-guest.sh" --kernel 6.12 "${refresh[@]}" >"$IMG_CACHE/build-guest.log" 2>&1; then

@@ -52,7 +52,9 @@ TEST(DebianImageE2eTest, BootsAgentUnitAttachesRegionDemoMarkerThenPowersOff) {
   };
   // A region created as hvtraced creates it, cold-plugged: the agents (the
   // initramfs one, then the unit's) find it at boot.
-  constexpr uint64_t kRegionSize = 4ull << 20;
+  // 16 MiB: its symbol area (region/16) holds the symbols of Debian's kernel
+  // with the modules udev loads (~0.8 MiB compressed; 8 MiB is too small).
+  constexpr uint64_t kRegionSize = 16ull << 20;
   const std::string region_path = "/dev/shm/hvt-deb-region-" + std::to_string(getpid());
   auto region = HostRegion::Create(region_path, kRegionSize, 2, 0xdeb12001, 200, "");
   ASSERT_TRUE(region.ok()) << region.error().message;
@@ -86,6 +88,20 @@ TEST(DebianImageE2eTest, BootsAgentUnitAttachesRegionDemoMarkerThenPowersOff) {
   };
   EXPECT_TRUE(WaitUntil(running, 60s)) << "no agent running in the region\n" << guest.Diagnostics();
   std::printf("[debian-image] %6.1f s  agent running in the region\n", seconds());
+  // The unit's capabilities still let it read kallsyms with addresses
+  // (CAP_SYSLOG): it publishes the symbols instead of reporting them restricted.
+  uint32_t symbols_state = 0;
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        symbols_state = (*region)->Read().guest.status.symbols_state;
+        return symbols_state != 0;
+      },
+      60s))
+      << "the agent never said what it did with the symbols\n"
+      << guest.Diagnostics();
+  EXPECT_EQ(symbols_state, static_cast<uint32_t>(region::kSymbolsPublished))
+      << "symbols not published (region.h SymbolsState: 2 = kallsyms showed zero addresses)\n"
+      << guest.Diagnostics();
   // Whether the demo marker reached the region depends on the agent pumping
   // its own instance (instances/hvtrace); printed, asserted by later tests.
   std::printf(

@@ -24,7 +24,7 @@
 #                  mirror + the root recipe (build_root below)
 #   image-KEY.qcow2  the final image, KEY adds the agent binary, the dist files,
 #                  the fixture and this script
-#   debs/          downloaded .debs, so a rebuilt root does not fetch again
+#   debs/          the last root's .debs, so a rebuilt root fetches only what changed
 # A new agent only redoes the image step. Output: DIR/debian12/disk.qcow2
 # (DIR defaults to build/guest; a hard link to the cached image), plus
 # kernel-release, package and cmdline. Prints
@@ -124,7 +124,8 @@ build_root() {  # build_root DEST.tar
   # MODULES=most, so the initrd boots from virtio, SATA or SCSI disks).
   # kexec-tools would turn every reboot into a kexec (LOAD_KEXEC=true); a
   # reboot stays a reboot, and `kexec -l` + `systemctl kexec` still work.
-  # .debs come from and go back to the cache (mmdebstrap's documented recipe).
+  # .debs come from the cache and go back to it (mmdebstrap's documented
+  # recipe); only those of this root are kept.
   mmdebstrap --mode=root --variant=minbase --architectures=amd64 \
     --include="$(IFS=,; echo "${PACKAGES[*]}"),$KPKG=$KVERSION" \
     --aptopt='Acquire::Retries "3"' \
@@ -134,7 +135,7 @@ build_root() {  # build_root DEST.tar
     --skip=download/empty --skip=essential/unlink \
     --setup-hook='mkdir -p "$1"/var/cache/apt/archives/' \
     --setup-hook="sync-in '$IMG_CACHE/debs' /var/cache/apt/archives/" \
-    --customize-hook="sync-out /var/cache/apt/archives '$IMG_CACHE/debs'" \
+    --customize-hook="sync-out /var/cache/apt/archives '$IMG_CACHE/debs.new'" \
     --customize-hook='rm -f "$1"/var/cache/apt/archives/*.deb' \
     --customize-hook='echo hvtrace-debian >"$1/etc/hostname"' \
     --customize-hook='sed -i "s/^LOAD_KEXEC=true/LOAD_KEXEC=false/" "$1/etc/default/kexec"' \
@@ -150,14 +151,16 @@ ROOT_TAR="$IMG_CACHE/root-$root_key.tar"
 if [ ! -f "$ROOT_TAR" ]; then
   log "installing the package root ($KPKG $KVERSION + ${PACKAGES[*]}) from $MIRROR"
   t0=$(date +%s)
-  rm -f "$ROOT_TAR.tmp.tar"
+  rm -rf "$ROOT_TAR.tmp.tar" "$IMG_CACHE/debs.new"
+  mkdir "$IMG_CACHE/debs.new"
   if ! build_root "$ROOT_TAR.tmp.tar" >"$IMG_CACHE/mmdebstrap.log" 2>&1; then
     tail -n 30 "$IMG_CACHE/mmdebstrap.log" >&2
-    rm -f "$ROOT_TAR.tmp.tar"
+    rm -rf "$ROOT_TAR.tmp.tar" "$IMG_CACHE/debs.new"
     exit_if_offline "$IMG_CACHE/mmdebstrap.log"
     die "mmdebstrap failed (see $IMG_CACHE/mmdebstrap.log)"
   fi
   mv "$ROOT_TAR.tmp.tar" "$ROOT_TAR"
+  rm -rf "$IMG_CACHE/debs" && mv "$IMG_CACHE/debs.new" "$IMG_CACHE/debs"
   log "package root installed in $(( $(date +%s) - t0 )) s"
 fi
 

@@ -15,6 +15,7 @@ PACKAGES=(
   libzstd-dev zlib1g-dev nettle-dev
   qemu-system-x86 qemu-utils
   busybox-static cpio zstd xz-utils gzip kmod
+  mmdebstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs
   liblttng-ust-dev lttng-tools
   python3 socat ccache
 )

@@ -622,7 +622,12 @@ void Agent::WritePointerFile() {
   mkdir(dir.c_str(), 0755);
   const std::string tmp = options_.pointer_file + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f == nullptr) return;
+  if (f == nullptr) {
+    // Direct-write programs then fall back to scanning for the device.
+    Log("cannot write " + tmp + ": " + std::strerror(errno) + "; " + options_.pointer_file +
+        " not updated");
+    return;
+  }
   std::fprintf(f, "%s %llx\n", mapping_.path().c_str(),
                static_cast<unsigned long long>(region_->geometry().region_id));
   std::fclose(f);

@@ -78,6 +78,11 @@ TEST(DebianImageE2eTest, BootsAgentUnitAttachesRegionDemoMarkerThenPowersOff) {
   ASSERT_TRUE(step("demo marker written",
                    std::regex("hvtrace-demo-marker: marker written to "
                               "/sys/kernel/tracing/instances/hvtrace/trace_marker")));
+  // The unit's sandbox leaves /run/hvtrace writable: the agent publishes the
+  // region there for direct-write programs (region_writer.h kRegionPointerFile).
+  EXPECT_TRUE(step("region pointer published in /run/hvtrace/region",
+                   std::regex("hvtrace-demo-marker: region pointer: /sys/bus/pci/devices/"
+                              "[0-9a-f:.]+/resource2 [0-9a-f]+")));
   ASSERT_TRUE(
       step("multi-user.target reached", std::regex("Reached target .*multi-user\\.target")));
 

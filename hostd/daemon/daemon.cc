@@ -63,12 +63,13 @@ std::optional<gid_t> ResolveGroup(const std::string& key, const std::string& spe
 // Caches made by older versions were 0755: tightened, so no local user reads
 // (or, with a loose parent, plants) the kernels' formats the daemon decodes with.
 void SecureFormatsCache(const std::filesystem::path& root) {
+  const FormatCache cache(root);
   bool tightened = false;
-  Status s = FormatCache(root).Secure(&tightened);
+  Status s = cache.Secure(&tightened);
   if (!s.ok()) {
     Log("warning: " + s.error().message + "; harvests cannot be stored");
   } else if (tightened) {
-    Log("formats cache " + FormatCache(root).formats_dir().string() + " tightened to mode 0700");
+    Log("formats cache " + cache.formats_dir().string() + " tightened to mode 0700");
   }
 }
 

@@ -69,9 +69,7 @@ TEST(AgentInstanceE2e, TheTopLevelBufferStaysTheUsersWhileTheAgentStreamsAndRest
   const std::string tag = "agent-inst";
   TestGuest guest(tag);
   hostd::VmConfig config = guest.MakeConfig(*image);
-  const std::string daemon_qmp = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid()) + ".qmp";
-  config.extra_args.insert(config.extra_args.end(),
-                           {"-qmp", "unix:" + daemon_qmp + ",server=on,wait=off"});
+  const std::string daemon_qmp = AddDaemonMonitor(config, tag);
   auto booted = guest.Boot(config);
   ASSERT_TRUE(booted.ok()) << booted.error().message << guest.Diagnostics();
 

@@ -88,9 +88,7 @@ std::string AttachTag(const std::string& prefix, const std::string& version) {
 Result<std::string> BootWithAgent(TestGuest& guest, const GuestImage& image,
                                   const std::string& tag) {
   hostd::VmConfig config = guest.MakeConfig(image);
-  const std::string daemon_qmp = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid()) + ".qmp";
-  config.extra_args.insert(config.extra_args.end(),
-                           {"-qmp", "unix:" + daemon_qmp + ",server=on,wait=off"});
+  const std::string daemon_qmp = AddDaemonMonitor(config, tag);
   if (auto booted = guest.Boot(config); !booted.ok())
     return Error{booted.error().message + guest.Diagnostics()};
   if (auto agent = guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)"); !agent.ok())

@@ -60,10 +60,10 @@ TEST(AttachQ35E2e, RefusedWithoutARootPortWindowThenPlugsIntoTheSpareRootPort) {
   TestGuest guest("attach-q35");
   hostd::VmConfig config = guest.MakeConfig(*image);
   config.machine = hostd::MachineType::kQ35;
-  const std::string daemon_qmp = "/tmp/hvt-attach-q35-" + std::to_string(::getpid()) + ".qmp";
-  config.extra_args.insert(config.extra_args.end(),
-                           {"-qmp", "unix:" + daemon_qmp + ",server=on,wait=off", "-device",
-                            "pcie-root-port,id=hvt-rp0,bus=pcie.0,chassis=1,pref64-reserve=4M"});
+  const std::string daemon_qmp = AddDaemonMonitor(config, "attach-q35");
+  config.extra_args.insert(
+      config.extra_args.end(),
+      {"-device", "pcie-root-port,id=hvt-rp0,bus=pcie.0,chassis=1,pref64-reserve=4M"});
   auto booted = guest.Boot(config);
   ASSERT_TRUE(booted.ok()) << booted.error().message << guest.Diagnostics();
   ASSERT_EQ(guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)")->status, 0);

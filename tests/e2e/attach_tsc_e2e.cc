@@ -93,9 +93,7 @@ TEST(AttachTscE2e, TscStampedDirectWritesInterleaveWithKernelMarkersInStreamAndC
   const std::string tag = "attach-tsc";
   TestGuest guest(tag);
   hostd::VmConfig config = guest.MakeConfig(*image);
-  const std::string daemon_qmp = "/tmp/hvt-" + tag + "-" + std::to_string(::getpid()) + ".qmp";
-  config.extra_args.insert(config.extra_args.end(),
-                           {"-qmp", "unix:" + daemon_qmp + ",server=on,wait=off"});
+  const std::string daemon_qmp = AddDaemonMonitor(config, tag);
   auto booted = guest.Boot(config);
   ASSERT_TRUE(booted.ok()) << booted.error().message << guest.Diagnostics();
   auto agent = guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)");

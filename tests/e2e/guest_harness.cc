@@ -81,6 +81,26 @@ Result<GuestImage> FindGuestImage(const std::string& version) {
   return image;
 }
 
+Result<std::string> FindKexecInitrd(const GuestImage& image) {
+  const std::string initrd = (fs::path(image.initrd).parent_path() / "initrd-kexec.img").string();
+  if (!Readable(initrd)) {
+    std::string out;
+    const std::string cmd = std::string(HVTRACE_SOURCE_DIR) +
+                            "/qemu-scripts/build-guest.sh --kernel 6.12 --with-kexec-kernel";
+    if (RunCommand(cmd, &out) != 0 || !Readable(initrd)) {
+      return Error{"no " + initrd + ": `" + cmd + "` did not make it:\n" + out};
+    }
+  }
+  return initrd;
+}
+
+std::string AddDaemonMonitor(hostd::VmConfig& config, const std::string& tag) {
+  const std::string path = "/tmp/hvt-" + tag + "-" + std::to_string(getpid()) + ".qmp";
+  config.extra_args.insert(config.extra_args.end(),
+                           {"-qmp", "unix:" + path + ",server=on,wait=off"});
+  return path;
+}
+
 TestGuest::TestGuest(const std::string& tag) {
   static std::atomic<int> counter{0};
   const std::string unique =

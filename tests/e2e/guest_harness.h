@@ -38,6 +38,14 @@ std::string QemuUnavailableReason();
 // qemu-scripts/build-guest.sh once when the image is missing.
 Result<GuestImage> FindGuestImage(const std::string& version);
 
+// The 6.12 guest's initrd that also holds /boot/vmlinuz (so the guest can
+// kexec its own kernel), next to |image|'s initrd; built once when missing.
+Result<std::string> FindKexecInitrd(const GuestImage& image);
+
+// Adds a second QMP monitor to |config| for hvtraced (the harness keeps the
+// first) and returns its socket path, unique per |tag| and process.
+std::string AddDaemonMonitor(hostd::VmConfig& config, const std::string& tag);
+
 class TestGuest {
  public:
   explicit TestGuest(const std::string& tag);

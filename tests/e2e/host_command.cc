@@ -6,6 +6,8 @@
 
 namespace hvtrace::e2e {
 
+std::string BinPath(const std::string& tool) { return std::string(HVTRACE_BIN_DIR) + "/" + tool; }
+
 std::string ReadWhole(const std::string& path) {
   std::string all;
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);

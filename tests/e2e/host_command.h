@@ -17,6 +17,9 @@ std::string ReadWhole(const std::string& path);
 // Its last |max_bytes| bytes ("" when unreadable).
 std::string FileTail(const std::string& path, size_t max_bytes);
 
+// build/bin/|tool| (hvtrace, hvtraced, hvtrace-agent).
+std::string BinPath(const std::string& tool);
+
 // Runs argv; the exit status and stdout+stderr, whatever the status.
 struct RunResult {
   int status = -1;  // Exit code; -1 when killed by a signal.

@@ -63,7 +63,7 @@ void HvtracedProcess::SetEnv(const std::string& name, const std::string& value) 
 }
 
 Result<std::string> HvtracedProcess::BinaryToRun() {
-  const std::string bin = std::string(HVTRACE_BIN_DIR) + "/" + options_.binary;
+  const std::string bin = BinPath(options_.binary);
   const uid_t uid = options_.uid;
   if (uid == 0) return bin;
   const std::string who = "uid " + std::to_string(uid);

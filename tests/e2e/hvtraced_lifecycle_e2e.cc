@@ -359,14 +359,9 @@ TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAn
 TEST_F(HvtracedLifecycleE2e, KexecIntoTheSameKernelThenPanicCapturesBothBoots) {
   auto image = FindGuestImage("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
-  const std::string kexec_initrd = fs::path(image->initrd).parent_path() / "initrd-kexec.img";
-  if (!fs::exists(kexec_initrd)) {
-    const std::string cmd =
-        std::string(HVTRACE_SOURCE_DIR) +
-        "/qemu-scripts/build-guest.sh --kernel 6.12 --with-kexec-kernel > /dev/null";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  }
-  ASSERT_TRUE(fs::exists(kexec_initrd)) << kexec_initrd;
+  Result<std::string> kexec = FindKexecInitrd(*image);
+  ASSERT_TRUE(kexec.ok()) << kexec.error().message;
+  const std::string kexec_initrd = *kexec;
 
   HvtracedProcess daemon(LifecycleDaemon("lc-kexec", "vm_on_shutdown = stop\n"));
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();

@@ -51,8 +51,6 @@ namespace fs = std::filesystem;
 
 const std::string kBootMarker = "/sys/kernel/tracing/instances/boot_map/trace_marker";
 
-std::string Bin(const std::string& tool) { return std::string(HVTRACE_BIN_DIR) + "/" + tool; }
-
 // Removes /dev/shm files the test created, whatever happens.
 struct ShmCleanup {
   std::vector<std::string> paths;
@@ -68,8 +66,8 @@ std::string ShmName(const std::string& tag) {
 // The guest kernel's event formats, as a user gets them before the first
 // capture (a cache hit after the first harvest on this machine).
 Status HarvestFormats(const GuestImage& image) {
-  Result<std::string> out = RunArgv(
-      {Bin("hvtrace"), "formats", "harvest", "--kernel", image.kernel, "--initrd", image.initrd});
+  Result<std::string> out = RunArgv({BinPath("hvtrace"), "formats", "harvest", "--kernel",
+                                     image.kernel, "--initrd", image.initrd});
   if (!out.ok()) return out.error();
   return {};
 }
@@ -77,10 +75,10 @@ Status HarvestFormats(const GuestImage& image) {
 // `hvtrace domain-xml` for |domain| with the boot range.
 Result<std::string> BootRangeXml(const TestDomain& domain, const GuestImage& image,
                                  const std::string& on_crash) {
-  return RunArgv({Bin("hvtrace"), "domain-xml", "--name", domain.name(), "--kernel", image.kernel,
-                  "--initrd", image.initrd, "--memory", "512M", "--range", "16M", "--on-crash",
-                  on_crash, "--console-socket", domain.console_socket(), "--console-log",
-                  domain.console_log()});
+  return RunArgv({BinPath("hvtrace"), "domain-xml", "--name", domain.name(), "--kernel",
+                  image.kernel, "--initrd", image.initrd, "--memory", "512M", "--range", "16M",
+                  "--on-crash", on_crash, "--console-socket", domain.console_socket(),
+                  "--console-log", domain.console_log()});
 }
 
 // Counts ivshmem-plain (1af4:1110) devices the guest's PCI core sees.
@@ -227,7 +225,7 @@ TEST(LibvirtE2e, BootRangeDomainServedByHvtracedCapturesEarlyBoot) {
       manifest["extra"]["transport"]["state_at_capture"].get<std::string>().c_str());
 
   // What a user reads: early boot (initcalls) through the last marker.
-  RunResult show = RunArgvStatus({Bin("hvtrace"), "show", path});
+  RunResult show = RunArgvStatus({BinPath("hvtrace"), "show", path});
   ASSERT_EQ(show.status, 0) << show.output.substr(0, 4000);
   EXPECT_THAT(show.output, HasSubstr("initcall_start"));
   EXPECT_THAT(show.output, HasSubstr("initcall_finish"));
@@ -341,10 +339,10 @@ Result<GuestImage> ImageWithAgent() {
                                    "--out",
                                    out,
                                    "--agent",
-                                   Bin("hvtrace-agent")};
+                                   BinPath("hvtrace-agent")};
   // The test tools (dw-write) come along when they are built.
-  if (access(Bin("hvtrace-guest-test").c_str(), X_OK) == 0) {
-    argv.insert(argv.end(), {"--guest-test", Bin("hvtrace-guest-test")});
+  if (access(BinPath("hvtrace-guest-test").c_str(), X_OK) == 0) {
+    argv.insert(argv.end(), {"--guest-test", BinPath("hvtrace-guest-test")});
   }
   Result<std::string> built = RunArgv(argv);
   if (!built.ok()) return built.error();
@@ -370,7 +368,8 @@ Result<GuestImage> ImageWithAgent() {
 // the last ones written right before the panic included.
 TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   LV_SKIP_UNLESS_AVAILABLE();
-  if (access(Bin("hvtrace-agent").c_str(), X_OK) != 0) GTEST_SKIP() << "hvtrace-agent not built";
+  if (access(BinPath("hvtrace-agent").c_str(), X_OK) != 0)
+    GTEST_SKIP() << "hvtrace-agent not built";
   Result<GuestImage> image = ImageWithAgent();
   LV_ASSERT_OK(image);
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("dest");
@@ -452,7 +451,7 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   const json& transport = manifest["extra"]["transport"];
   const bool gone = transport["state_at_capture"].get<std::string>().starts_with("shut off");
   EXPECT_EQ(transport["panic"]["outcome"], gone ? "destroyed" : "preserved") << manifest.dump(2);
-  RunResult show = RunArgvStatus({Bin("hvtrace"), "show", path});
+  RunResult show = RunArgvStatus({BinPath("hvtrace"), "show", path});
   ASSERT_EQ(show.status, 0) << show.output.substr(0, 4000);
   EXPECT_THAT(show.output, HasSubstr("HVT-LV-K1"));
   EXPECT_THAT(show.output, HasSubstr("HVT-LV-DW 2"));
@@ -508,7 +507,8 @@ bool AgentPublishedSymbols(TestDomain& domain) {
 // gone.
 TEST(LibvirtE2e, DaemonDiesMidAttachPanicCaptureThenTheNextRunRecoversIt) {
   LV_SKIP_UNLESS_AVAILABLE();
-  if (access(Bin("hvtrace-agent").c_str(), X_OK) != 0) GTEST_SKIP() << "hvtrace-agent not built";
+  if (access(BinPath("hvtrace-agent").c_str(), X_OK) != 0)
+    GTEST_SKIP() << "hvtrace-agent not built";
   Result<GuestImage> image = ImageWithAgent();
   LV_ASSERT_OK(image);
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("rec");
@@ -576,7 +576,7 @@ TEST(LibvirtE2e, DaemonDiesMidAttachPanicCaptureThenTheNextRunRecoversIt) {
   EXPECT_GT(manifest["extra"]["attach"]["names"]["per_generation"]["1"]["symbols"].get<uint64_t>(),
             10000u)
       << manifest["extra"]["attach"]["names"].dump(2);
-  RunResult show = RunArgvStatus({Bin("hvtrace"), "show", (captures / id).string()});
+  RunResult show = RunArgvStatus({BinPath("hvtrace"), "show", (captures / id).string()});
   ASSERT_EQ(show.status, 0) << show.output.substr(0, 4000);
   for (const char* marker :
        {"tracing_mark_write: HVT-RC-K1", "text=HVT-RC-DW 2", "text=HVT-RC-LAST 1"}) {
@@ -595,7 +595,8 @@ TEST(LibvirtE2e, DaemonDiesMidAttachPanicCaptureThenTheNextRunRecoversIt) {
 // CLI) still work, through hvtraced, with their old flags ignored.
 TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
   LV_SKIP_UNLESS_AVAILABLE();
-  if (access(Bin("hvtrace-agent").c_str(), X_OK) != 0) GTEST_SKIP() << "hvtrace-agent not built";
+  if (access(BinPath("hvtrace-agent").c_str(), X_OK) != 0)
+    GTEST_SKIP() << "hvtrace-agent not built";
   Result<GuestImage> image = ImageWithAgent();
   LV_ASSERT_OK(image);
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("det");

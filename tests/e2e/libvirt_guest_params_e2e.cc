@@ -37,21 +37,6 @@ using ::testing::Not;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-std::string Bin(const std::string& tool) { return std::string(HVTRACE_BIN_DIR) + "/" + tool; }
-
-// The same guest with /boot/vmlinuz inside, so it can kexec the kernel.
-Result<std::string> KexecInitrd(const GuestImage& image) {
-  const std::string initrd = (fs::path(image.initrd).parent_path() / "initrd-kexec.img").string();
-  if (!fs::exists(initrd)) {
-    Result<std::string> built =
-        RunArgv({std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh", "--kernel",
-                 "6.12", "--with-kexec-kernel"});
-    if (!built.ok()) return built.error();
-  }
-  if (!fs::exists(initrd)) return Error{"build-guest.sh made no " + initrd};
-  return initrd;
-}
-
 // The first stage's command line, the domain's <cmdline>. mem= keeps the
 // first stage out of NUMA node 1 (448M = node 0 of this 512M domain): a
 // kexec_file_load places the next kernel's segments top-down in the RAM it
@@ -66,8 +51,9 @@ constexpr const char* kFirstStageCmdline = "console=ttyS0 mem=448M";
 Result<std::string> DomainWithoutParams(const TestDomain& domain, const GuestImage& image,
                                         const std::string& initrd) {
   const std::vector<std::string> common = {
-      Bin("hvtrace"), "domain-xml", "--name", domain.name(), "--kernel", image.kernel, "--initrd",
-      initrd,         "--memory",   "512M",   "--range",     "16M",      "--on-crash", "preserve"};
+      BinPath("hvtrace"), "domain-xml", "--name",     domain.name(), "--kernel",
+      image.kernel,       "--initrd",   initrd,       "--memory",    "512M",
+      "--range",          "16M",        "--on-crash", "preserve"};
   std::vector<std::string> params_argv = common;
   params_argv.push_back("--params");
   Result<std::string> params = RunArgv(params_argv);
@@ -132,11 +118,11 @@ TEST_P(LibvirtGuestParamsE2e, BootRangeFoundFromTheCellNotTheCmdline) {
   }
   Result<GuestImage> image = FindGuestImage("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
-  Result<std::string> initrd = KexecInitrd(*image);
+  Result<std::string> initrd = FindKexecInitrd(*image);
   ASSERT_TRUE(initrd.ok()) << initrd.error().message;
   // The kernel's event formats, as a user gets them before the first capture.
-  Result<std::string> harvest = RunArgv(
-      {Bin("hvtrace"), "formats", "harvest", "--kernel", image->kernel, "--initrd", image->initrd});
+  Result<std::string> harvest = RunArgv({BinPath("hvtrace"), "formats", "harvest", "--kernel",
+                                         image->kernel, "--initrd", image->initrd});
   ASSERT_TRUE(harvest.ok()) << harvest.error().message;
 
   const std::string tag = adopt_before_start ? "gpb" : "gpa";
@@ -218,7 +204,7 @@ TEST_P(LibvirtGuestParamsE2e, BootRangeFoundFromTheCellNotTheCmdline) {
   EXPECT_EQ(manifest["region"]["gpa"], 0x1c000000u) << manifest["region"].dump();
   EXPECT_EQ(manifest["validation"]["reader"], "boot_map");
   EXPECT_EQ(manifest["extra"]["formats"]["decoded"], true) << manifest["extra"].dump(2);
-  RunResult show = RunArgvStatus({Bin("hvtrace"), "show", path});
+  RunResult show = RunArgvStatus({BinPath("hvtrace"), "show", path});
   ASSERT_EQ(show.status, 0) << show.output.substr(0, 4000);
   EXPECT_THAT(show.output, HasSubstr("initcall_finish"));  // The second stage's early boot.
   EXPECT_THAT(show.output, HasSubstr("hvt-gp-" + tag + "-8"));

@@ -35,8 +35,6 @@ using ::testing::Not;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-std::string Bin(const std::string& tool) { return std::string(HVTRACE_BIN_DIR) + "/" + tool; }
-
 // A process of uid 65534 whose command line claims to be domain |name|'s
 // QEMU, with |mem_path| as its ram-node1; killed (its whole process group)
 // when the object goes.
@@ -83,8 +81,8 @@ TEST(LibvirtIdentityE2e, AFakeProcessNamedLikeTheDomainIsIgnored) {
   }
   Result<GuestImage> image = FindGuestImage("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
-  ASSERT_TRUE(RunArgv({Bin("hvtrace"), "formats", "harvest", "--kernel", image->kernel, "--initrd",
-                       image->initrd})
+  ASSERT_TRUE(RunArgv({BinPath("hvtrace"), "formats", "harvest", "--kernel", image->kernel,
+                       "--initrd", image->initrd})
                   .ok());
   Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("fakeq");
   ASSERT_TRUE(libvirtd.ok()) << libvirtd.error().message;
@@ -116,8 +114,8 @@ TEST(LibvirtIdentityE2e, AFakeProcessNamedLikeTheDomainIsIgnored) {
   EXPECT_EQ(fake_st.st_uid, 65534u);
 
   Result<std::string> xml = RunArgv(
-      {Bin("hvtrace"), "domain-xml", "--name", domain.name(), "--kernel", image->kernel, "--initrd",
-       image->initrd, "--memory", "512M", "--range", "16M", "--on-crash", "preserve",
+      {BinPath("hvtrace"), "domain-xml", "--name", domain.name(), "--kernel", image->kernel,
+       "--initrd", image->initrd, "--memory", "512M", "--range", "16M", "--on-crash", "preserve",
        "--console-socket", domain.console_socket(), "--console-log", domain.console_log()});
   ASSERT_TRUE(xml.ok()) << xml.error().message;
   TestDomainOptions options;
@@ -157,7 +155,7 @@ TEST(LibvirtIdentityE2e, AFakeProcessNamedLikeTheDomainIsIgnored) {
   ASSERT_TRUE(manifest.is_object()) << path;
   EXPECT_EQ(manifest["trigger"], "panic");
   EXPECT_EQ(manifest["extra"]["formats"]["decoded"], true) << manifest["extra"].dump(2);
-  RunResult show = RunArgvStatus({Bin("hvtrace"), "show", path});
+  RunResult show = RunArgvStatus({BinPath("hvtrace"), "show", path});
   ASSERT_EQ(show.status, 0) << show.output.substr(0, 4000);
   EXPECT_THAT(show.output, HasSubstr("initcall_start"));
   EXPECT_THAT(show.output, HasSubstr("hvt-identity-marker"));

@@ -2,11 +2,11 @@
 // the host (the bytes come from an untrusted guest).
 #include "hvtrace/region_text.h"
 
-#include <zlib.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+
+#include "zlib_util.h"
 
 namespace hvtrace {
 namespace {
@@ -74,19 +74,11 @@ const char* AreaName(TextAreaKind kind) {
 EncodedText EncodeText(std::string_view text) {
   EncodedText e;
   e.raw_size = static_cast<uint32_t>(text.size());
-  e.crc32 = static_cast<uint32_t>(
-      crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
+  e.crc32 = zlib_util::Crc32(text);
   e.lines = static_cast<uint64_t>(std::count(text.begin(), text.end(), '\n'));
-  uLongf size = compressBound(static_cast<uLong>(text.size()));
-  e.stored.resize(size);
   // Level 6: ~15% larger than 9 on kallsyms at a third of the time, which
-  // counts in a TCG guest.
-  if (compress2(reinterpret_cast<Bytef*>(e.stored.data()), &size,
-                reinterpret_cast<const Bytef*>(text.data()), static_cast<uLong>(text.size()),
-                6) != Z_OK) {
-    size = 0;  // Only on out of memory; an empty area means "no text".
-  }
-  e.stored.resize(size);
+  // counts in a TCG guest. Empty only on out of memory: "no text".
+  e.stored = zlib_util::Deflate(text, 6);
   return e;
 }
 
@@ -139,38 +131,11 @@ Result<std::string> DecodeTextArea(TextAreaKind kind, const RegionTextArea& area
     return Error{"states " + std::to_string(area.raw_size) + " bytes of text, more than the " +
                  std::to_string(cap) + " accepted"};
   }
-  std::string text(area.raw_size, '\0');
-  z_stream z{};
-  if (inflateInit(&z) != Z_OK) return Error{"zlib: cannot initialize"};
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<std::byte*>(area.stored.data()));
-  z.avail_in = static_cast<uInt>(area.stored.size());
-  z.next_out = reinterpret_cast<Bytef*>(text.data());
-  z.avail_out = static_cast<uInt>(text.size());
-  // One call: the output buffer is exactly the stated size, so a stream that
-  // inflates to more stops there (Z_OK / Z_BUF_ERROR, not Z_STREAM_END).
-  const int rc = inflate(&z, Z_FINISH);
-  const uint64_t produced = z.total_out;
-  const uint64_t consumed = z.total_in;
-  inflateEnd(&z);
-  if (rc != Z_STREAM_END) {
-    return Error{rc == Z_DATA_ERROR ? std::string("compressed bytes are not a zlib stream")
-                 : produced == area.raw_size
-                     ? "inflates to more than the stated " + std::to_string(area.raw_size) +
-                           " bytes"
-                     : "zlib stream ends early (" + std::to_string(produced) + " of " +
-                           std::to_string(area.raw_size) + " bytes)"};
-  }
-  if (produced != area.raw_size) {
-    return Error{"inflates to " + std::to_string(produced) + " bytes, states " +
-                 std::to_string(area.raw_size)};
-  }
-  if (consumed != area.stored.size()) {
-    return Error{"zlib stream ends " + std::to_string(area.stored.size() - consumed) +
-                 " bytes before the stated compressed size"};
-  }
-  const uint32_t crc = static_cast<uint32_t>(
-      crc32(0, reinterpret_cast<const Bytef*>(text.data()), static_cast<uInt>(text.size())));
-  if (crc != area.crc32) return Error{"CRC of the text does not match the stated one"};
+  Result<std::string> inflated = zlib_util::InflateExact(area.stored, area.raw_size);
+  if (!inflated.ok()) return inflated.error();
+  std::string text = std::move(*inflated);
+  if (zlib_util::Crc32(text) != area.crc32)
+    return Error{"CRC of the text does not match the stated one"};
   if (Status s = CheckAreaText(kind, text); !s.ok()) return s.error();
   return text;
 }

@@ -12,7 +12,8 @@
 # as a user installs it: /usr/sbin/hvtrace-agent, guest-agent/dist/'s unit
 # (enabled) and initramfs-tools hook + scripts (update-initramfs ran). A test
 # fixture, hvtrace-demo-marker.service (qemu-scripts/debian/), writes one
-# trace_marker line at boot.
+# trace_marker line at boot; another gives the serial console a root shell
+# that prints HVTRACE-GUEST-READY (how tests type commands into the guest).
 #
 # Needs root (mmdebstrap's root mode runs the packages' scripts in a chroot),
 # no loop devices and no mounts outside mmdebstrap's private namespace:
@@ -191,8 +192,11 @@ build_image() {
     "$rootfs/etc/initramfs-tools/scripts/init-top/"
   install -m 0755 "$DIST/initramfs-tools/scripts/init-bottom/hvtrace-agent" \
     "$rootfs/etc/initramfs-tools/scripts/init-bottom/"
-  # The test fixture.
+  # The test fixtures: the demo marker service, a root shell on ttyS0.
   install -m 0644 "$FIXTURES/hvtrace-demo-marker.service" "$rootfs/etc/systemd/system/"
+  install -D -m 0644 "$FIXTURES/serial-getty-autologin.conf" \
+    "$rootfs/etc/systemd/system/serial-getty@ttyS0.service.d/autologin.conf"
+  install -m 0644 "$FIXTURES/root-profile" "$rootfs/root/.profile"
 
   cat >"$rootfs/etc/fstab" <<EOF
 # <file system>      <mount point> <type> <options>                 <dump> <pass>

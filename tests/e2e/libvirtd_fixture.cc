@@ -146,7 +146,55 @@ std::string TestDomain::MakeXml(const GuestImage& image, const TestDomainOptions
          "</domain>\n";
 }
 
+Result<std::string> TestDomain::MakeDiskXml(const DiskImage& image,
+                                            const TestDomainOptions& o) const {
+  const std::string overlay = daemon_.dir() + "/" + name_ + ".qcow2";
+  Result<std::string> made = RunArgv(
+      {"qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", image.disk, overlay});
+  if (!made.ok()) return made.error();
+  return "<domain type='qemu'>\n"
+         "  <name>" +
+         name_ +
+         "</name>\n"
+         "  <memory unit='MiB'>1024</memory>\n"
+         "  <vcpu>2</vcpu>\n"
+         "  <os>\n"
+         "    <type arch='x86_64' machine='" +
+         o.machine +
+         "'>hvm</type>\n"
+         "    <boot dev='hd'/>\n"
+         "  </os>\n"
+         "  <features><acpi/></features>\n"
+         "  <on_poweroff>destroy</on_poweroff>\n"
+         "  <on_reboot>restart</on_reboot>\n"
+         "  <on_crash>" +
+         o.on_crash +
+         "</on_crash>\n"
+         "  <devices>\n"
+         "    <disk type='file' device='disk'>\n"
+         "      <driver name='qemu' type='qcow2'/>\n"
+         "      <source file='" +
+         overlay +
+         "'/>\n"
+         "      <target dev='vda' bus='virtio'/>\n"
+         "    </disk>\n"
+         "    <serial type='unix'>\n"
+         "      <source mode='bind' path='" +
+         console_socket() +
+         "'/>\n"
+         "      <log file='" +
+         console_log() +
+         "' append='off'/>\n"
+         "      <target port='0'/>\n"
+         "    </serial>\n"
+         "    <memballoon model='none'/>\n" +
+         o.extra_devices +
+         "  </devices>\n"
+         "</domain>\n";
+}
+
 Status TestDomain::Create(const GuestImage& image, const TestDomainOptions& options) {
+  ready_timeout_ = options.ready_timeout;
   if (!conn_) {
     Result<hostd::LibvirtConnectPtr> conn = hostd::OpenLibvirtConnection(daemon_.uri());
     if (!conn.ok()) return conn.error();
@@ -187,7 +235,7 @@ Status TestDomain::WaitReady() {
   if (!console.ok()) return Error{"console of " + name_ + ": " + console.error().message};
   console_ = std::move(*console);
   // The console may have connected after the ready line: the log has it all.
-  auto deadline = std::chrono::steady_clock::now() + kBootTimeout;
+  auto deadline = std::chrono::steady_clock::now() + ready_timeout_;
   while (std::chrono::steady_clock::now() < deadline) {
     if (FileTail(console_log(), 1 << 20).find("HVTRACE-GUEST-READY") != std::string::npos) {
       // Make sure the shell answers on our socket before tests type into it.
@@ -198,7 +246,7 @@ Status TestDomain::WaitReady() {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return Error{"guest " + name_ + " did not print HVTRACE-GUEST-READY within " +
-               std::to_string(kBootTimeout.count()) + " ms\n" + Diagnostics()};
+               std::to_string(ready_timeout_.count()) + " ms\n" + Diagnostics()};
 }
 
 std::string TestDomain::Diagnostics() const {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "disk_guest.h"
 #include "guest_harness.h"
 #include "host_command.h"
 #include "hvtrace/result.h"
@@ -58,6 +59,8 @@ struct TestDomainOptions {
   std::string extra_devices;  // Raw XML inside <devices>.
   std::string raw_xml;        // Use this whole definition instead.
   bool via_virsh = false;     // Define and start with `virsh` (as a user would).
+  // How long the guest may take to its ready line (a systemd guest: longer).
+  std::chrono::milliseconds ready_timeout = kBootTimeout;
 };
 
 class TestDomain {
@@ -71,6 +74,11 @@ class TestDomain {
 
   // The default definition for |image|.
   std::string MakeXml(const GuestImage& image, const TestDomainOptions& options) const;
+  // A definition booting from |image|'s disk through a qcow2 overlay made in
+  // the daemon's directory (the cached image is never written), with no
+  // panic device and no NUMA: a plain VM as users define them. The console
+  // is the image's root shell (qemu-scripts/debian/).
+  Result<std::string> MakeDiskXml(const DiskImage& image, const TestDomainOptions& options) const;
   // Defines (and starts, connects the console and waits for the guest's
   // ready line, when options.start).
   Status Create(const GuestImage& image, const TestDomainOptions& options);
@@ -88,6 +96,7 @@ class TestDomain {
   hostd::LibvirtConnectPtr conn_;
   std::unique_ptr<hostd::GuestConsole> console_;
   bool defined_ = false;
+  std::chrono::milliseconds ready_timeout_ = kBootTimeout;
 };
 
 }  // namespace hvtrace::e2e

@@ -114,16 +114,21 @@ int Enable(const BootBufferOptions& o, std::FILE* out, std::FILE* err) {
     return 1;
   }
   Result<BootBufferParams> p = BootBufferKernelParams(*node, kBootBufferInstance, o.events);
-  Result<Loader> loader = FindLoader(o.paths);
-  if (!p.ok() || !loader.ok()) {
-    std::fprintf(err, "hvtrace-agent boot-buffer: %s\n",
-                 (!p.ok() ? p.error() : loader.error()).message.c_str());
+  if (!p.ok()) {
+    std::fprintf(err, "hvtrace-agent boot-buffer: %s\n", p.error().message.c_str());
     return 1;
   }
+  // Printed before the boot loader is looked for: a user without one of
+  // ours can still put them where their boot loader wants them.
   std::fprintf(out, "node 1: %llu bytes at 0x%llx (%s)\nkernel parameters: %s\n",
                static_cast<unsigned long long>(node->bytes),
                static_cast<unsigned long long>(node->start), node->source.c_str(),
                p->kernel_params.c_str());
+  Result<Loader> loader = FindLoader(o.paths);
+  if (!loader.ok()) {
+    std::fprintf(err, "hvtrace-agent boot-buffer: %s\n", loader.error().message.c_str());
+    return 1;
+  }
   std::string text;
   if (loader->grub) {
     text = GrubDropIn(p->kernel_params);

@@ -161,3 +161,70 @@ TEST(LibvirtSetupE2e, SetupThenBootThenUndo) {
 
 }  // namespace
 }  // namespace hvtrace::e2e
+
+namespace hvtrace::e2e {
+namespace {
+
+// q35: libvirt puts the new virtio-serial controller on a root port, so
+// setup adds a free one for `hvtrace attach` and records both for undo. A
+// domain whose NUMA cells are not hvtrace's is refused and left as it was.
+// Neither domain boots.
+TEST(LibvirtSetupE2e, Q35AndAForeignNumaTopology) {
+  if (std::string why = LibvirtdUnavailableReason(); !why.empty()) {
+    GTEST_SKIP() << "private libvirtd cannot run here: " << why;
+  }
+  Result<GuestImage> image = FindGuestImage("6.12");
+  ASSERT_TRUE(image.ok()) << image.error().message;
+  Result<std::unique_ptr<PrivateLibvirtd>> libvirtd = PrivateLibvirtd::Start("setupq");
+  ASSERT_TRUE(libvirtd.ok()) << libvirtd.error().message;
+  PrivateLibvirtd& lv = **libvirtd;
+  HvtracedProcess hvt({.tag = "setupq", .libvirt_uri = lv.uri()});
+  ASSERT_TRUE(hvt.Start().ok()) << hvt.LogTail();
+  ASSERT_TRUE(hvt.WaitForLibvirt([](const json& l) { return l["connected"] == true; }, 30s).ok())
+      << hvt.LogTail();
+
+  TestDomain q35(lv, "setupq");
+  TestDomainOptions options;
+  options.start = false;
+  options.via_virsh = true;
+  options.machine = "q35";
+  ASSERT_TRUE(q35.Create(*image, options).ok()) << q35.Diagnostics();
+  Result<std::string> original = PersistentXml(lv, q35.name());
+  ASSERT_TRUE(original.ok()) << original.error().message;
+  RunResult setup = hvt.Hvtrace({"setup", q35.name()});
+  ASSERT_EQ(setup.status, 0) << setup.output << "\n" << hvt.LogTail();
+  EXPECT_THAT(setup.output, HasSubstr("libvirt added <controller type='virtio-serial'"));
+  Result<std::string> after = PersistentXml(lv, q35.name());
+  ASSERT_TRUE(after.ok());
+  Result<hostd::DomainXmlInfo> info = hostd::ParseDomainXml(*after);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_TRUE(info->q35);
+  EXPECT_TRUE(info->hotplug_ok) << info->hotplug_reason << "\n" << *after;
+  Result<hostd::DomainBootCell> cell = hostd::FindDomainBootCell(*info, "boot_map", "");
+  ASSERT_TRUE(cell.ok()) << cell.error().message;
+  EXPECT_EQ(cell->layout.range_gpa, 512u << 20);
+  RunResult undo = hvt.Hvtrace({"setup", "--undo", q35.name()});
+  ASSERT_EQ(undo.status, 0) << undo.output;
+  EXPECT_EQ(*PersistentXml(lv, q35.name()), *original);
+
+  TestDomain foreign(lv, "setupf");
+  TestDomainOptions foreign_options;
+  foreign_options.start = false;
+  foreign_options.via_virsh = true;
+  std::string xml = foreign.MakeXml(*image, foreign_options);
+  xml.insert(xml.find("  <on_poweroff>"),
+             "  <cpu><numa><cell id='0' cpus='0' memory='262144' unit='KiB'/>"
+             "<cell id='1' cpus='1' memory='262144' unit='KiB'/></numa></cpu>\n");
+  foreign_options.raw_xml = xml;
+  ASSERT_TRUE(foreign.Create(*image, foreign_options).ok()) << foreign.Diagnostics();
+  Result<std::string> before = PersistentXml(lv, foreign.name());
+  ASSERT_TRUE(before.ok());
+  RunResult refused = hvt.Hvtrace({"setup", foreign.name()});
+  EXPECT_NE(refused.status, 0) << refused.output;
+  EXPECT_THAT(refused.output, HasSubstr("domain '" + foreign.name() +
+                                        "': it already has a NUMA topology that is not hvtrace's"));
+  EXPECT_EQ(*PersistentXml(lv, foreign.name()), *before);
+}
+
+}  // namespace
+}  // namespace hvtrace::e2e

@@ -151,7 +151,22 @@ Result<NodeRange> NodeRangeFromSysfs(const fs::path& sys, uint32_t node) {
   if (ec) return Error{"cannot list " + dir.string() + ": " + ec.message()};
   if (first == UINT64_MAX) return Error{dir.string() + " has no memory blocks"};
   if (last >= UINT64_MAX / block - 1) return Error{"memory block index out of range"};
-  return NodeRange{first * block, (last + 1 - first) * block, "sysfs memory blocks"};
+  NodeRange r{first * block, (last + 1 - first) * block, "sysfs memory blocks"};
+  // A block is 128 MiB on x86 and node 1 is often smaller: the firmware's
+  // RAM map (/sys/firmware/memmap, before memmap= changed it) ends it.
+  for (const auto& entry : fs::directory_iterator(sys / "firmware/memmap", ec)) {
+    Result<std::string> type = ReadSmall(entry.path() / "type", 64);
+    Result<std::string> start = ReadSmall(entry.path() / "start", 64);
+    Result<std::string> end = ReadSmall(entry.path() / "end", 64);
+    if (!type.ok() || !start.ok() || !end.ok() || type->rfind("System RAM", 0) != 0) continue;
+    const uint64_t s = std::strtoull(start->c_str(), nullptr, 16);
+    const uint64_t e = std::strtoull(end->c_str(), nullptr, 16);  // Inclusive.
+    if (s <= r.start && e >= r.start && e < r.start + r.bytes - 1) {
+      r.bytes = e + 1 - r.start;
+      r.source = "sysfs memory blocks and the firmware memory map";
+    }
+  }
+  return r;
 }
 
 Result<BootBufferParams> BootBufferKernelParams(const NodeRange& node, std::string_view instance,

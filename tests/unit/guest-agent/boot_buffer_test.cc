@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "boot_request.h"
@@ -102,6 +103,18 @@ TEST(BootBuffer, SysfsMemoryBlocksGiveNodeOne) {
   EXPECT_EQ(node->start, 512 * kMiB);
   EXPECT_EQ(node->bytes, 256 * kMiB);
   EXPECT_FALSE(NodeRangeFromSysfs(sys, 2).ok());
+  // QEMU's e820 for 576 MiB: RAM below 640 KiB, then from 1 MiB to the end.
+  for (auto [n, start, end] :
+       {std::tuple{"0", "0x0", "0x9fbff"}, {"1", "0x100000", "0x23ffffff"}}) {
+    fs::create_directories(sys / "firmware/memmap" / n);
+    std::ofstream(sys / "firmware/memmap" / n / "start") << start << "\n";
+    std::ofstream(sys / "firmware/memmap" / n / "end") << end << "\n";
+    std::ofstream(sys / "firmware/memmap" / n / "type") << "System RAM\n";
+  }
+  node = NodeRangeFromSysfs(sys, 1);
+  ASSERT_TRUE(node.ok()) << node.error().message;
+  EXPECT_EQ(node->start, 512 * kMiB);
+  EXPECT_EQ(node->bytes, 64 * kMiB);
   fs::remove_all(sys);
 }
 

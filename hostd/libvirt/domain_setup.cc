@@ -5,6 +5,7 @@
 #include <libxml/xmlsave.h>
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <utility>
@@ -78,9 +79,9 @@ Result<DocPtr> ParseDoc(std::string_view xml) {
   return doc;
 }
 
-// libxml2 quotes attributes with '"'; libvirt with '\''. Converted back so a
-// diff shows only what changed. Inside a tag a raw '"' only delimits values
-// (libxml2 writes one inside a value as &quot;, and '<' '>' as entities).
+// libxml2 quotes attributes with '"'; libvirt with "'" outside <metadata>.
+// Converted back so a diff shows only what changed. Inside a tag a raw '"'
+// only delimits values (libxml2 writes one inside a value as &quot;).
 std::string LibvirtQuotes(const std::string& in) {
   std::string out;
   out.reserve(in.size());
@@ -88,9 +89,13 @@ std::string LibvirtQuotes(const std::string& in) {
   for (size_t i = 0; i < in.size(); ++i) {
     const char c = in[i];
     if (!in_tag) {
-      if (c == '<' && in.compare(i, 4, "<!--") == 0) {
-        const size_t end = in.find("-->", i);
-        const size_t stop = end == std::string::npos ? in.size() : end + 3;
+      // Comments as they are; <metadata> too: libvirt writes the elements
+      // of other applications (and hvtrace's record) with '"' itself.
+      const bool comment = in.compare(i, 4, "<!--") == 0;
+      if (comment || in.compare(i, 10, "<metadata>") == 0) {
+        const char* close = comment ? "-->" : "</metadata>";
+        const size_t end = in.find(close, i);
+        const size_t stop = end == std::string::npos ? in.size() : end + std::strlen(close);
         out.append(in, i, stop - i);
         i = stop - 1;
         continue;

@@ -41,7 +41,7 @@ TEST(DomainSetup, PcGetsCellsChannelPanicAndRecord) {
   EXPECT_NE(xml.find("<panic model='isa'/>"), std::string::npos);
   EXPECT_NE(xml.find("<on_crash>preserve</on_crash>"), std::string::npos);
   EXPECT_NE(xml.find("<memory unit='KiB'>589824</memory>"), std::string::npos) << xml;
-  EXPECT_NE(xml.find("xmlns:hvtrace='https://hvtrace.dev/setup/1'"), std::string::npos);
+  EXPECT_NE(xml.find("xmlns:hvtrace=\"https://hvtrace.dev/setup/1\""), std::string::npos);
   // Everything else is untouched, down to the CPU model libvirt wrote.
   EXPECT_NE(xml.find("<model fallback='forbid'>qemu64</model>"), std::string::npos);
   EXPECT_NE(xml.find("<source file='/tmp/none.qcow2'/>"), std::string::npos);
@@ -80,6 +80,24 @@ TEST(DomainSetup, UndoRestoresTheDefinitionExactly) {
     EXPECT_EQ(undo->xml, original) << name;
     EXPECT_FALSE(HasDomainSetup(undo->xml));
   }
+}
+
+TEST(DomainSetup, OtherMetadataAndAMissingCpuElement) {
+  std::string xml = Fixture("setup-pc.xml");
+  const size_t cpu = xml.find("  <cpu ");
+  xml.erase(cpu, xml.find("  </cpu>\n") + 9 - cpu);
+  xml.insert(xml.find("  <memory"),
+             "  <metadata>\n    <app:owner xmlns:app=\"http://example.com/app\">ops</app:owner>\n"
+             "  </metadata>\n");
+  Result<DomainSetupEdit> edit = AddDomainSetup(xml, Request());
+  ASSERT_TRUE(edit.ok()) << edit.error().message;
+  EXPECT_NE(edit->xml.find("<hvtrace:added element=\"cpu\"/>"), std::string::npos) << edit->xml;
+  EXPECT_EQ(edit->xml.find("<hvtrace:added element=\"metadata\"/>"), std::string::npos);
+  EXPECT_NE(edit->xml.find("  <cpu>\n    <numa>\n      <cell id='0'"), std::string::npos)
+      << edit->xml;
+  Result<DomainSetupEdit> undo = RemoveDomainSetup(edit->xml);
+  ASSERT_TRUE(undo.ok()) << undo.error().message;
+  EXPECT_EQ(undo->xml, xml);
 }
 
 TEST(DomainSetup, UndoOfADomainNotSetUpSaysSo) {
@@ -166,7 +184,7 @@ TEST(DomainSetup, FinishRecordsControllersLibvirtAddedAndUndoRemovesThem) {
     Result<DomainSetupEdit> finish = FinishDomainSetup(original, defined);
     ASSERT_TRUE(finish.ok()) << name << ": " << finish.error().message;
     EXPECT_TRUE(finish->changed) << name;
-    EXPECT_NE(finish->xml.find("element='controller' type='virtio-serial' index='0'"),
+    EXPECT_NE(finish->xml.find("element=\"controller\" type=\"virtio-serial\" index=\"0\""),
               std::string::npos)
         << finish->xml;
     const bool q35 = std::string(name) == "setup-q35";
@@ -195,7 +213,7 @@ TEST(DomainSetup, Malicious_SetupRecordNamingOtherElementsIsRefused) {
   Result<DomainSetupEdit> edit = AddDomainSetup(Fixture("setup-pc.xml"), Request());
   ASSERT_TRUE(edit.ok());
   std::string xml = edit->xml;
-  xml.replace(xml.find("element='panic'"), 15, "element='disk'");
+  xml.replace(xml.find("element=\"panic\""), 15, "element=\"disk\"");
   Result<DomainSetupEdit> undo = RemoveDomainSetup(xml);
   ASSERT_FALSE(undo.ok());
   EXPECT_NE(undo.error().message.find("<disk>, which hvtrace setup never adds"), std::string::npos)

@@ -48,6 +48,10 @@ class SetupCommand final : public Command {
   int Run() override {
     json result;
     if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
+    const std::string domain = result.value("domain", domain_);
+    // Computed here, as the user; --json carries it too.
+    result["diff"] = UnifiedDiff(result.value("old_xml", ""), result.value("new_xml", ""),
+                                 domain + ".xml (before)", domain + ".xml (after)");
     if (flags_.json) {
       PrintJson(result);
       return kExitOk;
@@ -60,15 +64,15 @@ class SetupCommand final : public Command {
   void Print(const json& result) const {
     const std::string domain = result.value("domain", domain_);
     if (result.value("already_set_up", false)) {
-      std::printf("domain %s: already set up by `hvtrace setup`; nothing changed\n",
-                  domain.c_str());
+      std::printf(
+          "domain %s: already set up by `hvtrace setup`; nothing changed (another --range or "
+          "--events: `hvtrace setup --undo %s` first)\n",
+          domain.c_str(), domain.c_str());
     } else {
       for (const auto& change : result.value("changes", json::array())) {
         std::printf("  %s\n", change.get<std::string>().c_str());
       }
-      const std::string diff = UnifiedDiff(result.value("old_xml", ""), result.value("new_xml", ""),
-                                           domain + ".xml (before)", domain + ".xml (after)");
-      std::fputs(diff.c_str(), stdout);
+      std::fputs(result.value("diff", "").c_str(), stdout);
       if (result.value("dry_run", false)) {
         std::printf("dry run: domain %s not changed\n", domain.c_str());
       } else {

@@ -90,6 +90,10 @@ TEST(LibvirtSetupE2e, SetupThenBootThenUndo) {
   ASSERT_THAT(*original, Not(HasSubstr("<numa>")));
   ASSERT_THAT(*original, Not(HasSubstr("<panic")));
 
+  Result<json> dry_json = hvt.HvtraceJson({"setup", "--dry-run", domain.name()});
+  ASSERT_TRUE(dry_json.ok()) << dry_json.error().message;
+  EXPECT_THAT((*dry_json)["diff"].get<std::string>(), HasSubstr("+    <numa>"));
+  EXPECT_EQ((*dry_json)["defined"], false);
   RunResult dry = hvt.Hvtrace({"setup", "--dry-run", domain.name()});
   ASSERT_EQ(dry.status, 0) << dry.output << "\n" << hvt.LogTail();
   EXPECT_THAT(dry.output, HasSubstr("dry run: domain " + domain.name() + " not changed"));
@@ -125,6 +129,11 @@ TEST(LibvirtSetupE2e, SetupThenBootThenUndo) {
   EXPECT_EQ(cell->layout.range_gpa, 512u << 20);
   EXPECT_EQ(cell->layout.range_bytes, 16u << 20);
 
+  // --json carries the same diff (computed by the CLI), empty now.
+  Result<json> again_json = hvt.HvtraceJson({"setup", domain.name()});
+  ASSERT_TRUE(again_json.ok()) << again_json.error().message;
+  EXPECT_EQ((*again_json)["already_set_up"], true);
+  EXPECT_EQ((*again_json)["diff"], "");
   RunResult again = hvt.Hvtrace({"setup", domain.name()});
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_THAT(again.output, HasSubstr("already set up"));

@@ -101,7 +101,9 @@ Status RunUpdateGrub(const std::string& command, std::FILE* out) {
   }
   int status = 0;
   if (::waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return Error{command + " failed (status " + std::to_string(status) + ")"};
+    return Error{command + " failed (status " + std::to_string(status) +
+                 "): the GRUB drop-in is changed but grub.cfg is not; run " + command +
+                 " again once it works"};
   }
   return {};
 }

@@ -225,5 +225,31 @@ TEST(BootBuffer, CommandEditsTheSyslinuxConfigAndUndoes) {
   fs::remove_all(root);
 }
 
+TEST(BootBuffer, CommandWritesTheGrubDropInAndRunsUpdateGrub) {
+  const fs::path root = fs::path(::testing::TempDir()) / ("bb_grub." + std::to_string(getpid()));
+  fs::create_directories(root / "etc/default");
+  fs::create_directories(root / "sys/firmware/acpi/tables");
+  std::ofstream(root / "etc/default/grub") << "GRUB_CMDLINE_LINUX_DEFAULT=\"quiet\"\n";
+  const std::vector<std::byte> srat = QemuSrat(1024 * kMiB, 112 * kMiB);
+  std::ofstream(root / "sys/firmware/acpi/tables/SRAT", std::ios::binary)
+      .write(reinterpret_cast<const char*>(srat.data()), static_cast<std::streamsize>(srat.size()));
+  BootBufferPaths paths;
+  paths.root = root;
+  paths.sys = root / "sys";
+  paths.update_grub = "true";  // /bin/true stands in for update-grub: only its status counts.
+  std::FILE* out = std::tmpfile();
+  ASSERT_EQ(RunBootBufferCommand({"enable", "--events", "irq"}, paths, out, out), 0);
+  const fs::path dropin = root / "etc/default/grub.d/hvtrace.cfg";
+  EXPECT_EQ(test_support::ReadText(dropin.string()),
+            GrubDropIn("memmap=64M$0x40000000 trace_instance=boot_map@0x40000000:64M,irq"));
+  paths.update_grub = "false";  // A failing update-grub is an error, not a silent success.
+  EXPECT_EQ(RunBootBufferCommand({"disable"}, paths, out, out), 1);
+  EXPECT_FALSE(fs::exists(dropin));
+  paths.update_grub = "true";
+  EXPECT_EQ(RunBootBufferCommand({"disable"}, paths, out, out), 0);  // "not enabled".
+  std::fclose(out);
+  fs::remove_all(root);
+}
+
 }  // namespace
 }  // namespace hvtrace::agent

@@ -133,6 +133,7 @@ void AddDaemonCommands(CommandTable& table);  // ping list status captures daemo
 void AddVmCommands(CommandTable& table);      // boot qemu-args adopt capture stop
 void AddAttachCommands(CommandTable& table);  // attach detach stream (+ libvirt-attach/-detach)
 void AddDomainXmlCommand(CommandTable& table);
+void AddSetupCommand(CommandTable& table);
 void AddFormatsCommands(CommandTable& table);  // formats harvest, formats list
 
 // formats_command.cc: harvests |kernel|'s formats into the default cache

@@ -97,6 +97,7 @@ CommandTable::CommandTable()
   AddVmCommands(*this);
   AddAttachCommands(*this);
   AddDomainXmlCommand(*this);
+  AddSetupCommand(*this);
   AddFormatsCommands(*this);
   Add("help", "describe every command, or one (`hvtrace help attach`)",
       std::make_unique<HelpCommand>(*this));

@@ -33,6 +33,9 @@ const std::map<std::string, Daemon::Command, std::less<>>& Daemon::CommandTable(
       {"stop", {&Daemon::HandleStop, kAdmin}},
       {"attach", {&Daemon::HandleAttach, kAdmin}},
       {"detach", {&Daemon::HandleDetach, kAdmin}},
+      // Edits a libvirt domain's persistent definition (also --dry-run: it
+      // shows that definition, which only admins read).
+      {"setup", {&Daemon::HandleSetup, kAdmin}},
   };
   return kTable;
 }

@@ -105,6 +105,7 @@ class Daemon {
   void HandleAttach(const Request& request, const std::shared_ptr<Responder>& responder);
   void HandleDetach(const Request& request, const std::shared_ptr<Responder>& responder);
   void HandleStream(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleSetup(const Request& request, const std::shared_ptr<Responder>& responder);
 
   void HandleRequest(const Request& request, const PeerCredentials& peer,
                      const std::shared_ptr<Responder>& responder);

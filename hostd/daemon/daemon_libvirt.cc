@@ -109,6 +109,14 @@ std::shared_ptr<LibvirtClient> DaemonLibvirt::client() const {
   return client_;
 }
 
+Result<std::shared_ptr<LibvirtClient>> DaemonLibvirt::Connected() const {
+  std::lock_guard lock(mu_);
+  if (client_ != nullptr) return client_;
+  return Error{"libvirt at '" + uri_ + "' is not connected (" +
+               (last_error_.empty() ? std::string("connecting") : last_error_) +
+               "); hvtraced keeps retrying"};
+}
+
 LibvirtBackendOptions DaemonLibvirt::backend_options() const {
   LibvirtBackendOptions o;
   o.blocking = daemon_.pool().get_executor();

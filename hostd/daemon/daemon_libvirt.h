@@ -72,6 +72,9 @@ class DaemonLibvirt {
   Result<nlohmann::json> Adopt(const std::string& name, const std::string& domain,
                                bool allow_no_region = false);
 
+  // The connected client, or why there is none (`hvtrace setup`); any thread.
+  Result<std::shared_ptr<LibvirtClient>> Connected() const;
+
   // {uri, connected, error, reconnects}; any thread.
   nlohmann::json StatusJson() const;
 

@@ -83,7 +83,7 @@ TEST_F(CliArgs, HelpListsVisibleCommandsAndTheExitStatusTable) {
   const std::string help = HelpOf({});
   for (const char* command : {"report", "show", "ping", "list", "status", "captures", "boot",
                               "qemu-args", "adopt", "capture", "attach", "detach", "stream", "stop",
-                              "daemon-shutdown", "domain-xml", "formats", "help"}) {
+                              "daemon-shutdown", "domain-xml", "setup", "formats", "help"}) {
     EXPECT_THAT(help, HasSubstr(std::string("  ") + command + " ")) << command;
   }
   EXPECT_THAT(help, Not(HasSubstr("libvirt-attach")));
@@ -250,6 +250,21 @@ TEST_F(CliArgs, Attach) {
   EXPECT_THAT(UsageError({"attach", "vm1", "--pump", "0ms"}),
               StartsWith("hvtrace attach: --pump: "));
   EXPECT_THAT(UsageError({"attach", "vm1", "--wait", "1h"}), HasSubstr("outside"));
+}
+
+TEST_F(CliArgs, Setup) {
+  DaemonRequest r =
+      RequestOf({"setup", "web1", "--range", "32M", "--events", "sched", "--dry-run"});
+  EXPECT_EQ(r.cmd, "setup");
+  EXPECT_EQ(r.args, (json{{"domain", "web1"},
+                          {"dry_run", true},
+                          {"undo", false},
+                          {"range", 32u << 20},
+                          {"events", "sched"}}));
+  EXPECT_EQ(RequestOf({"setup", "web1", "--undo"}).args,
+            (json{{"domain", "web1"}, {"dry_run", false}, {"undo", true}}));
+  EXPECT_THAT(UsageError({"setup"}), HasSubstr("DOMAIN"));
+  EXPECT_THAT(UsageError({"setup", "web1", "--range", "1000"}), HasSubstr("--range"));
 }
 
 TEST_F(CliArgs, DetachAndStream) {

@@ -581,8 +581,8 @@ TEST(DaemonRolesTest, Malicious_ObserverMayLookButNotChangeAnything) {
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
   const std::vector<std::string> looks = {"ping",   "version",  "list",
                                           "status", "captures", "stream"};
-  const std::vector<std::string> changes = {"boot",    "adopt", "attach",  "detach",
-                                            "capture", "stop",  "shutdown"};
+  const std::vector<std::string> changes = {"boot",    "adopt", "attach",   "detach",
+                                            "capture", "stop",  "shutdown", "setup"};
   std::vector<std::string> all = looks;
   all.insert(all.end(), changes.begin(), changes.end());
   const std::string report = AsNobody({kObserverGid}, [&] { return TryCommands(d.socket(), all); });

@@ -97,9 +97,10 @@ std::optional<std::string> GnuBuildId(std::string_view notes) {
   return std::nullopt;
 }
 
-FormatListing ListFormats(const std::string& events_dir) {
+FormatListing ListFormats(const std::string& events_dir, const std::atomic<bool>* cancel) {
   FormatListing out;
   for (const std::string& sys : SubDirs(events_dir)) {
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) break;
     for (const std::string& event : SubDirs(events_dir + "/" + sys)) {
       const std::string text = ReadOrEmpty(events_dir + "/" + sys + "/" + event + "/format");
       if (text.empty()) continue;
@@ -127,12 +128,16 @@ FormatListing ListFormats(const std::string& events_dir) {
   return out;
 }
 
-BootArchive BuildBootArchive(const BootArchivePaths& paths) {
+BootArchive BuildBootArchive(const BootArchivePaths& paths, const std::atomic<bool>* cancel) {
   BootArchive out;
   const double t0 = NowMs();
   out.boot_id_text = Trimmed(ReadOrEmpty(paths.proc + "/sys/kernel/random/boot_id"));
   if (auto id = meta::ParseBootId(out.boot_id_text)) out.boot_id = *id;
-  FormatListing listing = ListFormats(paths.tracefs + "/events");
+  FormatListing listing = ListFormats(paths.tracefs + "/events", cancel);
+  if (cancel != nullptr && cancel->load()) {
+    out.note = "boot archive: cancelled";
+    return out;
+  }
   const double t1 = NowMs();
   utsname u{};
   uname(&u);
@@ -174,13 +179,14 @@ BootArchive BuildBootArchive(const BootArchivePaths& paths) {
 }
 
 BootArchiveSource::~BootArchiveSource() {
+  cancel_.store(true);
   if (worker_.joinable()) worker_.join();
 }
 
 void BootArchiveSource::Start() {
   if (worker_.joinable()) return;
   worker_ = std::thread([this] {
-    result_ = BuildBootArchive(paths_);
+    result_ = BuildBootArchive(paths_, &cancel_);
     done_.store(true, std::memory_order_release);
   });
 }

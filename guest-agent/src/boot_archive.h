@@ -47,7 +47,9 @@ struct FormatListing {
   size_t events = 0;
   size_t unparsed = 0;  // Formats ParseEventFormat refused (listed, no fingerprint).
 };
-FormatListing ListFormats(const std::string& events_dir);
+// |cancel|, when set, stops it between two systems (the agent is exiting).
+FormatListing ListFormats(const std::string& events_dir,
+                          const std::atomic<bool>* cancel = nullptr);
 
 struct BootArchive {
   meta::BootId boot_id{};
@@ -57,8 +59,10 @@ struct BootArchive {
   std::string note;              // For the agent's log: sizes and times, or what is missing.
 };
 
-// Reads everything and builds the archive and its frame (sequence 0).
-BootArchive BuildBootArchive(const BootArchivePaths& paths);
+// Reads everything and builds the archive and its frame (sequence 0). When
+// |cancel| is set before it is done it returns early with an empty frame.
+BootArchive BuildBootArchive(const BootArchivePaths& paths,
+                             const std::atomic<bool>* cancel = nullptr);
 
 // BuildBootArchive on a worker thread, started on demand.
 class BootArchiveSource {
@@ -78,6 +82,7 @@ class BootArchiveSource {
   BootArchivePaths paths_;
   std::thread worker_;
   std::atomic<bool> done_{false};
+  std::atomic<bool> cancel_{false};  // Set by the destructor: an exiting agent does not wait.
   BootArchive result_;
 };
 

@@ -48,8 +48,7 @@ struct FormatListing {
   size_t unparsed = 0;  // Formats ParseEventFormat refused (listed, no fingerprint).
 };
 // |cancel|, when set, stops it between two systems (the agent is exiting).
-FormatListing ListFormats(const std::string& events_dir,
-                          const std::atomic<bool>* cancel = nullptr);
+FormatListing ListFormats(const std::string& events_dir, const std::atomic<bool>* cancel = nullptr);
 
 struct BootArchive {
   meta::BootId boot_id{};

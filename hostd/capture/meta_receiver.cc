@@ -192,7 +192,7 @@ class Receiver : public MetaReceiver {
       case meta::MetaType::kClock: {
         const bool comms = frame.type == meta::MetaType::kComms;
         ::hvtrace::Status s = comms ? store_.StoreComms(boot_id, frame.payload)
-                         : store_.StoreClock(boot_id, frame.payload);
+                                    : store_.StoreClock(boot_id, frame.payload);
         if (!s.ok()) {
           Count("dropped");
           Log(s.error().message);

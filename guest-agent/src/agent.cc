@@ -6,7 +6,6 @@
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
-#include <x86intrin.h>
 
 #include <algorithm>
 #include <csignal>
@@ -79,7 +78,17 @@ Agent::Agent(AgentOptions options)
     : options_(std::move(options)),
       tracefs_(options_.tracefs),
       instance_(options_.tracefs + "/instances/" + options_.instance),
-      symbols_(options_.kallsyms) {}
+      symbols_(options_.kallsyms),
+      meta_(
+          [this] {
+            MetaOptions m = options_.meta;
+            m.verbose = options_.verbose;
+            m.archive.tracefs = options_.tracefs;
+            m.archive.proc = options_.proc;
+            m.archive.kallsyms = options_.kallsyms;
+            return m;
+          }(),
+          [this](const std::string& message) { Log(message); }) {}
 
 // The instance records on: a successor agent continues it (agent.h).
 Agent::~Agent() { Detach("agent exit", false); }
@@ -239,23 +248,9 @@ void Agent::Announce() {
 }
 
 void Agent::SampleClocks() {
-  // The TSC reads bracket the CLOCK_MONOTONIC read; the midpoint is the
-  // same instant to within half the bracket (what direct-write TSC stamps
-  // are converted with on the host). Of three tries the tightest bracket
-  // wins: a vCPU preempted in between (TCG, a busy host) would widen it.
-  uint64_t best_width = UINT64_MAX, best_tsc = 0, best_mono = 0;
-  for (int i = 0; i < 3; ++i) {
-    const uint64_t tsc0 = __rdtsc();
-    const uint64_t mono = ClockNs(CLOCK_MONOTONIC);
-    const uint64_t tsc1 = __rdtsc();
-    if (tsc1 >= tsc0 && tsc1 - tsc0 < best_width) {
-      best_width = tsc1 - tsc0;
-      best_tsc = tsc0 + (tsc1 - tsc0) / 2;
-      best_mono = mono;
-    }
-  }
-  if (best_width == UINT64_MAX) return;  // The TSC went backwards each time: no sample.
-  region_->AddClockSync(best_mono, ClockNs(CLOCK_BOOTTIME), ClockNs(CLOCK_REALTIME), best_tsc);
+  ClockSample s;
+  if (!TakeClockSample(&s)) return;  // The TSC went backwards each time: no sample.
+  region_->AddClockSync(s.mono, s.boot, s.real, s.tsc);
 }
 
 void Agent::PublishHeaders() {
@@ -641,6 +636,8 @@ void Agent::RemovePointerFile() {
 int Agent::Run() {
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
+  // A metadata port that is a socket (tests) reports a gone host as EPIPE.
+  std::signal(SIGPIPE, SIG_IGN);
   const uint64_t start = MonotonicNs();
   // The instance exists from the start, so guest services can write its
   // trace_marker before a region comes; an attach keeps those lines.
@@ -680,6 +677,9 @@ int Agent::Run() {
           1000, next_pump_ns_ > now ? (next_pump_ns_ - now + 999999) / 1000000 : 0));
     }
     if (!pending_slots_.empty()) timeout_ms = std::min(timeout_ms, 2);
+    timeout_ms = meta_.TimeoutMs(timeout_ms);
+    const size_t meta_index = fds.size();
+    if (meta_.PollEvents() != 0) fds.push_back({meta_.fd(), meta_.PollEvents(), 0});
     if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
       Log(std::string("poll: ") + std::strerror(errno));
       break;
@@ -687,14 +687,17 @@ int Agent::Run() {
     if (uevents_.fd() >= 0 && (fds[0].revents & POLLIN)) {
       Uevent event;
       for (int r; (r = uevents_.Receive(&event)) >= 0;) {
-        if (r == 1) HandleUevent(event);
+        if (r != 1) continue;
+        HandleUevent(event);
+        meta_.OnUevent(event);
       }
     }
     bool readable = false;
-    for (size_t i = first_pipe; i < fds.size(); ++i) readable |= (fds[i].revents & POLLIN) != 0;
+    for (size_t i = first_pipe; i < meta_index; ++i) readable |= (fds[i].revents & POLLIN) != 0;
     now = MonotonicNs();
     TryPendingAttach(now);
     Tick(readable);
+    meta_.Tick(now, pump_interval_ms_);
     if (uevents_.fd() < 0 && options_.region_path.empty() && !region_ && now >= next_scan) {
       next_scan = now + 1000000000ull;
       for (const std::string& bar : FindIvshmemBars(options_.sysfs_pci_devices)) {
@@ -708,6 +711,7 @@ int Agent::Run() {
     PumpAll();
     Detach("agent exit", false);
   }
+  meta_.Finish();
   return 0;
 }
 

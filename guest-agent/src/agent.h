@@ -39,6 +39,10 @@
 // writes /run/hvtrace/region for direct-write programs (hvtrace/dwtrace.hpp)
 // and frees direct-write rings of threads that are gone.
 //
+// The metadata channel (meta_sender.h), in the same loop and independent of
+// any region: the boot archive, task names and clock samples over a
+// virtio-serial port, for hosts that decode this boot without a region.
+//
 // Names for the host (region text areas): the kernel's text symbols, read
 // and compressed once on a worker thread and written when ready, and
 // saved_cmdlines, republished before a pump whenever it changed, so the
@@ -55,6 +59,7 @@
 
 #include "hvtrace/region_writer.h"
 #include "hvtrace/result.h"
+#include "meta_sender.h"
 #include "text_areas.h"
 #include "tracefs.h"
 #include "uevent.h"
@@ -72,6 +77,9 @@ struct AgentOptions {
   bool set_mono_clock = true;  // The instance's trace clock "mono", as direct-write uses.
   uint64_t run_for_ms = 0;     // Stop after this long (0: forever).
   bool verbose = false;
+  // The metadata channel (meta_sender.h); its |verbose| follows the agent's.
+  // Its archive reads the top level of |tracefs| and |proc|.
+  MetaOptions meta;
 };
 
 class Agent {
@@ -150,6 +158,7 @@ class Agent {
   uint64_t last_push_ns_ = 0;
   uint64_t next_heartbeat_ns_ = 0;
   SymbolSource symbols_;
+  MetaSender meta_;
   bool symbols_written_ = false;   // For the current region.
   bool cmdlines_checked_ = false;  // RaiseSavedCmdlines ran (once: a resize clears the list).
   std::string comms_published_;    // saved_cmdlines text in the current region.

@@ -10,7 +10,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: hvtrace-agent [--region PATH] [--tracefs DIR] [--instance NAME] [--sysfs DIR]\n"
-    "                     [--keep-clock] [--run-for MS] [-v|--verbose] [-h|--help] [--version]\n"
+    "                     [--keep-clock] [--run-for MS] [--meta-port PATH | --no-meta]\n"
+    "                     [-v|--verbose] [-h|--help] [--version]\n"
     "\n"
     "  --region PATH   use this region file instead of finding the ivshmem device\n"
     "  --tracefs DIR   tracefs mount (default /sys/kernel/tracing)\n"
@@ -19,9 +20,23 @@ constexpr char kUsage[] =
     "  --sysfs DIR     PCI devices directory (default /sys/bus/pci/devices)\n"
     "  --keep-clock    leave the instance's trace clock alone (default: set \"mono\")\n"
     "  --run-for MS    stop after MS milliseconds (default: run until killed)\n"
-    "  -v, --verbose   also log every ivshmem device that is added\n";
+    "  --meta-port PATH  send the metadata channel to PATH (default: find the\n"
+    "                  virtio-serial port org.hvtrace.agent.0)\n"
+    "  --no-meta       send no metadata, do not look for the port\n"
+    "  -v, --verbose   also log every ivshmem device that is added and every\n"
+    "                  metadata frame\n";
 
-enum LongOnly { kRegion = 256, kTracefs, kInstance, kSysfs, kKeepClock, kRunFor, kVersion };
+enum LongOnly {
+  kRegion = 256,
+  kTracefs,
+  kInstance,
+  kSysfs,
+  kKeepClock,
+  kRunFor,
+  kVersion,
+  kMetaPort,
+  kNoMeta
+};
 
 bool ParseMs(const char* text, uint64_t* value) {
   if (text[0] < '0' || text[0] > '9') return false;
@@ -44,6 +59,8 @@ std::optional<int> ParseAgentArgs(int argc, char** argv, AgentOptions* options, 
       {"sysfs", required_argument, nullptr, kSysfs},
       {"keep-clock", no_argument, nullptr, kKeepClock},
       {"run-for", required_argument, nullptr, kRunFor},
+      {"meta-port", required_argument, nullptr, kMetaPort},
+      {"no-meta", no_argument, nullptr, kNoMeta},
       {"verbose", no_argument, nullptr, 'v'},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
@@ -77,6 +94,12 @@ std::optional<int> ParseAgentArgs(int argc, char** argv, AgentOptions* options, 
         if (!ParseMs(optarg, &options->run_for_ms)) {
           return usage_error("--run-for takes milliseconds, not ", optarg);
         }
+        break;
+      case kMetaPort:
+        options->meta.port = optarg;
+        break;
+      case kNoMeta:
+        options->meta.enabled = false;
         break;
       case 'v':
         options->verbose = true;

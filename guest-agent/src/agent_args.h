@@ -1,7 +1,8 @@
 // hvtrace-agent's command line:
 //
 //   hvtrace-agent [--region PATH] [--tracefs DIR] [--instance NAME] [--sysfs DIR]
-//                 [--keep-clock] [--run-for MS] [-v|--verbose] [-h|--help] [--version]
+//                 [--keep-clock] [--run-for MS] [--meta-port PATH | --no-meta]
+//                 [-v|--verbose] [-h|--help] [--version]
 //
 // Parsed with getopt_long (the agent is a static binary with no CLI library).
 #ifndef HVTRACE_AGENT_AGENT_ARGS_H_

@@ -52,6 +52,18 @@ TEST_F(AgentArgsTest, NoArgumentsKeepTheDefaults) {
   EXPECT_TRUE(options_.set_mono_clock);
   EXPECT_EQ(options_.run_for_ms, 0u);
   EXPECT_FALSE(options_.verbose);
+  EXPECT_TRUE(options_.meta.enabled);
+  EXPECT_EQ(options_.meta.port, "");  // Found: sysfs name or the udev link.
+}
+
+TEST_F(AgentArgsTest, MetaPortAndNoMeta) {
+  EXPECT_EQ(Parse({"--meta-port", "/dev/vport1p1"}), std::nullopt);
+  EXPECT_EQ(options_.meta.port, "/dev/vport1p1");
+  EXPECT_TRUE(options_.meta.enabled);
+  EXPECT_EQ(Parse({"--no-meta"}), std::nullopt);
+  EXPECT_FALSE(options_.meta.enabled);
+  EXPECT_EQ(Parse({"--meta-port"}), 2);
+  EXPECT_THAT(err_, HasSubstr("missing value for --meta-port"));
 }
 
 TEST_F(AgentArgsTest, EveryOptionAsTheTestsAndScriptsSpellIt) {

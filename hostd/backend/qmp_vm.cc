@@ -327,7 +327,12 @@ GuestMemoryReader QmpVmBackend::guest_memory_reader() {
         return;
       }
       qmp_->AsyncExecute("memsave",
-                         {{"val", addr}, {"size", size}, {"filename", path}, {"cpu-index", 0}},
+                         // QEMU's "val" is a JSON int64: a kernel address above 2^63 goes
+                         // as its two's-complement negative (QEMU reads it as target_ulong).
+                         {{"val", static_cast<int64_t>(addr)},
+                          {"size", size},
+                          {"filename", path},
+                          {"cpu-index", 0}},
                          kQmpCommandTimeout, [done](Result<json> r) { done->set_value(r); });
     });
     if (reply.wait_for(kQmpCommandTimeout + std::chrono::seconds(1)) != std::future_status::ready) {

@@ -1,0 +1,146 @@
+// The metadata channel end to end with a real 6.12 guest under TCG: hvtraced
+// boots it (`boot`) with a virtio-serial port org.hvtrace.agent.0, this
+// build's agent in the guest sends its kernel's formats, kallsyms and task
+// names over it, and hvtraced keeps them for the VM. The daemon's formats
+// cache is empty and nothing harvests, so when the guest panics only the
+// channel's metadata can decode the boot range: `hvtrace show` prints the
+// markers and sched events with symbols and task names.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "attach_region_host.h"
+#include "guest_harness.h"
+#include "hvtraced_harness.h"
+#include "test_support.h"
+#include "trace_text.h"
+#include "vm_console.h"
+
+namespace hvtrace::e2e {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+using test_support::ReadText;
+
+TEST(MetaChannelE2e, BootRangeDecodesWithTheChannelsMetadataAlone) {
+  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  if (access((std::string(HVTRACE_BIN_DIR) + "/hvtrace-agent").c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "hvtrace-agent not built";
+  }
+  auto image = ImageWithThisAgent("6.12");
+  ASSERT_TRUE(image.ok()) << image.error().message;
+
+  // An empty formats cache of the daemon's own: no harvest can help.
+  char cache_tmpl[] = "/tmp/hvt-meta-cache-XXXXXX";
+  ASSERT_NE(::mkdtemp(cache_tmpl), nullptr);
+  const fs::path cache = cache_tmpl;
+  struct RemoveCache {
+    fs::path dir;
+    ~RemoveCache() { fs::remove_all(dir); }
+  } remove_cache{cache};
+  HvtracedProcess daemon(
+      {.tag = "meta", .config = "vm_on_shutdown = stop\ncache_dir = " + cache.string() + "\n"});
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  const std::string name = "meta-e2e-" + std::to_string(::getpid());
+  auto booted = daemon.Call("boot", {{"name", name},
+                                     {"kernel", image->kernel},
+                                     {"initrd", image->initrd},
+                                     {"accel", "tcg"},
+                                     {"trace_size_mib", 16}});
+  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
+  ASSERT_FALSE((*booted).value("meta_socket", std::string()).empty()) << booted->dump(2);
+  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
+  ASSERT_TRUE(console.ok()) << console.error().message;
+  auto tail = [&] { return (*console)->Tail(40) + "\n--- hvtraced ---\n" + daemon.log(); };
+  ASSERT_TRUE((*console)->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+
+  // The agent finds the port and sends this boot's metadata.
+  ASSERT_TRUE((*console)->Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout).ok());
+  json meta;
+  const auto deadline = std::chrono::steady_clock::now() + 300s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto status = daemon.Call("status", {{"name", name}});
+    ASSERT_TRUE(status.ok()) << status.error().message;
+    meta = (*status)["meta"];
+    if (meta.is_object() && meta.value("boots_accepted", 0) >= 1 &&
+        meta.value("comms_updates", 0) >= 1) {
+      break;
+    }
+    std::this_thread::sleep_for(500ms);
+  }
+  auto agent_log = (*console)->Run("cat /tmp/agent.log", kCommandTimeout);
+  ASSERT_EQ(meta.value("boots_accepted", 0), 1)
+      << meta.dump(2) << "\n--- agent ---\n"
+      << (agent_log.ok() ? agent_log->output : "") << tail();
+  EXPECT_EQ(meta.value("boots_refused", 0), 0) << meta.dump(2);
+  EXPECT_EQ(meta["state"], "connected");
+  auto boot_id = (*console)->Run("cat /proc/sys/kernel/random/boot_id", kCommandTimeout);
+  ASSERT_TRUE(boot_id.ok());
+  EXPECT_NE(boot_id->output.find(meta["last_boot"]["boot_id"].get<std::string>()),
+            std::string::npos)
+      << meta.dump(2);
+  std::printf("[meta e2e] channel: %s\n", meta.dump().c_str());
+
+  // Markers through the boot instance, then a panic.
+  const std::string marker = "/sys/kernel/tracing/instances/boot_map/trace_marker";
+  ASSERT_TRUE(
+      (*console)
+          ->Run("for i in 1 2 3 4 5; do echo hvt-meta-$i > " + marker + "; done", kCommandTimeout)
+          .ok());
+  ASSERT_TRUE((*console)->Send("echo c > /proc/sysrq-trigger\n").ok());
+  auto panic = daemon.WaitForCapture(name, "panic", 90s);
+  ASSERT_TRUE(panic.ok()) << panic.error().message << tail();
+  const fs::path dir =
+      fs::path(daemon.vm_dir(name)) / "captures" / (*panic)["id"].get<std::string>();
+  json m = json::parse(ReadText(dir / "manifest.json"));
+  const json& formats = m["extra"]["formats"];
+  ASSERT_EQ(formats["decoded"], true) << m["extra"].dump(2);
+  EXPECT_EQ(formats["meta"]["boots"], 1) << formats.dump(2);
+  const json& boots = m["extra"]["boots"];
+  ASSERT_FALSE(boots.empty());
+  const json& last = boots.back()["decoded_with"];
+  EXPECT_EQ(last["from"], "meta channel") << boots.dump(2);
+  EXPECT_EQ(last["comms"], true) << boots.dump(2);
+  std::printf("[meta e2e] last boot decoded with: %s\n", last.dump().c_str());
+
+  // Names and symbols from the channel alone.
+  const std::string hvtrace = std::string(HVTRACE_BIN_DIR) + "/hvtrace";
+  test_support::CommandResult shown =
+      test_support::RunCommandStatus(hvtrace + " show '" + dir.string() + "'");
+  ASSERT_EQ(shown.status, 0) << shown.out.substr(0, 2000);
+  size_t unparsed = 0;
+  const std::vector<TraceEvent> events = ReportTraceEvents(shown.out, &unparsed);
+  size_t markers = 0, switches = 0, named = 0;
+  for (const TraceEvent& e : events) {
+    if (e.name == "tracing_mark_write" && e.text.starts_with("hvt-meta-")) ++markers;
+    if (e.name == "sched_switch") ++switches;
+    if (e.text.find("<...>") == std::string::npos) ++named;
+  }
+  std::printf("[meta e2e] show: %zu events, %zu markers, %zu sched_switch, %zu unparsed\n",
+              events.size(), markers, switches, unparsed);
+  EXPECT_EQ(markers, 5u);
+  EXPECT_GT(switches, 0u);
+  // The marker writes came from a task the channel named ("sh"), not "<...>".
+  EXPECT_NE(shown.out.find("sh-"), std::string::npos) << shown.out.substr(0, 2000);
+  EXPECT_GT(named, 0u);
+  // Symbols: timer callbacks print as names, not raw addresses.
+  size_t symbols = 0;
+  for (const TraceEvent& e : events) {
+    const size_t at = e.text.find("function=");
+    if (at != std::string::npos && e.text.compare(at + 9, 2, "0x") != 0) ++symbols;
+  }
+  std::printf("[meta e2e] events with a symbol name: %zu\n", symbols);
+  EXPECT_GT(symbols, 0u);
+  // The formats cache stayed empty: the channel did it all.
+  EXPECT_TRUE(fs::is_empty(cache) || !fs::exists(cache / "formats") ||
+              fs::is_empty(cache / "formats"));
+}
+
+}  // namespace
+}  // namespace hvtrace::e2e

@@ -80,6 +80,9 @@ TEST(MetaChannelE2e, BootRangeDecodesWithTheChannelsMetadataAlone) {
       << (agent_log.ok() ? agent_log->output : "") << tail();
   EXPECT_EQ(meta.value("boots_refused", 0), 0) << meta.dump(2);
   EXPECT_EQ(meta["state"], "connected");
+  // The claimed build id is the running kernel's: read from guest memory at
+  // the kallsyms' __start_notes (QMP memsave).
+  EXPECT_EQ(meta["last_boot"]["verified"]["build_id"], "verified") << meta.dump(2);
   auto boot_id = (*console)->Run("cat /proc/sys/kernel/random/boot_id", kCommandTimeout);
   ASSERT_TRUE(boot_id.ok());
   EXPECT_NE(boot_id->output.find(meta["last_boot"]["boot_id"].get<std::string>()),

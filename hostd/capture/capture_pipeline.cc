@@ -349,10 +349,12 @@ TraceDatWriterInput WriterInput(const KernelFormats& formats, const BootMapCaptu
   return in;
 }
 
-// A boot decoded with its own kallsyms needs no relocation; this records
-// whether the region's meta agrees (it holds the text address of the boot
-// that set the buffer up).
-json OwnSymbolsCheck(const BootMap& map, const KernelFormats& formats) {
+// A boot decoded with its own kallsyms needs no relocation. The region's meta
+// holds the text address of the boot that set the buffer up (the oldest in
+// the range; later boots keep it, as the kexec e2e shows), so for boot 0 it
+// must be that boot's rb_meta_init_text_addr: a mismatch says the channel's
+// boot is not the range's.
+json OwnSymbolsCheck(const BootMap& map, const KernelFormats& formats, uint32_t boot) {
   const BootMapCpu* meta = nullptr;
   for (const BootMapCpu& c : map.cpu) {
     if (c.meta_valid && c.text_addr != 0) {
@@ -362,8 +364,13 @@ json OwnSymbolsCheck(const BootMap& map, const KernelFormats& formats) {
   }
   json info = {{"relocated", false}, {"why", "the boot's own kallsyms"}};
   const uint64_t text = SymbolAddress(formats.kallsyms, "rb_meta_init_text_addr");
-  if (meta != nullptr && text != 0 && map.layout != "linux-6.12-kaslr") {
+  if (boot == 0 && meta != nullptr && text != 0 && map.layout != "linux-6.12-kaslr") {
     info["meta_text_addr_matches"] = meta->text_addr == text;
+    if (meta->text_addr != text) {
+      info["warning"] =
+          "the region's meta text_addr is not this metadata's rb_meta_init_text_addr: the "
+          "channel boot may not be this range boot; symbols unverified";
+    }
   }
   return info;
 }
@@ -387,7 +394,7 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     if (&formats != prepared || per_boot) {
       in = WriterInput(formats, opts, d.layout.page_size);
       int64_t delta = 0;
-      kaslr = bf.own_symbols ? OwnSymbolsCheck(d.map, formats)
+      kaslr = bf.own_symbols ? OwnSymbolsCheck(d.map, formats, boot.boot)
                              : KaslrRelocation(d.map, formats, &delta);
       in.kallsyms = KallsymsForEvents(d.map, formats.kallsyms, delta,
                                       per_boot ? std::optional<uint32_t>(boot.boot) : std::nullopt);

@@ -298,7 +298,7 @@ Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
   LibvirtDomainFacts facts;
   if (Result<std::string> xml = LibvirtDomainXml(dom->get()); xml.ok()) {
     if (Result<DomainXmlInfo> info = ParseDomainXml(*xml); info.ok()) {
-      facts = {info->on_crash, info->kernel, info->initrd};
+      facts = {info->on_crash, info->kernel, info->initrd, info->meta_channel_path};
     }
   }
   int fd = -1;

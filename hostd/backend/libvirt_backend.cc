@@ -291,6 +291,7 @@ nlohmann::json LibvirtDomainBackend::Describe() const {
             {"on_crash", facts_.on_crash},
             {"kernel", facts_.kernel},
             {"formats_key", kernel_key_},
+            {"meta_socket", facts_.meta_socket},
             {"region",
              {{"kind", region_.kind},
               {"path", region_.path.string()},

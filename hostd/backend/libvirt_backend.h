@@ -108,6 +108,9 @@ struct LibvirtDomainFacts {
   std::string on_crash;  // <on_crash>: what libvirt does after a panic.
   std::string kernel;    // <os><kernel>, when the domain boots one directly.
   std::string initrd;    // <os><initrd>: a harvest boots the kernel with it.
+  // The metadata channel's socket from the XML read at adopt (the live XML
+  // of a running domain names the path libvirt chose); empty: none known.
+  std::string meta_socket;
 };
 
 class LibvirtDomainBackend : public VmBackend {
@@ -133,6 +136,7 @@ class LibvirtDomainBackend : public VmBackend {
     return region_.kind == "none" ? 0 : region_.size;
   }
   KernelFiles kernel_files() const override { return {kernel_key_, facts_.kernel, facts_.initrd}; }
+  std::string meta_socket() const override { return facts_.meta_socket; }
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
   // Attach mode (attach_session.h; the libvirt steps in

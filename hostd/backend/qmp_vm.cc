@@ -5,13 +5,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <sstream>
 
+#include "capped_file.h"
 #include "hvtrace/boot_map.h"
 #include "units.h"
 
@@ -42,7 +45,7 @@ json QmpVmSpec::ToJson() const {
           {"kernel_path", kernel_path},       {"kernel_key", kernel_key},
           {"attach_region", attach_region},   {"attach_device", attach_device},
           {"attach_memdev", attach_memdev},   {"attach_only", region_size == 0},
-          {"initrd_path", initrd_path}};
+          {"initrd_path", initrd_path},       {"meta_socket", meta_socket}};
 }
 
 Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
@@ -69,6 +72,7 @@ Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
     s.kernel_path = j.value("kernel_path", std::string());
     s.kernel_key = j.value("kernel_key", std::string());
     s.initrd_path = j.value("initrd_path", std::string());
+    s.meta_socket = j.value("meta_socket", std::string());
     s.attach_region = j.value("attach_region", std::string());
     s.attach_device = j.value("attach_device", std::string());
     s.attach_memdev = j.value("attach_memdev", std::string());
@@ -308,6 +312,38 @@ Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
                   {"booted_by_daemon", spec_.booted_by_daemon},
                   {"connected_at_capture", connected_}};
   return in;
+}
+
+GuestMemoryReader QmpVmBackend::guest_memory_reader() {
+  if (!spec_.booted_by_daemon || spec_.meta_socket.empty()) return nullptr;
+  const std::string path = spec_.meta_socket + ".notes";
+  return [this, path](uint64_t addr, size_t size) -> Result<std::vector<std::byte>> {
+    auto done = std::make_shared<std::promise<Result<json>>>();
+    std::future<Result<json>> reply = done->get_future();
+    ::unlink(path.c_str());
+    boost::asio::post(io_, [this, addr, size, path, done] {
+      if (!qmp_) {
+        done->set_value(Error{"no QMP session"});
+        return;
+      }
+      qmp_->AsyncExecute("memsave",
+                         // QEMU's "val" is a JSON int64: a kernel address above 2^63 goes
+                         // as its two's-complement negative (QEMU reads it as target_ulong).
+                         {{"val", static_cast<int64_t>(addr)},
+                          {"size", size},
+                          {"filename", path},
+                          {"cpu-index", 0}},
+                         kQmpCommandTimeout, [done](Result<json> r) { done->set_value(r); });
+    });
+    if (reply.wait_for(kQmpCommandTimeout + std::chrono::seconds(1)) != std::future_status::ready) {
+      return Error{"QMP memsave timed out"};
+    }
+    Result<json> r = reply.get();
+    if (!r.ok()) return Error{"QMP memsave: " + r.error().message};
+    Result<std::vector<std::byte>> bytes = ReadCappedFileBytes(path, size);
+    ::unlink(path.c_str());
+    return bytes;
+  };
 }
 
 void QmpVmBackend::ApplyPanicPolicy(PanicPolicy policy) {

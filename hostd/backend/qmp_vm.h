@@ -63,6 +63,7 @@ struct QmpVmSpec {
   std::string attach_device;  // ivshmem-plain id.
   std::string attach_memdev;  // memory-backend-file id.
   std::string initrd_path;    // When known: lets the daemon harvest the formats.
+  std::string meta_socket;    // The metadata channel's socket (empty: none).
 
   nlohmann::json ToJson() const;
   static Result<QmpVmSpec> FromJson(const nlohmann::json& j);
@@ -106,6 +107,10 @@ class QmpVmBackend : public VmBackend {
   KernelFiles kernel_files() const override {
     return {spec_.kernel_key, spec_.kernel_path, spec_.initrd_path};
   }
+  std::string meta_socket() const override { return spec_.meta_socket; }
+  // QMP memsave into a file beside the metadata socket (a booted VM's QEMU
+  // runs as the daemon's user and writes into its private directory).
+  GuestMemoryReader guest_memory_reader() override;
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
 

@@ -1,23 +1,116 @@
 #include "boot_range_decode.h"
 
 #include <chrono>
+#include <map>
 #include <memory>
+#include <optional>
 
 #include "capture_pipeline.h"
+#include "meta_store.h"
 
 namespace hvtrace::hostd {
 
 using nlohmann::json;
 
+namespace {
+
+// The VM's channel boots, loaded on demand for one decode: range boot i of
+// B ↔ channel boot M - B + i of M (arrival order, the newest is the boot
+// that panicked).
+class ChannelBoots {
+ public:
+  ChannelBoots(const std::filesystem::path& dir, json& info) : store_(dir), info_(info) {
+    if (dir.empty()) return;
+    Result<std::vector<MetaBootEntry>> list = store_.List();
+    if (!list.ok()) {
+      info_["error"] = list.error().message;
+      return;
+    }
+    entries_ = std::move(*list);
+    info_["dir"] = dir.string();
+    info_["boots"] = entries_.size();
+  }
+  bool empty() const { return entries_.empty(); }
+
+  // The newest loadable boot's formats (for the page layout), or null.
+  const KernelFormats* Newest() {
+    for (size_t i = entries_.size(); i-- > 0;) {
+      if (const KernelFormats* f = Load(i)) return f;
+    }
+    return nullptr;
+  }
+
+  // |cached| (may be null): the kernel file's formats, for boots the channel
+  // did not describe.
+  BootFormats For(uint32_t boot, uint32_t boots, const KernelFormats* cached) {
+    const int64_t index = static_cast<int64_t>(entries_.size()) - boots + boot;
+    if (index >= 0) {
+      if (const KernelFormats* f = Load(static_cast<size_t>(index))) {
+        const MetaBootEntry& e = entries_[static_cast<size_t>(index)];
+        Result<std::string> comms = store_.LoadComms(e);
+        json source = {{"from", "meta channel"},
+                       {"boot_id", e.boot_id},
+                       {"build_id", e.build_id},
+                       {"release", e.release},
+                       {"verified", e.verified},
+                       {"symbols", "this boot's own"},
+                       {"comms", comms.ok() && !comms->empty()}};
+        return {f, comms.ok() ? *comms : std::string(), true, std::move(source)};
+      }
+    }
+    if (cached != nullptr) {
+      return {cached, {}, false, {{"from", "kernel file harvest"}, {"key", cached->key}}};
+    }
+    // No metadata for this (older) boot: the nearest boot's, its symbols
+    // unverified (that boot may have run another kernel or KASLR offset).
+    for (size_t i = 0; i < entries_.size(); ++i) {
+      if (const KernelFormats* f = Load(i)) {
+        return {f,
+                {},
+                true,
+                {{"from", "meta channel (nearest boot)"},
+                 {"boot_id", entries_[i].boot_id},
+                 {"symbols", "unverified: the channel sent nothing for this boot"}}};
+      }
+    }
+    return {};
+  }
+
+ private:
+  const KernelFormats* Load(size_t i) {
+    auto it = loaded_.find(i);
+    if (it == loaded_.end()) {
+      Result<KernelFormats> f = store_.LoadFormats(entries_[i]);
+      if (!f.ok()) {
+        info_["load_errors"][entries_[i].boot_id] = f.error().message;
+        it = loaded_.emplace(i, nullptr).first;
+      } else {
+        it = loaded_.emplace(i, std::make_unique<KernelFormats>(std::move(*f))).first;
+      }
+    }
+    return it->second.get();
+  }
+
+  MetaStore store_;
+  json& info_;
+  std::vector<MetaBootEntry> entries_;
+  std::map<size_t, std::unique_ptr<KernelFormats>> loaded_;
+};
+
+}  // namespace
+
 BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
                                          FormatsService* formats_service,
                                          const std::string& kernel_key,
-                                         const std::string& kernel_path, PendingCapture& capture,
-                                         CaptureManifest& manifest) {
+                                         const std::string& kernel_path,
+                                         const std::filesystem::path& meta_dir,
+                                         PendingCapture& capture, CaptureManifest& manifest) {
   BootRangeDecodeTimes times;
   const auto start = std::chrono::steady_clock::now();
   std::shared_ptr<const KernelFormats> formats;
   std::string state = "missing";
+  json meta_info = json::object();
+  ChannelBoots channel(meta_dir, meta_info);
   if (kernel_key.empty()) {
     state = "unknown kernel (adopted VM)";
   } else if (formats_service != nullptr) {
@@ -40,7 +133,26 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
   BootMapCaptureOptions options;
   options.write_region = false;  // The caller wrote (and fsynced) region.bin.
   std::string decode_error;
-  if (formats) {
+  // The metadata channel's boots, each decoding its own boot of the range.
+  if (const KernelFormats* layout = formats ? formats.get() : channel.Newest();
+      !channel.empty() && layout != nullptr) {
+    const KernelFormats* cached = formats.get();
+    Result<CaptureResult> built = BuildBootMapCapture(
+        copy, *layout,
+        [&](uint32_t boot, uint32_t boots) { return channel.For(boot, boots, cached); }, options,
+        capture, manifest);
+    info["meta"] = std::move(meta_info);
+    if (built.ok()) {
+      info["decoded"] = true;
+      info["state"] = state + "; metadata channel";
+      info["unknown_id_events"] = built->unknown_id;
+      times.decode_ms = built->decode_ms;
+      times.write_ms = built->write_ms;
+      manifest.extra["formats"] = std::move(info);
+      return times;
+    }
+    decode_error = built.error().message;
+  } else if (formats) {
     Result<CaptureResult> built = BuildBootMapCapture(copy, *formats, options, capture, manifest);
     if (built.ok()) {
       info["decoded"] = true;
@@ -55,6 +167,7 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
   // No formats (or the decode failed): count what the region holds so the
   // manifest still says it; `hvtrace show` decodes region.bin later.
   info["decoded"] = false;
+  if (!meta_info.empty() && !info.contains("meta")) info["meta"] = std::move(meta_info);
   if (!decode_error.empty()) info["decode_error"] = decode_error;
   const std::string kernel = kernel_path.empty() ? "K" : kernel_path;
   info["note"] = "formats: " + state + ", run hvtrace formats harvest --kernel " + kernel +

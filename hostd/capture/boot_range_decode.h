@@ -7,6 +7,7 @@
 #define HVTRACE_HOSTD_BOOT_RANGE_DECODE_H_
 
 #include <cstddef>
+#include <filesystem>
 #include <span>
 #include <string>
 
@@ -19,14 +20,19 @@ struct BootRangeDecodeTimes {
   double formats_ms = 0, decode_ms = 0, write_ms = 0;
 };
 
-// Decodes |copy| into |capture| with the formats of |kernel_key| (null
-// |formats| or an unknown key: counts only, and extra.formats says how to get
-// them; |kernel_path| names the kernel in that note). Never fails: a decode
-// error is recorded in extra.formats.decode_error and the counts kept.
+// Decodes |copy| into |capture|: each boot with the metadata its guest sent
+// for it over the metadata channel (the VM's MetaStore at |meta_dir|, empty:
+// none), the others with the formats of |kernel_key| (null |formats| or an
+// unknown key and no channel metadata: counts only, and extra.formats says
+// how to get them; |kernel_path| names the kernel in that note). Never fails:
+// a decode error is recorded in extra.formats.decode_error and the counts
+// kept. extra.formats.meta and extra.boots[n].decoded_with say which boot's
+// metadata decoded what.
 BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy, FormatsService* formats,
                                          const std::string& kernel_key,
-                                         const std::string& kernel_path, PendingCapture& capture,
-                                         CaptureManifest& manifest);
+                                         const std::string& kernel_path,
+                                         const std::filesystem::path& meta_dir,
+                                         PendingCapture& capture, CaptureManifest& manifest);
 
 }  // namespace hvtrace::hostd
 

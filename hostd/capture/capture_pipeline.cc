@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <tuple>
@@ -54,6 +55,7 @@ struct Decoded {
   // the caller's region copy; repaired ones into |repaired|.
   std::vector<std::vector<std::vector<std::span<const std::byte>>>> boot_pages;
   std::deque<std::vector<std::byte>> repaired;
+  std::vector<BootFormats> per_boot;  // What each boot decodes with (empty: counts only).
 };
 
 json IssueJson(const BootMapIssue& issue) {
@@ -103,8 +105,9 @@ json ValidationJson(const BootMap& map) {
 
 // Reads the region and sorts its good pages into boots. Without |formats|
 // the 6.12 default page layout is assumed and no event id is checked.
+// |per_boot| (may be empty when |formats| is null) names each boot's formats.
 Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* formats,
-                       const BootMapCaptureOptions& opts) {
+                       const BootFormatsFor& per_boot, const BootMapCaptureOptions& opts) {
   Decoded d;
   if (formats != nullptr) {
     Result<PageLayout> layout = PageLayout::FromHeaderPage(formats->header_page, opts.subbuf_size);
@@ -125,18 +128,23 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
   d.map = std::move(*map);
   const BootMap& m = d.map;
 
-  std::set<uint32_t> known_ids;
-  if (formats != nullptr) {
-    for (const CachedEventFormat& ev : formats->events) {
-      if (ev.parse_error.empty()) known_ids.insert(ev.id);
-    }
-  }
-
   CaptureResult& r = d.result;
   r.layout = m.layout;
   r.cpus = m.cpus;
   r.validation = ValidationJson(m);
   const uint32_t nboots = std::max<uint32_t>(m.boots, 1);
+  // Per boot: the ids its formats know.
+  std::vector<std::set<uint32_t>> known_ids(nboots);
+  if (formats != nullptr) {
+    for (uint32_t b = 0; b < nboots; ++b) {
+      d.per_boot.push_back(per_boot(b, nboots));
+      const KernelFormats* f = d.per_boot.back().formats ? d.per_boot.back().formats : formats;
+      d.per_boot.back().formats = f;
+      for (const CachedEventFormat& ev : f->events) {
+        if (ev.parse_error.empty()) known_ids[b].insert(ev.id);
+      }
+    }
+  }
   d.boot_pages.assign(nboots, std::vector<std::vector<std::span<const std::byte>>>(m.cpu.size()));
   r.boots.resize(nboots);
   for (uint32_t b = 0; b < nboots; ++b) {
@@ -192,7 +200,9 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
     for (const BootMapRecord& rec : c.records) {
       uint16_t type = 0;
       if (rec.payload.size() >= sizeof(type)) std::memcpy(&type, rec.payload.data(), sizeof(type));
-      if (formats != nullptr && !known_ids.contains(type)) r.unknown_id_events[ci]++;
+      if (formats != nullptr && !known_ids[std::min(rec.boot, nboots - 1)].contains(type)) {
+        r.unknown_id_events[ci]++;
+      }
       if (rec.boot >= nboots) continue;
       CaptureBoot& boot = r.boots[rec.boot];
       if (boot.events == 0 || rec.timestamp < boot.first_timestamp) {
@@ -241,11 +251,14 @@ uint64_t SymbolAddress(std::string_view kallsyms, std::string_view symbol) {
 
 // The kallsyms trace-cmd needs for the events of |map| (KallsymsSubset:
 // kilobytes instead of the kernel's ~7 MB, printing the same).
-std::string KallsymsForEvents(const BootMap& map, std::string_view kallsyms, int64_t delta) {
+std::string KallsymsForEvents(const BootMap& map, std::string_view kallsyms, int64_t delta,
+                              std::optional<uint32_t> boot = std::nullopt) {
   KallsymsSubset subset(kallsyms, delta);
   if (subset.empty()) return std::string();
   for (const BootMapCpu& cpu : map.cpu) {
-    for (const BootMapRecord& rec : cpu.records) subset.AddPayload(rec.payload);
+    for (const BootMapRecord& rec : cpu.records) {
+      if (!boot || rec.boot == *boot) subset.AddPayload(rec.payload);
+    }
   }
   return subset.Text();
 }
@@ -336,20 +349,64 @@ TraceDatWriterInput WriterInput(const KernelFormats& formats, const BootMapCaptu
   return in;
 }
 
-// Writes one trace.dat per boot into |dir|, with the kallsyms moved to the
-// captured boot's KASLR offset.
-Status WriteBoots(Decoded& d, const KernelFormats& formats, const BootMapCaptureOptions& opts,
-                  const fs::path& dir) {
+// A boot decoded with its own kallsyms needs no relocation. The region's meta
+// holds the text address of the boot that set the buffer up (the oldest in
+// the range; later boots keep it, as the kexec e2e shows), so for boot 0 it
+// must be that boot's rb_meta_init_text_addr: a mismatch says the channel's
+// boot is not the range's.
+json OwnSymbolsCheck(const BootMap& map, const KernelFormats& formats, uint32_t boot) {
+  const BootMapCpu* meta = nullptr;
+  for (const BootMapCpu& c : map.cpu) {
+    if (c.meta_valid && c.text_addr != 0) {
+      meta = &c;
+      break;
+    }
+  }
+  json info = {{"relocated", false}, {"why", "the boot's own kallsyms"}};
+  const uint64_t text = SymbolAddress(formats.kallsyms, "rb_meta_init_text_addr");
+  if (boot == 0 && meta != nullptr && text != 0 && map.layout != "linux-6.12-kaslr") {
+    info["meta_text_addr_matches"] = meta->text_addr == text;
+    if (meta->text_addr != text) {
+      info["warning"] =
+          "the region's meta text_addr is not this metadata's rb_meta_init_text_addr: the "
+          "channel boot may not be this range boot; symbols unverified";
+    }
+  }
+  return info;
+}
+
+// Writes one trace.dat per boot into |dir|: with the boot's own metadata when
+// it has some (BootFormats), else with the kallsyms moved to the captured
+// boot's KASLR offset.
+Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path& dir) {
   const auto start = std::chrono::steady_clock::now();
-  TraceDatWriterInput in = WriterInput(formats, opts, d.layout.page_size);
-  int64_t delta = 0;
-  d.result.validation["kaslr"] = KaslrRelocation(d.map, formats, &delta);
-  in.kallsyms = KallsymsForEvents(d.map, formats.kallsyms, delta);
-  if (delta != 0) in.printk_formats = RelocatePrintkFormats(formats.printk_formats, delta);
+  const bool per_boot = std::any_of(d.per_boot.begin(), d.per_boot.end(),
+                                    [](const BootFormats& b) { return b.own_symbols; });
   uint64_t total = 0, done = 0;
   for (const CaptureBoot& b : d.result.boots) total += b.pages;
   Progress(opts, "write", 0, total);
+  TraceDatWriterInput in;
+  const KernelFormats* prepared = nullptr;
   for (CaptureBoot& boot : d.result.boots) {
+    const BootFormats& bf = d.per_boot.at(boot.boot);
+    const KernelFormats& formats = *bf.formats;
+    json kaslr;
+    if (&formats != prepared || per_boot) {
+      in = WriterInput(formats, opts, d.layout.page_size);
+      int64_t delta = 0;
+      kaslr = bf.own_symbols ? OwnSymbolsCheck(d.map, formats, boot.boot)
+                             : KaslrRelocation(d.map, formats, &delta);
+      in.kallsyms = KallsymsForEvents(d.map, formats.kallsyms, delta,
+                                      per_boot ? std::optional<uint32_t>(boot.boot) : std::nullopt);
+      if (delta != 0) in.printk_formats = RelocatePrintkFormats(formats.printk_formats, delta);
+      prepared = &formats;
+      if (!per_boot) d.result.validation["kaslr"] = kaslr;
+    }
+    in.cmdlines = bf.cmdlines;
+    if (per_boot) {
+      boot.decoded_with = bf.source;
+      boot.decoded_with["kaslr"] = std::move(kaslr);
+    }
     in.cpus = std::move(d.boot_pages[boot.boot]);
     const fs::path path = dir / boot.file;
     Status s = WriteTraceDat(path.string(), in);
@@ -359,18 +416,35 @@ Status WriteBoots(Decoded& d, const KernelFormats& formats, const BootMapCapture
     done += boot.pages;
     Progress(opts, "write", done, total);
   }
+  if (per_boot) {
+    d.result.validation["kaslr"] = {{"per_boot", true}};
+    d.result.validation["saved_cmdlines"] =
+        "per boot from the metadata channel (kComms) when it sent them; see extra.boots";
+  }
   d.result.write_ms += MsBetween(start, std::chrono::steady_clock::now());
   return {};
 }
 
 }  // namespace
 
+BootFormatsFor SameFormats(const KernelFormats& formats) {
+  return [&formats](uint32_t, uint32_t) { return BootFormats{&formats, {}, false, nullptr}; };
+}
+
 Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,
                                           const KernelFormats& formats,
                                           const BootMapCaptureOptions& opts, PendingCapture& out,
                                           CaptureManifest& manifest) {
+  return BuildBootMapCapture(region_copy, formats, SameFormats(formats), opts, out, manifest);
+}
+
+Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,
+                                          const KernelFormats& formats,
+                                          const BootFormatsFor& per_boot,
+                                          const BootMapCaptureOptions& opts, PendingCapture& out,
+                                          CaptureManifest& manifest) {
   const auto start = std::chrono::steady_clock::now();
-  Result<Decoded> d = Decode(region_copy, &formats, opts);
+  Result<Decoded> d = Decode(region_copy, &formats, per_boot, opts);
   if (!d.ok()) return d.error();
   d->result.decode_ms = MsBetween(start, std::chrono::steady_clock::now());
   if (opts.write_region) {
@@ -382,7 +456,7 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
     d->result.files.push_back("region.bin");
     d->result.write_ms += MsBetween(region_start, std::chrono::steady_clock::now());
   }
-  Status s = WriteBoots(*d, formats, opts, out.dir());
+  Status s = WriteBoots(*d, opts, out.dir());
   if (!s.ok()) return s.error();
 
   CaptureResult& r = d->result;
@@ -404,10 +478,10 @@ Result<CaptureResult> WriteBootMapTraceDats(std::span<const std::byte> region_co
                                             const BootMapCaptureOptions& opts,
                                             const fs::path& dir) {
   const auto start = std::chrono::steady_clock::now();
-  Result<Decoded> d = Decode(region_copy, &formats, opts);
+  Result<Decoded> d = Decode(region_copy, &formats, SameFormats(formats), opts);
   if (!d.ok()) return d.error();
   d->result.decode_ms = MsBetween(start, std::chrono::steady_clock::now());
-  Status s = WriteBoots(*d, formats, opts, dir);
+  Status s = WriteBoots(*d, opts, dir);
   if (!s.ok()) return s.error();
   return std::move(d->result);
 }
@@ -416,7 +490,7 @@ Result<CaptureResult> CountBootMapCapture(std::span<const std::byte> region_copy
                                           const BootMapCaptureOptions& opts,
                                           CaptureManifest& manifest) {
   const auto start = std::chrono::steady_clock::now();
-  Result<Decoded> d = Decode(region_copy, nullptr, opts);
+  Result<Decoded> d = Decode(region_copy, nullptr, {}, opts);
   if (!d.ok()) return d.error();
   CaptureResult& r = d->result;
   r.decode_ms = MsBetween(start, std::chrono::steady_clock::now());
@@ -438,6 +512,7 @@ json BootsToJson(const CaptureResult& result) {
                      {"first_timestamp_ns", b.first_timestamp},
                      {"last_timestamp_ns", b.last_timestamp},
                      {"events_per_cpu", b.events_per_cpu}});
+    if (!b.decoded_with.is_null()) boots.back()["decoded_with"] = b.decoded_with;
   }
   return boots;
 }

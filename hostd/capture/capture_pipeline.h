@@ -70,6 +70,9 @@ struct CaptureBoot {
   uint64_t first_timestamp = 0;  // ns of the guest's trace clock
   uint64_t last_timestamp = 0;
   std::vector<uint64_t> events_per_cpu;
+  // With per-boot formats: which metadata decoded this boot (manifest
+  // extra.boots[n].decoded_with); null otherwise.
+  nlohmann::json decoded_with;
 };
 
 struct CaptureResult {
@@ -93,6 +96,30 @@ struct CaptureResult {
 // message says which region/file.
 Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,
                                           const KernelFormats& formats,
+                                          const BootMapCaptureOptions& opts, PendingCapture& out,
+                                          CaptureManifest& manifest);
+
+// The formats one boot of a range decodes with.
+struct BootFormats {
+  const KernelFormats* formats = nullptr;  // Null: the formats passed to the build.
+  std::string cmdlines;                    // saved_cmdlines text for its trace.dat.
+  // The kallsyms and printk_formats are this boot's own (the metadata
+  // channel's): no KASLR relocation.
+  bool own_symbols = false;
+  nlohmann::json source;  // For the manifest: where the formats came from.
+};
+// Boot |boot| of |boots| (0 = oldest) → its formats. Called once per boot,
+// before any file is written; the pointers must outlive the build.
+using BootFormatsFor = std::function<BootFormats(uint32_t boot, uint32_t boots)>;
+// Every boot with |formats| (the kernel file's harvest).
+BootFormatsFor SameFormats(const KernelFormats& formats);
+
+// The same with formats per boot (the metadata channel's, one bundle per
+// boot of the guest): |formats| gives the page layout and decodes the boots
+// |per_boot| leaves without.
+Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,
+                                          const KernelFormats& formats,
+                                          const BootFormatsFor& per_boot,
                                           const BootMapCaptureOptions& opts, PendingCapture& out,
                                           CaptureManifest& manifest);
 

@@ -58,7 +58,8 @@ Result<uint64_t> RegionSize(const json& region, const char* what) {
 
 // Finishes one capture (steps 3–4 of capture_service.h); on error the
 // caller drops it.
-Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats) {
+Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats,
+                            const std::filesystem::path& meta_dir) {
   Result<CaptureManifest> manifest = ReadRecord(pending.dir());
   if (!manifest.ok()) return manifest.error();
   CaptureManifest& m = *manifest;
@@ -69,7 +70,7 @@ Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats) {
     if (!size.ok()) return size.error();
     Result<std::vector<std::byte>> copy = ReadCopy(pending.dir() / kRegionFileName, *size);
     if (!copy.ok()) return copy.error();
-    DecodeRegionFileStep(*copy, formats, pending, m);
+    DecodeRegionFileStep(*copy, formats, meta_dir, pending, m);
   }
   if (const json* attach = AttachRegionJson(m)) {
     Result<RegionGeometry> geometry = GeometryFromJson(attach->value("geometry", json()));
@@ -120,7 +121,7 @@ Result<CaptureService::RecoveryReport> CaptureService::Recover(const CaptureStor
                                "the region copy was durable)");
       continue;  // |pending| removes it.
     }
-    Result<CaptureEntry> entry = Finish(**pending, formats_.get());
+    Result<CaptureEntry> entry = Finish(**pending, formats_.get(), MetaDirOfStore(store));
     if (!entry.ok() && (*pending)->kept()) {
       // Durable and readable, but not committable now (a full disk).
       report.kept.push_back(dir.string() + ": " + entry.error().message);

@@ -4,6 +4,7 @@
 
 #include "capped_file.h"
 #include "capture_steps.h"
+#include "meta_store.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -60,6 +61,10 @@ std::optional<CaptureEntry> SamePanicCaptured(const CaptureStore& store,
 
 }  // namespace
 
+std::filesystem::path MetaDirOfStore(const CaptureStore& store) {
+  return MetaDirOfVm(store.dir().parent_path());
+}
+
 // One private copy buffer, returned to the pool when the capture is done.
 class CaptureService::BufferLease {
  public:
@@ -111,8 +116,9 @@ CaptureService::BufferLease CaptureService::AcquireBuffer() {
   return BufferLease(*this, std::move(buffer));
 }
 
-Status CaptureService::Build(const CaptureRequest& request, std::vector<std::byte>& copy,
-                             PendingCapture& pending, CaptureManifest& manifest) {
+Status CaptureService::Build(const CaptureRequest& request, const std::filesystem::path& meta_dir,
+                             std::vector<std::byte>& copy, PendingCapture& pending,
+                             CaptureManifest& manifest) {
   const CaptureInputs& in = request.inputs;
   if (!in.region_file && !in.attach) {
     return Error{"VM '" + request.vm + "' has no trace region to capture (`hvtrace attach " +
@@ -134,7 +140,7 @@ Status CaptureService::Build(const CaptureRequest& request, std::vector<std::byt
     if (Status s = pending.WriteRecoveryRecord(manifest); !s.ok()) return s;
   }
   if (faults_.after_copies_durable) faults_.after_copies_durable();
-  if (in.region_file) DecodeRegionFileStep(copy, formats_.get(), pending, manifest);
+  if (in.region_file) DecodeRegionFileStep(copy, formats_.get(), meta_dir, pending, manifest);
   if (in.attach) {
     Status s = DecodeAttachStep(std::move(attach_copy), in.attach->geometry(), in.vcpus_stopped,
                                 pending, manifest);
@@ -166,7 +172,8 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
   if (!request.coalesced.empty()) manifest.extra["coalesced"] = request.coalesced;
   {
     BufferLease buffer = AcquireBuffer();
-    if (Status s = Build(request, buffer.get(), **pending, manifest); !s.ok()) {
+    if (Status s = Build(request, MetaDirOfStore(store), buffer.get(), **pending, manifest);
+        !s.ok()) {
       const std::string message =
           "VM " + request.vm + ", capture '" + request.trigger + "': " + s.error().message;
       // Nothing durable yet: nothing to keep.

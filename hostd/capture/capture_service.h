@@ -112,6 +112,11 @@ struct CaptureFaults {
   std::function<void()> after_copies_durable;
 };
 
+// The metadata-channel store of the VM whose captures |store| holds
+// (<vm dir>/meta beside <vm dir>/captures): a capture decodes with its own
+// VM's metadata only.
+std::filesystem::path MetaDirOfStore(const CaptureStore& store);
+
 class CaptureService {
  public:
   // |formats| may be null (captures keep their raw copies, counted only).
@@ -142,8 +147,8 @@ class CaptureService {
  private:
   class BufferLease;
   BufferLease AcquireBuffer();
-  Status Build(const CaptureRequest& request, std::vector<std::byte>& copy, PendingCapture& pending,
-               CaptureManifest& manifest);
+  Status Build(const CaptureRequest& request, const std::filesystem::path& meta_dir,
+               std::vector<std::byte>& copy, PendingCapture& pending, CaptureManifest& manifest);
 
   std::shared_ptr<FormatsService> formats_;
   CaptureFaults faults_;

@@ -75,11 +75,12 @@ Result<std::vector<std::byte>> CopyAttachStep(const LiveRegion& region, PendingC
 }
 
 void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* formats,
-                          PendingCapture& pending, CaptureManifest& manifest) {
+                          const std::filesystem::path& meta_dir, PendingCapture& pending,
+                          CaptureManifest& manifest) {
   if (manifest.region.value("kind", "") != "boot-range") return;  // A raw shmem file.
   const auto str = [&](const char* key) { return manifest.kernel.value(key, std::string()); };
-  const BootRangeDecodeTimes times =
-      DecodeBootRangeCopy(copy, formats, str("formats_key"), str("path"), pending, manifest);
+  const BootRangeDecodeTimes times = DecodeBootRangeCopy(copy, formats, str("formats_key"),
+                                                         str("path"), meta_dir, pending, manifest);
   json& timing = Timing(manifest);
   timing["formats_load"] = times.formats_ms;
   timing["decode"] = times.decode_ms;

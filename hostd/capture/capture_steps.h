@@ -33,11 +33,12 @@ Status CopyRegionFileStep(const RegionFileSource& source, std::vector<std::byte>
 Result<std::vector<std::byte>> CopyAttachStep(const LiveRegion& region, PendingCapture& pending,
                                               CaptureManifest& manifest);
 
-// Step 3 for a region file copy: decodes a boot range with |formats| (or
-// counts it), nothing for a raw shmem region. Never fails: problems are in
-// the manifest.
+// Step 3 for a region file copy: decodes a boot range with the VM's
+// metadata-channel boots in |meta_dir| and |formats| (or counts it), nothing
+// for a raw shmem region. Never fails: problems are in the manifest.
 void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* formats,
-                          PendingCapture& pending, CaptureManifest& manifest);
+                          const std::filesystem::path& meta_dir, PendingCapture& pending,
+                          CaptureManifest& manifest);
 
 // Step 3 for an attach copy.
 Status DecodeAttachStep(std::vector<std::byte> copy, const RegionGeometry& geometry,

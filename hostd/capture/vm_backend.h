@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "capture_service.h"
 #include "config.h"
@@ -65,6 +66,10 @@ struct KernelFiles {
   std::string initrd;
 };
 
+// Reads |size| bytes of the guest's memory at kernel virtual address |addr|;
+// blocking, call it on the pool.
+using GuestMemoryReader = std::function<Result<std::vector<std::byte>>(uint64_t addr, size_t size)>;
+
 class VmBackend {
  public:
   virtual ~VmBackend() = default;
@@ -85,6 +90,13 @@ class VmBackend {
   // Size of the region file a capture copies (0: none), for preallocation.
   virtual uint64_t region_file_bytes() const { return 0; }
   virtual KernelFiles kernel_files() const { return {}; }
+  // The unix socket of the VM's metadata channel (hvtrace/meta_channel.h),
+  // QEMU listening; empty when the VM has none. The daemon runs a
+  // MetaReceiver on it.
+  virtual std::string meta_socket() const { return {}; }
+  // How to read guest memory to check a channel's build id (meta_receiver.h);
+  // null when the backend cannot.
+  virtual GuestMemoryReader guest_memory_reader() { return nullptr; }
   // Lets the VM go after a panic capture (resume or quit; pause = nothing).
   virtual void ApplyPanicPolicy(PanicPolicy policy) = 0;
   // Shown in `status`; called on the VM's strand after Start.

@@ -275,6 +275,7 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     spec.owned_paths = identity.owned_paths;
     spec.console_log = paths.console_log;
     spec.console_socket = paths.console_socket;
+    spec.meta_socket = paths.meta_socket;
     spec.booted_by_daemon = true;
     spec.kernel_path = std::filesystem::absolute(boot.kernel).string();
     spec.kernel_key = kernel_key;
@@ -305,6 +306,7 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     reply["qmp"] = spec.qmp_socket;
     reply["console_log"] = spec.console_log;
     reply["console_socket"] = spec.console_socket;
+    reply["meta_socket"] = spec.meta_socket;
     responder->Reply(reply);
   };
   asio::post(io_, std::move(finish));

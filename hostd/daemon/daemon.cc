@@ -22,6 +22,7 @@
 #include "formats_cache.h"
 #include "formats_harvest.h"
 #include "log_rotation.h"
+#include "meta_receiver.h"
 
 #ifndef HVTRACE_VERSION
 #define HVTRACE_VERSION "unknown"
@@ -272,6 +273,18 @@ Status Daemon::ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> bac
   if (auto old = registry_.Remove(name); old && old->backend()) old->Stop();
   if (Status s = registry_.Add(supervisor); !s.ok()) return s;
   supervisor->Start();
+  if (VmBackend* b = supervisor->backend(); b && !b->meta_socket().empty()) {
+    // The VM's metadata channel: socket on the I/O thread, checks on the pool.
+    MetaReceiverOptions meta;
+    meta.vm = name;
+    meta.socket = b->meta_socket();
+    meta.meta_dir = MetaDirOfVm(state_.VmDir(name));
+    meta.read_guest_memory = b->guest_memory_reader();
+    meta.log = [](const std::string& message) { Log(message); };
+    auto receiver = MetaReceiver::Create(io_.get_executor(), pool_.get_executor(), meta);
+    supervisor->SetMetaReceiver(receiver);
+    receiver->Start();
+  }
   return {};
 }
 

@@ -47,7 +47,14 @@ VmSupervisor::VmSupervisor(std::string name, std::unique_ptr<VmBackend> backend,
   if (!options_.queue) options_.queue = std::make_shared<CaptureQueue>(pool, 2);
 }
 
-VmSupervisor::~VmSupervisor() = default;
+VmSupervisor::~VmSupervisor() {
+  if (meta_) meta_->Stop();
+}
+
+void VmSupervisor::SetMetaReceiver(std::shared_ptr<MetaReceiver> receiver) {
+  std::lock_guard lock(mu_);
+  meta_ = std::move(receiver);
+}
 
 void VmSupervisor::Post(std::function<void()> fn) {
   asio::post(strand_, [self = shared_from_this(), fn = std::move(fn)] {
@@ -84,6 +91,7 @@ void VmSupervisor::Stop(std::function<void()> then) {
           if (fn) fn();
         }
       } finally{then};
+      if (auto meta = MetaReceiverOf(); meta) meta->Stop();
       if (backend_) backend_->Stop();
     });
   });
@@ -91,7 +99,12 @@ void VmSupervisor::Stop(std::function<void()> then) {
 
 void VmSupervisor::Release() {
   if (!backend_) return;
-  Post([this] { WhenIdle([this] { backend_->Release(); }); });
+  Post([this] {
+    WhenIdle([this] {
+      if (auto meta = MetaReceiverOf(); meta) meta->Stop();
+      backend_->Release();
+    });
+  });
 }
 
 void VmSupervisor::OnVmEvent(VmEvent event) {
@@ -399,6 +412,8 @@ json VmSupervisor::StatusJson() const {
     if (json attach = backend_->AttachStatus(); !attach.is_null())
       status["attach"] = std::move(attach);
   }
+  // The metadata channel: connected, boots received, the last refusal.
+  status["meta"] = meta_ ? meta_->Status() : json(nullptr);
   status["last_error"] = last_error_.empty() ? json(nullptr) : json(last_error_);
   status["last_event"] = last_event_.empty() ? json(nullptr) : json(last_event_);
   if (last_capture_) {

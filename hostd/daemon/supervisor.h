@@ -56,6 +56,7 @@
 #include "capture_store.h"
 #include "config.h"
 #include "hvtrace/result.h"
+#include "meta_receiver.h"
 #include "vm_backend.h"
 
 namespace hvtrace::hostd {
@@ -123,6 +124,9 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   VmState state() const;
   // Watched now: a backend, and a state in which it serves requests.
   bool live() const;
+  // The VM's metadata channel receiver (meta_receiver.h): shown in status,
+  // stopped with the VM. Set once, after Start.
+  void SetMetaReceiver(std::shared_ptr<MetaReceiver> receiver);
   // Reads the store; runs on the caller's thread (call it off the I/O thread).
   Result<std::vector<CaptureEntry>> ListCaptures() const { return store_.List(); }
 
@@ -155,6 +159,10 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   void PublishQueueState();  // Strand: what `status` shows of the above.
   void SetState(VmState state);
   void Fail(const std::string& reason);
+  std::shared_ptr<MetaReceiver> MetaReceiverOf() const {
+    std::lock_guard lock(mu_);
+    return meta_;
+  }
   // Runs |fn| on the strand; any exception marks this VM failed.
   void Post(std::function<void()> fn);
 
@@ -188,6 +196,7 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   nlohmann::json capture_queue_ = {{"in_flight", false},  // What PublishQueueState shows.
                                    {"pending", nlohmann::json::array()}};
   nlohmann::json backend_info_ = nlohmann::json::object();  // Describe() after Start.
+  std::shared_ptr<MetaReceiver> meta_;
 };
 
 // All supervisors by name. Thread-safe.

@@ -271,6 +271,12 @@ Result<uint64_t> FindKallsym(std::string_view kallsyms, std::string_view name) {
 }
 
 Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive) {
+  return ParseHarvestArchive(archive, {}, nullptr);
+}
+
+Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive,
+                                          const std::map<std::string, size_t>& extra_allowed,
+                                          std::map<std::string, std::string>* extras) {
   if (archive.size() > kMaxHarvestArchiveBytes) {
     return Error{"harvest archive is " + std::to_string(archive.size()) + " bytes; the limit is " +
                  std::to_string(kMaxHarvestArchiveBytes)};
@@ -304,6 +310,15 @@ Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive) {
   slot["release"] = &bundle.release;
   slot["modules"] = &bundle.modules;
   for (TarMember& m : *members) {
+    if (auto extra = extra_allowed.find(m.name); extra != extra_allowed.end() && extras) {
+      if (m.data.size() > extra->second) {
+        return Error{"harvest archive: member '" + m.name + "' is " +
+                     std::to_string(m.data.size()) + " bytes; the limit is " +
+                     std::to_string(extra->second)};
+      }
+      (*extras)[m.name] = std::move(m.data);
+      continue;
+    }
     auto allowed = kAllowed.find(m.name);
     if (allowed == kAllowed.end()) {
       return Error{"harvest archive: unexpected member '" + m.name + "'"};

@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -91,6 +92,12 @@ inline constexpr size_t kMaxHarvestEvents = 20000;
 // header_event, release or formats fail the whole harvest; single event
 // formats that do not parse are kept with their parse_error.
 Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive);
+// The same, also accepting the members named in |extra_allowed| (name → size
+// cap), returned in |extras|: the metadata channel's identity.json and
+// fingerprints (hvtrace/meta_channel.h) beside the harvest members.
+Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive,
+                                          const std::map<std::string, size_t>& extra_allowed,
+                                          std::map<std::string, std::string>* extras);
 
 // Splits the "<system>/<event>/format:<line>" listing into per-event texts in
 // file order. Fails on a malformed line, an unsafe name, or an event whose

@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "hvtrace/meta_channel.h"
 #include "units.h"
 #include "vm_config.h"
 
@@ -208,6 +209,20 @@ Result<DomainXmlInfo> ParseDomainXml(std::string_view xml) {
     const pt::ptree& devices = dom->get_child("devices", kEmpty);
     for (const auto& [tag, node] : devices) {
       if (tag == "panic") info.panic_models.push_back(Attr(node, "model"));
+      if (tag == "channel" && Attr(node, "type") == "unix") {
+        // The metadata channel: <target type='virtio' name='org.hvtrace.agent.0'/>
+        // with the socket QEMU listens on (libvirt names it when the
+        // definition gives no path: the live XML has it).
+        auto target = node.get_child_optional("target");
+        auto source = node.get_child_optional("source");
+        if (target && Attr(*target, "type") == "virtio" &&
+            Attr(*target, "name") == meta::kMetaPortName) {
+          info.meta_channel = true;
+          if (source && Attr(*source, "mode") == "bind") {
+            info.meta_channel_path = Attr(*source, "path");
+          }
+        }
+      }
       if (tag != "shmem") continue;
       DomainShmem s;
       s.name = Attr(node, "name");

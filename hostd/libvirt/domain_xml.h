@@ -63,6 +63,11 @@ struct DomainXmlInfo {
   std::string cmdline;                // <os><cmdline>.
   std::string kernel;                 // <os><kernel>: names the formats to decode with.
   std::string initrd;                 // <os><initrd>: with the kernel, what a harvest boots.
+  // A <channel type='unix'> whose virtio target is hvtrace's metadata port
+  // (hvtrace/meta_channel.h), and its socket (QEMU listens: source
+  // mode='bind'); the path is empty in a definition that leaves it to libvirt.
+  bool meta_channel = false;
+  std::string meta_channel_path;
 
   // Whether a PCI device can be hot-plugged, and if not, why.
   bool hotplug_ok = false;

@@ -65,6 +65,10 @@ BootPaths DefaultBootPaths(const std::string& name, const std::filesystem::path&
   p.qmp_socket = (run_dir / (name + ".qmp")).string();
   p.console_log = (vm_dir / "console.log").string();
   p.console_socket = (run_dir / (name + ".console")).string();
+  // Beside the backing file, in the directory only the daemon's user may
+  // enter: a local user who connected first would hold QEMU's one client
+  // slot and read the guest's kallsyms.
+  p.meta_socket = (run_dir / kMemoryDirName / ("hvtrace-" + name + ".meta")).string();
   p.qemu_log = (vm_dir / "qemu.log").string();
   p.backing_file = (run_dir / kMemoryDirName / ("hvtrace-" + name)).string();
   return p;
@@ -103,6 +107,7 @@ Result<VmConfig> MakeBootVmConfig(const BootRequest& r, const BootPaths& paths) 
   c.qmp_socket = paths.qmp_socket;
   c.console_log = paths.console_log;
   c.console_socket = paths.console_socket;
+  c.meta_socket = paths.meta_socket;
   c.qemu_log = paths.qemu_log;
   c.panic_device = PanicDevice::kIsa;
   c.pause_on_panic = true;

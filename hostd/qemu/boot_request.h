@@ -45,6 +45,7 @@ struct BootPaths {
   std::string qmp_socket;
   std::string console_log;
   std::string console_socket;  // ttyS0, for people and tests to type into.
+  std::string meta_socket;     // The metadata channel's host end (vm_config.h).
   std::string qemu_log;
   // <run_dir>/mem/hvtrace-<name>: a directory only the daemon's user may
   // enter, never a world-writable one such as /dev/shm, where a local user

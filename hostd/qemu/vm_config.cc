@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <set>
 
+#include "hvtrace/meta_channel.h"
 #include "kvm_probe.h"
 #include "units.h"
 
@@ -80,6 +81,11 @@ Status CheckVmConfig(const VmConfig& config, const std::string& vm) {
     return Error{vm + s.error().message};
   if (!config.console_socket.empty()) {
     if (Status s = CheckSocketPath("console socket", config.console_socket); !s.ok()) {
+      return Error{vm + s.error().message};
+    }
+  }
+  if (!config.meta_socket.empty()) {
+    if (Status s = CheckSocketPath("metadata channel socket", config.meta_socket); !s.ok()) {
       return Error{vm + s.error().message};
     }
   }
@@ -163,6 +169,18 @@ void AddConsole(const VmConfig& config, std::vector<std::string>& a) {
   }
 }
 
+// The metadata channel: a virtio-serial port the guest agent finds as
+// /dev/virtio-ports/org.hvtrace.agent.0, its host end a socket QEMU listens on.
+void AddMetaChannel(const VmConfig& config, std::vector<std::string>& a) {
+  if (config.meta_socket.empty()) return;
+  a.insert(a.end(),
+           {"-device", "virtio-serial-pci,id=hvtrace-vser", "-chardev",
+            "socket,id=hvtrace-meta,path=" + OptValue(config.meta_socket) + ",server=on,wait=off",
+            "-device",
+            "virtserialport,bus=hvtrace-vser.0,chardev=hvtrace-meta,name=" +
+                std::string(meta::kMetaPortName)});
+}
+
 Status AddIvshmem(const VmConfig& config, const std::string& vm, std::vector<std::string>& a,
                   std::set<std::string>& backing_paths) {
   std::set<std::string> ids;
@@ -235,6 +253,7 @@ Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable) {
   if (!config.initrd.empty()) a.insert(a.end(), {"-initrd", config.initrd});
   a.insert(a.end(), {"-append", cmdline});
   AddConsole(config, a);
+  AddMetaChannel(config, a);
   a.insert(
       a.end(),
       {"-chardev", "socket,id=hvt_qmp,path=" + OptValue(config.qmp_socket) + ",server=on,wait=off",

@@ -53,7 +53,11 @@ struct VmConfig {
   std::string qmp_socket;      // Unix socket path; QEMU listens (server=on,wait=off).
   std::string console_log;     // Everything the guest writes to ttyS0.
   std::string console_socket;  // Optional unix socket for ttyS0 input/output.
-  std::string qemu_log;        // QEMU's own stdout/stderr; empty: /dev/null.
+  // Optional unix socket of the metadata channel (hvtrace/meta_channel.h):
+  // a virtio-serial port named org.hvtrace.agent.0 the guest agent writes
+  // to; QEMU listens, hvtraced connects.
+  std::string meta_socket;
+  std::string qemu_log;  // QEMU's own stdout/stderr; empty: /dev/null.
   PanicDevice panic_device = PanicDevice::kIsa;
   bool pause_on_panic = true;  // -action panic=pause: keeps the memory to read.
   bool no_reboot = false;

@@ -148,7 +148,8 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
   self->plan_ = std::move(plan.value());
   // Sockets are ours by configuration: a stale one from an earlier run would
   // make the readiness check below pass before QEMU listens.
-  for (const std::string* sock : {&config.qmp_socket, &config.console_socket}) {
+  for (const std::string* sock :
+       {&config.qmp_socket, &config.console_socket, &config.meta_socket}) {
     if (sock->empty()) continue;
     if (IsSocket(*sock)) unlink(sock->c_str());
     self->owned_files_.push_back(*sock);

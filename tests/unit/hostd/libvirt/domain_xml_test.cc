@@ -301,5 +301,31 @@ TEST(DomainXml, Malicious_BootCellRefusesWhatItCannotPlace) {
   refuse(info, "low-memory limit");
 }
 
+// The metadata channel as libvirt shows it in a running domain's XML; other
+// channels (the QEMU guest agent's) are not it.
+TEST(DomainXml, FindsTheMetaChannelSocket) {
+  const std::string xml = R"(<domain type='qemu' id='3'><name>deb</name><devices>
+    <channel type='unix'>
+      <source mode='bind' path='/var/lib/libvirt/qemu/channel/target/domain-3-deb/org.qemu.guest_agent.0'/>
+      <target type='virtio' name='org.qemu.guest_agent.0'/>
+    </channel>
+    <channel type='unix'>
+      <source mode='bind' path='/var/lib/libvirt/qemu/channel/target/domain-3-deb/org.hvtrace.agent.0'/>
+      <target type='virtio' name='org.hvtrace.agent.0' state='connected'/>
+    </channel>
+  </devices></domain>)";
+  Result<DomainXmlInfo> info = ParseDomainXml(xml);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_TRUE(info->meta_channel);
+  EXPECT_EQ(info->meta_channel_path,
+            "/var/lib/libvirt/qemu/channel/target/domain-3-deb/org.hvtrace.agent.0");
+  Result<DomainXmlInfo> none = ParseDomainXml(
+      "<domain type='qemu'><name>x</name><devices><channel type='pty'><target type='virtio' "
+      "name='org.hvtrace.agent.0'/></channel></devices></domain>");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->meta_channel);
+  EXPECT_TRUE(none->meta_channel_path.empty());
+}
+
 }  // namespace
 }  // namespace hvtrace::hostd

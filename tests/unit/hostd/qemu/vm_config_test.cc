@@ -281,5 +281,35 @@ TEST(VmConfigTest, KernelSizeSyntax) {
   EXPECT_EQ(KernelSize(1000), "1000");
 }
 
+// The metadata channel: a virtio-serial port named org.hvtrace.agent.0 on a
+// socket QEMU listens on (hvtraced connects); none unless asked for.
+TEST(VmConfigTest, MetaChannelPortWhenASocketIsGiven) {
+  auto plain = BuildQemuPlan(BaseConfig(), /*kvm_usable=*/false);
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  for (const std::string& d : AllAfter(plain->argv, "-device")) {
+    EXPECT_EQ(d.find("virtserialport"), std::string::npos) << d;
+  }
+  VmConfig config = BaseConfig();
+  config.meta_socket = "/run/hvtrace/mem/hvtrace-vm.meta";
+  auto plan = BuildQemuPlan(config, /*kvm_usable=*/false);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  const auto devices = AllAfter(plan->argv, "-device");
+  EXPECT_NE(std::find(devices.begin(), devices.end(), "virtio-serial-pci,id=hvtrace-vser"),
+            devices.end());
+  EXPECT_NE(std::find(devices.begin(), devices.end(),
+                      "virtserialport,bus=hvtrace-vser.0,chardev=hvtrace-meta,"
+                      "name=org.hvtrace.agent.0"),
+            devices.end());
+  const auto chardevs = AllAfter(plan->argv, "-chardev");
+  EXPECT_NE(std::find(chardevs.begin(), chardevs.end(),
+                      "socket,id=hvtrace-meta,path=/run/hvtrace/mem/hvtrace-vm.meta,server=on,"
+                      "wait=off"),
+            chardevs.end());
+  config.meta_socket = "/tmp/" + std::string(200, 'x');
+  auto refused = BuildQemuPlan(config, /*kvm_usable=*/false);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.error().message, ::testing::HasSubstr("metadata channel socket"));
+}
+
 }  // namespace
 }  // namespace hvtrace::hostd

@@ -1,0 +1,300 @@
+#include "meta_receiver.h"
+
+#include <atomic>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "host_time.h"
+#include "sha256.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+using Local = asio::local::stream_protocol;
+
+constexpr size_t kReadChunk = 64u << 10;
+// Frames read but not handled yet; past this the receiver stops reading.
+constexpr uint64_t kMaxQueuedBytes = 256u << 20;
+constexpr size_t kNotesBytes = 4096;
+
+class Receiver : public MetaReceiver {
+ public:
+  Receiver(asio::any_io_executor io, asio::any_io_executor work, MetaReceiverOptions options)
+      : io_(asio::make_strand(io)),
+        work_(asio::make_strand(work)),
+        options_(std::move(options)),
+        store_(options_.meta_dir, options_.keep_boots),
+        socket_(io_),
+        timer_(io_),
+        backoff_(options_.min_backoff) {}
+
+  void Start() override {
+    asio::post(io_, [self = Self()] { self->Connect(); });
+  }
+
+  void Stop() override {
+    asio::post(io_, [self = Self()] {
+      self->stopped_ = true;
+      boost::system::error_code ec;
+      self->socket_.close(ec);
+      self->timer_.cancel();
+      self->SetState("stopped");
+    });
+  }
+
+  json Status() const override {
+    std::lock_guard lock(mu_);
+    json j = status_;
+    j["socket"] = options_.socket.string();
+    j["state"] = state_;
+    return j;
+  }
+
+  bool Drain(std::chrono::milliseconds timeout) override {
+    std::unique_lock lock(mu_);
+    return drained_.wait_for(lock, timeout, [&] { return queued_ == 0; });
+  }
+
+ private:
+  std::shared_ptr<Receiver> Self() {
+    return std::static_pointer_cast<Receiver>(shared_from_this());
+  }
+
+  void Log(const std::string& message) const {
+    if (options_.log) options_.log("VM " + options_.vm + ": meta: " + message);
+  }
+
+  void SetState(std::string state) {
+    std::lock_guard lock(mu_);
+    state_ = std::move(state);
+  }
+
+  void Count(const char* key, uint64_t n = 1) {
+    std::lock_guard lock(mu_);
+    status_[key] = status_.value(key, uint64_t{0}) + n;
+  }
+
+  // io strand from here to Dispatch.
+  void Connect() {
+    if (stopped_) return;
+    SetState("connecting");
+    socket_ = Local::socket(io_);
+    socket_.async_connect(Local::endpoint(options_.socket.string()),
+                          [self = Self()](const boost::system::error_code& ec) {
+                            if (self->stopped_) return;
+                            if (ec) {
+                              self->Retry("connect: " + ec.message());
+                              return;
+                            }
+                            self->backoff_ = self->options_.min_backoff;
+                            self->decoder_ = meta::MetaDecoder();
+                            self->SetState("connected");
+                            self->Count("connects");
+                            self->Read();
+                          });
+  }
+
+  void Retry(const std::string& why) {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    {
+      std::lock_guard lock(mu_);
+      state_ = "waiting";
+      status_["last_disconnect"] = why;
+    }
+    timer_.expires_after(backoff_);
+    backoff_ = std::min(backoff_ * 2, options_.max_backoff);
+    timer_.async_wait([self = Self()](const boost::system::error_code& ec) {
+      if (!ec) self->Connect();
+    });
+  }
+
+  void Read() {
+    if (stopped_) return;
+    {
+      std::lock_guard lock(mu_);
+      if (queued_ > kMaxQueuedBytes) {
+        // The pool is behind: read again once it caught up a little.
+        timer_.expires_after(std::chrono::milliseconds(50));
+        timer_.async_wait([self = Self()](const boost::system::error_code& ec) {
+          if (!ec) self->Read();
+        });
+        return;
+      }
+    }
+    socket_.async_read_some(
+        asio::buffer(buffer_), [self = Self()](const boost::system::error_code& ec, size_t n) {
+          if (self->stopped_) return;
+          if (n > 0) {
+            self->Count("bytes", n);
+            self->decoder_.Feed(std::span(self->buffer_.data(), n));
+            self->TakeFrames();
+          }
+          if (ec) {
+            // A frame cut here costs that frame only: the next connection
+            // starts a new decoder.
+            self->backoff_ = self->options_.min_backoff;
+            self->Retry(ec == asio::error::eof ? "closed by QEMU" : "read: " + ec.message());
+            return;
+          }
+          self->Read();
+        });
+  }
+
+  void TakeFrames() {
+    while (std::optional<Result<meta::MetaFrame>> next = decoder_.Next()) {
+      if (!next->ok()) {
+        Count("frame_errors");
+        Log("bad frame: " + next->error().message);
+        std::lock_guard lock(mu_);
+        status_["last_frame_error"] = next->error().message;
+        continue;
+      }
+      Count("frames");
+      Dispatch(std::move(**next));
+    }
+  }
+
+  void Dispatch(meta::MetaFrame frame) {
+    const uint64_t bytes = frame.payload.size() + meta::kMetaHeaderSize;
+    {
+      std::lock_guard lock(mu_);
+      queued_ += bytes;
+    }
+    asio::post(work_, [self = Self(), frame = std::move(frame), bytes]() mutable {
+      self->Handle(frame);
+      std::lock_guard lock(self->mu_);
+      self->queued_ -= bytes;
+      if (self->queued_ == 0) self->drained_.notify_all();
+    });
+  }
+
+  // work strand.
+  void Handle(const meta::MetaFrame& frame) {
+    const std::string boot_id = meta::BootIdString(frame.boot_id);
+    if (auto it = sequence_.find(boot_id);
+        it != sequence_.end() && frame.sequence != it->second + 1) {
+      Count("sequence_gaps");
+    }
+    sequence_[boot_id] = frame.sequence;
+    switch (frame.type) {
+      case meta::MetaType::kBoot:
+        HandleBoot(frame, boot_id);
+        return;
+      case meta::MetaType::kComms:
+      case meta::MetaType::kClock: {
+        const bool comms = frame.type == meta::MetaType::kComms;
+        ::hvtrace::Status s = comms ? store_.StoreComms(boot_id, frame.payload)
+                                    : store_.StoreClock(boot_id, frame.payload);
+        if (!s.ok()) {
+          Count("dropped");
+          Log(s.error().message);
+          return;
+        }
+        Count(comms ? "comms_updates" : "clock_updates");
+        return;
+      }
+    }
+  }
+
+  void HandleBoot(const meta::MetaFrame& frame, const std::string& boot_id) {
+    Count("boots_received");
+    const std::string key = Sha256Hex(
+        std::span(reinterpret_cast<const std::byte*>(frame.payload.data()), frame.payload.size()));
+    if (store_.Has(boot_id, key)) {
+      Count("boots_resent");  // The agent resends on every (re)connect.
+      return;
+    }
+    Result<MetaBoot> boot = ValidateMetaBoot(frame.boot_id, frame.payload);
+    Result<json> verified =
+        boot.ok() ? VerifyBuildId(*boot, options_.read_guest_memory) : Result<json>(boot.error());
+    if (!verified.ok()) {
+      Count("boots_refused");
+      const std::string why = "refused: boot " + boot_id + ": " + verified.error().message;
+      Log(why);
+      std::lock_guard lock(mu_);
+      status_["last_refusal"] = why;
+      return;
+    }
+    (*verified)["fingerprints"] = boot->fingerprints_checked;
+    ::hvtrace::Status s = store_.StoreBoot(*boot, *verified, UtcStamp(HostTime::Now().realtime_ns));
+    if (!s.ok()) {
+      Count("store_errors");
+      Log("cannot store boot " + boot_id + ": " + s.error().message);
+      return;
+    }
+    Count("boots_accepted");
+    Log("boot " + boot_id + " (" + boot->release + ", build id " + boot->build_id + ", " +
+        std::to_string(boot->bundle.events.size()) + " formats) stored, build id " +
+        verified->value("build_id", std::string()));
+    std::lock_guard lock(mu_);
+    status_["last_boot"] = {{"boot_id", boot_id},
+                            {"release", boot->release},
+                            {"build_id", boot->build_id},
+                            {"verified", *verified}};
+  }
+
+  asio::strand<asio::any_io_executor> io_;
+  asio::strand<asio::any_io_executor> work_;
+  const MetaReceiverOptions options_;
+  MetaStore store_;
+
+  // io strand.
+  Local::socket socket_;
+  asio::steady_timer timer_;
+  std::chrono::milliseconds backoff_;
+  meta::MetaDecoder decoder_;
+  std::array<std::byte, kReadChunk> buffer_{};
+  std::atomic<bool> stopped_{false};
+
+  // work strand.
+  std::map<std::string, uint32_t> sequence_;
+
+  mutable std::mutex mu_;
+  std::condition_variable drained_;
+  uint64_t queued_ = 0;
+  std::string state_ = "new";
+  json status_ = json::object();
+};
+
+}  // namespace
+
+std::shared_ptr<MetaReceiver> MetaReceiver::Create(asio::any_io_executor io,
+                                                   asio::any_io_executor work,
+                                                   MetaReceiverOptions options) {
+  return std::make_shared<Receiver>(std::move(io), std::move(work), std::move(options));
+}
+
+Result<json> VerifyBuildId(
+    const MetaBoot& boot,
+    const std::function<Result<std::vector<std::byte>>(uint64_t, size_t)>& read) {
+  if (!read) return json{{"build_id", "unverified"}, {"why", "no way to read guest memory"}};
+  Result<uint64_t> notes = FindKallsym(boot.bundle.kallsyms, "__start_notes");
+  if (!notes.ok()) {
+    return json{{"build_id", "unverified"}, {"why", "kallsyms: " + notes.error().message}};
+  }
+  Result<std::vector<std::byte>> bytes = read(*notes, kNotesBytes);
+  if (!bytes.ok()) {
+    return json{{"build_id", "unverified"},
+                {"why", "reading guest memory: " + bytes.error().message}};
+  }
+  Result<std::string> found = FindGnuBuildId(*bytes);
+  if (!found.ok()) {
+    // Memory that holds no build-id note at __start_notes: the kallsyms do
+    // not describe this boot's kernel.
+    return Error{"guest memory at __start_notes holds no build id: " + found.error().message};
+  }
+  if (*found != boot.build_id) {
+    return Error{"build id " + boot.build_id + " is not the running kernel's (" + *found + ")"};
+  }
+  return json{{"build_id", "verified"}, {"from", "guest memory at __start_notes"}};
+}
+
+}  // namespace hvtrace::hostd

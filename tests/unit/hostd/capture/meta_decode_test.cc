@@ -1,0 +1,138 @@
+// Boot-range captures decoded with the metadata channel's boots: range boot
+// i of B ↔ the VM's channel boot M - B + i (arrival order), each with its own
+// formats, symbols and task names, and never another VM's metadata.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+
+#include "boot_range_decode.h"
+#include "capture_pipeline_fixture.h"
+#include "capture_service.h"
+#include "hvtrace/tracedat.h"
+#include "meta_fixture.h"
+#include "meta_store.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+using test_support::MetaBootMembers;
+using test_support::TestBootId;
+using test_support::UstarArchive;
+
+class MetaDecodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/hvtrace-meta-decode-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    region_ = Unzstd(kDir + "kexec/region.bin.zst");
+    ASSERT_EQ(region_.size(), 16u << 20);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // Stores channel boot |n| of the kexec fixture's kernel with |comms| in
+  // VM |vm|'s meta dir.
+  void AddChannelBoot(const std::string& vm, uint8_t n, const std::string& comms) {
+    MetaStore store(MetaDirOfVm(root_ / "vms" / vm));
+    const meta::BootId id = TestBootId(n);
+    Result<MetaBoot> boot = ValidateMetaBoot(id, UstarArchive(MetaBootMembers(kDir + "kexec", id)));
+    ASSERT_TRUE(boot.ok()) << boot.error().message;
+    ASSERT_TRUE(store.StoreBoot(*boot, {{"build_id", "verified"}}, "now").ok());
+    ASSERT_TRUE(store.StoreComms(boot->boot_id, comms).ok());
+  }
+
+  struct Decoded {
+    json formats;  // manifest extra.formats
+    json boots;    // manifest extra.boots
+    fs::path dir;
+  };
+  // Decodes the kexec fixture as a capture of VM |vm| with no kernel file
+  // (an adopted, disk-booted VM).
+  Decoded Decode(const std::string& vm) {
+    Decoded d;
+    CaptureStore store(root_ / "vms" / vm / "captures");
+    auto pending = store.Begin("panic", HostTime::Now());
+    EXPECT_TRUE(pending.ok());
+    if (!pending.ok()) return d;
+    CaptureManifest manifest;
+    manifest.vm = vm;
+    manifest.trigger = "panic";
+    DecodeBootRangeCopy(region_, nullptr, "", "", MetaDirOfStore(store), **pending, manifest);
+    d.formats = manifest.extra["formats"];
+    d.boots = manifest.extra.value("boots", json::array());
+    auto entry = (*pending)->Commit(std::move(manifest));
+    EXPECT_TRUE(entry.ok()) << entry.error().message;
+    if (entry.ok()) d.dir = entry->dir;
+    return d;
+  }
+
+  fs::path root_;
+  std::vector<std::byte> region_;
+};
+
+TEST_F(MetaDecodeTest, EachBootDecodesWithItsOwnChannelBoot) {
+  AddChannelBoot("a", 1, "1 init-first-boot\n");
+  AddChannelBoot("a", 2, "1 init-second-boot\n");
+  Decoded d = Decode("a");
+  ASSERT_EQ(d.formats["decoded"], true) << d.formats.dump(2);
+  EXPECT_EQ(d.formats["meta"]["boots"], 2);
+  ASSERT_EQ(d.boots.size(), 2u);
+  for (uint32_t boot = 0; boot < 2; ++boot) {
+    SCOPED_TRACE("boot " + std::to_string(boot));
+    const json& with = d.boots[boot]["decoded_with"];
+    EXPECT_EQ(with["from"], "meta channel");
+    EXPECT_EQ(with["boot_id"], meta::BootIdString(TestBootId(static_cast<uint8_t>(boot + 1))));
+    EXPECT_EQ(with["verified"]["build_id"], "verified");
+    EXPECT_EQ(with["kaslr"]["relocated"], false);
+    const fs::path dat = d.dir / ("boot-" + std::to_string(boot) + ".trace.dat");
+    Result<TraceDat> t = TraceDat::Open(dat.string());
+    ASSERT_TRUE(t.ok()) << t.error().message;
+    EXPECT_EQ(t->cmdlines(), boot == 0 ? "1 init-first-boot\n" : "1 init-second-boot\n");
+    // The fixture's kallsyms are the second boot's (both channel boots here
+    // carry them): its events find their symbols.
+    if (boot == 1) {
+      EXPECT_FALSE(t->kallsyms().empty());
+    }
+    CmdRun report = RunCommand("trace-cmd report -i '" + dat.string() + "'");
+    ASSERT_EQ(report.status, 0);
+    size_t events = 0;
+    for (const auto& [cpu, list] : ReportEvents(report.out, nullptr)) events += list.size();
+    EXPECT_EQ(events, d.boots[boot]["events"].get<size_t>());
+    EXPECT_NE(report.out.find("boot" + std::to_string(boot)), std::string::npos);
+  }
+}
+
+TEST_F(MetaDecodeTest, AnOlderBootWithoutChannelMetadataBorrowsUnverified) {
+  // The channel only saw the newest boot (the one that panicked).
+  AddChannelBoot("a", 7, "1 init\n");
+  Decoded d = Decode("a");
+  ASSERT_EQ(d.formats["decoded"], true) << d.formats.dump(2);
+  ASSERT_EQ(d.boots.size(), 2u);
+  EXPECT_EQ(d.boots[1]["decoded_with"]["from"], "meta channel");
+  EXPECT_EQ(d.boots[1]["decoded_with"]["boot_id"], meta::BootIdString(TestBootId(7)));
+  EXPECT_EQ(d.boots[0]["decoded_with"]["from"], "meta channel (nearest boot)");
+  EXPECT_THAT(d.boots[0]["decoded_with"]["symbols"].get<std::string>(),
+              ::testing::HasSubstr("unverified"));
+}
+
+TEST_F(MetaDecodeTest, AVmsMetadataNeverDecodesAnotherVmsCapture) {
+  AddChannelBoot("a", 1, "1 init\n");
+  AddChannelBoot("a", 2, "1 init\n");
+  // VM b's captures look in b's meta dir only: none there, so b's capture
+  // is counted, not decoded, though a's metadata would fit.
+  EXPECT_EQ(MetaDirOfStore(CaptureStore(root_ / "vms" / "b" / "captures")),
+            root_ / "vms" / "b" / "meta");
+  Decoded d = Decode("b");
+  EXPECT_EQ(d.formats["decoded"], false) << d.formats.dump(2);
+  // It looked in b's directory only, and found nothing there.
+  EXPECT_EQ(d.formats["meta"]["dir"], (root_ / "vms" / "b" / "meta").string());
+  EXPECT_EQ(d.formats["meta"]["boots"], 0);
+  EXPECT_FALSE(fs::exists(d.dir / "boot-0.trace.dat"));
+  EXPECT_FALSE(fs::exists(root_ / "vms" / "b" / "meta"));
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

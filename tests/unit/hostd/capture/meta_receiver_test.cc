@@ -1,0 +1,241 @@
+// The metadata receiver against a test that plays QEMU: it listens on the
+// chardev's unix socket, the receiver connects, and the test sends good and
+// lying frames, drops the connection and accepts the reconnect.
+#include "meta_receiver.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "meta_fixture.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test_support::MetaBootMembers;
+using test_support::TestBootId;
+using test_support::UstarArchive;
+using ::testing::HasSubstr;
+
+// A kernel .notes with |hex| as its GNU build id.
+std::vector<std::byte> NotesWithBuildId(const std::string& hex) {
+  std::string desc;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    desc += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+  const uint32_t h[3] = {4, static_cast<uint32_t>(desc.size()), 3};
+  std::string notes(reinterpret_cast<const char*>(h), 12);
+  notes += std::string("GNU\0", 4) + desc;
+  notes.resize(4096, '\0');
+  const auto* b = reinterpret_cast<const std::byte*>(notes.data());
+  return {b, b + notes.size()};
+}
+
+class MetaReceiverTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/hvtrace-meta-recv-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    socket_path_ = root_ / "meta.sock";
+    listener_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(listener_, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket_path_.c_str(), sizeof addr.sun_path - 1);
+    ASSERT_EQ(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(::listen(listener_, 4), 0);
+    io_thread_ = std::thread([this] { io_.run(); });
+  }
+  void TearDown() override {
+    if (receiver_) receiver_->Stop();
+    if (conn_ >= 0) ::close(conn_);
+    guard_.reset();
+    io_thread_.join();
+    pool_.join();
+    ::close(listener_);
+    fs::remove_all(root_);
+  }
+
+  void StartReceiver(
+      std::function<Result<std::vector<std::byte>>(uint64_t, size_t)> read = nullptr) {
+    MetaReceiverOptions o;
+    o.vm = "vm1";
+    o.socket = socket_path_;
+    o.meta_dir = root_ / "vms" / "vm1" / "meta";
+    o.min_backoff = std::chrono::milliseconds(20);
+    o.max_backoff = std::chrono::milliseconds(200);
+    o.read_guest_memory = std::move(read);
+    o.log = [this](const std::string& m) {
+      std::lock_guard lock(log_mu_);
+      log_ += m + "\n";
+    };
+    receiver_ = MetaReceiver::Create(io_.get_executor(), pool_.get_executor(), o);
+    receiver_->Start();
+  }
+
+  // Accepts the receiver's (next) connection, like QEMU's chardev server.
+  bool Accept() {
+    pollfd p{listener_, POLLIN, 0};
+    if (::poll(&p, 1, 30000) != 1) return false;
+    conn_ = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    return conn_ >= 0;
+  }
+  void Send(std::span<const std::byte> bytes) {
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(conn_, bytes.data() + done, bytes.size() - done);
+      ASSERT_GT(n, 0);
+      done += static_cast<size_t>(n);
+    }
+  }
+  void SendFrame(meta::MetaType type, const meta::BootId& id, uint32_t seq,
+                 const std::string& payload) {
+    Send(meta::EncodeMetaFrame(type, id, seq, payload, true));
+  }
+  // Waits until the receiver's status satisfies |pred| (bounded; the test
+  // fails on the status it saw last).
+  json WaitStatus(const std::function<bool(const json&)>& pred) {
+    json s;
+    for (int i = 0; i < 3000; ++i) {
+      receiver_->Drain(std::chrono::seconds(10));
+      s = receiver_->Status();
+      if (pred(s)) return s;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ADD_FAILURE() << "status never matched: " << s.dump();
+    return s;
+  }
+  std::string Log() {
+    std::lock_guard lock(log_mu_);
+    return log_;
+  }
+
+  fs::path root_, socket_path_;
+  int listener_ = -1, conn_ = -1;
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard_{
+      io_.get_executor()};
+  boost::asio::thread_pool pool_{2};
+  std::thread io_thread_;
+  std::shared_ptr<MetaReceiver> receiver_;
+  std::mutex log_mu_;
+  std::string log_;
+};
+
+uint64_t N(const json& s, const char* key) { return s.value(key, uint64_t{0}); }
+
+TEST_F(MetaReceiverTest, KeepsGoodBootsRefusesLiesAndReconnects) {
+  StartReceiver();
+  ASSERT_TRUE(Accept());
+  const meta::BootId a = TestBootId(1), liar = TestBootId(2), b = TestBootId(3);
+  const std::string good = UstarArchive(MetaBootMembers(test_support::kMetaFixtures, a));
+  SendFrame(meta::MetaType::kBoot, a, 0, good);
+  SendFrame(meta::MetaType::kComms, a, 1, "1 systemd\n77 hvtrace-agent\n");
+  SendFrame(meta::MetaType::kClock, a, 2, R"({"samples": []})");
+  // Line noise between frames costs nothing but itself.
+  const std::string noise = "garbage garbage garbage";
+  Send(std::as_bytes(std::span(noise)));
+  auto lying = MetaBootMembers(test_support::kMetaFixtures, liar);
+  const std::string field =
+      "sched/sched_switch/format:\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;";
+  lying["formats"].replace(
+      lying["formats"].find(field), field.size(),
+      "sched/sched_switch/format:\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:0;");
+  SendFrame(meta::MetaType::kBoot, liar, 0, UstarArchive(lying));
+  SendFrame(meta::MetaType::kComms, liar, 1, "1 evil\n");
+
+  json s = WaitStatus([](const json& st) {
+    return N(st, "boots_accepted") == 1 && N(st, "boots_refused") == 1 && N(st, "dropped") == 1;
+  });
+  EXPECT_EQ(s["state"], "connected");
+  EXPECT_EQ(N(s, "comms_updates"), 1u);
+  EXPECT_EQ(N(s, "clock_updates"), 1u);
+  EXPECT_THAT(s.value("last_refusal", std::string()),
+              HasSubstr("fingerprint of sched/sched_switch does not match its format"));
+  EXPECT_THAT(Log(), HasSubstr("VM vm1: meta: refused: boot " + meta::BootIdString(liar)));
+  EXPECT_EQ(s["last_boot"]["verified"]["build_id"], "unverified");
+
+  // QEMU goes away (a restart): the receiver comes back, the agent resends
+  // its boot, then the guest reboots and a new boot arrives.
+  ::close(conn_);
+  conn_ = -1;
+  ASSERT_TRUE(Accept());
+  SendFrame(meta::MetaType::kBoot, a, 3, good);
+  SendFrame(meta::MetaType::kBoot, b, 0,
+            UstarArchive(MetaBootMembers(test_support::kMetaFixtures, b)));
+  s = WaitStatus([](const json& st) { return N(st, "boots_accepted") == 2; });
+  EXPECT_EQ(N(s, "boots_resent"), 1u);
+  EXPECT_GE(N(s, "connects"), 2u);
+
+  MetaStore store(root_ / "vms" / "vm1" / "meta");
+  Result<std::vector<MetaBootEntry>> list = store.List();
+  ASSERT_TRUE(list.ok()) << list.error().message;
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].boot_id, meta::BootIdString(a));
+  EXPECT_EQ((*list)[1].boot_id, meta::BootIdString(b));
+  Result<std::string> comms = store.LoadComms((*list)[0]);
+  ASSERT_TRUE(comms.ok());
+  EXPECT_EQ(*comms, "1 systemd\n77 hvtrace-agent\n");
+  EXPECT_FALSE(fs::exists(store.dir() / meta::BootIdString(liar)));
+}
+
+TEST_F(MetaReceiverTest, Malicious_BuildIdOfAnotherKernel) {
+  // Guest memory at __start_notes holds another build id than the bundle claims.
+  StartReceiver([](uint64_t addr, size_t size) -> Result<std::vector<std::byte>> {
+    if (addr != 0xffffffff82a00000ull || size != 4096) return Error{"unexpected read"};
+    return NotesWithBuildId("ffffffffffffffffffffffffffffffffffffffff");
+  });
+  ASSERT_TRUE(Accept());
+  const meta::BootId a = TestBootId(1);
+  auto m = MetaBootMembers(test_support::kMetaFixtures, a);
+  m["kallsyms"] += "ffffffff82a00000 R __start_notes\n";
+  SendFrame(meta::MetaType::kBoot, a, 0, UstarArchive(m));
+  json s = WaitStatus([](const json& st) { return N(st, "boots_refused") == 1; });
+  EXPECT_THAT(s.value("last_refusal", std::string()),
+              HasSubstr("build id " + std::string(test_support::kFixtureBuildId) +
+                        " is not the running kernel's (ffffffffffffffffffffffffffffffffffffffff)"));
+  EXPECT_EQ(N(s, "boots_accepted"), 0u);
+}
+
+TEST(MetaVerifyTest, BuildIdFromGuestMemory) {
+  const meta::BootId a = TestBootId(1);
+  auto m = MetaBootMembers(test_support::kMetaFixtures, a);
+  m["kallsyms"] += "ffffffff82a00000 R __start_notes\n";
+  Result<MetaBoot> boot = ValidateMetaBoot(a, UstarArchive(m));
+  ASSERT_TRUE(boot.ok()) << boot.error().message;
+  Result<json> ok = VerifyBuildId(*boot, [](uint64_t, size_t) -> Result<std::vector<std::byte>> {
+    return NotesWithBuildId(test_support::kFixtureBuildId);
+  });
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ((*ok)["build_id"], "verified");
+  // Memory that cannot be read: kept, but marked unverified.
+  Result<json> unread = VerifyBuildId(
+      *boot,
+      [](uint64_t, size_t) -> Result<std::vector<std::byte>> { return Error{"memsave failed"}; });
+  ASSERT_TRUE(unread.ok());
+  EXPECT_EQ((*unread)["build_id"], "unverified");
+  EXPECT_THAT((*unread)["why"].get<std::string>(), HasSubstr("memsave failed"));
+  // Memory with no note where kallsyms says the notes are: refused.
+  Result<json> none = VerifyBuildId(*boot, [](uint64_t, size_t) -> Result<std::vector<std::byte>> {
+    return std::vector<std::byte>(4096, std::byte{0x5a});
+  });
+  ASSERT_FALSE(none.ok());
+  EXPECT_THAT(none.error().message, HasSubstr("holds no build id"));
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

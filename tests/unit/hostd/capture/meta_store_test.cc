@@ -1,0 +1,229 @@
+// The metadata channel's boot bundles on the host: every lie refused with a
+// reason that names it, and the per-VM, per-boot store.
+#include "meta_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+
+#include "meta_fixture.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using test_support::MetaBootMembers;
+using test_support::TestBootId;
+using test_support::UstarArchive;
+using ::testing::HasSubstr;
+
+std::string Refusal(const meta::BootId& frame_id, const std::map<std::string, std::string>& m) {
+  Result<MetaBoot> r = ValidateMetaBoot(frame_id, UstarArchive(m));
+  return r.ok() ? std::string("accepted") : r.error().message;
+}
+
+class MetaStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/hvtrace-meta-store-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  fs::path root_;
+};
+
+TEST(MetaValidateTest, AcceptsTheFixtureKernelsBundle) {
+  const meta::BootId id = TestBootId(1);
+  Result<MetaBoot> r =
+      ValidateMetaBoot(id, UstarArchive(MetaBootMembers(test_support::kMetaFixtures, id)));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->boot_id, meta::BootIdString(id));
+  EXPECT_EQ(r->release, "6.12.95+deb12-amd64");
+  EXPECT_EQ(r->build_id, test_support::kFixtureBuildId);
+  EXPECT_EQ(r->fingerprints_checked, r->bundle.events.size());
+  EXPECT_GE(r->fingerprints_checked, 3u);
+  EXPECT_EQ(r->key.size(), 64u);
+}
+
+TEST(MetaValidateTest, Malicious_FingerprintThatDoesNotMatchItsFormat) {
+  const meta::BootId id = TestBootId(1);
+  auto m = MetaBootMembers(test_support::kMetaFixtures, id);
+  // The agent's fingerprint line is honest; the format it sends is not (a
+  // field moved): the recomputed fingerprint differs.
+  const std::string field =
+      "sched/sched_switch/format:\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;";
+  const size_t at = m["formats"].find(field);
+  ASSERT_NE(at, std::string::npos);
+  m["formats"].replace(
+      at, field.size(),
+      "sched/sched_switch/format:\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:0;");
+  EXPECT_THAT(Refusal(id, m),
+              HasSubstr("fingerprint of sched/sched_switch does not match its format"));
+}
+
+TEST(MetaValidateTest, Malicious_IdMismatchMissingAndUnknownLines) {
+  const meta::BootId id = TestBootId(1);
+  auto m = MetaBootMembers(test_support::kMetaFixtures, id);
+  std::string& fp = m["fingerprints"];
+  const size_t line = fp.find("sched/sched_switch ");
+  ASSERT_NE(line, std::string::npos);
+  const size_t id_at = line + std::string("sched/sched_switch ").size();
+  const size_t id_end = fp.find(' ', id_at);
+  auto lying = m;
+  lying["fingerprints"].replace(id_at, id_end - id_at, "4242");
+  EXPECT_THAT(Refusal(id, lying), HasSubstr("sched/sched_switch gives id 4242"));
+
+  auto missing = m;
+  missing["fingerprints"].erase(line, fp.find('\n', line) + 1 - line);
+  EXPECT_THAT(Refusal(id, missing), HasSubstr("no line for sched/sched_switch"));
+
+  auto unknown = m;
+  unknown["fingerprints"] += "evil/event 7 0123456789abcdef\n";
+  EXPECT_THAT(Refusal(id, unknown), HasSubstr("'evil/event', which has no format"));
+
+  auto twice = m;
+  twice["fingerprints"] += fp.substr(line, fp.find('\n', line) + 1 - line);
+  EXPECT_THAT(Refusal(id, twice), HasSubstr("list sched/sched_switch twice"));
+
+  auto garbage = m;
+  garbage["fingerprints"] += "sched/sched_switch x y\n";
+  EXPECT_THAT(Refusal(id, garbage), HasSubstr("malformed id or fingerprint"));
+}
+
+TEST(MetaValidateTest, Malicious_HugeOrHiddenKallsyms) {
+  const meta::BootId id = TestBootId(1);
+  auto huge = MetaBootMembers(test_support::kMetaFixtures, id);
+  std::string line = "ffffffff81000000 T padding_symbol_xxxxxxxxxxxxxxxxxxxxxxxx\n";
+  while (huge["kallsyms"].size() <= kMaxMetaKallsyms) huge["kallsyms"] += line;
+  EXPECT_THAT(Refusal(id, huge), HasSubstr("kallsyms is"));
+
+  auto hidden = MetaBootMembers(test_support::kMetaFixtures, id);
+  hidden["kallsyms"] = "0000000000000000 T _text\n0000000000000000 T schedule\n";
+  EXPECT_THAT(Refusal(id, hidden), HasSubstr("no nonzero address"));
+}
+
+TEST(MetaValidateTest, Malicious_IdentityLies) {
+  const meta::BootId id = TestBootId(1);
+  // The frame says one boot, identity.json another.
+  EXPECT_THAT(Refusal(TestBootId(2), MetaBootMembers(test_support::kMetaFixtures, id)),
+              HasSubstr("is not the frame's"));
+
+  auto m = MetaBootMembers(test_support::kMetaFixtures, id);
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {"not json", "not a JSON object"},
+           {"[1,2]", "not a JSON object"},
+           {R"({"boot_id": 7})", "boot_id is not a string"},
+           {R"({"release": "x", "build_id": "ab"})", "has no boot_id"},
+       }) {
+    auto bad = m;
+    bad["identity.json"] = text;
+    EXPECT_THAT(Refusal(id, bad), HasSubstr(why)) << text;
+  }
+  const auto with = [&](const char* key, nlohmann::json value) {
+    auto bad = m;
+    nlohmann::json j = nlohmann::json::parse(bad["identity.json"]);
+    j[key] = std::move(value);
+    bad["identity.json"] = j.dump();
+    return Refusal(id, bad);
+  };
+  EXPECT_THAT(with("build_id", "not-hex-at-all-not-hex-at-all-not-hex-at"), HasSubstr("build_id"));
+  EXPECT_THAT(with("build_id", "abcd"), HasSubstr("16..64 bytes of hex"));
+  EXPECT_THAT(with("release", "6.1.0-other"), HasSubstr("is not the archive's"));
+  EXPECT_THAT(with("nr_cpus", 0), HasSubstr("nr_cpus"));
+  EXPECT_THAT(with("boot_id", std::string(100, 'a')), HasSubstr("too long"));
+
+  auto big = m;
+  big["identity.json"] = std::string(kMaxMetaIdentity + 1, ' ');
+  EXPECT_THAT(Refusal(id, big), HasSubstr("identity.json"));
+  auto none = m;
+  none.erase("identity.json");
+  EXPECT_THAT(Refusal(id, none), HasSubstr("'identity.json' is missing"));
+  auto no_fp = m;
+  no_fp.erase("fingerprints");
+  EXPECT_THAT(Refusal(id, no_fp), HasSubstr("'fingerprints' is missing"));
+  auto extra = m;
+  extra["shadow"] = "x";
+  EXPECT_THAT(Refusal(id, extra), HasSubstr("unexpected member 'shadow'"));
+}
+
+TEST(MetaValidateTest, FindsTheGnuBuildIdNote) {
+  // Xen-style note first, then the GNU build id, as in a kernel's .notes.
+  std::string notes;
+  const auto note = [&](const std::string& name, uint32_t type, const std::string& desc) {
+    const uint32_t h[3] = {static_cast<uint32_t>(name.size() + 1),
+                           static_cast<uint32_t>(desc.size()), type};
+    notes.append(reinterpret_cast<const char*>(h), 12);
+    std::string n = name + '\0';
+    n.resize((n.size() + 3) & ~size_t{3}, '\0');
+    std::string d = desc;
+    d.resize((d.size() + 3) & ~size_t{3}, '\0');
+    notes += n + d;
+  };
+  note("Xen", 1, "abcdefgh");
+  std::string id;
+  for (int i = 0; i < 20; ++i) id += static_cast<char>(0xa0 + i);
+  note("GNU", 3, id);
+  notes.resize(4096, '\0');
+  Result<std::string> r = FindGnuBuildId(std::as_bytes(std::span(notes)));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(*r, "a0a1a2a3a4a5a6a7a8a9aaabacadaeafb0b1b2b3");
+  std::string junk(4096, '\xff');
+  EXPECT_FALSE(FindGnuBuildId(std::as_bytes(std::span(junk))).ok());
+}
+
+TEST_F(MetaStoreTest, StoresPerBootKeepsNewestNAndLoadsBack) {
+  MetaStore store(root_ / "vms" / "a" / "meta", 3);
+  for (uint8_t n = 1; n <= 5; ++n) {
+    const meta::BootId id = TestBootId(n);
+    Result<MetaBoot> boot =
+        ValidateMetaBoot(id, UstarArchive(MetaBootMembers(test_support::kMetaFixtures, id)));
+    ASSERT_TRUE(boot.ok()) << boot.error().message;
+    ASSERT_TRUE(store.StoreBoot(*boot, {{"build_id", "unverified"}}, "t" + std::to_string(n)).ok());
+    EXPECT_TRUE(store.Has(boot->boot_id, boot->key));
+    ASSERT_TRUE(store.StoreComms(boot->boot_id, "1 init\n" + std::to_string(n) + " task\n").ok());
+  }
+  Result<std::vector<MetaBootEntry>> list = store.List();
+  ASSERT_TRUE(list.ok()) << list.error().message;
+  ASSERT_EQ(list->size(), 3u);
+  EXPECT_EQ((*list)[0].boot_id, meta::BootIdString(TestBootId(3)));
+  EXPECT_EQ((*list)[2].boot_id, meta::BootIdString(TestBootId(5)));
+  EXPECT_EQ((*list)[2].received_utc, "t5");
+  EXPECT_FALSE(fs::exists(store.dir() / meta::BootIdString(TestBootId(1))));
+  EXPECT_FALSE(fs::exists(store.dir() / meta::BootIdString(TestBootId(2))));
+  // No temporary files are left behind.
+  for (const auto& e : fs::recursive_directory_iterator(store.dir())) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  }
+  Result<KernelFormats> f = store.LoadFormats((*list)[2]);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_EQ(f->release, "6.12.95+deb12-amd64");
+  EXPECT_FALSE(f->events.empty());
+  Result<std::string> comms = store.LoadComms((*list)[2]);
+  ASSERT_TRUE(comms.ok());
+  EXPECT_EQ(*comms, "1 init\n5 task\n");
+  // Comms for a boot whose bundle was never accepted are refused.
+  Status orphan = store.StoreComms(meta::BootIdString(TestBootId(9)), "1 x\n");
+  ASSERT_FALSE(orphan.ok());
+  EXPECT_THAT(orphan.error().message, HasSubstr("was not accepted"));
+  // Another VM's store sees none of it.
+  Result<std::vector<MetaBootEntry>> other = MetaStore(root_ / "vms" / "b" / "meta").List();
+  ASSERT_TRUE(other.ok());
+  EXPECT_TRUE(other->empty());
+}
+
+TEST_F(MetaStoreTest, Malicious_IndexWithAPathInIt) {
+  MetaStore store(root_ / "meta");
+  fs::create_directories(store.dir());
+  std::ofstream(store.dir() / "boots.json")
+      << R"({"boots": [{"boot_id": "../../etc", "key": "00"}]})";
+  Result<std::vector<MetaBootEntry>> list = store.List();
+  ASSERT_FALSE(list.ok());
+  EXPECT_THAT(list.error().message, HasSubstr("bad entry"));
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

@@ -197,11 +197,21 @@ TEST(LibvirtSetupE2e, Q35AndAForeignNumaTopology) {
   options.start = false;
   options.via_virsh = true;
   options.machine = "q35";
+  // A password libvirt leaves out of the XML it shows: redefining from that
+  // XML would drop it, and the reply must not carry it to the user.
+  options.extra_devices = "    <graphics type='vnc' port='-1' passwd='hvtsec81'/>\n";
   ASSERT_TRUE(q35.Create(*image, options).ok()) << q35.Diagnostics();
   Result<std::string> original = PersistentXml(lv, q35.name());
   ASSERT_TRUE(original.ok()) << original.error().message;
-  RunResult setup = hvt.Hvtrace({"setup", q35.name()});
+  auto secure = [&] {
+    return RunArgv(
+        {"virsh", "-q", "-c", lv.uri(), "dumpxml", "--inactive", "--security-info", q35.name()});
+  };
+  ASSERT_THAT(*secure(), HasSubstr("passwd='hvtsec81'"));
+  RunResult setup = hvt.Hvtrace({"setup", "--json", q35.name()});
   ASSERT_EQ(setup.status, 0) << setup.output << "\n" << hvt.LogTail();
+  EXPECT_THAT(setup.output, Not(HasSubstr("hvtsec81")));
+  EXPECT_THAT(*secure(), HasSubstr("passwd='hvtsec81'"));
   EXPECT_THAT(setup.output, HasSubstr("libvirt added <controller type='virtio-serial'"));
   Result<std::string> after = PersistentXml(lv, q35.name());
   ASSERT_TRUE(after.ok());
@@ -215,6 +225,7 @@ TEST(LibvirtSetupE2e, Q35AndAForeignNumaTopology) {
   RunResult undo = hvt.Hvtrace({"setup", "--undo", q35.name()});
   ASSERT_EQ(undo.status, 0) << undo.output;
   EXPECT_EQ(*PersistentXml(lv, q35.name()), *original);
+  EXPECT_THAT(*secure(), HasSubstr("passwd='hvtsec81'"));
 
   TestDomain foreign(lv, "setupf");
   TestDomainOptions foreign_options;

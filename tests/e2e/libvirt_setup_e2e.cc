@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -177,8 +178,8 @@ namespace {
 // q35: libvirt puts the new virtio-serial controller on a root port, so
 // setup adds a free one for `hvtrace attach` and records both for undo. A
 // domain whose NUMA cells are not hvtrace's is refused and left as it was.
-// Neither domain boots.
-TEST(LibvirtSetupE2e, Q35AndAForeignNumaTopology) {
+// A transient domain is refused too. None of them boots.
+TEST(LibvirtSetupE2e, Q35ForeignNumaAndTransient) {
   if (std::string why = LibvirtdUnavailableReason(); !why.empty()) {
     GTEST_SKIP() << "private libvirtd cannot run here: " << why;
   }
@@ -244,6 +245,21 @@ TEST(LibvirtSetupE2e, Q35AndAForeignNumaTopology) {
   EXPECT_THAT(refused.output, HasSubstr("domain '" + foreign.name() +
                                         "': it already has a NUMA topology that is not hvtrace's"));
   EXPECT_EQ(*PersistentXml(lv, foreign.name()), *before);
+
+  // A transient domain (virsh create, paused: no guest code runs) has no
+  // persistent definition to edit, and defining one would make it
+  // persistent behind its owner's back: refused.
+  TestDomain transient(lv, "setupt");
+  const std::string file = lv.dir() + "/" + transient.name() + ".xml";
+  std::ofstream(file) << transient.MakeXml(*image, TestDomainOptions{});
+  Result<std::string> created =
+      RunArgv({"virsh", "-q", "-c", lv.uri(), "create", "--paused", file});
+  ASSERT_TRUE(created.ok()) << created.error().message;
+  RunResult refused_transient = hvt.Hvtrace({"setup", transient.name()});
+  EXPECT_NE(refused_transient.status, 0) << refused_transient.output;
+  EXPECT_THAT(refused_transient.output,
+              HasSubstr("domain '" + transient.name() + "' is transient"));
+  (void)RunArgv({"virsh", "-q", "-c", lv.uri(), "destroy", transient.name()});
 }
 
 }  // namespace

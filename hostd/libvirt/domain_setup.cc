@@ -449,12 +449,10 @@ Result<DomainSetupEdit> FinishDomainSetup(std::string_view original_xml,
   xmlNode* setup = FindSetup(root);
   if (setup == nullptr) return Error{"libvirt dropped hvtrace's <metadata> setup record"};
   std::set<std::pair<std::string, std::string>> known;
-  for (xmlNode* c = Child(xmlDocGetRootElement(before->get()), "devices");
-       c != nullptr && c->children != nullptr;) {
-    for (xmlNode* d = c->children; d != nullptr; d = d->next) {
+  if (xmlNode* old_devices = Child(xmlDocGetRootElement(before->get()), "devices")) {
+    for (xmlNode* d = old_devices->children; d != nullptr; d = d->next) {
       if (Named(d, "controller")) known.insert({Prop(d, "type"), Prop(d, "index")});
     }
-    break;
   }
   for (xmlNode* e = setup->children; e != nullptr; e = e->next) {
     if (e->type == XML_ELEMENT_NODE && Prop(e, "element") == "controller") {

@@ -2,7 +2,9 @@
 // reads the domain's persistent definition (VIR_DOMAIN_XML_INACTIVE), edits it
 // with domain_setup.h and defines it (virDomainDefineXML). The running
 // instance is never touched: the changes apply at the domain's next cold
-// boot. Blocking: call it off the libvirt event loop's thread.
+// boot. The definition edited and defined is the secure one (graphics
+// passwords and the like stay); the two shown in the outcome are not.
+// Blocking: call it off the libvirt event loop's thread.
 #ifndef HVTRACE_HOSTD_LIBVIRT_SETUP_H_
 #define HVTRACE_HOSTD_LIBVIRT_SETUP_H_
 

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -177,8 +178,8 @@ namespace {
 // q35: libvirt puts the new virtio-serial controller on a root port, so
 // setup adds a free one for `hvtrace attach` and records both for undo. A
 // domain whose NUMA cells are not hvtrace's is refused and left as it was.
-// Neither domain boots.
-TEST(LibvirtSetupE2e, Q35AndAForeignNumaTopology) {
+// A transient domain is refused too. None of them boots.
+TEST(LibvirtSetupE2e, Q35ForeignNumaAndTransient) {
   if (std::string why = LibvirtdUnavailableReason(); !why.empty()) {
     GTEST_SKIP() << "private libvirtd cannot run here: " << why;
   }
@@ -197,11 +198,21 @@ TEST(LibvirtSetupE2e, Q35AndAForeignNumaTopology) {
   options.start = false;
   options.via_virsh = true;
   options.machine = "q35";
+  // A password libvirt leaves out of the XML it shows: redefining from that
+  // XML would drop it, and the reply must not carry it to the user.
+  options.extra_devices = "    <graphics type='vnc' port='-1' passwd='hvtsec81'/>\n";
   ASSERT_TRUE(q35.Create(*image, options).ok()) << q35.Diagnostics();
   Result<std::string> original = PersistentXml(lv, q35.name());
   ASSERT_TRUE(original.ok()) << original.error().message;
-  RunResult setup = hvt.Hvtrace({"setup", q35.name()});
+  auto secure = [&] {
+    return RunArgv(
+        {"virsh", "-q", "-c", lv.uri(), "dumpxml", "--inactive", "--security-info", q35.name()});
+  };
+  ASSERT_THAT(*secure(), HasSubstr("passwd='hvtsec81'"));
+  RunResult setup = hvt.Hvtrace({"setup", "--json", q35.name()});
   ASSERT_EQ(setup.status, 0) << setup.output << "\n" << hvt.LogTail();
+  EXPECT_THAT(setup.output, Not(HasSubstr("hvtsec81")));
+  EXPECT_THAT(*secure(), HasSubstr("passwd='hvtsec81'"));
   EXPECT_THAT(setup.output, HasSubstr("libvirt added <controller type='virtio-serial'"));
   Result<std::string> after = PersistentXml(lv, q35.name());
   ASSERT_TRUE(after.ok());
@@ -215,6 +226,7 @@ TEST(LibvirtSetupE2e, Q35AndAForeignNumaTopology) {
   RunResult undo = hvt.Hvtrace({"setup", "--undo", q35.name()});
   ASSERT_EQ(undo.status, 0) << undo.output;
   EXPECT_EQ(*PersistentXml(lv, q35.name()), *original);
+  EXPECT_THAT(*secure(), HasSubstr("passwd='hvtsec81'"));
 
   TestDomain foreign(lv, "setupf");
   TestDomainOptions foreign_options;
@@ -233,6 +245,21 @@ TEST(LibvirtSetupE2e, Q35AndAForeignNumaTopology) {
   EXPECT_THAT(refused.output, HasSubstr("domain '" + foreign.name() +
                                         "': it already has a NUMA topology that is not hvtrace's"));
   EXPECT_EQ(*PersistentXml(lv, foreign.name()), *before);
+
+  // A transient domain (virsh create, paused: no guest code runs) has no
+  // persistent definition to edit, and defining one would make it
+  // persistent behind its owner's back: refused.
+  TestDomain transient(lv, "setupt");
+  const std::string file = lv.dir() + "/" + transient.name() + ".xml";
+  std::ofstream(file) << transient.MakeXml(*image, TestDomainOptions{});
+  Result<std::string> created =
+      RunArgv({"virsh", "-q", "-c", lv.uri(), "create", "--paused", file});
+  ASSERT_TRUE(created.ok()) << created.error().message;
+  RunResult refused_transient = hvt.Hvtrace({"setup", transient.name()});
+  EXPECT_NE(refused_transient.status, 0) << refused_transient.output;
+  EXPECT_THAT(refused_transient.output,
+              HasSubstr("domain '" + transient.name() + "' is transient"));
+  (void)RunArgv({"virsh", "-q", "-c", lv.uri(), "destroy", transient.name()});
 }
 
 }  // namespace

@@ -679,7 +679,7 @@ int Agent::Run() {
     if (!pending_slots_.empty()) timeout_ms = std::min(timeout_ms, 2);
     timeout_ms = meta_.TimeoutMs(timeout_ms);
     const size_t meta_index = fds.size();
-    if (meta_.PollEvents() != 0) fds.push_back({meta_.fd(), meta_.PollEvents(), 0});
+    if (meta_.Watched()) fds.push_back({meta_.fd(), meta_.PollEvents(), 0});
     if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
       Log(std::string("poll: ") + std::strerror(errno));
       break;

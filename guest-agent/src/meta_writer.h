@@ -55,6 +55,7 @@ class MetaWriter {
   // A boot frame empties the queue first.
   bool Queue(meta::MetaType type, std::vector<std::byte> frame);
   // The poll events to wait for: POLLOUT when bytes are queued for a host.
+  // Poll the fd while connected() even when this is 0: POLLHUP comes anyway.
   short PollEvents() const;
   // Checks the host's presence (poll, no wait) and writes what it can.
   // Returns false when the port itself failed (the caller closes it and

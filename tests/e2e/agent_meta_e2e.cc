@@ -159,6 +159,12 @@ std::string CheckBootArchive(const meta::MetaFrame& boot, const DiskImage& image
         "address), release %s\n",
         bundle->events.size(), bundle->unparsed, bundle->kallsyms_symbols,
         bundle->kallsyms_nonzero_addresses, bundle->release.c_str());
+    for (const hostd::HarvestedEvent& ev : bundle->events) {
+      if (!ev.parse_error.empty()) {
+        std::printf("[agent-meta] unparsed (listed, no fingerprint): %s/%s: %s\n",
+                    ev.system.c_str(), ev.name.c_str(), ev.parse_error.c_str());
+      }
+    }
   }
   // Every fingerprint line matches its format, recomputed here.
   auto listed = hostd::SplitFormatListing(by_name["formats"]);
@@ -303,6 +309,12 @@ TEST(AgentMetaE2eTest, DebianAgentSendsBootArchiveCommsAndResendsAfterReconnect)
   for (size_t i = 0; i < host.frames.size(); ++i) EXPECT_EQ(host.frames[i].sequence, i);
   for (const std::string& e : host.errors) ADD_FAILURE() << "decoder: " << e;
 
+  // The ACPI power button works once logind runs: after multi-user.target
+  // (the frames above may come before it).
+  const std::regex multi_user("Reached target .*multi-user\\.target");
+  EXPECT_TRUE(WaitUntil([&] { return std::regex_search(guest.ConsoleLog(), multi_user); },
+                        kDiskBootTimeout))
+      << guest.Diagnostics();
   const std::string log = guest.ConsoleLog();
   EXPECT_EQ(log.find("FAILED"), std::string::npos) << guest.Diagnostics();
   ASSERT_TRUE(guest.PowerOff(120s).ok()) << guest.Diagnostics();

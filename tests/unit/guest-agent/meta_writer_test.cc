@@ -240,8 +240,16 @@ TEST_F(MetaWriterTest, SenderSendsBootCommsAndClockFromAFakeGuest) {
   }
   EXPECT_TRUE(comms);
   EXPECT_TRUE(clock);
-  fs::remove_all(root);
+  // The loop watches the port while a host is there, with no events when
+  // nothing is queued: the host leaving still wakes it (POLLHUP), at once.
+  ASSERT_TRUE(sender.Watched());
   close(host);
+  pollfd p{sender.fd(), sender.PollEvents(), 0};
+  ASSERT_EQ(poll(&p, 1, 5000), 1);
+  EXPECT_TRUE(p.revents & POLLHUP);
+  sender.Tick(now, 100);
+  EXPECT_FALSE(sender.Watched());  // Gone: not polled (POLLHUP would spin the loop).
+  fs::remove_all(root);
 }
 
 TEST_F(MetaWriterTest, NoMetaAndAbsentPortsCostNothing) {

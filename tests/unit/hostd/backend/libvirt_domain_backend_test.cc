@@ -126,7 +126,7 @@ class LibvirtDomainBackendTest : public ::testing::Test {
     options.blocking = io_.get_executor();
     backend_ = std::make_unique<LibvirtDomainBackend>(
         std::move(domain), LibvirtRegionSpec{"none", {}, 0, 0, std::nullopt, -1}, -1,
-        LibvirtDomainFacts{"preserve", "", "", ""}, options);
+        LibvirtDomainFacts{"preserve", "", "", "", false}, options);
   }
   void TearDown() override {
     backend_.reset();
@@ -235,7 +235,7 @@ TEST_F(LibvirtDomainBackendTest, ABootRangeAdoptedBeforeStartIsOpenedForEachRun)
   LibvirtBackendOptions options;
   options.blocking = io_.get_executor();
   backend_ = std::make_unique<LibvirtDomainBackend>(
-      std::move(domain), range, -1, LibvirtDomainFacts{"preserve", "", "", ""}, options);
+      std::move(domain), range, -1, LibvirtDomainFacts{"preserve", "", "", "", false}, options);
   backend_->Start(sink_);
   EXPECT_EQ(backend_->Describe()["region"]["open"], false);
   Result<CaptureInputs> none = backend_->PrepareCapture();

@@ -298,7 +298,8 @@ Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
   LibvirtDomainFacts facts;
   if (Result<std::string> xml = LibvirtDomainXml(dom->get()); xml.ok()) {
     if (Result<DomainXmlInfo> info = ParseDomainXml(*xml); info.ok()) {
-      facts = {info->on_crash, info->kernel, info->initrd, info->meta_channel_path};
+      facts = {info->on_crash, info->kernel, info->initrd, info->meta_channel_path,
+               info->meta_channel};
     }
   }
   int fd = -1;

@@ -37,6 +37,10 @@ LibvirtDomainBackend::LibvirtDomainBackend(std::unique_ptr<LibvirtDomain> domain
       attach_transport_(*domain_, options_.blocking),
       attach_(options_.blocking ? options_.blocking : boost::asio::any_io_executor(),
               attach_transport_) {
+  if (facts_.meta_channel) {
+    meta_link_ = std::make_shared<MetaLink>();
+    meta_link_->path = facts_.meta_socket;
+  }
   if (region_.kind == "none") return;
   // Hashing the kernel now keeps it off the capture path.
   if (facts_.kernel.empty()) {
@@ -291,6 +295,7 @@ nlohmann::json LibvirtDomainBackend::Describe() const {
             {"on_crash", facts_.on_crash},
             {"kernel", facts_.kernel},
             {"formats_key", kernel_key_},
+            {"meta_channel", facts_.meta_channel},
             {"meta_socket", facts_.meta_socket},
             {"region",
              {{"kind", region_.kind},
@@ -318,7 +323,29 @@ void LibvirtDomainBackend::SetBootRangeCell(const DomainBootCell& cell, bool run
   boot_range_facts_ = std::move(facts);
 }
 
+std::function<std::string()> LibvirtDomainBackend::meta_socket() const {
+  if (!meta_link_) return nullptr;
+  return [link = meta_link_] {
+    std::lock_guard lock(link->mu);
+    return link->path;
+  };
+}
+
+GuestMemoryReader LibvirtDomainBackend::guest_memory_reader() {
+  return [domain = domain_](uint64_t addr, size_t size) { return domain->PeekVirtual(addr, size); };
+}
+
+void LibvirtDomainBackend::RefreshMetaSocket() {
+  if (!meta_link_) return;
+  Result<std::string> xml = domain_->LiveXml();
+  Result<DomainXmlInfo> info = xml.ok() ? ParseDomainXml(*xml) : Result<DomainXmlInfo>(xml.error());
+  if (!info.ok()) return;  // The receiver keeps trying the path it had.
+  std::lock_guard lock(meta_link_->mu);
+  meta_link_->path = info->meta_channel_path;
+}
+
 void LibvirtDomainBackend::OpenBootRangeOfThisRun() {
+  RefreshMetaSocket();
   LibvirtRegionSpec range;
   {
     std::lock_guard lock(mu_);

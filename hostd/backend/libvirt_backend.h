@@ -111,6 +111,7 @@ struct LibvirtDomainFacts {
   // The metadata channel's socket from the XML read at adopt (the live XML
   // of a running domain names the path libvirt chose); empty: none known.
   std::string meta_socket;
+  bool meta_channel = false;  // The domain has the channel (path known or not).
 };
 
 class LibvirtDomainBackend : public VmBackend {
@@ -136,7 +137,11 @@ class LibvirtDomainBackend : public VmBackend {
     return region_.kind == "none" ? 0 : region_.size;
   }
   KernelFiles kernel_files() const override { return {kernel_key_, facts_.kernel, facts_.initrd}; }
-  std::string meta_socket() const override { return facts_.meta_socket; }
+  // The channel's socket: from the XML read at adopt, refreshed from the live
+  // XML each time the domain starts (libvirt names a new one per run).
+  std::function<std::string()> meta_socket() const override;
+  // virDomainMemoryPeek of the domain (the build-id check).
+  GuestMemoryReader guest_memory_reader() override;
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
   // Attach mode (attach_session.h; the libvirt steps in
@@ -170,7 +175,13 @@ class LibvirtDomainBackend : public VmBackend {
   // starts: find and open this run's (blocking: /proc, libvirt's pid file).
   void OpenBootRangeOfThisRun();
 
-  std::unique_ptr<LibvirtDomain> domain_;
+  std::shared_ptr<LibvirtDomain> domain_;  // Shared with guest_memory_reader().
+  struct MetaLink {
+    std::mutex mu;
+    std::string path;
+  };
+  std::shared_ptr<MetaLink> meta_link_;  // Null: no metadata channel.
+  void RefreshMetaSocket();
   const LibvirtDomainFacts facts_;
   std::string kernel_key_;  // formats_cache.h key of facts_.kernel.
   std::string kernel_key_error_;

@@ -156,6 +156,11 @@ QmpVmBackend::QmpVmBackend(boost::asio::any_io_executor io, QmpVmSpec spec, std:
           }),
       attach_(io_, attach_transport_) {}
 
+void QmpVmBackend::CutMemoryLink() {
+  std::lock_guard lock(memory_link_->mu);
+  memory_link_->qmp.reset();
+}
+
 QmpVmBackend::~QmpVmBackend() {
   Stop();
   if (region_fd_ >= 0) ::close(region_fd_);
@@ -197,6 +202,10 @@ void QmpVmBackend::Start(VmEventSink& sink) {
     }
   }
   qmp_ = QmpClient::Create(io_);
+  {
+    std::lock_guard lock(memory_link_->mu);
+    memory_link_->qmp = qmp_;
+  }
   attach_transport_.SetClient(qmp_);
   qmp_->SetEventHandler([this](const QmpEvent& e) {
     if (e.name == "DEVICE_DELETED" && e.data.is_object()) {
@@ -270,6 +279,7 @@ void QmpVmBackend::Stop() {
       std::filesystem::remove(region->path(), ec);
     }
   }
+  CutMemoryLink();
   if (qmp_) qmp_->Close();
   if (vm_) {
     (void)vm_->Stop(nullptr, std::chrono::seconds(2));
@@ -282,6 +292,7 @@ void QmpVmBackend::Release() {
     std::lock_guard lock(mu_);
     sink_ = nullptr;
   }
+  CutMemoryLink();
   if (qmp_) qmp_->Close();
   if (vm_) {
     vm_->Release();
@@ -317,23 +328,31 @@ Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
 GuestMemoryReader QmpVmBackend::guest_memory_reader() {
   if (!spec_.booted_by_daemon || spec_.meta_socket.empty()) return nullptr;
   const std::string path = spec_.meta_socket + ".notes";
-  return [this, path](uint64_t addr, size_t size) -> Result<std::vector<std::byte>> {
+  // The reader may outlive this backend (a frame still being checked on the
+  // pool): it holds the link, never |this|.
+  return [io = io_, link = memory_link_, path](uint64_t addr,
+                                               size_t size) -> Result<std::vector<std::byte>> {
     auto done = std::make_shared<std::promise<Result<json>>>();
     std::future<Result<json>> reply = done->get_future();
     ::unlink(path.c_str());
-    boost::asio::post(io_, [this, addr, size, path, done] {
-      if (!qmp_) {
+    boost::asio::post(io, [link, addr, size, path, done] {
+      std::shared_ptr<QmpClient> qmp;
+      {
+        std::lock_guard lock(link->mu);
+        qmp = link->qmp;
+      }
+      if (!qmp) {
         done->set_value(Error{"no QMP session"});
         return;
       }
-      qmp_->AsyncExecute("memsave",
-                         // QEMU's "val" is a JSON int64: a kernel address above 2^63 goes
-                         // as its two's-complement negative (QEMU reads it as target_ulong).
-                         {{"val", static_cast<int64_t>(addr)},
-                          {"size", size},
-                          {"filename", path},
-                          {"cpu-index", 0}},
-                         kQmpCommandTimeout, [done](Result<json> r) { done->set_value(r); });
+      qmp->AsyncExecute("memsave",
+                        // QEMU's "val" is a JSON int64: a kernel address above 2^63 goes
+                        // as its two's-complement negative (QEMU reads it as target_ulong).
+                        {{"val", static_cast<int64_t>(addr)},
+                         {"size", size},
+                         {"filename", path},
+                         {"cpu-index", 0}},
+                        kQmpCommandTimeout, [done](Result<json> r) { done->set_value(r); });
     });
     if (reply.wait_for(kQmpCommandTimeout + std::chrono::seconds(1)) != std::future_status::ready) {
       return Error{"QMP memsave timed out"};

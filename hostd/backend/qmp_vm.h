@@ -107,7 +107,10 @@ class QmpVmBackend : public VmBackend {
   KernelFiles kernel_files() const override {
     return {spec_.kernel_key, spec_.kernel_path, spec_.initrd_path};
   }
-  std::string meta_socket() const override { return spec_.meta_socket; }
+  std::function<std::string()> meta_socket() const override {
+    if (spec_.meta_socket.empty()) return nullptr;
+    return [path = spec_.meta_socket] { return path; };
+  }
   // QMP memsave into a file beside the metadata socket (a booted VM's QEMU
   // runs as the daemon's user and writes into its private directory).
   GuestMemoryReader guest_memory_reader() override;
@@ -134,6 +137,7 @@ class QmpVmBackend : public VmBackend {
 
  private:
   void CheckStatusAtConnect(const HostTime& watch_began);
+  void CutMemoryLink();  // guest_memory_reader()'s readers fail from now on.
   void OnDeviceDeleted(const std::string& device);
   // Saves the attach fields of the spec (region null: none attached).
   void RememberAttach(const LiveRegion* region, const PluggedDevice* device);
@@ -142,6 +146,13 @@ class QmpVmBackend : public VmBackend {
   std::unique_ptr<Vm> vm_;
   int region_fd_ = -1;
   std::shared_ptr<QmpClient> qmp_;
+  // What guest_memory_reader()'s readers use: the QMP client while the
+  // backend watches, null after Stop/Release.
+  struct MemoryLink {
+    std::mutex mu;
+    std::shared_ptr<QmpClient> qmp;
+  };
+  const std::shared_ptr<MemoryLink> memory_link_ = std::make_shared<MemoryLink>();
 
   mutable std::mutex mu_;  // Guards the fields below.
   VmEventSink* sink_ = nullptr;

@@ -52,7 +52,7 @@ class Receiver : public MetaReceiver {
   json Status() const override {
     std::lock_guard lock(mu_);
     json j = status_;
-    j["socket"] = options_.socket.string();
+    j["socket"] = socket_path_;
     j["state"] = state_;
     return j;
   }
@@ -84,9 +84,18 @@ class Receiver : public MetaReceiver {
   // io strand from here to Dispatch.
   void Connect() {
     if (stopped_) return;
+    const std::string path = options_.socket ? options_.socket() : std::string();
+    {
+      std::lock_guard lock(mu_);
+      socket_path_ = path;
+    }
+    if (path.empty()) {
+      Retry("no socket yet (the VM is not running)");
+      return;
+    }
     SetState("connecting");
     socket_ = Local::socket(io_);
-    socket_.async_connect(Local::endpoint(options_.socket.string()),
+    socket_.async_connect(Local::endpoint(path),
                           [self = Self()](const boost::system::error_code& ec) {
                             if (self->stopped_) return;
                             if (ec) {
@@ -261,6 +270,7 @@ class Receiver : public MetaReceiver {
   std::condition_variable drained_;
   uint64_t queued_ = 0;
   std::string state_ = "new";
+  std::string socket_path_;
   json status_ = json::object();
 };
 

@@ -32,8 +32,10 @@
 namespace hvtrace::hostd {
 
 struct MetaReceiverOptions {
-  std::string vm;                  // For messages.
-  std::filesystem::path socket;    // The chardev's unix socket.
+  std::string vm;  // For messages.
+  // The chardev's unix socket, asked at each (re)connect ("": not known
+  // yet, try again later; VmBackend::meta_socket).
+  std::function<std::string()> socket;
   std::filesystem::path meta_dir;  // The VM's MetaStore.
   size_t keep_boots = kMetaBootsKept;
   std::chrono::milliseconds min_backoff{200};

@@ -90,10 +90,12 @@ class VmBackend {
   // Size of the region file a capture copies (0: none), for preallocation.
   virtual uint64_t region_file_bytes() const { return 0; }
   virtual KernelFiles kernel_files() const { return {}; }
-  // The unix socket of the VM's metadata channel (hvtrace/meta_channel.h),
-  // QEMU listening; empty when the VM has none. The daemon runs a
-  // MetaReceiver on it.
-  virtual std::string meta_socket() const { return {}; }
+  // Where the unix socket of the VM's metadata channel is
+  // (hvtrace/meta_channel.h, QEMU listening), asked at each (re)connect: a
+  // libvirt domain's changes with each run and is "" while it is down. Null
+  // when the VM has no channel. Any thread; it never holds the backend (the
+  // daemon's MetaReceiver may call it after the backend is gone).
+  virtual std::function<std::string()> meta_socket() const { return nullptr; }
   // How to read guest memory to check a channel's build id (meta_receiver.h);
   // null when the backend cannot.
   virtual GuestMemoryReader guest_memory_reader() { return nullptr; }

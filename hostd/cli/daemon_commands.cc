@@ -106,6 +106,20 @@ class StatusCommand final : public QueryCommand {
                             "captures_failed", "last_capture", "last_error", "captures_dir"}) {
       std::printf("%-16s %s\n", key, Str(result, key).c_str());
     }
+    // The metadata channel (hvtrace/meta_channel.h): what decodes a
+    // disk-booted guest's captures.
+    const json meta = result.value("meta", json());
+    if (!meta.is_object()) {
+      std::printf("%-16s %s\n", "meta", "none");
+      return;
+    }
+    const auto n = [&](const char* key) { return meta.value(key, uint64_t{0}); };
+    std::printf("%-16s %s, %llu boots accepted, %llu refused%s\n", "meta",
+                Str(meta, "state").c_str(), static_cast<unsigned long long>(n("boots_accepted")),
+                static_cast<unsigned long long>(n("boots_refused")),
+                meta.contains("last_refusal")
+                    ? (" (last: " + Str(meta, "last_refusal") + ")").c_str()
+                    : "");
   }
 };
 

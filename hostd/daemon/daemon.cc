@@ -273,7 +273,7 @@ Status Daemon::ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> bac
   if (auto old = registry_.Remove(name); old && old->backend()) old->Stop();
   if (Status s = registry_.Add(supervisor); !s.ok()) return s;
   supervisor->Start();
-  if (VmBackend* b = supervisor->backend(); b && !b->meta_socket().empty()) {
+  if (VmBackend* b = supervisor->backend(); b && b->meta_socket()) {
     // The VM's metadata channel: socket on the I/O thread, checks on the pool.
     MetaReceiverOptions meta;
     meta.vm = name;

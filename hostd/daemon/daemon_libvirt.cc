@@ -236,8 +236,10 @@ Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& do
   // The metadata channel decodes a disk-booted guest's captures; without it
   // only a kernel file the host has can.
   const std::string meta = describe.value("meta_socket", std::string());
-  reply["meta_channel"] =
-      meta.empty() ? "none; add it with hvtrace setup " + record.domain : "connecting to " + meta;
+  reply["meta_channel"] = !describe.value("meta_channel", false)
+                              ? "none; add it with hvtrace setup " + record.domain
+                          : meta.empty() ? std::string("waiting for the domain to start")
+                                         : "connecting to " + meta;
   if (describe.contains("boot_range")) {
     const json& boot = describe["boot_range"];
     // What the operator must know: a <cmdline> naming another range, and

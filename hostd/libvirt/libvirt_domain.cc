@@ -66,6 +66,22 @@ class RealDomain final : public LibvirtDomain {
 
   Result<DomainQemu> Qemu() const override { return FindDomainQemu(client_->uri(), name_); }
 
+  Result<std::string> LiveXml() const override {
+    Result<LibvirtDomainPtr> dom = client_->FindDomain(uuid_);
+    if (!dom.ok()) return dom.error();
+    return LibvirtDomainXml(dom->get());
+  }
+
+  Result<std::vector<std::byte>> PeekVirtual(uint64_t addr, size_t size) const override {
+    Result<LibvirtDomainPtr> dom = client_->FindDomain(uuid_);
+    if (!dom.ok()) return dom.error();
+    std::vector<std::byte> out(size);
+    if (virDomainMemoryPeek(dom->get(), addr, size, out.data(), VIR_MEMORY_VIRTUAL) != 0) {
+      return Error{"domain '" + name_ + "': memory peek: " + LibvirtLastError()};
+    }
+    return out;
+  }
+
   Status Resume() override { return Act("resume", virDomainResume); }
   Status Destroy() override { return Act("destroy", virDomainDestroy); }
 

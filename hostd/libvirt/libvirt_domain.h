@@ -11,6 +11,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -56,6 +57,14 @@ class LibvirtDomain {
   // QEMU's pid, owner and command line, from libvirt's own pid file
   // (FindDomainQemu).
   virtual Result<DomainQemu> Qemu() const = 0;
+  // The live domain XML (the metadata channel's socket path libvirt chose
+  // for this run is only there).
+  virtual Result<std::string> LiveXml() const { return Error{"no live XML"}; }
+  // |size| bytes of guest memory at kernel virtual address |addr|
+  // (virDomainMemoryPeek, VIR_MEMORY_VIRTUAL, vCPU 0's page tables).
+  virtual Result<std::vector<std::byte>> PeekVirtual(uint64_t /*addr*/, size_t /*size*/) const {
+    return Error{"memory peek not supported"};
+  }
   virtual Status Resume() = 0;
   virtual Status Destroy() = 0;
   // libvirt_attach.h, for this domain.

@@ -91,6 +91,10 @@ TEST(MetaChannelE2e, BootRangeDecodesWithTheChannelsMetadataAlone) {
             std::string::npos)
       << meta.dump(2);
   std::printf("[meta e2e] channel: %s\n", meta.dump().c_str());
+  // What a person sees: `hvtrace status NAME`.
+  RunResult shown_status = daemon.Hvtrace({"status", name});
+  EXPECT_NE(shown_status.output.find("connected, 1 boots accepted, 0 refused"), std::string::npos)
+      << shown_status.output;
 
   // Markers through the boot instance, then a panic.
   const std::string marker = "/sys/kernel/tracing/instances/boot_map/trace_marker";

@@ -37,6 +37,11 @@ struct FakeDomain : LibvirtDomain {
   Result<ShmemAttachment> attach_result = Error{"unset"};
   Status detach_result;
   std::vector<std::string> qemu_args;  // QEMU's command line as libvirt recorded it.
+  std::string live_xml;                // What LiveXml returns ("" : an error).
+  Result<std::string> LiveXml() const override {
+    if (live_xml.empty()) return Error{"no XML"};
+    return live_xml;
+  }
 
   const std::string& name() const override { return name_; }
   const std::string& uuid() const override { return uuid_; }
@@ -126,7 +131,7 @@ class LibvirtDomainBackendTest : public ::testing::Test {
     options.blocking = io_.get_executor();
     backend_ = std::make_unique<LibvirtDomainBackend>(
         std::move(domain), LibvirtRegionSpec{"none", {}, 0, 0, std::nullopt, -1}, -1,
-        LibvirtDomainFacts{"preserve", "", "", ""}, options);
+        LibvirtDomainFacts{"preserve", "", "", "", false}, options);
   }
   void TearDown() override {
     backend_.reset();
@@ -235,7 +240,7 @@ TEST_F(LibvirtDomainBackendTest, ABootRangeAdoptedBeforeStartIsOpenedForEachRun)
   LibvirtBackendOptions options;
   options.blocking = io_.get_executor();
   backend_ = std::make_unique<LibvirtDomainBackend>(
-      std::move(domain), range, -1, LibvirtDomainFacts{"preserve", "", "", ""}, options);
+      std::move(domain), range, -1, LibvirtDomainFacts{"preserve", "", "", "", false}, options);
   backend_->Start(sink_);
   EXPECT_EQ(backend_->Describe()["region"]["open"], false);
   Result<CaptureInputs> none = backend_->PrepareCapture();
@@ -279,6 +284,63 @@ TEST_F(LibvirtDomainBackendTest, ABootRangeAdoptedBeforeStartIsOpenedForEachRun)
   Result<CaptureInputs> third = backend_->PrepareCapture();
   ASSERT_TRUE(third.ok());
   EXPECT_FALSE(third->region_file.has_value());
+}
+
+// The metadata channel's socket: libvirt names one per run, so a domain
+// adopted before it starts has none until it starts, and each run's is read
+// from the live XML; the function the receiver holds sees the change and
+// outlives the backend.
+TEST_F(LibvirtDomainBackendTest, TheMetaChannelSocketIsReadForEachRun) {
+  const std::string tag = "/tmp/hvt-unit-meta-node1-" + std::to_string(getpid());
+  Node1File run1(tag + "-1", 'A'), run2(tag + "-2", 'B');
+  ASSERT_NE(run1.map, MAP_FAILED);
+  auto domain = std::make_unique<FakeDomain>();
+  FakeDomain* fake = domain.get();
+  fake->state = {"shut off", false, false};
+  LibvirtRegionSpec range;
+  range.kind = "boot-range";
+  range.size = 16u << 20;
+  range.gpa = 0x1c000000;
+  LibvirtBackendOptions options;
+  options.blocking = io_.get_executor();
+  backend_ = std::make_unique<LibvirtDomainBackend>(
+      std::move(domain), range, -1, LibvirtDomainFacts{"preserve", "", "", "", true}, options);
+  backend_->Start(sink_);
+  std::function<std::string()> socket = backend_->meta_socket();
+  ASSERT_TRUE(socket);
+  EXPECT_EQ(socket(), "");
+  const auto xml = [](const std::string& path) {
+    return "<domain type='qemu' id='4'><name>fake-dom</name><devices><channel type='unix'>"
+           "<source mode='bind' path='" +
+           path +
+           "'/><target type='virtio' "
+           "name='org.hvtrace.agent.0'/></channel></devices></domain>";
+  };
+  auto start = [&](const std::string& object, const std::string& path) {
+    fake->state = {"running", true, false};
+    fake->qemu_args = {"qemu-system-x86_64", "-object", object};
+    fake->live_xml = xml(path);
+    fake->listener(Lifecycle(VIR_DOMAIN_EVENT_STARTED, VIR_DOMAIN_EVENT_STARTED_BOOTED));
+    io_.restart();
+    io_.run();
+  };
+  start(run1.Object(), "/run/libvirt/qemu/channel/4-fake-dom/org.hvtrace.agent.0");
+  EXPECT_EQ(socket(), "/run/libvirt/qemu/channel/4-fake-dom/org.hvtrace.agent.0");
+  fake->listener(Lifecycle(VIR_DOMAIN_EVENT_STOPPED, VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN));
+  start(run2.Object(), "/run/libvirt/qemu/channel/5-fake-dom/org.hvtrace.agent.0");
+  EXPECT_EQ(socket(), "/run/libvirt/qemu/channel/5-fake-dom/org.hvtrace.agent.0");
+  // Memory reads go to the domain (the fake has none: an error, never a crash).
+  GuestMemoryReader read = backend_->guest_memory_reader();
+  ASSERT_TRUE(read);
+  EXPECT_FALSE(read(0xffffffff82000000ull, 4096).ok());
+  backend_.reset();
+  EXPECT_EQ(socket(), "/run/libvirt/qemu/channel/5-fake-dom/org.hvtrace.agent.0");
+  // A domain without the channel has no receiver at all.
+  LibvirtBackendOptions plain;
+  plain.blocking = io_.get_executor();
+  LibvirtDomainBackend none(std::make_unique<FakeDomain>(), LibvirtRegionSpec{}, -1,
+                            LibvirtDomainFacts{"preserve", "", "", "", false}, plain);
+  EXPECT_FALSE(none.meta_socket());
 }
 
 TEST_F(LibvirtDomainBackendTest, ADomainFoundCrashedAtStartIsReported) {

@@ -74,7 +74,7 @@ class MetaReceiverTest : public ::testing::Test {
       std::function<Result<std::vector<std::byte>>(uint64_t, size_t)> read = nullptr) {
     MetaReceiverOptions o;
     o.vm = "vm1";
-    o.socket = socket_path_;
+    o.socket = [path = socket_path_.string()] { return path; };
     o.meta_dir = root_ / "vms" / "vm1" / "meta";
     o.min_backoff = std::chrono::milliseconds(20);
     o.max_backoff = std::chrono::milliseconds(200);

@@ -200,7 +200,9 @@ TEST_F(MetaWriterTest, SenderSendsBootCommsAndClockFromAFakeGuest) {
 
   FakePort port;
   // The agent opens the port by path: here the pty's slave, and the test
-  // reads the master (one connection; the master cannot come back).
+  // reads the master (one connection; the master cannot come back). Raw
+  // (termios belong to the tty, not the fd) before the agent opens it.
+  port.Connect();
   int host = port.master;
   MetaOptions opt;
   opt.port = port.slave_path;
@@ -210,19 +212,11 @@ TEST_F(MetaWriterTest, SenderSendsBootCommsAndClockFromAFakeGuest) {
   opt.archive.notes = root / "no-notes";
   std::vector<std::string> log;
   MetaSender sender(opt, [&](const std::string& m) { log.push_back(m); });
-  termios t;
   meta::MetaDecoder decoder;
   std::vector<meta::MetaFrame> frames;
   uint64_t now = 1;
-  bool raw = false;
   for (int i = 0; i < 2000 && frames.size() < 3; ++i, now += 50000000) {
     sender.Tick(now, 100);
-    if (!raw && sender.fd() >= 0) {  // Raw mode on the agent's end: bytes pass unchanged.
-      tcgetattr(sender.fd(), &t);
-      cfmakeraw(&t);
-      tcsetattr(sender.fd(), TCSANOW, &t);
-      raw = true;
-    }
     for (auto& f : Drain(host, &decoder)) frames.push_back(std::move(f));
     if (i == 20) Put(root / "tracing/saved_cmdlines", "1 systemd\n42 hvtrace-agent\n");
     usleep(2000);
@@ -249,6 +243,7 @@ TEST_F(MetaWriterTest, SenderSendsBootCommsAndClockFromAFakeGuest) {
   EXPECT_TRUE(p.revents & POLLHUP);
   sender.Tick(now, 100);
   EXPECT_FALSE(sender.Watched());  // Gone: not polled (POLLHUP would spin the loop).
+  port.Disconnect();
   fs::remove_all(root);
 }
 

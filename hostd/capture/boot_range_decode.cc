@@ -14,12 +14,21 @@ using nlohmann::json;
 
 namespace {
 
+// How much earlier than the estimated start of the captured boot its channel
+// boot may have arrived and still be taken as that boot's (guest clock vs
+// host clock).
+constexpr int64_t kBootStartSlackNs = 2'000'000'000;
+
 // The VM's channel boots, loaded on demand for one decode: range boot i of
 // B ↔ channel boot M - B + i of M (arrival order, the newest is the boot
-// that panicked).
+// that panicked) — unless the newest arrived before the captured boot
+// began (its start estimated from the trigger time less the last boot's
+// newest event time): then the captured boot never sent its own (it died
+// before its agent ran) and the pairing moves down by one.
 class ChannelBoots {
  public:
-  ChannelBoots(const std::filesystem::path& dir, json& info) : store_(dir), info_(info) {
+  ChannelBoots(const std::filesystem::path& dir, int64_t triggered_ns, json& info)
+      : store_(dir), triggered_ns_(triggered_ns), info_(info) {
     if (dir.empty()) return;
     Result<std::vector<MetaBootEntry>> list = store_.List();
     if (!list.ok()) {
@@ -42,9 +51,11 @@ class ChannelBoots {
 
   // |cached| (may be null): the kernel file's formats, for boots the channel
   // did not describe.
-  BootFormats For(uint32_t boot, uint32_t boots, const KernelFormats* cached) {
-    const int64_t index = static_cast<int64_t>(entries_.size()) - boots + boot;
-    if (index >= 0) {
+  BootFormats For(uint32_t boot, std::span<const uint64_t> last, const KernelFormats* cached) {
+    if (!shift_) shift_ = Shift(last);
+    const int64_t index =
+        static_cast<int64_t>(entries_.size()) - static_cast<int64_t>(last.size()) + boot + *shift_;
+    if (index >= 0 && index < static_cast<int64_t>(entries_.size())) {
       if (const KernelFormats* f = Load(static_cast<size_t>(index))) {
         const MetaBootEntry& e = entries_[static_cast<size_t>(index)];
         Result<std::string> comms = store_.LoadComms(e);
@@ -77,6 +88,19 @@ class ChannelBoots {
   }
 
  private:
+  int64_t Shift(std::span<const uint64_t> last) {
+    if (entries_.empty() || last.empty() || last.back() == 0 || triggered_ns_ <= 0) return 0;
+    const int64_t received = entries_.back().received_ns;
+    const int64_t start = triggered_ns_ - static_cast<int64_t>(last.back());
+    if (received == 0 || received >= start - kBootStartSlackNs) return 0;
+    info_["pairing"] = "the newest channel boot (" + entries_.back().boot_id + ", received " +
+                       entries_.back().received_utc + ") arrived " +
+                       std::to_string((start - received) / 1'000'000) +
+                       " ms before the captured boot began: it is taken as the boot before, "
+                       "and the captured boot has no channel metadata";
+    return 1;
+  }
+
   const KernelFormats* Load(size_t i) {
     auto it = loaded_.find(i);
     if (it == loaded_.end()) {
@@ -92,7 +116,9 @@ class ChannelBoots {
   }
 
   MetaStore store_;
+  const int64_t triggered_ns_;
   json& info_;
+  std::optional<int64_t> shift_;
   std::vector<MetaBootEntry> entries_;
   std::map<size_t, std::unique_ptr<KernelFormats>> loaded_;
 };
@@ -110,7 +136,7 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
   std::shared_ptr<const KernelFormats> formats;
   std::string state = "missing";
   json meta_info = json::object();
-  ChannelBoots channel(meta_dir, meta_info);
+  ChannelBoots channel(meta_dir, manifest.triggered.realtime_ns, meta_info);
   if (kernel_key.empty()) {
     state = "unknown kernel (adopted VM)";
   } else if (formats_service != nullptr) {
@@ -139,8 +165,10 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
     const KernelFormats* cached = formats.get();
     Result<CaptureResult> built = BuildBootMapCapture(
         copy, *layout,
-        [&](uint32_t boot, uint32_t boots) { return channel.For(boot, boots, cached); }, options,
-        capture, manifest);
+        [&](uint32_t boot, std::span<const uint64_t> last) {
+          return channel.For(boot, last, cached);
+        },
+        options, capture, manifest);
     info["meta"] = std::move(meta_info);
     if (built.ok()) {
       info["decoded"] = true;

@@ -136,8 +136,14 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
   // Per boot: the ids its formats know.
   std::vector<std::set<uint32_t>> known_ids(nboots);
   if (formats != nullptr) {
+    std::vector<uint64_t> last(nboots, 0);
+    for (const BootMapCpu& c : m.cpu) {
+      for (const BootMapRecord& rec : c.records) {
+        if (rec.boot < nboots) last[rec.boot] = std::max(last[rec.boot], rec.timestamp);
+      }
+    }
     for (uint32_t b = 0; b < nboots; ++b) {
-      d.per_boot.push_back(per_boot(b, nboots));
+      d.per_boot.push_back(per_boot(b, last));
       const KernelFormats* f = d.per_boot.back().formats ? d.per_boot.back().formats : formats;
       d.per_boot.back().formats = f;
       for (const CachedEventFormat& ev : f->events) {
@@ -428,7 +434,9 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
 }  // namespace
 
 BootFormatsFor SameFormats(const KernelFormats& formats) {
-  return [&formats](uint32_t, uint32_t) { return BootFormats{&formats, {}, false, nullptr}; };
+  return [&formats](uint32_t, std::span<const uint64_t>) {
+    return BootFormats{&formats, {}, false, nullptr};
+  };
 }
 
 Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,

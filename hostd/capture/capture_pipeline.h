@@ -108,9 +108,12 @@ struct BootFormats {
   bool own_symbols = false;
   nlohmann::json source;  // For the manifest: where the formats came from.
 };
-// Boot |boot| of |boots| (0 = oldest) → its formats. Called once per boot,
-// before any file is written; the pointers must outlive the build.
-using BootFormatsFor = std::function<BootFormats(uint32_t boot, uint32_t boots)>;
+// Boot |boot| (0 = oldest) → its formats; |last_timestamps| has one entry
+// per boot of the region: its newest event's time (ns of the guest's trace
+// clock, 0 when it has none). Called once per boot, in order, before any
+// file is written; the pointers must outlive the build.
+using BootFormatsFor =
+    std::function<BootFormats(uint32_t boot, std::span<const uint64_t> last_timestamps)>;
 // Every boot with |formats| (the kernel file's harvest).
 BootFormatsFor SameFormats(const KernelFormats& formats);
 

@@ -233,7 +233,7 @@ class Receiver : public MetaReceiver {
       return;
     }
     (*verified)["fingerprints"] = boot->fingerprints_checked;
-    ::hvtrace::Status s = store_.StoreBoot(*boot, *verified, UtcStamp(HostTime::Now().realtime_ns));
+    ::hvtrace::Status s = store_.StoreBoot(*boot, *verified, HostTime::Now().realtime_ns);
     if (!s.ok()) {
       Count("store_errors");
       Log("cannot store boot " + boot_id + ": " + s.error().message);

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "capped_file.h"
+#include "host_time.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/format.h"
 #include "sha256.h"
@@ -167,8 +168,9 @@ Status WriteAtomic(const fs::path& path, std::string_view data) {
 }
 
 json EntryJson(const MetaBootEntry& e) {
-  return {{"boot_id", e.boot_id}, {"release", e.release},       {"build_id", e.build_id},
-          {"key", e.key},         {"received", e.received_utc}, {"verified", e.verified}};
+  return {{"boot_id", e.boot_id},  {"release", e.release},       {"build_id", e.build_id},
+          {"key", e.key},          {"received", e.received_utc}, {"received_ns", e.received_ns},
+          {"verified", e.verified}};
 }
 
 }  // namespace
@@ -283,6 +285,7 @@ Result<std::vector<MetaBootEntry>> MetaStore::List() const {
     e.build_id = b.value("build_id", std::string());
     e.key = b.value("key", std::string());
     e.received_utc = b.value("received", std::string());
+    e.received_ns = b.value("received_ns", int64_t{0});
     e.verified = b.value("verified", json::object());
     // The index is ours, but a path is built from it: check it as input.
     if (!meta::ParseBootId(e.boot_id) || !IsValidKernelKey(e.key)) {
@@ -306,8 +309,7 @@ Status MetaStore::WriteIndex(const std::vector<MetaBootEntry>& boots) const {
   return WriteAtomic(dir_ / "boots.json", json{{"boots", std::move(list)}}.dump(2) + "\n");
 }
 
-Status MetaStore::StoreBoot(const MetaBoot& boot, const json& verified,
-                            const std::string& received_utc) {
+Status MetaStore::StoreBoot(const MetaBoot& boot, const json& verified, int64_t received_ns) {
   if (!meta::ParseBootId(boot.boot_id)) return Error{"bad boot id " + Quote(boot.boot_id)};
   Result<std::vector<MetaBootEntry>> boots = List();
   if (!boots.ok()) return boots.error();
@@ -322,7 +324,8 @@ Status MetaStore::StoreBoot(const MetaBoot& boot, const json& verified,
   if (!stored.ok()) return stored.error();
   if (Status s = WriteAtomic(boot_dir / "identity.json", boot.identity); !s.ok()) return s;
 
-  MetaBootEntry entry{boot.boot_id, boot.release, boot.build_id, boot.key, received_utc, verified};
+  MetaBootEntry entry{boot.boot_id,          boot.release, boot.build_id, boot.key,
+                      UtcStamp(received_ns), received_ns,  verified};
   std::erase_if(*boots, [&](const MetaBootEntry& e) { return e.boot_id == boot.boot_id; });
   boots->push_back(std::move(entry));
   std::vector<MetaBootEntry> dropped;

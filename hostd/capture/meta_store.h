@@ -77,6 +77,7 @@ struct MetaBootEntry {
   std::string build_id;
   std::string key;
   std::string received_utc;
+  int64_t received_ns = 0;  // Host realtime; 0 in indexes written before it was kept.
   nlohmann::json verified = nlohmann::json::object();  // How far it was checked.
 };
 
@@ -93,8 +94,7 @@ class MetaStore {
   bool Has(std::string_view boot_id, std::string_view key) const;
   // Stores |boot| (replacing an earlier bundle of the same boot) as the
   // newest boot and drops the oldest beyond |keep|.
-  Status StoreBoot(const MetaBoot& boot, const nlohmann::json& verified,
-                   const std::string& received_utc);
+  Status StoreBoot(const MetaBoot& boot, const nlohmann::json& verified, int64_t received_ns);
   // kComms / kClock of a stored boot (refused for an unknown boot).
   Status StoreComms(std::string_view boot_id, std::string_view text);
   Status StoreClock(std::string_view boot_id, std::string_view text);

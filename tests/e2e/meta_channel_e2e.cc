@@ -38,7 +38,9 @@ TEST(MetaChannelE2e, BootRangeDecodesWithTheChannelsMetadataAlone) {
   auto image = ImageWithThisAgent("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
 
-  // An empty formats cache of the daemon's own: no harvest can help.
+  // An empty formats cache of the daemon's own, and no initramfs to harvest
+  // with (the daemon would harvest the kernel in the background): only the
+  // channel can decode.
   char cache_tmpl[] = "/tmp/hvt-meta-cache-XXXXXX";
   ASSERT_NE(::mkdtemp(cache_tmpl), nullptr);
   const fs::path cache = cache_tmpl;
@@ -46,8 +48,10 @@ TEST(MetaChannelE2e, BootRangeDecodesWithTheChannelsMetadataAlone) {
     fs::path dir;
     ~RemoveCache() { fs::remove_all(dir); }
   } remove_cache{cache};
-  HvtracedProcess daemon(
-      {.tag = "meta", .config = "vm_on_shutdown = stop\ncache_dir = " + cache.string() + "\n"});
+  HvtracedProcess daemon({.tag = "meta",
+                          .config = "vm_on_shutdown = stop\nharvest_initrd = "
+                                    "/nonexistent/hvtrace-no-harvest.img\ncache_dir = " +
+                                    cache.string() + "\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = "meta-e2e-" + std::to_string(::getpid());
   auto booted = daemon.Call("boot", {{"name", name},
@@ -218,9 +222,10 @@ TEST(MetaChannelE2e, KexecThenPanicEachBootDecodesWithItsOwnMetadata) {
     fs::path dir;
     ~RemoveCache() { fs::remove_all(dir); }
   } remove_cache{cache_tmpl};
-  HvtracedProcess daemon(
-      {.tag = "metakx",
-       .config = "vm_on_shutdown = stop\ncache_dir = " + std::string(cache_tmpl) + "\n"});
+  HvtracedProcess daemon({.tag = "metakx",
+                          .config = "vm_on_shutdown = stop\nharvest_initrd = "
+                                    "/nonexistent/hvtrace-no-harvest.img\ncache_dir = " +
+                                    std::string(cache_tmpl) + "\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = "meta-kexec-" + std::to_string(::getpid());
   auto booted = daemon.Call("boot", {{"name", name},

@@ -35,12 +35,13 @@ class MetaDecodeTest : public ::testing::Test {
 
   // Stores channel boot |n| of the kexec fixture's kernel with |comms| in
   // VM |vm|'s meta dir.
-  void AddChannelBoot(const std::string& vm, uint8_t n, const std::string& comms) {
+  void AddChannelBoot(const std::string& vm, uint8_t n, const std::string& comms,
+                      int64_t received_ns = 0) {
     MetaStore store(MetaDirOfVm(root_ / "vms" / vm));
     const meta::BootId id = TestBootId(n);
     Result<MetaBoot> boot = ValidateMetaBoot(id, UstarArchive(MetaBootMembers(kDir + "kexec", id)));
     ASSERT_TRUE(boot.ok()) << boot.error().message;
-    ASSERT_TRUE(store.StoreBoot(*boot, {{"build_id", "verified"}}, "now").ok());
+    ASSERT_TRUE(store.StoreBoot(*boot, {{"build_id", "verified"}}, received_ns).ok());
     ASSERT_TRUE(store.StoreComms(boot->boot_id, comms).ok());
   }
 
@@ -51,7 +52,7 @@ class MetaDecodeTest : public ::testing::Test {
   };
   // Decodes the kexec fixture as a capture of VM |vm| with no kernel file
   // (an adopted, disk-booted VM).
-  Decoded Decode(const std::string& vm) {
+  Decoded Decode(const std::string& vm, HostTime triggered = {}) {
     Decoded d;
     CaptureStore store(root_ / "vms" / vm / "captures");
     auto pending = store.Begin("panic", HostTime::Now());
@@ -60,6 +61,7 @@ class MetaDecodeTest : public ::testing::Test {
     CaptureManifest manifest;
     manifest.vm = vm;
     manifest.trigger = "panic";
+    manifest.triggered = triggered;
     DecodeBootRangeCopy(region_, nullptr, "", "", MetaDirOfStore(store), **pending, manifest);
     d.formats = manifest.extra["formats"];
     d.boots = manifest.extra.value("boots", json::array());
@@ -116,6 +118,32 @@ TEST_F(MetaDecodeTest, AnOlderBootWithoutChannelMetadataBorrowsUnverified) {
   EXPECT_EQ(d.boots[0]["decoded_with"]["from"], "meta channel (nearest boot)");
   EXPECT_THAT(d.boots[0]["decoded_with"]["symbols"].get<std::string>(),
               ::testing::HasSubstr("unverified"));
+}
+
+// The captured boot died before its agent sent anything: the newest channel
+// boot arrived long before that boot began (trigger time less its last
+// event's time), so it is the boot before, and the captured boot has none.
+TEST_F(MetaDecodeTest, ANewestChannelBootOlderThanTheCapturedBootIsTheBootBefore) {
+  const HostTime now = HostTime::Now();
+  const int64_t hour = 3600'000'000'000ll;
+  AddChannelBoot("a", 1, "1 init-older\n", now.realtime_ns - 2 * hour);
+  AddChannelBoot("a", 2, "1 init-newest\n", now.realtime_ns - hour);
+  Decoded d = Decode("a", now);
+  ASSERT_EQ(d.formats["decoded"], true) << d.formats.dump(2);
+  EXPECT_NE(d.formats["meta"].value("pairing", std::string()).find("taken as the boot before"),
+            std::string::npos)
+      << d.formats.dump(2);
+  ASSERT_EQ(d.boots.size(), 2u);
+  EXPECT_EQ(d.boots[0]["decoded_with"]["boot_id"], meta::BootIdString(TestBootId(2)));
+  EXPECT_EQ(d.boots[1]["decoded_with"]["from"], "meta channel (nearest boot)");
+  // Received during the captured boot: the usual pairing.
+  fs::remove_all(root_ / "vms" / "a" / "meta");
+  AddChannelBoot("a", 1, "1 init-older\n", now.realtime_ns - 2 * hour);
+  AddChannelBoot("a", 2, "1 init-newest\n", now.realtime_ns - 1'000'000'000ll);
+  d = Decode("a", now);
+  EXPECT_FALSE(d.formats["meta"].contains("pairing")) << d.formats.dump(2);
+  EXPECT_EQ(d.boots[1]["decoded_with"]["boot_id"], meta::BootIdString(TestBootId(2)));
+  EXPECT_EQ(d.boots[0]["decoded_with"]["boot_id"], meta::BootIdString(TestBootId(1)));
 }
 
 TEST_F(MetaDecodeTest, AVmsMetadataNeverDecodesAnotherVmsCapture) {

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 
+#include "host_time.h"
 #include "meta_fixture.h"
 
 namespace hvtrace::hostd {
@@ -182,7 +183,7 @@ TEST_F(MetaStoreTest, StoresPerBootKeepsNewestNAndLoadsBack) {
     Result<MetaBoot> boot =
         ValidateMetaBoot(id, UstarArchive(MetaBootMembers(test_support::kMetaFixtures, id)));
     ASSERT_TRUE(boot.ok()) << boot.error().message;
-    ASSERT_TRUE(store.StoreBoot(*boot, {{"build_id", "unverified"}}, "t" + std::to_string(n)).ok());
+    ASSERT_TRUE(store.StoreBoot(*boot, {{"build_id", "unverified"}}, n * 1'000'000'000ll).ok());
     EXPECT_TRUE(store.Has(boot->boot_id, boot->key));
     ASSERT_TRUE(store.StoreComms(boot->boot_id, "1 init\n" + std::to_string(n) + " task\n").ok());
   }
@@ -191,7 +192,8 @@ TEST_F(MetaStoreTest, StoresPerBootKeepsNewestNAndLoadsBack) {
   ASSERT_EQ(list->size(), 3u);
   EXPECT_EQ((*list)[0].boot_id, meta::BootIdString(TestBootId(3)));
   EXPECT_EQ((*list)[2].boot_id, meta::BootIdString(TestBootId(5)));
-  EXPECT_EQ((*list)[2].received_utc, "t5");
+  EXPECT_EQ((*list)[2].received_ns, 5'000'000'000ll);
+  EXPECT_EQ((*list)[2].received_utc, UtcStamp(5'000'000'000ll));
   EXPECT_FALSE(fs::exists(store.dir() / meta::BootIdString(TestBootId(1))));
   EXPECT_FALSE(fs::exists(store.dir() / meta::BootIdString(TestBootId(2))));
   // No temporary files are left behind.

@@ -39,7 +39,8 @@ LibvirtDomainBackend::LibvirtDomainBackend(std::unique_ptr<LibvirtDomain> domain
               attach_transport_) {
   if (facts_.meta_channel) {
     meta_link_ = std::make_shared<MetaLink>();
-    meta_link_->path = facts_.meta_socket;
+    // Running now: this run's path, through QEMU's root (RefreshMetaSocket).
+    if (!facts_.meta_socket.empty()) RefreshMetaSocket();
   }
   if (region_.kind == "none") return;
   // Hashing the kernel now keeps it off the capture path.
@@ -323,11 +324,11 @@ void LibvirtDomainBackend::SetBootRangeCell(const DomainBootCell& cell, bool run
   boot_range_facts_ = std::move(facts);
 }
 
-std::function<std::string()> LibvirtDomainBackend::meta_socket() const {
+std::function<MetaSocketTarget()> LibvirtDomainBackend::meta_socket() const {
   if (!meta_link_) return nullptr;
   return [link = meta_link_] {
     std::lock_guard lock(link->mu);
-    return link->path;
+    return link->target;
   };
 }
 
@@ -340,8 +341,15 @@ void LibvirtDomainBackend::RefreshMetaSocket() {
   Result<std::string> xml = domain_->LiveXml();
   Result<DomainXmlInfo> info = xml.ok() ? ParseDomainXml(*xml) : Result<DomainXmlInfo>(xml.error());
   if (!info.ok()) return;  // The receiver keeps trying the path it had.
+  // The path is libvirt's, in QEMU's mount namespace (libvirt may give QEMU
+  // its own, and a libvirtd may run in one): reach it through QEMU's root.
+  MetaSocketTarget target{info->meta_channel_path, -1};
+  if (Result<DomainQemu> qemu = domain_->Qemu(); qemu.ok() && !target.path.empty()) {
+    target.path = "/proc/" + std::to_string(qemu->pid) + "/root" + target.path;
+    target.peer_pid = qemu->pid;
+  }
   std::lock_guard lock(meta_link_->mu);
-  meta_link_->path = info->meta_channel_path;
+  meta_link_->target = std::move(target);
 }
 
 void LibvirtDomainBackend::OpenBootRangeOfThisRun() {

@@ -139,7 +139,7 @@ class LibvirtDomainBackend : public VmBackend {
   KernelFiles kernel_files() const override { return {kernel_key_, facts_.kernel, facts_.initrd}; }
   // The channel's socket: from the XML read at adopt, refreshed from the live
   // XML each time the domain starts (libvirt names a new one per run).
-  std::function<std::string()> meta_socket() const override;
+  std::function<MetaSocketTarget()> meta_socket() const override;
   // virDomainMemoryPeek of the domain (the build-id check).
   GuestMemoryReader guest_memory_reader() override;
   void ApplyPanicPolicy(PanicPolicy policy) override;
@@ -178,7 +178,7 @@ class LibvirtDomainBackend : public VmBackend {
   std::shared_ptr<LibvirtDomain> domain_;  // Shared with guest_memory_reader().
   struct MetaLink {
     std::mutex mu;
-    std::string path;
+    MetaSocketTarget target;
   };
   std::shared_ptr<MetaLink> meta_link_;  // Null: no metadata channel.
   void RefreshMetaSocket();

@@ -107,9 +107,10 @@ class QmpVmBackend : public VmBackend {
   KernelFiles kernel_files() const override {
     return {spec_.kernel_key, spec_.kernel_path, spec_.initrd_path};
   }
-  std::function<std::string()> meta_socket() const override {
+  // In the daemon's own 0700 directory: no peer check needed.
+  std::function<MetaSocketTarget()> meta_socket() const override {
     if (spec_.meta_socket.empty()) return nullptr;
-    return [path = spec_.meta_socket] { return path; };
+    return [path = spec_.meta_socket] { return MetaSocketTarget{path, -1}; };
   }
   // QMP memsave into a file beside the metadata socket (a booted VM's QEMU
   // runs as the daemon's user and writes into its private directory).

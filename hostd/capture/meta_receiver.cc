@@ -1,11 +1,19 @@
 #include "meta_receiver.h"
 
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 
@@ -18,6 +26,56 @@ namespace {
 namespace asio = boost::asio;
 using nlohmann::json;
 using Local = asio::local::stream_protocol;
+
+// A unix socket path fits sockaddr_un (107 bytes) as given, or through an
+// O_PATH descriptor of its directory (/proc/self/fd/N/NAME): paths through
+// /proc/PID/root of a libvirt domain's QEMU are often longer.
+class ShortSocketPath {
+ public:
+  static Result<ShortSocketPath> For(const std::string& path) {
+    ShortSocketPath p;
+    if (path.size() < sizeof(sockaddr_un{}.sun_path)) {
+      p.path_ = path;
+      return p;
+    }
+    const std::filesystem::path full(path);
+    p.dir_fd_ = ::open(full.parent_path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (p.dir_fd_ < 0) {
+      return Error{"socket directory " + full.parent_path().string() + ": " + std::strerror(errno)};
+    }
+    p.path_ = "/proc/self/fd/" + std::to_string(p.dir_fd_) + "/" + full.filename().string();
+    if (p.path_.size() >= sizeof(sockaddr_un{}.sun_path)) {
+      return Error{"socket name too long: " + path};
+    }
+    return p;
+  }
+  ShortSocketPath() = default;
+  ShortSocketPath(ShortSocketPath&& o) noexcept : path_(std::move(o.path_)), dir_fd_(o.dir_fd_) {
+    o.dir_fd_ = -1;
+  }
+  ShortSocketPath& operator=(ShortSocketPath&&) = delete;
+  ~ShortSocketPath() {
+    if (dir_fd_ >= 0) ::close(dir_fd_);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int dir_fd_ = -1;
+};
+
+// "" when |fd|'s peer is |pid| (or |pid| is -1), else why not.
+std::string PeerMismatch(int fd, pid_t pid) {
+  if (pid < 0) return "";
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+    return std::string("SO_PEERCRED: ") + std::strerror(errno);
+  }
+  if (cred.pid == pid) return "";
+  return "the channel socket is held by pid " + std::to_string(cred.pid) + ", not QEMU's pid " +
+         std::to_string(pid) + ": not connecting";
+}
 
 constexpr size_t kReadChunk = 64u << 10;
 // Frames read but not handled yet; past this the receiver stops reading.
@@ -84,30 +142,43 @@ class Receiver : public MetaReceiver {
   // io strand from here to Dispatch.
   void Connect() {
     if (stopped_) return;
-    const std::string path = options_.socket ? options_.socket() : std::string();
+    const MetaSocketTarget target = options_.socket ? options_.socket() : MetaSocketTarget{};
     {
       std::lock_guard lock(mu_);
-      socket_path_ = path;
+      socket_path_ = target.path;
     }
-    if (path.empty()) {
+    if (target.path.empty()) {
       Retry("no socket yet (the VM is not running)");
+      return;
+    }
+    Result<ShortSocketPath> endpoint = ShortSocketPath::For(target.path);
+    if (!endpoint.ok()) {
+      Retry(endpoint.error().message);
       return;
     }
     SetState("connecting");
     socket_ = Local::socket(io_);
-    socket_.async_connect(Local::endpoint(path),
-                          [self = Self()](const boost::system::error_code& ec) {
-                            if (self->stopped_) return;
-                            if (ec) {
-                              self->Retry("connect: " + ec.message());
-                              return;
-                            }
-                            self->backoff_ = self->options_.min_backoff;
-                            self->decoder_ = meta::MetaDecoder();
-                            self->SetState("connected");
-                            self->Count("connects");
-                            self->Read();
-                          });
+    const Local::endpoint where(endpoint->path());
+    // The directory descriptor (a long path) must outlive the connect.
+    auto held = std::make_shared<ShortSocketPath>(std::move(*endpoint));
+    socket_.async_connect(where, [self = Self(), held,
+                                  peer_pid = target.peer_pid](const boost::system::error_code& ec) {
+      if (self->stopped_) return;
+      if (ec) {
+        self->Retry("connect: " + ec.message());
+        return;
+      }
+      if (std::string why = PeerMismatch(self->socket_.native_handle(), peer_pid); !why.empty()) {
+        self->Log(why);
+        self->Retry(why);
+        return;
+      }
+      self->backoff_ = self->options_.min_backoff;
+      self->decoder_ = meta::MetaDecoder();
+      self->SetState("connected");
+      self->Count("connects");
+      self->Read();
+    });
   }
 
   void Retry(const std::string& why) {

@@ -15,6 +15,8 @@
 #ifndef HVTRACE_HOSTD_META_RECEIVER_H_
 #define HVTRACE_HOSTD_META_RECEIVER_H_
 
+#include <sys/types.h>
+
 #include <boost/asio/any_io_executor.hpp>
 #include <chrono>
 #include <cstddef>
@@ -31,11 +33,21 @@
 
 namespace hvtrace::hostd {
 
+// Where a VM's metadata channel listens: |path| as this host sees it, and
+// the pid that must hold the listening socket (SO_PEERCRED; -1: not checked).
+// The socket lives in a directory QEMU's user can write, so a QEMU a guest
+// took over could put another socket there for the daemon to connect to:
+// the peer check makes sure the bytes come from that VM's QEMU.
+struct MetaSocketTarget {
+  std::string path;
+  pid_t peer_pid = -1;
+};
+
 struct MetaReceiverOptions {
   std::string vm;  // For messages.
   // The chardev's unix socket, asked at each (re)connect ("": not known
   // yet, try again later; VmBackend::meta_socket).
-  std::function<std::string()> socket;
+  std::function<MetaSocketTarget()> socket;
   std::filesystem::path meta_dir;  // The VM's MetaStore.
   size_t keep_boots = kMetaBootsKept;
   std::chrono::milliseconds min_backoff{200};

@@ -26,6 +26,7 @@
 #include "host_time.h"
 #include "hvtrace/result.h"
 #include "live_region.h"
+#include "meta_receiver.h"
 
 namespace hvtrace::hostd {
 
@@ -95,7 +96,7 @@ class VmBackend {
   // libvirt domain's changes with each run and is "" while it is down. Null
   // when the VM has no channel. Any thread; it never holds the backend (the
   // daemon's MetaReceiver may call it after the backend is gone).
-  virtual std::function<std::string()> meta_socket() const { return nullptr; }
+  virtual std::function<MetaSocketTarget()> meta_socket() const { return nullptr; }
   // How to read guest memory to check a channel's build id (meta_receiver.h);
   // null when the backend cannot.
   virtual GuestMemoryReader guest_memory_reader() { return nullptr; }

@@ -180,18 +180,16 @@ std::optional<Result<MetaFrame>> MetaDecoder::Next() {
   frame.sequence = h.sequence;
   if (h.flags & kMetaCompressed) {
     Result<std::string> raw = zlib_util::InflateExact(body, h.raw_size);
-    if (!raw.ok()) {
-      consume(kMetaHeaderSize + h.stored_size);
-      return Result<MetaFrame>(
-          Error{"offset " + std::to_string(at) + ": payload " + raw.error().message});
-    }
+    // A bad payload is most often a frame cut short (the guest rebooted
+    // mid-write) whose claimed size swallowed the frames after it: resync
+    // right after this header's magic, so those are found again.
+    if (!raw.ok()) return bad("payload " + raw.error().message);
     frame.payload = std::move(*raw);
   } else {
     frame.payload.assign(reinterpret_cast<const char*>(body.data()), body.size());
   }
+  if (zlib_util::Crc32(frame.payload) != h.payload_crc) return bad("payload CRC mismatch");
   consume(kMetaHeaderSize + h.stored_size);
-  if (zlib_util::Crc32(frame.payload) != h.payload_crc)
-    return Result<MetaFrame>(Error{"offset " + std::to_string(at) + ": payload CRC mismatch"});
   return Result<MetaFrame>(std::move(frame));
 }
 

@@ -306,9 +306,16 @@ TEST_F(LibvirtDomainBackendTest, TheMetaChannelSocketIsReadForEachRun) {
   backend_ = std::make_unique<LibvirtDomainBackend>(
       std::move(domain), range, -1, LibvirtDomainFacts{"preserve", "", "", "", true}, options);
   backend_->Start(sink_);
-  std::function<std::string()> socket = backend_->meta_socket();
-  ASSERT_TRUE(socket);
-  EXPECT_EQ(socket(), "");
+  std::function<MetaSocketTarget()> target = backend_->meta_socket();
+  ASSERT_TRUE(target);
+  EXPECT_EQ(target().path, "");
+  // Through QEMU's root (its mount namespace), and only QEMU may hold it.
+  const std::string root = "/proc/" + std::to_string(getpid()) + "/root";
+  auto socket = [&] {
+    const MetaSocketTarget t = target();
+    EXPECT_EQ(t.peer_pid, getpid());
+    return t.path;
+  };
   const auto xml = [](const std::string& path) {
     return "<domain type='qemu' id='4'><name>fake-dom</name><devices><channel type='unix'>"
            "<source mode='bind' path='" +
@@ -325,16 +332,16 @@ TEST_F(LibvirtDomainBackendTest, TheMetaChannelSocketIsReadForEachRun) {
     io_.run();
   };
   start(run1.Object(), "/run/libvirt/qemu/channel/4-fake-dom/org.hvtrace.agent.0");
-  EXPECT_EQ(socket(), "/run/libvirt/qemu/channel/4-fake-dom/org.hvtrace.agent.0");
+  EXPECT_EQ(socket(), root + "/run/libvirt/qemu/channel/4-fake-dom/org.hvtrace.agent.0");
   fake->listener(Lifecycle(VIR_DOMAIN_EVENT_STOPPED, VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN));
   start(run2.Object(), "/run/libvirt/qemu/channel/5-fake-dom/org.hvtrace.agent.0");
-  EXPECT_EQ(socket(), "/run/libvirt/qemu/channel/5-fake-dom/org.hvtrace.agent.0");
+  EXPECT_EQ(socket(), root + "/run/libvirt/qemu/channel/5-fake-dom/org.hvtrace.agent.0");
   // Memory reads go to the domain (the fake has none: an error, never a crash).
   GuestMemoryReader read = backend_->guest_memory_reader();
   ASSERT_TRUE(read);
   EXPECT_FALSE(read(0xffffffff82000000ull, 4096).ok());
   backend_.reset();
-  EXPECT_EQ(socket(), "/run/libvirt/qemu/channel/5-fake-dom/org.hvtrace.agent.0");
+  EXPECT_EQ(socket(), root + "/run/libvirt/qemu/channel/5-fake-dom/org.hvtrace.agent.0");
   // A domain without the channel has no receiver at all.
   LibvirtBackendOptions plain;
   plain.blocking = io_.get_executor();

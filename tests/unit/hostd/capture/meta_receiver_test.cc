@@ -70,11 +70,13 @@ class MetaReceiverTest : public ::testing::Test {
     fs::remove_all(root_);
   }
 
-  void StartReceiver(
-      std::function<Result<std::vector<std::byte>>(uint64_t, size_t)> read = nullptr) {
+  void StartReceiver(std::function<Result<std::vector<std::byte>>(uint64_t, size_t)> read = nullptr,
+                     pid_t qemu_pid = getpid()) {
     MetaReceiverOptions o;
     o.vm = "vm1";
-    o.socket = [path = socket_path_.string()] { return path; };
+    o.socket = [path = socket_path_.string(), qemu_pid] {
+      return MetaSocketTarget{path, qemu_pid};
+    };
     o.meta_dir = root_ / "vms" / "vm1" / "meta";
     o.min_backoff = std::chrono::milliseconds(20);
     o.max_backoff = std::chrono::milliseconds(200);
@@ -191,6 +193,18 @@ TEST_F(MetaReceiverTest, KeepsGoodBootsRefusesLiesAndReconnects) {
   ASSERT_TRUE(comms.ok());
   EXPECT_EQ(*comms, "1 systemd\n77 hvtrace-agent\n");
   EXPECT_FALSE(fs::exists(store.dir() / meta::BootIdString(liar)));
+}
+
+TEST_F(MetaReceiverTest, Malicious_ASocketNotHeldByTheVmsQemuIsNotRead) {
+  // Another process (here: this test, not "QEMU" pid 1) listens on the path.
+  StartReceiver(nullptr, 1);
+  ASSERT_TRUE(Accept());  // Connected, then dropped before reading a byte.
+  json s = WaitStatus([](const json& j) {
+    return j.value("last_disconnect", "").find("not QEMU's pid 1") != std::string::npos;
+  });
+  EXPECT_EQ(N(s, "frames"), 0u) << s.dump();
+  EXPECT_EQ(N(s, "connects"), 0u) << s.dump();
+  EXPECT_NE(Log().find("not connecting"), std::string::npos) << Log();
 }
 
 TEST_F(MetaReceiverTest, Malicious_BuildIdOfAnotherKernel) {

@@ -24,12 +24,16 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "hostd/capture/meta_fixture.h"
+#include "hvtrace/meta_channel.h"
 #include "hvtraced_harness.h"
 #include "libvirtd_fixture.h"
 #include "stream_reader.h"
@@ -119,7 +123,67 @@ Result<json> WaitForMetaBoots(const Fixture& f, size_t count, std::chrono::milli
                " boots; status: " + last.dump(2)};
 }
 
-TEST(LibvirtDebianE2e, SetUpDomainStreamsKernelEventsWithNamesBesideTraceCmd) {
+std::string Base64(std::string_view in) {
+  static const char kDigits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < in.size(); i += 3) {
+    uint32_t v = static_cast<uint32_t>(static_cast<uint8_t>(in[i])) << 16;
+    if (i + 1 < in.size()) v |= static_cast<uint32_t>(static_cast<uint8_t>(in[i + 1])) << 8;
+    if (i + 2 < in.size()) v |= static_cast<uint8_t>(in[i + 2]);
+    out += kDigits[(v >> 18) & 63];
+    out += kDigits[(v >> 12) & 63];
+    out += i + 1 < in.size() ? kDigits[(v >> 6) & 63] : '=';
+    out += i + 2 < in.size() ? kDigits[v & 63] : '=';
+  }
+  return out;
+}
+
+// The guest's root writes |frames| into the channel's port itself, as a
+// guest that lies would (the agent unit is stopped: a port has one opener).
+Status WriteIntoPort(Fixture& f, const std::vector<std::byte>& frames) {
+  const std::string b64 =
+      Base64(std::string_view(reinterpret_cast<const char*>(frames.data()), frames.size()));
+  if (auto r = Guest(f, "rm -f /root/lie.b64"); !r.ok()) return r.error();
+  for (size_t i = 0; i < b64.size(); i += 2000) {
+    auto r = Guest(f, "echo " + b64.substr(i, 2000) + " >> /root/lie.b64");
+    if (!r.ok()) return r.error();
+  }
+  auto w = Guest(f, "base64 -d /root/lie.b64 > /dev/virtio-ports/org.hvtrace.agent.0");
+  if (!w.ok()) return w.error();
+  return w->status == 0 ? Status{} : Status{Error{"writing the port: " + w->output}};
+}
+
+// Three bundles that lie about the guest's kernel, for this very boot:
+// a fingerprint that does not match its format, a 33 MiB kallsyms, and the
+// build id of another kernel (its kallsyms point at the real kernel's
+// notes, which the daemon reads in guest memory).
+std::vector<std::byte> LyingFrames(const meta::BootId& boot, const std::string& start_notes) {
+  using test_support::MetaBootMembers;
+  using test_support::UstarArchive;
+  std::vector<std::byte> out;
+  auto add = [&](const std::map<std::string, std::string>& members, uint32_t seq) {
+    const std::vector<std::byte> f =
+        meta::EncodeMetaFrame(meta::MetaType::kBoot, boot, seq, UstarArchive(members), true);
+    out.insert(out.end(), f.begin(), f.end());
+  };
+  auto fingerprint = MetaBootMembers(test_support::kMetaFixtures, boot);
+  std::string& fp = fingerprint["fingerprints"];
+  const size_t eol = fp.find('\n');
+  fp[eol - 1] = fp[eol - 1] == '0' ? '1' : '0';
+  add(fingerprint, 0);
+  auto huge = MetaBootMembers(test_support::kMetaFixtures, boot);
+  const std::string line = "ffffffff81000000 T hvtrace_lie\n";
+  std::string big;
+  while (big.size() < (33u << 20)) big += line;
+  huge["kallsyms"] = big;
+  add(huge, 1);
+  auto other = MetaBootMembers(test_support::kMetaFixtures, boot);
+  other["kallsyms"] += start_notes + " D __start_notes\n";
+  add(other, 2);
+  return out;
+}
+
+TEST(LibvirtDebianE2e, SetUpDomainStreamsWithNamesBesideTraceCmdAndRefusesALyingChannel) {
   Fixture f;
   if (std::string skip = MakeFixture("dst", &f); !skip.empty()) GTEST_SKIP() << skip;
   ASSERT_FALSE(HasFailure());
@@ -181,6 +245,37 @@ TEST(LibvirtDebianE2e, SetUpDomainStreamsKernelEventsWithNamesBesideTraceCmd) {
   std::printf(
       "[ metric ] Debian under libvirt: trace-cmd recorded %d sched_switch beside hvtrace\n",
       tc_events);
+
+  // A channel that lies is reported and its bundles never stored.
+  const uint64_t accepted = (*meta)["meta"].value("boots_accepted", uint64_t{0});
+  auto notes = Guest(f,
+                     "systemctl stop hvtrace-agent.service; grep ' __start_notes$' /proc/kallsyms; "
+                     "cat /proc/sys/kernel/random/boot_id");
+  ASSERT_TRUE(notes.ok()) << notes.error().message;
+  std::smatch addr, id;
+  ASSERT_TRUE(
+      std::regex_search(notes->output, addr, std::regex("([0-9a-f]{16}) [a-zA-Z] __start_notes")))
+      << notes->output;
+  ASSERT_TRUE(std::regex_search(notes->output, id, std::regex("[0-9a-f]{8}-[0-9a-f-]{27}")))
+      << notes->output;
+  std::optional<meta::BootId> boot = meta::ParseBootId(id[0].str());
+  ASSERT_TRUE(boot.has_value()) << id[0];
+  const std::vector<std::byte> lies = LyingFrames(*boot, addr[1]);
+  std::printf("[debian-libvirt] lying frames: %zu bytes\n", lies.size());
+  ASSERT_TRUE(WriteIntoPort(f, lies).ok()) << Diag(f);
+  json last;
+  for (int i = 0; i < 240; ++i) {
+    Result<json> s = f.hvt->HvtraceJson({"status", f.domain->name()});
+    if (s.ok()) last = (*s)["meta"];
+    if (last.value("boots_refused", uint64_t{0}) >= 3) break;
+    std::this_thread::sleep_for(500ms);
+  }
+  EXPECT_EQ(last.value("boots_refused", uint64_t{0}), 3u) << last.dump(2) << Diag(f);
+  EXPECT_EQ(last.value("boots_accepted", uint64_t{0}), accepted) << last.dump(2);
+  const std::string log = f.hvt->log();
+  EXPECT_THAT(log, HasSubstr("does not match its format")) << log;
+  EXPECT_THAT(log, HasSubstr("kallsyms is 34603")) << log;
+  EXPECT_THAT(log, HasSubstr("is not the running kernel's")) << log;
 }
 
 // Markers into the boot instance, from the guest's shell.
@@ -278,6 +373,11 @@ TEST(LibvirtDebianE2e, BootRangeFromTheGuestsLoaderKexecThenPanicDecodesEachBoot
   // No kernel file, no harvest: the daemon's formats cache stays empty.
   std::printf("[debian-libvirt] formats: %s\n", manifest["extra"]["formats"].dump(2).c_str());
 
+  // The README's last step: `hvtrace show` prints both boots.
+  RunResult show = RunArgvStatus({BinPath("hvtrace"), "show", path});
+  ASSERT_EQ(show.status, 0) << show.output.substr(0, 3000);
+  EXPECT_THAT(show.output, HasSubstr("deb-boot-a-5"));
+  EXPECT_THAT(show.output, HasSubstr("deb-boot-b-5"));
   const json& boots = manifest["extra"]["boots"];
   ASSERT_EQ(boots.size(), 2u) << manifest["extra"].dump(2);
   for (int boot : {0, 1}) {

@@ -50,8 +50,9 @@ class SetupCommand final : public Command {
     if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
     const std::string domain = result.value("domain", domain_);
     // Computed here, as the user; --json carries it too.
-    result["diff"] = UnifiedDiff(result.value("old_xml", ""), result.value("new_xml", ""),
-                                 domain + ".xml (before)", domain + ".xml (after)");
+    Result<std::string> diff = UnifiedDiff(result.value("old_xml", ""), result.value("new_xml", ""),
+                                           domain + ".xml (before)", domain + ".xml (after)");
+    result["diff"] = diff.ok() ? *diff : "(no diff: " + diff.error().message + ")";
     if (flags_.json) {
       PrintJson(result);
       return kExitOk;

@@ -8,9 +8,11 @@
 #
 # The tree stays clean: the tracked files are copied to a temporary directory
 # and dpkg-buildpackage -b -us -uc runs there. Cheap to rerun: OUTDIR/.stamp
-# holds the tree's hash (HEAD + a hash of `git diff HEAD`); when it matches and
-# the .debs are there, nothing is built. ccache is used when installed
-# (CCACHE_DIR as set, else ccache's default).
+# holds the hash of the tracked files' contents (so a commit that changes no
+# file does not rebuild); when it matches and the .debs are there, nothing is
+# built. ccache is used when installed; the copy is always at the same path
+# (${TMPDIR:-/tmp}/hvtrace-pkg-build, under a lock) so that the compiler's
+# -ffile-prefix-map argument, and with it ccache's key, stays the same.
 set -euo pipefail
 
 if [ $# -ne 1 ]; then
@@ -26,11 +28,9 @@ arch=$(dpkg --print-architecture)
 debs=("$out/hvtrace_${version}_${arch}.deb" "$out/hvtrace-agent_${version}_${arch}.deb"
       "$out/libdwtrace-dev_${version}_${arch}.deb")
 
-tree_hash() {
-  {
-    git -C "$src" rev-parse HEAD
-    git -C "$src" diff HEAD --binary
-  } | sha256sum | cut -d' ' -f1
+tree_hash() {  # names, modes and contents of the tracked files in the work tree
+  (cd "$src" && git ls-files -s | awk '{print $1, $4}' &&
+    git ls-files -z | xargs -0 sha256sum 2>/dev/null) | sha256sum | cut -d' ' -f1
 }
 stamp=$(tree_hash)
 
@@ -42,8 +42,12 @@ if [ "$have_all" = 1 ] && [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$s
   exit 0
 fi
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/hvtrace-pkg.XXXXXX")
+work="${TMPDIR:-/tmp}/hvtrace-pkg-build"
+mkdir -p "$work"
+exec 9>"$work.lock"
+flock 9
 trap 'rm -rf "$work"' EXIT
+rm -rf "${work:?}"/*
 mkdir "$work/hvtrace-$version"
 # Tracked files as they are in the work tree (including uncommitted edits).
 git -C "$src" ls-files -z --cached | (cd "$src" && xargs -0 cp --parents -t "$work/hvtrace-$version" 2>/dev/null || true)

@@ -48,11 +48,11 @@ if [ ! -f "$tar" ]; then
   if ! mmdebstrap --mode=root --variant=minbase --architectures=amd64 \
       --include="$(IFS=,; echo "${packages[*]}")" \
       --aptopt='Acquire::Retries "3"' --dpkgopt=force-unsafe-io \
-      bookworm "$tar.tmp" \
+      bookworm "$tar.tmp.tar" \
       "deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" \
       "deb $SECURITY_MIRROR bookworm-security main" >"$CACHE/mmdebstrap.log" 2>&1; then
     tail -n 20 "$CACHE/mmdebstrap.log" >&2
-    rm -f "$tar.tmp"
+    rm -rf "$tar.tmp.tar"
     if grep -qiE 'Temporary failure resolving|Could not resolve|Failed to fetch|Network is unreachable' \
          "$CACHE/mmdebstrap.log"; then
       exit 75
@@ -60,7 +60,7 @@ if [ ! -f "$tar" ]; then
     echo "build-pkgroot: mmdebstrap failed (see $CACHE/mmdebstrap.log)" >&2
     exit 1
   fi
-  mv "$tar.tmp" "$tar"
+  mv "$tar.tmp.tar" "$tar"
   # Older roots leave the cache.
   for f in "$CACHE"/root-*.tar; do [ "$f" = "$tar" ] || rm -f "$f"; done
 fi

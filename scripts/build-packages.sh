@@ -28,9 +28,8 @@ arch=$(dpkg --print-architecture)
 debs=("$out/hvtrace_${version}_${arch}.deb" "$out/hvtrace-agent_${version}_${arch}.deb"
       "$out/libdwtrace-dev_${version}_${arch}.deb")
 
-tree_hash() {  # names, modes and contents of the tracked files in the work tree
-  (cd "$src" && git ls-files -s | awk '{print $1, $4}' &&
-    git ls-files -z | xargs -0 sha256sum 2>/dev/null) | sha256sum | cut -d' ' -f1
+tree_hash() {  # the index (modes, blob ids, names) + unstaged edits of tracked files
+  (cd "$src" && git ls-files -s && git diff --binary) | sha256sum | cut -d' ' -f1
 }
 stamp=$(tree_hash)
 

@@ -49,7 +49,7 @@ trap 'rm -rf "$work"' EXIT
 rm -rf "${work:?}"/*
 mkdir "$work/hvtrace-$version"
 # Tracked files as they are in the work tree (including uncommitted edits).
-git -C "$src" ls-files -z --cached | (cd "$src" && xargs -0 cp --parents -t "$work/hvtrace-$version" 2>/dev/null || true)
+git -C "$src" ls-files -z --cached | (cd "$src" && xargs -0 cp -P --parents -t "$work/hvtrace-$version" 2>/dev/null || true)
 # Files deleted in the work tree but still tracked are skipped by cp; check
 # that the copy has what debian/ needs.
 [ -f "$work/hvtrace-$version/debian/rules" ] || { echo "build-packages: debian/rules missing from the copy" >&2; exit 1; }

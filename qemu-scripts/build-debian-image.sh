@@ -3,14 +3,17 @@
 # packages, the way a user's distro VM looks (its kernel and initrd live in the
 # image, the host never holds them).
 #
-#   qemu-scripts/build-debian-image.sh [--out DIR] [--agent PATH] [--refresh]
+#   qemu-scripts/build-debian-image.sh [--out DIR] [--agent PATH | --agent-deb DEB] [--refresh]
 #
 # Image: MBR disk, partition 1 FAT32 /boot (syslinux, the kernel, Debian's
 # initramfs-tools initrd), partition 2 ext4 / (read-write); systemd; the
 # bookworm-backports linux-image-6.12.*-amd64 kernel build-guest.sh resolves;
 # console on ttyS0; trace-cmd and kexec-tools. The hvtrace agent is installed
-# as a user installs it: /usr/sbin/hvtrace-agent, guest-agent/dist/'s unit
-# (enabled) and initramfs-tools hook + scripts (update-initramfs ran). A test
+# as a user installs it: with --agent-deb, its package (scripts/build-packages.sh)
+# is copied into the root and `dpkg -i`ed there, so its postinst enables the
+# unit and rebuilds the initramfs with its hook; with --agent (developers, the
+# default), the binary at /usr/sbin/hvtrace-agent, guest-agent/dist/'s unit
+# (enabled) and initramfs-tools hook + scripts in /etc (update-initramfs ran). A test
 # fixture, hvtrace-demo-marker.service (qemu-scripts/debian/), writes one
 # trace_marker line at boot; another gives the serial console a root shell
 # that prints HVTRACE-GUEST-READY (how tests type commands into the guest).
@@ -23,8 +26,8 @@
 # Cache (${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace}/debian-image/), two levels:
 #   root-KEY.tar   the installed package root, KEY = package list + kernel +
 #                  mirror + the root recipe (build_root below)
-#   image-KEY.qcow2  the final image, KEY adds the agent binary, the dist files,
-#                  the fixture and this script
+#   image-KEY.qcow2  the final image, KEY adds the agent binary and the dist
+#                  files (or the agent .deb), the fixture and this script
 #   debs/          the last root's .debs, so a rebuilt root fetches only what changed
 # A new agent only redoes the image step. Output: DIR/debian12/disk.qcow2
 # (DIR defaults to build/guest; a hard link to the cached image), plus
@@ -42,6 +45,7 @@ CACHE=${HVTRACE_CACHE_DIR:-${HOME:-/root}/.cache/hvtrace}
 IMG_CACHE="$CACHE/debian-image"
 OUT="$ROOT/build/guest"
 AGENT="$ROOT/build/bin/hvtrace-agent"
+AGENT_DEB=""
 REFRESH=0
 GUEST=debian12
 # Fixed identifiers, so the boot loader and fstab can name the filesystems.
@@ -64,6 +68,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --out) [ $# -ge 2 ] || usage; OUT=$2; shift 2 ;;
     --agent) [ $# -ge 2 ] || usage; AGENT=$2; shift 2 ;;
+    --agent-deb) [ $# -ge 2 ] || usage; AGENT_DEB=$2; shift 2 ;;
     --refresh) REFRESH=1; shift ;;
     -h|--help) usage ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -76,10 +81,17 @@ for tool in mmdebstrap mkfs.ext4 mkfs.vfat mcopy syslinux sfdisk qemu-img tar sh
 done
 SYSLINUX_MBR=/usr/lib/syslinux/mbr/mbr.bin
 [ -f "$SYSLINUX_MBR" ] || die "$SYSLINUX_MBR is missing (package syslinux-common)"
-[ -f "$AGENT" ] || die "agent binary $AGENT is missing (build the hvtrace-agent target first)"
-AGENT=$(cd "$(dirname "$AGENT")" && pwd)/$(basename "$AGENT")
-if LC_ALL=C readelf -l "$AGENT" 2>/dev/null | grep -q 'Requesting program interpreter'; then
-  die "$AGENT is dynamically linked; the initramfs has no libc for it"
+if [ -n "$AGENT_DEB" ]; then
+  [ -f "$AGENT_DEB" ] || die "agent package $AGENT_DEB is missing (scripts/build-packages.sh builds it)"
+  AGENT_DEB=$(cd "$(dirname "$AGENT_DEB")" && pwd)/$(basename "$AGENT_DEB")
+  [ "$(dpkg-deb -f "$AGENT_DEB" Package 2>/dev/null)" = hvtrace-agent ] ||
+    die "$AGENT_DEB is not an hvtrace-agent package"
+else
+  [ -f "$AGENT" ] || die "agent binary $AGENT is missing (build the hvtrace-agent target first)"
+  AGENT=$(cd "$(dirname "$AGENT")" && pwd)/$(basename "$AGENT")
+  if LC_ALL=C readelf -l "$AGENT" 2>/dev/null | grep -q 'Requesting program interpreter'; then
+    die "$AGENT is dynamically linked; the initramfs has no libc for it"
+  fi
 fi
 DIST="$ROOT/guest-agent/dist"
 FIXTURES="$SCRIPT_DIR/debian"
@@ -168,9 +180,14 @@ fi
 # Stage 2: the image, from the root plus the agent and its files.
 image_key=$( {
   echo "$root_key"
-  sha256sum "$0" "$AGENT" "$FIXTURES"/* | cut -d' ' -f1
-  (cd "$DIST" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum)
-  (cd "$DIST" && find . -printf '%p %m\n' | LC_ALL=C sort)
+  sha256sum "$0" "$FIXTURES"/* | cut -d' ' -f1
+  if [ -n "$AGENT_DEB" ]; then
+    echo "agent-deb $(sha256sum <"$AGENT_DEB" | cut -d' ' -f1)"
+  else
+    sha256sum "$AGENT" | cut -d' ' -f1
+    (cd "$DIST" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum)
+    (cd "$DIST" && find . -printf '%p %m\n' | LC_ALL=C sort)
+  fi
 } | sha256sum | cut -c1-16)
 IMAGE="$IMG_CACHE/image-$image_key.qcow2"
 RELEASE_FILE="$IMG_CACHE/image-$image_key.release"
@@ -184,14 +201,16 @@ build_image() {
   release=$(cd "$rootfs/boot" && ls vmlinuz-* | sed 's/^vmlinuz-//' | head -n1)
   [ -n "$release" ] || die "the package root has no /boot/vmlinuz-*"
 
-  # The agent, as a user installs it (files + unit; the .deb is a later step).
-  install -m 0755 "$AGENT" "$rootfs/usr/sbin/hvtrace-agent"
-  install -m 0644 "$DIST/hvtrace-agent.service" "$rootfs/etc/systemd/system/"
-  install -m 0755 "$DIST/initramfs-tools/hooks/hvtrace-agent" "$rootfs/etc/initramfs-tools/hooks/"
-  install -m 0755 "$DIST/initramfs-tools/scripts/init-top/hvtrace-agent" \
-    "$rootfs/etc/initramfs-tools/scripts/init-top/"
-  install -m 0755 "$DIST/initramfs-tools/scripts/init-bottom/hvtrace-agent" \
-    "$rootfs/etc/initramfs-tools/scripts/init-bottom/"
+  if [ -z "$AGENT_DEB" ]; then
+    # The agent from the build tree (files + unit, as a developer installs it).
+    install -m 0755 "$AGENT" "$rootfs/usr/sbin/hvtrace-agent"
+    install -m 0644 "$DIST/hvtrace-agent.service" "$rootfs/etc/systemd/system/"
+    install -m 0755 "$DIST/initramfs-tools/hooks/hvtrace-agent" "$rootfs/etc/initramfs-tools/hooks/"
+    install -m 0755 "$DIST/initramfs-tools/scripts/init-top/hvtrace-agent" \
+      "$rootfs/etc/initramfs-tools/scripts/init-top/"
+    install -m 0755 "$DIST/initramfs-tools/scripts/init-bottom/hvtrace-agent" \
+      "$rootfs/etc/initramfs-tools/scripts/init-bottom/"
+  fi
   # The test fixtures: the demo marker service, a root shell on ttyS0.
   install -m 0644 "$FIXTURES/hvtrace-demo-marker.service" "$rootfs/etc/systemd/system/"
   install -D -m 0644 "$FIXTURES/serial-getty-autologin.conf" \
@@ -206,8 +225,21 @@ EOF
   # Empty, not "uninitialized": every boot of a snapshot=on image would
   # otherwise be a systemd first boot (presets applied again).
   : >"$rootfs/etc/machine-id"
-  chroot "$rootfs" systemctl enable hvtrace-agent.service hvtrace-demo-marker.service >&2
-  chroot "$rootfs" update-initramfs -u -k "$release" >&2
+  if [ -n "$AGENT_DEB" ]; then
+    # The package, as a user installs it: its postinst enables the unit and
+    # runs update-initramfs (the hook puts the agent into the initrd).
+    cp "$AGENT_DEB" "$rootfs/tmp/hvtrace-agent.deb"
+    chroot "$rootfs" dpkg -i /tmp/hvtrace-agent.deb >&2
+    rm -f "$rootfs/tmp/hvtrace-agent.deb"
+    chroot "$rootfs" systemctl enable hvtrace-demo-marker.service >&2
+    [ "$(chroot "$rootfs" systemctl is-enabled hvtrace-agent.service)" = enabled ] ||
+      die "the hvtrace-agent package left its unit disabled"
+    chroot "$rootfs" lsinitramfs "/boot/initrd.img-$release" | grep -qx 'usr/sbin/hvtrace-agent' ||
+      die "the hvtrace-agent package's postinst left no agent in /boot/initrd.img-$release"
+  else
+    chroot "$rootfs" systemctl enable hvtrace-agent.service hvtrace-demo-marker.service >&2
+    chroot "$rootfs" update-initramfs -u -k "$release" >&2
+  fi
   # The boot partition holds what Debian puts in /boot; the root keeps an
   # empty /boot to mount it on.
   mv "$rootfs/boot"/* "$bootfs"/
@@ -248,7 +280,7 @@ EOF
 }
 
 if [ ! -f "$IMAGE" ] || [ ! -f "$RELEASE_FILE" ]; then
-  log "building the image (agent $(sha256sum <"$AGENT" | cut -c1-12))"
+  log "building the image (agent ${AGENT_DEB:-$AGENT})"
   t0=$(date +%s)
   stage=$(mktemp -d "$IMG_CACHE/.stage.XXXXXX")
   trap 'rm -rf "$stage"' EXIT

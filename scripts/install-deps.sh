@@ -18,6 +18,8 @@ PACKAGES=(
   mmdebstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs
   liblttng-ust-dev lttng-tools
   python3 socat ccache
+  # Packaging (debian/, scripts/build-packages.sh, tests/packaging/).
+  scdoc debhelper dpkg-dev fakeroot lintian bash-completion systemd libxml2-dev
 )
 
 missing=()

@@ -36,15 +36,19 @@ Result<DiskImage> FindDebianImage(std::string* skip_reason) {
   std::lock_guard lock(build_mutex);
   const std::string script =
       std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-debian-image.sh";
-  const std::string agent = std::string(HVTRACE_BIN_DIR) + "/hvtrace-agent";
-  RunResult r = RunArgvStatus({script, "--agent", agent});
+  // $HVTRACE_AGENT_DEB (tests/run.sh: the package scripts/build-packages.sh
+  // built) installs the agent from its .deb; else the build tree's binary.
+  const std::string deb = EnvOr("HVTRACE_AGENT_DEB", "");
+  const std::string flag = deb.empty() ? "--agent" : "--agent-deb";
+  const std::string agent = deb.empty() ? std::string(HVTRACE_BIN_DIR) + "/hvtrace-agent" : deb;
+  RunResult r = RunArgvStatus({script, flag, agent});
   if (r.status == 75) {
     *skip_reason =
         "the Debian image cannot be built here (no network, nothing cached): " + r.output;
     return Error{*skip_reason};
   }
   if (r.status != 0) {
-    return Error{"`" + script + " --agent " + agent + "` failed (status " +
+    return Error{"`" + script + " " + flag + " " + agent + "` failed (status " +
                  std::to_string(r.status) + "):\n" + r.output};
   }
   const std::string dir = std::string(HVTRACE_SOURCE_DIR) + "/build/guest/debian12";

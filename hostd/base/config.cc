@@ -158,6 +158,22 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
       auto n = ParseInt(value, 1, 1024);
       if (!n.ok()) return fail(n.error());
       config.max_requests_per_connection = *n;
+    } else if (key == "log_level") {
+      auto level = ParseLogLevel(value);
+      if (!level.ok()) return fail(level.error());
+      config.log_level = *level;
+    } else if (key == "qemu_sandbox") {
+      if (value != "on" && value != "off") {
+        return fail(Error{"'" + std::string(value) + "' is not one of on, off"});
+      }
+      config.qemu_sandbox = value == "on";
+    } else if (key == "qemu_user") {
+      // A user name QEMU's -runas resolves when the VM boots (checked then,
+      // so a user created later needs no restart); empty: none.
+      if (value.find_first_of(" \t,=/:") != std::string_view::npos) {
+        return fail(Error{"'" + std::string(value) + "' is not a user name"});
+      }
+      config.qemu_user = std::string(value);
     } else if (key == "libvirt_uri") {
       // Any URI libvirt accepts; it is checked when the daemon connects, and
       // a libvirtd that is down then is retried, not fatal.
@@ -169,17 +185,33 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
   return config;
 }
 
-Result<Config> LoadConfigFile(const std::filesystem::path& path, bool must_exist) {
+Result<Config> LoadConfigFile(const std::filesystem::path& path, bool must_exist, Config base) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     int err = errno;
-    if (err == ENOENT && !must_exist) return Config{};
+    if (err == ENOENT && !must_exist) return base;
     return Error{"cannot open config " + path.string() + ": " + std::strerror(err)};
   }
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) return Error{"cannot read config " + path.string()};
-  return ParseConfig(text.str(), path.string());
+  return ParseConfig(text.str(), path.string(), std::move(base));
+}
+
+Config ServiceDefaults(const std::function<const char*(const char*)>& getenv) {
+  Config config;
+  auto first = [&](const char* name) -> std::filesystem::path {
+    const char* v = getenv(name);
+    if (v == nullptr) return {};
+    std::string_view s(v);
+    s = s.substr(0, s.find(':'));
+    if (s.empty() || s.front() != '/') return {};
+    return std::filesystem::path(s);
+  };
+  if (auto p = first("STATE_DIRECTORY"); !p.empty()) config.state_dir = p;
+  if (auto p = first("RUNTIME_DIRECTORY"); !p.empty()) config.run_dir = p;
+  if (auto p = first("CACHE_DIRECTORY"); !p.empty()) config.cache_dir = p;
+  return config;
 }
 
 std::filesystem::path ResolveClientSocket(std::string_view flag) {

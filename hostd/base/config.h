@@ -56,6 +56,19 @@
 //                                               (holds formats/<key>/)
 //   harvest_initrd      = (see below)           the project's own initramfs
 //                                               background harvests boot
+//   log_level           = info                  err | warning | notice | info
+//                                               | debug (--verbose: debug)
+//   qemu_sandbox        = on                    on | off: QEMUs hvtraced boots
+//                                               run with -sandbox on,... (their
+//                                               seccomp filter)
+//   qemu_user           =                       empty: QEMUs hvtraced boots run
+//                                               as root; else -runas USER
+//
+// Under systemd: $STATE_DIRECTORY, $RUNTIME_DIRECTORY and $CACHE_DIRECTORY
+// (the unit's StateDirectory=, RuntimeDirectory=, CacheDirectory=) are the
+// defaults of state_dir, run_dir and cache_dir; a key in the file wins
+// (ServiceDefaults). SIGHUP re-reads the file: the keys that can change
+// live do, the others keep their value until a restart (daemon.h Reload).
 //
 // cache_dir has no fixed default: hvtrace and hvtraced resolve the formats
 // cache with one rule (formats_cache.h ResolveCacheRoot): $HVTRACE_CACHE_DIR,
@@ -72,9 +85,11 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
 
+#include "daemon_log.h"
 #include "hvtrace/result.h"
 
 namespace hvtrace::hostd {
@@ -112,6 +127,9 @@ struct Config {
   std::string libvirt_uri = "qemu:///system";
   std::filesystem::path cache_dir;       // Empty: not set (see above).
   std::filesystem::path harvest_initrd;  // Empty: the default (see above).
+  LogLevel log_level = LogLevel::kInfo;
+  bool qemu_sandbox = true;
+  std::string qemu_user;  // Empty: QEMU runs as the daemon's user.
 
   std::filesystem::path EffectiveSocketPath() const;
 };
@@ -122,7 +140,15 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
 
 // Reads |path|. A missing file is an error only when |must_exist| (the user
 // named it); the default path may be absent, meaning "all defaults".
-Result<Config> LoadConfigFile(const std::filesystem::path& path, bool must_exist);
+// |base| holds the defaults the file's keys override.
+Result<Config> LoadConfigFile(const std::filesystem::path& path, bool must_exist,
+                              Config base = Config{});
+
+// The built-in defaults with systemd's directories: $STATE_DIRECTORY,
+// $RUNTIME_DIRECTORY, $CACHE_DIRECTORY (their first path when several are
+// listed, ':'-separated; only absolute paths) replace state_dir, run_dir and
+// cache_dir. |getenv| is std::getenv outside tests.
+Config ServiceDefaults(const std::function<const char*(const char*)>& getenv);
 
 // The socket a client should use: |flag| if set, else $HVTRACE_SOCKET, else
 // the socket named by the default config file, else the built-in default.

@@ -65,7 +65,15 @@ class CaptureBudget {
   // root/vms); empty: each store is alone (its own total).
   CaptureBudget(DiskLimits limits, std::filesystem::path vms_root);
 
-  const DiskLimits& limits() const { return limits_; }
+  DiskLimits limits() const {
+    std::lock_guard lock(mu_);
+    return limits_;
+  }
+  // New budgets (a config reload); admissions and prunes after it use them.
+  void SetLimits(DiskLimits limits) {
+    std::lock_guard lock(mu_);
+    limits_ = limits;
+  }
 
   struct Admission {
     uint64_t need = 0;         // Worst case, bytes.
@@ -105,9 +113,9 @@ class CaptureBudget {
   static std::vector<const Stored*> Victims(const std::vector<Stored>& all, std::string_view vm,
                                             std::string_view keep_id, bool others, bool panics);
 
-  const DiskLimits limits_;
+  DiskLimits limits_;  // Guarded by mu_.
   const std::filesystem::path vms_root_;
-  std::mutex mu_;  // One admission or pruning at a time: each sees the last.
+  mutable std::mutex mu_;  // One admission or pruning at a time: each sees the last.
 };
 
 }  // namespace hvtrace::hostd

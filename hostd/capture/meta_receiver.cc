@@ -125,8 +125,8 @@ class Receiver : public MetaReceiver {
     return std::static_pointer_cast<Receiver>(shared_from_this());
   }
 
-  void Log(const std::string& message) const {
-    if (options_.log) options_.log("VM " + options_.vm + ": meta: " + message);
+  void Log(LogLevel level, const std::string& message) const {
+    if (options_.log) options_.log(level, "VM " + options_.vm + ": meta: " + message);
   }
 
   void SetState(std::string state) {
@@ -169,7 +169,7 @@ class Receiver : public MetaReceiver {
         return;
       }
       if (std::string why = PeerMismatch(self->socket_.native_handle(), peer_pid); !why.empty()) {
-        self->Log(why);
+        self->Log(LogLevel::kWarning, why);
         self->Retry(why);
         return;
       }
@@ -232,7 +232,7 @@ class Receiver : public MetaReceiver {
     while (std::optional<Result<meta::MetaFrame>> next = decoder_.Next()) {
       if (!next->ok()) {
         Count("frame_errors");
-        Log("bad frame: " + next->error().message);
+        Log(LogLevel::kWarning, "bad frame: " + next->error().message);
         std::lock_guard lock(mu_);
         status_["last_frame_error"] = next->error().message;
         continue;
@@ -275,7 +275,7 @@ class Receiver : public MetaReceiver {
                                     : store_.StoreClock(boot_id, frame.payload);
         if (!s.ok()) {
           Count("dropped");
-          Log(s.error().message);
+          Log(LogLevel::kWarning, s.error().message);
           return;
         }
         Count(comms ? "comms_updates" : "clock_updates");
@@ -298,7 +298,7 @@ class Receiver : public MetaReceiver {
     if (!verified.ok()) {
       Count("boots_refused");
       const std::string why = "refused: boot " + boot_id + ": " + verified.error().message;
-      Log(why);
+      Log(LogLevel::kWarning, why);
       std::lock_guard lock(mu_);
       status_["last_refusal"] = why;
       return;
@@ -307,13 +307,14 @@ class Receiver : public MetaReceiver {
     ::hvtrace::Status s = store_.StoreBoot(*boot, *verified, HostTime::Now().realtime_ns);
     if (!s.ok()) {
       Count("store_errors");
-      Log("cannot store boot " + boot_id + ": " + s.error().message);
+      Log(LogLevel::kErr, "cannot store boot " + boot_id + ": " + s.error().message);
       return;
     }
     Count("boots_accepted");
-    Log("boot " + boot_id + " (" + boot->release + ", build id " + boot->build_id + ", " +
-        std::to_string(boot->bundle.events.size()) + " formats) stored, build id " +
-        verified->value("build_id", std::string()));
+    Log(LogLevel::kInfo, "boot " + boot_id + " (" + boot->release + ", build id " + boot->build_id +
+                             ", " + std::to_string(boot->bundle.events.size()) +
+                             " formats) stored, build id " +
+                             verified->value("build_id", std::string()));
     std::lock_guard lock(mu_);
     status_["last_boot"] = {{"boot_id", boot_id},
                             {"release", boot->release},

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon_log.h"
 #include "hvtrace/result.h"
 #include "meta_store.h"
 
@@ -58,7 +59,7 @@ struct MetaReceiverOptions {
   // its build id "unverified".
   std::function<Result<std::vector<std::byte>>(uint64_t addr, size_t size)> read_guest_memory;
   // Where refusals and problems are logged (empty: nowhere).
-  std::function<void(const std::string&)> log;
+  std::function<void(LogLevel, const std::string&)> log;
 };
 
 class MetaReceiver : public std::enable_shared_from_this<MetaReceiver> {

@@ -149,8 +149,8 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
  private:
   void Tick() {
     if (!responder_->connected()) {
-      Log("VM " + vm_->name() + ": stream client gone after " +
-          std::to_string(streamer_.events_out()) + " events");
+      LogInfo("VM " + vm_->name() + ": stream client gone after " +
+              std::to_string(streamer_.events_out()) + " events");
       return;
     }
     const VmState state = vm_->state();
@@ -243,7 +243,7 @@ void Daemon::HandleDetach(const Request& request, const std::shared_ptr<Responde
       responder->Fail(kErrVmFailed, "detach " + name + ": " + result.error().message);
       return;
     }
-    Log("VM " + name + ": detached");
+    LogNotice("VM " + name + ": detached");
     responder->Reply(*result);
   });
 }
@@ -310,7 +310,7 @@ void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responde
       options.region_path = std::filesystem::path("/dev/shm") / file;
     } else {
       const std::filesystem::path dir =
-          config_.EffectiveSocketPath().parent_path() / kMemoryDirName;
+          config()->EffectiveSocketPath().parent_path() / kMemoryDirName;
       if (Status s = EnsurePrivateDir(dir, "attach " + name + ": region directory"); !s.ok()) {
         responder->Fail(kErrInternal, s.error().message);
         return;
@@ -324,8 +324,8 @@ void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responde
       }
       json reply = std::move(*result);
       reply["name"] = name;
-      Log("VM " + name + ": attached region " +
-          reply.value("/region/file"_json_pointer, std::string()));
+      LogNotice("VM " + name + ": attached region " +
+                reply.value("/region/file"_json_pointer, std::string()));
       responder->Reply(reply);
     });
   };

@@ -76,7 +76,7 @@ void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>
     responder->Fail(kErrBadRequest, req.error().message);
     return;
   }
-  if (req->accel == "auto") req->accel = config_.accel;
+  if (req->accel == "auto") req->accel = config()->accel;
   // The kernel and initrd come as descriptors the client opened; the daemon
   // boots private copies of them (client_files.h), never the client's paths.
   auto kernel_fd = RequestFile(request, "kernel", kMaxKernelBytes, /*required=*/true);
@@ -94,7 +94,7 @@ void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>
   req->kernel = (inputs / "kernel").string();
   if (*initrd_fd) req->initrd = (inputs / "initrd").string();
   BootPaths paths =
-      DefaultBootPaths(name, config_.EffectiveSocketPath().parent_path(), state_.VmDir(name));
+      DefaultBootPaths(name, config()->EffectiveSocketPath().parent_path(), state_.VmDir(name));
   auto config = MakeBootVmConfig(*req, paths);
   if (!config.ok()) {
     responder->Fail(kErrBadRequest, config.error().message);
@@ -237,11 +237,18 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
                         const std::shared_ptr<Responder>& responder) {
   // Slow: the KVM probe (first time only), QEMU start-up, hashing vmlinuz.
   if (accel_kind == Accel::kAuto)
-    Log("boot " + name + ": accel auto: " + KvmVerdict(boot.kernel).reason);
+    LogInfo("boot " + name + ": accel auto: " + KvmVerdict(boot.kernel).reason);
   Result<std::unique_ptr<Vm>> started = PrepareBackingFile(name, paths.backing_file);
   if (started.ok()) {
     VmConfig prepared = vm_config;
     prepared.boot_range->prepared = true;
+    // The config in force now (a reload changes the VMs booted after it).
+    const std::shared_ptr<const Config> config_now = config();
+    prepared.sandbox = config_now->qemu_sandbox;
+    prepared.run_as = config_now->qemu_user;
+    // Under systemd QEMU gets its own scope, outside hvtraced.service's
+    // cgroup: stopping the service leaves it to vm_on_shutdown.
+    if (SystemdBooted()) prepared.launcher = SystemdScopeLauncher(name);
     started = Vm::Start(prepared, ResolveKvm(accel_kind, boot.kernel), std::chrono::seconds(15),
                         VmLifetime::kIndependent);
     // A QEMU that never ran leaves nothing behind (the directory is ours).
@@ -289,10 +296,10 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
       // The daemon began to exit while QEMU started: treat the new VM as
       // the shutdown policy says (its spec is saved for re-adoption).
       (void)SaveQmpVmSpec(state_.VmDir(name), spec);
-      if (config_.vm_on_shutdown == VmOnShutdown::kKeep) vm->Release();
+      if (config()->vm_on_shutdown == VmOnShutdown::kKeep) vm->Release();
       responder->Fail(kErrVmFailed,
                       "boot " + name + ": hvtraced is shutting down (vm_on_shutdown = " +
-                          std::string(VmOnShutdownName(config_.vm_on_shutdown)) + ")");
+                          std::string(VmOnShutdownName(config()->vm_on_shutdown)) + ")");
       return;
     }
     if (Status s = RegisterQmpVm(name, spec, std::move(vm)); !s.ok()) {
@@ -342,12 +349,12 @@ Status Daemon::RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std
                              int region_fd) {
   const std::filesystem::path vm_dir = state_.VmDir(name);
   if (Status s = SaveQmpVmSpec(vm_dir, spec); !s.ok())
-    Log("warning: VM " + name + ": " + s.error().message);
+    LogWarning("VM " + name + ": " + s.error().message);
   auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), spec, std::move(vm), vm_dir);
   if (region_fd >= 0) backend->UseRegionFd(region_fd);
   if (Status s = ReplaceVm(name, std::move(backend)); !s.ok()) return s;
-  Log("VM " + name + ": " + (spec.booted_by_daemon ? "booted" : "adopted") + ", pid " +
-      std::to_string(spec.pid) + ", region " + spec.region_path.string());
+  LogNotice("VM " + name + ": " + (spec.booted_by_daemon ? "booted" : "adopted") + ", pid " +
+            std::to_string(spec.pid) + ", region " + spec.region_path.string());
   return {};
 }
 
@@ -389,7 +396,8 @@ void Daemon::ReadoptVm(const std::string& name) {
     auto backend = std::make_unique<QmpVmBackend>(
         io_.get_executor(), *spec, Vm::Remnant(name, spec->owned_paths), state_.VmDir(name));
     if (Status s = ReplaceVm(name, std::move(backend)); !s.ok()) {
-      Log("VM " + name + ": cannot capture the region left by its QEMU: " + s.error().message);
+      LogWarning("VM " + name +
+                 ": cannot capture the region left by its QEMU: " + s.error().message);
       return;
     }
     if (auto vm_supervisor = registry_.Find(name)) {
@@ -398,26 +406,27 @@ void Daemon::ReadoptVm(const std::string& name) {
     // Once is enough: a later daemon only lists it (and `stop` cleans up).
     spec->exited = true;
     if (Status s = SaveQmpVmSpec(state_.VmDir(name), *spec); !s.ok())
-      Log("warning: VM " + name + ": " + s.error().message);
-    Log("VM " + name + ": QEMU is gone (" + gone + "); capturing its region file " +
-        spec->region_path.string());
+      LogWarning("VM " + name + ": " + s.error().message);
+    LogNotice("VM " + name + ": QEMU is gone (" + gone + "); capturing its region file " +
+              spec->region_path.string());
     return;
   }
   if (!gone.empty()) {
     if (vm) vm->Release();  // Not ours to stop on a doubt.
-    Log("VM " + name + ": not re-adopted (" + gone + "); keeping it offline" +
+    LogNotice(
+        "VM " + name + ": not re-adopted (" + gone + "); keeping it offline" +
         (spec->booted_by_daemon ? "; `hvtrace stop " + name + "` removes what its QEMU left" : ""));
     return;
   }
   auto backend =
       std::make_unique<QmpVmBackend>(io_.get_executor(), *spec, std::move(vm), state_.VmDir(name));
   if (Status s = ReplaceVm(name, std::move(backend)); !s.ok()) {
-    Log("VM " + name + ": re-adopt failed: " + s.error().message);
+    LogWarning("VM " + name + ": re-adopt failed: " + s.error().message);
     return;
   }
-  Log("VM " + name + ": re-adopted (" +
-      (spec->booted_by_daemon ? "booted by hvtraced, pid " : "adopted, pid ") +
-      std::to_string(spec->pid) + ", QMP " + spec->qmp_socket + ")");
+  LogNotice("VM " + name + ": re-adopted (" +
+            (spec->booted_by_daemon ? "booted by hvtraced, pid " : "adopted, pid ") +
+            std::to_string(spec->pid) + ", QMP " + spec->qmp_socket + ")");
 }
 
 }  // namespace hvtrace::hostd

@@ -56,9 +56,9 @@ void CaptureQueue::Run(Lane lane, std::function<void()> job) {
     job();
   } catch (const std::exception& e) {
     // Jobs report their own errors; this only keeps the slot accounting right.
-    Log(std::string("capture job threw: ") + e.what());
+    LogErr(std::string("capture job threw: ") + e.what());
   } catch (...) {
-    Log("capture job threw an exception of unknown type");
+    LogErr("capture job threw an exception of unknown type");
   }
   std::lock_guard lock(mu_);
   --(lane == Lane::kUrgent ? running_urgent_ : running_guest_);

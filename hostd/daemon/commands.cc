@@ -61,7 +61,7 @@ void Daemon::HandleRequest(const Request& request, const PeerCredentials& peer,
       return;
     }
     if (!Allows(PeerRole(access_, peer), command->role)) {
-      Log("refused: " + RefusalMessage(request.cmd, access_, peer, command->role));
+      LogWarning("refused: " + RefusalMessage(request.cmd, access_, peer, command->role));
       responder->Fail(kErrDenied, RefusalMessage(request.cmd, access_, peer, command->role));
       return;
     }

@@ -380,7 +380,7 @@ Status ControlServer::Listen() {
   const std::optional<gid_t> admin = options_.access.admin_group;
   if (admin && admin != options_.group) {
     // Not fatal: root and admins who are also in socket_group still work.
-    if (Status s = GrantGroupAccess(path, *admin); !s.ok()) Log("warning: " + s.error().message);
+    if (Status s = GrantGroupAccess(path, *admin); !s.ok()) LogWarning(s.error().message);
   }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return Error{"cannot listen on " + path.string() + ": " + ec.message()};

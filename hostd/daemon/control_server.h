@@ -94,6 +94,13 @@ class ControlServer {
   // Destroy the server only once the io_context no longer runs its handlers.
   void Close();
 
+  // New limits (a config reload) for the connections and requests that
+  // come next; I/O thread only.
+  void SetLimits(size_t max_connections, size_t max_in_flight) {
+    options_.max_connections = max_connections;
+    options_.max_in_flight = max_in_flight;
+  }
+
   size_t connection_count() const { return connections_.size(); }
   const ControlServerOptions& options() const { return options_; }
 

@@ -55,8 +55,8 @@ void NotifySystemd(const std::string& state) {
 std::optional<gid_t> ResolveGroup(const std::string& key, const std::string& spec) {
   std::optional<gid_t> gid = ResolveGroupSpec(spec);
   if (!gid && !spec.empty()) {
-    Log("warning: " + key + " '" + spec + "' is no group name or gid; only root and uid " +
-        std::to_string(::geteuid()) + " have that role");
+    LogWarning(key + " '" + spec + "' is no group name or gid; only root and uid " +
+               std::to_string(::geteuid()) + " have that role");
   }
   return gid;
 }
@@ -68,9 +68,9 @@ void SecureFormatsCache(const std::filesystem::path& root) {
   bool tightened = false;
   Status s = cache.Secure(&tightened);
   if (!s.ok()) {
-    Log("warning: " + s.error().message + "; harvests cannot be stored");
+    LogWarning(s.error().message + "; harvests cannot be stored");
   } else if (tightened) {
-    Log("formats cache " + cache.formats_dir().string() + " tightened to mode 0700");
+    LogNotice("formats cache " + cache.formats_dir().string() + " tightened to mode 0700");
   }
 }
 
@@ -100,6 +100,9 @@ json ConfigJson(const Config& c) {
           {"libvirt_uri", c.libvirt_uri},
           {"cache_dir", c.cache_dir.string()},
           {"harvest_initrd", ResolveHarvestInitrd(c.harvest_initrd).string()},
+          {"log_level", LogLevelName(c.log_level)},
+          {"qemu_sandbox", c.qemu_sandbox ? "on" : "off"},
+          {"qemu_user", c.qemu_user},
           {"formats_cache", [&] {
              auto root =
                  ResolveCacheRoot(CacheRootSourcesFromEnvironment("", c.cache_dir.string()));
@@ -107,34 +110,37 @@ json ConfigJson(const Config& c) {
            }()}};
 }
 
-Daemon::Daemon(Config config)
-    : config_(std::move(config)),
-      pool_(static_cast<size_t>(config_.worker_threads)),
+Daemon::Daemon(Config initial, ConfigSource reload_source)
+    : config_(std::make_shared<const Config>(std::move(initial))),
+      reload_source_(std::move(reload_source)),
+      pool_(static_cast<size_t>(config()->worker_threads)),
       signals_(io_),
+      hup_(io_),
       stop_timer_(io_),
       console_timer_(io_),
-      state_(config_.state_dir),
+      state_(config()->state_dir),
       started_(HostTime::Now()) {
   // The same cache the CLI harvests into (formats_cache.h ResolveCacheRoot).
-  auto root = ResolveCacheRoot(CacheRootSourcesFromEnvironment("", config_.cache_dir.string()));
-  if (!root.ok()) Log("warning: " + root.error().message + "; captures keep region.bin only");
+  auto root = ResolveCacheRoot(CacheRootSourcesFromEnvironment("", config()->cache_dir.string()));
+  if (!root.ok()) LogWarning(root.error().message + "; captures keep region.bin only");
   if (root.ok()) SecureFormatsCache(*root);
-  formats_ = std::make_shared<FormatsService>(root.ok() ? *root : std::filesystem::path(),
-                                              formats_pool_.get_executor(), Log,
-                                              ResolveHarvestInitrd(config_.harvest_initrd));
+  formats_ = std::make_shared<FormatsService>(
+      root.ok() ? *root : std::filesystem::path(), formats_pool_.get_executor(),
+      [](LogLevel level, const std::string& message) { Log(level, message); },
+      ResolveHarvestInitrd(config()->harvest_initrd));
   budget_ = std::make_shared<CaptureBudget>(
-      DiskLimits{config_.capture_bytes_per_vm, config_.capture_bytes_total,
-                 config_.capture_free_reserve},
+      DiskLimits{config()->capture_bytes_per_vm, config()->capture_bytes_total,
+                 config()->capture_free_reserve},
       state_.root() / "vms");
   captures_ = std::make_shared<CaptureService>(
-      formats_, static_cast<size_t>(config_.worker_threads), CaptureFaults{}, budget_);
+      formats_, static_cast<size_t>(config()->worker_threads), CaptureFaults{}, budget_);
   capture_queue_ = std::make_shared<CaptureQueue>(pool_.get_executor(),
-                                                  static_cast<size_t>(config_.worker_threads));
+                                                  static_cast<size_t>(config()->worker_threads));
 }
 
 void Daemon::SetCaptureFaults(CaptureFaults faults) {
   captures_ = std::make_shared<CaptureService>(
-      formats_, static_cast<size_t>(config_.worker_threads), std::move(faults), budget_);
+      formats_, static_cast<size_t>(config()->worker_threads), std::move(faults), budget_);
 }
 
 Daemon::~Daemon() {
@@ -149,16 +155,16 @@ Daemon::~Daemon() {
 
 SupervisorOptions Daemon::supervisor_options() const {
   SupervisorOptions o;
-  o.capture_retention = static_cast<size_t>(config_.capture_retention);
-  o.panic_policy = config_.panic_policy;
+  o.capture_retention = static_cast<size_t>(config()->capture_retention);
+  o.panic_policy = config()->panic_policy;
   o.queue = capture_queue_;
-  o.guest_capture_interval = config_.guest_capture_interval;
+  o.guest_capture_interval = config()->guest_capture_interval;
   return o;
 }
 
 Status Daemon::Start() {
   if (Status s = state_.Prepare(); !s.ok()) return s;
-  std::filesystem::path socket_path = config_.EffectiveSocketPath();
+  std::filesystem::path socket_path = config()->EffectiveSocketPath();
   // The run directory must be traversable by everyone (the daemon's umask
   // is 027); the socket's own mode (0660 + group, ACL) is what grants access.
   const mode_t old_mask = ::umask(022);
@@ -175,10 +181,10 @@ Status Daemon::Start() {
   }
 
   access_.daemon_uid = ::geteuid();
-  access_.observer_group = ResolveGroup("socket_group", config_.socket_group);
-  access_.admin_group = ResolveGroup("admin_group", config_.admin_group);
-  access_.observer_group_name = config_.socket_group;
-  access_.admin_group_name = config_.admin_group;
+  access_.observer_group = ResolveGroup("socket_group", config()->socket_group);
+  access_.admin_group = ResolveGroup("admin_group", config()->admin_group);
+  access_.observer_group_name = config()->socket_group;
+  access_.admin_group_name = config()->admin_group;
   ShareStateDir();
 
   auto names = state_.ListVmNames();
@@ -191,14 +197,14 @@ Status Daemon::Start() {
   options.socket_path = socket_path;
   options.group = access_.observer_group;
   options.access = access_;
-  options.max_connections = static_cast<size_t>(config_.max_connections);
-  options.max_in_flight = static_cast<size_t>(config_.max_requests_per_connection);
+  options.max_connections = static_cast<size_t>(config()->max_connections);
+  options.max_in_flight = static_cast<size_t>(config()->max_requests_per_connection);
   server_ = std::make_unique<ControlServer>(
       io_, options,
       [this](const Request& request, const PeerCredentials& peer,
              std::shared_ptr<Responder> responder) { HandleRequest(request, peer, responder); });
   if (Status s = server_->Listen(); !s.ok()) return s;
-  if (!config_.libvirt_uri.empty()) libvirt_ = std::make_unique<DaemonLibvirt>(*this, state_);
+  if (!config()->libvirt_uri.empty()) libvirt_ = std::make_unique<DaemonLibvirt>(*this, state_);
   // Captures an earlier run died in are finished on the pool, after the
   // socket listens, so a long recovery never delays start-up. The VMs are
   // re-adopted only then: a guest found still in a recovered panic must be
@@ -207,7 +213,7 @@ Status Daemon::Start() {
     if (stopping_) return;
     for (const std::string& name : known) ReadoptVm(name);
     if (libvirt_) {
-      if (Status s = libvirt_->Start(known); !s.ok()) Log("warning: libvirt: " + s.error().message);
+      if (Status s = libvirt_->Start(known); !s.ok()) LogWarning("libvirt: " + s.error().message);
     }
   });
 
@@ -218,11 +224,82 @@ Status Daemon::Start() {
   signals_.async_wait([this](const boost::system::error_code& ec, int signo) {
     if (!ec) DoShutdown(std::string("signal ") + ::strsignal(signo));
   });
-  Log("listening on " + socket_path.string() + ", state in " + config_.state_dir.string() + ", " +
-      "formats cache " +
-      (formats_->root().empty() ? std::string("(none)") : formats_->root().string()) + ", " +
-      std::to_string(names->size()) + " known VM(s)");
+  hup_.add(SIGHUP);
+  WaitForReload();
+  LogNotice("listening on " + socket_path.string() + ", state in " + config()->state_dir.string() +
+            ", " + "formats cache " +
+            (formats_->root().empty() ? std::string("(none)") : formats_->root().string()) + ", " +
+            std::to_string(names->size()) + " known VM(s)");
   return {};
+}
+
+void Daemon::WaitForReload() {
+  hup_.async_wait([this](const boost::system::error_code& ec, int) {
+    if (ec || stopping_) return;
+    Reload();
+    WaitForReload();
+  });
+}
+
+std::vector<std::string> Daemon::Reload() {
+  NotifySystemd("RELOADING=1\nMONOTONIC_USEC=" +
+                std::to_string(std::chrono::duration_cast<std::chrono::microseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count()));
+  std::vector<std::string> changed;
+  Result<Config> loaded = reload_source_ ? reload_source_() : Error{"no configuration source"};
+  if (!loaded.ok()) {
+    LogErr("reload: " + loaded.error().message + "; the configuration is unchanged");
+    NotifySystemd("READY=1");
+    return changed;
+  }
+  const std::shared_ptr<const Config> old = config();
+  Config next = std::move(*loaded);
+  const json before = ConfigJson(*old);
+  // Keys whose value is built into what Start made (directories, socket,
+  // groups, threads, the libvirt connection, the formats cache): kept.
+  std::vector<std::string> restart;
+  auto keep = [&](const char* key, auto Config::*field) {
+    if (next.*field != (*old).*field) {
+      restart.push_back(key);
+      next.*field = (*old).*field;
+    }
+  };
+  keep("state_dir", &Config::state_dir);
+  keep("run_dir", &Config::run_dir);
+  keep("socket", &Config::socket_path);
+  keep("socket_group", &Config::socket_group);
+  keep("admin_group", &Config::admin_group);
+  keep("worker_threads", &Config::worker_threads);
+  keep("libvirt_uri", &Config::libvirt_uri);
+  keep("cache_dir", &Config::cache_dir);
+  keep("harvest_initrd", &Config::harvest_initrd);
+  for (const std::string& key : restart) {
+    LogWarning("reload: " + key + " needs a restart; keeping " + before.value(key, json()).dump());
+  }
+  const json kept = ConfigJson(next);
+  for (const auto& [key, value] : kept.items()) {
+    if (before.contains(key) && before[key] != value) changed.push_back(key);
+  }
+  SetLogLevel(next.log_level);
+  budget_->SetLimits(
+      DiskLimits{next.capture_bytes_per_vm, next.capture_bytes_total, next.capture_free_reserve});
+  if (server_) {
+    server_->SetLimits(static_cast<size_t>(next.max_connections),
+                       static_cast<size_t>(next.max_requests_per_connection));
+  }
+  config_.store(std::make_shared<const Config>(next));
+  // Every VM's supervisor, live ones and offline ones alike.
+  const SupervisorOptions o = supervisor_options();
+  for (const auto& supervisor : registry_.All()) {
+    supervisor->SetLiveOptions(o.capture_retention, o.panic_policy, o.guest_capture_interval);
+  }
+  std::string list;
+  for (const std::string& key : changed) list += (list.empty() ? "" : ", ") + key;
+  LogNotice("reloaded the configuration: " +
+            (list.empty() ? std::string("nothing changed") : "changed " + list));
+  NotifySystemd("READY=1");
+  return changed;
 }
 
 void Daemon::ShareStateDir() const {
@@ -236,8 +313,8 @@ void Daemon::ShareStateDir() const {
   auto share = [group, &failures](const std::filesystem::path& path, bool dir) {
     if (::lchown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
       if (failures++ == 0) {
-        Log("warning: cannot give " + path.string() + " to gid " + std::to_string(group) + ": " +
-            std::strerror(errno) + "; observers may not read captures");
+        LogWarning("cannot give " + path.string() + " to gid " + std::to_string(group) + ": " +
+                   std::strerror(errno) + "; observers may not read captures");
       }
       return;
     }
@@ -280,7 +357,7 @@ Status Daemon::ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> bac
     meta.socket = b->meta_socket();
     meta.meta_dir = MetaDirOfVm(state_.VmDir(name));
     meta.read_guest_memory = b->guest_memory_reader();
-    meta.log = [](const std::string& message) { Log(message); };
+    meta.log = [](LogLevel level, const std::string& message) { Log(level, message); };
     auto receiver = MetaReceiver::Create(io_.get_executor(), pool_.get_executor(), meta);
     supervisor->SetMetaReceiver(receiver);
     receiver->Start();
@@ -293,16 +370,17 @@ void Daemon::RecoverCaptures(const std::vector<std::string>& names, std::functio
     for (const std::string& name : names) {
       auto recovery = captures_->Recover(CaptureStore(state_.CapturesDir(name)));
       if (!recovery.ok()) {
-        Log("warning: VM " + name + ": " + recovery.error().message);
+        LogErr("VM " + name + ": " + recovery.error().message);
         continue;
       }
       for (const CaptureEntry& entry : recovery->recovered) {
-        Log("VM " + name + ": recovered capture " + entry.id +
-            " left incomplete by an earlier run");
+        LogNotice("VM " + name + ": recovered capture " + entry.id +
+                  " left incomplete by an earlier run");
       }
       for (const std::string& why : recovery->removed)
-        Log("VM " + name + ": incomplete capture " + why);
-      for (const std::string& why : recovery->kept) Log("VM " + name + ": kept capture " + why);
+        LogNotice("VM " + name + ": incomplete capture " + why);
+      for (const std::string& why : recovery->kept)
+        LogNotice("VM " + name + ": kept capture " + why);
     }
     asio::post(io_, then);
   });
@@ -318,9 +396,9 @@ void Daemon::ScheduleConsoleRotation() {
         for (const std::string& name : *names) {
           const std::filesystem::path log = state_.VmDir(name) / "console.log";
           Result<bool> rotated =
-              RotateLogIfLarger(log, config_.console_log_size, config_.console_log_files);
+              RotateLogIfLarger(log, config()->console_log_size, config()->console_log_files);
           if (!rotated.ok() && console_errors_logged_.insert(name).second) {
-            Log("warning: VM " + name + ": console log: " + rotated.error().message);
+            LogWarning("VM " + name + ": console log: " + rotated.error().message);
           }
         }
       }
@@ -332,7 +410,7 @@ void Daemon::ScheduleConsoleRotation() {
 void Daemon::HandleVersion(const Request&, const std::shared_ptr<Responder>& responder) {
   responder->Reply({{"version", HvtraceVersion()},
                     {"protocol", kControlProtocolVersion},
-                    {"config", ConfigJson(config_)}});
+                    {"config", ConfigJson(*config())}});
 }
 
 void Daemon::Run() {
@@ -340,7 +418,7 @@ void Daemon::Run() {
   io_.run();
   // Captures already running finish before the process exits.
   pool_.join();
-  Log("stopped");
+  LogNotice("stopped");
 }
 
 void Daemon::RequestShutdown(std::string reason) {
@@ -349,10 +427,11 @@ void Daemon::RequestShutdown(std::string reason) {
 
 void Daemon::DoShutdown(const std::string& reason) {
   if (stopping_.exchange(true)) return;
-  Log("shutting down (" + reason + ")");
+  LogNotice("shutting down (" + reason + ")");
   NotifySystemd("STOPPING=1");
   boost::system::error_code ignored;
   signals_.cancel(ignored);
+  hup_.cancel(ignored);
   console_timer_.cancel();
   // Streams see |stopping_| at their next look (kStreamPollInterval) and end
   // with the reason; their clients get that before the connections close.
@@ -374,7 +453,7 @@ void Daemon::FinishShutdown() {
   if (server_) server_->Close();
   // keep: QEMUs hvtraced booted run on in their own sessions and the next
   // daemon re-adopts them from their specs; stop: they are quit here.
-  if (config_.vm_on_shutdown == VmOnShutdown::kKeep) {
+  if (config()->vm_on_shutdown == VmOnShutdown::kKeep) {
     registry_.ReleaseAll();
   } else {
     registry_.StopAll();

@@ -46,7 +46,10 @@ nlohmann::json ConfigJson(const Config& config);
 
 class Daemon {
  public:
-  explicit Daemon(Config config);
+  // Where a reload (SIGHUP) reads the configuration from: the same file and
+  // command-line overrides as at start; an error leaves everything as is.
+  using ConfigSource = std::function<Result<Config>()>;
+  explicit Daemon(Config config, ConfigSource reload_source = {});
   ~Daemon();
   Daemon(const Daemon&) = delete;
   Daemon& operator=(const Daemon&) = delete;
@@ -65,7 +68,13 @@ class Daemon {
   SupervisorRegistry& registry() { return registry_; }
   boost::asio::io_context& io() { return io_; }
   boost::asio::thread_pool& pool() { return pool_; }
-  const Config& config() const { return config_; }
+  // The configuration now in force (a reload replaces it); thread-safe.
+  std::shared_ptr<const Config> config() const { return config_.load(); }
+
+  // Re-reads the configuration (SIGHUP): the keys that can change live take
+  // effect; the others are logged as needing a restart and keep their value.
+  // I/O thread only. Returns the keys that changed.
+  std::vector<std::string> Reload();
 
   // Registers |name| with |backend| in place of whatever had that name (the
   // old supervisor is stopped), loads its kernel's formats and sizes the
@@ -155,13 +164,17 @@ class Daemon {
   Result<SharedFd> RequestFile(const Request& request, const std::string& key, uint64_t max_bytes,
                                bool required) const;
 
-  Config config_;
+  std::atomic<std::shared_ptr<const Config>> config_;
+  ConfigSource reload_source_;
+  // Waits for the next SIGHUP (I/O thread).
+  void WaitForReload();
   boost::asio::io_context io_;
   boost::asio::thread_pool pool_;
   // Loads and harvests of kernel formats: a harvest boots a guest for up to a
   // minute, and on pool_ it would hold a thread an urgent capture may need.
   boost::asio::thread_pool formats_pool_{1};
   boost::asio::signal_set signals_;
+  boost::asio::signal_set hup_;  // SIGHUP: Reload.
   boost::asio::steady_timer stop_timer_;
   boost::asio::steady_timer console_timer_;
   std::set<std::string> console_errors_logged_;  // Pool-only (one round at a time).

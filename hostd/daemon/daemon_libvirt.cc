@@ -71,7 +71,7 @@ Result<LibvirtVmRecord> LoadLibvirtVmRecord(const std::filesystem::path& vm_dir)
 DaemonLibvirt::DaemonLibvirt(Daemon& daemon, StateDir state)
     : daemon_(daemon),
       state_(std::move(state)),
-      uri_(daemon.config().libvirt_uri),
+      uri_(daemon.config()->libvirt_uri),
       retry_timer_(daemon.io()) {}
 
 DaemonLibvirt::~DaemonLibvirt() { Stop(); }
@@ -143,7 +143,7 @@ void DaemonLibvirt::TryConnect() {
     first = last_error_ != client.error().message;
     last_error_ = client.error().message;
   }
-  if (first) Log(client.error().message + "; retrying in the background");
+  if (first) LogWarning(client.error().message + "; retrying in the background");
   asio::post(daemon_.io(), [this] { ScheduleRetry(); });
 }
 
@@ -172,7 +172,7 @@ void DaemonLibvirt::OnConnected(std::shared_ptr<LibvirtClient> client) {
     last_error_.clear();
     readopt.swap(pending_readopt_);
   }
-  Log("libvirt: connected to " + uri_);
+  LogNotice("libvirt: connected to " + uri_);
   for (const std::string& name : readopt) Readopt(name);
 }
 
@@ -181,11 +181,11 @@ void DaemonLibvirt::Readopt(const std::string& name) {
   if (!record.ok()) return;
   Result<json> adopted = Adopt(name, record->uuid);
   if (!adopted.ok()) {
-    Log("VM " + name + ": libvirt domain " + record->domain + " not re-adopted: " +
-        adopted.error().message + " (kept offline; its captures stay listed)");
+    LogNotice("VM " + name + ": libvirt domain " + record->domain + " not re-adopted: " +
+              adopted.error().message + " (kept offline; its captures stay listed)");
     return;
   }
-  Log("VM " + name + ": re-adopted libvirt domain " + record->domain);
+  LogNotice("VM " + name + ": re-adopted libvirt domain " + record->domain);
 }
 
 json DaemonLibvirt::StatusJson() const {
@@ -219,13 +219,13 @@ Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& do
   if (Status s = MakeDirs(vm_dir, 0750); !s.ok()) return s.error();
   LibvirtVmRecord record{(*backend)->domain_name(), (*backend)->domain_uuid(), uri_};
   if (Status s = SaveLibvirtVmRecord(vm_dir, record); !s.ok()) {
-    Log("warning: VM " + name + ": " + s.error().message +
-        " (a restarted hvtraced will not re-adopt it)");
+    LogWarning("VM " + name + ": " + s.error().message +
+               " (a restarted hvtraced will not re-adopt it)");
   }
   if (Status s = daemon_.ReplaceVm(name, std::move(*backend)); !s.ok()) return s.error();
-  Log("VM " + name + ": adopted libvirt domain " + record.domain + " (" +
-      describe["region"].value("kind", std::string()) + " region " +
-      describe["region"].value("path", std::string()) + ")");
+  LogNotice("VM " + name + ": adopted libvirt domain " + record.domain + " (" +
+            describe["region"].value("kind", std::string()) + " region " +
+            describe["region"].value("path", std::string()) + ")");
   json reply = {{"name", name},
                 {"domain", record.domain},
                 {"uuid", record.uuid},
@@ -245,7 +245,7 @@ Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& do
     // What the operator must know: a <cmdline> naming another range, and
     // what the guest still has to do.
     for (const char* key : {"cmdline_note", "note"}) {
-      if (boot.contains(key)) Log("VM " + name + ": " + boot[key].get<std::string>());
+      if (boot.contains(key)) LogInfo("VM " + name + ": " + boot[key].get<std::string>());
     }
     reply["boot_range"] = boot;
   }

@@ -3,9 +3,11 @@
 #include <sys/stat.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
 
 #include "daemon.h"
+#include "daemon_log.h"
 
 namespace hvtrace::hostd {
 
@@ -14,12 +16,14 @@ namespace {
 int Usage(FILE* out) {
   std::fprintf(out,
                "usage: hvtraced [--config FILE] [--state-dir DIR] [--run-dir DIR] "
-               "[--socket PATH] [--check-config]\n"
+               "[--socket PATH] [--verbose] [--check-config]\n"
                "  --config FILE   config file (default %s; absent = defaults)\n"
                "  --state-dir DIR captures and per-VM state (overrides state_dir)\n"
                "  --run-dir DIR   socket and lock directory (overrides run_dir)\n"
                "  --socket PATH   control socket (overrides socket)\n"
-               "  --check-config  print the effective configuration as JSON and exit\n",
+               "  --verbose       log at debug level (overrides log_level)\n"
+               "  --check-config  print the effective configuration as JSON and exit\n"
+               "SIGHUP re-reads FILE; keys that need a restart keep their value.\n",
                std::string(kDefaultConfigPath).c_str());
   return out == stdout ? 0 : 2;
 }
@@ -30,6 +34,7 @@ int DaemonMain(int argc, char** argv, CaptureFaults faults) {
   std::string config_path(kDefaultConfigPath);
   bool config_given = false;
   bool check_only = false;
+  bool verbose = false;
   std::optional<std::filesystem::path> state_dir, run_dir, socket;
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
@@ -49,6 +54,8 @@ int DaemonMain(int argc, char** argv, CaptureFaults faults) {
     }
     if (arg == "--check-config") {
       check_only = true;
+    } else if (arg == "--verbose" || arg == "-v") {
+      verbose = true;
     } else if (arg == "--config") {
       if (!(v = value(arg))) return 2;
       config_path = v;
@@ -67,14 +74,22 @@ int DaemonMain(int argc, char** argv, CaptureFaults faults) {
       return Usage(stderr);
     }
   }
-  auto config = LoadConfigFile(config_path, config_given);
+  // The file over systemd's directories over the built-in defaults, then
+  // the flags; a reload (SIGHUP) reads it again the same way.
+  auto load = [=]() -> Result<Config> {
+    auto config = LoadConfigFile(config_path, config_given, ServiceDefaults(std::getenv));
+    if (!config.ok()) return config;
+    if (state_dir) config->state_dir = *state_dir;
+    if (run_dir) config->run_dir = *run_dir;
+    if (socket) config->socket_path = *socket;
+    if (verbose) config->log_level = LogLevel::kDebug;
+    return config;
+  };
+  auto config = load();
   if (!config.ok()) {
     std::fprintf(stderr, "hvtraced: %s\n", config.error().message.c_str());
     return 1;
   }
-  if (state_dir) config->state_dir = *state_dir;
-  if (run_dir) config->run_dir = *run_dir;
-  if (socket) config->socket_path = *socket;
   if (check_only) {
     std::printf("%s\n", ConfigJson(*config).dump(2).c_str());
     return 0;
@@ -91,14 +106,18 @@ int DaemonMain(int argc, char** argv, CaptureFaults faults) {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  Daemon daemon(std::move(*config));
+  SetLogLevel(config->log_level);
+  Daemon daemon(std::move(*config), load);
   if (faults.after_copies_durable) daemon.SetCaptureFaults(std::move(faults));
-  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  // Unblocked once Start added them to its signal_sets: a SIGHUP that came
+  // earlier waits (pending) instead of killing the daemon.
   if (Status s = daemon.Start(); !s.ok()) {
-    std::fprintf(stderr, "hvtraced: %s\n", s.error().message.c_str());
+    LogErr(s.error().message);
     return 1;
   }
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
   daemon.Run();
   return 0;
 }

@@ -95,8 +95,8 @@ void Daemon::HandleSetup(const Request& request, const std::shared_ptr<Responder
       return;
     }
     if (out->defined) {
-      Log(std::string(undo ? "removed hvtrace's setup from" : "set up") + " libvirt domain " +
-          out->domain + " (persistent definition; applies at its next cold boot)");
+      LogNotice(std::string(undo ? "removed hvtrace's setup from" : "set up") + " libvirt domain " +
+                out->domain + " (persistent definition; applies at its next cold boot)");
     }
     responder->Reply(OutcomeJson(*out, undo, dry_run));
   });

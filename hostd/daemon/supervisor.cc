@@ -1,6 +1,7 @@
 #include "supervisor.h"
 
 #include <boost/asio/post.hpp>
+#include <cstdio>
 #include <exception>
 #include <optional>
 
@@ -300,6 +301,15 @@ void VmSupervisor::Pump() {
   PublishQueueState();
 }
 
+void VmSupervisor::SetLiveOptions(size_t capture_retention, PanicPolicy panic_policy,
+                                  std::chrono::milliseconds guest_capture_interval) {
+  Post([this, capture_retention, panic_policy, guest_capture_interval] {
+    options_.capture_retention = capture_retention;
+    options_.panic_policy = panic_policy;
+    options_.guest_capture_interval = guest_capture_interval;
+  });
+}
+
 void VmSupervisor::WhenIdle(std::function<void()> fn) {
   when_idle_.push_back(std::move(fn));
   flush_ = true;
@@ -359,20 +369,34 @@ void VmSupervisor::Complete(PendingCapture p, Result<CaptureOutcome> outcome) {
     std::lock_guard lock(mu_);
     ++captures_failed_;
     last_error_ = "capture '" + p.trigger + "' failed: " + outcome.error().message;
+    LogErr("VM " + name_ + ": " + last_error_);
     result = outcome.error();
     captured_since_run_ = false;  // Nothing holds this run yet.
   } else {
     CaptureSummary summary{outcome->id, outcome->trigger, outcome->trigger_to_disk_ms};
+    // Every capture is logged once: stored (with what it stands for), or
+    // found to be one already stored.
     if (outcome->deduplicated) {
-      Log("VM " + name_ + ": found panicked, in the panic capture " + outcome->id +
-          " holds (its region.bin is byte-identical): no second capture");
-    }
-    if (!p.coalesced.empty()) {
+      LogInfo("VM " + name_ + ": found panicked, in the panic capture " + outcome->id +
+              " holds (its region.bin is byte-identical): no second capture");
+    } else {
       std::string counts;
       for (const auto& [t, n] : p.coalesced)
         counts += (counts.empty() ? "" : ", ") + std::to_string(n) + " " + t;
-      Log("VM " + name_ + ": capture " + outcome->id + " (" + p.trigger + ") also stands for " +
-          counts + " trigger(s) coalesced into it");
+      char ms[32];
+      std::snprintf(ms, sizeof ms, "%.1f", outcome->trigger_to_disk_ms);
+      LogNotice("VM " + name_ + ": capture " + outcome->id + " (" + p.trigger + ") stored, " + ms +
+                " ms from trigger to disk" +
+                (counts.empty()
+                     ? std::string()
+                     : "; it also stands for " + counts + " trigger(s) coalesced into it"));
+    }
+    if (!outcome->retention_error.empty()) {
+      LogWarning("VM " + name_ + ": retention: " + outcome->retention_error);
+    }
+    if (!outcome->incomplete.empty()) {
+      LogWarning("VM " + name_ + ": capture " + outcome->id +
+                 " is incomplete: " + outcome->incomplete);
     }
     std::lock_guard lock(mu_);
     if (!outcome->deduplicated) ++captures_taken_;

@@ -111,6 +111,10 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   // callers that must not touch the VM's files before it is really stopped.
   void Stop(std::function<void()> then = {});
   void Release();  // VmBackend::Release on the strand.
+  // A config reload: the retention, panic policy and guest capture interval
+  // the next captures use (set on the strand).
+  void SetLiveOptions(size_t capture_retention, PanicPolicy panic_policy,
+                      std::chrono::milliseconds guest_capture_interval);
 
   void OnVmEvent(VmEvent event) override;
   void OnVmGone(std::string reason) override;

@@ -48,16 +48,17 @@ void FormatsService::Prepare(const std::string& key, const std::string& kernel) 
   boost::asio::post(pool_, [self = shared_from_this(), key, kernel] {
     Result<std::shared_ptr<const KernelFormats>> got = self->Get(key);
     if (!got.ok()) {
-      self->log_("formats " + key + ": " + got.error().message);
+      self->log_(LogLevel::kWarning, "formats " + key + ": " + got.error().message);
       return;
     }
     if (*got != nullptr) return;
     if (kernel.empty() || self->harvest_initrd_.empty()) {
-      self->log_("formats " + key + " are not in " + self->root_.string() + " and " +
-                 (kernel.empty() ? std::string("the VM's kernel is unknown")
-                                 : std::string("no harvest_initrd is configured")) +
-                 ": captures keep region.bin only; run `hvtrace formats harvest --kernel " +
-                 (kernel.empty() ? std::string("K") : kernel) + " --initrd I`");
+      self->log_(LogLevel::kWarning,
+                 "formats " + key + " are not in " + self->root_.string() + " and " +
+                     (kernel.empty() ? std::string("the VM's kernel is unknown")
+                                     : std::string("no harvest_initrd is configured")) +
+                     ": captures keep region.bin only; run `hvtrace formats harvest --kernel " +
+                     (kernel.empty() ? std::string("K") : kernel) + " --initrd I`");
       return;
     }
     std::lock_guard lock(self->mu_);
@@ -83,8 +84,8 @@ void FormatsService::RunNextHarvest() {
     harvest_queue_.pop_front();
     harvest_state_[job.key] = "harvesting";
   }
-  log_("formats " + job.key + ": not cached; harvesting them from " + job.kernel +
-       " in the background with " + harvest_initrd_.string());
+  log_(LogLevel::kInfo, "formats " + job.key + ": not cached; harvesting them from " + job.kernel +
+                            " in the background with " + harvest_initrd_.string());
   HarvestOptions options;
   options.kernel = job.kernel;
   options.initrd = harvest_initrd_.string();
@@ -114,13 +115,14 @@ void FormatsService::RunNextHarvest() {
     }
   }
   if (outcome.empty()) {
-    log_("formats " + job.key + ": harvested in " + std::to_string(harvested->seconds) +
-         " s into " + harvested->entry_dir.string());
+    log_(LogLevel::kNotice, "formats " + job.key + ": harvested in " +
+                                std::to_string(harvested->seconds) + " s into " +
+                                harvested->entry_dir.string());
     if (auto loaded = Get(job.key); !loaded.ok()) {
-      log_("formats " + job.key + ": " + loaded.error().message);
+      log_(LogLevel::kWarning, "formats " + job.key + ": " + loaded.error().message);
     }
   } else {
-    log_("formats " + job.key + ": " + outcome);
+    log_(LogLevel::kWarning, "formats " + job.key + ": " + outcome);
   }
   boost::asio::post(pool_, [self = shared_from_this()] { self->RunNextHarvest(); });
 }

@@ -29,6 +29,7 @@
 #include <mutex>
 #include <string>
 
+#include "daemon_log.h"
 #include "formats_cache.h"
 #include "hvtrace/result.h"
 
@@ -36,7 +37,7 @@ namespace hvtrace::hostd {
 
 class FormatsService : public std::enable_shared_from_this<FormatsService> {
  public:
-  using LogFn = std::function<void(const std::string&)>;
+  using LogFn = std::function<void(LogLevel, const std::string&)>;
 
   // |root| is the cache root (ResolveCacheRoot); empty when none could be
   // resolved, then every kernel is "missing" and nothing is harvested.

@@ -1,8 +1,10 @@
 #include "vm_config.h"
 
+#include <sys/stat.h>
 #include <sys/un.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <set>
 
@@ -271,8 +273,49 @@ Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable) {
   if (config.pause_on_panic) a.insert(a.end(), {"-action", "panic=pause"});
   if (config.no_reboot) a.push_back("-no-reboot");
   if (Status s = AddIvshmem(config, vm, a, backing_paths); !s.ok()) return s.error();
+  if (config.sandbox) {
+    a.insert(a.end(), {"-sandbox", std::string(config.run_as.empty() ? kQemuSandboxArg
+                                                                     : kQemuSandboxRunAsArg)});
+  }
+  if (!config.run_as.empty()) {
+    if (config.run_as.find_first_of(" \t,=/:") != std::string::npos || config.run_as[0] == '-') {
+      return Error{vm + "qemu_user '" + config.run_as + "' is not a user name"};
+    }
+    a.insert(a.end(), {"-runas", config.run_as});
+  }
   a.insert(a.end(), config.extra_args.begin(), config.extra_args.end());
   return plan;
+}
+
+bool SystemdBooted(const std::string& marker) {
+  struct stat st {};
+  return ::lstat(marker.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string VmScopeUnit(const std::string& vm) {
+  std::string unit = "hvtrace-vm-";
+  for (char c : vm) {
+    const auto u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) || c == '_' || c == '-' || c == ':' || (c == '.' && !unit.empty())) {
+      unit += c;
+    } else {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", u);
+      unit += hex;
+    }
+  }
+  return unit + ".scope";
+}
+
+std::vector<std::string> SystemdScopeLauncher(const std::string& vm) {
+  return {"systemd-run", "--scope", "--unit=" + VmScopeUnit(vm), "--collect", "--quiet", "--"};
+}
+
+std::vector<std::string> LaunchArgv(const std::vector<std::string>& launcher,
+                                    const std::vector<std::string>& qemu_argv) {
+  std::vector<std::string> all = launcher;
+  all.insert(all.end(), qemu_argv.begin(), qemu_argv.end());
+  return all;
 }
 
 }  // namespace hvtrace::hostd

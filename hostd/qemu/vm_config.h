@@ -64,7 +64,36 @@ struct VmConfig {
   std::optional<BootRangeConfig> boot_range;
   std::vector<IvshmemConfig> ivshmem;
   std::vector<std::string> extra_args;  // Appended verbatim, last.
+  // QEMU's seccomp sandbox (kQemuSandboxArg): no exec, no obsolete or
+  // privilege-raising syscalls, no resource control.
+  bool sandbox = false;
+  // Not empty: QEMU's -runas |run_as| (it drops root once its files are open).
+  std::string run_as;
+  // Not empty: run QEMU through this command (its argv, ending in "--"),
+  // e.g. SystemdScopeLauncher; the plan's argv stays QEMU's own.
+  std::vector<std::string> launcher;
 };
+
+// The -sandbox value for VmConfig::sandbox; with run_as, privileges must
+// stay allowed, since -runas itself calls setgid/setuid after the filter.
+inline constexpr std::string_view kQemuSandboxArg =
+    "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+inline constexpr std::string_view kQemuSandboxRunAsArg =
+    "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny";
+
+// True when systemd is the init system (sd_booted(3): |marker| exists).
+bool SystemdBooted(const std::string& marker = "/run/systemd/system");
+// The systemd unit hvtraced runs VM |vm| in: "hvtrace-vm-" + |vm| with
+// anything a unit name may not hold escaped as \xNN (systemd-escape).
+std::string VmScopeUnit(const std::string& vm);
+// systemd-run --scope --unit=VmScopeUnit(vm) --collect --quiet --: QEMU
+// becomes its own transient scope (its own cgroup), so stopping or
+// restarting hvtraced.service never kills it; vm_on_shutdown decides.
+std::vector<std::string> SystemdScopeLauncher(const std::string& vm);
+
+// The whole command line a launch execs: launcher, then the plan's argv.
+std::vector<std::string> LaunchArgv(const std::vector<std::string>& launcher,
+                                    const std::vector<std::string>& qemu_argv);
 
 // The result of planning a VM: its argv and the boot range layout used.
 struct QemuPlan {

@@ -180,8 +180,9 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
 
   // Everything the child touches is prepared before fork: after fork in a
   // threaded process only async-signal-safe calls are allowed.
+  std::vector<std::string> command = LaunchArgv(config.launcher, self->plan_.argv);
   std::vector<char*> argv;
-  for (std::string& arg : self->plan_.argv) argv.push_back(arg.data());
+  for (std::string& arg : command) argv.push_back(arg.data());
   argv.push_back(nullptr);
   const pid_t parent = getpid();
   const bool independent = lifetime == VmLifetime::kIndependent;

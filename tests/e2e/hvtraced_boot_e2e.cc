@@ -95,6 +95,13 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
                                      {"accel", "tcg"},
                                      {"trace_size_mib", 16}});
   ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
+  // qemu_sandbox = on (the default): everything below (boot, markers, the
+  // captures) runs under QEMU's seccomp sandbox.
+  const std::vector<std::string> argv = (*booted)["argv"];
+  const auto sandbox = std::find(argv.begin(), argv.end(), "-sandbox");
+  ASSERT_NE(sandbox, argv.end()) << (*booted)["argv"].dump();
+  EXPECT_EQ(*std::next(sandbox),
+            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
   const std::string console_log = (*booted)["console_log"];
   auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
   ASSERT_TRUE(console.ok()) << console.error().message;

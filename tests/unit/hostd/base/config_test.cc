@@ -99,23 +99,26 @@ TEST_P(ConfigBadTest, ErrorsNameFileLineAndKey) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, ConfigBadTest,
-    ::testing::Values(BadConfig{"state_dir\n", ":1: expected 'key = value'"},
-                      BadConfig{"\n\nstat_dir = /x\n", ":3: unknown key 'stat_dir'"},
-                      BadConfig{"state_dir = relative\n", "not an absolute path"},
-                      BadConfig{"cache_dir = ~/cache\n", "not an absolute path"},
-                      BadConfig{"panic_policy = explode\n", "pause, resume, quit"},
-                      BadConfig{"worker_threads = 0\n", "outside 1..64"},
-                      BadConfig{"guest_capture_interval = 2d\n", "guest_capture_interval"},
-                      BadConfig{"guest_capture_interval = 25h\n", "at most 24h"},
-                      BadConfig{"worker_threads = 2x\n", "not an integer"},
-                      BadConfig{"capture_retention = 99999999999\n", "not an integer"},
-                      BadConfig{"run_dir = /a\nrun_dir = /b\n", ":2: 'run_dir' is set twice"},
-                      BadConfig{" = 3\n", "missing key"},
-                      BadConfig{"capture_bytes_total = lots\n", "capture_bytes_total: "},
-                      BadConfig{"console_log_size = 100\n", "at least 4096"},
-                      BadConfig{"console_log_files = 0\n", "outside 1..100"},
-                      BadConfig{"vm_on_shutdown = kill\n",
-                                "vm_on_shutdown: 'kill' is not one of keep, stop"}));
+    ::testing::Values(
+        BadConfig{"state_dir\n", ":1: expected 'key = value'"},
+        BadConfig{"\n\nstat_dir = /x\n", ":3: unknown key 'stat_dir'"},
+        BadConfig{"state_dir = relative\n", "not an absolute path"},
+        BadConfig{"cache_dir = ~/cache\n", "not an absolute path"},
+        BadConfig{"panic_policy = explode\n", "pause, resume, quit"},
+        BadConfig{"worker_threads = 0\n", "outside 1..64"},
+        BadConfig{"guest_capture_interval = 2d\n", "guest_capture_interval"},
+        BadConfig{"guest_capture_interval = 25h\n", "at most 24h"},
+        BadConfig{"worker_threads = 2x\n", "not an integer"},
+        BadConfig{"capture_retention = 99999999999\n", "not an integer"},
+        BadConfig{"run_dir = /a\nrun_dir = /b\n", ":2: 'run_dir' is set twice"},
+        BadConfig{" = 3\n", "missing key"},
+        BadConfig{"capture_bytes_total = lots\n", "capture_bytes_total: "},
+        BadConfig{"console_log_size = 100\n", "at least 4096"},
+        BadConfig{"console_log_files = 0\n", "outside 1..100"},
+        BadConfig{"log_level = loud\n", "log_level: 'loud' is not one of err"},
+        BadConfig{"qemu_sandbox = yes\n", "qemu_sandbox: 'yes' is not one of on, off"},
+        BadConfig{"qemu_user = a,b\n", "qemu_user: 'a,b' is not a user name"},
+        BadConfig{"vm_on_shutdown = kill\n", "vm_on_shutdown: 'kill' is not one of keep, stop"}));
 
 TEST(ConfigTest, MissingDefaultFileMeansDefaults) {
   auto c = LoadConfigFile("/nonexistent/hvtraced.conf", false);
@@ -144,6 +147,49 @@ TEST(ConfigTest, PackagedConfigParsesToDefaults) {
   EXPECT_EQ(c->capture_free_reserve, d.capture_free_reserve);
   EXPECT_EQ(c->console_log_size, d.console_log_size);
   EXPECT_EQ(c->console_log_files, d.console_log_files);
+  EXPECT_EQ(c->log_level, d.log_level);
+  EXPECT_EQ(c->qemu_sandbox, d.qemu_sandbox);
+  EXPECT_EQ(c->qemu_user, d.qemu_user);
+  EXPECT_EQ(c->cache_dir, d.cache_dir);
+}
+
+TEST(ConfigTest, ServiceKeysDefaultToInfoSandboxOnAndRoot) {
+  Config d;
+  EXPECT_EQ(d.log_level, LogLevel::kInfo);
+  EXPECT_TRUE(d.qemu_sandbox);
+  EXPECT_EQ(d.qemu_user, "");
+  auto c = ParseConfig("log_level = debug\nqemu_sandbox = off\nqemu_user = hvtrace-qemu\n", "t");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->log_level, LogLevel::kDebug);
+  EXPECT_FALSE(c->qemu_sandbox);
+  EXPECT_EQ(c->qemu_user, "hvtrace-qemu");
+}
+
+// systemd's StateDirectory=/RuntimeDirectory=/CacheDirectory= are defaults;
+// a key in the file wins over them.
+TEST(ConfigTest, SystemdDirectoriesAreDefaultsTheFileOverrides) {
+  auto env = [](const char* name) -> const char* {
+    std::string_view n(name);
+    if (n == "STATE_DIRECTORY") return "/var/lib/hvtrace2:/var/lib/other";
+    if (n == "RUNTIME_DIRECTORY") return "/run/hvtrace2";
+    if (n == "CACHE_DIRECTORY") return "/var/cache/hvtrace";
+    return nullptr;
+  };
+  Config d = ServiceDefaults(env);
+  EXPECT_EQ(d.state_dir, "/var/lib/hvtrace2");
+  EXPECT_EQ(d.run_dir, "/run/hvtrace2");
+  EXPECT_EQ(d.cache_dir, "/var/cache/hvtrace");
+  auto c = ParseConfig("cache_dir = /srv/cache\n", "t", d);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->cache_dir, "/srv/cache");
+  EXPECT_EQ(c->state_dir, "/var/lib/hvtrace2");
+  // Nothing set, or a relative value: the built-in defaults.
+  Config none = ServiceDefaults([](const char* name) -> const char* {
+    return std::string_view(name) == "STATE_DIRECTORY" ? "relative" : nullptr;
+  });
+  EXPECT_EQ(none.state_dir, "/var/lib/hvtrace");
+  EXPECT_EQ(none.run_dir, "/run/hvtrace");
+  EXPECT_TRUE(none.cache_dir.empty());
 }
 
 TEST(ConfigTest, ClientSocketPrecedence) {

@@ -44,7 +44,7 @@ struct Formats {
   Formats() : pool(1) {
     EXPECT_TRUE(FormatCache(cache.path()).Store(kKey, FixtureBundle(), {}).ok());
     service = std::make_shared<FormatsService>(cache.path(), pool.get_executor(),
-                                               [](const std::string&) {});
+                                               [](LogLevel, const std::string&) {});
   }
   ~Formats() { pool.join(); }
   TempDir cache;

@@ -81,7 +81,7 @@ class MetaReceiverTest : public ::testing::Test {
     o.min_backoff = std::chrono::milliseconds(20);
     o.max_backoff = std::chrono::milliseconds(200);
     o.read_guest_memory = std::move(read);
-    o.log = [this](const std::string& m) {
+    o.log = [this](LogLevel, const std::string& m) {
       std::lock_guard lock(log_mu_);
       log_ += m + "\n";
     };

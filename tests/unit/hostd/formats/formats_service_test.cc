@@ -41,7 +41,7 @@ struct Service {
       : pool(1),
         formats(std::make_shared<FormatsService>(
             std::move(root), pool.get_executor(),
-            [this](const std::string& m) {
+            [this](LogLevel, const std::string& m) {
               std::lock_guard lock(mu);
               log.push_back(m);
             },

@@ -313,3 +313,77 @@ TEST(VmConfigTest, MetaChannelPortWhenASocketIsGiven) {
 
 }  // namespace
 }  // namespace hvtrace::hostd
+
+namespace hvtrace::hostd {
+namespace {
+
+size_t CountOf(const std::vector<std::string>& argv, const std::string& arg) {
+  return static_cast<size_t>(std::count(argv.begin(), argv.end(), arg));
+}
+
+std::string After(const std::vector<std::string>& argv, const std::string& flag) {
+  auto it = std::find(argv.begin(), argv.end(), flag);
+  return it == argv.end() || std::next(it) == argv.end() ? std::string() : *std::next(it);
+}
+
+TEST(VmConfigTest, NoSandboxNoRunasUnlessAsked) {
+  auto plan = BuildQemuPlan(BaseConfig(), false);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_EQ(CountOf(plan->argv, "-sandbox"), 0u);
+  EXPECT_EQ(CountOf(plan->argv, "-runas"), 0u);
+}
+
+TEST(VmConfigTest, SandboxDeniesExecPrivilegesObsoleteAndResourceControl) {
+  VmConfig c = BaseConfig();
+  c.sandbox = true;
+  auto plan = BuildQemuPlan(c, false);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_EQ(CountOf(plan->argv, "-sandbox"), 1u);
+  EXPECT_EQ(After(plan->argv, "-sandbox"),
+            "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
+  EXPECT_EQ(CountOf(plan->argv, "-runas"), 0u);
+}
+
+// -runas calls setgid/setuid after the filter is in place: with a user the
+// sandbox must allow that one privilege change, and still deny spawning.
+TEST(VmConfigTest, RunasKeepsTheSandboxButAllowsTheUidChange) {
+  VmConfig c = BaseConfig();
+  c.sandbox = true;
+  c.run_as = "hvtrace-qemu";
+  auto plan = BuildQemuPlan(c, false);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_EQ(After(plan->argv, "-runas"), "hvtrace-qemu");
+  EXPECT_EQ(After(plan->argv, "-sandbox"),
+            "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny");
+  c.run_as = "-daemonize";
+  auto bad = BuildQemuPlan(c, false);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("is not a user name"), std::string::npos);
+}
+
+TEST(VmConfigTest, ScopeLauncherRunsQemuInItsOwnTransientScope) {
+  EXPECT_EQ(VmScopeUnit("web1"), "hvtrace-vm-web1.scope");
+  EXPECT_EQ(VmScopeUnit("a b/c"), "hvtrace-vm-a\\x20b\\x2fc.scope");
+  const std::vector<std::string> launcher = SystemdScopeLauncher("web1");
+  EXPECT_EQ(launcher,
+            (std::vector<std::string>{"systemd-run", "--scope", "--unit=hvtrace-vm-web1.scope",
+                                      "--collect", "--quiet", "--"}));
+  auto plan = BuildQemuPlan(BaseConfig(), false);
+  ASSERT_TRUE(plan.ok());
+  // Without systemd: QEMU's argv as planned.
+  EXPECT_EQ(LaunchArgv({}, plan->argv), plan->argv);
+  // With systemd: systemd-run ... -- then exactly that argv.
+  const std::vector<std::string> all = LaunchArgv(launcher, plan->argv);
+  ASSERT_EQ(all.size(), launcher.size() + plan->argv.size());
+  EXPECT_TRUE(std::equal(launcher.begin(), launcher.end(), all.begin()));
+  EXPECT_TRUE(std::equal(plan->argv.begin(), plan->argv.end(), all.begin() + launcher.size()));
+}
+
+TEST(VmConfigTest, SystemdBootedLooksForItsRuntimeDirectory) {
+  EXPECT_FALSE(SystemdBooted("/nonexistent/run/systemd/system"));
+  EXPECT_TRUE(SystemdBooted("/"));  // A directory: what sd_booted(3) tests.
+  EXPECT_FALSE(SystemdBooted("/proc/self/status"));
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

@@ -57,8 +57,12 @@ git -C "$src" ls-files -z --cached | (cd "$src" && xargs -0 cp -P --parents -t "
 launcher=""
 if command -v ccache >/dev/null; then
   launcher=ccache
-  # Same cache hits from every temporary copy.
+  # Same cache hits from every temporary copy. CCACHE_DIR is pinned because
+  # debhelper (compat 13) points HOME at a throwaway directory during the
+  # build, which would give ccache an empty cache each time.
   export CCACHE_BASEDIR="$work" CCACHE_NOHASHDIR=true
+  CCACHE_DIR=${CCACHE_DIR:-$(ccache -k cache_dir)}
+  export CCACHE_DIR
 fi
 echo "build-packages: building hvtrace $version in $work (log: $out/build.log)" >&2
 if ! (cd "$work/hvtrace-$version" &&

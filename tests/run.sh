@@ -42,6 +42,9 @@ if scripts/build-packages.sh build/packages; then
   record "packages build" 0
   ctest --test-dir build -L package --output-on-failure --no-tests=error
   record "packaging test" $?
+  # systemd as PID 1 in a container runs the packaged unit; a guest end to end.
+  ctest --test-dir build -L service --output-on-failure --no-tests=error
+  record "service test" $?
   # The Debian guest image and its e2e tests install the agent from its .deb.
   agent_deb=$(ls build/packages/hvtrace-agent_*.deb | head -n1)
   export HVTRACE_AGENT_DEB="$ROOT/$agent_deb"

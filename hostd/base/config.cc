@@ -62,6 +62,111 @@ std::filesystem::path Config::EffectiveSocketPath() const {
   return socket_path.empty() ? run_dir / "hvtraced.sock" : socket_path;
 }
 
+namespace {
+
+// Sets |key| in |config| from |value|: false for a key that does not exist,
+// an error (without the key) for a value it cannot take.
+Result<bool> ApplyKey(Config& config, std::string_view key, std::string_view value) {
+  if (key == "harvest_initrd") {
+    auto path = ParsePath(value);
+    if (!path.ok()) return path.error();
+    config.harvest_initrd = *path;
+  } else if (key == "state_dir" || key == "run_dir" || key == "socket" || key == "cache_dir") {
+    auto path = ParsePath(value);
+    if (!path.ok()) return path.error();
+    (key == "state_dir"   ? config.state_dir
+     : key == "run_dir"   ? config.run_dir
+     : key == "cache_dir" ? config.cache_dir
+                          : config.socket_path) = *path;
+  } else if (key == "socket_group") {
+    config.socket_group = std::string(value);
+  } else if (key == "admin_group") {
+    config.admin_group = std::string(value);
+  } else if (key == "capture_retention") {
+    auto n = ParseInt(value, 0, 1000000);
+    if (!n.ok()) return n.error();
+    config.capture_retention = *n;
+  } else if (key == "capture_bytes_per_vm" || key == "capture_bytes_total" ||
+             key == "capture_free_reserve" || key == "console_log_size") {
+    auto n = ParseSize(value);
+    if (!n.ok()) return n.error();
+    if (key == "console_log_size" && *n < 4096) return Error{"must be at least 4096"};
+    (key == "capture_bytes_per_vm"  ? config.capture_bytes_per_vm
+     : key == "capture_bytes_total" ? config.capture_bytes_total
+     : key == "console_log_size"    ? config.console_log_size
+                                    : config.capture_free_reserve) = *n;
+  } else if (key == "console_log_files") {
+    auto n = ParseInt(value, 1, 100);
+    if (!n.ok()) return n.error();
+    config.console_log_files = *n;
+  } else if (key == "guest_capture_interval") {
+    auto d = ParseDuration(value);
+    if (!d.ok()) return d.error();
+    if (*d > std::chrono::hours(24)) return Error{"must be at most 24h"};
+    config.guest_capture_interval = *d;
+  } else if (key == "panic_policy") {
+    if (value == "pause") {
+      config.panic_policy = PanicPolicy::kPause;
+    } else if (value == "resume") {
+      config.panic_policy = PanicPolicy::kResume;
+    } else if (value == "quit") {
+      config.panic_policy = PanicPolicy::kQuit;
+    } else {
+      return Error{"'" + std::string(value) + "' is not one of pause, resume, quit"};
+    }
+  } else if (key == "accel") {
+    if (value != "auto" && value != "tcg" && value != "kvm") {
+      return Error{"'" + std::string(value) + "' is not one of auto, tcg, kvm"};
+    }
+    config.accel = std::string(value);
+  } else if (key == "vm_on_shutdown") {
+    if (value == "keep") {
+      config.vm_on_shutdown = VmOnShutdown::kKeep;
+    } else if (value == "stop") {
+      config.vm_on_shutdown = VmOnShutdown::kStop;
+    } else {
+      return Error{"'" + std::string(value) + "' is not one of keep, stop"};
+    }
+  } else if (key == "worker_threads") {
+    auto n = ParseInt(value, 1, 64);
+    if (!n.ok()) return n.error();
+    config.worker_threads = *n;
+  } else if (key == "max_connections") {
+    auto n = ParseInt(value, 1, 4096);
+    if (!n.ok()) return n.error();
+    config.max_connections = *n;
+  } else if (key == "max_requests_per_connection") {
+    auto n = ParseInt(value, 1, 1024);
+    if (!n.ok()) return n.error();
+    config.max_requests_per_connection = *n;
+  } else if (key == "log_level") {
+    auto level = ParseLogLevel(value);
+    if (!level.ok()) return level.error();
+    config.log_level = *level;
+  } else if (key == "qemu_sandbox") {
+    if (value != "on" && value != "off") {
+      return Error{"'" + std::string(value) + "' is not one of on, off"};
+    }
+    config.qemu_sandbox = value == "on";
+  } else if (key == "qemu_user") {
+    // A user name QEMU's -runas resolves when the VM boots (checked then,
+    // so a user created later needs no restart); empty: none.
+    if (value.find_first_of(" \t,=/:") != std::string_view::npos) {
+      return Error{"'" + std::string(value) + "' is not a user name"};
+    }
+    config.qemu_user = std::string(value);
+  } else if (key == "libvirt_uri") {
+    // Any URI libvirt accepts; it is checked when the daemon connects, and
+    // a libvirtd that is down then is retried, not fatal.
+    config.libvirt_uri = std::string(value);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 Result<Config> ParseConfig(std::string_view text, std::string_view origin, Config base) {
   Config config = std::move(base);
   std::set<std::string, std::less<>> seen;
@@ -85,102 +190,9 @@ Result<Config> ParseConfig(std::string_view text, std::string_view origin, Confi
     if (!seen.insert(std::string(key)).second) {
       return Error{where + "'" + std::string(key) + "' is set twice"};
     }
-    auto fail = [&](const Error& e) { return Error{where + std::string(key) + ": " + e.message}; };
-    if (key == "harvest_initrd") {
-      auto path = ParsePath(value);
-      if (!path.ok()) return fail(path.error());
-      config.harvest_initrd = *path;
-    } else if (key == "state_dir" || key == "run_dir" || key == "socket" || key == "cache_dir") {
-      auto path = ParsePath(value);
-      if (!path.ok()) return fail(path.error());
-      (key == "state_dir"   ? config.state_dir
-       : key == "run_dir"   ? config.run_dir
-       : key == "cache_dir" ? config.cache_dir
-                            : config.socket_path) = *path;
-    } else if (key == "socket_group") {
-      config.socket_group = std::string(value);
-    } else if (key == "admin_group") {
-      config.admin_group = std::string(value);
-    } else if (key == "capture_retention") {
-      auto n = ParseInt(value, 0, 1000000);
-      if (!n.ok()) return fail(n.error());
-      config.capture_retention = *n;
-    } else if (key == "capture_bytes_per_vm" || key == "capture_bytes_total" ||
-               key == "capture_free_reserve" || key == "console_log_size") {
-      auto n = ParseSize(value);
-      if (!n.ok()) return fail(n.error());
-      if (key == "console_log_size" && *n < 4096) return fail(Error{"must be at least 4096"});
-      (key == "capture_bytes_per_vm"  ? config.capture_bytes_per_vm
-       : key == "capture_bytes_total" ? config.capture_bytes_total
-       : key == "console_log_size"    ? config.console_log_size
-                                      : config.capture_free_reserve) = *n;
-    } else if (key == "console_log_files") {
-      auto n = ParseInt(value, 1, 100);
-      if (!n.ok()) return fail(n.error());
-      config.console_log_files = *n;
-    } else if (key == "guest_capture_interval") {
-      auto d = ParseDuration(value);
-      if (!d.ok()) return fail(d.error());
-      if (*d > std::chrono::hours(24)) return fail(Error{"must be at most 24h"});
-      config.guest_capture_interval = *d;
-    } else if (key == "panic_policy") {
-      if (value == "pause") {
-        config.panic_policy = PanicPolicy::kPause;
-      } else if (value == "resume") {
-        config.panic_policy = PanicPolicy::kResume;
-      } else if (value == "quit") {
-        config.panic_policy = PanicPolicy::kQuit;
-      } else {
-        return fail(Error{"'" + std::string(value) + "' is not one of pause, resume, quit"});
-      }
-    } else if (key == "accel") {
-      if (value != "auto" && value != "tcg" && value != "kvm") {
-        return fail(Error{"'" + std::string(value) + "' is not one of auto, tcg, kvm"});
-      }
-      config.accel = std::string(value);
-    } else if (key == "vm_on_shutdown") {
-      if (value == "keep") {
-        config.vm_on_shutdown = VmOnShutdown::kKeep;
-      } else if (value == "stop") {
-        config.vm_on_shutdown = VmOnShutdown::kStop;
-      } else {
-        return fail(Error{"'" + std::string(value) + "' is not one of keep, stop"});
-      }
-    } else if (key == "worker_threads") {
-      auto n = ParseInt(value, 1, 64);
-      if (!n.ok()) return fail(n.error());
-      config.worker_threads = *n;
-    } else if (key == "max_connections") {
-      auto n = ParseInt(value, 1, 4096);
-      if (!n.ok()) return fail(n.error());
-      config.max_connections = *n;
-    } else if (key == "max_requests_per_connection") {
-      auto n = ParseInt(value, 1, 1024);
-      if (!n.ok()) return fail(n.error());
-      config.max_requests_per_connection = *n;
-    } else if (key == "log_level") {
-      auto level = ParseLogLevel(value);
-      if (!level.ok()) return fail(level.error());
-      config.log_level = *level;
-    } else if (key == "qemu_sandbox") {
-      if (value != "on" && value != "off") {
-        return fail(Error{"'" + std::string(value) + "' is not one of on, off"});
-      }
-      config.qemu_sandbox = value == "on";
-    } else if (key == "qemu_user") {
-      // A user name QEMU's -runas resolves when the VM boots (checked then,
-      // so a user created later needs no restart); empty: none.
-      if (value.find_first_of(" \t,=/:") != std::string_view::npos) {
-        return fail(Error{"'" + std::string(value) + "' is not a user name"});
-      }
-      config.qemu_user = std::string(value);
-    } else if (key == "libvirt_uri") {
-      // Any URI libvirt accepts; it is checked when the daemon connects, and
-      // a libvirtd that is down then is retried, not fatal.
-      config.libvirt_uri = std::string(value);
-    } else {
-      return Error{where + "unknown key '" + std::string(key) + "'"};
-    }
+    Result<bool> known = ApplyKey(config, key, value);
+    if (!known.ok()) return Error{where + std::string(key) + ": " + known.error().message};
+    if (!*known) return Error{where + "unknown key '" + std::string(key) + "'"};
   }
   return config;
 }

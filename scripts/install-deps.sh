@@ -20,6 +20,8 @@ PACKAGES=(
   python3 socat ccache
   # Packaging (debian/, scripts/build-packages.sh, tests/packaging/).
   scdoc debhelper dpkg-dev fakeroot lintian bash-completion systemd libxml2-dev
+  # The service test boots systemd in a container (tests/service/).
+  systemd-container
 )
 
 missing=()

@@ -37,7 +37,9 @@ std::string KernelSize(uint64_t bytes) {
   return std::to_string(bytes);
 }
 
-Result<std::string> ReadSmall(const fs::path& path, size_t limit) {
+}  // namespace
+
+Result<std::string> ReadSmallFile(const fs::path& path, size_t limit) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Error{"cannot read " + path.string() + ": " + std::strerror(errno)};
   std::string data(limit + 1, '\0');
@@ -46,6 +48,8 @@ Result<std::string> ReadSmall(const fs::path& path, size_t limit) {
   if (data.size() > limit) return Error{path.string() + " is larger than " + std::to_string(limit)};
   return data;
 }
+
+namespace {
 
 bool IsAppendLine(std::string_view line) {
   const size_t b = line.find_first_not_of(" \t");
@@ -129,7 +133,8 @@ Result<NodeRange> NodeRangeFromSrat(std::span<const std::byte> table, uint32_t n
 }
 
 Result<NodeRange> NodeRangeFromSysfs(const fs::path& sys, uint32_t node) {
-  Result<std::string> block_text = ReadSmall(sys / "devices/system/memory/block_size_bytes", 64);
+  Result<std::string> block_text =
+      ReadSmallFile(sys / "devices/system/memory/block_size_bytes", 64);
   if (!block_text.ok()) return block_text.error();
   const uint64_t block = std::strtoull(block_text->c_str(), nullptr, 16);
   if (block == 0 || block % kPage != 0) {
@@ -155,9 +160,9 @@ Result<NodeRange> NodeRangeFromSysfs(const fs::path& sys, uint32_t node) {
   // A block is 128 MiB on x86 and node 1 is often smaller: the firmware's
   // RAM map (/sys/firmware/memmap, before memmap= changed it) ends it.
   for (const auto& entry : fs::directory_iterator(sys / "firmware/memmap", ec)) {
-    Result<std::string> type = ReadSmall(entry.path() / "type", 64);
-    Result<std::string> start = ReadSmall(entry.path() / "start", 64);
-    Result<std::string> end = ReadSmall(entry.path() / "end", 64);
+    Result<std::string> type = ReadSmallFile(entry.path() / "type", 64);
+    Result<std::string> start = ReadSmallFile(entry.path() / "start", 64);
+    Result<std::string> end = ReadSmallFile(entry.path() / "end", 64);
     if (!type.ok() || !start.ok() || !end.ok() || type->rfind("System RAM", 0) != 0) continue;
     const uint64_t s = std::strtoull(start->c_str(), nullptr, 16);
     const uint64_t e = std::strtoull(end->c_str(), nullptr, 16);  // Inclusive.

@@ -68,6 +68,10 @@ Result<NodeRange> NodeRangeFromSrat(std::span<const std::byte> table, uint32_t n
 // <sys>/devices/system/memory/block_size_bytes.
 Result<NodeRange> NodeRangeFromSysfs(const std::filesystem::path& sys, uint32_t node);
 
+// The whole of a small file (sysfs, ACPI tables, boot loader configs); an
+// error when it is larger than |limit| bytes.
+Result<std::string> ReadSmallFile(const std::filesystem::path& path, size_t limit);
+
 struct BootBufferParams {
   uint64_t gpa = 0;
   uint64_t bytes = 0;

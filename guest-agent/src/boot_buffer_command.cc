@@ -20,16 +20,6 @@ constexpr size_t kMaxSratBytes = 1u << 20;
 constexpr size_t kMaxConfigBytes = 1u << 20;
 constexpr uint32_t kSharedNode = 1;
 
-Result<std::string> ReadText(const fs::path& path, size_t limit) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error{"cannot read " + path.string() + ": " + std::strerror(errno)};
-  std::string data(limit + 1, '\0');
-  in.read(data.data(), static_cast<std::streamsize>(data.size()));
-  data.resize(static_cast<size_t>(in.gcount()));
-  if (data.size() > limit) return Error{path.string() + " is larger than " + std::to_string(limit)};
-  return data;
-}
-
 Status WriteReplacing(const fs::path& path, const std::string& text) {
   const fs::path tmp = path.string() + ".hvtrace-tmp";
   {
@@ -70,7 +60,7 @@ Result<Loader> FindLoader(const BootBufferPaths& paths) {
 // Node 1 from the SRAT when it is readable, else from sysfs.
 Result<NodeRange> SharedNode(const BootBufferPaths& paths, std::string* note) {
   const fs::path srat = paths.sys / "firmware/acpi/tables/SRAT";
-  Result<std::string> table = ReadText(srat, kMaxSratBytes);
+  Result<std::string> table = ReadSmallFile(srat, kMaxSratBytes);
   if (table.ok()) {
     Result<NodeRange> r = NodeRangeFromSrat(
         std::as_bytes(std::span<const char>(table->data(), table->size())), kSharedNode);
@@ -135,7 +125,7 @@ int Enable(const BootBufferOptions& o, std::FILE* out, std::FILE* err) {
   if (loader->grub) {
     text = GrubDropIn(p->kernel_params);
   } else {
-    Result<std::string> config = ReadText(loader->config, kMaxConfigBytes);
+    Result<std::string> config = ReadSmallFile(loader->config, kMaxConfigBytes);
     if (!config.ok()) {
       std::fprintf(err, "hvtrace-agent boot-buffer: %s\n", config.error().message.c_str());
       return 1;
@@ -185,7 +175,7 @@ int Disable(const BootBufferOptions& o, std::FILE* out, std::FILE* err) {
     std::fprintf(out, "removed %s\n", loader->config.c_str());
     return 0;
   }
-  Result<std::string> config = ReadText(loader->config, kMaxConfigBytes);
+  Result<std::string> config = ReadSmallFile(loader->config, kMaxConfigBytes);
   if (!config.ok()) {
     std::fprintf(err, "hvtrace-agent boot-buffer: %s\n", config.error().message.c_str());
     return 1;
@@ -224,14 +214,14 @@ int PrintStatus(const BootBufferOptions& o, std::FILE* out) {
   Result<Loader> loader = FindLoader(o.paths);
   bool configured = false;
   if (loader.ok()) {
-    Result<std::string> config = ReadText(loader->config, kMaxConfigBytes);
+    Result<std::string> config = ReadSmallFile(loader->config, kMaxConfigBytes);
     configured = config.ok() && (loader->grub || SyslinuxDisable(*config).ok());
     std::fprintf(out, "boot loader: %s (%s)\n", loader->config.c_str(),
                  configured ? "boot buffer enabled" : "boot buffer not enabled");
   } else {
     std::fprintf(out, "boot loader: %s\n", loader.error().message.c_str());
   }
-  Result<std::string> cmdline = ReadText(o.paths.proc_cmdline, 64 * 1024);
+  Result<std::string> cmdline = ReadSmallFile(o.paths.proc_cmdline, 64 * 1024);
   const std::string memmap = params.substr(0, params.find(' '));
   const bool in_cmdline =
       cmdline.ok() && !memmap.empty() && cmdline->find(memmap) != std::string::npos;

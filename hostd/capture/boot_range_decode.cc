@@ -159,6 +159,19 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
   BootMapCaptureOptions options;
   options.write_region = false;  // The caller wrote (and fsynced) region.bin.
   std::string decode_error;
+  // A decode that worked: its figures go to the manifest; false if it failed.
+  auto decoded = [&](const Result<CaptureResult>& built) {
+    if (!built.ok()) {
+      decode_error = built.error().message;
+      return false;
+    }
+    info["decoded"] = true;
+    info["unknown_id_events"] = built->unknown_id;
+    times.decode_ms = built->decode_ms;
+    times.write_ms = built->write_ms;
+    manifest.extra["formats"] = std::move(info);
+    return true;
+  };
   // The metadata channel's boots, each decoding its own boot of the range.
   if (const KernelFormats* layout = formats ? formats.get() : channel.Newest();
       !channel.empty() && layout != nullptr) {
@@ -170,27 +183,10 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
         },
         options, capture, manifest);
     info["meta"] = std::move(meta_info);
-    if (built.ok()) {
-      info["decoded"] = true;
-      info["state"] = state + "; metadata channel";
-      info["unknown_id_events"] = built->unknown_id;
-      times.decode_ms = built->decode_ms;
-      times.write_ms = built->write_ms;
-      manifest.extra["formats"] = std::move(info);
-      return times;
-    }
-    decode_error = built.error().message;
+    if (built.ok()) info["state"] = state + "; metadata channel";
+    if (decoded(built)) return times;
   } else if (formats) {
-    Result<CaptureResult> built = BuildBootMapCapture(copy, *formats, options, capture, manifest);
-    if (built.ok()) {
-      info["decoded"] = true;
-      info["unknown_id_events"] = built->unknown_id;
-      times.decode_ms = built->decode_ms;
-      times.write_ms = built->write_ms;
-      manifest.extra["formats"] = std::move(info);
-      return times;
-    }
-    decode_error = built.error().message;
+    if (decoded(BuildBootMapCapture(copy, *formats, options, capture, manifest))) return times;
   }
   // No formats (or the decode failed): count what the region holds so the
   // manifest still says it; `hvtrace show` decodes region.bin later.

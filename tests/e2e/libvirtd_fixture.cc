@@ -104,6 +104,20 @@ TestDomain::~TestDomain() {
   }
 }
 
+// The serial console both kinds of domain have: a socket the tests type
+// into and a log libvirt keeps.
+std::string TestDomain::SerialXml() const {
+  return "    <serial type='unix'>\n"
+         "      <source mode='bind' path='" +
+         console_socket() +
+         "'/>\n"
+         "      <log file='" +
+         console_log() +
+         "' append='off'/>\n"
+         "      <target port='0'/>\n"
+         "    </serial>\n";
+}
+
 std::string TestDomain::MakeXml(const GuestImage& image, const TestDomainOptions& o) const {
   return "<domain type='qemu'>\n"
          "  <name>" +
@@ -129,16 +143,8 @@ std::string TestDomain::MakeXml(const GuestImage& image, const TestDomainOptions
          "  <on_crash>" +
          o.on_crash +
          "</on_crash>\n"
-         "  <devices>\n"
-         "    <serial type='unix'>\n"
-         "      <source mode='bind' path='" +
-         console_socket() +
-         "'/>\n"
-         "      <log file='" +
-         console_log() +
-         "' append='off'/>\n"
-         "      <target port='0'/>\n"
-         "    </serial>\n"
+         "  <devices>\n" +
+         SerialXml() +
          "    <panic model='isa'/>\n"
          "    <memballoon model='none'/>\n" +
          o.extra_devices +
@@ -177,18 +183,8 @@ Result<std::string> TestDomain::MakeDiskXml(const DiskImage& image,
          overlay +
          "'/>\n"
          "      <target dev='vda' bus='virtio'/>\n"
-         "    </disk>\n"
-         "    <serial type='unix'>\n"
-         "      <source mode='bind' path='" +
-         console_socket() +
-         "'/>\n"
-         "      <log file='" +
-         console_log() +
-         "' append='off'/>\n"
-         "      <target port='0'/>\n"
-         "    </serial>\n"
-         "    <memballoon model='none'/>\n" +
-         o.extra_devices +
+         "    </disk>\n" +
+         SerialXml() + "    <memballoon model='none'/>\n" + o.extra_devices +
          "  </devices>\n"
          "</domain>\n";
 }

@@ -73,6 +73,7 @@ class TestDomain {
   std::string console_log() const { return daemon_.dir() + "/" + name_ + ".log"; }
 
   // The default definition for |image|.
+  std::string SerialXml() const;
   std::string MakeXml(const GuestImage& image, const TestDomainOptions& options) const;
   // A definition booting from |image|'s disk through a qcow2 overlay made in
   // the daemon's directory (the cached image is never written), with no

@@ -1,0 +1,411 @@
+#include "kaslr_evidence.h"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "hvtrace/format.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+using nlohmann::json;
+
+// How a candidate delta is accepted, with the arithmetic.
+//
+// Candidates. x86_64 KASLR places the kernel image at a multiple of
+// CONFIG_PHYSICAL_ALIGN inside the 1 GiB image area (0xffffffff80000000 ..
+// 0xffffffffc0000000), so two boots differ by k * align with |k| <= 512.
+// Debian's 6.12 and 6.1 configs (boot/config-* in the cached .debs) both set
+// CONFIG_PHYSICAL_ALIGN=0x200000, the x86_64 minimum; a kernel with a larger
+// alignment has a subset of these candidates, so 2 MiB is never wrong, only a
+// little less selective. A value v lands in the harvest's text (16 MiB in
+// 6.12.95, _stext.._etext) under at most text/align + 1 = 9 candidates; the
+// candidates tried are those that put the first value of each kind in the
+// text (a candidate that does not cannot explain every function pointer).
+//
+// Chance. The residue v mod 2 MiB is the same under every candidate, so a
+// wrong candidate puts v at the same offset of another 2 MiB page of text.
+// In the 6.12.95 harvest the text holds 52,677 function starts (t/T/w/W,
+// without __pfx_/__cfi_ padding symbols) among 1,048,576 16-byte slots
+// (CONFIG_FUNCTION_ALIGNMENT=16, and a function pointer is 16-aligned under
+// any candidate): a wrong candidate lands one function pointer on a start
+// with p = 0.050 (measured per harvest, never taken below kMinFunctionDensity).
+// A print ip lands inside tracing_mark_write (0x280 bytes) under a wrong
+// candidate with p = 0x280 / 2 MiB = 3e-4; a bprint fmt on one of the ~170
+// printk_formats addresses with p = 170 / 2 MiB = 8e-5. The expected number
+// of wrong candidates explaining what the best one explains is
+//   E = (candidates - 1) * product of p over the distinct values it explains
+// (8 other candidates: 1 function pointer E = 0.4, 2: 0.02, 3: 1e-3, 4: 5e-5;
+// one marker ip alone 3e-4).
+//
+// Acceptance. The best candidate must contradict nothing (every function
+// pointer in the image area on a function start, every ip inside the text),
+// no other candidate without contradictions may explain as much, and
+// E < kMaxExpectedFalse (1e-3: three distinct function pointers and anything
+// else, four alone, or one trace_marker write). The meta's text_addr is an
+// independent witness when it agrees (a stale one, from a wiped or earlier
+// boot, agrees with a wrong candidate by chance with p ~ 1/512), so with its
+// agreement E < kMaxExpectedFalseWithMeta (0.05: two function pointers).
+// Never alone: no evidence, or evidence against it, prints raw.
+constexpr uint64_t kAlign = 2ull << 20;
+constexpr int64_t kMaxSteps = 512;  // 1 GiB / kAlign.
+constexpr uint64_t kImageStart = 0xffffffff80000000ull;
+constexpr uint64_t kImageEnd = 0xffffffffc0000000ull;  // Modules start here.
+constexpr uint64_t kStartKernel = 0xffffffff81000000ull;
+constexpr uint64_t kFunctionAlign = 16;
+constexpr double kMinFunctionDensity = 0.02;
+constexpr double kMaxExpectedFalse = 1e-3;
+constexpr double kMaxExpectedFalseWithMeta = 0.05;
+// A hostile boot can carry millions of distinct values; this many per kind
+// decide as well as all of them.
+constexpr size_t kMaxValuesPerKind = 4096;
+
+enum Kind : uint8_t { kFunction, kPrintIp, kOtherIp, kFormat, kKinds };
+constexpr std::array<const char*, kKinds> kKindNames = {"function_pointer", "marker_ip",
+                                                        "ip_in_text", "printk_format"};
+
+// Fields that hold exactly a function's start address (checked against the
+// 6.12.95 formats: the kernel stores the callback pointer itself).
+struct FieldRule {
+  const char* system;
+  const char* event;
+  const char* field;
+  Kind kind;
+};
+constexpr FieldRule kRules[] = {
+    {"timer", "hrtimer_start", "function", kFunction},
+    {"timer", "hrtimer_expire_entry", "function", kFunction},
+    {"timer", "timer_start", "function", kFunction},
+    {"timer", "timer_expire_entry", "function", kFunction},
+    {"workqueue", "workqueue_queue_work", "function", kFunction},
+    {"workqueue", "workqueue_activate_work", "function", kFunction},
+    {"workqueue", "workqueue_execute_start", "function", kFunction},
+    {"workqueue", "workqueue_execute_end", "function", kFunction},
+    {"irq", "tasklet_entry", "func", kFunction},
+    {"irq", "tasklet_exit", "func", kFunction},
+    {"csd", "csd_queue_cpu", "func", kFunction},
+    {"csd", "csd_function_entry", "func", kFunction},
+    {"csd", "csd_function_exit", "func", kFunction},
+    {"sched", "sched_kthread_work_queue_work", "function", kFunction},
+    {"sched", "sched_kthread_work_execute_start", "function", kFunction},
+    {"sched", "sched_kthread_work_execute_end", "function", kFunction},
+    {"initcall", "initcall_start", "func", kFunction},
+    {"initcall", "initcall_finish", "func", kFunction},
+    {"ftrace", "print", "ip", kPrintIp},
+    {"ftrace", "bprint", "ip", kOtherIp},
+    {"ftrace", "bputs", "ip", kOtherIp},
+    {"ftrace", "bprint", "fmt", kFormat},
+    {"ftrace", "bputs", "str", kFormat},
+};
+
+// The harvest's symbols as the evidence needs them.
+struct SymbolIndex {
+  std::vector<uint64_t> starts;   // Function starts in the text, sorted.
+  std::vector<uint64_t> formats;  // printk_formats addresses in the image.
+  uint64_t text_lo = 0, text_hi = 0;
+  uint64_t marker_lo = 0, marker_hi = 0;  // tracing_mark_write .. next symbol.
+  double function_density = kMinFunctionDensity;
+};
+
+bool InImage(uint64_t v) { return v >= kImageStart && v < kImageEnd; }
+
+SymbolIndex IndexSymbols(std::string_view kallsyms, std::string_view printk_formats) {
+  SymbolIndex ix;
+  std::vector<uint64_t> all;
+  uint64_t stext = 0, etext = 0;
+  for (std::string_view text = kallsyms; !text.empty();) {
+    const size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl == std::string_view::npos ? text.size() : nl);
+    text.remove_prefix(std::min(text.size(), line.size() + 1));
+    uint64_t addr = 0;
+    const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), addr, 16);
+    const size_t digits = static_cast<size_t>(end - line.data());
+    if (ec != std::errc() || line.size() < digits + 4 || line[digits] != ' ' ||
+        line[digits + 2] != ' ' || !InImage(addr) || line.find('[') != std::string_view::npos) {
+      continue;  // Module symbols ("\t[mod]") were the harvest boot's; not the image.
+    }
+    const char type = line[digits + 1];
+    const std::string_view name = line.substr(digits + 3);
+    if (type == 'A' || type == 'a') continue;
+    all.push_back(addr);
+    if (name == "_stext") stext = addr;
+    if (name == "_etext") etext = addr;
+    if (name == "tracing_mark_write") ix.marker_lo = addr;
+    if ((type == 't' || type == 'T' || type == 'w' || type == 'W') && !name.starts_with("__pfx_") &&
+        !name.starts_with("__cfi_")) {
+      ix.starts.push_back(addr);
+    }
+  }
+  std::sort(ix.starts.begin(), ix.starts.end());
+  ix.starts.erase(std::unique(ix.starts.begin(), ix.starts.end()), ix.starts.end());
+  std::sort(all.begin(), all.end());
+  if (ix.starts.empty()) return ix;
+  ix.text_lo = stext != 0 ? stext : ix.starts.front();
+  ix.text_hi = etext > ix.text_lo ? etext : all.back() + 1;
+  if (ix.marker_lo != 0) {
+    auto next = std::upper_bound(all.begin(), all.end(), ix.marker_lo);
+    ix.marker_hi = next != all.end() ? *next : 0;
+    if (ix.marker_hi == 0) ix.marker_lo = 0;  // Its end is unknown: not evidence.
+  }
+  const auto in_text = std::count_if(ix.starts.begin(), ix.starts.end(),
+                                     [&](uint64_t a) { return a >= ix.text_lo && a < ix.text_hi; });
+  const double slots = static_cast<double>(ix.text_hi - ix.text_lo) / kFunctionAlign;
+  ix.function_density = std::clamp(static_cast<double>(in_text) / slots, kMinFunctionDensity, 1.0);
+  for (std::string_view text = printk_formats; !text.empty();) {
+    const size_t nl = text.find('\n');
+    std::string_view line = text.substr(0, nl == std::string_view::npos ? text.size() : nl);
+    text.remove_prefix(std::min(text.size(), line.size() + 1));
+    uint64_t addr = 0;
+    if (!line.starts_with("0x")) continue;
+    const auto [end, ec] = std::from_chars(line.data() + 2, line.data() + line.size(), addr, 16);
+    if (ec == std::errc() && InImage(addr)) ix.formats.push_back(addr);
+  }
+  std::sort(ix.formats.begin(), ix.formats.end());
+  ix.formats.erase(std::unique(ix.formats.begin(), ix.formats.end()), ix.formats.end());
+  return ix;
+}
+
+using Values = std::array<std::set<uint64_t>, kKinds>;
+
+// The distinct image-area values of the evidence fields in boot |boot|.
+Values CollectValues(const BootMap& map, uint32_t boot, const KernelFormats& formats) {
+  std::map<uint32_t, std::vector<std::pair<uint32_t, Kind>>> by_id;  // id -> (offset, kind)
+  for (const CachedEventFormat& ev : formats.events) {
+    for (const FieldRule& rule : kRules) {
+      if (ev.system != rule.system || ev.name != rule.event || !ev.parse_error.empty()) continue;
+      Result<EventFormat> parsed = ParseEventFormat(ev.system, ev.text);
+      if (!parsed.ok()) continue;
+      const FieldFormat* f = parsed->FindField(rule.field);
+      if (f != nullptr && f->size == 8 && f->kind == FieldKind::kScalar) {
+        by_id[parsed->id].emplace_back(f->offset, rule.kind);
+      }
+    }
+  }
+  Values values;
+  if (by_id.empty()) return values;
+  for (const BootMapCpu& cpu : map.cpu) {
+    for (const BootMapRecord& rec : cpu.records) {
+      if (rec.boot != boot || rec.payload.size() < 2) continue;
+      uint16_t type = 0;
+      std::memcpy(&type, rec.payload.data(), sizeof(type));
+      auto it = by_id.find(type);
+      if (it == by_id.end()) continue;
+      for (const auto& [offset, kind] : it->second) {
+        if (rec.payload.size() < 8 || offset > rec.payload.size() - 8) continue;
+        uint64_t v = 0;
+        std::memcpy(&v, rec.payload.data() + offset, sizeof(v));
+        if (InImage(v) && values[kind].size() < kMaxValuesPerKind) values[kind].insert(v);
+      }
+    }
+  }
+  return values;
+}
+
+struct Score {
+  int64_t delta = 0;
+  std::array<size_t, kKinds> explained{};
+  size_t contradicted = 0;
+  double chance = 1;  // Product of p over the strong values explained.
+  size_t strong() const { return explained[kFunction] + explained[kPrintIp] + explained[kFormat]; }
+};
+
+Score Evaluate(const SymbolIndex& ix, const Values& values, int64_t delta) {
+  Score s;
+  s.delta = delta;
+  const double p_marker = static_cast<double>(ix.marker_hi - ix.marker_lo) / kAlign;
+  const double p_format = std::min(1.0, static_cast<double>(ix.formats.size()) / kAlign);
+  for (size_t k = 0; k < kKinds; ++k) {
+    for (uint64_t v : values[k]) {
+      const uint64_t a = v - static_cast<uint64_t>(delta);
+      const bool in_text = a >= ix.text_lo && a < ix.text_hi;
+      if (k == kFunction) {
+        if (std::binary_search(ix.starts.begin(), ix.starts.end(), a)) {
+          ++s.explained[k];
+          s.chance *= ix.function_density;
+        } else {
+          ++s.contradicted;
+        }
+      } else if (k == kFormat) {
+        if (std::binary_search(ix.formats.begin(), ix.formats.end(), a)) {
+          ++s.explained[k];
+          s.chance *= p_format;
+        }  // Else a module's or a dynamic string: neither proof nor veto.
+      } else if (!in_text) {
+        ++s.contradicted;
+      } else if (k == kPrintIp && ix.marker_lo != 0 && a >= ix.marker_lo && a < ix.marker_hi) {
+        ++s.explained[k];
+        s.chance *= p_marker;
+      } else {
+        ++s.explained[kOtherIp];  // Inside some function: consistent, proves little.
+      }
+    }
+  }
+  return s;
+}
+
+// Deltas (multiples of kAlign within 1 GiB) that put |v| in the text.
+void AddCandidates(const SymbolIndex& ix, uint64_t v, std::set<int64_t>& out) {
+  const int64_t from_lo = static_cast<int64_t>(v - ix.text_lo);  // Both in the image: fits.
+  const int64_t from_hi = static_cast<int64_t>(v - ix.text_hi);
+  auto floor_div = [](int64_t a, int64_t b) {
+    return a / b - ((a % b != 0) && ((a < 0) != (b < 0)));
+  };
+  const int64_t align = static_cast<int64_t>(kAlign);
+  const int64_t k_max = std::min(kMaxSteps, floor_div(from_lo, align));
+  const int64_t k_min = std::max(-kMaxSteps, floor_div(from_hi, align) + 1);
+  for (int64_t k = k_min; k <= k_max; ++k) out.insert(k * align);
+}
+
+json Counts(const Score& s) {
+  json counts = json::object();
+  for (size_t k = 0; k < kKinds; ++k) {
+    if (s.explained[k] != 0) counts[kKindNames[k]] = s.explained[k];
+  }
+  return counts;
+}
+
+json Raw(std::string why, json extra = json::object()) {
+  extra["raw"] = true;
+  extra["why"] = std::move(why);
+  return extra;
+}
+
+}  // namespace
+
+std::optional<int64_t> MetaTextDelta(const BootMap& map, std::string_view kallsyms) {
+  const BootMapCpu* meta = nullptr;
+  for (const BootMapCpu& c : map.cpu) {
+    if (c.meta_valid && c.text_addr != 0) {
+      meta = &c;
+      break;
+    }
+  }
+  if (meta == nullptr) return std::nullopt;
+  const bool kaslr_layout = map.layout == "linux-6.12-kaslr";
+  const std::string needle = kaslr_layout ? " _text\n" : " rb_meta_init_text_addr\n";
+  for (size_t at = kallsyms.find(needle); at != std::string_view::npos;
+       at = kallsyms.find(needle, at + 1)) {
+    const size_t line = kallsyms.rfind('\n', at);
+    const size_t start = line == std::string_view::npos ? 0 : line + 1;
+    if (at < start + 2 || kallsyms[at - 2] != ' ') continue;
+    uint64_t addr = 0;
+    const auto [end, ec] =
+        std::from_chars(kallsyms.data() + start, kallsyms.data() + at - 2, addr, 16);
+    if (ec != std::errc() || end != kallsyms.data() + at - 2 || addr == 0) continue;
+    if (kaslr_layout) return static_cast<int64_t>(meta->text_addr - (addr - kStartKernel));
+    return static_cast<int64_t>(meta->text_addr - addr);
+  }
+  return std::nullopt;
+}
+
+KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelFormats& formats,
+                            std::optional<int64_t> meta_delta, bool own_symbols) {
+  KaslrVerdict out;
+  const char* source = own_symbols ? "agent metadata" : "evidence";
+  const SymbolIndex ix = IndexSymbols(formats.kallsyms, formats.printk_formats);
+  if (ix.starts.empty()) {
+    out.manifest = Raw("the kallsyms hold no kernel function (kptr_restrict or none harvested)");
+    return out;
+  }
+  const Values values = CollectValues(map, boot, formats);
+  std::set<int64_t> candidates = {0};
+  if (meta_delta && *meta_delta % static_cast<int64_t>(kAlign) == 0 &&
+      std::abs(*meta_delta) <= kMaxSteps * static_cast<int64_t>(kAlign)) {
+    candidates.insert(*meta_delta);
+  }
+  for (size_t k = 0; k < kKinds; ++k) {
+    if (k != kFormat && !values[k].empty()) AddCandidates(ix, *values[k].begin(), candidates);
+  }
+  std::vector<Score> scores;
+  for (int64_t d : candidates) scores.push_back(Evaluate(ix, values, d));
+  // Best first: no contradiction, then the least chance of a coincidence.
+  std::sort(scores.begin(), scores.end(), [](const Score& a, const Score& b) {
+    if ((a.contradicted == 0) != (b.contradicted == 0)) return a.contradicted == 0;
+    if (a.chance != b.chance) return a.chance < b.chance;
+    return a.contradicted < b.contradicted;
+  });
+  size_t distinct = 0;
+  for (const auto& v : values) distinct += v.size();
+  const Score& best = scores.front();
+  const double expected = static_cast<double>(std::max<size_t>(1, scores.size() - 1)) * best.chance;
+  json info = {{"distinct", distinct}, {"candidates", scores.size()}};
+  if (scores.size() > 1) {
+    const Score& r = scores[1];
+    info["runner_up"] = {
+        {"delta", r.delta}, {"explained", Counts(r)}, {"contradicted", r.contradicted}};
+  }
+  // The meta's text_addr against the delta in use (own symbols: 0).
+  const bool checked = own_symbols || (best.contradicted == 0 && best.strong() != 0);
+  const int64_t chosen = own_symbols ? 0 : best.delta;
+  if (meta_delta) {
+    info["meta_text_addr"] = !checked                ? "unchecked"
+                             : *meta_delta == chosen ? "agrees"
+                                                     : "disagrees (not this boot's)";
+    info["meta_delta"] = *meta_delta;
+  } else {
+    info["meta_text_addr"] = "none";
+  }
+  // The agent's metadata is this boot's own: delta 0 unless evidence objects.
+  const Score* zero = nullptr;
+  for (const Score& s : scores) {
+    if (s.delta == 0) zero = &s;
+  }
+  const bool unique =
+      scores.size() < 2 || scores[1].contradicted != 0 || scores[1].strong() < best.strong();
+  const bool meta_agrees = meta_delta && *meta_delta == best.delta;
+  const bool proven = best.contradicted == 0 && best.strong() != 0 && unique &&
+                      expected < (meta_agrees ? kMaxExpectedFalseWithMeta : kMaxExpectedFalse);
+  if (own_symbols) {
+    info["evidence"] = Counts(*zero);
+    if (zero->contradicted != 0) {
+      out.manifest = Raw(std::to_string(zero->contradicted) + " of " + std::to_string(distinct) +
+                             " values contradict the agent's kallsyms for this boot",
+                         std::move(info));
+      return out;
+    }
+    if (proven && best.delta != 0) {
+      out.manifest =
+          Raw("the evidence says delta " + std::to_string(best.delta) + ", not the agent's own 0",
+              std::move(info));
+      return out;
+    }
+    info["delta"] = 0;
+    info["source"] = source;
+    out.use_symbols = true;
+    out.manifest = std::move(info);
+    return out;
+  }
+  info["evidence"] = Counts(best);
+  info["chance"] = expected;
+  if (distinct == 0) {
+    out.manifest =
+        Raw("no evidence: the boot has no function-pointer, print ip or bprint fmt values in the "
+            "kernel image (the meta's text_addr alone may be another boot's)",
+            std::move(info));
+    return out;
+  }
+  if (!proven) {
+    std::string why = best.contradicted != 0
+                          ? "no candidate offset explains every value (another kernel build?)"
+                      : !unique            ? "ambiguous: two offsets explain the values equally"
+                      : best.strong() == 0 ? "only weak evidence (ips inside some function)"
+                                           : "too little evidence for a unique offset";
+    out.manifest = Raw(std::move(why), std::move(info));
+    return out;
+  }
+  info["delta"] = best.delta;
+  info["source"] = source;
+  out.use_symbols = true;
+  out.delta = best.delta;
+  out.manifest = std::move(info);
+  return out;
+}
+
+}  // namespace hvtrace::hostd

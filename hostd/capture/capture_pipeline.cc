@@ -21,6 +21,7 @@
 #include "hvtrace/format.h"
 #include "hvtrace/page.h"
 #include "kallsyms_subset.h"
+#include "kaslr_evidence.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -235,35 +236,15 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
   return d;
 }
 
-// The address of |symbol| in kallsyms text, or 0.
-uint64_t SymbolAddress(std::string_view kallsyms, std::string_view symbol) {
-  // Lines are "ffffffff81000000 T _text" (module symbols end in "\t[mod]").
-  const std::string needle = " " + std::string(symbol) + "\n";
-  size_t at = kallsyms.find(needle);
-  while (at != std::string_view::npos) {
-    const size_t line = kallsyms.rfind('\n', at);
-    const size_t start = line == std::string_view::npos ? 0 : line + 1;
-    // "<hex> <type> <symbol>": the needle must follow the type letter.
-    if (at >= start + 2 && kallsyms[at - 2] == ' ') {
-      uint64_t addr = 0;
-      const auto [end, ec] =
-          std::from_chars(kallsyms.data() + start, kallsyms.data() + at - 2, addr, 16);
-      if (ec == std::errc() && end == kallsyms.data() + at - 2) return addr;
-    }
-    at = kallsyms.find(needle, at + 1);
-  }
-  return 0;
-}
-
 // The kallsyms trace-cmd needs for the events of |map| (KallsymsSubset:
 // kilobytes instead of the kernel's ~7 MB, printing the same).
 std::string KallsymsForEvents(const BootMap& map, std::string_view kallsyms, int64_t delta,
-                              std::optional<uint32_t> boot = std::nullopt) {
+                              uint32_t boot) {
   KallsymsSubset subset(kallsyms, delta);
   if (subset.empty()) return std::string();
   for (const BootMapCpu& cpu : map.cpu) {
     for (const BootMapRecord& rec : cpu.records) {
-      if (!boot || rec.boot == *boot) subset.AddPayload(rec.payload);
+      if (rec.boot == boot) subset.AddPayload(rec.payload);
     }
   }
   return subset.Text();
@@ -294,49 +275,6 @@ std::string RelocatePrintkFormats(std::string_view text, int64_t delta) {
   return out;
 }
 
-// x86_64's __START_KERNEL (__START_KERNEL_map + CONFIG_PHYSICAL_START), from
-// which kaslr_offset() is counted.
-constexpr uint64_t kStartKernel = 0xffffffff81000000ull;
-
-// The harvest booted the kernel at another KASLR offset than the captured
-// boot, so its kallsyms and printk_formats are off by the difference. The
-// 6.12 meta records where this boot's kernel sits: text_addr =
-// &rb_meta_init_text_addr and data_addr = &rb_data_ptr (56-byte meta), or
-// kaslr_addr = kaslr_offset() (48-byte meta). All CPUs' metas carry the same
-// values; the first valid one is used. Boots before a kexec ran at their own
-// offsets, which nothing records: their symbols are the last boot's (as the
-// kernel's own trace file prints raw addresses for them).
-json KaslrRelocation(const BootMap& map, const KernelFormats& formats, int64_t* delta) {
-  *delta = 0;
-  const BootMapCpu* meta = nullptr;
-  for (const BootMapCpu& c : map.cpu) {
-    if (c.meta_valid && c.text_addr != 0) {
-      meta = &c;
-      break;
-    }
-  }
-  if (meta == nullptr) return {{"relocated", false}, {"why", "no valid CPU meta with text_addr"}};
-  if (map.layout == "linux-6.12-kaslr") {
-    const uint64_t text = SymbolAddress(formats.kallsyms, "_text");
-    if (text == 0) return {{"relocated", false}, {"why", "kallsyms has no _text"}};
-    *delta = static_cast<int64_t>(meta->text_addr - (text - kStartKernel));
-    return {{"relocated", *delta != 0},
-            {"delta", *delta},
-            {"from", "meta kaslr_addr vs kallsyms _text"}};
-  }
-  const uint64_t text = SymbolAddress(formats.kallsyms, "rb_meta_init_text_addr");
-  if (text == 0) return {{"relocated", false}, {"why", "kallsyms has no rb_meta_init_text_addr"}};
-  *delta = static_cast<int64_t>(meta->text_addr - text);
-  json info = {{"relocated", *delta != 0},
-               {"delta", *delta},
-               {"from", "meta text_addr vs kallsyms rb_meta_init_text_addr"}};
-  if (const uint64_t data = SymbolAddress(formats.kallsyms, "rb_data_ptr"); data != 0) {
-    const int64_t data_delta = static_cast<int64_t>(meta->data_addr - data);
-    if (data_delta != *delta) info["data_delta_differs"] = data_delta;
-  }
-  return info;
-}
-
 TraceDatWriterInput WriterInput(const KernelFormats& formats, const BootMapCaptureOptions& opts,
                                 uint32_t page_size) {
   TraceDatWriterInput in;
@@ -355,35 +293,9 @@ TraceDatWriterInput WriterInput(const KernelFormats& formats, const BootMapCaptu
   return in;
 }
 
-// A boot decoded with its own kallsyms needs no relocation. The region's meta
-// holds the text address of the boot that set the buffer up (the oldest in
-// the range; later boots keep it, as the kexec e2e shows), so for boot 0 it
-// must be that boot's rb_meta_init_text_addr: a mismatch says the channel's
-// boot is not the range's.
-json OwnSymbolsCheck(const BootMap& map, const KernelFormats& formats, uint32_t boot) {
-  const BootMapCpu* meta = nullptr;
-  for (const BootMapCpu& c : map.cpu) {
-    if (c.meta_valid && c.text_addr != 0) {
-      meta = &c;
-      break;
-    }
-  }
-  json info = {{"relocated", false}, {"why", "the boot's own kallsyms"}};
-  const uint64_t text = SymbolAddress(formats.kallsyms, "rb_meta_init_text_addr");
-  if (boot == 0 && meta != nullptr && text != 0 && map.layout != "linux-6.12-kaslr") {
-    info["meta_text_addr_matches"] = meta->text_addr == text;
-    if (meta->text_addr != text) {
-      info["warning"] =
-          "the region's meta text_addr is not this metadata's rb_meta_init_text_addr: the "
-          "channel boot may not be this range boot; symbols unverified";
-    }
-  }
-  return info;
-}
-
-// Writes one trace.dat per boot into |dir|: with the boot's own metadata when
-// it has some (BootFormats), else with the kallsyms moved to the captured
-// boot's KASLR offset.
+// Writes one trace.dat per boot into |dir|, each with the formats its
+// BootFormats names and symbols only at the KASLR offset that boot's own
+// events prove (EstablishKaslr): raw addresses otherwise.
 Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path& dir) {
   const auto start = std::chrono::steady_clock::now();
   const bool per_boot = std::any_of(d.per_boot.begin(), d.per_boot.end(),
@@ -391,28 +303,22 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
   uint64_t total = 0, done = 0;
   for (const CaptureBoot& b : d.result.boots) total += b.pages;
   Progress(opts, "write", 0, total);
-  TraceDatWriterInput in;
-  const KernelFormats* prepared = nullptr;
   for (CaptureBoot& boot : d.result.boots) {
     const BootFormats& bf = d.per_boot.at(boot.boot);
     const KernelFormats& formats = *bf.formats;
-    json kaslr;
-    if (&formats != prepared || per_boot) {
-      in = WriterInput(formats, opts, d.layout.page_size);
-      int64_t delta = 0;
-      kaslr = bf.own_symbols ? OwnSymbolsCheck(d.map, formats, boot.boot)
-                             : KaslrRelocation(d.map, formats, &delta);
-      in.kallsyms = KallsymsForEvents(d.map, formats.kallsyms, delta,
-                                      per_boot ? std::optional<uint32_t>(boot.boot) : std::nullopt);
-      if (delta != 0) in.printk_formats = RelocatePrintkFormats(formats.printk_formats, delta);
-      prepared = &formats;
-      if (!per_boot) d.result.validation["kaslr"] = kaslr;
+    TraceDatWriterInput in = WriterInput(formats, opts, d.layout.page_size);
+    KaslrVerdict kaslr = EstablishKaslr(d.map, boot.boot, formats,
+                                        MetaTextDelta(d.map, formats.kallsyms), bf.own_symbols);
+    in.printk_formats.clear();
+    if (kaslr.use_symbols) {
+      in.kallsyms = KallsymsForEvents(d.map, formats.kallsyms, kaslr.delta, boot.boot);
+      in.printk_formats = kaslr.delta == 0
+                              ? formats.printk_formats
+                              : RelocatePrintkFormats(formats.printk_formats, kaslr.delta);
     }
     in.cmdlines = bf.cmdlines;
-    if (per_boot) {
-      boot.decoded_with = bf.source;
-      boot.decoded_with["kaslr"] = std::move(kaslr);
-    }
+    boot.decoded_with = per_boot ? bf.source : json::object();
+    boot.decoded_with["kaslr"] = std::move(kaslr.manifest);
     in.cpus = std::move(d.boot_pages[boot.boot]);
     const fs::path path = dir / boot.file;
     Status s = WriteTraceDat(path.string(), in);
@@ -422,8 +328,10 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     done += boot.pages;
     Progress(opts, "write", done, total);
   }
+  d.result.validation["kaslr"] = {
+      {"per_boot", true},
+      {"see", "extra.boots[n].decoded_with.kaslr: each boot's offset from its own evidence"}};
   if (per_boot) {
-    d.result.validation["kaslr"] = {{"per_boot", true}};
     d.result.validation["saved_cmdlines"] =
         "per boot from the metadata channel (kComms) when it sent them; see extra.boots";
   }

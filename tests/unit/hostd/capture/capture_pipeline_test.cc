@@ -147,8 +147,9 @@ TEST_F(CapturePipelineTest, ShowRegionDecodesARawFileLikeTheCapture) {
 
 // Formats harvested from another boot of the kernel: KASLR put it elsewhere,
 // so the harvest's kallsyms are off by a delta the region's meta reveals
-// (text_addr = &rb_meta_init_text_addr in this boot). The capture moves them
-// back: the same text as with the boot's own kallsyms.
+// (text_addr = &rb_meta_init_text_addr in this boot) and the boot's own
+// events prove (the marker ip, the keyboard tasklet's callback). The capture
+// moves them back: the same text as with the boot's own kallsyms.
 TEST_F(CapturePipelineTest, KallsymsOfAnotherKaslrBootAreRelocated) {
   BootMapOptions map_options;
   map_options.layout = PageLayout::Default();
@@ -180,9 +181,12 @@ TEST_F(CapturePipelineTest, KallsymsOfAnotherKaslrBootAreRelocated) {
   Captured other = Capture(range_, harvested);
   ASSERT_FALSE(own.dir.empty());
   ASSERT_FALSE(other.dir.empty());
-  EXPECT_EQ(own.manifest["validation"]["kaslr"]["relocated"], false);
-  EXPECT_EQ(other.manifest["validation"]["kaslr"]["relocated"], true);
-  EXPECT_EQ(other.manifest["validation"]["kaslr"]["delta"], static_cast<int64_t>(kDelta));
+  const json& own_kaslr = own.manifest["extra"]["boots"][0]["decoded_with"]["kaslr"];
+  const json& other_kaslr = other.manifest["extra"]["boots"][0]["decoded_with"]["kaslr"];
+  EXPECT_EQ(own_kaslr["delta"], 0) << own_kaslr.dump();
+  EXPECT_EQ(other_kaslr["delta"], static_cast<int64_t>(kDelta)) << other_kaslr.dump();
+  EXPECT_EQ(other_kaslr["source"], "evidence");
+  EXPECT_EQ(other_kaslr["meta_text_addr"], "agrees");
   CmdRun a = RunCommand("'" + Hvtrace() + "' show '" + own.dir.string() + "'");
   CmdRun b = RunCommand("'" + Hvtrace() + "' show '" + other.dir.string() + "'");
   ASSERT_EQ(b.status, 0);

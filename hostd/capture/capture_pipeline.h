@@ -104,7 +104,8 @@ struct BootFormats {
   const KernelFormats* formats = nullptr;  // Null: the formats passed to the build.
   std::string cmdlines;                    // saved_cmdlines text for its trace.dat.
   // The kallsyms and printk_formats are this boot's own (the metadata
-  // channel's): no KASLR relocation.
+  // channel's): no KASLR relocation, once the boot's own events agree
+  // (EstablishKaslr; evidence against them prints the boot raw).
   bool own_symbols = false;
   nlohmann::json source;  // For the manifest: where the formats came from.
 };

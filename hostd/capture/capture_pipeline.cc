@@ -20,6 +20,7 @@
 #include "host_time.h"
 #include "hvtrace/format.h"
 #include "hvtrace/page.h"
+#include "hvtrace/task_names.h"
 #include "kallsyms_subset.h"
 
 namespace hvtrace::hostd {
@@ -96,6 +97,8 @@ json ValidationJson(const BootMap& map) {
           {"cpus_derived", map.cpus_derived},
           {"nr_subbufs", map.nr_subbufs},
           {"chunk_stride", map.chunk_stride},
+          {"geometry_from", map.geometry_from},
+          {"range_size", map.range_size},
           {"boots", map.boots},
           {"per_cpu", std::move(cpus)},
           {"issues", std::move(issues)},
@@ -408,7 +411,8 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
       prepared = &formats;
       if (!per_boot) d.result.validation["kaslr"] = kaslr;
     }
-    in.cmdlines = bf.cmdlines;
+    // trace-cmd keeps one name per pid: the one covering most of its events.
+    in.cmdlines = MostUsedNames(in.formats, d.layout, d.boot_pages[boot.boot], bf.cmdlines);
     if (per_boot) {
       boot.decoded_with = bf.source;
       boot.decoded_with["kaslr"] = std::move(kaslr);

@@ -20,6 +20,7 @@
 #include "host_time.h"
 #include "hvtrace/format.h"
 #include "hvtrace/page.h"
+#include "hvtrace/task_names.h"
 #include "kallsyms_subset.h"
 #include "kaslr_evidence.h"
 
@@ -97,6 +98,8 @@ json ValidationJson(const BootMap& map) {
           {"cpus_derived", map.cpus_derived},
           {"nr_subbufs", map.nr_subbufs},
           {"chunk_stride", map.chunk_stride},
+          {"geometry_from", map.geometry_from},
+          {"range_size", map.range_size},
           {"boots", map.boots},
           {"per_cpu", std::move(cpus)},
           {"issues", std::move(issues)},
@@ -316,7 +319,8 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
                               ? formats.printk_formats
                               : RelocatePrintkFormats(formats.printk_formats, kaslr.delta);
     }
-    in.cmdlines = bf.cmdlines;
+    // trace-cmd keeps one name per pid: the one covering most of its events.
+    in.cmdlines = MostUsedNames(in.formats, d.layout, d.boot_pages[boot.boot], bf.cmdlines);
     boot.decoded_with = per_boot ? bf.source : json::object();
     boot.decoded_with["kaslr"] = std::move(kaslr.manifest);
     in.cpus = std::move(d.boot_pages[boot.boot]);

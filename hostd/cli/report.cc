@@ -32,16 +32,22 @@ class ReportCommand final : public Command {
     app.add_flag(
         "!--no-fast-paths", fast_paths_,
         "print every event through libtraceevent (slower; for checking the compiled printers)");
+    app.add_flag("--time-names", time_names_,
+                 "name each event's task as the trace named it at that time (two passes)");
     app.footer(
         "Prints every event of FILE (trace-cmd's trace.dat) in time order: as `trace-cmd report`\n"
         "prints it (text, the default) or as one JSON object per line. Problems in the file go to\n"
-        "stderr, naming the CPU and offset; the good events are still printed.");
+        "stderr, naming the CPU and offset; the good events are still printed.\n"
+        "Task names are trace-cmd's, one per pid (saved_cmdlines, else the first sched_switch\n"
+        "name), unless --time-names: then each event's task is named as the trace's own\n"
+        "sched/task events named it at that time (the text is then no longer trace-cmd's).");
   }
 
   int Run() override {
     ReportOptions options;
     options.format = json_ ? OutputFormat::kJson : OutputFormat::kText;
     options.fast_paths = fast_paths_;
+    options.time_names = time_names_;
     int fd = STDOUT_FILENO;
     if (!output_.empty() && output_ != "-") {
       fd = ::open(output_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -77,6 +83,7 @@ class ReportCommand final : public Command {
   bool json_ = false;
   bool strict_ = false;
   bool fast_paths_ = true;
+  bool time_names_ = false;
 };
 
 }  // namespace

@@ -31,6 +31,7 @@
 #include "command_table.h"
 #include "formats_cache.h"
 #include "hvtrace/output.h"
+#include "region_issues.h"
 
 namespace hvtrace::cli {
 namespace {
@@ -165,6 +166,7 @@ struct ShowArgs {
   int cpus = 0;
   std::optional<uint32_t> boot;
   OutputFormat format = OutputFormat::kText;
+  bool trace_cmd_names = false;  // One name per pid, as `trace-cmd report`.
 };
 
 // Prints every selected boot file of |dir| under its header.
@@ -221,6 +223,7 @@ int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, i
     }
     ReportOptions options;
     options.format = args.format;
+    options.time_names = !args.trace_cmd_names;
     Result<ReportStats> stats = WriteReport(path.string(), options, fd);
     ClearProgress();
     if (!stats.ok()) {
@@ -308,11 +311,8 @@ int DecodeRegionAndShow(const ShowArgs& args, const fs::path& region,
   if (!result.ok()) {
     std::fprintf(stderr, "hvtrace show: %s: %s\n", region.c_str(), result.error().message.c_str());
   } else {
-    const json& issues = result->validation["issues"];
-    for (const json& i : issues) {
-      std::fprintf(stderr, "hvtrace show: %s: cpu %d %s: %s\n", region.c_str(), i["cpu"].get<int>(),
-                   i["check"].get<std::string>().c_str(), i["message"].get<std::string>().c_str());
-    }
+    for (const std::string& line : RegionIssueLines(result->validation["issues"]))
+      std::fprintf(stderr, "hvtrace show: %s: %s\n", region.c_str(), line.c_str());
     if (result->unknown_id != 0) {
       std::fprintf(stderr,
                    "hvtrace show: %llu events have ids without a format (kept in the region)\n",
@@ -392,6 +392,8 @@ class ShowCommand final : public Command {
         app, "--cpus", 0, 512, [this](uint64_t n) { args_.cpus = static_cast<int>(n); },
         "the guest's CPU count (--region; default: derived)");
     AddFormatFlags(app, json_);
+    app.add_flag("--trace-cmd-names", args_.trace_cmd_names,
+                 "one name per pid, exactly as `trace-cmd report` prints the boot files");
     app.add_option("-o,--output", args_.output, "write to OUT instead of stdout")->type_name("OUT");
     app.footer(
         "Prints the events of a capture, every boot oldest first, as `trace-cmd report` prints "
@@ -402,8 +404,9 @@ class ShowCommand final : public Command {
         "--region decodes a raw boot-range file (the guest's persistent ring buffer, Linux 6.12\n"
         "layout) directly. A capture taken before its kernel's formats were cached holds only\n"
         "region.bin: show decodes it with the formats its manifest names (from the cache, see\n"
-        "`hvtrace formats`) or with --formats. The boot buffer keeps no task names: trace-cmd's\n"
-        "text shows <...>.\n"
+        "`hvtrace formats`) or with --formats. The boot buffer keeps no saved_cmdlines: each\n"
+        "event's task is named as the trace's own sched/task events named it at that time\n"
+        "(--trace-cmd-names: trace-cmd's one name per pid instead).\n"
         "Exit status as `hvtrace report`: 0 read (problems go to stderr), 1 nothing could be read\n"
         "or the output failed, 2 usage.");
   }

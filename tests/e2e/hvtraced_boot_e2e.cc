@@ -177,7 +177,9 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   // hvtrace show: every marker, the last one included, and decoded sched/irq
   // events with their field names.
   const std::string hvtrace = std::string(HVTRACE_BIN_DIR) + "/hvtrace";
-  test_support::CommandResult shown = RunCmd(hvtrace + " show '" + dir.string() + "'");
+  // --trace-cmd-names: one name per pid, so the text is trace-cmd's (below).
+  test_support::CommandResult shown =
+      RunCmd(hvtrace + " show --trace-cmd-names '" + dir.string() + "'");
   ASSERT_EQ(shown.status, 0) << shown.out.substr(0, 2000);
   size_t unparsed = 0;
   const std::vector<TraceEvent> events = ReportTraceEvents(shown.out, &unparsed);

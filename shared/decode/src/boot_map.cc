@@ -59,6 +59,64 @@ int ScoreGeometry(std::span<const std::byte> range, const Geometry& g) {
   return score;
 }
 
+// Whether chunks |from|.. of |g| start with a zeroed meta (padding, not a CPU).
+bool ZeroChunkStarts(std::span<const std::byte> range, const Geometry& g, int from) {
+  for (int c = from; c < g.cpus; ++c) {
+    const uint64_t off = static_cast<uint64_t>(c) * g.stride;
+    if (off + g.meta_size > range.size()) return false;
+    for (uint32_t i = 0; i < g.meta_size; ++i) {
+      if (range[off + i] != std::byte{0}) return false;
+    }
+  }
+  return true;
+}
+
+// The geometry meta 0 describes: its struct_size, subbuf_size and
+// nr_subbufs give the chunk stride as the kernel lays it out; the CPU count
+// is |cpus| when given, else the number of consecutive chunk starts whose
+// meta agrees (possible CPUs that never came online have one too). The
+// kernel derives nr_subbufs from the range size, so the range this implies
+// (cpus * stride) must predict the same nr_subbufs again.
+bool GeometryFromMeta(std::span<const std::byte> range, const PageLayout& layout, int cpus,
+                      Geometry* out) {
+  if (range.size() < kMetaSize612 || Load<uint32_t>(range, 0) != kBootMapMagic) return false;
+  Geometry g;
+  g.meta_size = Load<uint32_t>(range, 4);
+  if (g.meta_size != kMetaSize612 && g.meta_size != kMetaSize612Kaslr) return false;
+  const uint32_t subbuf_size = Load<uint32_t>(range, g.meta_size - 8);
+  g.nr_subbufs = Load<uint32_t>(range, g.meta_size - 4);
+  if (subbuf_size != layout.page_size || g.nr_subbufs < 3 ||
+      g.nr_subbufs > range.size() / layout.page_size) {
+    return false;
+  }
+  g.subbufs_offset = AlignUp(g.meta_size + 4 * uint64_t{g.nr_subbufs}, layout.page_size);
+  g.stride = g.subbufs_offset + uint64_t{g.nr_subbufs} * layout.page_size;
+  if (cpus > 0) {
+    g.cpus = cpus;
+  } else {
+    g.cpus = 0;
+    for (int c = 0; c < kBootMapMaxCpus; ++c) {
+      const uint64_t off = static_cast<uint64_t>(c) * g.stride;
+      if (off + g.stride > range.size() || Load<uint32_t>(range, off) != kBootMapMagic ||
+          Load<uint32_t>(range, off + 4) != g.meta_size ||
+          Load<uint32_t>(range, off + g.meta_size - 4) != g.nr_subbufs) {
+        break;
+      }
+      g.cpus = c + 1;
+    }
+  }
+  if (g.cpus <= 0) return false;
+  uint32_t nr = 0;
+  uint64_t stride = 0;
+  if (!BootMapGeometry(g.stride * static_cast<uint64_t>(g.cpus), g.cpus, layout.page_size,
+                       g.meta_size, &nr, &stride) ||
+      nr != g.nr_subbufs || stride != g.stride) {
+    return false;
+  }
+  *out = g;
+  return true;
+}
+
 class CpuReader {
  public:
   CpuReader(std::span<const std::byte> range, const Geometry& g, const PageLayout& layout,
@@ -470,6 +528,21 @@ Result<BootMap> ReadBootMap(std::span<const std::byte> range, const BootMapOptio
     }
   }
 
+  // A file larger than the range (the whole backing file, padding after
+  // it) predicts no chunk layout from its size; meta 0 says the chunk itself.
+  bool from_meta = false;
+  if (Geometry g; GeometryFromMeta(range, layout, options.cpus, &g)) {
+    // On a tie (a copy an exact multiple of the range) the size's guess
+    // has more CPUs; it loses only when its extra chunks are all zero.
+    const int score = ScoreGeometry(range, g);
+    if (score > best_score ||
+        (score == best_score && best.cpus > g.cpus && ZeroChunkStarts(range, best, g.cpus))) {
+      best_score = score;
+      best = g;
+      from_meta = true;
+    }
+  }
+
   if (best_score == 0) {
     const uint32_t magic = Load<uint32_t>(range, 0);
     const uint32_t size = Load<uint32_t>(range, 4);
@@ -496,6 +569,9 @@ Result<BootMap> ReadBootMap(std::span<const std::byte> range, const BootMapOptio
   map.cpus_derived = options.cpus == 0;
   map.nr_subbufs = best.nr_subbufs;
   map.chunk_stride = best.stride;
+  map.geometry_from = from_meta ? "meta" : "range_size";
+  map.range_size =
+      from_meta ? uint64_t{best.stride} * static_cast<uint64_t>(best.cpus) : range.size();
   map.cpu.resize(best.cpus);
   for (int c = 0; c < best.cpus; ++c) {
     BootMapCpu& cpu = map.cpu[c];

@@ -464,7 +464,7 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
     return;
   }
   int pid = m.ReadS32(4);
-  m.AppendPrefix(record, m.Comm(pid), pid, out);
+  m.AppendPrefix(record, record.comm != nullptr ? record.comm : m.Comm(pid), pid, out);
   out->append(info->name_column);
   size_t info_start = out->size();
   bool printed_fast = false;
@@ -543,7 +543,7 @@ void EventDecoder::AppendJson(const DecodedRecord& record, std::string* out) {
   out->append(",\"pid\":");
   AppendInt(out, pid);
   out->append(",\"comm\":");
-  AppendJsonString(out, m.Comm(pid));
+  AppendJsonString(out, record.comm != nullptr ? record.comm : m.Comm(pid));
   if (record.missed_events != 0) {
     out->append(",\"missed_events\":");
     AppendInt(out, record.missed_events);

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -24,6 +25,7 @@
 
 #include "hvtrace/decoder.h"
 #include "hvtrace/page.h"
+#include "hvtrace/task_names.h"
 #include "hvtrace/tracedat.h"
 
 namespace hvtrace {
@@ -167,6 +169,77 @@ std::string PageIssue(const std::string& path, uint32_t cpu, const Page& page,
          std::to_string(cursor.error_offset()) + "; rest of the page skipped";
 }
 
+// Calls |on_record| for every record of |path| in trace-cmd's merge order
+// until it returns false. Page problems are counted in |stats| and issues
+// handed to |add_issue| when |stats| is not null (the first pass of
+// time-of-event names reads the same pages and says nothing).
+template <typename F>
+void MergeRecords(const std::string& path, const TraceDat& dat, const PageLayout& layout,
+                  ReportStats* stats, const std::function<void(const TraceDatIssue&)>& add_issue,
+                  F&& on_record) {
+  const int64_t ts_offset = dat.timestamp_offset();
+  std::vector<CpuCursor> cpus(dat.cpus().size());
+  for (size_t i = 0; i < cpus.size(); ++i) {
+    cpus[i].stream = std::make_unique<CpuStream>(path, i, dat.cpus()[i].cpu);
+    cpus[i].stream->Start();
+  }
+
+  // Moves |c| to its next record; false when the CPU has no more.
+  auto advance = [&](CpuCursor& c) {
+    for (;;) {
+      if (c.cursor && c.cursor->Next(&c.record)) {
+        c.missed = 0;
+        // trace-cmd (kbuffer_missed_events) reports a page's missed events
+        // with its first record, and only when that record is at the very
+        // start of the data (not after a time extend).
+        if (c.first_in_page && c.cursor->header().missed_events &&
+            c.record.offset == layout.data_offset) {
+          c.missed = c.cursor->header().missed_stored
+                         ? static_cast<int64_t>(c.cursor->missed_count())
+                         : -1;
+        }
+        c.first_in_page = false;
+        c.has_record = true;
+        return true;
+      }
+      if (c.cursor && c.cursor->error() != PageError::kOk && stats != nullptr) {
+        stats->bad_pages++;
+        stats->issues.push_back(PageIssue(path, c.stream->cpu(), c.page, *c.cursor));
+      }
+      c.cursor.reset();
+      if (!c.stream->Pop(&c.page)) {
+        c.has_record = false;
+        return false;
+      }
+      if (stats != nullptr) stats->pages++;
+      c.cursor.emplace(std::span<const std::byte>(c.page.data), layout);
+      c.first_in_page = true;
+    }
+  };
+  for (CpuCursor& c : cpus) advance(c);
+
+  for (;;) {
+    CpuCursor* next = nullptr;
+    for (CpuCursor& c : cpus) {
+      if (c.has_record && (next == nullptr || c.record.timestamp < next->record.timestamp))
+        next = &c;
+    }
+    if (next == nullptr) break;
+    DecodedRecord rec;
+    rec.cpu = next->stream->cpu();
+    rec.timestamp = next->record.timestamp + static_cast<uint64_t>(ts_offset);
+    rec.payload = next->record.payload;
+    rec.missed_events = next->missed;
+    if (!on_record(rec)) break;
+    advance(*next);
+  }
+  for (CpuCursor& c : cpus) {
+    c.stream->Stop();
+    if (stats == nullptr) continue;
+    for (const TraceDatIssue& issue : c.stream->issues()) add_issue(issue);
+  }
+}
+
 }  // namespace
 
 Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& options, int out_fd) {
@@ -201,68 +274,30 @@ Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& op
     stats.issues.push_back(path + ": " + l.error().message + "; using the default page layout");
     layout.page_size = dat->page_size();
   }
-  const int64_t ts_offset = dat->timestamp_offset();
+
+  // Names as they were at the time: a first pass over the records learns
+  // what the trace says about each pid (TaskNameTimeline).
+  std::optional<TaskNameTimeline> names;
+  if (options.time_names) {
+    names.emplace(dat->formats());
+    if (!names->usable()) {
+      names.reset();
+    } else {
+      MergeRecords(path, *dat, layout, nullptr, add_issue, [&](const DecodedRecord& rec) {
+        names->Scan(rec.payload);
+        return true;
+      });
+      names->StartNaming();
+    }
+  }
 
   OutputSink sink(out_fd);
   if (options.format == OutputFormat::kText && options.header) {
     sink.buffer()->append("cpus=" + std::to_string(dat->cpus().size()) + "\n");
   }
-
-  std::vector<CpuCursor> cpus(dat->cpus().size());
-  for (size_t i = 0; i < cpus.size(); ++i) {
-    cpus[i].stream = std::make_unique<CpuStream>(path, i, dat->cpus()[i].cpu);
-    cpus[i].stream->Start();
-  }
-
-  // Moves |c| to its next record; false when the CPU has no more.
-  PageStats page_stats;
-  auto advance = [&](CpuCursor& c) {
-    for (;;) {
-      if (c.cursor && c.cursor->Next(&c.record)) {
-        c.missed = 0;
-        // trace-cmd (kbuffer_missed_events) reports a page's missed events
-        // with its first record, and only when that record is at the very
-        // start of the data (not after a time extend).
-        if (c.first_in_page && c.cursor->header().missed_events &&
-            c.record.offset == layout.data_offset) {
-          c.missed = c.cursor->header().missed_stored
-                         ? static_cast<int64_t>(c.cursor->missed_count())
-                         : -1;
-        }
-        c.first_in_page = false;
-        c.has_record = true;
-        page_stats.records++;
-        return true;
-      }
-      if (c.cursor && c.cursor->error() != PageError::kOk) {
-        stats.bad_pages++;
-        stats.issues.push_back(PageIssue(path, c.stream->cpu(), c.page, *c.cursor));
-      }
-      c.cursor.reset();
-      if (!c.stream->Pop(&c.page)) {
-        c.has_record = false;
-        return false;
-      }
-      stats.pages++;
-      c.cursor.emplace(std::span<const std::byte>(c.page.data), layout);
-      c.first_in_page = true;
-    }
-  };
-  for (CpuCursor& c : cpus) advance(c);
-
   EventDecoder& dec = **decoder;
-  for (;;) {
-    CpuCursor* next = nullptr;
-    for (CpuCursor& c : cpus) {
-      if (c.has_record && (next == nullptr || c.record.timestamp < next->record.timestamp))
-        next = &c;
-    }
-    if (next == nullptr) break;
-    DecodedRecord rec;
-    rec.cpu = next->stream->cpu();
-    rec.timestamp = next->record.timestamp + static_cast<uint64_t>(ts_offset);
-    rec.payload = next->record.payload;
-    rec.missed_events = next->missed;
+  MergeRecords(path, *dat, layout, &stats, add_issue, [&](DecodedRecord& rec) {
+    if (names) rec.comm = names->Next(rec.payload);
     if (options.format == OutputFormat::kText) {
       dec.AppendText(rec, sink.buffer());
     } else {
@@ -270,13 +305,8 @@ Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& op
     }
     stats.events++;
     sink.MaybeFlush();
-    if (!sink.status().ok()) break;
-    advance(*next);
-  }
-  for (CpuCursor& c : cpus) {
-    c.stream->Stop();
-    for (const TraceDatIssue& issue : c.stream->issues()) add_issue(issue);
-  }
+    return sink.status().ok();
+  });
   stats.fast_path_events = dec.fast_path_count();
   // Formats reach libtraceevent on first use, so its warnings come last.
   for (const std::string& w : dec.warnings()) stats.issues.push_back(w);

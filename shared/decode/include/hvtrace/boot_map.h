@@ -40,6 +40,14 @@
 // with struct_sizes, per-CPU metas, scratch area) is recognised and refused
 // with a message until it is supported.
 //
+// A copy larger than the range (the whole host backing file, or padding
+// after the range) does not predict the layout from its size; then meta 0's
+// struct_size, subbuf_size and nr_subbufs give the chunk stride, and the
+// count of consecutive agreeing metas the CPU count (GeometryFromMeta in
+// boot_map.cc; the range cpus * stride must predict the same nr_subbufs).
+// Possible CPUs that never came online (-smp 2,maxcpus=8: nr_cpu_ids 8) have
+// a meta with the magic and head_buffer 0 (kEmpty).
+//
 // After kexec into the same kernel the ring holds the pages of several boots;
 // time stamps restart at each boot. A new boot starts at a page whose time is
 // below half the previous page's last time when the page after it follows
@@ -151,7 +159,12 @@ struct BootMap {
   bool cpus_derived = false;
   uint32_t nr_subbufs = 0;  // Expected per CPU, from the range size.
   uint64_t chunk_stride = 0;
-  uint32_t boots = 0;  // Boots seen in the range (max over CPUs).
+  // "range_size": the geometry the copy's size predicts (the copy is the
+  // range); "meta": the copy is larger than the range (a whole backing file,
+  // padding), so meta 0's struct_size, subbuf_size and nr_subbufs gave it.
+  std::string geometry_from;
+  uint64_t range_size = 0;  // Bytes of the copy the chunks span (meta: cpus * stride).
+  uint32_t boots = 0;       // Boots seen in the range (max over CPUs).
   std::vector<BootMapCpu> cpu;
   std::vector<BootMapIssue> issues;  // Every CPU's issues and global ones.
 

@@ -55,6 +55,9 @@ struct DecodedRecord {
   // Missed events reported by the record's page before this record, as
   // trace-cmd reports them: 0 none, > 0 count, -1 "some, count unknown".
   int64_t missed_events = 0;
+  // The task's name at this record's time (TaskNameTimeline); nullptr: the
+  // decoder's one name per pid (saved_cmdlines, then the sched plugin's).
+  const char* comm = nullptr;
 };
 
 class EventDecoder {

@@ -43,6 +43,11 @@ struct ReportOptions {
   bool fast_paths = true;
   // Print trace-cmd's "cpus=N" header line (text only).
   bool header = true;
+  // Name each event's task as the trace itself named it at that time
+  // (TaskNameTimeline: a first pass over the records, then the printing
+  // pass). Off: trace-cmd's one name per pid, byte-identical to
+  // `trace-cmd report`.
+  bool time_names = false;
 };
 
 struct ReportStats {

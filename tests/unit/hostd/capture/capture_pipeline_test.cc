@@ -88,8 +88,9 @@ TEST_F(CapturePipelineTest, RealRegionMatchesTheGuestTraceCmdAndShow) {
   }
   EXPECT_EQ(markers, 10u);
 
-  // `hvtrace show` prints trace-cmd's text, line for line, under its header.
-  CmdRun show = RunCommand("'" + Hvtrace() + "' show '" + c.dir.string() + "'");
+  // `hvtrace show --trace-cmd-names` prints trace-cmd's text, line for line,
+  // under its header (without it, tasks are named as they were at the time).
+  CmdRun show = RunCommand("'" + Hvtrace() + "' show --trace-cmd-names '" + c.dir.string() + "'");
   ASSERT_EQ(show.status, 0);
   const auto show_lines = Lines(show.out, /*drop_comments=*/true);
   const auto report_lines = Lines(report.out);

@@ -481,5 +481,114 @@ TEST(BootMapBootsTest, KexecSplitsBootsWhereTimeRestarts) {
   }
 }
 
+// A crafted 6.12 range of |possible| CPUs whose first |online| ones wrote
+// |records| records each into ring slot 1; the others have the meta the
+// kernel initialises for every possible CPU, with head_buffer 0.
+std::vector<std::byte> CraftRange(uint64_t range_size, int possible, int online, int records) {
+  const PageLayout layout;
+  uint32_t nr = 0;
+  uint64_t stride = 0;
+  EXPECT_TRUE(BootMapGeometry(range_size, possible, 4096, 56, &nr, &stride));
+  std::vector<std::byte> range(range_size);
+  auto put32 = [&](uint64_t off, uint32_t v) { std::memcpy(range.data() + off, &v, 4); };
+  auto put64 = [&](uint64_t off, uint64_t v) { std::memcpy(range.data() + off, &v, 8); };
+  const uint64_t pages = (56 + 4 * uint64_t{nr} + 4095) / 4096 * 4096;
+  for (int c = 0; c < possible; ++c) {
+    const uint64_t off = static_cast<uint64_t>(c) * stride;
+    const uint64_t first_va = 0xffff888000000000ull + off + pages;
+    put32(off, kBootMapMagic);
+    put32(off + 4, 56);
+    put64(off + 24, first_va);
+    put32(off + 48, 4096);
+    put32(off + 52, nr);
+    for (uint32_t i = 0; i < nr; ++i) put32(off + 56 + 4 * i, i);
+    if (c >= online) continue;
+    put64(off + 32, first_va + 4096);  // head: slot 1
+    put64(off + 40, first_va + 4096);  // commit: slot 1
+    std::span<std::byte> page(range.data() + off + pages + 4096, 4096);
+    PageWriter writer(page, layout, 1000);
+    std::vector<std::byte> payload(16);
+    for (int k = 0; k < records; ++k) EXPECT_TRUE(writer.Append(1000 + 10 * k, payload));
+    writer.Finish();
+  }
+  return range;
+}
+
+bool HasCheck(const BootMap& map, int cpu, BootMapCheck check) {
+  for (const BootMapIssue& i : map.issues) {
+    if (i.cpu == cpu && i.check == check) return true;
+  }
+  return false;
+}
+
+TEST(BootMapGeometryFromMetaTest, PossibleCpusNeverOnlineAreEmptyNotErrors) {
+  BootMapOptions options;  // -smp 2,maxcpus=4: nr_cpu_ids 4, CPUs 0-1 online.
+  auto map = ReadBootMap(CraftRange(1 << 20, 4, 2, 5), options);
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  EXPECT_EQ(map->cpus, 4);
+  EXPECT_EQ(map->geometry_from, "range_size");
+  EXPECT_EQ(map->total_records(), 10u);
+  for (const BootMapIssue& i : map->issues) {
+    EXPECT_TRUE(i.cpu >= 2 && i.check == BootMapCheck::kEmpty) << i.message;
+  }
+  EXPECT_TRUE(HasCheck(*map, 2, BootMapCheck::kEmpty));
+  EXPECT_TRUE(HasCheck(*map, 3, BootMapCheck::kEmpty));
+}
+
+TEST(BootMapGeometryFromMetaTest, CopyLargerThanTheRangeDecodes) {
+  const std::vector<std::byte> exact = CraftRange(1 << 20, 4, 2, 5);
+  // Zero padding after the range, an odd amount and an exact multiple; and
+  // the rest of a backing file holding other guest memory (non-zero).
+  for (uint64_t extra : {uint64_t{12345}, uint64_t{3} << 20, uint64_t{1} << 20}) {
+    for (bool garbage : {false, true}) {
+      // Garbage after an exact multiple of the range looks like more CPUs
+      // with bad metas (they would be reported); zeros do not.
+      if (garbage && extra % exact.size() == 0) continue;
+      SCOPED_TRACE(std::to_string(extra) + (garbage ? " garbage" : " zeros"));
+      std::vector<std::byte> range = exact;
+      range.resize(exact.size() + extra);
+      uint32_t x = 7;
+      for (size_t i = exact.size(); garbage && i < range.size(); ++i) {
+        x = x * 1103515245 + 12345;
+        range[i] = static_cast<std::byte>(x >> 16);
+      }
+      BootMapOptions options;
+      auto map = ReadBootMap(range, options);
+      ASSERT_TRUE(map.ok()) << map.error().message;
+      EXPECT_EQ(map->cpus, 4);
+      // A little padding can still predict the same chunks from the size.
+      if (extra >= exact.size()) {
+        EXPECT_EQ(map->geometry_from, "meta");
+        EXPECT_EQ(map->range_size, exact.size());
+      }
+      EXPECT_EQ(map->total_records(), 10u);
+      for (const BootMapIssue& i : map->issues)
+        EXPECT_EQ(i.check, BootMapCheck::kEmpty) << i.message;
+      options.cpus = 4;  // Given: the same.
+      auto given = ReadBootMap(range, options);
+      ASSERT_TRUE(given.ok()) << given.error().message;
+      EXPECT_EQ(given->total_records(), 10u);
+    }
+  }
+}
+
+TEST(BootMapGeometryFromMetaTest, Malicious_MetaZeroLiesAboutTheGeometry) {
+  std::vector<std::byte> range = CraftRange(1 << 20, 2, 2, 5);
+  range.resize(range.size() + 4096 * 7);
+  uint32_t nr = 0;
+  std::memcpy(&nr, range.data() + 52, 4);
+  for (uint32_t bad_nr : {0u, 2u, nr + 1, 0xffffffffu}) {
+    SCOPED_TRACE(bad_nr);
+    std::vector<std::byte> copy = range;
+    std::memcpy(copy.data() + 52, &bad_nr, 4);
+    auto map = ReadBootMap(copy, BootMapOptions{});
+    // Meta 0 no longer describes a chunk the kernel would make: refused or
+    // reported, never a read past the copy.
+    if (map.ok()) {
+      EXPECT_FALSE(map->issues.empty());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hvtrace

@@ -287,6 +287,7 @@ const KernelFormats* BootKernels::NewestIdentified() {
 
 BootFormats BootKernels::For(uint32_t boot, uint32_t nboots, BootFormats fallback) {
   if (chosen_.size() < nboots) chosen_.resize(nboots, nullptr);
+  if (sources_.size() < nboots) sources_.resize(nboots);
   const std::span<const BootMapRecord* const> records = RecordsOf(boot);
   json identify = json::object();
   identify["how"] = "console banner (the kernel's /proc/version, printed at time 0)";
@@ -325,6 +326,7 @@ BootFormats BootKernels::For(uint32_t boot, uint32_t nboots, BootFormats fallbac
                          {"release", c->formats->release},
                          {"identified", std::move(identify)}}};
         chosen_[boot] = out.formats;
+        sources_[boot] = out.source;
         return out;
       }
       identify["result"] = fit.ok() ? "identified and checked; the agent's own metadata is used"
@@ -355,7 +357,17 @@ BootFormats BootKernels::For(uint32_t boot, uint32_t nboots, BootFormats fallbac
     fallback.source = std::move(source);
   }
   chosen_[boot] = fallback.formats;
+  sources_[boot] = fallback.source;
   return fallback;
+}
+
+void BootKernels::AnnotateBoots(json& boots) const {
+  if (!boots.is_array()) return;
+  for (json& b : boots) {
+    const uint32_t n = b.value("boot", uint32_t{0});
+    if (b.contains("decoded_with") || n >= sources_.size() || sources_[n].is_null()) continue;
+    b["decoded_with"] = sources_[n];
+  }
 }
 
 json BootKernels::Summary() const {

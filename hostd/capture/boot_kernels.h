@@ -107,6 +107,11 @@ class BootKernels {
   // for boots not asked.
   const std::vector<const KernelFormats*>& chosen() const { return chosen_; }
 
+  // Puts each boot's source (what For returned) as decoded_with into
+  // |boots| (manifest extra.boots) where the build did not record one (it
+  // does only for the metadata channel's boots).
+  void AnnotateBoots(nlohmann::json& boots) const;
+
   // The newest boot's identified formats (for the page layout when the VM's
   // kernel file is not cached), or null.
   const KernelFormats* NewestIdentified();
@@ -130,6 +135,7 @@ class BootKernels {
   BootMap map_;
   std::vector<std::vector<const BootMapRecord*>> by_boot_;
   std::vector<const KernelFormats*> chosen_;
+  std::vector<nlohmann::json> sources_;
   std::deque<std::unique_ptr<KernelFormats>> owned_;
   std::map<std::string, std::optional<Candidate>> candidates_;  // banner -> entry
   nlohmann::json cache_problems_ = nlohmann::json::array();

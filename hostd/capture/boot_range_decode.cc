@@ -172,6 +172,7 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
       decode_error = built.error().message;
       return false;
     }
+    kernels.AnnotateBoots(manifest.extra["boots"]);
     info["identify"] = kernels.Summary();
     info["events_across_boots"] = EventsAcrossBoots(kernels.chosen());
     info["decoded"] = true;

@@ -186,6 +186,10 @@ TEST_F(BootKernelsTest, WithoutBannersTheFallbackIsCheckedAndMisfitsDropped) {
   BootFormats same = kernels.For(0, 1, BootFormats{&formats_, {}, false, nullptr});
   EXPECT_EQ(same.formats, &formats_);
   EXPECT_EQ(same.source["check"]["passed"], true);
+  // The manifest's boots get what each boot was decoded with.
+  nlohmann::json boots = nlohmann::json::array({{{"boot", 0}}});
+  kernels.AnnotateBoots(boots);
+  EXPECT_EQ(boots[0]["decoded_with"]["check"]["passed"], true) << boots.dump(2);
   // A banner with no cache (no service): said so.
   BootKernels with_banner(range_, &formats_, nullptr, {"Linux version 6.12.95"});
   BootFormats b = with_banner.For(0, 1, BootFormats{&formats_, {}, false, nullptr});

@@ -15,6 +15,7 @@
 #include <regex>
 #include <string>
 
+#include "attach_region_host.h"
 #include "guest_harness.h"
 #include "hvtraced_harness.h"
 #include "test_support.h"
@@ -45,6 +46,26 @@ Result<OtherBuild> FindOtherBuild() {
   if (!std::regex_search(out, m, kLine))
     return Error{"`" + cmd + "` printed no OTHER line:\n" + out};
   return OtherBuild{m[1], m[2], m[3]};
+}
+
+// The same images with this build's agent (and test tools) in them, for
+// attach mode: GUEST and OTHER lines of build-guest.sh --out .../guest-attach.
+Result<std::pair<GuestImage, OtherBuild>> AgentImagesWithOtherBuild() {
+  const std::string bin = HVTRACE_BIN_DIR;
+  const std::string guest_test = bin + "/hvtrace-guest-test";
+  const std::string cmd =
+      std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh --kernel 6.12 --out " + bin +
+      "/../guest-attach --agent " + bin + "/hvtrace-agent" +
+      (access(guest_test.c_str(), X_OK) == 0 ? " --guest-test " + guest_test : std::string()) +
+      " --with-kexec-other 2>&1";
+  const std::string out = test_support::RunCommand(cmd);
+  static const std::regex kGuest(R"(GUEST 6\.12 KERNEL=(\S+) INITRD=(\S+) RELEASE=(\S+))");
+  static const std::regex kOther(R"(OTHER 6\.12 KERNEL=(\S+) INITRD=(\S+) RELEASE=(\S+))");
+  std::smatch g, o;
+  if (!std::regex_search(out, g, kGuest) || !std::regex_search(out, o, kOther)) {
+    return Error{"`" + cmd + "` printed no GUEST/OTHER lines:\n" + out};
+  }
+  return std::pair{GuestImage{g[1], g[2], g[3]}, OtherBuild{o[1], o[2], o[3]}};
 }
 
 // `hvtrace formats harvest`, as a user runs it for a kernel their VM may
@@ -206,6 +227,101 @@ TEST(KexecOtherBuildE2e, EachBootDecodesWithItsOwnKernelsFormats) {
                 Count(report, prefix), prefix.c_str(), Count(report, "sched_switch:"));
   }
   EXPECT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
+}
+
+// Attach mode (ivshmem + agent): the agent of each boot writes its own
+// generation's format table; each generation decodes with it, and
+// events_across_generations compares the tables by fingerprint. The events
+// asked for include hwmon:hwmon_attr_show, whose layout differs between the
+// builds (long -> long long): the table must say "changed" for it, which
+// proves each generation's table is its own kernel's.
+TEST(KexecOtherBuildE2e, AttachEachGenerationDecodesWithItsOwnTable) {
+  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  if (access((std::string(HVTRACE_BIN_DIR) + "/hvtrace-agent").c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "hvtrace-agent not built";
+  }
+  auto images = AgentImagesWithOtherBuild();
+  ASSERT_TRUE(images.ok()) << images.error().message;
+  GuestImage image = images->first;
+  const OtherBuild& other = images->second;
+  image.initrd = other.initrd;  // Boots 6.12.95, carries 6.12.117 for kexec.
+  const std::string tag = "kxo-attach";
+  TestGuest guest(tag);
+  hostd::VmConfig config = guest.MakeConfig(image);
+  const std::string daemon_qmp = AddDaemonMonitor(config, tag);
+  ASSERT_TRUE(guest.Boot(config).ok()) << guest.Diagnostics();
+  ASSERT_TRUE(guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)").ok());
+  HvtracedProcess hvt({.tag = tag});
+  ASSERT_TRUE(hvt.Start().ok()) << hvt.log();
+  const std::string name = tag + "-" + std::to_string(::getpid());
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() { std::filesystem::remove(path); }
+  } cleanup{hvt.dir() + "/run/mem/hvtrace-" + name + "-attach"};
+  auto diag = [&] {
+    auto agent = guest.Run("cat /tmp/agent.log");
+    return guest.Diagnostics() + "\n--- agent ---\n" + (agent.ok() ? agent->output : "?") +
+           "\n--- hvtraced ---\n" + hvt.LogTail();
+  };
+  auto attached = hvt.HvtraceJson(
+      {"attach", name, "--qmp", daemon_qmp, "--size", "16M", "--pump-ms", "50", "--events",
+       "sched:sched_switch,hwmon:hwmon_attr_show", "--wait-ms", "60000"});
+  ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
+  ASSERT_EQ((*attached)["guest"]["boot_generation"], 1) << attached->dump(2);
+  EXPECT_EQ((*attached)["guest"]["kernel_release"], image.release);
+  const std::string marker = "/sys/kernel/tracing/instances/hvtrace/trace_marker";
+  auto marks = [&](const std::string& prefix) {
+    return guest.Run("for i in 1 2 3 4 5; do echo " + prefix + "-$i > " + marker +
+                     "; ls /proc > /dev/null; done; sleep 1");
+  };
+  ASSERT_TRUE(marks("g1-mark").ok()) << diag();
+  ASSERT_TRUE(guest.console().Send("hvtrace-kexec-self\n").ok());
+  ASSERT_TRUE(
+      guest.console().WaitForLine("HVTRACE-GUEST-READY " + other.release, kBootTimeout).ok())
+      << diag();
+  ASSERT_TRUE(guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)").ok());
+  // The new boot's agent takes the region over as generation 2.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto r = guest.Run("grep -q 'generation 2' /tmp/agent.log");
+        return r.ok() && r->status == 0;
+      },
+      60s))
+      << diag();
+  ASSERT_TRUE(marks("g2-mark").ok()) << diag();
+  ASSERT_TRUE(guest.console().Send("echo c > /proc/sysrq-trigger\n").ok());
+  auto panic = hvt.WaitForCapture(name, "panic", 90s);
+  ASSERT_TRUE(panic.ok()) << panic.error().message << diag();
+  const fs::path dir = fs::path(hvt.captures_dir(name)) / (*panic)["id"].get<std::string>();
+  const json m = json::parse(test_support::ReadText((dir / "manifest.json").string()));
+  const json& attach = m["extra"]["attach"];
+  std::printf("[kexec-other attach] generations: %s\n", attach["generations"].dump().c_str());
+  std::printf("[kexec-other attach] events across generations: %s\n",
+              attach["events_across_generations"].dump().c_str());
+  const json& across = attach["events_across_generations"];
+  ASSERT_EQ(across["tables"], json::array({1, 2})) << across.dump(2);
+  ASSERT_EQ(across["generations"].size(), 1u) << across.dump(2);
+  const json& cmp = across["generations"][0];
+  EXPECT_EQ(cmp["generation"], 2);
+  EXPECT_EQ(cmp["compared_with"], 1);
+  EXPECT_EQ(cmp["counts"]["changed"], 1) << cmp.dump(2);
+  EXPECT_EQ(cmp["changed"][0]["event"], "hwmon/hwmon_attr_show") << cmp.dump(2);
+  EXPECT_EQ(cmp["counts"]["moved"], 0) << cmp.dump(2);
+  EXPECT_GE(cmp["counts"]["kept"].get<int>(), 2) << cmp.dump(2);  // print, sched_switch
+  for (const json& g : attach["generations"]) EXPECT_EQ(g["unknown_id"], 0) << g.dump();
+  for (int gen : {1, 2}) {
+    const std::string report = test_support::RunCommand(
+        "trace-cmd report '" +
+        (dir / ("region-gen-" + std::to_string(gen) + ".trace.dat")).string() + "' 2>&1");
+    const std::string mine = "g" + std::to_string(gen) + "-mark-";
+    const std::string theirs = "g" + std::to_string(3 - gen) + "-mark-";
+    EXPECT_EQ(Count(report, mine), 5u) << report.substr(0, 3000);
+    EXPECT_EQ(Count(report, theirs), 0u);
+    EXPECT_GT(Count(report, "sched_switch:"), 0u);
+    EXPECT_EQ(Count(report, "[UNKNOWN"), 0u);
+    std::printf("[kexec-other attach] generation %d: %zu markers, %zu sched_switch\n", gen,
+                Count(report, mine), Count(report, "sched_switch:"));
+  }
 }
 
 }  // namespace

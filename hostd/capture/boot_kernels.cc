@@ -1,6 +1,7 @@
 #include "boot_kernels.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -13,6 +14,11 @@ namespace hvtrace::hostd {
 using nlohmann::json;
 
 namespace {
+
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
 
 constexpr std::string_view kBanner = "Linux version ";
 constexpr uint64_t kMaxConsoleRead = 32ull << 20;
@@ -213,6 +219,7 @@ FormatsFit FitRecords(std::span<const BootMapRecord* const> records, const Kerne
 BootKernels::BootKernels(std::span<const std::byte> copy, const KernelFormats* layout,
                          FormatsService* service, std::vector<std::string> banners)
     : layout_(layout), service_(service), banners_(std::move(banners)) {
+  const auto start = std::chrono::steady_clock::now();
   BootMapOptions options;
   options.layout = PageLayout::Default();
   if (layout != nullptr) {
@@ -232,6 +239,7 @@ BootKernels::BootKernels(std::span<const std::byte> copy, const KernelFormats* l
       by_boot_[std::min<size_t>(rec.boot, by_boot_.size() - 1)].push_back(&rec);
     }
   }
+  read_ms_ = MsSince(start);
 }
 
 std::span<const BootMapRecord* const> BootKernels::RecordsOf(uint32_t boot) const {
@@ -242,6 +250,7 @@ std::span<const BootMapRecord* const> BootKernels::RecordsOf(uint32_t boot) cons
 std::optional<BootKernels::Candidate> BootKernels::CandidateFor(const std::string& banner) {
   auto it = candidates_.find(banner);
   if (it != candidates_.end()) return it->second;
+  const auto start = std::chrono::steady_clock::now();
   std::optional<Candidate> found;
   if (service_ != nullptr && !service_->root().empty()) {
     FormatCache cache(service_->root());
@@ -268,6 +277,7 @@ std::optional<BootKernels::Candidate> BootKernels::CandidateFor(const std::strin
     }
   }
   candidates_.emplace(banner, found);
+  lookup_ms_ += MsSince(start);
   return found;
 }
 
@@ -312,7 +322,9 @@ BootFormats BootKernels::For(uint32_t boot, uint32_t nboots, BootFormats fallbac
           "no formats cache entry has this /proc/version: run hvtrace formats "
           "harvest --kernel K for that kernel";
     } else {
+      const auto fit_start = std::chrono::steady_clock::now();
       FormatsFit fit = FitRecords(records, *c->formats);
+      check_ms_ += MsSince(fit_start);
       identify["key"] = c->key;
       identify["release"] = c->formats->release;
       identify["check"] = fit.ToJson();
@@ -338,7 +350,9 @@ BootFormats BootKernels::For(uint32_t boot, uint32_t nboots, BootFormats fallbac
   if (fallback.formats == nullptr) fallback.formats = layout_;
   const KernelFormats* f = fallback.formats;
   if (f != nullptr && map_error_.empty()) {
+    const auto fit_start = std::chrono::steady_clock::now();
     FormatsFit fit = FitRecords(records, *f);
+    check_ms_ += MsSince(fit_start);
     json source = fallback.source.is_object()
                       ? fallback.source
                       : json{{"from", "the capture's formats"}, {"key", f->key}};
@@ -371,7 +385,9 @@ void BootKernels::AnnotateBoots(json& boots) const {
 }
 
 json BootKernels::Summary() const {
-  json j = {{"console_banners", banners_.size()}};
+  json j = {
+      {"console_banners", banners_.size()},
+      {"timing_ms", {{"read", read_ms_}, {"cache_lookup", lookup_ms_}, {"check", check_ms_}}}};
   if (!map_error_.empty()) j["error"] = map_error_;
   if (!cache_problems_.empty()) j["cache_problems"] = cache_problems_;
   return j;

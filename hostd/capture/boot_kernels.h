@@ -139,6 +139,7 @@ class BootKernels {
   std::deque<std::unique_ptr<KernelFormats>> owned_;
   std::map<std::string, std::optional<Candidate>> candidates_;  // banner -> entry
   nlohmann::json cache_problems_ = nlohmann::json::array();
+  double read_ms_ = 0, lookup_ms_ = 0, check_ms_ = 0;
 };
 
 }  // namespace hvtrace::hostd

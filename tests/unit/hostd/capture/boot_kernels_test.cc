@@ -3,11 +3,16 @@
 #include <gtest/gtest.h>
 #include <zstd.h>
 
+#include <boost/asio/thread_pool.hpp>
 #include <fstream>
 #include <sstream>
 
 #include "capture_pipeline.h"
 #include "event_id_table.h"
+#include "fixture_bundle.h"
+#include "formats_cache.h"
+#include "formats_service.h"
+#include "test_support.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -237,6 +242,99 @@ TEST_F(BootKernelsTest, IdTableSaysKeptMovedChangedVanishedNew) {
   EXPECT_FALSE(b1.contains("kept_list"));
   EXPECT_EQ(table["boots"][1]["same_formats"], true);
   std::printf("[boot kernels] id table: %s\n", b1.dump().c_str());
+}
+
+// A formats cache with two "kernels": A is the fixture guest's formats, B the
+// same with sched_switch's and irq_handler_entry's ids swapped (another
+// build); each has its own /proc/version.
+class BootKernelsCacheTest : public BootKernelsTest {
+ protected:
+  void SetUp() override {
+    BootKernelsTest::SetUp();
+    HarvestBundle a = test_support::BootMapFixtureBundle();
+    a.proc_version = kA;
+    for (HarvestedEvent& e : a.events) {  // The fixture bundle leaves ids to the reader.
+      auto parsed = ParseEventFormat(e.system, e.text);
+      ASSERT_TRUE(parsed.ok()) << e.name;
+      e.id = parsed->id;
+    }
+    HarvestBundle b = a;
+    b.proc_version = kB;
+    for (HarvestedEvent& e : b.events) {
+      if (e.name == "sched_switch" || e.name == "irq_handler_entry") {
+        const uint32_t id = e.name == "sched_switch" ? 157 : 310;  // Each other's.
+        const size_t at = e.text.find("ID: ");
+        e.text.replace(at, e.text.find('\n', at) - at, "ID: " + std::to_string(id));
+        e.id = id;
+      }
+    }
+    ASSERT_TRUE(FormatCache(cache_.path()).Store(std::string(64, 'a'), a, {}).ok());
+    ASSERT_TRUE(FormatCache(cache_.path()).Store(std::string(64, 'b'), b, {}).ok());
+    service_ = std::make_shared<FormatsService>(cache_.path(), pool_.get_executor(),
+                                                [](LogLevel, const std::string&) {});
+  }
+  void TearDown() override { pool_.join(); }
+  static constexpr const char* kA = "Linux version 6.12.95+deb12-amd64 (a) #1 SMP";
+  static constexpr const char* kB = "Linux version 6.12.117+deb12-amd64 (b) #1 SMP";
+  test_support::TempDir cache_;
+  boost::asio::thread_pool pool_{1};
+  std::shared_ptr<FormatsService> service_;
+};
+
+TEST_F(BootKernelsCacheTest, TheBannerPicksTheEntryAndTheRecordsConfirmIt) {
+  const uint32_t sw_id = Find(formats_, "sched_switch")->id;
+  ASSERT_EQ(sw_id, 310u);  // The swap above assumes the fixture's ids.
+  BootKernels kernels(range_, nullptr, service_.get(), {kA});
+  BootFormats got = kernels.For(0, 1, BootFormats{});
+  ASSERT_NE(got.formats, nullptr);
+  EXPECT_EQ(got.formats->key, std::string(64, 'a'));
+  EXPECT_EQ(got.source["from"], "formats cache, identified by console banner") << got.source;
+  EXPECT_EQ(got.source["identified"]["check"]["passed"], true);
+  EXPECT_EQ(got.source["identified"]["check"]["records"], records_.size());
+  EXPECT_EQ(kernels.NewestIdentified(), got.formats);
+}
+
+TEST_F(BootKernelsCacheTest, ResetRangeTakesTheLastBannerAndAMisfitFallsBack) {
+  // The range holds one boot (the newest, which reset it at the kexec); the
+  // console has two banners. Boot 0 pairs with B, whose ids do not fit the
+  // records: B is refused, the caller's formats (A) are checked and used,
+  // marked unverified.
+  BootKernels kernels(range_, nullptr, service_.get(), {kA, kB});
+  const KernelFormats* a = nullptr;
+  {
+    auto loaded = service_->Get(std::string(64, 'a'));
+    ASSERT_TRUE(loaded.ok() && *loaded);
+    a = loaded->get();
+  }
+  BootFormats got = kernels.For(0, 1, BootFormats{a, {}, false, nullptr});
+  EXPECT_EQ(got.formats, a);
+  EXPECT_EQ(got.source["identified"]["banner"], kB);
+  EXPECT_EQ(got.source["identified"]["result"], "identified but its formats do not fit the records")
+      << got.source.dump(2);
+  EXPECT_EQ(got.source["identified"]["check"]["passed"], false);
+  EXPECT_EQ(got.source["check"]["passed"], true);
+  EXPECT_EQ(got.source["verified"], false);
+  // With B as the only choice, its misfit ids are dropped: their records
+  // stay raw instead of decoding with the wrong layout.
+  auto b = service_->Get(std::string(64, 'b'));
+  ASSERT_TRUE(b.ok() && *b);
+  BootKernels only_b(range_, nullptr, service_.get(), {kB});
+  BootFormats raw = only_b.For(0, 1, BootFormats{b->get(), {}, false, nullptr});
+  ASSERT_NE(raw.formats, nullptr);
+  EXPECT_NE(raw.formats, b->get());
+  for (const CachedEventFormat& ev : raw.formats->events) {
+    EXPECT_NE(ev.name, "sched_switch");
+    EXPECT_NE(ev.name, "irq_handler_entry");
+  }
+  EXPECT_NE(raw.source.value("note", std::string()).find("2 event ids do not fit"),
+            std::string::npos)
+      << raw.source.dump(2);
+  // Fewer banners than boots: the older boots have none, said so.
+  BootFormats none = BootKernels(range_, nullptr, service_.get(), {kA})
+                         .For(0, 2, BootFormats{a, {}, false, nullptr});
+  EXPECT_NE(none.source["identified"]["result"].get<std::string>().find("no banner for this boot"),
+            std::string::npos)
+      << none.source.dump(2);
 }
 
 }  // namespace

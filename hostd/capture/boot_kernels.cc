@@ -299,6 +299,10 @@ BootFormats BootKernels::For(uint32_t boot, uint32_t nboots, BootFormats fallbac
   if (chosen_.size() < nboots) chosen_.resize(nboots, nullptr);
   if (sources_.size() < nboots) sources_.resize(nboots);
   const std::span<const BootMapRecord* const> records = RecordsOf(boot);
+  // Proven for this boot: the agent's metadata for this very boot (the
+  // channel's "nearest boot" stand-in is not).
+  const bool proven = fallback.own_symbols && fallback.source.is_object() &&
+                      fallback.source.value("from", std::string()) == "meta channel";
   json identify = json::object();
   identify["how"] = "console banner (the kernel's /proc/version, printed at time 0)";
   // Range boot i of B <-> banner N - B + i: the newest boot is the one that died.
@@ -328,7 +332,7 @@ BootFormats BootKernels::For(uint32_t boot, uint32_t nboots, BootFormats fallbac
       identify["key"] = c->key;
       identify["release"] = c->formats->release;
       identify["check"] = fit.ToJson();
-      if (fit.ok() && !fallback.own_symbols) {
+      if (fit.ok() && !proven) {
         identify["result"] = "identified and checked";
         BootFormats out{c->formats.get(),
                         {},
@@ -357,7 +361,7 @@ BootFormats BootKernels::For(uint32_t boot, uint32_t nboots, BootFormats fallbac
                       ? fallback.source
                       : json{{"from", "the capture's formats"}, {"key", f->key}};
     source["check"] = fit.ToJson();
-    if (!fallback.own_symbols) {
+    if (!proven) {
       source["verified"] = false;
       if (!fit.ok()) {
         fallback.formats = WithoutIds(*f, fit);

@@ -100,7 +100,8 @@ class BootKernels {
   // The formats of boot |boot| of |nboots|: identified and fitting when the
   // evidence allows, else |fallback| (what the caller chose) checked, with
   // ids that do not fit dropped unless |fallback| is proven for the boot
-  // (own_symbols: the agent's metadata for this very boot).
+  // (the agent's metadata for this very boot: own_symbols and from "meta
+  // channel"; the channel's "nearest boot" stand-in is not proven).
   BootFormats For(uint32_t boot, uint32_t nboots, BootFormats fallback);
 
   // The formats each boot got (after For), for the id table; null entries

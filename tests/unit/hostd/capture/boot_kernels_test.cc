@@ -292,6 +292,17 @@ TEST_F(BootKernelsCacheTest, TheBannerPicksTheEntryAndTheRecordsConfirmIt) {
   EXPECT_EQ(got.source["identified"]["check"]["passed"], true);
   EXPECT_EQ(got.source["identified"]["check"]["records"], records_.size());
   EXPECT_EQ(kernels.NewestIdentified(), got.formats);
+  // The agent's metadata for this very boot wins (it is proven by its
+  // fingerprints); the channel's nearest-boot stand-in does not.
+  KernelFormats agent = formats_;
+  BootFormats own = kernels.For(0, 1, BootFormats{&agent, {}, true, {{"from", "meta channel"}}});
+  EXPECT_EQ(own.formats, &agent);
+  EXPECT_EQ(own.source["identified"]["result"],
+            "identified and checked; the agent's own metadata is used");
+  BootFormats nearest =
+      kernels.For(0, 1, BootFormats{&agent, {}, true, {{"from", "meta channel (nearest boot)"}}});
+  EXPECT_EQ(nearest.formats, got.formats);
+  EXPECT_FALSE(nearest.own_symbols);
 }
 
 TEST_F(BootKernelsCacheTest, ResetRangeTakesTheLastBannerAndAMisfitFallsBack) {

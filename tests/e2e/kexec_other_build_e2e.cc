@@ -204,6 +204,9 @@ TEST(KexecOtherBuildE2e, EachBootDecodesWithItsOwnKernelsFormats) {
   }
   std::printf("[kexec-other] events across boots: %s\n",
               formats["events_across_boots"].dump().c_str());
+  std::printf("[kexec-other] identification: %s; panic->decoded %.1f ms\n",
+              formats["identify"].dump().c_str(),
+              m["extra"]["timing_ms"].value("trigger_to_decoded", -1.0));
   if (n >= 2) {
     const json& cmp = formats["events_across_boots"]["boots"][n - 2];
     EXPECT_FALSE(cmp.value("same_formats", false)) << cmp.dump(2);

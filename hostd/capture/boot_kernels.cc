@@ -23,6 +23,8 @@ double MsSince(std::chrono::steady_clock::time_point start) {
 constexpr std::string_view kBanner = "Linux version ";
 constexpr uint64_t kMaxConsoleRead = 32ull << 20;
 constexpr size_t kMaxMisfitsInManifest = 16;
+constexpr size_t kBannersInManifest = 8;
+constexpr size_t kMaxBannerInManifest = 512;
 
 std::string_view Trim(std::string_view s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' '))
@@ -165,6 +167,12 @@ std::vector<std::string> ReadConsoleBanners(const std::filesystem::path& console
   return ConsoleBanners(text);
 }
 
+uint64_t FormatsFit::misfit_id_records() const {
+  uint64_t n = 0;
+  for (const auto& [id, m] : misfits) n += m.id_records;
+  return n;
+}
+
 json FormatsFit::ToJson() const {
   json j = {
       {"records", records}, {"ids", ids}, {"misfit_records", misfit_records}, {"passed", ok()}};
@@ -172,9 +180,11 @@ json FormatsFit::ToJson() const {
     json list = json::array();
     for (const auto& [id, m] : misfits) {
       if (list.size() == kMaxMisfitsInManifest) break;
-      list.push_back({{"id", id}, {"records", m.records}, {"why", m.reason}});
+      list.push_back(
+          {{"id", id}, {"records", m.records}, {"id_records", m.id_records}, {"why", m.reason}});
     }
     j["misfit_ids"] = misfits.size();
+    j["misfit_id_records"] = misfit_id_records();
     j["misfits"] = std::move(list);
   }
   return j;
@@ -213,6 +223,14 @@ FormatsFit FitRecords(std::span<const BootMapRecord* const> records, const Kerne
     ++m.records;
   }
   fit.ids = ids.size();
+  if (!fit.misfits.empty()) {
+    for (const BootMapRecord* rec : records) {
+      uint16_t type = 0;
+      if (rec->payload.size() >= sizeof(type)) std::memcpy(&type, rec->payload.data(), 2);
+      auto m = fit.misfits.find(type);
+      if (m != fit.misfits.end()) ++m->second.id_records;
+    }
+  }
   return fit;
 }
 
@@ -367,7 +385,7 @@ BootFormats BootKernels::For(uint32_t boot, uint32_t nboots, BootFormats fallbac
         fallback.formats = WithoutIds(*f, fit);
         source["note"] = std::to_string(fit.misfits.size()) +
                          " event ids do not fit these formats: their " +
-                         std::to_string(fit.misfit_records) +
+                         std::to_string(fit.misfit_id_records()) +
                          " records are left undecoded (unknown ids, raw in region.bin)";
       }
     }
@@ -389,8 +407,16 @@ void BootKernels::AnnotateBoots(json& boots) const {
 }
 
 json BootKernels::Summary() const {
+  // The newest banners, so a later decode of region.bin (hvtrace show) can
+  // pair boots and kernels without the VM's console.
+  json newest = json::array();
+  for (size_t i = banners_.size() > kBannersInManifest ? banners_.size() - kBannersInManifest : 0;
+       i < banners_.size(); ++i) {
+    newest.push_back(banners_[i].substr(0, kMaxBannerInManifest));
+  }
   json j = {
       {"console_banners", banners_.size()},
+      {"newest_banners", std::move(newest)},
       {"timing_ms", {{"read", read_ms_}, {"cache_lookup", lookup_ms_}, {"check", check_ms_}}}};
   if (!map_error_.empty()) j["error"] = map_error_;
   if (!cache_problems_.empty()) j["cache_problems"] = cache_problems_;

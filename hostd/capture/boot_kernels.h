@@ -70,11 +70,14 @@ struct FormatsFit {
   // id -> why its records do not fit (the first reason seen) and how many.
   struct Misfit {
     std::string reason;
-    uint64_t records = 0;
+    uint64_t records = 0;     // Records that do not fit.
+    uint64_t id_records = 0;  // Every record with this id (some may fit by chance).
   };
   std::map<uint32_t, Misfit> misfits;
   size_t ids = 0;  // Distinct ids seen.
   bool ok() const { return misfit_records == 0; }
+  // Records of the ids that do not fit: what dropping those ids leaves raw.
+  uint64_t misfit_id_records() const;
   nlohmann::json ToJson() const;  // Compact: counts, the first misfits.
 };
 

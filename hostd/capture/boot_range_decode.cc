@@ -211,6 +211,7 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
   if (!meta_info.empty() && !info.contains("meta")) info["meta"] = std::move(meta_info);
   if (!decode_error.empty()) info["decode_error"] = decode_error;
   const std::string kernel = kernel_path.empty() ? "K" : kernel_path;
+  info["identify"] = kernels.Summary();
   info["note"] = "formats: " + state + ", run hvtrace formats harvest --kernel " + kernel +
                  " --initrd I; `hvtrace show CAPTURE` then decodes region.bin";
   Result<CaptureResult> counted = CountBootMapCapture(copy, options, manifest);

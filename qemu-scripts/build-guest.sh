@@ -2,7 +2,8 @@
 # Builds the hvtrace test guests: a Debian kernel plus a busybox initramfs.
 #
 #   qemu-scripts/build-guest.sh [--kernel 6.12|6.1|all] [--out DIR] [--agent PATH]
-#                               [--guest-test PATH] [--with-kexec-kernel] [--overlay DIR] [--refresh]
+#                               [--guest-test PATH] [--with-kexec-kernel] [--with-kexec-other]
+#                               [--overlay DIR] [--refresh]
 #
 # Guests (the guest contract, see qemu-scripts/README.md):
 #   6.12  newest linux-image-6.12.*-amd64 in bookworm-backports (has the
@@ -11,8 +12,15 @@
 # Outputs, per guest, in DIR/<guest>/ (DIR defaults to build/guest of the
 # checkout): vmlinuz, initrd.img, kernel-release, config, package, and with
 # --with-kexec-kernel initrd-kexec.img (the same initramfs plus the kernel at
-# /boot/vmlinuz). Prints one line per guest:
+# /boot/vmlinuz). With --with-kexec-other (6.12 only) also other/vmlinuz,
+# other/kernel-release, other/package and initrd-kexec-other.img: the same
+# initramfs with ANOTHER build at /boot/vmlinuz (the newest 6.12 of
+# bookworm-security, e.g. 6.12.117 beside the backports 6.12.95) and that
+# build's modules, so `hvtrace-kexec-self` boots a different kernel build.
+# Prints one line per guest:
 #   GUEST <guest> KERNEL=<abs path> INITRD=<abs path> RELEASE=<uname -r>
+# and with --with-kexec-other one more:
+#   OTHER <guest> KERNEL=<abs path> INITRD=<abs path> RELEASE=<uname -r>
 #
 # Downloads and unpacked packages live in ${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace}
 # so fresh clones reuse them. apt works on a private state (its own sources,
@@ -38,6 +46,7 @@ AGENT_GIVEN=0
 GUEST_TEST=""
 GUESTS=(6.12 6.1)
 WITH_KEXEC_KERNEL=0
+WITH_KEXEC_OTHER=0
 OVERLAY=""
 REFRESH=0
 # Modules each initramfs carries, plus whatever they depend on. pvpanic-mmio
@@ -64,6 +73,7 @@ while [ $# -gt 0 ]; do
     --agent) [ $# -ge 2 ] || usage; AGENT=$2; AGENT_GIVEN=1; shift 2 ;;
     --guest-test) [ $# -ge 2 ] || usage; GUEST_TEST=$2; shift 2 ;;
     --with-kexec-kernel) WITH_KEXEC_KERNEL=1; shift ;;
+    --with-kexec-other) WITH_KEXEC_OTHER=1; shift ;;
     --overlay) [ $# -ge 2 ] || usage; OVERLAY=$2; shift 2 ;;
     --refresh) REFRESH=1; shift ;;
     -h|--help) usage ;;
@@ -202,6 +212,8 @@ fetch_kernel() {
   case "$guest" in
     6.12) name_re='^linux-image-6\.12\.[0-9]+[^-]*-amd64$'; suite_re=' bookworm-backports/' ;;
     6.1)  name_re='^linux-image-6\.1\.[0-9]+-[0-9]+-amd64$'; suite_re=' bookworm(-updates|-security)?/' ;;
+    # Another 6.12 build for kexec tests: Debian's own 6.12 (security updates).
+    6.12-security) name_re='^linux-image-6\.12\.[0-9]+[^-]*-amd64$'; suite_re=' bookworm-security/' ;;
   esac
   resolved_file="$CACHE/resolved-$guest"
   # apt-cache rebuilds its cache on every call here (~1 s each), so the choice
@@ -321,7 +333,8 @@ for f in "$AGENT" "$GUEST_TEST"; do
 done
 
 # Writes the initramfs for the unpacked kernel to $1 (gzip'd newc cpio); with
-# $2 = 1 it also carries the kernel at /boot/vmlinuz.
+# $2 = 1 it also carries the kernel at /boot/vmlinuz, with $2 = 2 the other
+# build (OTHER_*) there and that build's modules under its own release.
 make_initramfs() {
   local dest=$1 with_kernel=$2 stage f
   stage=$(mktemp -d "$OUT/.stage.XXXXXX")
@@ -355,9 +368,22 @@ make_initramfs() {
     echo "$base" >>"$stage/etc/hvtrace/modules"
   done
   echo "$RELEASE" >"$stage/etc/hvtrace/kernel-release"
+  if [ "$with_kernel" -eq 2 ]; then
+    mkdir -p "$stage/lib/modules/$OTHER_RELEASE"
+    for f in "${OTHER_MODULE_FILES[@]}"; do
+      local obase=${f##*/}; obase=${obase%.ko*}
+      case "$f" in
+        *.ko.xz) xz -dc "$f" >"$stage/lib/modules/$OTHER_RELEASE/$obase.ko" ;;
+        *.ko.zst) zstd -qdc "$f" >"$stage/lib/modules/$OTHER_RELEASE/$obase.ko" ;;
+        *.ko.gz) gzip -dc "$f" >"$stage/lib/modules/$OTHER_RELEASE/$obase.ko" ;;
+        *) cp "$f" "$stage/lib/modules/$OTHER_RELEASE/$obase.ko" ;;
+      esac
+    done
+  fi
   printf 'root:x:0:0:root:/root:/bin/sh\n' >"$stage/etc/passwd"
   printf 'root:x:0:\n' >"$stage/etc/group"
-  [ "$with_kernel" -eq 0 ] || cp "$UNPACKED/boot/vmlinuz-$RELEASE" "$stage/boot/vmlinuz"
+  [ "$with_kernel" -ne 1 ] || cp "$UNPACKED/boot/vmlinuz-$RELEASE" "$stage/boot/vmlinuz"
+  [ "$with_kernel" -ne 2 ] || cp "$OTHER_UNPACKED/boot/vmlinuz-$OTHER_RELEASE" "$stage/boot/vmlinuz"
   [ -z "$OVERLAY" ] || cp -a "$OVERLAY"/. "$stage"/
   (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort \
      | cpio --quiet -o -H newc -R 0:0 --reproducible) | gzip -6 -n >"$dest.tmp"
@@ -420,8 +446,37 @@ for guest in "${GUESTS[@]}"; do
       echo "$hash" >"$dir/.inputs-kexec"
     fi
   fi
+  other_line=""
+  if [ "$guest" = 6.12 ] && { [ "$WITH_KEXEC_OTHER" -eq 1 ] || [ -f "$dir/initrd-kexec-other.img" ]; }; then
+    # The other build's package, then back to this guest's for the loop.
+    saved=("$PKG" "$PKG_VERSION" "$UNPACKED" "$RELEASE")
+    fetch_kernel 6.12-security
+    OTHER_PKG=$PKG OTHER_PKG_VERSION=$PKG_VERSION OTHER_UNPACKED=$UNPACKED OTHER_RELEASE=$RELEASE
+    PKG=${saved[0]} PKG_VERSION=${saved[1]} UNPACKED=${saved[2]} RELEASE=${saved[3]}
+    [ "$OTHER_RELEASE" != "$RELEASE" ] || die "the other 6.12 build has this guest's release $RELEASE"
+    other_order=$(module_order "$OTHER_UNPACKED/lib/modules/$OTHER_RELEASE" "${MODULES[@]}")
+    mapfile -t OTHER_MODULE_FILES <<<"$other_order"
+    other_hash=$( (echo "$hash other $OTHER_PKG $OTHER_PKG_VERSION"; printf '%s\n' "${OTHER_MODULE_FILES[@]}") \
+                  | sha256sum | cut -d' ' -f1)
+    if [ "$(cat "$dir/.inputs-kexec-other" 2>/dev/null)" != "$other_hash" ] \
+       || [ ! -f "$dir/initrd-kexec-other.img" ] || [ ! -f "$dir/other/vmlinuz" ]; then
+      log "building $guest kexec-other initramfs (/boot/vmlinuz = $OTHER_PKG $OTHER_PKG_VERSION)"
+      rm -f "$dir/.inputs-kexec-other"
+      mkdir -p "$dir/other"
+      for f in vmlinuz config; do
+        cp "$OTHER_UNPACKED/boot/$f-$OTHER_RELEASE" "$dir/other/$f.tmp"
+        mv "$dir/other/$f.tmp" "$dir/other/$f"
+      done
+      echo "$OTHER_RELEASE" >"$dir/other/kernel-release"
+      echo "$OTHER_PKG $OTHER_PKG_VERSION" >"$dir/other/package"
+      make_initramfs "$dir/initrd-kexec-other.img" 2
+      echo "$other_hash" >"$dir/.inputs-kexec-other"
+    fi
+    other_line="OTHER $guest KERNEL=$dir/other/vmlinuz INITRD=$dir/initrd-kexec-other.img RELEASE=$OTHER_RELEASE"
+  fi
   exec 9>&-
   echo "GUEST $guest KERNEL=$dir/vmlinuz INITRD=$dir/initrd.img RELEASE=$RELEASE"
+  [ -z "$other_line" ] || echo "$other_line"
 done
 
 # Kernels no guest uses any more (the lists moved on) leave the cache; this is

@@ -5,7 +5,9 @@
 #include <memory>
 #include <optional>
 
+#include "boot_kernels.h"
 #include "capture_pipeline.h"
+#include "event_id_table.h"
 #include "meta_store.h"
 
 namespace hvtrace::hostd {
@@ -159,12 +161,20 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
   BootMapCaptureOptions options;
   options.write_region = false;  // The caller wrote (and fsynced) region.bin.
   std::string decode_error;
+  // Each boot's kernel identified by its console banner and checked against
+  // the data (boot_kernels.h); the per-boot choices feed the id table.
+  BootKernels kernels(copy, formats.get(), formats_service,
+                      ReadConsoleBanners(ConsoleLogOfMetaDir(meta_dir)));
+  const KernelFormats* identified = formats ? nullptr : kernels.NewestIdentified();
   // A decode that worked: its figures go to the manifest; false if it failed.
   auto decoded = [&](const Result<CaptureResult>& built) {
     if (!built.ok()) {
       decode_error = built.error().message;
       return false;
     }
+    kernels.AnnotateBoots(manifest.extra["boots"]);
+    info["identify"] = kernels.Summary();
+    info["events_across_boots"] = EventsAcrossBoots(kernels.chosen());
     info["decoded"] = true;
     info["unknown_id_events"] = built->unknown_id;
     times.decode_ms = built->decode_ms;
@@ -173,20 +183,27 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
     return true;
   };
   // The metadata channel's boots, each decoding its own boot of the range.
-  if (const KernelFormats* layout = formats ? formats.get() : channel.Newest();
+  const KernelFormats* newest = formats ? formats.get() : channel.Newest();
+  if (const KernelFormats* layout = newest ? newest : identified;
       !channel.empty() && layout != nullptr) {
-    const KernelFormats* cached = formats.get();
+    const KernelFormats* cached = formats ? formats.get() : identified;
+    kernels.set_default(layout);
     Result<CaptureResult> built = BuildBootMapCapture(
         copy, *layout,
         [&](uint32_t boot, std::span<const uint64_t> last) {
-          return channel.For(boot, last, cached);
+          return kernels.For(boot, last.size(), channel.For(boot, last, cached));
         },
         options, capture, manifest);
     info["meta"] = std::move(meta_info);
     if (built.ok()) info["state"] = state + "; metadata channel";
     if (decoded(built)) return times;
-  } else if (formats) {
-    if (decoded(BuildBootMapCapture(copy, *formats, options, capture, manifest))) return times;
+  } else if (const KernelFormats* f = formats ? formats.get() : identified) {
+    kernels.set_default(f);
+    const BootFormatsFor same = SameFormats(*f);
+    const BootFormatsFor per_boot = [&](uint32_t boot, std::span<const uint64_t> last) {
+      return kernels.For(boot, last.size(), same(boot, last));
+    };
+    if (decoded(BuildBootMapCapture(copy, *f, per_boot, options, capture, manifest))) return times;
   }
   // No formats (or the decode failed): count what the region holds so the
   // manifest still says it; `hvtrace show` decodes region.bin later.
@@ -194,6 +211,7 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
   if (!meta_info.empty() && !info.contains("meta")) info["meta"] = std::move(meta_info);
   if (!decode_error.empty()) info["decode_error"] = decode_error;
   const std::string kernel = kernel_path.empty() ? "K" : kernel_path;
+  info["identify"] = kernels.Summary();
   info["note"] = "formats: " + state + ", run hvtrace formats harvest --kernel " + kernel +
                  " --initrd I; `hvtrace show CAPTURE` then decodes region.bin";
   Result<CaptureResult> counted = CountBootMapCapture(copy, options, manifest);

@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 
+#include "event_id_table.h"
 #include "hvtrace/page.h"
 #include "hvtrace/region.h"
 #include "hvtrace/region_clock.h"
@@ -403,7 +404,8 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
                     {"last_dw_ts_ns", f.last_dw_timestamp}});
   }
   const region::GuestStatus& st = s.guest.status;
-  r.attach = {{"guest", GuestJson(s.guest)},
+  r.attach = {{"events_across_generations", EventsAcrossGenerations(s)},
+              {"guest", GuestJson(s.guest)},
               {"geometry",
                {{"region_size", s.geometry.region_size},
                 {"region_id", s.geometry.region_id},

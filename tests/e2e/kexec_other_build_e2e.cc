@@ -1,0 +1,331 @@
+// kexec from one kernel build into another (Debian's 6.12.95 from
+// bookworm-backports into 6.12.117 from bookworm-security), boot range, no
+// agent: each boot of the capture decodes with its own kernel's formats,
+// identified by the console banner and checked against the records
+// (hostd/capture/boot_kernels.h), and the manifest's id table says what
+// moved or changed between the builds (event_id_table.h).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+
+#include "attach_region_host.h"
+#include "guest_harness.h"
+#include "hvtraced_harness.h"
+#include "test_support.h"
+#include "trace_text.h"
+#include "vm_console.h"
+
+namespace hvtrace::e2e {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+constexpr const char* kMarker = "/sys/kernel/tracing/instances/boot_map/trace_marker";
+
+struct OtherBuild {
+  std::string kernel, initrd, release;
+};
+
+// build-guest.sh --with-kexec-other: the other 6.12 build and the initramfs
+// that carries it at /boot/vmlinuz (cached after the first run).
+Result<OtherBuild> FindOtherBuild() {
+  const std::string cmd = std::string(HVTRACE_SOURCE_DIR) +
+                          "/qemu-scripts/build-guest.sh --kernel 6.12 --with-kexec-other 2>&1";
+  const std::string out = test_support::RunCommand(cmd);
+  static const std::regex kLine(R"(OTHER 6\.12 KERNEL=(\S+) INITRD=(\S+) RELEASE=(\S+))");
+  std::smatch m;
+  if (!std::regex_search(out, m, kLine))
+    return Error{"`" + cmd + "` printed no OTHER line:\n" + out};
+  return OtherBuild{m[1], m[2], m[3]};
+}
+
+// The same images with this build's agent (and test tools) in them, for
+// attach mode: GUEST and OTHER lines of build-guest.sh --out .../guest-attach.
+Result<std::pair<GuestImage, OtherBuild>> AgentImagesWithOtherBuild() {
+  const std::string bin = HVTRACE_BIN_DIR;
+  const std::string guest_test = bin + "/hvtrace-guest-test";
+  const std::string cmd =
+      std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh --kernel 6.12 --out " + bin +
+      "/../guest-attach --agent " + bin + "/hvtrace-agent" +
+      (access(guest_test.c_str(), X_OK) == 0 ? " --guest-test " + guest_test : std::string()) +
+      " --with-kexec-other 2>&1";
+  const std::string out = test_support::RunCommand(cmd);
+  static const std::regex kGuest(R"(GUEST 6\.12 KERNEL=(\S+) INITRD=(\S+) RELEASE=(\S+))");
+  static const std::regex kOther(R"(OTHER 6\.12 KERNEL=(\S+) INITRD=(\S+) RELEASE=(\S+))");
+  std::smatch g, o;
+  if (!std::regex_search(out, g, kGuest) || !std::regex_search(out, o, kOther)) {
+    return Error{"`" + cmd + "` printed no GUEST/OTHER lines:\n" + out};
+  }
+  return std::pair{GuestImage{g[1], g[2], g[3]}, OtherBuild{o[1], o[2], o[3]}};
+}
+
+// `hvtrace formats harvest`, as a user runs it for a kernel their VM may
+// kexec into; prints the key.
+Result<std::string> Harvest(const std::string& kernel, const std::string& initrd) {
+  test_support::CommandResult r = test_support::RunCommandStatus(
+      std::string(HVTRACE_BIN_DIR) + "/hvtrace formats harvest --kernel '" + kernel +
+      "' --initrd '" + initrd + "' 2>&1");
+  if (r.status != 0) return Error{"harvest of " + kernel + " failed:\n" + r.out};
+  return r.out;
+}
+
+Status WriteMarkers(hostd::GuestConsole& console, const std::string& prefix, int count) {
+  const std::string cmd = "for i in $(seq 1 " + std::to_string(count) + "); do echo " + prefix +
+                          "-$i > " + kMarker + "; ls /proc > /dev/null; sleep 0.1; done";
+  auto ran = console.Run(cmd, kCommandTimeout);
+  if (!ran.ok()) return ran.error();
+  if (ran->status != 0) return Error{"marker loop exited " + std::to_string(ran->status)};
+  return {};
+}
+
+// The formats cache entry of |release| (hvtrace formats list --json is not
+// needed: the harvest printed the entry path): "system/name" -> {id, the
+// format's field lines}, compared here independently of the fingerprints.
+std::map<std::string, std::pair<uint32_t, std::string>> EntryEvents(const std::string& entry) {
+  std::map<std::string, std::pair<uint32_t, std::string>> out;
+  const json events = json::parse(test_support::ReadText(entry + "/events.json"));
+  for (const json& e : events["events"]) {
+    std::string text = e.value("format", "");
+    std::string fields;
+    for (const std::string& line : TextLines(text)) {
+      if (line.find("field:") != std::string::npos) fields += line + "\n";
+    }
+    out[e.value("system", "") + "/" + e.value("name", "")] = {e.value("id", 0u), fields};
+  }
+  return out;
+}
+
+std::string EntryPath(const std::string& harvest_output) {
+  static const std::regex kPath(R"(path\s+(\S+))");
+  std::smatch m;
+  return std::regex_search(harvest_output, m, kPath) ? std::string(m[1]) : std::string();
+}
+
+size_t Count(const std::string& text, const std::string& needle) {
+  size_t n = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+TEST(KexecOtherBuildE2e, EachBootDecodesWithItsOwnKernelsFormats) {
+  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  auto image = FindGuestImage("6.12");
+  ASSERT_TRUE(image.ok()) << image.error().message;
+  Result<OtherBuild> other = FindOtherBuild();
+  ASSERT_TRUE(other.ok()) << other.error().message;
+  ASSERT_NE(other->release, image->release);
+  // Both kernels' formats in the cache the daemon reads (the default one).
+  std::vector<std::string> entries;
+  for (const auto& [kernel, initrd] :
+       {std::pair{image->kernel, image->initrd}, std::pair{other->kernel, other->initrd}}) {
+    Result<std::string> h = Harvest(kernel, initrd);
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    entries.push_back(EntryPath(*h));
+    ASSERT_FALSE(entries.back().empty()) << *h;
+  }
+  // What the two builds' formats differ in, from their texts.
+  size_t moved = 0, changed = 0;
+  {
+    auto a = EntryEvents(entries[0]);
+    auto b = EntryEvents(entries[1]);
+    for (const auto& [event, before] : a) {
+      auto after = b.find(event);
+      if (after == b.end()) continue;
+      if (after->second.second != before.second) {
+        ++changed;
+      } else if (after->second.first != before.first) {
+        ++moved;
+      }
+    }
+    std::printf("[kexec-other] %s vs %s formats: %zu events, %zu moved, %zu changed layout\n",
+                image->release.c_str(), other->release.c_str(), a.size(), moved, changed);
+  }
+
+  HvtracedProcess daemon({.tag = "kxother", .config = "vm_on_shutdown = stop\n"});
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  const std::string name = "kx-other-" + std::to_string(::getpid());
+  auto booted = daemon.Call("boot", {{"name", name},
+                                     {"kernel", image->kernel},
+                                     {"initrd", other->initrd},
+                                     {"accel", "tcg"},
+                                     {"trace_size_mib", 16}});
+  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
+  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
+  ASSERT_TRUE(console.ok()) << console.error().message;
+  auto tail = [&] { return (*console)->Tail(40) + "\n--- hvtraced ---\n" + daemon.log(); };
+  ASSERT_TRUE((*console)->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+  ASSERT_TRUE(WriteMarkers(**console, "b95-mark", 6).ok()) << tail();
+  // The same command line (memmap=, trace_instance=) into the other build.
+  ASSERT_TRUE((*console)->Send("hvtrace-kexec-self\n").ok());
+  auto ready = (*console)->WaitForLine("HVTRACE-GUEST-READY " + other->release, kBootTimeout);
+  ASSERT_TRUE(ready.ok()) << ready.error().message << "\n" << tail();
+  ASSERT_TRUE(WriteMarkers(**console, "b117-mark", 6).ok()) << tail();
+  ASSERT_TRUE(
+      (*console)
+          ->Send(std::string("echo b117-last > ") + kMarker + "; echo c > /proc/sysrq-trigger\n")
+          .ok());
+  auto panic = daemon.WaitForCapture(name, "panic", 90s);
+  ASSERT_TRUE(panic.ok()) << panic.error().message << "\n" << tail();
+  const fs::path dir = fs::path(daemon.captures_dir(name)) / (*panic)["id"].get<std::string>();
+  const json m = json::parse(test_support::ReadText((dir / "manifest.json").string()));
+  const json& formats = m["extra"]["formats"];
+  const json& boots = m["extra"]["boots"];
+  std::printf("[kexec-other] range after kexec %s -> %s: layout %s, %s boot(s) in the range\n",
+              image->release.c_str(), other->release.c_str(),
+              m["validation"].value("layout", json()).dump().c_str(),
+              m["validation"].value("boots", json()).dump().c_str());
+  ASSERT_EQ(formats["decoded"], true) << m["extra"].dump(2);
+  EXPECT_EQ(formats["unknown_id_events"], 0) << formats.dump(2);
+  ASSERT_TRUE(boots.is_array() && !boots.empty()) << m["extra"].dump(2);
+  // The newest boot is 6.12.117's; an older one, if the new kernel appended,
+  // 6.12.95's. Each identified by its banner, checked against its records.
+  const size_t n = boots.size();
+  for (size_t b = 0; b < n; ++b) {
+    const json& with = boots[b]["decoded_with"];
+    ASSERT_TRUE(with.is_object()) << boots.dump(2);
+    std::printf("[kexec-other] boot %zu: %s events, decoded with %s\n", b,
+                boots[b]["events"].dump().c_str(), with.dump().c_str());
+    EXPECT_EQ(with.value("from", ""), "formats cache, identified by console banner")
+        << with.dump(2);
+    const std::string want = b + 1 == n ? other->release : image->release;
+    EXPECT_EQ(with.value("release", ""), want) << with.dump(2);
+    EXPECT_EQ(with["identified"]["check"]["passed"], true) << with.dump(2);
+    EXPECT_EQ(with["identified"]["check"]["records"], boots[b]["events"]) << with.dump(2);
+    EXPECT_NE(with["identified"].value("banner", "").find(want), std::string::npos);
+  }
+  std::printf("[kexec-other] events across boots: %s\n",
+              formats["events_across_boots"].dump().c_str());
+  std::printf("[kexec-other] identification: %s; panic->decoded %.1f ms\n",
+              formats["identify"].dump().c_str(),
+              m["extra"]["timing_ms"].value("trigger_to_decoded", -1.0));
+  if (n >= 2) {
+    const json& cmp = formats["events_across_boots"]["boots"][n - 2];
+    EXPECT_FALSE(cmp.value("same_formats", false)) << cmp.dump(2);
+    EXPECT_EQ(cmp["counts"]["moved"], moved) << cmp.dump(2);
+    EXPECT_EQ(cmp["counts"]["changed"], changed) << cmp.dump(2);
+  }
+  // Every marker of every boot in the range decodes, by name.
+  for (size_t b = 0; b < n; ++b) {
+    const std::string report = test_support::RunCommand(
+        "trace-cmd report '" + (dir / ("boot-" + std::to_string(b) + ".trace.dat")).string() +
+        "' 2>&1");
+    const bool newest = b + 1 == n;
+    const std::string prefix = newest ? "b117-mark-" : "b95-mark-";
+    EXPECT_EQ(Count(report, prefix), 6u) << report.substr(0, 4000);
+    EXPECT_EQ(Count(report, "[UNKNOWN"), 0u);
+    EXPECT_GT(Count(report, "sched_switch:"), 0u);
+    if (newest) {
+      EXPECT_EQ(Count(report, "b117-last"), 1u);
+    }
+    std::printf("[kexec-other] boot %zu trace.dat: %zu %s markers, %zu sched_switch\n", b,
+                Count(report, prefix), prefix.c_str(), Count(report, "sched_switch:"));
+  }
+  EXPECT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
+}
+
+// Attach mode (ivshmem + agent): the agent of each boot writes its own
+// generation's format table; each generation decodes with it, and
+// events_across_generations compares the tables by fingerprint. The events
+// asked for include hwmon:hwmon_attr_show, whose layout differs between the
+// builds (long -> long long): the table must say "changed" for it, which
+// proves each generation's table is its own kernel's.
+TEST(KexecOtherBuildE2e, AttachEachGenerationDecodesWithItsOwnTable) {
+  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  if (access((std::string(HVTRACE_BIN_DIR) + "/hvtrace-agent").c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "hvtrace-agent not built";
+  }
+  auto images = AgentImagesWithOtherBuild();
+  ASSERT_TRUE(images.ok()) << images.error().message;
+  GuestImage image = images->first;
+  const OtherBuild& other = images->second;
+  image.initrd = other.initrd;  // Boots 6.12.95, carries 6.12.117 for kexec.
+  const std::string tag = "kxo-attach";
+  TestGuest guest(tag);
+  hostd::VmConfig config = guest.MakeConfig(image);
+  const std::string daemon_qmp = AddDaemonMonitor(config, tag);
+  ASSERT_TRUE(guest.Boot(config).ok()) << guest.Diagnostics();
+  ASSERT_TRUE(guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)").ok());
+  HvtracedProcess hvt({.tag = tag});
+  ASSERT_TRUE(hvt.Start().ok()) << hvt.log();
+  const std::string name = tag + "-" + std::to_string(::getpid());
+  struct Cleanup {
+    std::string path;
+    ~Cleanup() { std::filesystem::remove(path); }
+  } cleanup{hvt.dir() + "/run/mem/hvtrace-" + name + "-attach"};
+  auto diag = [&] {
+    auto agent = guest.Run("cat /tmp/agent.log");
+    return guest.Diagnostics() + "\n--- agent ---\n" + (agent.ok() ? agent->output : "?") +
+           "\n--- hvtraced ---\n" + hvt.LogTail();
+  };
+  auto attached = hvt.HvtraceJson(
+      {"attach", name, "--qmp", daemon_qmp, "--size", "16M", "--pump-ms", "50", "--events",
+       "sched:sched_switch,hwmon:hwmon_attr_show", "--wait-ms", "60000"});
+  ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
+  ASSERT_EQ((*attached)["guest"]["boot_generation"], 1) << attached->dump(2);
+  EXPECT_EQ((*attached)["guest"]["kernel_release"], image.release);
+  const std::string marker = "/sys/kernel/tracing/instances/hvtrace/trace_marker";
+  auto marks = [&](const std::string& prefix) {
+    return guest.Run("for i in 1 2 3 4 5; do echo " + prefix + "-$i > " + marker +
+                     "; ls /proc > /dev/null; done; sleep 1");
+  };
+  ASSERT_TRUE(marks("g1-mark").ok()) << diag();
+  ASSERT_TRUE(guest.console().Send("hvtrace-kexec-self\n").ok());
+  ASSERT_TRUE(
+      guest.console().WaitForLine("HVTRACE-GUEST-READY " + other.release, kBootTimeout).ok())
+      << diag();
+  ASSERT_TRUE(guest.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)").ok());
+  // The new boot's agent takes the region over as generation 2.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto r = guest.Run("grep -q 'generation 2' /tmp/agent.log");
+        return r.ok() && r->status == 0;
+      },
+      60s))
+      << diag();
+  ASSERT_TRUE(marks("g2-mark").ok()) << diag();
+  ASSERT_TRUE(guest.console().Send("echo c > /proc/sysrq-trigger\n").ok());
+  auto panic = hvt.WaitForCapture(name, "panic", 90s);
+  ASSERT_TRUE(panic.ok()) << panic.error().message << diag();
+  const fs::path dir = fs::path(hvt.captures_dir(name)) / (*panic)["id"].get<std::string>();
+  const json m = json::parse(test_support::ReadText((dir / "manifest.json").string()));
+  const json& attach = m["extra"]["attach"];
+  std::printf("[kexec-other attach] generations: %s\n", attach["generations"].dump().c_str());
+  std::printf("[kexec-other attach] events across generations: %s\n",
+              attach["events_across_generations"].dump().c_str());
+  const json& across = attach["events_across_generations"];
+  ASSERT_EQ(across["tables"], json::array({1, 2})) << across.dump(2);
+  ASSERT_EQ(across["generations"].size(), 1u) << across.dump(2);
+  const json& cmp = across["generations"][0];
+  EXPECT_EQ(cmp["generation"], 2);
+  EXPECT_EQ(cmp["compared_with"], 1);
+  EXPECT_EQ(cmp["counts"]["changed"], 1) << cmp.dump(2);
+  EXPECT_EQ(cmp["changed"][0]["event"], "hwmon/hwmon_attr_show") << cmp.dump(2);
+  EXPECT_EQ(cmp["counts"]["moved"], 0) << cmp.dump(2);
+  EXPECT_GE(cmp["counts"]["kept"].get<int>(), 2) << cmp.dump(2);  // print, sched_switch
+  for (const json& g : attach["generations"]) EXPECT_EQ(g["unknown_id"], 0) << g.dump();
+  for (int gen : {1, 2}) {
+    const std::string report = test_support::RunCommand(
+        "trace-cmd report '" +
+        (dir / ("region-gen-" + std::to_string(gen) + ".trace.dat")).string() + "' 2>&1");
+    const std::string mine = "g" + std::to_string(gen) + "-mark-";
+    const std::string theirs = "g" + std::to_string(3 - gen) + "-mark-";
+    EXPECT_EQ(Count(report, mine), 5u) << report.substr(0, 3000);
+    EXPECT_EQ(Count(report, theirs), 0u);
+    EXPECT_GT(Count(report, "sched_switch:"), 0u);
+    EXPECT_EQ(Count(report, "[UNKNOWN"), 0u);
+    std::printf("[kexec-other attach] generation %d: %zu markers, %zu sched_switch\n", gen,
+                Count(report, mine), Count(report, "sched_switch:"));
+  }
+}
+
+}  // namespace
+}  // namespace hvtrace::e2e

@@ -3,7 +3,7 @@
 #
 #   qemu-scripts/build-guest.sh [--kernel 6.12|6.1|all] [--out DIR] [--agent PATH]
 #                               [--guest-test PATH] [--with-kexec-kernel] [--with-kexec-other]
-#                               [--overlay DIR] [--refresh]
+#                               [--overlay DIR] [--refresh] [--with-test-modules]
 #
 # Guests (the guest contract, see qemu-scripts/README.md):
 #   6.12  newest linux-image-6.12.*-amd64 in bookworm-backports (has the
@@ -34,6 +34,13 @@
 # script) changed, so a run with everything cached takes about a second.
 # --guest-test PATH puts the test tools (build/bin/hvtrace-guest-test: dw-write,
 # scribble) at /bin/hvtrace-guest-test; only test images ask for them.
+# --with-test-modules builds the test modules with trace events
+# (tests/guest/modules: hvt_alpha, hvt_beta) against the guest kernel's
+# headers (linux-headers-<release> and the -common and linux-kbuild packages
+# it depends on, fetched and verified like the kernel, unpacked in the cache,
+# never installed) with qemu-scripts/build-test-modules.sh, and puts them at
+# /lib/modules/<release>/hvtrace-test/*.ko, not loaded by /init (tests load
+# them in the order they need).
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -47,6 +54,8 @@ GUEST_TEST=""
 GUESTS=(6.12 6.1)
 WITH_KEXEC_KERNEL=0
 WITH_KEXEC_OTHER=0
+WITH_TEST_MODULES=0
+TEST_MODULE_FILES=()
 OVERLAY=""
 REFRESH=0
 # Modules each initramfs carries, plus whatever they depend on. pvpanic-mmio
@@ -74,6 +83,7 @@ while [ $# -gt 0 ]; do
     --guest-test) [ $# -ge 2 ] || usage; GUEST_TEST=$2; shift 2 ;;
     --with-kexec-kernel) WITH_KEXEC_KERNEL=1; shift ;;
     --with-kexec-other) WITH_KEXEC_OTHER=1; shift ;;
+    --with-test-modules) WITH_TEST_MODULES=1; shift ;;
     --overlay) [ $# -ge 2 ] || usage; OVERLAY=$2; shift 2 ;;
     --refresh) REFRESH=1; shift ;;
     -h|--help) usage ;;
@@ -286,6 +296,69 @@ fetch_kernel() {
   [ -d "$UNPACKED/lib/modules/$RELEASE" ] || die "$PKG has no lib/modules/$RELEASE"
 }
 
+# Downloads package $1 version $2 into $CACHE/headers/debs (checked against
+# the SHA256 of the signed lists, as the kernel is) and prints its path.
+fetch_verified_deb() {
+  local name=$1 version=$2 deb want sha tmp
+  want=$(apt-cache "${APT_OPTS[@]}" show "$name=$version" 2>/dev/null | sed -n 's/^SHA256: //p' | head -n1 || true)
+  [ -n "$want" ] || die "apt-cache gives no SHA256 for $name=$version"
+  mkdir -p "$CACHE/headers/debs"
+  deb="$CACHE/headers/debs/${name}_${version//:/%3a}_amd64.deb"
+  if [ -f "$deb" ] && [ "$(cat "$deb.sha256" 2>/dev/null)" = "$want" ]; then
+    echo "$deb"
+    return 0
+  fi
+  rm -f "$deb" "$deb.sha256"
+  log "downloading $name $version"
+  tmp=$(mktemp -d "$CACHE/headers/debs/.download.XXXXXX")
+  if ! (cd "$tmp" && apt-get "${APT_OPTS[@]}" -q download "$name=$version" >"$tmp/log" 2>&1); then
+    cat "$tmp/log" >&2
+    rm -rf "$tmp"
+    die "apt-get download $name=$version failed"
+  fi
+  mv "$tmp"/*.deb "$deb"
+  rm -rf "$tmp"
+  sha=$(sha256sum "$deb" | cut -d' ' -f1)
+  [ "$sha" = "$want" ] || { rm -f "$deb"; die "downloaded $name has SHA256 $sha, the lists say $want"; }
+  echo "$want" >"$deb.sha256"
+  echo "$deb"
+}
+
+# The test modules for the kernel fetch_kernel resolved: fetches its headers
+# (linux-headers-$RELEASE, its -common and linux-kbuild packages), unpacks them side by side in the cache and builds
+# the modules there (build-test-modules.sh); sets TEST_MODULE_FILES.
+fetch_test_modules() {
+  local headers="linux-headers-$RELEASE" depends pkgs=() p root key dir
+  depends=$(apt-cache "${APT_OPTS[@]}" show "$headers=$PKG_VERSION" 2>/dev/null \
+            | sed -n 's/^Depends: //p' | head -n1 || true)
+  [ -n "$depends" ] || die "no $headers=$PKG_VERSION in the lists (needed by --with-test-modules)"
+  pkgs=("$headers")
+  # The tree is linux-headers-*-common and linux-kbuild-* (same source
+  # version); linux-base, the image and the compiler are not part of it.
+  for p in $(echo "$depends" | tr ',' '\n' | tr -d ' ' \
+             | sed -n "s/^\(linux-\(headers\|kbuild\)-[^(|]*\)\((=${PKG_VERSION//./\\.})\)\{0,1\}\$/\1/p"); do
+    pkgs+=("$p")
+  done
+  key="${pkgs[*]} $PKG_VERSION"
+  root="$CACHE/headers/${RELEASE}_${PKG_VERSION//:/%3a}"
+  if [ ! -f "$root/.complete" ]; then
+    rm -rf "$root" "$root.tmp"
+    mkdir -p "$root.tmp"
+    for p in "${pkgs[@]}"; do
+      log "unpacking $p $PKG_VERSION"
+      dpkg-deb -x "$(fetch_verified_deb "$p" "$PKG_VERSION")" "$root.tmp"
+    done
+    # The headers' Makefile includes the -common tree by absolute path
+    # (/usr/src/...): point it at the copy here.
+    sed -i "s|^include /usr/src/|include $root/usr/src/|" "$root.tmp/usr/src/$headers/Makefile"
+    touch "$root.tmp/.complete"
+    mv "$root.tmp" "$root"
+  fi
+  dir=$("$SCRIPT_DIR/build-test-modules.sh" --kdir "$root/usr/src/$headers" --key "$key" --cache "$CACHE")
+  mapfile -t TEST_MODULE_FILES < <(find "$dir" -maxdepth 1 -name '*.ko' | LC_ALL=C sort)
+  [ ${#TEST_MODULE_FILES[@]} -gt 0 ] || die "build-test-modules.sh built no modules in $dir"
+}
+
 # Prints the modules to load for $@ (names as given to insmod, without .ko),
 # dependencies first. Built-in modules are skipped; a missing module is fatal.
 module_order() {
@@ -367,6 +440,10 @@ make_initramfs() {
     esac
     echo "$base" >>"$stage/etc/hvtrace/modules"
   done
+  if [ ${#TEST_MODULE_FILES[@]} -gt 0 ]; then
+    mkdir -p "$stage/lib/modules/$RELEASE/hvtrace-test"
+    cp "${TEST_MODULE_FILES[@]}" "$stage/lib/modules/$RELEASE/hvtrace-test/"
+  fi
   echo "$RELEASE" >"$stage/etc/hvtrace/kernel-release"
   if [ "$with_kernel" -eq 2 ]; then
     mkdir -p "$stage/lib/modules/$OTHER_RELEASE"
@@ -400,6 +477,7 @@ inputs_hash() {
       | cut -d' ' -f1
     if [ -n "$AGENT" ]; then echo "agent"; sha256sum <"$AGENT"; fi
     if [ -n "$GUEST_TEST" ]; then echo "guest-test"; sha256sum <"$GUEST_TEST"; fi
+    if [ ${#TEST_MODULE_FILES[@]} -gt 0 ]; then echo "test-modules"; sha256sum "${TEST_MODULE_FILES[@]}"; fi
     if [ -n "$OVERLAY" ]; then
       echo "overlay"
       (cd "$OVERLAY" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum)
@@ -410,6 +488,8 @@ inputs_hash() {
 
 for guest in "${GUESTS[@]}"; do
   fetch_kernel "$guest"
+  TEST_MODULE_FILES=()
+  [ "$WITH_TEST_MODULES" -eq 0 ] || fetch_test_modules
   order=$(module_order "$UNPACKED/lib/modules/$RELEASE" "${MODULES[@]}")
   mapfile -t MODULE_FILES <<<"$order"
   dir="$OUT/$guest"

@@ -15,6 +15,8 @@ PACKAGES=(
   libzstd-dev zlib1g-dev nettle-dev
   qemu-system-x86 qemu-utils
   busybox-static cpio zstd xz-utils gzip kmod
+  # Test modules built against the guest kernel's headers (build-test-modules.sh).
+  make gcc-12
   mmdebstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs
   liblttng-ust-dev lttng-tools
   python3 socat ccache

@@ -323,8 +323,24 @@ void Agent::PublishComms() {
   comms_published_ = text;
 }
 
+// A module with events came or went (event_set_watch.h): the metadata
+// channel sends a new archive, and the host's standing request is applied
+// again, so events it names by system or wildcard that exist only now are
+// enabled and their formats published, and events that are gone are
+// forgotten. A module loaded again gets new ids: its events are published
+// and enabled anew.
+void Agent::EventsChanged() {
+  meta_.EventsChanged();
+  if (!region_ || stopped_) return;
+  Log("the set of trace events changed: applying the host's request again");
+  recheck_events_ = true;
+  ApplyRequests(region_->ReadRequests());
+}
+
 void Agent::ApplyRequests(const region::HostRequests& req) {
-  if (req.request_seq == request_seq_) return;
+  if (req.request_seq == request_seq_ && !recheck_events_) return;
+  const bool recheck = recheck_events_;
+  recheck_events_ = false;
   request_seq_ = req.request_seq;
   pump_interval_ms_ =
       req.pump_interval_ms == 0 ? 100 : std::clamp<uint32_t>(req.pump_interval_ms, 1, 60000);
@@ -349,7 +365,10 @@ void Agent::ApplyRequests(const region::HostRequests& req) {
     for (const std::string& e : wanted) {
       if (enabled_.count(e)) {
         if (adopted_.erase(e) != 0) PublishEvent(e);  // Enabled by a previous agent.
-        continue;
+        // After a change of the event set the event may be another one of
+        // the same name (its module loaded again): published, enabled anew.
+        if (!recheck || instance_.Read("events/" + e + "/enable").starts_with("1")) continue;
+        enabled_.erase(e);
       }
       PublishEvent(e);
       if (instance_.Write("events/" + e + "/enable", "1"))
@@ -680,6 +699,10 @@ int Agent::Run() {
     timeout_ms = meta_.TimeoutMs(timeout_ms);
     const size_t meta_index = fds.size();
     if (meta_.Watched()) fds.push_back({meta_.fd(), meta_.PollEvents(), 0});
+    if (event_set_.Due(now) &&
+        event_set_.Observe(ReadEventSetSignature(options_.proc, options_.tracefs), now)) {
+      EventsChanged();
+    }
     if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
       Log(std::string("poll: ") + std::strerror(errno));
       break;

@@ -43,6 +43,11 @@
 // any region: the boot archive, task names and clock samples over a
 // virtio-serial port, for hosts that decode this boot without a region.
 //
+// Events that come later (a module with trace events loaded after the
+// agent started): the loop looks at the set of events once a second
+// (event_set_watch.h) and on a change re-publishes both the channel's
+// archive and, for the host's standing request, the region's formats.
+//
 // Names for the host (region text areas): the kernel's text symbols, read
 // and compressed once on a worker thread and written when ready, and
 // saved_cmdlines, republished before a pump whenever it changed, so the
@@ -57,6 +62,7 @@
 #include <string>
 #include <vector>
 
+#include "event_set_watch.h"
 #include "hvtrace/region_writer.h"
 #include "hvtrace/result.h"
 #include "meta_sender.h"
@@ -106,6 +112,9 @@ class Agent {
   uint32_t generation() const { return generation_; }
   // Reads every CPU pipe until it is empty; returns pages pushed.
   uint64_t PumpAll();
+  // The set of trace events changed: re-publishes formats (the metadata
+  // channel's archive, the region's table for the host's request).
+  void EventsChanged();
 
  private:
   struct CpuPipe {
@@ -159,6 +168,8 @@ class Agent {
   uint64_t next_heartbeat_ns_ = 0;
   SymbolSource symbols_;
   MetaSender meta_;
+  EventSetWatch event_set_;
+  bool recheck_events_ = false;    // ApplyRequests again though the request is the same.
   bool symbols_written_ = false;   // For the current region.
   bool cmdlines_checked_ = false;  // RaiseSavedCmdlines ran (once: a resize clears the list).
   std::string comms_published_;    // saved_cmdlines text in the current region.

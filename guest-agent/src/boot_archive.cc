@@ -183,12 +183,40 @@ BootArchiveSource::~BootArchiveSource() {
   if (worker_.joinable()) worker_.join();
 }
 
-void BootArchiveSource::Start() {
-  if (worker_.joinable()) return;
-  worker_ = std::thread([this] {
-    result_ = BuildBootArchive(paths_, &cancel_);
+void BootArchiveSource::Launch() {
+  done_.store(false);
+  building_ = std::make_unique<BootArchive>();
+  worker_ = std::thread([this, into = building_.get()] {
+    *into = BuildBootArchive(paths_, &cancel_);
     done_.store(true, std::memory_order_release);
   });
+}
+
+void BootArchiveSource::Start() {
+  if (started_) return;
+  started_ = true;
+  Launch();
+}
+
+void BootArchiveSource::Rebuild() {
+  if (!started_) return;  // The first build, when it comes, reads the new set.
+  if (worker_.joinable()) {
+    again_ = true;
+    return;
+  }
+  Launch();
+}
+
+bool BootArchiveSource::Poll() {
+  if (!worker_.joinable() || !done_.load(std::memory_order_acquire)) return false;
+  worker_.join();
+  ready_ = std::move(building_);
+  ++revision_;
+  if (again_) {
+    again_ = false;
+    Launch();
+  }
+  return true;
 }
 
 }  // namespace hvtrace::agent

@@ -9,12 +9,14 @@
 // version, modules, sys/kernel/random/boot_id), uname and the kernel's ELF
 // notes (/sys/kernel/notes) for its build id. Building reads ~1500 format
 // files and compresses ~8 MB: seconds under TCG, so BootArchiveSource does it
-// on a worker thread, once per agent start, while the pump goes on.
+// on a worker thread, at the agent's start and again whenever the set of
+// events changes (event_set_watch.h), while the pump goes on.
 #ifndef HVTRACE_AGENT_BOOT_ARCHIVE_H_
 #define HVTRACE_AGENT_BOOT_ARCHIVE_H_
 
 #include <atomic>
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,7 +65,9 @@ struct BootArchive {
 BootArchive BuildBootArchive(const BootArchivePaths& paths,
                              const std::atomic<bool>* cancel = nullptr);
 
-// BuildBootArchive on a worker thread, started on demand.
+// BuildBootArchive on a worker thread, started on demand, and again when the
+// set of events changed (Rebuild). The archive in use stays readable while a
+// newer one is built; the loop installs a finished build with Poll().
 class BootArchiveSource {
  public:
   explicit BootArchiveSource(BootArchivePaths paths) : paths_(std::move(paths)) {}
@@ -71,18 +75,31 @@ class BootArchiveSource {
   BootArchiveSource(const BootArchiveSource&) = delete;
   BootArchiveSource& operator=(const BootArchiveSource&) = delete;
 
-  void Start();  // Later calls do nothing.
-  bool started() const { return worker_.joinable(); }
-  const BootArchive* Ready() const {
-    return done_.load(std::memory_order_acquire) ? &result_ : nullptr;
-  }
+  void Start();  // The first build; later calls do nothing.
+  bool started() const { return started_; }
+  // Builds again (a module with events came or went). While a build runs
+  // the next one waits for it: one rebuild after the last change.
+  void Rebuild();
+  // Installs a finished build (joins its worker) and starts a waiting
+  // rebuild. Returns true when a new archive became Ready(). Loop thread.
+  bool Poll();
+  // The newest finished archive, or null before the first one. Loop thread.
+  const BootArchive* Ready() const { return ready_.get(); }
+  // 1 for the first archive, +1 per rebuild installed.
+  uint32_t revision() const { return revision_; }
 
  private:
+  void Launch();
+
   BootArchivePaths paths_;
   std::thread worker_;
-  std::atomic<bool> done_{false};
-  std::atomic<bool> cancel_{false};  // Set by the destructor: an exiting agent does not wait.
-  BootArchive result_;
+  bool started_ = false;
+  bool again_ = false;                     // A Rebuild came while a build ran.
+  std::atomic<bool> done_{false};          // The worker finished |building_|.
+  std::atomic<bool> cancel_{false};        // Set by the destructor: an exiting agent does not wait.
+  std::unique_ptr<BootArchive> building_;  // The worker's, until done_.
+  std::unique_ptr<BootArchive> ready_;
+  uint32_t revision_ = 0;
 };
 
 }  // namespace hvtrace::agent

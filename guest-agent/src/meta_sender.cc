@@ -75,6 +75,12 @@ void MetaSender::OnUevent(const Uevent& event) {
   }
 }
 
+void MetaSender::EventsChanged() {
+  if (!archive_.started()) return;
+  log_("the set of trace events changed: building the boot archive again");
+  archive_.Rebuild();
+}
+
 void MetaSender::TryOpen() {
   const std::string path =
       options_.port.empty() ? FindMetaPort(options_.sys_class, options_.dev) : options_.port;
@@ -112,17 +118,25 @@ void MetaSender::Queue(meta::MetaType type, const std::string& payload) {
 void MetaSender::QueueDue(uint64_t now_ns, uint32_t pump_interval_ms) {
   const BootArchive* boot = archive_.Ready();
   if (boot == nullptr) return;
-  if (!archive_logged_) {
-    archive_logged_ = true;
-    log_(boot->note);
+  if (logged_revision_ != archive_.revision()) {
+    logged_revision_ = archive_.revision();
+    log_(boot->note + (logged_revision_ > 1 ? " (revision " + std::to_string(logged_revision_) + ")"
+                                            : std::string()));
   }
-  if (writer_.needs_boot()) {
+  const bool fresh = writer_.needs_boot();
+  if (fresh || (writer_.boot_queued() && sent_revision_ != archive_.revision())) {
+    // A new connection, or a newer archive for this one: a kBoot that
+    // starts the sequence again (its frame is encoded with sequence 0).
     sequence_ = 0;
     if (writer_.Queue(meta::MetaType::kBoot, boot->frame)) {
-      Verbose("metadata: queued boot #0, " + std::to_string(boot->tar.size()) + " bytes, " +
-              std::to_string(boot->frame.size()) + " on the wire");
+      Verbose("metadata: queued boot #0 (revision " + std::to_string(archive_.revision()) + "), " +
+              std::to_string(boot->tar.size()) + " bytes, " + std::to_string(boot->frame.size()) +
+              " on the wire");
       sequence_ = 1;
+      sent_revision_ = archive_.revision();
     }
+  }
+  if (fresh) {
     comms_sent_.reset();  // Each connection gets the list once, even an empty one.
     next_comms_ns_ = now_ns;
     next_clock_ns_ = now_ns;
@@ -163,6 +177,7 @@ void MetaSender::Tick(uint64_t now_ns, uint32_t pump_interval_ms) {
     log_(std::string("metadata: host ") + (was_connected_ ? "connected" : "gone") + " on " +
          port_path_);
   }
+  archive_.Poll();
   QueueDue(now_ns, pump_interval_ms);
   if (writer_.PollEvents() != 0 && !writer_.Service()) writer_.Close();
 }

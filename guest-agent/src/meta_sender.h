@@ -1,10 +1,13 @@
 // What the agent sends over the metadata channel (hvtrace/meta_channel.h),
 // driven from the agent's one poll loop: finds and opens the port (again
 // after it went away or when a "virtio-ports" uevent says one came), and per
-// host connection sends the boot archive first (kBoot, built once per agent
-// start by BootArchiveSource), then saved_cmdlines whenever it changed
-// (kComms, at most once per pump interval) and a clock-sync sample every
-// 10 s (kClock). Sequence numbers start at 0 with each connection's kBoot.
+// host connection sends the boot archive first (kBoot, built by
+// BootArchiveSource when the port opens), then saved_cmdlines whenever it
+// changed (kComms, at most once per pump interval) and a clock-sync sample
+// every 10 s (kClock). When the set of events changes (EventsChanged: a
+// module with events loaded), the archive is built again and sent as a new
+// kBoot on the same connection; the host replaces the boot's bundle.
+// Sequence numbers start at 0 with each kBoot.
 //
 // The archive is built only once a port is there: guests without the channel
 // (the busybox test guests) pay one opendir per tick and nothing else.
@@ -56,6 +59,10 @@ class MetaSender {
   // built for a waiting host, else the caller's own timeout.
   int TimeoutMs(int otherwise) const;
   void OnUevent(const Uevent& event);
+  // The set of events changed (event_set_watch.h): build the archive again
+  // and send it once built. Before the port opened this does nothing: the
+  // first archive is built then.
+  void EventsChanged();
   // Opens the port if absent, notices hosts coming and going, queues what is
   // due and writes what the port takes. Never blocks.
   void Tick(uint64_t now_ns, uint32_t pump_interval_ms);
@@ -78,8 +85,9 @@ class MetaSender {
   LogFn log_;
   MetaWriter writer_;
   BootArchiveSource archive_;
-  bool archive_logged_ = false;
-  std::string open_error_;  // Last reason the port did not open (logged once).
+  uint32_t logged_revision_ = 0;  // The archive revision whose note was logged.
+  uint32_t sent_revision_ = 0;    // The archive revision this connection got.
+  std::string open_error_;        // Last reason the port did not open (logged once).
   std::string port_path_;
   uint32_t sequence_ = 0;
   uint64_t next_comms_ns_ = 0;

@@ -58,8 +58,11 @@ bool MetaWriter::Queue(meta::MetaType type, std::vector<std::byte> frame) {
     return false;
   }
   if (boot) {
-    queue_.clear();
-    queued_bytes_ = 0;
+    // A newer archive replaces whatever waits, but a frame already partly
+    // written is finished first: cut, it would cost the host the next frame.
+    const bool partial = !queue_.empty() && queue_.front().written != 0;
+    queue_.erase(queue_.begin() + (partial ? 1 : 0), queue_.end());
+    queued_bytes_ = partial ? queue_.front().bytes.size() - queue_.front().written : 0;
     boot_queued_ = true;
   }
   queued_bytes_ += frame.size();

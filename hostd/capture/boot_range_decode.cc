@@ -68,6 +68,8 @@ class ChannelBoots {
                        {"verified", e.verified},
                        {"symbols", "this boot's own"},
                        {"comms", comms.ok() && !comms->empty()}};
+        // A boot whose agent sent newer bundles (events came later): the newest decodes it.
+        if (e.revision > 1) source["bundle"] = {{"revision", e.revision}, {"changes", e.changes}};
         return {f, comms.ok() ? *comms : std::string(), true, std::move(source)};
       }
     }

@@ -259,8 +259,11 @@ class Receiver : public MetaReceiver {
   // work strand.
   void Handle(const meta::MetaFrame& frame) {
     const std::string boot_id = meta::BootIdString(frame.boot_id);
+    // A kBoot with sequence 0 starts the sequence again (a new connection,
+    // or a newer archive on this one).
+    const bool restart = frame.type == meta::MetaType::kBoot && frame.sequence == 0;
     if (auto it = sequence_.find(boot_id);
-        it != sequence_.end() && frame.sequence != it->second + 1) {
+        !restart && it != sequence_.end() && frame.sequence != it->second + 1) {
       Count("sequence_gaps");
     }
     sequence_[boot_id] = frame.sequence;
@@ -304,22 +307,24 @@ class Receiver : public MetaReceiver {
       return;
     }
     (*verified)["fingerprints"] = boot->fingerprints_checked;
+    // A newer bundle for a boot already stored (the guest's set of events
+    // changed): it replaces the boot's bundle, with the same checks.
+    const bool update = store_.HasBoot(boot_id);
     ::hvtrace::Status s = store_.StoreBoot(*boot, *verified, HostTime::Now().realtime_ns);
     if (!s.ok()) {
       Count("store_errors");
       Log(LogLevel::kErr, "cannot store boot " + boot_id + ": " + s.error().message);
       return;
     }
-    Count("boots_accepted");
+    Count(update ? "boots_updated" : "boots_accepted");
     Log(LogLevel::kInfo, "boot " + boot_id + " (" + boot->release + ", build id " + boot->build_id +
-                             ", " + std::to_string(boot->bundle.events.size()) +
-                             " formats) stored, build id " +
+                             ", " + std::to_string(boot->bundle.events.size()) + " formats) " +
+                             (update ? "updated" : "stored") + ", build id " +
                              verified->value("build_id", std::string()));
     std::lock_guard lock(mu_);
-    status_["last_boot"] = {{"boot_id", boot_id},
-                            {"release", boot->release},
-                            {"build_id", boot->build_id},
-                            {"verified", *verified}};
+    status_["last_boot"] = {{"boot_id", boot_id},         {"release", boot->release},
+                            {"build_id", boot->build_id}, {"formats", boot->bundle.events.size()},
+                            {"updated", update},          {"verified", *verified}};
   }
 
   asio::strand<asio::any_io_executor> io_;

@@ -14,6 +14,7 @@
 #include "host_time.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/format.h"
+#include "meta_bundle_diff.h"
 #include "sha256.h"
 #include "state_dir.h"
 
@@ -168,9 +169,15 @@ Status WriteAtomic(const fs::path& path, std::string_view data) {
 }
 
 json EntryJson(const MetaBootEntry& e) {
-  return {{"boot_id", e.boot_id},  {"release", e.release},       {"build_id", e.build_id},
-          {"key", e.key},          {"received", e.received_utc}, {"received_ns", e.received_ns},
-          {"verified", e.verified}};
+  json j = {{"boot_id", e.boot_id},  {"release", e.release},       {"build_id", e.build_id},
+            {"key", e.key},          {"received", e.received_utc}, {"received_ns", e.received_ns},
+            {"verified", e.verified}};
+  if (e.revision > 1) {
+    j["revision"] = e.revision;
+    j["updated"] = e.updated_utc;
+    j["changes"] = e.changes;
+  }
+  return j;
 }
 
 }  // namespace
@@ -223,6 +230,7 @@ Result<MetaBoot> ValidateMetaBoot(const meta::BootId& frame_boot_id, std::string
   if (!checked.ok()) return checked.error();
 
   MetaBoot boot;
+  boot.fingerprints = std::move(extras["fingerprints"]);
   boot.boot_id = frame_id;
   boot.release = id->release;
   boot.proc_version = id->proc_version;
@@ -287,6 +295,9 @@ Result<std::vector<MetaBootEntry>> MetaStore::List() const {
     e.received_utc = b.value("received", std::string());
     e.received_ns = b.value("received_ns", int64_t{0});
     e.verified = b.value("verified", json::object());
+    e.revision = b.value("revision", uint32_t{1});
+    e.updated_utc = b.value("updated", std::string());
+    e.changes = b.value("changes", json());
     // The index is ours, but a path is built from it: check it as input.
     if (!meta::ParseBootId(e.boot_id) || !IsValidKernelKey(e.key)) {
       return Error{(dir_ / "boots.json").string() + ": bad entry " + Quote(b.dump())};
@@ -301,6 +312,12 @@ bool MetaStore::Has(std::string_view boot_id, std::string_view key) const {
   if (!boots.ok()) return false;
   return std::any_of(boots->begin(), boots->end(),
                      [&](const MetaBootEntry& e) { return e.boot_id == boot_id && e.key == key; });
+}
+
+bool MetaStore::HasBoot(std::string_view boot_id) const {
+  Result<std::vector<MetaBootEntry>> boots = List();
+  return boots.ok() && std::any_of(boots->begin(), boots->end(),
+                                   [&](const MetaBootEntry& e) { return e.boot_id == boot_id; });
 }
 
 Status MetaStore::WriteIndex(const std::vector<MetaBootEntry>& boots) const {
@@ -323,11 +340,36 @@ Status MetaStore::StoreBoot(const MetaBoot& boot, const json& verified, int64_t 
   Result<fs::path> stored = FormatCache(boot_dir).Store(boot.key, boot.bundle, manifest);
   if (!stored.ok()) return stored.error();
   if (Status s = WriteAtomic(boot_dir / "identity.json", boot.identity); !s.ok()) return s;
+  // The fingerprints of the bundle stored before (if any): what the new one changed.
+  Result<std::string> before =
+      ReadCappedFile(boot_dir / "fingerprints", kMaxMetaFingerprints, /*missing_ok=*/true);
+  if (Status s = WriteAtomic(boot_dir / "fingerprints", boot.fingerprints); !s.ok()) return s;
 
-  MetaBootEntry entry{boot.boot_id,          boot.release, boot.build_id, boot.key,
-                      UtcStamp(received_ns), received_ns,  verified};
-  std::erase_if(*boots, [&](const MetaBootEntry& e) { return e.boot_id == boot.boot_id; });
-  boots->push_back(std::move(entry));
+  MetaBootEntry entry;
+  entry.boot_id = boot.boot_id;
+  entry.release = boot.release;
+  entry.build_id = boot.build_id;
+  entry.key = boot.key;
+  entry.received_utc = UtcStamp(received_ns);
+  entry.received_ns = received_ns;
+  entry.verified = verified;
+  auto same = std::find_if(boots->begin(), boots->end(),
+                           [&](const MetaBootEntry& e) { return e.boot_id == boot.boot_id; });
+  std::string replaced_key;
+  if (same != boots->end()) {
+    // A newer bundle of a boot already here: it keeps its place (the
+    // boot-range decode pairs boots by arrival order) and first arrival.
+    replaced_key = same->key != boot.key ? same->key : std::string();
+    entry.received_utc = same->received_utc;
+    entry.received_ns = same->received_ns;
+    entry.revision = same->revision + 1;
+    entry.updated_utc = UtcStamp(received_ns);
+    entry.changes =
+        DiffBundleFingerprints(before.ok() ? *before : std::string(), boot.fingerprints);
+    *same = std::move(entry);
+  } else {
+    boots->push_back(std::move(entry));
+  }
   std::vector<MetaBootEntry> dropped;
   while (boots->size() > keep_) {
     dropped.push_back(std::move(boots->front()));
@@ -337,6 +379,10 @@ Status MetaStore::StoreBoot(const MetaBoot& boot, const json& verified, int64_t 
   for (const MetaBootEntry& e : dropped) {
     std::error_code ec;
     fs::remove_all(dir_ / e.boot_id, ec);
+  }
+  if (!replaced_key.empty() && IsValidKernelKey(replaced_key)) {
+    std::error_code ec;
+    fs::remove_all(FormatCache(boot_dir).EntryDir(replaced_key), ec);
   }
   return {};
 }

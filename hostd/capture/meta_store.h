@@ -6,6 +6,7 @@
 //   <vm dir>/meta/<boot_id>/formats/<key>/   the bundle (FormatCache layout,
 //                                            key = SHA-256 of the archive)
 //   <vm dir>/meta/<boot_id>/identity.json    what the agent claimed, as checked
+//   <vm dir>/meta/<boot_id>/fingerprints     the newest bundle's, as checked
 //   <vm dir>/meta/<boot_id>/comms            the newest kComms text
 //   <vm dir>/meta/<boot_id>/clock.json       the newest kClock samples
 //
@@ -51,6 +52,7 @@ struct MetaBoot {
   std::string key;       // SHA-256 of the archive: its FormatCache key.
   std::string identity;  // identity.json as sent.
   HarvestBundle bundle;
+  std::string fingerprints;  // The fingerprints member, as checked.
   size_t fingerprints_checked = 0;
 };
 
@@ -79,6 +81,12 @@ struct MetaBootEntry {
   std::string received_utc;
   int64_t received_ns = 0;  // Host realtime; 0 in indexes written before it was kept.
   nlohmann::json verified = nlohmann::json::object();  // How far it was checked.
+  // 1 for the boot's first bundle, +1 for each newer one the agent sent
+  // (the set of events changed, meta_sender.h); |updated_utc| is when the
+  // newest came and |changes| what it changed (meta_bundle_diff.h).
+  uint32_t revision = 1;
+  std::string updated_utc;
+  nlohmann::json changes;
 };
 
 class MetaStore {
@@ -92,8 +100,14 @@ class MetaStore {
   Result<std::vector<MetaBootEntry>> List() const;
   // Whether |boot_id| is stored with bundle |key| (a resend after a reconnect).
   bool Has(std::string_view boot_id, std::string_view key) const;
-  // Stores |boot| (replacing an earlier bundle of the same boot) as the
-  // newest boot and drops the oldest beyond |keep|.
+  // Whether |boot_id| is stored (with any bundle).
+  bool HasBoot(std::string_view boot_id) const;
+  // Stores |boot| as the newest boot and drops the oldest beyond |keep|. A
+  // newer bundle of a boot already stored replaces its bundle in place (the
+  // boot keeps its place and first arrival time; its revision goes up and
+  // the index records what changed): the boot's captures from then on
+  // decode all its events with the newest bundle. Captures already written
+  // keep what they were decoded with.
   Status StoreBoot(const MetaBoot& boot, const nlohmann::json& verified, int64_t received_ns);
   // kComms / kClock of a stored boot (refused for an unknown boot).
   Status StoreComms(std::string_view boot_id, std::string_view text);

@@ -271,9 +271,16 @@ class Reader {
         }
         auto [it, inserted] = seen.emplace(std::make_pair(e.boot_generation, e.id), fp);
         if (!inserted && it->second != fp) {
+          // Two formats for one id in one boot: a module unloaded and
+          // another took its ids (the agent publishes again when the set of
+          // events changes), or a lie. Which records are whose cannot be
+          // told, so neither decodes them: they print raw, never named wrong.
           Report(RegionIssue::kFormatConflict, where, at,
                  "id " + std::to_string(e.id) + " already has another format in generation " +
-                     std::to_string(e.boot_generation));
+                     std::to_string(e.boot_generation) + ": its events print raw");
+          std::erase_if(s_->formats, [&](const RegionFormat& other) {
+            return other.boot_generation == e.boot_generation && other.id == e.id;
+          });
           continue;
         }
         if (!inserted) continue;  // Same format registered twice: keep one.

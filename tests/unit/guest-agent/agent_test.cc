@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -284,6 +285,53 @@ TEST_F(AgentTest, FollowsStopAndEventChanges) {
   requests()->snapshot_seq = 9;
   agent.Tick(false);
   EXPECT_EQ(Read().guest.status.snapshot_ack, 9u);
+}
+
+// The format of a module's event as the kernel gives it, with its id.
+std::string ModuleEventFormat(int id) {
+  return "name: alpha_seq\nID: " + std::to_string(id) +
+         "\nformat:\n"
+         "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+         "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+         "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+         "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+         "\tfield:u32 seq;\toffset:8;\tsize:4;\tsigned:0;\n\n"
+         "print fmt: \"seq=%u\", REC->seq\n";
+}
+
+bool HasFormat(const RegionSnapshot& s, const std::string& system, uint32_t id) {
+  return std::any_of(s.formats.begin(), s.formats.end(), [&](const RegionFormat& f) {
+    return f.system == system && f.id == id && f.parsed.has_value();
+  });
+}
+
+TEST_F(AgentTest, EventsOfAModuleLoadedLaterAreEnabledAndPublished) {
+  // The host asks for a module's events before the module is there.
+  SetRequests("sched:sched_switch,hvt_alpha", 0, 2);
+  Agent agent(options_);
+  ASSERT_TRUE(agent.Attach(region_path_).ok());
+  EXPECT_FALSE(HasFormat(Read(), "hvt_alpha", 1496));
+  // insmod: its events appear; the loop's watch reports the change.
+  Put(inst() / "events/hvt_alpha/alpha_seq/format", ModuleEventFormat(1496));
+  Put(inst() / "events/hvt_alpha/alpha_seq/enable", "0");
+  agent.Tick(false);  // The request did not change: nothing yet.
+  EXPECT_EQ(Slurp(inst() / "events/hvt_alpha/alpha_seq/enable"), "0");
+  agent.EventsChanged();
+  EXPECT_EQ(Slurp(inst() / "events/hvt_alpha/alpha_seq/enable"), "1");
+  EXPECT_TRUE(HasFormat(Read(), "hvt_alpha", 1496));
+  EXPECT_EQ(Slurp(inst() / "events/sched/sched_switch/enable"), "1");
+  // Unloaded and loaded again after another module took its ids: the same
+  // name with a new id, disabled. Published and enabled anew.
+  Put(inst() / "events/hvt_alpha/alpha_seq/format", ModuleEventFormat(1498));
+  Put(inst() / "events/hvt_alpha/alpha_seq/enable", "0");
+  agent.EventsChanged();
+  EXPECT_EQ(Slurp(inst() / "events/hvt_alpha/alpha_seq/enable"), "1");
+  EXPECT_TRUE(HasFormat(Read(), "hvt_alpha", 1498));
+  // Unloaded for good: forgotten, nothing written for it.
+  fs::remove_all(inst() / "events/hvt_alpha");
+  agent.EventsChanged();
+  EXPECT_FALSE(fs::exists(inst() / "events/hvt_alpha"));
+  EXPECT_EQ(Read().guest.status.events_enabled, 1u);
 }
 
 TEST_F(AgentTest, GenerationStaysForARestartAndGrowsForANewBoot) {

@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "agent.h"
 #include "boot_archive.h"
@@ -111,6 +112,36 @@ TEST_F(MetaWriterTest, BootFirstThenOthersAndAGoneHostDropsTheQueue) {
   EXPECT_EQ(w.queued_bytes(), 0u);
   EXPECT_FALSE(w.Queue(meta::MetaType::kClock, Frame(meta::MetaType::kClock, 9, "{}")));
   w.Close();
+}
+
+TEST_F(MetaWriterTest, ANewerBootFrameLetsTheOnePartlyWrittenFinish) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+  MetaWriter w;
+  w.Adopt(sv[0]);
+  ASSERT_TRUE(w.Service());
+  const std::string big(4 << 20, 'b');  // More than the socket takes at once.
+  ASSERT_TRUE(w.Queue(meta::MetaType::kBoot, Frame(meta::MetaType::kBoot, 0, big)));
+  ASSERT_TRUE(w.Service());
+  ASSERT_GT(w.queued_bytes(), 0u);
+  ASSERT_TRUE(w.Queue(meta::MetaType::kComms, Frame(meta::MetaType::kComms, 1, "1 init\n")));
+  // The set of events changed: a newer archive replaces what waits, but the
+  // frame being written is finished, so the host loses nothing to a cut.
+  ASSERT_TRUE(w.Queue(meta::MetaType::kBoot, Frame(meta::MetaType::kBoot, 0, "newer")));
+  meta::MetaDecoder host;
+  std::vector<meta::MetaFrame> frames;
+  for (int i = 0; i < 1000 && w.queued_bytes() != 0; ++i) {
+    ASSERT_TRUE(w.Service());
+    for (auto& f : Drain(sv[1], &host)) frames.push_back(std::move(f));
+  }
+  for (auto& f : Drain(sv[1], &host)) frames.push_back(std::move(f));
+  ASSERT_EQ(frames.size(), 2u);
+  EXPECT_EQ(frames[0].payload.size(), big.size());
+  EXPECT_EQ(frames[1].type, meta::MetaType::kBoot);
+  EXPECT_EQ(frames[1].payload, "newer");
+  EXPECT_EQ(host.skipped_bytes(), 0u);
+  w.Close();
+  close(sv[1]);
 }
 
 TEST_F(MetaWriterTest, OverTheCapCommsAndClockAreDroppedNeverBoot) {
@@ -234,6 +265,27 @@ TEST_F(MetaWriterTest, SenderSendsBootCommsAndClockFromAFakeGuest) {
   }
   EXPECT_TRUE(comms);
   EXPECT_TRUE(clock);
+  // A module with events is loaded: the archive is built again and sent on
+  // the same connection as a kBoot that starts the sequence again.
+  Put(root / "tracing/events/hvt_alpha/alpha_seq/format",
+      "name: alpha_seq\nID: 1496\nformat:\n"
+      "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+      "\tfield:u32 seq;\toffset:8;\tsize:4;\tsigned:0;\n\n"
+      "print fmt: \"seq=%u\", REC->seq\n");
+  EXPECT_EQ(frames[0].payload.find("hvt_alpha/alpha_seq"), std::string::npos);
+  sender.EventsChanged();
+  std::optional<meta::MetaFrame> newer;
+  for (int i = 0; i < 2000 && !newer; ++i, now += 50000000) {
+    sender.Tick(now, 100);
+    for (auto& f : Drain(host, &decoder)) {
+      if (f.type == meta::MetaType::kBoot) newer = std::move(f);
+    }
+    usleep(2000);
+  }
+  ASSERT_TRUE(newer.has_value()) << (log.empty() ? "" : log.back());
+  EXPECT_EQ(newer->sequence, 0u);
+  EXPECT_NE(newer->payload.find("hvt_alpha/alpha_seq/format:name: alpha_seq"), std::string::npos);
+  EXPECT_NE(newer->payload.find("hvt_alpha/alpha_seq 1496 "), std::string::npos);
   // The loop watches the port while a host is there, with no events when
   // nothing is queued: the host leaving still wakes it (POLLHUP), at once.
   ASSERT_TRUE(sender.Watched());

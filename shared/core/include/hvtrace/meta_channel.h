@@ -30,7 +30,10 @@
 //                             "page_size", "agent_version"}
 //             fingerprints   "<system>/<event> <id> <16 hex digits>\n" per
 //                            event (hvtrace/fingerprint.h)
-//           Sent once per boot, first; the host keeps it per VM and boot.
+//           Sent first on each connection; the host keeps it per VM and
+//           boot. Sent again, on the same connection and with sequence 0,
+//           when the guest's set of events changed (a module with events
+//           loaded): the host replaces the boot's bundle.
 //   kComms  saved_cmdlines text ("pid comm\n" lines), whole, each time it
 //           changed: task names for this boot's events.
 //   kClock  JSON {"samples": [{"mono": ns, "boot": ns, "real": ns,

@@ -195,6 +195,36 @@ TEST_F(MetaReceiverTest, KeepsGoodBootsRefusesLiesAndReconnects) {
   EXPECT_FALSE(fs::exists(store.dir() / meta::BootIdString(liar)));
 }
 
+TEST_F(MetaReceiverTest, ANewerBundleOfTheSameBootReplacesItAndALyingOneDoesNot) {
+  StartReceiver();
+  ASSERT_TRUE(Accept());
+  const meta::BootId a = TestBootId(1);
+  auto members = MetaBootMembers(test_support::kMetaFixtures, a);
+  SendFrame(meta::MetaType::kBoot, a, 0, UstarArchive(members));
+  SendFrame(meta::MetaType::kComms, a, 1, "1 init\n");
+  // The guest's set of events changed: a newer archive, sequence 0 again.
+  members["printk_formats"] = "0xffffffffc0a01000 : \"hvt_alpha %u\\n\"\n";
+  SendFrame(meta::MetaType::kBoot, a, 0, UstarArchive(members));
+  json s = WaitStatus([](const json& st) { return N(st, "boots_updated") == 1; });
+  EXPECT_EQ(N(s, "boots_accepted"), 1u);
+  EXPECT_EQ(N(s, "sequence_gaps"), 0u);
+  EXPECT_EQ(s["last_boot"]["updated"], true);
+  // A newer archive that lies is refused whole; the boot keeps the last good one.
+  auto lying = members;
+  lying["fingerprints"] += "sched/nonexistent 1 0000000000000000\n";
+  SendFrame(meta::MetaType::kBoot, a, 0, UstarArchive(lying));
+  s = WaitStatus([](const json& st) { return N(st, "boots_refused") == 1; });
+  EXPECT_EQ(N(s, "boots_updated"), 1u);
+  MetaStore store(root_ / "vms" / "vm1" / "meta");
+  Result<std::vector<MetaBootEntry>> list = store.List();
+  ASSERT_TRUE(list.ok()) << list.error().message;
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].revision, 2u);
+  Result<KernelFormats> f = store.LoadFormats((*list)[0]);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_EQ(f->printk_formats, members["printk_formats"]);
+}
+
 TEST_F(MetaReceiverTest, Malicious_ASocketNotHeldByTheVmsQemuIsNotRead) {
   // Another process (here: this test, not "QEMU" pid 1) listens on the path.
   StartReceiver(nullptr, 1);

@@ -6,10 +6,16 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "host_time.h"
+#include "hvtrace/fingerprint.h"
+#include "hvtrace/format.h"
 #include "meta_fixture.h"
 
 namespace hvtrace::hostd {
@@ -215,6 +221,81 @@ TEST_F(MetaStoreTest, StoresPerBootKeepsNewestNAndLoadsBack) {
   Result<std::vector<MetaBootEntry>> other = MetaStore(root_ / "vms" / "b" / "meta").List();
   ASSERT_TRUE(other.ok());
   EXPECT_TRUE(other->empty());
+}
+
+// |members| plus an event of a module loaded later (as the agent's newer
+// archive carries it): its format lines and its fingerprints line.
+std::map<std::string, std::string> WithModuleEvent(std::map<std::string, std::string> members) {
+  const std::string text =
+      "name: alpha_seq\nID: 1496\nformat:\n"
+      "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+      "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+      "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+      "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+      "\tfield:u32 seq;\toffset:8;\tsize:4;\tsigned:0;\n"
+      "\tfield:char tag[8];\toffset:12;\tsize:8;\tsigned:0;\n\n"
+      "print fmt: \"seq=%u tag=%s\", REC->seq, REC->tag\n";
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t nl = text.find('\n', pos);
+    members["formats"] += "hvt_alpha/alpha_seq/format:" + text.substr(pos, nl - pos) + "\n";
+    pos = nl + 1;
+  }
+  Result<EventFormat> parsed = ParseEventFormat("hvt_alpha", text);
+  EXPECT_TRUE(parsed.ok()) << parsed.error().message;
+  char fp[32];
+  std::snprintf(fp, sizeof fp, "%016llx",
+                static_cast<unsigned long long>(EventFingerprint(*parsed)));
+  members["fingerprints"] += std::string("hvt_alpha/alpha_seq 1496 ") + fp + "\n";
+  return members;
+}
+
+TEST_F(MetaStoreTest, ANewerBundleOfTheSameBootReplacesItInPlace) {
+  MetaStore store(root_ / "meta");
+  std::vector<MetaBoot> first;
+  for (uint8_t n = 1; n <= 2; ++n) {
+    Result<MetaBoot> boot = ValidateMetaBoot(
+        TestBootId(n), UstarArchive(MetaBootMembers(test_support::kMetaFixtures, TestBootId(n))));
+    ASSERT_TRUE(boot.ok()) << boot.error().message;
+    ASSERT_TRUE(store.StoreBoot(*boot, {}, n * 1'000'000'000ll).ok());
+    first.push_back(std::move(*boot));
+  }
+  ASSERT_TRUE(store.StoreComms(first[0].boot_id, "1 init\n").ok());
+  // Boot 1 loads a module with events: its agent sends a newer bundle.
+  Result<MetaBoot> newer = ValidateMetaBoot(
+      TestBootId(1),
+      UstarArchive(WithModuleEvent(MetaBootMembers(test_support::kMetaFixtures, TestBootId(1)))));
+  ASSERT_TRUE(newer.ok()) << newer.error().message;
+  ASSERT_NE(newer->key, first[0].key);
+  EXPECT_TRUE(store.HasBoot(newer->boot_id));
+  EXPECT_FALSE(store.Has(newer->boot_id, newer->key));
+  ASSERT_TRUE(store.StoreBoot(*newer, {}, 3'000'000'000ll).ok());
+
+  Result<std::vector<MetaBootEntry>> list = store.List();
+  ASSERT_TRUE(list.ok()) << list.error().message;
+  ASSERT_EQ(list->size(), 2u);
+  const MetaBootEntry& e = (*list)[0];  // Its place and first arrival are kept.
+  EXPECT_EQ(e.boot_id, first[0].boot_id);
+  EXPECT_EQ(e.key, newer->key);
+  EXPECT_EQ(e.received_ns, 1'000'000'000ll);
+  EXPECT_EQ(e.revision, 2u);
+  EXPECT_EQ(e.updated_utc, UtcStamp(3'000'000'000ll));
+  EXPECT_EQ(e.changes["added"], nlohmann::json::array({"hvt_alpha/alpha_seq"})) << e.changes;
+  EXPECT_EQ(e.changes["removed_count"], 0);
+  EXPECT_EQ((*list)[1].revision, 1u);
+  EXPECT_TRUE(store.Has(newer->boot_id, newer->key));
+  EXPECT_FALSE(store.Has(first[0].boot_id, first[0].key));
+  // The replaced bundle is gone from disk; the comms stay.
+  EXPECT_FALSE(fs::exists(store.dir() / e.boot_id / "formats" / first[0].key));
+  Result<std::string> comms = store.LoadComms(e);
+  ASSERT_TRUE(comms.ok());
+  EXPECT_EQ(*comms, "1 init\n");
+  Result<KernelFormats> f = store.LoadFormats(e);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  const bool has_alpha = std::any_of(f->events.begin(), f->events.end(), [](const auto& ev) {
+    return ev.system == "hvt_alpha" && ev.name == "alpha_seq";
+  });
+  EXPECT_TRUE(has_alpha);
 }
 
 TEST_F(MetaStoreTest, Malicious_IndexWithAPathInIt) {

@@ -40,6 +40,7 @@ namespace hvtrace::agent {
 inline constexpr const char* kBootBufferDefaultEvents =
     "initcall:initcall_start,initcall:initcall_finish,irq:irq_handler_entry,"
     "irq:irq_handler_exit,irq:softirq_entry,irq:softirq_exit,timer:hrtimer_expire_entry,"
+    "timer:timer_expire_entry,"
     "sched:sched_switch,sched:sched_wakeup,sched:sched_process_exec,sched:sched_process_exit,"
     "sched:sched_process_fork,task:task_rename";
 inline constexpr const char* kBootBufferInstance = "boot_map";

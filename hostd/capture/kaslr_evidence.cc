@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <charconv>
-#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
@@ -316,8 +315,10 @@ KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelForma
   }
   const Values values = CollectValues(map, boot, formats);
   std::set<int64_t> candidates = {0};
-  if (meta_delta && *meta_delta % static_cast<int64_t>(kAlign) == 0 &&
-      std::abs(*meta_delta) <= kMaxSteps * static_cast<int64_t>(kAlign)) {
+  // From the guest's meta: any value (no std::abs, INT64_MIN is one).
+  constexpr int64_t kMaxDelta = kMaxSteps * static_cast<int64_t>(kAlign);
+  if (meta_delta && *meta_delta % static_cast<int64_t>(kAlign) == 0 && *meta_delta >= -kMaxDelta &&
+      *meta_delta <= kMaxDelta) {
     candidates.insert(*meta_delta);
   }
   for (size_t k = 0; k < kKinds; ++k) {

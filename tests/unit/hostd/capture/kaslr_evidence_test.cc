@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -302,6 +303,20 @@ TEST(KaslrEvidence, Malicious_AmbiguousOffsetsPrintRaw) {
   KaslrVerdict v = EstablishKaslr(b->map, 0, b->formats, std::nullopt, false);
   EXPECT_FALSE(v.use_symbols) << v.manifest.dump();
   EXPECT_NE(v.manifest["why"].get<std::string>().find("ambiguous"), std::string::npos);
+}
+
+// The meta is the guest's: any delta it implies is only a candidate.
+TEST(KaslrEvidence, Malicious_ExtremeMetaDeltasAreOnlyCandidates) {
+  const int64_t delta = 9 * kMiB2;
+  const auto& k = Kernel();
+  auto b = MakeBoot(k.kallsyms, Shifted(k.starts, {3, 33, 333, 3333}, delta));
+  for (int64_t meta : {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                       int64_t{-1}, int64_t{1} << 40}) {
+    KaslrVerdict v = EstablishKaslr(b->map, 0, b->formats, meta, false);
+    EXPECT_TRUE(v.use_symbols) << v.manifest.dump();
+    EXPECT_EQ(v.delta, delta);
+    EXPECT_EQ(v.manifest["meta_text_addr"], "disagrees (not this boot's)");
+  }
 }
 
 // Module (and BPF) addresses are not in the harvest's image: they neither

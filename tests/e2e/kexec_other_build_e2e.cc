@@ -116,7 +116,13 @@ size_t Count(const std::string& text, const std::string& needle) {
   return n;
 }
 
-TEST(KexecOtherBuildE2e, EachBootDecodesWithItsOwnKernelsFormats) {
+// Param: after the kexec, the new boot clears the boot instance (`echo >
+// trace`, as a user or a tool resetting it would), so the range holds the
+// new boot alone; false: it appends.
+class KexecOtherBuildRangeE2e : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KexecOtherBuildRangeE2e, EachBootDecodesWithItsOwnKernelsFormats) {
+  const bool reset = GetParam();
   if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
   auto image = FindGuestImage("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
@@ -168,6 +174,11 @@ TEST(KexecOtherBuildE2e, EachBootDecodesWithItsOwnKernelsFormats) {
   ASSERT_TRUE((*console)->Send("hvtrace-kexec-self\n").ok());
   auto ready = (*console)->WaitForLine("HVTRACE-GUEST-READY " + other->release, kBootTimeout);
   ASSERT_TRUE(ready.ok()) << ready.error().message << "\n" << tail();
+  if (reset) {
+    auto cleared =
+        (*console)->Run("echo > /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
+    ASSERT_TRUE(cleared.ok() && cleared->status == 0) << tail();
+  }
   ASSERT_TRUE(WriteMarkers(**console, "b117-mark", 6).ok()) << tail();
   ASSERT_TRUE(
       (*console)
@@ -179,8 +190,8 @@ TEST(KexecOtherBuildE2e, EachBootDecodesWithItsOwnKernelsFormats) {
   const json m = json::parse(test_support::ReadText((dir / "manifest.json").string()));
   const json& formats = m["extra"]["formats"];
   const json& boots = m["extra"]["boots"];
-  std::printf("[kexec-other] range after kexec %s -> %s: layout %s, %s boot(s) in the range\n",
-              image->release.c_str(), other->release.c_str(),
+  std::printf("[kexec-other] range after kexec %s -> %s%s: layout %s, %s boot(s) in the range\n",
+              image->release.c_str(), other->release.c_str(), reset ? " and a reset" : "",
               m["validation"].value("layout", json()).dump().c_str(),
               m["validation"].value("boots", json()).dump().c_str());
   ASSERT_EQ(formats["decoded"], true) << m["extra"].dump(2);
@@ -189,6 +200,9 @@ TEST(KexecOtherBuildE2e, EachBootDecodesWithItsOwnKernelsFormats) {
   // The newest boot is 6.12.117's; an older one, if the new kernel appended,
   // 6.12.95's. Each identified by its banner, checked against its records.
   const size_t n = boots.size();
+  // Appended: both boots; reset: the new one alone, which pairs with the
+  // last banner although the console has two.
+  EXPECT_EQ(n, reset ? 1u : 2u) << boots.dump(2);
   for (size_t b = 0; b < n; ++b) {
     const json& with = boots[b]["decoded_with"];
     ASSERT_TRUE(with.is_object()) << boots.dump(2);
@@ -221,6 +235,9 @@ TEST(KexecOtherBuildE2e, EachBootDecodesWithItsOwnKernelsFormats) {
     const bool newest = b + 1 == n;
     const std::string prefix = newest ? "b117-mark-" : "b95-mark-";
     EXPECT_EQ(Count(report, prefix), 6u) << report.substr(0, 4000);
+    if (reset) {
+      EXPECT_EQ(Count(report, "b95-mark-"), 0u);
+    }
     EXPECT_EQ(Count(report, "[UNKNOWN"), 0u);
     EXPECT_GT(Count(report, "sched_switch:"), 0u);
     if (newest) {
@@ -326,6 +343,11 @@ TEST(KexecOtherBuildE2e, AttachEachGenerationDecodesWithItsOwnTable) {
                 Count(report, mine), Count(report, "sched_switch:"));
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Range, KexecOtherBuildRangeE2e, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& param) {
+                           return param.param ? "NewBootResetsTheRange" : "NewBootAppends";
+                         });
 
 }  // namespace
 }  // namespace hvtrace::e2e

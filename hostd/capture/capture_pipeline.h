@@ -18,10 +18,11 @@
 // B:2 [120]", "A:1 [120] CPU:000", "hrtimer=P now=N function=F/0x0") where
 // the guest's trace file prints the kernel's print fmt; the guest prints %p
 // as "(____ptrval____)" until its hash key is ready, trace-cmd the value.
-// The boot buffer has no saved_cmdlines: trace-cmd names the tasks it sees
-// in sched_switch events (its plugin registers prev/next comm) and prints
-// "<...>" for the others (the guest's own trace file resolves them from its
-// live cmdline cache).
+// The boot buffer has no saved_cmdlines: each trace.dat's cmdlines name every
+// pid the trace names by the name covering most of its events (MostUsedNames,
+// hvtrace/task_names.h), then the boot's comms from the metadata channel for
+// the others; trace-cmd prints "<...>" for a pid neither names. `hvtrace show`
+// names each event's task as it was at that time (TaskNameTimeline).
 #ifndef HVTRACE_HOSTD_CAPTURE_PIPELINE_H_
 #define HVTRACE_HOSTD_CAPTURE_PIPELINE_H_
 

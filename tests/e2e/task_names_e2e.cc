@@ -8,14 +8,13 @@
 // kernel recorded for the task next on that CPU: the oldcomm of a
 // task_rename by the task itself (exec renames too) when one comes before
 // the task is switched out, else the next sched_switch's prev_comm. show must
-// agree for >= 99% of them; the same
-// figure for `trace-cmd report` on the capture's trace.dat (one name per pid:
-// the name covering most of its events) and for the old first-name-wins
-// table (libtraceevent's sched plugin, as before) is printed, not asserted.
-// The figure against the next switch's prev_comm alone is printed too.
-// The capture's region.bin, padded with zeros past the range (as a whole
-// backing file or a padded copy would be), decodes with `hvtrace show
-// --region` to the same events.
+// agree for >= 99% of them. Printed, not asserted: the same figure for
+// `trace-cmd report` on the capture's trace.dat (one name per pid: the name
+// covering most of its events) and for the old first-name-wins table
+// (libtraceevent's sched plugin, as before), and all three against the next
+// switch's prev_comm alone. The capture's region.bin, padded with zeros past
+// the range (as a whole backing file or a padded copy would be), decodes
+// with `hvtrace show --region` to the same events.
 // One guest boot.
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -125,7 +125,9 @@ json ProbeGuestBootMeta(int fd, const LibvirtRegionSpec& region) {
       j["first_issue"] = issue.message;
     }
   }
-  const bool fits = valid > 0;
+  // A range larger than the guest's decodes from meta 0 (boot_map.h), but it
+  // is not the guest's trace_instance= size either.
+  const bool fits = valid > 0 && map->geometry_from != "meta";
   j["state"] = fits ? "present" : "mismatch";
   j["message"] = fits ? "the guest's persistent ring buffer meta is in the range"
                       : "metas are in the range but none is valid for a range of " +

@@ -97,11 +97,14 @@ bool GeometryFromMeta(std::span<const std::byte> range, const PageLayout& layout
     g.cpus = 0;
     for (int c = 0; c < kBootMapMaxCpus; ++c) {
       const uint64_t off = static_cast<uint64_t>(c) * g.stride;
-      if (off + g.stride > range.size() || Load<uint32_t>(range, off) != kBootMapMagic ||
+      if (off + g.meta_size > range.size() || Load<uint32_t>(range, off) != kBootMapMagic ||
           Load<uint32_t>(range, off + 4) != g.meta_size ||
           Load<uint32_t>(range, off + g.meta_size - 4) != g.nr_subbufs) {
         break;
       }
+      // A CPU's chunk cut off by the end: the copy is smaller than the
+      // range, not larger; the size's own geometry decides.
+      if (off + g.stride > range.size()) return false;
       g.cpus = c + 1;
     }
   }

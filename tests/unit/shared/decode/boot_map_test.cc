@@ -572,6 +572,16 @@ TEST(BootMapGeometryFromMetaTest, CopyLargerThanTheRangeDecodes) {
   }
 }
 
+TEST(BootMapGeometryFromMetaTest, CopySmallerThanTheRangeIsNotReadAsFewerCpus) {
+  // 4 MiB of a 2-CPU range: CPU 1's meta is there, its chunk is cut off.
+  std::vector<std::byte> range = CraftRange(4 << 20, 2, 2, 5);
+  range.resize(3 << 20);
+  auto map = ReadBootMap(range, BootMapOptions{});
+  if (map.ok()) {
+    EXPECT_NE(map->geometry_from, "meta");
+  }
+}
+
 TEST(BootMapGeometryFromMetaTest, Malicious_MetaZeroLiesAboutTheGeometry) {
   std::vector<std::byte> range = CraftRange(1 << 20, 2, 2, 5);
   range.resize(range.size() + 4096 * 7);

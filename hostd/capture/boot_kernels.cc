@@ -401,8 +401,16 @@ void BootKernels::AnnotateBoots(json& boots) const {
   if (!boots.is_array()) return;
   for (json& b : boots) {
     const uint32_t n = b.value("boot", uint32_t{0});
-    if (b.contains("decoded_with") || n >= sources_.size() || sources_[n].is_null()) continue;
-    b["decoded_with"] = sources_[n];
+    if (n >= sources_.size() || !sources_[n].is_object()) continue;
+    // The pipeline may have put the boot's KASLR evidence there already:
+    // add the kernel's facts beside it. A record that already says where its
+    // formats came from (the meta channel's boots) is kept whole.
+    json& with = b["decoded_with"];
+    if (!with.is_object()) with = json::object();
+    if (with.contains("from")) continue;
+    for (const auto& [key, value] : sources_[n].items()) {
+      if (!with.contains(key)) with[key] = value;
+    }
   }
 }
 

@@ -112,8 +112,9 @@ class BootKernels {
   const std::vector<const KernelFormats*>& chosen() const { return chosen_; }
 
   // Puts each boot's source (what For returned) as decoded_with into
-  // |boots| (manifest extra.boots) where the build did not record one (it
-  // does only for the metadata channel's boots).
+  // |boots| (manifest extra.boots) beside what is there (the KASLR record),
+  // unless the build already recorded the formats' source (the metadata
+  // channel's boots).
   void AnnotateBoots(nlohmann::json& boots) const;
 
   // The newest boot's identified formats (for the page layout when the VM's

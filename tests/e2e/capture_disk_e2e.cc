@@ -132,23 +132,18 @@ TEST_F(CaptureDiskE2e, FullStateDirPanicEvictsCheaperCapturesAndConsoleLogIsCapp
   if (!tmpfs.error().empty()) GTEST_SKIP() << "cannot mount a tmpfs: " << tmpfs.error();
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = "disk-" + std::to_string(::getpid());
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", image->initrd},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
-  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto tail = [&] { return (*console)->Tail(20) + "\n--- hvtraced ---\n" + daemon.LogTail(); };
-  ASSERT_TRUE((*console)->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  hostd::GuestConsole& console = *guest->console;
+  auto tail = [&] { return console.Tail(20) + "\n--- hvtraced ---\n" + daemon.LogTail(); };
+  ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
   const fs::path state = daemon.state_dir();
   const fs::path captures = daemon.captures_dir(name);
   const fs::path console_log = daemon.vm_dir(name) + "/console.log";
 
   // 1. The console: ~560 KB printed, far over the 64 KiB cap.
   constexpr int kLines = 8000;
-  auto flood = (*console)->Run(
+  auto flood = console.Run(
       "seq 1 " + std::to_string(kLines) +
           " | while read i; do echo console-flood-$i-0123456789abcdef0123456789abcdef; done",
       120s);
@@ -178,9 +173,9 @@ TEST_F(CaptureDiskE2e, FullStateDirPanicEvictsCheaperCapturesAndConsoleLogIsCapp
   EXPECT_FALSE(fs::exists(console_log.string() + ".2"));
 
   // 2. Markers, then three cheap (manual) captures.
-  auto marked = (*console)->Run(
-      "for i in $(seq 1 10); do echo disk-mark-$i > " + std::string(kMarker) + "; done",
-      kCommandTimeout);
+  auto marked =
+      console.Run("for i in $(seq 1 10); do echo disk-mark-$i > " + std::string(kMarker) + "; done",
+                  kCommandTimeout);
   ASSERT_TRUE(marked.ok() && marked->status == 0) << tail();
   std::set<std::string> manual_ids;
   for (int i = 0; i < 3; ++i) {
@@ -216,8 +211,7 @@ TEST_F(CaptureDiskE2e, FullStateDirPanicEvictsCheaperCapturesAndConsoleLogIsCapp
 
   // 4. The guest panics: the capture evicts older non-panic captures to fit.
   ASSERT_TRUE(
-      (*console)
-          ->Send("echo disk-last > " + std::string(kMarker) + "; echo c > /proc/sysrq-trigger\n")
+      console.Send("echo disk-last > " + std::string(kMarker) + "; echo c > /proc/sysrq-trigger\n")
           .ok());
   auto panic = daemon.WaitForCapture(name, "panic", 120s);
   ASSERT_TRUE(panic.ok()) << panic.error().message << "\n" << daemon.log();

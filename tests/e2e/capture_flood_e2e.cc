@@ -56,25 +56,14 @@ std::string PvpanicWrite(int value) {
          "' | dd of=/dev/port bs=1 seek=1285 count=1 2>/dev/null";
 }
 
-struct Guest {
-  std::string name;
-  std::unique_ptr<hostd::GuestConsole> console;
-};
+using Guest = DaemonGuest;
 
 Result<Guest> Boot(HvtracedProcess& daemon, const std::string& name, const std::string& initrd = "",
                    const std::string& append = "") {
   auto image = FindGuestImage("6.12");
   if (!image.ok()) return image.error();
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", initrd.empty() ? image->initrd : initrd},
-                                     {"append", append},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
-  if (!booted.ok()) return Error{booted.error().message + "\n--- hvtraced ---\n" + daemon.log()};
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  if (!console.ok()) return console.error();
-  return Guest{name, std::move(*console)};
+  return BootDaemonGuest(daemon, name, image->kernel, initrd.empty() ? image->initrd : initrd,
+                         {{"append", append}});
 }
 
 // VmRSS of |pid| in KiB (0 when unreadable).

@@ -89,38 +89,33 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   Status started = daemon.Start();
   ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = "boot-e2e-" + std::to_string(::getpid());
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", image->initrd},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
-  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
   // qemu_sandbox = on (the default): everything below (boot, markers, the
   // captures) runs under QEMU's seccomp sandbox.
-  const std::vector<std::string> argv = (*booted)["argv"];
+  const std::vector<std::string> argv = guest->reply["argv"];
   const auto sandbox = std::find(argv.begin(), argv.end(), "-sandbox");
-  ASSERT_NE(sandbox, argv.end()) << (*booted)["argv"].dump();
+  ASSERT_NE(sandbox, argv.end()) << guest->reply["argv"].dump();
   EXPECT_EQ(*std::next(sandbox),
             "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny");
-  const std::string console_log = (*booted)["console_log"];
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto tail = [&] { return (*console)->Tail(40) + "\n--- hvtraced ---\n" + daemon.log(); };
-  ASSERT_TRUE((*console)->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+  const std::string console_log = guest->reply["console_log"];
+  hostd::GuestConsole& console = *guest->console;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
+  ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
 
   // Markers through the boot instance's own trace_marker, plus some work.
   const std::string marker = "/sys/kernel/tracing/instances/boot_map/trace_marker";
   constexpr int kMarkers = 20;
   std::string cmd = "for i in $(seq 1 " + std::to_string(kMarkers) + "); do echo hvt-mark-$i > " +
                     marker + "; ls /proc > /dev/null; done";
-  auto ran = (*console)->Run(cmd, kCommandTimeout);
+  auto ran = console.Run(cmd, kCommandTimeout);
   ASSERT_TRUE(ran.ok() && ran->status == 0) << tail();
-  auto guest_count = (*console)->Run(
-      "grep -c hvt-mark- /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
+  auto guest_count = console.Run("grep -c hvt-mark- /sys/kernel/tracing/instances/boot_map/trace",
+                                 kCommandTimeout);
   ASSERT_TRUE(guest_count.ok()) << tail();
   // A first view of the guest's own trace file, well before the crash.
   auto early_tail =
-      (*console)->Run("tail -n 60 /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
+      console.Run("tail -n 60 /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
   ASSERT_TRUE(early_tail.ok() && early_tail->status == 0) << tail();
 
   // On-demand capture while the guest runs.
@@ -142,14 +137,13 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
 
   // What the guest's own trace file shows just before the crash.
   auto guest_tail =
-      (*console)->Run("tail -n 40 /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
+      console.Run("tail -n 40 /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
   ASSERT_TRUE(guest_tail.ok() && guest_tail->status == 0) << tail();
   const std::vector<TraceEvent> guest_events = GuestTraceEvents(guest_tail->output);
 
   // The last marker right before the crash; the panic must be captured.
   ASSERT_TRUE(
-      (*console)
-          ->Send("echo hvt-last-before-crash > " + marker + "; echo c > /proc/sysrq-trigger\n")
+      console.Send("echo hvt-last-before-crash > " + marker + "; echo c > /proc/sysrq-trigger\n")
           .ok());
   json panic;
   const auto deadline = std::chrono::steady_clock::now() + 60s;
@@ -313,16 +307,11 @@ TEST(HvtracedBootE2e, FormatsHarvestedInTheBackgroundDecodeTheFirstPanic) {
   ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = "bg-harvest-" + std::to_string(::getpid());
   const auto booted_at = std::chrono::steady_clock::now();
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", vm_initrd.string()},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
-  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto tail = [&] { return (*console)->Tail(40) + "\n--- hvtraced ---\n" + daemon.log(); };
-  ASSERT_TRUE((*console)->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, vm_initrd.string());
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  hostd::GuestConsole& console = *guest->console;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
+  ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
 
   // The harvest boots its own guest next to this one; wait for its entry.
   const fs::path entry = cache / "formats" / *key / "manifest.json";
@@ -340,7 +329,7 @@ TEST(HvtracedBootE2e, FormatsHarvestedInTheBackgroundDecodeTheFirstPanic) {
 
   const std::string marker = "/sys/kernel/tracing/instances/boot_map/trace_marker";
   ASSERT_TRUE(
-      (*console)->Send("echo hvt-bg-last > " + marker + "; echo c > /proc/sysrq-trigger\n").ok());
+      console.Send("echo hvt-bg-last > " + marker + "; echo c > /proc/sysrq-trigger\n").ok());
   json panic;
   const auto capture_deadline = std::chrono::steady_clock::now() + 60s;
   while (panic.is_null() && std::chrono::steady_clock::now() < capture_deadline) {

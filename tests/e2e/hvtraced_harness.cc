@@ -277,4 +277,25 @@ void HvtracedProcess::KillRecordedVms() {
   }
 }
 
+Result<DaemonGuest> BootDaemonGuest(const HvtracedProcess& daemon, const std::string& name,
+                                    const std::string& kernel, const std::string& initrd,
+                                    const nlohmann::json& extra) {
+  nlohmann::json request = {{"name", name},
+                            {"kernel", kernel},
+                            {"initrd", initrd},
+                            {"accel", "tcg"},
+                            {"trace_size_mib", 16}};
+  request.update(extra);
+  auto booted = daemon.Call("boot", request);
+  if (!booted.ok()) return Error{booted.error().message + "\n--- hvtraced ---\n" + daemon.log()};
+  auto console =
+      hostd::GuestConsole::Connect((*booted)["console_socket"], std::chrono::seconds(10));
+  if (!console.ok()) return Error{"console of " + name + ": " + console.error().message};
+  return DaemonGuest{name, std::move(*booted), std::move(*console)};
+}
+
+std::string ConsoleAndLog(const DaemonGuest& guest, const HvtracedProcess& daemon, size_t lines) {
+  return guest.console->Tail(lines) + "\n--- hvtraced ---\n" + daemon.log();
+}
+
 }  // namespace hvtrace::e2e

@@ -30,12 +30,14 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "host_command.h"
 #include "hvtrace/result.h"
+#include "vm_console.h"
 
 namespace hvtrace::e2e {
 
@@ -120,6 +122,25 @@ class HvtracedProcess {
   pid_t pid_ = -1;
   std::map<std::string, std::string> env_;
 };
+
+// A guest the daemon booted: the `boot` reply and its ttyS0 console.
+struct DaemonGuest {
+  std::string name;
+  nlohmann::json reply;
+  std::unique_ptr<hostd::GuestConsole> console;
+};
+
+// `boot` of |kernel| and |initrd| as |name| under TCG with a 16 MiB boot
+// range (members of |extra| are added to or replace the request's), then
+// connects the console. Errors carry the daemon's log.
+Result<DaemonGuest> BootDaemonGuest(const HvtracedProcess& daemon, const std::string& name,
+                                    const std::string& kernel, const std::string& initrd,
+                                    const nlohmann::json& extra = nlohmann::json::object());
+
+// The guest console's last |lines| lines and the daemon's log, for failure
+// messages.
+std::string ConsoleAndLog(const DaemonGuest& guest, const HvtracedProcess& daemon,
+                          size_t lines = 40);
 
 }  // namespace hvtrace::e2e
 

@@ -65,20 +65,10 @@ Result<BootedGuest> BootGuest(HvtracedProcess& daemon, const std::string& name,
   auto image = FindGuestImage("6.12");
   if (!image.ok()) return image.error();
   const auto started = std::chrono::steady_clock::now();
-  auto booted =
-      daemon.Call("boot", {{"name", name},
-                           {"kernel", image->kernel},
-                           {"initrd", initrd_override.empty() ? image->initrd : initrd_override},
-                           {"accel", "tcg"},
-                           {"trace_size_mib", 16}});
-  if (!booted.ok()) return Error{booted.error().message + "\n--- hvtraced ---\n" + daemon.log()};
-  BootedGuest g;
-  g.name = name;
-  g.reply = *booted;
-  g.pid = (*booted)["pid"].get<pid_t>();
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  if (!console.ok()) return console.error();
-  g.console = std::move(*console);
+  auto guest = BootDaemonGuest(daemon, name, image->kernel,
+                               initrd_override.empty() ? image->initrd : initrd_override);
+  if (!guest.ok()) return guest.error();
+  BootedGuest g{name, guest->reply["pid"].get<pid_t>(), guest->reply, std::move(guest->console)};
   if (auto ready = g.console->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout); !ready.ok()) {
     return Error{ready.error().message + "\n--- hvtraced ---\n" + daemon.log()};
   }

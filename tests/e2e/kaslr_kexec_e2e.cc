@@ -186,16 +186,10 @@ void RunKexec(bool reset) {
       {.tag = tag, .config = "vm_on_shutdown = stop\ncache_dir = " + cache_root->string() + "\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = tag + "-" + std::to_string(::getpid());
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", *kexec_initrd},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
-  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  hostd::GuestConsole& con = **console;
-  auto tail = [&] { return con.Tail(40) + "\n--- hvtraced ---\n" + daemon.log(); };
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, *kexec_initrd);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  hostd::GuestConsole& con = *guest->console;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
   ASSERT_TRUE(con.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
 
   std::vector<BootTruth> truth;

@@ -159,30 +159,24 @@ TEST_P(KexecOtherBuildRangeE2e, EachBootDecodesWithItsOwnKernelsFormats) {
   HvtracedProcess daemon({.tag = "kxother", .config = "vm_on_shutdown = stop\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = "kx-other-" + std::to_string(::getpid());
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", other->initrd},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
-  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto tail = [&] { return (*console)->Tail(40) + "\n--- hvtraced ---\n" + daemon.log(); };
-  ASSERT_TRUE((*console)->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
-  ASSERT_TRUE(WriteMarkers(**console, "b95-mark", 6).ok()) << tail();
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, other->initrd);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  hostd::GuestConsole& console = *guest->console;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
+  ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+  ASSERT_TRUE(WriteMarkers(console, "b95-mark", 6).ok()) << tail();
   // The same command line (memmap=, trace_instance=) into the other build.
-  ASSERT_TRUE((*console)->Send("hvtrace-kexec-self\n").ok());
-  auto ready = (*console)->WaitForLine("HVTRACE-GUEST-READY " + other->release, kBootTimeout);
+  ASSERT_TRUE(console.Send("hvtrace-kexec-self\n").ok());
+  auto ready = console.WaitForLine("HVTRACE-GUEST-READY " + other->release, kBootTimeout);
   ASSERT_TRUE(ready.ok()) << ready.error().message << "\n" << tail();
   if (reset) {
     auto cleared =
-        (*console)->Run("echo > /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
+        console.Run("echo > /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
     ASSERT_TRUE(cleared.ok() && cleared->status == 0) << tail();
   }
-  ASSERT_TRUE(WriteMarkers(**console, "b117-mark", 6).ok()) << tail();
+  ASSERT_TRUE(WriteMarkers(console, "b117-mark", 6).ok()) << tail();
   ASSERT_TRUE(
-      (*console)
-          ->Send(std::string("echo b117-last > ") + kMarker + "; echo c > /proc/sysrq-trigger\n")
+      console.Send(std::string("echo b117-last > ") + kMarker + "; echo c > /proc/sysrq-trigger\n")
           .ok());
   auto panic = daemon.WaitForCapture(name, "panic", 90s);
   ASSERT_TRUE(panic.ok()) << panic.error().message << "\n" << tail();

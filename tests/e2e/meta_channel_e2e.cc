@@ -54,20 +54,15 @@ TEST(MetaChannelE2e, BootRangeDecodesWithTheChannelsMetadataAlone) {
                                     cache.string() + "\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = "meta-e2e-" + std::to_string(::getpid());
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", image->initrd},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
-  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
-  ASSERT_FALSE((*booted).value("meta_socket", std::string()).empty()) << booted->dump(2);
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto tail = [&] { return (*console)->Tail(40) + "\n--- hvtraced ---\n" + daemon.log(); };
-  ASSERT_TRUE((*console)->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  ASSERT_FALSE(guest->reply.value("meta_socket", std::string()).empty()) << guest->reply.dump(2);
+  hostd::GuestConsole& console = *guest->console;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
+  ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
 
   // The agent finds the port and sends this boot's metadata.
-  ASSERT_TRUE((*console)->Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout).ok());
+  ASSERT_TRUE(console.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout).ok());
   json meta;
   const auto deadline = std::chrono::steady_clock::now() + 300s;
   while (std::chrono::steady_clock::now() < deadline) {
@@ -80,7 +75,7 @@ TEST(MetaChannelE2e, BootRangeDecodesWithTheChannelsMetadataAlone) {
     }
     std::this_thread::sleep_for(500ms);
   }
-  auto agent_log = (*console)->Run("cat /tmp/agent.log", kCommandTimeout);
+  auto agent_log = console.Run("cat /tmp/agent.log", kCommandTimeout);
   ASSERT_EQ(meta.value("boots_accepted", 0), 1)
       << meta.dump(2) << "\n--- agent ---\n"
       << (agent_log.ok() ? agent_log->output : "") << tail();
@@ -89,7 +84,7 @@ TEST(MetaChannelE2e, BootRangeDecodesWithTheChannelsMetadataAlone) {
   // The claimed build id is the running kernel's: read from guest memory at
   // the kallsyms' __start_notes (QMP memsave).
   EXPECT_EQ(meta["last_boot"]["verified"]["build_id"], "verified") << meta.dump(2);
-  auto boot_id = (*console)->Run("cat /proc/sys/kernel/random/boot_id", kCommandTimeout);
+  auto boot_id = console.Run("cat /proc/sys/kernel/random/boot_id", kCommandTimeout);
   ASSERT_TRUE(boot_id.ok());
   EXPECT_NE(boot_id->output.find(meta["last_boot"]["boot_id"].get<std::string>()),
             std::string::npos)
@@ -103,10 +98,9 @@ TEST(MetaChannelE2e, BootRangeDecodesWithTheChannelsMetadataAlone) {
   // Markers through the boot instance, then a panic.
   const std::string marker = "/sys/kernel/tracing/instances/boot_map/trace_marker";
   ASSERT_TRUE(
-      (*console)
-          ->Run("for i in 1 2 3 4 5; do echo hvt-meta-$i > " + marker + "; done", kCommandTimeout)
+      console.Run("for i in 1 2 3 4 5; do echo hvt-meta-$i > " + marker + "; done", kCommandTimeout)
           .ok());
-  ASSERT_TRUE((*console)->Send("echo c > /proc/sysrq-trigger\n").ok());
+  ASSERT_TRUE(console.Send("echo c > /proc/sysrq-trigger\n").ok());
   auto panic = daemon.WaitForCapture(name, "panic", 90s);
   ASSERT_TRUE(panic.ok()) << panic.error().message << tail();
   const fs::path dir =
@@ -228,33 +222,27 @@ TEST(MetaChannelE2e, KexecThenPanicEachBootDecodesWithItsOwnMetadata) {
                                     std::string(cache_tmpl) + "\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = "meta-kexec-" + std::to_string(::getpid());
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", *kexec_initrd},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
-  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto tail = [&] { return (*console)->Tail(40) + "\n--- hvtraced ---\n" + daemon.log(); };
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, *kexec_initrd);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  hostd::GuestConsole& console = *guest->console;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
   const std::string marker = "/sys/kernel/tracing/instances/boot_map/trace_marker";
   std::vector<std::string> boot_ids;
   for (int boot = 0; boot < 2; ++boot) {
     SCOPED_TRACE("boot " + std::to_string(boot));
-    ASSERT_TRUE((*console)->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
-    ASSERT_TRUE((*console)->Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout).ok());
+    ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+    ASSERT_TRUE(console.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout).ok());
     json meta = WaitForChannelBoots(daemon, name, boot + 1);
     ASSERT_EQ(meta.value("boots_accepted", 0), boot + 1) << meta.dump(2) << tail();
     boot_ids.push_back(meta["last_boot"]["boot_id"]);
     const std::string prefix = "meta-boot" + std::to_string(boot) + "-";
-    ASSERT_TRUE((*console)
-                    ->Run("for i in 1 2 3; do echo " + prefix + "$i > " + marker + "; done",
-                          kCommandTimeout)
-                    .ok());
+    ASSERT_TRUE(
+        console
+            .Run("for i in 1 2 3; do echo " + prefix + "$i > " + marker + "; done", kCommandTimeout)
+            .ok());
     // Reuses /proc/cmdline: the new kernel finds the ring and appends to it.
-    ASSERT_TRUE((*console)
-                    ->Send(boot == 0 ? "hvtrace-kexec-self\n" : "echo c > /proc/sysrq-trigger\n")
-                    .ok());
+    ASSERT_TRUE(
+        console.Send(boot == 0 ? "hvtrace-kexec-self\n" : "echo c > /proc/sysrq-trigger\n").ok());
   }
   ASSERT_NE(boot_ids[0], boot_ids[1]);
   auto panic = daemon.WaitForCapture(name, "panic", 90s);

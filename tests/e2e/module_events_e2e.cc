@@ -157,15 +157,10 @@ TEST(ModuleEventsE2e, ModulesLoadedInAnotherOrderAfterKexecDecodeWithEachBootsOw
                                     std::string(cache_tmpl) + "\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = "modev-" + std::to_string(::getpid());
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", image->initrd_kexec},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
-  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto tail = [&] { return (*console)->Tail(40) + "\n--- hvtraced ---\n" + daemon.log(); };
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd_kexec);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  hostd::GuestConsole& console = *guest->console;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
 
   // Boot 0: alpha then beta, 5 pairs each from sequence 100, enabled with
   // the tracefs files. Boot 1: beta then alpha, 4 pairs each from 200.
@@ -174,8 +169,8 @@ TEST(ModuleEventsE2e, ModulesLoadedInAnotherOrderAfterKexecDecodeWithEachBootsOw
   std::vector<std::string> boot_ids;
   for (int boot = 0; boot < 2; ++boot) {
     SCOPED_TRACE("boot " + std::to_string(boot));
-    ASSERT_TRUE((*console)->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
-    ASSERT_TRUE((*console)->Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout).ok());
+    ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+    ASSERT_TRUE(console.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout).ok());
     json meta = WaitForMeta(daemon, name, [&](const json& m) {
       return Count(m, "boots_accepted") >= uint64_t(boot + 1) && Count(m, "comms_updates") >= 1;
     });
@@ -189,19 +184,19 @@ TEST(ModuleEventsE2e, ModulesLoadedInAnotherOrderAfterKexecDecodeWithEachBootsOw
     const std::string first = boot == 0 ? "hvt_alpha" : "hvt_beta";
     const std::string second = boot == 0 ? "hvt_beta" : "hvt_alpha";
     for (const std::string& m : {first, second}) {
-      auto r = (*console)->Run("insmod " + mods + m + ".ko" + args, kCommandTimeout);
+      auto r = console.Run("insmod " + mods + m + ".ko" + args, kCommandTimeout);
       ASSERT_TRUE(r.ok() && r->status == 0) << (r.ok() ? r->output : r.error().message) << tail();
     }
     if (boot == 0) {
-      ASSERT_TRUE((*console)
-                      ->Run(std::string("echo 1 > ") + kInstance + "/events/hvt_alpha/enable && " +
-                                "echo 1 > " + kInstance + "/events/hvt_beta/enable",
-                            kCommandTimeout)
+      ASSERT_TRUE(console
+                      .Run(std::string("echo 1 > ") + kInstance + "/events/hvt_alpha/enable && " +
+                               "echo 1 > " + kInstance + "/events/hvt_beta/enable",
+                           kCommandTimeout)
                       .ok());
     }
-    ids.push_back(GuestIds(**console));
+    ids.push_back(GuestIds(console));
     for (const std::string& m : {first, second}) {
-      auto r = (*console)->Run(
+      auto r = console.Run(
           "echo " + std::to_string(count[boot]) + " > /sys/module/" + m + "/parameters/emit",
           kCommandTimeout);
       ASSERT_TRUE(r.ok() && r->status == 0) << tail();
@@ -209,7 +204,7 @@ TEST(ModuleEventsE2e, ModulesLoadedInAnotherOrderAfterKexecDecodeWithEachBootsOw
     // The agent saw the modules come and sent a newer archive for this boot.
     meta = WaitForMeta(daemon, name,
                        [&](const json& m) { return Count(m, "boots_updated") > updated_before; });
-    auto agent_log = (*console)->Run("cat /tmp/agent.log", kCommandTimeout);
+    auto agent_log = console.Run("cat /tmp/agent.log", kCommandTimeout);
     ASSERT_GT(Count(meta, "boots_updated"), updated_before)
         << meta.dump(2) << "\n--- agent ---\n"
         << (agent_log.ok() ? agent_log->output : "") << tail();
@@ -221,9 +216,8 @@ TEST(ModuleEventsE2e, ModulesLoadedInAnotherOrderAfterKexecDecodeWithEachBootsOw
         boot, boot_ids.back().c_str(), ids.back()["hvt_alpha/alpha_seq"],
         ids.back()["hvt_alpha/alpha_pair"], ids.back()["hvt_beta/beta_named"],
         ids.back()["hvt_beta/beta_flag"], meta.dump().c_str());
-    ASSERT_TRUE((*console)
-                    ->Send(boot == 0 ? "hvtrace-kexec-self\n" : "echo c > /proc/sysrq-trigger\n")
-                    .ok());
+    ASSERT_TRUE(
+        console.Send(boot == 0 ? "hvtrace-kexec-self\n" : "echo c > /proc/sysrq-trigger\n").ok());
   }
   // The load order moved the ids: each event has another id in each boot.
   for (const auto& [event, id] : ids[0]) EXPECT_NE(id, ids[1][event]) << event;

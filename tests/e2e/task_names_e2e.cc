@@ -145,16 +145,11 @@ TEST(TaskNamesE2e, BusyboxShortLivedProcessesNamedAsTheKernelRecorded) {
   Status started = daemon.Start();
   ASSERT_TRUE(started.ok()) << started.error().message;
   const std::string name = "names-e2e-" + std::to_string(::getpid());
-  auto booted = daemon.Call("boot", {{"name", name},
-                                     {"kernel", image->kernel},
-                                     {"initrd", image->initrd},
-                                     {"accel", "tcg"},
-                                     {"trace_size_mib", 16}});
-  ASSERT_TRUE(booted.ok()) << booted.error().message << "\n" << daemon.log();
-  auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto tail = [&] { return (*console)->Tail(40) + "\n--- hvtraced ---\n" + daemon.log(); };
-  ASSERT_TRUE((*console)->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  hostd::GuestConsole& console = *guest->console;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
+  ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
 
   // Short-lived processes: each forked by the shell with its name, then
   // renamed by exec; a `sh -c` renames itself and keeps running as that.
@@ -163,9 +158,9 @@ TEST(TaskNamesE2e, BusyboxShortLivedProcessesNamedAsTheKernelRecorded) {
       "cat g > /dev/null; tar cf t.tar f g 2>/dev/null; sleep 0; "
       "sh -c 'echo -n hvt-renamed > /proc/self/comm; ls /proc > /dev/null; j=0; "
       "while [ $j -lt 30 ]; do j=$((j+1)); done'; done; echo workload-done";
-  auto ran = (*console)->Run(workload, 240s);
+  auto ran = console.Run(workload, 240s);
   ASSERT_TRUE(ran.ok() && ran->status == 0) << tail();
-  ASSERT_TRUE((*console)->Send("echo c > /proc/sysrq-trigger\n").ok());
+  ASSERT_TRUE(console.Send("echo c > /proc/sysrq-trigger\n").ok());
   auto panic = daemon.WaitForCapture(name, "panic", 90s);
   ASSERT_TRUE(panic.ok()) << panic.error().message << tail();
   const fs::path dir = fs::path(daemon.captures_dir(name)) / (*panic)["id"].get<std::string>();

@@ -123,13 +123,12 @@ std::vector<uint64_t> Statuses(const std::vector<Write>& writes, int index, bool
   return out;
 }
 
-TEST(GuestHandshakeE2eTest, StatusWritesOfEachDeviceInThePersistentBuffer) {
-  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
-  if (access(BinPath("hvtrace-agent").c_str(), X_OK) != 0) GTEST_SKIP() << "no hvtrace-agent";
-  auto image = FindGuestImage("6.12");
-  ASSERT_OK(image);
-  TestGuest guest("hs");
-  hostd::VmConfig config = guest.MakeConfig(*image);
+using Span = std::pair<uint64_t, uint64_t>;
+
+// The guest of the test: the boot range with the default boot events, the
+// three virtio devices, the handshake kprobes on the command line, the agent.
+hostd::VmConfig HandshakeConfig(const TestGuest& guest, const GuestImage& image) {
+  hostd::VmConfig config = guest.MakeConfig(image);
   config.boot_range = hostd::BootRangeConfig{};
   config.boot_range->backing_path = guest.ShmPath("boot");
   config.boot_range->range_bytes = 16 * hostd::kMiB;
@@ -141,10 +140,108 @@ TEST(GuestHandshakeE2eTest, StatusWritesOfEachDeviceInThePersistentBuffer) {
       {"-drive", "driver=null-co,if=none,id=hvt_d0", "-device", "virtio-blk-pci,drive=hvt_d0",
        "-netdev", "user,id=hvt_n0,restrict=on", "-device", "virtio-net-pci,netdev=hvt_n0",
        "-device", "virtio-serial-pci"});
+  return config;
+}
+
+// Virtio device |id| (1 net, 2 block, 3 console) at |index|: its status
+// writes, where the built-in ones happened, features before FEATURES_OK.
+void CheckDevice(const std::vector<Write>& writes, int id, int index, Span pci, Span console) {
+  SCOPED_TRACE("virtio id " + std::to_string(id) + " = virtio" + std::to_string(index));
+  const std::vector<uint64_t> early = Statuses(writes, index, true);
+  const std::vector<uint64_t> late = Statuses(writes, index, false);
+  if (id == 3) {  // virtio_console is built in: all of it before userspace.
+    EXPECT_EQ(early, (std::vector<uint64_t>{0, 1, 3, 11, 15}));
+    EXPECT_TRUE(late.empty());
+  } else {  // Reset and ACKNOWLEDGE by the built-in virtio_pci, the rest by the module.
+    EXPECT_EQ(early, (std::vector<uint64_t>{0, 1}));
+    EXPECT_EQ(late, (std::vector<uint64_t>{3, 11, 15}));
+  }
+  for (const Write& w : writes) {
+    if (w.index != index || w.event != "hvt_virtio_status" || !w.early) continue;
+    const Span& span = w.value <= 1 ? pci : console;
+    EXPECT_GE(w.ts_us, span.first) << Key(w);
+    EXPECT_LE(w.ts_us, span.second) << Key(w);
+  }
+  auto feat = std::find_if(writes.begin(), writes.end(), [&](const Write& w) {
+    return w.event == "hvt_virtio_features" && w.index == index;
+  });
+  auto ok = std::find_if(writes.begin(), writes.end(), [&](const Write& w) {
+    return w.event == "hvt_virtio_status" && w.index == index && w.value == 11;
+  });
+  ASSERT_NE(feat, writes.end()) << "no feature write";
+  ASSERT_NE(ok, writes.end());
+  EXPECT_LE(feat->ts_us, ok->ts_us);
+  EXPECT_NE(feat->value, 0u);
+}
+
+// The guest's formats of the events to decode (what a harvest of this
+// initramfs records), as a `hvtrace show --formats DIR` directory.
+void CopyGuestFormats(TestGuest& guest, const fs::path& dir) {
+  for (const char* rel : {"header_page", "header_event", "kprobes/hvt_virtio_status/format",
+                          "kprobes/hvt_virtio_features/format", "kprobes/hvt_virtio_queue/format",
+                          "ftrace/print/format", "initcall/initcall_start/format",
+                          "initcall/initcall_finish/format"}) {
+    auto text = guest.Run(std::string("cat /sys/kernel/tracing/events/") + rel);
+    ASSERT_OK(text);
+    ASSERT_EQ(text->status, 0) << rel;
+    const fs::path dest =
+        std::string(rel).find('/') == std::string::npos ? dir / rel : dir / "events" / rel;
+    fs::create_directories(dest.parent_path());
+    std::ofstream(dest) << text->output;
+  }
+}
+
+// The handshake writes in `hvtrace show --json` output: the kprobe events and
+// the "hvtrace-early:" copies; |agent_line| whether the agent's start is there.
+std::vector<Write> DecodedWrites(const std::string& output, bool* agent_line) {
+  std::vector<Write> decoded;
+  std::istringstream in(output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    json j = json::parse(line, nullptr, false);
+    if (j.is_discarded() || !j.contains("event") || !j["event"].is_string()) continue;
+    const std::string name = j["event"];
+    Write w;
+    if (name == "print") {
+      const std::string buf = j["fields"].value("buf", "");
+      *agent_line |= buf.rfind("hvtrace-agent: started pid", 0) == 0;
+      if (ParseWrite(buf, &w) && w.early) decoded.push_back(w);
+      continue;
+    }
+    if (name.rfind("hvt_virtio_", 0) != 0) continue;
+    const json& f = j["fields"];
+    w.early = false;
+    w.event = name;
+    w.index = f.value("index", -1);
+    w.value = f.contains("status")  ? f["status"].get<uint64_t>()
+              : f.contains("queue") ? f["queue"].get<uint64_t>()
+                                    : f.value("features", uint64_t{0});
+    // Rounded to the microsecond as the kernel's `trace` prints it (ns2usecs).
+    w.ts_us = (j["ts_ns"].get<uint64_t>() + 500) / 1000;
+    decoded.push_back(w);
+  }
+  return decoded;
+}
+
+struct RemoveOnExit {
+  fs::path path;
+  ~RemoveOnExit() {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+  }
+};
+
+TEST(GuestHandshakeE2eTest, StatusWritesOfEachDeviceInThePersistentBuffer) {
+  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  if (access(BinPath("hvtrace-agent").c_str(), X_OK) != 0) GTEST_SKIP() << "no hvtrace-agent";
+  auto image = FindGuestImage("6.12");
+  ASSERT_OK(image);
+  TestGuest guest("hs");
+  const hostd::VmConfig config = HandshakeConfig(guest, *image);
   ASSERT_OK(guest.Boot(config));
   const hostd::BootRangeLayout layout = *guest.vm().plan().boot_range;
 
-  // Which virtioN is which device (virtio ids: 1 net, 2 block, 3 console).
+  // Which virtioN is which device.
   auto ids = guest.Run(
       "for d in /sys/bus/virtio/devices/virtio*; do echo ${d##*virtio} $(cat $d/device); done");
   ASSERT_OK(ids);
@@ -168,43 +265,11 @@ TEST(GuestHandshakeE2eTest, StatusWritesOfEachDeviceInThePersistentBuffer) {
             std::string::npos);
   EXPECT_TRUE(std::regex_search(view->output, std::regex("hvtrace-agent: started pid [0-9]+")))
       << "the agent's start is not in the boot instance";
-  EXPECT_NE(view->output.find("initcall_start: func=virtio_pci_driver_init"), std::string::npos);
-  EXPECT_NE(view->output.find("initcall_finish: func=virtio_console_init"), std::string::npos);
-  const auto pci = InitcallSpan(view->output, "virtio_pci_driver_init");
-  const auto console = InitcallSpan(view->output, "virtio_console_init");
-  ASSERT_LT(pci.first, pci.second);
-  ASSERT_LT(console.first, console.second);
-  for (int id : {1, 2, 3}) {
-    const int index = index_of[id];
-    // Built in: reset and ACKNOWLEDGE by virtio_pci, copied from the top level.
-    std::vector<uint64_t> early = Statuses(guest_writes, index, true);
-    std::vector<uint64_t> late = Statuses(guest_writes, index, false);
-    const std::vector<uint64_t> handshake{3, 11, 15};
-    if (id == 3) {  // virtio_console is built in: all of it before userspace.
-      EXPECT_EQ(early, (std::vector<uint64_t>{0, 1, 3, 11, 15})) << "virtio-console";
-      EXPECT_TRUE(late.empty()) << "virtio-console";
-    } else {
-      EXPECT_EQ(early, (std::vector<uint64_t>{0, 1})) << "virtio id " << id;
-      EXPECT_EQ(late, handshake) << "virtio id " << id;
-    }
-    for (const Write& w : guest_writes) {
-      if (w.index != index || w.event != "hvt_virtio_status" || !w.early) continue;
-      const auto& span = w.value <= 1 ? pci : console;
-      EXPECT_GE(w.ts_us, span.first) << Key(w);
-      EXPECT_LE(w.ts_us, span.second) << Key(w);
-    }
-    // The driver's features are written before FEATURES_OK.
-    auto feat = std::find_if(guest_writes.begin(), guest_writes.end(), [&](const Write& w) {
-      return w.event == "hvt_virtio_features" && w.index == index;
-    });
-    auto ok = std::find_if(guest_writes.begin(), guest_writes.end(), [&](const Write& w) {
-      return w.event == "hvt_virtio_status" && w.index == index && w.value == 11;
-    });
-    ASSERT_NE(feat, guest_writes.end()) << "no feature write for virtio id " << id;
-    ASSERT_NE(ok, guest_writes.end());
-    EXPECT_LE(feat->ts_us, ok->ts_us);
-    EXPECT_NE(feat->value, 0u);
-  }
+  const Span pci = InitcallSpan(view->output, "virtio_pci_driver_init");
+  const Span console = InitcallSpan(view->output, "virtio_console_init");
+  ASSERT_LT(pci.first, pci.second) << "no virtio_pci_driver_init initcall";
+  ASSERT_LT(console.first, console.second) << "no virtio_console_init initcall";
+  for (int id : {1, 2, 3}) CheckDevice(guest_writes, id, index_of[id], pci, console);
 
   // Idle: no handshake events come (the probes stay enabled).
   auto count = [&]() {
@@ -215,29 +280,17 @@ TEST(GuestHandshakeE2eTest, StatusWritesOfEachDeviceInThePersistentBuffer) {
   sleep(3);
   EXPECT_EQ(count(), before) << "handshake events while idle";
 
-  // The guest's formats of the events to decode (as a harvest of this
-  // initramfs records them), for `hvtrace show --region --formats DIR`.
-  const fs::path formats = fs::path("/tmp") / ("hvt-hs-formats-" + std::to_string(getpid()));
-  fs::remove_all(formats);
-  for (const char* rel : {"header_page", "header_event", "kprobes/hvt_virtio_status/format",
-                          "kprobes/hvt_virtio_features/format", "kprobes/hvt_virtio_queue/format",
-                          "ftrace/print/format", "initcall/initcall_start/format",
-                          "initcall/initcall_finish/format"}) {
-    auto text = guest.Run(std::string("cat /sys/kernel/tracing/events/") + rel);
-    ASSERT_OK(text);
-    ASSERT_EQ(text->status, 0) << rel;
-    const fs::path dest =
-        std::string(rel).find('/') == std::string::npos ? formats / rel : formats / "events" / rel;
-    fs::create_directories(dest.parent_path());
-    std::ofstream(dest) << text->output;
-  }
+  const RemoveOnExit formats{fs::path("/tmp") / ("hvt-hs-formats-" + std::to_string(getpid()))};
+  fs::remove_all(formats.path);
+  CopyGuestFormats(guest, formats.path);
+  ASSERT_FALSE(HasFatalFailure());
 
   ASSERT_OK(guest.console().Send("echo c > /proc/sysrq-trigger\n"));
   auto panicked = guest.qmp().WaitForEvent("GUEST_PANICKED", 60s);
   ASSERT_TRUE(panicked.ok()) << panicked.error().message << "\n" << guest.Diagnostics();
 
   // The range, cut out of the host file the guest's node 1 lives in.
-  const fs::path region = formats / "region.bin";
+  const fs::path region = formats.path / "region.bin";
   {
     std::ifstream in(config.boot_range->backing_path, std::ios::binary);
     std::string bytes(layout.range_bytes, '\0');
@@ -246,36 +299,12 @@ TEST(GuestHandshakeE2eTest, StatusWritesOfEachDeviceInThePersistentBuffer) {
     ASSERT_EQ(static_cast<uint64_t>(in.gcount()), layout.range_bytes);
     std::ofstream(region, std::ios::binary) << bytes;
   }
-  RunResult shown = RunArgvStatus({BinPath("hvtrace"), "show", "--json", "--region",
-                                   region.string(), "--formats", formats.string(), "--cpus", "2"});
+  RunResult shown =
+      RunArgvStatus({BinPath("hvtrace"), "show", "--json", "--region", region.string(), "--formats",
+                     formats.path.string(), "--cpus", "2"});
   ASSERT_EQ(shown.status, 0) << shown.output.substr(0, 4000);
-  std::vector<Write> decoded;
   bool agent_line = false;
-  std::istringstream in(shown.output);
-  for (std::string line; std::getline(in, line);) {
-    if (line.empty() || line[0] != '{') continue;
-    json j = json::parse(line, nullptr, false);
-    if (j.is_discarded() || !j.contains("event") || !j["event"].is_string()) continue;
-    const std::string name = j["event"];
-    Write w;
-    if (name == "print") {
-      const std::string buf = j["fields"].value("buf", "");
-      agent_line |= buf.rfind("hvtrace-agent: started pid", 0) == 0;
-      if (ParseWrite(buf, &w) && w.early) decoded.push_back(w);
-      continue;
-    }
-    if (name.rfind("hvt_virtio_", 0) != 0) continue;
-    const json& f = j["fields"];
-    w.early = false;
-    w.event = name;
-    w.index = f.value("index", -1);
-    w.value = f.contains("status")  ? f["status"].get<uint64_t>()
-              : f.contains("queue") ? f["queue"].get<uint64_t>()
-                                    : f.value("features", uint64_t{0});
-    // Rounded to the microsecond as the kernel's `trace` prints it (ns2usecs).
-    w.ts_us = (j["ts_ns"].get<uint64_t>() + 500) / 1000;
-    decoded.push_back(w);
-  }
+  const std::vector<Write> decoded = DecodedWrites(shown.output, &agent_line);
   EXPECT_TRUE(agent_line) << "hvtrace show has no agent start line";
   ASSERT_EQ(decoded.size(), guest_writes.size()) << shown.output.substr(0, 4000);
   size_t same = 0;
@@ -287,7 +316,6 @@ TEST(GuestHandshakeE2eTest, StatusWritesOfEachDeviceInThePersistentBuffer) {
       "[handshake e2e] %zu handshake writes in the guest's view, %zu decoded by hvtrace "
       "show --region, %zu identical (event, index, value, time to the us)\n",
       guest_writes.size(), decoded.size(), same);
-  fs::remove_all(formats);
 }
 
 }  // namespace

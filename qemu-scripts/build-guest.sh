@@ -60,6 +60,9 @@ OVERLAY=""
 REFRESH=0
 # Modules each initramfs carries, plus whatever they depend on. pvpanic-mmio
 # binds the ISA/ACPI `-device pvpanic`, pvpanic-pci binds `-device pvpanic-pci`.
+# virtio_blk, virtio_net (and virtio_console where it is not built in) drive
+# the disk, NIC and serial devices of the boot-handshake tests; /init loads
+# them after hvtrace-boot-probes, so their handshakes are recorded.
 # HVTRACE_GUEST_EXTRA_MODULES adds more (space-separated names).
 read -r -a extra_modules <<<"${HVTRACE_GUEST_EXTRA_MODULES:-}"
 MODULES=(pvpanic pvpanic-mmio pvpanic-pci virtio_blk virtio_net virtio_console "${extra_modules[@]}")

@@ -60,9 +60,12 @@ OVERLAY=""
 REFRESH=0
 # Modules each initramfs carries, plus whatever they depend on. pvpanic-mmio
 # binds the ISA/ACPI `-device pvpanic`, pvpanic-pci binds `-device pvpanic-pci`.
+# virtio_blk, virtio_net (and virtio_console where it is not built in) drive
+# the disk, NIC and serial devices of the boot-handshake tests; /init loads
+# them after hvtrace-boot-probes, so their handshakes are recorded.
 # HVTRACE_GUEST_EXTRA_MODULES adds more (space-separated names).
 read -r -a extra_modules <<<"${HVTRACE_GUEST_EXTRA_MODULES:-}"
-MODULES=(pvpanic pvpanic-mmio pvpanic-pci "${extra_modules[@]}")
+MODULES=(pvpanic pvpanic-mmio pvpanic-pci virtio_blk virtio_net virtio_console "${extra_modules[@]}")
 
 log() { echo "build-guest: $*" >&2; }
 die() { echo "build-guest: error: $*" >&2; exit 1; }
@@ -427,6 +430,7 @@ make_initramfs() {
   install -m 0755 "$SCRIPT_DIR/guest/init" "$stage/init"
   install -m 0755 "$KEXEC_BIN" "$stage/bin/hvtrace-kexec"
   install -m 0755 "$SCRIPT_DIR/guest/hvtrace-kexec-self" "$stage/bin/hvtrace-kexec-self"
+  install -m 0755 "$SCRIPT_DIR/guest/hvtrace-boot-probes" "$stage/bin/hvtrace-boot-probes"
   [ -z "$AGENT" ] || install -m 0755 "$AGENT" "$stage/bin/hvtrace-agent"
   [ -z "$GUEST_TEST" ] || install -m 0755 "$GUEST_TEST" "$stage/bin/hvtrace-guest-test"
   : >"$stage/etc/hvtrace/modules"
@@ -473,7 +477,8 @@ inputs_hash() {
   {
     echo "pkg $PKG $PKG_VERSION release $RELEASE"
     printf 'module %s\n' "${MODULE_FILES[@]}"
-    sha256sum "$0" "$SCRIPT_DIR/guest/init" "$SCRIPT_DIR/guest/hvtrace-kexec-self" "$KEXEC_BIN" "$BUSYBOX" \
+    sha256sum "$0" "$SCRIPT_DIR/guest/init" "$SCRIPT_DIR/guest/hvtrace-kexec-self" \
+      "$SCRIPT_DIR/guest/hvtrace-boot-probes" "$KEXEC_BIN" "$BUSYBOX" \
       | cut -d' ' -f1
     if [ -n "$AGENT" ]; then echo "agent"; sha256sum <"$AGENT"; fi
     if [ -n "$GUEST_TEST" ]; then echo "guest-test"; sha256sum <"$GUEST_TEST"; fi

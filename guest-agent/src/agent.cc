@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "boot_marker.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/format.h"
 #include "hvtrace/page.h"
@@ -664,6 +665,7 @@ int Agent::Run() {
     Log(s.error().message);
     return 1;
   }
+  WriteBootMarker(options_.tracefs, options_.boot_instance, BootMarkerText(getpid()));
   if (!options_.region_path.empty()) {
     if (Status s = Attach(options_.region_path); !s.ok()) {
       Log(s.error().message);

@@ -7,7 +7,8 @@
 // created at start if absent: events, trace_clock, tracing_on, the per-CPU
 // trace_pipe_raw and the backlog clear are that instance's. The top-level
 // buffer and every other instance belong to their users (trace-cmd, perf,
-// the boot range): the agent never writes them. It reads the global
+// the boot range): the agent never writes them, but for one line at its
+// start in the boot instance (boot_marker.h). It reads the global
 // saved_cmdlines (the kernel has one list for all buffers) and raises the
 // global saved_cmdlines_size only when that cannot cost anyone a name (see
 // RaiseSavedCmdlines). A guest service whose line should reach hvtrace
@@ -83,6 +84,9 @@ struct AgentOptions {
   bool set_mono_clock = true;  // The instance's trace clock "mono", as direct-write uses.
   uint64_t run_for_ms = 0;     // Stop after this long (0: forever).
   bool verbose = false;
+  // The persistent boot instance that gets the "started" line (boot_marker.h);
+  // "" for none.
+  std::string boot_instance = "boot_map";
   // The metadata channel (meta_sender.h); its |verbose| follows the agent's.
   // Its archive reads the top level of |tracefs| and |proc|.
   MetaOptions meta;

@@ -45,7 +45,8 @@ json QmpVmSpec::ToJson() const {
           {"kernel_path", kernel_path},       {"kernel_key", kernel_key},
           {"attach_region", attach_region},   {"attach_device", attach_device},
           {"attach_memdev", attach_memdev},   {"attach_only", region_size == 0},
-          {"initrd_path", initrd_path},       {"meta_socket", meta_socket}};
+          {"initrd_path", initrd_path},       {"meta_socket", meta_socket},
+          {"qemu_trace_log", qemu_trace_log}};
 }
 
 Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
@@ -73,6 +74,7 @@ Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
     s.kernel_key = j.value("kernel_key", std::string());
     s.initrd_path = j.value("initrd_path", std::string());
     s.meta_socket = j.value("meta_socket", std::string());
+    s.qemu_trace_log = j.value("qemu_trace_log", std::string());
     s.attach_region = j.value("attach_region", std::string());
     s.attach_device = j.value("attach_device", std::string());
     s.attach_memdev = j.value("attach_memdev", std::string());
@@ -316,6 +318,7 @@ Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
                                       spec_.kernel_path, spec_.kernel_key};
   }
   in.attach = live_region();
+  in.qemu_trace_log = spec_.qemu_trace_log;
   std::lock_guard lock(mu_);
   in.transport = {{"kind", "qmp"},
                   {"socket", spec_.qmp_socket},

@@ -60,10 +60,11 @@ struct QmpVmSpec {
   // Attach mode: the region hot-plugged now (empty when none), so a
   // restarted daemon maps it again. region_size 0 = no boot range.
   std::string attach_region;
-  std::string attach_device;  // ivshmem-plain id.
-  std::string attach_memdev;  // memory-backend-file id.
-  std::string initrd_path;    // When known: lets the daemon harvest the formats.
-  std::string meta_socket;    // The metadata channel's socket (empty: none).
+  std::string attach_device;   // ivshmem-plain id.
+  std::string attach_memdev;   // memory-backend-file id.
+  std::string initrd_path;     // When known: lets the daemon harvest the formats.
+  std::string meta_socket;     // The metadata channel's socket (empty: none).
+  std::string qemu_trace_log;  // QEMU's boot-handshake trace log (empty: not traced).
 
   nlohmann::json ToJson() const;
   static Result<QmpVmSpec> FromJson(const nlohmann::json& j);

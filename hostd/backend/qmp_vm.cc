@@ -234,7 +234,25 @@ void QmpVmBackend::Start(VmEventSink& sink) {
     const HostTime watch_began = HostTime::Now();
     sink_->OnVmEvent(VmEvent{"HVTRACE_QMP_CONNECTED", {{"socket", spec_.qmp_socket}}, watch_began});
     CheckStatusAtConnect(watch_began);
+    if (!spec_.qemu_trace_log.empty()) {
+      trace_guard_ =
+          std::make_shared<QemuTraceGuard>(io_, spec_.qemu_trace_log, kQemuTraceLogLimit,
+                                           std::chrono::seconds(2), qmp_, [this](const VmEvent& e) {
+                                             std::lock_guard event_lock(mu_);
+                                             if (sink_) sink_->OnVmEvent(e);
+                                           });
+      trace_guard_->Start();
+    }
   });
+}
+
+void QmpVmBackend::StopTraceGuard() {
+  std::shared_ptr<QemuTraceGuard> guard;
+  {
+    std::lock_guard lock(mu_);
+    guard = std::move(trace_guard_);
+  }
+  if (guard) guard->Stop();
 }
 
 void QmpVmBackend::CheckStatusAtConnect(const HostTime& watch_began) {
@@ -270,6 +288,7 @@ void QmpVmBackend::CheckStatusAtConnect(const HostTime& watch_began) {
 }
 
 void QmpVmBackend::Stop() {
+  StopTraceGuard();
   {
     std::lock_guard lock(mu_);
     sink_ = nullptr;
@@ -290,6 +309,7 @@ void QmpVmBackend::Stop() {
 }
 
 void QmpVmBackend::Release() {
+  StopTraceGuard();
   {
     std::lock_guard lock(mu_);
     sink_ = nullptr;

@@ -35,6 +35,7 @@
 
 #include "attach_session.h"
 #include "hvtrace/result.h"
+#include "qemu_trace_guard.h"
 #include "qmp_attach.h"
 #include "qmp_client.h"
 #include "vm_backend.h"
@@ -139,6 +140,7 @@ class QmpVmBackend : public VmBackend {
 
  private:
   void CheckStatusAtConnect(const HostTime& watch_began);
+  void StopTraceGuard();
   void CutMemoryLink();  // guest_memory_reader()'s readers fail from now on.
   void OnDeviceDeleted(const std::string& device);
   // Saves the attach fields of the spec (region null: none attached).
@@ -148,6 +150,7 @@ class QmpVmBackend : public VmBackend {
   std::unique_ptr<Vm> vm_;
   int region_fd_ = -1;
   std::shared_ptr<QmpClient> qmp_;
+  std::shared_ptr<QemuTraceGuard> trace_guard_;  // With spec_.qemu_trace_log.
   // What guest_memory_reader()'s readers use: the QMP client while the
   // backend watches, null after Stop/Release.
   struct MemoryLink {

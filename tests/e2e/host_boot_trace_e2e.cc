@@ -98,6 +98,24 @@ TEST(HostBootTraceE2e, HandshakesFromQemuStartToPanic) {
   EXPECT_TRUE(S_ISREG(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 
+  // A capture while the guest is still booting carries the log so far (at
+  // least QEMU's machine reset of every virtio device at its start).
+  const fs::path captures = daemon.captures_dir(name);
+  auto early = daemon.Call("capture", {{"name", name}});
+  ASSERT_TRUE(early.ok()) << early.error().message << "\n" << daemon.LogTail();
+  {
+    const fs::path dir = captures / (*early)["capture"].get<std::string>();
+    const json m = json::parse(ReadText(dir / "manifest.json"));
+    ASSERT_TRUE(m["extra"].contains("host_trace")) << m["extra"].dump(2);
+    const json& h = m["extra"]["host_trace"];
+    EXPECT_FALSE(h.contains("error")) << h.dump();
+    EXPECT_GT(h.value("events", uint64_t{0}), 0u) << h.dump();
+    EXPECT_GT(h["by_name"].value("virtio_set_status", uint64_t{0}), 0u) << h.dump();
+    EXPECT_EQ(h["bytes"], fs::file_size(dir / "qemu-trace.log"));
+    std::printf("[host boot trace] capture while booting: %s events, %s bytes\n",
+                h["events"].dump().c_str(), h["bytes"].dump().c_str());
+  }
+
   auto console = hostd::GuestConsole::Connect((*booted)["console_socket"], 10s);
   ASSERT_TRUE(console.ok()) << console.error().message;
   auto tail = [&] { return (*console)->Tail(40) + "\n--- hvtraced ---\n" + daemon.LogTail(); };
@@ -118,7 +136,6 @@ TEST(HostBootTraceE2e, HandshakesFromQemuStartToPanic) {
   // A capture of the running VM carries the log so far.
   auto manual = daemon.Call("capture", {{"name", name}});
   ASSERT_TRUE(manual.ok()) << manual.error().message << "\n" << tail();
-  const fs::path captures = daemon.captures_dir(name);
   {
     const fs::path dir = captures / (*manual)["capture"].get<std::string>();
     const json m = json::parse(ReadText(dir / "manifest.json"));

@@ -45,7 +45,8 @@ json QmpVmSpec::ToJson() const {
           {"kernel_path", kernel_path},       {"kernel_key", kernel_key},
           {"attach_region", attach_region},   {"attach_device", attach_device},
           {"attach_memdev", attach_memdev},   {"attach_only", region_size == 0},
-          {"initrd_path", initrd_path},       {"meta_socket", meta_socket}};
+          {"initrd_path", initrd_path},       {"meta_socket", meta_socket},
+          {"qemu_trace_log", qemu_trace_log}};
 }
 
 Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
@@ -73,6 +74,7 @@ Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
     s.kernel_key = j.value("kernel_key", std::string());
     s.initrd_path = j.value("initrd_path", std::string());
     s.meta_socket = j.value("meta_socket", std::string());
+    s.qemu_trace_log = j.value("qemu_trace_log", std::string());
     s.attach_region = j.value("attach_region", std::string());
     s.attach_device = j.value("attach_device", std::string());
     s.attach_memdev = j.value("attach_memdev", std::string());
@@ -232,7 +234,25 @@ void QmpVmBackend::Start(VmEventSink& sink) {
     const HostTime watch_began = HostTime::Now();
     sink_->OnVmEvent(VmEvent{"HVTRACE_QMP_CONNECTED", {{"socket", spec_.qmp_socket}}, watch_began});
     CheckStatusAtConnect(watch_began);
+    if (!spec_.qemu_trace_log.empty()) {
+      trace_guard_ =
+          std::make_shared<QemuTraceGuard>(io_, spec_.qemu_trace_log, kQemuTraceLogLimit,
+                                           std::chrono::seconds(2), qmp_, [this](const VmEvent& e) {
+                                             std::lock_guard event_lock(mu_);
+                                             if (sink_) sink_->OnVmEvent(e);
+                                           });
+      trace_guard_->Start();
+    }
   });
+}
+
+void QmpVmBackend::StopTraceGuard() {
+  std::shared_ptr<QemuTraceGuard> guard;
+  {
+    std::lock_guard lock(mu_);
+    guard = std::move(trace_guard_);
+  }
+  if (guard) guard->Stop();
 }
 
 void QmpVmBackend::CheckStatusAtConnect(const HostTime& watch_began) {
@@ -268,6 +288,7 @@ void QmpVmBackend::CheckStatusAtConnect(const HostTime& watch_began) {
 }
 
 void QmpVmBackend::Stop() {
+  StopTraceGuard();
   {
     std::lock_guard lock(mu_);
     sink_ = nullptr;
@@ -288,6 +309,7 @@ void QmpVmBackend::Stop() {
 }
 
 void QmpVmBackend::Release() {
+  StopTraceGuard();
   {
     std::lock_guard lock(mu_);
     sink_ = nullptr;
@@ -316,6 +338,7 @@ Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
                                       spec_.kernel_path, spec_.kernel_key};
   }
   in.attach = live_region();
+  in.qemu_trace_log = spec_.qemu_trace_log;
   std::lock_guard lock(mu_);
   in.transport = {{"kind", "qmp"},
                   {"socket", spec_.qmp_socket},

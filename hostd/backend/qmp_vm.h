@@ -35,6 +35,7 @@
 
 #include "attach_session.h"
 #include "hvtrace/result.h"
+#include "qemu_trace_guard.h"
 #include "qmp_attach.h"
 #include "qmp_client.h"
 #include "vm_backend.h"
@@ -60,10 +61,11 @@ struct QmpVmSpec {
   // Attach mode: the region hot-plugged now (empty when none), so a
   // restarted daemon maps it again. region_size 0 = no boot range.
   std::string attach_region;
-  std::string attach_device;  // ivshmem-plain id.
-  std::string attach_memdev;  // memory-backend-file id.
-  std::string initrd_path;    // When known: lets the daemon harvest the formats.
-  std::string meta_socket;    // The metadata channel's socket (empty: none).
+  std::string attach_device;   // ivshmem-plain id.
+  std::string attach_memdev;   // memory-backend-file id.
+  std::string initrd_path;     // When known: lets the daemon harvest the formats.
+  std::string meta_socket;     // The metadata channel's socket (empty: none).
+  std::string qemu_trace_log;  // QEMU's boot-handshake trace log (empty: not traced).
 
   nlohmann::json ToJson() const;
   static Result<QmpVmSpec> FromJson(const nlohmann::json& j);
@@ -138,6 +140,7 @@ class QmpVmBackend : public VmBackend {
 
  private:
   void CheckStatusAtConnect(const HostTime& watch_began);
+  void StopTraceGuard();
   void CutMemoryLink();  // guest_memory_reader()'s readers fail from now on.
   void OnDeviceDeleted(const std::string& device);
   // Saves the attach fields of the spec (region null: none attached).
@@ -147,6 +150,7 @@ class QmpVmBackend : public VmBackend {
   std::unique_ptr<Vm> vm_;
   int region_fd_ = -1;
   std::shared_ptr<QmpClient> qmp_;
+  std::shared_ptr<QemuTraceGuard> trace_guard_;  // With spec_.qemu_trace_log.
   // What guest_memory_reader()'s readers use: the QMP client while the
   // backend watches, null after Stop/Release.
   struct MemoryLink {

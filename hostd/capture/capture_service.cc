@@ -4,6 +4,7 @@
 
 #include "capped_file.h"
 #include "capture_steps.h"
+#include "host_trace_capture.h"
 #include "meta_store.h"
 
 namespace hvtrace::hostd {
@@ -140,6 +141,8 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
     if (Status s = pending.WriteRecoveryRecord(manifest); !s.ok()) return s;
   }
   if (faults_.after_copies_durable) faults_.after_copies_durable();
+  // The host side of boot (--trace-boot), as far as QEMU has written it.
+  if (!in.qemu_trace_log.empty()) AttachQemuTraceLogStep(in.qemu_trace_log, pending, manifest);
   if (in.region_file) DecodeRegionFileStep(copy, formats_.get(), meta_dir, pending, manifest);
   if (in.attach) {
     Status s = DecodeAttachStep(std::move(attach_copy), in.attach->geometry(), in.vcpus_stopped,
@@ -156,7 +159,8 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
                                             const CaptureRequest& request) {
   const CaptureInputs& in = request.inputs;
   const uint64_t region_bytes = (in.region_file ? in.region_file->size : 0) +
-                                (in.attach ? in.attach->geometry().region_size : 0);
+                                (in.attach ? in.attach->geometry().region_size : 0) +
+                                (in.qemu_trace_log.empty() ? 0 : kHostTraceCopyCap);
   Result<CaptureBudget::Admission> admitted =
       budget_->Admit(store, request.vm, request.trigger, region_bytes);
   if (!admitted.ok()) return admitted.error();

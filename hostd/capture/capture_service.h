@@ -71,6 +71,9 @@ struct CaptureInputs {
   // The vCPUs did not run while the regions were copied (paused for a
   // panic, or QEMU gone): the copy is exact.
   bool vcpus_stopped = false;
+  // QEMU's boot-handshake trace log (boot_trace.h), empty when the VM was
+  // not booted with --trace-boot: copied (bounded) into the capture.
+  std::filesystem::path qemu_trace_log;
   // manifest.extra.transport: {kind, …} what the backend knows of the VM.
   nlohmann::json transport = nlohmann::json::object();
 };

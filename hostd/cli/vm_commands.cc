@@ -45,6 +45,15 @@ void AddBootFlags(CLI::App& app, BootRequest& r) {
          "trace_instance events, SYSTEM:EVENT or SYSTEM, comma separated (default: the boot "
          "sequence, see README)")
       ->type_name("LIST");
+  app.add_flag("--trace-boot", r.trace_boot,
+               "also record QEMU's own handshake events (fw_cfg, virtio status, PCI config "
+               "writes) from QEMU's start into <vm dir>/qemu-trace.log; captures carry them");
+  app.add_option("--device", r.devices,
+                 "add a handshake device with a host-private backend: virtio-blk (a null "
+                 "disk), virtio-net (isolated user net), virtio-serial; repeatable")
+      ->type_name("DEV")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+      ->allow_extra_args(false);
   app.add_option("--accel", r.accel,
                  "auto (KVM only when it proves usable; the default), tcg or kvm")
       ->type_name("auto|tcg|kvm")
@@ -107,6 +116,9 @@ class BootCommand final : public Command {
                 region.value("file", std::string()).c_str());
     if (result.contains("kvm_probe")) {
       std::printf("accel auto: %s\n", result.value("kvm_probe", std::string()).c_str());
+    }
+    if (result.contains("qemu_trace_log")) {
+      std::printf("QEMU trace log: %s\n", result.value("qemu_trace_log", std::string()).c_str());
     }
     if (result.contains("console_log")) {
       std::printf("console log: %s\nconsole socket: %s\n",

@@ -51,6 +51,23 @@ Result<std::unique_ptr<Vm>> PrepareBackingFile(const std::string& name, const st
   return std::unique_ptr<Vm>();
 }
 
+// The host side of boot (boot_trace.h): a boot never inherits the previous
+// boot's QEMU trace log (unlinked, never followed); with --trace-boot the
+// daemon creates the new one itself, empty, 0600, O_EXCL and O_NOFOLLOW in
+// the VM's directory, and QEMU opens that file (as root, before -runas and
+// the sandbox take effect; verified under both).
+Status PrepareQemuTraceLog(const std::string& name, const VmConfig& config,
+                           const std::string& path) {
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return Error{"VM '" + name + "': cannot remove the old QEMU trace log " + path + ": " +
+                 std::strerror(errno)};
+  }
+  if (config.trace_log.empty()) return {};
+  Result<UniqueFd> fd = CreateExclusiveFile(path, 0600, "VM '" + name + "': QEMU trace log");
+  if (!fd.ok()) return fd.error();
+  return {};
+}
+
 // Where a boot's kernel and initrd are copied (client_files.h): a directory
 // only root may enter, inside the VM's state dir.
 std::filesystem::path BootInputsDir(const std::filesystem::path& vm_dir) {
@@ -240,6 +257,12 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     LogInfo("boot " + name + ": accel auto: " + KvmVerdict(boot.kernel).reason);
   Result<std::unique_ptr<Vm>> started = PrepareBackingFile(name, paths.backing_file);
   if (started.ok()) {
+    if (Status s = PrepareQemuTraceLog(name, vm_config, paths.qemu_trace_log); !s.ok()) {
+      ::unlink(paths.backing_file.c_str());
+      started = s.error();
+    }
+  }
+  if (started.ok()) {
     VmConfig prepared = vm_config;
     prepared.boot_range->prepared = true;
     // The config in force now (a reload changes the VMs booted after it).
@@ -283,6 +306,7 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     spec.console_log = paths.console_log;
     spec.console_socket = paths.console_socket;
     spec.meta_socket = paths.meta_socket;
+    if (boot.trace_boot) spec.qemu_trace_log = paths.qemu_trace_log;
     spec.booted_by_daemon = true;
     spec.kernel_path = std::filesystem::absolute(boot.kernel).string();
     spec.kernel_key = kernel_key;
@@ -314,6 +338,7 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     reply["console_log"] = spec.console_log;
     reply["console_socket"] = spec.console_socket;
     reply["meta_socket"] = spec.meta_socket;
+    if (!spec.qemu_trace_log.empty()) reply["qemu_trace_log"] = spec.qemu_trace_log;
     responder->Reply(reply);
   };
   asio::post(io_, std::move(finish));

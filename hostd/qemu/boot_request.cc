@@ -1,5 +1,6 @@
 #include "boot_request.h"
 
+#include "boot_trace.h"
 #include "kvm_probe.h"
 
 namespace hvtrace::hostd {
@@ -15,7 +16,9 @@ json BootRequest::ToJson() const {
           {"memory_mib", memory_mib},
           {"trace_size_mib", trace_size_mib},
           {"events", events},
-          {"accel", accel}};
+          {"accel", accel},
+          {"trace_boot", trace_boot},
+          {"devices", devices}};
 }
 
 Result<BootRequest> BootRequest::FromJson(const json& args) {
@@ -55,6 +58,21 @@ Result<BootRequest> BootRequest::FromJson(const json& args) {
     if (!s.ok()) return s.error();
   }
   r.cpus = static_cast<int>(cpus);
+  if (auto it = args.find("trace_boot"); it != args.end() && !it->is_null()) {
+    if (!it->is_boolean()) return Error{"boot: args.trace_boot must be true or false"};
+    r.trace_boot = it->get<bool>();
+  }
+  if (auto it = args.find("devices"); it != args.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > std::size(kHandshakeDevices)) {
+      return Error{"boot: args.devices must be a list of at most 3 device names"};
+    }
+    for (const json& d : *it) {
+      if (!d.is_string()) return Error{"boot: args.devices must hold strings"};
+      r.devices.push_back(d.get<std::string>());
+    }
+    if (Status s = CheckHandshakeDevices(r.devices); !s.ok())
+      return Error{"boot: args.devices: " + s.error().message};
+  }
   if (auto a = ParseAccel(r.accel); !a.ok()) return a.error();
   return r;
 }
@@ -70,6 +88,7 @@ BootPaths DefaultBootPaths(const std::string& name, const std::filesystem::path&
   // slot and read the guest's kallsyms.
   p.meta_socket = (run_dir / kMemoryDirName / ("hvtrace-" + name + ".meta")).string();
   p.qemu_log = (vm_dir / "qemu.log").string();
+  p.qemu_trace_log = (vm_dir / kQemuTraceLogName).string();
   p.backing_file = (run_dir / kMemoryDirName / ("hvtrace-" + name)).string();
   return p;
 }
@@ -111,6 +130,11 @@ Result<VmConfig> MakeBootVmConfig(const BootRequest& r, const BootPaths& paths) 
   c.qemu_log = paths.qemu_log;
   c.panic_device = PanicDevice::kIsa;
   c.pause_on_panic = true;
+  c.devices = r.devices;
+  if (r.trace_boot) {
+    c.trace_log = paths.qemu_trace_log;
+    c.trace_events = BootTraceEvents();
+  }
   BootRangeConfig br;
   br.backing_path = paths.backing_file;
   br.range_bytes = r.trace_size_mib * kMiB;

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "hvtrace/result.h"
 #include "vm_config.h"
@@ -59,6 +60,10 @@ struct BootRequest {
   uint64_t trace_size_mib = 16;
   std::string events = kDefaultBootEvents;
   std::string accel = "auto";  // auto | tcg | kvm
+  // QEMU's handshake trace events into <vm dir>/qemu-trace.log (boot_trace.h).
+  bool trace_boot = false;
+  // Handshake devices (boot_trace.h): "virtio-blk", "virtio-net", "virtio-serial".
+  std::vector<std::string> devices;
 
   nlohmann::json ToJson() const;
   // Checks types and ranges; errors name the field.
@@ -73,6 +78,7 @@ struct BootPaths {
   std::string console_socket;  // ttyS0, for people and tests to type into.
   std::string meta_socket;     // The metadata channel's host end (vm_config.h).
   std::string qemu_log;
+  std::string qemu_trace_log;  // <vm dir>/qemu-trace.log, used with trace_boot.
   // <run_dir>/mem/hvtrace-<name>: a directory only the daemon's user may
   // enter, never a world-writable one such as /dev/shm, where a local user
   // could plant the file before QEMU opens it (kMemoryDirName).

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <set>
 
+#include "boot_trace.h"
 #include "hvtrace/meta_channel.h"
 #include "kvm_probe.h"
 #include "units.h"
@@ -211,6 +212,19 @@ Status AddIvshmem(const VmConfig& config, const std::string& vm, std::vector<std
   return {};
 }
 
+// The host side of boot (boot_trace.h): handshake devices and QEMU's trace
+// events; nothing at all unless asked for.
+Status AddBootTrace(const VmConfig& config, const std::string& vm, std::vector<std::string>& a) {
+  Result<std::vector<std::string>> devices = HandshakeDeviceArgs(config.devices);
+  if (!devices.ok()) return Error{vm + devices.error().message};
+  a.insert(a.end(), devices->begin(), devices->end());
+  if (config.trace_log.empty()) return {};
+  Result<std::vector<std::string>> trace = BootTraceArgs(config.trace_log, config.trace_events);
+  if (!trace.ok()) return Error{vm + trace.error().message};
+  a.insert(a.end(), trace->begin(), trace->end());
+  return {};
+}
+
 }  // namespace
 
 Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable) {
@@ -273,6 +287,7 @@ Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable) {
   if (config.pause_on_panic) a.insert(a.end(), {"-action", "panic=pause"});
   if (config.no_reboot) a.push_back("-no-reboot");
   if (Status s = AddIvshmem(config, vm, a, backing_paths); !s.ok()) return s.error();
+  if (Status s = AddBootTrace(config, vm, a); !s.ok()) return s.error();
   if (config.sandbox) {
     a.insert(a.end(), {"-sandbox", std::string(config.run_as.empty() ? kQemuSandboxArg
                                                                      : kQemuSandboxRunAsArg)});

@@ -63,6 +63,11 @@ struct VmConfig {
   bool no_reboot = false;
   std::optional<BootRangeConfig> boot_range;
   std::vector<IvshmemConfig> ivshmem;
+  // Not empty: QEMU traces |trace_events| into this file (boot_trace.h).
+  std::string trace_log;
+  std::vector<std::string> trace_events;
+  // Handshake devices (boot_trace.h): "virtio-blk", "virtio-net", "virtio-serial".
+  std::vector<std::string> devices;
   std::vector<std::string> extra_args;  // Appended verbatim, last.
   // QEMU's seccomp sandbox (kQemuSandboxArg): no exec, no obsolete or
   // privilege-raising syscalls, no resource control.

@@ -182,6 +182,19 @@ TEST_F(CliArgs, Boot) {
             (std::filesystem::current_path() / "vmlinuz").string());
 }
 
+TEST_F(CliArgs, BootTraceBootAndDevices) {
+  EXPECT_EQ(RequestOf({"boot", "w", "--kernel", "/k"}).args["trace_boot"], false);
+  DaemonRequest r = RequestOf({"boot", "w", "--kernel", "/k", "--trace-boot", "--device",
+                               "virtio-blk", "--device", "virtio-net", "--device=virtio-serial"});
+  EXPECT_EQ(r.args["trace_boot"], true);
+  EXPECT_EQ(r.args["devices"], (json{"virtio-blk", "virtio-net", "virtio-serial"}));
+  EXPECT_THAT(UsageError({"boot", "w", "--kernel", "/k", "--device", "e1000"}),
+              HasSubstr("device 'e1000' is not one of virtio-blk, virtio-net, virtio-serial"));
+  EXPECT_THAT(UsageError({"boot", "w", "--kernel", "/k", "--device", "virtio-blk", "--device",
+                          "virtio-blk"}),
+              HasSubstr("given twice"));
+}
+
 TEST_F(CliArgs, BootBadInput) {
   EXPECT_THAT(UsageError({"boot", "w", "--kernel", "/k", "--cpus", "abc"}),
               StartsWith("hvtrace boot: --cpus: 'abc' is not a number"));

@@ -134,6 +134,12 @@ Result<VmConfig> MakeBootVmConfig(const BootRequest& r, const BootPaths& paths) 
   if (r.trace_boot) {
     c.trace_log = paths.qemu_trace_log;
     c.trace_events = BootTraceEvents();
+    // The guest's half of the handshakes of built-in drivers (virtio_pci,
+    // virtio_console): boot kprobes the initramfs copies into the boot
+    // instance. A command line that defines its own keeps them.
+    if (c.cmdline.find("kprobe_event=") == std::string::npos) {
+      c.cmdline += (c.cmdline.empty() ? "" : " ") + std::string(kHandshakeKprobeParam);
+    }
   }
   BootRangeConfig br;
   br.backing_path = paths.backing_file;

@@ -59,6 +59,29 @@ TEST(BootTraceTest, TraceBootAddsLogAndCuratedEvents) {
   EXPECT_EQ(std::count(a.begin(), a.end(), "-trace"), static_cast<long>(BootTraceEvents().size()));
 }
 
+std::string KernelCmdline(const QemuPlan& plan) {
+  auto it = std::find(plan.argv.begin(), plan.argv.end(), "-append");
+  return it == plan.argv.end() || it + 1 == plan.argv.end() ? "" : *(it + 1);
+}
+
+TEST(BootTraceTest, TraceBootAddsTheHandshakeKprobesToTheGuestCommandLine) {
+  auto plain = PlanFor({{"name", "g1"}, {"kernel", "/k/vmlinuz"}});
+  ASSERT_TRUE(plain.ok()) << plain.error().message;
+  EXPECT_EQ(KernelCmdline(*plain).find("kprobe_event="), std::string::npos);
+  auto traced = PlanFor({{"name", "g1"}, {"kernel", "/k/vmlinuz"}, {"trace_boot", true}});
+  ASSERT_TRUE(traced.ok()) << traced.error().message;
+  EXPECT_NE(KernelCmdline(*traced).find(kHandshakeKprobeParam), std::string::npos)
+      << KernelCmdline(*traced);
+  // A command line with its own boot kprobes keeps them.
+  auto own = PlanFor({{"name", "g1"},
+                      {"kernel", "/k/vmlinuz"},
+                      {"trace_boot", true},
+                      {"append", "kprobe_event=p:kprobes/mine,do_sys_open"}});
+  ASSERT_TRUE(own.ok()) << own.error().message;
+  EXPECT_EQ(KernelCmdline(*own).find(kHandshakeKprobeParam), std::string::npos);
+  EXPECT_NE(KernelCmdline(*own).find("kprobes/mine"), std::string::npos);
+}
+
 TEST(BootTraceTest, DevicesHaveHostPrivateBackends) {
   auto plan = PlanFor({{"name", "g1"},
                        {"kernel", "/k/vmlinuz"},

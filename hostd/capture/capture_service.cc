@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "boot_timeline.h"
 #include "capped_file.h"
 #include "capture_steps.h"
 #include "meta_store.h"
@@ -140,7 +141,11 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
     if (Status s = pending.WriteRecoveryRecord(manifest); !s.ok()) return s;
   }
   if (faults_.after_copies_durable) faults_.after_copies_durable();
-  if (in.region_file) DecodeRegionFileStep(copy, formats_.get(), meta_dir, pending, manifest);
+  if (in.region_file) {
+    DecodeRegionFileStep(copy, formats_.get(), meta_dir, pending, manifest);
+    // QEMU's side of a --trace-boot VM's boot, both on the host clock.
+    BootTimelineStep(pending, manifest);
+  }
   if (in.attach) {
     Status s = DecodeAttachStep(std::move(attach_copy), in.attach->geometry(), in.vcpus_stopped,
                                 pending, manifest);

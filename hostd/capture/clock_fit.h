@@ -14,6 +14,8 @@
 //      missing lines on either side tolerated: QEMU also logs the firmware's
 //      handshakes and the resets the guest writes by another path), a
 //      device index and QEMU's vdev must agree wherever both are known.
+//      Resets (status 0) are left out: QEMU logs them only after resetting
+//      the device, milliseconds after the guest's write.
 //      Which host line goes with which write is decided by time, not by
 //      value alone (every device's handshake writes the same 1, 3, 11, 15):
 //      the offset most writes agree on (a vote) places each write, and it
@@ -84,6 +86,7 @@ struct ClockFit {
   size_t guest_writes = 0, host_lines = 0;
   size_t unpaired_guest = 0, unpaired_host = 0;
   size_t outliers = 0;          // Pairs the robust line could not explain (dropped).
+  size_t resets_ignored = 0;    // Guest writes of 0 (resets): not used, see clock_fit.cc.
   uint64_t error_bound_ns = 0;  // Largest residual of a kept pair.
   uint64_t median_residual_ns = 0;
   uint64_t span_ns = 0;  // Guest time between the first and last pair.

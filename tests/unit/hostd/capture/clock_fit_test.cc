@@ -80,6 +80,24 @@ TEST(ClockFit, PairsEveryHandshakeAndFitsOffsetAndDrift) {
   EXPECT_EQ(j["pairs"], 16);
 }
 
+// The guest's resets (a probe on vp_modern_set_status sees them) are not
+// paired: QEMU logs its handling of a reset milliseconds later.
+TEST(ClockFit, ResetsAreNotEvidence) {
+  Scenario s = Boot(0.0, 3, 8);
+  for (const HostStatusSet& h : std::vector<HostStatusSet>(s.host)) {
+    if (h.status == 0 && h.host_ns > static_cast<uint64_t>(kOffset)) {
+      s.guest.push_back({h.host_ns - kOffset - 2'500'000, 0, -1});  // 2.5 ms before.
+    }
+  }
+  const ClockFit fit = FitGuestToHost(s.guest, s.host);
+  ASSERT_TRUE(fit.aligned);
+  EXPECT_EQ(fit.resets_ignored, 3u);
+  EXPECT_EQ(fit.pairs.size(), 12u);
+  EXPECT_EQ(fit.unpaired_guest, 0u);
+  EXPECT_LE(fit.error_bound_ns, 45'000u);  // Lags 3..40 µs, plus the fitted slope's error.
+  ExpectGuestFirst(s, fit);
+}
+
 TEST(ClockFit, UnsortedInputAndMissingLinesOnBothSides) {
   Scenario s = Boot(-80.0, 3, 2);
   // QEMU's line for one write is missing; the guest lost one write.

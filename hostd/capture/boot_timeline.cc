@@ -83,23 +83,68 @@ std::optional<uint64_t> FieldValue(const FieldFormat* f, std::span<const std::by
 
 struct GuestSide {
   std::vector<GuestStatusWrite> writes;
+  size_t early = 0;     // Of them, from hvtrace-early markers.
   std::string problem;  // Why there are none, when that is known.
 };
 
-// The boot's kprobes:hvt_virtio_status records.
+// "hvtrace-early: hvt_virtio_status ts=3.138111 cpu=0 pid=1 status=0
+// index=0": a write by a built-in driver before userspace, recorded by the
+// kernel's kprobe_event= in the top-level buffer (same local clock) and
+// copied into the boot instance as a marker by the guest's
+// hvtrace-boot-probes, with its time as the kernel printed it (µs).
+std::optional<GuestStatusWrite> EarlyWrite(std::string_view text) {
+  constexpr std::string_view kPrefix = "hvtrace-early: hvt_virtio_status ";
+  if (!text.starts_with(kPrefix)) return std::nullopt;
+  auto value = [&](std::string_view key) -> std::optional<std::string_view> {
+    const size_t at = text.find(key);
+    if (at == std::string_view::npos) return std::nullopt;
+    std::string_view v = text.substr(at + key.size());
+    return v.substr(0, std::min(v.find_first_of(" \n"), v.size()));
+  };
+  auto number = [](std::string_view v, uint64_t max) -> std::optional<uint64_t> {
+    uint64_t n = 0;
+    if (v.empty() || v.size() > 12) return std::nullopt;
+    for (char c : v) {
+      if (c < '0' || c > '9') return std::nullopt;
+      n = n * 10 + static_cast<uint64_t>(c - '0');
+    }
+    return n <= max ? std::optional<uint64_t>(n) : std::nullopt;
+  };
+  const auto ts = value(" ts="), status = value(" status="), index = value(" index=");
+  if (!ts || !status) return std::nullopt;
+  const size_t dot = ts->find('.');
+  if (dot == std::string_view::npos || ts->size() - dot - 1 != 6) return std::nullopt;
+  const auto sec = number(ts->substr(0, dot), 1'000'000'000);
+  const auto usec = number(ts->substr(dot + 1), 999'999);
+  const auto st = number(*status, 0xff);
+  if (!sec || !usec || !st) return std::nullopt;
+  const auto idx = index ? number(*index, 4095) : std::nullopt;
+  return GuestStatusWrite{*sec * 1'000'000'000 + *usec * 1000, static_cast<uint32_t>(*st),
+                          idx ? static_cast<int64_t>(*idx) : -1};
+}
+
+std::optional<EventFormat> FindFormat(const TraceDat& dat, std::string_view system,
+                                      std::string_view name) {
+  for (const FormatText& f : dat.formats()) {
+    if (f.system != system) continue;
+    Result<EventFormat> parsed = ParseEventFormat(f.system, f.text);
+    if (parsed.ok() && parsed->name == name) return std::move(*parsed);
+  }
+  return std::nullopt;
+}
+
+// The boot's kprobes:hvt_virtio_status records, and the early writes its
+// markers carry (EarlyWrite).
 GuestSide GuestStatusWrites(TraceDat& dat, const PageLayout& layout) {
   GuestSide side;
-  std::optional<EventFormat> format;
-  for (const FormatText& f : dat.formats()) {
-    if (f.system != kGuestStatusSystem) continue;
-    Result<EventFormat> parsed = ParseEventFormat(f.system, f.text);
-    if (parsed.ok() && parsed->name == kGuestStatusEvent) format = std::move(*parsed);
-  }
+  const std::optional<EventFormat> format = FindFormat(dat, kGuestStatusSystem, kGuestStatusEvent);
   if (!format) {
     side.problem = std::string("the boot's formats have no ") + kGuestStatusSystem + ":" +
                    kGuestStatusEvent + " (the guest's half of the handshakes was not recorded)";
     return side;
   }
+  const std::optional<EventFormat> print = FindFormat(dat, "ftrace", "print");
+  const FieldFormat* buf = print ? print->FindField("buf") : nullptr;
   const FieldFormat* status = format->FindField("status");
   const FieldFormat* index = format->FindField("index");
   for (size_t c = 0; c < dat.cpus().size(); ++c) {
@@ -110,6 +155,15 @@ GuestSide GuestStatusWrites(TraceDat& dat, const PageLayout& layout) {
         uint16_t type = 0;
         if (rec.payload.size() < 8) continue;
         std::memcpy(&type, rec.payload.data(), sizeof type);
+        if (buf != nullptr && type == print->id && buf->offset < rec.payload.size()) {
+          const auto* text = reinterpret_cast<const char*>(rec.payload.data()) + buf->offset;
+          const size_t room = rec.payload.size() - buf->offset;
+          if (auto early = EarlyWrite(std::string_view(text, strnlen(text, room)))) {
+            side.writes.push_back(*early);
+            ++side.early;
+          }
+          continue;
+        }
         if (type != format->id) continue;
         const std::optional<uint64_t> s = FieldValue(status, rec.payload);
         if (!s || *s > 0xff) continue;
@@ -170,6 +224,7 @@ json TimelineBoot(uint32_t boot, const fs::path& path, const std::vector<HostSta
   const ClockFit fit = FitGuestToHost(side.writes, host);
   j["fit"] = fit.ToJson();
   if (!side.problem.empty()) j["fit"]["why"] = side.problem;
+  j["fit"]["early_writes"] = side.early;
   if (!fit.aligned) return j;
   const std::string name = HostClockFileName(boot);
   Result<uint64_t> unplaced = WriteHostClockBoot(*dat, *layout, fit, path.parent_path() / name);
@@ -196,7 +251,7 @@ BootTimelineOutput BuildBootTimeline(const fs::path& dir, std::string_view qemu_
   t = {{"clock", "host CLOCK_REALTIME"}, {"agent_clock_sync", kAgentSamples}};
   const QemuTraceLog log = ParseQemuTraceLog(qemu_log);
   HostTraceDat host = BuildHostTraceDat(log);
-  json h = {{"log", kQemuTraceLogName},
+  json h = {{"log", kQemuTraceLogFile},
             {"events", host.events},
             {"malformed_lines", log.malformed_lines},
             {"dropped_lines", log.dropped_lines + host.dropped},
@@ -232,7 +287,7 @@ BootTimelineOutput BuildBootTimeline(const fs::path& dir, std::string_view qemu_
 }
 
 void BootTimelineStep(PendingCapture& pending, CaptureManifest& manifest) {
-  const fs::path log_path = pending.dir() / kQemuTraceLogName;
+  const fs::path log_path = pending.dir() / kQemuTraceLogFile;
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(log_path, ec))) return;
   Result<std::string> text = ReadCappedFile(log_path, kMaxQemuTraceLogBytes);

@@ -12,7 +12,10 @@
 // pairs) gets no host-clock file, and the manifest says why. The guest's
 // half of each handshake is the boot instance's kprobe event
 // kprobes:hvt_virtio_status (field "status": the value written; "index":
-// the virtio device's index, when recorded).
+// the virtio device's index, when recorded), and the writes of built-in
+// drivers made before userspace, which the guest copies into the instance
+// as "hvtrace-early: hvt_virtio_status ts=S.USEC ... status=N index=I"
+// markers (ftrace:print; the time stamp is the text's, µs).
 //
 // The agent's clock-sync samples (region.h ClockSync, the metadata channel's
 // kClock) are not used: they relate guest clocks to each other (TSC,
@@ -32,7 +35,8 @@
 
 namespace hvtrace::hostd {
 
-inline constexpr const char* kQemuTraceLogName = "qemu-trace.log";
+// The name QEMU's log has in a capture (hostd/qemu/boot_trace.h kQemuTraceLogName).
+inline constexpr const char* kQemuTraceLogFile = "qemu-trace.log";
 inline constexpr const char* kHostTraceDatName = "host.dat";
 inline constexpr const char* kGuestStatusSystem = "kprobes";
 inline constexpr const char* kGuestStatusEvent = "hvt_virtio_status";

@@ -94,12 +94,29 @@ std::string QemuLog(const std::vector<Write>& writes) {
   return log.str();  // The last line is cut short (no line end): not an event.
 }
 
-// The guest's boot file: the status writes as kprobe records.
-void WriteGuestBoot(const fs::path& path, const std::vector<Write>& writes) {
+const char kPrintFormat[] =
+    "name: print\n"
+    "ID: 5\n"
+    "format:\n"
+    "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+    "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+    "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+    "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n"
+    "\n"
+    "\tfield:unsigned long ip;\toffset:8;\tsize:8;\tsigned:0;\n"
+    "\tfield:char buf[];\toffset:16;\tsize:0;\tsigned:0;\n"
+    "\n"
+    "print fmt: \"%ps: %s\", (void *)REC->ip, REC->buf\n";
+
+// The guest's boot file: the status writes as kprobe records; those of
+// |early_device| as the hvtrace-early markers the guest writes later (at
+// 9 s) for the writes of built-in drivers.
+void WriteGuestBoot(const fs::path& path, const std::vector<Write>& writes, int early_device = -1) {
   TraceDatWriterInput in;
   in.header_page = kHostHeaderPage;
   in.header_event = kHostHeaderEvent;
   in.formats.push_back({"kprobes", kStatusFormat});
+  in.formats.push_back({"ftrace", kPrintFormat});
   in.cmdlines = "85 modprobe\n";
   in.trace_clock = "local";
   std::deque<std::vector<std::byte>> pages;
@@ -108,7 +125,7 @@ void WriteGuestBoot(const fs::path& path, const std::vector<Write>& writes) {
   for (uint32_t cpu = 0; cpu < 2; ++cpu) {
     std::optional<PageWriter> writer;
     for (const Write& w : writes) {
-      if (w.cpu != cpu) continue;
+      if (w.cpu != cpu || w.device == early_device) continue;
       std::vector<std::byte> rec(24, std::byte{0});
       const uint16_t id = 1500;
       const int32_t pid = 85;
@@ -122,6 +139,25 @@ void WriteGuestBoot(const fs::path& path, const std::vector<Write>& writes) {
         in.cpus[cpu].push_back(pages.back());
       }
       ASSERT_TRUE(writer->Append(w.guest_ns, rec));
+    }
+    for (const Write& w : writes) {
+      if (cpu != 0 || w.device != early_device) continue;
+      char text[160];
+      std::snprintf(text, sizeof text,
+                    "hvtrace-early: hvt_virtio_status ts=%llu.%06llu cpu=0 pid=1 status=%u "
+                    "index=%d\n",
+                    static_cast<unsigned long long>(w.guest_ns / 1000000000),
+                    static_cast<unsigned long long>(w.guest_ns % 1000000000 / 1000), w.status,
+                    w.device);
+      std::vector<std::byte> rec(16 + std::strlen(text) + 1, std::byte{0});
+      const uint16_t id = 5;
+      std::memcpy(rec.data(), &id, 2);
+      std::memcpy(rec.data() + 16, text, std::strlen(text));
+      if (!writer) {
+        writer.emplace(pages.emplace_back(4096, std::byte{0}), layout, 9'000'000'000ull);
+        in.cpus[cpu].push_back(pages.back());
+      }
+      ASSERT_TRUE(writer->Append(9'000'000'000ull, rec));
     }
     if (writer) writer->Finish();
   }
@@ -229,6 +265,18 @@ TEST_F(BootTimelineTest, ShowTimelineMatchesTraceCmdOrder) {
   EXPECT_EQ(from_show, from_trace_cmd) << show.out << "\n---\n" << report;
   EXPECT_NE(show.out.find("# boot 0: offset"), std::string::npos) << show.out;
   std::printf("%s", show.out.c_str());
+}
+
+// The writes of a built-in driver reach the boot instance as markers with
+// their original time in the text: they pair like the kprobe records.
+TEST(BootTimeline, EarlyMarkersArePaired) {
+  TempDir dir("boot_timeline_test");
+  WriteGuestBoot(dir.path() / "boot-0.trace.dat", Writes(), /*early_device=*/0);
+  const BootTimelineOutput out = BuildBootTimeline(dir.path(), QemuLog(Writes()));
+  ASSERT_TRUE(out.timeline.value("aligned", false)) << out.timeline.dump(2);
+  EXPECT_EQ(out.timeline["pairs"], 12);
+  EXPECT_EQ(out.timeline["boots"][0]["fit"]["early_writes"], 4);
+  EXPECT_LT(out.timeline["error_bound_ns"].get<uint64_t>(), 70'000u);
 }
 
 TEST(BootTimeline, NoGuestProbeMeansNothingAligned) {

@@ -92,7 +92,9 @@ std::map<std::string, Schema> Schemas(const QemuTraceLog& log) {
     if (it == schemas.end()) {
       if (schemas.size() >= kMaxHostEventNames) continue;
       it = schemas.emplace(e.name, Schema{}).first;
-      it->second.name = e.name;
+      // The parser's names are [A-Za-z0-9_]+; a C identifier does not start with a digit.
+      const bool digit = !e.name.empty() && e.name[0] >= '0' && e.name[0] <= '9';
+      it->second.name = (digit ? "e_" : "") + e.name;
     }
     Schema& s = it->second;
     for (const auto& [key, value] : e.args) {

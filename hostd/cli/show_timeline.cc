@@ -92,7 +92,9 @@ std::string Seconds(uint64_t ns) {
 }
 
 std::string Header(const fs::path& dir, const json& manifest) {
-  std::string h = "# timeline of capture " + manifest.value("id", dir.filename().string()) +
+  std::error_code ec;
+  const std::string name = fs::weakly_canonical(dir, ec).filename().string();
+  std::string h = "# timeline of capture " + manifest.value("id", name) +
                   ": host CLOCK_REALTIME (host = QEMU's trace log, guest = the boot range)\n";
   const json t = manifest.contains("extra") && manifest["extra"].is_object()
                      ? manifest["extra"].value("timeline", json())

@@ -151,7 +151,11 @@ int ShowTimeline(const fs::path& dir, const json& manifest, int fd) {
                              : why.c_str());
     return 1;
   }
-  std::vector<Line> lines;
+  // Each file's events in its own report order, then merged the way
+  // trace-cmd merges its inputs: the smallest head first, ties to the file
+  // named first. (Not a sort: a boot's CPU stream may step back in time in
+  // early boot, and trace-cmd keeps each stream's order.)
+  std::vector<std::vector<Line>> per_source(sources.size());
   ReportOptions options;
   options.time_names = true;
   for (size_t s = 0; s < sources.size(); ++s) {
@@ -160,7 +164,7 @@ int ShowTimeline(const fs::path& dir, const json& manifest, int fd) {
         sources[s].path.string(), options, [&](uint64_t ts, std::string_view text) {
           while (!text.empty()) {
             const size_t nl = text.find('\n');
-            lines.push_back({ts, s, seq++, WithoutTimestamp(text.substr(0, nl))});
+            per_source[s].push_back({ts, s, seq++, WithoutTimestamp(text.substr(0, nl))});
             text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
           }
           return true;
@@ -172,9 +176,18 @@ int ShowTimeline(const fs::path& dir, const json& manifest, int fd) {
     for (const std::string& issue : stats->issues)
       std::fprintf(stderr, "hvtrace show: %s\n", issue.c_str());
   }
-  std::stable_sort(lines.begin(), lines.end(), [](const Line& a, const Line& b) {
-    return a.ts != b.ts ? a.ts < b.ts : a.source != b.source ? a.source < b.source : a.seq < b.seq;
-  });
+  std::vector<Line> lines;
+  std::vector<size_t> next(sources.size(), 0);
+  for (;;) {
+    size_t pick = sources.size();
+    for (size_t s = 0; s < sources.size(); ++s) {
+      if (next[s] >= per_source[s].size()) continue;
+      if (pick == sources.size() || per_source[s][next[s]].ts < per_source[pick][next[pick]].ts)
+        pick = s;
+    }
+    if (pick == sources.size()) break;
+    lines.push_back(std::move(per_source[pick][next[pick]++]));
+  }
   std::string out = Header(dir, manifest);
   const uint64_t first = lines.empty() ? 0 : lines.front().ts;
   for (const Line& l : lines) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <memory>
 
+#include "boot_timeline.h"
 #include "capped_file.h"
 #include "capture_service.h"
 #include "capture_steps.h"
@@ -71,6 +72,7 @@ Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats,
     Result<std::vector<std::byte>> copy = ReadCopy(pending.dir() / kRegionFileName, *size);
     if (!copy.ok()) return copy.error();
     DecodeRegionFileStep(*copy, formats, meta_dir, pending, m);
+    BootTimelineStep(pending, m);  // When the capture holds QEMU's trace log.
   }
   if (const json* attach = AttachRegionJson(m)) {
     Result<RegionGeometry> geometry = GeometryFromJson(attach->value("geometry", json()));

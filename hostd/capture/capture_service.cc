@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "boot_timeline.h"
 #include "capped_file.h"
 #include "capture_steps.h"
 #include "host_trace_capture.h"
@@ -143,7 +144,11 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   if (faults_.after_copies_durable) faults_.after_copies_durable();
   // The host side of boot (--trace-boot), as far as QEMU has written it.
   if (!in.qemu_trace_log.empty()) AttachQemuTraceLogStep(in.qemu_trace_log, pending, manifest);
-  if (in.region_file) DecodeRegionFileStep(copy, formats_.get(), meta_dir, pending, manifest);
+  if (in.region_file) {
+    DecodeRegionFileStep(copy, formats_.get(), meta_dir, pending, manifest);
+    // QEMU's side of a --trace-boot VM's boot and the guest's, on the host clock.
+    BootTimelineStep(pending, manifest);
+  }
   if (in.attach) {
     Status s = DecodeAttachStep(std::move(attach_copy), in.attach->geometry(), in.vcpus_stopped,
                                 pending, manifest);

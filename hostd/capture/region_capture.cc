@@ -16,6 +16,7 @@
 #include "hvtrace/tracedat_writer.h"
 #include "kallsyms_subset.h"
 #include "live_region.h"
+#include "restamp_pages.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -108,51 +109,6 @@ std::span<const std::byte> WritablePage(const RegionPage& p, const PageLayout& l
   StoreLe(fixed, layout.commit_offset, layout.commit_size, good | flags);
   std::fill(fixed.begin() + layout.data_offset + good, fixed.end(), std::byte{0});
   return fixed;
-}
-
-// |page| with every record's time stamp put on the trace clock, as one or
-// more clean pages (a converted delta may need a TIME_EXTEND the original did
-// not, so the records may not fit one page). Only the good records are
-// copied; those whose time cannot be placed are counted in |*off_clock|.
-void RestampPage(std::span<const std::byte> page, const PageLayout& layout,
-                 const RegionTimeline& timeline, uint32_t ring_clock,
-                 std::deque<std::vector<std::byte>>* storage,
-                 std::vector<std::span<const std::byte>>* out, uint64_t* off_clock) {
-  PageCursor cursor(page, layout);
-  RawRecord rec;
-  std::vector<std::byte>* current = nullptr;
-  std::optional<PageWriter> writer;
-  bool missed = cursor.header().missed_events;
-  auto close = [&] {
-    if (!writer) return;
-    writer->Finish();
-    out->push_back(*current);
-    writer.reset();
-  };
-  while (cursor.Next(&rec)) {
-    const std::optional<uint64_t> t = timeline.ToTraceClock(ring_clock, rec.timestamp);
-    if (!t) {
-      ++*off_clock;
-      continue;
-    }
-    for (int attempt = 0; attempt < 2; ++attempt) {
-      if (!writer) {
-        current = &storage->emplace_back(page.size(), std::byte{0});
-        writer.emplace(*current, layout, *t);
-        if (missed) writer->SetMissedEvents(cursor.missed_count());
-        missed = false;
-      }
-      if (writer->Append(*t, rec.payload)) break;
-      if (writer->used() == 0) {  // Cannot fit even an empty page: keep nothing of it.
-        ++*off_clock;
-        writer.reset();
-        storage->pop_back();
-        break;
-      }
-      close();
-    }
-  }
-  close();
 }
 
 json GuestJson(const RegionGuestInfo& g) {
@@ -290,7 +246,9 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
       // record), or its good records restamped onto the trace clock.
       std::vector<std::span<const std::byte>> out;
       if (page_mode == RegionTimeline::Mode::kConvert) {
-        RestampPage(p.page, layout, timeline, p.clock, &repaired, &out, &off_clock);
+        RestampPage(
+            p.page, layout, [&](uint64_t ts) { return timeline.ToTraceClock(p.clock, ts); },
+            &repaired, &out, &off_clock);
         ++pages_converted;
       } else {
         pages_unplaced += page_mode == RegionTimeline::Mode::kUnplaceable;

@@ -32,6 +32,7 @@
 #include "formats_cache.h"
 #include "hvtrace/output.h"
 #include "region_issues.h"
+#include "show_timeline.h"
 
 namespace hvtrace::cli {
 namespace {
@@ -167,6 +168,7 @@ struct ShowArgs {
   std::optional<uint32_t> boot;
   OutputFormat format = OutputFormat::kText;
   bool trace_cmd_names = false;  // One name per pid, as `trace-cmd report`.
+  bool timeline = false;         // Host and guest merged (show_timeline.h).
 };
 
 // Prints every selected boot file of |dir| under its header.
@@ -394,6 +396,9 @@ class ShowCommand final : public Command {
     AddFormatFlags(app, json_);
     app.add_flag("--trace-cmd-names", args_.trace_cmd_names,
                  "one name per pid, exactly as `trace-cmd report` prints the boot files");
+    app.add_flag("--timeline", args_.timeline,
+                 "host (QEMU) and guest events of a --trace-boot capture merged on the host "
+                 "clock, as `trace-cmd report -i host.dat -i boot-N.host-clock.dat` merges them");
     app.add_option("-o,--output", args_.output, "write to OUT instead of stdout")->type_name("OUT");
     app.footer(
         "Prints the events of a capture, every boot oldest first, as `trace-cmd report` prints "
@@ -415,6 +420,8 @@ class ShowCommand final : public Command {
       return Error{"give a CAPTURE_DIR or --region FILE"};
     if (!args_.region.empty() && args_.formats.empty())
       return Error{"--region needs --formats KEY_OR_DIR"};
+    if (args_.timeline && (args_.capture.empty() || json_))
+      return Error{"--timeline needs a CAPTURE_DIR and prints text"};
     return {};
   }
   int Run() override {
@@ -455,7 +462,9 @@ int ShowCommand::Show(const ShowArgs& args) {
       }
     }
     std::error_code ec;
-    if (BootFiles(dir).empty() && fs::exists(dir / "region.bin", ec)) {
+    if (args.timeline) {
+      rc = ShowTimeline(dir, manifest, fd);
+    } else if (BootFiles(dir).empty() && fs::exists(dir / "region.bin", ec)) {
       rc = ShowUndecodedCapture(args, dir, manifest, fd);
     } else {
       rc = ShowBoots(args, dir, manifest, fd);

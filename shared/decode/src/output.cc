@@ -22,6 +22,7 @@
 #include <set>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 
 #include "hvtrace/decoder.h"
 #include "hvtrace/page.h"
@@ -240,9 +241,11 @@ void MergeRecords(const std::string& path, const TraceDat& dat, const PageLayout
   }
 }
 
-}  // namespace
-
-Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& options, int out_fd) {
+// The report of |path|: |emit(rec, decoder)| for every record in order,
+// after the first pass that learns names as they were at the time. Returns
+// the stats; |emit| returns false to stop.
+template <typename F>
+Result<ReportStats> Report(const std::string& path, const ReportOptions& options, F&& emit) {
   Result<TraceDat> dat = TraceDat::Open(path);
   if (!dat.ok()) return dat.error();
   ReportStats stats;
@@ -290,28 +293,61 @@ Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& op
       names->StartNaming();
     }
   }
-
-  OutputSink sink(out_fd);
-  if (options.format == OutputFormat::kText && options.header) {
-    sink.buffer()->append("cpus=" + std::to_string(dat->cpus().size()) + "\n");
-  }
+  if (!emit(nullptr, dat->cpus().size())) return stats;
   EventDecoder& dec = **decoder;
   MergeRecords(path, *dat, layout, &stats, add_issue, [&](DecodedRecord& rec) {
     if (names) rec.comm = names->Next(rec.payload);
-    if (options.format == OutputFormat::kText) {
-      dec.AppendText(rec, sink.buffer());
-    } else {
-      dec.AppendJson(rec, sink.buffer());
-    }
     stats.events++;
-    sink.MaybeFlush();
-    return sink.status().ok();
+    return emit(&rec, dec);
   });
   stats.fast_path_events = dec.fast_path_count();
   // Formats reach libtraceevent on first use, so its warnings come last.
   for (const std::string& w : dec.warnings()) stats.issues.push_back(w);
+  return stats;
+}
+
+}  // namespace
+
+Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& options, int out_fd) {
+  OutputSink sink(out_fd);
+  Result<ReportStats> stats =
+      Report(path, options, [&](const DecodedRecord* rec, auto&& dec_or_cpus) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(dec_or_cpus)>, EventDecoder>) {
+          if (options.format == OutputFormat::kText) {
+            dec_or_cpus.AppendText(*rec, sink.buffer());
+          } else {
+            dec_or_cpus.AppendJson(*rec, sink.buffer());
+          }
+          sink.MaybeFlush();
+          return sink.status().ok();
+        } else {
+          if (options.format == OutputFormat::kText && options.header) {
+            sink.buffer()->append("cpus=" + std::to_string(dec_or_cpus) + "\n");
+          }
+          return true;
+        }
+      });
+  if (!stats.ok()) return stats;
   if (Status s = sink.Flush(); !s.ok()) return Error{path + ": " + s.error().message};
   return stats;
+}
+
+Result<ReportStats> ForEachReportLine(const std::string& path, const ReportOptions& options,
+                                      const ReportLineFn& on_event) {
+  std::string line;
+  return Report(path, options, [&](const DecodedRecord* rec, auto&& dec_or_cpus) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(dec_or_cpus)>, EventDecoder>) {
+      line.clear();
+      if (options.format == OutputFormat::kText) {
+        dec_or_cpus.AppendText(*rec, &line);
+      } else {
+        dec_or_cpus.AppendJson(*rec, &line);
+      }
+      return on_event(rec->timestamp, line);
+    } else {
+      return true;
+    }
+  });
 }
 
 }  // namespace hvtrace

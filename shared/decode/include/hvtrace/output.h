@@ -4,7 +4,9 @@
 #define HVTRACE_OUTPUT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "hvtrace/result.h"
@@ -67,6 +69,14 @@ struct ReportStats {
 // opened or the output cannot be written; problems inside the data are listed
 // in the returned stats and every good event is still written.
 Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& options, int out_fd);
+
+// The same events in the same order, handed one by one to |on_event| with
+// their time stamp and the text WriteReport would write for them ('\n'
+// included; no "cpus=" header). Return false from |on_event| to stop. For
+// merging several files into one timeline.
+using ReportLineFn = std::function<bool(uint64_t timestamp, std::string_view text)>;
+Result<ReportStats> ForEachReportLine(const std::string& path, const ReportOptions& options,
+                                      const ReportLineFn& on_event);
 
 }  // namespace hvtrace
 

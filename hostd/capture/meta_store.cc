@@ -326,6 +326,27 @@ Status MetaStore::WriteIndex(const std::vector<MetaBootEntry>& boots) const {
   return WriteAtomic(dir_ / "boots.json", json{{"boots", std::move(list)}}.dump(2) + "\n");
 }
 
+namespace {
+
+// After an update, the boot keeps its new bundle and the one it replaced: a
+// capture that listed the index just before the update may still be loading
+// the replaced one (seen: a guest's agent re-published while its panic was
+// being captured). Older revisions go, so an agent re-publishing in a loop
+// holds two bundles on disk, not one per revision.
+void RemoveOlderBundles(const fs::path& boot_dir, const std::string& keep_new,
+                        const std::string& keep_replaced) {
+  const fs::path formats = FormatCache(boot_dir).EntryDir(keep_new).parent_path();
+  std::error_code ec;
+  for (fs::directory_iterator it(formats, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == keep_new || name == keep_replaced || !IsValidKernelKey(name)) continue;
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);
+  }
+}
+
+}  // namespace
+
 Status MetaStore::StoreBoot(const MetaBoot& boot, const json& verified, int64_t received_ns) {
   if (!meta::ParseBootId(boot.boot_id)) return Error{"bad boot id " + Quote(boot.boot_id)};
   Result<std::vector<MetaBootEntry>> boots = List();
@@ -380,10 +401,7 @@ Status MetaStore::StoreBoot(const MetaBoot& boot, const json& verified, int64_t 
     std::error_code ec;
     fs::remove_all(dir_ / e.boot_id, ec);
   }
-  if (!replaced_key.empty() && IsValidKernelKey(replaced_key)) {
-    std::error_code ec;
-    fs::remove_all(FormatCache(boot_dir).EntryDir(replaced_key), ec);
-  }
+  if (!replaced_key.empty()) RemoveOlderBundles(boot_dir, boot.key, replaced_key);
   return {};
 }
 

@@ -330,7 +330,11 @@ TEST(LibvirtDebianE2e, BootRangeFromTheGuestsLoaderKexecThenPanicDecodesEachBoot
   auto boot_id = [&] {
     auto id = Guest(f, "cat /proc/sys/kernel/random/boot_id");
     std::smatch m;
-    if (id.ok() && std::regex_search(id->output, m, std::regex("[0-9a-f-]{36}"))) {
+    // A UUID, not the first 36 hex digits of some other line: the agent's
+    // console messages (its build id) may land in the command's output.
+    static const std::regex kUuid(
+        "\\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\\b");
+    if (id.ok() && std::regex_search(id->output, m, kUuid)) {
       boot_ids.push_back(m[0]);
     }
   };

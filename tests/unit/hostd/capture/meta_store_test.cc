@@ -224,10 +224,15 @@ TEST_F(MetaStoreTest, StoresPerBootKeepsNewestNAndLoadsBack) {
 }
 
 // |members| plus an event of a module loaded later (as the agent's newer
-// archive carries it): its format lines and its fingerprints line.
-std::map<std::string, std::string> WithModuleEvent(std::map<std::string, std::string> members) {
+// archive carries it): its format lines and its fingerprints line. |n| > 0
+// names another one (alpha_seq<n>, id 1496 + n).
+std::map<std::string, std::string> WithModuleEvent(std::map<std::string, std::string> members,
+                                                   int n = 0) {
+  const std::string name = "alpha_seq" + (n > 0 ? std::to_string(n) : std::string());
+  const std::string id = std::to_string(1496 + n);
   const std::string text =
-      "name: alpha_seq\nID: 1496\nformat:\n"
+      "name: " + name + "\nID: " + id +
+      "\nformat:\n"
       "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
       "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
       "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
@@ -238,7 +243,7 @@ std::map<std::string, std::string> WithModuleEvent(std::map<std::string, std::st
   size_t pos = 0;
   while (pos < text.size()) {
     const size_t nl = text.find('\n', pos);
-    members["formats"] += "hvt_alpha/alpha_seq/format:" + text.substr(pos, nl - pos) + "\n";
+    members["formats"] += "hvt_alpha/" + name + "/format:" + text.substr(pos, nl - pos) + "\n";
     pos = nl + 1;
   }
   Result<EventFormat> parsed = ParseEventFormat("hvt_alpha", text);
@@ -246,7 +251,7 @@ std::map<std::string, std::string> WithModuleEvent(std::map<std::string, std::st
   char fp[32];
   std::snprintf(fp, sizeof fp, "%016llx",
                 static_cast<unsigned long long>(EventFingerprint(*parsed)));
-  members["fingerprints"] += std::string("hvt_alpha/alpha_seq 1496 ") + fp + "\n";
+  members["fingerprints"] += "hvt_alpha/" + name + " " + id + " " + fp + "\n";
   return members;
 }
 
@@ -285,8 +290,9 @@ TEST_F(MetaStoreTest, ANewerBundleOfTheSameBootReplacesItInPlace) {
   EXPECT_EQ((*list)[1].revision, 1u);
   EXPECT_TRUE(store.Has(newer->boot_id, newer->key));
   EXPECT_FALSE(store.Has(first[0].boot_id, first[0].key));
-  // The replaced bundle is gone from disk; the comms stay.
-  EXPECT_FALSE(fs::exists(store.dir() / e.boot_id / "formats" / first[0].key));
+  // The replaced bundle stays on disk for a capture that listed the index
+  // before the update; the comms stay.
+  EXPECT_TRUE(fs::exists(store.dir() / e.boot_id / "formats" / first[0].key));
   Result<std::string> comms = store.LoadComms(e);
   ASSERT_TRUE(comms.ok());
   EXPECT_EQ(*comms, "1 init\n");
@@ -296,6 +302,27 @@ TEST_F(MetaStoreTest, ANewerBundleOfTheSameBootReplacesItInPlace) {
     return ev.system == "hvt_alpha" && ev.name == "alpha_seq";
   });
   EXPECT_TRUE(has_alpha);
+}
+
+TEST_F(MetaStoreTest, ABootKeepsItsNewestBundleAndTheOneItReplacedNoMore) {
+  MetaStore store(root_ / "meta");
+  std::vector<std::string> keys;
+  for (int revision = 0; revision < 3; ++revision) {
+    std::map<std::string, std::string> members =
+        MetaBootMembers(test_support::kMetaFixtures, TestBootId(1));
+    for (int m = 0; m < revision; ++m) members = WithModuleEvent(std::move(members), m);
+    Result<MetaBoot> boot = ValidateMetaBoot(TestBootId(1), UstarArchive(members));
+    ASSERT_TRUE(boot.ok()) << boot.error().message;
+    ASSERT_TRUE(store.StoreBoot(*boot, {}, (revision + 1) * 1'000'000'000ll).ok());
+    keys.push_back(boot->key);
+  }
+  Result<std::vector<MetaBootEntry>> list = store.List();
+  ASSERT_TRUE(list.ok() && list->size() == 1u);
+  EXPECT_EQ((*list)[0].revision, 3u);
+  const fs::path formats = store.dir() / (*list)[0].boot_id / "formats";
+  EXPECT_FALSE(fs::exists(formats / keys[0]));
+  EXPECT_TRUE(fs::exists(formats / keys[1]));
+  EXPECT_TRUE(fs::exists(formats / keys[2]));
 }
 
 TEST_F(MetaStoreTest, Malicious_IndexWithAPathInIt) {

@@ -104,11 +104,10 @@ class BootTimelineE2e : public ::testing::Test {
                            const std::string& append) {
     auto image = FindGuestImage("6.12");
     if (!image.ok()) return image.error();
-    return BootDaemonGuest(
-        daemon, name, image->kernel, image->initrd,
-        {{"append", append},
-         {"trace_boot", true},
-         {"devices", {"virtio-blk", "virtio-net", "virtio-serial"}}});
+    return BootDaemonGuest(daemon, name, image->kernel, image->initrd,
+                           {{"append", append},
+                            {"trace_boot", true},
+                            {"devices", {"virtio-blk", "virtio-net", "virtio-serial"}}});
   }
 };
 

@@ -6,6 +6,7 @@
 #include <deque>
 #include <optional>
 
+#include "boot_file_name.h"
 #include "boot_trace.h"
 #include "capped_file.h"
 #include "clock_fit.h"
@@ -29,24 +30,12 @@ constexpr const char* kAgentSamples =
     "CLOCK_MONOTONIC, CLOCK_BOOTTIME, the guest's CLOCK_REALTIME, which starts from the "
     "emulated RTC at 1 s resolution), none of them to the host's clock";
 
-// "boot-<n>.trace.dat" -> n (the decode's own names; anything else is not a boot file).
-std::optional<uint32_t> BootOf(const std::string& name) {
-  constexpr std::string_view kPrefix = "boot-", kSuffix = ".trace.dat";
-  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return std::nullopt;
-  const std::string digits =
-      name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
-  if (digits.empty() || digits.size() > 6 ||
-      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return std::nullopt;
-  }
-  return static_cast<uint32_t>(std::stoul(digits));
-}
-
 std::vector<std::pair<uint32_t, fs::path>> BootFiles(const fs::path& dir) {
   std::vector<std::pair<uint32_t, fs::path>> files;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (auto boot = BootOf(it->path().filename().string())) files.push_back({*boot, it->path()});
+    if (auto boot = BootOfFileName(it->path().filename().string()))
+      files.push_back({*boot, it->path()});
   }
   std::sort(files.begin(), files.end());
   return files;
@@ -241,9 +230,7 @@ json TimelineBoot(uint32_t boot, const fs::path& path, const std::vector<HostSta
 
 }  // namespace
 
-std::string HostClockFileName(uint32_t boot) {
-  return "boot-" + std::to_string(boot) + ".host-clock.dat";
-}
+std::string HostClockFileName(uint32_t boot) { return BootFileName(boot, kBootHostClockSuffix); }
 
 BootTimelineOutput BuildBootTimeline(const fs::path& dir, std::string_view qemu_log) {
   const auto start = std::chrono::steady_clock::now();

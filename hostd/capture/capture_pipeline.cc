@@ -16,6 +16,7 @@
 #include <system_error>
 #include <tuple>
 
+#include "boot_file_name.h"
 #include "capped_file.h"
 #include "host_time.h"
 #include "hvtrace/format.h"
@@ -41,8 +42,6 @@ void Progress(const BootMapCaptureOptions& opts, std::string_view stage, uint64_
               uint64_t total) {
   if (opts.progress) opts.progress(CaptureProgress{stage, done, total});
 }
-
-std::string BootFileName(uint32_t boot) { return "boot-" + std::to_string(boot) + ".trace.dat"; }
 
 void StoreLe(std::span<std::byte> page, uint32_t offset, uint32_t size, uint64_t value) {
   for (uint32_t i = 0; i < size; ++i) page[offset + i] = static_cast<std::byte>(value >> (8 * i));

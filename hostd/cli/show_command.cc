@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "boot_file_name.h"
 #include "capture_pipeline.h"
 #include "capture_store.h"
 #include "command.h"
@@ -73,19 +74,6 @@ Result<std::string> ReadSmallFile(const fs::path& path, uint64_t cap) {
   }
 }
 
-// "boot-<n>.trace.dat" -> n.
-std::optional<uint32_t> BootOfFile(const std::string& name) {
-  constexpr std::string_view kPrefix = "boot-", kSuffix = ".trace.dat";
-  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return std::nullopt;
-  const std::string digits =
-      name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
-  if (digits.empty() || digits.size() > 6 ||
-      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return std::nullopt;
-  }
-  return static_cast<uint32_t>(std::stoul(digits));
-}
-
 // "region-gen-<n>.trace.dat" (an attach-mode region, region_capture.h) -> 2n;
 // "region-gen-<n>-tsc.trace.dat" (its direct-write rings whose TSC stamps
 // could not be converted) -> 2n + 1, so it is shown right after.
@@ -96,7 +84,7 @@ std::optional<uint64_t> GenerationOfFile(const std::string& name) {
   std::string rest = name.substr(kPrefix.size());
   const bool tsc = rest.ends_with(kTsc);
   if (tsc) rest = rest.substr(0, rest.size() - kTsc.size()) + ".trace.dat";
-  const auto gen = BootOfFile("boot-" + rest);
+  const auto gen = hostd::BootOfFileName("boot-" + rest);
   if (!gen) return std::nullopt;
   return uint64_t{*gen} * 2 + (tsc ? 1 : 0);
 }
@@ -110,7 +98,7 @@ std::vector<std::pair<uint32_t, fs::path>> BootFiles(const fs::path& dir) {
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    if (auto boot = BootOfFile(name)) files.push_back({*boot, it->path()});
+    if (auto boot = hostd::BootOfFileName(name)) files.push_back({*boot, it->path()});
     if (auto gen = GenerationOfFile(name)) region.push_back({*gen, it->path()});
   }
   std::sort(files.begin(), files.end());

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "boot_file_name.h"
 #include "hvtrace/output.h"
 
 namespace hvtrace::cli {
@@ -30,19 +31,6 @@ struct Line {
   std::string text;
 };
 
-// "boot-<n>.host-clock.dat" -> n.
-std::optional<uint32_t> BootOfHostClockFile(const std::string& name) {
-  constexpr std::string_view kPrefix = "boot-", kSuffix = ".host-clock.dat";
-  if (!name.starts_with(kPrefix) || !name.ends_with(kSuffix)) return std::nullopt;
-  const std::string digits =
-      name.substr(kPrefix.size(), name.size() - kPrefix.size() - kSuffix.size());
-  if (digits.empty() || digits.size() > 6 ||
-      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-    return std::nullopt;
-  }
-  return static_cast<uint32_t>(std::stoul(digits));
-}
-
 // host.dat first, then the boots oldest first: the order trace-cmd is
 // given them in, which decides ties.
 std::vector<Source> Sources(const fs::path& dir) {
@@ -51,7 +39,8 @@ std::vector<Source> Sources(const fs::path& dir) {
   if (fs::is_regular_file(dir / "host.dat", ec)) out.push_back({dir / "host.dat", "host"});
   std::vector<std::pair<uint32_t, fs::path>> boots;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    if (auto b = BootOfHostClockFile(it->path().filename().string())) {
+    if (auto b =
+            hostd::BootOfFileName(it->path().filename().string(), hostd::kBootHostClockSuffix)) {
       boots.push_back({*b, it->path()});
     }
   }

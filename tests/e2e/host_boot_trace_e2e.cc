@@ -99,7 +99,18 @@ TEST(HostBootTraceE2e, HandshakesFromQemuStartToPanic) {
   EXPECT_EQ(st.st_mode & 0777, 0600u);
 
   // A capture while the guest is still booting carries the log so far (at
-  // least QEMU's machine reset of every virtio device at its start).
+  // least QEMU's machine reset of every virtio device at its start). QEMU
+  // writes them some time after `boot` returns (seen: nothing yet on a
+  // loaded machine), so wait until a whole virtio_set_status line is there.
+  auto has_reset_line = [&] {
+    const std::string text = ReadText(log_path);
+    const size_t at = text.find(":virtio_set_status ");
+    return at != std::string::npos && text.find('\n', at) != std::string::npos;
+  };
+  const auto reset_deadline = std::chrono::steady_clock::now() + 30s;
+  while (!has_reset_line() && std::chrono::steady_clock::now() < reset_deadline) {
+    std::this_thread::sleep_for(20ms);
+  }
   const fs::path captures = daemon.captures_dir(name);
   auto early = daemon.Call("capture", {{"name", name}});
   ASSERT_TRUE(early.ok()) << early.error().message << "\n" << daemon.LogTail();

@@ -97,7 +97,11 @@ std::map<std::string, Schema> Schemas(const QemuTraceLog& log) {
       it->second.name = (digit ? "e_" : "") + e.name;
     }
     Schema& s = it->second;
-    for (const auto& [key, value] : e.args) {
+    for (const auto& arg : e.args) {
+      // Not a structured binding: clang (the sanitizer build) refuses to
+      // capture one in the lambda.
+      const std::string& key = arg.first;
+      const std::string& value = arg.second;
       auto f = std::find_if(s.fields.begin(), s.fields.end(),
                             [&](const Field& x) { return x.key == key; });
       if (f == s.fields.end()) {

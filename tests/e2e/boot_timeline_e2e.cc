@@ -226,11 +226,7 @@ TEST_F(BootTimelineE2e, PanicDuringBootKeepsTheTimelineSoFar) {
     ~RemoveCache() { fs::remove_all(dir); }
   } remove_cache{cache_tmpl};
   const fs::path cache_root = cache_tmpl;
-  hostd::HarvestOptions harvest;
-  harvest.kernel = image->kernel;
-  harvest.initrd = image->initrd;
-  harvest.cache_root = cache_root;
-  auto harvested = hostd::HarvestFormats(harvest);
+  auto harvested = HarvestImage(*image, cache_root);
   ASSERT_TRUE(harvested.ok()) << harvested.error().message;
   HvtracedProcess daemon({.tag = "tlp", .config = "cache_dir = " + cache_root.string() + "\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.LogTail();

@@ -113,11 +113,7 @@ TEST_F(CaptureDiskE2e, FullStateDirPanicEvictsCheaperCapturesAndConsoleLogIsCapp
   // capture is decoded as it would be in production.
   auto cache_root = hostd::DefaultCacheRoot();
   ASSERT_TRUE(cache_root.ok()) << cache_root.error().message;
-  hostd::HarvestOptions harvest;
-  harvest.kernel = image->kernel;
-  harvest.initrd = image->initrd;
-  harvest.cache_root = *cache_root;
-  auto harvested = hostd::HarvestFormats(harvest);
+  auto harvested = HarvestImage(*image, *cache_root);
   ASSERT_TRUE(harvested.ok()) << harvested.error().message;
 
   HvtracedProcess daemon({.tag = "disk",

@@ -193,4 +193,13 @@ std::string TestGuest::Diagnostics() const {
   return out.str();
 }
 
+Result<hostd::HarvestResult> HarvestImage(const GuestImage& image,
+                                          const std::filesystem::path& cache_root) {
+  hostd::HarvestOptions harvest;
+  harvest.kernel = image.kernel;
+  harvest.initrd = image.initrd;
+  harvest.cache_root = cache_root;
+  return hostd::HarvestFormats(harvest);
+}
+
 }  // namespace hvtrace::e2e

@@ -8,9 +8,11 @@
 #define HVTRACE_TESTS_E2E_GUEST_HARNESS_H_
 
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 
+#include "formats_harvest.h"
 #include "hvtrace/result.h"
 #include "qmp_client.h"
 #include "vm_config.h"
@@ -37,6 +39,11 @@ std::string QemuUnavailableReason();
 // Finds build/guest/<version>/ in the source tree, running
 // qemu-scripts/build-guest.sh once when the image is missing.
 Result<GuestImage> FindGuestImage(const std::string& version);
+
+// The formats of |image|'s kernel, harvested with its own initramfs into
+// the cache at |cache_root| (a cache hit when already there).
+Result<hostd::HarvestResult> HarvestImage(const GuestImage& image,
+                                          const std::filesystem::path& cache_root);
 
 // The 6.12 guest's initrd that also holds /boot/vmlinuz (so the guest can
 // kexec its own kernel), next to |image|'s initrd; built once when missing.

@@ -75,11 +75,7 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   // hit after the first run); the daemon decodes its captures with them.
   auto cache_root = hostd::DefaultCacheRoot();
   ASSERT_TRUE(cache_root.ok()) << cache_root.error().message;
-  hostd::HarvestOptions harvest;
-  harvest.kernel = image->kernel;
-  harvest.initrd = image->initrd;
-  harvest.cache_root = *cache_root;
-  auto harvested = hostd::HarvestFormats(harvest);
+  auto harvested = HarvestImage(*image, *cache_root);
   ASSERT_TRUE(harvested.ok()) << harvested.error().message;
   std::printf("[hvtraced e2e] formats %s in %s (%s, %.1f s)\n", harvested->key.c_str(),
               cache_root->c_str(), harvested->cache_hit ? "cache hit" : "harvested",

@@ -171,11 +171,7 @@ void RunKexec(bool reset) {
   // The formats (and kallsyms) from a boot of their own: another KASLR offset.
   auto cache_root = hostd::DefaultCacheRoot();
   ASSERT_TRUE(cache_root.ok()) << cache_root.error().message;
-  hostd::HarvestOptions harvest;
-  harvest.kernel = image->kernel;
-  harvest.initrd = image->initrd;
-  harvest.cache_root = *cache_root;
-  auto harvested = hostd::HarvestFormats(harvest);
+  auto harvested = HarvestImage(*image, *cache_root);
   ASSERT_TRUE(harvested.ok()) << harvested.error().message;
   const Symbols harvest_syms =
       ParseKallsyms(test_support::ReadText((harvested->entry_dir / "kallsyms").string()));

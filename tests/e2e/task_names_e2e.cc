@@ -132,11 +132,7 @@ TEST(TaskNamesE2e, BusyboxShortLivedProcessesNamedAsTheKernelRecorded) {
   ASSERT_TRUE(image.ok()) << image.error().message;
   auto cache_root = hostd::DefaultCacheRoot();
   ASSERT_TRUE(cache_root.ok()) << cache_root.error().message;
-  hostd::HarvestOptions harvest;
-  harvest.kernel = image->kernel;
-  harvest.initrd = image->initrd;
-  harvest.cache_root = *cache_root;
-  auto harvested = hostd::HarvestFormats(harvest);
+  auto harvested = HarvestImage(*image, *cache_root);
   ASSERT_TRUE(harvested.ok()) << harvested.error().message;
 
   HvtracedProcess daemon(

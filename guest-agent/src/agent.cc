@@ -609,7 +609,7 @@ void Agent::HandleUevent(const Uevent& event) {
 }
 
 void Agent::TryPendingAttach(uint64_t now) {
-  if (pending_slots_.empty()) return;
+  if (pending_slots_.empty() || now < pending_retry_ns_) return;
   for (auto it = pending_slots_.begin(); it != pending_slots_.end();) {
     const std::string dev = options_.sysfs_pci_devices + "/" + *it;
     if (access((dev + "/resource2").c_str(), F_OK) != 0) {
@@ -621,14 +621,38 @@ void Agent::TryPendingAttach(uint64_t now) {
       // decoding; without it the BAR reads as nothing.
       Tracefs sysfs(dev);
       if (sysfs.Read("enable").rfind("0", 0) == 0) sysfs.Write("enable", "1");
-      if (Status s = Attach(dev + "/resource2"); !s.ok()) Log(s.error().message);
+      if (Status s = Attach(dev + "/resource2"); !s.ok()) {
+        // A device just plugged can fail once (decoding not on yet, the
+        // host still writing the header): try again until the deadline
+        // rather than wait for an event that already came.
+        if (s.error().message != pending_error_) Log(s.error().message + "; trying again");
+        pending_error_ = s.error().message;
+        pending_retry_ns_ = now + 100000000ull;
+        ++it;
+        continue;
+      }
     }
     it = pending_slots_.erase(it);
   }
   if (now > pending_deadline_ns_ && !pending_slots_.empty()) {
-    Log("device " + pending_slots_.front() + " never got a BAR; giving up");
+    // An attach error was logged already (once: the rescan net tries a
+    // foreign ivshmem device again and again).
+    if (pending_error_.empty())
+      Log("device " + pending_slots_.front() + " never got a BAR; giving up");
     pending_slots_.clear();
   }
+}
+
+// Looks at the PCI devices for itself: at the start, after the uevent socket
+// overflowed, and now and then while nothing is attached (a lost uevent
+// must not leave a plugged region unused for the agent's whole life).
+void Agent::ScanForDevices(uint64_t now) {
+  for (const std::string& bar : FindIvshmemBars(options_.sysfs_pci_devices)) {
+    const std::string slot = Basename(bar.substr(0, bar.size() - 10));
+    if (std::find(pending_slots_.begin(), pending_slots_.end(), slot) == pending_slots_.end())
+      pending_slots_.push_back(slot);
+  }
+  pending_deadline_ns_ = now + 5000000000ull;
 }
 
 void Agent::WritePointerFile() {
@@ -674,10 +698,7 @@ int Agent::Run() {
   } else {
     if (!uevents_.Open())
       Log(std::string("no uevent socket (") + std::strerror(errno) + "): rescanning every second");
-    for (const std::string& bar : FindIvshmemBars(options_.sysfs_pci_devices)) {
-      pending_slots_.push_back(Basename(bar.substr(0, bar.size() - 10)));
-    }
-    pending_deadline_ns_ = start + 5000000000ull;
+    ScanForDevices(start);
     TryPendingAttach(start);
     if (!region_) Log("waiting for an hvtrace ivshmem device");
   }
@@ -711,7 +732,12 @@ int Agent::Run() {
     }
     if (uevents_.fd() >= 0 && (fds[0].revents & POLLIN)) {
       Uevent event;
-      for (int r; (r = uevents_.Receive(&event)) >= 0;) {
+      for (int r; (r = uevents_.Receive(&event)) != -1;) {
+        if (r == UeventSocket::kOverflow) {
+          Log("uevents were lost (socket buffer full): looking at the PCI devices again");
+          if (!region_) ScanForDevices(MonotonicNs());
+          continue;
+        }
         if (r != 1) continue;
         HandleUevent(event);
         meta_.OnUevent(event);
@@ -723,12 +749,10 @@ int Agent::Run() {
     TryPendingAttach(now);
     Tick(readable);
     meta_.Tick(now, pump_interval_ms_);
-    if (uevents_.fd() < 0 && options_.region_path.empty() && !region_ && now >= next_scan) {
-      next_scan = now + 1000000000ull;
-      for (const std::string& bar : FindIvshmemBars(options_.sysfs_pci_devices)) {
-        pending_slots_.push_back(Basename(bar.substr(0, bar.size() - 10)));
-      }
-      pending_deadline_ns_ = now + 5000000000ull;
+    if (options_.region_path.empty() && !region_ && pending_slots_.empty() && now >= next_scan) {
+      // Without uevents this is how devices are found; with them, a net.
+      next_scan = now + (uevents_.fd() < 0 ? 1000000000ull : 10000000000ull);
+      ScanForDevices(now);
     }
   }
   if (region_) {

@@ -143,6 +143,7 @@ class Agent {
   void ReapDwRings();
   void HandleUevent(const Uevent& event);
   void TryPendingAttach(uint64_t now);
+  void ScanForDevices(uint64_t now);
   void PublishSymbols();
   void PublishComms();
   void WritePointerFile();
@@ -179,6 +180,8 @@ class Agent {
   std::string comms_published_;    // saved_cmdlines text in the current region.
   std::vector<std::string> pending_slots_;  // Added devices waiting for resource2.
   uint64_t pending_deadline_ns_ = 0;
+  uint64_t pending_retry_ns_ = 0;  // A failed attach of a pending slot is tried again then.
+  std::string pending_error_;      // Its last error, logged once.
 };
 
 uint64_t MonotonicNs();

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 namespace hvtrace::agent {
@@ -56,12 +57,18 @@ bool UeventSocket::Open() {
     fd_ = -1;
     return false;
   }
+  // The default buffer holds a few dozen uevents; a boot's module loads
+  // send hundreds. Root may exceed rmem_max; if not, overflow is noticed.
+  const int bytes = 1 << 20;
+  if (setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof bytes) != 0)
+    setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
   return true;
 }
 
 int UeventSocket::Receive(Uevent* out) {
   if (fd_ < 0) return -1;
   const ssize_t n = recv(fd_, buffer_, sizeof(buffer_), MSG_DONTWAIT);
+  if (n < 0 && errno == ENOBUFS) return kOverflow;
   if (n <= 0) return -1;
   return ParseUevent(std::string_view(buffer_, static_cast<size_t>(n)), out) ? 1 : 0;
 }

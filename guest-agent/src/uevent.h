@@ -35,7 +35,10 @@ class UeventSocket {
   bool Open();
   int fd() const { return fd_; }
   // Reads one datagram: 1 with |out| filled, 0 for a datagram that is not
-  // a kernel uevent, -1 when none is pending.
+  // a kernel uevent, -1 when none is pending, kOverflow when the kernel
+  // dropped datagrams because the socket's buffer was full (a burst of
+  // module loads at boot does that): the caller must look again for itself.
+  static constexpr int kOverflow = -2;
   int Receive(Uevent* out);
 
  private:

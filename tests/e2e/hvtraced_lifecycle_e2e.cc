@@ -288,8 +288,8 @@ TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAn
   // The next run finishes the dead run's capture under its own trigger and time.
   auto recovered = daemon.WaitForCapture(name, "panic", 60s);
   ASSERT_TRUE(recovered.ok()) << recovered.error().message << "\n" << daemon.log();
-  EXPECT_NE(daemon.log().find("recovered capture " + (*recovered)["id"].get<std::string>()),
-            std::string::npos)
+  // The log line follows the commit that made the capture visible.
+  EXPECT_TRUE(daemon.WaitForLog("recovered capture " + (*recovered)["id"].get<std::string>(), 10s))
       << daemon.log();
   {
     json m = Manifest(daemon, name, *recovered);

@@ -360,6 +360,14 @@ Result<GuestImage> ImageWithAgent() {
   return image;
 }
 
+// What a failed attach test needs to see: the domain's console and
+// libvirtd's log, the guest agent's log and hvtraced's.
+std::string AttachDiagnostics(TestDomain& domain, HvtracedProcess& hvt) {
+  auto log = domain.console().Run("cat /tmp/agent.log; ps", kCommandTimeout);
+  return domain.Diagnostics() + "\n--- agent ---\n" + (log.ok() ? log->output : "") +
+         "\n--- hvtraced ---\n" + hvt.LogTail();
+}
+
 // Attach mode for a domain, through hvtraced: `hvtrace attach NAME` makes the
 // region (header, QEMU's owner), hot-plugs it as <shmem> and waits for the
 // guest agent; `hvtrace stream NAME` shows the guest's markers (trace_marker
@@ -389,11 +397,7 @@ TEST(LibvirtE2e, AttachStreamThenPanicWithOnCrashDestroy) {
   cleanup.paths.push_back(region_file);
   auto agent = domain.console().Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout);
   LV_ASSERT_OK(agent);
-  auto diag = [&] {
-    auto log = domain.console().Run("cat /tmp/agent.log", kCommandTimeout);
-    return domain.Diagnostics() + "\n--- agent ---\n" + (log.ok() ? log->output : "") +
-           "\n--- hvtraced ---\n" + hvt.LogTail();
-  };
+  auto diag = [&] { return AttachDiagnostics(domain, hvt); };
 
   Result<json> attached = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
   ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
@@ -527,7 +531,7 @@ TEST(LibvirtE2e, DaemonDiesMidAttachPanicCaptureThenTheNextRunRecoversIt) {
   ShmCleanup cleanup;
   cleanup.paths.push_back("/dev/shm/hvtrace-" + domain.name() + "-attach");
   LV_ASSERT_OK(domain.console().Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout));
-  auto diag = [&] { return domain.Diagnostics() + "\n--- hvtraced ---\n" + hvt.LogTail(); };
+  auto diag = [&] { return AttachDiagnostics(domain, hvt); };
   Result<json> attached = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
   ASSERT_TRUE(attached.ok()) << attached.error().message << diag();
   ASSERT_FALSE((*attached)["guest"].is_null()) << attached->dump(2) << diag();
@@ -563,7 +567,8 @@ TEST(LibvirtE2e, DaemonDiesMidAttachPanicCaptureThenTheNextRunRecoversIt) {
   Result<json> recovered = hvt.WaitForCapture(domain.name(), "panic", 60s);
   ASSERT_TRUE(recovered.ok()) << recovered.error().message << "\n" << hvt.LogTail();
   const std::string id = (*recovered)["id"];
-  EXPECT_THAT(hvt.log(), HasSubstr("recovered capture " + id));
+  // The log line follows the commit that made the capture visible.
+  EXPECT_TRUE(hvt.WaitForLog("recovered capture " + id, 10s)) << hvt.LogTail();
   const json manifest = ReadManifest((captures / id).string());
   ASSERT_TRUE(manifest.is_object()) << captures / id;
   EXPECT_TRUE(manifest["recovered"].is_object()) << manifest.dump(2);
@@ -615,9 +620,10 @@ TEST(LibvirtE2e, DetachWaitsForDeviceRemovedThenReattach) {
   cleanup.paths.push_back(region_file);
   LV_ASSERT_OK(domain.console().Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout));
 
+  auto diag = [&] { return AttachDiagnostics(domain, hvt); };
   Result<json> first = hvt.HvtraceJson({"attach", domain.name(), "--wait-ms", "60000"});
-  ASSERT_TRUE(first.ok()) << first.error().message << "\n" << hvt.LogTail();
-  ASSERT_FALSE((*first)["guest"].is_null()) << first->dump(2);
+  ASSERT_TRUE(first.ok()) << first.error().message << diag();
+  ASSERT_FALSE((*first)["guest"].is_null()) << first->dump(2) << diag();
   Result<int> seen = WaitGuestIvshmemCount(domain, 1);
   LV_ASSERT_OK(seen);
   EXPECT_EQ(*seen, 1);

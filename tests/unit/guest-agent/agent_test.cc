@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 
 #include "hvtrace/region_reader.h"
 #include "hvtrace/region_text.h"
@@ -210,6 +212,38 @@ uint32_t WaitForSymbols(Agent& agent, RegionMapping& host) {
     usleep(10000);
   }
   return st->symbols_state;
+}
+
+// A device the agent finds before the host finished its region (here: a BAR
+// of zeroes that gets its header 300 ms later) is tried again until the
+// deadline, not dropped after one failed look; a hot-plug once went
+// unattached for good that way.
+TEST_F(AgentTest, APluggedDeviceWhoseRegionIsNotReadyYetIsTriedAgain) {
+  const std::string valid = Slurp(region_path_);
+  host_.Unmap();
+  const fs::path dev = root_ / "pci/0000:00:02.0";
+  fs::create_directories(dev);
+  Put(dev / "vendor", "0x1af4\n");
+  Put(dev / "device", "0x1110\n");
+  Put(dev / "enable", "1\n");
+  Put(dev / "resource2", std::string(valid.size(), '\0'));
+  options_.region_path.clear();
+  options_.sysfs_pci_devices = (root_ / "pci").string();
+  options_.run_for_ms = 1500;
+  std::thread host([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::fstream f(dev / "resource2", std::ios::in | std::ios::out | std::ios::binary);
+    f.write(valid.data(), static_cast<std::streamsize>(valid.size()));
+  });
+  Agent agent(options_);
+  EXPECT_EQ(agent.Run(), 0);
+  host.join();
+  auto m = RegionMapping::Map(dev / "resource2");
+  ASSERT_TRUE(m.ok());
+  host_ = std::move(*m);
+  RegionSnapshot s = Read();
+  ASSERT_TRUE(s.guest.present) << "the agent never attached the device";
+  EXPECT_EQ(s.guest.status.request_ack, 2u);
 }
 
 TEST_F(AgentTest, PublishesTextSymbolsAndSavedCmdlines) {

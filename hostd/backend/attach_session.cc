@@ -19,8 +19,8 @@ using Clock = std::chrono::steady_clock;
 // announcement is one store, so this bounds announce_ms' resolution only.
 constexpr auto kAgentPoll = std::chrono::milliseconds(50);
 
-bool Announced(const Result<RegionSnapshot>& snap) {
-  return snap.ok() && snap->guest.present && snap->guest.status.state == region::kStateRunning;
+bool Announced(const RegionGuestInfo& guest) {
+  return guest.present && guest.status.state == region::kStateRunning;
 }
 
 json RegionJson(const LiveRegion& region) {
@@ -115,8 +115,8 @@ void AttachSession::Plug(std::shared_ptr<Job> job, PlugTarget target) {
 }
 
 void AttachSession::AwaitAgent(std::shared_ptr<Job> job) {
-  Result<RegionSnapshot> snap = job->region->Snapshot();
-  const bool announced = Announced(snap);
+  const RegionGuestInfo guest = job->region->Guest();
+  const bool announced = Announced(guest);
   if (!announced && Clock::now() - job->plugged_at < job->options.wait) {
     if (!job->timer) job->timer = std::make_unique<boost::asio::steady_timer>(timers_);
     job->timer->expires_after(kAgentPoll);
@@ -130,7 +130,7 @@ void AttachSession::AwaitAgent(std::shared_ptr<Job> job) {
   json& reply = job->reply;
   if (announced) {
     reply["announce_ms"] = MsBetween(job->plugged_at, Clock::now());
-    reply["guest"] = AttachGuestJson(snap->guest);
+    reply["guest"] = AttachGuestJson(guest);
   } else {
     reply["guest"] = nullptr;
     reply["note"] =
@@ -235,9 +235,8 @@ json AttachSession::Status() const {
             {"region", region_ ? RegionJson(*region_) : json(nullptr)},
             {"device", device_ ? DeviceJson(*device_) : json(nullptr)},
             {"last", last_}};
-  Result<RegionSnapshot> snap =
-      region_ ? region_->Snapshot() : Result<RegionSnapshot>(Error{"no region"});
-  j["guest"] = snap.ok() && snap->guest.present ? AttachGuestJson(snap->guest) : json(nullptr);
+  const RegionGuestInfo guest = region_ ? region_->Guest() : RegionGuestInfo{};
+  j["guest"] = guest.present ? AttachGuestJson(guest) : json(nullptr);
   return j;
 }
 

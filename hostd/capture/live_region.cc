@@ -183,12 +183,14 @@ Result<std::shared_ptr<LiveRegion>> LiveRegion::OpenExisting(const std::filesyst
       new LiveRegion(path, fd, static_cast<std::byte*>(map), *geometry));
 }
 
-Result<RegionSnapshot> LiveRegion::Snapshot() const { return ReadRegion(Copy(), geometry_); }
-
 std::vector<std::byte> LiveRegion::Copy() const {
   std::vector<std::byte> copy;
-  CopyLiveRegion(data_, geometry_, &copy);
+  CopyInto(copy);
   return copy;
+}
+
+void LiveRegion::CopyInto(std::vector<std::byte>& out) const {
+  CopyLiveRegion(data_, geometry_, &out);
 }
 
 void LiveRegion::BumpRequest() {

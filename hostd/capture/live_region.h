@@ -5,7 +5,8 @@
 // The mapping stays valid as long as the LiveRegion lives, also after the
 // device was unplugged, QEMU quit or the file was unlinked: captures after a
 // detach or a crash still read it. Everything read through it is a private
-// copy (Snapshot); the guest may write the mapping at any time.
+// copy (Copy, Guest, or an IncrementalRegionReader over data()); the guest
+// may write the mapping at any time.
 //
 // The geometry is the one hostd planned for the file it created. A region
 // opened by path (OpenExisting, e.g. after a daemon restart) takes it from
@@ -25,6 +26,7 @@
 #include <optional>
 #include <string>
 
+#include "hvtrace/region_incremental.h"
 #include "hvtrace/region_reader.h"
 #include "hvtrace/result.h"
 
@@ -68,13 +70,22 @@ class LiveRegion {
   const std::filesystem::path& path() const { return path_; }
   const RegionGeometry& geometry() const { return geometry_; }
   uint64_t size() const { return geometry_.region_size; }
-  // The shared mapping. Never parse it in place: copy first (Snapshot).
+  // The shared mapping. Never parse it in place: copy first.
   const std::byte* data() const { return data_; }
 
-  // A private copy (CopyLiveRegion), validated and sliced (ReadRegion).
-  Result<RegionSnapshot> Snapshot() const;
-  // Just the copy, for the raw region.bin of a capture.
+  // A reader for whoever polls the region (`hvtrace stream`): each Read
+  // copies and validates only what changed since its last one.
+  Result<std::unique_ptr<IncrementalRegionReader>> NewReader() const {
+    return IncrementalRegionReader::Create(geometry_);
+  }
+  // The guest's announcement, from a copy of the control area alone
+  // (status, the attach wait).
+  RegionGuestInfo Guest() const { return ReadLiveGuest(data_, geometry_); }
+  // The whole region copied (CopyLiveRegion), for the raw region.bin of a
+  // capture.
   std::vector<std::byte> Copy() const;
+  // The same into |out|, which keeps its allocation when large enough.
+  void CopyInto(std::vector<std::byte>& out) const;
 
   // Host → guest requests (HostRequests, bumping request_seq).
   void SetEvents(const std::string& events);

@@ -167,13 +167,18 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
       end_reason = "region detached from VM " + vm_->name();
     }
     const bool flush = !end_reason.empty();
-    auto snapshot = region_->Snapshot();
-    if (!snapshot.ok()) {
-      responder_->Fail(kErrInternal, "stream " + vm_->name() + ": " + snapshot.error().message);
-      return;
+    if (!reader_) {
+      auto reader = region_->NewReader();
+      if (!reader.ok()) {
+        responder_->Fail(kErrInternal, "stream " + vm_->name() + ": " + reader.error().message);
+        return;
+      }
+      reader_ = std::move(*reader);
     }
+    // Copies and validates only what changed since the last tick: an idle
+    // stream costs its descriptors, not the region.
     RegionStreamer::Output out =
-        streamer_.Feed(&*snapshot, std::chrono::steady_clock::now(), flush);
+        streamer_.Feed(reader_->Read(region_->data()), std::chrono::steady_clock::now(), flush);
     for (const std::string& note : out.notes) responder_->Stream({{"note", note}});
     if (!out.text.empty()) responder_->Stream({{"text", std::move(out.text)}});
     if (flush) {
@@ -200,6 +205,7 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
   std::shared_ptr<LiveRegion> region_;
   std::shared_ptr<Responder> responder_;
   RegionStreamer streamer_;
+  std::unique_ptr<IncrementalRegionReader> reader_;  // Made on the pool, at the first tick.
 };
 
 }  // namespace
@@ -317,6 +323,8 @@ void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responde
       }
       options.region_path = dir / file;
     }
+    // Before the region exists, so its first capture does not allocate.
+    captures_->Reserve({.attach = options.size_bytes});
     vm->backend()->Attach(options, [vm, responder, name](Result<json> result) {
       if (!result.ok()) {
         responder->Fail(kErrVmFailed, "attach " + name + ": " + result.error().message);

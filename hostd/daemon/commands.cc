@@ -121,6 +121,8 @@ void Daemon::HandlePing(const Request&, const std::shared_ptr<Responder>& respon
   pong["libvirt"] = libvirt_ ? libvirt_->StatusJson() : json(nullptr);
   // Whether captures are waiting, and in which lane (capture_queue.h).
   pong["capture_queue"] = capture_queue_->StatsJson();
+  // What the daemon holds for captures: one set per worker, not one per VM.
+  pong["copy_buffers"] = captures_->copy_pool().ToJson();
   responder->Reply(pong);
 }
 

@@ -342,7 +342,7 @@ Status Daemon::ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> bac
     const KernelFiles kernel = backend->kernel_files();
     // Never with the VM's own initrd (formats_service.h).
     if (!kernel.key.empty()) formats_->Prepare(kernel.key, kernel.path);
-    captures_->Reserve(backend->region_file_bytes());
+    captures_->Reserve({.region_file = backend->region_file_bytes()});
   }
   auto supervisor = std::make_shared<VmSupervisor>(name, std::move(backend), pool_.get_executor(),
                                                    CaptureStore(state_.CapturesDir(name)),
@@ -350,6 +350,11 @@ Status Daemon::ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> bac
   if (auto old = registry_.Remove(name); old && old->backend()) old->Stop();
   if (Status s = registry_.Add(supervisor); !s.ok()) return s;
   supervisor->Start();
+  // A region a restarted daemon mapped again (attach mode) is copied from
+  // the pool too.
+  if (VmBackend* b = supervisor->backend(); b) {
+    if (auto region = b->live_region()) captures_->Reserve({.attach = region->size()});
+  }
   if (VmBackend* b = supervisor->backend(); b && b->meta_socket()) {
     // The VM's metadata channel: socket on the I/O thread, checks on the pool.
     MetaReceiverOptions meta;

@@ -3,16 +3,22 @@
 // kernel page, direct-write events), the input is a list of patches the
 // guest scribbles over it. ReadRegion and RegionTracker must never crash,
 // and every page they return must lie inside the copy with a bounded length;
-// the symbol and comm areas must inflate to checked text or to nothing.
+// the symbol and comm areas must inflate to checked text or to nothing. The
+// incremental reader (hvtrace/region_incremental.h) reads the region twice,
+// after the first half of the patches and after all of them, so it meets a
+// region that changed under its private copy; the same rules hold.
 //
 // Input: repeated { u32le offset; u16le length; length bytes }, offsets taken
 // modulo the region size so every patch lands somewhere.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "hvtrace/dwtrace.hpp"
+#include "hvtrace/region_incremental.h"
 #include "hvtrace/region_reader.h"
 #include "hvtrace/region_text.h"
 #include "hvtrace/region_writer.h"
@@ -89,12 +95,56 @@ Baseline MakeBaseline() {
   return b;
 }
 
+void CheckPages(const hvtrace::RegionSnapshot& snap, const hvtrace::RegionGeometry& g,
+                const std::byte* copy_begin, const std::byte* copy_end) {
+  for (const auto& rings : {&snap.cpus, &snap.dw_rings}) {
+    for (const hvtrace::RegionRing& ring : *rings) {
+      for (const hvtrace::RegionPage& p : ring.pages) {
+        if (p.length > g.slot_size || p.page.size() != g.slot_size) __builtin_trap();
+        if (copy_begin != nullptr &&
+            (p.page.data() < copy_begin || p.page.data() + p.page.size() > copy_end)) {
+          __builtin_trap();
+        }
+        if (p.offset + p.page.size() > g.region_size) __builtin_trap();
+      }
+    }
+  }
+  for (const hvtrace::RegionFormat& f : snap.formats) {
+    if (f.text.size() > g.format_text_size) __builtin_trap();
+  }
+}
+
+// Two incremental reads with the tracker and the text cache a stream keeps.
+void ReadIncrementally(const Baseline& baseline, std::vector<std::byte>* region,
+                       const std::vector<std::pair<uint64_t, std::vector<uint8_t>>>& patches) {
+  auto reader = hvtrace::IncrementalRegionReader::Create(baseline.geometry);
+  if (!reader.ok()) __builtin_trap();
+  hvtrace::RegionTracker tracker(baseline.geometry);
+  hvtrace::RegionTextCache texts;
+  const size_t half = patches.size() / 2;
+  for (size_t i = 0; i < patches.size(); ++i) {
+    if (!patches[i].second.empty())
+      std::memcpy(region->data() + patches[i].first, patches[i].second.data(),
+                  patches[i].second.size());
+    if (i + 1 != half) continue;
+    hvtrace::RegionSnapshot* first = (*reader)->Read(region->data());
+    CheckPages(*first, baseline.geometry, nullptr, nullptr);
+    tracker.Update(first);
+    texts.Update(first);
+  }
+  hvtrace::RegionSnapshot* last = (*reader)->Read(region->data());
+  CheckPages(*last, baseline.geometry, nullptr, nullptr);
+  tracker.Update(last);
+  texts.Update(last);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const Baseline baseline = MakeBaseline();
   std::vector<std::byte> region = baseline.bytes;
   const uint64_t region_size = region.size();
+  std::vector<std::pair<uint64_t, std::vector<uint8_t>>> patches;
   while (size >= 6) {
     uint32_t offset;
     uint16_t length;
@@ -106,6 +156,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint64_t at = offset % region_size;
     const uint64_t n = std::min<uint64_t>(length, region_size - at);
     std::memcpy(region.data() + at, data, n);
+    patches.emplace_back(at, std::vector<uint8_t>(data, data + n));
     data += length;
     size -= length;
   }
@@ -115,20 +166,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!snap.ok()) __builtin_trap();  // Only the geometry or size can fail, and both are ours.
   hvtrace::RegionTracker tracker(baseline.geometry);
   auto delta = tracker.Update(&*snap);
-  for (const auto& rings : {&snap->cpus, &snap->dw_rings}) {
-    for (const hvtrace::RegionRing& ring : *rings) {
-      for (const hvtrace::RegionPage& p : ring.pages) {
-        if (p.length > baseline.geometry.slot_size) __builtin_trap();
-        if (p.page.data() < snap->copy.data() ||
-            p.page.data() + p.page.size() > snap->copy.data() + snap->copy.size()) {
-          __builtin_trap();
-        }
-      }
-    }
-  }
-  for (const hvtrace::RegionFormat& f : snap->formats) {
-    if (f.text.size() > baseline.geometry.format_text_size) __builtin_trap();
-  }
+  CheckPages(*snap, baseline.geometry, snap->copy.data(), snap->copy.data() + snap->copy.size());
   hvtrace::RegionTextCache texts;
   texts.Update(&*snap);
   const std::string& symbols = texts.Text(hvtrace::TextAreaKind::kSymbols, 1);
@@ -139,5 +177,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     __builtin_trap();
   }
   (void)delta;
+  std::vector<std::byte> live = baseline.bytes;
+  ReadIncrementally(baseline, &live, patches);
   return 0;
 }

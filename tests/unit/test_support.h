@@ -13,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hvtrace::test_support {
@@ -24,6 +25,19 @@ inline std::string ReadText(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+#ifdef HVTRACE_FIXTURES_DIR
+// A file under tests/fixtures (|rel| from there), or "" (see ReadText).
+inline std::string ReadFixture(const std::string& rel) {
+  return ReadText(std::string(HVTRACE_FIXTURES_DIR) + "/" + rel);
+}
+#endif
+
+// The bytes of |s|, as region and page code takes them.
+inline std::vector<std::byte> Bytes(std::string_view s) {
+  return {reinterpret_cast<const std::byte*>(s.data()),
+          reinterpret_cast<const std::byte*>(s.data()) + s.size()};
 }
 
 // A zstd-packed fixture (one frame with its content size), or empty.

@@ -7,14 +7,18 @@
 #include <cstddef>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/region_clock.h"
+#include "region_read.h"
 
 namespace hvtrace {
 namespace {
+
+using region_read::ReadMemo;
 
 using region::ClockSync;
 using region::CpuRingHeader;
@@ -63,13 +67,28 @@ std::string UuidText(const uint8_t (&id)[16]) {
 
 class Reader {
  public:
-  Reader(RegionSnapshot* snap) : s_(snap), bytes_(snap->copy), g_(snap->geometry) {}
+  Reader(RegionSnapshot* snap, std::span<std::byte> bytes, ReadMemo* memo,
+         std::vector<std::vector<RegionPage>> spare_pages = {})
+      : s_(snap),
+        bytes_(bytes),
+        mutable_bytes_(bytes),
+        g_(snap->geometry),
+        memo_(memo),
+        spare_pages_(std::move(spare_pages)) {}
 
   void Run() {
     CheckHostHeader();
-    ReadIdentity();
+    region_read::ReadIdentity(bytes_, g_, s_);
     ReadClockSync();
-    ReadFormats();
+    if (memo_ != nullptr && memo_->formats_unchanged) {
+      ReplayFormatProblems();
+    } else {
+      s_->formats.clear();
+      const auto before = s_->issues;
+      const size_t problems_before = s_->problems.size();
+      ReadFormats();
+      if (memo_ != nullptr) RememberFormatProblems(before, problems_before);
+    }
     ReadTextArea(g_.symbol_offset, g_.symbol_size, RegionIssue::kSymbolsTorn,
                  RegionIssue::kSymbolsBad, "symbol area", &s_->symbols);
     ReadTextArea(g_.comm_offset, g_.comm_size, RegionIssue::kCommsTorn, RegionIssue::kCommsBad,
@@ -83,6 +102,22 @@ class Reader {
  private:
   void Report(RegionIssue issue, std::string where, uint64_t offset, std::string detail) {
     s_->Report(issue, std::move(where), offset, std::move(detail));
+  }
+
+  // The problems ReadFormats reported, kept so that a read that keeps the
+  // formats reports them again, as a full read of the same bytes would.
+  void RememberFormatProblems(const decltype(RegionSnapshot::issues)& before,
+                              size_t problems_before) {
+    for (size_t i = 0; i < before.size(); ++i) memo_->format_issues[i] = s_->issues[i] - before[i];
+    memo_->format_problems.assign(s_->problems.begin() + static_cast<ptrdiff_t>(problems_before),
+                                  s_->problems.end());
+  }
+  void ReplayFormatProblems() {
+    for (size_t i = 0; i < s_->issues.size(); ++i) s_->issues[i] += memo_->format_issues[i];
+    for (const RegionProblem& p : memo_->format_problems) {
+      if (s_->problems.size() >= RegionSnapshot::kMaxProblems) break;
+      s_->problems.push_back(p);
+    }
   }
 
   // The header of a text area, bounded by the area the host sized; its
@@ -130,42 +165,6 @@ class Reader {
       Report(RegionIssue::kHeaderMismatch, "host header", 0,
              "geometry in the region differs from the one hostd created");
     }
-  }
-
-  void ReadIdentity() {
-    const auto id = Load<GuestIdentity>(bytes_, region::kGuestIdentityOffset);
-    s_->guest.status = Load<region::GuestStatus>(bytes_, region::kGuestStatusOffset);
-    if (id.seq == 0) return;  // No agent yet.
-    if (id.seq & 1) {
-      Report(RegionIssue::kIdentityTorn, "guest identity", region::kGuestIdentityOffset,
-             "seq " + std::to_string(id.seq) + " is odd");
-      return;
-    }
-    RegionGuestInfo& info = s_->guest;
-    std::string why;
-    if (id.boot_generation == 0 || id.boot_generation > UINT32_MAX) {
-      why = "boot generation " + std::to_string(id.boot_generation);
-    } else if (id.nr_cpus == 0 || id.nr_cpus > g_.max_cpus) {
-      why = "nr_cpus " + std::to_string(id.nr_cpus) + " (region has " +
-            std::to_string(g_.max_cpus) + ")";
-    } else if (!CleanString(id.kernel_release, sizeof(id.kernel_release), &info.kernel_release)) {
-      why = "kernel release is not printable text";
-    } else if (id.page_size != 0 && id.page_size != g_.slot_size) {
-      why = "page size " + std::to_string(id.page_size) + " differs from slot size";
-    }
-    if (!why.empty()) {
-      info.kernel_release.clear();
-      Report(RegionIssue::kIdentityBad, "guest identity", region::kGuestIdentityOffset, why);
-      return;
-    }
-    info.present = true;
-    info.boot_generation = id.boot_generation;
-    info.boot_id = UuidText(id.boot_id);
-    info.nr_cpus = id.nr_cpus;
-    info.trace_clock = id.trace_clock;
-    info.page_size = id.page_size;
-    info.agent_pid = id.agent_pid;
-    info.attach_mono_ns = id.attach_mono_ns;
   }
 
   void ReadClockSync() {
@@ -302,7 +301,9 @@ class Reader {
   // The CPU page layout of boot |generation|: its header_page if published
   // and sane, else the 64-bit default.
   PageLayout LayoutFor(uint32_t generation) {
+    if (last_layout_ && last_layout_->first == generation) return last_layout_->second;
     auto cached = layouts_.find(generation);
+    if (cached != layouts_.end()) last_layout_ = *cached;
     if (cached != layouts_.end()) return cached->second;
     PageLayout layout = PageLayout::Default(g_.slot_size);
     for (const RegionFormat& f : s_->formats) {
@@ -318,6 +319,10 @@ class Reader {
     RegionRing ring;
     ring.index = index;
     ring.direct_write = dw;
+    if (!spare_pages_.empty()) {
+      ring.pages = std::move(spare_pages_.back());
+      spare_pages_.pop_back();
+    }
     uint32_t slots;
     const std::string name = (dw ? "dw ring " : "cpu ") + std::to_string(index);
     if (dw) {
@@ -336,43 +341,47 @@ class Reader {
       ring.overrun = h.overrun;
       slots = g_.slots_per_cpu;
     }
+    ring.pages.reserve(slots);
     const uint64_t generation = s_->guest.boot_generation;
     for (uint32_t slot = 0; slot < slots; ++slot) {
       const uint64_t desc_at = dw ? g_.DwDescOffset(index, slot) : g_.CpuDescOffset(index, slot);
       const uint64_t page_at = dw ? g_.DwPageOffset(index, slot) : g_.CpuPageOffset(index, slot);
       const auto d = Load<SlotDesc>(bytes_, desc_at);
       if (d.seq == 0) continue;
-      const std::string where = name + " slot " + std::to_string(slot);
+      // Built only for a report: a ring can hold thousands of slots, read
+      // twenty times a second by a stream.
+      const auto where = [&] { return name + " slot " + std::to_string(slot); };
       if (d.seq & 1) {
-        Report(RegionIssue::kSlotTorn, where, desc_at, "seq " + std::to_string(d.seq) + " is odd");
+        Report(RegionIssue::kSlotTorn, where(), desc_at,
+               "seq " + std::to_string(d.seq) + " is odd");
         continue;
       }
       if (d.sequence % slots != slot || d.sequence + slots < ring.published) {
-        Report(RegionIssue::kSlotMisplaced, where, desc_at,
+        Report(RegionIssue::kSlotMisplaced, where(), desc_at,
                "page " + std::to_string(d.sequence) + " in slot " + std::to_string(slot) + " of " +
                    std::to_string(slots) + ", ring published " + std::to_string(ring.published));
         continue;
       }
       if (d.sequence > ring.published) {
-        Report(RegionIssue::kRingCounterBehind, where, desc_at,
+        Report(RegionIssue::kRingCounterBehind, where(), desc_at,
                "page " + std::to_string(d.sequence) + " but published " +
                    std::to_string(ring.published));
         continue;
       }
       if (d.boot_generation == 0 || (generation != 0 && d.boot_generation > generation)) {
-        Report(RegionIssue::kSlotBadGeneration, where, desc_at,
+        Report(RegionIssue::kSlotBadGeneration, where(), desc_at,
                "generation " + std::to_string(d.boot_generation) + ", guest at " +
                    std::to_string(generation));
         continue;
       }
       const PageLayout layout = dw ? s_->dw_layout : LayoutFor(d.boot_generation);
       if (d.length < layout.data_offset || d.length > g_.slot_size) {
-        Report(RegionIssue::kSlotLengthOutOfRange, where, desc_at,
+        Report(RegionIssue::kSlotLengthOutOfRange, where(), desc_at,
                "length " + std::to_string(d.length) + " outside [" +
                    std::to_string(layout.data_offset) + ", " + std::to_string(g_.slot_size) + "]");
         continue;
       }
-      std::byte* page = s_->copy.data() + page_at;
+      std::byte* page = mutable_bytes_.data() + page_at;
       if (dw) {
         // |length| is the publish point; the page's own commit may already
         // count an event whose length store we did not see. Bytes past
@@ -385,7 +394,7 @@ class Reader {
         const uint64_t commit = raw & kPageCommitMask;
         const uint64_t stored = (raw & kPageMissedStored) ? layout.commit_size : 0;
         if (layout.data_offset + commit + stored > d.length) {
-          Report(RegionIssue::kSlotCommitPastLength, where, page_at,
+          Report(RegionIssue::kSlotCommitPastLength, where(), page_at,
                  "commit " + std::to_string(commit) + " past length " + std::to_string(d.length));
           continue;
         }
@@ -400,39 +409,54 @@ class Reader {
       p.length = d.length;
       p.offset = page_at;
       p.page = std::span<const std::byte>(page, g_.slot_size);
-      PageStats stats;
-      p.page_error = WalkPage(p.page, layout, &stats, [](const RawRecord&) {});
-      p.records = stats.records;
+      Walk(dw, index, slot, layout, &p);
       if (p.page_error != PageError::kOk) {
-        Report(RegionIssue::kSlotPageError, where, page_at, PageErrorName(p.page_error));
+        Report(RegionIssue::kSlotPageError, where(), page_at, PageErrorName(p.page_error));
       }
       ring.pages.push_back(p);
     }
-    std::sort(ring.pages.begin(), ring.pages.end(),
-              [](const RegionPage& a, const RegionPage& b) { return a.sequence < b.sequence; });
+    // Slots hold a ring's pages in order from the oldest one's slot on, so
+    // one rotation usually sorts them; sort only what a guest disordered.
+    const auto by_sequence = [](const RegionPage& a, const RegionPage& b) {
+      return a.sequence < b.sequence;
+    };
+    auto oldest = std::min_element(ring.pages.begin(), ring.pages.end(), by_sequence);
+    std::rotate(ring.pages.begin(), oldest, ring.pages.end());
+    if (!std::is_sorted(ring.pages.begin(), ring.pages.end(), by_sequence))
+      std::sort(ring.pages.begin(), ring.pages.end(), by_sequence);
     (dw ? s_->dw_rings : s_->cpus).push_back(std::move(ring));
+  }
+
+  // Walks the page's records, unless |memo_| remembers a walk of the same
+  // copy with the same length and layout: the walk is the costly part of
+  // reading a page, and a stream reads the same pages twenty times a second.
+  void Walk(bool dw, uint32_t ring, uint32_t slot, const PageLayout& layout, RegionPage* p) {
+    ReadMemo::PageWalk* memo = nullptr;
+    if (memo_ != nullptr) {
+      auto& walks = dw ? memo_->dw_walks : memo_->cpu_walks;
+      const uint64_t i = uint64_t{ring} * (dw ? g_.dw_slots : g_.slots_per_cpu) + slot;
+      if (i < walks.size()) memo = &walks[i];
+    }
+    if (memo != nullptr && memo->valid && memo->length == p->length && memo->layout == layout) {
+      p->page_error = memo->error;
+      p->records = memo->records;
+      return;
+    }
+    PageStats stats;
+    p->page_error = WalkPage(p->page, layout, &stats, [](const RawRecord&) {});
+    p->records = stats.records;
+    if (memo != nullptr) *memo = {true, p->length, layout, p->page_error, p->records};
   }
 
   RegionSnapshot* s_;
   std::span<const std::byte> bytes_;
+  std::span<std::byte> mutable_bytes_;  // The same copy: open pages get their commit set.
   const RegionGeometry& g_;
+  ReadMemo* memo_;
+  std::vector<std::vector<RegionPage>> spare_pages_;  // Empty lists, capacity kept.
   std::map<uint32_t, PageLayout> layouts_;
+  std::optional<std::pair<uint32_t, PageLayout>> last_layout_;  // Every slot asks; most the same.
 };
-
-// Marks a seqlocked u64 in |out| torn unless |live| still holds the copied value.
-void RecheckSeq64(const std::byte* live, std::vector<std::byte>* out, uint64_t offset) {
-  uint64_t copied;
-  std::memcpy(&copied, out->data() + offset, sizeof(copied));
-  if (LoadLive64(live, offset) != copied && (copied & 1) == 0) {
-    copied |= 1;
-    std::memcpy(out->data() + offset, &copied, sizeof(copied));
-  }
-}
-
-void CopyRange(const std::byte* live, std::vector<std::byte>* out, uint64_t from, uint64_t to) {
-  std::memcpy(out->data() + from, live + from, to - from);
-  __atomic_thread_fence(__ATOMIC_ACQUIRE);
-}
 
 }  // namespace
 
@@ -514,40 +538,147 @@ const RegionFormat* RegionSnapshot::FindFormat(uint32_t generation, uint32_t id)
   return nullptr;
 }
 
-void CopyLiveRegion(const std::byte* live, const RegionGeometry& g, std::vector<std::byte>* out) {
-  out->resize(g.region_size);
-  // Control area, then the identity's seq again.
+namespace region_read {
+
+void ReadMemo::Reset(const RegionGeometry& g) {
+  cpu_slots = g.slots_per_cpu;
+  dw_slots = g.dw_slots;
+  cpu_walks.assign(uint64_t{g.max_cpus} * g.slots_per_cpu, PageWalk{});
+  dw_walks.assign(uint64_t{g.dw_rings} * g.dw_slots, PageWalk{});
+  formats_unchanged = false;
+  format_problems.clear();
+  format_issues = {};
+}
+
+void ReadMemo::ForgetWalk(bool direct_write, uint32_t ring, uint32_t slot) {
+  auto& walks = direct_write ? dw_walks : cpu_walks;
+  const uint64_t i = uint64_t{ring} * (direct_write ? dw_slots : cpu_slots) + slot;
+  if (i < walks.size()) walks[i].valid = false;
+}
+
+void ReadCopy(RegionSnapshot* snap, std::span<std::byte> bytes, ReadMemo* memo) {
+  // Everything but the formats (Reader::Run decides about those) is read anew.
+  snap->guest = {};
+  snap->clock_sync.clear();
+  // The rings' page lists are reused, not freed: a stream reads thousands
+  // of slots twenty times a second, and growing fresh lists each time cost
+  // more than reading them (page faults of new allocations).
+  std::vector<std::vector<RegionPage>> spare;
+  for (auto* rings : {&snap->cpus, &snap->dw_rings}) {
+    for (RegionRing& ring : *rings) {
+      ring.pages.clear();
+      spare.push_back(std::move(ring.pages));
+    }
+    rings->clear();
+  }
+  snap->symbols = {};
+  snap->comms = {};
+  snap->issues = {};
+  snap->problems.clear();
+  Reader(snap, bytes, memo, std::move(spare)).Run();
+}
+
+void ReadIdentity(std::span<const std::byte> control, const RegionGeometry& g_,
+                  RegionSnapshot* s_) {
+  const auto id = Load<GuestIdentity>(control, region::kGuestIdentityOffset);
+  s_->guest.status = Load<region::GuestStatus>(control, region::kGuestStatusOffset);
+  if (id.seq == 0) return;  // No agent yet.
+  if (id.seq & 1) {
+    s_->Report(RegionIssue::kIdentityTorn, "guest identity", region::kGuestIdentityOffset,
+               "seq " + std::to_string(id.seq) + " is odd");
+    return;
+  }
+  RegionGuestInfo& info = s_->guest;
+  std::string why;
+  if (id.boot_generation == 0 || id.boot_generation > UINT32_MAX) {
+    why = "boot generation " + std::to_string(id.boot_generation);
+  } else if (id.nr_cpus == 0 || id.nr_cpus > g_.max_cpus) {
+    why = "nr_cpus " + std::to_string(id.nr_cpus) + " (region has " + std::to_string(g_.max_cpus) +
+          ")";
+  } else if (!CleanString(id.kernel_release, sizeof(id.kernel_release), &info.kernel_release)) {
+    why = "kernel release is not printable text";
+  } else if (id.page_size != 0 && id.page_size != g_.slot_size) {
+    why = "page size " + std::to_string(id.page_size) + " differs from slot size";
+  }
+  if (!why.empty()) {
+    info.kernel_release.clear();
+    s_->Report(RegionIssue::kIdentityBad, "guest identity", region::kGuestIdentityOffset, why);
+    return;
+  }
+  info.present = true;
+  info.boot_generation = id.boot_generation;
+  info.boot_id = UuidText(id.boot_id);
+  info.nr_cpus = id.nr_cpus;
+  info.trace_clock = id.trace_clock;
+  info.page_size = id.page_size;
+  info.agent_pid = id.agent_pid;
+  info.attach_mono_ns = id.attach_mono_ns;
+}
+
+bool RecheckSeq64(const std::byte* live, std::byte* out, uint64_t offset) {
+  uint64_t copied;
+  std::memcpy(&copied, out + offset, sizeof(copied));
+  if (LoadLive64(live, offset) == copied) return true;
+  if ((copied & 1) == 0) {
+    copied |= 1;
+    std::memcpy(out + offset, &copied, sizeof(copied));
+  }
+  return false;
+}
+
+void CopyRange(const std::byte* live, std::byte* out, uint64_t from, uint64_t to) {
+  std::memcpy(out + from, live + from, to - from);
+  __atomic_thread_fence(__ATOMIC_ACQUIRE);
+}
+
+void CopyControlArea(const std::byte* live, std::byte* out) {
+  // The whole area, then the identity's and the clock samples' seqs again.
   CopyRange(live, out, 0, region::kControlAreaSize);
   RecheckSeq64(live, out, region::kGuestIdentityOffset + offsetof(GuestIdentity, seq));
   for (uint32_t i = 0; i < region::kClockSyncCount; ++i) {
     RecheckSeq64(live, out, region::kClockSyncOffset + i * sizeof(ClockSync));
   }
-  // Format entries before the text they point at, then their seqs again.
+}
+
+void CopyFormatArea(const std::byte* live, const RegionGeometry& g, std::byte* out) {
+  // Entries before the text they point at, then their seqs again.
   const uint64_t text = g.FormatTextOffset();
   CopyRange(live, out, g.format_offset, text);
   CopyRange(live, out, text, text + g.format_text_size);
   for (uint32_t i = 0; i < g.format_entries; ++i) {
     const uint64_t at = g.FormatEntryOffset(i) + offsetof(FormatEntry, seq);
     uint32_t copied;
-    std::memcpy(&copied, out->data() + at, sizeof(copied));
+    std::memcpy(&copied, out + at, sizeof(copied));
     if (LoadLive32(live, at) != copied && (copied & 1) == 0) {
       copied |= 1;
-      std::memcpy(out->data() + at, &copied, sizeof(copied));
+      std::memcpy(out + at, &copied, sizeof(copied));
     }
   }
-  // Text areas: the whole area, then the header's seq again.
-  for (auto [offset, size] :
-       {std::pair{g.symbol_offset, g.symbol_size}, std::pair{g.comm_offset, g.comm_size}}) {
-    if (size == 0) continue;
-    CopyRange(live, out, offset, offset + size);
-    RecheckSeq64(live, out, offset + offsetof(region::TextAreaHeader, seq));
-  }
+}
+
+void CopyTextArea(const std::byte* live, uint64_t offset, uint32_t size, std::byte* out) {
+  // The whole area, then the header's seq again.
+  if (size == 0) return;
+  CopyRange(live, out, offset, offset + size);
+  RecheckSeq64(live, out, offset + offsetof(region::TextAreaHeader, seq));
+}
+
+}  // namespace region_read
+
+void CopyLiveRegion(const std::byte* live, const RegionGeometry& g, std::vector<std::byte>* out) {
+  using namespace region_read;
+  out->resize(g.region_size);
+  std::byte* copy = out->data();
+  CopyControlArea(live, copy);
+  CopyFormatArea(live, g, copy);
+  CopyTextArea(live, g.symbol_offset, g.symbol_size, copy);
+  CopyTextArea(live, g.comm_offset, g.comm_size, copy);
   // Each ring: header and descriptors, then pages, then the seqs again.
   auto copy_ring = [&](uint64_t ring_at, uint64_t pages_at, uint64_t end, uint64_t desc_at,
                        uint32_t slots) {
-    CopyRange(live, out, ring_at, pages_at);
-    CopyRange(live, out, pages_at, end);
-    for (uint32_t s = 0; s < slots; ++s) RecheckSeq64(live, out, desc_at + s * sizeof(SlotDesc));
+    CopyRange(live, copy, ring_at, pages_at);
+    CopyRange(live, copy, pages_at, end);
+    for (uint32_t s = 0; s < slots; ++s) RecheckSeq64(live, copy, desc_at + s * sizeof(SlotDesc));
   };
   for (uint32_t c = 0; c < g.max_cpus; ++c) {
     copy_ring(g.CpuRingOffset(c), g.CpuPageOffset(c, 0), g.CpuRingOffset(c) + g.cpu_stride,
@@ -568,7 +699,7 @@ Result<RegionSnapshot> ReadRegion(std::vector<std::byte> copy, const RegionGeome
   RegionSnapshot snap;
   snap.geometry = geometry;
   snap.copy = std::move(copy);
-  Reader(&snap).Run();
+  region_read::ReadCopy(&snap, snap.copy, nullptr);
   return snap;
 }
 

@@ -65,6 +65,8 @@ struct PageLayout {
   static PageLayout Default(uint32_t page_size = 4096);
   // The largest sub-buffer size we accept (commit is 27 bits).
   static constexpr uint32_t kMaxPageSize = 1u << 27;
+
+  bool operator==(const PageLayout&) const = default;
 };
 
 // Why a page (or the rest of it) was rejected. Stable names: see PageErrorName.

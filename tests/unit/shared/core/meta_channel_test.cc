@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "test_support.h"
+
 namespace hvtrace::meta {
 namespace {
 
@@ -25,10 +27,7 @@ std::vector<Result<MetaFrame>> DecodeAll(std::span<const std::byte> bytes, size_
   return out;
 }
 
-std::vector<std::byte> Bytes(std::string_view s) {
-  return {reinterpret_cast<const std::byte*>(s.data()),
-          reinterpret_cast<const std::byte*>(s.data()) + s.size()};
-}
+using test_support::Bytes;
 
 TEST(MetaChannelTest, BootIdRoundTripsAndRejectsMalformedText) {
   EXPECT_EQ(BootIdString(kBoot), "0123abcd-4567-89ef-0123-456789abcdef");

@@ -11,22 +11,13 @@
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/region_reader.h"
 #include "hvtrace/region_writer.h"
+#include "test_support.h"
 
 namespace hvtrace {
 namespace {
 
-std::string ReadFixture(const std::string& rel) {
-  std::ifstream in(std::string(HVTRACE_FIXTURES_DIR) + "/" + rel, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::vector<std::byte> Bytes(const std::string& s) {
-  std::vector<std::byte> out(s.size());
-  std::memcpy(out.data(), s.data(), s.size());
-  return out;
-}
+using test_support::Bytes;
+using test_support::ReadFixture;
 
 // A region built the way hostd and the agent build one: host header, guest
 // identity, header_page + sched_switch formats, three real kernel pages on

@@ -181,6 +181,7 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
     info["unknown_id_events"] = built->unknown_id;
     times.decode_ms = built->decode_ms;
     times.write_ms = built->write_ms;
+    times.files_ms = built->files_ms;
     manifest.extra["formats"] = std::move(info);
     return true;
   };

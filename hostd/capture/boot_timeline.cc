@@ -193,7 +193,10 @@ Result<uint64_t> WriteHostClockBoot(TraceDat& dat, const PageLayout& layout, con
     });
     if (!s.ok()) return s.error();
   }
-  if (Status s = WriteTraceDat(out.string(), in); !s.ok()) return s.error();
+  // Into a capture: its Commit syncs every file at once.
+  if (Status s = WriteTraceDat(out.string(), in, TraceDatSync::kCallerSyncs); !s.ok()) {
+    return s.error();
+  }
   return unplaced;
 }
 
@@ -246,7 +249,9 @@ BootTimelineOutput BuildBootTimeline(const fs::path& dir, std::string_view qemu_
             {"first_ns", host.first_ns},
             {"last_ns", host.last_ns}};
   if (!log.first_problem.empty()) h["first_problem"] = log.first_problem;
-  if (Status s = WriteTraceDat((dir / kHostTraceDatName).string(), host.input); s.ok()) {
+  if (Status s =
+          WriteTraceDat((dir / kHostTraceDatName).string(), host.input, TraceDatSync::kCallerSyncs);
+      s.ok()) {
     h["file"] = kHostTraceDatName;
     out.files.push_back(kHostTraceDatName);
   } else {

@@ -50,7 +50,8 @@ struct BootTimelineOutput {
 
 // Builds the outputs above in |dir| from the boot files there and
 // |qemu_log| (the text of QEMU's trace log). Never fails: what could not be
-// done is in the returned timeline ("error" per part).
+// done is in the returned timeline ("error" per part). The files are not
+// fsynced (TraceDatSync::kCallerSyncs): PendingCapture::Commit syncs them.
 BootTimelineOutput BuildBootTimeline(const std::filesystem::path& dir, std::string_view qemu_log);
 
 // The capture step: when |pending| holds qemu-trace.log, builds the

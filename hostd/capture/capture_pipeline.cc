@@ -297,8 +297,10 @@ TraceDatWriterInput WriterInput(const KernelFormats& formats, const BootMapCaptu
 
 // Writes one trace.dat per boot into |dir|, each with the formats its
 // BootFormats names and symbols only at the KASLR offset that boot's own
-// events prove (EstablishKaslr): raw addresses otherwise.
-Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path& dir) {
+// events prove (EstablishKaslr): raw addresses otherwise. |sync|: kCallerSyncs
+// into a capture (its Commit syncs every file at once).
+Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path& dir,
+                  TraceDatSync sync) {
   const auto start = std::chrono::steady_clock::now();
   const bool per_boot = std::any_of(d.per_boot.begin(), d.per_boot.end(),
                                     [](const BootFormats& b) { return b.own_symbols; });
@@ -308,9 +310,17 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
   for (CaptureBoot& boot : d.result.boots) {
     const BootFormats& bf = d.per_boot.at(boot.boot);
     const KernelFormats& formats = *bf.formats;
+    auto lap = std::chrono::steady_clock::now();
+    // Adds the time since the last lap to |ms|.
+    auto split = [&lap](double& ms) {
+      const auto now = std::chrono::steady_clock::now();
+      ms += MsBetween(lap, now);
+      lap = now;
+    };
     TraceDatWriterInput in = WriterInput(formats, opts, d.layout.page_size);
     KaslrVerdict kaslr = EstablishKaslr(d.map, boot.boot, formats,
                                         MetaTextDelta(d.map, formats.kallsyms), bf.own_symbols);
+    split(d.result.kaslr_ms);
     in.printk_formats.clear();
     if (kaslr.use_symbols) {
       in.kallsyms = KallsymsForEvents(d.map, formats.kallsyms, kaslr.delta, boot.boot);
@@ -318,13 +328,17 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
                               ? formats.printk_formats
                               : RelocatePrintkFormats(formats.printk_formats, kaslr.delta);
     }
+    split(d.result.symbols_ms);
     // trace-cmd keeps one name per pid: the one covering most of its events.
     in.cmdlines = MostUsedNames(in.formats, d.layout, d.boot_pages[boot.boot], bf.cmdlines);
+    split(d.result.names_ms);
     boot.decoded_with = per_boot ? bf.source : json::object();
     boot.decoded_with["kaslr"] = std::move(kaslr.manifest);
     in.cpus = std::move(d.boot_pages[boot.boot]);
     const fs::path path = dir / boot.file;
-    Status s = WriteTraceDat(path.string(), in);
+    lap = std::chrono::steady_clock::now();
+    Status s = WriteTraceDat(path.string(), in, sync);
+    split(d.result.files_ms);
     d.boot_pages[boot.boot] = std::move(in.cpus);
     if (!s.ok()) return Error{"boot " + std::to_string(boot.boot) + ": " + s.error().message};
     d.result.files.push_back(boot.file);
@@ -375,7 +389,7 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
     d->result.files.push_back("region.bin");
     d->result.write_ms += MsBetween(region_start, std::chrono::steady_clock::now());
   }
-  Status s = WriteBoots(*d, opts, out.dir());
+  Status s = WriteBoots(*d, opts, out.dir(), TraceDatSync::kCallerSyncs);
   if (!s.ok()) return s.error();
 
   CaptureResult& r = d->result;
@@ -388,7 +402,9 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
   if (!manifest.extra.is_object()) manifest.extra = json::object();
   manifest.extra["boots"] = BootsToJson(r);
   manifest.extra["trace_clock"] = opts.trace_clock;
-  manifest.extra["pipeline_ms"] = {{"decode", r.decode_ms}, {"write", r.write_ms}};
+  manifest.extra["pipeline_ms"] = {{"decode", r.decode_ms},     {"write", r.write_ms},
+                                   {"write_kaslr", r.kaslr_ms}, {"write_symbols", r.symbols_ms},
+                                   {"write_names", r.names_ms}, {"write_files", r.files_ms}};
   return std::move(r);
 }
 
@@ -400,7 +416,7 @@ Result<CaptureResult> WriteBootMapTraceDats(std::span<const std::byte> region_co
   Result<Decoded> d = Decode(region_copy, &formats, SameFormats(formats), opts);
   if (!d.ok()) return d.error();
   d->result.decode_ms = MsBetween(start, std::chrono::steady_clock::now());
-  Status s = WriteBoots(*d, opts, dir);
+  Status s = WriteBoots(*d, opts, dir, TraceDatSync::kDurable);
   if (!s.ok()) return s.error();
   return std::move(d->result);
 }

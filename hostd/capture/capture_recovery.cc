@@ -82,7 +82,7 @@ Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats,
     if (!copy.ok()) return copy.error();
     const bool stopped = m.extra.value("/consistency/vcpus_stopped"_json_pointer, false);
     // The copy is durable and checked: a decode failure is noted, not fatal.
-    if (Status s = DecodeAttachStep(std::move(*copy), *geometry, stopped, pending, m); !s.ok())
+    if (Status s = DecodeAttachStep(*copy, *geometry, stopped, pending, m); !s.ok())
       m.extra["incomplete"] = s.error().message;
   } else if (kind != "boot-range" && kind != "shmem") {
     return Error{"its recovery record names no region this daemon can finish"};

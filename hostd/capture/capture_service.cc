@@ -67,23 +67,66 @@ std::filesystem::path MetaDirOfStore(const CaptureStore& store) {
   return MetaDirOfVm(store.dir().parent_path());
 }
 
-// One private copy buffer, returned to the pool when the capture is done.
+// One set of private copies: a capture copies the regions here, never into
+// memory it allocates then.
+struct CaptureService::CopyBuffers {
+  std::vector<std::byte> region_file;
+  std::vector<std::byte> attach;
+};
+
+namespace {
+
+// Grows |buffer| to |bytes|; the zero-fill touches every page now, not at
+// panic time. A copy may leave a buffer shorter (a smaller region) with its
+// capacity: growing it back does not allocate.
+void Fit(std::vector<std::byte>& buffer, uint64_t bytes) {
+  if (buffer.size() < bytes) buffer.resize(bytes);
+}
+
+void FitAll(auto& buffers, CopySizes sizes) {
+  Fit(buffers.region_file, sizes.region_file);
+  Fit(buffers.attach, sizes.attach);
+}
+
+// A copy of |bytes| into |buffer| will allocate (the pool was not reserved
+// for it): counted, so `hvtrace ping` shows it.
+void CountIfTooSmall(const std::vector<std::byte>& buffer, uint64_t bytes,
+                     std::atomic<uint64_t>& grown) {
+  if (buffer.capacity() < bytes) grown.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+json CopyPoolStats::ToJson() const {
+  return {{"sets", sets},
+          {"bytes", bytes},
+          {"reserved", {{"region_file", reserved.region_file}, {"attach", reserved.attach}}},
+          {"grown_at_capture", grown_at_capture}};
+}
+
+// One set of copy buffers, returned to the pool when the capture is done.
 class CaptureService::BufferLease {
  public:
-  BufferLease(CaptureService& service, std::unique_ptr<std::vector<std::byte>> buffer)
-      : service_(service), buffer_(std::move(buffer)) {}
+  BufferLease(CaptureService& service, std::unique_ptr<CopyBuffers> buffers)
+      : service_(service), buffers_(std::move(buffers)) {}
   BufferLease(BufferLease&&) = default;
   ~BufferLease() {
-    if (!buffer_) return;
-    std::lock_guard lock(service_.mu_);
-    service_.free_buffers_.push_back(std::move(buffer_));
+    if (!buffers_) return;
+    std::unique_lock lock(service_.mu_);
+    const CopySizes reserved = service_.reserved_;
+    lock.unlock();
+    // A buffer a failed decode gave away, or a reservation made while this
+    // set was out, is made whole here, after the capture, not in the next one.
+    FitAll(*buffers_, reserved);
+    lock.lock();
+    service_.free_buffers_.push_back(std::move(buffers_));
     service_.free_cv_.notify_one();
   }
-  std::vector<std::byte>& get() { return *buffer_; }
+  CopyBuffers& get() { return *buffers_; }
 
  private:
   CaptureService& service_;
-  std::unique_ptr<std::vector<std::byte>> buffer_;
+  std::unique_ptr<CopyBuffers> buffers_;
 };
 
 CaptureService::CaptureService(std::shared_ptr<FormatsService> formats, size_t copy_buffers,
@@ -91,35 +134,41 @@ CaptureService::CaptureService(std::shared_ptr<FormatsService> formats, size_t c
     : formats_(std::move(formats)),
       faults_(std::move(faults)),
       budget_(budget ? std::move(budget)
-                     : std::make_shared<CaptureBudget>(DiskLimits{}, std::filesystem::path())) {
-  for (size_t i = 0; i < std::max<size_t>(copy_buffers, 1); ++i) {
-    free_buffers_.push_back(std::make_unique<std::vector<std::byte>>());
-  }
+                     : std::make_shared<CaptureBudget>(DiskLimits{}, std::filesystem::path())),
+      sets_(std::max<size_t>(copy_buffers, 1)) {
+  for (size_t i = 0; i < sets_; ++i) free_buffers_.push_back(std::make_unique<CopyBuffers>());
 }
 
-void CaptureService::Reserve(uint64_t bytes) {
+CaptureService::~CaptureService() = default;
+
+void CaptureService::Reserve(CopySizes sizes) {
   std::lock_guard lock(mu_);
-  if (bytes <= reserved_bytes_) return;
-  reserved_bytes_ = bytes;
-  // Buffers out on a capture grow when they come back (AcquireBuffer).
-  for (auto& buffer : free_buffers_) {
-    buffer->resize(bytes);
-    // Touch every page now, not at panic time.
-    for (uint64_t i = 0; i < bytes; i += 4096) (*buffer)[i] = std::byte{0};
+  if (sizes.region_file <= reserved_.region_file && sizes.attach <= reserved_.attach) return;
+  reserved_.region_file = std::max(reserved_.region_file, sizes.region_file);
+  reserved_.attach = std::max(reserved_.attach, sizes.attach);
+  // Sets out on a capture grow when they come back (~BufferLease).
+  for (auto& buffers : free_buffers_) FitAll(*buffers, reserved_);
+}
+
+CopyPoolStats CaptureService::copy_pool() const {
+  std::lock_guard lock(mu_);
+  CopyPoolStats stats{sets_, 0, reserved_, grown_at_capture_.load(std::memory_order_relaxed)};
+  for (const auto& buffers : free_buffers_) {
+    stats.bytes += buffers->region_file.capacity() + buffers->attach.capacity();
   }
+  return stats;
 }
 
 CaptureService::BufferLease CaptureService::AcquireBuffer() {
   std::unique_lock lock(mu_);
   free_cv_.wait(lock, [this] { return !free_buffers_.empty(); });
-  auto buffer = std::move(free_buffers_.back());
+  auto buffers = std::move(free_buffers_.back());
   free_buffers_.pop_back();
-  if (buffer->size() < reserved_bytes_) buffer->resize(reserved_bytes_);
-  return BufferLease(*this, std::move(buffer));
+  return BufferLease(*this, std::move(buffers));
 }
 
 Status CaptureService::Build(const CaptureRequest& request, const std::filesystem::path& meta_dir,
-                             std::vector<std::byte>& copy, PendingCapture& pending,
+                             CopyBuffers& copies, PendingCapture& pending,
                              CaptureManifest& manifest) {
   const CaptureInputs& in = request.inputs;
   if (!in.region_file && !in.attach) {
@@ -130,28 +179,30 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   // Recorded before the copies, so a recovery knows it too; completed below.
   manifest.extra["consistency"] = {{"vcpus_stopped", in.vcpus_stopped}};
   if (in.region_file) {
-    if (Status s = CopyRegionFileStep(*in.region_file, copy, pending, manifest); !s.ok()) return s;
+    CountIfTooSmall(copies.region_file, in.region_file->size, grown_at_capture_);
+    if (Status s = CopyRegionFileStep(*in.region_file, copies.region_file, pending, manifest);
+        !s.ok())
+      return s;
     // From here on the capture survives this daemon (Recover).
     if (Status s = pending.WriteRecoveryRecord(manifest); !s.ok()) return s;
+    manifest.extra["timing_ms"]["trigger_to_recoverable"] = MsSince(request.triggered);
   }
-  std::vector<std::byte> attach_copy;
   if (in.attach) {
-    Result<std::vector<std::byte>> copied = CopyAttachStep(*in.attach, pending, manifest);
-    if (!copied.ok()) return copied.error();
-    attach_copy = std::move(*copied);
+    CountIfTooSmall(copies.attach, in.attach->size(), grown_at_capture_);
+    if (Status s = CopyAttachStep(*in.attach, copies.attach, pending, manifest); !s.ok()) return s;
     if (Status s = pending.WriteRecoveryRecord(manifest); !s.ok()) return s;
   }
   if (faults_.after_copies_durable) faults_.after_copies_durable();
   // The host side of boot (--trace-boot), as far as QEMU has written it.
   if (!in.qemu_trace_log.empty()) AttachQemuTraceLogStep(in.qemu_trace_log, pending, manifest);
   if (in.region_file) {
-    DecodeRegionFileStep(copy, formats_.get(), meta_dir, pending, manifest);
+    DecodeRegionFileStep(copies.region_file, formats_.get(), meta_dir, pending, manifest);
     // QEMU's side of a --trace-boot VM's boot and the guest's, on the host clock.
     BootTimelineStep(pending, manifest);
   }
   if (in.attach) {
-    Status s = DecodeAttachStep(std::move(attach_copy), in.attach->geometry(), in.vcpus_stopped,
-                                pending, manifest);
+    Status s =
+        DecodeAttachStep(copies.attach, in.attach->geometry(), in.vcpus_stopped, pending, manifest);
     if (!s.ok()) return s;
   }
   manifest.extra["consistency"] =

@@ -25,6 +25,7 @@
 #ifndef HVTRACE_HOSTD_CAPTURE_SERVICE_H_
 #define HVTRACE_HOSTD_CAPTURE_SERVICE_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -120,18 +121,39 @@ struct CaptureFaults {
 // VM's metadata only.
 std::filesystem::path MetaDirOfStore(const CaptureStore& store);
 
+// The largest private copies one capture makes: a region file (boot range)
+// and an attach region.
+struct CopySizes {
+  uint64_t region_file = 0;
+  uint64_t attach = 0;
+};
+
+// The copy buffers of a CaptureService: one set per capture that can be in
+// flight, whatever the number of VMs.
+struct CopyPoolStats {
+  size_t sets = 0;                // Sets of buffers (the workers).
+  uint64_t bytes = 0;             // Held by the sets not out on a capture.
+  CopySizes reserved;             // Each set's buffers hold this much.
+  uint64_t grown_at_capture = 0;  // Copies that had to allocate (0: none did).
+  nlohmann::json ToJson() const;
+};
+
 class CaptureService {
  public:
   // |formats| may be null (captures keep their raw copies, counted only).
-  // |copy_buffers| private copies may be in flight at once (the workers).
+  // |copy_buffers| sets of private copies may be in flight at once (the
+  // workers).
   // |budget| null: no byte budgets and no reserve (free space is still
   // checked against the capture's need).
   CaptureService(std::shared_ptr<FormatsService> formats, size_t copy_buffers,
                  CaptureFaults faults = {}, std::shared_ptr<CaptureBudget> budget = nullptr);
+  ~CaptureService();
 
-  // Grows the copy buffers ahead of time to hold a |bytes| region, so a
-  // panic capture copies without allocating or faulting in pages.
-  void Reserve(uint64_t bytes);
+  // Grows every set of copy buffers ahead of time to hold |sizes| (never
+  // shrinks them), so a panic capture copies without allocating or faulting
+  // in pages. The memory is sets × the largest regions, not one per VM.
+  void Reserve(CopySizes sizes);
+  CopyPoolStats copy_pool() const;
 
   // Steps 1–4 for one capture into |store|. Blocking: run it on a worker.
   Result<CaptureOutcome> Take(const CaptureStore& store, const CaptureRequest& request);
@@ -148,18 +170,21 @@ class CaptureService {
   FormatsService* formats() const { return formats_.get(); }
 
  private:
+  struct CopyBuffers;
   class BufferLease;
   BufferLease AcquireBuffer();
   Status Build(const CaptureRequest& request, const std::filesystem::path& meta_dir,
-               std::vector<std::byte>& copy, PendingCapture& pending, CaptureManifest& manifest);
+               CopyBuffers& copies, PendingCapture& pending, CaptureManifest& manifest);
 
   std::shared_ptr<FormatsService> formats_;
   CaptureFaults faults_;
   std::shared_ptr<CaptureBudget> budget_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable free_cv_;
-  std::vector<std::unique_ptr<std::vector<std::byte>>> free_buffers_;
-  uint64_t reserved_bytes_ = 0;
+  size_t sets_ = 0;
+  std::vector<std::unique_ptr<CopyBuffers>> free_buffers_;
+  CopySizes reserved_;
+  std::atomic<uint64_t> grown_at_capture_{0};
 };
 
 }  // namespace hvtrace::hostd

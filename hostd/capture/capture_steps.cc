@@ -31,6 +31,7 @@ json& Timing(CaptureManifest& manifest) {
 Status CopyRegionFileStep(const RegionFileSource& source, std::vector<std::byte>& copy,
                           PendingCapture& pending, CaptureManifest& manifest) {
   if (source.fd < 0) return Error{"region " + source.path.string() + " is not open"};
+  const double to_start = MsSince(manifest.triggered);
   Result<PendingCapture::RegionCopyStats> stats =
       pending.CopyRegion(kRegionFileName, source.fd, source.path, source.offset, source.size, copy);
   if (!stats.ok()) return stats.error();
@@ -46,6 +47,7 @@ Status CopyRegionFileStep(const RegionFileSource& source, std::vector<std::byte>
   if (!source.kernel_path.empty()) manifest.kernel["path"] = source.kernel_path;
   if (!source.kernel_key.empty()) manifest.kernel["formats_key"] = source.kernel_key;
   json& timing = Timing(manifest);
+  timing["trigger_to_copy_start"] = to_start;
   timing["copy"] = stats->copy_ms;
   timing["region_write"] = stats->write_ms;
   timing["region_fsync"] = stats->sync_ms;
@@ -55,10 +57,10 @@ Status CopyRegionFileStep(const RegionFileSource& source, std::vector<std::byte>
   return {};
 }
 
-Result<std::vector<std::byte>> CopyAttachStep(const LiveRegion& region, PendingCapture& pending,
-                                              CaptureManifest& manifest) {
+Status CopyAttachStep(const LiveRegion& region, std::vector<std::byte>& copy,
+                      PendingCapture& pending, CaptureManifest& manifest) {
   const auto start = std::chrono::steady_clock::now();
-  std::vector<std::byte> copy = region.Copy();
+  region.CopyInto(copy);
   const auto copied = std::chrono::steady_clock::now();
   if (Status s = pending.WriteFile(kAttachRegionFileName, copy); !s.ok()) {
     return Error{"attach region " + region.path().string() + ": " + s.error().message};
@@ -71,7 +73,7 @@ Result<std::vector<std::byte>> CopyAttachStep(const LiveRegion& region, PendingC
   json& timing = Timing(manifest);
   timing["attach_copy"] = MsBetween(start, copied);
   timing["attach_write_fsync"] = MsBetween(copied, std::chrono::steady_clock::now());
-  return copy;
+  return {};
 }
 
 void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* formats,
@@ -85,16 +87,16 @@ void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* forma
   timing["formats_load"] = times.formats_ms;
   timing["decode"] = times.decode_ms;
   timing["trace_dat_write"] = times.write_ms;
+  timing["trace_dat_files"] = times.files_ms;
 }
 
-Status DecodeAttachStep(std::vector<std::byte> copy, const RegionGeometry& geometry,
+Status DecodeAttachStep(std::vector<std::byte>& copy, const RegionGeometry& geometry,
                         bool vcpus_stopped, PendingCapture& pending, CaptureManifest& manifest) {
   RegionCaptureOptions options;
   options.write_region = false;  // CopyAttachStep wrote it.
   options.vm_paused = vcpus_stopped;
   const auto start = std::chrono::steady_clock::now();
-  Result<RegionCaptureResult> r =
-      BuildRegionCapture(std::move(copy), geometry, options, pending, manifest);
+  Result<RegionCaptureResult> r = BuildRegionCapture(copy, geometry, options, pending, manifest);
   const json* attach = AttachRegionJson(manifest);
   const std::string source = attach ? attach->value("source", std::string()) : std::string();
   if (!r.ok()) return Error{"attach region " + source + ": " + r.error().message};

@@ -27,11 +27,12 @@ inline constexpr const char* kAttachRegionFileName = "attach-region.bin";
 Status CopyRegionFileStep(const RegionFileSource& source, std::vector<std::byte>& copy,
                           PendingCapture& pending, CaptureManifest& manifest);
 
-// Step 2: a private copy of |region| and attach-region.bin, durable on
+// Step 2: a private copy of |region| into |copy| (a pooled buffer: no
+// allocation when it is large enough) and attach-region.bin, durable on
 // return. Describes the region in the manifest (with its geometry, which
 // recovery needs) as region, or region.attach beside a region file.
-Result<std::vector<std::byte>> CopyAttachStep(const LiveRegion& region, PendingCapture& pending,
-                                              CaptureManifest& manifest);
+Status CopyAttachStep(const LiveRegion& region, std::vector<std::byte>& copy,
+                      PendingCapture& pending, CaptureManifest& manifest);
 
 // Step 3 for a region file copy: decodes a boot range with the VM's
 // metadata-channel boots in |meta_dir| and |formats| (or counts it), nothing
@@ -40,8 +41,8 @@ void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* forma
                           const std::filesystem::path& meta_dir, PendingCapture& pending,
                           CaptureManifest& manifest);
 
-// Step 3 for an attach copy.
-Status DecodeAttachStep(std::vector<std::byte> copy, const RegionGeometry& geometry,
+// Step 3 for an attach copy; |copy| is handed back (BuildRegionCapture).
+Status DecodeAttachStep(std::vector<std::byte>& copy, const RegionGeometry& geometry,
                         bool vcpus_stopped, PendingCapture& pending, CaptureManifest& manifest);
 
 // The attach region's description in |manifest| (region or region.attach);

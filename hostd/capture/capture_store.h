@@ -150,10 +150,12 @@ class PendingCapture {
   Status WriteRecoveryRecord(const CaptureManifest& manifest);
 
   // Writes manifest.json (listing the finished files and their sizes),
-  // fsyncs, renames the directory to its final name, and returns the entry.
-  // Only finished files are listed and kept: every file is written under a
-  // hidden part name and renamed when durable, so hidden names and writers'
-  // "*.tmp.*" files are what a failed or killed writer left, and go. The
+  // fsyncs it and every file it lists, then the directory, in one flush
+  // (files other writers left unsynced, TraceDatSync::kCallerSyncs, become
+  // durable here), renames the directory to its final name, and returns the
+  // entry. Only finished files are listed and kept: every file is written
+  // under a hidden part name and renamed when whole, so hidden names and
+  // writers' "*.tmp.*" files are what a failed or killed writer left, and go. The
   // recovery record is not listed and is removed once the capture is
   // visible. On error nothing is left visible; a capture whose raw copy is
   // durable (a recovery record exists) stays in dir() for the next start to

@@ -332,7 +332,8 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
         g.unplaced ? TraceClockName(region::kClockTsc) : TraceClockName(s.guest.trace_clock);
     in.cpus = std::move(g.pages);
     const fs::path path = dir / g.file.file;
-    if (Status st = WriteTraceDat(path.string(), in); !st.ok()) {
+    // Into a capture: its Commit syncs every file at once.
+    if (Status st = WriteTraceDat(path.string(), in, TraceDatSync::kCallerSyncs); !st.ok()) {
       return Error{"boot generation " + std::to_string(gen) + ": " + st.error().message};
     }
     g.file.trace_clock = in.trace_clock;
@@ -399,7 +400,7 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
   return r;
 }
 
-Result<RegionCaptureResult> BuildRegionCapture(std::vector<std::byte> copy,
+Result<RegionCaptureResult> BuildRegionCapture(std::vector<std::byte>& copy,
                                                const RegionGeometry& geometry,
                                                const RegionCaptureOptions& options,
                                                PendingCapture& out, CaptureManifest& manifest) {
@@ -410,6 +411,11 @@ Result<RegionCaptureResult> BuildRegionCapture(std::vector<std::byte> copy,
   const auto written = std::chrono::steady_clock::now();
   auto snapshot = ReadRegion(std::move(copy), geometry);
   if (!snapshot.ok()) return snapshot.error();
+  struct HandBack {
+    std::vector<std::byte>& to;
+    std::vector<std::byte>& from;
+    ~HandBack() { to = std::move(from); }
+  } hand_back{copy, snapshot->copy};
   RegionTextCache texts;
   texts.Update(&*snapshot);  // A bad area is counted among the snapshot's issues.
   auto r = WriteRegionTraceDats(*snapshot, out.dir(), &texts);
@@ -444,7 +450,7 @@ Result<RegionCaptureResult> CaptureLiveRegion(const LiveRegion& region,
   const auto start = std::chrono::steady_clock::now();
   std::vector<std::byte> copy = region.Copy();
   const double copy_ms = MsBetween(start, std::chrono::steady_clock::now());
-  auto r = BuildRegionCapture(std::move(copy), region.geometry(), options, out, manifest);
+  auto r = BuildRegionCapture(copy, region.geometry(), options, out, manifest);
   if (!r.ok()) return Error{"region " + region.path().string() + ": " + r.error().message};
   manifest.extra["attach"]["copy_ms"] = copy_ms;
   manifest.extra["attach"]["source"] = region.path().string();

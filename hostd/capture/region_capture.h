@@ -89,7 +89,8 @@ std::string RegionUnplacedTraceDatName(uint64_t generation);
 // Writes the trace.dat files for |snapshot| into |dir| (no region.bin, no
 // manifest). For captures, tests and `hvtrace show`. |texts| (updated with
 // this snapshot) supplies symbols and task names; without it the files have
-// the direct-write threads' names only.
+// the direct-write threads' names only. The files are not fsynced
+// (TraceDatSync::kCallerSyncs): PendingCapture::Commit syncs a capture's.
 Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& snapshot,
                                                  const std::filesystem::path& dir,
                                                  const RegionTextCache* texts = nullptr);
@@ -97,8 +98,10 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& snapshot,
 // The whole capture of a region copy: attach-region.bin (when asked),
 // region-gen-<N>.trace.dat, and the manifest's cpus, validation (when empty),
 // kernel (release, boot id) and extra.attach. Fails only when the copy is
-// unusable (wrong size) or a file cannot be written.
-Result<RegionCaptureResult> BuildRegionCapture(std::vector<std::byte> copy,
+// unusable (wrong size) or a file cannot be written. |copy| is the
+// snapshot's while decoding and handed back after (the same allocation, so
+// a pooled copy buffer stays in its pool), also on failure once decoded.
+Result<RegionCaptureResult> BuildRegionCapture(std::vector<std::byte>& copy,
                                                const RegionGeometry& geometry,
                                                const RegionCaptureOptions& options,
                                                PendingCapture& out, CaptureManifest& manifest);

@@ -2,7 +2,9 @@
 #include "hvtrace/tracedat_writer.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <bit>
@@ -132,10 +134,46 @@ Result<std::string> EncodeHeader(const TraceDatWriterInput& in) {
   return out;
 }
 
-// Pads |out| to the next multiple of |page_size|.
-void PadTo(std::string* out, uint64_t page_size) {
-  const uint64_t aligned = (out->size() + page_size - 1) / page_size * page_size;
-  out->resize(aligned, '\0');
+// The file as the spans it is made of, in order: the header, then per CPU
+// zero padding to a page boundary and its pages (pages adjacent in memory
+// merged into one span). EncodeTraceDat joins them; WriteTraceDat hands them
+// to writev, so the pages are never copied (the issue-16 capture measured
+// 28.8 ms for a 1.4 MB trace.dat written one page per write(2) and fsynced
+// twice; see bench/README.md "Panic to capture").
+struct Pieces {
+  Pieces() = default;
+  Pieces(const Pieces&) = delete;
+  Pieces& operator=(const Pieces&) = delete;
+
+  std::string head;
+  std::string zeros;  // page_size zero bytes, the source of every padding span.
+  std::vector<std::span<const std::byte>> spans;
+  uint64_t size = 0;
+
+  void Add(std::span<const std::byte> s) {
+    if (s.empty()) return;
+    size += s.size();
+    if (!spans.empty() && spans.back().data() + spans.back().size() == s.data()) {
+      spans.back() = {spans.back().data(), spans.back().size() + s.size()};
+      return;
+    }
+    spans.push_back(s);
+  }
+};
+
+// Fills |p| (not moved afterwards: its spans point into its own strings).
+Status Layout(const TraceDatWriterInput& input, Pieces& p) {
+  auto header = EncodeHeader(input);
+  if (!header.ok()) return header.error();
+  p.head = std::move(*header);
+  p.zeros.assign(input.page_size, '\0');
+  p.Add(std::as_bytes(std::span(p.head)));
+  for (const auto& pages : input.cpus) {
+    const uint64_t pad = (input.page_size - p.size % input.page_size) % input.page_size;
+    p.Add(std::as_bytes(std::span(p.zeros)).first(pad));
+    for (const auto& page : pages) p.Add(page);
+  }
+  return {};
 }
 
 class File {
@@ -160,25 +198,43 @@ class File {
     }
     return {};
   }
-  Status Write(const void* data, size_t size) {
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t n = write(fd_, p, size);
+  // Writes |spans| in order, IOV_MAX at a time, resuming after short writes.
+  Status Write(std::span<const std::span<const std::byte>> spans) {
+    std::vector<iovec> iov;
+    size_t next = 0;  // First span not yet in |iov|.
+    size_t skip = 0;  // Bytes of spans[next] already written.
+    while (next < spans.size()) {
+      iov.clear();
+      for (size_t i = next; i < spans.size() && iov.size() < IOV_MAX; ++i) {
+        const size_t off = i == next ? skip : 0;
+        iov.push_back({const_cast<std::byte*>(spans[i].data()) + off, spans[i].size() - off});
+      }
+      const ssize_t n = writev(fd_, iov.data(), static_cast<int>(iov.size()));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
         const std::string err = n < 0 ? std::strerror(errno) : "wrote nothing";
         return Error{"trace.dat: write " + tmp_ + " (for " + path_ + ") at offset " +
                      std::to_string(written_) + ": " + err};
       }
-      p += n;
-      size -= static_cast<size_t>(n);
       written_ += static_cast<uint64_t>(n);
+      size_t left = static_cast<size_t>(n);
+      while (next < spans.size() && left >= spans[next].size() - skip) {
+        left -= spans[next].size() - skip;
+        skip = 0;
+        ++next;
+      }
+      skip += left;
     }
     return {};
   }
-  Status Commit() {
-    if (fsync(fd_) != 0) {
+  Status Commit(TraceDatSync sync) {
+    if (sync == TraceDatSync::kDurable && fsync(fd_) != 0) {
       return Error{"trace.dat: fsync " + tmp_ + " (for " + path_ + "): " + std::strerror(errno)};
+    }
+    // The caller syncs later (one flush for all its files): start the
+    // writeback now so that flush finds little left to do.
+    if (sync == TraceDatSync::kCallerSyncs) {
+      (void)sync_file_range(fd_, 0, 0, SYNC_FILE_RANGE_WRITE);
     }
     const int fd = fd_;
     fd_ = -1;
@@ -189,6 +245,7 @@ class File {
       return Error{"trace.dat: rename " + tmp_ + " to " + path_ + ": " + std::strerror(errno)};
     }
     committed_ = true;
+    if (sync == TraceDatSync::kCallerSyncs) return {};
     // Make the rename itself durable.
     const size_t slash = path_.rfind('/');
     const std::string dir = slash == std::string::npos ? "." : path_.substr(0, slash + 1);
@@ -211,43 +268,25 @@ class File {
 }  // namespace
 
 Result<std::string> EncodeTraceDat(const TraceDatWriterInput& input) {
-  auto header = EncodeHeader(input);
-  if (!header.ok()) return header.error();
-  std::string out = std::move(*header);
-  for (const auto& pages : input.cpus) {
-    PadTo(&out, input.page_size);
-    for (const auto& page : pages)
-      out.append(reinterpret_cast<const char*>(page.data()), page.size());
+  Pieces pieces;
+  if (Status s = Layout(input, pieces); !s.ok()) return s.error();
+  std::string out;
+  out.reserve(pieces.size);
+  for (const auto& span : pieces.spans) {
+    out.append(reinterpret_cast<const char*>(span.data()), span.size());
   }
   return out;
 }
 
-Status WriteTraceDat(const std::string& path, const TraceDatWriterInput& input) {
-  auto header = EncodeHeader(input);
-  if (!header.ok()) {
-    return Error{header.error().message + " (writing " + path + ")"};
+Status WriteTraceDat(const std::string& path, const TraceDatWriterInput& input, TraceDatSync sync) {
+  Pieces pieces;
+  if (Status s = Layout(input, pieces); !s.ok()) {
+    return Error{s.error().message + " (writing " + path + ")"};
   }
   File file(path);
   if (Status s = file.Open(); !s.ok()) return s;
-  std::string head = std::move(*header);
-  uint64_t written = 0;
-  auto write_padded = [&](const std::string& bytes) -> Status {
-    if (Status s = file.Write(bytes.data(), bytes.size()); !s.ok()) return s;
-    written += bytes.size();
-    return {};
-  };
-  if (Status s = write_padded(head); !s.ok()) return s;
-  const std::string zeros(input.page_size, '\0');
-  for (const auto& pages : input.cpus) {
-    const uint64_t pad = (input.page_size - written % input.page_size) % input.page_size;
-    if (Status s = file.Write(zeros.data(), pad); !s.ok()) return s;
-    written += pad;
-    for (const auto& page : pages) {
-      if (Status s = file.Write(page.data(), page.size()); !s.ok()) return s;
-      written += page.size();
-    }
-  }
-  return file.Commit();
+  if (Status s = file.Write(pieces.spans); !s.ok()) return s;
+  return file.Commit(sync);
 }
 
 }  // namespace hvtrace

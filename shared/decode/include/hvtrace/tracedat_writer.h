@@ -12,10 +12,10 @@
 //   padding to page_size, then each CPU's pages, page aligned.
 //
 // The pages are written as given: the caller passes pages it has already
-// validated (e.g. by BootMap or the page walker). The file is written under a
-// temporary name in the same directory, fsynced and renamed, so a reader never
-// sees half a file; every failure (short write, disk full) names the path.
-// The file is created 0640.
+// validated (e.g. by BootMap or the page walker), in a few writev calls that
+// take them where they lie. The file is written under a temporary name in the
+// same directory and renamed, so a reader never sees half a file; every
+// failure (short write, disk full) names the path. The file is created 0640.
 #ifndef HVTRACE_TRACEDAT_WRITER_H_
 #define HVTRACE_TRACEDAT_WRITER_H_
 
@@ -47,10 +47,19 @@ struct TraceDatWriterInput {
   std::vector<std::vector<std::span<const std::byte>>> cpus;
 };
 
+// How durable WriteTraceDat leaves the file.
+enum class TraceDatSync {
+  kDurable,      // fsynced before the rename, the directory fsynced after.
+  kCallerSyncs,  // Written back in the background only: the caller fsyncs the
+                 // file and its directory before it relies on them (a capture
+                 // does it once for all its files when it commits).
+};
+
 // Writes |input| to |path| (replacing it atomically). Fails with a message
 // naming |path| and what went wrong; on failure no file is left at |path|
 // and the temporary file is removed.
-Status WriteTraceDat(const std::string& path, const TraceDatWriterInput& input);
+Status WriteTraceDat(const std::string& path, const TraceDatWriterInput& input,
+                     TraceDatSync sync = TraceDatSync::kDurable);
 
 // The bytes WriteTraceDat would write (for tests and fuzzers).
 Result<std::string> EncodeTraceDat(const TraceDatWriterInput& input);

@@ -1,19 +1,46 @@
 #include "capture_service.h"
 
+#include <fcntl.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
 #include "region_capture_fixture.h"
+#include "unique_fd.h"
+
+// Counts allocations of at least |g_large| bytes in this test binary: a
+// capture that copies into the pool allocates nothing that large. (GCC
+// takes the malloc/free pair below for a mismatch once inlined.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
+std::atomic<size_t> g_large{SIZE_MAX};
+std::atomic<int> g_large_allocs{0};
+
+void* operator new(std::size_t n) {
+  if (n >= g_large.load()) g_large_allocs.fetch_add(1);
+  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace hvtrace::hostd {
 namespace {
 
+// |bytes| as a region file (what the agent's region looks like on disk).
+fs::path WriteRegionFile(const fs::path& path, const std::vector<std::byte>& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  return path;
+}
+
 // run's recovery, as a boot range's is, with the same trace.dat files.
 TEST_F(RegionCaptureTest, AttachCaptureThatDiesAfterItsCopyIsRecovered) {
   const fs::path dir = TempDir();
-  const fs::path region_file = dir / "region";
-  {
-    std::ofstream out(region_file, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(mem_.data()),
-              static_cast<std::streamsize>(mem_.size()));
-  }
+  const fs::path region_file = WriteRegionFile(dir / "region", mem_);
   auto live = LiveRegion::OpenExisting(region_file);
   ASSERT_TRUE(live.ok()) << live.error().message;
   CaptureStore store(dir / "captures");
@@ -63,12 +90,7 @@ TEST_F(RegionCaptureTest, AttachCaptureThatDiesAfterItsCopyIsRecovered) {
 // guest wrote anything, it is a new panic.
 TEST_F(RegionCaptureTest, AnAttachOnlyGuestStillInTheSamePanicIsNotCapturedTwice) {
   const fs::path dir = TempDir();
-  const fs::path region_file = dir / "region";
-  {
-    std::ofstream out(region_file, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(mem_.data()),
-              static_cast<std::streamsize>(mem_.size()));
-  }
+  const fs::path region_file = WriteRegionFile(dir / "region", mem_);
   auto live = LiveRegion::OpenExisting(region_file);
   ASSERT_TRUE(live.ok()) << live.error().message;
   CaptureStore store(dir / "captures");
@@ -98,6 +120,79 @@ TEST_F(RegionCaptureTest, AnAttachOnlyGuestStillInTheSamePanicIsNotCapturedTwice
   ASSERT_TRUE(second.ok()) << second.error().message;
   EXPECT_FALSE(second->deduplicated);
   EXPECT_EQ(store.List()->size(), 2u);
+}
+
+// The copy buffers are one set per worker, sized by the largest regions:
+// registering many VMs with the same ranges adds nothing, and a capture of a
+// region file and an attach region copies into the set without allocating.
+TEST_F(RegionCaptureTest, CapturesCopyIntoThePoolWhateverTheNumberOfVms) {
+  const fs::path dir = TempDir();
+  const fs::path region_file = WriteRegionFile(dir / "region", mem_);
+  auto live = LiveRegion::OpenExisting(region_file);
+  ASSERT_TRUE(live.ok()) << live.error().message;
+  const uint64_t size = mem_.size();
+  CaptureService service(nullptr, 2);
+  for (int vm = 0; vm < 100; ++vm) service.Reserve({.region_file = size, .attach = size});
+  CopyPoolStats pool = service.copy_pool();
+  EXPECT_EQ(pool.sets, 2u);
+  EXPECT_EQ(pool.bytes, 2 * 2 * size);
+
+  UniqueFd fd(::open(region_file.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_GE(fd.get(), 0);
+  CaptureRequest request;
+  request.vm = "vm1";
+  request.trigger = "panic";
+  request.triggered = HostTime::Now();
+  // A raw shmem region: copied, kept as region.bin, not decoded.
+  RegionFileSource source;
+  source.fd = fd.get();
+  source.path = region_file;
+  source.size = size;
+  source.boot_range = false;
+  request.inputs.region_file = source;
+  request.inputs.attach = *live;
+  request.inputs.vcpus_stopped = true;
+  CaptureStore store(dir / "captures");
+  g_large = size;
+  g_large_allocs = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto taken = service.Take(store, request);
+    ASSERT_TRUE(taken.ok()) << taken.error().message;
+    EXPECT_TRUE(taken->incomplete.empty()) << taken->incomplete;
+  }
+  g_large = SIZE_MAX;
+  EXPECT_EQ(g_large_allocs.load(), 0);  // Neither copy allocated.
+  pool = service.copy_pool();
+  EXPECT_EQ(pool.grown_at_capture, 0u);
+  EXPECT_EQ(pool.bytes, 2 * 2 * size);  // Every set came back whole.
+  EXPECT_EQ(store.List()->size(), 3u);
+}
+
+// A region nobody reserved for (a capture before its VM registered) is
+// copied all the same: the copy allocates once, is counted, and the grown
+// buffer stays in the pool for the next capture.
+TEST_F(RegionCaptureTest, AnUnreservedAttachCopyAllocatesOnceAndIsCounted) {
+  const fs::path dir = TempDir();
+  const fs::path region_file = WriteRegionFile(dir / "region", mem_);
+  auto live = LiveRegion::OpenExisting(region_file);
+  ASSERT_TRUE(live.ok()) << live.error().message;
+  CaptureService service(nullptr, 1);
+  EXPECT_EQ(service.copy_pool().bytes, 0u);
+  CaptureRequest request;
+  request.vm = "vm1";
+  request.trigger = "manual";
+  request.triggered = HostTime::Now();
+  request.inputs.attach = *live;
+  CaptureStore store(dir / "captures");
+  g_large = mem_.size();
+  g_large_allocs = 0;
+  ASSERT_TRUE(service.Take(store, request).ok());
+  EXPECT_EQ(service.copy_pool().grown_at_capture, 1u);
+  EXPECT_GE(service.copy_pool().bytes, mem_.size());
+  ASSERT_TRUE(service.Take(store, request).ok());
+  g_large = SIZE_MAX;
+  EXPECT_EQ(service.copy_pool().grown_at_capture, 1u);
+  EXPECT_EQ(g_large_allocs.load(), 1);  // The first copy only.
 }
 
 }  // namespace

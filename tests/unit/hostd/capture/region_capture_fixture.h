@@ -30,15 +30,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-[[maybe_unused]] std::string ReadFixture(const std::string& rel) {
-  return test_support::ReadText(std::string(HVTRACE_FIXTURES_DIR) + "/" + rel);
-}
-
-[[maybe_unused]] std::vector<std::byte> Bytes(const std::string& s) {
-  std::vector<std::byte> out(s.size());
-  std::memcpy(out.data(), s.data(), s.size());
-  return out;
-}
+using test_support::Bytes;
+using test_support::ReadFixture;
 
 // A direct-write event as programs register it (the dwtrace text shape).
 constexpr uint32_t kDwId = region::kDwFirstEventId;

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -54,6 +55,10 @@ using test_support::RunCommand;
 using test_support::Unzstd;
 
 namespace fs = std::filesystem;
+
+constexpr uint64_t kPageByPageBytes = 888832;
+constexpr const char* kPageByPageSha256 =
+    "e632ea40d28766b52eb322c4a9e519988d3a167c10680806aed67c69358a5499";
 const std::string kDir = std::string(HVTRACE_FIXTURES_DIR) + "/boot_map/";
 
 // The guest's markers: (cpu, usecs, "tracing_mark_write: text").
@@ -185,6 +190,55 @@ TEST_F(TraceDatWriterTest, ReplacesAnExistingFileAndLeavesNoTemporary) {
   ASSERT_TRUE(encoded.ok());
   EXPECT_EQ(ReadText(path), *encoded);
   EXPECT_EQ(encoded->size() % 4096, 0u);
+}
+
+// The bytes of the fixture's file as the writer made them before it wrote the
+// whole file with a few writev calls (one write per page before, 2026-11-25):
+// the sha256 and size of that writer's output, with the formats sorted so the
+// input does not depend on directory order. Both durability modes write them.
+TEST_F(TraceDatWriterTest, WritesTheSameBytesAsThePageByPageWriter) {
+  std::sort(input_.formats.begin(), input_.formats.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.system, a.text) < std::tie(b.system, b.text);
+  });
+  auto encoded = EncodeTraceDat(input_);
+  ASSERT_TRUE(encoded.ok());
+  for (const TraceDatSync sync : {TraceDatSync::kDurable, TraceDatSync::kCallerSyncs}) {
+    const std::string path = dir_ / "trace.dat";
+    ASSERT_TRUE(WriteTraceDat(path, input_, sync).ok());
+    EXPECT_EQ(fs::file_size(path), kPageByPageBytes);
+    const std::string sum = RunCommand("sha256sum '" + path + "' | cut -c1-64");
+    EXPECT_EQ(sum, std::string(kPageByPageSha256) + "\n");
+    EXPECT_EQ(ReadText(path), *encoded);
+  }
+}
+
+// More pages apart in memory than one writev takes (IOV_MAX): the file is
+// still every page in order.
+TEST(TraceDatWriterManyPagesTest, PagesApartInMemoryAreWrittenInOrder) {
+  const fs::path dir = fs::temp_directory_path() / ("hvtrace-tdw-many-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  constexpr size_t kPages = 2500;  // > 2 * IOV_MAX (1024): three writev calls at least.
+  std::vector<std::byte> memory(2 * kPages * 4096);
+  TraceDatWriterInput in;
+  in.header_page = "header";
+  in.header_event = "event";
+  in.cpus.resize(2);
+  for (size_t i = 0; i < kPages; ++i) {
+    // Every other page of |memory|: no two pages adjacent, one span each.
+    std::span<std::byte> page = std::span(memory).subspan(2 * i * 4096, 4096);
+    std::fill(page.begin(), page.end(), std::byte(i % 251 + 1));
+    in.cpus[i % 2].push_back(page);
+  }
+  auto encoded = EncodeTraceDat(in);
+  ASSERT_TRUE(encoded.ok());
+  const std::string path = dir / "trace.dat";
+  ASSERT_TRUE(WriteTraceDat(path, in, TraceDatSync::kCallerSyncs).ok());
+  const std::string written = ReadText(path);
+  EXPECT_EQ(written.size(), encoded->size());
+  EXPECT_TRUE(written == *encoded);
+  // The last page of CPU 1 ends the file.
+  EXPECT_EQ(static_cast<unsigned char>(written.back()), (kPages - 1) % 251 + 1);
+  fs::remove_all(dir);
 }
 
 TEST_F(TraceDatWriterTest, MissingDirectoryIsReportedWithThePath) {

@@ -1,0 +1,12 @@
+#!/bin/sh
+# Panic -> capture latency with real TCG guests through hvtraced (see
+# bench/capture_latency.cc for what each figure measures). Usage:
+#   bench/capture_latency.sh [RUNS [DAEMON]]   (default 5 runs of build/bin/hvtraced;
+#   DAEMON: another binary in build/bin, e.g. hvtraced built from main, to compare)
+set -eu
+here=$(cd "$(dirname "$0")/.." && pwd)
+bin="$here/build/bin"
+[ -x "$bin/capture_latency" ] || { echo "build first: cmake --build build" >&2; exit 1; }
+echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'); load: $(uptime | sed 's/.*load average: //')"
+"$bin/capture_latency" "${1:-5}" "${2:-hvtraced}"
+echo "# after: load $(uptime | sed 's/.*load average: //')"

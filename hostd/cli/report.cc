@@ -1,4 +1,4 @@
-// hvtrace report FILE.dat [--json | --format text|json] [-o OUT] [--strict]
+// hvtrace report FILE.dat [--json | --format text|json] [-o OUT] [--strict] [--threads N]
 //
 // Exit status: 0 when the file was read (problems inside it are printed to
 // stderr, and every good event is still written); 1 when nothing could be
@@ -32,6 +32,12 @@ class ReportCommand final : public Command {
     app.add_flag(
         "!--no-fast-paths", fast_paths_,
         "print every event through libtraceevent (slower; for checking the compiled printers)");
+    app.add_option("--threads", threads_,
+                   "threads that print events beside the one that merges the CPUs "
+                   "(default: none below 4 CPUs, else one per CPU but the merging one's; 0: the "
+                   "merging thread prints too; the output is the same)")
+        ->type_name("N")
+        ->check(CLI::Range(0, 64));
     app.add_flag("--time-names", time_names_,
                  "name each event's task as the trace named it at that time (two passes)");
     app.footer(
@@ -48,6 +54,7 @@ class ReportCommand final : public Command {
     options.format = json_ ? OutputFormat::kJson : OutputFormat::kText;
     options.fast_paths = fast_paths_;
     options.time_names = time_names_;
+    options.threads = threads_;
     int fd = STDOUT_FILENO;
     if (!output_.empty() && output_ != "-") {
       fd = ::open(output_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -84,6 +91,7 @@ class ReportCommand final : public Command {
   bool strict_ = false;
   bool fast_paths_ = true;
   bool time_names_ = false;
+  int threads_ = -1;
 };
 
 }  // namespace

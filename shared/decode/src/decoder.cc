@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -19,6 +20,15 @@
 
 namespace hvtrace {
 namespace {
+
+// libtraceevent's parsers keep their input in static variables (the format
+// tokenizer's input_buf) and its plugin loader keeps global option lists, so
+// decoders on several threads (a parallel report) take turns in them.
+// Printing a parsed event uses neither.
+std::mutex& ParserMutex() {
+  static std::mutex mu;
+  return mu;
+}
 
 // A record larger than this is cut to it before printing; kernel sub-buffers
 // are at most a few pages, so only a hostile file gets here.
@@ -45,6 +55,9 @@ struct EventInfo {
   // libtraceevent's parser crashed on the format in a trial run: the events
   // print their fields raw and libtraceevent never sees the format.
   bool raw_only = false;
+  // Printing the event changes what later records print (PrepareText).
+  bool in_order = false;
+  bool prepared = false;  // PrepareLoad ran.
   // Where the print format's per-record hazards live (EventFormat::
   // divisor_fields and length_fields): {offset, size}.
   std::vector<std::pair<uint32_t, uint32_t>> divisors;
@@ -80,6 +93,8 @@ struct EventDecoder::Impl {
   tep_handle* tep = nullptr;
   tep_plugin_list* plugins = nullptr;
   std::vector<std::string> warnings;
+  // Set in a follower (CreateFollower): whose trial runs to trust.
+  const Impl* leader = nullptr;
   std::unordered_map<uint32_t, std::unique_ptr<EventInfo>> events;
   std::vector<EventInfo*> by_id;  // Dense index for the hot path.
   std::vector<unsigned char> scratch;
@@ -114,6 +129,7 @@ struct EventDecoder::Impl {
 
   ~Impl() {
     trace_seq_destroy(&seq);
+    std::lock_guard<std::mutex> lock(ParserMutex());
     if (tep != nullptr) {
       if (plugins != nullptr) tep_unload_plugins(plugins, tep);
       tep_free(tep);
@@ -122,10 +138,11 @@ struct EventDecoder::Impl {
 
   EventInfo* Find(uint32_t id) const { return id < by_id.size() ? by_id[id] : nullptr; }
 
-  // Hands the format to libtraceevent and compiles its printer (once).
-  void Load(EventInfo* info) {
-    info->loaded = true;
-    const std::string& sys = info->format.system;
+  // What Load and the trial run need before the parse (once per copy of
+  // |info|: the trial child calls it on its own copy).
+  void PrepareLoad(EventInfo* info) {
+    if (info->prepared) return;
+    info->prepared = true;
     // ParseEventFormat checked that every listed field exists and is a scalar.
     for (const std::string& name : info->format.divisor_fields) {
       const FieldFormat* f = info->format.FindField(name);
@@ -137,14 +154,41 @@ struct EventDecoder::Impl {
     }
     if (!info->format.unchecked_print.empty()) {
       info->text = WithoutPrintFormat(info->text);
-      warnings.push_back(source + ": " + sys + "/" + info->format.name + ": " +
+      warnings.push_back(source + ": " + info->format.system + "/" + info->format.name + ": " +
                          info->format.unchecked_print + "; its events print their fields raw");
     }
+  }
+
+  // Hands the format to libtraceevent and compiles its printer (once).
+  void Load(EventInfo* info) {
+    std::lock_guard<std::mutex> lock(ParserMutex());
+    info->loaded = true;
+    const std::string& sys = info->format.system;
+    PrepareLoad(info);
     // libtraceevent's parser has no defence against hostile text (it has
     // crashed on formats that pass ParseEventFormat), so a forked copy of
     // this decoder parses the format and prints two made-up records of it
     // first; only a format that survives reaches this process's handle.
-    std::string crashed = RunIsolated([&] { TrialParse(*info); }, kTrialSeconds);
+    // A follower takes the verdict of its leader, which has loaded every
+    // format before a follower sees a record of it.
+    const EventInfo* vetted = leader != nullptr ? leader->Find(info->format.id) : nullptr;
+    std::string crashed;
+    if (vetted != nullptr && vetted->loaded) {
+      if (vetted->raw_only) crashed = "crashed (the leader's trial run)";
+    } else {
+      if (trials == nullptr) {
+        trials = std::make_unique<IsolatedWorker>(
+            [this](uint32_t id) {
+              EventInfo* copy = Find(id);  // The child's copy, as of its fork.
+              if (copy == nullptr) return;
+              PrepareLoad(copy);
+              TrialParse(*copy);
+            },
+            kTrialSeconds);
+      }
+      crashed = trials->Run(info->format.id);
+      if (!keep_trial_child) trials->End();
+    }
     if (!crashed.empty()) {
       warnings.push_back(source + ": " + sys + "/" + info->format.name + ": libtraceevent " +
                          crashed +
@@ -160,12 +204,18 @@ struct EventDecoder::Impl {
                          info->format.name);
     }
     info->event = tep_find_event(tep, static_cast<int>(info->format.id));
+    info->in_order = info->event != nullptr && info->event->handler != nullptr &&
+                     !(info->event->flags & TEP_EVENT_FL_NOHANDLE) &&
+                     !IsKmemCallSiteEvent(info->format.system, info->format.name);
     if (info->event != nullptr && little_endian && info->format.unchecked_print.empty()) {
       info->printer = EventPrinter::Compile(tep, info->event, info->format, symbols.get());
     }
     std::string().swap(info->text);
   }
   std::string source;
+  // The child process that trial-parses formats (Load).
+  std::unique_ptr<IsolatedWorker> trials;
+  bool keep_trial_child = false;
 
   // Runs in a forked child (Load): what Load and AppendText would make
   // libtraceevent do with this format, on records of all zeros and all ones.
@@ -275,6 +325,7 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
   if (metadata.long_size != 4 && metadata.long_size != 8) {
     return Error{src + ": unsupported long size " + std::to_string(metadata.long_size)};
   }
+  std::unique_lock<std::mutex> parser_lock(ParserMutex());
   impl->tep = tep_alloc();
   if (impl->tep == nullptr) return Error{src + ": out of memory"};
   tep_handle* tep = impl->tep;
@@ -295,6 +346,7 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
     tep_parse_header_page(tep, text.data(), static_cast<unsigned long>(text.size()),
                           static_cast<int>(metadata.long_size));
   }
+  parser_lock.unlock();
 
   for (const FormatText& ft : metadata.formats) {
     Result<EventFormat> parsed = ParseEventFormat(ft.system, ft.text);
@@ -321,6 +373,7 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
   }
   if (!metadata.kallsyms.empty()) tep_parse_kallsyms(tep, metadata.kallsyms.c_str());
   if (!metadata.printk_formats.empty()) {
+    std::lock_guard<std::mutex> lock(ParserMutex());
     tep_parse_printk_formats(tep, metadata.printk_formats.c_str());
   }
   LoadCmdlines(tep, metadata.cmdlines);
@@ -334,6 +387,36 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
   impl->scratch.assign(kScratchSize, 0);
   trace_seq_init(&impl->seq);
   return std::unique_ptr<EventDecoder>(new EventDecoder(std::move(impl)));
+}
+
+void EventDecoder::Follow(const EventDecoder& leader) {
+  impl_->leader = leader.impl_.get();
+  impl_->fast_paths = leader.impl_->fast_paths;
+}
+
+bool EventDecoder::PrepareText(DecodedRecord* record) {
+  Impl& m = *impl_;
+  // The same reads as AppendText: id and pid from the zero-padded scratch.
+  const size_t size = std::min(record->payload.size(), kMaxPayload);
+  const uint32_t staged = m.Stage(record->payload.first(std::min<size_t>(size, 8)));
+  const uint32_t id = size >= 2 ? m.ReadU16(0) : 0;
+  const int pid = m.ReadS32(4);
+  m.Unstage(staged);
+  EventInfo* info = size >= 2 ? m.Find(id) : nullptr;
+  if (info != nullptr && !info->loaded) m.Load(info);
+  if (info == nullptr || (info->event == nullptr && !info->raw_only)) return false;
+  if (record->comm == nullptr) record->comm = m.Comm(pid);
+  return info->in_order;
+}
+
+void EventDecoder::PrepareJson(DecodedRecord* record) {
+  Impl& m = *impl_;
+  if (record->comm != nullptr) return;
+  const size_t size = std::min(record->payload.size(), kMaxPayload);
+  const uint32_t staged = m.Stage(record->payload.first(std::min<size_t>(size, 8)));
+  const int pid = size >= 8 ? m.ReadS32(4) : 0;
+  m.Unstage(staged);
+  record->comm = m.Comm(pid);
 }
 
 const std::vector<std::string>& EventDecoder::warnings() const { return impl_->warnings; }
@@ -358,6 +441,12 @@ void EventDecoder::UpdateComms(std::string_view text) {
 const EventFormat* EventDecoder::FindFormat(uint32_t id) const {
   EventInfo* info = impl_->Find(id);
   return info ? &info->format : nullptr;
+}
+
+void EventDecoder::KeepTrialChild(bool keep) {
+  std::lock_guard<std::mutex> lock(ParserMutex());
+  impl_->keep_trial_child = keep;
+  if (!keep && impl_->trials != nullptr) impl_->trials->End();
 }
 
 void EventDecoder::SetFastPathsEnabled(bool enabled) { impl_->fast_paths = enabled; }

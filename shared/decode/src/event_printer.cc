@@ -694,6 +694,12 @@ const char* SymbolCache::Find(uint64_t addr, uint64_t* start) {
   return e.name;
 }
 
+bool IsKmemCallSiteEvent(std::string_view sys, std::string_view name) {
+  return sys == "kmem" && (name == "kfree" || name == "kmalloc" || name == "kmalloc_node" ||
+                           name == "kmem_cache_alloc" || name == "kmem_cache_alloc_node" ||
+                           name == "kmem_cache_free");
+}
+
 std::unique_ptr<EventPrinter> EventPrinter::Compile(tep_handle* tep, tep_event* event,
                                                     const EventFormat& format,
                                                     SymbolCache* symbols) {
@@ -710,9 +716,7 @@ std::unique_ptr<EventPrinter> EventPrinter::Compile(tep_handle* tep, tep_event* 
     if (sys == "sched" && (name == "sched_wakeup" || name == "sched_wakeup_new")) {
       return CompileSchedPrinter(tep, event, false);
     }
-    kmem = sys == "kmem" && (name == "kfree" || name == "kmalloc" || name == "kmalloc_node" ||
-                             name == "kmem_cache_alloc" || name == "kmem_cache_alloc_node" ||
-                             name == "kmem_cache_free");
+    kmem = IsKmemCallSiteEvent(sys, name);
     if (!kmem) return nullptr;
   }
   if (event->print_fmt.format == nullptr) return nullptr;

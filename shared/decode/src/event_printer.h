@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "hvtrace/format.h"
 
@@ -42,6 +43,10 @@ class SymbolCache {
   tep_handle* tep_;
   Entry entries_[kEntries];
 };
+
+// True for the events whose plugin handler is kmem's call-site handler: it
+// prints a symbol and keeps no state (EventDecoder::PrepareText).
+bool IsKmemCallSiteEvent(std::string_view system, std::string_view name);
 
 class EventPrinter {
  public:

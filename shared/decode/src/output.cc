@@ -3,11 +3,13 @@
 // Reading: one thread per CPU stream opens its own TraceDat and pushes page
 // copies into a small bounded queue (TraceDat::ForEachPage is a push
 // interface; the queue turns it into the pull that a k-way merge needs,
-// keeping memory bounded and decompression off the printing thread). The
-// printing thread walks each page with the bounds-checked PageCursor and
+// keeping memory bounded and decompression off the merging thread). The
+// merging thread walks each page with the bounds-checked PageCursor and
 // merges the CPUs by time stamp exactly as trace-cmd's
 // tracecmd_iterate_events_multi does: the smallest time stamp wins, ties go
-// to the CPU that comes first in the file.
+// to the CPU that comes first in the file. It hands the records, in that
+// order, to ReportPrinter (report_printer.h), which prints them on printing
+// threads when there are any.
 #include "hvtrace/output.h"
 
 #include <unistd.h>
@@ -22,12 +24,12 @@
 #include <set>
 #include <thread>
 #include <tuple>
-#include <type_traits>
 
 #include "hvtrace/decoder.h"
 #include "hvtrace/page.h"
 #include "hvtrace/task_names.h"
 #include "hvtrace/tracedat.h"
+#include "report_printer.h"
 
 namespace hvtrace {
 
@@ -38,9 +40,24 @@ OutputSink::OutputSink(int fd, size_t flush_at) : fd_(fd), flush_at_(flush_at) {
 OutputSink::~OutputSink() { (void)Flush(); }
 
 Status OutputSink::Flush() {
+  WriteAll(buffer_);
+  buffer_.clear();
+  return status_;
+}
+
+void OutputSink::Write(std::string_view text) {
+  if (buffer_.size() + text.size() < flush_at_) {
+    buffer_.append(text);
+    return;
+  }
+  (void)Flush();
+  WriteAll(text);
+}
+
+void OutputSink::WriteAll(std::string_view text) {
   size_t done = 0;
-  while (status_.ok() && done < buffer_.size()) {
-    ssize_t n = ::write(fd_, buffer_.data() + done, buffer_.size() - done);
+  while (status_.ok() && done < text.size()) {
+    ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
       status_ = Error{std::string("write to output failed: ") + std::strerror(errno)};
@@ -48,8 +65,6 @@ Status OutputSink::Flush() {
     }
     done += static_cast<size_t>(n);
   }
-  buffer_.clear();
-  return status_;
 }
 
 namespace {
@@ -241,11 +256,13 @@ void MergeRecords(const std::string& path, const TraceDat& dat, const PageLayout
   }
 }
 
-// The report of |path|: |emit(rec, decoder)| for every record in order,
-// after the first pass that learns names as they were at the time. Returns
-// the stats; |emit| returns false to stop.
-template <typename F>
-Result<ReportStats> Report(const std::string& path, const ReportOptions& options, F&& emit) {
+// The report of |path|: |out.Begin(metadata)| (before the decoder is made,
+// which takes a while), |out.Start(decoder, cpus)|, then
+// |out.Record(rec)| for every record in order (after the first pass that
+// learns names as they were at the time), then |out.End(&stats)|. Start and
+// Record return false to stop.
+template <typename Out>
+Result<ReportStats> Report(const std::string& path, const ReportOptions& options, Out& out) {
   Result<TraceDat> dat = TraceDat::Open(path);
   if (!dat.ok()) return dat.error();
   ReportStats stats;
@@ -264,10 +281,13 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
   };
   for (const TraceDatIssue& issue : dat->issues()) add_issue(issue);
 
-  TraceMetadata metadata = TraceMetadataFrom(*dat);
-  Result<std::unique_ptr<EventDecoder>> decoder = EventDecoder::Create(metadata);
+  // Shared: the printing threads may outlive this function on an early return.
+  auto metadata = std::make_shared<const TraceMetadata>(TraceMetadataFrom(*dat));
+  out.Begin(metadata);
+  Result<std::unique_ptr<EventDecoder>> decoder = EventDecoder::Create(*metadata);
   if (!decoder.ok()) return decoder.error();
   (*decoder)->SetFastPathsEnabled(options.fast_paths);
+  (*decoder)->KeepTrialChild(true);  // Ends with the report.
 
   PageLayout layout;
   if (Result<PageLayout> l = PageLayout::FromHeaderPage(dat->header_page(), dat->page_size());
@@ -293,61 +313,92 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
       names->StartNaming();
     }
   }
-  if (!emit(nullptr, dat->cpus().size())) return stats;
   EventDecoder& dec = **decoder;
+  if (!out.Start(dec, dat->cpus().size())) return stats;
   MergeRecords(path, *dat, layout, &stats, add_issue, [&](DecodedRecord& rec) {
     if (names) rec.comm = names->Next(rec.payload);
     stats.events++;
-    return emit(&rec, dec);
+    return out.Record(rec);
   });
-  stats.fast_path_events = dec.fast_path_count();
+  if (Status s = out.End(&stats); !s.ok()) return Error{path + ": " + s.error().message};
   // Formats reach libtraceevent on first use, so its warnings come last.
   for (const std::string& w : dec.warnings()) stats.issues.push_back(w);
   return stats;
 }
 
+// WriteReport's consumer: the header line, then ReportPrinter.
+class ReportWriter {
+ public:
+  ReportWriter(const ReportOptions& options, int fd) : options_(options), sink_(fd) {}
+  // The printing threads make their decoders while the caller makes its own.
+  void Begin(std::shared_ptr<const TraceMetadata> metadata) {
+    const unsigned threads = options_.threads >= 0 ? static_cast<unsigned>(options_.threads)
+                                                   : ReportPrinter::DefaultThreads();
+    printer_.emplace(std::move(metadata), options_.format, threads, options_.batch_records, sink_);
+  }
+  bool Start(EventDecoder& decoder, size_t cpus) {
+    if (options_.format == OutputFormat::kText && options_.header) {
+      sink_.Write("cpus=" + std::to_string(cpus) + "\n");
+    }
+    printer_->SetLeader(decoder);
+    return true;
+  }
+  bool Record(const DecodedRecord& rec) { return printer_->Add(rec); }
+  Status End(ReportStats* stats) {
+    if (!printer_) return sink_.Flush();
+    Status s = printer_->Finish();
+    stats->fast_path_events = printer_->fast_path_events();
+    return s;
+  }
+
+ private:
+  const ReportOptions& options_;
+  OutputSink sink_;
+  std::optional<ReportPrinter> printer_;
+};
+
+// ForEachReportLine's consumer: one line at a time, on the calling thread.
+class LineReader {
+ public:
+  LineReader(const ReportOptions& options, const ReportLineFn& on_event)
+      : options_(options), on_event_(on_event) {}
+  void Begin(const std::shared_ptr<const TraceMetadata>&) {}
+  bool Start(EventDecoder& decoder, size_t) {
+    decoder_ = &decoder;
+    return true;
+  }
+  bool Record(const DecodedRecord& rec) {
+    line_.clear();
+    if (options_.format == OutputFormat::kText) {
+      decoder_->AppendText(rec, &line_);
+    } else {
+      decoder_->AppendJson(rec, &line_);
+    }
+    return on_event_(rec.timestamp, line_);
+  }
+  Status End(ReportStats* stats) {
+    if (decoder_ != nullptr) stats->fast_path_events = decoder_->fast_path_count();
+    return {};
+  }
+
+ private:
+  const ReportOptions& options_;
+  const ReportLineFn& on_event_;
+  EventDecoder* decoder_ = nullptr;
+  std::string line_;
+};
+
 }  // namespace
 
 Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& options, int out_fd) {
-  OutputSink sink(out_fd);
-  Result<ReportStats> stats =
-      Report(path, options, [&](const DecodedRecord* rec, auto&& dec_or_cpus) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(dec_or_cpus)>, EventDecoder>) {
-          if (options.format == OutputFormat::kText) {
-            dec_or_cpus.AppendText(*rec, sink.buffer());
-          } else {
-            dec_or_cpus.AppendJson(*rec, sink.buffer());
-          }
-          sink.MaybeFlush();
-          return sink.status().ok();
-        } else {
-          if (options.format == OutputFormat::kText && options.header) {
-            sink.buffer()->append("cpus=" + std::to_string(dec_or_cpus) + "\n");
-          }
-          return true;
-        }
-      });
-  if (!stats.ok()) return stats;
-  if (Status s = sink.Flush(); !s.ok()) return Error{path + ": " + s.error().message};
-  return stats;
+  ReportWriter writer(options, out_fd);
+  return Report(path, options, writer);
 }
 
 Result<ReportStats> ForEachReportLine(const std::string& path, const ReportOptions& options,
                                       const ReportLineFn& on_event) {
-  std::string line;
-  return Report(path, options, [&](const DecodedRecord* rec, auto&& dec_or_cpus) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(dec_or_cpus)>, EventDecoder>) {
-      line.clear();
-      if (options.format == OutputFormat::kText) {
-        dec_or_cpus.AppendText(*rec, &line);
-      } else {
-        dec_or_cpus.AppendJson(*rec, &line);
-      }
-      return on_event(rec->timestamp, line);
-    } else {
-      return true;
-    }
-  });
+  LineReader reader(options, on_event);
+  return Report(path, options, reader);
 }
 
 }  // namespace hvtrace

@@ -583,6 +583,22 @@ static bool AppendRecord(Tracer::ThreadState* ts, uint64_t now, const TraceEntry
   return true;
 }
 
+// The payload copy of Write's fast path (at most 4 * kRecordTypeMaxData
+// bytes): two overlapping fixed-size copies inline for the common sizes
+// instead of a call to memcpy, which was a tenth of the cost per event.
+[[gnu::always_inline]] inline void CopyPayload(std::byte* to, const void* from, uint32_t size) {
+  const auto* src = static_cast<const std::byte*>(from);
+  if (size >= 16 && size <= 32) {
+    std::memcpy(to, src, 16);
+    std::memcpy(to + size - 16, src + size - 16, 16);
+  } else if (size >= 8 && size < 16) {
+    std::memcpy(to, src, 8);
+    std::memcpy(to + size - 8, src + size - 8, 8);
+  } else if (size != 0) {  // An empty payload may come with a null pointer.
+    std::memcpy(to, src, size);
+  }
+}
+
 bool Tracer::Write(uint16_t id, const void* payload, uint32_t size) {
   ThreadState* ts = tls_;
   if (ts == nullptr || ts->serial != serial_.load(std::memory_order_relaxed) || ts->desc == nullptr)
@@ -608,7 +624,8 @@ bool Tracer::Write(uint16_t id, const void* payload, uint32_t size) {
     ts->header->lost_events++;
     return false;
   }
-  const uint64_t now = Now();
+  // The TSC read inline (Now() is a call): the fast clock's whole point.
+  const uint64_t now = clock_ == Clock::kTsc ? __rdtsc() : Now();
   const TraceEntry entry{id, 0, 0, ts->tid};
   const uint32_t padded = (static_cast<uint32_t>(sizeof(TraceEntry)) + size + 3) & ~3u;
   const uint64_t delta = now - ts->last_time;  // Huge when time went backwards: slow path.
@@ -621,8 +638,11 @@ bool Tracer::Write(uint16_t id, const void* payload, uint32_t size) {
     const uint32_t zero = 0;
     std::memcpy(at, &head, 4);
     std::memcpy(at + padded, &zero, 4);  // Last word first: padding stays zero.
-    std::memcpy(at + 4, &entry, sizeof(entry));
-    std::memcpy(at + 4 + sizeof(entry), payload, size);
+    // trace_entry as one little-endian word (the region is little-endian):
+    // type, flags = 0, preempt_count = 0, pid.
+    const uint64_t entry_word = id | static_cast<uint64_t>(static_cast<uint32_t>(ts->tid)) << 32;
+    std::memcpy(at + 4, &entry_word, sizeof(entry_word));
+    CopyPayload(at + 4 + sizeof(entry), payload, size);
     ts->used += 4 + padded;
     ts->last_time = now;
   } else if (!AppendRecord(ts, now, entry, payload, size)) [[unlikely]] {

@@ -66,6 +66,13 @@ class EventDecoder {
   // sees it), symbols, printk formats and comms. Formats that fail are
   // skipped and listed in warnings(); their events print as unknown.
   static Result<std::unique_ptr<EventDecoder>> Create(const TraceMetadata& metadata);
+  // Makes this decoder (made from the same metadata) print records beside
+  // |leader| on another thread (a parallel report): a format the leader has
+  // already loaded takes the leader's verdict from its trial run instead of
+  // a trial run of its own, and it takes the leader's fast-path setting
+  // (SetFastPathsEnabled). |leader| must outlive it and must have prepared
+  // (PrepareText / PrepareJson) every record before this decoder prints it.
+  void Follow(const EventDecoder& leader);
   ~EventDecoder();
   EventDecoder(const EventDecoder&) = delete;
   EventDecoder& operator=(const EventDecoder&) = delete;
@@ -80,6 +87,19 @@ class EventDecoder {
   // |missed_events| is set).
   void AppendText(const DecodedRecord& record, std::string* out);
 
+  // The part of AppendText that must run once per record, in record order,
+  // on one decoder, so that followers can print the others in any order:
+  // loads the record's format on first use and sets |record->comm| (unless
+  // set) to the name AppendText would print for it now. Returns true when
+  // this decoder must also print the record itself, now (AppendText),
+  // because printing it changes what later records print: libtraceevent's
+  // plugin handlers (sched_switch registers the comms it prints; others keep
+  // state), except kmem's call-site handler, which keeps none.
+  bool PrepareText(DecodedRecord* record);
+  // The same for AppendJson, whose printing changes nothing: sets
+  // |record->comm|.
+  void PrepareJson(DecodedRecord* record);
+
   // Appends the record as one JSON object and '\n':
   // {"cpu":0,"ts_ns":123,"event":"sched_switch","system":"sched","pid":1,
   //  "comm":"bash","fields":{...}} (+ "missed_events" when set). Integer
@@ -92,6 +112,13 @@ class EventDecoder {
   // guest's saved_cmdlines) renames tasks and reuses pids, and rebuilding
   // the decoder for that would parse its symbols again.
   void UpdateComms(std::string_view cmdlines);
+
+  // Each format is trial-parsed in a forked copy of this process before
+  // libtraceevent parses it here (Create). Kept: the trials share one child
+  // until this is turned off or the decoder ends, one fork for a whole file
+  // instead of one per format (a copy of a big process is not cheap). Off by
+  // default: a long-lived decoder should not keep a copy of its process.
+  void KeepTrialChild(bool keep);
 
   // On by default. Off: every event goes through libtraceevent.
   void SetFastPathsEnabled(bool enabled);

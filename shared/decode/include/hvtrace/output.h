@@ -28,9 +28,13 @@ class OutputSink {
     if (buffer_.size() >= flush_at_) (void)Flush();  // Errors stay in status().
   }
   Status Flush();
+  // Appends |text|, or writes it through when the buffer would pass the
+  // flush size (a report's batches are large already).
+  void Write(std::string_view text);
   const Status& status() const { return status_; }
 
  private:
+  void WriteAll(std::string_view text);
   int fd_;
   size_t flush_at_;
   std::string buffer_;
@@ -50,6 +54,14 @@ struct ReportOptions {
   // pass). Off: trace-cmd's one name per pid, byte-identical to
   // `trace-cmd report`.
   bool time_names = false;
+  // Threads that print events while the calling thread merges the CPUs:
+  // -1 the default (none below 4 CPUs, else one per CPU but the caller's),
+  // 0 none (the calling thread prints). The output is the same for every
+  // value.
+  int threads = -1;
+  // Records per batch handed to a printing thread (0: the default, 4096).
+  // Tests make it small to cross many batch boundaries.
+  size_t batch_records = 0;
 };
 
 struct ReportStats {

@@ -358,7 +358,9 @@ TEST_F(DwTest, LargeRecordsTimeGapsAndPaddingReadBackWhole) {
   ASSERT_TRUE(t.ok());
   auto id = (*t)->Register("myapp", "blob", {{"data", "char[2000]", 0, 2000, false}});
   ASSERT_TRUE(id.ok()) << id.error().message;
-  std::vector<uint32_t> sizes = {1, 3, 5, 103, 104, 105, 200, 1999, 2000, 7, 2000, 2000};
+  // The tail covers each branch of the fast path's inline payload copy.
+  std::vector<uint32_t> sizes = {1,    3, 5,  103, 104, 105, 200, 1999, 2000, 7,  2000,
+                                 2000, 8, 13, 15,  16,  17,  24,  31,   32,   33, 0};
   std::vector<uint64_t> before;
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (i == 4) std::this_thread::sleep_for(std::chrono::milliseconds(160));  // > 2^27 ns.

@@ -218,9 +218,11 @@ DivisorKind ClassifyLength(std::string_view arg, const EventFormat& ev, std::str
 }
 
 // Which arguments after the format string a '*' width or precision takes,
-// counted from 0; stops at the first conversion it cannot read.
-std::vector<size_t> StarArguments(std::string_view literal) {
+// counted from 0, and the largest width or precision written as a number
+// (|*max_literal|); stops at the first conversion it cannot read.
+std::vector<size_t> StarArguments(std::string_view literal, uint64_t* max_literal) {
   std::vector<size_t> stars;
+  *max_literal = 0;
   size_t arg = 0;
   for (size_t i = 0; i < literal.size(); ++i) {
     if (literal[i] != '%') continue;
@@ -235,7 +237,10 @@ std::vector<size_t> StarArguments(std::string_view literal) {
         stars.push_back(arg++);
         ++i;
       } else {
-        while (i < literal.size() && literal[i] >= '0' && literal[i] <= '9') ++i;
+        uint64_t n = 0;
+        for (; i < literal.size() && literal[i] >= '0' && literal[i] <= '9'; ++i)
+          n = std::min<uint64_t>(n * 10 + static_cast<uint64_t>(literal[i] - '0'), 1ull << 40);
+        *max_literal = std::max(*max_literal, n);
       }
     }
     while (i < literal.size() && std::strchr("hlLqjzt", literal[i]) != nullptr) ++i;
@@ -421,8 +426,16 @@ void FindPrintHazards(EventFormat* ev) {
   // '*' widths and precisions: the format string is the first argument.
   std::vector<std::string_view> args = SplitArgs(fmt);
   if (args.empty() || args[0].size() < 2 || args[0].front() != '"') return;
-  for (size_t star : StarArguments(args[0].substr(1, args[0].size() - 2))) {
+  uint64_t max_literal = 0;
+  for (size_t star : StarArguments(args[0].substr(1, args[0].size() - 2), &max_literal)) {
     if (star + 1 < args.size()) length(args[star + 1], "'*' width or precision");
+  }
+  // libtraceevent grows its output 4 KiB per vsnprintf retry, so a width of
+  // N costs O(N^2 / 4096): "%3000000d" held the trial parse for over 10 s
+  // (format_fuzzer's timeout in CI). No kernel format comes near this.
+  if (max_literal > kMaxPrintLength && ev->unchecked_print.empty()) {
+    ev->unchecked_print = "width or precision " + std::to_string(max_literal) + " is larger than " +
+                          std::to_string(kMaxPrintLength);
   }
 }
 

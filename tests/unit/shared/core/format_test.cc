@@ -207,6 +207,31 @@ TEST(FormatTest, Malicious_LengthArgumentsAreSorted) {
   EXPECT_TRUE(star->unchecked_print.empty()) << star->unchecked_print;
 }
 
+// A width or precision written in the format is a length too: libtraceevent
+// pays O(width^2) for it, so one past kMaxPrintLength keeps the print fmt
+// away from libtraceevent (format_fuzzer found "%3000000d" taking > 10 s).
+TEST(FormatTest, HugeLiteralWidthIsUnchecked) {
+  auto with = [](const std::string& conv) {
+    return ParseEventFormat("test",
+                            "name: w\nID: 9\nformat:\n\tfield:unsigned short "
+                            "common_type;\toffset:0;\tsize:2;\tsigned:0;\n\n"
+                            "\tfield:u32 b;\toffset:8;\tsize:4;\tsigned:0;\n\n"
+                            "print fmt: \"b=" +
+                                conv + "\", REC->b\n");
+  };
+  for (const char* ok : {"%65536u", "%-8.3u", "%08x", "%%3000000d%u"}) {
+    auto ev = with(ok);
+    ASSERT_TRUE(ev.ok()) << ok << ": " << ev.error().message;
+    EXPECT_TRUE(ev->unchecked_print.empty()) << ok << ": " << ev->unchecked_print;
+  }
+  for (const char* huge : {"%65537u", "%.3000000u", "%99999999999999999999999u"}) {
+    auto ev = with(huge);
+    ASSERT_TRUE(ev.ok()) << huge << ": " << ev.error().message;
+    EXPECT_NE(ev->unchecked_print.find("larger than 65536"), std::string::npos)
+        << huge << ": " << ev->unchecked_print;
+  }
+}
+
 // Hostile text: every rejection names the event and line.
 TEST(FormatTest, Malicious_Rejected) {
   struct Case {

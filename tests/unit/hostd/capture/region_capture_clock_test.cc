@@ -74,27 +74,12 @@ TEST_F(RegionCaptureTest, TscStampsArePutOnTheKernelsClockInCaptureAndStream) {
   auto guest = GuestRegion::Attach(mem_.data(), mem_.size());
   ASSERT_TRUE(guest.ok());
   guest_.emplace(*guest);
-  region::GuestIdentity id{};
-  id.boot_generation = 1;
-  id.nr_cpus = 2;
-  id.trace_clock = region::kClockMono;
-  id.page_size = 4096;
-  guest_->WriteIdentity(id);
-  ASSERT_TRUE(guest_
-                  ->PublishFormat(region::kFormatHeaderPage, 1, 0, "ftrace",
-                                  ReadFixture("pages/header_page.txt"), 0)
-                  .ok());
-  auto kf = ParseEventFormat("test", kKernelFormat);
-  ASSERT_TRUE(kf.ok()) << kf.error().message;
-  ASSERT_TRUE(guest_
-                  ->PublishFormat(region::kFormatKernelEvent, 1, kKernelId, "test", kKernelFormat,
-                                  EventFingerprint(*kf))
-                  .ok());
-  auto dwf = ParseEventFormat("hvtrace", kDwFormat);
-  ASSERT_TRUE(guest_
-                  ->PublishFormat(region::kFormatDwEvent, 1, kDwId, "hvtrace", kDwFormat,
-                                  EventFingerprint(*dwf))
-                  .ok());
+  guest_->WriteIdentity(test_support::TestGuestIdentity());
+  ASSERT_TRUE(test_support::PublishHeaderPage(*guest_));
+  ASSERT_TRUE(test_support::PublishEvent(*guest_, region::kFormatKernelEvent, "test", kKernelFormat,
+                                         kKernelId));
+  ASSERT_TRUE(
+      test_support::PublishEvent(*guest_, region::kFormatDwEvent, "hvtrace", kDwFormat, kDwId));
   const uint64_t t0 = 2000000000000ull;  // 2000 s after the guest's boot.
   std::vector<std::byte> kpage(geometry_.slot_size);
   PageWriter kw(kpage, PageLayout::Default(geometry_.slot_size), t0);

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "capture_service.h"
+#include "guest_region_setup.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/page.h"
 #include "hvtrace/region_text.h"
@@ -83,30 +84,12 @@ class RegionCaptureTest : public ::testing::Test {
     ASSERT_TRUE(InitRegionHeader(mem_, geometry_, 42).ok());
     auto guest = GuestRegion::Attach(mem_.data(), mem_.size());
     ASSERT_TRUE(guest.ok()) << guest.error().message;
-    region::GuestIdentity id{};
-    id.boot_generation = 1;
-    std::strcpy(id.kernel_release, "6.12.9-test");
-    id.nr_cpus = 2;
-    id.trace_clock = region::kClockMono;
-    id.page_size = 4096;
-    guest->WriteIdentity(id);
-    ASSERT_TRUE(guest
-                    ->PublishFormat(region::kFormatHeaderPage, 1, 0, "ftrace",
-                                    ReadFixture("pages/header_page.txt"), 0)
-                    .ok());
-    const std::string sched = ReadFixture("boot_map/formats/sched/sched_switch/format");
-    auto parsed = ParseEventFormat("sched", sched);
-    ASSERT_TRUE(parsed.ok());
-    ASSERT_TRUE(guest
-                    ->PublishFormat(region::kFormatKernelEvent, 1, parsed->id, "sched", sched,
-                                    EventFingerprint(*parsed))
-                    .ok());
-    auto dw = ParseEventFormat("hvtrace", kDwFormat);
-    ASSERT_TRUE(dw.ok()) << dw.error().message;
-    ASSERT_TRUE(guest
-                    ->PublishFormat(region::kFormatDwEvent, 1, kDwId, "hvtrace", kDwFormat,
-                                    EventFingerprint(*dw))
-                    .ok());
+    guest->WriteIdentity(test_support::TestGuestIdentity());
+    ASSERT_TRUE(test_support::PublishHeaderPage(*guest));
+    ASSERT_TRUE(test_support::PublishEvent(*guest, region::kFormatKernelEvent, "sched",
+                                           test_support::SchedSwitchFormat()));
+    ASSERT_TRUE(
+        test_support::PublishEvent(*guest, region::kFormatDwEvent, "hvtrace", kDwFormat, kDwId));
     for (int i = 0; i < 3; ++i) {
       guest->PushCpuPage(0, 1, Bytes(ReadFixture("pages/cpu0-" + std::to_string(i) + ".bin")), 0);
     }

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "guest_region_setup.h"
 #include "hvtrace/dwtrace.hpp"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/region_text.h"
@@ -107,24 +108,10 @@ class RegionIncrementalTest : public ::testing::Test {
     auto guest = GuestRegion::Attach(mem_.data(), mem_.size());
     ASSERT_TRUE(guest.ok()) << guest.error().message;
     guest_.emplace(*guest);
-    region::GuestIdentity id{};
-    id.boot_generation = 1;
-    std::strcpy(id.kernel_release, "6.12.9-test");
-    id.nr_cpus = 2;
-    id.trace_clock = region::kClockMono;
-    id.page_size = 4096;
-    guest_->WriteIdentity(id);
-    ASSERT_TRUE(guest_
-                    ->PublishFormat(region::kFormatHeaderPage, 1, 0, "ftrace",
-                                    ReadFixture("pages/header_page.txt"), 0)
-                    .ok());
-    const std::string text = ReadFixture("boot_map/formats/sched/sched_switch/format");
-    auto parsed = ParseEventFormat("sched", text);
-    ASSERT_TRUE(parsed.ok());
-    ASSERT_TRUE(guest_
-                    ->PublishFormat(region::kFormatKernelEvent, 1, parsed->id, "sched", text,
-                                    EventFingerprint(*parsed))
-                    .ok());
+    guest_->WriteIdentity(test_support::TestGuestIdentity());
+    ASSERT_TRUE(test_support::PublishHeaderPage(*guest_));
+    ASSERT_TRUE(test_support::PublishEvent(*guest_, region::kFormatKernelEvent, "sched",
+                                           test_support::SchedSwitchFormat()));
     ASSERT_TRUE(
         guest_->WriteTextArea(TextAreaKind::kSymbols, 1, EncodeText("ffffffff81000000 T _text\n"))
             .ok());

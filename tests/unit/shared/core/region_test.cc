@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "guest_region_setup.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/region_reader.h"
 #include "hvtrace/region_writer.h"
@@ -35,25 +36,12 @@ class RegionTest : public ::testing::Test {
     ASSERT_TRUE(InitRegionHeader(mem_, geometry_, 42).ok());
     auto guest = GuestRegion::Attach(mem_.data(), mem_.size());
     ASSERT_TRUE(guest.ok()) << guest.error().message;
-    region::GuestIdentity id{};
-    id.boot_generation = 1;
+    region::GuestIdentity id = test_support::TestGuestIdentity();
     for (int i = 0; i < 16; ++i) id.boot_id[i] = static_cast<uint8_t>(i);
-    std::strcpy(id.kernel_release, "6.12.9-test");
-    id.nr_cpus = 2;
-    id.trace_clock = region::kClockMono;
-    id.page_size = 4096;
     guest->WriteIdentity(id);
-    ASSERT_TRUE(guest
-                    ->PublishFormat(region::kFormatHeaderPage, 1, 0, "ftrace",
-                                    ReadFixture("pages/header_page.txt"), 0)
-                    .ok());
-    const std::string text = ReadFixture("boot_map/formats/sched/sched_switch/format");
-    auto parsed = ParseEventFormat("sched", text);
-    ASSERT_TRUE(parsed.ok());
-    sched_fp_ = EventFingerprint(*parsed);
-    ASSERT_TRUE(
-        guest->PublishFormat(region::kFormatKernelEvent, 1, parsed->id, "sched", text, sched_fp_)
-            .ok());
+    ASSERT_TRUE(test_support::PublishHeaderPage(*guest));
+    ASSERT_TRUE(test_support::PublishEvent(*guest, region::kFormatKernelEvent, "sched",
+                                           test_support::SchedSwitchFormat(), 0, &sched_fp_));
     for (int i = 0; i < 3; ++i) {
       guest->PushCpuPage(0, 1, Bytes(ReadFixture("pages/cpu0-" + std::to_string(i) + ".bin")), 0);
     }

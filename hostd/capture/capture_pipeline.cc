@@ -240,9 +240,9 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
 
 // The kallsyms trace-cmd needs for the events of |map| (KallsymsSubset:
 // kilobytes instead of the kernel's ~7 MB, printing the same).
-std::string KallsymsForEvents(const BootMap& map, std::string_view kallsyms, int64_t delta,
+std::string KallsymsForEvents(const BootMap& map, const KernelFormats& formats, int64_t delta,
                               uint32_t boot) {
-  KallsymsSubset subset(kallsyms, delta);
+  KallsymsSubset subset(formats.kallsyms, delta, KallsymsOf(formats));
   if (subset.empty()) return std::string();
   for (const BootMapCpu& cpu : map.cpu) {
     for (const BootMapRecord& rec : cpu.records) {
@@ -323,7 +323,7 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     split(d.result.kaslr_ms);
     in.printk_formats.clear();
     if (kaslr.use_symbols) {
-      in.kallsyms = KallsymsForEvents(d.map, formats.kallsyms, kaslr.delta, boot.boot);
+      in.kallsyms = KallsymsForEvents(d.map, formats, kaslr.delta, boot.boot);
       in.printk_formats = kaslr.delta == 0
                               ? formats.printk_formats
                               : RelocatePrintkFormats(formats.printk_formats, kaslr.delta);

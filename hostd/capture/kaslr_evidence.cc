@@ -115,24 +115,17 @@ struct SymbolIndex {
 
 bool InImage(uint64_t v) { return v >= kImageStart && v < kImageEnd; }
 
-SymbolIndex IndexSymbols(std::string_view kallsyms, std::string_view printk_formats) {
+SymbolIndex IndexSymbols(const KernelFormats& formats) {
   SymbolIndex ix;
   std::vector<uint64_t> all;
   uint64_t stext = 0, etext = 0;
-  for (std::string_view text = kallsyms; !text.empty();) {
-    const size_t nl = text.find('\n');
-    std::string_view line = text.substr(0, nl == std::string_view::npos ? text.size() : nl);
-    text.remove_prefix(std::min(text.size(), line.size() + 1));
-    uint64_t addr = 0;
-    const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), addr, 16);
-    const size_t digits = static_cast<size_t>(end - line.data());
-    if (ec != std::errc() || line.size() < digits + 4 || line[digits] != ' ' ||
-        line[digits + 2] != ' ' || !InImage(addr) || line.find('[') != std::string_view::npos) {
-      continue;  // Module symbols ("\t[mod]") were the harvest boot's; not the image.
-    }
-    const char type = line[digits + 1];
-    const std::string_view name = line.substr(digits + 3);
-    if (type == 'A' || type == 'a') continue;
+  const std::shared_ptr<const KallsymsTable> table = KallsymsOf(formats);
+  for (const KallsymsTable::Symbol& s : table->symbols()) {
+    // Module symbols were the harvest boot's; not the image.
+    if (!InImage(s.addr) || s.module || s.type == 'A' || s.type == 'a') continue;
+    const uint64_t addr = s.addr;
+    const char type = s.type;
+    const std::string_view name = KallsymsTable::Name(formats.kallsyms, s);
     all.push_back(addr);
     if (name == "_stext") stext = addr;
     if (name == "_etext") etext = addr;
@@ -142,9 +135,8 @@ SymbolIndex IndexSymbols(std::string_view kallsyms, std::string_view printk_form
       ix.starts.push_back(addr);
     }
   }
-  std::sort(ix.starts.begin(), ix.starts.end());
+  // Both are sorted: the table is in address order.
   ix.starts.erase(std::unique(ix.starts.begin(), ix.starts.end()), ix.starts.end());
-  std::sort(all.begin(), all.end());
   if (ix.starts.empty()) return ix;
   ix.text_lo = stext != 0 ? stext : ix.starts.front();
   ix.text_hi = etext > ix.text_lo ? etext : all.back() + 1;
@@ -157,7 +149,7 @@ SymbolIndex IndexSymbols(std::string_view kallsyms, std::string_view printk_form
                                      [&](uint64_t a) { return a >= ix.text_lo && a < ix.text_hi; });
   const double slots = static_cast<double>(ix.text_hi - ix.text_lo) / kFunctionAlign;
   ix.function_density = std::clamp(static_cast<double>(in_text) / slots, kMinFunctionDensity, 1.0);
-  for (std::string_view text = printk_formats; !text.empty();) {
+  for (std::string_view text = formats.printk_formats; !text.empty();) {
     const size_t nl = text.find('\n');
     std::string_view line = text.substr(0, nl == std::string_view::npos ? text.size() : nl);
     text.remove_prefix(std::min(text.size(), line.size() + 1));
@@ -308,7 +300,7 @@ KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelForma
                             std::optional<int64_t> meta_delta, bool own_symbols) {
   KaslrVerdict out;
   const char* source = own_symbols ? "agent metadata" : "evidence";
-  const SymbolIndex ix = IndexSymbols(formats.kallsyms, formats.printk_formats);
+  const SymbolIndex ix = IndexSymbols(formats);
   if (ix.starts.empty()) {
     out.manifest = Raw("the kallsyms hold no kernel function (kptr_restrict or none harvested)");
     return out;

@@ -194,6 +194,10 @@ Result<std::optional<json>> FormatCache::Lookup(std::string_view key) const {
   return std::optional<json>(std::move(manifest));
 }
 
+std::shared_ptr<const KallsymsTable> KallsymsOf(const KernelFormats& formats) {
+  return formats.kallsyms_table ? formats.kallsyms_table : KallsymsTable::Parse(formats.kallsyms);
+}
+
 Result<KernelFormats> FormatCache::Load(std::string_view key) const {
   Result<std::optional<json>> manifest = Lookup(key);
   if (!manifest.ok()) return manifest.error();
@@ -219,6 +223,7 @@ Result<KernelFormats> FormatCache::Load(std::string_view key) const {
     if (!data.ok()) return data.error();
     *f.into = std::move(*data);
   }
+  out.kallsyms_table = KallsymsTable::Parse(out.kallsyms);
   const fs::path events_path = dir / "events.json";
   Result<std::string> events_text = ReadTrusted(events_path, kMaxEventsJsonBytes);
   if (!events_text.ok()) return events_text.error();

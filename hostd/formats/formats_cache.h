@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -47,6 +48,7 @@
 
 #include "formats_bundle.h"
 #include "hvtrace/result.h"
+#include "kallsyms_table.h"
 
 namespace hvtrace::hostd {
 
@@ -100,8 +102,14 @@ struct KernelFormats {
   std::string header_event;
   std::string printk_formats;
   std::string kallsyms;
+  // |kallsyms| parsed (Load fills it, so a capture does not parse 7 MB).
+  std::shared_ptr<const KallsymsTable> kallsyms_table;
   std::vector<CachedEventFormat> events;  // Sorted by system, then name.
 };
+
+// |formats|' parsed kallsyms: the table Load made, or parsed now for
+// formats built another way (tests, a capture's own files).
+std::shared_ptr<const KallsymsTable> KallsymsOf(const KernelFormats& formats);
 
 // One line of `hvtrace formats list`.
 struct CacheEntrySummary {

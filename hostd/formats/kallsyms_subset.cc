@@ -7,29 +7,24 @@
 
 namespace hvtrace::hostd {
 
-KallsymsSubset::KallsymsSubset(std::string_view text, int64_t delta) : delta_(delta) {
-  lines_.reserve(text.size() / 40);
-  while (!text.empty()) {
-    const size_t nl = text.find('\n');
-    const std::string_view line =
-        text.substr(0, nl == std::string_view::npos ? text.size() : nl + 1);
-    text.remove_prefix(line.size());
+KallsymsSubset::KallsymsSubset(std::string_view text, int64_t delta,
+                               std::shared_ptr<const KallsymsTable> table)
+    : delta_(delta) {
+  if (!table) table = KallsymsTable::Parse(text);
+  lines_.reserve(table->symbols().size());
+  for (const KallsymsTable::Symbol& s : table->symbols()) {
+    if (s.type == 'A' || s.type == 'a' || KallsymsTable::Name(text, s).starts_with('$')) continue;
     Line k;
-    const auto [end, ec] = std::from_chars(line.data(), line.data() + line.size(), k.addr, 16);
-    k.digits = static_cast<size_t>(end - line.data());
-    if (ec != std::errc() || line.size() < k.digits + 4 || line[k.digits] != ' ' ||
-        line[k.digits + 2] != ' ' || line[k.digits + 3] == '$') {
-      continue;
-    }
-    const char type = line[k.digits + 1];
-    if (type == 'A' || type == 'a') continue;
-    k.movable = k.addr != 0 && line.find('[') == std::string_view::npos;
+    k.addr = s.addr;
+    k.digits = s.digits;
+    k.movable = k.addr != 0 && !s.module;
     if (k.movable) k.addr += static_cast<uint64_t>(delta);
-    k.text = line;
+    k.text = KallsymsTable::Line(text, s);
     lines_.push_back(k);
   }
-  // /proc/kallsyms is in address order but for a few stragglers; the order
-  // among aliases does not matter (they are kept together).
+  // The table is in address order; a delta can move core symbols past
+  // module ones. The order among aliases does not matter (they are kept
+  // together).
   auto by_addr = [](const Line& a, const Line& b) { return a.addr < b.addr; };
   if (!std::is_sorted(lines_.begin(), lines_.end(), by_addr))
     std::sort(lines_.begin(), lines_.end(), by_addr);
@@ -83,7 +78,7 @@ std::string KallsymsSubset::Text() const {
       out.append(hex);
       out.append(k.text.substr(k.digits));
     }
-    if (out.back() != '\n') out.push_back('\n');
+    out.push_back('\n');
   }
   return out;
 }

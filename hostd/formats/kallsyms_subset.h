@@ -12,19 +12,24 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "kallsyms_table.h"
+
 namespace hvtrace::hostd {
 
 class KallsymsSubset {
  public:
-  // Parses /proc/kallsyms text (kept by reference: it must outlive this).
-  // Core-kernel symbols are moved by |delta| (a KASLR difference; module
-  // symbols and zero addresses stay).
-  KallsymsSubset(std::string_view kallsyms, int64_t delta);
+  // The symbols of /proc/kallsyms text |kallsyms| (kept by reference: it
+  // must outlive this), parsed as |table| or, without one, now. Core-kernel
+  // symbols are moved by |delta| (a KASLR difference; module symbols and
+  // zero addresses stay).
+  KallsymsSubset(std::string_view kallsyms, int64_t delta,
+                 std::shared_ptr<const KallsymsTable> table = nullptr);
 
   bool empty() const { return lines_.empty(); }
   // Marks the symbols the values in |payload| fall in.
@@ -38,7 +43,7 @@ class KallsymsSubset {
   // "$" names are not registered).
   struct Line {
     uint64_t addr = 0;      // Moved by delta.
-    std::string_view text;  // The line, newline included.
+    std::string_view text;  // The line, newline excluded.
     size_t digits = 0;      // Hex digits of the address at its start.
     bool movable = false;   // A core-kernel symbol: KASLR moves it.
   };

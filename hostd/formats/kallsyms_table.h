@@ -1,0 +1,48 @@
+// A kernel's /proc/kallsyms, parsed once when its formats load (FormatCache
+// Load), not at panic time: a 6.12 kernel's ~7 MB of text took 8-17 ms to
+// parse, and a capture parsed it twice per boot (the KASLR evidence and the
+// trace.dat's symbol subset; bench/README.md, capture_latency.sh).
+//
+// The table keeps offsets into the text it was parsed from, not a copy: the
+// caller passes that same text to Line/Name (KernelFormats holds both).
+#ifndef HVTRACE_HOSTD_KALLSYMS_TABLE_H_
+#define HVTRACE_HOSTD_KALLSYMS_TABLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace hvtrace::hostd {
+
+class KallsymsTable {
+ public:
+  // One well-formed "ADDR TYPE NAME[\t[mod]]" line.
+  struct Symbol {
+    uint64_t addr = 0;
+    uint32_t offset = 0;  // The line's start in the text.
+    uint32_t length = 0;  // The line's length, newline excluded.
+    uint8_t digits = 0;   // Hex digits of ADDR.
+    char type = 0;        // 'T', 't', 'A', ...
+    bool module = false;  // A module's symbol ("\t[mod]"), not the image's.
+  };
+
+  // Parses |kallsyms|; lines of any other shape are skipped.
+  static std::shared_ptr<const KallsymsTable> Parse(std::string_view kallsyms);
+
+  // The symbols sorted by address (file order among equal addresses).
+  std::span<const Symbol> symbols() const { return symbols_; }
+  // The symbol's line (no newline) and name, in |kallsyms| (the parsed text).
+  static std::string_view Line(std::string_view kallsyms, const Symbol& s) {
+    return kallsyms.substr(s.offset, s.length);
+  }
+  static std::string_view Name(std::string_view kallsyms, const Symbol& s);
+
+ private:
+  std::vector<Symbol> symbols_;
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_KALLSYMS_TABLE_H_

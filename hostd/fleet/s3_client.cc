@@ -460,7 +460,7 @@ Result<std::string> S3Client::PutMultipart(
 Status S3Client::GetToFile(std::string_view key, const std::filesystem::path& path,
                            uint64_t max_bytes) {
   if (Status ok = ValidateObjectKey(key); !ok.ok()) return ok.error();
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (fd.get() < 0) return Error{"cannot create " + path.string() + ": " + std::strerror(errno)};
   Request r;
   r.key = std::string(key);

@@ -94,7 +94,8 @@ Status DecompressFile(const std::filesystem::path& in, const std::filesystem::pa
     if (n == 0) break;
     any = true;
     ZSTD_inBuffer input{ibuf.data(), static_cast<size_t>(n), 0};
-    // A full output buffer may leave bytes inside the context: call again.
+    // A full output buffer may leave bytes inside the context: call again,
+    // until the frame is done (0); a call after that would start a new frame.
     ZSTD_outBuffer output{obuf.data(), obuf.size(), 0};
     do {
       output = {obuf.data(), obuf.size(), 0};
@@ -106,7 +107,7 @@ Status DecompressFile(const std::filesystem::path& in, const std::filesystem::pa
                      " bytes"};
       }
       if (Status s = WriteAll(out_fd.get(), obuf.data(), output.pos, out); !s.ok()) return s;
-    } while (input.pos < input.size || output.pos == output.size);
+    } while (input.pos < input.size || (output.pos == output.size && rest != 0));
   }
   if (!any || rest != 0) return Error{in.string() + ": truncated zstd frame"};
   return {};

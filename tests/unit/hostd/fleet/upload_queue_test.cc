@@ -41,7 +41,7 @@ TEST(UploadQueue, SaveScanRemoveRoundTrip) {
   ASSERT_TRUE(all.ok());
   ASSERT_EQ(all->size(), 2u);
   EXPECT_EQ((*all)[0].ref.vm, "a");  // Oldest queued first.
-  const UploadEntry b = (*all)[1];  // A copy: |all| is scanned again below.
+  const UploadEntry b = (*all)[1];   // A copy: |all| is scanned again below.
   EXPECT_EQ(b.ref.host, "host1");
   ASSERT_EQ(b.objects.size(), 2u);
   EXPECT_TRUE(b.objects[0].done);

@@ -146,7 +146,7 @@ struct Config {
   std::filesystem::path harvest_initrd;  // Empty: the default (see above).
   LogLevel log_level = LogLevel::kInfo;
   bool qemu_sandbox = true;
-  std::string qemu_user;  // Empty: QEMU runs as the daemon's user.
+  std::string qemu_user;        // Empty: QEMU runs as the daemon's user.
   std::string upload_endpoint;  // Empty: no fleet upload.
   std::string upload_bucket;
   std::string upload_region = "us-east-1";

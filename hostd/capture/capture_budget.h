@@ -129,7 +129,7 @@ class CaptureBudget {
                                      std::string_view keep_id, bool others, bool panics,
                                      bool pinned) const;
 
-  DiskLimits limits_;  // Guarded by mu_.
+  DiskLimits limits_;               // Guarded by mu_.
   UploadPendingFn upload_pending_;  // Guarded by mu_.
   const std::filesystem::path vms_root_;
   mutable std::mutex mu_;  // One admission or pruning at a time: each sees the last.

@@ -86,11 +86,10 @@ class PingCommand final : public QueryCommand {
       std::printf("\n");
       for (const json& c : upload.value("captures", json::array())) {
         if (!c.is_object() || c.value("state", "") == "uploaded") continue;
-        std::printf("  %s/%s %s, %s attempt(s)%s\n", Str(c, "vm").c_str(), Str(c, "id").c_str(),
-                    Str(c, "state").c_str(), Str(c, "attempts").c_str(),
-                    c.value("last_error", "").empty()
-                        ? ""
-                        : (": " + c.value("last_error", "")).c_str());
+        std::printf(
+            "  %s/%s %s, %s attempt(s)%s\n", Str(c, "vm").c_str(), Str(c, "id").c_str(),
+            Str(c, "state").c_str(), Str(c, "attempts").c_str(),
+            c.value("last_error", "").empty() ? "" : (": " + c.value("last_error", "")).c_str());
       }
     }
   }

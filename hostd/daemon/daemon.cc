@@ -423,7 +423,8 @@ Status Daemon::StartUploader() {
   options.s3.region = c.upload_region;
   options.s3.access_key = credentials->access_key;
   options.s3.secret_key = credentials->secret_key;
-  if (Status s = ValidateS3Config(options.s3); !s.ok()) return Error{"upload: " + s.error().message};
+  if (Status s = ValidateS3Config(options.s3); !s.ok())
+    return Error{"upload: " + s.error().message};
   options.prefix = *prefix;
   options.host = FleetHostName();
   options.queue_root = state_.root() / "upload-queue";

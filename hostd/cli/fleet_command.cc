@@ -136,8 +136,16 @@ struct Listed {
   std::string key;
 };
 
-Result<std::vector<Listed>> ListIndex(hostd::S3Client& s3, const std::string& prefix) {
-  auto objects = s3.List(hostd::IndexListPrefix(prefix));
+// The listing index, narrowed to |host| (and |vm|) when given: the key
+// layout puts them first, so the store lists only those keys.
+Result<std::vector<Listed>> ListIndex(hostd::S3Client& s3, const std::string& prefix,
+                                      const std::string& host = "", const std::string& vm = "") {
+  std::string under = hostd::IndexListPrefix(prefix);
+  if (!host.empty() && hostd::ValidateObjectKey(host).ok()) {
+    under += host + "/";
+    if (!vm.empty() && hostd::ValidateObjectKey(vm).ok()) under += vm + "/";
+  }
+  auto objects = s3.List(under);
   if (!objects.ok()) return objects.error();
   std::vector<Listed> out;
   for (const hostd::S3Object& o : *objects) {
@@ -171,7 +179,7 @@ class FleetListCommand final : public Command {
     auto since = SinceStamp(since_);
     if (!since.ok()) return Fail(since.error().message, kExitUsage);
     hostd::S3Client s3(store->first);
-    auto listed = ListIndex(s3, store->second);
+    auto listed = ListIndex(s3, store->second, host_, vm_);
     if (!listed.ok()) return Fail(listed.error().message, kExitFailed);
     std::vector<Listed> shown;
     for (const Listed& l : *listed) {

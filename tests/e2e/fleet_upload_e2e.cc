@@ -235,7 +235,8 @@ TEST(FleetUploadE2e, PanicWhileTheStoreIsDownIsUploadedAfterRestartAndFetched) {
   filtered.insert(filtered.end(), {"--trigger", "manual"});
   EXPECT_EQ(Hvtrace(filtered).output.find(ref.Name()), std::string::npos);
   std::vector<std::string> as_json = list;
-  as_json.insert(as_json.end(), {"--vm", name, "--trigger", "panic", "--since", "1h", "--json"});
+  as_json.insert(as_json.end(), {"--host", ref.host, "--vm", name, "--trigger", "panic", "--since",
+                                 "1h", "--json"});
   RunResult json_out = Hvtrace(as_json);
   ASSERT_EQ(json_out.status, 0) << json_out.output;
   json parsed = json::parse(json_out.output, nullptr, false);

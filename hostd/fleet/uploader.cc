@@ -198,7 +198,10 @@ void Uploader::Loop() {
         if (!s.ok()) {
           RecordFailure(e, s.error().message);
           failed = true;
-          break;  // Oldest first: the store is likely down for all of them.
+          // The store failing (its errors start "S3 ") fails the others too:
+          // wait. A local problem (an unreadable file) is this capture's own:
+          // the next ones go on.
+          if (s.error().message.starts_with("S3 ")) break;
         }
       }
     }

@@ -13,7 +13,8 @@
 //
 // Failures (the store down, wrong credentials, a missing bucket) keep the
 // capture local and queued: the thread waits (upload_retry_min doubling up to
-// upload_retry_max) and tries again, oldest capture first; the last error is
+// upload_retry_max) and tries again, oldest capture first (a store error
+// ends the round, a local one skips only its capture); the last error is
 // logged once per change and shown by `hvtrace ping` (StatsJson).
 #ifndef HVTRACE_HOSTD_FLEET_UPLOADER_H_
 #define HVTRACE_HOSTD_FLEET_UPLOADER_H_

@@ -292,6 +292,13 @@ std::vector<std::string> Daemon::Reload() {
   keep("libvirt_uri", &Config::libvirt_uri);
   keep("cache_dir", &Config::cache_dir);
   keep("harvest_initrd", &Config::harvest_initrd);
+  // The uploader (uploader.h) is made once, with its credentials, at start.
+  keep("upload_endpoint", &Config::upload_endpoint);
+  keep("upload_bucket", &Config::upload_bucket);
+  keep("upload_region", &Config::upload_region);
+  keep("upload_credentials", &Config::upload_credentials);
+  keep("upload_prefix", &Config::upload_prefix);
+  keep("upload_retry_max_ms", &Config::upload_retry_max);
   for (const std::string& key : restart) {
     LogWarning("reload: " + key + " needs a restart; keeping " + before.value(key, json()).dump());
   }

@@ -106,7 +106,10 @@ json Uploader::StatsJson() const {
   json rows = json::array();
   for (const auto& [name, row] : states_) rows.push_back(row);
   size_t pending = 0;
-  for (const auto& [name, row] : states_) pending += row.value("state", "") != "uploaded";
+  for (const auto& [name, row] : states_) {
+    const std::string state = row.value("state", "");
+    pending += state == "pending" || state == "error";
+  }
   return {{"enabled", true},
           {"endpoint", options_.s3.endpoint},
           {"bucket", options_.s3.bucket},
@@ -259,7 +262,7 @@ Status Uploader::Process(UploadEntry& e) {
       pending_.erase(NameOf(e.ref.vm, e.ref.id));
       states_[NameOf(e.ref.vm, e.ref.id)] = {{"vm", e.ref.vm},
                                              {"id", e.ref.id},
-                                             {"state", "error"},
+                                             {"state", "lost"},
                                              {"attempts", e.attempts},
                                              {"last_error", "removed locally before upload"}};
     }

@@ -77,7 +77,7 @@ class Uploader {
 
   // {"enabled", "endpoint", "bucket", "prefix", "pending", "uploaded",
   //  "failed_attempts", "lost", "last_error", "last_error_at", "last_uploaded",
-  //  "captures": [{"vm", "id", "state": pending | error | uploaded,
+  //  "captures": [{"vm", "id", "state": pending | error | uploaded | lost,
   //                "attempts", "objects_done", "objects", "last_error"}]}
   nlohmann::json StatsJson() const;
 

@@ -24,6 +24,8 @@ PACKAGES=(
   scdoc debhelper dpkg-dev fakeroot lintian bash-completion systemd libxml2-dev
   # The service test boots systemd in a container (tests/service/).
   systemd-container
+  # Fleet upload (hostd/fleet/): libcurl's SigV4; a single-node Ceph with radosgw in tests.
+  libcurl4-openssl-dev ceph-mon ceph-mgr ceph-osd radosgw ceph-common
 )
 
 missing=()

@@ -64,9 +64,42 @@ std::filesystem::path Config::EffectiveSocketPath() const {
 
 namespace {
 
+// The fleet upload's keys (docs/fleet.md); false for any other key.
+Result<bool> ApplyUploadKey(Config& config, std::string_view key, std::string_view value) {
+  if (key == "upload_endpoint") {
+    // Checked in full when the uploader starts (s3_client.h); a scheme here.
+    if (!value.empty() && !value.starts_with("http://") && !value.starts_with("https://")) {
+      return Error{"'" + std::string(value) + "' must start with http:// or https://"};
+    }
+    config.upload_endpoint = std::string(value);
+  } else if (key == "upload_bucket" || key == "upload_region" || key == "upload_prefix") {
+    if (value.find_first_of(" \t") != std::string_view::npos) {
+      return Error{"'" + std::string(value) + "' holds a space"};
+    }
+    (key == "upload_bucket"   ? config.upload_bucket
+     : key == "upload_region" ? config.upload_region
+                              : config.upload_prefix) = std::string(value);
+  } else if (key == "upload_credentials") {
+    auto path = ParsePath(value);
+    if (!path.ok()) return path.error();
+    config.upload_credentials = *path;
+  } else if (key == "upload_retry_max") {
+    auto d = ParseDuration(value);
+    if (!d.ok()) return d.error();
+    if (*d < std::chrono::seconds(1) || *d > std::chrono::hours(1)) {
+      return Error{"must be between 1s and 1h"};
+    }
+    config.upload_retry_max = *d;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // Sets |key| in |config| from |value|: false for a key that does not exist,
 // an error (without the key) for a value it cannot take.
 Result<bool> ApplyKey(Config& config, std::string_view key, std::string_view value) {
+  if (key.starts_with("upload_")) return ApplyUploadKey(config, key, value);
   if (key == "harvest_initrd") {
     auto path = ParsePath(value);
     if (!path.ok()) return path.error();

@@ -63,6 +63,23 @@
 //                                               seccomp filter)
 //   qemu_user           =                       empty: QEMUs hvtraced boots run
 //                                               as root; else -runas USER
+// Fleet upload (docs/fleet.md): every committed capture also goes to an
+// S3-compatible bucket (Ceph RGW, MinIO, AWS S3), from a persistent queue
+// (<state_dir>/upload-queue); the local copy is kept by retention until the
+// upload is confirmed.
+//   upload_endpoint     =                       http(s)://host[:port] (path-style
+//                                               requests); empty: no upload
+//   upload_bucket       =                       the bucket (must exist)
+//   upload_region       = us-east-1             the SigV4 region (Ceph RGW:
+//                                               its zonegroup, "default")
+//   upload_credentials  = /etc/hvtrace/upload-credentials
+//                                               "access_key = …" and
+//                                               "secret_key = …" lines; owned by
+//                                               root (or the daemon's user),
+//                                               mode 0600 or stricter
+//   upload_prefix       = hvtrace               keys are <prefix>/<host>/<vm>/<id>/…
+//   upload_retry_max    = 60s                   a failed upload is retried after
+//                                               1 s, doubling up to this
 //
 // Under systemd: $STATE_DIRECTORY, $RUNTIME_DIRECTORY and $CACHE_DIRECTORY
 // (the unit's StateDirectory=, RuntimeDirectory=, CacheDirectory=) are the
@@ -129,7 +146,13 @@ struct Config {
   std::filesystem::path harvest_initrd;  // Empty: the default (see above).
   LogLevel log_level = LogLevel::kInfo;
   bool qemu_sandbox = true;
-  std::string qemu_user;  // Empty: QEMU runs as the daemon's user.
+  std::string qemu_user;        // Empty: QEMU runs as the daemon's user.
+  std::string upload_endpoint;  // Empty: no fleet upload.
+  std::string upload_bucket;
+  std::string upload_region = "us-east-1";
+  std::filesystem::path upload_credentials = "/etc/hvtrace/upload-credentials";
+  std::string upload_prefix = "hvtrace";
+  std::chrono::milliseconds upload_retry_max{60000};
 
   std::filesystem::path EffectiveSocketPath() const;
 };

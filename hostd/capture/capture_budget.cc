@@ -104,10 +104,18 @@ Result<std::vector<CaptureBudget::Stored>> CaptureBudget::ListAll(const CaptureS
 std::vector<const CaptureBudget::Stored*> CaptureBudget::Victims(const std::vector<Stored>& all,
                                                                  std::string_view vm,
                                                                  std::string_view keep_id,
-                                                                 bool others, bool panics) {
-  std::vector<const Stored*> own_cheap, other_cheap, own_panic;
+                                                                 bool others, bool panics,
+                                                                 bool pinned) const {
+  std::vector<const Stored*> own_cheap, other_cheap, own_panic, waiting;
   for (const Stored& s : all) {
     if (s.vm == vm && s.id == keep_id) continue;
+    if (upload_pending_ && upload_pending_(s.vm, s.id)) {
+      // Its only copy until the store confirms it: last, and only for a panic.
+      if (pinned && (s.vm == vm ? (!s.panic || panics) : (!s.panic && others))) {
+        waiting.push_back(&s);
+      }
+      continue;
+    }
     if (s.vm == vm) {
       (s.panic ? own_panic : own_cheap).push_back(&s);
     } else if (!s.panic && others) {
@@ -120,6 +128,7 @@ std::vector<const CaptureBudget::Stored*> CaptureBudget::Victims(const std::vect
   std::vector<const Stored*> order = own_cheap;
   order.insert(order.end(), other_cheap.begin(), other_cheap.end());
   if (panics) order.insert(order.end(), own_panic.begin(), own_panic.end());
+  order.insert(order.end(), waiting.begin(), waiting.end());
   return order;
 }
 
@@ -175,7 +184,7 @@ Result<CaptureBudget::Admission> CaptureBudget::Admit(const CaptureStore& store,
   const char* cheap_note = panic ? "" : " (a non-panic capture never evicts a panic capture)";
   if (limits_.bytes_per_vm > 0) {
     auto over = [&] { return vm_bytes + a.need > limits_.bytes_per_vm; };
-    if (!evict_while(Victims(*all, vm, "", false, panic), over) && !panic) {
+    if (!evict_while(Victims(*all, vm, "", false, panic, panic), over) && !panic) {
       if (!error.empty()) return Error{what + ": " + error};
       return Error{what + "; VM " + std::string(vm) + " keeps " + Bytes(vm_bytes) +
                    " of captures it may not evict, capture_bytes_per_vm is " +
@@ -184,7 +193,7 @@ Result<CaptureBudget::Admission> CaptureBudget::Admit(const CaptureStore& store,
   }
   if (limits_.bytes_total > 0) {
     auto over = [&] { return total_bytes + a.need > limits_.bytes_total; };
-    if (!evict_while(Victims(*all, vm, "", true, panic), over) && !panic) {
+    if (!evict_while(Victims(*all, vm, "", true, panic, panic), over) && !panic) {
       if (!error.empty()) return Error{what + ": " + error};
       return Error{what + "; all VMs keep " + Bytes(total_bytes) +
                    " of captures it may not evict, capture_bytes_total is " +
@@ -199,7 +208,7 @@ Result<CaptureBudget::Admission> CaptureBudget::Admit(const CaptureStore& store,
                    "older captures for space"};
     }
     auto over = [&] { return a.free_after < a.need + limits_.free_reserve; };
-    evict_while(Victims(*all, vm, "", true, false), over);
+    evict_while(Victims(*all, vm, "", true, false, true), over);
     if (!error.empty()) return Error{what + ": " + error};
     // Panic captures are never evicted for space; the capture is tried with
     // what there is (a full disk then fails it clearly, keeping a durable
@@ -243,7 +252,7 @@ Result<std::vector<std::string>> CaptureBudget::Prune(const CaptureStore& store,
       }
     }
   };
-  const auto own = Victims(*all, vm, keep_id, false, panic);
+  const auto own = Victims(*all, vm, keep_id, false, panic, false);
   if (keep > 0) {
     evict_while(own, [&] { return vm_count > keep; });
   }
@@ -251,7 +260,7 @@ Result<std::vector<std::string>> CaptureBudget::Prune(const CaptureStore& store,
     evict_while(own, [&] { return vm_bytes > limits_.bytes_per_vm; });
   }
   if (error.empty() && limits_.bytes_total > 0) {
-    evict_while(Victims(*all, vm, keep_id, true, panic),
+    evict_while(Victims(*all, vm, keep_id, true, panic, false),
                 [&] { return total_bytes > limits_.bytes_total; });
   }
   if (!error.empty()) return Error{"VM " + std::string(vm) + ": retention: " + error};

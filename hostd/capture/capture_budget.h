@@ -11,6 +11,11 @@
 //   3. for a panic capture only: this VM's older panic captures (budgets and
 //      count only; another VM's panic capture is never evicted)
 // The capture being made is never a victim of its own admission or pruning.
+// A capture whose fleet upload is not confirmed yet (SetUploadPending) is no
+// victim of retention (Prune) nor of a cheaper capture's admission: it goes
+// only when a panic capture's admission needs its space, after every other
+// victim, and its upload is then reported lost (uploader.h). Once uploaded,
+// it is a victim as before.
 //
 // Before a capture starts (Admit), its worst case (every region byte
 // written twice: the raw copy and the decoded trace.dat, plus 1 MiB) must fit
@@ -28,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -75,6 +81,14 @@ class CaptureBudget {
     limits_ = limits;
   }
 
+  // Whether the capture |id| of |vm| still waits for its fleet upload (see
+  // above); empty: none does.
+  using UploadPendingFn = std::function<bool(const std::string& vm, const std::string& id)>;
+  void SetUploadPending(UploadPendingFn fn) {
+    std::lock_guard lock(mu_);
+    upload_pending_ = std::move(fn);
+  }
+
   struct Admission {
     uint64_t need = 0;         // Worst case, bytes.
     uint64_t free_before = 0;  // On the filesystem, before evicting.
@@ -109,11 +123,14 @@ class CaptureBudget {
   // root), oldest first per VM.
   Result<std::vector<Stored>> ListAll(const CaptureStore& store, std::string_view vm) const;
   // Victims in the order above; |others| adds other VMs' non-panic captures,
-  // |panics| this VM's panic captures.
-  static std::vector<const Stored*> Victims(const std::vector<Stored>& all, std::string_view vm,
-                                            std::string_view keep_id, bool others, bool panics);
+  // |panics| this VM's panic captures, |pinned| (a panic's admission) the
+  // captures still waiting for their upload, last.
+  std::vector<const Stored*> Victims(const std::vector<Stored>& all, std::string_view vm,
+                                     std::string_view keep_id, bool others, bool panics,
+                                     bool pinned) const;
 
-  DiskLimits limits_;  // Guarded by mu_.
+  DiskLimits limits_;               // Guarded by mu_.
+  UploadPendingFn upload_pending_;  // Guarded by mu_.
   const std::filesystem::path vms_root_;
   mutable std::mutex mu_;  // One admission or pruning at a time: each sees the last.
 };

@@ -135,6 +135,7 @@ void AddAttachCommands(CommandTable& table);  // attach detach stream (+ libvirt
 void AddDomainXmlCommand(CommandTable& table);
 void AddSetupCommand(CommandTable& table);
 void AddFormatsCommands(CommandTable& table);  // formats harvest, formats list
+void AddFleetCommands(CommandTable& table);    // fleet list, fleet fetch
 
 // formats_command.cc: harvests |kernel|'s formats into the default cache
 // with the project's harvest initramfs unless they are there (boot runs it

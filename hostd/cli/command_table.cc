@@ -99,6 +99,7 @@ CommandTable::CommandTable()
   AddDomainXmlCommand(*this);
   AddSetupCommand(*this);
   AddFormatsCommands(*this);
+  AddFleetCommands(*this);
   Add("help", "describe every command, or one (`hvtrace help attach`)",
       std::make_unique<HelpCommand>(*this));
 }

@@ -73,6 +73,25 @@ class PingCommand final : public QueryCommand {
   void PrintText(const json& result) const override {
     std::printf("hvtraced (pid %s) is up for %.1f s; round trip %.2f ms\n",
                 Str(result, "pid").c_str(), result.value("uptime_ms", 0) / 1000.0, round_trip_ms());
+    // The fleet upload (docs/fleet.md): what waits, and why.
+    const json upload = result.value("upload", json::object());
+    if (upload.is_object() && upload.value("enabled", false)) {
+      std::printf("upload to %s/%s: %s pending, %s uploaded", Str(upload, "endpoint").c_str(),
+                  Str(upload, "bucket").c_str(), Str(upload, "pending").c_str(),
+                  Str(upload, "uploaded").c_str());
+      const std::string error = upload.value("last_error", "");
+      if (!error.empty()) {
+        std::printf("; last error (%s): %s", Str(upload, "last_error_at").c_str(), error.c_str());
+      }
+      std::printf("\n");
+      for (const json& c : upload.value("captures", json::array())) {
+        if (!c.is_object() || c.value("state", "") == "uploaded") continue;
+        std::printf(
+            "  %s/%s %s, %s attempt(s)%s\n", Str(c, "vm").c_str(), Str(c, "id").c_str(),
+            Str(c, "state").c_str(), Str(c, "attempts").c_str(),
+            c.value("last_error", "").empty() ? "" : (": " + c.value("last_error", "")).c_str());
+      }
+    }
   }
 };
 

@@ -123,6 +123,8 @@ void Daemon::HandlePing(const Request&, const std::shared_ptr<Responder>& respon
   pong["capture_queue"] = capture_queue_->StatsJson();
   // What the daemon holds for captures: one set per worker, not one per VM.
   pong["copy_buffers"] = captures_->copy_pool().ToJson();
+  // The fleet upload: queued captures, their state and the last error.
+  pong["upload"] = uploader_ ? uploader_->StatsJson() : json{{"enabled", false}};
   responder->Reply(pong);
 }
 

@@ -19,10 +19,12 @@
 
 #include "daemon_libvirt.h"
 #include "daemon_log.h"
+#include "fleet_keys.h"
 #include "formats_cache.h"
 #include "formats_harvest.h"
 #include "log_rotation.h"
 #include "meta_receiver.h"
+#include "s3_credentials.h"
 
 #ifndef HVTRACE_VERSION
 #define HVTRACE_VERSION "unknown"
@@ -103,6 +105,12 @@ json ConfigJson(const Config& c) {
           {"log_level", LogLevelName(c.log_level)},
           {"qemu_sandbox", c.qemu_sandbox ? "on" : "off"},
           {"qemu_user", c.qemu_user},
+          {"upload_endpoint", c.upload_endpoint},
+          {"upload_bucket", c.upload_bucket},
+          {"upload_region", c.upload_region},
+          {"upload_credentials", c.upload_credentials.string()},
+          {"upload_prefix", c.upload_prefix},
+          {"upload_retry_max_ms", c.upload_retry_max.count()},
           {"formats_cache", [&] {
              auto root =
                  ResolveCacheRoot(CacheRootSourcesFromEnvironment("", c.cache_dir.string()));
@@ -147,6 +155,7 @@ Daemon::~Daemon() {
   // The server's handlers belong to io_, which no longer runs here.
   server_.reset();
   pool_.join();
+  if (uploader_) uploader_->Stop();  // After the pool: no capture enqueues any more.
   formats_pool_.stop();  // Queued harvests are dropped; a running one ends on its timeout.
   formats_pool_.join();
   libvirt_.reset();
@@ -159,6 +168,12 @@ SupervisorOptions Daemon::supervisor_options() const {
   o.panic_policy = config()->panic_policy;
   o.queue = capture_queue_;
   o.guest_capture_interval = config()->guest_capture_interval;
+  if (uploader_) {
+    o.on_committed = [u = uploader_.get()](const std::string& vm, const std::string& id,
+                                           const std::filesystem::path& dir) {
+      u->Enqueue(vm, id, dir);
+    };
+  }
   return o;
 }
 
@@ -186,6 +201,9 @@ Status Daemon::Start() {
   access_.observer_group_name = config()->socket_group;
   access_.admin_group_name = config()->admin_group;
   ShareStateDir();
+
+  // Before any VM is registered: their supervisors queue their captures.
+  if (Status s = StartUploader(); !s.ok()) return s;
 
   auto names = state_.ListVmNames();
   if (!names.ok()) return names.error();
@@ -274,6 +292,13 @@ std::vector<std::string> Daemon::Reload() {
   keep("libvirt_uri", &Config::libvirt_uri);
   keep("cache_dir", &Config::cache_dir);
   keep("harvest_initrd", &Config::harvest_initrd);
+  // The uploader (uploader.h) is made once, with its credentials, at start.
+  keep("upload_endpoint", &Config::upload_endpoint);
+  keep("upload_bucket", &Config::upload_bucket);
+  keep("upload_region", &Config::upload_region);
+  keep("upload_credentials", &Config::upload_credentials);
+  keep("upload_prefix", &Config::upload_prefix);
+  keep("upload_retry_max_ms", &Config::upload_retry_max);
   for (const std::string& key : restart) {
     LogWarning("reload: " + key + " needs a restart; keeping " + before.value(key, json()).dump());
   }
@@ -381,6 +406,7 @@ void Daemon::RecoverCaptures(const std::vector<std::string>& names, std::functio
       for (const CaptureEntry& entry : recovery->recovered) {
         LogNotice("VM " + name + ": recovered capture " + entry.id +
                   " left incomplete by an earlier run");
+        if (uploader_) uploader_->Enqueue(name, entry.id, entry.dir);
       }
       for (const std::string& why : recovery->removed)
         LogNotice("VM " + name + ": incomplete capture " + why);
@@ -389,6 +415,35 @@ void Daemon::RecoverCaptures(const std::vector<std::string>& names, std::functio
     }
     asio::post(io_, then);
   });
+}
+
+Status Daemon::StartUploader() {
+  const Config& c = *config();
+  if (c.upload_endpoint.empty()) return {};
+  auto credentials = LoadS3Credentials(c.upload_credentials, /*private_only=*/true);
+  if (!credentials.ok()) return Error{"upload: " + credentials.error().message};
+  auto prefix = NormalizePrefix(c.upload_prefix);
+  if (!prefix.ok()) return prefix.error();
+  UploaderOptions options;
+  options.s3.endpoint = c.upload_endpoint;
+  options.s3.bucket = c.upload_bucket;
+  options.s3.region = c.upload_region;
+  options.s3.access_key = credentials->access_key;
+  options.s3.secret_key = credentials->secret_key;
+  if (Status s = ValidateS3Config(options.s3); !s.ok())
+    return Error{"upload: " + s.error().message};
+  options.prefix = *prefix;
+  options.host = FleetHostName();
+  options.queue_root = state_.root() / "upload-queue";
+  options.retry_max = c.upload_retry_max;
+  uploader_ = std::make_unique<Uploader>(std::move(options));
+  if (Status s = uploader_->Start(); !s.ok()) return s;
+  budget_->SetUploadPending([u = uploader_.get()](const std::string& vm, const std::string& id) {
+    return u->Pending(vm, id);
+  });
+  LogNotice("upload: captures go to " + c.upload_endpoint + "/" + c.upload_bucket + "/" +
+            (prefix->empty() ? "" : *prefix + "/") + FleetHostName() + "/");
+  return {};
 }
 
 void Daemon::ScheduleConsoleRotation() {

@@ -34,6 +34,7 @@
 #include "qmp_vm.h"
 #include "state_dir.h"
 #include "supervisor.h"
+#include "uploader.h"
 
 namespace hvtrace::hostd {
 
@@ -183,6 +184,11 @@ class Daemon {
   std::shared_ptr<CaptureService> captures_;
   std::shared_ptr<CaptureBudget> budget_;        // Byte budgets and reserve (capture_budget.h).
   std::shared_ptr<CaptureQueue> capture_queue_;  // Every VM's captures, panics first.
+  // The fleet upload (uploader.h); null when upload_endpoint is empty.
+  std::unique_ptr<Uploader> uploader_;
+  // Starts uploader_ from the configuration: the credentials file is checked
+  // (root-only) and read here, so a bad one stops the start with its reason.
+  Status StartUploader();
   SupervisorRegistry registry_;
   std::unique_ptr<ControlServer> server_;
   AccessPolicy access_;  // Who may do what (access.h), set by Start.

@@ -398,6 +398,9 @@ void VmSupervisor::Complete(PendingCapture p, Result<CaptureOutcome> outcome) {
       LogWarning("VM " + name_ + ": capture " + outcome->id +
                  " is incomplete: " + outcome->incomplete);
     }
+    if (!outcome->deduplicated && options_.on_committed) {
+      options_.on_committed(name_, outcome->id, store_.dir() / outcome->id);
+    }
     std::lock_guard lock(mu_);
     if (!outcome->deduplicated) ++captures_taken_;
     last_capture_ = summary;  // `status` names the capture that holds it.

@@ -83,6 +83,12 @@ struct SupervisorOptions {
   // Shared by every VM of a daemon; null: the supervisor makes its own
   // (tests).
   std::shared_ptr<CaptureQueue> queue;
+  // Called (on the supervisor's strand) with each capture committed, not for
+  // one found to be a duplicate: the fleet upload queues it (uploader.h).
+  // Must not block.
+  std::function<void(const std::string& vm, const std::string& id,
+                     const std::filesystem::path& dir)>
+      on_committed;
 };
 
 struct CaptureSummary {

@@ -88,8 +88,8 @@ if [ -f /usr/share/bash-completion/bash_completion ]; then
   offered=$(complete_words hvtrace "" | sort)
   if [ "$(sort <<<"$cmds")" = "$offered" ]; then ok "completion offers exactly hvtrace's $(wc -l <<<"$cmds") commands"
   else fail "completion commands differ from hvtrace --help: $(diff <(sort <<<"$cmds") - <<<"$offered" | tr '\n' ' ')"; fi
-  for c in $cmds formats/harvest formats/list; do
-    [ "$c" = help ] || [ "$c" = formats ] && continue
+  for c in $cmds formats/harvest formats/list fleet/list fleet/fetch; do
+    [ "$c" = help ] || [ "$c" = formats ] || [ "$c" = fleet ] && continue
     want=$("$tree/usr/bin/hvtrace" ${c/\// } --help | sed -n '/^Options:/,/^$/p' | grep -oE '^ +(-[a-z],)?--[a-z-]+' |
       tr ',' '\n' | tr -d ' ' | sort -u)
     got=$(complete_words hvtrace ${c/\// } - | sort -u)

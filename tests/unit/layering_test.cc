@@ -42,13 +42,14 @@ const std::map<std::string, std::set<std::string>>& AllowedIncludes() {
     };
     hostd("base", {});
     hostd("control", {"hostd/base"});
+    hostd("fleet", {"hostd/base"});
     hostd("qemu", {"hostd/base"});
     hostd("libvirt", {"hostd/qemu"});
     hostd("formats", {"hostd/qemu"});
     hostd("capture", {"hostd/formats"});
     hostd("backend", {"hostd/capture", "hostd/libvirt"});
-    hostd("daemon", {"hostd/backend", "hostd/control"});
-    hostd("cli", {"hostd/control", "hostd/capture", "hostd/libvirt"});
+    hostd("daemon", {"hostd/backend", "hostd/control", "hostd/fleet"});
+    hostd("cli", {"hostd/control", "hostd/capture", "hostd/libvirt", "hostd/fleet"});
     return m;
   }();
   return kAllowed;

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -184,6 +185,48 @@ TEST(CaptureBudgetTest, BytesPerVmAndTotal) {
   EXPECT_EQ(panic->evicted.size(), 2u);
   EXPECT_EQ(Triggers(a), (std::vector<std::string>{"panic"}));
   EXPECT_EQ(Triggers(b), (std::vector<std::string>{"panic"}));
+}
+
+// Captures whose fleet upload is not confirmed (SetUploadPending) are no
+// victims of retention nor of a cheap capture's admission; a panic's
+// admission takes them last; once uploaded they go as before.
+TEST(CaptureBudgetTest, CapturesWaitingForUploadAreKept) {
+  TempDir tmp;
+  const fs::path vms = tmp.path() / "vms";
+  CaptureStore store(vms / "vm1/captures");
+  CaptureBudget budget(DiskLimits{3 * kMiB + 64 * 1024, 0, 0}, vms);
+  std::set<std::string> waiting;
+  budget.SetUploadPending([&](const std::string& vm, const std::string& id) {
+    return waiting.count(vm + "/" + id) != 0;
+  });
+  const std::string first = AddCapture(store, "vm1", "manual", 1, kMiB);
+  waiting.insert("vm1/" + first);
+  // Count retention of 2: the waiting capture stays, the next oldest goes.
+  std::string last;
+  for (int i = 0; i < 3; ++i) {
+    last = AddCapture(store, "vm1", "reset", 2 + i, kMiB);
+    ASSERT_TRUE(budget.Prune(store, "vm1", "reset", last, 2).ok());
+  }
+  auto list = store.List();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ(list->front().id, first);
+  // A cheap capture's admission may not take them either: refused.
+  waiting.insert("vm1/" + last);
+  last = AddCapture(store, "vm1", "reset", 10, kMiB);
+  waiting.insert("vm1/" + last);
+  EXPECT_FALSE(budget.Admit(store, "vm1", "crashloaded", kMiB / 2).ok());
+  EXPECT_EQ(store.List()->size(), 3u);
+  // A panic's admission must: the waiting ones go, oldest first.
+  auto panic = budget.Admit(store, "vm1", "panic", kMiB / 2);
+  ASSERT_TRUE(panic.ok()) << panic.error().message;
+  EXPECT_FALSE(panic->evicted.empty());
+  EXPECT_EQ(panic->evicted.front(), "vm1/" + first);
+  // Uploaded: retention applies as before.
+  waiting.clear();
+  const std::string again = AddCapture(store, "vm1", "reset", 20, kMiB);
+  ASSERT_TRUE(budget.Prune(store, "vm1", "reset", again, 1).ok());
+  EXPECT_EQ(store.List()->size(), 1u);
 }
 
 // The reserve on a real small filesystem: a cheap capture is refused with

@@ -1,0 +1,93 @@
+#include "capture_index.h"
+
+#include <deque>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "hvtrace/output.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+// The last |n| events of a trace.dat as `hvtrace report` prints them. The file
+// is one this daemon wrote; the decoder bounds it all the same.
+json LastEvents(const fs::path& path, size_t n) {
+  std::deque<std::string> lines;
+  ReportOptions options;
+  options.header = false;
+  options.threads = 0;  // The uploader's one thread; never the capture workers'.
+  auto stats = ForEachReportLine(path.string(), options, [&](uint64_t, std::string_view text) {
+    if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+    lines.emplace_back(text.substr(0, 512));
+    if (lines.size() > n) lines.pop_front();
+    return true;
+  });
+  if (!stats.ok()) return {{"error", stats.error().message}};
+  return json(std::vector<std::string>(lines.begin(), lines.end()));
+}
+
+}  // namespace
+
+Result<json> ReadManifest(const fs::path& dir) {
+  const fs::path path = dir / "manifest.json";
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec) return Error{"cannot read " + path.string() + ": " + ec.message()};
+  if (size > kMaxManifestBytes) return Error{path.string() + " is larger than 16 MiB"};
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  json doc = json::parse(text.str(), nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) return Error{path.string() + " is not a JSON object"};
+  return doc;
+}
+
+Result<json> BuildCaptureIndex(const fs::path& dir, const FleetCaptureRef& ref) {
+  auto manifest = ReadManifest(dir);
+  if (!manifest.ok()) return manifest.error();
+  const json& m = *manifest;
+  json index = {{"format", "hvtrace-fleet-index"},
+                {"version", 1},
+                {"host", ref.host},
+                {"vm", ref.vm},
+                {"id", ref.id}};
+  index["trigger"] = m.value("trigger", "");
+  const json triggered =
+      m.contains("host_time") ? m["host_time"].value("triggered", json::object()) : json::object();
+  const json completed =
+      m.contains("host_time") ? m["host_time"].value("completed", json::object()) : json::object();
+  index["time"] = {{"triggered_utc", triggered.value("utc", "")},
+                   {"triggered_ns", triggered.value("realtime_ns", int64_t{0})},
+                   {"completed_utc", completed.value("utc", "")}};
+  index["kernel"] = {{"release", m.contains("kernel") && m["kernel"].is_object()
+                                     ? m["kernel"].value("release", "")
+                                     : ""}};
+  index["totals"] = m.value("totals", json::object());
+  index["cpus"] = m.contains("cpus") && m["cpus"].is_array() ? m["cpus"].size() : 0;
+  if (m.contains("extra") && m["extra"].is_object() && m["extra"].contains("incomplete")) {
+    index["incomplete"] = m["extra"]["incomplete"];
+  }
+  json files = json::array();
+  json last = json::object();
+  for (const json& f : m.value("files", json::array())) {
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) continue;
+    const std::string name = f["name"];
+    files.push_back({{"name", name},
+                     {"bytes", f.value("bytes", uint64_t{0})},
+                     {"object", ObjectNameOf(name)},
+                     {"compressed", CompressedInStore(name)}});
+    // The guest's trace; host.dat and the re-stamped copies say nothing new.
+    if (name.ends_with(".trace.dat") && name.find("host-clock") == std::string::npos) {
+      last[name] = LastEvents(dir / name, kIndexLastEvents);
+    }
+  }
+  index["files"] = std::move(files);
+  index["last_events"] = std::move(last);
+  return index;
+}
+
+}  // namespace hvtrace::hostd

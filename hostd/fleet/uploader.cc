@@ -1,0 +1,342 @@
+#include "uploader.h"
+
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "capture_index.h"
+#include "daemon_log.h"
+#include "host_time.h"
+#include "zstd_file.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+std::string NameOf(const std::string& vm, const std::string& id) { return vm + "/" + id; }
+
+// Order in the store: the manifest first, then what decodes, then the raw
+// regions (the largest); the index objects come after all of them.
+int Rank(const std::string& file) {
+  if (file == "manifest.json") return 0;
+  if (file.ends_with(".trace.dat") || file.ends_with(".dat")) return 1;
+  if (CompressedInStore(file)) return 3;
+  return 2;
+}
+
+}  // namespace
+
+Uploader::Uploader(UploaderOptions options)
+    : options_(std::move(options)), queue_(options_.queue_root) {
+  options_.s3.cancelled = [this] { return stop_.load(); };
+}
+
+Uploader::~Uploader() { Stop(); }
+
+Status Uploader::Start() {
+  std::error_code ec;
+  fs::create_directories(queue_.root(), ec);
+  if (ec) return Error{"upload queue " + queue_.root().string() + ": " + ec.message()};
+  fs::permissions(queue_.root(), fs::perms::owner_all, ec);
+  std::vector<std::string> bad;
+  auto entries = queue_.Scan(&bad);
+  if (!entries.ok()) return entries.error();
+  for (const std::string& b : bad) LogErr("upload queue: " + b + " (left in place)");
+  {
+    std::lock_guard lock(mu_);
+    for (const UploadEntry& e : *entries) {
+      pending_.insert(NameOf(e.ref.vm, e.ref.id));
+      states_[NameOf(e.ref.vm, e.ref.id)] = {{"vm", e.ref.vm},
+                                             {"id", e.ref.id},
+                                             {"state", e.last_error.empty() ? "pending" : "error"},
+                                             {"attempts", e.attempts},
+                                             {"last_error", e.last_error}};
+    }
+  }
+  if (!entries->empty()) {
+    LogNotice("upload: " + std::to_string(entries->size()) +
+              " capture(s) queued by an earlier run resume");
+  }
+  s3_ = std::make_unique<S3Client>(options_.s3);
+  thread_ = std::thread([this] { Loop(); });
+  return {};
+}
+
+void Uploader::Stop() {
+  stop_ = true;
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Uploader::Enqueue(const std::string& vm, const std::string& id, const fs::path& dir) {
+  {
+    std::lock_guard lock(mu_);
+    if (!pending_.insert(NameOf(vm, id)).second) return;
+    incoming_.push_back({vm, id, dir, HostTime::Now().realtime_ns});
+    states_[NameOf(vm, id)] = {
+        {"vm", vm}, {"id", id}, {"state", "pending"}, {"attempts", 0}, {"last_error", ""}};
+    kicked_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool Uploader::Pending(const std::string& vm, const std::string& id) const {
+  {
+    std::lock_guard lock(mu_);
+    if (pending_.count(NameOf(vm, id)) != 0) return true;
+  }
+  return queue_.Pending(vm, id);
+}
+
+void Uploader::Kick() {
+  {
+    std::lock_guard lock(mu_);
+    kicked_ = true;
+  }
+  cv_.notify_all();
+}
+
+json Uploader::StatsJson() const {
+  std::lock_guard lock(mu_);
+  json rows = json::array();
+  for (const auto& [name, row] : states_) rows.push_back(row);
+  size_t pending = 0;
+  for (const auto& [name, row] : states_) {
+    const std::string state = row.value("state", "");
+    pending += state == "pending" || state == "error";
+  }
+  return {{"enabled", true},
+          {"endpoint", options_.s3.endpoint},
+          {"bucket", options_.s3.bucket},
+          {"prefix", options_.prefix},
+          {"host", options_.host},
+          {"pending", pending},
+          {"uploaded", uploaded_},
+          {"failed_attempts", failed_attempts_},
+          {"lost", lost_},
+          {"last_error", last_error_},
+          {"last_error_at", last_error_at_},
+          {"last_uploaded", last_uploaded_},
+          {"captures", std::move(rows)}};
+}
+
+Result<UploadEntry> MakeUploadEntry(const FleetCaptureRef& ref, const std::string& prefix,
+                                    const fs::path& dir, int64_t queued_ns) {
+  UploadEntry e;
+  e.ref = ref;
+  e.prefix = prefix;
+  e.dir = dir;
+  e.queued_ns = queued_ns;
+  auto manifest = ReadManifest(dir);
+  if (!manifest.ok()) return manifest.error();
+  std::vector<std::string> files = {"manifest.json"};
+  for (const json& f : manifest->value("files", json::array())) {
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) continue;
+    const std::string name = f["name"];
+    if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') continue;
+    if (name != "manifest.json") files.push_back(name);
+  }
+  std::stable_sort(files.begin(), files.end(),
+                   [](const std::string& a, const std::string& b) { return Rank(a) < Rank(b); });
+  const std::string base = CaptureKeyPrefix(e.prefix, e.ref);
+  for (const std::string& f : files) {
+    e.objects.push_back({f, base + ObjectNameOf(f), CompressedInStore(f), false, "", ""});
+  }
+  return e;
+}
+
+void Uploader::TakeIncoming() {
+  std::deque<Incoming> batch;
+  {
+    std::lock_guard lock(mu_);
+    batch.swap(incoming_);
+  }
+  for (const Incoming& in : batch) {
+    auto entry =
+        MakeUploadEntry({options_.host, in.vm, in.id}, options_.prefix, in.dir, in.queued_ns);
+    Status saved = entry.ok() ? queue_.Save(*entry) : Status(entry.error());
+    if (!saved.ok()) {
+      // Nothing durable records it: say so loudly; the capture stays local.
+      LogErr("upload: capture " + NameOf(in.vm, in.id) +
+             " cannot be queued: " + saved.error().message);
+      std::lock_guard lock(mu_);
+      pending_.erase(NameOf(in.vm, in.id));
+      states_[NameOf(in.vm, in.id)]["state"] = "error";
+      states_[NameOf(in.vm, in.id)]["last_error"] = saved.error().message;
+      last_error_ = saved.error().message;
+      last_error_at_ = UtcStamp(HostTime::Now().realtime_ns);
+    }
+  }
+}
+
+void Uploader::Wait(std::chrono::milliseconds delay) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, delay, [this] { return stop_.load() || kicked_; });
+  kicked_ = false;
+}
+
+void Uploader::Loop() {
+  // Uploads are background work: below the capture workers and QEMU.
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+  // Named, so its CPU shows apart in /proc/PID/task (bench/upload.sh).
+  ::pthread_setname_np(::pthread_self(), "hvt-upload");
+  std::chrono::milliseconds backoff = options_.retry_min;
+  while (!stop_) {
+    TakeIncoming();
+    std::vector<std::string> bad;
+    auto entries = queue_.Scan(&bad);
+    bool failed = false;
+    if (!entries.ok()) {
+      LogErr("upload: " + entries.error().message);
+      failed = true;
+    } else {
+      for (UploadEntry& e : *entries) {
+        if (stop_) break;
+        Status s = Process(e);
+        if (!s.ok()) {
+          RecordFailure(e, s.error().message);
+          failed = true;
+          // The store failing (its errors start "S3 ") fails the others too:
+          // wait. A local problem (an unreadable file) is this capture's own:
+          // the next ones go on.
+          if (s.error().message.starts_with("S3 ")) break;
+        }
+      }
+    }
+    if (stop_) break;
+    if (failed) {
+      Wait(backoff);
+      backoff = std::min(backoff * 2, options_.retry_max);
+    } else {
+      backoff = options_.retry_min;
+      Wait(std::chrono::hours(1));
+    }
+  }
+}
+
+Status Uploader::UploadObject(UploadEntry& e, size_t i) {
+  hostd::UploadObject& obj = e.objects[i];
+  if (!obj.upload_id.empty()) {
+    // A multipart upload an earlier attempt left: gone before we start over.
+    if (Status s = s3_->AbortMultipart(obj.key, obj.upload_id); !s.ok()) return s;
+    obj.upload_id.clear();
+    if (Status s = queue_.Save(e); !s.ok()) return s;
+  }
+  fs::path source = e.dir / obj.file;
+  fs::path scratch;
+  if (obj.compress) {
+    scratch = queue_.ScratchPath(e.ref.vm, e.ref.id, obj.file + ".zst");
+    if (Status s = CompressFile(source, scratch); !s.ok()) return s;
+    source = scratch;
+  }
+  auto etag = s3_->PutFile(obj.key, source, [&](const std::string& upload_id) {
+    obj.upload_id = upload_id;
+    (void)queue_.Save(e);  // Best effort: a failed save only loses the abort.
+  });
+  std::error_code ec;
+  if (!scratch.empty()) fs::remove(scratch, ec);
+  if (!etag.ok()) {
+    obj.upload_id.clear();  // PutFile aborted it.
+    return etag.error();
+  }
+  obj.upload_id.clear();
+  obj.done = true;
+  obj.etag = *etag;
+  return queue_.Save(e);
+}
+
+Status Uploader::Process(UploadEntry& e) {
+  std::error_code ec;
+  if (!fs::exists(e.dir / "manifest.json", ec)) {
+    // Retention had to evict it for a panic's space (capture_budget.h).
+    LogErr("upload: capture " + NameOf(e.ref.vm, e.ref.id) + " (" + e.dir.string() +
+           ") was removed locally before its upload was confirmed; dropped from the queue");
+    {
+      std::lock_guard lock(mu_);
+      ++lost_;
+      pending_.erase(NameOf(e.ref.vm, e.ref.id));
+      states_[NameOf(e.ref.vm, e.ref.id)] = {{"vm", e.ref.vm},
+                                             {"id", e.ref.id},
+                                             {"state", "lost"},
+                                             {"attempts", e.attempts},
+                                             {"last_error", "removed locally before upload"}};
+    }
+    return queue_.Remove(e.ref.vm, e.ref.id);
+  }
+  for (size_t i = 0; i < e.objects.size(); ++i) {
+    if (stop_) return Error{"stopping"};
+    if (e.objects[i].done) continue;
+    if (Status s = UploadObject(e, i); !s.ok()) return s;
+    std::lock_guard lock(mu_);
+    auto& row = states_[NameOf(e.ref.vm, e.ref.id)];
+    row["objects_done"] = static_cast<uint64_t>(i + 1);
+    row["objects"] = e.objects.size();
+  }
+  auto index = BuildCaptureIndex(e.dir, e.ref);
+  if (!index.ok()) return index.error();
+  const std::string text = index->dump(1);
+  const auto bytes = std::as_bytes(std::span(text));
+  auto etag = s3_->PutBytes(CaptureKeyPrefix(e.prefix, e.ref) + "index.json", bytes);
+  if (!etag.ok()) return etag.error();
+  // The listing copy last: present means complete.
+  etag = s3_->PutBytes(IndexListKey(e.prefix, e.ref), bytes);
+  if (!etag.ok()) return etag.error();
+  if (Status s = queue_.Remove(e.ref.vm, e.ref.id); !s.ok()) return s;
+  RecordDone(e);
+  return {};
+}
+
+void Uploader::RecordFailure(UploadEntry& e, const std::string& error) {
+  if (stop_) return;  // A cancelled transfer is no failure.
+  ++e.attempts;
+  e.last_error = error;
+  e.last_attempt_ns = HostTime::Now().realtime_ns;
+  (void)queue_.Save(e);
+  {
+    std::lock_guard lock(mu_);
+    ++failed_attempts_;
+    last_error_ = "capture " + NameOf(e.ref.vm, e.ref.id) + ": " + error;
+    last_error_at_ = UtcStamp(e.last_attempt_ns);
+    auto& row = states_[NameOf(e.ref.vm, e.ref.id)];
+    row = {{"vm", e.ref.vm},
+           {"id", e.ref.id},
+           {"state", "error"},
+           {"attempts", e.attempts},
+           {"last_error", error}};
+  }
+  if (error != logged_error_) {
+    LogWarning("upload: capture " + NameOf(e.ref.vm, e.ref.id) +
+               " stays local and queued: " + error);
+    logged_error_ = error;
+  }
+}
+
+void Uploader::RecordDone(const UploadEntry& e) {
+  const std::string name = NameOf(e.ref.vm, e.ref.id);
+  LogNotice("upload: capture " + name + " uploaded to " + options_.s3.endpoint + "/" +
+            options_.s3.bucket + "/" + CaptureKeyPrefix(e.prefix, e.ref) + " (" +
+            std::to_string(e.objects.size() + 2) + " objects)");
+  logged_error_.clear();
+  std::lock_guard lock(mu_);
+  ++uploaded_;
+  last_uploaded_ = name;
+  pending_.erase(name);
+  states_[name] = {{"vm", e.ref.vm},
+                   {"id", e.ref.id},
+                   {"state", "uploaded"},
+                   {"attempts", e.attempts + 1},
+                   {"last_error", ""}};
+  // Keep the last few uploaded rows; pending and failed ones stay.
+  recently_uploaded_.push_back(name);
+  if (recently_uploaded_.size() > 20) {
+    states_.erase(recently_uploaded_.front());
+    recently_uploaded_.pop_front();
+  }
+}
+
+}  // namespace hvtrace::hostd

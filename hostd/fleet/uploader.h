@@ -1,0 +1,124 @@
+// hvtraced's fleet upload (docs/fleet.md): every committed capture goes to an
+// S3 bucket, from a persistent queue (upload_queue.h), on one thread of its
+// own at a lower CPU priority, so an upload never delays a capture: Enqueue
+// only records the capture in memory and wakes the thread, which writes the
+// queue entry and does the rest.
+//
+// Per capture: manifest.json, the trace.dat files, the region files
+// compressed (zstd), then the index object twice (fleet_keys.h), the listing
+// copy last; each object's ETag is checked and recorded in the entry before
+// the next starts, and a multipart upload's id is recorded before its first
+// part, so a restart resumes where the last run stopped and aborts the
+// multipart upload it left. The entry goes only when all is confirmed.
+//
+// Failures (the store down, wrong credentials, a missing bucket) keep the
+// capture local and queued: the thread waits (upload_retry_min doubling up to
+// upload_retry_max) and tries again, oldest capture first (a store error
+// ends the round, a local one skips only its capture); the last error is
+// logged once per change and shown by `hvtrace ping` (StatsJson).
+#ifndef HVTRACE_HOSTD_FLEET_UPLOADER_H_
+#define HVTRACE_HOSTD_FLEET_UPLOADER_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "hvtrace/result.h"
+#include "s3_client.h"
+#include "upload_queue.h"
+
+namespace hvtrace::hostd {
+
+struct UploaderOptions {
+  S3Config s3;                       // Endpoint, bucket, region, keys.
+  std::string prefix;                // NormalizePrefix'd.
+  std::string host;                  // FleetHostName() outside tests.
+  std::filesystem::path queue_root;  // <state_dir>/upload-queue.
+  std::chrono::milliseconds retry_min{1000};
+  std::chrono::milliseconds retry_max{60000};
+};
+
+// The queue entry of the capture |ref| committed in |dir|: its manifest,
+// then the files the manifest lists (decoded ones before the raw regions),
+// each with its key (fleet_keys.h). Errors name the manifest.
+Result<UploadEntry> MakeUploadEntry(const FleetCaptureRef& ref, const std::string& prefix,
+                                    const std::filesystem::path& dir, int64_t queued_ns);
+
+class Uploader {
+ public:
+  explicit Uploader(UploaderOptions options);
+  ~Uploader();  // Stop().
+  Uploader(const Uploader&) = delete;
+  Uploader& operator=(const Uploader&) = delete;
+
+  // Scans the queue directory (entries an earlier run left) and starts the
+  // thread. Fails only when the queue directory cannot be made.
+  Status Start();
+  // Ends the thread; a transfer in flight is cancelled (its entry stays).
+  void Stop();
+
+  // Queues the capture |id| of |vm| committed in |dir|. Thread-safe, never
+  // blocks on I/O.
+  void Enqueue(const std::string& vm, const std::string& id, const std::filesystem::path& dir);
+  // Whether the capture's upload is not confirmed yet (queued in memory or
+  // on disk): retention keeps it (capture_budget.h).
+  bool Pending(const std::string& vm, const std::string& id) const;
+  // Retry now instead of at the end of the current wait.
+  void Kick();
+
+  // {"enabled", "endpoint", "bucket", "prefix", "pending", "uploaded",
+  //  "failed_attempts", "lost", "last_error", "last_error_at", "last_uploaded",
+  //  "captures": [{"vm", "id", "state": pending | error | uploaded | lost,
+  //                "attempts", "objects_done", "objects", "last_error"}]}
+  nlohmann::json StatsJson() const;
+
+ private:
+  struct Incoming {
+    std::string vm, id;
+    std::filesystem::path dir;
+    int64_t queued_ns = 0;
+  };
+  void Loop();
+  // Writes the entries of captures enqueued since the last call.
+  void TakeIncoming();
+  // Uploads what is left of |entry|; removes it when done.
+  Status Process(UploadEntry& entry);
+  Status UploadObject(UploadEntry& entry, size_t index);
+  void RecordFailure(UploadEntry& entry, const std::string& error);
+  void RecordDone(const UploadEntry& entry);
+  void Wait(std::chrono::milliseconds delay);
+
+  UploaderOptions options_;
+  UploadQueueDir queue_;
+  std::unique_ptr<S3Client> s3_;  // The thread's only.
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool kicked_ = false;
+  std::deque<Incoming> incoming_;
+  std::set<std::string> pending_;                 // "vm/id": in memory or on disk.
+  std::map<std::string, nlohmann::json> states_;  // "vm/id" → its row in StatsJson.
+  std::deque<std::string> recently_uploaded_;
+  uint64_t uploaded_ = 0;
+  uint64_t failed_attempts_ = 0;
+  uint64_t lost_ = 0;
+  std::string last_error_;
+  std::string last_error_at_;
+  std::string last_uploaded_;
+  std::string logged_error_;  // Thread only: log an error once per change.
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_FLEET_UPLOADER_H_

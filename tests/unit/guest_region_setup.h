@@ -7,12 +7,16 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/format.h"
+#include "hvtrace/region_reader.h"
 #include "hvtrace/region_writer.h"
 #include "test_support.h"
 
@@ -51,6 +55,39 @@ inline testing::AssertionResult PublishEvent(GuestRegion& guest, region::FormatK
   if (!r.ok()) return testing::AssertionFailure() << parsed->name << ": " << r.error().message;
   return testing::AssertionSuccess();
 }
+
+// A guest thread that pushes |page| to CPU |cpu|'s ring as fast as it can,
+// write i numbered i in its first and last 8 bytes, until destroyed: for
+// tests that read a ring while the guest rewrites it.
+class NumberedPageWriter {
+ public:
+  NumberedPageWriter(GuestRegion guest, uint32_t cpu, std::vector<std::byte> page)
+      : thread_([this, guest, cpu, page]() mutable {
+          for (uint64_t i = 0; !stop_.load(std::memory_order_relaxed); ++i) {
+            std::memcpy(page.data(), &i, 8);
+            std::memcpy(page.data() + page.size() - 8, &i, 8);
+            guest.PushCpuPage(cpu, 1, page, 0);
+            written_.store(i + 1, std::memory_order_relaxed);
+          }
+        }) {}
+  ~NumberedPageWriter() {
+    stop_ = true;
+    thread_.join();
+  }
+  uint64_t written() const { return written_.load(); }
+  // Whether |p| holds the write its descriptor's sequence names.
+  static bool Matches(const RegionPage& p) {
+    uint64_t head, tail;
+    std::memcpy(&head, p.page.data(), 8);
+    std::memcpy(&tail, p.page.data() + p.page.size() - 8, 8);
+    return head == p.sequence && tail == p.sequence;
+  }
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> written_{0};
+  std::thread thread_;  // Last: starts after the atomics exist.
+};
 
 // The sched_switch format of the boot_map fixture kernel.
 inline std::string SchedSwitchFormat() {

@@ -324,36 +324,22 @@ TEST_F(RegionIncrementalTest, LiveReadNeverReturnsATornPage) {
   // keeps pushing numbered pages to CPU 1 while we read; a page copied while
   // it was rewritten, or whose descriptor belongs to another write, shows as
   // a mismatch between its number and its descriptor's sequence.
-  std::vector<std::byte> page = pages_[0];
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> written{0};
   const RegionGeometry g = geometry_;
   for (uint32_t s = 0; s < g.slots_per_cpu; ++s) *CpuDesc(1, s) = region::SlotDesc{};
   At<region::CpuRingHeader>(g.CpuRingOffset(1))->published = 0;
-  std::thread writer([&, page]() mutable {
-    GuestRegion w = *guest_;
-    for (uint64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
-      std::memcpy(page.data(), &i, 8);
-      std::memcpy(page.data() + page.size() - 8, &i, 8);
-      w.PushCpuPage(1, 1, page, 0);
-      written.store(i + 1, std::memory_order_relaxed);
-    }
-  });
-  while (written.load() < 2 * g.slots_per_cpu) std::this_thread::yield();
   uint64_t pages = 0, bad = 0, copied = 0;
-  for (int round = 0; round < 300; ++round) {
-    RegionSnapshot* s = reader_->Read(mem_.data());
-    copied += reader_->pages_copied();
-    for (const RegionPage& p : s->cpus[1].pages) {
-      uint64_t head, tail;
-      std::memcpy(&head, p.page.data(), 8);
-      std::memcpy(&tail, p.page.data() + p.page.size() - 8, 8);
-      bad += (head != p.sequence || tail != p.sequence) ? 1 : 0;
-      ++pages;
+  {
+    test_support::NumberedPageWriter writer(*guest_, 1, pages_[0]);
+    while (writer.written() < 2 * g.slots_per_cpu) std::this_thread::yield();
+    for (int round = 0; round < 300; ++round) {
+      RegionSnapshot* s = reader_->Read(mem_.data());
+      copied += reader_->pages_copied();
+      for (const RegionPage& p : s->cpus[1].pages) {
+        bad += test_support::NumberedPageWriter::Matches(p) ? 0 : 1;
+        ++pages;
+      }
     }
   }
-  stop = true;
-  writer.join();
   EXPECT_GT(pages, 0u);
   EXPECT_GT(copied, 0u);
   EXPECT_EQ(bad, 0u) << "pages whose content is not the write their descriptor describes";

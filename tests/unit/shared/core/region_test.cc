@@ -307,40 +307,27 @@ TEST_F(RegionTest, LiveCopyNeverReturnsATornPage) {
   // carries its own sequence number in its first and last 8 bytes (the time
   // stamp and the padding), so a page copied while it was being rewritten,
   // or whose descriptor belongs to another write, shows up as a mismatch.
-  std::vector<std::byte> page = Bytes(ReadFixture("pages/cpu0-0.bin"));
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> written{0};
   // Start from a clean ring so that every slot holds a numbered page.
   RegionGeometry g = geometry_;
   for (uint32_t s = 0; s < g.slots_per_cpu; ++s) *CpuDesc(1, s) = region::SlotDesc{};
   At<region::CpuRingHeader>(g.CpuRingOffset(1))->published = 0;
-  std::thread writer([&, page]() mutable {
-    GuestRegion w = *guest_;
-    for (uint64_t i = 0; !stop.load(std::memory_order_relaxed); ++i) {
-      std::memcpy(page.data(), &i, 8);
-      std::memcpy(page.data() + page.size() - 8, &i, 8);
-      w.PushCpuPage(1, 1, page, 0);
-      written.store(i + 1, std::memory_order_relaxed);
-    }
-  });
-  while (written.load() < 2 * g.slots_per_cpu) std::this_thread::yield();
   uint64_t pages = 0, skipped = 0, bad = 0;
-  std::vector<std::byte> copy;
-  for (int round = 0; round < 300; ++round) {
-    CopyLiveRegion(mem_.data(), g, &copy);
-    auto s = ReadRegion(copy, g);
-    if (!s.ok()) break;
-    skipped += s->issue_count(RegionIssue::kSlotTorn) + s->issue_count(RegionIssue::kSlotMisplaced);
-    for (const RegionPage& p : s->cpus[1].pages) {
-      uint64_t head, tail;
-      std::memcpy(&head, p.page.data(), 8);
-      std::memcpy(&tail, p.page.data() + p.page.size() - 8, 8);
-      bad += (head != p.sequence || tail != p.sequence) ? 1 : 0;
-      ++pages;
+  {
+    test_support::NumberedPageWriter writer(*guest_, 1, Bytes(ReadFixture("pages/cpu0-0.bin")));
+    while (writer.written() < 2 * g.slots_per_cpu) std::this_thread::yield();
+    std::vector<std::byte> copy;
+    for (int round = 0; round < 300; ++round) {
+      CopyLiveRegion(mem_.data(), g, &copy);
+      auto s = ReadRegion(copy, g);
+      if (!s.ok()) break;
+      skipped +=
+          s->issue_count(RegionIssue::kSlotTorn) + s->issue_count(RegionIssue::kSlotMisplaced);
+      for (const RegionPage& p : s->cpus[1].pages) {
+        bad += test_support::NumberedPageWriter::Matches(p) ? 0 : 1;
+        ++pages;
+      }
     }
   }
-  stop = true;
-  writer.join();
   EXPECT_GT(pages, 0u);
   EXPECT_EQ(bad, 0u) << "pages whose content is not the write their descriptor describes";
   std::printf("live copies: %llu whole pages, %llu torn/rewritten slots skipped\n",

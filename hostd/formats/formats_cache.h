@@ -48,7 +48,7 @@
 
 #include "formats_bundle.h"
 #include "hvtrace/result.h"
-#include "kallsyms_table.h"
+#include "hvtrace/kallsyms_table.h"
 
 namespace hvtrace::hostd {
 

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kallsyms_table.h"
+#include "hvtrace/kallsyms_table.h"
 
 namespace hvtrace::hostd {
 

@@ -1,12 +1,12 @@
-// A kernel's /proc/kallsyms, parsed once when its formats load (FormatCache
-// Load), not at panic time: a 6.12 kernel's ~7 MB of text took 8-17 ms to
-// parse, and a capture parsed it twice per boot (the KASLR evidence and the
-// trace.dat's symbol subset; bench/README.md, capture_latency.sh).
+// A kernel's /proc/kallsyms parsed into a table sorted by address, once per
+// kernel: hvtraced parses a guest kernel's when its formats load
+// (FormatCache::Load), not at panic time, where a 6.12 kernel's ~7 MB took
+// 8-17 ms per parse (bench/README.md, capture_latency.sh).
 //
 // The table keeps offsets into the text it was parsed from, not a copy: the
 // caller passes that same text to Line/Name (KernelFormats holds both).
-#ifndef HVTRACE_HOSTD_KALLSYMS_TABLE_H_
-#define HVTRACE_HOSTD_KALLSYMS_TABLE_H_
+#ifndef HVTRACE_SHARED_DECODE_KALLSYMS_TABLE_H_
+#define HVTRACE_SHARED_DECODE_KALLSYMS_TABLE_H_
 
 #include <cstdint>
 #include <memory>
@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-namespace hvtrace::hostd {
+namespace hvtrace {
 
 class KallsymsTable {
  public:
@@ -43,6 +43,6 @@ class KallsymsTable {
   std::vector<Symbol> symbols_;
 };
 
-}  // namespace hvtrace::hostd
+}  // namespace hvtrace
 
-#endif  // HVTRACE_HOSTD_KALLSYMS_TABLE_H_
+#endif  // HVTRACE_SHARED_DECODE_KALLSYMS_TABLE_H_

@@ -1,9 +1,9 @@
-#include "kallsyms_table.h"
+#include "hvtrace/kallsyms_table.h"
 
 #include <algorithm>
 #include <charconv>
 
-namespace hvtrace::hostd {
+namespace hvtrace {
 
 std::shared_ptr<const KallsymsTable> KallsymsTable::Parse(std::string_view kallsyms) {
   auto table = std::make_shared<KallsymsTable>();
@@ -41,4 +41,4 @@ std::string_view KallsymsTable::Name(std::string_view kallsyms, const Symbol& s)
   return Line(kallsyms, s).substr(s.digits + 3u);
 }
 
-}  // namespace hvtrace::hostd
+}  // namespace hvtrace

@@ -242,7 +242,7 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
 // kilobytes instead of the kernel's ~7 MB, printing the same).
 std::string KallsymsForEvents(const BootMap& map, const KernelFormats& formats, int64_t delta,
                               uint32_t boot) {
-  KallsymsSubset subset(formats.kallsyms, delta, KallsymsOf(formats));
+  KallsymsSubset subset(formats.kallsyms, delta, SymbolsOf(formats));
   if (subset.empty()) return std::string();
   for (const BootMapCpu& cpu : map.cpu) {
     for (const BootMapRecord& rec : cpu.records) {
@@ -318,8 +318,9 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
       lap = now;
     };
     TraceDatWriterInput in = WriterInput(formats, opts, d.layout.page_size);
-    KaslrVerdict kaslr = EstablishKaslr(d.map, boot.boot, formats,
-                                        MetaTextDelta(d.map, formats.kallsyms), bf.own_symbols);
+    KaslrVerdict kaslr =
+        EstablishKaslr(d.map, boot.boot, formats, MetaTextDelta(d.map, SymbolsOf(formats)->image()),
+                       bf.own_symbols);
     split(d.result.kaslr_ms);
     in.printk_formats.clear();
     if (kaslr.use_symbols) {

@@ -55,8 +55,6 @@ using nlohmann::json;
 // Never alone: no evidence, or evidence against it, prints raw.
 constexpr uint64_t kAlign = 2ull << 20;
 constexpr int64_t kMaxSteps = 512;  // 1 GiB / kAlign.
-constexpr uint64_t kImageStart = 0xffffffff80000000ull;
-constexpr uint64_t kImageEnd = 0xffffffffc0000000ull;  // Modules start here.
 constexpr uint64_t kStartKernel = 0xffffffff81000000ull;
 constexpr uint64_t kFunctionAlign = 16;
 constexpr double kMinFunctionDensity = 0.02;
@@ -104,63 +102,24 @@ constexpr FieldRule kRules[] = {
     {"ftrace", "bputs", "str", kFormat},
 };
 
-// The harvest's symbols as the evidence needs them.
+// The harvest's symbols as the evidence needs them (indexed at load) and
+// the chance that a wrong candidate lands a function pointer on a start.
 struct SymbolIndex {
-  std::vector<uint64_t> starts;   // Function starts in the text, sorted.
-  std::vector<uint64_t> formats;  // printk_formats addresses in the image.
-  uint64_t text_lo = 0, text_hi = 0;
-  uint64_t marker_lo = 0, marker_hi = 0;  // tracing_mark_write .. next symbol.
+  std::shared_ptr<const KernelSymbols> symbols;
+  const ImageSymbols& image;
   double function_density = kMinFunctionDensity;
 };
 
-bool InImage(uint64_t v) { return v >= kImageStart && v < kImageEnd; }
-
 SymbolIndex IndexSymbols(const KernelFormats& formats) {
-  SymbolIndex ix;
-  std::vector<uint64_t> all;
-  uint64_t stext = 0, etext = 0;
-  const std::shared_ptr<const KallsymsTable> table = KallsymsOf(formats);
-  for (const KallsymsTable::Symbol& s : table->symbols()) {
-    // Module symbols were the harvest boot's; not the image.
-    if (!InImage(s.addr) || s.module || s.type == 'A' || s.type == 'a') continue;
-    const uint64_t addr = s.addr;
-    const char type = s.type;
-    const std::string_view name = KallsymsTable::Name(formats.kallsyms, s);
-    all.push_back(addr);
-    if (name == "_stext") stext = addr;
-    if (name == "_etext") etext = addr;
-    if (name == "tracing_mark_write") ix.marker_lo = addr;
-    if ((type == 't' || type == 'T' || type == 'w' || type == 'W') && !name.starts_with("__pfx_") &&
-        !name.starts_with("__cfi_")) {
-      ix.starts.push_back(addr);
-    }
-  }
-  // Both are sorted: the table is in address order.
-  ix.starts.erase(std::unique(ix.starts.begin(), ix.starts.end()), ix.starts.end());
-  if (ix.starts.empty()) return ix;
-  ix.text_lo = stext != 0 ? stext : ix.starts.front();
-  ix.text_hi = etext > ix.text_lo ? etext : all.back() + 1;
-  if (ix.marker_lo != 0) {
-    auto next = std::upper_bound(all.begin(), all.end(), ix.marker_lo);
-    ix.marker_hi = next != all.end() ? *next : 0;
-    if (ix.marker_hi == 0) ix.marker_lo = 0;  // Its end is unknown: not evidence.
-  }
-  const auto in_text = std::count_if(ix.starts.begin(), ix.starts.end(),
-                                     [&](uint64_t a) { return a >= ix.text_lo && a < ix.text_hi; });
+  std::shared_ptr<const KernelSymbols> symbols = SymbolsOf(formats);
+  const ImageSymbols& ix = symbols->image();
+  SymbolIndex out{symbols, ix};
+  if (ix.starts.empty()) return out;
+  const auto in_text = std::lower_bound(ix.starts.begin(), ix.starts.end(), ix.text_hi) -
+                       std::lower_bound(ix.starts.begin(), ix.starts.end(), ix.text_lo);
   const double slots = static_cast<double>(ix.text_hi - ix.text_lo) / kFunctionAlign;
-  ix.function_density = std::clamp(static_cast<double>(in_text) / slots, kMinFunctionDensity, 1.0);
-  for (std::string_view text = formats.printk_formats; !text.empty();) {
-    const size_t nl = text.find('\n');
-    std::string_view line = text.substr(0, nl == std::string_view::npos ? text.size() : nl);
-    text.remove_prefix(std::min(text.size(), line.size() + 1));
-    uint64_t addr = 0;
-    if (!line.starts_with("0x")) continue;
-    const auto [end, ec] = std::from_chars(line.data() + 2, line.data() + line.size(), addr, 16);
-    if (ec == std::errc() && InImage(addr)) ix.formats.push_back(addr);
-  }
-  std::sort(ix.formats.begin(), ix.formats.end());
-  ix.formats.erase(std::unique(ix.formats.begin(), ix.formats.end()), ix.formats.end());
-  return ix;
+  out.function_density = std::clamp(static_cast<double>(in_text) / slots, kMinFunctionDensity, 1.0);
+  return out;
 }
 
 using Values = std::array<std::set<uint64_t>, kKinds>;
@@ -192,7 +151,7 @@ Values CollectValues(const BootMap& map, uint32_t boot, const KernelFormats& for
         if (rec.payload.size() < 8 || offset > rec.payload.size() - 8) continue;
         uint64_t v = 0;
         std::memcpy(&v, rec.payload.data() + offset, sizeof(v));
-        if (InImage(v) && values[kind].size() < kMaxValuesPerKind) values[kind].insert(v);
+        if (InKernelImage(v) && values[kind].size() < kMaxValuesPerKind) values[kind].insert(v);
       }
     }
   }
@@ -210,27 +169,28 @@ struct Score {
 Score Evaluate(const SymbolIndex& ix, const Values& values, int64_t delta) {
   Score s;
   s.delta = delta;
-  const double p_marker = static_cast<double>(ix.marker_hi - ix.marker_lo) / kAlign;
-  const double p_format = std::min(1.0, static_cast<double>(ix.formats.size()) / kAlign);
+  const double p_marker = static_cast<double>(ix.image.marker_hi - ix.image.marker_lo) / kAlign;
+  const double p_format = std::min(1.0, static_cast<double>(ix.image.formats.size()) / kAlign);
   for (size_t k = 0; k < kKinds; ++k) {
     for (uint64_t v : values[k]) {
       const uint64_t a = v - static_cast<uint64_t>(delta);
-      const bool in_text = a >= ix.text_lo && a < ix.text_hi;
+      const bool in_text = a >= ix.image.text_lo && a < ix.image.text_hi;
       if (k == kFunction) {
-        if (std::binary_search(ix.starts.begin(), ix.starts.end(), a)) {
+        if (std::binary_search(ix.image.starts.begin(), ix.image.starts.end(), a)) {
           ++s.explained[k];
           s.chance *= ix.function_density;
         } else {
           ++s.contradicted;
         }
       } else if (k == kFormat) {
-        if (std::binary_search(ix.formats.begin(), ix.formats.end(), a)) {
+        if (std::binary_search(ix.image.formats.begin(), ix.image.formats.end(), a)) {
           ++s.explained[k];
           s.chance *= p_format;
         }  // Else a module's or a dynamic string: neither proof nor veto.
       } else if (!in_text) {
         ++s.contradicted;
-      } else if (k == kPrintIp && ix.marker_lo != 0 && a >= ix.marker_lo && a < ix.marker_hi) {
+      } else if (k == kPrintIp && ix.image.marker_lo != 0 && a >= ix.image.marker_lo &&
+                 a < ix.image.marker_hi) {
         ++s.explained[k];
         s.chance *= p_marker;
       } else {
@@ -243,8 +203,8 @@ Score Evaluate(const SymbolIndex& ix, const Values& values, int64_t delta) {
 
 // Deltas (multiples of kAlign within 1 GiB) that put |v| in the text.
 void AddCandidates(const SymbolIndex& ix, uint64_t v, std::set<int64_t>& out) {
-  const int64_t from_lo = static_cast<int64_t>(v - ix.text_lo);  // Both in the image: fits.
-  const int64_t from_hi = static_cast<int64_t>(v - ix.text_hi);
+  const int64_t from_lo = static_cast<int64_t>(v - ix.image.text_lo);  // Both in the image: fits.
+  const int64_t from_hi = static_cast<int64_t>(v - ix.image.text_hi);
   auto floor_div = [](int64_t a, int64_t b) {
     return a / b - ((a % b != 0) && ((a < 0) != (b < 0)));
   };
@@ -270,7 +230,7 @@ json Raw(std::string why, json extra = json::object()) {
 
 }  // namespace
 
-std::optional<int64_t> MetaTextDelta(const BootMap& map, std::string_view kallsyms) {
+std::optional<int64_t> MetaTextDelta(const BootMap& map, const ImageSymbols& symbols) {
   const BootMapCpu* meta = nullptr;
   for (const BootMapCpu& c : map.cpu) {
     if (c.meta_valid && c.text_addr != 0) {
@@ -279,21 +239,12 @@ std::optional<int64_t> MetaTextDelta(const BootMap& map, std::string_view kallsy
     }
   }
   if (meta == nullptr) return std::nullopt;
-  const bool kaslr_layout = map.layout == "linux-6.12-kaslr";
-  const std::string needle = kaslr_layout ? " _text\n" : " rb_meta_init_text_addr\n";
-  for (size_t at = kallsyms.find(needle); at != std::string_view::npos;
-       at = kallsyms.find(needle, at + 1)) {
-    const size_t line = kallsyms.rfind('\n', at);
-    const size_t start = line == std::string_view::npos ? 0 : line + 1;
-    if (at < start + 2 || kallsyms[at - 2] != ' ') continue;
-    uint64_t addr = 0;
-    const auto [end, ec] =
-        std::from_chars(kallsyms.data() + start, kallsyms.data() + at - 2, addr, 16);
-    if (ec != std::errc() || end != kallsyms.data() + at - 2 || addr == 0) continue;
-    if (kaslr_layout) return static_cast<int64_t>(meta->text_addr - (addr - kStartKernel));
-    return static_cast<int64_t>(meta->text_addr - addr);
+  if (map.layout == "linux-6.12-kaslr") {
+    if (!symbols.text) return std::nullopt;
+    return static_cast<int64_t>(meta->text_addr - (*symbols.text - kStartKernel));
   }
-  return std::nullopt;
+  if (!symbols.meta_init_text_addr) return std::nullopt;
+  return static_cast<int64_t>(meta->text_addr - *symbols.meta_init_text_addr);
 }
 
 KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelFormats& formats,
@@ -301,7 +252,7 @@ KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelForma
   KaslrVerdict out;
   const char* source = own_symbols ? "agent metadata" : "evidence";
   const SymbolIndex ix = IndexSymbols(formats);
-  if (ix.starts.empty()) {
+  if (ix.image.starts.empty()) {
     out.manifest = Raw("the kallsyms hold no kernel function (kptr_restrict or none harvested)");
     return out;
   }

@@ -43,7 +43,7 @@ struct KaslrVerdict {
 // The delta the region's meta implies (text_addr - the harvest's
 // rb_meta_init_text_addr, or kaslr_addr - (_text - __START_KERNEL) for the
 // 48-byte meta); nullopt without a valid meta or the symbol.
-std::optional<int64_t> MetaTextDelta(const BootMap& map, std::string_view kallsyms);
+std::optional<int64_t> MetaTextDelta(const BootMap& map, const ImageSymbols& symbols);
 
 // Finds boot |boot|'s delta to |formats|' kallsyms from the records of that
 // boot in |map|. |meta_delta| (MetaTextDelta) is one more piece of evidence,

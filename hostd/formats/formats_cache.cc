@@ -194,8 +194,9 @@ Result<std::optional<json>> FormatCache::Lookup(std::string_view key) const {
   return std::optional<json>(std::move(manifest));
 }
 
-std::shared_ptr<const KallsymsTable> KallsymsOf(const KernelFormats& formats) {
-  return formats.kallsyms_table ? formats.kallsyms_table : KallsymsTable::Parse(formats.kallsyms);
+std::shared_ptr<const KernelSymbols> SymbolsOf(const KernelFormats& formats) {
+  return formats.symbols ? formats.symbols
+                         : KernelSymbols::Build(formats.kallsyms, formats.printk_formats);
 }
 
 Result<KernelFormats> FormatCache::Load(std::string_view key) const {
@@ -223,7 +224,7 @@ Result<KernelFormats> FormatCache::Load(std::string_view key) const {
     if (!data.ok()) return data.error();
     *f.into = std::move(*data);
   }
-  out.kallsyms_table = KallsymsTable::Parse(out.kallsyms);
+  out.symbols = KernelSymbols::Build(out.kallsyms, out.printk_formats);
   const fs::path events_path = dir / "events.json";
   Result<std::string> events_text = ReadTrusted(events_path, kMaxEventsJsonBytes);
   if (!events_text.ok()) return events_text.error();

@@ -48,7 +48,7 @@
 
 #include "formats_bundle.h"
 #include "hvtrace/result.h"
-#include "hvtrace/kallsyms_table.h"
+#include "kernel_symbols.h"
 
 namespace hvtrace::hostd {
 
@@ -102,14 +102,15 @@ struct KernelFormats {
   std::string header_event;
   std::string printk_formats;
   std::string kallsyms;
-  // |kallsyms| parsed (Load fills it, so a capture does not parse 7 MB).
-  std::shared_ptr<const KallsymsTable> kallsyms_table;
+  // |kallsyms| and |printk_formats| indexed (Load fills it, so a capture
+  // does not parse 7 MB).
+  std::shared_ptr<const KernelSymbols> symbols;
   std::vector<CachedEventFormat> events;  // Sorted by system, then name.
 };
 
-// |formats|' parsed kallsyms: the table Load made, or parsed now for
-// formats built another way (tests, a capture's own files).
-std::shared_ptr<const KallsymsTable> KallsymsOf(const KernelFormats& formats);
+// |formats|' indexed symbols: those Load made, or indexed now for formats
+// built another way (tests, a capture's own files).
+std::shared_ptr<const KernelSymbols> SymbolsOf(const KernelFormats& formats);
 
 // One line of `hvtrace formats list`.
 struct CacheEntrySummary {

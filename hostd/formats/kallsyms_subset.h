@@ -18,41 +18,44 @@
 #include <string_view>
 #include <vector>
 
-#include "hvtrace/kallsyms_table.h"
+#include "kernel_symbols.h"
 
 namespace hvtrace::hostd {
 
 class KallsymsSubset {
  public:
   // The symbols of /proc/kallsyms text |kallsyms| (kept by reference: it
-  // must outlive this), parsed as |table| or, without one, now. Core-kernel
-  // symbols are moved by |delta| (a KASLR difference; module symbols and
-  // zero addresses stay).
+  // must outlive this), as |symbols| indexed them or, without, indexed now.
+  // Core-kernel symbols are moved by |delta| (a KASLR difference; module
+  // symbols and zero addresses stay). Nothing is copied per subset but a
+  // mark per symbol.
   KallsymsSubset(std::string_view kallsyms, int64_t delta,
-                 std::shared_ptr<const KallsymsTable> table = nullptr);
+                 std::shared_ptr<const KernelSymbols> symbols = nullptr);
 
-  bool empty() const { return lines_.empty(); }
+  bool empty() const { return lowest_ == 0; }
   // Marks the symbols the values in |payload| fall in.
   void AddPayload(std::span<const std::byte> payload);
   // The marked lines and their neighbours and aliases, in address order.
   std::string Text() const;
 
  private:
-  // One line as trace-cmd registers it ("ffffffff81000000 T _text", module
-  // symbols end in "\t[mod]"; absolute symbols (A/a: per-CPU offsets) and
-  // "$" names are not registered).
-  struct Line {
-    uint64_t addr = 0;      // Moved by delta.
-    std::string_view text;  // The line, newline excluded.
-    size_t digits = 0;      // Hex digits of the address at its start.
-    bool movable = false;   // A core-kernel symbol: KASLR moves it.
+  // One of the two address-ordered lists of KernelSymbols (movable: moved
+  // by delta_, fixed: not), and its marks.
+  struct List {
+    std::span<const uint32_t> index;
+    int64_t delta = 0;
+    std::vector<uint8_t> keep;
   };
+  uint64_t Addr(const List& list, size_t i) const;
+  // How many of |list|'s symbols are at or below |value|.
+  size_t CountAtOrBelow(const List& list, uint64_t value) const;
   void Mark(uint64_t value);
+  void AppendLine(const List& list, size_t i, std::string& out) const;
 
-  int64_t delta_ = 0;
-  std::vector<Line> lines_;
-  std::vector<uint8_t> keep_;
-  uint64_t lowest_ = 0;  // Values below name nothing worth printing.
+  std::string_view text_;
+  std::shared_ptr<const KernelSymbols> symbols_;
+  List movable_, fixed_;
+  uint64_t lowest_ = 0;  // Values below name nothing worth printing; 0: no symbols.
 };
 
 }  // namespace hvtrace::hostd

@@ -1,0 +1,61 @@
+// What a capture asks of a kernel's kallsyms, worked out once when the
+// kernel's formats load (FormatCache::Load), not per panic: the KASLR
+// evidence's function starts and text bounds, and the symbols a trace.dat
+// may name, in address order. Walking the ~200,000 symbols of a 6.12 kernel
+// by name took 9-30 ms per boot at panic time (bench/README.md,
+// capture_latency.sh `kaslr` and `syms`).
+#ifndef HVTRACE_HOSTD_FORMATS_KERNEL_SYMBOLS_H_
+#define HVTRACE_HOSTD_FORMATS_KERNEL_SYMBOLS_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "hvtrace/kallsyms_table.h"
+
+namespace hvtrace::hostd {
+
+// x86_64's kernel image area: KASLR moves the image inside it; modules
+// start at its end.
+constexpr uint64_t kImageStart = 0xffffffff80000000ull;
+constexpr uint64_t kImageEnd = 0xffffffffc0000000ull;
+inline bool InKernelImage(uint64_t v) { return v >= kImageStart && v < kImageEnd; }
+
+// The kernel image's symbols (0xffffffff80000000..0xffffffffc0000000, no
+// module or absolute ones) as the KASLR evidence reads them.
+struct ImageSymbols {
+  std::vector<uint64_t> starts;   // Function starts (t/T/w/W, no __pfx_/__cfi_), sorted, unique.
+  std::vector<uint64_t> formats;  // printk_formats addresses in the image, sorted, unique.
+  uint64_t text_lo = 0, text_hi = 0;      // _stext.._etext, or the symbols' span.
+  uint64_t marker_lo = 0, marker_hi = 0;  // tracing_mark_write .. the next symbol; 0 if unknown.
+  // The first "_text" and "rb_meta_init_text_addr" lines' addresses (the
+  // 6.12 meta's text_addr is relative to one of them).
+  std::optional<uint64_t> text, meta_init_text_addr;
+};
+
+class KernelSymbols {
+ public:
+  // |kallsyms| must outlive the result (the table keeps offsets into it).
+  static std::shared_ptr<const KernelSymbols> Build(std::string_view kallsyms,
+                                                    std::string_view printk_formats);
+
+  const KallsymsTable& table() const { return *table_; }
+  const ImageSymbols& image() const { return image_; }
+  // The symbols trace-cmd registers (no A/a or '$' names), as indices into
+  // table().symbols() in address order: core-kernel ones, which a KASLR
+  // delta moves, and the others (modules, zero addresses), which stay.
+  std::span<const uint32_t> movable() const { return movable_; }
+  std::span<const uint32_t> fixed() const { return fixed_; }
+
+ private:
+  std::shared_ptr<const KallsymsTable> table_;
+  ImageSymbols image_;
+  std::vector<uint32_t> movable_, fixed_;
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_FORMATS_KERNEL_SYMBOLS_H_

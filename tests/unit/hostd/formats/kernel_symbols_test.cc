@@ -1,0 +1,70 @@
+#include "kernel_symbols.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace hvtrace::hostd {
+namespace {
+
+const std::string kKallsyms =
+    "0000000000000000 A fixed_percpu_data\n"
+    "ffffffff81000000 T _text\n"
+    "ffffffff81000000 T _stext\n"
+    "ffffffff81000000 t __pfx_first\n"
+    "ffffffff81000010 T first\n"
+    "ffffffff81000020 t first_alias\n"  // Its own start.
+    "ffffffff81000040 T tracing_mark_write\n"
+    "ffffffff81000300 W weak_fn\n"
+    "ffffffff81000400 T _etext\n"
+    "ffffffff81000500 D some_data\n"
+    "ffffffff81000600 d rb_meta_init_text_addr\n"
+    "ffffffff81000700 t $x\n"
+    "ffffffffc0001000 t mod_fn\t[m]\n"
+    "ffffffffc0002000 t _text\t[m]\n";  // A module's: not the image's _text.
+
+TEST(KernelSymbolsTest, IndexesTheImageForTheKaslrEvidence) {
+  auto symbols = KernelSymbols::Build(kKallsyms,
+                                      "0xffffffff81000800 : \"fmt\\n\"\n"
+                                      "0xffffffff81000800 : \"again\"\n"
+                                      "0xffffffffc0000000 : \"module\"\n"
+                                      "garbage\n");
+  const ImageSymbols& im = symbols->image();
+  EXPECT_EQ(im.starts, (std::vector<uint64_t>{0xffffffff81000000ull, 0xffffffff81000010ull,
+                                              0xffffffff81000020ull, 0xffffffff81000040ull,
+                                              0xffffffff81000300ull, 0xffffffff81000400ull,
+                                              0xffffffff81000700ull}));
+  EXPECT_EQ(im.formats, (std::vector<uint64_t>{0xffffffff81000800ull}));
+  EXPECT_EQ(im.text_lo, 0xffffffff81000000ull);
+  EXPECT_EQ(im.text_hi, 0xffffffff81000400ull);
+  EXPECT_EQ(im.marker_lo, 0xffffffff81000040ull);
+  EXPECT_EQ(im.marker_hi, 0xffffffff81000300ull);
+  EXPECT_EQ(im.text, 0xffffffff81000000ull);
+  EXPECT_EQ(im.meta_init_text_addr, 0xffffffff81000600ull);
+}
+
+TEST(KernelSymbolsTest, SplitsTheRegisteredSymbolsIntoMovableAndFixed) {
+  auto symbols = KernelSymbols::Build(kKallsyms, "");
+  const auto& table = symbols->table().symbols();
+  std::vector<std::string> movable, fixed;
+  for (uint32_t i : symbols->movable())
+    movable.emplace_back(KallsymsTable::Name(kKallsyms, table[i]));
+  for (uint32_t i : symbols->fixed()) fixed.emplace_back(KallsymsTable::Name(kKallsyms, table[i]));
+  // No absolute or '$' symbols; modules stay where they are.
+  EXPECT_EQ(movable, (std::vector<std::string>{"_text", "_stext", "__pfx_first", "first",
+                                               "first_alias", "tracing_mark_write", "weak_fn",
+                                               "_etext", "some_data", "rb_meta_init_text_addr"}));
+  EXPECT_EQ(fixed, (std::vector<std::string>{"mod_fn\t[m]", "_text\t[m]"}));
+}
+
+TEST(KernelSymbolsTest, NoSymbolsNoImage) {
+  auto symbols = KernelSymbols::Build("0000000000000000 T _text\n0000000000000000 T _stext\n", "");
+  EXPECT_TRUE(symbols->image().starts.empty());
+  EXPECT_FALSE(symbols->image().text);
+  EXPECT_TRUE(symbols->movable().empty());
+  EXPECT_EQ(symbols->fixed().size(), 2u);
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

@@ -82,7 +82,7 @@ double Number(const json& j, const char* key) {
 
 struct Run {
   double copied = 0, durable = 0, decoded = 0, committed = 0;
-  double region_fsync = 0, decode = 0, write = 0, files = 0, qmp_delay = 0;
+  double copy = 0, region_fsync = 0, decode = 0, write = 0, files = 0, qmp_delay = 0;
   double kaslr = 0, symbols = 0, names = 0, start = 0;
   uint64_t trace_dat_bytes = 0, events = 0;
 };
@@ -125,6 +125,7 @@ Result<Run> PanicOnce(const HvtracedProcess& daemon, const GuestImage& image, in
   r.durable = Number(t, "trigger_to_recoverable");
   r.decoded = Number(t, "trigger_to_decoded");
   r.committed = last.value("id", "") == id ? Number(last, "trigger_to_disk_ms") : -1;
+  r.copy = Number(t, "copy");
   r.region_fsync = Number(t, "region_write_fsync");
   r.decode = Number(t, "decode");
   r.write = Number(t, "trace_dat_write");
@@ -184,12 +185,12 @@ int main(int argc, char** argv) {
               binary.c_str());
   // Columns: ms from panic to region.bin fdatasynced, to it and its recovery
   // record durable, to the trace.dat files written, to the capture committed;
-  // then ms of: region write+fdatasync, decode, trace.dat step (all), of it
-  // the files themselves, QEMU's event stamp to hvtraced's receipt.
-  // tdat.all splits into kaslr, syms (kallsyms subset), names, tdat.fil.
-  std::printf("%3s %8s %8s %8s %8s | %7s %7s %7s %7s %7s %7s %7s %7s %7s %9s %6s\n", "run",
-              "reg.sync", "durable", "decoded", "commit", "start", "reg.w+s", "decode", "tdat.all",
-              "kaslr", "syms", "names", "tdat.fil", "qmp.lag", "tdat.B", "events");
+  // then ms of: the copy out of the guest's range, region write+fdatasync, decode, trace.dat step
+  // (all), of it the files themselves, QEMU's event stamp to hvtraced's receipt. tdat.all splits
+  // into kaslr, syms (kallsyms subset), names, tdat.fil.
+  std::printf("%3s %8s %8s %8s %8s | %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %9s %6s\n", "run",
+              "reg.sync", "durable", "decoded", "commit", "start", "copy", "reg.w+s", "decode",
+              "tdat.all", "kaslr", "syms", "names", "tdat.fil", "qmp.lag", "tdat.B", "events");
   std::vector<double> copied, durable, decoded, committed;
   for (int i = 0; i < runs; ++i) {
     Result<Run> r = PanicOnce(daemon, *image, i);
@@ -198,10 +199,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf(
-        "%3d %8.1f %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %9llu "
+        "%3d %8.1f %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f "
+        "%9llu "
         "%6llu\n",
-        i, r->copied, r->durable, r->decoded, r->committed, r->start, r->region_fsync, r->decode,
-        r->write, r->kaslr, r->symbols, r->names, r->files, r->qmp_delay,
+        i, r->copied, r->durable, r->decoded, r->committed, r->start, r->copy, r->region_fsync,
+        r->decode, r->write, r->kaslr, r->symbols, r->names, r->files, r->qmp_delay,
         static_cast<unsigned long long>(r->trace_dat_bytes),
         static_cast<unsigned long long>(r->events));
     std::fflush(stdout);

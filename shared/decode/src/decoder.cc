@@ -17,6 +17,8 @@
 #include "event_text.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/run_isolated.h"
+#include "hvtrace/tep_symbols.h"
+#include "num_expr.h"
 
 namespace hvtrace {
 namespace {
@@ -99,6 +101,13 @@ struct EventDecoder::Impl {
   std::vector<EventInfo*> by_id;  // Dense index for the hot path.
   std::vector<unsigned char> scratch;
   std::unique_ptr<SymbolCache> symbols;
+  // The file's kallsyms as libtraceevent's function resolver; null when
+  // libtraceevent parsed it itself (TepSymbols::Build refused the text).
+  std::unique_ptr<TepSymbols> kernel_symbols;
+  // Print-format atoms naming symbols (RegisterSymbolAtoms): every name
+  // seen, and the values compiled printers may use.
+  std::unordered_set<std::string> atom_names;
+  event_printer_internal::AtomValues atom_values;
   // Comms found by tep_data_comm_from_pid(), direct-mapped by pid. Only hits
   // are cached: libtraceevent never replaces a registered comm (plugins call
   // tep_register_comm, which keeps the first), and its strings do not move,
@@ -207,10 +216,28 @@ struct EventDecoder::Impl {
     info->in_order = info->event != nullptr && info->event->handler != nullptr &&
                      !(info->event->flags & TEP_EVENT_FL_NOHANDLE) &&
                      !IsKmemCallSiteEvent(info->format.system, info->format.name);
+    if (info->event != nullptr && kernel_symbols != nullptr) RegisterSymbolAtoms(info->event);
     if (info->event != nullptr && little_endian && info->format.unchecked_print.empty()) {
-      info->printer = EventPrinter::Compile(tep, info->event, info->format, symbols.get());
+      info->printer =
+          EventPrinter::Compile(tep, info->event, info->format, symbols.get(), &atom_values);
     }
     std::string().swap(info->text);
+  }
+  // libtraceevent evaluates a print-format atom that is not a number as the
+  // address of the kernel symbol of that name (test_for_symbol), searching
+  // the symbols tep_parse_kallsyms registered; with our resolver it has
+  // none, so the names the event's atoms use are registered here, before
+  // its first record prints, with the value libtraceevent would find.
+  // (Only a name given to symbols at several addresses depends on when
+  // libtraceevent first looks it up; its value is fixed here as of Load.)
+  void RegisterSymbolAtoms(tep_event* event) {
+    event_printer_internal::ForEachSymbolAtom(event->print_fmt.args, [this](const char* name) {
+      if (!atom_names.insert(name).second) return;
+      bool certain = false;
+      const uint64_t value = kernel_symbols->AtomValue(name, kernel_symbols->looked_up(), &certain);
+      if (value != 0) tep_register_function(tep, const_cast<char*>(name), value, nullptr);
+      if (certain) atom_values.emplace(name, value);
+    });
   }
   std::string source;
   // The child process that trial-parses formats (Load).
@@ -371,7 +398,14 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
     if (name.size() < 20) info->name_column.append(20 - name.size(), ' ');
     impl->events.emplace(id, std::move(info));
   }
-  if (!metadata.kallsyms.empty()) tep_parse_kallsyms(tep, metadata.kallsyms.c_str());
+  if (!metadata.kallsyms.empty()) {
+    impl->kernel_symbols = TepSymbols::Build(metadata.kallsyms);
+    if (impl->kernel_symbols != nullptr) {
+      impl->kernel_symbols->Install(tep);
+    } else {
+      tep_parse_kallsyms(tep, metadata.kallsyms.c_str());
+    }
+  }
   if (!metadata.printk_formats.empty()) {
     std::lock_guard<std::mutex> lock(ParserMutex());
     tep_parse_printk_formats(tep, metadata.printk_formats.c_str());

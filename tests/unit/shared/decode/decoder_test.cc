@@ -80,6 +80,41 @@ TEST(DecoderTest, FastPathsMatchLibtraceeventOnEveryRecord) {
   }
 }
 
+// The decoder hands the file's kallsyms to libtraceevent as a resolver
+// (TepSymbols), and evaluates print-format atoms that name symbols itself
+// (mm_page_alloc's vmemmap_base). Every record must print as libtraceevent
+// prints it with its own tep_parse_kallsyms: the reference decoder gets a
+// text TepSymbols refuses (a leading space) but libtraceevent reads the
+// same (it drops the absolute symbol), and prints without compiled printers.
+TEST(DecoderTest, SymbolsAndSymbolAtomsPrintAsWithLibtraceeventsOwnKallsyms) {
+  for (const char* name : kFixtures) {
+    for (const char* extra : {"", "ffffffff81200000 D vmemmap_base\n"}) {
+      SCOPED_TRACE(std::string(name) + " +" + extra);
+      auto dat = TraceDat::Open(Fixture(name));
+      ASSERT_TRUE(dat.ok()) << dat.error().message;
+      TraceMetadata meta = TraceMetadataFrom(*dat);
+      meta.kallsyms += extra;
+      TraceMetadata reference_meta = meta;
+      reference_meta.kallsyms = " 0000000000001000 A refused\n" + meta.kallsyms;
+      auto ours = EventDecoder::Create(meta);
+      auto reference = EventDecoder::Create(reference_meta);
+      ASSERT_TRUE(ours.ok() && reference.ok());
+      (*reference)->SetFastPathsEnabled(false);
+      size_t mismatches = 0, page_events = 0;
+      for (const Rec& r : ReadAll(Fixture(name))) {
+        DecodedRecord d{r.cpu, r.ts, r.payload, 0};
+        std::string a, b;
+        (*ours)->AppendText(d, &a);
+        (*reference)->AppendText(d, &b);
+        if (a.find(" mm_page_") != std::string::npos) ++page_events;
+        if (a != b && ++mismatches <= 5) ADD_FAILURE() << "ours: " << a << "libtraceevent: " << b;
+      }
+      EXPECT_EQ(mismatches, 0u);
+      EXPECT_GT(page_events, 0u);
+    }
+  }
+}
+
 TEST(DecoderTest, JsonLinesParseAndCarryFields) {
   auto dat = TraceDat::Open(Fixture("real-v7.dat"));
   ASSERT_TRUE(dat.ok()) << dat.error().message;

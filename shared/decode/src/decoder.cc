@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -18,6 +19,7 @@
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/run_isolated.h"
 #include "hvtrace/tep_symbols.h"
+#include "line_prefix.h"
 #include "num_expr.h"
 
 namespace hvtrace {
@@ -286,7 +288,7 @@ struct EventDecoder::Impl {
     return static_cast<int32_t>(v);
   }
 
-  void AppendPrefix(const DecodedRecord& r, const char* comm, int pid, std::string* out) const;
+  std::optional<LinePrefix> prefix;  // Set in Create.
 };
 
 EventDecoder::EventDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -358,6 +360,7 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
   tep_handle* tep = impl->tep;
   impl->little_endian = !metadata.big_endian;
   impl->time_in_usecs = ClockInNanoseconds(metadata.trace_clock);
+  impl->prefix.emplace(impl->time_in_usecs);
   // Same order as trace-cmd (tracecmd_alloc_fd): plugins first, then the
   // file's description.
   impl->plugins = tep_load_plugins(tep);
@@ -487,79 +490,6 @@ void EventDecoder::SetFastPathsEnabled(bool enabled) { impl_->fast_paths = enabl
 uint64_t EventDecoder::fast_path_count() const { return impl_->fast_count; }
 uint64_t EventDecoder::slow_path_count() const { return impl_->slow_count; }
 
-void EventDecoder::Impl::AppendPrefix(const DecodedRecord& r, const char* comm, int pid,
-                                      std::string* out) const {
-  // "%16s-%-5d [%03d]" then " %5llu.%06llu:" (usecs) or "%12llu:" (raw),
-  // built in a local buffer and appended once (this runs for every event).
-  size_t comm_len = std::strlen(comm);
-  if (comm_len > 64) {
-    // Not a kernel comm (those are 16 bytes); no need for the fast form.
-    AppendPadLeft(out, comm, comm_len, 16);
-    out->push_back('-');
-    AppendIntPadRight(out, pid, 5);
-    out->append(" [");
-    AppendUintZeroPad(out, r.cpu, 3);
-    out->push_back(']');
-    if (time_in_usecs) {
-      uint64_t t = (r.timestamp + 500) / 1000;
-      out->push_back(' ');
-      AppendUintPadLeft(out, t / 1000000, 5);
-      out->push_back('.');
-      AppendUintZeroPad(out, t % 1000000, 6);
-    } else {
-      AppendUintPadLeft(out, r.timestamp, 12);
-    }
-    out->push_back(':');
-    return;
-  }
-  char buf[160];
-  char* p = buf;
-  if (comm_len < 16) {
-    std::memset(p, ' ', 16 - comm_len);
-    p += 16 - comm_len;
-  }
-  std::memcpy(p, comm, comm_len);
-  p += comm_len;
-  *p++ = '-';
-  char num[24];
-  char* end = num + sizeof(num);
-  char* d = FormatUintBackwards(
-      pid < 0 ? 0 - static_cast<uint64_t>(static_cast<int64_t>(pid)) : static_cast<uint64_t>(pid),
-      end);
-  if (pid < 0) *--d = '-';
-  size_t n = static_cast<size_t>(end - d);
-  std::memcpy(p, d, n);
-  p += n;
-  for (; n < 5; ++n) *p++ = ' ';
-  *p++ = ' ';
-  *p++ = '[';
-  d = FormatUintBackwards(r.cpu, end);
-  for (n = static_cast<size_t>(end - d); n < 3; ++n) *p++ = '0';
-  std::memcpy(p, d, static_cast<size_t>(end - d));
-  p += end - d;
-  *p++ = ']';
-  if (time_in_usecs) {
-    uint64_t t = (r.timestamp + 500) / 1000;
-    *p++ = ' ';
-    d = FormatUintBackwards(t / 1000000, end);
-    for (n = static_cast<size_t>(end - d); n < 5; ++n) *p++ = ' ';
-    std::memcpy(p, d, static_cast<size_t>(end - d));
-    p += end - d;
-    *p++ = '.';
-    d = FormatUintBackwards(t % 1000000, end);
-    for (n = static_cast<size_t>(end - d); n < 6; ++n) *p++ = '0';
-    std::memcpy(p, d, static_cast<size_t>(end - d));
-    p += end - d;
-  } else {
-    d = FormatUintBackwards(r.timestamp, end);
-    for (n = static_cast<size_t>(end - d); n < 12; ++n) *p++ = ' ';
-    std::memcpy(p, d, static_cast<size_t>(end - d));
-    p += end - d;
-  }
-  *p++ = ':';
-  out->append(buf, static_cast<size_t>(p - buf));
-}
-
 void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
   Impl& m = *impl_;
   size_t line_start = out->size();
@@ -587,7 +517,8 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
     return;
   }
   int pid = m.ReadS32(4);
-  m.AppendPrefix(record, record.comm != nullptr ? record.comm : m.Comm(pid), pid, out);
+  m.prefix->Append(record.comm != nullptr ? record.comm : m.Comm(pid), pid, record.cpu,
+                   record.timestamp, out);
   out->append(info->name_column);
   size_t info_start = out->size();
   bool printed_fast = false;

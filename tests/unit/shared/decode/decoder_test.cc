@@ -115,6 +115,47 @@ TEST(DecoderTest, SymbolsAndSymbolAtomsPrintAsWithLibtraceeventsOwnKallsyms) {
   }
 }
 
+// The line prefix is cached per CPU (LinePrefix): every change of name,
+// pid, CPU (two CPUs sharing a cache slot too) and second must still print
+// trace-cmd's "%16s-%-5d [%03d] %5llu.%06llu:".
+TEST(DecoderTest, LinePrefixFollowsEveryChange) {
+  auto dat = TraceDat::Open(Fixture("real-v7.dat"));
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  auto dec = EventDecoder::Create(TraceMetadataFrom(*dat));
+  ASSERT_TRUE(dec.ok());
+  std::vector<Rec> recs = ReadAll(Fixture("real-v7.dat"));
+  ASSERT_FALSE(recs.empty());
+  std::vector<std::byte> payload = recs[0].payload;
+  const std::string long_name(70, 'x');
+  struct Case {
+    const char* comm;
+    int pid;
+    uint32_t cpu;
+    uint64_t ts;
+  };
+  const Case cases[] = {
+      {"bash", 1, 0, 1'000'000'000},         {"bash", 1, 0, 1'000'000'499},
+      {"bash", 1, 0, 1'999'999'500},         {"bash", 2, 0, 2'000'000'000},
+      {"bashful", 2, 0, 2'000'000'000},      {"bash", 2, 1, 2'000'000'000},
+      {"bash", 2, 65, 2'000'000'000},        {"bash", 2, 1, 2'000'000'000},
+      {"sixteen_chars_xx", 123456, 999, 0},  {long_name.c_str(), -7, 3, 123'456'789'012'345},
+      {"", 0, 0, 99'999'999'999'999'999ull}, {"bash", 2, 1, 2'000'000'000},
+  };
+  for (const Case& c : cases) {
+    // The pid field of the record is what the prefix prints.
+    std::memcpy(payload.data() + 4, &c.pid, 4);
+    DecodedRecord d{c.cpu, c.ts, payload, 0};
+    d.comm = c.comm;
+    std::string line;
+    (*dec)->AppendText(d, &line);
+    const unsigned long long t = (c.ts + 500) / 1000;
+    char want[256];
+    std::snprintf(want, sizeof(want), "%16s-%-5d [%03d] %5llu.%06llu:", c.comm, c.pid, c.cpu,
+                  t / 1000000, t % 1000000);
+    EXPECT_EQ(line.substr(0, std::strlen(want)), want);
+  }
+}
+
 TEST(DecoderTest, JsonLinesParseAndCarryFields) {
   auto dat = TraceDat::Open(Fixture("real-v7.dat"));
   ASSERT_TRUE(dat.ok()) << dat.error().message;

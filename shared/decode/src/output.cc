@@ -120,7 +120,7 @@ class CpuStream {
 
  private:
   void Produce() {
-    Result<TraceDat> dat = TraceDat::Open(path_);
+    Result<TraceDat> dat = TraceDat::OpenPages(path_);
     if (!dat.ok()) {
       Finish({TraceDatIssue{static_cast<int>(cpu_), 0, dat.error().message}});
       return;

@@ -152,24 +152,72 @@ struct NumberStep : Step {
         break;
     }
     if (spec.native && !len_arg) {
-      size_t start = out->size();
+      // Digits, sign and padding made in a local buffer and appended once:
+      // padding by inserting into |out| ("fd: 0x%08lx" of every syscall
+      // event) moved the string's tail each time.
+      char digits[32];
+      char* const end = digits + sizeof(digits);
+      char* d = end;
+      bool negative = false;
       switch (spec.conv) {
         case 'd':
         case 'i':
-          AppendInt(out, sv);
+          negative = sv < 0;
+          d = FormatUintBackwards(
+              negative ? 0 - static_cast<uint64_t>(sv) : static_cast<uint64_t>(sv), end);
           break;
         case 'u':
-          AppendInt(out, uv);
+          d = FormatUintBackwards(uv, end);
           break;
         case 'x':
-        case 'X':
-          AppendHex(out, uv, spec.conv == 'X');
+        case 'X': {
+          const char* hex = spec.conv == 'X' ? "0123456789ABCDEF" : "0123456789abcdef";
+          uint64_t x = uv;
+          do {
+            *--d = hex[x & 15];
+            x >>= 4;
+          } while (x);
           break;
-        default:
-          AppendOctal(out, uv);
+        }
+        default: {
+          uint64_t o = uv;
+          do {
+            *--d = static_cast<char>('0' + (o & 7));
+            o >>= 3;
+          } while (o);
           break;
+        }
       }
-      Pad(out, start, spec, true);
+      const size_t len = static_cast<size_t>(end - d) + (negative ? 1 : 0);
+      const size_t width = static_cast<size_t>(spec.width);
+      if (len >= width) {
+        if (negative) out->push_back('-');
+        out->append(d, static_cast<size_t>(end - d));
+        return;
+      }
+      // Width is at most 1000 (ParseSpec).
+      char buf[1040];
+      char* p = buf;
+      const size_t pad = width - len;
+      if (spec.left) {
+        if (negative) *p++ = '-';
+        std::memcpy(p, d, static_cast<size_t>(end - d));
+        p += end - d;
+        std::memset(p, ' ', pad);
+        p += pad;
+      } else {
+        if (spec.zero) {
+          if (negative) *p++ = '-';
+          std::memset(p, '0', pad);
+        } else {
+          std::memset(p, ' ', pad);
+        }
+        p += pad;
+        if (negative && !spec.zero) *p++ = '-';
+        std::memcpy(p, d, static_cast<size_t>(end - d));
+        p += end - d;
+      }
+      out->append(buf, static_cast<size_t>(p - buf));
       return;
     }
     char buf[128];

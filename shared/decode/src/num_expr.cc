@@ -64,7 +64,11 @@ std::unique_ptr<Expr> CompileNum(tep_event* event, tep_print_arg* arg, const Ato
       e->kind = Expr::kMask;
       e->value = TypeMask(arg->typecast.type);
       e->a = CompileNum(event, arg->typecast.item, atoms);
-      return e->a ? std::move(e) : nullptr;
+      if (!e->a) return nullptr;
+      // A cast that masks nothing ("(unsigned long)(REC->fd)", as every
+      // syscall event has) is its operand: one Eval less per argument.
+      if (e->value == ~0ULL) return std::move(e->a);
+      return e;
     }
     case TEP_PRINT_OP: {
       const char* op = arg->op.op;

@@ -156,6 +156,47 @@ TEST(DecoderTest, LinePrefixFollowsEveryChange) {
   }
 }
 
+// Padded numbers (widths, '0' and '-' flags, signs, every base) are
+// formatted by the compiled printer itself; they must match libtraceevent.
+TEST(DecoderTest, PaddedNumbersPrintAsLibtraceevent) {
+  auto dat = TraceDat::Open(Fixture("real-v7.dat"));
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  TraceMetadata meta = TraceMetadataFrom(*dat);
+  meta.formats.push_back(
+      {"test",
+       "name: padded\nID: 60000\nformat:\n"
+       "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+       "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+       "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+       "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+       "\tfield:int a;\toffset:8;\tsize:4;\tsigned:1;\n"
+       "\tfield:unsigned long b;\toffset:16;\tsize:8;\tsigned:0;\n\n"
+       "print fmt: \"[%08d|%-8d|%8d|%2d|%08x|%-6u|%05o|%8X|%08lx|%-3lx|%lu]\", REC->a, REC->a, "
+       "REC->a, REC->a, REC->a, REC->a, REC->a, REC->a, ((unsigned long)(REC->b)), REC->b, "
+       "REC->b\n"});
+  auto fast = EventDecoder::Create(meta);
+  auto slow = EventDecoder::Create(meta);
+  ASSERT_TRUE(fast.ok() && slow.ok());
+  (*slow)->SetFastPathsEnabled(false);
+  for (int64_t a :
+       {0ll, 1ll, -1ll, 42ll, -42ll, 123456789ll, -123456789ll, INT32_MIN + 0ll, INT32_MAX + 0ll}) {
+    for (uint64_t b : {0ull, 7ull, 0xdeadbeefull, ~0ull}) {
+      std::vector<std::byte> payload(24);
+      const uint16_t id = 60000;
+      const int32_t a32 = static_cast<int32_t>(a);
+      std::memcpy(payload.data(), &id, 2);
+      std::memcpy(payload.data() + 8, &a32, 4);
+      std::memcpy(payload.data() + 16, &b, 8);
+      DecodedRecord d{0, 1, payload, 0};
+      std::string x, y;
+      (*fast)->AppendText(d, &x);
+      (*slow)->AppendText(d, &y);
+      EXPECT_EQ(x, y);
+    }
+  }
+  EXPECT_GT((*fast)->fast_path_count(), 0u);
+}
+
 TEST(DecoderTest, JsonLinesParseAndCarryFields) {
   auto dat = TraceDat::Open(Fixture("real-v7.dat"));
   ASSERT_TRUE(dat.ok()) << dat.error().message;

@@ -47,8 +47,8 @@
 #include <vector>
 
 #include "formats_bundle.h"
-#include "hvtrace/result.h"
 #include "hvtrace/kallsyms_table.h"
+#include "hvtrace/result.h"
 
 namespace hvtrace::hostd {
 

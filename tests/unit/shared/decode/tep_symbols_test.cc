@@ -7,7 +7,10 @@
 #include <traceevent/event-parse.h>
 #include <traceevent/trace-seq.h>
 
+#include <cstdio>
 #include <cstring>
+#include <iterator>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -106,6 +109,41 @@ TEST(TepSymbolsTest, FindsWhatLibtraceeventFindsInRealKallsyms) {
     ASSERT_FALSE(dat->kallsyms().empty());
     ExpectSameAnswers(dat->kallsyms());
   }
+}
+
+// Made-up texts (a fixed seed): few distinct addresses so that aliases are
+// common, filtered names and types, modules, and now and then a line
+// libtraceevent reads some other way. Whatever Build accepts must answer
+// as libtraceevent does; whatever it refuses, libtraceevent parses itself.
+TEST(TepSymbolsTest, RandomTextsAnswerAsLibtraceeventOrAreRefused) {
+  std::mt19937 rng(20261125);
+  const char* const bad_lines[] = {"garbage",  " 10 t x",    "10 t x y", "10  t x",
+                                   "0x10 t x", "10 t x\t[m", "10 t\tx"};
+  size_t accepted = 0;
+  for (int round = 0; round < 300; ++round) {
+    std::string text;
+    const int lines = 1 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < lines; ++i) {
+      if (rng() % 50 == 0) {
+        text += bad_lines[rng() % std::size(bad_lines)];
+      } else {
+        char line[96];
+        const char type = "TtWwDdAaBbRr"[rng() % 12];
+        std::snprintf(line, sizeof(line), "%llx %c %sf%u",
+                      static_cast<unsigned long long>(0x1000 + (rng() % 12) * 0x10), type,
+                      rng() % 10 == 0 ? "$" : "", static_cast<unsigned>(rng() % 16));
+        text += line;
+        if (rng() % 5 == 0) text += "\t[mod" + std::to_string(rng() % 3) + "]";
+      }
+      text += rng() % 10 == 0 ? "\n\n" : "\n";
+    }
+    SCOPED_TRACE(text);
+    if (TepSymbols::Build(text) == nullptr) continue;
+    ++accepted;
+    ExpectSameAnswers(text);
+    if (HasFailure()) return;
+  }
+  EXPECT_GT(accepted, 100u);
 }
 
 TEST(TepSymbolsTest, ModulesAreSplitOff) {

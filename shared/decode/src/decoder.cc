@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -17,6 +18,9 @@
 #include "event_text.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/run_isolated.h"
+#include "hvtrace/tep_symbols.h"
+#include "line_prefix.h"
+#include "num_expr.h"
 
 namespace hvtrace {
 namespace {
@@ -99,6 +103,13 @@ struct EventDecoder::Impl {
   std::vector<EventInfo*> by_id;  // Dense index for the hot path.
   std::vector<unsigned char> scratch;
   std::unique_ptr<SymbolCache> symbols;
+  // The file's kallsyms as libtraceevent's function resolver; null when
+  // libtraceevent parsed it itself (TepSymbols::Build refused the text).
+  std::unique_ptr<TepSymbols> kernel_symbols;
+  // Print-format atoms naming symbols (RegisterSymbolAtoms): every name
+  // seen, and the values compiled printers may use.
+  std::unordered_set<std::string> atom_names;
+  event_printer_internal::AtomValues atom_values;
   // Comms found by tep_data_comm_from_pid(), direct-mapped by pid. Only hits
   // are cached: libtraceevent never replaces a registered comm (plugins call
   // tep_register_comm, which keeps the first), and its strings do not move,
@@ -207,10 +218,28 @@ struct EventDecoder::Impl {
     info->in_order = info->event != nullptr && info->event->handler != nullptr &&
                      !(info->event->flags & TEP_EVENT_FL_NOHANDLE) &&
                      !IsKmemCallSiteEvent(info->format.system, info->format.name);
+    if (info->event != nullptr && kernel_symbols != nullptr) RegisterSymbolAtoms(info->event);
     if (info->event != nullptr && little_endian && info->format.unchecked_print.empty()) {
-      info->printer = EventPrinter::Compile(tep, info->event, info->format, symbols.get());
+      info->printer =
+          EventPrinter::Compile(tep, info->event, info->format, symbols.get(), &atom_values);
     }
     std::string().swap(info->text);
+  }
+  // libtraceevent evaluates a print-format atom that is not a number as the
+  // address of the kernel symbol of that name (test_for_symbol), searching
+  // the symbols tep_parse_kallsyms registered; with our resolver it has
+  // none, so the names the event's atoms use are registered here, before
+  // its first record prints, with the value libtraceevent would find.
+  // (Only a name given to symbols at several addresses depends on when
+  // libtraceevent first looks it up; its value is fixed here as of Load.)
+  void RegisterSymbolAtoms(tep_event* event) {
+    event_printer_internal::ForEachSymbolAtom(event->print_fmt.args, [this](const char* name) {
+      if (!atom_names.insert(name).second) return;
+      bool certain = false;
+      const uint64_t value = kernel_symbols->AtomValue(name, kernel_symbols->looked_up(), &certain);
+      if (value != 0) tep_register_function(tep, const_cast<char*>(name), value, nullptr);
+      if (certain) atom_values.emplace(name, value);
+    });
   }
   std::string source;
   // The child process that trial-parses formats (Load).
@@ -259,7 +288,7 @@ struct EventDecoder::Impl {
     return static_cast<int32_t>(v);
   }
 
-  void AppendPrefix(const DecodedRecord& r, const char* comm, int pid, std::string* out) const;
+  std::optional<LinePrefix> prefix;  // Set in Create.
 };
 
 EventDecoder::EventDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -331,6 +360,7 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
   tep_handle* tep = impl->tep;
   impl->little_endian = !metadata.big_endian;
   impl->time_in_usecs = ClockInNanoseconds(metadata.trace_clock);
+  impl->prefix.emplace(impl->time_in_usecs);
   // Same order as trace-cmd (tracecmd_alloc_fd): plugins first, then the
   // file's description.
   impl->plugins = tep_load_plugins(tep);
@@ -371,7 +401,14 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
     if (name.size() < 20) info->name_column.append(20 - name.size(), ' ');
     impl->events.emplace(id, std::move(info));
   }
-  if (!metadata.kallsyms.empty()) tep_parse_kallsyms(tep, metadata.kallsyms.c_str());
+  if (!metadata.kallsyms.empty()) {
+    impl->kernel_symbols = TepSymbols::Build(metadata.kallsyms);
+    if (impl->kernel_symbols != nullptr) {
+      impl->kernel_symbols->Install(tep);
+    } else {
+      tep_parse_kallsyms(tep, metadata.kallsyms.c_str());
+    }
+  }
   if (!metadata.printk_formats.empty()) {
     std::lock_guard<std::mutex> lock(ParserMutex());
     tep_parse_printk_formats(tep, metadata.printk_formats.c_str());
@@ -453,79 +490,6 @@ void EventDecoder::SetFastPathsEnabled(bool enabled) { impl_->fast_paths = enabl
 uint64_t EventDecoder::fast_path_count() const { return impl_->fast_count; }
 uint64_t EventDecoder::slow_path_count() const { return impl_->slow_count; }
 
-void EventDecoder::Impl::AppendPrefix(const DecodedRecord& r, const char* comm, int pid,
-                                      std::string* out) const {
-  // "%16s-%-5d [%03d]" then " %5llu.%06llu:" (usecs) or "%12llu:" (raw),
-  // built in a local buffer and appended once (this runs for every event).
-  size_t comm_len = std::strlen(comm);
-  if (comm_len > 64) {
-    // Not a kernel comm (those are 16 bytes); no need for the fast form.
-    AppendPadLeft(out, comm, comm_len, 16);
-    out->push_back('-');
-    AppendIntPadRight(out, pid, 5);
-    out->append(" [");
-    AppendUintZeroPad(out, r.cpu, 3);
-    out->push_back(']');
-    if (time_in_usecs) {
-      uint64_t t = (r.timestamp + 500) / 1000;
-      out->push_back(' ');
-      AppendUintPadLeft(out, t / 1000000, 5);
-      out->push_back('.');
-      AppendUintZeroPad(out, t % 1000000, 6);
-    } else {
-      AppendUintPadLeft(out, r.timestamp, 12);
-    }
-    out->push_back(':');
-    return;
-  }
-  char buf[160];
-  char* p = buf;
-  if (comm_len < 16) {
-    std::memset(p, ' ', 16 - comm_len);
-    p += 16 - comm_len;
-  }
-  std::memcpy(p, comm, comm_len);
-  p += comm_len;
-  *p++ = '-';
-  char num[24];
-  char* end = num + sizeof(num);
-  char* d = FormatUintBackwards(
-      pid < 0 ? 0 - static_cast<uint64_t>(static_cast<int64_t>(pid)) : static_cast<uint64_t>(pid),
-      end);
-  if (pid < 0) *--d = '-';
-  size_t n = static_cast<size_t>(end - d);
-  std::memcpy(p, d, n);
-  p += n;
-  for (; n < 5; ++n) *p++ = ' ';
-  *p++ = ' ';
-  *p++ = '[';
-  d = FormatUintBackwards(r.cpu, end);
-  for (n = static_cast<size_t>(end - d); n < 3; ++n) *p++ = '0';
-  std::memcpy(p, d, static_cast<size_t>(end - d));
-  p += end - d;
-  *p++ = ']';
-  if (time_in_usecs) {
-    uint64_t t = (r.timestamp + 500) / 1000;
-    *p++ = ' ';
-    d = FormatUintBackwards(t / 1000000, end);
-    for (n = static_cast<size_t>(end - d); n < 5; ++n) *p++ = ' ';
-    std::memcpy(p, d, static_cast<size_t>(end - d));
-    p += end - d;
-    *p++ = '.';
-    d = FormatUintBackwards(t % 1000000, end);
-    for (n = static_cast<size_t>(end - d); n < 6; ++n) *p++ = '0';
-    std::memcpy(p, d, static_cast<size_t>(end - d));
-    p += end - d;
-  } else {
-    d = FormatUintBackwards(r.timestamp, end);
-    for (n = static_cast<size_t>(end - d); n < 12; ++n) *p++ = ' ';
-    std::memcpy(p, d, static_cast<size_t>(end - d));
-    p += end - d;
-  }
-  *p++ = ':';
-  out->append(buf, static_cast<size_t>(p - buf));
-}
-
 void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
   Impl& m = *impl_;
   size_t line_start = out->size();
@@ -553,7 +517,8 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
     return;
   }
   int pid = m.ReadS32(4);
-  m.AppendPrefix(record, record.comm != nullptr ? record.comm : m.Comm(pid), pid, out);
+  m.prefix->Append(record.comm != nullptr ? record.comm : m.Comm(pid), pid, record.cpu,
+                   record.timestamp, out);
   out->append(info->name_column);
   size_t info_start = out->size();
   bool printed_fast = false;

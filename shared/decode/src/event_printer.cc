@@ -27,6 +27,7 @@
 namespace hvtrace {
 namespace {
 
+using event_printer_internal::AtomValues;
 using event_printer_internal::CompileNum;
 using event_printer_internal::Expr;
 using event_printer_internal::FindField;
@@ -151,24 +152,72 @@ struct NumberStep : Step {
         break;
     }
     if (spec.native && !len_arg) {
-      size_t start = out->size();
+      // Digits, sign and padding made in a local buffer and appended once:
+      // padding by inserting into |out| ("fd: 0x%08lx" of every syscall
+      // event) moved the string's tail each time.
+      char digits[32];
+      char* const end = digits + sizeof(digits);
+      char* d = end;
+      bool negative = false;
       switch (spec.conv) {
         case 'd':
         case 'i':
-          AppendInt(out, sv);
+          negative = sv < 0;
+          d = FormatUintBackwards(
+              negative ? 0 - static_cast<uint64_t>(sv) : static_cast<uint64_t>(sv), end);
           break;
         case 'u':
-          AppendInt(out, uv);
+          d = FormatUintBackwards(uv, end);
           break;
         case 'x':
-        case 'X':
-          AppendHex(out, uv, spec.conv == 'X');
+        case 'X': {
+          const char* hex = spec.conv == 'X' ? "0123456789ABCDEF" : "0123456789abcdef";
+          uint64_t x = uv;
+          do {
+            *--d = hex[x & 15];
+            x >>= 4;
+          } while (x);
           break;
-        default:
-          AppendOctal(out, uv);
+        }
+        default: {
+          uint64_t o = uv;
+          do {
+            *--d = static_cast<char>('0' + (o & 7));
+            o >>= 3;
+          } while (o);
           break;
+        }
       }
-      Pad(out, start, spec, true);
+      const size_t len = static_cast<size_t>(end - d) + (negative ? 1 : 0);
+      const size_t width = static_cast<size_t>(spec.width);
+      if (len >= width) {
+        if (negative) out->push_back('-');
+        out->append(d, static_cast<size_t>(end - d));
+        return;
+      }
+      // Width is at most 1000 (ParseSpec).
+      char buf[1040];
+      char* p = buf;
+      const size_t pad = width - len;
+      if (spec.left) {
+        if (negative) *p++ = '-';
+        std::memcpy(p, d, static_cast<size_t>(end - d));
+        p += end - d;
+        std::memset(p, ' ', pad);
+        p += pad;
+      } else {
+        if (spec.zero) {
+          if (negative) *p++ = '-';
+          std::memset(p, '0', pad);
+        } else {
+          std::memset(p, ' ', pad);
+        }
+        p += pad;
+        if (negative && !spec.zero) *p++ = '-';
+        std::memcpy(p, d, static_cast<size_t>(end - d));
+        p += end - d;
+      }
+      out->append(buf, static_cast<size_t>(p - buf));
       return;
     }
     char buf[128];
@@ -278,7 +327,8 @@ struct StrNode {
   std::unique_ptr<StrNode> yes, no;
 };
 
-std::unique_ptr<StrNode> CompileStr(tep_handle* tep, tep_event* event, tep_print_arg* arg) {
+std::unique_ptr<StrNode> CompileStr(tep_handle* tep, tep_event* event, tep_print_arg* arg,
+                                    const AtomValues* atoms) {
   auto n = std::make_unique<StrNode>();
   if (arg == nullptr) return nullptr;
   switch (arg->type) {
@@ -318,7 +368,7 @@ std::unique_ptr<StrNode> CompileStr(tep_handle* tep, tep_event* event, tep_print
     case TEP_PRINT_SYMBOL: {
       bool flags = arg->type == TEP_PRINT_FLAGS;
       n->kind = flags ? StrNode::kFlags : StrNode::kSymbol;
-      n->value = CompileNum(event, flags ? arg->flags.field : arg->symbol.field);
+      n->value = CompileNum(event, flags ? arg->flags.field : arg->symbol.field, atoms);
       if (!n->value) return nullptr;
       for (tep_print_flag_sym* f = flags ? arg->flags.flags : arg->symbol.symbols; f; f = f->next) {
         // eval_flag(): numbers only; names need libtraceevent's table.
@@ -336,9 +386,9 @@ std::unique_ptr<StrNode> CompileStr(tep_handle* tep, tep_event* event, tep_print
       tep_print_arg* colon = arg->op.right;
       if (colon == nullptr || colon->type != TEP_PRINT_OP) return nullptr;
       n->kind = StrNode::kTernary;
-      n->value = CompileNum(event, arg->op.left);
-      n->yes = CompileStr(tep, event, colon->op.left);
-      n->no = CompileStr(tep, event, colon->op.right);
+      n->value = CompileNum(event, arg->op.left, atoms);
+      n->yes = CompileStr(tep, event, colon->op.left, atoms);
+      n->no = CompileStr(tep, event, colon->op.right, atoms);
       return n->value && n->yes && n->no ? std::move(n) : nullptr;
     }
     default:
@@ -444,11 +494,12 @@ struct StringStep : Step {
 class FormatCompiler {
  public:
   FormatCompiler(tep_handle* tep, tep_event* event, tep_print_arg* args, SymbolCache* symbols,
-                 std::vector<std::unique_ptr<Step>>* steps)
+                 const AtomValues* atoms, std::vector<std::unique_ptr<Step>>* steps)
       : tep_(tep),
         event_(event),
         arg_(args),
         symbols_(symbols),
+        atoms_(atoms),
         steps_(steps),
         long_size_(tep_get_long_size(tep)) {}
 
@@ -547,7 +598,7 @@ class FormatCompiler {
     } else if (k == 'M' || k == 'm' || k == 'I' || k == 'i' || k == 'U' || k == 'h') {
       return false;
     }
-    step->value = CompileNum(event_, arg_);
+    step->value = CompileNum(event_, arg_, atoms_);
     if (!step->value) return false;
     arg_ = arg_->next;
     steps_->push_back(std::move(step));
@@ -563,10 +614,10 @@ class FormatCompiler {
     auto step = std::make_unique<NumberStep>();
     step->spec = ParseSpec(text);
     step->ls = ls;
-    step->value = CompileNum(event_, arg_);
+    step->value = CompileNum(event_, arg_, atoms_);
     if (!step->value) return false;
     if (len_arg != nullptr) {
-      step->len_arg = CompileNum(event_, len_arg);
+      step->len_arg = CompileNum(event_, len_arg, atoms_);
       if (!step->len_arg) return false;
     }
     arg_ = arg_->next;
@@ -580,10 +631,10 @@ class FormatCompiler {
     if (text.size() > 31) return false;
     auto step = std::make_unique<StringStep>();
     step->spec = ParseSpec(text);
-    step->node = CompileStr(tep_, event_, arg_);
+    step->node = CompileStr(tep_, event_, arg_, atoms_);
     if (!step->node) return false;
     if (len_arg != nullptr) {
-      step->len_arg = CompileNum(event_, len_arg);
+      step->len_arg = CompileNum(event_, len_arg, atoms_);
       if (!step->len_arg) return false;
     }
     arg_ = arg_->next;
@@ -638,13 +689,15 @@ class FormatCompiler {
   tep_event* event_;
   tep_print_arg* arg_;  // The next argument to consume.
   SymbolCache* symbols_;
+  const AtomValues* atoms_;
   std::vector<std::unique_ptr<Step>>* steps_;
   int long_size_;
 };
 
 bool CompileFormat(tep_handle* tep, tep_event* event, const char* format, tep_print_arg* arg,
-                   SymbolCache* symbols, std::vector<std::unique_ptr<Step>>* steps) {
-  return FormatCompiler(tep, event, arg, symbols, steps).Compile(format);
+                   SymbolCache* symbols, const AtomValues* atoms,
+                   std::vector<std::unique_ptr<Step>>* steps) {
+  return FormatCompiler(tep, event, arg, symbols, atoms, steps).Compile(format);
 }
 
 // ---- printers ------------------------------------------------------------------
@@ -701,8 +754,8 @@ bool IsKmemCallSiteEvent(std::string_view sys, std::string_view name) {
 }
 
 std::unique_ptr<EventPrinter> EventPrinter::Compile(tep_handle* tep, tep_event* event,
-                                                    const EventFormat& format,
-                                                    SymbolCache* symbols) {
+                                                    const EventFormat& format, SymbolCache* symbols,
+                                                    const AtomValues* atoms) {
   if (event == nullptr || tep == nullptr) return nullptr;
   if (event->flags & (TEP_EVENT_FL_FAILED | TEP_EVENT_FL_ISBPRINT | TEP_EVENT_FL_PRINTRAW)) {
     return nullptr;
@@ -732,7 +785,7 @@ std::unique_ptr<EventPrinter> EventPrinter::Compile(tep_handle* tep, tep_event* 
     printer->call_site_offset = static_cast<uint32_t>(f->offset);
     printer->call_site_size = static_cast<uint32_t>(f->size);
   }
-  if (!CompileFormat(tep, event, event->print_fmt.format, event->print_fmt.args, symbols,
+  if (!CompileFormat(tep, event, event->print_fmt.format, event->print_fmt.args, symbols, atoms,
                      &printer->steps)) {
     return nullptr;
   }

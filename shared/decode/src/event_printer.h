@@ -16,6 +16,7 @@
 #include <string_view>
 
 #include "hvtrace/format.h"
+#include "num_expr.h"
 
 struct tep_handle;
 struct tep_event;
@@ -52,9 +53,11 @@ class EventPrinter {
  public:
   virtual ~EventPrinter() = default;
   // Returns a printer for |event| or null when the event needs libtraceevent.
-  // |symbols| must outlive the printer.
-  static std::unique_ptr<EventPrinter> Compile(tep_handle* tep, tep_event* event,
-                                               const EventFormat& format, SymbolCache* symbols);
+  // |symbols| must outlive the printer; |atoms| (may be null) is read only
+  // here.
+  static std::unique_ptr<EventPrinter> Compile(
+      tep_handle* tep, tep_event* event, const EventFormat& format, SymbolCache* symbols,
+      const event_printer_internal::AtomValues* atoms = nullptr);
   // Appends the event's text. |data| is the zero-padded scratch copy of a
   // little-endian record of |size| bytes (see decoder.cc).
   virtual void Print(const unsigned char* data, uint32_t size, std::string* out) = 0;

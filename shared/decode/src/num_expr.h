@@ -7,7 +7,10 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <string>
+#include <unordered_map>
 
 struct tep_event;
 struct tep_format_field;
@@ -97,10 +100,21 @@ struct Expr {
 // looked up once and then cached in |arg|.
 tep_format_field* FindField(tep_event* event, tep_print_arg* arg);
 
+// What eval_num_arg() makes of an atom that is not a number: the address
+// of the kernel symbol of that name (test_for_symbol), 0 for none. Only the
+// names whose value is certain are listed (decoder.cc, TepSymbols::AtomValue).
+using AtomValues = std::unordered_map<std::string, uint64_t>;
+
 // The expression for |arg| (a kNull one for a null |arg|), or null when it
 // holds something eval_num_arg() does differently from Expr (array indexing,
-// symbols, helper functions).
-std::unique_ptr<Expr> CompileNum(tep_event* event, tep_print_arg* arg);
+// symbol names not in |atoms|, helper functions).
+std::unique_ptr<Expr> CompileNum(tep_event* event, tep_print_arg* arg,
+                                 const AtomValues* atoms = nullptr);
+
+// Calls |f| with every atom under |args| (a print format's argument list)
+// that eval_num_arg() would look up as a symbol: not a number, not starting
+// with a digit.
+void ForEachSymbolAtom(tep_print_arg* args, const std::function<void(const char*)>& f);
 
 }  // namespace hvtrace::event_printer_internal
 

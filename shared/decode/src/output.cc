@@ -99,12 +99,18 @@ class CpuStream {
   // Waits for the next page; false at the end of the stream.
   bool Pop(Page* page) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !ready_.empty() || done_; });
+    if (ready_.empty() && !done_) {
+      consumer_waiting_ = true;
+      cv_.wait(lock, [&] { return !ready_.empty() || done_; });
+      consumer_waiting_ = false;
+    }
     if (ready_.empty()) return false;
     if (!page->data.empty()) free_.push_back(std::move(page->data));
     *page = std::move(ready_.front());
     ready_.pop_front();
-    cv_.notify_all();
+    const bool wake = producer_waiting_ && ready_.size() <= kQueueDepth / 2;
+    lock.unlock();
+    if (wake) cv_.notify_all();
     return true;
   }
 
@@ -114,7 +120,7 @@ class CpuStream {
 
  private:
   void Produce() {
-    Result<TraceDat> dat = TraceDat::Open(path_);
+    Result<TraceDat> dat = TraceDat::OpenPages(path_);
     if (!dat.ok()) {
       Finish({TraceDatIssue{static_cast<int>(cpu_), 0, dat.error().message}});
       return;
@@ -124,7 +130,13 @@ class CpuStream {
           std::vector<std::byte> buf;
           {
             std::unique_lock<std::mutex> lock(mu_);
-            cv_.wait(lock, [&] { return ready_.size() < kQueueDepth || stop_; });
+            if (ready_.size() >= kQueueDepth && !stop_) {
+              // Full: sleep until the merge has taken half (Pop), not
+              // until the next page: one wake-up per kQueueDepth / 2 pages.
+              producer_waiting_ = true;
+              cv_.wait(lock, [&] { return ready_.size() <= kQueueDepth / 2 || stop_; });
+              producer_waiting_ = false;
+            }
             if (stop_) return false;
             if (!free_.empty()) {
               buf = std::move(free_.back());
@@ -132,11 +144,13 @@ class CpuStream {
             }
           }
           buf.assign(page_copy.begin(), page_copy.end());
+          bool wake = false;
           {
             std::lock_guard<std::mutex> lock(mu_);
             ready_.push_back(Page{std::move(buf), offset});
+            wake = consumer_waiting_;
           }
-          cv_.notify_all();
+          if (wake) cv_.notify_all();
           return true;
         });
     std::vector<TraceDatIssue> issues = dat->issues();
@@ -164,6 +178,11 @@ class CpuStream {
   std::vector<std::vector<std::byte>> free_;
   bool done_ = false;
   bool stop_ = false;
+  // Who sleeps on cv_: the queue wakes the other side only then. Waking on
+  // every page cost two futex calls and a context switch per 4 KiB page
+  // (12% of `hvtrace report` on bench/large.dat in perf, 2026-11-25).
+  bool producer_waiting_ = false;
+  bool consumer_waiting_ = false;
   std::vector<TraceDatIssue> issues_;
 };
 
@@ -189,16 +208,24 @@ std::string PageIssue(const std::string& path, uint32_t cpu, const Page& page,
 // until it returns false. Page problems are counted in |stats| and issues
 // handed to |add_issue| when |stats| is not null (the first pass of
 // time-of-event names reads the same pages and says nothing).
+// The CPU streams of |path|, their readers started.
+std::vector<std::unique_ptr<CpuStream>> StartStreams(const std::string& path, const TraceDat& dat) {
+  std::vector<std::unique_ptr<CpuStream>> streams;
+  for (size_t i = 0; i < dat.cpus().size(); ++i) {
+    streams.push_back(std::make_unique<CpuStream>(path, i, dat.cpus()[i].cpu));
+    streams.back()->Start();
+  }
+  return streams;
+}
+
+// |streams|: from StartStreams(path, dat).
 template <typename F>
 void MergeRecords(const std::string& path, const TraceDat& dat, const PageLayout& layout,
-                  ReportStats* stats, const std::function<void(const TraceDatIssue&)>& add_issue,
-                  F&& on_record) {
+                  std::vector<std::unique_ptr<CpuStream>> streams, ReportStats* stats,
+                  const std::function<void(const TraceDatIssue&)>& add_issue, F&& on_record) {
   const int64_t ts_offset = dat.timestamp_offset();
-  std::vector<CpuCursor> cpus(dat.cpus().size());
-  for (size_t i = 0; i < cpus.size(); ++i) {
-    cpus[i].stream = std::make_unique<CpuStream>(path, i, dat.cpus()[i].cpu);
-    cpus[i].stream->Start();
-  }
+  std::vector<CpuCursor> cpus(streams.size());
+  for (size_t i = 0; i < cpus.size(); ++i) cpus[i].stream = std::move(streams[i]);
 
   // Moves |c| to its next record; false when the CPU has no more.
   auto advance = [&](CpuCursor& c) {
@@ -281,6 +308,10 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
   };
   for (const TraceDatIssue& issue : dat->issues()) add_issue(issue);
 
+  // The readers open the file and decompress its first pages while the
+  // decoder is made (EventDecoder::Create: ~40 ms on bench/large.dat, which
+  // the first record used to wait for on top).
+  std::vector<std::unique_ptr<CpuStream>> streams = StartStreams(path, *dat);
   // Shared: the printing threads may outlive this function on an early return.
   auto metadata = std::make_shared<const TraceMetadata>(TraceMetadataFrom(*dat));
   out.Begin(metadata);
@@ -306,16 +337,17 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
     if (!names->usable()) {
       names.reset();
     } else {
-      MergeRecords(path, *dat, layout, nullptr, add_issue, [&](const DecodedRecord& rec) {
-        names->Scan(rec.payload);
-        return true;
-      });
+      MergeRecords(path, *dat, layout, StartStreams(path, *dat), nullptr, add_issue,
+                   [&](const DecodedRecord& rec) {
+                     names->Scan(rec.payload);
+                     return true;
+                   });
       names->StartNaming();
     }
   }
   EventDecoder& dec = **decoder;
   if (!out.Start(dec, dat->cpus().size())) return stats;
-  MergeRecords(path, *dat, layout, &stats, add_issue, [&](DecodedRecord& rec) {
+  MergeRecords(path, *dat, layout, std::move(streams), &stats, add_issue, [&](DecodedRecord& rec) {
     if (names) rec.comm = names->Next(rec.payload);
     stats.events++;
     return out.Record(rec);

@@ -412,9 +412,14 @@ TraceDat::TraceDat(TraceDat&&) noexcept = default;
 TraceDat& TraceDat::operator=(TraceDat&&) noexcept = default;
 TraceDat::~TraceDat() = default;
 
-Result<TraceDat> TraceDat::Open(const std::string& path) {
+Result<TraceDat> TraceDat::OpenPages(const std::string& path) { return Open(path, true); }
+
+Result<TraceDat> TraceDat::Open(const std::string& path) { return Open(path, false); }
+
+Result<TraceDat> TraceDat::Open(const std::string& path, bool pages_only) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  impl->pages_only = pages_only;
   impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (impl->fd < 0) return Error{path + ": " + std::strerror(errno)};
   struct stat st;

@@ -132,6 +132,7 @@ struct TraceDat::Impl {
   int fd = -1;
   std::vector<std::byte> memory;
   bool in_memory = false;
+  bool pages_only = false;  // OpenPages.
   uint64_t file_size = 0;
 
   int version = 0;

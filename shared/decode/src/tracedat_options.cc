@@ -239,6 +239,8 @@ Status TraceDat::Impl::ParseV7(uint64_t pos) {
     if (!ParseHeaderInfo(hc, &err)) return Fail(err);
   }
   // The rest is optional: a bad section is an issue, the file stays usable.
+  // A reader of pages needs none of it (OpenPages).
+  if (pages_only) ftrace = events = ksyms = printk = cmdl = 0;
   auto optional = [&](uint64_t offset, uint16_t id, const char* what, auto&& parse) {
     if (offset == 0) return;
     std::vector<std::byte> b;

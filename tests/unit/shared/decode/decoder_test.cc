@@ -80,6 +80,123 @@ TEST(DecoderTest, FastPathsMatchLibtraceeventOnEveryRecord) {
   }
 }
 
+// The decoder hands the file's kallsyms to libtraceevent as a resolver
+// (TepSymbols), and evaluates print-format atoms that name symbols itself
+// (mm_page_alloc's vmemmap_base). Every record must print as libtraceevent
+// prints it with its own tep_parse_kallsyms: the reference decoder gets a
+// text TepSymbols refuses (a leading space) but libtraceevent reads the
+// same (it drops the absolute symbol), and prints without compiled printers.
+TEST(DecoderTest, SymbolsAndSymbolAtomsPrintAsWithLibtraceeventsOwnKallsyms) {
+  for (const char* name : kFixtures) {
+    for (const char* extra : {"", "ffffffff81200000 D vmemmap_base\n"}) {
+      SCOPED_TRACE(std::string(name) + " +" + extra);
+      auto dat = TraceDat::Open(Fixture(name));
+      ASSERT_TRUE(dat.ok()) << dat.error().message;
+      TraceMetadata meta = TraceMetadataFrom(*dat);
+      meta.kallsyms += extra;
+      TraceMetadata reference_meta = meta;
+      reference_meta.kallsyms = " 0000000000001000 A refused\n" + meta.kallsyms;
+      auto ours = EventDecoder::Create(meta);
+      auto reference = EventDecoder::Create(reference_meta);
+      ASSERT_TRUE(ours.ok() && reference.ok());
+      (*reference)->SetFastPathsEnabled(false);
+      size_t mismatches = 0, page_events = 0;
+      for (const Rec& r : ReadAll(Fixture(name))) {
+        DecodedRecord d{r.cpu, r.ts, r.payload, 0};
+        std::string a, b;
+        (*ours)->AppendText(d, &a);
+        (*reference)->AppendText(d, &b);
+        if (a.find(" mm_page_") != std::string::npos) ++page_events;
+        if (a != b && ++mismatches <= 5) ADD_FAILURE() << "ours: " << a << "libtraceevent: " << b;
+      }
+      EXPECT_EQ(mismatches, 0u);
+      EXPECT_GT(page_events, 0u);
+    }
+  }
+}
+
+// The line prefix is cached per CPU (LinePrefix): every change of name,
+// pid, CPU (two CPUs sharing a cache slot too) and second must still print
+// trace-cmd's "%16s-%-5d [%03d] %5llu.%06llu:".
+TEST(DecoderTest, LinePrefixFollowsEveryChange) {
+  auto dat = TraceDat::Open(Fixture("real-v7.dat"));
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  auto dec = EventDecoder::Create(TraceMetadataFrom(*dat));
+  ASSERT_TRUE(dec.ok());
+  std::vector<Rec> recs = ReadAll(Fixture("real-v7.dat"));
+  ASSERT_FALSE(recs.empty());
+  std::vector<std::byte> payload = recs[0].payload;
+  const std::string long_name(70, 'x');
+  struct Case {
+    const char* comm;
+    int pid;
+    uint32_t cpu;
+    uint64_t ts;
+  };
+  const Case cases[] = {
+      {"bash", 1, 0, 1'000'000'000},         {"bash", 1, 0, 1'000'000'499},
+      {"bash", 1, 0, 1'999'999'500},         {"bash", 2, 0, 2'000'000'000},
+      {"bashful", 2, 0, 2'000'000'000},      {"bash", 2, 1, 2'000'000'000},
+      {"bash", 2, 65, 2'000'000'000},        {"bash", 2, 1, 2'000'000'000},
+      {"sixteen_chars_xx", 123456, 999, 0},  {long_name.c_str(), -7, 3, 123'456'789'012'345},
+      {"", 0, 0, 99'999'999'999'999'999ull}, {"bash", 2, 1, 2'000'000'000},
+  };
+  for (const Case& c : cases) {
+    // The pid field of the record is what the prefix prints.
+    std::memcpy(payload.data() + 4, &c.pid, 4);
+    DecodedRecord d{c.cpu, c.ts, payload, 0};
+    d.comm = c.comm;
+    std::string line;
+    (*dec)->AppendText(d, &line);
+    const unsigned long long t = (c.ts + 500) / 1000;
+    char want[256];
+    std::snprintf(want, sizeof(want), "%16s-%-5d [%03d] %5llu.%06llu:", c.comm, c.pid, c.cpu,
+                  t / 1000000, t % 1000000);
+    EXPECT_EQ(line.substr(0, std::strlen(want)), want);
+  }
+}
+
+// Padded numbers (widths, '0' and '-' flags, signs, every base) are
+// formatted by the compiled printer itself; they must match libtraceevent.
+TEST(DecoderTest, PaddedNumbersPrintAsLibtraceevent) {
+  auto dat = TraceDat::Open(Fixture("real-v7.dat"));
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  TraceMetadata meta = TraceMetadataFrom(*dat);
+  meta.formats.push_back(
+      {"test",
+       "name: padded\nID: 60000\nformat:\n"
+       "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+       "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+       "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+       "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+       "\tfield:int a;\toffset:8;\tsize:4;\tsigned:1;\n"
+       "\tfield:unsigned long b;\toffset:16;\tsize:8;\tsigned:0;\n\n"
+       "print fmt: \"[%08d|%-8d|%8d|%2d|%08x|%-6u|%05o|%8X|%08lx|%-3lx|%lu]\", REC->a, REC->a, "
+       "REC->a, REC->a, REC->a, REC->a, REC->a, REC->a, ((unsigned long)(REC->b)), REC->b, "
+       "REC->b\n"});
+  auto fast = EventDecoder::Create(meta);
+  auto slow = EventDecoder::Create(meta);
+  ASSERT_TRUE(fast.ok() && slow.ok());
+  (*slow)->SetFastPathsEnabled(false);
+  for (int64_t a :
+       {0ll, 1ll, -1ll, 42ll, -42ll, 123456789ll, -123456789ll, INT32_MIN + 0ll, INT32_MAX + 0ll}) {
+    for (uint64_t b : {0ull, 7ull, 0xdeadbeefull, ~0ull}) {
+      std::vector<std::byte> payload(24);
+      const uint16_t id = 60000;
+      const int32_t a32 = static_cast<int32_t>(a);
+      std::memcpy(payload.data(), &id, 2);
+      std::memcpy(payload.data() + 8, &a32, 4);
+      std::memcpy(payload.data() + 16, &b, 8);
+      DecodedRecord d{0, 1, payload, 0};
+      std::string x, y;
+      (*fast)->AppendText(d, &x);
+      (*slow)->AppendText(d, &y);
+      EXPECT_EQ(x, y);
+    }
+  }
+  EXPECT_GT((*fast)->fast_path_count(), 0u);
+}
+
 TEST(DecoderTest, JsonLinesParseAndCarryFields) {
   auto dat = TraceDat::Open(Fixture("real-v7.dat"));
   ASSERT_TRUE(dat.ok()) << dat.error().message;

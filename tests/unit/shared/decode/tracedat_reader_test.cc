@@ -215,6 +215,26 @@ TEST(TraceDatTest, OpenBufferReadsLikeOpen) {
   EXPECT_EQ(ReadOurs(*from_file).times, ReadOurs(*from_memory).times);
 }
 
+TEST(TraceDatTest, OpenPagesReadsThePagesOpenReads) {
+  for (const char* name : {"tracedat/real-v6.dat", "tracedat/real-v7.dat",
+                           "tracedat/real-v7-zstd.dat", "tracedat/instance-v7-zstd.dat"}) {
+    SCOPED_TRACE(name);
+    auto full = TraceDat::Open(Fixture(name));
+    auto pages = TraceDat::OpenPages(Fixture(name));
+    ASSERT_TRUE(full.ok() && pages.ok());
+    OurRead a = ReadOurs(*full), b = ReadOurs(*pages);
+    EXPECT_EQ(a.times, b.times);
+    EXPECT_EQ(a.payloads, b.payloads);
+    EXPECT_EQ(full->cpus().size(), pages->cpus().size());
+    EXPECT_EQ(full->timestamp_offset(), pages->timestamp_offset());
+    // v7 keeps the metadata sections apart; they are skipped.
+    if (full->version() == 7) {
+      EXPECT_TRUE(pages->kallsyms().empty());
+      EXPECT_TRUE(pages->formats().empty());
+    }
+  }
+}
+
 TEST(TraceDatTest, StopsWhenTheCallbackSaysSo) {
   auto dat = TraceDat::Open(Fixture("tracedat/real-v6.dat"));
   ASSERT_TRUE(dat.ok());

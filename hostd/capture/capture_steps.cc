@@ -60,7 +60,7 @@ Status CopyRegionFileStep(const RegionFileSource& source, std::vector<std::byte>
 Status CopyAttachStep(const LiveRegion& region, std::vector<std::byte>& copy,
                       PendingCapture& pending, CaptureManifest& manifest) {
   const auto start = std::chrono::steady_clock::now();
-  region.CopyInto(copy);
+  if (Status s = region.CopyInto(copy); !s.ok()) return s;
   const auto copied = std::chrono::steady_clock::now();
   if (Status s = pending.WriteFile(kAttachRegionFileName, copy); !s.ok()) {
     return Error{"attach region " + region.path().string() + ": " + s.error().message};

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "bus_guard.h"
 #include "state_dir.h"
 #include "unique_fd.h"
 
@@ -123,6 +125,43 @@ Status PreadFully(int fd, const std::filesystem::path& path, uint64_t offset,
   }
   return {};
 }
+
+// |size| bytes of a region file at |offset|, read through a shared mapping
+// (see bus_guard.h for why and what a shrinking file does), or with pread
+// where the file cannot be mapped.
+class RegionMapping {
+ public:
+  RegionMapping(int fd, uint64_t offset, uint64_t size) : fd_(fd) {
+    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    skip_ = offset % page;
+    length_ = skip_ + size;
+    void* map =
+        ::mmap(nullptr, length_, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(offset - skip_));
+    if (map != MAP_FAILED) base_ = static_cast<const std::byte*>(map);
+  }
+  ~RegionMapping() {
+    if (base_ != nullptr) ::munmap(const_cast<std::byte*>(base_), length_);
+  }
+  RegionMapping(const RegionMapping&) = delete;
+  RegionMapping& operator=(const RegionMapping&) = delete;
+
+  // Copies the bytes at |at| (from the region's start) into |out|.
+  Status Copy(const std::filesystem::path& path, uint64_t offset, uint64_t at,
+              std::span<std::byte> out) const {
+    if (base_ == nullptr) return PreadFully(fd_, path, offset + at, out);
+    if (!GuardedCopy(out.data(), base_ + skip_ + at, out.size())) {
+      return Error{"region " + path.string() + " shrank while copying, between offsets " +
+                   std::to_string(offset + at) + " and " +
+                   std::to_string(offset + at + out.size())};
+    }
+    return {};
+  }
+
+ private:
+  int fd_;
+  uint64_t skip_ = 0, length_ = 0;
+  const std::byte* base_ = nullptr;
+};
 
 // Checks that |fd| holds |size| bytes at |offset|.
 Status CheckRegionSize(int fd, const std::filesystem::path& path, uint64_t offset, uint64_t size) {
@@ -419,11 +458,12 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   // A buffer of the right size is reused as is: every byte is overwritten.
   if (copy.size() != size) copy.assign(size, std::byte{0});
   stats.copy_ms = MsBetween(alloc, std::chrono::steady_clock::now());
+  const RegionMapping mapping(region_fd, offset, size);
   for (uint64_t at = 0; at < size; at += kChunk) {
     const uint64_t len = std::min(kChunk, size - at);
     const auto t0 = std::chrono::steady_clock::now();
     std::span<std::byte> chunk(copy.data() + at, len);
-    if (Status s = PreadFully(region_fd, source, offset + at, chunk); !s.ok()) return s.error();
+    if (Status s = mapping.Copy(source, offset, at, chunk); !s.ok()) return s.error();
     const auto t1 = std::chrono::steady_clock::now();
     // Runs of non-zero pages, written as one call each.
     uint64_t run = 0, run_len = 0;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "bus_guard.h"
 #include "hvtrace/region.h"
 
 namespace hvtrace::hostd {
@@ -183,14 +184,27 @@ Result<std::shared_ptr<LiveRegion>> LiveRegion::OpenExisting(const std::filesyst
       new LiveRegion(path, fd, static_cast<std::byte*>(map), *geometry));
 }
 
-std::vector<std::byte> LiveRegion::Copy() const {
+Result<std::vector<std::byte>> LiveRegion::Copy() const {
   std::vector<std::byte> copy;
-  CopyInto(copy);
+  if (Status s = CopyInto(copy); !s.ok()) return s.error();
   return copy;
 }
 
-void LiveRegion::CopyInto(std::vector<std::byte>& out) const {
-  CopyLiveRegion(data_, geometry_, &out);
+Status LiveRegion::CopyInto(std::vector<std::byte>& out) const {
+  // Sized first: nothing allocates while the mapping is read.
+  out.resize(geometry_.region_size);
+  struct Args {
+    const LiveRegion* self;
+    std::vector<std::byte>* out;
+  } args{this, &out};
+  const bool copied = RunBusGuarded(
+      [](void* p) {
+        auto* a = static_cast<Args*>(p);
+        CopyLiveRegion(a->self->data_, a->self->geometry_, a->out);
+      },
+      &args);
+  if (!copied) return Error{"region " + path_.string() + " shrank while it was being copied"};
+  return {};
 }
 
 void LiveRegion::BumpRequest() {

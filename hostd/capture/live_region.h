@@ -82,10 +82,10 @@ class LiveRegion {
   // (status, the attach wait).
   RegionGuestInfo Guest() const { return ReadLiveGuest(data_, geometry_); }
   // The whole region copied (CopyLiveRegion), for the raw region.bin of a
-  // capture.
-  std::vector<std::byte> Copy() const;
+  // capture; an error if the file shrank under the copy (bus_guard.h).
+  Result<std::vector<std::byte>> Copy() const;
   // The same into |out|, which keeps its allocation when large enough.
-  void CopyInto(std::vector<std::byte>& out) const;
+  Status CopyInto(std::vector<std::byte>& out) const;
 
   // Host → guest requests (HostRequests, bumping request_seq).
   void SetEvents(const std::string& events);

@@ -448,7 +448,9 @@ Result<RegionCaptureResult> CaptureLiveRegion(const LiveRegion& region,
                                               const RegionCaptureOptions& options,
                                               PendingCapture& out, CaptureManifest& manifest) {
   const auto start = std::chrono::steady_clock::now();
-  std::vector<std::byte> copy = region.Copy();
+  Result<std::vector<std::byte>> copied = region.Copy();
+  if (!copied.ok()) return copied.error();
+  std::vector<std::byte>& copy = *copied;
   const double copy_ms = MsBetween(start, std::chrono::steady_clock::now());
   auto r = BuildRegionCapture(copy, region.geometry(), options, out, manifest);
   if (!r.ok()) return Error{"region " + region.path().string() + ": " + r.error().message};

@@ -250,7 +250,11 @@ TEST(TaskNamesE2e, BusyboxShortLivedProcessesNamedAsTheKernelRecorded) {
   EXPECT_GT(execs, 100u);
   EXPECT_GT(renames, 100u);
   EXPECT_GT(forks, 100u);
-  EXPECT_GT(renamed_pids, 50u);
+  // How many pids are switched out both before and after their exec depends
+  // on the guest's scheduling under TCG: 86-102 in three runs alone, 45 in a
+  // clean-clone run beside the other e2e tests (2026-11-25, when this asked
+  // for more than 50). A precondition, so with room.
+  EXPECT_GT(renamed_pids, 20u);
   EXPECT_GT(show.compared, 1000u);
   EXPECT_GE(show.percent(), 99.0);
   // Offline geometry: the capture's region padded past the range.

@@ -40,7 +40,10 @@ bool IsCharType(const std::string& type) {
 
 // Element size of an array field from its declared type.
 uint32_t ElementSize(const FieldFormat& f) {
-  if (f.kind == FieldKind::kArray && f.array_length > 0 && f.size % f.array_length == 0) {
+  // A flexible array (size 0) declared with a count, "int a[3]; size:0",
+  // would give 0-byte elements: its element size comes from the type.
+  if (f.kind == FieldKind::kArray && f.array_length > 0 && f.size >= f.array_length &&
+      f.size % f.array_length == 0) {
     return f.size / f.array_length;
   }
   const std::string& t = f.type;

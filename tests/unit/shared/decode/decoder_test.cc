@@ -252,6 +252,31 @@ TEST(DecoderTest, JsonCarriesTheTextOfAFlexibleCharArray) {
   }
 }
 
+// A counted array of size 0 ("vu a[3]; size:0", found by format_fuzzer):
+// its JSON elements take their size from the type, not 0 / 3 (which looped
+// forever).
+TEST(DecoderTest, Malicious_CountedArrayOfSizeZeroEnds) {
+  TraceMetadata meta;
+  meta.source = "fuzz";
+  meta.formats.push_back({"ftrace",
+                          "name: bprint\nID: 6\nformat:\n"
+                          "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+                          "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+                          "\tfield:unsigned long ip;\toffset:8;\tsize:8;\tsigned:0;\n"
+                          "\tfield:vu a[3];\toffset:16;\tsize:0;\tsigned:0;\n\n"
+                          "print fmt: \"%lx\", REC->ip\n"});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  std::vector<std::byte> p(24, std::byte{1});
+  p[0] = std::byte{6};
+  p[1] = std::byte{0};
+  std::string line;
+  (*dec)->AppendJson(DecodedRecord{0, 1, p, 0}, &line);
+  auto j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(j.is_discarded()) << line;
+  EXPECT_EQ(j["fields"]["a"], nlohmann::json::array({16843009, 16843009})) << line;
+}
+
 // Hostile records: too short, unknown ids, dynamic strings pointing far
 // outside the record. Nothing may crash (ASan runs this) and every call
 // still yields its line(s), ending in a newline.

@@ -2,7 +2,8 @@
 // planned as hvtraced plans one for a 2-vCPU guest, its CPU rings full of
 // pages (a guest that ran a while), direct-write threads writing events at a
 // fixed rate, and a reader doing the daemon's stream tick every 50 ms
-// (read the region, RegionStreamer::Feed). The reader's own CPU time
+// (read the region, RegionStreamer::Feed) after the agent's push stamp,
+// as the agent's 50 ms pump sets it. The reader's own CPU time
 // (CLOCK_THREAD_CPUTIME_ID) per second of run is the figure, for:
 //   - incremental: IncrementalRegionReader::Read, what the daemon does now;
 //   - full: CopyLiveRegion + ReadRegion of the whole region, what it did;
@@ -39,6 +40,12 @@ double ThreadCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+uint64_t MonotonicNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000 + static_cast<uint64_t>(ts.tv_nsec);
 }
 
 struct Region {
@@ -128,6 +135,9 @@ Figure Run(uint64_t rate, int seconds, bool incremental) {
                                           {false, false, std::chrono::milliseconds(1000)});
   auto reader = hvtrace::IncrementalRegionReader::Create(r.geometry);
   if (!reader.ok()) std::abort();
+  auto guest = hvtrace::GuestRegion::Attach(r.mem.data(), r.mem.size());
+  if (!guest.ok()) std::abort();
+  hvtrace::region::GuestStatus* status = guest->status();
   Figure f;
   const int ticks = seconds * 20;
   double cpu0 = ThreadCpuSeconds();
@@ -143,6 +153,9 @@ Figure Run(uint64_t rate, int seconds, bool incremental) {
       stop = true;
       for (auto& w : writers) w.join();
     }
+    // The agent's pump: it stamps every push (each 50 ms by default), and
+    // the streamer releases events up to the push before the last one.
+    status->last_push_mono_ns = MonotonicNs();
     hvtrace::hostd::RegionStreamer::Output out;
     if (incremental) {
       const double read0 = ThreadCpuSeconds();

@@ -1,6 +1,8 @@
 #include "region_stream.h"
 
 #include <algorithm>
+#include <map>
+#include <span>
 
 #include "hvtrace/page.h"
 #include "hvtrace/region.h"
@@ -82,21 +84,47 @@ EventDecoder* RegionStreamer::DecoderFor(const RegionSnapshot& s, uint32_t gener
   return d.decoder.get();
 }
 
-void RegionStreamer::Emit(const Held& e, Output* out) {
-  auto it = decoders_.find(e.generation);
+void RegionStreamer::EmitAll(const RegionSnapshot& s, const std::vector<Held>& events,
+                             Output* out) {
+  // DecoderFor compares the generation's formats and task names with the
+  // decoder's: once per generation and Feed, not per event.
+  std::map<uint32_t, EventDecoder*> decoders;
+  for (const Held& h : events) {
+    auto [it, added] = decoders.try_emplace(h.generation, nullptr);
+    if (added) it->second = DecoderFor(s, h.generation, out);
+    if (it->second != nullptr) Emit(it->second, h, out);
+  }
+}
+
+void RegionStreamer::Emit(EventDecoder* decoder, const Held& e, Output* out) {
   DecodedRecord r;
   r.cpu = e.trace_cpu;
   r.timestamp = e.timestamp;
-  r.payload = e.payload;
+  r.payload = std::span<const std::byte>(payloads_.data() + e.payload_at, e.payload_size);
   r.missed_events = e.missed;
-  if (it == decoders_.end() || !it->second.decoder) return;
   if (options_.json) {
-    it->second.decoder->AppendJson(r, &out->text);
+    decoder->AppendJson(r, &out->text);
   } else {
-    it->second.decoder->AppendText(r, &out->text);
+    decoder->AppendText(r, &out->text);
   }
   ++out->events;
   ++events_out_;
+}
+
+void RegionStreamer::CompactPayloads() {
+  // Amortized: only once the printed payloads outweigh the held ones, so a
+  // guest whose events wait (no agent push, unplaced TSC stamps) does not
+  // have its held bytes copied on every Feed.
+  uint64_t live = 0;
+  for (const Held& h : held_) live += h.payload_size;
+  if (payloads_.size() < 2 * live + kCompactSlack) return;
+  spare_payloads_.clear();
+  for (Held& h : held_) {
+    const auto from = payloads_.begin() + h.payload_at;
+    h.payload_at = spare_payloads_.size();
+    spare_payloads_.insert(spare_payloads_.end(), from, from + h.payload_size);
+  }
+  payloads_.swap(spare_payloads_);
 }
 
 RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
@@ -164,8 +192,10 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
         h.missed = missed;
         missed = 0;
         h.seen = now;
-        h.payload.assign(rec.payload.begin(), rec.payload.end());
-        held_.push_back(std::move(h));
+        h.payload_at = payloads_.size();
+        h.payload_size = static_cast<uint32_t>(rec.payload.size());
+        payloads_.insert(payloads_.end(), rec.payload.begin(), rec.payload.end());
+        held_.push_back(h);
       }
     }
   }
@@ -182,7 +212,9 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
     push_seen_ = push;
   }
   const uint64_t watermark = mono ? push_before_ : 0;
-  std::vector<Held> ready, keep, unplaced;
+  ready_.clear();
+  keep_.clear();
+  unplaced_.clear();
   for (Held& h : held_) {
     if (!h.placed) {
       // TSC stamps that had no usable clock-sync samples: maybe now.
@@ -192,30 +224,23 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
       }
     }
     if (!h.placed) {
-      if (flush || now - h.seen >= options_.max_hold) {
-        unplaced.push_back(std::move(h));
-      } else {
-        keep.push_back(std::move(h));
-      }
+      (flush || now - h.seen >= options_.max_hold ? unplaced_ : keep_).push_back(h);
     } else if (flush || (mono && h.timestamp <= watermark) || now - h.seen >= options_.max_hold) {
-      ready.push_back(std::move(h));
+      ready_.push_back(h);
     } else {
-      keep.push_back(std::move(h));
+      keep_.push_back(h);
     }
   }
-  held_ = std::move(keep);
-  std::stable_sort(ready.begin(), ready.end(), [](const Held& a, const Held& b) {
+  held_.swap(keep_);
+  std::stable_sort(ready_.begin(), ready_.end(), [](const Held& a, const Held& b) {
     return a.timestamp != b.timestamp ? a.timestamp < b.timestamp : a.trace_cpu < b.trace_cpu;
   });
-  for (const Held& h : ready) {
-    if (DecoderFor(*s, h.generation, &out) == nullptr) continue;
-    Emit(h, &out);
-  }
+  EmitAll(*s, ready_, &out);
   // Not on the trace clock: after the rest, each ring's in its own order.
-  std::stable_sort(unplaced.begin(), unplaced.end(), [](const Held& a, const Held& b) {
+  std::stable_sort(unplaced_.begin(), unplaced_.end(), [](const Held& a, const Held& b) {
     return a.trace_cpu != b.trace_cpu ? a.trace_cpu < b.trace_cpu : a.timestamp < b.timestamp;
   });
-  for (const Held& h : unplaced) {
+  for (const Held& h : unplaced_) {
     if (unplaced_noted_.insert(h.trace_cpu).second) {
       const uint32_t ring = h.trace_cpu - ncpu;
       const RegionRing* r = ring < s->dw_rings.size() ? &s->dw_rings[ring] : nullptr;
@@ -228,9 +253,9 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
           "with raw TSC time stamps on trace CPU " +
           std::to_string(h.trace_cpu) + ", after the others, not on the kernel's timeline");
     }
-    if (DecoderFor(*s, h.generation, &out) == nullptr) continue;
-    Emit(h, &out);
   }
+  EmitAll(*s, unplaced_, &out);
+  CompactPayloads();
   // Decoders of older generations go; an event of one still held gets a new
   // decoder when it is printed.
   if (decoders_.size() > kDecoderGenerationsKept) {

@@ -23,7 +23,8 @@
 // before it only (kDecoderGenerationsKept; an event of an older generation
 // gets a decoder built for it and dropped after the snapshot), and its text
 // cache keeps two generations' texts, within the process-wide limit
-// (hvtrace/region_text.h, kTextGenerationsKept, kMaxTextHeld).
+// (hvtrace/region_text.h, kTextGenerationsKept, kMaxTextHeld). Held events'
+// payloads share one buffer of at most twice their size plus kCompactSlack.
 //
 // Trace CPUs are numbered as in captures (region_capture.h): the guest's
 // CPUs, then one per direct-write ring.
@@ -73,6 +74,8 @@ class RegionStreamer {
   Output Feed(RegionSnapshot* snapshot, std::chrono::steady_clock::time_point now, bool flush);
 
   static constexpr size_t kDecoderGenerationsKept = 2;
+  // Payload bytes a streamer may hold beyond twice what it still holds.
+  static constexpr size_t kCompactSlack = 256 * 1024;
 
   uint64_t events_out() const { return events_out_; }
   // What the streamer keeps across snapshots (bounded; see Memory above).
@@ -89,7 +92,8 @@ class RegionStreamer {
     uint32_t generation;
     int64_t missed;
     std::chrono::steady_clock::time_point seen;
-    std::vector<std::byte> payload;
+    uint64_t payload_at;  // In |payloads_|: one buffer, not an allocation per event.
+    uint32_t payload_size;
   };
   struct GenerationDecoder {
     size_t formats = 0;    // Formats of the generation it was built with.
@@ -100,7 +104,12 @@ class RegionStreamer {
   std::string CommsOf(uint32_t generation) const;
 
   EventDecoder* DecoderFor(const RegionSnapshot& snapshot, uint32_t generation, Output* out);
-  void Emit(const Held& event, Output* out);
+  // Prints |events| with their generations' decoders, each looked up once.
+  void EmitAll(const RegionSnapshot& snapshot, const std::vector<Held>& events, Output* out);
+  void Emit(EventDecoder* decoder, const Held& event, Output* out);
+  // Moves the payloads of |held_| to a fresh buffer once the printed ones
+  // outweigh them: the buffer stays within twice what is held.
+  void CompactPayloads();
 
   RegionGeometry geometry_;
   RegionStreamOptions options_;
@@ -109,6 +118,8 @@ class RegionStreamer {
   uint64_t generation_ = 0;
   uint64_t previous_generation_ = 0;  // The guest's generation before |generation_|.
   std::vector<Held> held_;
+  std::vector<std::byte> payloads_, spare_payloads_;
+  std::vector<Held> ready_, keep_, unplaced_;  // Feed's scratch lists, capacity kept.
   std::map<uint32_t, GenerationDecoder> decoders_;
   RegionTextCache texts_;
   std::string dw_comms_;  // Direct-write threads, "tid comm" lines.

@@ -23,7 +23,8 @@ IncrementalRegionReader::IncrementalRegionReader(const RegionGeometry& geometry)
     : geometry_(geometry),
       memo_(std::make_unique<region_read::ReadMemo>()),
       cpu_seen_(uint64_t{geometry.max_cpus} * geometry.slots_per_cpu, SlotDesc{}),
-      dw_seen_(uint64_t{geometry.dw_rings} * geometry.dw_slots, SlotDesc{}) {
+      dw_seen_(uint64_t{geometry.dw_rings} * geometry.dw_slots, SlotDesc{}),
+      ring_seen_(size_t{geometry.max_cpus} + geometry.dw_rings) {
   memo_->Reset(geometry);
   snapshot_.geometry = geometry;
 }
@@ -110,7 +111,17 @@ void IncrementalRegionReader::CopyRing(const std::byte* live, bool dw, uint32_t 
   const uint64_t desc_at = dw ? g.DwDescOffset(ring, 0) : g.CpuDescOffset(ring, 0);
   // Header and descriptors first, as the full copy does: a page is copied
   // after the descriptor that describes it, and its seq re-read after it.
-  Copy(live, ring_at, desc_at + uint64_t{slots} * sizeof(SlotDesc));
+  const uint64_t ring_end = desc_at + uint64_t{slots} * sizeof(SlotDesc);
+  Copy(live, ring_at, ring_end);
+  // Header and descriptors byte for byte those of the last read (torn marks
+  // included): no page needs copying, and the reader may keep the ring.
+  const size_t index = memo_->RingIndex(dw, ring);
+  std::vector<std::byte>& last = ring_seen_[index];
+  const std::byte* now = copy_.get() + ring_at;
+  const uint64_t size = ring_end - ring_at;
+  const bool unchanged = !first_ && last.size() == size && std::memcmp(last.data(), now, size) == 0;
+  memo_->ring_unchanged[index] = unchanged;
+  if (unchanged) return;
   SlotDesc* seen = (dw ? dw_seen_ : cpu_seen_).data() + uint64_t{ring} * slots;
   for (uint32_t slot = 0; slot < slots; ++slot) {
     const uint64_t at = desc_at + uint64_t{slot} * sizeof(SlotDesc);
@@ -129,6 +140,7 @@ void IncrementalRegionReader::CopyRing(const std::byte* live, bool dw, uint32_t 
     // copies it again.
     seen[slot] = region_read::RecheckSeq64(live, copy_.get(), at) ? d : SlotDesc{};
   }
+  last.assign(now, now + size);
 }
 
 RegionGuestInfo ReadLiveGuest(const std::byte* live, const RegionGeometry& geometry) {

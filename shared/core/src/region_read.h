@@ -35,15 +35,29 @@ struct ReadMemo {
   bool formats_unchanged = false;
   std::vector<RegionProblem> format_problems;  // Reported by the last ReadFormats.
   std::array<uint64_t, static_cast<size_t>(RegionIssue::kCount)> format_issues{};
+  // Per ring, CPU rings first: |ring_unchanged| is set by the caller when the
+  // ring's header, descriptors and pages in the copy are those of the last
+  // read; |ring_clean| by ReadCopy when that read of the ring reported no
+  // problem, under guest generation |rings_generation|. A ring that is both,
+  // with the formats and the generation unchanged, is kept as it was read:
+  // the same bytes give the same result, and an idle stream then reads none
+  // of its thousands of slots.
+  std::vector<uint8_t> ring_unchanged, ring_clean;
+  uint64_t rings_generation = 0;
 
   void Reset(const RegionGeometry& geometry);
   void ForgetWalk(bool direct_write, uint32_t ring, uint32_t slot);
+  size_t RingIndex(bool direct_write, uint32_t ring) const {
+    return direct_write ? cpu_rings + ring : ring;
+  }
+  uint32_t cpu_rings = 0;
 };
 
 // Validates and slices |bytes| (geometry.region_size bytes, the caller's
 // private copy) into |snapshot|, whose geometry is set. Pages point into
 // |bytes|. With a |memo| the formats of |snapshot| are kept when
-// memo->formats_unchanged, and pages walked before are not walked again.
+// memo->formats_unchanged, unchanged clean rings are kept, and pages walked
+// before are not walked again.
 void ReadCopy(RegionSnapshot* snapshot, std::span<std::byte> bytes, ReadMemo* memo);
 
 // The guest identity in a copy of the control area (at least

@@ -68,13 +68,13 @@ std::string UuidText(const uint8_t (&id)[16]) {
 class Reader {
  public:
   Reader(RegionSnapshot* snap, std::span<std::byte> bytes, ReadMemo* memo,
-         std::vector<std::vector<RegionPage>> spare_pages = {})
+         std::vector<RegionRing> last_rings = {})
       : s_(snap),
         bytes_(bytes),
         mutable_bytes_(bytes),
         g_(snap->geometry),
         memo_(memo),
-        spare_pages_(std::move(spare_pages)) {}
+        last_rings_(std::move(last_rings)) {}
 
   void Run() {
     CheckHostHeader();
@@ -94,8 +94,12 @@ class Reader {
     ReadTextArea(g_.comm_offset, g_.comm_size, RegionIssue::kCommsTorn, RegionIssue::kCommsBad,
                  "comm area", &s_->comms);
     ChooseLayouts();
-    for (uint32_t c = 0; c < g_.max_cpus; ++c) ReadRing(c, /*direct_write=*/false);
-    for (uint32_t r = 0; r < g_.dw_rings; ++r) ReadRing(r, /*direct_write=*/true);
+    const bool keep = memo_ != nullptr && memo_->formats_unchanged &&
+                      memo_->rings_generation == s_->guest.boot_generation &&
+                      last_rings_.size() == memo_->ring_clean.size();
+    for (uint32_t c = 0; c < g_.max_cpus; ++c) ReadOrKeepRing(c, /*direct_write=*/false, keep);
+    for (uint32_t r = 0; r < g_.dw_rings; ++r) ReadOrKeepRing(r, /*direct_write=*/true, keep);
+    if (memo_ != nullptr) memo_->rings_generation = s_->guest.boot_generation;
     CheckClocks();
   }
 
@@ -315,14 +319,34 @@ class Reader {
     return layout;
   }
 
-  void ReadRing(uint32_t index, bool dw) {
+  // Keeps the last read's ring when |keep_allowed| (formats and generation
+  // unchanged) and the memo says its bytes are the same and it read clean;
+  // else reads it, into the last read's page list (its capacity kept).
+  void ReadOrKeepRing(uint32_t index, bool dw, bool keep_allowed) {
+    auto& rings = dw ? s_->dw_rings : s_->cpus;
+    if (memo_ == nullptr) {
+      rings.push_back(ReadRing(index, dw, {}));
+      return;
+    }
+    const size_t i = memo_->RingIndex(dw, index);
+    if (i < last_rings_.size() && keep_allowed && memo_->ring_unchanged[i] &&
+        memo_->ring_clean[i]) {
+      rings.push_back(std::move(last_rings_[i]));
+      return;
+    }
+    std::vector<RegionPage> pages;
+    if (i < last_rings_.size()) pages = std::move(last_rings_[i].pages);
+    pages.clear();
+    const uint64_t problems_before = s_->issue_total();
+    rings.push_back(ReadRing(index, dw, std::move(pages)));
+    if (i < memo_->ring_clean.size()) memo_->ring_clean[i] = s_->issue_total() == problems_before;
+  }
+
+  RegionRing ReadRing(uint32_t index, bool dw, std::vector<RegionPage> pages) {
     RegionRing ring;
     ring.index = index;
     ring.direct_write = dw;
-    if (!spare_pages_.empty()) {
-      ring.pages = std::move(spare_pages_.back());
-      spare_pages_.pop_back();
-    }
+    ring.pages = std::move(pages);
     uint32_t slots;
     const std::string name = (dw ? "dw ring " : "cpu ") + std::to_string(index);
     if (dw) {
@@ -419,7 +443,7 @@ class Reader {
     std::rotate(ring.pages.begin(), oldest, ring.pages.end());
     if (!std::is_sorted(ring.pages.begin(), ring.pages.end(), by_sequence))
       std::sort(ring.pages.begin(), ring.pages.end(), by_sequence);
-    (dw ? s_->dw_rings : s_->cpus).push_back(std::move(ring));
+    return ring;
   }
 
   // Direct-write: |length| is the publish point; the page's own commit may
@@ -478,7 +502,7 @@ class Reader {
   std::span<std::byte> mutable_bytes_;  // The same copy: open pages get their commit set.
   const RegionGeometry& g_;
   ReadMemo* memo_;
-  std::vector<std::vector<RegionPage>> spare_pages_;  // Empty lists, capacity kept.
+  std::vector<RegionRing> last_rings_;  // The memo's last read, CPU rings first.
   std::map<uint32_t, PageLayout> layouts_;
   std::optional<std::pair<uint32_t, PageLayout>> last_layout_;  // Every slot asks; most the same.
 };
@@ -573,6 +597,10 @@ void ReadMemo::Reset(const RegionGeometry& g) {
   formats_unchanged = false;
   format_problems.clear();
   format_issues = {};
+  cpu_rings = g.max_cpus;
+  ring_unchanged.assign(size_t{g.max_cpus} + g.dw_rings, 0);
+  ring_clean.assign(size_t{g.max_cpus} + g.dw_rings, 0);
+  rings_generation = 0;
 }
 
 void ReadMemo::ForgetWalk(bool direct_write, uint32_t ring, uint32_t slot) {
@@ -587,20 +615,18 @@ void ReadCopy(RegionSnapshot* snap, std::span<std::byte> bytes, ReadMemo* memo) 
   snap->clock_sync.clear();
   // The rings' page lists are reused, not freed: a stream reads thousands
   // of slots twenty times a second, and growing fresh lists each time cost
-  // more than reading them (page faults of new allocations).
-  std::vector<std::vector<RegionPage>> spare;
+  // more than reading them (page faults of new allocations). With a memo,
+  // the last read's rings go to the reader, which keeps those unchanged.
+  std::vector<RegionRing> last;
   for (auto* rings : {&snap->cpus, &snap->dw_rings}) {
-    for (RegionRing& ring : *rings) {
-      ring.pages.clear();
-      spare.push_back(std::move(ring.pages));
-    }
+    for (RegionRing& ring : *rings) last.push_back(std::move(ring));
     rings->clear();
   }
   snap->symbols = {};
   snap->comms = {};
   snap->issues = {};
   snap->problems.clear();
-  Reader(snap, bytes, memo, std::move(spare)).Run();
+  Reader(snap, bytes, memo, std::move(last)).Run();
 }
 
 void ReadIdentity(std::span<const std::byte> control, const RegionGeometry& g_,
@@ -726,66 +752,6 @@ Result<RegionSnapshot> ReadRegion(std::vector<std::byte> copy, const RegionGeome
   snap.copy = std::move(copy);
   region_read::ReadCopy(&snap, snap.copy, nullptr);
   return snap;
-}
-
-RegionTracker::RegionTracker(const RegionGeometry& geometry)
-    : geometry_(geometry), cpu_state_(geometry.max_cpus), dw_state_(geometry.dw_rings) {}
-
-RegionTracker::Delta RegionTracker::Update(RegionSnapshot* snap) {
-  Delta delta;
-  auto backwards = [&](const std::string& what, uint64_t was, uint64_t now) {
-    snap->issues[static_cast<size_t>(RegionIssue::kCounterBackwards)]++;
-    if (snap->problems.size() < RegionSnapshot::kMaxProblems) {
-      snap->problems.push_back({RegionIssue::kCounterBackwards, what, 0,
-                                "went from " + std::to_string(was) + " to " + std::to_string(now)});
-    }
-  };
-  if (snap->guest.present) {
-    const uint64_t gen = snap->guest.boot_generation;
-    if (gen < generation_) backwards("boot generation", generation_, gen);
-    if (gen == generation_ && snap->guest.status.heartbeat < heartbeat_) {
-      backwards("heartbeat", heartbeat_, snap->guest.status.heartbeat);
-    }
-    generation_ = gen;
-    heartbeat_ = snap->guest.status.heartbeat;
-  }
-  auto follow = [&](std::vector<RegionRing>& rings, std::vector<RingState>& states, bool dw) {
-    for (RegionRing& ring : rings) {
-      if (ring.index >= states.size()) continue;
-      RingState& st = states[ring.index];
-      const bool first = st.published == 0 && st.next_sequence == 0;
-      if (ring.published < st.published) {
-        backwards((dw ? "dw ring " : "cpu ") + std::to_string(ring.index) + " published",
-                  st.published, ring.published);
-        // Start over from what the ring holds now.
-        st = RingState{};
-      }
-      st.published = ring.published;
-      bool started = !first;
-      for (const RegionPage& page : ring.pages) {
-        if (page.sequence == st.open_sequence) {
-          // A direct-write page we delivered a prefix of.
-          if (page.length > st.open_length) delta.pages.push_back({&page, dw, st.open_length});
-          st.open_length = page.length;
-          if (!(page.flags & region::kSlotOpen)) st.open_sequence = UINT64_MAX;
-          continue;
-        }
-        if (page.sequence < st.next_sequence) continue;
-        if (started && page.sequence > st.next_sequence)
-          delta.pages_missed += page.sequence - st.next_sequence;
-        started = true;
-        delta.pages.push_back({&page, dw, 0});
-        st.next_sequence = page.sequence + 1;
-        if (dw && (page.flags & region::kSlotOpen)) {
-          st.open_sequence = page.sequence;
-          st.open_length = page.length;
-        }
-      }
-    }
-  };
-  follow(snap->cpus, cpu_state_, false);
-  follow(snap->dw_rings, dw_state_, true);
-  return delta;
 }
 
 }  // namespace hvtrace

@@ -12,7 +12,9 @@
 // with the same seqlock re-checks as the full copy: a part rewritten during
 // its copy is marked torn and copied again by the next Read. Validation is
 // the full read's own (one code path), run on the private copy; a page walked
-// before is not walked again while its copy, length and layout are the same.
+// before is not walked again while its copy, length and layout are the same,
+// and a ring whose header and descriptors did not change (and that read
+// clean, with the same formats and generation) is kept as last read.
 //
 // What it returns equals a full read of the region for everything the guest
 // published by the rules (region.h). A guest that rewrites a page without
@@ -79,6 +81,8 @@ class IncrementalRegionReader {
   std::vector<std::byte> formats_seen_;
   region::TextAreaHeader symbols_seen_{}, comms_seen_{};
   std::vector<region::SlotDesc> cpu_seen_, dw_seen_;
+  // Per ring (CPU rings first), its header and descriptors as last copied.
+  std::vector<std::vector<std::byte>> ring_seen_;
   bool first_ = true;
   uint64_t bytes_copied_ = 0;
   uint64_t pages_copied_ = 0;

@@ -270,6 +270,39 @@ TEST_F(RegionIncrementalTest, MatchesAFullReadAfterRandomGuestWrites) {
   }
 }
 
+TEST_F(RegionIncrementalTest, AnUnchangedRingIsKeptOnlyWhileWhatJudgedItIs) {
+  // Generation 2 with a page of it on CPU 0; both rings then stay as they are.
+  region::GuestIdentity id = test_support::TestGuestIdentity();
+  id.boot_generation = 2;
+  guest_->WriteIdentity(id);
+  guest_->PushCpuPage(0, 2, pages_[0], 0);
+  Compare("generation 2");
+  Compare("idle");
+  // Hostile: the generation goes back to 1. No ring byte moved, but CPU 0's
+  // generation-2 page is now from the future: a kept ring would still show it.
+  id.boot_generation = 1;
+  guest_->WriteIdentity(id);
+  RegionSnapshot* s = reader_->Read(mem_.data());
+  EXPECT_EQ(s->issue_count(RegionIssue::kSlotBadGeneration), 1u);
+  Compare("generation back to 1");
+  Compare("idle again");  // A ring with a problem is read every time.
+  id.boot_generation = 2;
+  guest_->WriteIdentity(id);
+  Compare("generation 2 again");
+  Compare("idle at 2");
+  // Generation 2's header_page arrives, a 32-bit one: its page is walked
+  // with another layout, though no ring byte moved.
+  ASSERT_TRUE(guest_
+                  ->PublishFormat(region::kFormatHeaderPage, 2, 0, "ftrace",
+                                  "\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
+                                  "\tfield: local_t commit;\toffset:8;\tsize:4;\tsigned:1;\n"
+                                  "\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n"
+                                  "\tfield: char data;\toffset:12;\tsize:4084;\tsigned:0;\n",
+                                  0)
+                  .ok());
+  Compare("a 32-bit header_page for generation 2");
+}
+
 TEST_F(RegionIncrementalTest, Malicious_SeqMovedWithoutContentIsCopiedAgain) {
   reader_->Read(mem_.data());
   CpuDesc(0, 0)->seq += 2;

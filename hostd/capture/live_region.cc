@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <type_traits>
 
 #include "bus_guard.h"
 #include "hvtrace/region.h"
@@ -207,32 +209,64 @@ Status LiveRegion::CopyInto(std::vector<std::byte>& out) const {
   return {};
 }
 
+namespace {
+
+// Runs |f| (which touches the mapping, and holds and allocates nothing)
+// under the bus guard; false if the mapped file shrank under it.
+template <typename F>
+bool Guarded(F&& f) {
+  using Fn = std::remove_reference_t<F>;
+  return RunBusGuarded([](void* p) { (*static_cast<Fn*>(p))(); }, &f);
+}
+
+}  // namespace
+
+Status LiveRegion::Refresh(IncrementalRegionReader& reader) const {
+  if (!Guarded([&] { reader.Refresh(data_); })) {
+    return Error{"region " + path_.string() + " shrank while it was being read"};
+  }
+  return {};
+}
+
+RegionGuestInfo LiveRegion::Guest() const {
+  std::array<std::byte, region::kControlAreaSize> control{};
+  if (!Guarded([&] { CopyLiveControl(data_, control.data()); })) return {};
+  return GuestFromControl(control, geometry_);
+}
+
 void LiveRegion::BumpRequest() {
   // The agent re-reads the requests whenever request_seq moves (region.h).
   auto* seq = &Requests(data_)->request_seq;
   __atomic_store_n(seq, __atomic_load_n(seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
 }
 
+// The lock is taken outside the guard: an abandoned write still unlocks.
 void LiveRegion::SetEvents(const std::string& events) {
   std::lock_guard lock(requests_mu_);
-  region::HostRequests* r = Requests(data_);
-  const size_t n = std::min<size_t>(events.size(), region::kEventsTextSize);
-  std::memcpy(r->events, events.data(), n);
-  std::memset(r->events + n, 0, region::kEventsTextSize - n);
-  __atomic_store_n(&r->events_len, static_cast<uint32_t>(n), __ATOMIC_RELAXED);
-  BumpRequest();
+  Guarded([&] {
+    region::HostRequests* r = Requests(data_);
+    const size_t n = std::min<size_t>(events.size(), region::kEventsTextSize);
+    std::memcpy(r->events, events.data(), n);
+    std::memset(r->events + n, 0, region::kEventsTextSize - n);
+    __atomic_store_n(&r->events_len, static_cast<uint32_t>(n), __ATOMIC_RELAXED);
+    BumpRequest();
+  });
 }
 
 void LiveRegion::SetPumpInterval(uint32_t ms) {
   std::lock_guard lock(requests_mu_);
-  __atomic_store_n(&Requests(data_)->pump_interval_ms, ms, __ATOMIC_RELAXED);
-  BumpRequest();
+  Guarded([&] {
+    __atomic_store_n(&Requests(data_)->pump_interval_ms, ms, __ATOMIC_RELAXED);
+    BumpRequest();
+  });
 }
 
 void LiveRegion::RequestSnapshot() {
   std::lock_guard lock(requests_mu_);
-  auto* seq = &Requests(data_)->snapshot_seq;
-  __atomic_store_n(seq, __atomic_load_n(seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+  Guarded([&] {
+    auto* seq = &Requests(data_)->snapshot_seq;
+    __atomic_store_n(seq, __atomic_load_n(seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+  });
 }
 
 nlohmann::json AttachGuestJson(const RegionGuestInfo& g) {

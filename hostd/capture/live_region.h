@@ -78,16 +78,20 @@ class LiveRegion {
   Result<std::unique_ptr<IncrementalRegionReader>> NewReader() const {
     return IncrementalRegionReader::Create(geometry_);
   }
+  // |reader|'s Refresh from the mapping, under the bus guard: an error if
+  // the file shrank (the reader is then spent).
+  Status Refresh(IncrementalRegionReader& reader) const;
   // The guest's announcement, from a copy of the control area alone
-  // (status, the attach wait).
-  RegionGuestInfo Guest() const { return ReadLiveGuest(data_, geometry_); }
+  // (status, the attach wait); not present if the file shrank.
+  RegionGuestInfo Guest() const;
   // The whole region copied (CopyLiveRegion), for the raw region.bin of a
   // capture; an error if the file shrank under the copy (bus_guard.h).
   Result<std::vector<std::byte>> Copy() const;
   // The same into |out|, which keeps its allocation when large enough.
   Status CopyInto(std::vector<std::byte>& out) const;
 
-  // Host → guest requests (HostRequests, bumping request_seq).
+  // Host → guest requests (HostRequests, bumping request_seq); dropped if
+  // the file shrank (the guest cannot see them then either).
   void SetEvents(const std::string& events);
   void SetPumpInterval(uint32_t ms);
   // Asks the agent for an immediate push of every CPU.

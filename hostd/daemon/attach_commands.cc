@@ -177,8 +177,12 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
     }
     // Copies and validates only what changed since the last tick: an idle
     // stream costs its descriptors, not the region.
+    if (Status s = region_->Refresh(*reader_); !s.ok()) {
+      responder_->Fail(kErrInternal, "stream " + vm_->name() + ": " + s.error().message);
+      return;
+    }
     RegionStreamer::Output out =
-        streamer_.Feed(reader_->Read(region_->data()), std::chrono::steady_clock::now(), flush);
+        streamer_.Feed(reader_->Validate(), std::chrono::steady_clock::now(), flush);
     for (const std::string& note : out.notes) responder_->Stream({{"note", note}});
     if (!out.text.empty()) responder_->Stream({{"text", std::move(out.text)}});
     if (flush) {

@@ -49,7 +49,7 @@ void IncrementalRegionReader::Copy(const std::byte* live, uint64_t from, uint64_
   bytes_copied_ += to - from;
 }
 
-RegionSnapshot* IncrementalRegionReader::Read(const std::byte* live) {
+void IncrementalRegionReader::Refresh(const std::byte* live) {
   bytes_copied_ = 0;
   pages_copied_ = 0;
   region_read::CopyControlArea(live, copy_.get());
@@ -60,6 +60,9 @@ RegionSnapshot* IncrementalRegionReader::Read(const std::byte* live) {
   for (uint32_t c = 0; c < geometry_.max_cpus; ++c) CopyRing(live, false, c);
   for (uint32_t r = 0; r < geometry_.dw_rings; ++r) CopyRing(live, true, r);
   first_ = false;
+}
+
+RegionSnapshot* IncrementalRegionReader::Validate() {
   region_read::ReadCopy(&snapshot_, {copy_.get(), geometry_.region_size}, memo_.get());
   return &snapshot_;
 }
@@ -143,13 +146,23 @@ void IncrementalRegionReader::CopyRing(const std::byte* live, bool dw, uint32_t 
   last.assign(now, now + size);
 }
 
-RegionGuestInfo ReadLiveGuest(const std::byte* live, const RegionGeometry& geometry) {
-  std::array<std::byte, region::kControlAreaSize> control;
-  region_read::CopyControlArea(live, control.data());
+void CopyLiveControl(const std::byte* live, std::byte* control) {
+  region_read::CopyControlArea(live, control);
+}
+
+RegionGuestInfo GuestFromControl(std::span<const std::byte> control,
+                                 const RegionGeometry& geometry) {
   RegionSnapshot scratch;
   scratch.geometry = geometry;
+  if (control.size() < region::kControlAreaSize) return scratch.guest;
   region_read::ReadIdentity(control, geometry, &scratch);
   return scratch.guest;
+}
+
+RegionGuestInfo ReadLiveGuest(const std::byte* live, const RegionGeometry& geometry) {
+  std::array<std::byte, region::kControlAreaSize> control;
+  CopyLiveControl(live, control.data());
+  return GuestFromControl(control, geometry);
 }
 
 }  // namespace hvtrace

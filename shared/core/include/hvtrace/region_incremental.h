@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "hvtrace/region.h"
@@ -51,7 +52,16 @@ class IncrementalRegionReader {
   // pages point into the private copy and its |copy| is empty; it stays
   // valid, and may be changed (RegionTracker counts into it), until the next
   // Read.
-  RegionSnapshot* Read(const std::byte* live);
+  RegionSnapshot* Read(const std::byte* live) {
+    Refresh(live);
+    return Validate();
+  }
+  // Read's two steps. Refresh is the only one that touches |live|, so a
+  // caller whose mapping may shrink (hostd's bus guard) guards just it: it
+  // allocates nothing and holds nothing while touching |live|. After a
+  // Refresh that was abandoned part way, the reader must not be used again.
+  void Refresh(const std::byte* live);
+  RegionSnapshot* Validate();
 
   // Bytes copied out of |live| by the last Read, and how many of them were
   // pages: what the read cost, measured without a clock.
@@ -93,6 +103,12 @@ class IncrementalRegionReader {
 // which need nothing else. Problems (a torn or impossible identity) leave
 // |present| false.
 RegionGuestInfo ReadLiveGuest(const std::byte* live, const RegionGeometry& geometry);
+// Its two steps: the copy (region::kControlAreaSize bytes into |control|,
+// with the seqlock re-checks; touches |live| and nothing else) and the
+// validation of that copy.
+void CopyLiveControl(const std::byte* live, std::byte* control);
+RegionGuestInfo GuestFromControl(std::span<const std::byte> control,
+                                 const RegionGeometry& geometry);
 
 }  // namespace hvtrace
 

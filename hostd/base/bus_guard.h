@@ -12,6 +12,7 @@
 #define HVTRACE_HOSTD_BASE_BUS_GUARD_H_
 
 #include <cstddef>
+#include <type_traits>
 
 namespace hvtrace::hostd {
 
@@ -19,6 +20,13 @@ namespace hvtrace::hostd {
 // it was: it must hold no lock and allocate nothing while touching the
 // mapping). SIGBUS outside a guard keeps its earlier disposition.
 bool RunBusGuarded(void (*fn)(void*), void* ctx);
+
+// The same for a callable: RunBusGuarded([&] { ... }).
+template <typename F>
+bool RunBusGuarded(F&& fn) {
+  using Fn = std::remove_reference_t<F>;
+  return RunBusGuarded([](void* p) { (*static_cast<Fn*>(p))(); }, &fn);
+}
 
 // memcpy under RunBusGuarded.
 bool GuardedCopy(void* dst, const void* src, size_t n);

@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <type_traits>
 
 #include "bus_guard.h"
 #include "hvtrace/region.h"
@@ -195,34 +194,13 @@ Result<std::vector<std::byte>> LiveRegion::Copy() const {
 Status LiveRegion::CopyInto(std::vector<std::byte>& out) const {
   // Sized first: nothing allocates while the mapping is read.
   out.resize(geometry_.region_size);
-  struct Args {
-    const LiveRegion* self;
-    std::vector<std::byte>* out;
-  } args{this, &out};
-  const bool copied = RunBusGuarded(
-      [](void* p) {
-        auto* a = static_cast<Args*>(p);
-        CopyLiveRegion(a->self->data_, a->self->geometry_, a->out);
-      },
-      &args);
+  const bool copied = RunBusGuarded([&] { CopyLiveRegion(data_, geometry_, &out); });
   if (!copied) return Error{"region " + path_.string() + " shrank while it was being copied"};
   return {};
 }
 
-namespace {
-
-// Runs |f| (which touches the mapping, and holds and allocates nothing)
-// under the bus guard; false if the mapped file shrank under it.
-template <typename F>
-bool Guarded(F&& f) {
-  using Fn = std::remove_reference_t<F>;
-  return RunBusGuarded([](void* p) { (*static_cast<Fn*>(p))(); }, &f);
-}
-
-}  // namespace
-
 Status LiveRegion::Refresh(IncrementalRegionReader& reader) const {
-  if (!Guarded([&] { reader.Refresh(data_); })) {
+  if (!RunBusGuarded([&] { reader.Refresh(data_); })) {
     return Error{"region " + path_.string() + " shrank while it was being read"};
   }
   return {};
@@ -230,7 +208,7 @@ Status LiveRegion::Refresh(IncrementalRegionReader& reader) const {
 
 RegionGuestInfo LiveRegion::Guest() const {
   std::array<std::byte, region::kControlAreaSize> control{};
-  if (!Guarded([&] { CopyLiveControl(data_, control.data()); })) return {};
+  if (!RunBusGuarded([&] { CopyLiveControl(data_, control.data()); })) return {};
   return GuestFromControl(control, geometry_);
 }
 
@@ -243,7 +221,7 @@ void LiveRegion::BumpRequest() {
 // The lock is taken outside the guard: an abandoned write still unlocks.
 void LiveRegion::SetEvents(const std::string& events) {
   std::lock_guard lock(requests_mu_);
-  Guarded([&] {
+  RunBusGuarded([&] {
     region::HostRequests* r = Requests(data_);
     const size_t n = std::min<size_t>(events.size(), region::kEventsTextSize);
     std::memcpy(r->events, events.data(), n);
@@ -255,7 +233,7 @@ void LiveRegion::SetEvents(const std::string& events) {
 
 void LiveRegion::SetPumpInterval(uint32_t ms) {
   std::lock_guard lock(requests_mu_);
-  Guarded([&] {
+  RunBusGuarded([&] {
     __atomic_store_n(&Requests(data_)->pump_interval_ms, ms, __ATOMIC_RELAXED);
     BumpRequest();
   });
@@ -263,7 +241,7 @@ void LiveRegion::SetPumpInterval(uint32_t ms) {
 
 void LiveRegion::RequestSnapshot() {
   std::lock_guard lock(requests_mu_);
-  Guarded([&] {
+  RunBusGuarded([&] {
     auto* seq = &Requests(data_)->snapshot_seq;
     __atomic_store_n(seq, __atomic_load_n(seq, __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
   });

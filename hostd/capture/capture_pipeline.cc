@@ -11,8 +11,8 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <future>
 #include <optional>
-#include <set>
 #include <system_error>
 #include <tuple>
 
@@ -37,6 +37,11 @@ constexpr size_t kMaxIssuesInManifest = 1000;
 constexpr size_t kMaxHeaderBytes = 64u << 10;
 constexpr size_t kMaxSymbolBytes = 64u << 20;
 constexpr size_t kMaxDirectoryFormats = 20000;
+// Event ids are the records' 16-bit type field.
+constexpr uint32_t kEventIds = 1u << 16;
+// Threads reading the region's CPUs and finding task names beside the
+// symbols: a panic capture is waited on (issue 16: panic -> decoded < 20 ms).
+constexpr int kDecodeThreads = 2;
 
 void Progress(const BootMapCaptureOptions& opts, std::string_view stage, uint64_t done,
               uint64_t total) {
@@ -124,6 +129,7 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
   BootMapOptions map_options;
   map_options.cpus = opts.cpus;
   map_options.layout = d.layout;
+  map_options.threads = kDecodeThreads;
   Progress(opts, "decode", 0, 1);
   Result<BootMap> map = ReadBootMap(region, map_options);
   if (!map.ok())
@@ -136,8 +142,8 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
   r.cpus = m.cpus;
   r.validation = ValidationJson(m);
   const uint32_t nboots = std::max<uint32_t>(m.boots, 1);
-  // Per boot: the ids its formats know.
-  std::vector<std::set<uint32_t>> known_ids(nboots);
+  // Per boot: the ids its formats know (a bit per 16-bit id: looked up once per event).
+  std::vector<std::vector<bool>> known_ids(nboots, std::vector<bool>(kEventIds, false));
   if (formats != nullptr) {
     std::vector<uint64_t> last(nboots, 0);
     for (const BootMapCpu& c : m.cpu) {
@@ -150,7 +156,7 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
       const KernelFormats* f = d.per_boot.back().formats ? d.per_boot.back().formats : formats;
       d.per_boot.back().formats = f;
       for (const CachedEventFormat& ev : f->events) {
-        if (ev.parse_error.empty()) known_ids[b].insert(ev.id);
+        if (ev.parse_error.empty() && ev.id < kEventIds) known_ids[b][ev.id] = true;
       }
     }
   }
@@ -209,7 +215,7 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
     for (const BootMapRecord& rec : c.records) {
       uint16_t type = 0;
       if (rec.payload.size() >= sizeof(type)) std::memcpy(&type, rec.payload.data(), sizeof(type));
-      if (formats != nullptr && !known_ids[std::min(rec.boot, nboots - 1)].contains(type)) {
+      if (formats != nullptr && !known_ids[std::min(rec.boot, nboots - 1)][type]) {
         r.unknown_id_events[ci]++;
       }
       if (rec.boot >= nboots) continue;
@@ -295,6 +301,31 @@ TraceDatWriterInput WriterInput(const KernelFormats& formats, const BootMapCaptu
   return in;
 }
 
+struct NamesFound {
+  std::string text;  // saved_cmdlines.
+  double ms = 0;     // On its own thread.
+};
+
+// trace-cmd keeps one name per pid: the one covering most of its events
+// (MostUsedNames). It needs neither the KASLR offset nor the symbols, so it
+// runs on a thread of its own while the caller finds those; inline when no
+// thread can be had. The arguments must outlive the future.
+std::future<NamesFound> FindNamesBeside(
+    const std::vector<FormatText>& formats, const PageLayout& layout,
+    const std::vector<std::vector<std::span<const std::byte>>>& pages, std::string_view fallback) {
+  auto find = [&formats, layout, &pages, fallback] {
+    const auto start = std::chrono::steady_clock::now();
+    NamesFound found{MostUsedNames(formats, layout, pages, fallback)};
+    found.ms = MsBetween(start, std::chrono::steady_clock::now());
+    return found;
+  };
+  try {
+    return std::async(std::launch::async, find);
+  } catch (const std::system_error&) {
+    return std::async(std::launch::deferred, find);
+  }
+}
+
 // Writes one trace.dat per boot into |dir|, each with the formats its
 // BootFormats names and symbols only at the KASLR offset that boot's own
 // events prove (EstablishKaslr): raw addresses otherwise. |sync|: kCallerSyncs
@@ -318,6 +349,8 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
       lap = now;
     };
     TraceDatWriterInput in = WriterInput(formats, opts, d.layout.page_size);
+    std::future<NamesFound> names =
+        FindNamesBeside(in.formats, d.layout, d.boot_pages[boot.boot], bf.cmdlines);
     KaslrVerdict kaslr =
         EstablishKaslr(d.map, boot.boot, formats, MetaTextDelta(d.map, SymbolsOf(formats)->image()),
                        bf.own_symbols);
@@ -330,9 +363,10 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
                               : RelocatePrintkFormats(formats.printk_formats, kaslr.delta);
     }
     split(d.result.symbols_ms);
-    // trace-cmd keeps one name per pid: the one covering most of its events.
-    in.cmdlines = MostUsedNames(in.formats, d.layout, d.boot_pages[boot.boot], bf.cmdlines);
-    split(d.result.names_ms);
+    NamesFound found = names.get();
+    in.cmdlines = std::move(found.text);
+    d.result.names_ms += found.ms;
+    split(d.result.names_wait_ms);
     boot.decoded_with = per_boot ? bf.source : json::object();
     boot.decoded_with["kaslr"] = std::move(kaslr.manifest);
     in.cpus = std::move(d.boot_pages[boot.boot]);
@@ -403,9 +437,11 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
   if (!manifest.extra.is_object()) manifest.extra = json::object();
   manifest.extra["boots"] = BootsToJson(r);
   manifest.extra["trace_clock"] = opts.trace_clock;
-  manifest.extra["pipeline_ms"] = {{"decode", r.decode_ms},     {"write", r.write_ms},
-                                   {"write_kaslr", r.kaslr_ms}, {"write_symbols", r.symbols_ms},
-                                   {"write_names", r.names_ms}, {"write_files", r.files_ms}};
+  manifest.extra["pipeline_ms"] = {
+      {"decode", r.decode_ms},     {"write", r.write_ms},
+      {"write_kaslr", r.kaslr_ms}, {"write_symbols", r.symbols_ms},
+      {"write_names", r.names_ms}, {"write_names_wait", r.names_wait_ms},
+      {"write_files", r.files_ms}};
   return std::move(r);
 }
 

@@ -87,8 +87,9 @@ struct CaptureResult {
   std::vector<std::string> files;  // Written into the capture directory.
   double decode_ms = 0, write_ms = 0;
   // Of write_ms: in WriteTraceDat, and before it: the KASLR offset, the
-  // kallsyms subset (with printk formats moved), the task names.
-  double files_ms = 0, kaslr_ms = 0, symbols_ms = 0, names_ms = 0;
+  // kallsyms subset (with printk formats moved), and the wait for the task
+  // names after those. names_ms is their own time, on a thread beside them.
+  double files_ms = 0, kaslr_ms = 0, symbols_ms = 0, names_wait_ms = 0, names_ms = 0;
 };
 
 // Decodes |region_copy| with |formats| and writes into |out|: region.bin

@@ -151,6 +151,9 @@ struct BootMapCpu {
 struct BootMapOptions {
   int cpus = 0;       // nr_cpu_ids when known; 0 derives it.
   PageLayout layout;  // From the guest's events/header_page.
+  // CPUs read at once, each on its own thread (their chunks share nothing);
+  // 1 reads them in turn on the caller's thread.
+  int threads = 1;
 };
 
 struct BootMap {

@@ -434,6 +434,52 @@ TEST(BootMapKexecTest, RealKexecFixtureHoldsBothBootsSeparated) {
   }
 }
 
+// CPUs read on several threads give the map one thread gives: pages,
+// records, boots and issues alike, on the real kexec fixture (two boots) and
+// with one CPU's meta broken.
+TEST(BootMapThreadsTest, ThreadsGiveTheSameMap) {
+  const std::string dir = kDir + "kexec/";
+  std::vector<std::byte> range = Unzstd(dir + "region.bin.zst");
+  BootMapOptions options;
+  auto layout = PageLayout::FromHeaderPage(ReadText(dir + "header_page"), 4096);
+  ASSERT_TRUE(layout.ok());
+  options.layout = *layout;
+  auto same = [&](const std::vector<std::byte>& bytes) {
+    options.threads = 1;
+    auto one = ReadBootMap(bytes, options);
+    ASSERT_TRUE(one.ok()) << one.error().message;
+    for (int threads : {2, 3, 8}) {
+      SCOPED_TRACE("threads " + std::to_string(threads));
+      options.threads = threads;
+      auto many = ReadBootMap(bytes, options);
+      ASSERT_TRUE(many.ok()) << many.error().message;
+      ASSERT_EQ(many->cpu.size(), one->cpu.size());
+      EXPECT_EQ(many->boots, one->boots);
+      for (size_t c = 0; c < one->cpu.size(); ++c) {
+        const BootMapCpu &a = one->cpu[c], &b = many->cpu[c];
+        EXPECT_EQ(b.cpu, a.cpu);
+        EXPECT_EQ(b.meta_valid, a.meta_valid);
+        ASSERT_EQ(b.records.size(), a.records.size());
+        for (size_t i = 0; i < a.records.size(); ++i) {
+          EXPECT_EQ(b.records[i].timestamp, a.records[i].timestamp);
+          EXPECT_EQ(b.records[i].boot, a.records[i].boot);
+          EXPECT_EQ(b.records[i].payload.data(), a.records[i].payload.data());
+        }
+        ASSERT_EQ(b.pages.size(), a.pages.size());
+        for (size_t i = 0; i < a.pages.size(); ++i) EXPECT_EQ(b.pages[i].offset, a.pages[i].offset);
+      }
+      ASSERT_EQ(many->issues.size(), one->issues.size());
+      for (size_t i = 0; i < one->issues.size(); ++i) {
+        EXPECT_EQ(many->issues[i].message, one->issues[i].message);
+      }
+    }
+  };
+  ASSERT_GT(range.size(), 0x800000u);
+  same(range);
+  range[0x800000] = std::byte{0x42};  // CPU 1's magic.
+  same(range);
+}
+
 // A crafted single-CPU range with two boots: the second restarts the clock.
 TEST(BootMapBootsTest, KexecSplitsBootsWhereTimeRestarts) {
   const PageLayout layout;  // 4096-byte pages, data at 16.

@@ -7,6 +7,7 @@
 #include "capture_steps.h"
 #include "host_trace_capture.h"
 #include "meta_store.h"
+#include "page_buffer.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -70,7 +71,7 @@ std::filesystem::path MetaDirOfStore(const CaptureStore& store) {
 // One set of private copies: a capture copies the regions here, never into
 // memory it allocates then.
 struct CaptureService::CopyBuffers {
-  std::vector<std::byte> region_file;
+  PageBuffer region_file;  // Never write-protected by a fork (page_buffer.h).
   std::vector<std::byte> attach;
 };
 
@@ -82,6 +83,9 @@ namespace {
 void Fit(std::vector<std::byte>& buffer, uint64_t bytes) {
   if (buffer.size() < bytes) buffer.resize(bytes);
 }
+void Fit(PageBuffer& buffer, uint64_t bytes) {
+  if (buffer.size() < bytes) (void)buffer.Resize(bytes);  // On failure: grown at capture.
+}
 
 void FitAll(auto& buffers, CopySizes sizes) {
   Fit(buffers.region_file, sizes.region_file);
@@ -90,8 +94,7 @@ void FitAll(auto& buffers, CopySizes sizes) {
 
 // A copy of |bytes| into |buffer| will allocate (the pool was not reserved
 // for it): counted, so `hvtrace ping` shows it.
-void CountIfTooSmall(const std::vector<std::byte>& buffer, uint64_t bytes,
-                     std::atomic<uint64_t>& grown) {
+void CountIfTooSmall(const auto& buffer, uint64_t bytes, std::atomic<uint64_t>& grown) {
   if (buffer.capacity() < bytes) grown.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -196,7 +199,7 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   // The host side of boot (--trace-boot), as far as QEMU has written it.
   if (!in.qemu_trace_log.empty()) AttachQemuTraceLogStep(in.qemu_trace_log, pending, manifest);
   if (in.region_file) {
-    DecodeRegionFileStep(copies.region_file, formats_.get(), meta_dir, pending, manifest);
+    DecodeRegionFileStep(copies.region_file.span(), formats_.get(), meta_dir, pending, manifest);
     // QEMU's side of a --trace-boot VM's boot and the guest's, on the host clock.
     BootTimelineStep(pending, manifest);
   }

@@ -28,12 +28,17 @@ json& Timing(CaptureManifest& manifest) {
 
 }  // namespace
 
-Status CopyRegionFileStep(const RegionFileSource& source, std::vector<std::byte>& copy,
-                          PendingCapture& pending, CaptureManifest& manifest) {
+Status CopyRegionFileStep(const RegionFileSource& source, PageBuffer& copy, PendingCapture& pending,
+                          CaptureManifest& manifest) {
   if (source.fd < 0) return Error{"region " + source.path.string() + " is not open"};
   const double to_start = MsSince(manifest.triggered);
-  Result<PendingCapture::RegionCopyStats> stats =
-      pending.CopyRegion(kRegionFileName, source.fd, source.path, source.offset, source.size, copy);
+  // Reserved at registration (CaptureService::Reserve): no allocation here.
+  if (!copy.Resize(source.size)) {
+    return Error{"no memory for a copy of region " + source.path.string() + " (" +
+                 std::to_string(source.size) + " bytes)"};
+  }
+  Result<PendingCapture::RegionCopyStats> stats = pending.CopyRegion(
+      kRegionFileName, source.fd, source.path, source.offset, source.size, copy.span());
   if (!stats.ok()) return stats.error();
   json region = {{"kind", source.boot_range ? "boot-range" : "shmem"},
                  {"source", source.path.string()},
@@ -53,6 +58,7 @@ Status CopyRegionFileStep(const RegionFileSource& source, std::vector<std::byte>
   timing["region_fsync"] = stats->sync_ms;
   timing["region_write_fsync"] = stats->write_ms + stats->sync_ms;
   timing["region_bytes_written"] = stats->bytes_written;
+  timing["copy_minor_faults"] = stats->copy_minor_faults;
   timing["trigger_to_region_durable"] = MsSince(manifest.triggered);
   return {};
 }

@@ -15,6 +15,7 @@
 #include "hvtrace/region_reader.h"
 #include "hvtrace/result.h"
 #include "live_region.h"
+#include "page_buffer.h"
 
 namespace hvtrace::hostd {
 
@@ -24,8 +25,8 @@ inline constexpr const char* kAttachRegionFileName = "attach-region.bin";
 // Step 1: |source| → |copy| and region.bin, durable on return. Fills
 // manifest.region (or, when an attach region was described first, moves
 // that to region.attach), kernel.path/formats_key and extra.timing_ms.
-Status CopyRegionFileStep(const RegionFileSource& source, std::vector<std::byte>& copy,
-                          PendingCapture& pending, CaptureManifest& manifest);
+Status CopyRegionFileStep(const RegionFileSource& source, PageBuffer& copy, PendingCapture& pending,
+                          CaptureManifest& manifest);
 
 // Step 2: a private copy of |region| into |copy| (a pooled buffer: no
 // allocation when it is large enough) and attach-region.bin, durable on

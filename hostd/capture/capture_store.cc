@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -425,7 +426,7 @@ Status PendingCapture::WriteRecoveryRecord(const CaptureManifest& manifest) {
 
 Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
     std::string_view name, int region_fd, const std::filesystem::path& source, uint64_t offset,
-    uint64_t size, std::vector<std::byte>& copy) {
+    uint64_t size, std::span<std::byte> copy) {
   // 1 MiB: large enough for few system calls, small enough that the disk
   // starts early.
   constexpr uint64_t kChunk = 1u << 20;
@@ -433,6 +434,10 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
   if (Status s = ValidateFileName(name); !s.ok()) return s.error();
   if (Status s = CheckRegionSize(region_fd, source, offset, size); !s.ok()) return s.error();
+  if (copy.size() != size) {
+    return Error{"copy of region " + source.string() + ": a buffer of " +
+                 std::to_string(copy.size()) + " bytes for " + std::to_string(size)};
+  }
   // Errors name |path|; the bytes go to its part file until they are durable.
   const std::filesystem::path path = temp_dir_ / std::string(name);
   const std::filesystem::path part = PartName(path);
@@ -454,10 +459,8 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
                  Errno(errno)};
   }
   RegionCopyStats stats;
-  const auto alloc = std::chrono::steady_clock::now();
-  // A buffer of the right size is reused as is: every byte is overwritten.
-  if (copy.size() != size) copy.assign(size, std::byte{0});
-  stats.copy_ms = MsBetween(alloc, std::chrono::steady_clock::now());
+  struct rusage before;
+  ::getrusage(RUSAGE_THREAD, &before);
   const RegionMapping mapping(region_fd, offset, size);
   for (uint64_t at = 0; at < size; at += kChunk) {
     const uint64_t len = std::min(kChunk, size - at);
@@ -488,6 +491,9 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
     stats.copy_ms += MsBetween(t0, t1);
     stats.write_ms += MsBetween(t1, t2);
   }
+  struct rusage after;
+  ::getrusage(RUSAGE_THREAD, &after);
+  stats.copy_minor_faults = static_cast<uint64_t>(after.ru_minflt - before.ru_minflt);
   const auto t3 = std::chrono::steady_clock::now();
   if (::fdatasync(out.get()) != 0) return Error{"fdatasync " + path.string() + ": " + Errno(errno)};
   if (out.Close() != 0) return Error{"closing " + path.string() + ": " + Errno(errno)};

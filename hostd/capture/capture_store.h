@@ -130,6 +130,8 @@ class PendingCapture {
     double write_ms = 0;         // Writing into the page cache, writeback started.
     double sync_ms = 0;          // The final fdatasync.
     uint64_t bytes_written = 0;  // Non-zero pages; zero pages stay holes.
+    // Page faults of the copying thread while it copied (source and |copy|).
+    uint64_t copy_minor_faults = 0;
   };
   // Copies |size| bytes at |offset| of the region file |region_fd| (named
   // |source| in errors; |size| is what hostd configured) into |copy| — the
@@ -138,11 +140,11 @@ class PendingCapture {
   // chunk is read once, its non-zero pages are written (zero pages stay
   // holes: a ring buffer that is not full is mostly zeros) and their
   // writeback started (sync_file_range) before the next chunk is read; one
-  // fdatasync at the end. A |copy| that already holds |size| bytes is reused
-  // (no allocation, no page faults at panic time).
+  // fdatasync at the end. |copy| must be |size| bytes: the caller's buffer
+  // (a pooled PageBuffer at panic time: no allocation, no page faults).
   Result<RegionCopyStats> CopyRegion(std::string_view name, int region_fd,
                                      const std::filesystem::path& source, uint64_t offset,
-                                     uint64_t size, std::vector<std::byte>& copy);
+                                     uint64_t size, std::span<std::byte> copy);
 
   // Writes recovery.json (|manifest| as it stands) durably: call it once the
   // raw copy is durable, so a daemon that dies before Commit leaves a capture

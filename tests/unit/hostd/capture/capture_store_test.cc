@@ -313,7 +313,7 @@ TEST(CopyRegionTest, WritesTheRegionSparselyAndKeepsAPrivateCopy) {
   CaptureStore store(tmp.path() / "captures");
   auto pending = store.Begin("panic", HostTime::Now());
   ASSERT_TRUE(pending.ok()) << pending.error().message;
-  std::vector<std::byte> copy;
+  std::vector<std::byte> copy(size, std::byte{0xee});  // Every byte is overwritten.
   auto stats = (*pending)->CopyRegion("region.bin", fd, f, offset, size, copy);
   ASSERT_TRUE(stats.ok()) << stats.error().message;
   EXPECT_EQ(stats->bytes_written, 4u * 4096);
@@ -337,6 +337,9 @@ TEST(CopyRegionTest, WritesTheRegionSparselyAndKeepsAPrivateCopy) {
   auto short_region = (*pending)->CopyRegion("other.bin", fd, f, offset, data.size(), copy);
   ASSERT_FALSE(short_region.ok());
   EXPECT_NE(short_region.error().message.find(f.string()), std::string::npos);
+  // A buffer of another size is refused, not overrun.
+  std::vector<std::byte> small(size - 1);
+  EXPECT_FALSE((*pending)->CopyRegion("third.bin", fd, f, offset, size, small).ok());
   ::close(fd);
 }
 
@@ -354,7 +357,7 @@ TEST(CopyRegionTest, FullSixteenMiBRegionTimings) {
   CaptureStore store(tmp.path() / "captures");
   auto pending = store.Begin("panic", HostTime::Now());
   ASSERT_TRUE(pending.ok());
-  std::vector<std::byte> copy;
+  std::vector<std::byte> copy(size);
   auto stats = (*pending)->CopyRegion("region.bin", fd, f, 0, size, copy);
   ::close(fd);
   ASSERT_TRUE(stats.ok()) << stats.error().message;

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <vector>
 
 namespace hvtrace::hostd {
 namespace {

@@ -377,6 +377,24 @@ TEST_F(BootMapTest, Malicious_GarbageEverywhereButTheMagic) {
   EXPECT_FALSE(map->issues.empty());
 }
 
+// A guest may put the magic and a meta size on every page start, so that
+// each of the ~1,000 geometries tried has a candidate at every chunk start
+// (the search then walks chunk starts, not the magic pages): the real
+// geometry still wins, as its metas alone agree in nr_subbufs too.
+TEST_F(BootMapTest, Malicious_MagicOnEveryPageStillFindsTheGeometry) {
+  const auto stride = Read()->chunk_stride;
+  for (uint64_t off = 0; off + 4096 <= range_.size(); off += 4096) {
+    if (off == 0 || off == kCpu1) continue;
+    Put32(off, kBootMapMagic);
+    Put32(off + 4, 56);
+  }
+  auto map = Read();
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  EXPECT_EQ(map->cpus, 2);
+  EXPECT_EQ(map->chunk_stride, stride);
+  EXPECT_GT(map->cpu[1].records.size(), 0u);
+}
+
 // The real thing: a 6.12.95 guest wrote markers, kexec'd into the same kernel
 // (which logged "Ring buffer meta [N] is from previous boot!" and kept
 // appending), wrote more markers and panicked.

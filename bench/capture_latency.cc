@@ -16,6 +16,8 @@
 //
 // Usage: capture_latency [RUNS [DAEMON]]: DAEMON is a binary in build/bin
 // (default hvtraced), e.g. a copy built from another commit, to compare.
+// HVTRACE_BENCH_KEEP=DIR copies each capture there (region.bin and all) to
+// replay its decode offline.
 //
 // The limit: memcpy of the same 16 MiB into a buffer already faulted in,
 // timed in this process in the same run. Nothing here asserts a timing.
@@ -170,6 +172,11 @@ Result<Run> PanicOnce(const HvtracedProcess& daemon, const GuestImage& image, in
   const fs::path dir = fs::path(daemon.captures_dir(name)) / id;
   const json m = json::parse(test_support::ReadText(dir / "manifest.json"), nullptr, false);
   if (!m.is_object()) return Error{dir.string() + "/manifest.json is not JSON"};
+  if (const char* keep = std::getenv("HVTRACE_BENCH_KEEP"); keep != nullptr && *keep != 0) {
+    std::error_code ec;
+    fs::copy(dir, fs::path(keep) / name, fs::copy_options::recursive, ec);
+    if (ec) std::fprintf(stderr, "HVTRACE_BENCH_KEEP: %s: %s\n", keep, ec.message().c_str());
+  }
   const json& t = m["extra"]["timing_ms"];
   Run r;
   r.copied = Number(t, "trigger_to_region_durable");

@@ -10,6 +10,7 @@
 #ifndef HVTRACE_HOSTD_KALLSYMS_SUBSET_H_
 #define HVTRACE_HOSTD_KALLSYMS_SUBSET_H_
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,15 +48,18 @@ class KallsymsSubset {
     std::vector<uint8_t> keep;
   };
   uint64_t Addr(const List& list, size_t i) const;
-  // How many of |list|'s symbols are at or below |value|.
+  // How many of |list|'s symbols are at or below (below) |value|.
   size_t CountAtOrBelow(const List& list, uint64_t value) const;
+  size_t CountBelow(const List& list, uint64_t value) const;
   void Mark(uint64_t value);
   void AppendLine(const List& list, size_t i, std::string& out) const;
+  void AppendAliases(uint64_t at, std::string& out) const;
 
   std::string_view text_;
   std::shared_ptr<const KernelSymbols> symbols_;
   List movable_, fixed_;
-  uint64_t lowest_ = 0;  // Values below name nothing worth printing; 0: no symbols.
+  uint64_t lowest_ = 0;                // Values below name nothing worth printing; 0: no symbols.
+  std::array<uint64_t, 1024> seen_{};  // Values marked lately (0: none; 0 < lowest_).
 };
 
 }  // namespace hvtrace::hostd

@@ -16,12 +16,10 @@ namespace {
 // A region file descriptor shared with the captures reading it: closed when
 // the last of them lets go, so switching to a new file never pulls it from
 // under a copy in progress.
-std::shared_ptr<const int> OwnFd(int fd) {
-  if (fd < 0) return nullptr;
-  return std::shared_ptr<const int>(new int(fd), [](const int* p) {
-    close(*p);
-    delete p;
-  });
+// The range's file, mapped with its page tables filled (RegionFile): the
+// last run's closes once no capture holds it.
+std::shared_ptr<const RegionFile> OwnFile(int fd, const LibvirtRegionSpec& region) {
+  return RegionFile::Adopt(fd, region.offset, region.size);
 }
 
 }  // namespace
@@ -33,7 +31,7 @@ LibvirtDomainBackend::LibvirtDomainBackend(std::unique_ptr<LibvirtDomain> domain
       facts_(std::move(facts)),
       options_(std::move(options)),
       region_(std::move(region)),
-      fd_(OwnFd(region_fd)),
+      fd_(OwnFile(region_fd, region_)),
       attach_transport_(*domain_, options_.blocking),
       attach_(options_.blocking ? options_.blocking : boost::asio::any_io_executor(),
               attach_transport_) {
@@ -246,7 +244,7 @@ Result<CaptureInputs> LibvirtDomainBackend::PrepareCapture() {
     stopped = stopped_after_panic_;
   }
   LibvirtRegionSpec region;
-  std::shared_ptr<const int> fd;
+  std::shared_ptr<const RegionFile> fd;
   std::string region_error;
   {
     std::lock_guard lock(mu_);
@@ -258,9 +256,14 @@ Result<CaptureInputs> LibvirtDomainBackend::PrepareCapture() {
   if (region.kind != "none" && fd) {
     // Through our own descriptor: libvirt deletes a boot range's node-1
     // file when the domain stops, and the open file still holds the data.
-    in.region_file = RegionFileSource{*fd,           region.path, region.offset,
-                                      region.size,   region.gpa,  region.kind == "boot-range",
-                                      facts_.kernel, kernel_key_, fd};
+    in.region_file = RegionFileSource{fd,
+                                      region.path,
+                                      region.offset,
+                                      region.size,
+                                      region.gpa,
+                                      region.kind == "boot-range",
+                                      facts_.kernel,
+                                      kernel_key_};
   }
   in.attach = live_region();
   bool active = false;
@@ -312,14 +315,14 @@ nlohmann::json LibvirtDomainBackend::Describe() const {
 
 void LibvirtDomainBackend::SetBootRangeCell(const DomainBootCell& cell, bool running) {
   LibvirtRegionSpec region;
-  std::shared_ptr<const int> fd;
+  std::shared_ptr<const RegionFile> fd;
   {
     std::lock_guard lock(mu_);
     region = region_;
     fd = fd_;
   }
   // The probe copies the range: not under the lock.
-  json facts = BootRangeFacts(cell, region, fd ? *fd : -1, running);
+  json facts = BootRangeFacts(cell, region, fd ? fd->fd() : -1, running);
   std::lock_guard lock(mu_);
   boot_range_facts_ = std::move(facts);
 }
@@ -371,7 +374,7 @@ void LibvirtDomainBackend::OpenBootRangeOfThisRun() {
     sink = sink_;
     if (opened.ok()) {
       region_ = *located;
-      fd_ = OwnFd(*opened);  // The last run's file closes once no capture holds it.
+      fd_ = OwnFile(*opened, region_);  // The last run's closes with its last capture.
       region_error_.clear();
     } else {
       fd_ = nullptr;  // Never the last run's bytes for this run's panic.

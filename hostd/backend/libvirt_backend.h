@@ -39,6 +39,7 @@
 #include "libvirt_domain.h"
 #include "libvirt_region_transport.h"
 #include "live_region.h"
+#include "region_file.h"
 #include "units.h"
 #include "vm_backend.h"
 
@@ -191,8 +192,8 @@ class LibvirtDomainBackend : public VmBackend {
 
   mutable std::mutex mu_;  // Guards the fields below.
   LibvirtRegionSpec region_;
-  std::shared_ptr<const int> fd_;  // region_'s file; closed when the last user lets go.
-  std::string region_error_;       // Why this run's boot range file is not open.
+  std::shared_ptr<const RegionFile> fd_;  // region_'s file; closed when the last user lets go.
+  std::string region_error_;              // Why this run's boot range file is not open.
   nlohmann::json boot_range_facts_;
   VmEventSink* sink_ = nullptr;
   struct PanicNote {

@@ -163,14 +163,11 @@ void QmpVmBackend::CutMemoryLink() {
   memory_link_->qmp.reset();
 }
 
-QmpVmBackend::~QmpVmBackend() {
-  Stop();
-  if (region_fd_ >= 0) ::close(region_fd_);
-}
+QmpVmBackend::~QmpVmBackend() { Stop(); }
 
 void QmpVmBackend::UseRegionFd(int fd) {
-  if (region_fd_ >= 0) ::close(region_fd_);
-  region_fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  region_file_ =
+      RegionFile::Adopt(::fcntl(fd, F_DUPFD_CLOEXEC, 0), spec_.region_offset, spec_.region_size);
 }
 
 void QmpVmBackend::Start(VmEventSink& sink) {
@@ -178,20 +175,21 @@ void QmpVmBackend::Start(VmEventSink& sink) {
     std::lock_guard lock(mu_);
     sink_ = &sink;
   }
-  if (spec_.region_size > 0 && region_fd_ < 0) {
+  if (spec_.region_size > 0 && !region_file_) {
     // Re-adoption after a restart opens the recorded path: never through a
     // symlink, never a FIFO or device (O_NONBLOCK: no wait on one either).
-    region_fd_ = ::open(spec_.region_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (region_fd_ < 0) {
+    const int fd =
+        ::open(spec_.region_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
       throw std::runtime_error("cannot open region " + spec_.region_path.string() + ": " +
                                std::strerror(errno));
     }
     struct stat st;
-    if (::fstat(region_fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(region_fd_);
-      region_fd_ = -1;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
       throw std::runtime_error("region " + spec_.region_path.string() + " is not a regular file");
     }
+    region_file_ = RegionFile::Adopt(fd, spec_.region_offset, spec_.region_size);
   }
   if (!spec_.attach_region.empty()) {
     // A daemon restarted while a region was plugged: map it again.
@@ -333,7 +331,7 @@ void QmpVmBackend::Quit() {
 Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
   CaptureInputs in;
   if (spec_.region_size > 0) {
-    in.region_file = RegionFileSource{region_fd_,        spec_.region_path, spec_.region_offset,
+    in.region_file = RegionFileSource{region_file_,      spec_.region_path, spec_.region_offset,
                                       spec_.region_size, spec_.region_gpa,  true,
                                       spec_.kernel_path, spec_.kernel_key};
   }

@@ -38,6 +38,7 @@
 #include "qemu_trace_guard.h"
 #include "qmp_attach.h"
 #include "qmp_client.h"
+#include "region_file.h"
 #include "vm_backend.h"
 #include "vm_process.h"
 
@@ -148,7 +149,7 @@ class QmpVmBackend : public VmBackend {
   boost::asio::any_io_executor io_;
   const QmpVmSpec spec_;
   std::unique_ptr<Vm> vm_;
-  int region_fd_ = -1;
+  std::shared_ptr<const RegionFile> region_file_;  // Mapped once, for every capture.
   std::shared_ptr<QmpClient> qmp_;
   std::shared_ptr<QemuTraceGuard> trace_guard_;  // With spec_.qemu_trace_log.
   // What guest_memory_reader()'s readers use: the QMP client while the

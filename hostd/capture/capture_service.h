@@ -44,13 +44,16 @@
 #include "formats_service.h"
 #include "hvtrace/result.h"
 #include "live_region.h"
+#include "region_file.h"
 
 namespace hvtrace::hostd {
 
 // A host file holding a guest-physical range (the boot range, or a raw
-// shmem region). |fd| stays open in the backend so the bytes outlive QEMU.
+// shmem region). The backend keeps |file| open (and mapped) so the bytes
+// outlive QEMU; holding it here keeps it open while the capture reads it, as
+// a backend may switch to a new file (a restarted libvirt domain) meanwhile.
 struct RegionFileSource {
-  int fd = -1;
+  std::shared_ptr<const RegionFile> file;
   std::filesystem::path path;  // For the manifest and errors.
   uint64_t offset = 0;         // Of the range in the file.
   uint64_t size = 0;           // What hostd configured; never the guest's word.
@@ -60,9 +63,6 @@ struct RegionFileSource {
   bool boot_range = true;
   std::string kernel_path;  // The kernel file, when the backend knows it.
   std::string kernel_key;   // Its formats cache key (formats_cache.h).
-  // Keeps |fd| open while the capture reads it: a backend may switch to a
-  // new file (a restarted libvirt domain) in the meantime.
-  std::shared_ptr<const void> fd_owner = nullptr;
 };
 
 // What a backend hands over for one capture. Cheap to make: no copying.

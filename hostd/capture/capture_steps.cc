@@ -30,15 +30,16 @@ json& Timing(CaptureManifest& manifest) {
 
 Status CopyRegionFileStep(const RegionFileSource& source, PageBuffer& copy, PendingCapture& pending,
                           CaptureManifest& manifest) {
-  if (source.fd < 0) return Error{"region " + source.path.string() + " is not open"};
+  if (!source.file) return Error{"region " + source.path.string() + " is not open"};
   const double to_start = MsSince(manifest.triggered);
   // Reserved at registration (CaptureService::Reserve): no allocation here.
   if (!copy.Resize(source.size)) {
     return Error{"no memory for a copy of region " + source.path.string() + " (" +
                  std::to_string(source.size) + " bytes)"};
   }
-  Result<PendingCapture::RegionCopyStats> stats = pending.CopyRegion(
-      kRegionFileName, source.fd, source.path, source.offset, source.size, copy.span());
+  Result<PendingCapture::RegionCopyStats> stats =
+      pending.CopyRegion(kRegionFileName, source.file->fd(), source.path, source.offset,
+                         source.size, copy.span(), source.file->mapped(source.offset, source.size));
   if (!stats.ok()) return stats.error();
   json region = {{"kind", source.boot_range ? "boot-range" : "shmem"},
                  {"source", source.path.string()},

@@ -132,7 +132,14 @@ Status PreadFully(int fd, const std::filesystem::path& path, uint64_t offset,
 // where the file cannot be mapped.
 class RegionMapping {
  public:
-  RegionMapping(int fd, uint64_t offset, uint64_t size) : fd_(fd) {
+  // Uses |mapped| when it holds the range, else maps it now.
+  RegionMapping(int fd, uint64_t offset, uint64_t size, std::span<const std::byte> mapped)
+      : fd_(fd) {
+    if (mapped.size() == size && size != 0) {
+      base_ = mapped.data();
+      borrowed_ = true;
+      return;
+    }
     const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
     skip_ = offset % page;
     length_ = skip_ + size;
@@ -141,7 +148,7 @@ class RegionMapping {
     if (map != MAP_FAILED) base_ = static_cast<const std::byte*>(map);
   }
   ~RegionMapping() {
-    if (base_ != nullptr) ::munmap(const_cast<std::byte*>(base_), length_);
+    if (base_ != nullptr && !borrowed_) ::munmap(const_cast<std::byte*>(base_), length_);
   }
   RegionMapping(const RegionMapping&) = delete;
   RegionMapping& operator=(const RegionMapping&) = delete;
@@ -162,6 +169,7 @@ class RegionMapping {
   int fd_;
   uint64_t skip_ = 0, length_ = 0;
   const std::byte* base_ = nullptr;
+  bool borrowed_ = false;  // |base_| is the caller's mapping.
 };
 
 // Checks that |fd| holds |size| bytes at |offset|.
@@ -426,7 +434,7 @@ Status PendingCapture::WriteRecoveryRecord(const CaptureManifest& manifest) {
 
 Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
     std::string_view name, int region_fd, const std::filesystem::path& source, uint64_t offset,
-    uint64_t size, std::span<std::byte> copy) {
+    uint64_t size, std::span<std::byte> copy, std::span<const std::byte> mapped) {
   // 1 MiB: large enough for few system calls, small enough that the disk
   // starts early.
   constexpr uint64_t kChunk = 1u << 20;
@@ -461,7 +469,7 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   RegionCopyStats stats;
   struct rusage before;
   ::getrusage(RUSAGE_THREAD, &before);
-  const RegionMapping mapping(region_fd, offset, size);
+  const RegionMapping mapping(region_fd, offset, size, mapped);
   for (uint64_t at = 0; at < size; at += kChunk) {
     const uint64_t len = std::min(kChunk, size - at);
     const auto t0 = std::chrono::steady_clock::now();

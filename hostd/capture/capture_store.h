@@ -142,9 +142,12 @@ class PendingCapture {
   // writeback started (sync_file_range) before the next chunk is read; one
   // fdatasync at the end. |copy| must be |size| bytes: the caller's buffer
   // (a pooled PageBuffer at panic time: no allocation, no page faults).
+  // |mapped|: the range already mapped (RegionFile, page tables filled), or
+  // empty to map it here.
   Result<RegionCopyStats> CopyRegion(std::string_view name, int region_fd,
                                      const std::filesystem::path& source, uint64_t offset,
-                                     uint64_t size, std::span<std::byte> copy);
+                                     uint64_t size, std::span<std::byte> copy,
+                                     std::span<const std::byte> mapped = {});
 
   // Writes recovery.json (|manifest| as it stands) durably: call it once the
   // raw copy is durable, so a daemon that dies before Commit leaves a capture

@@ -216,7 +216,8 @@ struct Node1File {
 
 char FirstByte(const CaptureInputs& in) {
   char c = 0;
-  EXPECT_EQ(pread(in.region_file->fd, &c, 1, static_cast<off_t>(in.region_file->offset)), 1);
+  EXPECT_EQ(pread(in.region_file->file->fd(), &c, 1, static_cast<off_t>(in.region_file->offset)),
+            1);
   return c;
 }
 

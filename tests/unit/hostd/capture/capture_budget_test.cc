@@ -364,7 +364,7 @@ TEST(CaptureBudgetTest, PanicCaptureOnAFullDiskKeepsRegionBin) {
   request.trigger = "panic";
   request.triggered = HostTime::Now();
   RegionFileSource source;
-  source.fd = region_fd;
+  source.file = RegionFile::Adopt(::dup(region_fd), 0, kMiB);
   source.path = region_path;
   source.size = kMiB;
   source.boot_range = false;  // Raw shmem: kept, not decoded.

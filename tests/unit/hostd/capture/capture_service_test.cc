@@ -145,7 +145,7 @@ TEST_F(RegionCaptureTest, CapturesCopyIntoThePoolWhateverTheNumberOfVms) {
   request.triggered = HostTime::Now();
   // A raw shmem region: copied, kept as region.bin, not decoded.
   RegionFileSource source;
-  source.fd = fd.get();
+  source.file = RegionFile::Adopt(::dup(fd.get()), 0, size);
   source.path = region_file;
   source.size = size;
   source.boot_range = false;

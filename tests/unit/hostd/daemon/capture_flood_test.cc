@@ -30,15 +30,15 @@ using namespace std::chrono_literals;
 class RegionFileBackend : public VmBackend {
  public:
   explicit RegionFileBackend(fs::path region)
-      : region_(std::move(region)), fd_(::open(region_.c_str(), O_RDONLY | O_CLOEXEC)) {}
-  ~RegionFileBackend() override { ::close(fd_); }
+      : region_(std::move(region)),
+        file_(RegionFile::Adopt(::open(region_.c_str(), O_RDONLY | O_CLOEXEC), 0, 65536)) {}
   std::string_view kind() const override { return "test-file"; }
   void Start(VmEventSink& sink) override { sink_ = &sink; }
   void Stop() override {}
   void Release() override {}
   Result<CaptureInputs> PrepareCapture() override {
     CaptureInputs in;
-    in.region_file = RegionFileSource{fd_, region_, 0, 65536, 0, /*boot_range=*/false, {}, {}};
+    in.region_file = RegionFileSource{file_, region_, 0, 65536, 0, /*boot_range=*/false, {}, {}};
     return in;
   }
   void ApplyPanicPolicy(PanicPolicy policy) override {
@@ -51,7 +51,7 @@ class RegionFileBackend : public VmBackend {
 
  private:
   fs::path region_;
-  int fd_;
+  std::shared_ptr<const RegionFile> file_;
 };
 
 struct Fixture {

@@ -35,8 +35,7 @@ class FileRegionBackend : public VmBackend {
   FileRegionBackend(fs::path region, uint64_t size)
       : region_(std::move(region)),
         size_(size),
-        fd_(::open(region_.c_str(), O_RDONLY | O_CLOEXEC)) {}
-  ~FileRegionBackend() override { ::close(fd_); }
+        file_(RegionFile::Adopt(::open(region_.c_str(), O_RDONLY | O_CLOEXEC), 0, size_)) {}
   std::string_view kind() const override { return "test-file"; }
   void Start(VmEventSink& sink) override {
     if (throw_on_start) throw std::runtime_error("QMP greeting missing");
@@ -47,7 +46,7 @@ class FileRegionBackend : public VmBackend {
   Result<CaptureInputs> PrepareCapture() override {
     if (throw_on_capture) throw std::runtime_error("decoder bug");
     CaptureInputs in;
-    in.region_file = RegionFileSource{fd_, region_, 0, size_, 0, /*boot_range=*/false, {}, {}};
+    in.region_file = RegionFileSource{file_, region_, 0, size_, 0, /*boot_range=*/false, {}, {}};
     in.transport = {{"kind", "test-file"}};
     return in;
   }
@@ -67,7 +66,7 @@ class FileRegionBackend : public VmBackend {
  private:
   fs::path region_;
   uint64_t size_;
-  int fd_;
+  std::shared_ptr<const RegionFile> file_;
 };
 
 struct Fixture {

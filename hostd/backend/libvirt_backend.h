@@ -137,6 +137,10 @@ class LibvirtDomainBackend : public VmBackend {
     std::lock_guard lock(mu_);
     return region_.kind == "none" ? 0 : region_.size;
   }
+  std::shared_ptr<const RegionFile> region_file() const override {
+    std::lock_guard lock(mu_);
+    return fd_;
+  }
   KernelFiles kernel_files() const override { return {kernel_key_, facts_.kernel, facts_.initrd}; }
   // The channel's socket: from the XML read at adopt, refreshed from the live
   // XML each time the domain starts (libvirt names a new one per run).

@@ -166,8 +166,15 @@ void QmpVmBackend::CutMemoryLink() {
 QmpVmBackend::~QmpVmBackend() { Stop(); }
 
 void QmpVmBackend::UseRegionFd(int fd) {
-  region_file_ =
+  auto file =
       RegionFile::Adopt(::fcntl(fd, F_DUPFD_CLOEXEC, 0), spec_.region_offset, spec_.region_size);
+  std::lock_guard lock(mu_);
+  region_file_ = std::move(file);
+}
+
+std::shared_ptr<const RegionFile> QmpVmBackend::region_file() const {
+  std::lock_guard lock(mu_);
+  return region_file_;
 }
 
 void QmpVmBackend::Start(VmEventSink& sink) {
@@ -175,7 +182,7 @@ void QmpVmBackend::Start(VmEventSink& sink) {
     std::lock_guard lock(mu_);
     sink_ = &sink;
   }
-  if (spec_.region_size > 0 && !region_file_) {
+  if (spec_.region_size > 0 && !region_file()) {
     // Re-adoption after a restart opens the recorded path: never through a
     // symlink, never a FIFO or device (O_NONBLOCK: no wait on one either).
     const int fd =
@@ -189,7 +196,9 @@ void QmpVmBackend::Start(VmEventSink& sink) {
       ::close(fd);
       throw std::runtime_error("region " + spec_.region_path.string() + " is not a regular file");
     }
-    region_file_ = RegionFile::Adopt(fd, spec_.region_offset, spec_.region_size);
+    auto file = RegionFile::Adopt(fd, spec_.region_offset, spec_.region_size);
+    std::lock_guard lock(mu_);
+    region_file_ = std::move(file);
   }
   if (!spec_.attach_region.empty()) {
     // A daemon restarted while a region was plugged: map it again.
@@ -331,7 +340,7 @@ void QmpVmBackend::Quit() {
 Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
   CaptureInputs in;
   if (spec_.region_size > 0) {
-    in.region_file = RegionFileSource{region_file_,      spec_.region_path, spec_.region_offset,
+    in.region_file = RegionFileSource{region_file(),     spec_.region_path, spec_.region_offset,
                                       spec_.region_size, spec_.region_gpa,  true,
                                       spec_.kernel_path, spec_.kernel_key};
   }

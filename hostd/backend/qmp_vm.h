@@ -126,6 +126,7 @@ class QmpVmBackend : public VmBackend {
   // that adopted the VM opened, instead of opening spec.region_path as root.
   // Call before Start.
   void UseRegionFd(int fd);
+  std::shared_ptr<const RegionFile> region_file() const override;
   // Kills an owned QEMU (for `hvtrace stop --kill`); asks QMP quit otherwise.
   void Quit() override;
 

@@ -90,6 +90,9 @@ class VmBackend {
   virtual Result<CaptureInputs> PrepareCapture() = 0;
   // Size of the region file a capture copies (0: none), for preallocation.
   virtual uint64_t region_file_bytes() const { return 0; }
+  // The region file the next capture copies (null: none), for the daemon to
+  // keep its page tables filled (RegionFile::Warm). Any thread.
+  virtual std::shared_ptr<const RegionFile> region_file() const { return nullptr; }
   virtual KernelFiles kernel_files() const { return {}; }
   // Where the unix socket of the VM's metadata channel is
   // (hvtrace/meta_channel.h, QEMU listening), asked at each (re)connect: a

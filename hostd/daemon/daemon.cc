@@ -126,6 +126,7 @@ Daemon::Daemon(Config initial, ConfigSource reload_source)
       hup_(io_),
       stop_timer_(io_),
       console_timer_(io_),
+      warm_timer_(io_),
       state_(config()->state_dir),
       started_(HostTime::Now()) {
   // The same cache the CLI harvests into (formats_cache.h ResolveCacheRoot).
@@ -236,6 +237,7 @@ Status Daemon::Start() {
   });
 
   ScheduleConsoleRotation();
+  ScheduleRegionWarming();
 
   signals_.add(SIGTERM);
   signals_.add(SIGINT);
@@ -467,6 +469,24 @@ void Daemon::ScheduleConsoleRotation() {
   });
 }
 
+void Daemon::ScheduleRegionWarming() {
+  // A guest writes its boot range while it boots, after its VM registered:
+  // the panic's copy finds the tables filled when this has run since. Once
+  // a range is all filled, Warm returns at once.
+  warm_timer_.expires_after(std::chrono::seconds(2));
+  warm_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopping_) return;
+    asio::post(pool_, [this] {
+      for (const auto& vm : registry_.All()) {
+        if (VmBackend* b = vm->backend(); b) {
+          if (auto file = b->region_file(); file) file->Warm();
+        }
+      }
+      asio::post(io_, [this] { ScheduleRegionWarming(); });
+    });
+  });
+}
+
 void Daemon::HandleVersion(const Request&, const std::shared_ptr<Responder>& responder) {
   responder->Reply({{"version", HvtraceVersion()},
                     {"protocol", kControlProtocolVersion},
@@ -493,6 +513,7 @@ void Daemon::DoShutdown(const std::string& reason) {
   signals_.cancel(ignored);
   hup_.cancel(ignored);
   console_timer_.cancel();
+  warm_timer_.cancel();
   // Streams see |stopping_| at their next look (kStreamPollInterval) and end
   // with the reason; their clients get that before the connections close.
   DrainStreams(std::chrono::steady_clock::now() + std::chrono::seconds(1));

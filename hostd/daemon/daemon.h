@@ -152,6 +152,9 @@ class Daemon {
   void DoShutdown(const std::string& reason);
   // Every second: caps each VM's console.log (console_log_size/_files).
   void ScheduleConsoleRotation();
+  // Keeps every VM's region file mapped with its page tables filled as its
+  // guest writes it (RegionFile::Warm), on the pool, every few seconds.
+  void ScheduleRegionWarming();
   // Waits (until |deadline|) for streams to end, then FinishShutdown.
   void DrainStreams(std::chrono::steady_clock::time_point deadline);
   void FinishShutdown();
@@ -178,6 +181,7 @@ class Daemon {
   boost::asio::signal_set hup_;  // SIGHUP: Reload.
   boost::asio::steady_timer stop_timer_;
   boost::asio::steady_timer console_timer_;
+  boost::asio::steady_timer warm_timer_;
   std::set<std::string> console_errors_logged_;  // Pool-only (one round at a time).
   StateDir state_;
   std::shared_ptr<FormatsService> formats_;  // The formats cache every VM decodes with.

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -61,6 +62,40 @@ TEST(RegionFileMapTest, ReadingTheKeptMappingTakesNoFaults) {
   uint64_t page = 0;
   std::memcpy(&page, copy.data(), sizeof(page));
   EXPECT_EQ(page, kOffset / 4096);
+}
+
+// Holes are not filled (that would allocate them: a VM whose guest never
+// writes its range would cost all of it); the data a guest writes later is,
+// at the next Warm.
+TEST(RegionFileMapTest, WarmFillsDataAndLeavesHoles) {
+  constexpr uint64_t kBytes = 1u << 20;
+  const fs::path path = MakeFile(0);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kBytes), 0);
+  const std::vector<char> page(4096, 'x');
+  ASSERT_EQ(::pwrite(fd, page.data(), page.size(), 0), 4096);
+  struct stat before;
+  ASSERT_EQ(::fstat(fd, &before), 0);
+  auto file = RegionFile::Adopt(::dup(fd), 0, kBytes);
+  ASSERT_NE(file, nullptr);
+  struct stat after;
+  ASSERT_EQ(::fstat(fd, &after), 0);
+  EXPECT_EQ(after.st_blocks, before.st_blocks);  // No hole allocated.
+  EXPECT_EQ(file->warm_bytes(), 4096u);
+  // The guest writes the rest: the next Warm fills it all.
+  for (uint64_t off = 4096; off < kBytes; off += 4096) {
+    ASSERT_EQ(::pwrite(fd, page.data(), page.size(), static_cast<off_t>(off)), 4096);
+  }
+  file->Warm();
+  EXPECT_EQ(file->warm_bytes(), kBytes);
+  std::vector<std::byte> copy(kBytes, std::byte{1});
+  const long faults_before = MinorFaults();
+  std::memcpy(copy.data(), file->mapped(0, kBytes).data(), kBytes);
+  EXPECT_LT(MinorFaults() - faults_before, 4);
+  EXPECT_EQ(copy[kBytes - 1], std::byte{'x'});
+  ::close(fd);
+  fs::remove(path);
 }
 
 TEST(RegionFileMapTest, NoDescriptorIsNoFile) {

@@ -37,9 +37,8 @@ Status CopyRegionFileStep(const RegionFileSource& source, PageBuffer& copy, Pend
     return Error{"no memory for a copy of region " + source.path.string() + " (" +
                  std::to_string(source.size) + " bytes)"};
   }
-  Result<PendingCapture::RegionCopyStats> stats =
-      pending.CopyRegion(kRegionFileName, source.file->fd(), source.path, source.offset,
-                         source.size, copy.span(), source.file->mapped(source.offset, source.size));
+  Result<PendingCapture::RegionCopyStats> stats = pending.CopyRegion(
+      kRegionFileName, *source.file, source.path, source.offset, source.size, copy.span());
   if (!stats.ok()) return stats.error();
   json region = {{"kind", source.boot_range ? "boot-range" : "shmem"},
                  {"source", source.path.string()},

@@ -127,50 +127,19 @@ Status PreadFully(int fd, const std::filesystem::path& path, uint64_t offset,
   return {};
 }
 
-// |size| bytes of a region file at |offset|, read through a shared mapping
-// (see bus_guard.h for why and what a shrinking file does), or with pread
-// where the file cannot be mapped.
-class RegionMapping {
- public:
-  // Uses |mapped| when it holds the range, else maps it now.
-  RegionMapping(int fd, uint64_t offset, uint64_t size, std::span<const std::byte> mapped)
-      : fd_(fd) {
-    if (mapped.size() == size && size != 0) {
-      base_ = mapped.data();
-      borrowed_ = true;
-      return;
-    }
-    const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    skip_ = offset % page;
-    length_ = skip_ + size;
-    void* map =
-        ::mmap(nullptr, length_, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(offset - skip_));
-    if (map != MAP_FAILED) base_ = static_cast<const std::byte*>(map);
+// Copies the bytes at |at| of the range [offset, offset + size) of |file|
+// into |out|: through the file's kept mapping (see bus_guard.h for why and
+// what a shrinking file does), or with pread where it could not be mapped.
+Status CopyChunk(const RegionFile& file, const std::filesystem::path& path, uint64_t offset,
+                 uint64_t size, uint64_t at, std::span<std::byte> out) {
+  const std::span<const std::byte> mapped = file.mapped(offset, size);
+  if (mapped.empty()) return PreadFully(file.fd(), path, offset + at, out);
+  if (!GuardedCopy(out.data(), mapped.data() + at, out.size())) {
+    return Error{"region " + path.string() + " shrank while copying, between offsets " +
+                 std::to_string(offset + at) + " and " + std::to_string(offset + at + out.size())};
   }
-  ~RegionMapping() {
-    if (base_ != nullptr && !borrowed_) ::munmap(const_cast<std::byte*>(base_), length_);
-  }
-  RegionMapping(const RegionMapping&) = delete;
-  RegionMapping& operator=(const RegionMapping&) = delete;
-
-  // Copies the bytes at |at| (from the region's start) into |out|.
-  Status Copy(const std::filesystem::path& path, uint64_t offset, uint64_t at,
-              std::span<std::byte> out) const {
-    if (base_ == nullptr) return PreadFully(fd_, path, offset + at, out);
-    if (!GuardedCopy(out.data(), base_ + skip_ + at, out.size())) {
-      return Error{"region " + path.string() + " shrank while copying, between offsets " +
-                   std::to_string(offset + at) + " and " +
-                   std::to_string(offset + at + out.size())};
-    }
-    return {};
-  }
-
- private:
-  int fd_;
-  uint64_t skip_ = 0, length_ = 0;
-  const std::byte* base_ = nullptr;
-  bool borrowed_ = false;  // |base_| is the caller's mapping.
-};
+  return {};
+}
 
 // Checks that |fd| holds |size| bytes at |offset|.
 Status CheckRegionSize(int fd, const std::filesystem::path& path, uint64_t offset, uint64_t size) {
@@ -433,15 +402,15 @@ Status PendingCapture::WriteRecoveryRecord(const CaptureManifest& manifest) {
 }
 
 Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
-    std::string_view name, int region_fd, const std::filesystem::path& source, uint64_t offset,
-    uint64_t size, std::span<std::byte> copy, std::span<const std::byte> mapped) {
+    std::string_view name, const RegionFile& file, const std::filesystem::path& source,
+    uint64_t offset, uint64_t size, std::span<std::byte> copy) {
   // 1 MiB: large enough for few system calls, small enough that the disk
   // starts early.
   constexpr uint64_t kChunk = 1u << 20;
   constexpr uint64_t kPage = 4096;
   if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
   if (Status s = ValidateFileName(name); !s.ok()) return s.error();
-  if (Status s = CheckRegionSize(region_fd, source, offset, size); !s.ok()) return s.error();
+  if (Status s = CheckRegionSize(file.fd(), source, offset, size); !s.ok()) return s.error();
   if (copy.size() != size) {
     return Error{"copy of region " + source.string() + ": a buffer of " +
                  std::to_string(copy.size()) + " bytes for " + std::to_string(size)};
@@ -469,12 +438,11 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   RegionCopyStats stats;
   struct rusage before;
   ::getrusage(RUSAGE_THREAD, &before);
-  const RegionMapping mapping(region_fd, offset, size, mapped);
   for (uint64_t at = 0; at < size; at += kChunk) {
     const uint64_t len = std::min(kChunk, size - at);
     const auto t0 = std::chrono::steady_clock::now();
     std::span<std::byte> chunk(copy.data() + at, len);
-    if (Status s = mapping.Copy(source, offset, at, chunk); !s.ok()) return s.error();
+    if (Status s = CopyChunk(file, source, offset, size, at, chunk); !s.ok()) return s.error();
     const auto t1 = std::chrono::steady_clock::now();
     // Runs of non-zero pages, written as one call each.
     uint64_t run = 0, run_len = 0;

@@ -55,6 +55,7 @@
 
 #include "host_time.h"
 #include "hvtrace/result.h"
+#include "region_file.h"
 
 namespace hvtrace::hostd {
 
@@ -133,21 +134,20 @@ class PendingCapture {
     // Page faults of the copying thread while it copied (source and |copy|).
     uint64_t copy_minor_faults = 0;
   };
-  // Copies |size| bytes at |offset| of the region file |region_fd| (named
+  // Copies |size| bytes at |offset| of the region file |file| (named
   // |source| in errors; |size| is what hostd configured) into |copy| — the
   // private copy everything else reads — and into dir()/|name|, durable on
-  // return. Chunk by chunk, so the disk works while the CPU copies: each
-  // chunk is read once, its non-zero pages are written (zero pages stay
-  // holes: a ring buffer that is not full is mostly zeros) and their
-  // writeback started (sync_file_range) before the next chunk is read; one
-  // fdatasync at the end. |copy| must be |size| bytes: the caller's buffer
-  // (a pooled PageBuffer at panic time: no allocation, no page faults).
-  // |mapped|: the range already mapped (RegionFile, page tables filled), or
-  // empty to map it here.
-  Result<RegionCopyStats> CopyRegion(std::string_view name, int region_fd,
+  // return. Through the file's kept mapping when it maps this range (page
+  // tables filled: no faults), with pread otherwise. Chunk by chunk, so the
+  // disk works while the CPU copies: each chunk is read once, its non-zero
+  // pages are written (zero pages stay holes: a ring buffer that is not full
+  // is mostly zeros) and their writeback started (sync_file_range) before
+  // the next chunk is read; one fdatasync at the end. |copy| must be |size|
+  // bytes: the caller's buffer (a pooled PageBuffer at panic time: no
+  // allocation, no page faults).
+  Result<RegionCopyStats> CopyRegion(std::string_view name, const RegionFile& file,
                                      const std::filesystem::path& source, uint64_t offset,
-                                     uint64_t size, std::span<std::byte> copy,
-                                     std::span<const std::byte> mapped = {});
+                                     uint64_t size, std::span<std::byte> copy);
 
   // Writes recovery.json (|manifest| as it stands) durably: call it once the
   // raw copy is durable, so a daemon that dies before Commit leaves a capture

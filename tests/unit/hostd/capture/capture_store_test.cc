@@ -307,14 +307,14 @@ TEST(CopyRegionTest, WritesTheRegionSparselyAndKeepsAPrivateCopy) {
   }
   data[offset + size] = std::byte{0x77};  // Past the range: must not be copied.
   std::ofstream(f, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), data.size());
-  const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
+  const auto fd = RegionFile::Adopt(::open(f.c_str(), O_RDONLY | O_CLOEXEC), offset, size);
+  ASSERT_NE(fd, nullptr);
 
   CaptureStore store(tmp.path() / "captures");
   auto pending = store.Begin("panic", HostTime::Now());
   ASSERT_TRUE(pending.ok()) << pending.error().message;
   std::vector<std::byte> copy(size, std::byte{0xee});  // Every byte is overwritten.
-  auto stats = (*pending)->CopyRegion("region.bin", fd, f, offset, size, copy);
+  auto stats = (*pending)->CopyRegion("region.bin", *fd, f, offset, size, copy);
   ASSERT_TRUE(stats.ok()) << stats.error().message;
   EXPECT_EQ(stats->bytes_written, 4u * 4096);
   ASSERT_EQ(copy.size(), size);
@@ -333,14 +333,13 @@ TEST(CopyRegionTest, WritesTheRegionSparselyAndKeepsAPrivateCopy) {
               static_cast<unsigned long long>(st.st_blocks) * 512);
 
   // The name is taken now; a short region is an error naming it.
-  EXPECT_FALSE((*pending)->CopyRegion("region.bin", fd, f, offset, size, copy).ok());
-  auto short_region = (*pending)->CopyRegion("other.bin", fd, f, offset, data.size(), copy);
+  EXPECT_FALSE((*pending)->CopyRegion("region.bin", *fd, f, offset, size, copy).ok());
+  auto short_region = (*pending)->CopyRegion("other.bin", *fd, f, offset, data.size(), copy);
   ASSERT_FALSE(short_region.ok());
   EXPECT_NE(short_region.error().message.find(f.string()), std::string::npos);
   // A buffer of another size is refused, not overrun.
   std::vector<std::byte> small(size - 1);
-  EXPECT_FALSE((*pending)->CopyRegion("third.bin", fd, f, offset, size, small).ok());
-  ::close(fd);
+  EXPECT_FALSE((*pending)->CopyRegion("third.bin", *fd, f, offset, size, small).ok());
 }
 
 // The worst case for the panic-to-disk time: a full 16 MiB ring (no zero
@@ -352,14 +351,13 @@ TEST(CopyRegionTest, FullSixteenMiBRegionTimings) {
   std::vector<std::byte> data(size);
   for (uint64_t i = 0; i < size; ++i) data[i] = static_cast<std::byte>((i * 2654435761u) >> 13 | 1);
   std::ofstream(f, std::ios::binary).write(reinterpret_cast<const char*>(data.data()), data.size());
-  const int fd = ::open(f.c_str(), O_RDONLY | O_CLOEXEC);
-  ASSERT_GE(fd, 0);
+  const auto fd = RegionFile::Adopt(::open(f.c_str(), O_RDONLY | O_CLOEXEC), 0, size);
+  ASSERT_NE(fd, nullptr);
   CaptureStore store(tmp.path() / "captures");
   auto pending = store.Begin("panic", HostTime::Now());
   ASSERT_TRUE(pending.ok());
   std::vector<std::byte> copy(size);
-  auto stats = (*pending)->CopyRegion("region.bin", fd, f, 0, size, copy);
-  ::close(fd);
+  auto stats = (*pending)->CopyRegion("region.bin", *fd, f, 0, size, copy);
   ASSERT_TRUE(stats.ok()) << stats.error().message;
   EXPECT_EQ(stats->bytes_written, size);
   EXPECT_TRUE(copy == data);

@@ -158,16 +158,50 @@ Name FromText(const char* text) {
   return n;
 }
 
+// The record's task (trace_entry.common_pid); 0 when the record is too short.
+int32_t CommonPid(std::span<const std::byte> payload) {
+  int32_t pid = 0;
+  if (payload.size() >= 8) std::memcpy(&pid, payload.data() + 4, 4);
+  return pid;
+}
+
 }  // namespace
 
 struct TaskNameTimeline::Impl {
+  static constexpr uint64_t kNoRecord = UINT64_MAX;
+  static constexpr uint32_t kNoSpan = UINT32_MAX;
+
+  // Records of one pid that the statements around them disagree about: from
+  // |first| up to (not including) |end|, by record index in the pass. They
+  // take |name|, the next statement's; the previous one said otherwise.
+  struct Span {
+    uint64_t first = 0, end = 0;
+    uint32_t next = kNoSpan;  // The pid's next span, later in the trace.
+    Name name;
+  };
+
+  struct Pid {
+    // Pass 1: the name after the pid's latest statement. Pass 2: the name
+    // after its latest statement so far (|known|: there was one, or the
+    // first one said what the pid was called before it).
+    Name name;
+    bool known = false;
+    // Pass 1: what the pid's first statement says it was called before it.
+    std::optional<Name> first_before;
+    // Pass 1: the pid's first own record since its latest statement.
+    uint64_t open = kNoRecord;
+    // The pid's spans, oldest first: a list through Span::next. |cursor|:
+    // pass 2's next one.
+    uint32_t head = kNoSpan, tail = kNoSpan, cursor = kNoSpan;
+  };
+
   std::vector<std::optional<Spec>> specs;  // By event id.
   bool usable = false;
-  // Pass 1: pids already stated, and the name each had before its first
-  // statement (when that statement says it).
-  std::unordered_map<int32_t, std::optional<Name>> first;
-  // Pass 2: every pid's current name.
-  std::unordered_map<int32_t, Name> current;
+  std::unordered_map<int32_t, Pid> pids;  // Pids with a statement.
+  // At most one per statement, so bounded by the records.
+  std::vector<Span> spans;
+  uint64_t record = 0;  // Index of the record in the current pass.
+  uint64_t inferred = 0;
   Name out;
 
   const Spec* SpecOf(std::span<const std::byte> p) const {
@@ -214,6 +248,36 @@ struct TaskNameTimeline::Impl {
     }
     return n;
   }
+
+  // Pass 1: statement |f| at the current record. The pid's own records
+  // since its previous statement were named by that one going forward;
+  // when |f| says the pid was called something else up to here, the name
+  // changed unrecorded in between (prctl(PR_SET_NAME) without task_rename,
+  // lost events), most likely early (a forked busybox applet renames itself
+  // first thing), so those records take |f|'s name. An exec does not say the
+  // old name: the records before it keep the previous statement's.
+  void Learn(const Fact& f) {
+    auto [it, added] = pids.try_emplace(f.pid);
+    Pid& s = it->second;
+    if (added) {
+      s.first_before = f.before;
+    } else if (s.open != kNoRecord && f.before && !(*f.before == s.name) &&
+               spans.size() < kNoSpan) {
+      spans.push_back({s.open, record, kNoSpan, *f.before});
+      const uint32_t index = static_cast<uint32_t>(spans.size() - 1);
+      (s.tail == kNoSpan ? s.head : spans[s.tail].next) = index;
+      s.tail = index;
+    }
+    s.name = f.after;
+    s.open = kNoRecord;
+  }
+
+  // Pass 2: the span holding the current record of pid |s|, if any.
+  const Span* SpanAt(Pid& s) {
+    while (s.cursor != kNoSpan && spans[s.cursor].end <= record) s.cursor = spans[s.cursor].next;
+    if (s.cursor == kNoSpan || spans[s.cursor].first > record) return nullptr;
+    return &spans[s.cursor];
+  }
 };
 
 TaskNameTimeline::TaskNameTimeline(const std::vector<FormatText>& formats)
@@ -235,46 +299,74 @@ TaskNameTimeline::~TaskNameTimeline() = default;
 
 bool TaskNameTimeline::usable() const { return impl_->usable; }
 
+uint64_t TaskNameTimeline::inferred() const { return impl_->inferred; }
+
 void TaskNameTimeline::Scan(std::span<const std::byte> payload) {
+  Impl& m = *impl_;
   Fact facts[2];
-  const size_t n = impl_->Facts(payload, facts);
+  const size_t n = m.Facts(payload, facts);
+  const int32_t pid = CommonPid(payload);
+  bool stated = false;  // The record names its own task.
   for (size_t i = 0; i < n; ++i) {
     if (facts[i].pid <= 0) continue;
-    impl_->first.try_emplace(facts[i].pid, facts[i].before);
+    m.Learn(facts[i]);
+    stated = stated || facts[i].pid == pid;
   }
+  // Records before a pid's first statement are named by it (StartNaming).
+  if (pid > 0 && !stated) {
+    if (auto it = m.pids.find(pid); it != m.pids.end() && it->second.open == Impl::kNoRecord) {
+      it->second.open = m.record;
+    }
+  }
+  ++m.record;
 }
 
 void TaskNameTimeline::StartNaming() {
-  impl_->current.clear();
-  for (const auto& [pid, before] : impl_->first) {
-    if (before) impl_->current.emplace(pid, *before);
+  Impl& m = *impl_;
+  for (auto& [pid, s] : m.pids) {
+    s.known = s.first_before.has_value();
+    if (s.known) s.name = *s.first_before;
+    s.cursor = s.head;
   }
+  m.record = 0;
+  m.inferred = 0;
 }
 
 const char* TaskNameTimeline::Next(std::span<const std::byte> payload) {
   Impl& m = *impl_;
   Fact facts[2];
   const size_t n = m.Facts(payload, facts);
+  auto set = [&m](const Fact& f, const Name& name) {
+    Impl::Pid& s = m.pids[f.pid];
+    s.name = name;
+    s.known = true;
+  };
   for (size_t i = 0; i < n; ++i) {
     if (facts[i].pid <= 0) continue;
-    if (facts[i].deferred) {
-      if (facts[i].before) m.current[facts[i].pid] = *facts[i].before;
-    } else {
-      m.current[facts[i].pid] = facts[i].after;
+    if (!facts[i].deferred) {
+      set(facts[i], facts[i].after);
+    } else if (facts[i].before) {
+      set(facts[i], *facts[i].before);
     }
   }
-  int32_t pid = 0;
+  const int32_t pid = CommonPid(payload);
   const char* result = nullptr;
-  if (payload.size() >= 8) std::memcpy(&pid, payload.data() + 4, 4);
   if (pid > 0) {
-    if (auto it = m.current.find(pid); it != m.current.end()) {
-      m.out = it->second;
-      result = m.out.text;
+    if (auto it = m.pids.find(pid); it != m.pids.end()) {
+      if (const Impl::Span* span = m.SpanAt(it->second)) {
+        m.out = span->name;
+        result = m.out.text;
+        ++m.inferred;
+      } else if (it->second.known) {
+        m.out = it->second.name;
+        result = m.out.text;
+      }
     }
   }
   for (size_t i = 0; i < n; ++i) {
-    if (facts[i].pid > 0 && facts[i].deferred) m.current[facts[i].pid] = facts[i].after;
+    if (facts[i].pid > 0 && facts[i].deferred) set(facts[i], facts[i].after);
   }
+  ++m.record;
   return result;
 }
 
@@ -350,6 +442,7 @@ std::string MostUsedNames(const std::vector<FormatText>& formats, const PageLayo
         ++found->second;
       }
     });
+    st.inferred = timeline.inferred();
   }
   std::sort(order.begin(), order.end());
   std::string out;

@@ -4,8 +4,8 @@
 // name per pid (libtraceevent's sched_switch plugin registers the first comm
 // it sees; tep_register_comm never replaces one). But the trace records names
 // as they change, and TaskNameTimeline reads them back: the name of pid P at
-// the time of a record is the kernel's latest statement about P at or before
-// that record:
+// the time of a record is what the kernel's statements about P around that
+// record say (the rule is below the list):
 //
 //   sched:sched_switch         prev_comm/prev_pid, next_comm/next_pid
 //   sched:sched_wakeup(_new), sched_waking, sched_process_exit,
@@ -23,15 +23,28 @@
 //                              under the old name, newcomm after it
 //
 // (sched_process_wait is not used: its comm is the waiter's, its pid the
-// waited-for task's.) Before P's first statement the name is what that first
-// statement says P was called (every kind above except exec, whose old name
-// the record does not carry, and fork/newtask for the child, which did not
-// exist before). pid 0 is left to the caller (it prints "<idle>"), and so is
-// a pid the trace never names (the caller's saved_cmdlines, e.g. the agent's).
+// waited-for task's.) A record that states P's name itself takes that name.
+// Between two statements about P, P's records take the name the later one
+// says P had up to it (its "before": every kind above except exec, whose old
+// name the record does not carry, and fork/newtask for the child, which did
+// not exist before); without one, the name the earlier statement left.
+// Where the two agree (task_rename recorded: always, but for lost events)
+// this is the latest statement at or before the record. Where they differ,
+// P changed its name without an event: prctl(PR_SET_NAME) or a write to
+// /proc/PID/comm with task:task_rename off (a forked busybox applet renames
+// itself first thing, then runs as the new name until it is switched out),
+// and the later name is the better guess; inferred() counts the records
+// named so. An exec in between splits the interval: before it the earlier
+// name, from it on the exec's. Before P's first statement the name is what
+// that statement says P was called; after the last one, what it left. pid 0
+// is left to the caller (it prints "<idle>"), and so is a pid the trace never
+// names (the caller's saved_cmdlines, e.g. the agent's).
 //
 // Two passes over the same records in the same (time) order: Scan() each
-// record, StartNaming(), then Next() each record. Both are O(1) per record
-// (hash maps by pid). Records are hostile: every field is bounds-checked
+// record, StartNaming() once, then Next() each record; the passes pair
+// records by their index. Both are O(1) amortized per record (hash maps by
+// pid; pass 1 keeps at most one interval per statement, pass 2 walks each
+// pid's in order). Records are hostile: every field is bounds-checked
 // against the payload, names are copied, cut at a NUL or at 15 bytes; a
 // format without the expected fields is simply not used.
 #ifndef HVTRACE_TASK_NAMES_H_
@@ -74,6 +87,10 @@ class TaskNameTimeline {
   // not say (pid 0, or a pid never named). The pointer is valid until the
   // next call.
   const char* Next(std::span<const std::byte> payload);
+  // Records Next() has named by inference so far: with the name a later
+  // statement says the task had, which differs from what the statement
+  // before them left (see above).
+  uint64_t inferred() const;
 
  private:
   struct Impl;
@@ -87,6 +104,7 @@ struct TaskNameStats {
   uint64_t pids = 0;           // Pids the timeline named.
   uint64_t renamed_pids = 0;   // Pids that had more than one name.
   uint64_t not_most_used = 0;  // Named records whose name is not their pid's most used.
+  uint64_t inferred = 0;       // Named records named by inference (TaskNameTimeline).
 };
 
 // saved_cmdlines text ("pid comm\n") for a trace.dat whose reader keeps one

@@ -134,8 +134,8 @@ Bytes NewTask(int parent, int pid, const std::string& comm) {
 Bytes Other(int pid) { return Header(kOther, pid, 12); }
 
 // Runs both passes over |records| and returns each record's name ("" for
-// nullptr).
-std::vector<std::string> Names(const std::vector<Bytes>& records) {
+// nullptr); |inferred|: how many were named by inference.
+std::vector<std::string> Names(const std::vector<Bytes>& records, uint64_t* inferred = nullptr) {
   TaskNameTimeline t(Formats());
   EXPECT_TRUE(t.usable());
   for (const Bytes& r : records) t.Scan(r);
@@ -145,6 +145,7 @@ std::vector<std::string> Names(const std::vector<Bytes>& records) {
     const char* name = t.Next(r);
     out.push_back(name ? name : "");
   }
+  if (inferred != nullptr) *inferred = t.inferred();
   return out;
 }
 
@@ -211,6 +212,109 @@ TEST(TaskNameTimelineTest, ReusedPidGetsTheNewTasksName) {
   EXPECT_EQ(names, (std::vector<std::string>{"old", "old", "sh", "sh", "sleep", "sleep"}));
 }
 
+TEST(TaskNameTimelineTest, BusyboxAppletRenamedWithoutAnEventTakesTheNextName) {
+  // A real busybox guest without task:task_rename: init forks 1840, which is
+  // switched in as init, renames itself to ls (prctl(PR_SET_NAME): no
+  // event), works, and is switched out as ls.
+  uint64_t inferred = 0;
+  auto names =
+      Names({Fork("init", 1, 1840), Switch("swapper/0", 0, "init", 1840), Other(1840), Other(1840),
+             Other(1840), Switch("ls", 1840, "swapper/0", 0), Other(1840), Other(1)},
+            &inferred);
+  EXPECT_EQ(names, (std::vector<std::string>{"init", "", "ls", "ls", "ls", "ls", "ls", "init"}));
+  EXPECT_EQ(inferred, 3u);
+}
+
+TEST(TaskNameTimelineTest, InferenceStopsAtTheStatementsAroundTheInterval) {
+  // Two runs of pid 5 with an unrecorded rename in each: only the records
+  // between the disagreeing statements change; a wakeup by another task is
+  // a statement about pid 5 too.
+  uint64_t inferred = 0;
+  auto names = Names({Switch("swapper/0", 0, "a", 5), Other(5), Wakeup(7, "b", 5), Other(5),
+                      Switch("c", 5, "swapper/0", 0), Other(7)},
+                     &inferred);
+  EXPECT_EQ(names, (std::vector<std::string>{"", "b", "", "c", "c", ""}));
+  EXPECT_EQ(inferred, 2u);
+}
+
+TEST(TaskNameTimelineTest, ExecSplitsTheInterval) {
+  uint64_t inferred = 0;
+  // Switched in as sh, switched out as cp: the exec says where the name
+  // changed, so the records before it keep sh.
+  auto names = Names({Switch("swapper/0", 0, "sh", 100), Other(100), Other(100),
+                      Exec(100, "/bin/cp"), Other(100), Switch("cp", 100, "swapper/0", 0)},
+                     &inferred);
+  EXPECT_EQ(names, (std::vector<std::string>{"", "sh", "sh", "cp", "cp", "cp"}));
+  EXPECT_EQ(inferred, 0u);
+  // Without the exec event the whole run takes the later name.
+  names = Names({Switch("swapper/0", 0, "sh", 100), Other(100), Other(100), Other(100),
+                 Switch("cp", 100, "swapper/0", 0)},
+                &inferred);
+  EXPECT_EQ(names, (std::vector<std::string>{"", "cp", "cp", "cp", "cp"}));
+  EXPECT_EQ(inferred, 3u);
+  // An unrecorded rename after the exec: the records after the exec take
+  // the later name, the exec its own, those before it still the earlier one.
+  names = Names({Switch("swapper/0", 0, "sh", 100), Other(100), Exec(100, "/bin/busybox"),
+                 Other(100), Other(100), Switch("cp", 100, "swapper/0", 0)},
+                &inferred);
+  EXPECT_EQ(names, (std::vector<std::string>{"", "sh", "busybox", "cp", "cp", "cp"}));
+  EXPECT_EQ(inferred, 2u);
+}
+
+TEST(TaskNameTimelineTest, RecordedRenameStaysExact) {
+  uint64_t inferred = 0;
+  auto names = Names(
+      {Fork("init", 1, 1840), Switch("swapper/0", 0, "init", 1840), Other(1840),
+       Rename(1840, "init", "ls"), Other(1840), Other(1840), Switch("ls", 1840, "swapper/0", 0)},
+      &inferred);
+  EXPECT_EQ(names, (std::vector<std::string>{"init", "", "init", "init", "ls", "ls", "ls"}));
+  EXPECT_EQ(inferred, 0u);
+}
+
+TEST(TaskNameTimelineTest, UnchangedNameIsNotInferred) {
+  uint64_t inferred = 0;
+  auto names = Names({Other(30), Switch("swapper/0", 0, "sleep", 30), Other(30), Other(30),
+                      Switch("sleep", 30, "swapper/0", 0), Wakeup(1, "sleep", 30), Other(30),
+                      Switch("sleep", 30, "swapper/0", 0)},
+                     &inferred);
+  EXPECT_EQ(names, (std::vector<std::string>{"sleep", "", "sleep", "sleep", "sleep", "", "sleep",
+                                             "sleep"}));
+  EXPECT_EQ(inferred, 0u);
+}
+
+TEST(TaskNameTimelineTest, Malicious_InferenceReadsOnlyWholeStatements) {
+  uint64_t inferred = 0;
+  // A switch-out cut short says nothing: the run keeps the switch-in name.
+  Bytes cut = Switch("ls", 20, "swapper/0", 0);
+  cut.resize(20);  // prev_comm cut.
+  Bytes tiny = Header(kOther, 20, 8);
+  tiny.resize(6);  // Not even a trace_entry: no task.
+  auto names =
+      Names({Switch("swapper/0", 0, "init", 20), Other(20), tiny, cut, Other(20)}, &inferred);
+  EXPECT_EQ(names, (std::vector<std::string>{"", "init", "", "init", "init"}));
+  EXPECT_EQ(inferred, 0u);
+  // A later name with no NUL is cut to 15 bytes like any other.
+  names = Names({Switch("swapper/0", 0, "init", 21), Other(21),
+                 Switch("0123456789abcdefXYZ", 21, "swapper/0", 0)},
+                &inferred);
+  EXPECT_EQ(names[1], "0123456789abcde");
+  EXPECT_EQ(inferred, 1u);
+  // Many unrecorded renames: each interval is named by its own next
+  // statement, and every record in one is counted once.
+  std::vector<Bytes> many;
+  std::vector<std::string> want;
+  for (int i = 0; i < 1000; ++i) {
+    const std::string in = "in" + std::to_string(i), out = "out" + std::to_string(i);
+    many.push_back(Wakeup(1, in, 22));
+    many.push_back(Other(22));
+    many.push_back(Other(22));
+    many.push_back(Switch(out, 22, "swapper/0", 0));
+    want.insert(want.end(), {"", out, out, out});
+  }
+  EXPECT_EQ(Names(many, &inferred), want);
+  EXPECT_EQ(inferred, 2000u);
+}
+
 TEST(TaskNameTimelineTest, IdleAndUnnamedPidsAreLeftToTheCaller) {
   auto names = Names({Switch("swapper/0", 0, "a", 3), Other(0), Other(12345)});
   EXPECT_EQ(names[1], "");
@@ -268,6 +372,22 @@ TEST(MostUsedNamesTest, PicksTheNameCoveringMostEventsAcrossCpus) {
   EXPECT_EQ(stats.pids, 1u);
   EXPECT_EQ(stats.renamed_pids, 1u);
   EXPECT_EQ(stats.not_most_used, 1u);
+}
+
+TEST(MostUsedNamesTest, CountsTheEventsNamedByInference) {
+  // pid 10 switched in as init, out as ls (no task_rename): its three events
+  // in between are ls, inferred.
+  Bytes cpu0 = PageOf({{100, Switch("swapper/0", 0, "init", 10)},
+                       {150, Other(10)},
+                       {200, Other(10)},
+                       {400, Switch("ls", 10, "swapper/0", 0)}});
+  Bytes cpu1 = PageOf({{300, Other(10)}});
+  std::vector<std::vector<std::span<const std::byte>>> cpus = {{cpu0}, {cpu1}};
+  TaskNameStats stats;
+  EXPECT_EQ(MostUsedNames(Formats(), PageLayout::Default(), cpus, "", &stats), "10 ls\n");
+  EXPECT_EQ(stats.named, 4u);
+  EXPECT_EQ(stats.inferred, 3u);
+  EXPECT_EQ(stats.renamed_pids, 0u);
 }
 
 }  // namespace

@@ -304,6 +304,7 @@ TraceDatWriterInput WriterInput(const KernelFormats& formats, const BootMapCaptu
 struct NamesFound {
   std::string text;  // saved_cmdlines.
   double ms = 0;     // On its own thread.
+  TaskNameStats stats;
 };
 
 // trace-cmd keeps one name per pid: the one covering most of its events
@@ -315,7 +316,8 @@ std::future<NamesFound> FindNamesBeside(
     const std::vector<std::vector<std::span<const std::byte>>>& pages, std::string_view fallback) {
   auto find = [&formats, layout, &pages, fallback] {
     const auto start = std::chrono::steady_clock::now();
-    NamesFound found{MostUsedNames(formats, layout, pages, fallback)};
+    NamesFound found;
+    found.text = MostUsedNames(formats, layout, pages, fallback, &found.stats);
     found.ms = MsBetween(start, std::chrono::steady_clock::now());
     return found;
   };
@@ -369,6 +371,8 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     split(d.result.names_wait_ms);
     boot.decoded_with = per_boot ? bf.source : json::object();
     boot.decoded_with["kaslr"] = std::move(kaslr.manifest);
+    boot.decoded_with["task_names"] = {{"named", found.stats.named},
+                                       {"inferred", found.stats.inferred}};
     in.cpus = std::move(d.boot_pages[boot.boot]);
     const fs::path path = dir / boot.file;
     lap = std::chrono::steady_clock::now();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the hvtrace test guests: a Debian kernel plus a busybox initramfs.
 #
-#   qemu-scripts/build-guest.sh [--kernel 6.12|6.1|all] [--out DIR] [--agent PATH]
+#   qemu-scripts/build-guest.sh [--kernel 6.12|6.1|7.3|all] [--out DIR] [--agent PATH]
 #                               [--guest-test PATH] [--with-kexec-kernel] [--with-kexec-other]
 #                               [--overlay DIR] [--refresh] [--with-test-modules]
 #
@@ -9,14 +9,26 @@
 #   6.12  newest linux-image-6.12.*-amd64 in bookworm-backports (has the
 #         persistent ring buffer, boot_map)
 #   6.1   newest linux-image-6.1.*-amd64 in bookworm (+ updates, security)
+#   7.3   newest linux-image-7.3.*-amd64 (generic flavour: not -cloud, not
+#         -rt) in trixie-backports (persistent ring buffer with the 6.15+
+#         layout: global meta, per-CPU meta, scratch area with text address
+#         and module list)
+# Without --kernel: all three. Debian's 7.x image package is a meta package:
+# the kernel is in linux-binary-REL (usr/lib/modules/REL/vmlinuz), the modules
+# in linux-modules-REL (usr/lib/modules/REL/kernel/) and config and
+# modules.builtin in linux-base-REL (usr/lib/modules/REL/); those three are
+# fetched (found with `apt-cache show` of the meta package's Depends) and
+# unpacked into one dir. 6.12 and 6.1 ship all in the image package
+# (boot/vmlinuz-REL, boot/config-REL, lib/modules/REL/).
 # Outputs, per guest, in DIR/<guest>/ (DIR defaults to build/guest of the
 # checkout): vmlinuz, initrd.img, kernel-release, config, package, and with
 # --with-kexec-kernel initrd-kexec.img (the same initramfs plus the kernel at
-# /boot/vmlinuz). With --with-kexec-other (6.12 only) also other/vmlinuz,
-# other/kernel-release, other/package and initrd-kexec-other.img: the same
-# initramfs with ANOTHER build at /boot/vmlinuz (the newest 6.12 of
-# bookworm-security, e.g. 6.12.117 beside the backports 6.12.95) and that
-# build's modules, so `hvtrace-kexec-self` boots a different kernel build.
+# /boot/vmlinuz). With --with-kexec-other (6.12 and 7.3) also other/vmlinuz,
+# other/config, other/kernel-release, other/package and initrd-kexec-other.img:
+# the same initramfs with ANOTHER build at /boot/vmlinuz (6.12: the newest 6.12
+# of bookworm-security, e.g. 6.12.117 beside the backports 6.12.95; 7.3: the
+# newest 7.2 of trixie-backports, e.g. 7.2.12 beside 7.3.4) and that build's
+# modules, so `hvtrace-kexec-self` boots a different kernel build.
 # Prints one line per guest:
 #   GUEST <guest> KERNEL=<abs path> INITRD=<abs path> RELEASE=<uname -r>
 # and with --with-kexec-other one more:
@@ -51,7 +63,7 @@ OUT="$ROOT/build/guest"
 AGENT=""
 AGENT_GIVEN=0
 GUEST_TEST=""
-GUESTS=(6.12 6.1)
+GUESTS=(6.12 6.1 7.3)
 WITH_KEXEC_KERNEL=0
 WITH_KEXEC_OTHER=0
 WITH_TEST_MODULES=0
@@ -76,9 +88,9 @@ while [ $# -gt 0 ]; do
     --kernel)
       [ $# -ge 2 ] || usage
       case "$2" in
-        6.12|6.1) GUESTS=("$2") ;;
-        all) GUESTS=(6.12 6.1) ;;
-        *) die "--kernel takes 6.12, 6.1 or all, not '$2'" ;;
+        6.12|6.1|7.3) GUESTS=("$2") ;;
+        all) GUESTS=(6.12 6.1 7.3) ;;
+        *) die "--kernel takes 6.12, 6.1, 7.3 or all, not '$2'" ;;
       esac
       shift 2 ;;
     --out) [ $# -ge 2 ] || usage; OUT=$2; shift 2 ;;
@@ -174,6 +186,12 @@ URIs: $SECURITY_MIRROR
 Suites: bookworm-security
 Components: main
 Signed-By: $KEYRING
+
+Types: deb
+URIs: $MIRROR
+Suites: trixie trixie-backports
+Components: main
+Signed-By: $KEYRING
 "
 if [ ! -f "$SOURCES" ] || [ "$(cat "$SOURCES")" != "${sources_text%$'\n'}" ]; then
   printf '%s' "$sources_text" >"$SOURCES"
@@ -205,6 +223,9 @@ else
   fi
 fi
 
+# Identifies the lists: a resolved choice is kept while it stays the same.
+LISTS_ID=$(cat "$APT_DIR"/lists/*_InRelease 2>/dev/null | sha256sum | cut -c1-16)
+
 # Prints "NAME VERSION" of the newest package whose name matches the extended
 # regex $1 and that some suite in $2 (a regex over madison's "uri suite/..."
 # column) offers.
@@ -218,85 +239,159 @@ newest_package() {
     | sort -V | tail -n1 | awk '{print $2, $1}'
 }
 
-# Resolves, downloads and unpacks the kernel package for guest $1; sets
-# PKG, PKG_VERSION, UNPACKED, RELEASE.
+# Puts package $1 version $2 into $CACHE/debs, checked against SHA256 $3 (from
+# the signed lists), and sets DEB to its path. A cached .deb is hashed once;
+# the stamp DEB.sha256 records the hash it matched.
+get_kernel_deb() {
+  local name=$1 version=$2 want=$3 sha tmp stamp=""
+  DEB="$CACHE/debs/${name}_${version//:/%3a}_amd64.deb"
+  [ ! -f "$DEB.sha256" ] || read -r stamp <"$DEB.sha256" || true
+  if [ -f "$DEB" ] && [ "$stamp" != "$want" ]; then
+    sha=$(sha256sum "$DEB" | cut -d' ' -f1)
+    if [ "$sha" = "$want" ]; then
+      echo "$want" >"$DEB.sha256"
+    else
+      log "cached $DEB does not match the lists' SHA256; downloading again"
+      rm -f "$DEB" "$DEB.sha256"
+    fi
+  fi
+  if [ ! -f "$DEB" ]; then
+    log "downloading $name $version"
+    tmp=$(mktemp -d "$CACHE/debs/.download.XXXXXX")
+    # apt-get download checks the hash recorded in the signed lists.
+    if ! (cd "$tmp" && apt-get "${APT_OPTS[@]}" -q download "$name=$version" >"$tmp/log" 2>&1); then
+      cat "$tmp/log" >&2
+      rm -rf "$tmp"
+      die "apt-get download $name=$version failed"
+    fi
+    mv "$tmp"/*.deb "$DEB"
+    rm -rf "$tmp"
+    sha=$(sha256sum "$DEB" | cut -d' ' -f1)
+    [ "$sha" = "$want" ] || { rm -f "$DEB"; die "downloaded $name has SHA256 $sha, the lists say $want"; }
+    echo "$want" >"$DEB.sha256"
+  fi
+}
+
+# Prints the SHA256 the lists give for package $1 version $2.
+list_sha256() {
+  local want
+  want=$(apt-cache "${APT_OPTS[@]}" show "$1=$2" 2>/dev/null | sed -n 's/^SHA256: //p' | head -n1 || true)
+  [ -n "$want" ] || die "apt-cache gives no SHA256 for $1=$2"
+  echo "$want"
+}
+
+# The packages that hold the kernel of image package $1 version $2, as
+# "NAME=SHA256" words. Empty for the old packaging (6.12, 6.1: the image
+# package itself holds boot/vmlinuz-*, boot/config-* and lib/modules/). Since
+# Debian's 7.x the image package is a meta package that depends, at its exact
+# version, on linux-binary-REL (usr/lib/modules/REL/vmlinuz), linux-modules-REL
+# (usr/lib/modules/REL/kernel/) and linux-base-REL (usr/lib/modules/REL/config,
+# modules.builtin, modules.order).
+kernel_parts() {
+  local pkg=$1 version=$2 depends names p out=()
+  depends=$(apt-cache "${APT_OPTS[@]}" show "$pkg=$version" 2>/dev/null \
+            | sed -n 's/^Depends: //p' | head -n1 || true)
+  names=$(echo "$depends" | tr ',' '\n' | awk -v v="$version" '
+            { sub(/^[ \t]+/, ""); sub(/[ \t]+$/, "") }
+            $1 ~ /^linux-(binary|modules|base)-/ && $2 == "(=" && $3 == v ")" { print $1 }')
+  [ -n "$names" ] || return 0
+  echo "$names" | grep -q '^linux-binary-' || die "$pkg=$version depends on ${names//$'\n'/, } but on no linux-binary-*"
+  echo "$names" | grep -q '^linux-modules-' || die "$pkg=$version depends on ${names//$'\n'/, } but on no linux-modules-*"
+  for p in $names; do out+=("$p=$(list_sha256 "$p" "$version")"); done
+  echo "${out[*]}"
+}
+
+# Resolves, downloads and unpacks the kernel for guest $1; sets PKG,
+# PKG_VERSION (the linux-image package), UNPACKED (one dir with all its
+# packages unpacked), RELEASE, KERNEL_IMAGE, KERNEL_CONFIG and MODDIR (the
+# dir with kernel/ and modules.builtin) for either packaging.
 fetch_kernel() {
-  local guest=$1 name_re suite_re resolved_file resolved deb sha want
+  local guest=$1 name_re suite_re resolved_file resolved want parts=""
   case "$guest" in
     6.12) name_re='^linux-image-6\.12\.[0-9]+[^-]*-amd64$'; suite_re=' bookworm-backports/' ;;
     6.1)  name_re='^linux-image-6\.1\.[0-9]+-[0-9]+-amd64$'; suite_re=' bookworm(-updates|-security)?/' ;;
     # Another 6.12 build for kexec tests: Debian's own 6.12 (security updates).
     6.12-security) name_re='^linux-image-6\.12\.[0-9]+[^-]*-amd64$'; suite_re=' bookworm-security/' ;;
+    # The generic flavour only: "[^-]*" keeps out -cloud-amd64, -rt-amd64 and
+    # the -amd64-dbg packages.
+    7.3) name_re='^linux-image-7\.3\.[0-9]+[^-]*-amd64$'; suite_re=' trixie-backports/' ;;
+    # Another build for the 7.3 guest's kexec tests: the newest 7.2.
+    7.2) name_re='^linux-image-7\.2\.[0-9]+[^-]*-amd64$'; suite_re=' trixie-backports/' ;;
+    *) die "internal: no kernel for guest '$guest'" ;;
   esac
   resolved_file="$CACHE/resolved-$guest"
   # apt-cache rebuilds its cache on every call here (~1 s each), so the choice
-  # is remembered until the lists change: "NAME VERSION SHA256 LISTS-ID".
-  local lists_id recorded
-  lists_id=$(cat "$APT_DIR"/lists/*_InRelease 2>/dev/null | sha256sum | cut -c1-16)
-  recorded=$(cat "$resolved_file" 2>/dev/null || true)
+  # is remembered until the lists change. Line 1: "NAME VERSION SHA256
+  # LISTS-ID" (build-debian-image.sh reads NAME VERSION of resolved-6.12);
+  # line 2, for the split packaging: the kernel_parts words.
+  local lists_id=$LISTS_ID recorded recorded_parts
+  recorded=$(head -n1 "$resolved_file" 2>/dev/null || true)
+  recorded_parts=$(sed -n 2p "$resolved_file" 2>/dev/null || true)
   if [ -n "$recorded" ] && [ "${recorded##* }" = "$lists_id" ]; then
     read -r PKG PKG_VERSION want _ <<<"$recorded"
+    parts=$recorded_parts
   else
     resolved=$(newest_package "$name_re" "$suite_re" || true)
     if [ -n "$resolved" ]; then
       read -r PKG PKG_VERSION <<<"$resolved"
-      want=$(apt-cache "${APT_OPTS[@]}" show "$PKG=$PKG_VERSION" 2>/dev/null \
-             | sed -n 's/^SHA256: //p' | head -n1 || true)
-      [ -n "$want" ] || die "apt-cache gives no SHA256 for $PKG=$PKG_VERSION"
-      echo "$PKG $PKG_VERSION $want $lists_id" >"$resolved_file"
+      want=$(list_sha256 "$PKG" "$PKG_VERSION")
+      parts=$(kernel_parts "$PKG" "$PKG_VERSION")
+      printf '%s\n' "$PKG $PKG_VERSION $want $lists_id" ${parts:+"$parts"} >"$resolved_file"
     elif [ -n "$recorded" ]; then
       # Lists unusable (e.g. offline and never updated for this suite): fall
       # back to what an earlier run resolved from signed lists.
       read -r PKG PKG_VERSION want _ <<<"$recorded"
+      parts=$recorded_parts
       log "warning: cannot resolve the $guest kernel from the lists; using the earlier choice $PKG $PKG_VERSION"
     else
       die "no package matching $name_re in$suite_re (see $APT_DIR/update.log)"
     fi
   fi
 
-  deb="$CACHE/debs/${PKG}_${PKG_VERSION//:/%3a}_amd64.deb"
-  # A cached .deb is hashed once against the lists' SHA256; the stamp records
-  # the hash it matched.
-  if [ -f "$deb" ] && [ "$(cat "$deb.sha256" 2>/dev/null)" != "$want" ]; then
-    sha=$(sha256sum "$deb" | cut -d' ' -f1)
-    if [ "$sha" = "$want" ]; then
-      echo "$want" >"$deb.sha256"
-    else
-      log "cached $deb does not match the lists' SHA256; downloading again"
-      rm -f "$deb" "$deb.sha256"
-    fi
-  fi
-  if [ ! -f "$deb" ]; then
-    log "downloading $PKG $PKG_VERSION"
-    local tmp
-    tmp=$(mktemp -d "$CACHE/debs/.download.XXXXXX")
-    # apt-get download checks the hash recorded in the signed lists.
-    if ! (cd "$tmp" && apt-get "${APT_OPTS[@]}" -q download "$PKG=$PKG_VERSION" >"$tmp/log" 2>&1); then
-      cat "$tmp/log" >&2
-      rm -rf "$tmp"
-      die "apt-get download $PKG=$PKG_VERSION failed"
-    fi
-    mv "$tmp"/*.deb "$deb"
-    rm -rf "$tmp"
-    sha=$(sha256sum "$deb" | cut -d' ' -f1)
-    [ "$sha" = "$want" ] || { rm -f "$deb"; die "downloaded $PKG has SHA256 $sha, the lists say $want"; }
-    echo "$want" >"$deb.sha256"
+  # The .debs that hold the kernel: the image package itself, or its parts
+  # (the meta package has nothing we need and is not fetched).
+  local debs=() p
+  if [ -z "$parts" ]; then
+    get_kernel_deb "$PKG" "$PKG_VERSION" "$want"
+    debs=("$DEB")
+  else
+    for p in $parts; do
+      get_kernel_deb "${p%%=*}" "$PKG_VERSION" "${p#*=}"
+      debs+=("$DEB")
+    done
   fi
 
   UNPACKED="$CACHE/unpacked/${PKG}_${PKG_VERSION//:/%3a}"
   if [ ! -f "$UNPACKED/.complete" ]; then
-    log "unpacking $(basename "$deb")"
     rm -rf "$UNPACKED" "$UNPACKED.tmp"
     mkdir -p "$UNPACKED.tmp"
-    dpkg-deb -x "$deb" "$UNPACKED.tmp"
+    for p in "${debs[@]}"; do
+      log "unpacking $(basename "$p")"
+      dpkg-deb -x "$p" "$UNPACKED.tmp"
+    done
     touch "$UNPACKED.tmp/.complete"
     mv "$UNPACKED.tmp" "$UNPACKED"
   fi
-  local vmlinuz
-  vmlinuz=$(find "$UNPACKED/boot" -maxdepth 1 -name 'vmlinuz-*' | head -n1)
-  [ -n "$vmlinuz" ] || die "$PKG $PKG_VERSION has no boot/vmlinuz-*"
-  RELEASE=${vmlinuz##*/vmlinuz-}
-  [ -d "$UNPACKED/lib/modules/$RELEASE" ] || die "$PKG has no lib/modules/$RELEASE"
+  local found=()
+  # Old packaging: boot/vmlinuz-REL, boot/config-REL, lib/modules/REL/.
+  found=("$UNPACKED"/boot/vmlinuz-*)
+  if [ -f "${found[0]}" ]; then
+    KERNEL_IMAGE=${found[0]}
+    RELEASE=${KERNEL_IMAGE##*/vmlinuz-}
+    KERNEL_CONFIG="$UNPACKED/boot/config-$RELEASE"
+    MODDIR="$UNPACKED/lib/modules/$RELEASE"
+  else
+    # Split packaging: everything under usr/lib/modules/REL/.
+    found=("$UNPACKED"/usr/lib/modules/*/vmlinuz)
+    [ -f "${found[0]}" ] || die "$PKG $PKG_VERSION has neither boot/vmlinuz-* nor usr/lib/modules/*/vmlinuz"
+    KERNEL_IMAGE=${found[0]}
+    MODDIR=${KERNEL_IMAGE%/vmlinuz}
+    RELEASE=${MODDIR##*/}
+    KERNEL_CONFIG="$MODDIR/config"
+    [ -f "$KERNEL_CONFIG" ] || KERNEL_CONFIG="$UNPACKED/boot/config-$RELEASE"
+  fi
+  [ -f "$KERNEL_CONFIG" ] || die "$PKG $PKG_VERSION has no kernel config (boot/config-$RELEASE, usr/lib/modules/$RELEASE/config)"
+  [ -d "$MODDIR/kernel" ] || die "$PKG $PKG_VERSION has no modules in ${MODDIR#"$UNPACKED"/}/kernel"
 }
 
 # Downloads package $1 version $2 into $CACHE/headers/debs (checked against
@@ -367,11 +462,15 @@ fetch_test_modules() {
 module_order() {
   local moddir=$1; shift
   local -A path=() seen=()
-  local f base
-  while IFS= read -r f; do
+  local f base list files=()
+  # The list is read from a here-string (a file), not from a pipe: bash reads
+  # a pipe a byte at a time, ~1 s for the ~4,200 module paths of a kernel.
+  list=$(find "$moddir/kernel" -name '*.ko*')
+  mapfile -t files <<<"$list"
+  for f in "${files[@]}"; do
     base=${f##*/}; base=${base%.ko*}
     path[${base//-/_}]=$f
-  done < <(find "$moddir/kernel" -name '*.ko*')
+  done
   visit() {
     local key=${1//-/_} deps dep
     [ -z "${seen[$key]:-}" ] || return 0
@@ -388,6 +487,26 @@ module_order() {
   }
   local m
   for m in "$@"; do visit "$m"; done
+}
+
+# module_order, remembered beside the modules (an unpacked package never
+# changes once complete): modinfo decompresses each module, ~40 ms a call,
+# which made most of a run with everything cached.
+cached_module_order() {
+  local moddir=$1 key memo f ok=1
+  shift
+  key=$(printf '%s\n' "$@" | sha256sum | cut -c1-16)
+  memo="$moddir/.hvtrace-module-order-$key"
+  if [ -f "$memo" ]; then
+    while IFS= read -r f; do [ -f "$f" ] || ok=0; done <"$memo"
+  else
+    ok=0
+  fi
+  if [ "$ok" -eq 0 ]; then
+    module_order "$moddir" "$@" >"$memo.tmp"
+    mv "$memo.tmp" "$memo"
+  fi
+  cat "$memo"
 }
 
 # Hash of the helper's source and the compiler: the cached binary is reused
@@ -463,8 +582,8 @@ make_initramfs() {
   fi
   printf 'root:x:0:0:root:/root:/bin/sh\n' >"$stage/etc/passwd"
   printf 'root:x:0:\n' >"$stage/etc/group"
-  [ "$with_kernel" -ne 1 ] || cp "$UNPACKED/boot/vmlinuz-$RELEASE" "$stage/boot/vmlinuz"
-  [ "$with_kernel" -ne 2 ] || cp "$OTHER_UNPACKED/boot/vmlinuz-$OTHER_RELEASE" "$stage/boot/vmlinuz"
+  [ "$with_kernel" -ne 1 ] || cp "$KERNEL_IMAGE" "$stage/boot/vmlinuz"
+  [ "$with_kernel" -ne 2 ] || cp "$OTHER_KERNEL_IMAGE" "$stage/boot/vmlinuz"
   [ -z "$OVERLAY" ] || cp -a "$OVERLAY"/. "$stage"/
   (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort \
      | cpio --quiet -o -H newc -R 0:0 --reproducible) | gzip -6 -n >"$dest.tmp"
@@ -495,7 +614,7 @@ for guest in "${GUESTS[@]}"; do
   fetch_kernel "$guest"
   TEST_MODULE_FILES=()
   [ "$WITH_TEST_MODULES" -eq 0 ] || fetch_test_modules
-  order=$(module_order "$UNPACKED/lib/modules/$RELEASE" "${MODULES[@]}")
+  order=$(cached_module_order "$MODDIR" "${MODULES[@]}")
   mapfile -t MODULE_FILES <<<"$order"
   dir="$OUT/$guest"
   mkdir -p "$dir"
@@ -512,10 +631,8 @@ for guest in "${GUESTS[@]}"; do
     rm -f "$dir/.inputs"
     # Files are replaced by rename, so a QEMU already reading one keeps a
     # consistent copy.
-    for f in vmlinuz config; do
-      cp "$UNPACKED/boot/$f-$RELEASE" "$dir/$f.tmp"
-      mv "$dir/$f.tmp" "$dir/$f"
-    done
+    cp "$KERNEL_IMAGE" "$dir/vmlinuz.tmp" && mv "$dir/vmlinuz.tmp" "$dir/vmlinuz"
+    cp "$KERNEL_CONFIG" "$dir/config.tmp" && mv "$dir/config.tmp" "$dir/config"
     echo "$RELEASE" >"$dir/kernel-release.tmp" && mv "$dir/kernel-release.tmp" "$dir/kernel-release"
     echo "$PKG $PKG_VERSION" >"$dir/package.tmp" && mv "$dir/package.tmp" "$dir/package"
     make_initramfs "$dir/initrd.img" 0
@@ -532,14 +649,23 @@ for guest in "${GUESTS[@]}"; do
     fi
   fi
   other_line=""
-  if [ "$guest" = 6.12 ] && { [ "$WITH_KEXEC_OTHER" -eq 1 ] || [ -f "$dir/initrd-kexec-other.img" ]; }; then
+  # The other build for kexec tests: 6.12 -> the bookworm-security 6.12,
+  # 7.3 -> the newest 7.2 of trixie-backports; 6.1 has none.
+  case "$guest" in
+    6.12) other_guest=6.12-security ;;
+    7.3) other_guest=7.2 ;;
+    *) other_guest="" ;;
+  esac
+  if [ -n "$other_guest" ] && { [ "$WITH_KEXEC_OTHER" -eq 1 ] || [ -f "$dir/initrd-kexec-other.img" ]; }; then
     # The other build's package, then back to this guest's for the loop.
-    saved=("$PKG" "$PKG_VERSION" "$UNPACKED" "$RELEASE")
-    fetch_kernel 6.12-security
-    OTHER_PKG=$PKG OTHER_PKG_VERSION=$PKG_VERSION OTHER_UNPACKED=$UNPACKED OTHER_RELEASE=$RELEASE
+    saved=("$PKG" "$PKG_VERSION" "$UNPACKED" "$RELEASE" "$KERNEL_IMAGE" "$KERNEL_CONFIG" "$MODDIR")
+    fetch_kernel "$other_guest"
+    OTHER_PKG=$PKG OTHER_PKG_VERSION=$PKG_VERSION OTHER_RELEASE=$RELEASE
+    OTHER_KERNEL_IMAGE=$KERNEL_IMAGE OTHER_KERNEL_CONFIG=$KERNEL_CONFIG OTHER_MODDIR=$MODDIR
     PKG=${saved[0]} PKG_VERSION=${saved[1]} UNPACKED=${saved[2]} RELEASE=${saved[3]}
-    [ "$OTHER_RELEASE" != "$RELEASE" ] || die "the other 6.12 build has this guest's release $RELEASE"
-    other_order=$(module_order "$OTHER_UNPACKED/lib/modules/$OTHER_RELEASE" "${MODULES[@]}")
+    KERNEL_IMAGE=${saved[4]} KERNEL_CONFIG=${saved[5]} MODDIR=${saved[6]}
+    [ "$OTHER_RELEASE" != "$RELEASE" ] || die "the other $guest build ($other_guest) has this guest's release $RELEASE"
+    other_order=$(cached_module_order "$OTHER_MODDIR" "${MODULES[@]}")
     mapfile -t OTHER_MODULE_FILES <<<"$other_order"
     other_hash=$( (echo "$hash other $OTHER_PKG $OTHER_PKG_VERSION"; printf '%s\n' "${OTHER_MODULE_FILES[@]}") \
                   | sha256sum | cut -d' ' -f1)
@@ -548,10 +674,8 @@ for guest in "${GUESTS[@]}"; do
       log "building $guest kexec-other initramfs (/boot/vmlinuz = $OTHER_PKG $OTHER_PKG_VERSION)"
       rm -f "$dir/.inputs-kexec-other"
       mkdir -p "$dir/other"
-      for f in vmlinuz config; do
-        cp "$OTHER_UNPACKED/boot/$f-$OTHER_RELEASE" "$dir/other/$f.tmp"
-        mv "$dir/other/$f.tmp" "$dir/other/$f"
-      done
+      cp "$OTHER_KERNEL_IMAGE" "$dir/other/vmlinuz.tmp" && mv "$dir/other/vmlinuz.tmp" "$dir/other/vmlinuz"
+      cp "$OTHER_KERNEL_CONFIG" "$dir/other/config.tmp" && mv "$dir/other/config.tmp" "$dir/other/config"
       echo "$OTHER_RELEASE" >"$dir/other/kernel-release"
       echo "$OTHER_PKG $OTHER_PKG_VERSION" >"$dir/other/package"
       make_initramfs "$dir/initrd-kexec-other.img" 2
@@ -571,6 +695,11 @@ for f in "$CACHE"/resolved-*; do
   [ -f "$f" ] || continue
   read -r p v _ <"$f"
   keep+="${p}_${v//:/%3a} "
+  # The split packaging's parts (line 2: NAME=SHA256 words) share the version.
+  # shellcheck disable=SC2013  # one word per part
+  for part in $(sed -n 2p "$f"); do
+    keep+="${part%%=*}_${v//:/%3a} "
+  done
 done
 for f in "$CACHE"/unpacked/* "$CACHE"/debs/*.deb; do
   [ -e "$f" ] || continue

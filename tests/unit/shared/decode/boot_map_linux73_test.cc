@@ -144,5 +144,46 @@ TEST_F(Linux73Test, Malicious_OneBadSubBufferKeepsTheRestOfItsCpu) {
   EXPECT_EQ(map->cpu[1].records.size(), total1);
 }
 
+// kexec into the same 7.3 with the same command line (events after
+// trace_instance=): the new boot takes the range over. CPU 0's ring holds
+// the new boot only, CPU 1's both; the scratch area is the new boot's. Every
+// record the new boot's own trace file shows is read, at the same times, and
+// the two boots are told apart where CPU 1's time restarts.
+TEST(Linux73KexecTest, TheNewBootTakesTheRangeOverAndBothBootsAreSplit) {
+  const std::string dir = kDir + "kexec/";
+  std::vector<std::byte> range = Unzstd(dir + "region.bin.zst");
+  BootMapOptions options;
+  auto layout = PageLayout::FromHeaderPage(ReadText(dir + "header_page"), 4096);
+  ASSERT_TRUE(layout.ok());
+  options.layout = *layout;
+  auto map = ReadBootMap(range, options);
+  ASSERT_TRUE(map.ok()) << map.error().message;
+  EXPECT_EQ(map->layout, "linux-6.15");
+  EXPECT_EQ(map->boots, 2u);
+  for (const BootMapIssue& issue : map->issues) {
+    EXPECT_EQ(issue.check, BootMapCheck::kTimeWentBackwards) << issue.message;
+  }
+  const nlohmann::json meta = nlohmann::json::parse(ReadText(dir + "meta.json"));
+  EXPECT_EQ(map->scratch.text_addr, std::stoull(meta["text_addr"].get<std::string>(), nullptr, 16));
+  std::set<std::string> modules;
+  for (const BootMapModule& m : map->scratch.modules) modules.insert(m.name);
+  EXPECT_TRUE(modules.contains("tcp_htcp")) << "the new boot's module";
+  EXPECT_FALSE(modules.contains("dummy")) << "the first boot's module";
+
+  std::map<int, std::vector<uint64_t>> want;
+  for (const TraceLine& l : GuestTrace(dir + "trace.txt.zst")) want[l.cpu].push_back(l.usecs);
+  std::map<int, std::set<uint32_t>> boots;
+  for (const BootMapCpu& cpu : map->cpu) {
+    std::vector<uint64_t> got;
+    for (const BootMapRecord& r : cpu.records) {
+      got.push_back(Usecs(r.timestamp));
+      boots[cpu.cpu].insert(r.boot);
+    }
+    EXPECT_EQ(got, want[cpu.cpu]) << "cpu " << cpu.cpu;
+  }
+  EXPECT_EQ(boots[0], (std::set<uint32_t>{1}));
+  EXPECT_EQ(boots[1], (std::set<uint32_t>{0, 1}));
+}
+
 }  // namespace
 }  // namespace hvtrace

@@ -230,7 +230,17 @@ json Raw(std::string why, json extra = json::object()) {
 
 }  // namespace
 
-std::optional<int64_t> MetaTextDelta(const BootMap& map, const ImageSymbols& symbols) {
+std::optional<TextAddrDelta> MetaTextDelta(const BootMap& map, const ImageSymbols& symbols,
+                                           uint32_t boot) {
+  if (map.scratch.present) {
+    // The scratch area is rewritten by each boot that records into the
+    // range, so it speaks for the newest boot only.
+    if (map.scratch.text_addr == 0 || !symbols.text || boot + 1 < std::max(map.boots, 1u)) {
+      return std::nullopt;
+    }
+    return TextAddrDelta{static_cast<int64_t>(map.scratch.text_addr - *symbols.text),
+                         "scratch_text_addr", true};
+  }
   const BootMapCpu* meta = nullptr;
   for (const BootMapCpu& c : map.cpu) {
     if (c.meta_valid && c.text_addr != 0) {
@@ -241,15 +251,17 @@ std::optional<int64_t> MetaTextDelta(const BootMap& map, const ImageSymbols& sym
   if (meta == nullptr) return std::nullopt;
   if (map.layout == "linux-6.12-kaslr") {
     if (!symbols.text) return std::nullopt;
-    return static_cast<int64_t>(meta->text_addr - (*symbols.text - kStartKernel));
+    return TextAddrDelta{static_cast<int64_t>(meta->text_addr - (*symbols.text - kStartKernel))};
   }
   if (!symbols.meta_init_text_addr) return std::nullopt;
-  return static_cast<int64_t>(meta->text_addr - *symbols.meta_init_text_addr);
+  return TextAddrDelta{static_cast<int64_t>(meta->text_addr - *symbols.meta_init_text_addr)};
 }
 
 KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelFormats& formats,
-                            std::optional<int64_t> meta_delta, bool own_symbols) {
+                            std::optional<TextAddrDelta> text_delta, bool own_symbols) {
   KaslrVerdict out;
+  std::optional<int64_t> meta_delta;
+  if (text_delta) meta_delta = text_delta->delta;
   const char* source = own_symbols ? "agent metadata" : "evidence";
   const SymbolIndex ix = IndexSymbols(formats);
   if (ix.image.starts.empty()) {
@@ -289,10 +301,10 @@ KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelForma
   const bool checked = own_symbols || (best.contradicted == 0 && best.strong() != 0);
   const int64_t chosen = own_symbols ? 0 : best.delta;
   if (meta_delta) {
-    info["meta_text_addr"] = !checked                ? "unchecked"
+    info[text_delta->kind] = !checked                ? "unchecked"
                              : *meta_delta == chosen ? "agrees"
                                                      : "disagrees (not this boot's)";
-    info["meta_delta"] = *meta_delta;
+    info[std::string(text_delta->kind) + "_delta"] = *meta_delta;
   } else {
     info["meta_text_addr"] = "none";
   }
@@ -328,6 +340,22 @@ KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelForma
   }
   info["evidence"] = Counts(best);
   info["chance"] = expected;
+  // 6.15+: the boot's own _text from the scratch area decides when no value
+  // of the boot contradicts it (a guest that lies there can lie in its events
+  // too; evidence that disagrees still wins).
+  if (text_delta && text_delta->this_boots && !(proven && best.delta != text_delta->delta)) {
+    for (const Score& sc : scores) {
+      if (sc.delta != text_delta->delta || sc.contradicted != 0) continue;
+      info["delta"] = sc.delta;
+      info["source"] = text_delta->kind;
+      info[text_delta->kind] = distinct == 0 ? "alone (no value to check it against)"
+                                             : "agrees (no value contradicts it)";
+      out.use_symbols = true;
+      out.delta = sc.delta;
+      out.manifest = std::move(info);
+      return out;
+    }
+  }
   if (distinct == 0) {
     out.manifest =
         Raw("no evidence: the boot has no function-pointer, print ip or bprint fmt values in the "

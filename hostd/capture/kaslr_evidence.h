@@ -40,17 +40,33 @@ struct KaslrVerdict {
   nlohmann::json manifest;
 };
 
-// The delta the region's meta implies (text_addr - the harvest's
-// rb_meta_init_text_addr, or kaslr_addr - (_text - __START_KERNEL) for the
-// 48-byte meta); nullopt without a valid meta or the symbol.
-std::optional<int64_t> MetaTextDelta(const BootMap& map, const ImageSymbols& symbols);
+// What the range itself says of a boot's kernel text address, as a delta to
+// the harvest's kallsyms.
+struct TextAddrDelta {
+  int64_t delta = 0;
+  // "meta_text_addr" (6.12: the meta's text_addr belongs to the boot that
+  // initialised the buffer, any boot) or "scratch_text_addr" (6.15+: the
+  // scratch area's _text, written by the boot that last wrote the range).
+  const char* kind = "meta_text_addr";
+  // The address is this boot's own: enough alone when no value of the boot
+  // contradicts it.
+  bool this_boots = false;
+};
+
+// The delta the range implies for boot |boot|: 6.12, text_addr - the
+// harvest's rb_meta_init_text_addr (kaslr_addr - (_text - __START_KERNEL) for
+// the 48-byte meta); 6.15+, the scratch area's _text - the harvest's _text,
+// for the newest boot only. nullopt without a valid meta or the symbol.
+std::optional<TextAddrDelta> MetaTextDelta(const BootMap& map, const ImageSymbols& symbols,
+                                           uint32_t boot);
 
 // Finds boot |boot|'s delta to |formats|' kallsyms from the records of that
-// boot in |map|. |meta_delta| (MetaTextDelta) is one more piece of evidence,
-// never enough alone. |own_symbols|: |formats| is this boot's own metadata
-// (the agent's): the delta must be 0, and evidence against it prints raw.
+// boot in |map|. |text_delta| (MetaTextDelta) is one more piece of evidence;
+// it decides alone only when it is this boot's own and nothing contradicts
+// it. |own_symbols|: |formats| is this boot's own metadata (the agent's): the
+// delta must be 0, and evidence against it prints raw.
 KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelFormats& formats,
-                            std::optional<int64_t> meta_delta, bool own_symbols);
+                            std::optional<TextAddrDelta> text_delta, bool own_symbols);
 
 }  // namespace hvtrace::hostd
 

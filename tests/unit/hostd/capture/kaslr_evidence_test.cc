@@ -262,7 +262,7 @@ TEST(KaslrEvidence, OneFunctionPointerIsTooLittle) {
 TEST(KaslrEvidence, NoEvidencePrintsRawEvenWithAMeta) {
   const auto& k = Kernel();
   auto b = MakeBoot(k.kallsyms, {});
-  KaslrVerdict v = EstablishKaslr(b->map, 0, b->formats, int64_t{0}, false);
+  KaslrVerdict v = EstablishKaslr(b->map, 0, b->formats, TextAddrDelta{0}, false);
   EXPECT_FALSE(v.use_symbols) << v.manifest.dump();
   EXPECT_NE(v.manifest["why"].get<std::string>().find("no evidence"), std::string::npos);
 }
@@ -275,12 +275,41 @@ TEST(KaslrEvidence, TheMetaAgreeingTipsTwoFunctionPointers) {
   auto b = MakeBoot(k.kallsyms, Shifted(k.starts, {1234, 40000}, delta));
   KaslrVerdict alone = EstablishKaslr(b->map, 0, b->formats, std::nullopt, false);
   EXPECT_FALSE(alone.use_symbols) << alone.manifest.dump();
-  KaslrVerdict agreeing = EstablishKaslr(b->map, 0, b->formats, delta, false);
+  KaslrVerdict agreeing = EstablishKaslr(b->map, 0, b->formats, TextAddrDelta{delta}, false);
   EXPECT_TRUE(agreeing.use_symbols) << agreeing.manifest.dump();
   EXPECT_EQ(agreeing.delta, delta);
   EXPECT_EQ(agreeing.manifest["meta_text_addr"], "agrees");
-  KaslrVerdict stale = EstablishKaslr(b->map, 0, b->formats, delta + 100 * kMiB2, false);
+  KaslrVerdict stale =
+      EstablishKaslr(b->map, 0, b->formats, TextAddrDelta{delta + 100 * kMiB2}, false);
   EXPECT_FALSE(stale.use_symbols) << stale.manifest.dump();
+}
+
+// 6.15+: the scratch area's _text is the newest boot's own. Alone (no value
+// to check it against) it names the boot; one agreeing pointer confirms it;
+// evidence that disagrees wins over it.
+TEST(KaslrEvidence, TheScratchTextAddrIsThisBootsOwnUnlessContradicted) {
+  const int64_t delta = 7 * kMiB2;
+  const auto& k = Kernel();
+  const TextAddrDelta scratch{delta, "scratch_text_addr", true};
+  auto none = MakeBoot(k.kallsyms, {});
+  KaslrVerdict alone = EstablishKaslr(none->map, 0, none->formats, scratch, false);
+  EXPECT_TRUE(alone.use_symbols) << alone.manifest.dump();
+  EXPECT_EQ(alone.delta, delta);
+  EXPECT_EQ(alone.manifest["source"], "scratch_text_addr");
+  EXPECT_EQ(alone.manifest["scratch_text_addr"], "alone (no value to check it against)");
+  auto one = MakeBoot(k.kallsyms, Shifted(k.starts, {4321}, delta));
+  KaslrVerdict confirmed = EstablishKaslr(one->map, 0, one->formats, scratch, false);
+  EXPECT_TRUE(confirmed.use_symbols) << confirmed.manifest.dump();
+  EXPECT_EQ(confirmed.manifest["scratch_text_addr"], "agrees (no value contradicts it)");
+  auto other = MakeBoot(k.kallsyms, Shifted(k.starts, {10, 20000, 30001, 50000, 51000}, -delta));
+  KaslrVerdict overruled = EstablishKaslr(other->map, 0, other->formats, scratch, false);
+  EXPECT_TRUE(overruled.use_symbols) << overruled.manifest.dump();
+  EXPECT_EQ(overruled.delta, -delta);
+  EXPECT_EQ(overruled.manifest["scratch_text_addr"], "disagrees (not this boot's)");
+  // Not this boot's (an older boot of the range): a witness only, as on 6.12.
+  KaslrVerdict witness =
+      EstablishKaslr(none->map, 0, none->formats, TextAddrDelta{delta, "scratch_text_addr"}, false);
+  EXPECT_FALSE(witness.use_symbols) << witness.manifest.dump();
 }
 
 // A meta text_addr contradicted by four function pointers is not this boot's.
@@ -288,7 +317,7 @@ TEST(KaslrEvidence, EvidenceOverrulesAStaleMeta) {
   const int64_t delta = 3 * kMiB2;
   const auto& k = Kernel();
   auto b = MakeBoot(k.kallsyms, Shifted(k.starts, {10, 20000, 30001, 50000, 51000}, delta));
-  KaslrVerdict v = EstablishKaslr(b->map, 0, b->formats, int64_t{-2 * kMiB2}, false);
+  KaslrVerdict v = EstablishKaslr(b->map, 0, b->formats, TextAddrDelta{-2 * kMiB2}, false);
   EXPECT_TRUE(v.use_symbols) << v.manifest.dump();
   EXPECT_EQ(v.delta, delta);
   EXPECT_EQ(v.manifest["meta_text_addr"], "disagrees (not this boot's)");
@@ -312,7 +341,7 @@ TEST(KaslrEvidence, Malicious_ExtremeMetaDeltasAreOnlyCandidates) {
   auto b = MakeBoot(k.kallsyms, Shifted(k.starts, {3, 33, 333, 3333}, delta));
   for (int64_t meta : {std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
                        int64_t{-1}, int64_t{1} << 40}) {
-    KaslrVerdict v = EstablishKaslr(b->map, 0, b->formats, meta, false);
+    KaslrVerdict v = EstablishKaslr(b->map, 0, b->formats, TextAddrDelta{meta}, false);
     EXPECT_TRUE(v.use_symbols) << v.manifest.dump();
     EXPECT_EQ(v.delta, delta);
     EXPECT_EQ(v.manifest["meta_text_addr"], "disagrees (not this boot's)");

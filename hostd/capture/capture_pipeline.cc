@@ -24,6 +24,7 @@
 #include "hvtrace/task_names.h"
 #include "kallsyms_subset.h"
 #include "kaslr_evidence.h"
+#include "module_symbols.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -71,6 +72,19 @@ json IssueJson(const BootMapIssue& issue) {
           {"message", issue.message}};
 }
 
+// The 6.15+ scratch area: the previous (newest) boot's _text and modules,
+// as the guest's instances/NAME/last_boot_info prints them.
+json ScratchJson(const BootMapScratch& s) {
+  json modules = json::array();
+  for (const BootMapModule& m : s.modules) modules.push_back({{"name", m.name}, {"addr", m.addr}});
+  json j = {
+      {"layout", s.layout},           {"offset", s.offset},         {"size", s.size},
+      {"text_addr", s.text_addr},     {"nr_entries", s.nr_entries}, {"modules", std::move(modules)},
+      {"bad_entries", s.bad_entries}, {"problems", s.problems}};
+  if (s.layout == "clock_id") j["clock_id"] = s.clock_id;
+  return j;
+}
+
 json ValidationJson(const BootMap& map) {
   json cpus = json::array();
   for (const BootMapCpu& c : map.cpu) {
@@ -91,24 +105,35 @@ json ValidationJson(const BootMap& map) {
                     {"records", c.records.size()},
                     {"boots", c.boots},
                     {"issues", c.issues.size()}});
+    if (map.layout == "linux-6.15-nr-invalid") {
+      cpus.back()["kernel_nr_invalid"] = c.nr_invalid;
+      cpus.back()["kernel_entry_bytes"] = c.entry_bytes;
+    }
   }
   json issues = json::array();
   for (size_t i = 0; i < map.issues.size() && i < kMaxIssuesInManifest; ++i) {
     issues.push_back(IssueJson(map.issues[i]));
   }
-  return {{"reader", "boot_map"},
-          {"layout", map.layout},
-          {"cpus", map.cpus},
-          {"cpus_derived", map.cpus_derived},
-          {"nr_subbufs", map.nr_subbufs},
-          {"chunk_stride", map.chunk_stride},
-          {"geometry_from", map.geometry_from},
-          {"range_size", map.range_size},
-          {"boots", map.boots},
-          {"per_cpu", std::move(cpus)},
-          {"issues", std::move(issues)},
-          {"issues_total", map.issues.size()},
-          {"issues_truncated", map.issues.size() > kMaxIssuesInManifest}};
+  json out = {{"reader", "boot_map"},
+              {"layout", map.layout},
+              {"cpus", map.cpus},
+              {"cpus_derived", map.cpus_derived},
+              {"nr_subbufs", map.nr_subbufs},
+              {"chunk_stride", map.chunk_stride},
+              {"geometry_from", map.geometry_from},
+              {"range_size", map.range_size},
+              {"boots", map.boots},
+              {"per_cpu", std::move(cpus)},
+              {"issues", std::move(issues)},
+              {"issues_total", map.issues.size()},
+              {"issues_truncated", map.issues.size() > kMaxIssuesInManifest}};
+  if (map.scratch.present) {
+    out["global_meta"] = {{"struct_sizes", map.struct_sizes},
+                          {"total_size", map.total_size},
+                          {"buffers_offset", map.buffers_offset}};
+    out["scratch"] = ScratchJson(map.scratch);
+  }
+  return out;
 }
 
 // Reads the region and sorts its good pages into boots. Without |formats|
@@ -187,27 +212,42 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
         counts.bad_pages[p.time_went_backwards ? "time_went_backwards" : "duplicate_slot"]++;
       }
     }
+    // Events lost to a bad or skipped page are marked on the next page
+    // written, as the kernel marks a page after events it dropped (7.2 does
+    // the same for a sub-buffer it found invalid): trace-cmd and show print
+    // "[LOST EVENTS]" where they went missing.
+    bool lost = false;
     for (const BootMapPage& p : c.pages) {
-      if (p.skipped || p.records == 0) continue;
+      if (p.skipped && p.time_went_backwards) lost = true;
+      if (p.skipped || p.records == 0) {
+        lost |= p.error != PageError::kOk;
+        continue;
+      }
       if (p.boot >= nboots || p.offset > region.size() || region.size() - p.offset < psize)
         continue;
       std::span<const std::byte> page = region.subspan(p.offset, psize);
-      if (p.error != PageError::kOk) {
-        // Cut the page at its first bad record so trace-cmd reads exactly the
-        // records we kept; the stored missed count would sit past the new
-        // commit, so only the "events were missed" flag is kept.
-        PageCursor cursor(page, d.layout);
+      PageCursor cursor(page, d.layout);
+      if (p.error != PageError::kOk || lost) {
+        // Cut a bad page at its first bad record so trace-cmd reads exactly
+        // the records we kept; the stored missed count would sit past the
+        // new commit, so only the "events were missed" flag is kept.
         RawRecord rec;
         while (cursor.Next(&rec)) {
         }
-        const uint32_t good = cursor.error_offset() > d.layout.data_offset
-                                  ? cursor.error_offset() - d.layout.data_offset
-                                  : 0;
+        const uint32_t end = p.error != PageError::kOk
+                                 ? cursor.error_offset()
+                                 : d.layout.data_offset + cursor.header().commit;
+        const uint32_t good = end > d.layout.data_offset ? end - d.layout.data_offset : 0;
         std::vector<std::byte>& fixed = d.repaired.emplace_back(page.begin(), page.end());
-        const uint64_t flags = cursor.header().missed_events ? kPageMissedEvents : 0;
-        StoreLe(fixed, d.layout.commit_offset, d.layout.commit_size, good | flags);
+        const bool missed = cursor.header().missed_events || lost;
+        counts.lost_marked += lost;
+        const uint64_t stored =
+            p.error == PageError::kOk && cursor.header().missed_stored ? kPageMissedStored : 0;
+        StoreLe(fixed, d.layout.commit_offset, d.layout.commit_size,
+                good | (missed ? kPageMissedEvents : 0) | stored);
         page = fixed;
       }
+      lost = p.error != PageError::kOk;
       d.boot_pages[p.boot][ci].push_back(page);
       r.boots[p.boot].pages++;
     }
@@ -246,16 +286,54 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
 
 // The kallsyms trace-cmd needs for the events of |map| (KallsymsSubset:
 // kilobytes instead of the kernel's ~7 MB, printing the same).
+// The newest boot of a 6.15+ range also gets its modules' text symbols where
+// the scratch area says that boot had them (module_symbols.h); |modules|
+// (may be null) says what was moved, for the manifest.
 std::string KallsymsForEvents(const BootMap& map, const KernelFormats& formats, int64_t delta,
-                              uint32_t boot) {
-  KallsymsSubset subset(formats.kallsyms, delta, SymbolsOf(formats));
+                              uint32_t boot, json* modules) {
+  const std::shared_ptr<const KernelSymbols> symbols = SymbolsOf(formats);
+  const bool newest = boot + 1 >= std::max(map.boots, 1u);
+  std::optional<ModuleSymbols> moved;
+  if (newest && !map.scratch.modules.empty()) {
+    moved = MoveModuleSymbols(formats.kallsyms, *symbols, map.scratch.modules);
+  }
+  KallsymsSubset subset(formats.kallsyms, delta, symbols, /*with_modules=*/!moved);
   if (subset.empty()) return std::string();
+  std::optional<KallsymsSubset> module_subset;
+  if (moved && !moved->kallsyms.empty()) module_subset.emplace(moved->kallsyms, 0);
   for (const BootMapCpu& cpu : map.cpu) {
     for (const BootMapRecord& rec : cpu.records) {
-      if (rec.boot == boot) subset.AddPayload(rec.payload);
+      if (rec.boot != boot) continue;
+      subset.AddPayload(rec.payload);
+      if (module_subset) module_subset->AddPayload(rec.payload);
     }
   }
-  return subset.Text();
+  if (moved && modules != nullptr) {
+    *modules = {{"source", "scratch area"},
+                {"modules_moved", moved->modules_moved},
+                {"symbols", moved->symbols},
+                {"not_harvested", moved->not_harvested}};
+  }
+  return module_subset ? subset.Text() + module_subset->Text() : subset.Text();
+}
+
+// The newest boot's last_boot_info as the guest kernel prints it
+// (instances/NAME/last_boot_info: "<_text>\t[kernel]", then "<addr>\t<module>"
+// lines), for trace-cmd's LAST_BOOT_INFO option; empty without a scratch
+// area a boot wrote. The instance is hvtrace's boot instance, "boot_map".
+std::string LastBootInfo(const BootMapScratch& scratch) {
+  if (scratch.text_addr == 0) return std::string();
+  std::string out = "boot_map:";
+  char line[96];
+  std::snprintf(line, sizeof line, "%llx\t[kernel]\n",
+                static_cast<unsigned long long>(scratch.text_addr));
+  out += line;
+  for (const BootMapModule& m : scratch.modules) {
+    std::snprintf(line, sizeof line, "%llx\t%s\n", static_cast<unsigned long long>(m.addr),
+                  m.name.c_str());
+    out += line;
+  }
+  return out;
 }
 
 // printk_formats lines are "0x<addr> : \"fmt\"": addresses in the kernel image.
@@ -351,15 +429,18 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
       lap = now;
     };
     TraceDatWriterInput in = WriterInput(formats, opts, d.layout.page_size);
+    if (boot.boot + 1 == d.result.boots.size()) in.last_boot_info = LastBootInfo(d.map.scratch);
     std::future<NamesFound> names =
         FindNamesBeside(in.formats, d.layout, d.boot_pages[boot.boot], bf.cmdlines);
-    KaslrVerdict kaslr =
-        EstablishKaslr(d.map, boot.boot, formats, MetaTextDelta(d.map, SymbolsOf(formats)->image()),
-                       bf.own_symbols);
+    KaslrVerdict kaslr = EstablishKaslr(
+        d.map, boot.boot, formats, MetaTextDelta(d.map, SymbolsOf(formats)->image(), boot.boot),
+        bf.own_symbols);
     split(d.result.kaslr_ms);
     in.printk_formats.clear();
     if (kaslr.use_symbols) {
-      in.kallsyms = KallsymsForEvents(d.map, formats, kaslr.delta, boot.boot);
+      json modules;
+      in.kallsyms = KallsymsForEvents(d.map, formats, kaslr.delta, boot.boot, &modules);
+      if (!modules.is_null()) kaslr.manifest["module_symbols"] = std::move(modules);
       in.printk_formats = kaslr.delta == 0
                               ? formats.printk_formats
                               : RelocatePrintkFormats(formats.printk_formats, kaslr.delta);

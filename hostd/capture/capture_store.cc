@@ -264,6 +264,7 @@ json CaptureManifest::ToJson() const {
                         {"lost_events", c.lost_events},
                         {"bad_pages", c.bad_pages},
                         {"bad_pages_total", cpu_bad}});
+    if (c.lost_marked != 0) cpu_list.back()["lost_marked_pages"] = c.lost_marked;
     events += c.events;
     pages += c.pages;
     lost += c.lost_events;

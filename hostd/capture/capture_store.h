@@ -65,6 +65,9 @@ struct CpuCaptureCounts {
   uint64_t pages = 0;
   uint64_t lost_events = 0;
   std::map<std::string, uint64_t> bad_pages;  // Reason → count.
+  // Pages written with the missed-events flag because the page before them
+  // was bad or skipped (its events are lost, their number unknown).
+  uint64_t lost_marked = 0;
 };
 
 // A QMP (or libvirt) event as the daemon saw it.

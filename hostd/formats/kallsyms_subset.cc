@@ -8,7 +8,7 @@
 namespace hvtrace::hostd {
 
 KallsymsSubset::KallsymsSubset(std::string_view text, int64_t delta,
-                               std::shared_ptr<const KernelSymbols> symbols)
+                               std::shared_ptr<const KernelSymbols> symbols, bool with_modules)
     : text_(text), symbols_(symbols ? std::move(symbols) : KernelSymbols::Build(text, {})) {
   // A delta that would carry a low core address below zero (or a high one
   // past the top) would break the list's order; those symbols are no
@@ -21,7 +21,14 @@ KallsymsSubset::KallsymsSubset(std::string_view text, int64_t delta,
   while (!movable.empty() && delta > 0 && addr(movable.back()) > UINT64_MAX - magnitude)
     movable = movable.first(movable.size() - 1);
   movable_ = {movable, delta, std::vector<uint8_t>(movable.size())};
-  fixed_ = {symbols_->fixed(), 0, std::vector<uint8_t>(symbols_->fixed().size())};
+  std::span<const uint32_t> fixed = symbols_->fixed();
+  if (!with_modules) {
+    for (uint32_t i : fixed) {
+      if (!symbols_->table().symbols()[i].module) fixed_kept_.push_back(i);
+    }
+    fixed = fixed_kept_;
+  }
+  fixed_ = {fixed, 0, std::vector<uint8_t>(fixed.size())};
   // The lowest non-zero address of either list (fixed ones start with the
   // zero addresses of a kptr_restrict read).
   for (size_t i = 0; i < fixed_.index.size(); ++i) {

@@ -30,8 +30,10 @@ class KallsymsSubset {
   // Core-kernel symbols are moved by |delta| (a KASLR difference; module
   // symbols and zero addresses stay). Nothing is copied per subset but a
   // mark per symbol.
+  // |with_modules| false leaves module symbols out (their addresses are
+  // the harvest's; see module_symbols.h for where a boot had them).
   KallsymsSubset(std::string_view kallsyms, int64_t delta,
-                 std::shared_ptr<const KernelSymbols> symbols = nullptr);
+                 std::shared_ptr<const KernelSymbols> symbols = nullptr, bool with_modules = true);
 
   bool empty() const { return lowest_ == 0; }
   // Marks the symbols the values in |payload| fall in.
@@ -57,6 +59,7 @@ class KallsymsSubset {
 
   std::string_view text_;
   std::shared_ptr<const KernelSymbols> symbols_;
+  std::vector<uint32_t> fixed_kept_;  // The fixed list without modules, when asked.
   List movable_, fixed_;
   uint64_t lowest_ = 0;                // Values below name nothing worth printing; 0: no symbols.
   std::array<uint64_t, 1024> seen_{};  // Values marked lately (0: none; 0 < lowest_).

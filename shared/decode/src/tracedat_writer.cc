@@ -23,6 +23,9 @@ static_assert(std::endian::native == std::endian::little,
 
 constexpr uint16_t kOptionDone = 0;
 constexpr uint16_t kOptionTraceClock = 4;
+// trace-cmd 3.4's LAST_BOOT_INFO: "<instance>:<last_boot_info text>", NUL
+// terminated (a reader that does not know it skips it by its size).
+constexpr uint16_t kOptionLastBootInfo = 24;
 
 void Put16(std::string* out, uint16_t v) { out->append(reinterpret_cast<const char*>(&v), 2); }
 void Put32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
@@ -114,6 +117,11 @@ Result<std::string> EncodeHeader(const TraceDatWriterInput& in) {
   Put16(&out, kOptionTraceClock);
   Put32(&out, static_cast<uint32_t>(clock.size() + 1));
   PutCString(&out, clock);
+  if (!in.last_boot_info.empty()) {
+    Put16(&out, kOptionLastBootInfo);
+    Put32(&out, static_cast<uint32_t>(in.last_boot_info.size() + 1));
+    PutCString(&out, in.last_boot_info);
+  }
   Put16(&out, kOptionDone);
 
   out.append("flyrecord\0", 10);

@@ -7,7 +7,8 @@
 //   systems: count:u32 {"name\0" count:u32 {size:u64 text}}
 //   kallsyms: size:u32 text   printk_formats: size:u32 text
 //   cmdlines: size:u64 text   cpus:u32
-//   "options  \0" {id:u16 size:u32 data} 0:u16     (TRACECLOCK = 4)
+//   "options  \0" {id:u16 size:u32 data} 0:u16     (TRACECLOCK = 4,
+//                                                   LAST_BOOT_INFO = 24)
 //   "flyrecord\0" {offset:u64 size:u64} per CPU, clock: size:u64 "[clock]"
 //   padding to page_size, then each CPU's pages, page aligned.
 //
@@ -42,6 +43,9 @@ struct TraceDatWriterInput {
   std::string printk_formats;         // printk_formats text (may be empty).
   std::string cmdlines;               // saved_cmdlines text, "pid comm\n" lines.
   std::string trace_clock = "local";  // The clock name, e.g. "local", "global".
+  // "<instance>:<text>" as trace-cmd 3.4 stores a persistent instance's
+  // last_boot_info (option 24); empty: not written.
+  std::string last_boot_info;
   // Per CPU (index = CPU number), the pages in read order; each exactly
   // |page_size| bytes.
   std::vector<std::vector<std::span<const std::byte>>> cpus;

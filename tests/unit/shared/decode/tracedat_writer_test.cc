@@ -151,6 +151,24 @@ TEST_F(TraceDatWriterTest, TraceCmdReportShowsTheGuestsMarkers) {
   EXPECT_EQ(report_count, guest_count);
 }
 
+// trace-cmd 3.4 stores a persistent instance's last_boot_info as option 24;
+// a trace-cmd that predates it (Debian's 3.1.6) must still open the file and
+// print the same events, and our reader must skip it.
+TEST_F(TraceDatWriterTest, LastBootInfoOptionKeepsTheFileReadable) {
+  const std::string plain = dir_ / "plain.dat", with = dir_ / "with.dat";
+  ASSERT_TRUE(WriteTraceDat(plain, input_).ok());
+  input_.last_boot_info = "boot_map:ffffffff9a000000\t[kernel]\nffffffffc0746000\tpvpanic_pci\n";
+  Status s = WriteTraceDat(with, input_);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_NE(ReadText(with).find(input_.last_boot_info), std::string::npos);
+  const std::string a = RunCommand("trace-cmd report -i '" + plain + "' 2>&1");
+  const std::string b = RunCommand("trace-cmd report -i '" + with + "' 2>&1");
+  ASSERT_NE(b.find("print:"), std::string::npos) << b.substr(0, 2000);
+  EXPECT_EQ(a.substr(a.find('\n')), b.substr(b.find('\n')));  // After the "cpus=" line.
+  auto read = TraceDat::Open(with);
+  ASSERT_TRUE(read.ok()) << read.error().message;
+}
+
 TEST_F(TraceDatWriterTest, LibTraceCmdReadsEveryRecordWithItsTime) {
   const std::string path = dir_ / "trace.dat";
   ASSERT_TRUE(WriteTraceDat(path, input_).ok());

@@ -1,0 +1,67 @@
+#include "module_symbols.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "kallsyms_subset.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+// A harvest's kallsyms: two modules loaded at its own addresses, one the
+// captured boot did not have, data symbols that must not move.
+const char kKallsyms[] =
+    "ffffffff81000000 T _text\n"
+    "ffffffff81001000 T start_kernel\n"
+    "ffffffffc0740000 t __pfx_pvpanic_mmio_probe\t[pvpanic_mmio]\n"
+    "ffffffffc0740010 t pvpanic_mmio_probe\t[pvpanic_mmio]\n"
+    "ffffffffc0742000 d pvpanic_mmio_driver\t[pvpanic_mmio]\n"
+    "ffffffffc0746010 t pvpanic_pci_probe\t[pvpanic_pci]\n"
+    "ffffffffc0746200 t pvpanic_pci_remove\t[pvpanic_pci]\n"
+    "ffffffffc0800010 t virtnet_poll\t[virtio_net]\n";
+
+TEST(ModuleSymbolsTest, TextSymbolsMoveToWhereTheBootHadTheirModule) {
+  auto symbols = KernelSymbols::Build(kKallsyms, {});
+  const std::vector<BootMapModule> loaded = {{0xffffffffc1230000ull, "pvpanic_mmio"},
+                                             {0xffffffffc0700000ull, "pvpanic_pci"},
+                                             {0xffffffffc0900000ull, "hvt_beta"}};
+  ModuleSymbols moved = MoveModuleSymbols(kKallsyms, *symbols, loaded);
+  EXPECT_EQ(moved.modules_moved, 2u);
+  EXPECT_EQ(moved.symbols, 4u);
+  EXPECT_EQ(moved.not_harvested, std::vector<std::string>{"hvt_beta"});
+  EXPECT_EQ(moved.kallsyms,
+            "ffffffffc1230000 t __pfx_pvpanic_mmio_probe\t[pvpanic_mmio]\n"
+            "ffffffffc1230010 t pvpanic_mmio_probe\t[pvpanic_mmio]\n"
+            "ffffffffc0700010 t pvpanic_pci_probe\t[pvpanic_pci]\n"
+            "ffffffffc0700200 t pvpanic_pci_remove\t[pvpanic_pci]\n");
+
+  // A subset built from them names a pointer into the moved module; the
+  // harvest's own module addresses are left out of the image's subset.
+  KallsymsSubset image(kKallsyms, 0, symbols, /*with_modules=*/false);
+  KallsymsSubset modules(moved.kallsyms, 0);
+  uint64_t values[] = {0xffffffffc1230018ull, 0xffffffffc0740018ull};
+  std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(values), sizeof values);
+  image.AddPayload(payload);
+  modules.AddPayload(payload);
+  EXPECT_EQ(image.Text().find("[pvpanic_mmio]"), std::string::npos) << image.Text();
+  EXPECT_NE(modules.Text().find("ffffffffc1230010 t pvpanic_mmio_probe"), std::string::npos)
+      << modules.Text();
+}
+
+TEST(ModuleSymbolsTest, Malicious_NothingLoadedOrNothingHarvestedMovesNothing) {
+  auto symbols = KernelSymbols::Build(kKallsyms, {});
+  EXPECT_TRUE(MoveModuleSymbols(kKallsyms, *symbols, {}).kallsyms.empty());
+  const std::vector<BootMapModule> unknown = {{0xffffffffc0001000ull, "x"}};
+  ModuleSymbols moved = MoveModuleSymbols(kKallsyms, *symbols, unknown);
+  EXPECT_TRUE(moved.kallsyms.empty());
+  EXPECT_EQ(moved.not_harvested.size(), 1u);
+  // A module base near the top cannot wrap a symbol past zero unnoticed: the
+  // address is kept as computed (a 64-bit move), never read out of bounds.
+  const std::vector<BootMapModule> top = {{0xfffffffffffff000ull, "pvpanic_pci"}};
+  EXPECT_EQ(MoveModuleSymbols(kKallsyms, *symbols, top).symbols, 2u);
+}
+
+}  // namespace
+}  // namespace hvtrace::hostd

@@ -168,12 +168,12 @@ int32_t CommonPid(std::span<const std::byte> payload) {
 }  // namespace
 
 struct TaskNameTimeline::Impl {
-  static constexpr uint64_t kNoRecord = UINT64_MAX;
   static constexpr uint32_t kNoSpan = UINT32_MAX;
 
-  // Records of one pid that the statements around them disagree about: from
-  // |first| up to (not including) |end|, by record index in the pass. They
-  // take |name|, the next statement's; the previous one said otherwise.
+  // Records between two statements about one pid that disagree: from
+  // |first| up to (not including) |end|, by record index in the pass. The
+  // pid's records there take |name|, the later statement's; the earlier one
+  // said otherwise.
   struct Span {
     uint64_t first = 0, end = 0;
     uint32_t next = kNoSpan;  // The pid's next span, later in the trace.
@@ -188,11 +188,11 @@ struct TaskNameTimeline::Impl {
     bool known = false;
     // Pass 1: what the pid's first statement says it was called before it.
     std::optional<Name> first_before;
-    // Pass 1: the pid's first own record since its latest statement.
-    uint64_t open = kNoRecord;
     // The pid's spans, oldest first: a list through Span::next. |cursor|:
     // pass 2's next one.
     uint32_t head = kNoSpan, tail = kNoSpan, cursor = kNoSpan;
+    // Pass 1: the record of its latest statement.
+    uint64_t stated = 0;
   };
 
   std::vector<std::optional<Spec>> specs;  // By event id.
@@ -249,27 +249,28 @@ struct TaskNameTimeline::Impl {
     return n;
   }
 
-  // Pass 1: statement |f| at the current record. The pid's own records
-  // since its previous statement were named by that one going forward;
-  // when |f| says the pid was called something else up to here, the name
-  // changed unrecorded in between (prctl(PR_SET_NAME) without task_rename,
-  // lost events), most likely early (a forked busybox applet renames itself
-  // first thing), so those records take |f|'s name. An exec does not say the
-  // old name: the records before it keep the previous statement's.
+  // Pass 1: statement |f| at the current record. The pid's records since
+  // its previous statement are named by that one going forward; when |f|
+  // says the pid was called something else up to here, the name changed
+  // unrecorded in between (prctl(PR_SET_NAME) without task_rename, lost
+  // events), most likely early (a forked busybox applet renames itself first
+  // thing), so those records take |f|'s name. An exec does not say the old
+  // name: the records before it keep the previous statement's. Only
+  // statements come here: the other records cost pass 1 no lookup.
   void Learn(const Fact& f) {
     auto [it, added] = pids.try_emplace(f.pid);
     Pid& s = it->second;
     if (added) {
       s.first_before = f.before;
-    } else if (s.open != kNoRecord && f.before && !(*f.before == s.name) &&
+    } else if (f.before && !(*f.before == s.name) && record - s.stated > 1 &&
                spans.size() < kNoSpan) {
-      spans.push_back({s.open, record, kNoSpan, *f.before});
+      spans.push_back({s.stated + 1, record, kNoSpan, *f.before});
       const uint32_t index = static_cast<uint32_t>(spans.size() - 1);
       (s.tail == kNoSpan ? s.head : spans[s.tail].next) = index;
       s.tail = index;
     }
     s.name = f.after;
-    s.open = kNoRecord;
+    s.stated = record;
   }
 
   // Pass 2: the span holding the current record of pid |s|, if any.
@@ -305,18 +306,8 @@ void TaskNameTimeline::Scan(std::span<const std::byte> payload) {
   Impl& m = *impl_;
   Fact facts[2];
   const size_t n = m.Facts(payload, facts);
-  const int32_t pid = CommonPid(payload);
-  bool stated = false;  // The record names its own task.
   for (size_t i = 0; i < n; ++i) {
-    if (facts[i].pid <= 0) continue;
-    m.Learn(facts[i]);
-    stated = stated || facts[i].pid == pid;
-  }
-  // Records before a pid's first statement are named by it (StartNaming).
-  if (pid > 0 && !stated) {
-    if (auto it = m.pids.find(pid); it != m.pids.end() && it->second.open == Impl::kNoRecord) {
-      it->second.open = m.record;
-    }
+    if (facts[i].pid > 0) m.Learn(facts[i]);
   }
   ++m.record;
 }

@@ -215,7 +215,7 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
     // Events lost to a bad or skipped page are marked on the next page
     // written, as the kernel marks a page after events it dropped (7.2 does
     // the same for a sub-buffer it found invalid): trace-cmd and show print
-    // "[LOST EVENTS]" where they went missing.
+    // "CPU:N [EVENTS DROPPED]" where they went missing.
     bool lost = false;
     for (const BootMapPage& p : c.pages) {
       if (p.skipped && p.time_went_backwards) lost = true;

@@ -1,5 +1,6 @@
-// hvtraced end to end with a real 6.12 guest under TCG: `boot` with a boot
-// range, markers written in the guest, an on-demand capture while it runs,
+// hvtraced end to end with a real guest under TCG, for each kernel layout
+// (Debian's 6.12 and 7.3: the 6.12 and the 6.15+ persistent buffer): `boot`
+// with a boot range, markers written in the guest, an on-demand capture while it runs,
 // then a panic → a capture committed by the daemon, timed from the QMP event,
 // and decoded: `hvtrace show` prints the markers (the last one written right
 // before the crash too) and sched/irq events with field names, its text is
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -66,9 +68,35 @@ size_t CountMarkers(const std::vector<TraceEvent>& events, const std::string& pr
   }));
 }
 
-TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
+class HvtracedBootKernelE2e : public ::testing::TestWithParam<std::string> {};
+
+// 6.15+ ranges: the global meta and the scratch area in the manifest, the
+// boot's _text from it as KASLR evidence, its modules in the last-boot info.
+void ExpectScratchDecoded(const json& m, const fs::path& dir) {
+  const json& v = m["validation"];
+  EXPECT_EQ(v["layout"], "linux-6.15") << v.dump(2);
+  ASSERT_TRUE(v.contains("scratch")) << v.dump(2);
+  EXPECT_NE(v["scratch"]["text_addr"].get<uint64_t>(), 0u) << v["scratch"].dump(2);
+  EXPECT_TRUE(v["scratch"]["problems"].empty()) << v["scratch"].dump(2);
+  std::set<std::string> modules;
+  for (const json& mod : v["scratch"]["modules"]) modules.insert(mod["name"].get<std::string>());
+  EXPECT_TRUE(modules.contains("pvpanic")) << v["scratch"].dump(2);
+  const json& newest = m["extra"]["boots"].back();
+  const json& kaslr = newest["decoded_with"]["kaslr"];
+  EXPECT_TRUE(kaslr.contains("delta")) << kaslr.dump(2);
+  EXPECT_TRUE(kaslr.contains("scratch_text_addr")) << kaslr.dump(2);
+  EXPECT_NE(kaslr.value("scratch_text_addr", ""), "disagrees (not this boot's)") << kaslr.dump(2);
+  // trace.dat carries the last-boot info for trace-cmd 3.4 (option 24).
+  const std::string dat = ReadText(dir / newest["file"].get<std::string>());
+  EXPECT_NE(dat.find("boot_map:"), std::string::npos);
+  std::printf("[hvtraced e2e] 7.3 scratch: text_addr %s, %zu modules, kaslr %s\n",
+              v["scratch"]["text_addr"].dump().c_str(), modules.size(), kaslr.dump().c_str());
+}
+
+TEST_P(HvtracedBootKernelE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
-  auto image = FindGuestImage("6.12");
+  const std::string kernel = GetParam();
+  auto image = FindGuestImage(kernel);
   ASSERT_TRUE(image.ok()) << image.error().message;
 
   // The kernel's formats in the cache the daemon and the CLI share (a cache
@@ -81,10 +109,13 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
               cache_root->c_str(), harvested->cache_hit ? "cache hit" : "harvested",
               harvested->seconds);
 
-  HvtracedProcess daemon(BootDaemon("boote2e", "cache_dir = " + cache_root->string() + "\n"));
+  std::string tag = kernel;
+  std::replace(tag.begin(), tag.end(), '.', '-');
+  HvtracedProcess daemon(
+      BootDaemon("boote2e-" + tag, "cache_dir = " + cache_root->string() + "\n"));
   Status started = daemon.Start();
   ASSERT_TRUE(started.ok()) << started.error().message;
-  const std::string name = "boot-e2e-" + std::to_string(::getpid());
+  const std::string name = "boot-e2e-" + tag + "-" + std::to_string(::getpid());
   auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd);
   ASSERT_TRUE(guest.ok()) << guest.error().message;
   // qemu_sandbox = on (the default): everything below (boot, markers, the
@@ -163,6 +194,7 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   ExpectBootRangeManifestLayout(m, "qmp");
   EXPECT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"].dump(2);
   ASSERT_TRUE(m["extra"]["boots"].is_array() && !m["extra"]["boots"].empty()) << m.dump(2);
+  if (kernel != "6.12") ExpectScratchDecoded(m, dir);
 
   // hvtrace show: every marker, the last one included, and decoded sched/irq
   // events with their field names.
@@ -269,6 +301,13 @@ TEST(HvtracedBootE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
       kMarkers, guest_count->output.c_str(), found, view_lines, restamped);
   EXPECT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, HvtracedBootKernelE2e, ::testing::Values("6.12", "7.3"),
+                         [](const ::testing::TestParamInfo<std::string>& param) {
+                           std::string n = param.param;
+                           std::replace(n.begin(), n.end(), '.', '_');
+                           return "Linux" + n;
+                         });
 
 // A kernel whose formats are not in the daemon's cache: hvtraced harvests
 // them in the background when it boots the VM (a second, throwaway guest), so

@@ -54,6 +54,12 @@ TEST_F(CapturePipelineTest, Malicious_CommitPastThePage) {
   EXPECT_EQ(BadPages(c.manifest, 0, "commit_past_end"), 1u);
   EXPECT_EQ(c.result.events, clean->total_records() - victim.records);
   EXPECT_EQ(TraceCmdCounts(c.dir / "boot-0.trace.dat"), ResultCounts(c.result));
+  // Where the bad page's events went missing, trace-cmd says so (the page
+  // after it carries the missed-events flag), and the manifest counts it.
+  const CmdRun report =
+      RunCommand("trace-cmd report -i '" + (c.dir / "boot-0.trace.dat").string() + "'");
+  EXPECT_NE(report.out.find("CPU:0 [EVENTS DROPPED]"), std::string::npos);
+  EXPECT_EQ(c.manifest["cpus"][0].value("lost_marked_pages", 0), 1) << c.manifest["cpus"].dump();
 }
 
 TEST_F(CapturePipelineTest, Malicious_TimeGoingBackwards) {

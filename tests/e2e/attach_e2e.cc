@@ -18,6 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -537,10 +538,11 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
               version.c_str(), exit_ms);
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, AttachE2e, ::testing::Values("6.12", "6.1"),
+INSTANTIATE_TEST_SUITE_P(Kernels, AttachE2e, ::testing::Values("6.12", "6.1", "7.3"),
                          [](const ::testing::TestParamInfo<std::string>& param) {
-                           return param.param == "6.12" ? std::string("Linux612")
-                                                        : std::string("Linux61");
+                           std::string name = param.param;
+                           name.erase(std::remove(name.begin(), name.end(), '.'), name.end());
+                           return "Linux" + name;
                          });
 
 }  // namespace

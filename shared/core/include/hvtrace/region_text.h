@@ -42,9 +42,9 @@ struct EncodedText {
 EncodedText EncodeText(std::string_view text);
 
 // The text symbols (types T and t, core kernel and modules) of /proc/kallsyms
-// text, lines unchanged: what trace-cmd's kallsyms section needs to name
-// functions. |any_address| says whether any address was non-zero (false:
-// kptr_restrict hides them, and the lines are worthless).
+// text, lines unchanged, less the __pfx_/__cfi_ padding symbols: what
+// trace-cmd's kallsyms section needs to name functions. |any_address| says whether any address was
+// non-zero (false: kptr_restrict hides them, and the lines are worthless).
 std::string TextSymbolsOf(std::string_view kallsyms, bool* any_address);
 
 // Checks every line of |text| against |kind|'s syntax (the error names the

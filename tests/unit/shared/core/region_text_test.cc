@@ -83,7 +83,10 @@ TEST(RegionText, TextSymbolsKeepsFunctionLinesAsTheyAre) {
       "0000000000000000 A fixed_percpu_data\n"
       "ffffffff81000000 T _text\n"
       "ffffffff82000000 D some_data\n"
+      "ffffffff811a2b20 t __pfx_tracing_mark_write\n"
       "ffffffff811a2b30 t tracing_mark_write\n"
+      "ffffffffc01ffff0 t __pfx_virtio_dev_probe\t[virtio]\n"
+      "ffffffffc01ffff8 t __cfi_virtio_dev_probe\t[virtio]\n"
       "ffffffffc0200000 t virtio_dev_probe\t[virtio]\n"
       "ffffffffc0201000 d virtio_data\t[virtio]\n";
   bool any = false;

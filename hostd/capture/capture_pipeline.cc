@@ -136,6 +136,50 @@ json ValidationJson(const BootMap& map) {
   return out;
 }
 
+// Adds CPU |ci|'s good pages to their boots' lists in |d|. Events lost to a
+// bad or skipped page are marked on the next page written, as the kernel
+// marks a page after events it dropped (7.2 does the same for a sub-buffer
+// it found invalid): trace-cmd and show print "CPU:N [EVENTS DROPPED]" where
+// they went missing. A bad page is cut at its first bad record so trace-cmd
+// reads exactly the records we kept; the stored missed count would sit past
+// the new commit, so only the "events were missed" flag is kept.
+void AddCpuPages(std::span<const std::byte> region, const BootMapCpu& c, size_t ci, Decoded& d,
+                 CpuCaptureCounts& counts) {
+  const uint32_t psize = d.layout.page_size;
+  const size_t nboots = d.boot_pages.size();
+  bool lost = false;
+  for (const BootMapPage& p : c.pages) {
+    if (p.skipped && p.time_went_backwards) lost = true;
+    if (p.skipped || p.records == 0) {
+      lost |= p.error != PageError::kOk;
+      continue;
+    }
+    if (p.boot >= nboots || p.offset > region.size() || region.size() - p.offset < psize) continue;
+    std::span<const std::byte> page = region.subspan(p.offset, psize);
+    if (p.error != PageError::kOk || lost) {
+      PageCursor cursor(page, d.layout);
+      RawRecord rec;
+      while (cursor.Next(&rec)) {
+      }
+      const uint32_t end = p.error != PageError::kOk
+                               ? cursor.error_offset()
+                               : d.layout.data_offset + cursor.header().commit;
+      const uint32_t good = end > d.layout.data_offset ? end - d.layout.data_offset : 0;
+      std::vector<std::byte>& fixed = d.repaired.emplace_back(page.begin(), page.end());
+      const bool missed = cursor.header().missed_events || lost;
+      counts.lost_marked += lost;
+      const uint64_t stored =
+          p.error == PageError::kOk && cursor.header().missed_stored ? kPageMissedStored : 0;
+      StoreLe(fixed, d.layout.commit_offset, d.layout.commit_size,
+              good | (missed ? kPageMissedEvents : 0) | stored);
+      page = fixed;
+    }
+    lost = p.error != PageError::kOk;
+    d.boot_pages[p.boot][ci].push_back(page);
+    d.result.boots[p.boot].pages++;
+  }
+}
+
 // Reads the region and sorts its good pages into boots. Without |formats|
 // the 6.12 default page layout is assumed and no event id is checked.
 // |per_boot| (may be empty when |formats| is null) names each boot's formats.
@@ -194,7 +238,6 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
   }
   r.unknown_id_events.assign(m.cpu.size(), 0);
 
-  const uint32_t psize = d.layout.page_size;
   for (size_t ci = 0; ci < m.cpu.size(); ++ci) {
     const BootMapCpu& c = m.cpu[ci];
     CpuCaptureCounts counts;
@@ -212,45 +255,7 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
         counts.bad_pages[p.time_went_backwards ? "time_went_backwards" : "duplicate_slot"]++;
       }
     }
-    // Events lost to a bad or skipped page are marked on the next page
-    // written, as the kernel marks a page after events it dropped (7.2 does
-    // the same for a sub-buffer it found invalid): trace-cmd and show print
-    // "CPU:N [EVENTS DROPPED]" where they went missing.
-    bool lost = false;
-    for (const BootMapPage& p : c.pages) {
-      if (p.skipped && p.time_went_backwards) lost = true;
-      if (p.skipped || p.records == 0) {
-        lost |= p.error != PageError::kOk;
-        continue;
-      }
-      if (p.boot >= nboots || p.offset > region.size() || region.size() - p.offset < psize)
-        continue;
-      std::span<const std::byte> page = region.subspan(p.offset, psize);
-      PageCursor cursor(page, d.layout);
-      if (p.error != PageError::kOk || lost) {
-        // Cut a bad page at its first bad record so trace-cmd reads exactly
-        // the records we kept; the stored missed count would sit past the
-        // new commit, so only the "events were missed" flag is kept.
-        RawRecord rec;
-        while (cursor.Next(&rec)) {
-        }
-        const uint32_t end = p.error != PageError::kOk
-                                 ? cursor.error_offset()
-                                 : d.layout.data_offset + cursor.header().commit;
-        const uint32_t good = end > d.layout.data_offset ? end - d.layout.data_offset : 0;
-        std::vector<std::byte>& fixed = d.repaired.emplace_back(page.begin(), page.end());
-        const bool missed = cursor.header().missed_events || lost;
-        counts.lost_marked += lost;
-        const uint64_t stored =
-            p.error == PageError::kOk && cursor.header().missed_stored ? kPageMissedStored : 0;
-        StoreLe(fixed, d.layout.commit_offset, d.layout.commit_size,
-                good | (missed ? kPageMissedEvents : 0) | stored);
-        page = fixed;
-      }
-      lost = p.error != PageError::kOk;
-      d.boot_pages[p.boot][ci].push_back(page);
-      r.boots[p.boot].pages++;
-    }
+    AddCpuPages(region, c, ci, d, counts);
 
     for (const BootMapRecord& rec : c.records) {
       uint16_t type = 0;

@@ -7,12 +7,11 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "boot_map_fixture.h"
 #include "hvtrace/boot_map.h"
 #include "hvtrace/page.h"
 #include "test_support.h"
@@ -25,40 +24,17 @@ using test_support::Unzstd;
 
 const std::string kDir = std::string(HVTRACE_FIXTURES_DIR) + "/boot_map/linux-7.3/";
 
-struct TraceLine {
-  int cpu;
-  uint64_t usecs;
-  std::string event;
-};
-
-std::vector<TraceLine> GuestTrace(const std::string& file) {
-  std::vector<std::byte> bytes = Unzstd(file);
-  std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-  static const std::regex kLine(R"(^\s*.+-\d+\s+\[(\d+)\]\s+\S+\s+(\d+)\.(\d{6}): (.*)$)");
-  std::vector<TraceLine> lines;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::smatch m;
-    if (!std::regex_match(line, m, kLine)) {
-      ADD_FAILURE() << "unparsed trace line: " << line;
-      continue;
-    }
-    lines.push_back({std::stoi(m[1]), std::stoull(m[2]) * 1000000 + std::stoull(m[3]), m[4]});
-  }
-  return lines;
-}
-
-uint64_t Usecs(uint64_t ns) { return (ns + 500) / 1000; }
+using boot_map_fixture::FixtureOptions;
+using boot_map_fixture::GuestTrace;
+using boot_map_fixture::TraceLine;
+using boot_map_fixture::Usecs;
 
 class Linux73Test : public ::testing::Test {
  protected:
   void SetUp() override {
     range_ = Unzstd(kDir + "region.bin.zst");
     ASSERT_EQ(range_.size(), 16u << 20);
-    auto layout = PageLayout::FromHeaderPage(ReadText(kDir + "header_page"), 4096);
-    ASSERT_TRUE(layout.ok()) << layout.error().message;
-    options_.layout = *layout;
+    options_ = FixtureOptions(kDir);
     meta_ = nlohmann::json::parse(ReadText(kDir + "meta.json"));
   }
   std::vector<std::byte> range_;
@@ -152,11 +128,7 @@ TEST_F(Linux73Test, Malicious_OneBadSubBufferKeepsTheRestOfItsCpu) {
 TEST(Linux73KexecTest, TheNewBootTakesTheRangeOverAndBothBootsAreSplit) {
   const std::string dir = kDir + "kexec/";
   std::vector<std::byte> range = Unzstd(dir + "region.bin.zst");
-  BootMapOptions options;
-  auto layout = PageLayout::FromHeaderPage(ReadText(dir + "header_page"), 4096);
-  ASSERT_TRUE(layout.ok());
-  options.layout = *layout;
-  auto map = ReadBootMap(range, options);
+  auto map = ReadBootMap(range, FixtureOptions(dir));
   ASSERT_TRUE(map.ok()) << map.error().message;
   EXPECT_EQ(map->layout, "linux-6.15");
   EXPECT_EQ(map->boots, 2u);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "boot_map_fixture.h"
 #include "hvtrace/page.h"
 #include "test_support.h"
 
@@ -28,30 +29,11 @@ PageLayout FixtureLayout() {
   return layout.ok() ? *layout : PageLayout{};
 }
 
-// One event line of the guest's trace file.
-struct TraceLine {
-  int cpu;
-  uint64_t usecs;
-  std::string event;  // "tracing_mark_write: hvtrace-marker-m-0", ...
-};
+using boot_map_fixture::TraceLine;
+using boot_map_fixture::Usecs;
 
 std::vector<TraceLine> GuestTrace(const std::string& file = kDir + "trace.txt.zst") {
-  std::vector<std::byte> bytes = Unzstd(file);
-  std::string text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  std::vector<TraceLine> lines;
-  static const std::regex kLine(R"(^\s*.+-\d+\s+\[(\d+)\]\s+\S+\s+(\d+)\.(\d{6}): (.*)$)");
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::smatch m;
-    if (!std::regex_match(line, m, kLine)) {
-      ADD_FAILURE() << "unparsed trace line: " << line;
-      continue;
-    }
-    lines.push_back({std::stoi(m[1]), std::stoull(m[2]) * 1000000 + std::stoull(m[3]), m[4]});
-  }
-  return lines;
+  return boot_map_fixture::GuestTrace(file);
 }
 
 // The print event's id and buf offset, from its format file.
@@ -69,9 +51,6 @@ PrintFormat ReadPrintFormat(const std::string& dir = kDir) {
   }
   return f;
 }
-
-// The kernel prints time stamps rounded to the microsecond (ns2usecs).
-uint64_t Usecs(uint64_t ns) { return (ns + 500) / 1000; }
 
 uint16_t Type(const BootMapRecord& r) {
   uint16_t type = 0;

@@ -239,6 +239,25 @@ newest_package() {
     | sort -V | tail -n1 | awk '{print $2, $1}'
 }
 
+# Downloads package $1 version $2 to path $4 and checks it against SHA256 $3
+# (from the signed lists; apt-get download checks it too); the stamp
+# $4.sha256 records the hash it matched.
+download_deb() {
+  local name=$1 version=$2 want=$3 dest=$4 tmp sha
+  log "downloading $name $version"
+  tmp=$(mktemp -d "$(dirname "$dest")/.download.XXXXXX")
+  if ! (cd "$tmp" && apt-get "${APT_OPTS[@]}" -q download "$name=$version" >"$tmp/log" 2>&1); then
+    cat "$tmp/log" >&2
+    rm -rf "$tmp"
+    die "apt-get download $name=$version failed"
+  fi
+  mv "$tmp"/*.deb "$dest"
+  rm -rf "$tmp"
+  sha=$(sha256sum "$dest" | cut -d' ' -f1)
+  [ "$sha" = "$want" ] || { rm -f "$dest"; die "downloaded $name has SHA256 $sha, the lists say $want"; }
+  echo "$want" >"$dest.sha256"
+}
+
 # Puts package $1 version $2 into $CACHE/debs, checked against SHA256 $3 (from
 # the signed lists), and sets DEB to its path. A cached .deb is hashed once;
 # the stamp DEB.sha256 records the hash it matched.
@@ -255,21 +274,7 @@ get_kernel_deb() {
       rm -f "$DEB" "$DEB.sha256"
     fi
   fi
-  if [ ! -f "$DEB" ]; then
-    log "downloading $name $version"
-    tmp=$(mktemp -d "$CACHE/debs/.download.XXXXXX")
-    # apt-get download checks the hash recorded in the signed lists.
-    if ! (cd "$tmp" && apt-get "${APT_OPTS[@]}" -q download "$name=$version" >"$tmp/log" 2>&1); then
-      cat "$tmp/log" >&2
-      rm -rf "$tmp"
-      die "apt-get download $name=$version failed"
-    fi
-    mv "$tmp"/*.deb "$DEB"
-    rm -rf "$tmp"
-    sha=$(sha256sum "$DEB" | cut -d' ' -f1)
-    [ "$sha" = "$want" ] || { rm -f "$DEB"; die "downloaded $name has SHA256 $sha, the lists say $want"; }
-    echo "$want" >"$DEB.sha256"
-  fi
+  [ -f "$DEB" ] || download_deb "$name" "$version" "$want" "$DEB"
 }
 
 # Prints the SHA256 the lists give for package $1 version $2.
@@ -407,18 +412,7 @@ fetch_verified_deb() {
     return 0
   fi
   rm -f "$deb" "$deb.sha256"
-  log "downloading $name $version"
-  tmp=$(mktemp -d "$CACHE/headers/debs/.download.XXXXXX")
-  if ! (cd "$tmp" && apt-get "${APT_OPTS[@]}" -q download "$name=$version" >"$tmp/log" 2>&1); then
-    cat "$tmp/log" >&2
-    rm -rf "$tmp"
-    die "apt-get download $name=$version failed"
-  fi
-  mv "$tmp"/*.deb "$deb"
-  rm -rf "$tmp"
-  sha=$(sha256sum "$deb" | cut -d' ' -f1)
-  [ "$sha" = "$want" ] || { rm -f "$deb"; die "downloaded $name has SHA256 $sha, the lists say $want"; }
-  echo "$want" >"$deb.sha256"
+  download_deb "$name" "$version" "$want" "$deb"
   echo "$deb"
 }
 

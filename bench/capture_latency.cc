@@ -14,8 +14,10 @@
 // QEMU's own emission stamp of the event (qemu_timestamp_us) is printed too,
 // to show how long the event took to reach the daemon.
 //
-// Usage: capture_latency [RUNS [DAEMON]]: DAEMON is a binary in build/bin
-// (default hvtraced), e.g. a copy built from another commit, to compare.
+// Usage: capture_latency [RUNS [DAEMON [KERNEL]]]: DAEMON is a binary in
+// build/bin (default hvtraced), e.g. a copy built from another commit, to
+// compare; KERNEL a test guest of build-guest.sh (default 6.12; 7.3 reads the
+// 6.15+ layout with its scratch area).
 // HVTRACE_BENCH_KEEP=DIR copies each capture there (region.bin and all) to
 // replay its decode offline.
 //
@@ -219,11 +221,14 @@ Result<Run> PanicOnce(const HvtracedProcess& daemon, const GuestImage& image, in
 int main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
   const std::string binary = argc > 2 ? argv[2] : "hvtraced";
+  const std::string kernel = argc > 3 ? argv[3] : "6.12";
   if (std::string why = QemuUnavailableReason(); !why.empty()) {
     std::fprintf(stderr, "capture_latency: %s\n", why.c_str());
     return 2;
   }
-  auto image = FindGuestImage("6.12");
+  auto image = FindGuestImage(kernel);
+  std::printf("# guest kernel %s (%s)\n", kernel.c_str(),
+              image.ok() ? image->release.c_str() : "?");
   if (!image.ok()) {
     std::fprintf(stderr, "capture_latency: %s\n", image.error().message.c_str());
     return 1;

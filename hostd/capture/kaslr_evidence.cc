@@ -304,7 +304,8 @@ KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelForma
     info[text_delta->kind] = !checked                ? "unchecked"
                              : *meta_delta == chosen ? "agrees"
                                                      : "disagrees (not this boot's)";
-    info[std::string(text_delta->kind) + "_delta"] = *meta_delta;
+    info[std::string_view(text_delta->kind) == "meta_text_addr" ? "meta_delta" : "scratch_delta"] =
+        *meta_delta;
   } else {
     info["meta_text_addr"] = "none";
   }

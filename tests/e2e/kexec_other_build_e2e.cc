@@ -1,5 +1,6 @@
-// kexec from one kernel build into another (Debian's 6.12.95 from
-// bookworm-backports into 6.12.117 from bookworm-security), boot range, no
+// kexec from one kernel build into another of the same range layout
+// (Debian's 6.12.95 from bookworm-backports into 6.12.117 from
+// bookworm-security; trixie-backports' 7.3.4 into its 7.2.12), boot range, no
 // agent: each boot of the capture decodes with its own kernel's formats,
 // identified by the console banner and checked against the records
 // (hostd/capture/boot_kernels.h), and the manifest's id table says what
@@ -35,15 +36,18 @@ struct OtherBuild {
   std::string kernel, initrd, release;
 };
 
-// build-guest.sh --with-kexec-other: the other 6.12 build and the initramfs
-// that carries it at /boot/vmlinuz (cached after the first run).
-Result<OtherBuild> FindOtherBuild() {
+// build-guest.sh --with-kexec-other: the other build of |kernel|'s
+// generation (6.12: 6.12.117 beside 6.12.95; 7.3: 7.2.12 beside 7.3.4) and
+// the initramfs that carries it at /boot/vmlinuz (cached after the first run).
+Result<OtherBuild> FindOtherBuild(const std::string& kernel) {
   const std::string cmd = std::string(HVTRACE_SOURCE_DIR) +
-                          "/qemu-scripts/build-guest.sh --kernel 6.12 --with-kexec-other 2>&1";
+                          "/qemu-scripts/build-guest.sh --kernel " + kernel +
+                          " --with-kexec-other 2>&1";
   const std::string out = test_support::RunCommand(cmd);
-  static const std::regex kLine(R"(OTHER 6\.12 KERNEL=(\S+) INITRD=(\S+) RELEASE=(\S+))");
+  const std::regex line("OTHER " + std::regex_replace(kernel, std::regex("\\."), "\\.") +
+                        R"( KERNEL=(\S+) INITRD=(\S+) RELEASE=(\S+))");
   std::smatch m;
-  if (!std::regex_search(out, m, kLine))
+  if (!std::regex_search(out, m, line))
     return Error{"`" + cmd + "` printed no OTHER line:\n" + out};
   return OtherBuild{m[1], m[2], m[3]};
 }
@@ -78,9 +82,11 @@ Result<std::string> Harvest(const std::string& kernel, const std::string& initrd
   return r.out;
 }
 
-Status WriteMarkers(hostd::GuestConsole& console, const std::string& prefix, int count) {
-  const std::string cmd = "for i in $(seq 1 " + std::to_string(count) + "); do echo " + prefix +
-                          "-$i > " + kMarker + "; ls /proc > /dev/null; sleep 0.1; done";
+// |pin|: a command prefix (`taskset MASK `) that keeps the writes on one CPU.
+Status WriteMarkers(hostd::GuestConsole& console, const std::string& prefix, int count,
+                    const std::string& pin = "") {
+  const std::string cmd = pin + "sh -c 'for i in $(seq 1 " + std::to_string(count) + "); do echo " +
+                          prefix + "-$i > " + kMarker + "; ls /proc > /dev/null; sleep 0.1; done'";
   auto ran = console.Run(cmd, kCommandTimeout);
   if (!ran.ok()) return ran.error();
   if (ran->status != 0) return Error{"marker loop exited " + std::to_string(ran->status)};
@@ -116,24 +122,37 @@ size_t Count(const std::string& text, const std::string& needle) {
   return n;
 }
 
-// Param: after the kexec, the new boot clears the boot instance (`echo >
-// trace`, as a user or a tool resetting it would), so the range holds the
-// new boot alone; false: it appends.
-class KexecOtherBuildRangeE2e : public ::testing::TestWithParam<bool> {};
+// The guest generation, and whether the new boot clears the boot instance
+// after the kexec (`echo > trace`, as a user or a tool resetting it would),
+// so the range holds the new boot alone; false: it appends.
+struct RangeCase {
+  const char* kernel;
+  bool reset;
+};
+
+class KexecOtherBuildRangeE2e : public ::testing::TestWithParam<RangeCase> {};
 
 TEST_P(KexecOtherBuildRangeE2e, EachBootDecodesWithItsOwnKernelsFormats) {
-  const bool reset = GetParam();
+  const bool reset = GetParam().reset;
+  const std::string kernel = GetParam().kernel;
+  // 6.15+ (7.3): a kexec with the same command line takes the range over;
+  // the CPUs the new boot writes on keep only its pages (docs/postmortem.md,
+  // "Guest kernels"). CPU 1 keeps the old boot's, so its markers are written
+  // there; the new boot's markers on CPU 0.
+  const bool takes_over = kernel != "6.12";
+  const std::string first_cpu = takes_over ? "taskset 2 " : "";
+  const std::string second_cpu = takes_over ? "taskset 1 " : "";
   if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
-  auto image = FindGuestImage("6.12");
+  auto image = FindGuestImage(kernel);
   ASSERT_TRUE(image.ok()) << image.error().message;
-  Result<OtherBuild> other = FindOtherBuild();
+  Result<OtherBuild> other = FindOtherBuild(kernel);
   ASSERT_TRUE(other.ok()) << other.error().message;
   ASSERT_NE(other->release, image->release);
   // Both kernels' formats in the cache the daemon reads (the default one).
   std::vector<std::string> entries;
-  for (const auto& [kernel, initrd] :
+  for (const auto& [vmlinuz, initrd] :
        {std::pair{image->kernel, image->initrd}, std::pair{other->kernel, other->initrd}}) {
-    Result<std::string> h = Harvest(kernel, initrd);
+    Result<std::string> h = Harvest(vmlinuz, initrd);
     ASSERT_TRUE(h.ok()) << h.error().message;
     entries.push_back(EntryPath(*h));
     ASSERT_FALSE(entries.back().empty()) << *h;
@@ -164,7 +183,7 @@ TEST_P(KexecOtherBuildRangeE2e, EachBootDecodesWithItsOwnKernelsFormats) {
   hostd::GuestConsole& console = *guest->console;
   auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
   ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
-  ASSERT_TRUE(WriteMarkers(console, "b95-mark", 6).ok()) << tail();
+  ASSERT_TRUE(WriteMarkers(console, "first-mark", 6, first_cpu).ok()) << tail();
   // The same command line (memmap=, trace_instance=) into the other build.
   ASSERT_TRUE(console.Send("hvtrace-kexec-self\n").ok());
   auto ready = console.WaitForLine("HVTRACE-GUEST-READY " + other->release, kBootTimeout);
@@ -174,9 +193,10 @@ TEST_P(KexecOtherBuildRangeE2e, EachBootDecodesWithItsOwnKernelsFormats) {
         console.Run("echo > /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
     ASSERT_TRUE(cleared.ok() && cleared->status == 0) << tail();
   }
-  ASSERT_TRUE(WriteMarkers(console, "b117-mark", 6).ok()) << tail();
+  ASSERT_TRUE(WriteMarkers(console, "second-mark", 6, second_cpu).ok()) << tail();
   ASSERT_TRUE(
-      console.Send(std::string("echo b117-last > ") + kMarker + "; echo c > /proc/sysrq-trigger\n")
+      console
+          .Send(std::string("echo second-last > ") + kMarker + "; echo c > /proc/sysrq-trigger\n")
           .ok());
   auto panic = daemon.WaitForCapture(name, "panic", 90s);
   ASSERT_TRUE(panic.ok()) << panic.error().message << "\n" << tail();
@@ -191,8 +211,9 @@ TEST_P(KexecOtherBuildRangeE2e, EachBootDecodesWithItsOwnKernelsFormats) {
   ASSERT_EQ(formats["decoded"], true) << m["extra"].dump(2);
   EXPECT_EQ(formats["unknown_id_events"], 0) << formats.dump(2);
   ASSERT_TRUE(boots.is_array() && !boots.empty()) << m["extra"].dump(2);
-  // The newest boot is 6.12.117's; an older one, if the new kernel appended,
-  // 6.12.95's. Each identified by its banner, checked against its records.
+  // The newest boot is the other build's; an older one, if the new kernel
+  // appended, the first kernel's. Each identified by its banner, checked
+  // against its records.
   const size_t n = boots.size();
   // Appended: both boots; reset: the new one alone, which pairs with the
   // last banner although the console has two.
@@ -227,15 +248,15 @@ TEST_P(KexecOtherBuildRangeE2e, EachBootDecodesWithItsOwnKernelsFormats) {
         "trace-cmd report '" + (dir / ("boot-" + std::to_string(b) + ".trace.dat")).string() +
         "' 2>&1");
     const bool newest = b + 1 == n;
-    const std::string prefix = newest ? "b117-mark-" : "b95-mark-";
+    const std::string prefix = newest ? "second-mark-" : "first-mark-";
     EXPECT_EQ(Count(report, prefix), 6u) << report.substr(0, 4000);
     if (reset) {
-      EXPECT_EQ(Count(report, "b95-mark-"), 0u);
+      EXPECT_EQ(Count(report, "first-mark-"), 0u);
     }
     EXPECT_EQ(Count(report, "[UNKNOWN"), 0u);
     EXPECT_GT(Count(report, "sched_switch:"), 0u);
     if (newest) {
-      EXPECT_EQ(Count(report, "b117-last"), 1u);
+      EXPECT_EQ(Count(report, "second-last"), 1u);
     }
     std::printf("[kexec-other] boot %zu trace.dat: %zu %s markers, %zu sched_switch\n", b,
                 Count(report, prefix), prefix.c_str(), Count(report, "sched_switch:"));
@@ -338,10 +359,15 @@ TEST(KexecOtherBuildE2e, AttachEachGenerationDecodesWithItsOwnTable) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Range, KexecOtherBuildRangeE2e, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& param) {
-                           return param.param ? "NewBootResetsTheRange" : "NewBootAppends";
-                         });
+// 6.12.95 -> 6.12.117 appending and reset; 7.3.4 -> 7.2.12 (the 6.15+
+// layout, other event ids) appending.
+INSTANTIATE_TEST_SUITE_P(
+    Range, KexecOtherBuildRangeE2e,
+    ::testing::Values(RangeCase{"6.12", false}, RangeCase{"6.12", true}, RangeCase{"7.3", false}),
+    [](const ::testing::TestParamInfo<RangeCase>& param) {
+      std::string name = param.param.kernel == std::string("6.12") ? "Linux6_12" : "Linux7_3";
+      return name + (param.param.reset ? "NewBootResetsTheRange" : "NewBootAppends");
+    });
 
 }  // namespace
 }  // namespace hvtrace::e2e

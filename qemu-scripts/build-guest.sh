@@ -75,9 +75,11 @@ REFRESH=0
 # virtio_blk, virtio_net (and virtio_console where it is not built in) drive
 # the disk, NIC and serial devices of the boot-handshake tests; /init loads
 # them after hvtrace-boot-probes, so their handshakes are recorded.
-# HVTRACE_GUEST_EXTRA_MODULES adds more (space-separated names).
+# softdog gives the tests a timer callback inside a module that they can fire
+# on demand (soft_noboot=1: it only logs), to check that module functions in
+# events resolve. HVTRACE_GUEST_EXTRA_MODULES adds more (space-separated names).
 read -r -a extra_modules <<<"${HVTRACE_GUEST_EXTRA_MODULES:-}"
-MODULES=(pvpanic pvpanic-mmio pvpanic-pci virtio_blk virtio_net virtio_console "${extra_modules[@]}")
+MODULES=(pvpanic pvpanic-mmio pvpanic-pci virtio_blk virtio_net virtio_console softdog "${extra_modules[@]}")
 
 log() { echo "build-guest: $*" >&2; }
 die() { echo "build-guest: error: $*" >&2; exit 1; }

@@ -317,7 +317,8 @@ std::string KallsymsForEvents(const BootMap& map, const KernelFormats& formats, 
     *modules = {{"source", "scratch area"},
                 {"modules_moved", moved->modules_moved},
                 {"symbols", moved->symbols},
-                {"not_harvested", moved->not_harvested}};
+                {"not_harvested", moved->not_harvested},
+                {"superseded", moved->superseded}};
   }
   return module_subset ? subset.Text() + module_subset->Text() : subset.Text();
 }

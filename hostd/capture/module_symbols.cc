@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace hvtrace::hostd {
 namespace {
@@ -21,40 +22,84 @@ std::string_view ModuleOf(std::string_view line) {
   return line.substr(open + 1, line.size() - open - 2);
 }
 
+// Per harvested module, its text symbols' lowest and highest address.
+struct Extent {
+  uint64_t low = UINT64_MAX, high = 0;
+};
+
+std::unordered_map<std::string_view, Extent> HarvestExtents(
+    std::string_view kallsyms, const KernelSymbols& symbols,
+    const std::vector<BootMapModule>& loaded) {
+  std::unordered_set<std::string_view> wanted;
+  for (const BootMapModule& m : loaded) wanted.insert(m.name);
+  std::unordered_map<std::string_view, Extent> out;
+  for (const KallsymsTable::Symbol& s : symbols.table().symbols()) {
+    if (!s.module || !IsText(s.type) || s.addr == 0) continue;
+    const std::string_view mod = ModuleOf(KallsymsTable::Line(kallsyms, s));
+    if (!wanted.contains(mod)) continue;
+    Extent& e = out[mod];
+    e.low = std::min(e.low, s.addr);
+    e.high = std::max(e.high, s.addr);
+  }
+  return out;
+}
+
+// Whether entry |i|'s text overlaps that of a later entry of another module
+// or base (a later load reused its memory).
+bool Superseded(size_t i, const std::vector<BootMapModule>& loaded,
+                const std::unordered_map<std::string_view, Extent>& extents) {
+  auto span = [&](const BootMapModule& m) {
+    const Extent& e = extents.at(m.name);
+    return std::pair{m.addr, m.addr + (e.high - e.low / kPage * kPage)};
+  };
+  const auto [first, last] = span(loaded[i]);
+  for (size_t j = i + 1; j < loaded.size(); ++j) {
+    const bool same_load = loaded[j].name == loaded[i].name && loaded[j].addr == loaded[i].addr;
+    if (same_load || !extents.contains(loaded[j].name)) continue;
+    const auto [other_first, other_last] = span(loaded[j]);
+    if (first <= other_last && other_first <= last) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 ModuleSymbols MoveModuleSymbols(std::string_view kallsyms, const KernelSymbols& symbols,
                                 const std::vector<BootMapModule>& loaded) {
   ModuleSymbols out;
-  std::unordered_map<std::string_view, uint64_t> base_then;  // Name -> scratch base.
-  for (const BootMapModule& m : loaded) base_then.emplace(m.name, m.addr);
-  // Per module, its text symbols' lowest address at the harvest.
-  std::unordered_map<std::string_view, uint64_t> lowest;
-  const auto& all = symbols.table().symbols();
-  for (const KallsymsTable::Symbol& s : all) {
-    if (!s.module || !IsText(s.type) || s.addr == 0) continue;
-    const std::string_view mod = ModuleOf(KallsymsTable::Line(kallsyms, s));
-    if (!base_then.contains(mod)) continue;
-    auto [it, fresh] = lowest.emplace(mod, s.addr);
-    if (!fresh) it->second = std::min(it->second, s.addr);
+  const std::unordered_map<std::string_view, Extent> extents =
+      HarvestExtents(kallsyms, symbols, loaded);
+  // The entries placed: name -> the distinct bases it was loaded at.
+  std::unordered_map<std::string_view, std::vector<uint64_t>> bases;
+  std::unordered_set<std::string_view> missing;
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    const BootMapModule& m = loaded[i];
+    if (!extents.contains(m.name)) {
+      if (missing.insert(m.name).second) out.not_harvested.push_back(m.name);
+      continue;
+    }
+    if (Superseded(i, loaded, extents)) {
+      out.superseded.push_back(m.name);
+      continue;
+    }
+    std::vector<uint64_t>& at = bases[m.name];
+    if (std::find(at.begin(), at.end(), m.addr) == at.end()) at.push_back(m.addr);
   }
-  for (const BootMapModule& m : loaded) {
-    if (!lowest.contains(m.name)) out.not_harvested.push_back(m.name);
-  }
-  out.modules_moved = lowest.size();
-  for (const KallsymsTable::Symbol& s : all) {
+  out.modules_moved = bases.size();
+  for (const KallsymsTable::Symbol& s : symbols.table().symbols()) {
     if (!s.module || !IsText(s.type) || s.addr == 0) continue;
     const std::string_view line = KallsymsTable::Line(kallsyms, s);
-    const std::string_view mod = ModuleOf(line);
-    const auto low = lowest.find(mod);
-    if (low == lowest.end()) continue;
-    const uint64_t moved = s.addr - low->second / kPage * kPage + base_then.at(mod);
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(moved));
-    out.kallsyms.append(hex);
-    out.kallsyms.append(line.substr(s.digits));
-    out.kallsyms.push_back('\n');
-    ++out.symbols;
+    const auto placed = bases.find(ModuleOf(line));
+    if (placed == bases.end()) continue;
+    const uint64_t offset = s.addr - extents.at(placed->first).low / kPage * kPage;
+    for (uint64_t base : placed->second) {
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(base + offset));
+      out.kallsyms.append(hex);
+      out.kallsyms.append(line.substr(s.digits));
+      out.kallsyms.push_back('\n');
+      ++out.symbols;
+    }
   }
   return out;
 }

@@ -12,6 +12,14 @@
 // module's data lives in other allocations the scratch area does not record.
 // Modules the harvest did not load, or the boot did not have, are left out,
 // so nothing names an address by another boot's module layout.
+//
+// The kernel appends an entry each time a module loads and removes none when
+// it unloads (trace.c, save_mod), so a module loaded again has two entries;
+// events from before the reload point into the first. Every entry's text is
+// placed. Where an entry's text (extent: the harvest's lowest to highest text
+// symbol) overlaps a later entry of another address, the later load reused
+// that memory: the older entry is left out (`superseded`), as an address
+// there cannot be told to belong to one or the other.
 #ifndef HVTRACE_HOSTD_CAPTURE_MODULE_SYMBOLS_H_
 #define HVTRACE_HOSTD_CAPTURE_MODULE_SYMBOLS_H_
 
@@ -30,6 +38,7 @@ struct ModuleSymbols {
   size_t modules_moved = 0;
   size_t symbols = 0;
   std::vector<std::string> not_harvested;  // In the scratch area, no symbols at the harvest.
+  std::vector<std::string> superseded;     // Entries whose memory a later load reused.
 };
 
 // The text symbols of the modules in |loaded|, taken from |symbols| (the

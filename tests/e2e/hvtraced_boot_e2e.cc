@@ -93,6 +93,31 @@ void ExpectScratchDecoded(const json& m, const fs::path& dir) {
               v["scratch"]["text_addr"].dump().c_str(), modules.size(), kaslr.dump().c_str());
 }
 
+// softdog's hrtimer fired once. 6.15+ ranges record where each module's
+// text was loaded (the scratch area), so the callback must print by name;
+// 6.12 records nothing of the kind and the harvest's module addresses are
+// another boot's, so there it prints raw -- never as some other name.
+void ExpectModuleCallback(const std::vector<TraceEvent>& events, const std::string& kernel) {
+  std::vector<std::string> softdog;
+  for (const TraceEvent& e : events) {
+    if (e.name == "hrtimer_expire_entry" && e.text.find("softdog") != std::string::npos)
+      softdog.push_back(e.text);
+  }
+  if (kernel != "6.12") {
+    ASSERT_EQ(softdog.size(), 1u) << "softdog's timer callback is not named in the capture";
+    EXPECT_NE(softdog[0].find("function=softdog_fire"), std::string::npos) << softdog[0];
+    std::printf("[hvtraced e2e] module timer callback: %s\n", softdog[0].c_str());
+    return;
+  }
+  EXPECT_TRUE(softdog.empty()) << "6.12 has no module addresses, yet: " << softdog[0];
+  const bool raw_in_module_area =
+      std::any_of(events.begin(), events.end(), [](const TraceEvent& e) {
+        return e.name == "hrtimer_expire_entry" &&
+               e.text.find("function=0xffffffffc") != std::string::npos;
+      });
+  EXPECT_TRUE(raw_in_module_area) << "softdog's callback should print as a raw module address";
+}
+
 TEST_P(HvtracedBootKernelE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
   const std::string kernel = GetParam();
@@ -162,6 +187,18 @@ TEST_P(HvtracedBootKernelE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
     EXPECT_TRUE(fs::exists(dir / "boot-0.trace.dat"));
   }
 
+  // A timer callback in a module: softdog, reloaded (7.x's scratch area
+  // follows a module that loads again) so that it only logs when it fires
+  // (soft_noboot=1); opening /dev/watchdog and closing it without the magic
+  // 'V' leaves its hrtimer armed for soft_margin seconds.
+  auto watchdog = console.Run(
+      "rmmod softdog; insmod /lib/modules/$(uname -r)/softdog.ko soft_margin=1 "
+      "soft_noboot=1 && echo > /dev/watchdog && sleep 2 && dmesg | grep -c "
+      "'Reboot ignored'",
+      kCommandTimeout);
+  ASSERT_TRUE(watchdog.ok() && watchdog->status == 0)
+      << (watchdog.ok() ? watchdog->output : watchdog.error().message) << tail();
+
   // What the guest's own trace file shows just before the crash.
   auto guest_tail =
       console.Run("tail -n 40 /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
@@ -218,6 +255,7 @@ TEST_P(HvtracedBootKernelE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   EXPECT_TRUE(has("irq_handler_entry", "irq=")) << "no decoded irq_handler_entry";
   EXPECT_TRUE(has("sched_wakeup", " CPU:")) << "no decoded sched_wakeup";
   EXPECT_TRUE(has("sched_switch", " ==> ")) << "no decoded sched_switch";
+  ExpectModuleCallback(events, kernel);
   // The same capture as JSON names the fields, sched_switch's prev_comm too.
   test_support::CommandResult as_json =
       RunCmd(hvtrace + " show --format json '" + dir.string() + "'");

@@ -50,6 +50,41 @@ TEST(ModuleSymbolsTest, TextSymbolsMoveToWhereTheBootHadTheirModule) {
       << modules.Text();
 }
 
+// rmmod + insmod: the kernel appends a second entry and keeps the first, so
+// events from before the reload (the first base) and after it (the second)
+// both name their function.
+TEST(ModuleSymbolsTest, AModuleLoadedAgainIsPlacedAtBothBases) {
+  auto symbols = KernelSymbols::Build(kKallsyms, {});
+  const std::vector<BootMapModule> loaded = {{0xffffffffc0700000ull, "pvpanic_pci"},
+                                             {0xffffffffc0a00000ull, "pvpanic_pci"}};
+  ModuleSymbols moved = MoveModuleSymbols(kKallsyms, *symbols, loaded);
+  EXPECT_EQ(moved.modules_moved, 1u);
+  EXPECT_EQ(moved.symbols, 4u);
+  EXPECT_TRUE(moved.superseded.empty());
+  EXPECT_EQ(moved.kallsyms,
+            "ffffffffc0700010 t pvpanic_pci_probe\t[pvpanic_pci]\n"
+            "ffffffffc0a00010 t pvpanic_pci_probe\t[pvpanic_pci]\n"
+            "ffffffffc0700200 t pvpanic_pci_remove\t[pvpanic_pci]\n"
+            "ffffffffc0a00200 t pvpanic_pci_remove\t[pvpanic_pci]\n");
+  // The same base twice (reloaded into the memory it had): placed once.
+  const std::vector<BootMapModule> same = {{0xffffffffc0700000ull, "pvpanic_pci"},
+                                           {0xffffffffc0700000ull, "pvpanic_pci"}};
+  EXPECT_EQ(MoveModuleSymbols(kKallsyms, *symbols, same).symbols, 2u);
+}
+
+// Another module loaded later into memory an unloaded one had: an address
+// there cannot be told apart, so the older entry is not placed at all.
+TEST(ModuleSymbolsTest, Malicious_ALaterLoadIntoTheSameMemorySupersedesTheOlderEntry) {
+  auto symbols = KernelSymbols::Build(kKallsyms, {});
+  const std::vector<BootMapModule> loaded = {{0xffffffffc0700000ull, "pvpanic_pci"},
+                                             {0xffffffffc0700000ull, "pvpanic_mmio"}};
+  ModuleSymbols moved = MoveModuleSymbols(kKallsyms, *symbols, loaded);
+  EXPECT_EQ(moved.superseded, std::vector<std::string>{"pvpanic_pci"});
+  EXPECT_EQ(moved.modules_moved, 1u);
+  EXPECT_EQ(moved.kallsyms.find("pvpanic_pci_probe"), std::string::npos) << moved.kallsyms;
+  EXPECT_NE(moved.kallsyms.find("ffffffffc0700010 t pvpanic_mmio_probe"), std::string::npos);
+}
+
 TEST(ModuleSymbolsTest, Malicious_NothingLoadedOrNothingHarvestedMovesNothing) {
   auto symbols = KernelSymbols::Build(kKallsyms, {});
   EXPECT_TRUE(MoveModuleSymbols(kKallsyms, *symbols, {}).kallsyms.empty());

@@ -86,6 +86,7 @@ void AttachSession::Plug(std::shared_ptr<Job> job, PlugTarget target) {
   ro.pump_interval_ms = job->options.pump_interval_ms;
   ro.owner_uid = target.owner_uid;
   ro.owner_gid = target.owner_gid;
+  ro.qemu_group = target.qemu_group;
   ro.replace_existing = true;  // The daemon's own name for this VM's region.
   Result<std::shared_ptr<LiveRegion>> region = LiveRegion::Create(ro);
   if (!region.ok()) return Finish(job, region.error());

@@ -46,6 +46,8 @@ struct PlugTarget {
   uint32_t cpus = 1;
   std::optional<uid_t> owner_uid;  // QEMU's user, when not the daemon's.
   std::optional<gid_t> owner_gid;
+  // QEMU dropped root (-runas) and opens the daemon's file through its group.
+  std::optional<gid_t> qemu_group;
   std::string bus;                                      // q35: the root port to plug into.
   nlohmann::json transport = nlohmann::json::object();  // {kind, …} for the reply.
 };

@@ -75,6 +75,13 @@ void LibvirtDomainBackend::Start(VmEventSink& sink) {
   }
   // Adopted before it started, and started since: open this run's file.
   if (pending && state.ok() && state->active) OpenBootRangeOfThisRun();
+  if (state.ok() && !state->active) {
+    // Adopted while shut off: `status` says so instead of "running" until
+    // libvirt starts it (STARTED → RESUME).
+    sink.OnVmEvent(VmEvent{"HVTRACE_FOUND_SHUTOFF",
+                           {{"status", state->text}, {"libvirt_state", state->text}},
+                           HostTime::Now()});
+  }
   if (state.ok() && state->active && state->crashed) {
     sink.OnVmEvent(
         VmEvent{"HVTRACE_FOUND_PANICKED",

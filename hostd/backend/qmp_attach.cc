@@ -1,8 +1,11 @@
 #include "qmp_attach.h"
 
+#include <unistd.h>
+
 #include <boost/asio/post.hpp>
 #include <vector>
 
+#include "qemu_user.h"
 #include "units.h"
 
 namespace hvtrace::hostd {
@@ -93,6 +96,13 @@ void QmpRegionTransport::Probe(const AttachOptions& options, Then<PlugTarget> do
   probe->size_bytes = options.size_bytes;
   probe->done = std::move(done);
   probe->target.transport = {{"kind", "qmp"}, {"qmp", qmp_socket_}};
+  // Who QEMU is now, after any -runas: not the daemon's user means QEMU
+  // opens the region file through its group (the daemon keeps the file).
+  if (auto creds = ReadProcessCredentials(qemu_pid_); creds && creds->uid != ::geteuid()) {
+    probe->target.qemu_group = creds->gid;
+    probe->target.transport["qemu_uid"] = creds->uid;
+    probe->target.transport["qemu_gid"] = creds->gid;
+  }
   probe->timer = std::make_unique<boost::asio::steady_timer>(io_);
   std::weak_ptr<int> life = life_;
   boost::asio::post(io_, [this, life, probe] {

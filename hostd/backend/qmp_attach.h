@@ -37,6 +37,10 @@ class QmpRegionTransport : public RegionTransport {
   ~QmpRegionTransport() override;
   // The VM's one QMP session, once the backend opened it.
   void SetClient(std::shared_ptr<QmpClient> qmp);
+  // QEMU's pid, when known (a QEMU hvtraced booted or adopted with one): a
+  // QEMU that runs as another user than the daemon (-runas) gets the region
+  // through its group (PlugTarget::qemu_group).
+  void SetQemuPid(pid_t pid) { qemu_pid_ = pid; }
 
   void Probe(const AttachOptions& options, Then<PlugTarget> done) override;
   void Plug(const LiveRegion& region, const PlugTarget& target, Then<PluggedDevice> done) override;
@@ -48,6 +52,7 @@ class QmpRegionTransport : public RegionTransport {
 
  private:
   struct Probing;
+  pid_t qemu_pid_ = 0;
   void WhenConnected(std::shared_ptr<Probing> probe);
   void CheckMachine(std::shared_ptr<Probing> probe);
   void FindRootPort(std::shared_ptr<Probing> probe);

@@ -16,6 +16,8 @@
 
 #include "capped_file.h"
 #include "hvtrace/boot_map.h"
+#include "private_path.h"
+#include "qemu_user.h"
 #include "units.h"
 
 namespace hvtrace::hostd {
@@ -156,7 +158,9 @@ QmpVmBackend::QmpVmBackend(boost::asio::any_io_executor io, QmpVmSpec spec, std:
           [this](const LiveRegion* region, const PluggedDevice* device) {
             RememberAttach(region, device);
           }),
-      attach_(io_, attach_transport_) {}
+      attach_(io_, attach_transport_) {
+  attach_transport_.SetQemuPid(vm_ ? vm_->pid() : spec_.pid);
+}
 
 void QmpVmBackend::CutMemoryLink() {
   std::lock_guard lock(memory_link_->mu);
@@ -358,13 +362,29 @@ Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
 GuestMemoryReader QmpVmBackend::guest_memory_reader() {
   if (!spec_.booted_by_daemon || spec_.meta_socket.empty()) return nullptr;
   const std::string path = spec_.meta_socket + ".notes";
+  // QEMU writes the file by name (memsave), after any -runas: a QEMU that
+  // is not the daemon's user gets a file the daemon made, in the guest
+  // memory directory it may only traverse, through its group.
+  std::optional<gid_t> qemu_group;
+  if (auto creds = ReadProcessCredentials(vm_ ? vm_->pid() : spec_.pid);
+      creds && creds->uid != ::geteuid()) {
+    qemu_group = creds->gid;
+  }
   // The reader may outlive this backend (a frame still being checked on the
   // pool): it holds the link, never |this|.
-  return [io = io_, link = memory_link_, path](uint64_t addr,
-                                               size_t size) -> Result<std::vector<std::byte>> {
+  return [io = io_, link = memory_link_, path, qemu_group](
+             uint64_t addr, size_t size) -> Result<std::vector<std::byte>> {
     auto done = std::make_shared<std::promise<Result<json>>>();
     std::future<Result<json>> reply = done->get_future();
     ::unlink(path.c_str());
+    if (qemu_group) {
+      Result<UniqueFd> target = CreateExclusiveFile(path, 0660, "QEMU's memsave target");
+      if (!target.ok()) return target.error();
+      if (::fchown(target->get(), static_cast<uid_t>(-1), *qemu_group) != 0) {
+        return Error{"QEMU's memsave target " + path + ": cannot give it to QEMU's group " +
+                     std::to_string(*qemu_group) + ": " + std::strerror(errno)};
+      }
+    }
     boost::asio::post(io, [link, addr, size, path, done] {
       std::shared_ptr<QmpClient> qmp;
       {

@@ -183,7 +183,8 @@ Result<bool> ApplyKey(Config& config, std::string_view key, std::string_view val
     config.qemu_sandbox = value == "on";
   } else if (key == "qemu_user") {
     // A user name QEMU's -runas resolves when the VM boots (checked then,
-    // so a user created later needs no restart); empty: none.
+    // so a user created later needs no restart); empty: the default user
+    // (qemu_user.h); "root": none.
     if (value.find_first_of(" \t,=/:") != std::string_view::npos) {
       return Error{"'" + std::string(value) + "' is not a user name"};
     }

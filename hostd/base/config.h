@@ -61,8 +61,10 @@
 //   qemu_sandbox        = on                    on | off: QEMUs hvtraced boots
 //                                               run with -sandbox on,... (their
 //                                               seccomp filter)
-//   qemu_user           =                       empty: QEMUs hvtraced boots run
-//                                               as root; else -runas USER
+//   qemu_user           =                       -runas USER for QEMUs hvtraced
+//                                               boots; empty: hvtrace-qemu if it
+//                                               exists, else root (warned);
+//                                               root: root (warned) (qemu_user.h)
 // Fleet upload (docs/fleet.md): every committed capture also goes to an
 // S3-compatible bucket (Ceph RGW, MinIO, AWS S3), from a persistent queue
 // (<state_dir>/upload-queue); the local copy is kept by retention until the
@@ -146,7 +148,7 @@ struct Config {
   std::filesystem::path harvest_initrd;  // Empty: the default (see above).
   LogLevel log_level = LogLevel::kInfo;
   bool qemu_sandbox = true;
-  std::string qemu_user;        // Empty: QEMU runs as the daemon's user.
+  std::string qemu_user;        // Empty: kDefaultQemuUser when it exists (qemu_user.h).
   std::string upload_endpoint;  // Empty: no fleet upload.
   std::string upload_bucket;
   std::string upload_region = "us-east-1";

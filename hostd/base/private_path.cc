@@ -75,6 +75,35 @@ Status EnsurePrivateDir(const std::filesystem::path& dir, const std::string& wha
   return CheckTrustedPath(dir, what);
 }
 
+Status EnsureGuestMemoryDir(const std::filesystem::path& dir, std::optional<gid_t> qemu_gid,
+                            const std::string& what) {
+  if (Status s = MakeDirs(dir, 0700); !s.ok()) return Error{what + ": " + s.error().message};
+  // Opened without following a symlink, so the chown and chmod act on what
+  // was checked.
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) {
+    return Error{what + ": cannot open " + dir.string() +
+                 " (a directory, not a symlink): " + std::strerror(errno)};
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    return Error{what + ": cannot stat " + dir.string() + ": " + std::strerror(errno)};
+  }
+  // Group search is the one bit beyond 0700 this directory may have.
+  if (st.st_uid != ::geteuid() || (st.st_mode & 0067) != 0) {
+    return Error{what + ": " + dir.string() + " must be this daemon's own (uid " +
+                 std::to_string(::geteuid()) + ", mode 0700 or 0710), not " + Describe(st)};
+  }
+  if (qemu_gid && (st.st_gid != *qemu_gid || (st.st_mode & 07777) != 0710)) {
+    if (::fchown(fd.get(), static_cast<uid_t>(-1), *qemu_gid) != 0 ||
+        ::fchmod(fd.get(), 0710) != 0) {
+      return Error{what + ": cannot give " + dir.string() + " to QEMU's group (gid " +
+                   std::to_string(*qemu_gid) + ", mode 0710): " + std::strerror(errno)};
+    }
+  }
+  return CheckTrustedPath(dir, what);
+}
+
 Status TightenPrivateDir(const std::filesystem::path& dir, const std::string& what,
                          bool* tightened) {
   if (tightened != nullptr) *tightened = false;

@@ -15,6 +15,7 @@
 #include <sys/types.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
 #include "hvtrace/result.h"
@@ -31,6 +32,16 @@ Status CheckTrustedPath(const std::filesystem::path& path, const std::string& wh
 // directory owned by this process's user that nobody else may enter, under
 // a trusted path.
 Status EnsurePrivateDir(const std::filesystem::path& dir, const std::string& what);
+
+// The directory of guest memory files (<run_dir>/mem): like
+// EnsurePrivateDir, except that QEMU's group may traverse it (0710) so a
+// QEMU that dropped root can open, by name, the files the daemon made for
+// it there; nobody else may enter, and nobody but this daemon's user may
+// list, create or rename entries. With |qemu_gid| the directory is given to
+// that group and made 0710; without, 0700 and 0710 are both accepted (other
+// VMs' QEMUs may need the latter) and nothing is loosened.
+Status EnsureGuestMemoryDir(const std::filesystem::path& dir, std::optional<gid_t> qemu_gid,
+                            const std::string& what);
 
 // Like EnsurePrivateDir, but an existing directory of ours that an older
 // version left readable by others (e.g. 0755) is tightened to 0700 instead of

@@ -114,6 +114,9 @@ struct CaptureFaults {
   // Every region copy and the recovery record are durable; nothing is
   // decoded or committed yet.
   std::function<void()> after_copies_durable;
+  // The capture is committed (its directory renamed into place); its upload
+  // queue entry is not written yet (Daemon's on_committed, uploader.h).
+  std::function<void()> before_upload_queued;
 };
 
 // The metadata-channel store of the VM whose captures |store| holds

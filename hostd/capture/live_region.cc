@@ -131,6 +131,13 @@ Result<std::shared_ptr<LiveRegion>> LiveRegion::Create(const LiveRegionOptions& 
     if (::fchown(fd, uid, gid) != 0) return fail(Errno("cannot chown " + where));
     // Guest memory: QEMU's user only (chown may have kept other bits).
     if (::fchmod(fd, 0600) != 0) return fail(Errno("cannot chmod " + where));
+  } else if (options.qemu_group) {
+    // The daemon stays the owner (CheckReplaceable and a restarted daemon
+    // see its file); QEMU's group gets read and write, nobody else anything.
+    if (::fchown(fd, static_cast<uid_t>(-1), *options.qemu_group) != 0)
+      return fail(Errno("cannot give " + where + " to QEMU's group " +
+                        std::to_string(*options.qemu_group)));
+    if (::fchmod(fd, 0660) != 0) return fail(Errno("cannot chmod " + where));
   }
   void* map = ::mmap(nullptr, options.size_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (map == MAP_FAILED) return fail(Errno("cannot map " + where));

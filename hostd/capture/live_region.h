@@ -40,6 +40,9 @@ struct LiveRegionOptions {
   uint32_t pump_interval_ms = 50;
   std::optional<uid_t> owner_uid;  // chown the file (a QEMU running as another user).
   std::optional<gid_t> owner_gid;
+  // QEMU runs as another user but the daemon keeps the file: the file's
+  // group becomes |qemu_group| with mode 0660, so QEMU opens it by name.
+  std::optional<gid_t> qemu_group;
   // Replace a stale file the daemon or QEMU (|owner_uid|) owns; anything
   // else at the path is always refused.
   bool replace_existing = false;

@@ -79,6 +79,8 @@ class PingCommand final : public QueryCommand {
       std::printf("upload to %s/%s: %s pending, %s uploaded", Str(upload, "endpoint").c_str(),
                   Str(upload, "bucket").c_str(), Str(upload, "pending").c_str(),
                   Str(upload, "uploaded").c_str());
+      if (upload.value("given_up", 0) > 0)
+        std::printf(", %s given up", Str(upload, "given_up").c_str());
       const std::string error = upload.value("last_error", "");
       if (!error.empty()) {
         std::printf("; last error (%s): %s", Str(upload, "last_error_at").c_str(), error.c_str());

@@ -321,7 +321,12 @@ void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responde
     } else {
       const std::filesystem::path dir =
           config()->EffectiveSocketPath().parent_path() / kMemoryDirName;
-      if (Status s = EnsurePrivateDir(dir, "attach " + name + ": region directory"); !s.ok()) {
+      // Kept as it is (0700, or 0710 for QEMU's group when VMs run as
+      // qemu_user); the region file itself is given to QEMU's group when
+      // QEMU is not the daemon's user (QmpRegionTransport::Probe).
+      if (Status s =
+              EnsureGuestMemoryDir(dir, std::nullopt, "attach " + name + ": region directory");
+          !s.ok()) {
         responder->Fail(kErrInternal, s.error().message);
         return;
       }

@@ -16,6 +16,7 @@
 #include "formats_cache.h"
 #include "kvm_probe.h"
 #include "private_path.h"
+#include "qemu_user.h"
 #include "qmp_vm.h"
 #include "vm_process.h"
 
@@ -35,10 +36,17 @@ namespace asio = boost::asio;
 // later. Something already at the path is refused: it may be another QEMU's
 // live memory or a stale ring the new kernel would take for its previous
 // boot.
-Result<std::unique_ptr<Vm>> PrepareBackingFile(const std::string& name, const std::string& path) {
+//
+// A QEMU that drops root (qemu_user) opens the file before it drops, so the
+// file stays 0600 the daemon's; QEMU's group may only traverse the
+// directory (0710), for the files it opens by name later (qemu_user.h).
+Result<std::unique_ptr<Vm>> PrepareBackingFile(const std::string& name, const std::string& path,
+                                               const QemuUser& qemu_user) {
   const std::string what = "VM '" + name + "': the boot range's backing file";
-  if (Status s = EnsurePrivateDir(std::filesystem::path(path).parent_path(),
-                                  "VM '" + name + "': guest memory directory");
+  std::optional<gid_t> qemu_gid;
+  if (!qemu_user.run_as.empty()) qemu_gid = qemu_user.gid;
+  if (Status s = EnsureGuestMemoryDir(std::filesystem::path(path).parent_path(), qemu_gid,
+                                      "VM '" + name + "': guest memory directory");
       !s.ok()) {
     return s.error();
   }
@@ -255,7 +263,13 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
   // Slow: the KVM probe (first time only), QEMU start-up, hashing vmlinuz.
   if (accel_kind == Accel::kAuto)
     LogInfo("boot " + name + ": accel auto: " + KvmVerdict(boot.kernel).reason);
-  Result<std::unique_ptr<Vm>> started = PrepareBackingFile(name, paths.backing_file);
+  // The config in force now (a reload changes the VMs booted after it).
+  const std::shared_ptr<const Config> config_now = config();
+  Result<QemuUser> qemu_user = ResolveQemuUser(config_now->qemu_user, name);
+  if (qemu_user.ok() && !qemu_user->warning.empty()) LogWarning(qemu_user->warning);
+  Result<std::unique_ptr<Vm>> started =
+      qemu_user.ok() ? PrepareBackingFile(name, paths.backing_file, *qemu_user)
+                     : Result<std::unique_ptr<Vm>>(qemu_user.error());
   if (started.ok()) {
     if (Status s = PrepareQemuTraceLog(name, vm_config, paths.qemu_trace_log); !s.ok()) {
       ::unlink(paths.backing_file.c_str());
@@ -265,10 +279,8 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
   if (started.ok()) {
     VmConfig prepared = vm_config;
     prepared.boot_range->prepared = true;
-    // The config in force now (a reload changes the VMs booted after it).
-    const std::shared_ptr<const Config> config_now = config();
     prepared.sandbox = config_now->qemu_sandbox;
-    prepared.run_as = config_now->qemu_user;
+    prepared.run_as = qemu_user->run_as;
     // Under systemd QEMU gets its own scope, outside hvtraced.service's
     // cgroup: stopping the service leaves it to vm_on_shutdown.
     if (SystemdBooted()) prepared.launcher = SystemdScopeLauncher(name);

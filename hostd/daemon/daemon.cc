@@ -148,6 +148,7 @@ Daemon::Daemon(Config initial, ConfigSource reload_source)
 }
 
 void Daemon::SetCaptureFaults(CaptureFaults faults) {
+  before_upload_queued_ = faults.before_upload_queued;
   captures_ = std::make_shared<CaptureService>(
       formats_, static_cast<size_t>(config()->worker_threads), std::move(faults), budget_);
 }
@@ -170,9 +171,15 @@ SupervisorOptions Daemon::supervisor_options() const {
   o.queue = capture_queue_;
   o.guest_capture_interval = config()->guest_capture_interval;
   if (uploader_) {
-    o.on_committed = [u = uploader_.get()](const std::string& vm, const std::string& id,
-                                           const std::filesystem::path& dir) {
-      u->Enqueue(vm, id, dir);
+    // On the capture's worker, before the capture is reported: once a
+    // client sees it, its entry is durable (or the error is logged and the
+    // next start's scan queues it).
+    o.on_committed = [u = uploader_.get(), fault = before_upload_queued_](
+                         const std::string& vm, const std::string& id,
+                         const std::filesystem::path& dir) {
+      if (fault) fault();
+      if (Status s = u->Enqueue(vm, id, dir); !s.ok())
+        LogErr("upload: VM " + vm + ": " + s.error().message);
     };
   }
   return o;
@@ -408,7 +415,10 @@ void Daemon::RecoverCaptures(const std::vector<std::string>& names, std::functio
       for (const CaptureEntry& entry : recovery->recovered) {
         LogNotice("VM " + name + ": recovered capture " + entry.id +
                   " left incomplete by an earlier run");
-        if (uploader_) uploader_->Enqueue(name, entry.id, entry.dir);
+        if (uploader_) {
+          if (Status s = uploader_->Enqueue(name, entry.id, entry.dir); !s.ok())
+            LogErr("upload: VM " + name + ": " + s.error().message);
+        }
       }
       for (const std::string& why : recovery->removed)
         LogNotice("VM " + name + ": incomplete capture " + why);
@@ -437,6 +447,7 @@ Status Daemon::StartUploader() {
   options.prefix = *prefix;
   options.host = FleetHostName();
   options.queue_root = state_.root() / "upload-queue";
+  options.vms_root = state_.root() / "vms";
   options.retry_max = c.upload_retry_max;
   uploader_ = std::make_unique<Uploader>(std::move(options));
   if (Status s = uploader_->Start(); !s.ok()) return s;

@@ -186,6 +186,7 @@ class Daemon {
   StateDir state_;
   std::shared_ptr<FormatsService> formats_;  // The formats cache every VM decodes with.
   std::shared_ptr<CaptureService> captures_;
+  std::function<void()> before_upload_queued_;   // CaptureFaults' test seam.
   std::shared_ptr<CaptureBudget> budget_;        // Byte budgets and reserve (capture_budget.h).
   std::shared_ptr<CaptureQueue> capture_queue_;  // Every VM's captures, panics first.
   // The fleet upload (uploader.h); null when upload_endpoint is empty.

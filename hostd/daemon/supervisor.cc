@@ -26,6 +26,8 @@ std::string_view VmStateName(VmState state) {
       return "panicked";
     case VmState::kStopped:
       return "stopped";
+    case VmState::kShutOff:
+      return "shut off";
     case VmState::kGone:
       return "gone";
     case VmState::kFailed:
@@ -180,6 +182,9 @@ void VmSupervisor::HandleEvent(const VmEvent& event) {
     // Panicked while nobody watched: still captured, once per watch.
     SetState(VmState::kPanicked);
     Schedule("panic-while-away", event.time, nullptr, apply_policy);
+  } else if (name == "HVTRACE_FOUND_SHUTOFF") {
+    // A libvirt domain that is not running: nothing to capture, nothing runs.
+    SetState(VmState::kShutOff);
   } else if (name == "HVTRACE_FOUND_PAUSED") {
     SetState(VmState::kPaused);
     Schedule("paused-while-away", event.time, nullptr);

@@ -68,6 +68,7 @@ enum class VmState {
   kPaused,
   kPanicked,
   kStopped,  // Shut down or quit cleanly.
+  kShutOff,  // A libvirt domain found inactive when watching began; RESUME when it starts.
   kGone,     // QEMU disappeared.
   kFailed,   // The backend threw or reported an error; see last_error.
 };

@@ -141,6 +141,15 @@ Status UploadQueueDir::Save(const UploadEntry& entry) const {
   return WriteFileAtomic(path, entry.ToJson().dump(1));
 }
 
+Status UploadQueueDir::MarkUploaded(std::string_view vm, std::string_view id) const {
+  return WriteFileAtomic(EntryPath(vm, id).replace_extension(".uploaded"), "");
+}
+
+bool UploadQueueDir::Uploaded(std::string_view vm, std::string_view id) const {
+  std::error_code ec;
+  return fs::exists(EntryPath(vm, id).replace_extension(".uploaded"), ec);
+}
+
 Status UploadQueueDir::Remove(std::string_view vm, std::string_view id) const {
   const fs::path path = EntryPath(vm, id);
   std::error_code ec;

@@ -71,6 +71,13 @@ class UploadQueueDir {
   // ("path: why") and left in place for an operator.
   Result<std::vector<UploadEntry>> Scan(std::vector<std::string>* bad = nullptr) const;
 
+  // The store confirmed every object of the capture: a durable marker
+  // (<vm>/<id>.uploaded, empty) written before the entry is removed, so a
+  // start-up scan tells a confirmed capture from one whose entry a crash
+  // never wrote.
+  Status MarkUploaded(std::string_view vm, std::string_view id) const;
+  bool Uploaded(std::string_view vm, std::string_view id) const;
+
   // A scratch file for the entry (a compressed object before its PUT).
   std::filesystem::path ScratchPath(std::string_view vm, std::string_view id,
                                     std::string_view name) const;

@@ -62,6 +62,11 @@ Status Uploader::Start() {
     LogNotice("upload: " + std::to_string(entries->size()) +
               " capture(s) queued by an earlier run resume");
   }
+  if (size_t requeued = RequeueUnconfirmed(); requeued != 0) {
+    LogNotice("upload: " + std::to_string(requeued) +
+              " committed capture(s) had no queue entry and are not confirmed in the store "
+              "(an earlier run stopped between the commit and the entry): queued");
+  }
   s3_ = std::make_unique<S3Client>(options_.s3);
   thread_ = std::thread([this] { Loop(); });
   return {};
@@ -73,16 +78,57 @@ void Uploader::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Uploader::Enqueue(const std::string& vm, const std::string& id, const fs::path& dir) {
+Status Uploader::Enqueue(const std::string& vm, const std::string& id, const fs::path& dir) {
+  const std::string name = NameOf(vm, id);
   {
     std::lock_guard lock(mu_);
-    if (!pending_.insert(NameOf(vm, id)).second) return;
-    incoming_.push_back({vm, id, dir, HostTime::Now().realtime_ns});
-    states_[NameOf(vm, id)] = {
-        {"vm", vm}, {"id", id}, {"state", "pending"}, {"attempts", 0}, {"last_error", ""}};
-    kicked_ = true;
+    if (pending_.count(name) != 0) return {};
   }
+  auto entry =
+      MakeUploadEntry({options_.host, vm, id}, options_.prefix, dir, HostTime::Now().realtime_ns);
+  Status saved = entry.ok() ? queue_.Save(*entry) : Status(entry.error());
+  std::lock_guard lock(mu_);
+  if (!saved.ok()) {
+    // Nothing durable records it: the next start's scan queues it again.
+    const std::string error = "capture " + name + " cannot be queued: " + saved.error().message;
+    states_[name] = {{"vm", vm},
+                     {"id", id},
+                     {"state", "error"},
+                     {"attempts", 0},
+                     {"last_error", saved.error().message}};
+    last_error_ = error;
+    last_error_at_ = UtcStamp(HostTime::Now().realtime_ns);
+    return Error{error};
+  }
+  pending_.insert(name);
+  states_[name] = {
+      {"vm", vm}, {"id", id}, {"state", "pending"}, {"attempts", 0}, {"last_error", ""}};
+  kicked_ = true;
   cv_.notify_all();
+  return {};
+}
+
+size_t Uploader::RequeueUnconfirmed() {
+  if (options_.vms_root.empty()) return 0;
+  size_t queued = 0;
+  std::error_code ec;
+  for (const auto& vm_dir : fs::directory_iterator(options_.vms_root, ec)) {
+    const std::string vm = vm_dir.path().filename().string();
+    std::error_code cec;
+    for (const auto& capture : fs::directory_iterator(vm_dir.path() / "captures", cec)) {
+      const std::string id = capture.path().filename().string();
+      // Hidden: a capture still being written or recovered (capture_store.h).
+      if (id.empty() || id[0] == '.' || !capture.is_directory(cec)) continue;
+      if (!fs::exists(capture.path() / "manifest.json", cec)) continue;
+      if (queue_.Pending(vm, id) || queue_.Uploaded(vm, id)) continue;
+      if (Status s = Enqueue(vm, id, capture.path()); !s.ok()) {
+        LogErr("upload: " + s.error().message);
+        continue;
+      }
+      ++queued;
+    }
+  }
+  return queued;
 }
 
 bool Uploader::Pending(const std::string& vm, const std::string& id) const {
@@ -119,6 +165,7 @@ json Uploader::StatsJson() const {
           {"uploaded", uploaded_},
           {"failed_attempts", failed_attempts_},
           {"lost", lost_},
+          {"given_up", given_up_},
           {"last_error", last_error_},
           {"last_error_at", last_error_at_},
           {"last_uploaded", last_uploaded_},
@@ -150,30 +197,6 @@ Result<UploadEntry> MakeUploadEntry(const FleetCaptureRef& ref, const std::strin
   return e;
 }
 
-void Uploader::TakeIncoming() {
-  std::deque<Incoming> batch;
-  {
-    std::lock_guard lock(mu_);
-    batch.swap(incoming_);
-  }
-  for (const Incoming& in : batch) {
-    auto entry =
-        MakeUploadEntry({options_.host, in.vm, in.id}, options_.prefix, in.dir, in.queued_ns);
-    Status saved = entry.ok() ? queue_.Save(*entry) : Status(entry.error());
-    if (!saved.ok()) {
-      // Nothing durable records it: say so loudly; the capture stays local.
-      LogErr("upload: capture " + NameOf(in.vm, in.id) +
-             " cannot be queued: " + saved.error().message);
-      std::lock_guard lock(mu_);
-      pending_.erase(NameOf(in.vm, in.id));
-      states_[NameOf(in.vm, in.id)]["state"] = "error";
-      states_[NameOf(in.vm, in.id)]["last_error"] = saved.error().message;
-      last_error_ = saved.error().message;
-      last_error_at_ = UtcStamp(HostTime::Now().realtime_ns);
-    }
-  }
-}
-
 void Uploader::Wait(std::chrono::milliseconds delay) {
   std::unique_lock lock(mu_);
   cv_.wait_for(lock, delay, [this] { return stop_.load() || kicked_; });
@@ -187,7 +210,6 @@ void Uploader::Loop() {
   ::pthread_setname_np(::pthread_self(), "hvt-upload");
   std::chrono::milliseconds backoff = options_.retry_min;
   while (!stop_) {
-    TakeIncoming();
     std::vector<std::string> bad;
     auto entries = queue_.Scan(&bad);
     bool failed = false;
@@ -203,8 +225,10 @@ void Uploader::Loop() {
           failed = true;
           // The store failing (its errors start "S3 ") fails the others too:
           // wait. A local problem (an unreadable file) is this capture's own:
-          // the next ones go on.
+          // the next ones go on, and after |local_attempts| it is given up.
           if (s.error().message.starts_with("S3 ")) break;
+          if (!stop_ && e.attempts >= static_cast<uint64_t>(options_.local_attempts))
+            GiveUp(e, s.error().message);
         }
       }
     }
@@ -286,6 +310,8 @@ Status Uploader::Process(UploadEntry& e) {
   // The listing copy last: present means complete.
   etag = s3_->PutBytes(IndexListKey(e.prefix, e.ref), bytes);
   if (!etag.ok()) return etag.error();
+  // Confirmed: the marker first, so no start-up scan queues it again.
+  if (Status s = queue_.MarkUploaded(e.ref.vm, e.ref.id); !s.ok()) return s;
   if (Status s = queue_.Remove(e.ref.vm, e.ref.id); !s.ok()) return s;
   RecordDone(e);
   return {};
@@ -314,6 +340,31 @@ void Uploader::RecordFailure(UploadEntry& e, const std::string& error) {
                " stays local and queued: " + error);
     logged_error_ = error;
   }
+}
+
+void Uploader::GiveUp(const UploadEntry& e, const std::string& error) {
+  const std::string name = NameOf(e.ref.vm, e.ref.id);
+  const std::string why = "capture " + name + " (" + e.dir.string() + "): upload given up after " +
+                          std::to_string(e.attempts) + " attempts: " + error +
+                          "; the capture stays local, not in the store";
+  LogErr("upload: " + why);
+  // The marker too: a restart must not queue it again (nothing changed).
+  Status marked = queue_.MarkUploaded(e.ref.vm, e.ref.id);
+  Status removed = queue_.Remove(e.ref.vm, e.ref.id);
+  if (!marked.ok() || !removed.ok()) {
+    LogErr("upload: capture " + name +
+           ": cannot drop its queue entry: " + (marked.ok() ? removed : marked).error().message);
+  }
+  std::lock_guard lock(mu_);
+  ++given_up_;
+  pending_.erase(name);
+  last_error_ = why;
+  last_error_at_ = UtcStamp(HostTime::Now().realtime_ns);
+  states_[name] = {{"vm", e.ref.vm},
+                   {"id", e.ref.id},
+                   {"state", "given-up"},
+                   {"attempts", e.attempts},
+                   {"last_error", error}};
 }
 
 void Uploader::RecordDone(const UploadEntry& e) {

@@ -1,8 +1,13 @@
 // hvtraced's fleet upload (docs/fleet.md): every committed capture goes to an
 // S3 bucket, from a persistent queue (upload_queue.h), on one thread of its
 // own at a lower CPU priority, so an upload never delays a capture: Enqueue
-// only records the capture in memory and wakes the thread, which writes the
-// queue entry and does the rest.
+// writes the capture's queue entry durably (a few ms: the manifest read, one
+// small file and two fsyncs, on the committing worker) and wakes the thread,
+// which does the rest. A capture counts as committed once its entry is
+// durable; one whose entry a crash prevented is found by Start's scan of the
+// capture directories: a committed capture with neither an entry nor a
+// marker that the store confirmed it (UploadQueueDir::MarkUploaded) is queued
+// again.
 //
 // Per capture: manifest.json, the trace.dat files, the region files
 // compressed (zstd), then the index object twice (fleet_keys.h), the listing
@@ -15,7 +20,10 @@
 // capture local and queued: the thread waits (upload_retry_min doubling up to
 // upload_retry_max) and tries again, oldest capture first (a store error
 // ends the round, a local one skips only its capture); the last error is
-// logged once per change and shown by `hvtrace ping` (StatsJson).
+// logged once per change and shown by `hvtrace ping` (StatsJson). A local
+// failure (a file of the capture that cannot be read) is retried
+// |local_attempts| times, then the capture is given up: its entry goes, the
+// capture stays on disk, and ping and the log say which file and why.
 #ifndef HVTRACE_HOSTD_FLEET_UPLOADER_H_
 #define HVTRACE_HOSTD_FLEET_UPLOADER_H_
 
@@ -43,6 +51,10 @@ struct UploaderOptions {
   std::string prefix;                // NormalizePrefix'd.
   std::string host;                  // FleetHostName() outside tests.
   std::filesystem::path queue_root;  // <state_dir>/upload-queue.
+  // <state_dir>/vms (vms/VM/captures/ID): Start's scan for committed
+  // captures without an entry; empty: no scan.
+  std::filesystem::path vms_root;
+  int local_attempts = 5;  // A capture's own (not the store's) failures before it is given up.
   std::chrono::milliseconds retry_min{1000};
   std::chrono::milliseconds retry_max{60000};
 };
@@ -60,15 +72,19 @@ class Uploader {
   Uploader(const Uploader&) = delete;
   Uploader& operator=(const Uploader&) = delete;
 
-  // Scans the queue directory (entries an earlier run left) and starts the
-  // thread. Fails only when the queue directory cannot be made.
+  // Scans the queue directory (entries an earlier run left), queues the
+  // committed captures the store has not confirmed and that have no entry
+  // (a crash between the commit and the entry), and starts the thread.
+  // Fails only when the queue directory cannot be made.
   Status Start();
   // Ends the thread; a transfer in flight is cancelled (its entry stays).
   void Stop();
 
-  // Queues the capture |id| of |vm| committed in |dir|. Thread-safe, never
-  // blocks on I/O.
-  void Enqueue(const std::string& vm, const std::string& id, const std::filesystem::path& dir);
+  // Queues the capture |id| of |vm| committed in |dir|: its entry is durable
+  // when this returns ok. Thread-safe; call it from a worker, not the I/O
+  // thread. An error names the capture (it stays local; the next start's
+  // scan queues it again).
+  Status Enqueue(const std::string& vm, const std::string& id, const std::filesystem::path& dir);
   // Whether the capture's upload is not confirmed yet (queued in memory or
   // on disk): retention keeps it (capture_budget.h).
   bool Pending(const std::string& vm, const std::string& id) const;
@@ -76,25 +92,24 @@ class Uploader {
   void Kick();
 
   // {"enabled", "endpoint", "bucket", "prefix", "pending", "uploaded",
-  //  "failed_attempts", "lost", "last_error", "last_error_at", "last_uploaded",
+  //  "failed_attempts", "lost", "given_up", "last_error", "last_error_at", "last_uploaded",
   //  "captures": [{"vm", "id", "state": pending | error | uploaded | lost,
   //                "attempts", "objects_done", "objects", "last_error"}]}
+  // (state "given-up": a local failure |local_attempts| times.)
   nlohmann::json StatsJson() const;
 
  private:
-  struct Incoming {
-    std::string vm, id;
-    std::filesystem::path dir;
-    int64_t queued_ns = 0;
-  };
   void Loop();
-  // Writes the entries of captures enqueued since the last call.
-  void TakeIncoming();
+  // Start's scan: entries for committed captures that have none and are not
+  // confirmed in the store. Returns how many were queued.
+  size_t RequeueUnconfirmed();
   // Uploads what is left of |entry|; removes it when done.
   Status Process(UploadEntry& entry);
   Status UploadObject(UploadEntry& entry, size_t index);
   void RecordFailure(UploadEntry& entry, const std::string& error);
   void RecordDone(const UploadEntry& entry);
+  // A local failure for the |local_attempts|-th time: the entry goes.
+  void GiveUp(const UploadEntry& entry, const std::string& error);
   void Wait(std::chrono::milliseconds delay);
 
   UploaderOptions options_;
@@ -106,13 +121,13 @@ class Uploader {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool kicked_ = false;
-  std::deque<Incoming> incoming_;
   std::set<std::string> pending_;                 // "vm/id": in memory or on disk.
   std::map<std::string, nlohmann::json> states_;  // "vm/id" → its row in StatsJson.
   std::deque<std::string> recently_uploaded_;
   uint64_t uploaded_ = 0;
   uint64_t failed_attempts_ = 0;
   uint64_t lost_ = 0;
+  uint64_t given_up_ = 0;
   std::string last_error_;
   std::string last_error_at_;
   std::string last_uploaded_;

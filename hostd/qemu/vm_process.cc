@@ -131,39 +131,36 @@ std::unique_ptr<Vm> Vm::Remnant(const std::string& name, std::vector<std::string
   return self;
 }
 
-Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
-                                      std::chrono::milliseconds ready_timeout,
-                                      VmLifetime lifetime) {
-  Result<QemuPlan> plan = BuildQemuPlan(config, kvm_usable);
-  if (!plan.ok()) return plan.error();
-  const std::string vm = "VM '" + config.name + "': ";
-  for (const std::string* path : {&config.kernel, &config.initrd}) {
-    if (!path->empty() && access(path->c_str(), R_OK) != 0) {
-      return Error{vm + "cannot read " + *path + ": " + std::strerror(errno)};
-    }
-  }
-
-  std::unique_ptr<Vm> self(new Vm());
-  self->config_ = config;
-  self->plan_ = std::move(plan.value());
-  // Sockets are ours by configuration: a stale one from an earlier run would
-  // make the readiness check below pass before QEMU listens.
+// The files a started Vm removes in Cleanup(): its sockets (a stale one from
+// an earlier run would make the readiness check pass before QEMU listens, so
+// it goes now) and the backing files that did not exist before.
+void Vm::TakeOwnedFiles() {
+  const VmConfig& config = config_;
   for (const std::string* sock :
        {&config.qmp_socket, &config.console_socket, &config.meta_socket}) {
     if (sock->empty()) continue;
     if (IsSocket(*sock)) unlink(sock->c_str());
-    self->owned_files_.push_back(*sock);
+    owned_files_.push_back(*sock);
   }
   auto own_if_new = [&](const std::string& path, bool remove) {
-    if (remove && !PathExists(path)) self->owned_files_.push_back(path);
+    if (remove && !PathExists(path)) owned_files_.push_back(path);
   };
   if (config.boot_range && config.boot_range->prepared) {
-    self->owned_files_.push_back(config.boot_range->backing_path);
+    owned_files_.push_back(config.boot_range->backing_path);
   } else if (config.boot_range) {
     own_if_new(config.boot_range->backing_path, config.boot_range->remove_on_cleanup);
   }
   for (const IvshmemConfig& iv : config.ivshmem) own_if_new(iv.backing_path, iv.remove_on_cleanup);
+}
 
+// Forks and execs QEMU with stdin from /dev/null and stdout/stderr into
+// config.qemu_log. Returns once exec succeeded (pid_ set) or failed (the
+// error says why, the child is reaped). Everything the child touches is
+// prepared before fork: after fork in a threaded process only
+// async-signal-safe calls are allowed.
+Status Vm::Spawn(VmLifetime lifetime) {
+  const VmConfig& config = config_;
+  const std::string vm = "VM '" + config.name + "': ";
   const std::string& log_path =
       config.qemu_log.empty() ? std::string("/dev/null") : config.qemu_log;
   const int log_fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -177,10 +174,7 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
     if (null_fd >= 0) close(null_fd);
     return Error{vm + "cannot set up QEMU's stdio: " + std::strerror(err)};
   }
-
-  // Everything the child touches is prepared before fork: after fork in a
-  // threaded process only async-signal-safe calls are allowed.
-  std::vector<std::string> command = LaunchArgv(config.launcher, self->plan_.argv);
+  std::vector<std::string> command = LaunchArgv(config.launcher, plan_.argv);
   std::vector<char*> argv;
   for (std::string& arg : command) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -190,10 +184,7 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
   const pid_t pid = fork();
   if (pid < 0) {
     const int err = errno;
-    close(log_fd);
-    close(null_fd);
-    close(exec_pipe[0]);
-    close(exec_pipe[1]);
+    for (int fd : {log_fd, null_fd, exec_pipe[0], exec_pipe[1]}) close(fd);
     return Error{vm + "fork failed: " + std::strerror(err)};
   }
   if (pid == 0) {
@@ -225,7 +216,7 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
   // child makes its own with setsid, which fails if we already made it a
   // group leader; the exec pipe below waits until setsid has run.)
   if (!independent) setpgid(pid, pid);
-  self->pid_ = pid;
+  pid_ = pid;
   close(log_fd);
   close(null_fd);
   close(exec_pipe[1]);
@@ -236,32 +227,55 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
   } while (n < 0 && errno == EINTR);
   close(exec_pipe[0]);
   if (n == static_cast<ssize_t>(sizeof(exec_errno))) {
-    self->WaitForExit(std::chrono::seconds(5));
-    self->Cleanup();
+    WaitForExit(std::chrono::seconds(5));
+    Cleanup();
     return Error{vm + "cannot execute " + config.qemu_binary + ": " + std::strerror(exec_errno)};
   }
+  start_time_ = ProcessStartTime(pid).value_or(0);
+  return {};
+}
 
-  self->start_time_ = ProcessStartTime(pid).value_or(0);
-
-  // QEMU creates its listening sockets before it starts the guest; wait for
-  // the QMP one so callers can connect, or report why QEMU died.
+// QEMU creates its listening sockets before it starts the guest; waits for
+// the QMP one so callers can connect, or reports why QEMU died.
+Status Vm::AwaitQmpSocket(std::chrono::milliseconds ready_timeout) {
+  const std::string vm = "VM '" + config_.name + "': ";
   const auto deadline = Clock::now() + ready_timeout;
-  while (!IsSocket(config.qmp_socket)) {
-    if (!self->Running()) {
-      std::string tail = self->QemuLogTail();
-      self->Cleanup();
-      return Error{vm + "QEMU " + self->DescribeExit() + " during startup: " + tail};
+  while (!IsSocket(config_.qmp_socket)) {
+    if (!Running()) {
+      std::string tail = QemuLogTail();
+      Cleanup();
+      return Error{vm + "QEMU " + DescribeExit() + " during startup: " + tail};
     }
     if (Clock::now() > deadline) {
-      self->Kill();
-      self->WaitForExit(std::chrono::seconds(5));
-      std::string tail = self->QemuLogTail();
-      self->Cleanup();
-      return Error{vm + "QEMU did not create its QMP socket " + config.qmp_socket + " within " +
+      Kill();
+      WaitForExit(std::chrono::seconds(5));
+      std::string tail = QemuLogTail();
+      Cleanup();
+      return Error{vm + "QEMU did not create its QMP socket " + config_.qmp_socket + " within " +
                    std::to_string(ready_timeout.count()) + " ms: " + tail};
     }
     std::this_thread::sleep_for(kPollInterval);
   }
+  return {};
+}
+
+Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
+                                      std::chrono::milliseconds ready_timeout,
+                                      VmLifetime lifetime) {
+  Result<QemuPlan> plan = BuildQemuPlan(config, kvm_usable);
+  if (!plan.ok()) return plan.error();
+  const std::string vm = "VM '" + config.name + "': ";
+  for (const std::string* path : {&config.kernel, &config.initrd}) {
+    if (!path->empty() && access(path->c_str(), R_OK) != 0) {
+      return Error{vm + "cannot read " + *path + ": " + std::strerror(errno)};
+    }
+  }
+  std::unique_ptr<Vm> self(new Vm());
+  self->config_ = config;
+  self->plan_ = std::move(plan.value());
+  self->TakeOwnedFiles();
+  if (Status s = self->Spawn(lifetime); !s.ok()) return s.error();
+  if (Status s = self->AwaitQmpSocket(ready_timeout); !s.ok()) return s.error();
   return self;
 }
 

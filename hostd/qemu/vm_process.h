@@ -108,6 +108,10 @@ class Vm {
  private:
   Vm() = default;
   void Signal(int signo);
+  // The steps of Start(), in order.
+  void TakeOwnedFiles();
+  Status Spawn(VmLifetime lifetime);
+  Status AwaitQmpSocket(std::chrono::milliseconds ready_timeout);
 
   VmConfig config_;
   QemuPlan plan_;

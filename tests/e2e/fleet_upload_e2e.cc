@@ -12,9 +12,11 @@
 //    ping, the capture stays local and queued, and goes up once fixed.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -358,6 +360,109 @@ TEST(FleetUploadE2e, WrongCredentialsAndMissingBucketLoseNothing) {
   EXPECT_FALSE(fs::exists(entry));
   json index = ExpectUploaded(ceph, bucket, local, {hostd::FleetHostName(), vm, id});
   EXPECT_EQ(index["kernel"]["release"], "6.12.0-test");
+}
+
+// The daemon dies between a capture's commit and its queue entry (the test
+// build hvtraced-crash-before-upload-queued SIGKILLs itself there): the
+// capture is on disk, no entry records it. The next run's start-up scan finds
+// it (committed, no entry, no confirmation from the store) and uploads it.
+TEST(FleetUploadE2e, CommittedCaptureWhoseEntryWasNeverWrittenReachesTheStoreAfterRestart) {
+  HVTRACE_REQUIRE_CEPH(ceph);
+  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  auto image = FindGuestImage("6.12");
+  ASSERT_TRUE(image.ok()) << image.error().message;
+  const std::string bucket = "fleet-crash";
+  ASSERT_TRUE(ceph.CreateBucket(bucket).ok());
+  auto creds = ceph.WriteCredentials("fleet-crash.creds", ceph.access_key(), ceph.secret_key());
+  ASSERT_TRUE(creds.ok()) << creds.error().message;
+  HvtracedProcess daemon(
+      {.tag = "fleetkill",
+       .config = "vm_on_shutdown = stop\nharvest_initrd = /nonexistent/hvtrace-no-harvest.img\n" +
+                 UploadConfig(ceph, bucket, *creds)});
+  daemon.SetBinary("hvtraced-crash-before-upload-queued");
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.LogTail();
+  const std::string name = "fleetkill-" + std::to_string(::getpid());
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
+  ASSERT_TRUE(guest->console->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+
+  // The capture commits, then the daemon dies before queueing it.
+  auto captured = daemon.Call("capture", {{"name", name}}, 60s);
+  EXPECT_FALSE(captured.ok()) << "the daemon should have died before it replied";
+  auto exited = daemon.WaitExit(30s);
+  ASSERT_TRUE(exited.ok()) << exited.error().message;
+  ASSERT_TRUE(WIFSIGNALED(*exited) && WTERMSIG(*exited) == SIGKILL) << *exited;
+  std::vector<fs::path> committed;
+  for (const auto& e : fs::directory_iterator(daemon.captures_dir(name))) {
+    const std::string id = e.path().filename().string();
+    if (id[0] != '.' && fs::exists(e.path() / "manifest.json")) committed.push_back(e.path());
+  }
+  ASSERT_EQ(committed.size(), 1u) << "one committed capture";
+  const fs::path local = committed[0];
+  const std::string id = local.filename().string();
+  const fs::path entry = fs::path(daemon.state_dir()) / "upload-queue" / name / (id + ".json");
+  ASSERT_FALSE(fs::exists(entry)) << "the test seam fired after the entry was written";
+
+  daemon.SetBinary("hvtraced");
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.LogTail();
+  auto done = WaitForUpload(
+      daemon,
+      [](const json& u) { return u.value("uploaded", 0) == 1 && u.value("pending", 1) == 0; }, 60s);
+  ASSERT_TRUE(done.ok()) << done.error().message;
+  EXPECT_TRUE(daemon.WaitForLog("had no queue entry", 1s)) << daemon.LogTail();
+  EXPECT_FALSE(fs::exists(entry));
+  ExpectUploaded(ceph, bucket, local, {hostd::FleetHostName(), name, id});
+  // Confirmed once: a further restart does not queue it again.
+  daemon.Stop();
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.LogTail();
+  auto pong = daemon.Call("ping", json::object());
+  ASSERT_TRUE(pong.ok());
+  for (const json& row : (*pong)["upload"]["captures"])
+    EXPECT_NE(row["id"], id) << "queued again: " << pong->dump(2);
+  const std::string log = daemon.log();
+  EXPECT_EQ(log.find("had no queue entry"), log.rfind("had no queue entry"))
+      << "the third run queued it again\n"
+      << daemon.LogTail();
+  std::printf("[fleet e2e] capture %s committed before the crash, uploaded after the restart\n",
+              id.c_str());
+}
+
+// A capture whose local file cannot be read any more (its region.bin turned
+// into a directory) is not retried forever: after its local attempts it is
+// given up, ping and the log say which capture, which file and why, and the
+// capture stays on disk.
+TEST(FleetUploadE2e, AnUnreadableCaptureIsGivenUpAfterItsRetries) {
+  HVTRACE_REQUIRE_CEPH(ceph);
+  const std::string bucket = "fleet-unreadable";
+  ASSERT_TRUE(ceph.CreateBucket(bucket).ok());
+  auto creds =
+      ceph.WriteCredentials("fleet-unreadable.creds", ceph.access_key(), ceph.secret_key());
+  ASSERT_TRUE(creds.ok());
+  HvtracedProcess daemon({.tag = "fleetbad", .config = UploadConfig(ceph, bucket, *creds)});
+  const std::string vm = "planted";
+  const std::string id = "20261125T000000.000Z-panic";
+  fs::create_directories(daemon.state_dir());
+  const fs::path local = PlantCapture(daemon, vm, id, kPrefix);
+  fs::remove(local / "region.bin");
+  fs::create_directory(local / "region.bin");
+  const fs::path entry = fs::path(daemon.state_dir()) / "upload-queue" / vm / (id + ".json");
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.LogTail();
+  auto given_up = WaitForUpload(
+      daemon, [](const json& u) { return u.value("given_up", 0) == 1; }, 90s);
+  ASSERT_TRUE(given_up.ok()) << given_up.error().message;
+  const std::string error = (*given_up)["last_error"];
+  EXPECT_NE(error.find("capture planted/" + id), std::string::npos) << error;
+  EXPECT_NE(error.find("given up after 5 attempts"), std::string::npos) << error;
+  EXPECT_NE(error.find((local / "region.bin").string()), std::string::npos) << error;
+  EXPECT_EQ((*given_up)["pending"], 0);
+  EXPECT_TRUE(daemon.WaitForLog("upload given up after 5 attempts", 5s)) << daemon.LogTail();
+  EXPECT_FALSE(fs::exists(entry));
+  EXPECT_TRUE(fs::exists(local / "manifest.json"));
+  // `hvtrace ping` (the CLI) shows it.
+  const RunResult ping = daemon.Hvtrace({"ping"});
+  EXPECT_NE(ping.output.find("given up"), std::string::npos) << ping.output;
+  std::printf("[fleet e2e] unreadable capture: %s\n", error.c_str());
 }
 
 }  // namespace

@@ -243,6 +243,8 @@ TEST_F(LibvirtDomainBackendTest, ABootRangeAdoptedBeforeStartIsOpenedForEachRun)
   backend_ = std::make_unique<LibvirtDomainBackend>(
       std::move(domain), range, -1, LibvirtDomainFacts{"preserve", "", "", "", false}, options);
   backend_->Start(sink_);
+  // `status` says shut off until it starts (the supervisor's state).
+  EXPECT_EQ(sink_.Names(), (std::vector<std::string>{"HVTRACE_FOUND_SHUTOFF"}));
   EXPECT_EQ(backend_->Describe()["region"]["open"], false);
   Result<CaptureInputs> none = backend_->PrepareCapture();
   ASSERT_TRUE(none.ok()) << none.error().message;

@@ -90,5 +90,46 @@ TEST(PrivatePathTest, Malicious_ExclusiveCreateNeverOpensWhatIsThere) {
   EXPECT_EQ(st.st_uid, ::geteuid());
 }
 
+// The guest memory directory: QEMU's group may traverse it (0710), nobody
+// else may enter, and nobody but the daemon may list or create entries.
+TEST(PrivatePathTest, GuestMemoryDirGivesQemuTraverseOnly) {
+  TempDir dir;
+  const fs::path mem = dir.path() / "mem";
+  ASSERT_TRUE(EnsureGuestMemoryDir(mem, std::nullopt, "guest memory").ok());
+  struct stat st {};
+  ASSERT_EQ(::stat(mem.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0700u);
+
+  const gid_t qemu_gid = 65534;
+  Status s = EnsureGuestMemoryDir(mem, qemu_gid, "guest memory");
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  ASSERT_EQ(::stat(mem.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0710u);
+  EXPECT_EQ(st.st_gid, qemu_gid);
+  // A VM that runs as root later neither refuses nor takes back the grant
+  // other VMs' QEMUs rely on.
+  EXPECT_TRUE(EnsureGuestMemoryDir(mem, std::nullopt, "guest memory").ok());
+  ASSERT_EQ(::stat(mem.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0710u);
+}
+
+TEST(PrivatePathTest, Malicious_GuestMemoryDirOthersCanListOrWriteIsRefused) {
+  TempDir dir;
+  const fs::path mem = dir.path() / "mem";
+  ASSERT_TRUE(EnsureGuestMemoryDir(mem, std::nullopt, "guest memory").ok());
+  for (mode_t mode : {0750, 0730, 0701, 0711}) {
+    ASSERT_EQ(::chmod(mem.c_str(), mode), 0);
+    Status s = EnsureGuestMemoryDir(mem, 65534, "guest memory");
+    ASSERT_FALSE(s.ok()) << std::oct << mode;
+    EXPECT_THAT(s.error().message, HasSubstr("mode 0700 or 0710"));
+  }
+  ASSERT_EQ(::chmod(mem.c_str(), 0700), 0);
+  fs::remove(mem);
+  fs::create_directory_symlink(dir.path(), mem);
+  Status s = EnsureGuestMemoryDir(mem, 65534, "guest memory");
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(s.error().message, HasSubstr("not a symlink"));
+}
+
 }  // namespace
 }  // namespace hvtrace::hostd

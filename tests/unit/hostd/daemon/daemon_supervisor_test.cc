@@ -232,6 +232,21 @@ TEST(SupervisorTest, FoundPausedIsCapturedAsPausedWhileAway) {
   EXPECT_TRUE(backend->policies.empty());  // Not a panic: nothing to let go.
 }
 
+// An adopted libvirt domain that is shut off reads "shut off", not
+// "running", takes no capture, and runs again once libvirt starts it.
+TEST(SupervisorTest, FoundShutOffIsShownAsShutOffUntilItStarts) {
+  Fixture f;
+  FileRegionBackend* backend;
+  auto vm = f.Make("vm1", &backend);
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
+  backend->sink_->OnVmEvent(Event("HVTRACE_FOUND_SHUTOFF", {{"status", "shut off"}}));
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kShutOff; })) << vm->StatusJson().dump();
+  EXPECT_EQ(vm->StatusJson()["state"], "shut off");
+  backend->sink_->OnVmEvent(Event("RESUME", {{"libvirt_event", "STARTED/BOOTED"}}));
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; })) << vm->StatusJson().dump();
+  EXPECT_EQ(vm->StatusJson()["captures_taken"], 0);
+}
+
 // Daemon exit with vm_on_shutdown = keep releases backends instead of
 // stopping them.
 TEST(SupervisorTest, ReleaseAllReleasesWithoutStopping) {

@@ -110,7 +110,8 @@ int DaemonMain(int argc, char** argv, CaptureFaults faults) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   SetLogLevel(config->log_level);
   Daemon daemon(std::move(*config), load);
-  if (faults.after_copies_durable) daemon.SetCaptureFaults(std::move(faults));
+  if (faults.after_copies_durable || faults.before_upload_queued)
+    daemon.SetCaptureFaults(std::move(faults));
   // Unblocked once Start added them to its signal_sets: a SIGHUP that came
   // earlier waits (pending) instead of killing the daemon.
   if (Status s = daemon.Start(); !s.ok()) {

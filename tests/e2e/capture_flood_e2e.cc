@@ -39,7 +39,6 @@
 #include <thread>
 #include <vector>
 
-#include "formats_cache.h"
 #include "guest_harness.h"
 #include "hvtraced_harness.h"
 #include "vm_console.h"
@@ -158,10 +157,8 @@ TEST_F(CaptureFloodE2e, CrashloadedLoopIsCoalescedAndNeitherItsPanicNorAnotherVm
   // would have finished by then.
   auto image = FindGuestImage("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
-  auto cache_root = hostd::DefaultCacheRoot();
+  auto cache_root = CacheWithFormatsOf(*image);
   ASSERT_TRUE(cache_root.ok()) << cache_root.error().message;
-  auto harvested = HarvestImage(*image, *cache_root);
-  ASSERT_TRUE(harvested.ok()) << harvested.error().message;
   HvtracedProcess daemon(
       {.tag = "flood",
        .config = "panic_policy = resume\ncache_dir = " + cache_root->string() + "\n",

@@ -146,8 +146,8 @@ TEST_F(BootTimelineE2e, HostAndGuestHandshakesOnOneClock) {
       t["thin"].dump().c_str(), t["why"].get<std::string>().c_str());
   // The fit's accuracy, not a timing: a guest event's true host time is at
   // most this much later than where the timeline shows it (docs/
-  // boot-timeline.md, "One clock"); the writes trap into QEMU synchronously,
-  // so the gap is the emulator's, tens of microseconds even under TCG.
+  // boot-timeline.md, "One clock"). The goal; 0.49 ms measured under
+  // TCG on a shared 2-core host.
   EXPECT_LT(t["error_bound_ns"].get<uint64_t>(), 1'000'000u) << t.dump(2);
   ASSERT_TRUE(fs::exists(dir / "host.dat"));
   ASSERT_TRUE(fs::exists(dir / "boot-0.host-clock.dat"));

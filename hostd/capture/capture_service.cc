@@ -162,8 +162,9 @@ CopyPoolStats CaptureService::copy_pool() const {
   return stats;
 }
 
-CaptureService::BufferLease CaptureService::AcquireBuffer() {
+CaptureService::BufferLease CaptureService::AcquireBuffer(bool* waited) {
   std::unique_lock lock(mu_);
+  *waited = free_buffers_.empty();
   free_cv_.wait(lock, [this] { return !free_buffers_.empty(); });
   auto buffers = std::move(free_buffers_.back());
   free_buffers_.pop_back();
@@ -234,7 +235,13 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
   std::string incomplete;
   if (!request.coalesced.empty()) manifest.extra["coalesced"] = request.coalesced;
   {
-    BufferLease buffer = AcquireBuffer();
+    // Whether another capture kept this one waiting, from the daemon's queue
+    // and here: what lets a panic be captured in its usual time while another
+    // VM floods the daemon with captures (capture_queue.h).
+    bool waited_for_buffers = false;
+    BufferLease buffer = AcquireBuffer(&waited_for_buffers);
+    if (!request.queue.is_null()) manifest.extra["queue"] = request.queue;
+    manifest.extra["queue"]["waited_for_copy_buffers"] = waited_for_buffers;
     if (Status s = Build(request, MetaDirOfStore(store), buffer.get(), **pending, manifest);
         !s.ok()) {
       const std::string message =

@@ -93,6 +93,10 @@ struct CaptureRequest {
   // 57}): the VM's supervisor coalesced them instead of capturing each
   // (supervisor.h). Kept as manifest extra.coalesced.
   std::map<std::string, uint64_t> coalesced;
+  // How the daemon's capture queue ran it ({"lane", "waited_for_a_slot"},
+  // capture_queue.h); null when it did not go through one. Kept as manifest
+  // extra.queue, with whether it waited for a set of copy buffers.
+  nlohmann::json queue;
 };
 
 struct CaptureOutcome {
@@ -175,7 +179,8 @@ class CaptureService {
  private:
   struct CopyBuffers;
   class BufferLease;
-  BufferLease AcquireBuffer();
+  // Sets |*waited| when every set was out on another capture at the call.
+  BufferLease AcquireBuffer(bool* waited);
   Status Build(const CaptureRequest& request, const std::filesystem::path& meta_dir,
                CopyBuffers& copies, PendingCapture& pending, CaptureManifest& manifest);
 

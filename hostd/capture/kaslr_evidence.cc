@@ -229,6 +229,57 @@ json Raw(std::string why, json extra = json::object()) {
   return extra;
 }
 
+// Every delta worth scoring, best first: 0, the guest meta's, and those that
+// put the first value of each kind in the text (a true delta puts all of
+// them there). Best means no contradiction, then the least chance of a
+// coincidence.
+std::vector<Score> RankCandidates(const SymbolIndex& ix, const Values& values,
+                                  std::optional<int64_t> meta_delta) {
+  std::set<int64_t> candidates = {0};
+  // From the guest's meta: any value (no std::abs, INT64_MIN is one).
+  constexpr int64_t kMaxDelta = kMaxSteps * static_cast<int64_t>(kAlign);
+  if (meta_delta && *meta_delta % static_cast<int64_t>(kAlign) == 0 && *meta_delta >= -kMaxDelta &&
+      *meta_delta <= kMaxDelta) {
+    candidates.insert(*meta_delta);
+  }
+  for (size_t k = 0; k < kKinds; ++k) {
+    if (k != kFormat && !values[k].empty()) AddCandidates(ix, *values[k].begin(), candidates);
+  }
+  std::vector<Score> scores;
+  for (int64_t d : candidates) scores.push_back(Evaluate(ix, values, d));
+  std::sort(scores.begin(), scores.end(), [](const Score& a, const Score& b) {
+    if ((a.contradicted == 0) != (b.contradicted == 0)) return a.contradicted == 0;
+    if (a.chance != b.chance) return a.chance < b.chance;
+    return a.contradicted < b.contradicted;
+  });
+  return scores;
+}
+
+// The agent's metadata is this boot's own: its symbols are used at delta 0
+// unless a value contradicts them or the evidence proves another delta.
+KaslrVerdict OwnSymbolsVerdict(const Score& zero, const Score& best, bool proven, size_t distinct,
+                               json info) {
+  KaslrVerdict out;
+  info["evidence"] = Counts(zero);
+  if (zero.contradicted != 0) {
+    out.manifest = Raw(std::to_string(zero.contradicted) + " of " + std::to_string(distinct) +
+                           " values contradict the agent's kallsyms for this boot",
+                       std::move(info));
+    return out;
+  }
+  if (proven && best.delta != 0) {
+    out.manifest =
+        Raw("the evidence says delta " + std::to_string(best.delta) + ", not the agent's own 0",
+            std::move(info));
+    return out;
+  }
+  info["delta"] = 0;
+  info["source"] = "agent metadata";
+  out.use_symbols = true;
+  out.manifest = std::move(info);
+  return out;
+}
+
 }  // namespace
 
 std::optional<TextAddrDelta> MetaTextDelta(const BootMap& map, const ImageSymbols& symbols,
@@ -263,31 +314,13 @@ KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelForma
   KaslrVerdict out;
   std::optional<int64_t> meta_delta;
   if (text_delta) meta_delta = text_delta->delta;
-  const char* source = own_symbols ? "agent metadata" : "evidence";
   const SymbolIndex ix = IndexSymbols(formats);
   if (ix.image.starts.empty()) {
     out.manifest = Raw("the kallsyms hold no kernel function (kptr_restrict or none harvested)");
     return out;
   }
   const Values values = CollectValues(map, boot, formats);
-  std::set<int64_t> candidates = {0};
-  // From the guest's meta: any value (no std::abs, INT64_MIN is one).
-  constexpr int64_t kMaxDelta = kMaxSteps * static_cast<int64_t>(kAlign);
-  if (meta_delta && *meta_delta % static_cast<int64_t>(kAlign) == 0 && *meta_delta >= -kMaxDelta &&
-      *meta_delta <= kMaxDelta) {
-    candidates.insert(*meta_delta);
-  }
-  for (size_t k = 0; k < kKinds; ++k) {
-    if (k != kFormat && !values[k].empty()) AddCandidates(ix, *values[k].begin(), candidates);
-  }
-  std::vector<Score> scores;
-  for (int64_t d : candidates) scores.push_back(Evaluate(ix, values, d));
-  // Best first: no contradiction, then the least chance of a coincidence.
-  std::sort(scores.begin(), scores.end(), [](const Score& a, const Score& b) {
-    if ((a.contradicted == 0) != (b.contradicted == 0)) return a.contradicted == 0;
-    if (a.chance != b.chance) return a.chance < b.chance;
-    return a.contradicted < b.contradicted;
-  });
+  const std::vector<Score> scores = RankCandidates(ix, values, meta_delta);
   size_t distinct = 0;
   for (const auto& v : values) distinct += v.size();
   const Score& best = scores.front();
@@ -320,26 +353,7 @@ KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelForma
   const bool meta_agrees = meta_delta && *meta_delta == best.delta;
   const bool proven = best.contradicted == 0 && best.strong() != 0 && unique &&
                       expected < (meta_agrees ? kMaxExpectedFalseWithMeta : kMaxExpectedFalse);
-  if (own_symbols) {
-    info["evidence"] = Counts(*zero);
-    if (zero->contradicted != 0) {
-      out.manifest = Raw(std::to_string(zero->contradicted) + " of " + std::to_string(distinct) +
-                             " values contradict the agent's kallsyms for this boot",
-                         std::move(info));
-      return out;
-    }
-    if (proven && best.delta != 0) {
-      out.manifest =
-          Raw("the evidence says delta " + std::to_string(best.delta) + ", not the agent's own 0",
-              std::move(info));
-      return out;
-    }
-    info["delta"] = 0;
-    info["source"] = source;
-    out.use_symbols = true;
-    out.manifest = std::move(info);
-    return out;
-  }
+  if (own_symbols) return OwnSymbolsVerdict(*zero, best, proven, distinct, std::move(info));
   info["evidence"] = Counts(best);
   info["chance"] = expected;
   // 6.15+: the boot's own _text from the scratch area decides when no value
@@ -375,7 +389,7 @@ KaslrVerdict EstablishKaslr(const BootMap& map, uint32_t boot, const KernelForma
     return out;
   }
   info["delta"] = best.delta;
-  info["source"] = source;
+  info["source"] = "evidence";
   out.use_symbols = true;
   out.delta = best.delta;
   out.manifest = std::move(info);

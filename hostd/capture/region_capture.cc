@@ -147,189 +147,220 @@ json IssuesJson(const RegionSnapshot& s) {
   return {{"total", s.issue_total()}, {"by_reason", by_reason}, {"first", first}};
 }
 
-}  // namespace
+// One capture's trace.dat files in the making: the snapshot's pages sorted
+// into one plan per boot generation and clock (AddRing), the files written
+// (WriteFiles), then the totals and the manifest's account of the region
+// (Finish). Pages that need no repair point into the snapshot; repaired or
+// restamped ones into |repaired_|, which lives until the files are written.
+class RegionTraceDatBuilder {
+ public:
+  RegionTraceDatBuilder(const RegionSnapshot& s, const RegionTextCache* texts);
+  // Adds |ring|'s pages, as trace CPU |slot_index|, to their plans.
+  void AddRing(const RegionRing& ring, uint32_t slot_index);
+  Status WriteFiles(const fs::path& dir);
+  RegionCaptureResult Finish();
 
-std::string RegionTraceDatName(uint64_t generation) {
-  return "region-gen-" + std::to_string(generation) + ".trace.dat";
-}
+ private:
+  // What a direct-write ring's pages became, for its line in the manifest.
+  struct RingTally {
+    uint64_t off_clock = 0, converted = 0, unplaced = 0;
+  };
+  const std::string& TextOf(TextAreaKind kind, uint64_t gen) const;
+  GenerationPlan& Plan(uint32_t gen, bool unplaced);
+  json RingJson(const RegionRing& ring, uint32_t slot_index) const;
+  void AddPage(const RegionRing& ring, const RegionPage& p, uint32_t slot_index, RingTally& tally);
+  void CountRecord(GenerationPlan& g, const RegionRing& ring, const RawRecord& rec,
+                   CpuCaptureCounts& counts);
+  json AttachJson() const;
 
-std::string RegionUnplacedTraceDatName(uint64_t generation) {
-  return "region-gen-" + std::to_string(generation) + "-tsc.trace.dat";
-}
+  const RegionSnapshot& s_;
+  const RegionTextCache* texts_;
+  const uint32_t ncpu_, nrings_;
+  const RegionTimeline timeline_;
+  // Per generation: the file on the trace clock, and (only when needed) the
+  // one for TSC rings that could not be put on it.
+  std::map<std::pair<uint32_t, bool>, GenerationPlan> plans_;
+  std::deque<std::vector<std::byte>> repaired_;
+  json rings_ = json::array();
+  json names_ = json::object();
+  RegionCaptureResult r_;
+};
 
-Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const fs::path& dir,
-                                                 const RegionTextCache* texts) {
-  RegionCaptureResult r;
-  const uint32_t ncpu = static_cast<uint32_t>(s.cpus.size());
-  const uint32_t nrings = ncpu + static_cast<uint32_t>(s.dw_rings.size());
-
-  // Generations that have pages, oldest first.
+RegionTraceDatBuilder::RegionTraceDatBuilder(const RegionSnapshot& s, const RegionTextCache* texts)
+    : s_(s),
+      texts_(texts),
+      ncpu_(static_cast<uint32_t>(s.cpus.size())),
+      nrings_(ncpu_ + static_cast<uint32_t>(s.dw_rings.size())),
+      timeline_(s.guest.trace_clock, s.clock_sync) {
+  // Every generation that has pages gets its file, oldest first, even when
+  // none of its records survive.
   std::set<uint32_t> generations;
   for (const auto* rings : {&s.cpus, &s.dw_rings}) {
     for (const RegionRing& ring : *rings) {
       for (const RegionPage& p : ring.pages) generations.insert(p.boot_generation);
     }
   }
+  for (uint32_t gen : generations) Plan(gen, false);
+  r_.cpu_counts.resize(nrings_);
+}
 
+const std::string& RegionTraceDatBuilder::TextOf(TextAreaKind kind, uint64_t gen) const {
   static const std::string kNone;
-  auto text_of = [&](TextAreaKind kind, uint64_t gen) -> const std::string& {
-    return texts != nullptr ? texts->Text(kind, gen) : kNone;
-  };
+  return texts_ != nullptr ? texts_->Text(kind, gen) : kNone;
+}
 
-  // Per generation: the file on the trace clock, and (only when needed) the
-  // one for TSC rings that could not be put on it.
-  std::map<std::pair<uint32_t, bool>, GenerationPlan> plans;
-  auto plan = [&](uint32_t gen, bool unplaced) -> GenerationPlan& {
-    auto it = plans.find({gen, unplaced});
-    if (it == plans.end()) {
-      it = plans.emplace(std::pair{gen, unplaced}, PlanGeneration(s, gen, unplaced)).first;
-      it->second.pages.assign(nrings, {});
-      // The TSC file holds direct-write rings only: no kernel pointers.
-      if (const std::string& text = text_of(TextAreaKind::kSymbols, gen);
-          !unplaced && !text.empty()) {
-        it->second.symbols = std::make_unique<KallsymsSubset>(text, 0);
-      }
+GenerationPlan& RegionTraceDatBuilder::Plan(uint32_t gen, bool unplaced) {
+  auto it = plans_.find({gen, unplaced});
+  if (it == plans_.end()) {
+    it = plans_.emplace(std::pair{gen, unplaced}, PlanGeneration(s_, gen, unplaced)).first;
+    it->second.pages.assign(nrings_, {});
+    // The TSC file holds direct-write rings only: no kernel pointers.
+    if (const std::string& text = TextOf(TextAreaKind::kSymbols, gen); !unplaced && !text.empty()) {
+      it->second.symbols = std::make_unique<KallsymsSubset>(text, 0);
     }
-    return it->second;
-  };
-  for (uint32_t gen : generations) plan(gen, false);
+  }
+  return it->second;
+}
 
-  const RegionTimeline timeline(s.guest.trace_clock, s.clock_sync);
-  r.cpu_counts.resize(nrings);
-  std::deque<std::vector<std::byte>> repaired;
-  json rings = json::array();
-  auto count_ring = [&](const RegionRing& ring, uint32_t slot_index) {
-    CpuCaptureCounts& counts = r.cpu_counts[slot_index];
-    counts.cpu = static_cast<int>(slot_index);
-    counts.lost_events = ring.lost_events;
-    json rj = {{"trace_cpu", slot_index},
-               {"kind", ring.direct_write ? "direct-write" : "cpu"},
-               {"index", ring.index},
-               {"published", ring.published},
-               {"lost_events", ring.lost_events},
-               {"pages_present", ring.pages.size()}};
-    const RegionTimeline::Mode mode =
-        ring.direct_write ? timeline.ModeOf(ring.clock) : RegionTimeline::Mode::kAsIs;
-    uint64_t off_clock = 0, pages_converted = 0, pages_unplaced = 0;
-    if (ring.direct_write) {
-      rj["pid"] = ring.pid;
-      rj["tid"] = ring.tid;
-      rj["comm"] = ring.comm;
-      rj["clock"] = ring.clock == region::kClockMono || ring.clock == region::kClockTsc
-                        ? TraceClockName(ring.clock)
-                        : "unknown " + std::to_string(ring.clock);
-      rj["time_stamps"] =
-          mode == RegionTimeline::Mode::kConvert
-              ? std::string("converted to ") + TraceClockName(s.guest.trace_clock)
-          : mode == RegionTimeline::Mode::kUnplaceable
-              ? std::string(
-                    "raw TSC ticks, in region-gen-<N>-tsc.trace.dat: the region has "
-                    "no usable clock-sync samples")
-              : std::string("as written");
-    } else {
-      rj["overrun"] = ring.overrun;
-    }
-    for (const RegionPage& p : ring.pages) {
-      // Per page: pages a ring's earlier owner left may use another clock.
-      const RegionTimeline::Mode page_mode =
-          ring.direct_write ? timeline.ModeOf(p.clock) : RegionTimeline::Mode::kAsIs;
-      GenerationPlan& g = plan(p.boot_generation, page_mode == RegionTimeline::Mode::kUnplaceable);
-      if (ring.direct_write && !g.dw_included) {
-        counts.bad_pages["dw_layout_differs"]++;
-        continue;
-      }
-      const PageLayout layout = ring.direct_write ? s.dw_layout : g.cpu_layout;
-      if (p.page_error != PageError::kOk) counts.bad_pages[PageErrorName(p.page_error)]++;
-      counts.pages++;
-      if (p.records == 0) continue;
-      // What goes into the file: the page itself (cut at its first bad
-      // record), or its good records restamped onto the trace clock.
-      std::vector<std::span<const std::byte>> out;
-      if (page_mode == RegionTimeline::Mode::kConvert) {
-        RestampPage(
-            p.page, layout, [&](uint64_t ts) { return timeline.ToTraceClock(p.clock, ts); },
-            &repaired, &out, &off_clock);
-        ++pages_converted;
-      } else {
-        pages_unplaced += page_mode == RegionTimeline::Mode::kUnplaceable;
-        out.push_back(WritablePage(p, layout, &repaired));
-      }
-      for (std::span<const std::byte> page : out) {
-        PageStats stats;
-        WalkPage(page, layout, &stats, [&](const RawRecord& rec) {
-          uint16_t type = 0;
-          if (rec.payload.size() >= sizeof type)
-            std::memcpy(&type, rec.payload.data(), sizeof type);
-          RegionGenerationFile& f = g.file;
-          if (!g.known_ids.contains(type)) {
-            f.unknown_id++;
-            r.unknown_id++;
-          }
-          if (f.events == 0 || rec.timestamp < f.first_timestamp) f.first_timestamp = rec.timestamp;
-          f.last_timestamp = std::max(f.last_timestamp, rec.timestamp);
-          if (ring.direct_write) {
-            f.dw_events++;
-            f.last_dw_timestamp = std::max(f.last_dw_timestamp, rec.timestamp);
-          } else {
-            f.kernel_events++;
-            f.last_kernel_timestamp = std::max(f.last_kernel_timestamp, rec.timestamp);
-          }
-          f.events++;
-          counts.events++;
-          if (g.symbols) g.symbols->AddPayload(rec.payload);
-        });
-        if (stats.records == 0) continue;
-        g.pages[slot_index].push_back(page);
-        g.file.pages++;
-      }
-    }
-    if (ring.direct_write) {
-      rj["pages_converted"] = pages_converted;
-      rj["pages_unplaced"] = pages_unplaced;
-    }
-    if (off_clock != 0) {
-      // Stamps the conversion cannot represent (absurd ticks): left out of
-      // the file, still in attach-region.bin.
-      rj["events_off_clock"] = off_clock;
-      r.dw_events_off_clock += off_clock;
-    }
-    rings.push_back(std::move(rj));
-  };
-  for (uint32_t i = 0; i < ncpu; ++i) count_ring(s.cpus[i], i);
-  for (uint32_t i = 0; i < s.dw_rings.size(); ++i) count_ring(s.dw_rings[i], ncpu + i);
+json RegionTraceDatBuilder::RingJson(const RegionRing& ring, uint32_t slot_index) const {
+  json rj = {{"trace_cpu", slot_index},
+             {"kind", ring.direct_write ? "direct-write" : "cpu"},
+             {"index", ring.index},
+             {"published", ring.published},
+             {"lost_events", ring.lost_events},
+             {"pages_present", ring.pages.size()}};
+  if (!ring.direct_write) {
+    rj["overrun"] = ring.overrun;
+    return rj;
+  }
+  const RegionTimeline::Mode mode = timeline_.ModeOf(ring.clock);
+  rj["pid"] = ring.pid;
+  rj["tid"] = ring.tid;
+  rj["comm"] = ring.comm;
+  rj["clock"] = ring.clock == region::kClockMono || ring.clock == region::kClockTsc
+                    ? TraceClockName(ring.clock)
+                    : "unknown " + std::to_string(ring.clock);
+  rj["time_stamps"] = mode == RegionTimeline::Mode::kConvert
+                          ? std::string("converted to ") + TraceClockName(s_.guest.trace_clock)
+                      : mode == RegionTimeline::Mode::kUnplaceable
+                          ? std::string(
+                                "raw TSC ticks, in region-gen-<N>-tsc.trace.dat: the region has "
+                                "no usable clock-sync samples")
+                          : std::string("as written");
+  return rj;
+}
 
+void RegionTraceDatBuilder::AddRing(const RegionRing& ring, uint32_t slot_index) {
+  CpuCaptureCounts& counts = r_.cpu_counts[slot_index];
+  counts.cpu = static_cast<int>(slot_index);
+  counts.lost_events = ring.lost_events;
+  json rj = RingJson(ring, slot_index);
+  RingTally tally;
+  for (const RegionPage& p : ring.pages) AddPage(ring, p, slot_index, tally);
+  if (ring.direct_write) {
+    rj["pages_converted"] = tally.converted;
+    rj["pages_unplaced"] = tally.unplaced;
+  }
+  if (tally.off_clock != 0) {
+    // Stamps the conversion cannot represent (absurd ticks): left out of
+    // the file, still in attach-region.bin.
+    rj["events_off_clock"] = tally.off_clock;
+    r_.dw_events_off_clock += tally.off_clock;
+  }
+  rings_.push_back(std::move(rj));
+}
+
+void RegionTraceDatBuilder::AddPage(const RegionRing& ring, const RegionPage& p,
+                                    uint32_t slot_index, RingTally& tally) {
+  CpuCaptureCounts& counts = r_.cpu_counts[slot_index];
+  // Per page: pages a ring's earlier owner left may use another clock.
+  const RegionTimeline::Mode page_mode =
+      ring.direct_write ? timeline_.ModeOf(p.clock) : RegionTimeline::Mode::kAsIs;
+  GenerationPlan& g = Plan(p.boot_generation, page_mode == RegionTimeline::Mode::kUnplaceable);
+  if (ring.direct_write && !g.dw_included) {
+    counts.bad_pages["dw_layout_differs"]++;
+    return;
+  }
+  const PageLayout layout = ring.direct_write ? s_.dw_layout : g.cpu_layout;
+  if (p.page_error != PageError::kOk) counts.bad_pages[PageErrorName(p.page_error)]++;
+  counts.pages++;
+  if (p.records == 0) return;
+  // What goes into the file: the page itself (cut at its first bad
+  // record), or its good records restamped onto the trace clock.
+  std::vector<std::span<const std::byte>> out;
+  if (page_mode == RegionTimeline::Mode::kConvert) {
+    RestampPage(
+        p.page, layout, [&](uint64_t ts) { return timeline_.ToTraceClock(p.clock, ts); },
+        &repaired_, &out, &tally.off_clock);
+    ++tally.converted;
+  } else {
+    tally.unplaced += page_mode == RegionTimeline::Mode::kUnplaceable;
+    out.push_back(WritablePage(p, layout, &repaired_));
+  }
+  for (std::span<const std::byte> page : out) {
+    PageStats stats;
+    WalkPage(page, layout, &stats,
+             [&](const RawRecord& rec) { CountRecord(g, ring, rec, counts); });
+    if (stats.records == 0) continue;
+    g.pages[slot_index].push_back(page);
+    g.file.pages++;
+  }
+}
+
+void RegionTraceDatBuilder::CountRecord(GenerationPlan& g, const RegionRing& ring,
+                                        const RawRecord& rec, CpuCaptureCounts& counts) {
+  uint16_t type = 0;
+  if (rec.payload.size() >= sizeof type) std::memcpy(&type, rec.payload.data(), sizeof type);
+  RegionGenerationFile& f = g.file;
+  if (!g.known_ids.contains(type)) {
+    f.unknown_id++;
+    r_.unknown_id++;
+  }
+  if (f.events == 0 || rec.timestamp < f.first_timestamp) f.first_timestamp = rec.timestamp;
+  f.last_timestamp = std::max(f.last_timestamp, rec.timestamp);
+  if (ring.direct_write) {
+    f.dw_events++;
+    f.last_dw_timestamp = std::max(f.last_dw_timestamp, rec.timestamp);
+  } else {
+    f.kernel_events++;
+    f.last_kernel_timestamp = std::max(f.last_kernel_timestamp, rec.timestamp);
+  }
+  f.events++;
+  counts.events++;
+  if (g.symbols) g.symbols->AddPayload(rec.payload);
+}
+
+Status RegionTraceDatBuilder::WriteFiles(const fs::path& dir) {
   // Direct-write threads name themselves; the kernel's list comes first
   // (trace-cmd keeps a pid's first line).
   std::string dw_cmdlines;
-  for (const RegionRing& ring : s.dw_rings) {
+  for (const RegionRing& ring : s_.dw_rings) {
     if (ring.tid != 0 && !ring.comm.empty())
       dw_cmdlines += std::to_string(ring.tid) + " " + ring.comm + "\n";
   }
-  json names = json::object();
-
-  for (auto& [key, g] : plans) {
+  auto lines = [](const std::string& t) {
+    return static_cast<uint64_t>(std::count(t.begin(), t.end(), '\n'));
+  };
+  for (auto& [key, g] : plans_) {
     const uint32_t gen = key.first;
     TraceDatWriterInput in;
-    in.page_size = s.geometry.slot_size;
+    in.page_size = s_.geometry.slot_size;
     in.long_size = 8;
     in.header_page = g.header_page;
     in.header_event = g.header_event;
     in.formats = g.formats;
-    in.cmdlines = text_of(TextAreaKind::kComms, gen) + dw_cmdlines;
+    in.cmdlines = TextOf(TextAreaKind::kComms, gen) + dw_cmdlines;
     // Only the symbols the events name (KallsymsSubset): trace-cmd prints
     // the same, and the file does not carry the kernel's whole table.
     if (g.symbols) in.kallsyms = g.symbols->Text();
     if (!key.second) {
-      auto lines = [](const std::string& t) {
-        return static_cast<uint64_t>(std::count(t.begin(), t.end(), '\n'));
-      };
-      names[std::to_string(gen)] = {{"symbols", lines(text_of(TextAreaKind::kSymbols, gen))},
-                                    {"symbols_in_file", lines(in.kallsyms)},
-                                    {"guest_tasks", lines(text_of(TextAreaKind::kComms, gen))},
-                                    {"dw_threads", lines(dw_cmdlines)}};
+      names_[std::to_string(gen)] = {{"symbols", lines(TextOf(TextAreaKind::kSymbols, gen))},
+                                     {"symbols_in_file", lines(in.kallsyms)},
+                                     {"guest_tasks", lines(TextOf(TextAreaKind::kComms, gen))},
+                                     {"dw_threads", lines(dw_cmdlines)}};
     }
     in.trace_clock =
-        g.unplaced ? TraceClockName(region::kClockTsc) : TraceClockName(s.guest.trace_clock);
+        g.unplaced ? TraceClockName(region::kClockTsc) : TraceClockName(s_.guest.trace_clock);
     in.cpus = std::move(g.pages);
     const fs::path path = dir / g.file.file;
     // Into a capture: its Commit syncs every file at once.
@@ -337,18 +368,17 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
       return Error{"boot generation " + std::to_string(gen) + ": " + st.error().message};
     }
     g.file.trace_clock = in.trace_clock;
-    r.files.push_back(g.file.file);
-    r.events += g.file.events;
-    r.pages += g.file.pages;
-    r.generations.push_back(g.file);
+    r_.files.push_back(g.file.file);
+    r_.events += g.file.events;
+    r_.pages += g.file.pages;
+    r_.generations.push_back(g.file);
   }
-  for (const CpuCaptureCounts& c : r.cpu_counts) {
-    r.lost_events += c.lost_events;
-    for (const auto& [reason, n] : c.bad_pages) r.bad_slots += n;
-  }
-  const uint64_t skipped_slots = s.issue_total() - s.issue_count(RegionIssue::kSlotPageError);
+  return {};
+}
+
+json GenerationsJson(const std::vector<RegionGenerationFile>& generations) {
   json gens = json::array();
-  for (const RegionGenerationFile& f : r.generations) {
+  for (const RegionGenerationFile& f : generations) {
     gens.push_back({{"generation", f.generation},
                     {"file", f.file},
                     {"trace_clock", f.trace_clock},
@@ -362,42 +392,76 @@ Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const 
                     {"last_kernel_ts_ns", f.last_kernel_timestamp},
                     {"last_dw_ts_ns", f.last_dw_timestamp}});
   }
-  const region::GuestStatus& st = s.guest.status;
-  r.attach = {{"events_across_generations", EventsAcrossGenerations(s)},
-              {"guest", GuestJson(s.guest)},
-              {"geometry",
-               {{"region_size", s.geometry.region_size},
-                {"region_id", s.geometry.region_id},
-                {"slot_size", s.geometry.slot_size},
-                {"max_cpus", s.geometry.max_cpus},
-                {"slots_per_cpu", s.geometry.slots_per_cpu},
-                {"dw_rings", s.geometry.dw_rings},
-                {"dw_slots", s.geometry.dw_slots}}},
-              {"loss_window",
-               {{"agent_max_push_gap_ns", st.max_push_gap_ns},
-                {"agent_last_push_mono_ns", st.last_push_mono_ns},
-                {"note",
-                 "kernel events written after the agent's last push were still in guest memory; "
-                 "direct-write events are in the region as soon as their write returns"}}},
-              {"generations", gens},
-              {"rings", rings},
-              {"trace_cpus", {{"kernel", ncpu}, {"direct_write_first", ncpu}}},
-              {"issues", IssuesJson(s)},
-              {"slots_skipped", skipped_slots},
-              {"unknown_id_events", r.unknown_id},
-              {"dw_events_off_clock", r.dw_events_off_clock},
-              {"clock_sync",
-               {{"samples", s.clock_sync.size()},
-                {"sound", timeline.tsc().used()},
-                {"dropped", timeline.tsc().dropped()},
-                {"tsc_hz", timeline.tsc().tsc_hz()}}},
-              {"names",
-               {{"per_generation", names},
-                {"guest_symbols_state", st.symbols_state},
-                {"note",
-                 "symbols and task names from the guest agent's text areas; without them "
-                 "pointers print as addresses and kernel tasks as <...>"}}}};
-  return r;
+  return gens;
+}
+
+json RegionTraceDatBuilder::AttachJson() const {
+  const uint64_t skipped_slots = s_.issue_total() - s_.issue_count(RegionIssue::kSlotPageError);
+  const region::GuestStatus& st = s_.guest.status;
+  const RegionGeometry& geo = s_.geometry;
+  return {{"events_across_generations", EventsAcrossGenerations(s_)},
+          {"guest", GuestJson(s_.guest)},
+          {"geometry",
+           {{"region_size", geo.region_size},
+            {"region_id", geo.region_id},
+            {"slot_size", geo.slot_size},
+            {"max_cpus", geo.max_cpus},
+            {"slots_per_cpu", geo.slots_per_cpu},
+            {"dw_rings", geo.dw_rings},
+            {"dw_slots", geo.dw_slots}}},
+          {"loss_window",
+           {{"agent_max_push_gap_ns", st.max_push_gap_ns},
+            {"agent_last_push_mono_ns", st.last_push_mono_ns},
+            {"note",
+             "kernel events written after the agent's last push were still in guest memory; "
+             "direct-write events are in the region as soon as their write returns"}}},
+          {"generations", GenerationsJson(r_.generations)},
+          {"rings", rings_},
+          {"trace_cpus", {{"kernel", ncpu_}, {"direct_write_first", ncpu_}}},
+          {"issues", IssuesJson(s_)},
+          {"slots_skipped", skipped_slots},
+          {"unknown_id_events", r_.unknown_id},
+          {"dw_events_off_clock", r_.dw_events_off_clock},
+          {"clock_sync",
+           {{"samples", s_.clock_sync.size()},
+            {"sound", timeline_.tsc().used()},
+            {"dropped", timeline_.tsc().dropped()},
+            {"tsc_hz", timeline_.tsc().tsc_hz()}}},
+          {"names",
+           {{"per_generation", names_},
+            {"guest_symbols_state", st.symbols_state},
+            {"note",
+             "symbols and task names from the guest agent's text areas; without them "
+             "pointers print as addresses and kernel tasks as <...>"}}}};
+}
+
+RegionCaptureResult RegionTraceDatBuilder::Finish() {
+  for (const CpuCaptureCounts& c : r_.cpu_counts) {
+    r_.lost_events += c.lost_events;
+    for (const auto& [reason, n] : c.bad_pages) r_.bad_slots += n;
+  }
+  r_.attach = AttachJson();
+  return std::move(r_);
+}
+
+}  // namespace
+
+std::string RegionTraceDatName(uint64_t generation) {
+  return "region-gen-" + std::to_string(generation) + ".trace.dat";
+}
+
+std::string RegionUnplacedTraceDatName(uint64_t generation) {
+  return "region-gen-" + std::to_string(generation) + "-tsc.trace.dat";
+}
+
+Result<RegionCaptureResult> WriteRegionTraceDats(const RegionSnapshot& s, const fs::path& dir,
+                                                 const RegionTextCache* texts) {
+  RegionTraceDatBuilder files(s, texts);
+  const uint32_t ncpu = static_cast<uint32_t>(s.cpus.size());
+  for (uint32_t i = 0; i < ncpu; ++i) files.AddRing(s.cpus[i], i);
+  for (uint32_t i = 0; i < s.dw_rings.size(); ++i) files.AddRing(s.dw_rings[i], ncpu + i);
+  if (Status st = files.WriteFiles(dir); !st.ok()) return st.error();
+  return files.Finish();
 }
 
 Result<RegionCaptureResult> BuildRegionCapture(std::vector<std::byte>& copy,

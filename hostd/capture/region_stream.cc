@@ -127,14 +127,12 @@ void RegionStreamer::CompactPayloads() {
   payloads_.swap(spare_payloads_);
 }
 
-RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
-                                            std::chrono::steady_clock::time_point now, bool flush) {
-  Output out;
+void RegionStreamer::NoteGuest(RegionSnapshot* s, Output* out) {
   if (s->guest.present) {
     if (generation_ != 0 && s->guest.boot_generation != generation_) {
-      out.notes.push_back("guest boot generation " + std::to_string(generation_) + " -> " +
-                          std::to_string(s->guest.boot_generation) + " (boot id " +
-                          s->guest.boot_id + ")");
+      out->notes.push_back("guest boot generation " + std::to_string(generation_) + " -> " +
+                           std::to_string(s->guest.boot_generation) + " (boot id " +
+                           s->guest.boot_id + ")");
     }
     if (s->guest.boot_generation != generation_) previous_generation_ = generation_;
     generation_ = s->guest.boot_generation;
@@ -145,61 +143,60 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
     if (ring.tid != 0 && !ring.comm.empty())
       dw_comms_ += std::to_string(ring.tid) + " " + ring.comm + "\n";
   }
-  for (std::string& note : texts_.Update(s)) out.notes.push_back(std::move(note));
+  for (std::string& note : texts_.Update(s)) out->notes.push_back(std::move(note));
+}
 
-  RegionTracker::Delta delta = tracker_.Update(s);
-  const bool skip = first_ && !options_.from_start;
-  first_ = false;
-  if (!skip && delta.pages_missed != 0) {
-    pages_missed_ += delta.pages_missed;
-    out.notes.push_back(std::to_string(delta.pages_missed) +
-                        " page(s) overwritten in the region before the stream read them");
-  }
-  const uint32_t ncpu = static_cast<uint32_t>(s->cpus.size());
-  const RegionTimeline timeline(trace_clock_, s->clock_sync);
-  if (timeline.tsc().dropped() > sync_dropped_noted_) {
-    sync_dropped_noted_ = timeline.tsc().dropped();
-    out.notes.push_back(
-        std::to_string(sync_dropped_noted_) + " of " + std::to_string(s->clock_sync.size()) +
-        " clock-sync samples in the region are inconsistent and were dropped; TSC stamps are "
-        "converted with the " +
-        std::to_string(timeline.tsc().used()) + " sound ones");
-  }
-  if (!skip) {
-    std::map<uint32_t, PageLayout> layouts;
-    for (const RegionTracker::NewData& nd : delta.pages) {
-      const RegionPage& p = *nd.page;
-      auto lit = layouts.find(p.boot_generation);
-      if (lit == layouts.end())
-        lit = layouts.emplace(p.boot_generation, CpuLayout(*s, p.boot_generation)).first;
-      const PageLayout layout = nd.direct_write ? s->dw_layout : lit->second;
-      PageCursor cursor(p.page, layout);
-      int64_t missed =
-          cursor.header().missed_events
-              ? (cursor.missed_count() > 0 ? static_cast<int64_t>(cursor.missed_count()) : -1)
-              : 0;
-      const uint32_t ring_clock = nd.direct_write ? p.clock : trace_clock_;
-      RawRecord rec;
-      while (cursor.Next(&rec)) {
-        if (rec.offset < nd.from_offset) continue;
-        Held h;
-        const std::optional<uint64_t> placed = timeline.ToTraceClock(ring_clock, rec.timestamp);
-        h.timestamp = placed.value_or(rec.timestamp);
-        h.ring_clock = ring_clock;
-        h.placed = placed.has_value();
-        h.trace_cpu = nd.direct_write ? ncpu + p.ring : p.ring;
-        h.generation = p.boot_generation;
-        h.missed = missed;
-        missed = 0;
-        h.seen = now;
-        h.payload_at = payloads_.size();
-        h.payload_size = static_cast<uint32_t>(rec.payload.size());
-        payloads_.insert(payloads_.end(), rec.payload.begin(), rec.payload.end());
-        held_.push_back(h);
-      }
+void RegionStreamer::NoteSyncDropped(const RegionSnapshot& s, const RegionTimeline& timeline,
+                                     Output* out) {
+  if (timeline.tsc().dropped() <= sync_dropped_noted_) return;
+  sync_dropped_noted_ = timeline.tsc().dropped();
+  out->notes.push_back(
+      std::to_string(sync_dropped_noted_) + " of " + std::to_string(s.clock_sync.size()) +
+      " clock-sync samples in the region are inconsistent and were dropped; TSC stamps are "
+      "converted with the " +
+      std::to_string(timeline.tsc().used()) + " sound ones");
+}
+
+void RegionStreamer::HoldNewRecords(const RegionSnapshot& s, const RegionTracker::Delta& delta,
+                                    const RegionTimeline& timeline,
+                                    std::chrono::steady_clock::time_point now) {
+  const uint32_t ncpu = static_cast<uint32_t>(s.cpus.size());
+  std::map<uint32_t, PageLayout> layouts;
+  for (const RegionTracker::NewData& nd : delta.pages) {
+    const RegionPage& p = *nd.page;
+    auto lit = layouts.find(p.boot_generation);
+    if (lit == layouts.end())
+      lit = layouts.emplace(p.boot_generation, CpuLayout(s, p.boot_generation)).first;
+    const PageLayout layout = nd.direct_write ? s.dw_layout : lit->second;
+    PageCursor cursor(p.page, layout);
+    int64_t missed =
+        cursor.header().missed_events
+            ? (cursor.missed_count() > 0 ? static_cast<int64_t>(cursor.missed_count()) : -1)
+            : 0;
+    const uint32_t ring_clock = nd.direct_write ? p.clock : trace_clock_;
+    RawRecord rec;
+    while (cursor.Next(&rec)) {
+      if (rec.offset < nd.from_offset) continue;
+      Held h;
+      const std::optional<uint64_t> placed = timeline.ToTraceClock(ring_clock, rec.timestamp);
+      h.timestamp = placed.value_or(rec.timestamp);
+      h.ring_clock = ring_clock;
+      h.placed = placed.has_value();
+      h.trace_cpu = nd.direct_write ? ncpu + p.ring : p.ring;
+      h.generation = p.boot_generation;
+      h.missed = missed;
+      missed = 0;
+      h.seen = now;
+      h.payload_at = payloads_.size();
+      h.payload_size = static_cast<uint32_t>(rec.payload.size());
+      payloads_.insert(payloads_.end(), rec.payload.begin(), rec.payload.end());
+      held_.push_back(h);
     }
   }
+}
 
+void RegionStreamer::SortHeld(const RegionSnapshot& s, const RegionTimeline& timeline,
+                              std::chrono::steady_clock::time_point now, bool flush) {
   // Release what the agent's push before its last one has passed, or what
   // waited too long: the last push brought kernel events whose tasks the
   // kernel names only at their next switch, and the agent republishes the
@@ -207,7 +204,7 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
   // trace file does (one pump interval of latency). All events wait for the
   // same mark, so they still print in time order.
   const bool mono = trace_clock_ == region::kClockMono;
-  if (const uint64_t push = s->guest.status.last_push_mono_ns; push != push_seen_) {
+  if (const uint64_t push = s.guest.status.last_push_mono_ns; push != push_seen_) {
     push_before_ = push_seen_;
     push_seen_ = push;
   }
@@ -235,25 +232,48 @@ RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
   std::stable_sort(ready_.begin(), ready_.end(), [](const Held& a, const Held& b) {
     return a.timestamp != b.timestamp ? a.timestamp < b.timestamp : a.trace_cpu < b.trace_cpu;
   });
-  EmitAll(*s, ready_, &out);
   // Not on the trace clock: after the rest, each ring's in its own order.
   std::stable_sort(unplaced_.begin(), unplaced_.end(), [](const Held& a, const Held& b) {
     return a.trace_cpu != b.trace_cpu ? a.trace_cpu < b.trace_cpu : a.timestamp < b.timestamp;
   });
+}
+
+void RegionStreamer::NoteUnplaced(const RegionSnapshot& s, const RegionTimeline& timeline,
+                                  Output* out) {
+  const uint32_t ncpu = static_cast<uint32_t>(s.cpus.size());
   for (const Held& h : unplaced_) {
-    if (unplaced_noted_.insert(h.trace_cpu).second) {
-      const uint32_t ring = h.trace_cpu - ncpu;
-      const RegionRing* r = ring < s->dw_rings.size() ? &s->dw_rings[ring] : nullptr;
-      out.notes.push_back(
-          "direct-write ring " + std::to_string(ring) +
-          (r != nullptr ? " (tid " + std::to_string(r->tid) + " " + r->comm + ")" : std::string()) +
-          " stamps TSC ticks that cannot be put on the kernel's clock (" +
-          std::to_string(timeline.tsc().used()) + " of " + std::to_string(s->clock_sync.size()) +
-          " clock-sync samples sound, 2 needed, or a stamp out of range): its events are printed "
-          "with raw TSC time stamps on trace CPU " +
-          std::to_string(h.trace_cpu) + ", after the others, not on the kernel's timeline");
-    }
+    if (!unplaced_noted_.insert(h.trace_cpu).second) continue;
+    const uint32_t ring = h.trace_cpu - ncpu;
+    const RegionRing* r = ring < s.dw_rings.size() ? &s.dw_rings[ring] : nullptr;
+    out->notes.push_back(
+        "direct-write ring " + std::to_string(ring) +
+        (r != nullptr ? " (tid " + std::to_string(r->tid) + " " + r->comm + ")" : std::string()) +
+        " stamps TSC ticks that cannot be put on the kernel's clock (" +
+        std::to_string(timeline.tsc().used()) + " of " + std::to_string(s.clock_sync.size()) +
+        " clock-sync samples sound, 2 needed, or a stamp out of range): its events are printed "
+        "with raw TSC time stamps on trace CPU " +
+        std::to_string(h.trace_cpu) + ", after the others, not on the kernel's timeline");
   }
+}
+
+RegionStreamer::Output RegionStreamer::Feed(RegionSnapshot* s,
+                                            std::chrono::steady_clock::time_point now, bool flush) {
+  Output out;
+  NoteGuest(s, &out);
+  RegionTracker::Delta delta = tracker_.Update(s);
+  const bool skip = first_ && !options_.from_start;
+  first_ = false;
+  if (!skip && delta.pages_missed != 0) {
+    pages_missed_ += delta.pages_missed;
+    out.notes.push_back(std::to_string(delta.pages_missed) +
+                        " page(s) overwritten in the region before the stream read them");
+  }
+  const RegionTimeline timeline(trace_clock_, s->clock_sync);
+  NoteSyncDropped(*s, timeline, &out);
+  if (!skip) HoldNewRecords(*s, delta, timeline, now);
+  SortHeld(*s, timeline, now, flush);
+  EmitAll(*s, ready_, &out);
+  NoteUnplaced(*s, timeline, &out);
   EmitAll(*s, unplaced_, &out);
   CompactPayloads();
   // Decoders of older generations go; an event of one still held gets a new

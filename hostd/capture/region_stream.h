@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "hvtrace/decoder.h"
+#include "hvtrace/region_clock.h"
 #include "hvtrace/region_reader.h"
 #include "hvtrace/region_text.h"
 
@@ -102,6 +103,20 @@ class RegionStreamer {
     std::unique_ptr<EventDecoder> decoder;
   };
   std::string CommsOf(uint32_t generation) const;
+
+  // Feed's steps, in order. The guest's generation, clock and task names.
+  void NoteGuest(RegionSnapshot* snapshot, Output* out);
+  // Clock-sync samples dropped as inconsistent, once per new count.
+  void NoteSyncDropped(const RegionSnapshot& snapshot, const RegionTimeline& timeline, Output* out);
+  // Copies the records that are new since the last snapshot into |held_|.
+  void HoldNewRecords(const RegionSnapshot& snapshot, const RegionTracker::Delta& delta,
+                      const RegionTimeline& timeline, std::chrono::steady_clock::time_point now);
+  // Moves what may print now from |held_| to |ready_| (time order) or to
+  // |unplaced_| (raw TSC stamps, per ring); the rest stays held.
+  void SortHeld(const RegionSnapshot& snapshot, const RegionTimeline& timeline,
+                std::chrono::steady_clock::time_point now, bool flush);
+  // Says once per ring why its events in |unplaced_| carry raw TSC stamps.
+  void NoteUnplaced(const RegionSnapshot& snapshot, const RegionTimeline& timeline, Output* out);
 
   EventDecoder* DecoderFor(const RegionSnapshot& snapshot, uint32_t generation, Output* out);
   // Prints |events| with their generations' decoders, each looked up once.

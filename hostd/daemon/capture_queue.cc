@@ -11,11 +11,13 @@ namespace hvtrace::hostd {
 CaptureQueue::CaptureQueue(boost::asio::any_io_executor pool, size_t slots)
     : pool_(std::move(pool)), slots_(std::max<size_t>(slots, 1)) {}
 
-CaptureQueue::Ticket CaptureQueue::Submit(Lane lane, std::function<void()> job) {
+CaptureQueue::Ticket CaptureQueue::Submit(Lane lane, std::function<void(const Start&)> job) {
   std::lock_guard lock(mu_);
   const Ticket ticket = next_ticket_++;
   (lane == Lane::kUrgent ? urgent_ : guest_).push_back(Job{ticket, std::move(job)});
+  submitting_ = ticket;
   StartReadyLocked();
+  submitting_ = 0;
   return ticket;
 }
 
@@ -45,15 +47,17 @@ void CaptureQueue::StartReadyLocked() {
     Job job = std::move(q.front());
     q.pop_front();
     ++(lane == Lane::kUrgent ? running_urgent_ : running_guest_);
-    boost::asio::post(pool_, [self = shared_from_this(), lane, run = std::move(job.run)]() mutable {
-      self->Run(lane, std::move(run));
-    });
+    const Start start{lane, job.ticket != submitting_};
+    boost::asio::post(pool_,
+                      [self = shared_from_this(), start, run = std::move(job.run)]() mutable {
+                        self->Run(start, std::move(run));
+                      });
   }
 }
 
-void CaptureQueue::Run(Lane lane, std::function<void()> job) {
+void CaptureQueue::Run(Start start, std::function<void(const Start&)> job) {
   try {
-    job();
+    job(start);
   } catch (const std::exception& e) {
     // Jobs report their own errors; this only keeps the slot accounting right.
     LogErr(std::string("capture job threw: ") + e.what());
@@ -61,7 +65,7 @@ void CaptureQueue::Run(Lane lane, std::function<void()> job) {
     LogErr("capture job threw an exception of unknown type");
   }
   std::lock_guard lock(mu_);
-  --(lane == Lane::kUrgent ? running_urgent_ : running_guest_);
+  --(start.lane == Lane::kUrgent ? running_urgent_ : running_guest_);
   StartReadyLocked();
 }
 

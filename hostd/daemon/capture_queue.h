@@ -34,9 +34,18 @@ class CaptureQueue : public std::enable_shared_from_this<CaptureQueue> {
   // Jobs run on |pool|, at most |slots| at once.
   CaptureQueue(boost::asio::any_io_executor pool, size_t slots);
 
+  // How a job got its slot; a capture keeps it in its manifest (extra.queue)
+  // as the record that it was, or was not, kept waiting by other captures.
+  struct Start {
+    Lane lane;
+    // False: a slot was free when it was submitted, so it ran behind no
+    // other job. True: it waited for running jobs to end (or was promoted).
+    bool waited;
+  };
+
   // Runs |job| (blocking work: a whole capture) once a slot of |lane| is
   // free. Thread-safe.
-  Ticket Submit(Lane lane, std::function<void()> job);
+  Ticket Submit(Lane lane, std::function<void(const Start&)> job);
   // Moves a guest-lane job that has not started yet to the urgent lane: its
   // VM has a panic waiting behind it. No effect once it started.
   void Promote(Ticket ticket);
@@ -47,11 +56,11 @@ class CaptureQueue : public std::enable_shared_from_this<CaptureQueue> {
  private:
   struct Job {
     Ticket ticket;
-    std::function<void()> run;
+    std::function<void(const Start&)> run;
   };
   // Starts what may start now (|mu_| held); the jobs are posted to the pool.
   void StartReadyLocked();
-  void Run(Lane lane, std::function<void()> job);
+  void Run(Start start, std::function<void(const Start&)> job);
 
   boost::asio::any_io_executor pool_;
   const size_t slots_;
@@ -60,6 +69,7 @@ class CaptureQueue : public std::enable_shared_from_this<CaptureQueue> {
   size_t running_urgent_ = 0;
   size_t running_guest_ = 0;
   Ticket next_ticket_ = 1;
+  Ticket submitting_ = 0;  // The job Submit is starting, if a slot is free.
 };
 
 }  // namespace hvtrace::hostd

@@ -350,7 +350,10 @@ void VmSupervisor::Dispatch(PendingCapture p, CaptureQueue::Lane lane) {
   }
   request.inputs.vcpus_stopped = VcpusStopped(p.trigger);
   auto job = [self = shared_from_this(), request = std::move(request),
-              p = std::make_shared<PendingCapture>(std::move(p))]() mutable {
+              p = std::make_shared<PendingCapture>(std::move(p))](
+                 const CaptureQueue::Start& start) mutable {
+    request.queue = {{"lane", start.lane == CaptureQueue::Lane::kUrgent ? "urgent" : "guest"},
+                     {"waited_for_a_slot", start.waited}};
     Result<CaptureOutcome> outcome = Error{"capture did not run"};
     try {
       outcome = self->captures_->Take(self->store_, request);

@@ -270,73 +270,72 @@ Result<uint64_t> FindKallsym(std::string_view kallsyms, std::string_view name) {
   return Error{"kallsyms has no symbol '" + std::string(name) + "'"};
 }
 
-Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive) {
-  return ParseHarvestArchive(archive, {}, nullptr);
+namespace {
+
+// Per-member caps: kallsyms of a distribution kernel with many modules is
+// the big one (~7 MiB for Debian's 6.12 with three modules).
+const std::map<std::string, size_t>& HarvestMemberCaps() {
+  static const std::map<std::string, size_t> kCaps = {{"formats", 32u << 20},
+                                                      {"header_page", 64u << 10},
+                                                      {"header_event", 64u << 10},
+                                                      {"printk_formats", 16u << 20},
+                                                      {"kallsyms", 64u << 20},
+                                                      {"version", 4096},
+                                                      {"release", 256},
+                                                      {"modules", 1u << 20}};
+  return kCaps;
 }
 
-Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive,
-                                          const std::map<std::string, size_t>& extra_allowed,
-                                          std::map<std::string, std::string>* extras) {
-  if (archive.size() > kMaxHarvestArchiveBytes) {
-    return Error{"harvest archive is " + std::to_string(archive.size()) + " bytes; the limit is " +
-                 std::to_string(kMaxHarvestArchiveBytes)};
-  }
-  TarLimits limits;
-  limits.max_members = 16;
-  limits.max_member_bytes = 64u << 20;
-  limits.max_total_bytes = kMaxHarvestArchiveBytes;
-  Result<std::vector<TarMember>> members = ReadTar(archive, limits);
-  if (!members.ok()) return Error{"harvest archive: " + members.error().message};
+std::string TooBig(const std::string& name, size_t size, size_t cap) {
+  return "harvest archive: member '" + name + "' is " + std::to_string(size) +
+         " bytes; the limit is " + std::to_string(cap);
+}
 
-  // Per-member caps: kallsyms of a distribution kernel with many modules is
-  // the big one (~7 MiB for Debian's 6.12 with three modules).
-  const std::map<std::string, size_t> kAllowed = {{"formats", 32u << 20},
-                                                  {"header_page", 64u << 10},
-                                                  {"header_event", 64u << 10},
-                                                  {"printk_formats", 16u << 20},
-                                                  {"kallsyms", 64u << 20},
-                                                  {"version", 4096},
-                                                  {"release", 256},
-                                                  {"modules", 1u << 20}};
-  std::unordered_map<std::string, std::string*> slot;
-  HarvestBundle bundle;
-  std::string formats, version;
-  slot["formats"] = &formats;
-  slot["header_page"] = &bundle.header_page;
-  slot["header_event"] = &bundle.header_event;
-  slot["printk_formats"] = &bundle.printk_formats;
-  slot["kallsyms"] = &bundle.kallsyms;
-  slot["version"] = &version;
-  slot["release"] = &bundle.release;
-  slot["modules"] = &bundle.modules;
-  for (TarMember& m : *members) {
+// Moves each member of |members| into its field of |bundle| (or |formats|,
+// |version|, |extras|), checking its cap; a member no list names fails the
+// archive, as does a required one that is missing.
+Status SortMembers(std::vector<TarMember>& members,
+                   const std::map<std::string, size_t>& extra_allowed,
+                   std::map<std::string, std::string>* extras, HarvestBundle& bundle,
+                   std::string& formats, std::string& version) {
+  const std::unordered_map<std::string, std::string*> slot = {
+      {"formats", &formats},
+      {"header_page", &bundle.header_page},
+      {"header_event", &bundle.header_event},
+      {"printk_formats", &bundle.printk_formats},
+      {"kallsyms", &bundle.kallsyms},
+      {"version", &version},
+      {"release", &bundle.release},
+      {"modules", &bundle.modules}};
+  for (TarMember& m : members) {
     if (auto extra = extra_allowed.find(m.name); extra != extra_allowed.end() && extras) {
-      if (m.data.size() > extra->second) {
-        return Error{"harvest archive: member '" + m.name + "' is " +
-                     std::to_string(m.data.size()) + " bytes; the limit is " +
-                     std::to_string(extra->second)};
-      }
+      if (m.data.size() > extra->second) return Error{TooBig(m.name, m.data.size(), extra->second)};
       (*extras)[m.name] = std::move(m.data);
       continue;
     }
-    auto allowed = kAllowed.find(m.name);
-    if (allowed == kAllowed.end()) {
+    auto allowed = HarvestMemberCaps().find(m.name);
+    if (allowed == HarvestMemberCaps().end()) {
       return Error{"harvest archive: unexpected member '" + m.name + "'"};
     }
     if (m.data.size() > allowed->second) {
-      return Error{"harvest archive: member '" + m.name + "' is " + std::to_string(m.data.size()) +
-                   " bytes; the limit is " + std::to_string(allowed->second)};
+      return Error{TooBig(m.name, m.data.size(), allowed->second)};
     }
-    *slot[m.name] = std::move(m.data);
+    *slot.at(m.name) = std::move(m.data);
   }
   for (const char* required : {"formats", "header_page", "header_event", "release", "version",
                                "kallsyms", "printk_formats"}) {
-    const bool present = std::any_of(members->begin(), members->end(),
+    const bool present = std::any_of(members.begin(), members.end(),
                                      [&](const TarMember& m) { return m.name == required; });
     if (!present)
       return Error{"harvest archive: member '" + std::string(required) + "' is missing"};
   }
+  return {};
+}
 
+// The kernel's release and /proc/version name the cache entry and are shown
+// to users: one line of printable characters each, the release from the
+// kernel's own alphabet.
+Status CheckIdentity(HarvestBundle& bundle, std::string_view version) {
   const std::string_view release = StripNewline(bundle.release);
   if (release.empty() || release.find('\n') != std::string_view::npos ||
       !std::all_of(release.begin(), release.end(), [](char c) {
@@ -352,14 +351,14 @@ Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive,
     return Error{"harvest archive: /proc/version is empty or not one printable line"};
   }
   bundle.proc_version = std::string(proc_version);
+  return {};
+}
 
-  if (Result<std::vector<FieldFormat>> hp = ParseHeaderPage(bundle.header_page); !hp.ok()) {
-    return Error{"harvest archive: events/header_page: " + hp.error().message};
-  }
-  if (Result<HeaderEventFormat> he = ParseHeaderEvent(bundle.header_event); !he.ok()) {
-    return Error{"harvest archive: events/header_event: " + he.error().message};
-  }
-
+// Parses each event format of the listing into |bundle|. A format that does
+// not parse is kept with its error (its events print raw); one whose name or
+// id contradicts the others is rejected, since decoding by it would print
+// another event's fields.
+Status ParseListedFormats(std::string_view formats, HarvestBundle& bundle) {
   Result<std::vector<HarvestedEvent>> listed = SplitFormatListing(formats);
   if (!listed.ok()) return Error{"harvest archive: " + listed.error().message};
   if (listed->empty()) return Error{"harvest archive: no event formats"};
@@ -391,7 +390,12 @@ Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive,
             [](const HarvestedEvent& a, const HarvestedEvent& b) {
               return std::tie(a.system, a.name) < std::tie(b.system, b.name);
             });
+  return {};
+}
 
+// Counts the symbols of kallsyms and those with an address: all zero means
+// the guest's kptr_restrict hid them, which the harvest reports.
+void CountKallsyms(HarvestBundle& bundle) {
   size_t pos = 0;
   while (pos < bundle.kallsyms.size()) {
     size_t end = bundle.kallsyms.find('\n', pos);
@@ -403,6 +407,42 @@ Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive,
     const std::string_view addr = line.substr(0, line.find(' '));
     if (addr.find_first_not_of('0') != std::string_view::npos) ++bundle.kallsyms_nonzero_addresses;
   }
+}
+
+}  // namespace
+
+Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive) {
+  return ParseHarvestArchive(archive, {}, nullptr);
+}
+
+Result<HarvestBundle> ParseHarvestArchive(std::span<const std::byte> archive,
+                                          const std::map<std::string, size_t>& extra_allowed,
+                                          std::map<std::string, std::string>* extras) {
+  if (archive.size() > kMaxHarvestArchiveBytes) {
+    return Error{"harvest archive is " + std::to_string(archive.size()) + " bytes; the limit is " +
+                 std::to_string(kMaxHarvestArchiveBytes)};
+  }
+  TarLimits limits;
+  limits.max_members = 16;
+  limits.max_member_bytes = 64u << 20;
+  limits.max_total_bytes = kMaxHarvestArchiveBytes;
+  Result<std::vector<TarMember>> members = ReadTar(archive, limits);
+  if (!members.ok()) return Error{"harvest archive: " + members.error().message};
+
+  HarvestBundle bundle;
+  std::string formats, version;
+  if (Status s = SortMembers(*members, extra_allowed, extras, bundle, formats, version); !s.ok()) {
+    return s.error();
+  }
+  if (Status s = CheckIdentity(bundle, version); !s.ok()) return s.error();
+  if (Result<std::vector<FieldFormat>> hp = ParseHeaderPage(bundle.header_page); !hp.ok()) {
+    return Error{"harvest archive: events/header_page: " + hp.error().message};
+  }
+  if (Result<HeaderEventFormat> he = ParseHeaderEvent(bundle.header_event); !he.ok()) {
+    return Error{"harvest archive: events/header_event: " + he.error().message};
+  }
+  if (Status s = ParseListedFormats(formats, bundle); !s.ok()) return s.error();
+  CountKallsyms(bundle);
   return bundle;
 }
 

@@ -111,10 +111,8 @@ TEST_F(CaptureDiskE2e, FullStateDirPanicEvictsCheaperCapturesAndConsoleLogIsCapp
   ASSERT_TRUE(image.ok()) << image.error().message;
   // The kernel's formats (a cache hit after the first run), so the panic
   // capture is decoded as it would be in production.
-  auto cache_root = hostd::DefaultCacheRoot();
+  auto cache_root = CacheWithFormatsOf(*image);
   ASSERT_TRUE(cache_root.ok()) << cache_root.error().message;
-  auto harvested = HarvestImage(*image, *cache_root);
-  ASSERT_TRUE(harvested.ok()) << harvested.error().message;
 
   HvtracedProcess daemon({.tag = "disk",
                           .config = "cache_dir = " + cache_root->string() +

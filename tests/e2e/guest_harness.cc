@@ -11,6 +11,8 @@
 #include <mutex>
 #include <sstream>
 
+#include "formats_cache.h"
+
 namespace hvtrace::e2e {
 namespace {
 
@@ -200,6 +202,14 @@ Result<hostd::HarvestResult> HarvestImage(const GuestImage& image,
   harvest.initrd = image.initrd;
   harvest.cache_root = cache_root;
   return hostd::HarvestFormats(harvest);
+}
+
+Result<std::filesystem::path> CacheWithFormatsOf(const GuestImage& image) {
+  Result<std::filesystem::path> root = hostd::DefaultCacheRoot();
+  if (!root.ok()) return root.error();
+  Result<hostd::HarvestResult> harvested = HarvestImage(image, *root);
+  if (!harvested.ok()) return harvested.error();
+  return *root;
 }
 
 }  // namespace hvtrace::e2e

@@ -44,6 +44,10 @@ Result<GuestImage> FindGuestImage(const std::string& version);
 // the cache at |cache_root| (a cache hit when already there).
 Result<hostd::HarvestResult> HarvestImage(const GuestImage& image,
                                           const std::filesystem::path& cache_root);
+// The default cache root (formats_cache.h DefaultCacheRoot), holding |image|'s
+// kernel formats (HarvestImage: a cache hit after the first run), for a
+// daemon's cache_dir, so its captures decode as in production.
+Result<std::filesystem::path> CacheWithFormatsOf(const GuestImage& image);
 
 // The 6.12 guest's initrd that also holds /boot/vmlinuz (so the guest can
 // kexec its own kernel), next to |image|'s initrd; built once when missing.

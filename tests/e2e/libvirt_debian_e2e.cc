@@ -374,8 +374,14 @@ TEST(LibvirtDebianE2e, BootRangeFromTheGuestsLoaderKexecThenPanicDecodesEachBoot
   ASSERT_TRUE(manifest.is_object()) << path;
   EXPECT_EQ(manifest["validation"]["boots"], 2) << manifest["validation"].dump(2);
   EXPECT_EQ(manifest["extra"]["formats"]["decoded"], true) << manifest["extra"].dump(2);
-  // No kernel file, no harvest: the daemon's formats cache stays empty.
-  std::printf("[debian-libvirt] formats: %s\n", manifest["extra"]["formats"].dump(2).c_str());
+  // No kernel file, no harvest: the daemon never knew the domain's kernel
+  // (an adopted domain boots from its own disk), decoded from the metadata
+  // channel alone, and started no harvest (FormatsService logs "not cached;
+  // harvesting them from" for every harvest it starts).
+  const json& formats = manifest["extra"]["formats"];
+  std::printf("[debian-libvirt] formats: %s\n", formats.dump(2).c_str());
+  EXPECT_EQ(formats["state"], "unknown kernel (adopted VM); metadata channel") << formats.dump(2);
+  EXPECT_EQ(f.hvt->log().find("harvesting them from"), std::string::npos) << f.hvt->LogTail();
 
   // The README's last step: `hvtrace show` prints both boots.
   RunResult show = RunArgvStatus({BinPath("hvtrace"), "show", path});

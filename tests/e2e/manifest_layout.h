@@ -32,8 +32,11 @@ inline void ExpectBootRangeManifestLayout(const nlohmann::json& m,
       << m["region"].dump(2);
   EXPECT_EQ(KeysOf(m["extra"]),
             (std::set<std::string>{"transport", "consistency", "timing_ms", "formats", "boots",
-                                   "trace_clock", "pipeline_ms", "disk"}))
+                                   "trace_clock", "pipeline_ms", "disk", "queue"}))
       << m["extra"].dump(2);
+  EXPECT_EQ(KeysOf(m["extra"]["queue"]),
+            (std::set<std::string>{"lane", "waited_for_a_slot", "waited_for_copy_buffers"}))
+      << m["extra"]["queue"].dump(2);
   EXPECT_EQ(KeysOf(m["extra"]["disk"]),
             (std::set<std::string>{"need_bytes", "free_bytes_before", "free_bytes_after_evicting",
                                    "reserve_met", "evicted"}))

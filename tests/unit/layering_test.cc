@@ -5,7 +5,6 @@
 // someone adds a link to make a backwards include compile.
 #include <gtest/gtest.h>
 
-#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -127,40 +126,6 @@ TEST(Layering, IncludesPointDownOnly) {
     }
   }
   EXPECT_GT(checked, 100);
-}
-
-// Files stay readable at once: at most 800 lines in hostd/ and shared/, and
-// no function body over 120 lines (a top-level definition in Google style
-// starts at column 0 and ends at the next "}" in column 0).
-TEST(SourceShape, FilesAndFunctionsStaySmall) {
-  const std::regex not_function(R"(^(namespace|struct|class|enum|union|extern|template|#))");
-  int functions = 0;
-  for (const fs::path& f : Scan().sources) {
-    const std::string layer = LayerOf(f);
-    if (layer.rfind("hostd", 0) != 0 && layer.rfind("shared", 0) != 0) continue;
-    std::ifstream in(f);
-    std::vector<std::string> lines;
-    for (std::string line; std::getline(in, line);) lines.push_back(line);
-    EXPECT_LE(lines.size(), 800u) << fs::relative(f, kRoot).string() << " has " << lines.size()
-                                  << " lines";
-    for (size_t i = 0; i < lines.size(); ++i) {
-      const std::string& l = lines[i];
-      if (l.empty() || std::isspace(static_cast<unsigned char>(l[0])) || l.back() != '{' ||
-          std::regex_search(l, not_function)) {
-        continue;
-      }
-      std::string head;
-      for (size_t k = i >= 3 ? i - 3 : 0; k <= i; ++k) head += lines[k];
-      if (head.find('(') == std::string::npos) continue;
-      size_t end = i + 1;
-      while (end < lines.size() && lines[end].rfind("}", 0) != 0) ++end;
-      ++functions;
-      EXPECT_LE(end - i + 1, 120u) << fs::relative(f, kRoot).string() << ":" << i + 1 << " " << l
-                                   << " is " << end - i + 1 << " lines";
-      i = end;
-    }
-  }
-  EXPECT_GT(functions, 500);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // CaptureQueue: a panic (urgent lane) never waits for guest-triggered
 // captures, which hold at most all but one slot; a promoted job leaves the
-// guest lane. Jobs block on latches the test opens, so nothing depends on
-// timing.
+// guest lane; each job learns whether it waited for a slot. Jobs block on latches the test opens,
+// so nothing depends on timing.
 #include "capture_queue.h"
 
 #include <gtest/gtest.h>
@@ -34,7 +34,9 @@ TEST(CaptureQueueTest, PanicStartsWhileGuestCapturesHoldTheirSlot) {
   std::shared_future<void> gate = release.get_future().share();
   std::atomic<int> guest_started{0}, urgent_done{0};
   for (int i = 0; i < 3; ++i) {
-    queue->Submit(CaptureQueue::Lane::kGuest, [&, gate] {
+    queue->Submit(CaptureQueue::Lane::kGuest, [&, gate](const CaptureQueue::Start& start) {
+      // The first takes a free slot; the others wait for it.
+      EXPECT_EQ(start.waited, guest_started != 0);
       ++guest_started;
       gate.wait();
     });
@@ -45,9 +47,15 @@ TEST(CaptureQueueTest, PanicStartsWhileGuestCapturesHoldTheirSlot) {
   EXPECT_EQ(guest_started, 1);
   EXPECT_EQ(queue->StatsJson()["guest"]["queued"], 2);
 
-  queue->Submit(CaptureQueue::Lane::kUrgent, [&] { ++urgent_done; });
+  // The panic's capture records that it waited for no other capture.
+  std::atomic<bool> urgent_waited{true};
+  queue->Submit(CaptureQueue::Lane::kUrgent, [&](const CaptureQueue::Start& start) {
+    urgent_waited = start.waited;
+    ++urgent_done;
+  });
   EXPECT_TRUE(WaitFor([&] { return urgent_done == 1; }))
       << "a panic waited for a guest-triggered capture: " << queue->StatsJson().dump();
+  EXPECT_FALSE(urgent_waited);
   EXPECT_EQ(guest_started, 1);
   release.set_value();
   EXPECT_TRUE(WaitFor([&] { return guest_started == 3; }));
@@ -68,12 +76,16 @@ TEST(CaptureQueueTest, PromotedJobGoesAheadOfOtherGuestJobs) {
     std::lock_guard lock(mu);
     order.push_back(std::move(what));
   };
-  queue->Submit(CaptureQueue::Lane::kGuest, [&, gate] {
+  queue->Submit(CaptureQueue::Lane::kGuest, [&, gate](const CaptureQueue::Start&) {
     record("a");
     gate.wait();
   });
-  queue->Submit(CaptureQueue::Lane::kGuest, [&] { record("b"); });
-  const auto c = queue->Submit(CaptureQueue::Lane::kGuest, [&] { record("c"); });
+  queue->Submit(CaptureQueue::Lane::kGuest, [&](const CaptureQueue::Start&) { record("b"); });
+  const auto c = queue->Submit(CaptureQueue::Lane::kGuest, [&](const CaptureQueue::Start& start) {
+    EXPECT_EQ(start.lane, CaptureQueue::Lane::kUrgent);  // Promoted.
+    EXPECT_TRUE(start.waited);
+    record("c");
+  });
   queue->Promote(c);
   EXPECT_EQ(queue->StatsJson()["urgent"]["queued"], 1);
   release.set_value();
@@ -85,8 +97,9 @@ TEST(CaptureQueueTest, AThrowingJobFreesItsSlot) {
   boost::asio::thread_pool pool(1);
   auto queue = std::make_shared<CaptureQueue>(pool.get_executor(), 1);
   std::atomic<bool> ran{false};
-  queue->Submit(CaptureQueue::Lane::kUrgent, [] { throw std::runtime_error("bug"); });
-  queue->Submit(CaptureQueue::Lane::kUrgent, [&] { ran = true; });
+  queue->Submit(CaptureQueue::Lane::kUrgent,
+                [](const CaptureQueue::Start&) { throw std::runtime_error("bug"); });
+  queue->Submit(CaptureQueue::Lane::kUrgent, [&](const CaptureQueue::Start&) { ran = true; });
   pool.join();
   EXPECT_TRUE(ran);
 }

@@ -198,14 +198,17 @@ void Daemon::HandleList(const Request&, const std::shared_ptr<Responder>& respon
 void Daemon::HandleStatus(const Request& request, const std::shared_ptr<Responder>& responder) {
   auto vm = VmFromArgs(request, *responder);
   if (!vm) return;
-  json status = vm->StatusJson();
-  // Whether a panic now decodes by name: the kernel's formats are cached or
-  // loaded, or still being harvested (the first boot of a kernel).
-  if (vm->backend()) {
-    const std::string key = vm->backend()->kernel_files().key;
-    status["formats"] = key.empty() ? json(nullptr) : json(formats_->StateOf(key));
-  }
-  responder->Reply(status);
+  // Whether a panic now decodes by name: the kernel's formats are loaded or
+  // cached, or still being harvested (a kernel's first boot). Looking in the
+  // cache reads a file: off the I/O thread.
+  asio::post(pool_, [vm, formats = formats_, responder] {
+    json status = vm->StatusJson();
+    if (vm->backend()) {
+      const std::string key = vm->backend()->kernel_files().key;
+      status["formats"] = key.empty() ? json(nullptr) : json(formats->StateOf(key));
+    }
+    responder->Reply(status);
+  });
 }
 
 void Daemon::HandleCaptures(const Request& request, const std::shared_ptr<Responder>& responder) {

@@ -14,6 +14,8 @@ PACKAGES=(
   libtraceevent-dev libtracefs-dev libtracecmd-dev trace-cmd
   libzstd-dev zlib1g-dev nettle-dev
   qemu-system-x86 qemu-utils
+  # busybox-static, cpio: the guests' initramfs, and the hvtrace package's
+  # harvest initramfs (debian/control Build-Depends).
   busybox-static cpio zstd xz-utils gzip kmod
   # Test modules built against the guest kernel's headers (build-test-modules.sh).
   make gcc-12

@@ -97,7 +97,8 @@
 // harvest_initrd: a harvest trusts what the booted guest reports, so the
 // daemon boots a kernel only with this initramfs (qemu-scripts/build-guest.sh
 // builds it), never with a VM's own initrd. Default: guest/6.12/initrd.img
-// beside the directory hvtraced runs from (build/bin → build/guest).
+// beside the directory hvtraced runs from (build/bin → build/guest), else
+// the package's /usr/lib/hvtrace/harvest-initrd.img.
 #ifndef HVTRACE_HOSTD_CONFIG_H_
 #define HVTRACE_HOSTD_CONFIG_H_
 

@@ -11,7 +11,7 @@ namespace hvtrace::cli {
 
 int ExitCodeForDaemonError(std::string_view code) {
   if (code == hostd::kErrBadRequest) return kExitUsage;
-  if (code == hostd::kErrUnknownVm) return kExitUnknownVm;
+  if (code == hostd::kErrUnknownVm || code == hostd::kErrUnknownCapture) return kExitUnknownVm;
   if (code == hostd::kErrBusy) return kExitBusy;
   if (code == hostd::kErrDenied) return kExitDenied;
   // vm_failed, internal, too_large, unknown_command (an older hvtraced), and
@@ -27,7 +27,8 @@ const char* ExitStatusHelp() {
          "  2  usage: unknown command or flag, bad value, missing argument; or a\n"
          "     request hvtraced refused as bad_request\n"
          "  3  report --strict: the file had problems (good events were still printed)\n"
-         "  4  hvtraced knows no VM of that name (unknown_vm)\n"
+         "  4  hvtraced knows no VM of that name (unknown_vm), or no such capture\n"
+         "     (unknown_capture)\n"
          "  5  hvtraced is not reachable on its socket, or did not answer in time\n"
          "  6  hvtraced is busy with an earlier request for that VM (busy): try again\n"
          "  7  hvtraced refused this user (permission_denied), or this user cannot read\n"

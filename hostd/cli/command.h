@@ -39,7 +39,8 @@ enum ExitCode : int {
   kExitUsage = 2,
   // `report --strict`: the file had problems (the good events were printed).
   kExitProblems = 3,
-  // hvtraced knows no VM of that name (unknown_vm).
+  // hvtraced knows no VM of that name (unknown_vm), or no such capture
+  // (unknown_capture).
   kExitUnknownVm = 4,
   // hvtraced could not be reached, or did not answer in time.
   kExitNoDaemon = 5,

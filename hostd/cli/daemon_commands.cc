@@ -123,8 +123,9 @@ class StatusCommand final : public QueryCommand {
  public:
   StatusCommand() : QueryCommand("status", true) {}
   void PrintText(const json& result) const override {
-    for (const char* key : {"name", "kind", "state", "last_event", "events_seen", "captures_taken",
-                            "captures_failed", "last_capture", "last_error", "captures_dir"}) {
+    for (const char* key :
+         {"name", "kind", "state", "formats", "last_event", "events_seen", "captures_taken",
+          "captures_failed", "last_capture", "last_error", "captures_dir"}) {
       std::printf("%-16s %s\n", key, Str(result, key).c_str());
     }
     // The metadata channel (hvtrace/meta_channel.h): what decodes a

@@ -211,6 +211,16 @@ int EnsureFormatsCached(const std::string& kernel) {
   // Never the VM's own initrd: what the harvest guest reports becomes the
   // formats every VM with this kernel decodes with (formats_service.h).
   const std::filesystem::path initrd = hostd::ResolveHarvestInitrd({});
+  if (initrd == hostd::kPackagedHarvestInitrd) {
+    // The installed daemon harvests the kernel itself, into its own cache,
+    // with this same initramfs; one here would fill this user's cache, which
+    // that daemon does not read, at the cost of a second TCG boot.
+    std::fprintf(stderr,
+                 "hvtrace boot: hvtraced harvests the event formats of %s in the background "
+                 "(`hvtrace status NAME` shows formats: cached or loaded when done)\n",
+                 kernel.c_str());
+    return kExitOk;
+  }
   if (initrd.empty()) {
     std::fprintf(
         stderr,

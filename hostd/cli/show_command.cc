@@ -1,4 +1,6 @@
-// hvtrace show CAPTURE_DIR [--boot N] [--json | --format text|json] [-o OUT]
+// hvtrace show CAPTURE [--boot N] [--json | --format text|json] [-o OUT]
+//   CAPTURE: ID or VM/ID (read through hvtraced, capture_fetch.h), or a
+//   capture directory (read with this user's own rights)
 // hvtrace show --region FILE --formats KEY_OR_DIR [--cpus N] [--boot N] ...
 //
 // Prints a capture's events with `hvtrace report` (the same text as
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "boot_file_name.h"
+#include "capture_fetch.h"
 #include "capture_pipeline.h"
 #include "capture_store.h"
 #include "command.h"
@@ -149,6 +152,7 @@ Status WriteAllFd(int fd, const std::string& text) {
 
 struct ShowArgs {
   std::string capture;
+  std::string socket;  // hvtraced's, for a capture named by ID or VM/ID.
   std::string region;
   std::string formats;
   std::string output;
@@ -364,8 +368,14 @@ class ShowCommand final : public Command {
  public:
   void Define(CLI::App& app) override {
     auto* capture =
-        app.add_option("CAPTURE_DIR", args_.capture, "a capture directory hvtraced made")
+        app.add_option("CAPTURE", args_.capture,
+                       "a capture: ID or VM/ID (`hvtrace captures VM`), read through hvtraced "
+                       "with the observer role; or a capture directory, read as this user")
             ->type_name("");
+    app.add_option("--socket", args_.socket,
+                   "hvtraced's control socket, for ID or VM/ID (default: $HVTRACE_SOCKET, the "
+                   "config file's socket, /run/hvtrace/hvtraced.sock)")
+        ->type_name("PATH");
     app.add_option("--region", args_.region,
                    "decode a raw boot-range file instead (needs --formats)")
         ->type_name("FILE")
@@ -394,6 +404,9 @@ class ShowCommand final : public Command {
         "trace.dat files (text) or as JSON lines. Each boot starts with a header: '# ...' lines "
         "in\n"
         "text, a {\"capture\": ...} object (no \"event\" key) in JSON.\n"
+        "A CAPTURE that is no existing path and reads ID or VM/ID is read through hvtraced:\n"
+        "any member of hvtrace or hvtrace-admin may, the state dir's permissions aside. A\n"
+        "directory is read with this user's own rights (offline, or a copied capture).\n"
         "--region decodes a raw boot-range file (the guest's persistent ring buffer, Linux 6.12\n"
         "layout) directly. A capture taken before its kernel's formats were cached holds only\n"
         "region.bin: show decodes it with the formats its manifest names (from the cache, see\n"
@@ -405,11 +418,11 @@ class ShowCommand final : public Command {
   }
   Status Check() const override {
     if (args_.capture.empty() && args_.region.empty())
-      return Error{"give a CAPTURE_DIR or --region FILE"};
+      return Error{"give a CAPTURE (ID, VM/ID or a directory) or --region FILE"};
     if (!args_.region.empty() && args_.formats.empty())
       return Error{"--region needs --formats KEY_OR_DIR"};
     if (args_.timeline && (args_.capture.empty() || json_))
-      return Error{"--timeline needs a CAPTURE_DIR and prints text"};
+      return Error{"--timeline needs a CAPTURE and prints text"};
     return {};
   }
   int Run() override {
@@ -437,11 +450,23 @@ int ShowCommand::Show(const ShowArgs& args) {
   if (!args.region.empty()) {
     rc = ShowRegion(args, fd);
   } else {
-    const fs::path dir(args.capture);
+    // Declared before |dir|: the copy outlives every use of it.
+    FetchedCapture fetched;
+    fs::path dir(args.capture);
+    if (IsCaptureReference(args.capture)) {
+      if (int fetch_rc = FetchCapture(args.capture, args.socket, &fetched); fetch_rc != kExitOk) {
+        if (fd != STDOUT_FILENO) ::close(fd);
+        return fetch_rc;
+      }
+      dir = fetched.dir();
+    }
     json manifest = json::object();
     Result<std::string> text = ReadSmallFile(dir / "manifest.json", kMaxManifestBytes);
     if (!text.ok()) {
-      std::fprintf(stderr, "hvtrace show: %s\n", text.error().message.c_str());
+      std::fprintf(stderr, "hvtrace show: %s%s\n", text.error().message.c_str(),
+                   text.error().message.find("Permission denied") != std::string::npos
+                       ? CaptureReferenceHint(dir).c_str()
+                       : "");
     } else {
       manifest = json::parse(*text, nullptr, /*allow_exceptions=*/false);
       if (manifest.is_discarded() || !manifest.is_object()) {
@@ -462,9 +487,9 @@ int ShowCommand::Show(const ShowArgs& args) {
         manifest["validation"]["issues_total"].is_number_unsigned() &&
         manifest["validation"]["issues_total"].get<uint64_t>() != 0) {
       std::fprintf(
-          stderr, "hvtrace show: the region had %llu validation issue(s); see %s/manifest.json\n",
+          stderr, "hvtrace show: the region had %llu validation issue(s); see %s's manifest.json\n",
           static_cast<unsigned long long>(manifest["validation"]["issues_total"].get<uint64_t>()),
-          dir.c_str());
+          fetched.name().empty() ? dir.c_str() : fetched.name().c_str());
     }
   }
   if (fd != STDOUT_FILENO && ::close(fd) != 0 && rc == 0) {

@@ -73,6 +73,7 @@ ControlClient::ControlClient(ControlClient&& other) noexcept
       socket_(std::move(other.socket_)),
       framer_(std::move(other.framer_)),
       lines_(std::move(other.lines_)),
+      pending_fds_(std::move(other.pending_fds_)),
       next_id_(other.next_id_) {
   other.fd_ = -1;
 }
@@ -85,6 +86,7 @@ ControlClient& ControlClient::operator=(ControlClient&& other) noexcept {
     socket_ = std::move(other.socket_);
     framer_ = std::move(other.framer_);
     lines_ = std::move(other.lines_);
+    pending_fds_ = std::move(other.pending_fds_);
     next_id_ = other.next_id_;
   }
   return *this;
@@ -125,10 +127,15 @@ Result<std::string> ControlClient::ReadLine(Clock::time_point deadline) {
       return Error{std::string("poll: ") + std::strerror(errno)};
     }
     if (ready == 0) return Error{"no reply from hvtraced on " + socket_.string() + " in time"};
-    ssize_t n = ::recv(fd_, buf.data(), buf.size(), 0);
+    // recvmsg, not recv: capture-files items carry descriptors.
+    bool truncated = false;
+    ssize_t n = RecvWithFds(fd_, buf, pending_fds_, &truncated);
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (errno == EINTR || errno == EAGAIN) continue;
       return Error{"reading from " + socket_.string() + ": " + std::strerror(errno)};
+    }
+    if (truncated || pending_fds_.size() > 2 * kMaxFdsPerRequest) {
+      return Error{"hvtraced on " + socket_.string() + " passed more descriptors than declared"};
     }
     if (n == 0) return Error{"hvtraced closed the connection on " + socket_.string()};
     std::vector<Frame> frames;
@@ -137,10 +144,25 @@ Result<std::string> ControlClient::ReadLine(Clock::time_point deadline) {
   }
 }
 
-Result<Reply> ControlClient::ReadReply(std::chrono::milliseconds timeout) {
-  auto line = ReadLine(Clock::now() + timeout);
+Result<Reply> ControlClient::ReadParsedReply(Clock::time_point deadline) {
+  auto line = ReadLine(deadline);
   if (!line.ok()) return line.error();
-  return ParseReply(*line);
+  Result<Reply> reply = ParseReply(*line);
+  if (!reply.ok() || reply->fd_count == 0) return reply;
+  // Sent with the line's first byte, so here by the time the line is whole.
+  if (reply->fd_count > pending_fds_.size()) {
+    return Error{"a reply from hvtraced on " + socket_.string() + " declares " +
+                 std::to_string(reply->fd_count) + " descriptors but " +
+                 std::to_string(pending_fds_.size()) + " arrived"};
+  }
+  const auto end = pending_fds_.begin() + static_cast<ptrdiff_t>(reply->fd_count);
+  reply->fds.assign(pending_fds_.begin(), end);
+  pending_fds_.erase(pending_fds_.begin(), end);
+  return reply;
+}
+
+Result<Reply> ControlClient::ReadReply(std::chrono::milliseconds timeout) {
+  return ReadParsedReply(Clock::now() + timeout);
 }
 
 bool ControlClient::WaitForClose(std::chrono::milliseconds timeout) {
@@ -156,6 +178,27 @@ Result<Reply> ControlClient::Call(std::string_view cmd, const nlohmann::json& ar
                                   std::chrono::milliseconds timeout,
                                   const std::function<void(const nlohmann::json&)>& on_item,
                                   std::span<const int> fds) {
+  return CallImpl(
+      cmd, args, timeout,
+      [&on_item](Reply& item) -> Status {
+        if (on_item) on_item(item.result);
+        return {};
+      },
+      fds);
+}
+
+Result<Reply> ControlClient::CallForFiles(std::string_view cmd, const nlohmann::json& args,
+                                          std::chrono::milliseconds timeout,
+                                          const FileItemFn& on_item) {
+  return CallImpl(cmd, args, timeout,
+                  [&on_item](Reply& item) { return on_item(item.result, std::move(item.fds)); },
+                  {});
+}
+
+Result<Reply> ControlClient::CallImpl(std::string_view cmd, const nlohmann::json& args,
+                                      std::chrono::milliseconds timeout,
+                                      const std::function<Status(Reply&)>& on_item,
+                                      std::span<const int> fds) {
   int64_t id = next_id_++;
   nlohmann::json request = {{"id", id}, {"cmd", std::string(cmd)}, {"args", args}};
   if (!fds.empty()) request["fds"] = fds.size();
@@ -178,14 +221,12 @@ Result<Reply> ControlClient::Call(std::string_view cmd, const nlohmann::json& ar
     return s.error();
   }
   for (;;) {
-    auto text = ReadLine(deadline);
-    if (!text.ok()) return text.error();
-    auto reply = ParseReply(*text);
+    auto reply = ReadParsedReply(deadline);
     if (!reply.ok()) return reply.error();
     // A null id is the daemon refusing the connection itself (busy, denied).
     if (reply->id && *reply->id != id) continue;
     if (reply->is_stream_item) {
-      if (on_item) on_item(reply->result);
+      if (Status s = on_item(*reply); !s.ok()) return s.error();
       continue;
     }
     return reply;

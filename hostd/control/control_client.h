@@ -12,8 +12,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "control_protocol.h"
+#include "fd_passing.h"
 #include "hvtrace/result.h"
 
 namespace hvtrace::hostd {
@@ -38,6 +40,12 @@ class ControlClient {
                      std::chrono::milliseconds timeout,
                      const std::function<void(const nlohmann::json&)>& on_item = {},
                      std::span<const int> fds = {});
+  // Call, for a command whose stream items carry descriptors (fd_passing.h;
+  // capture-files): |on_item| gets each item with the descriptors it
+  // declared, and its error ends the call.
+  using FileItemFn = std::function<Status(const nlohmann::json&, std::vector<SharedFd>)>;
+  Result<Reply> CallForFiles(std::string_view cmd, const nlohmann::json& args,
+                             std::chrono::milliseconds timeout, const FileItemFn& on_item);
   // Call, after opening the files |args| name (OpenRequestFiles) as the
   // calling user: a file that user cannot read fails here, before anything
   // is sent.
@@ -61,11 +69,19 @@ class ControlClient {
   ControlClient(int fd, std::filesystem::path socket);
   // Reads until a complete line is buffered; "" + error on EOF/timeout.
   Result<std::string> ReadLine(std::chrono::steady_clock::time_point deadline);
+  // ReadLine + ParseReply, with the descriptors a stream item declares.
+  Result<Reply> ReadParsedReply(std::chrono::steady_clock::time_point deadline);
+  Result<Reply> CallImpl(std::string_view cmd, const nlohmann::json& args,
+                         std::chrono::milliseconds timeout,
+                         const std::function<Status(Reply&)>& on_item, std::span<const int> fds);
 
   int fd_ = -1;
   std::filesystem::path socket_;
   LineFramer framer_{kMaxReplyBytes};
   std::deque<Frame> lines_;
+  // Descriptors received, not yet claimed by the stream item that declared
+  // them (they arrive with its first byte, so before it is complete).
+  std::vector<SharedFd> pending_fds_;
   int64_t next_id_ = 1;
 };
 

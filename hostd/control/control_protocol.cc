@@ -221,8 +221,9 @@ std::string ErrorReply(std::optional<int64_t> id, std::string_view code, std::st
   return DumpJson(reply) + "\n";
 }
 
-std::string StreamItem(int64_t id, const json& item) {
+std::string StreamItem(int64_t id, const json& item, size_t fds) {
   json reply = {{"id", id}, {"stream", item}};
+  if (fds != 0) reply["fds"] = fds;
   return DumpJson(reply) + "\n";
 }
 
@@ -246,6 +247,13 @@ Result<Reply> ParseReply(std::string_view line) {
   if (auto it = doc.find("stream"); it != doc.end()) {
     reply.is_stream_item = true;
     reply.result = std::move(*it);
+    if (auto fds = doc.find("fds"); fds != doc.end()) {
+      if (!fds->is_number_unsigned() || fds->get<uint64_t>() > kMaxFdsPerRequest) {
+        return Error{"reply from hvtraced has a bad \"fds\" (want 0.." +
+                     std::to_string(kMaxFdsPerRequest) + ")"};
+      }
+      reply.fd_count = fds->get<size_t>();
+    }
     return reply;
   }
   auto ok_it = doc.find("ok");

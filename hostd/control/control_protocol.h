@@ -10,9 +10,13 @@
 //   {"id":N,"ok":true,"result":<any>}                      final, success
 //   {"id":N,"ok":false,"error":"<text>","code":"<code>"}   final, failure
 //   {"id":N,"stream":<any>}                                 streaming item
+//   {"id":N,"stream":<any>,"fds":N}                         item carrying N
+//                                                           open files
 //   {"id":N,"ok":true,"end":true,"result":<any>}            end of a stream
 // A streaming command sends any number of "stream" lines and then exactly one
-// final line; a plain command sends only the final line. A request that cannot
+// final line; a plain command sends only the final line. A stream item with
+// "fds" (1..4) arrives with that many descriptors attached to its first byte
+// (capture-files: read-only descriptors of a capture's files). A request that cannot
 // be parsed gets an error reply whose |id| is the request's id when it could be
 // recovered and null otherwise.
 //
@@ -47,6 +51,7 @@ inline constexpr std::string_view kErrBadRequest = "bad_request";
 inline constexpr std::string_view kErrTooLarge = "too_large";
 inline constexpr std::string_view kErrUnknownCommand = "unknown_command";
 inline constexpr std::string_view kErrUnknownVm = "unknown_vm";
+inline constexpr std::string_view kErrUnknownCapture = "unknown_capture";
 inline constexpr std::string_view kErrBusy = "busy";
 inline constexpr std::string_view kErrDenied = "permission_denied";
 inline constexpr std::string_view kErrInternal = "internal";
@@ -111,7 +116,8 @@ bool IsBlankLine(std::string_view line);
 // replaced rather than making serialization throw.
 std::string OkReply(int64_t id, const nlohmann::json& result);
 std::string ErrorReply(std::optional<int64_t> id, std::string_view code, std::string_view message);
-std::string StreamItem(int64_t id, const nlohmann::json& item);
+// |fds|: how many descriptors go along with the line (0: none).
+std::string StreamItem(int64_t id, const nlohmann::json& item, size_t fds = 0);
 std::string StreamEnd(int64_t id, const nlohmann::json& result);
 
 // A parsed reply line, for clients.
@@ -122,6 +128,8 @@ struct Reply {
   nlohmann::json result;        // Final ok reply or stream item.
   std::string error;            // Final error reply.
   std::string code;
+  size_t fd_count = 0;        // "fds" of a stream item.
+  std::vector<SharedFd> fds;  // Those descriptors (the client fills them in).
 };
 Result<Reply> ParseReply(std::string_view line);
 

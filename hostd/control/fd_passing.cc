@@ -39,6 +39,32 @@ Status SendWithFds(int socket, std::string_view bytes, std::span<const int> fds)
   return {};
 }
 
+ssize_t SendSomeWithFds(int socket, std::string_view bytes, std::span<const int> fds) {
+  if (fds.size() > kMaxFdsPerRequest || bytes.empty()) {
+    errno = EINVAL;
+    return -1;
+  }
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerRequest)] = {};
+  struct iovec iov = {const_cast<char*>(bytes.data()), bytes.size()};
+  struct msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    struct cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
+  }
+  ssize_t n;
+  do {
+    n = ::sendmsg(socket, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  return n;
+}
+
 ssize_t RecvWithFds(int socket, std::span<char> buf, std::vector<SharedFd>& fds, bool* truncated) {
   // Room for more than we accept, so a peer sending too many is detected
   // (MSG_CTRUNC) rather than silently cut at our limit.

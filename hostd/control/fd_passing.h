@@ -33,6 +33,12 @@ using SharedFd = std::shared_ptr<UniqueFd>;
 // first byte. Retries EINTR; never raises SIGPIPE.
 Status SendWithFds(int socket, std::string_view bytes, std::span<const int> fds);
 
+// One non-blocking sendmsg of (a prefix of) |bytes| with |fds| attached to
+// its first byte: for a writer that waits for writability itself (hvtraced's
+// Asio socket). Returns the byte count sent (the descriptors went with it),
+// -1 with errno set (EAGAIN: nothing sent, try again when writable).
+ssize_t SendSomeWithFds(int socket, std::string_view bytes, std::span<const int> fds);
+
 // One non-blocking recvmsg into |buf|. Received descriptors (close-on-exec)
 // are appended to |fds|; |*truncated| is set when the peer sent more than
 // kMaxFdsPerRequest at once (the kernel closes the excess). Returns the

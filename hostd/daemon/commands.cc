@@ -1,9 +1,15 @@
 // The command table and the handlers that do not depend on a VM's kind.
+#include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
+#include <cerrno>
+#include <cstring>
 #include <map>
+#include <vector>
 
 #include "daemon.h"
 #include "daemon_libvirt.h"
@@ -13,6 +19,58 @@ namespace hvtrace::hostd {
 
 namespace asio = boost::asio;
 using nlohmann::json;
+
+namespace {
+
+// More files than any capture holds (manifest, region, a trace.dat and a
+// host-clock file per boot, host.dat): the reply's descriptors stay bounded.
+constexpr size_t kMaxCaptureFiles = 128;
+
+struct OpenedCaptureFile {
+  std::string name;
+  uint64_t bytes = 0;
+  SharedFd fd;
+};
+
+// Opens every regular file of the capture directory |dir| read-only. |dir|
+// comes from the daemon's own listing of a VM's captures, never from a
+// client; O_NOFOLLOW and openat keep a symlink in the state dir from
+// redirecting root's opens elsewhere.
+Result<std::vector<OpenedCaptureFile>> OpenCaptureFiles(const std::filesystem::path& dir) {
+  UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (dir_fd.get() < 0) return Error{"cannot open " + dir.string() + ": " + std::strerror(errno)};
+  const int list_fd = ::dup(dir_fd.get());
+  DIR* listing = list_fd < 0 ? nullptr : ::fdopendir(list_fd);
+  if (listing == nullptr) {
+    if (list_fd >= 0) ::close(list_fd);
+    return Error{"cannot list " + dir.string() + ": " + std::strerror(errno)};
+  }
+  std::vector<OpenedCaptureFile> files;
+  Status status;
+  while (struct dirent* entry = ::readdir(listing)) {
+    const std::string name = entry->d_name;
+    if (name.empty() || name[0] == '.') continue;  // ., .., and writers' hidden part files
+    const int fd = ::openat(dir_fd.get(), name.c_str(),
+                            O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) continue;  // A subdirectory or a symlink: not a capture file.
+    auto shared = std::make_shared<UniqueFd>(fd);
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (files.size() == kMaxCaptureFiles) {
+      status = Error{dir.string() + " holds more than " + std::to_string(kMaxCaptureFiles) +
+                     " files; read it as root"};
+      break;
+    }
+    files.push_back({name, static_cast<uint64_t>(st.st_size), std::move(shared)});
+  }
+  ::closedir(listing);
+  if (!status.ok()) return status.error();
+  std::sort(files.begin(), files.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  return files;
+}
+
+}  // namespace
 
 // Every command names the role it needs: observers look, admins change
 // state. A command added without a role is refused to everyone.
@@ -25,6 +83,9 @@ const std::map<std::string, Daemon::Command, std::less<>>& Daemon::CommandTable(
       {"list", {&Daemon::HandleList, kObserver}},
       {"status", {&Daemon::HandleStatus, kObserver}},
       {"captures", {&Daemon::HandleCaptures, kObserver}},
+      // Read-only descriptors of one capture's files: reading a capture is
+      // an observer's right, whatever the state dir's group says.
+      {"capture-files", {&Daemon::HandleCaptureFiles, kObserver}},
       {"stream", {&Daemon::HandleStream, kObserver}},
       {"shutdown", {&Daemon::HandleShutdown, kAdmin}},
       {"boot", {&Daemon::HandleBoot, kAdmin}},
@@ -135,7 +196,19 @@ void Daemon::HandleList(const Request&, const std::shared_ptr<Responder>& respon
 }
 
 void Daemon::HandleStatus(const Request& request, const std::shared_ptr<Responder>& responder) {
-  if (auto vm = VmFromArgs(request, *responder)) responder->Reply(vm->StatusJson());
+  auto vm = VmFromArgs(request, *responder);
+  if (!vm) return;
+  // Whether a panic now decodes by name: the kernel's formats are loaded or
+  // cached, or still being harvested (a kernel's first boot). Looking in the
+  // cache reads a file: off the I/O thread.
+  asio::post(pool_, [vm, formats = formats_, responder] {
+    json status = vm->StatusJson();
+    if (vm->backend()) {
+      const std::string key = vm->backend()->kernel_files().key;
+      status["formats"] = key.empty() ? json(nullptr) : json(formats->StateOf(key));
+    }
+    responder->Reply(status);
+  });
 }
 
 void Daemon::HandleCaptures(const Request& request, const std::shared_ptr<Responder>& responder) {
@@ -151,6 +224,72 @@ void Daemon::HandleCaptures(const Request& request, const std::shared_ptr<Respon
     json captures = json::array();
     for (const auto& e : *list) captures.push_back(e.summary);
     responder->Reply({{"vm", vm->name()}, {"captures", std::move(captures)}});
+  });
+}
+
+// capture-files {capture: ID, name?: VM}: the capture's files as read-only
+// descriptors, one per stream item {file, bytes}, then {vm, capture, dir,
+// files}. Without a name, the one VM that has a capture ID.
+//
+// Descriptors, not the bytes in the stream: a capture is megabytes to
+// gigabytes (region.bin), which the JSON-line replies would have to carry
+// encoded through the I/O thread and its per-client unsent-bytes cap, and
+// the client would read every byte even of files it does not need. A
+// read-only descriptor gives the client exactly what the observer role
+// allows (reading this capture) and nothing else: no write, no directory to
+// walk, no path of its choosing opened by root.
+void Daemon::HandleCaptureFiles(const Request& request,
+                                const std::shared_ptr<Responder>& responder) {
+  auto id_it = request.args.find("capture");
+  if (id_it == request.args.end() || !id_it->is_string() || id_it->get<std::string>().empty()) {
+    responder->Fail(kErrBadRequest, "'capture-files' needs args.capture (a capture id)");
+    return;
+  }
+  const std::string id = id_it->get<std::string>();
+  std::vector<std::shared_ptr<VmSupervisor>> vms;
+  if (request.args.contains("name")) {
+    auto vm = VmFromArgs(request, *responder);
+    if (!vm) return;
+    vms.push_back(std::move(vm));
+  } else {
+    vms = registry_.All();
+  }
+  const std::string who = "uid " + std::to_string(request.peer_uid.value_or(0));
+  // Listing and opening touch the disk: off the I/O thread.
+  asio::post(pool_, [vms, id, who, responder] {
+    std::vector<std::pair<std::string, std::filesystem::path>> found;  // VM, dir
+    for (const auto& vm : vms) {
+      auto list = vm->ListCaptures();
+      if (!list.ok()) continue;
+      for (const CaptureEntry& e : *list) {
+        if (e.id == id) found.push_back({vm->name(), e.dir});
+      }
+    }
+    if (found.size() != 1) {
+      std::string where;
+      for (const auto& [vm, dir] : found) where += (where.empty() ? "" : ", ") + vm + "/" + id;
+      std::string scope = vms.size() == 1 ? "VM '" + vms[0]->name() + "'" : "any VM";
+      responder->Fail(kErrUnknownCapture, found.empty()
+                                              ? scope + " has no capture '" + id +
+                                                    "' (`hvtrace captures VM` lists them)"
+                                              : "capture '" + id + "' exists for several VMs (" +
+                                                    where + "): name one as VM/" + id);
+      return;
+    }
+    const auto& [vm_name, dir] = found[0];
+    auto files = OpenCaptureFiles(dir);
+    if (!files.ok()) {
+      responder->Fail(kErrInternal, "capture " + vm_name + "/" + id + " for " + who + ": " +
+                                        files.error().message);
+      return;
+    }
+    for (OpenedCaptureFile& f : *files) {
+      responder->Stream({{"file", f.name}, {"bytes", f.bytes}}, {std::move(f.fd)});
+    }
+    LogDebug(who + " read capture " + vm_name + "/" + id + " (" + std::to_string(files->size()) +
+             " files)");
+    responder->End(
+        {{"vm", vm_name}, {"capture", id}, {"dir", dir.string()}, {"files", files->size()}});
   });
 }
 

@@ -117,8 +117,9 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
     Read();
   }
 
-  // Queues one reply line. |final| ends a request.
-  void Enqueue(std::string line, bool final) {
+  // Queues one reply line, with |fds| to pass along its first byte. |final|
+  // ends a request.
+  void Enqueue(std::string line, bool final, std::vector<SharedFd> fds = {}) {
     if (closed_) return;
     if (final && in_flight_ > 0) --in_flight_;
     unsent_bytes_ += line.size();
@@ -128,7 +129,7 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
       Close();
       return;
     }
-    queue_.push_back(std::move(line));
+    queue_.push_back({std::move(line), std::move(fds)});
     if (!writing_) WriteNext();
   }
 
@@ -274,18 +275,59 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
       return;
     }
     writing_ = true;
-    asio::async_write(socket_, asio::buffer(queue_.front()),
+    if (!queue_.front().fds.empty()) {
+      // Asio's writes cannot carry SCM_RIGHTS: once the socket is writable,
+      // the line's first bytes go out with sendmsg and its descriptors, the
+      // rest (if any) through async_write below.
+      socket_.async_wait(stream_protocol::socket::wait_write,
+                         [self = shared_from_this()](const boost::system::error_code& ec) {
+                           self->SendWithDescriptors(ec);
+                         });
+      return;
+    }
+    asio::async_write(socket_, asio::buffer(queue_.front().line),
                       [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
                         if (self->closed_) return;
                         if (ec) {
                           self->Close();
                           return;
                         }
-                        self->unsent_bytes_ -= self->queue_.front().size();
+                        self->unsent_bytes_ -= self->queue_.front().line.size();
                         self->queue_.pop_front();
                         self->WriteNext();
                       });
   }
+
+  void SendWithDescriptors(const boost::system::error_code& ec) {
+    if (closed_) return;
+    if (ec) {
+      Close();
+      return;
+    }
+    Outgoing& front = queue_.front();
+    std::vector<int> raw;
+    for (const SharedFd& fd : front.fds) raw.push_back(fd->get());
+    const ssize_t n = SendSomeWithFds(socket_.native_handle(), front.line, raw);
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      WriteNext();  // Waits for writability again.
+      return;
+    }
+    if (n <= 0) {
+      Close();
+      return;
+    }
+    // The descriptors went with the first byte; our copies close now.
+    front.fds.clear();
+    front.line.erase(0, static_cast<size_t>(n));
+    unsent_bytes_ -= static_cast<size_t>(n);
+    if (front.line.empty()) queue_.pop_front();
+    WriteNext();
+  }
+
+  struct Outgoing {
+    std::string line;
+    std::vector<SharedFd> fds;
+  };
 
   ControlServer* server_;
   stream_protocol::socket socket_;
@@ -295,7 +337,7 @@ class ControlConnection : public std::enable_shared_from_this<ControlConnection>
   std::array<char, 65536> read_buffer_;
   std::vector<Frame> frames_;
   std::vector<SharedFd> pending_fds_;  // Passed, not yet claimed by a request.
-  std::deque<std::string> queue_;
+  std::deque<Outgoing> queue_;
   size_t unsent_bytes_ = 0;
   size_t in_flight_ = 0;
   bool writing_ = false;
@@ -312,7 +354,7 @@ Responder::~Responder() {
   }
 }
 
-void Responder::Send(std::string line, bool final) {
+void Responder::Send(std::string line, bool final, std::vector<SharedFd> fds) {
   if (final && finished_.exchange(true)) return;
   if (!final && finished_.load()) return;
   std::shared_ptr<ControlConnection> connection = connection_.lock();
@@ -320,9 +362,10 @@ void Responder::Send(std::string line, bool final) {
   // dispatch, not post: a reply made on the I/O thread itself is queued at
   // once, so replies keep the order of the requests that were answered
   // synchronously (bad lines are answered inline too).
-  asio::dispatch(connection->executor(), [connection, line = std::move(line), final]() mutable {
-    connection->Enqueue(std::move(line), final);
-  });
+  asio::dispatch(connection->executor(),
+                 [connection, line = std::move(line), final, fds = std::move(fds)]() mutable {
+                   connection->Enqueue(std::move(line), final, std::move(fds));
+                 });
 }
 
 void Responder::Reply(const nlohmann::json& result) { Send(OkReply(id_, result), true); }
@@ -330,6 +373,10 @@ void Responder::Fail(std::string_view code, std::string_view message) {
   Send(ErrorReply(id_, code, message), true);
 }
 void Responder::Stream(const nlohmann::json& item) { Send(StreamItem(id_, item), false); }
+void Responder::Stream(const nlohmann::json& item, std::vector<SharedFd> fds) {
+  const size_t count = fds.size();
+  Send(StreamItem(id_, item, count), false, std::move(fds));
+}
 void Responder::End(const nlohmann::json& result) { Send(StreamEnd(id_, result), true); }
 
 ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options,

@@ -30,6 +30,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "access.h"
 #include "control_protocol.h"
@@ -63,13 +64,16 @@ class Responder {
   void Reply(const nlohmann::json& result);
   void Fail(std::string_view code, std::string_view message);
   void Stream(const nlohmann::json& item);
+  // A stream item that carries |fds| (at most kMaxFdsPerRequest), sent with
+  // SCM_RIGHTS along with the line's first byte; the line says "fds":N.
+  void Stream(const nlohmann::json& item, std::vector<SharedFd> fds);
   void End(const nlohmann::json& result);
   // False once the client's connection is gone (it hung up, or was dropped
   // for not reading): a long-running stream stops then.
   bool connected() const { return !connection_.expired(); }
 
  private:
-  void Send(std::string line, bool final);
+  void Send(std::string line, bool final, std::vector<SharedFd> fds = {});
 
   std::weak_ptr<ControlConnection> connection_;
   int64_t id_;

@@ -107,6 +107,7 @@ class Daemon {
   void HandleList(const Request& request, const std::shared_ptr<Responder>& responder);
   void HandleStatus(const Request& request, const std::shared_ptr<Responder>& responder);
   void HandleCaptures(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleCaptureFiles(const Request& request, const std::shared_ptr<Responder>& responder);
   void HandleShutdown(const Request& request, const std::shared_ptr<Responder>& responder);
   void HandleBoot(const Request& request, const std::shared_ptr<Responder>& responder);
   void HandleAdopt(const Request& request, const std::shared_ptr<Responder>& responder);

@@ -280,10 +280,15 @@ Result<uint64_t> PackFormatsInGuest(GuestSession& guest) {
 std::filesystem::path ResolveHarvestInitrd(const std::filesystem::path& configured) {
   if (!configured.empty()) return configured;
   std::error_code ec;
+  // A build tree's binaries use the build tree's guest; the installed ones
+  // (/usr/sbin, /usr/bin) find no guest/ there and take the package's image.
   const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return {};
-  const fs::path beside = exe.parent_path().parent_path() / "guest" / "6.12" / "initrd.img";
-  return fs::is_regular_file(beside, ec) ? beside : fs::path();
+  if (!ec) {
+    const fs::path beside = exe.parent_path().parent_path() / "guest" / "6.12" / "initrd.img";
+    if (fs::is_regular_file(beside, ec)) return beside;
+  }
+  const fs::path packaged(kPackagedHarvestInitrd);
+  return fs::is_regular_file(packaged, ec) ? packaged : fs::path();
 }
 
 Result<HarvestResult> HarvestFormats(const HarvestOptions& options) {

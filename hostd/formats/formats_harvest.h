@@ -50,10 +50,16 @@ struct HarvestResult {
   double seconds = 0;  // Wall time of this call.
 };
 
+// The harvest initramfs the hvtrace package installs (debian/rules,
+// hostd/packaging/make-harvest-initrd.sh): busybox-static and a /init that
+// follows the guest contract, no modules.
+inline constexpr const char* kPackagedHarvestInitrd = "/usr/lib/hvtrace/harvest-initrd.img";
+
 // The initramfs hvtraced harvests with: |configured| (config harvest_initrd)
 // when set, else guest/6.12/initrd.img beside the directory of the running
 // binary (build/bin/hvtraced → build/guest/6.12/initrd.img, what
-// qemu-scripts/build-guest.sh makes) when it exists; else empty.
+// qemu-scripts/build-guest.sh makes) when it exists, else the package's
+// kPackagedHarvestInitrd when it exists; else empty.
 std::filesystem::path ResolveHarvestInitrd(const std::filesystem::path& configured);
 
 // Returns the cache entry for |options.kernel|, harvesting it first when the

@@ -2,7 +2,8 @@
 # The packaging test (ctest label `package`; tests/packaging/README.md):
 #   1. scripts/build-packages.sh PKGDIR (cached by tree hash)
 #   2. dpkg-deb -c: each package holds its expected paths and nothing from
-#      tests/, the build tree or a CMake build
+#      tests/, the build tree or a CMake build; the harvest initramfs is
+#      root's, valid gzip + newc cpio, with /init and a static busybox
 #   3. bash completion: hvtrace's commands and flags, VM names with no daemon
 #   4. lintian on the .changes: no error or warning that is not overridden
 #   5. hvtrace installed into a throwaway bookworm root (build-pkgroot.sh,
@@ -47,7 +48,7 @@ check_contents "$HVTRACE_DEB" /usr/sbin/hvtraced /usr/bin/hvtrace /lib/systemd/s
   /etc/hvtrace/hvtraced.conf /usr/lib/sysusers.d/hvtrace.conf /usr/lib/tmpfiles.d/hvtrace.conf \
   /usr/share/bash-completion/completions/hvtrace /usr/share/man/man1/hvtrace.1.gz \
   /usr/share/man/man5/hvtraced.conf.5.gz /usr/share/man/man8/hvtraced.8.gz \
-  /usr/share/doc/hvtrace/copyright
+  /usr/share/doc/hvtrace/copyright /usr/lib/hvtrace/harvest-initrd.img
 check_contents "$AGENT_DEB" /usr/sbin/hvtrace-agent /lib/systemd/system/hvtrace-agent.service \
   /usr/share/initramfs-tools/hooks/hvtrace-agent \
   /usr/share/initramfs-tools/scripts/init-top/hvtrace-agent \
@@ -68,6 +69,29 @@ else ok "the packaged hvtrace-agent is static"; fi
 
 tree="$tmp/tree"; mkdir -p "$tree"
 dpkg-deb -x "$HVTRACE_DEB" "$tree"; dpkg-deb -x "$AGENT_DEB" "$tree"
+
+# The harvest initramfs (harvest_initrd's default): root's in the package,
+# not writable by others (hvtraced refuses it otherwise), a gzip'd newc cpio
+# whose /init and static busybox are there, entries owned by root.
+harvest=/usr/lib/hvtrace/harvest-initrd.img
+owner=$(dpkg-deb -c "$HVTRACE_DEB" | awk -v p=".$harvest" '$6 == p {print $1, $2}')
+if [ "$owner" = "-rw-r--r-- root/root" ]; then ok "$harvest in the package: $owner"
+else fail "$harvest in the package: want -rw-r--r-- root/root, got '$owner'"; fi
+if ! gzip -t "$tree$harvest" 2>/dev/null; then fail "$harvest is not valid gzip"
+elif ! cpio_list=$(gzip -dc "$tree$harvest" | cpio -itv --quiet 2>&1); then fail "$harvest is not a valid cpio: $cpio_list"
+else
+  for want in init bin/busybox bin/sh bin/tar bin/grep; do
+    if awk '{print $9}' <<<"$cpio_list" | grep -qx "$want"; then ok "harvest initramfs has /$want"
+    else fail "harvest initramfs lacks /$want"; fi
+  done
+  not_root=$(awk '$3 != "root" || $4 != "root"' <<<"$cpio_list")
+  if [ -z "$not_root" ]; then ok "harvest initramfs: $(wc -l <<<"$cpio_list") entries, all root's"
+  else fail "harvest initramfs has entries not owned by root: $not_root"; fi
+  mkdir "$tmp/harvest" && (cd "$tmp/harvest" && gzip -dc "$tree$harvest" | cpio -id --quiet 2>/dev/null)
+  if LC_ALL=C readelf -l "$tmp/harvest/bin/busybox" | grep -q 'program interpreter'; then
+    fail "the harvest initramfs's busybox is dynamically linked"
+  else ok "the harvest initramfs's busybox is static"; fi
+fi
 # The man pages named in Documentation= are in the package.
 for page in $(grep -ho 'man:[a-z.-]*([0-9])' "$tree"/lib/systemd/system/*.service | sort -u); do
   name=${page#man:}; sec=${name#*(}; sec=${sec%)}; name=${name%(*}
@@ -162,6 +186,13 @@ else
   # systemd (from systemd-sysv) is in the root, so the postinst ran tmpfiles.
   check_dir /var/lib/hvtrace 750 root:hvtrace
   check_dir /var/cache/hvtrace 700 root:root
+  # Installed root-owned, and the daemon's default harvest_initrd.
+  if got=$(in_root stat -c '%a %U:%G' "$harvest" 2>&1) && [ "$got" = "644 root:root" ]; then
+    ok "installed $harvest: $got"
+  else fail "installed $harvest: want 644 root:root, got $got"; fi
+  if in_root hvtraced --check-config 2>&1 | grep -q "harvest_initrd.*$harvest"; then
+    ok "hvtraced --check-config: harvest_initrd = $harvest"
+  else fail "hvtraced --check-config does not name $harvest as harvest_initrd"; fi
   # And purges cleanly.
   if in_root_proc dpkg --purge hvtrace >/dev/null; then ok "dpkg --purge hvtrace"; else fail "dpkg --purge hvtrace"; fi
 fi

@@ -346,7 +346,8 @@ TEST_F(CliArgs, LocalCommandsBadInput) {
               StartsWith("hvtrace report: unexpected argument(s)"));
   EXPECT_THAT(UsageError({"report", "a.dat", "--format", "xml"}),
               StartsWith("hvtrace report: --format"));
-  EXPECT_THAT(UsageError({"show"}), HasSubstr("give a CAPTURE_DIR or --region FILE"));
+  EXPECT_THAT(UsageError({"show"}),
+              HasSubstr("give a CAPTURE (ID, VM/ID or a directory) or --region FILE"));
   EXPECT_THAT(UsageError({"show", "--region", "r.bin"}), HasSubstr("--region needs --formats"));
   EXPECT_THAT(UsageError({"show", "dir", "--region", "r.bin", "--formats", "k"}),
               StartsWith("hvtrace show: "));

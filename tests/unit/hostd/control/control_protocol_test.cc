@@ -157,6 +157,10 @@ TEST(RepliesTest, RoundTrip) {
   auto item = ParseReply(StreamItem(9, json{{"n", 1}}));
   ASSERT_TRUE(item.ok());
   EXPECT_TRUE(item->is_stream_item);
+  EXPECT_EQ(item->fd_count, 0u);
+  auto with_fd = ParseReply(StreamItem(9, json{{"file", "manifest.json"}}, 1));
+  ASSERT_TRUE(with_fd.ok()) << with_fd.error().message;
+  EXPECT_EQ(with_fd->fd_count, 1u);
   auto end = ParseReply(StreamEnd(9, json{{"count", 1}}));
   ASSERT_TRUE(end.ok());
   EXPECT_FALSE(end->is_stream_item);
@@ -173,6 +177,10 @@ TEST(RepliesTest, InvalidUtf8IsReplacedNotThrown) {
 
 TEST(RepliesTest, Malicious_BadRepliesRejected) {
   EXPECT_FALSE(ParseReply("garbage").ok());
+  // A stream item may claim at most kMaxFdsPerRequest descriptors.
+  EXPECT_FALSE(ParseReply(R"({"id":1,"stream":{},"fds":5})").ok());
+  EXPECT_FALSE(ParseReply(R"({"id":1,"stream":{},"fds":-1})").ok());
+  EXPECT_FALSE(ParseReply(R"({"id":1,"stream":{},"fds":"1"})").ok());
   EXPECT_FALSE(ParseReply("[]").ok());
   EXPECT_FALSE(ParseReply(R"({"ok":true})").ok());
   EXPECT_FALSE(ParseReply(R"({"id":1})").ok());

@@ -579,8 +579,8 @@ TEST(DaemonRolesTest, Malicious_ObserverMayLookButNotChangeAnything) {
                   "\nadmin_group = " + std::to_string(kAdminGid) + "\n";
   d.Start();
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
-  const std::vector<std::string> looks = {"ping",   "version",  "list",
-                                          "status", "captures", "stream"};
+  const std::vector<std::string> looks = {"ping",     "version", "list",         "status",
+                                          "captures", "stream",  "capture-files"};
   const std::vector<std::string> changes = {"boot",    "adopt", "attach",   "detach",
                                             "capture", "stop",  "shutdown", "setup"};
   std::vector<std::string> all = looks;
@@ -627,6 +627,92 @@ TEST(DaemonRolesTest, AdminGroupMayChangeStateAndStrangersMayNotConnect) {
       AsNobody({kAdminGid}, [&] { return TryCommands(d.socket(), {"shutdown"}); });
   EXPECT_EQ(LineOf(shutdown, "shutdown"), "shutdown ok") << shutdown;
   EXPECT_EQ(d.WaitExit(10s), 0) << d.Log();
+}
+
+// capture-files: an admin who is not in socket_group, and so cannot open
+// the state dir, reads a capture through read-only descriptors; names that
+// are no capture of the VM (a path, "..") are unknown, never opened.
+TEST(DaemonRolesTest, Malicious_AdminReadsCapturesOnlyThroughReadOnlyDescriptors) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
+  DaemonProcess d;
+  CaptureStore store(d.state() / "vms/vm1/captures");
+  auto p = store.Begin("panic", HostTime{1718187330123000000LL, 1});
+  ASSERT_TRUE(p.ok());
+  const std::string trace = "trace.dat stand-in";
+  const std::string region(8192, 'r');
+  ASSERT_TRUE((*p)->WriteFile("boot-0.trace.dat", std::as_bytes(std::span(trace))).ok());
+  ASSERT_TRUE((*p)->WriteFile("region.bin", std::as_bytes(std::span(region))).ok());
+  CaptureManifest m;
+  m.vm = "vm1";
+  m.trigger = "panic";
+  auto committed = (*p)->Commit(m);
+  ASSERT_TRUE(committed.ok()) << committed.error().message;
+  const std::string id = committed->id;
+  d.config_text = "socket_group = " + std::to_string(kObserverGid) +
+                  "\nadmin_group = " + std::to_string(kAdminGid) + "\n";
+  d.Start();
+  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+
+  const std::string report = AsNobody({kAdminGid}, [&] {
+    std::string out;
+    // The files themselves are not this user's to open.
+    if (::open((committed->dir / "region.bin").c_str(), O_RDONLY) < 0 && errno == EACCES)
+      out += "direct open: EACCES\n";
+    auto c = ControlClient::Connect(d.socket(), 2s);
+    if (!c.ok()) return "connect failed: " + c.error().message;
+    auto read_files = [&](const json& args) {
+      auto r = c->CallForFiles(
+          "capture-files", args, 5s, [&](const json& item, std::vector<SharedFd> fds) -> Status {
+            if (fds.size() != 1) return Error{"want one descriptor"};
+            const int fd = fds[0]->get();
+            const int flags = ::fcntl(fd, F_GETFL);
+            std::string data(item["bytes"].get<size_t>(), '\0');
+            const ssize_t n = ::pread(fd, data.data(), data.size(), 0);
+            out += item["file"].get<std::string>() + " " +
+                   ((flags & O_ACCMODE) == O_RDONLY ? "ro" : "WRITABLE") + " " + std::to_string(n) +
+                   " " +
+                   (data == trace    ? "trace"
+                    : data == region ? "region"
+                                     : "?") +
+                   (::write(fd, "x", 1) < 0 ? " write-refused" : " WROTE") + "\n";
+            return {};
+          });
+      out += r.ok() ? (r->ok ? "end " + r->result.dump() : r->code + ": " + r->error)
+                    : r.error().message;
+      out += "\n";
+    };
+    read_files({{"name", "vm1"}, {"capture", id}});
+    read_files({{"capture", id}});  // The one VM that has it.
+    read_files({{"name", "vm1"}, {"capture", "../../../../etc"}});
+    read_files({{"name", "vm1"}, {"capture", "."}});
+    return out;
+  });
+  EXPECT_NE(report.find("direct open: EACCES"), std::string::npos) << report;
+  EXPECT_NE(report.find("boot-0.trace.dat ro 18 trace write-refused"), std::string::npos) << report;
+  EXPECT_NE(report.find("region.bin ro 8192 region write-refused"), std::string::npos) << report;
+  EXPECT_EQ(report.find("WRITABLE"), std::string::npos) << report;
+  EXPECT_EQ(report.find("WROTE"), std::string::npos) << report;
+  EXPECT_NE(report.find("\"capture\":\"" + id + "\""), std::string::npos) << report;
+  EXPECT_NE(report.find("\"files\":3"), std::string::npos) << report;  // + manifest.json
+  EXPECT_NE(
+      report.find(std::string(kErrUnknownCapture) + ": VM 'vm1' has no capture '../../../../etc'"),
+      std::string::npos)
+      << report;
+  EXPECT_NE(report.find(std::string(kErrUnknownCapture) + ": VM 'vm1' has no capture '.'"),
+            std::string::npos)
+      << report;
+  // A stranger gets nothing.
+  const std::string stranger = AsNobody({12345}, [&] {
+    auto c = ControlClient::Connect(d.socket(), 2s);
+    if (!c.ok()) return "connect: " + c.error().message;
+    auto r = c->CallForFiles("capture-files", {{"name", "vm1"}, {"capture", id}}, 5s,
+                             [](const json&, std::vector<SharedFd>) -> Status {
+                               return Error{"a stranger got a file"};
+                             });
+    return r.ok() ? (r->ok ? std::string("ok") : r->code + ": " + r->error) : r.error().message;
+  });
+  EXPECT_EQ(stranger.find("ok"), std::string::npos) << stranger;
+  EXPECT_EQ(stranger.find("a stranger got a file"), std::string::npos) << stranger;
 }
 
 // Boot and adopt take their files as descriptors only, checked before

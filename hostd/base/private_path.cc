@@ -75,20 +75,33 @@ Status EnsurePrivateDir(const std::filesystem::path& dir, const std::string& wha
   return CheckTrustedPath(dir, what);
 }
 
-Status EnsureGuestMemoryDir(const std::filesystem::path& dir, std::optional<gid_t> qemu_gid,
-                            const std::string& what) {
+namespace {
+
+// Creates |dir| (0700) if missing and opens it without following a symlink,
+// so a chown or chmod through the descriptor acts on what was checked; |st|
+// is its fstat.
+Result<UniqueFd> MakeAndOpenDir(const std::filesystem::path& dir, const std::string& what,
+                                struct stat& st) {
   if (Status s = MakeDirs(dir, 0700); !s.ok()) return Error{what + ": " + s.error().message};
-  // Opened without following a symlink, so the chown and chmod act on what
-  // was checked.
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0) {
     return Error{what + ": cannot open " + dir.string() +
                  " (a directory, not a symlink): " + std::strerror(errno)};
   }
-  struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
     return Error{what + ": cannot stat " + dir.string() + ": " + std::strerror(errno)};
   }
+  return fd;
+}
+
+}  // namespace
+
+Status EnsureGuestMemoryDir(const std::filesystem::path& dir, std::optional<gid_t> qemu_gid,
+                            const std::string& what) {
+  struct stat st {};
+  Result<UniqueFd> opened = MakeAndOpenDir(dir, what, st);
+  if (!opened.ok()) return opened.error();
+  UniqueFd fd = std::move(*opened);
   // Group search is the one bit beyond 0700 this directory may have.
   if (st.st_uid != ::geteuid() || (st.st_mode & 0067) != 0) {
     return Error{what + ": " + dir.string() + " must be this daemon's own (uid " +
@@ -107,17 +120,10 @@ Status EnsureGuestMemoryDir(const std::filesystem::path& dir, std::optional<gid_
 Status TightenPrivateDir(const std::filesystem::path& dir, const std::string& what,
                          bool* tightened) {
   if (tightened != nullptr) *tightened = false;
-  if (Status s = MakeDirs(dir, 0700); !s.ok()) return Error{what + ": " + s.error().message};
-  // Opened without following a symlink, so the chmod acts on what was checked.
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (fd.get() < 0) {
-    return Error{what + ": cannot open " + dir.string() +
-                 " (a directory, not a symlink): " + std::strerror(errno)};
-  }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    return Error{what + ": cannot stat " + dir.string() + ": " + std::strerror(errno)};
-  }
+  Result<UniqueFd> opened = MakeAndOpenDir(dir, what, st);
+  if (!opened.ok()) return opened.error();
+  UniqueFd fd = std::move(*opened);
   if (st.st_uid != ::geteuid()) {
     return Error{what + ": " + dir.string() + " must be this daemon's own (uid " +
                  std::to_string(::geteuid()) + "), not " + Describe(st)};

@@ -6,6 +6,21 @@
 #include <cstring>
 
 namespace hvtrace::hostd {
+namespace {
+
+// One SCM_RIGHTS message carrying |fds| in |control| (room for
+// kMaxFdsPerRequest; callers check the count first).
+void AttachFds(struct msghdr& msg, char* control, std::span<const int> fds) {
+  msg.msg_control = control;
+  msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+  struct cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+  std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
+}
+
+}  // namespace
 
 Status SendWithFds(int socket, std::string_view bytes, std::span<const int> fds) {
   if (fds.size() > kMaxFdsPerRequest) {
@@ -19,15 +34,7 @@ Status SendWithFds(int socket, std::string_view bytes, std::span<const int> fds)
     struct msghdr msg = {};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
-    if (!fds_sent) {
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      struct cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-      cmsg->cmsg_level = SOL_SOCKET;
-      cmsg->cmsg_type = SCM_RIGHTS;
-      cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
-    }
+    if (!fds_sent) AttachFds(msg, control, fds);
     ssize_t n = ::sendmsg(socket, &msg, MSG_NOSIGNAL);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -49,15 +56,7 @@ ssize_t SendSomeWithFds(int socket, std::string_view bytes, std::span<const int>
   struct msghdr msg = {};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  if (!fds.empty()) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    struct cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
-  }
+  if (!fds.empty()) AttachFds(msg, control, fds);
   ssize_t n;
   do {
     n = ::sendmsg(socket, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);

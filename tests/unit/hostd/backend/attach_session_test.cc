@@ -70,7 +70,7 @@ class AttachSessionTest : public ::testing::Test {
     options_.region_path = dir_ / "region";
     options_.size_bytes = 1 << 20;
     options_.wait = 0ms;
-    fake_.probe = PlugTarget{2, std::nullopt, std::nullopt, "", {{"kind", "fake"}}};
+    fake_.probe = PlugTarget{2, std::nullopt, std::nullopt, std::nullopt, "", {{"kind", "fake"}}};
     fake_.plug = PluggedDevice{"dev0", "mem0", "", {{"plugged_by", "fake"}}};
     fake_.unplug = json{{"extra", 1}};
   }

@@ -279,7 +279,12 @@ for p in /proc/"$LEADER"/root/proc/[0-9]*; do
   case "$cmd" in *qemu-system*/run/hvtrace/demo.qmp*) ;; *) continue ;; esac
   grep -q "/$scope\$" "$p/cgroup" || fail "QEMU ($p) is not in $scope: $(cat "$p/cgroup")"
   qemu_cmdline=$cmd
+  qemu_uid=$(awk '/^Uid:/ { print $2 }' "$p/status")
 done
+# Not root: the package's hvtrace-qemu user (hvtrace.sysusers), in kvm.
+want_uid=$(inside id -u hvtrace-qemu) || fail "the package created no hvtrace-qemu user"
+[ "${qemu_uid:-}" = "$want_uid" ] || fail "QEMU runs as uid ${qemu_uid:-?}, not hvtrace-qemu ($want_uid)"
+log "QEMU runs as hvtrace-qemu (uid $want_uid)"
 [ -n "$qemu_cmdline" ] || fail "no QEMU process for demo in the container"
 grep -q -- '-sandbox on' <<<"$qemu_cmdline" || fail "QEMU runs without -sandbox on: $qemu_cmdline"
 # The formats came from the package's harvest initramfs, nothing else.

@@ -362,21 +362,22 @@ Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
 GuestMemoryReader QmpVmBackend::guest_memory_reader() {
   if (!spec_.booted_by_daemon || spec_.meta_socket.empty()) return nullptr;
   const std::string path = spec_.meta_socket + ".notes";
-  // QEMU writes the file by name (memsave), after any -runas: a QEMU that
-  // is not the daemon's user gets a file the daemon made, in the guest
-  // memory directory it may only traverse, through its group.
-  std::optional<gid_t> qemu_group;
-  if (auto creds = ReadProcessCredentials(vm_ ? vm_->pid() : spec_.pid);
-      creds && creds->uid != ::geteuid()) {
-    qemu_group = creds->gid;
-  }
+  const pid_t pid = vm_ ? vm_->pid() : spec_.pid;
   // The reader may outlive this backend (a frame still being checked on the
   // pool): it holds the link, never |this|.
-  return [io = io_, link = memory_link_, path, qemu_group](
-             uint64_t addr, size_t size) -> Result<std::vector<std::byte>> {
+  return [io = io_, link = memory_link_, path, pid](uint64_t addr,
+                                                    size_t size) -> Result<std::vector<std::byte>> {
     auto done = std::make_shared<std::promise<Result<json>>>();
     std::future<Result<json>> reply = done->get_future();
     ::unlink(path.c_str());
+    // QEMU writes the file by name (memsave), after any -runas: a QEMU that
+    // is not the daemon's user gets a file the daemon made, in the guest
+    // memory directory it may only traverse, through its group. Read at each
+    // call, not when the reader is made: that can be before QEMU dropped root.
+    std::optional<gid_t> qemu_group;
+    if (auto creds = ReadProcessCredentials(pid); creds && creds->uid != ::geteuid()) {
+      qemu_group = creds->gid;
+    }
     if (qemu_group) {
       Result<UniqueFd> target = CreateExclusiveFile(path, 0660, "QEMU's memsave target");
       if (!target.ok()) return target.error();

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <ostream>
 #include <regex>
 #include <string>
 
@@ -129,6 +130,11 @@ struct RangeCase {
   const char* kernel;
   bool reset;
 };
+
+// Printed in test names and listings (not as the struct's raw bytes).
+void PrintTo(const RangeCase& c, std::ostream* os) {
+  *os << c.kernel << (c.reset ? " reset" : " append");
+}
 
 class KexecOtherBuildRangeE2e : public ::testing::TestWithParam<RangeCase> {};
 

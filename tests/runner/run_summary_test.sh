@@ -154,6 +154,25 @@ rm "$WORK/gtest/FleetE2e.xml"
 summarize fleet-killed "1 passed, 1 failed, 0 skipped" 1 -- --gtest-dir "$WORK/gtest" "$WORK/fleet.tsv"
 expect_output fleet-killed '^  FAILED: FleetE2e$'
 
+# 4b. A gtest binary run on its own (the sanitizer build's hostile-input
+# tests): its tests count as sanitizers/Suite.Test; an exit with no failed
+# test (a leak report at exit) and a missing report each fail.
+cat >"$WORK/san.xml" <<'GTEST'
+<?xml version="1.0" encoding="UTF-8"?>
+<testsuites tests="2" name="AllTests">
+  <testsuite name="PageCodec" tests="2">
+    <testcase name="Torn" status="run" result="completed" classname="PageCodec" />
+    <testcase name="Huge" status="run" result="completed" classname="PageCodec" />
+  </testsuite>
+</testsuites>
+GTEST
+printf 'gtest\tsanitizers\t0\t%s\n' "$WORK/san.xml" >"$WORK/san.tsv"
+summarize san "2 passed, 0 failed, 0 skipped" 0 -- "$WORK/san.tsv"
+printf 'gtest\tsanitizers\t1\t%s\ngtest\tother\t1\t%s\n' "$WORK/san.xml" "$WORK/none.xml" >"$WORK/san-exit.tsv"
+summarize san-exit "2 passed, 2 failed, 0 skipped" 1 -- "$WORK/san-exit.tsv"
+expect_output san-exit '^  FAILED: sanitizers \(process\): exit 1 outside its tests$'
+expect_output san-exit '^  FAILED: other: exit 1, no gtest report '
+
 # 5. tests/run.sh's own lines (record, record_skip), the time line, and bytes
 # a test printed that are not XML.
 junit "$WORK/bytes.xml" "A.Pass:run:::console \x01\x1b[0m \xff"

@@ -10,6 +10,8 @@ tab-separated:
     fail   NAME   [DETAIL]
     skip   NAME   REASON
     ctest  LABEL  EXIT  JUNIT        a `ctest -L LABEL --output-junit JUNIT` run
+    gtest  NAME   EXIT  REPORT       a gtest binary run on its own (the sanitizer
+                                     build's), with --gtest_output=xml:REPORT
 
 Every ctest test in a JUnit file counts on its own: passed (status run),
 failed (fail, or "Not Run" for any reason but a skip: ctest counts a missing
@@ -19,8 +21,8 @@ with a GoogleTest XML report DIR/<ctest name>.xml (--gtest-dir) ran a whole
 gtest binary in one process (FleetE2e: one Ceph cluster for all its tests):
 it counts as the gtest tests inside it, named "<ctest name>/Suite.Test",
 plus one failure of its own when the process failed with no test failing
-(a crash in the environment's tear-down, a sanitizer report at exit). A
-ctest run that exits non-zero with no failed test in its JUnit (no tests
+(a crash in the environment's tear-down, a sanitizer report at exit); a
+`gtest` line counts the same way. A ctest run that exits non-zero with no failed test in its JUnit (no tests
 found, no JUnit written, ctest's own error) is one failure.
 
 A skip is not a pass. With CI=true in the environment, a skip counts as a
@@ -128,6 +130,27 @@ def add_gtest_report(results, prefix, path):
     return len(cases), failed
 
 
+def add_gtest_run(results, name, exit_status, report):
+    """A gtest binary run directly: its tests count, each as NAME/Suite.Test;
+    a failed process with no failed test (a sanitizer report at exit), no
+    report or an empty one is one failure of NAME. Returns how many failed."""
+    if not os.path.isfile(report):
+        results.add("fail", name, "exit %d, no gtest report %s" % (exit_status, report))
+        return 1
+    try:
+        inner, failed = add_gtest_report(results, name, report)
+    except (ET.ParseError, OSError) as e:
+        results.add("fail", name, "unreadable gtest report %s: %s" % (report, e))
+        return 1
+    if inner == 0:
+        results.add("fail", name, "its gtest report %s lists no test" % report)
+        return failed + 1
+    if exit_status != 0 and failed == 0:
+        results.add("fail", name + " (process)", "exit %d outside its tests" % exit_status)
+        return 1
+    return failed
+
+
 def add_ctest_run(results, label, exit_status, junit, gtest_dir):
     what = "ctest -L %s" % label
     if not os.path.isfile(junit):
@@ -145,19 +168,7 @@ def add_ctest_run(results, label, exit_status, junit, gtest_dir):
         output = case.findtext("system-out") or ""
         report = os.path.join(gtest_dir, name + ".xml") if gtest_dir else ""
         if report and os.path.isfile(report) and status in ("run", "fail"):
-            try:
-                inner, inner_failed = add_gtest_report(results, name, report)
-            except (ET.ParseError, OSError) as e:
-                results.add("fail", name, "unreadable gtest report %s: %s" % (report, e))
-                failed += 1
-                continue
-            failed += inner_failed
-            if inner == 0:
-                results.add("fail", name, "its gtest report %s lists no test" % report)
-                failed += 1
-            elif status == "fail" and inner_failed == 0:
-                results.add("fail", name + " (process)", "the test process failed outside its tests")
-                failed += 1
+            failed += add_gtest_run(results, name, 1 if status == "fail" else 0, report)
             continue
         if status == "run":
             results.add("pass", name)
@@ -238,6 +249,8 @@ def main(argv):
             results.add(kind, fields[1], fields[2] if len(fields) > 2 else "")
         elif kind == "ctest" and len(fields) == 4 and re.fullmatch(r"-?\d+", fields[2]):
             add_ctest_run(results, fields[1], int(fields[2]), fields[3], args.gtest_dir)
+        elif kind == "gtest" and len(fields) == 4 and re.fullmatch(r"-?\d+", fields[2]):
+            add_gtest_run(results, fields[1], int(fields[2]), fields[3])
         else:
             results.add("fail", "result list", "malformed line: %r" % line)
 

@@ -9,7 +9,12 @@ namespace {
 
 // Hand-corrupted copies of the real region: every problem reported per CPU,
 // the rest decoded, and each trace.dat holds exactly the records kept.
-TEST_F(CapturePipelineTest, Malicious_BadMagicOnOneCpu) {
+// This file's own suite name: the unit tests of hostd/ share one
+// executable, and GoogleTest refuses one suite name for fixtures of
+// different translation units.
+using CapturePipelineMaliciousTest = CapturePipelineTest;
+
+TEST_F(CapturePipelineMaliciousTest, Malicious_BadMagicOnOneCpu) {
   Put32(kCpu1, 0xdeadbeef);
   Captured c = Capture(range_, formats_);
   ASSERT_FALSE(c.dir.empty());
@@ -20,7 +25,7 @@ TEST_F(CapturePipelineTest, Malicious_BadMagicOnOneCpu) {
   EXPECT_EQ(TraceCmdCounts(c.dir / "boot-0.trace.dat"), ResultCounts(c.result));
 }
 
-TEST_F(CapturePipelineTest, Malicious_IndexesOutOfRange) {
+TEST_F(CapturePipelineMaliciousTest, Malicious_IndexesOutOfRange) {
   Put32(kBuffers + 4 * 3, 99999);
   Put32(kBuffers + 4 * 7, static_cast<uint32_t>(-5));
   Captured c = Capture(range_, formats_);
@@ -31,7 +36,7 @@ TEST_F(CapturePipelineTest, Malicious_IndexesOutOfRange) {
   EXPECT_EQ(TraceCmdCounts(c.dir / "boot-0.trace.dat"), ResultCounts(c.result));
 }
 
-TEST_F(CapturePipelineTest, Malicious_DuplicateIndex) {
+TEST_F(CapturePipelineMaliciousTest, Malicious_DuplicateIndex) {
   int32_t slot;
   std::memcpy(&slot, range_.data() + kCpu1 + kBuffers + 4 * 2, 4);
   Put32(kCpu1 + kBuffers + 4 * 4, static_cast<uint32_t>(slot));
@@ -43,7 +48,7 @@ TEST_F(CapturePipelineTest, Malicious_DuplicateIndex) {
   EXPECT_EQ(TraceCmdCounts(c.dir / "boot-0.trace.dat"), ResultCounts(c.result));
 }
 
-TEST_F(CapturePipelineTest, Malicious_CommitPastThePage) {
+TEST_F(CapturePipelineMaliciousTest, Malicious_CommitPastThePage) {
   auto clean = ReadBootMap(range_, {0, *PageLayout::FromHeaderPage(formats_.header_page, 4096)});
   ASSERT_TRUE(clean.ok());
   const BootMapPage victim = clean->cpu[0].pages[5];
@@ -62,7 +67,7 @@ TEST_F(CapturePipelineTest, Malicious_CommitPastThePage) {
   EXPECT_EQ(c.manifest["cpus"][0].value("lost_marked_pages", 0), 1) << c.manifest["cpus"].dump();
 }
 
-TEST_F(CapturePipelineTest, Malicious_TimeGoingBackwards) {
+TEST_F(CapturePipelineMaliciousTest, Malicious_TimeGoingBackwards) {
   auto clean = ReadBootMap(range_, {0, *PageLayout::FromHeaderPage(formats_.header_page, 4096)});
   ASSERT_TRUE(clean.ok());
   const BootMapPage victim = clean->cpu[1].pages[6];
@@ -79,7 +84,7 @@ TEST_F(CapturePipelineTest, Malicious_TimeGoingBackwards) {
 // A record in the middle of a page claims more bytes than the page holds: the
 // records before it are kept, and trace-cmd sees exactly those (the page is
 // written with its commit cut at the bad record).
-TEST_F(CapturePipelineTest, Malicious_RecordPastCommitKeepsTheGoodPrefix) {
+TEST_F(CapturePipelineMaliciousTest, Malicious_RecordPastCommitKeepsTheGoodPrefix) {
   const PageLayout layout = *PageLayout::FromHeaderPage(formats_.header_page, 4096);
   auto clean = ReadBootMap(range_, {0, layout});
   ASSERT_TRUE(clean.ok());
@@ -99,7 +104,7 @@ TEST_F(CapturePipelineTest, Malicious_RecordPastCommitKeepsTheGoodPrefix) {
   EXPECT_EQ(show.status, 0);
 }
 
-TEST_F(CapturePipelineTest, Malicious_UnknownEventIdsAreCountedAndKeptInTheRegion) {
+TEST_F(CapturePipelineMaliciousTest, Malicious_UnknownEventIdsAreCountedAndKeptInTheRegion) {
   KernelFormats fewer = formats_;
   std::erase_if(fewer.events,
                 [](const CachedEventFormat& ev) { return ev.name == "sched_switch"; });
@@ -112,7 +117,7 @@ TEST_F(CapturePipelineTest, Malicious_UnknownEventIdsAreCountedAndKeptInTheRegio
   EXPECT_EQ(ReadText(c.dir / "region.bin").size(), range_.size());
 }
 
-TEST_F(CapturePipelineTest, Malicious_NoMetaAnywhereFailsAndLeavesNothing) {
+TEST_F(CapturePipelineMaliciousTest, Malicious_NoMetaAnywhereFailsAndLeavesNothing) {
   Put32(0, 0);
   Put32(kCpu1, 0);
   CaptureStore store(tmp_ / "captures");
@@ -129,7 +134,7 @@ TEST_F(CapturePipelineTest, Malicious_NoMetaAnywhereFailsAndLeavesNothing) {
   EXPECT_TRUE(list->empty());
 }
 
-TEST_F(CapturePipelineTest, Malicious_GarbageEverywhereButTheMagic) {
+TEST_F(CapturePipelineMaliciousTest, Malicious_GarbageEverywhereButTheMagic) {
   uint32_t x = 12345;
   for (size_t i = 0; i < range_.size(); i += 4) {
     x = x * 1103515245 + 12345;

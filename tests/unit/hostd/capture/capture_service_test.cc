@@ -38,7 +38,12 @@ fs::path WriteRegionFile(const fs::path& path, const std::vector<std::byte>& byt
 }
 
 // run's recovery, as a boot range's is, with the same trace.dat files.
-TEST_F(RegionCaptureTest, AttachCaptureThatDiesAfterItsCopyIsRecovered) {
+// This file's own suite name: the unit tests of hostd/ share one
+// executable, and GoogleTest refuses one suite name for fixtures of
+// different translation units.
+using CaptureServiceTest = RegionCaptureTest;
+
+TEST_F(CaptureServiceTest, AttachCaptureThatDiesAfterItsCopyIsRecovered) {
   const fs::path dir = TempDir();
   const fs::path region_file = WriteRegionFile(dir / "region", mem_);
   auto live = LiveRegion::OpenExisting(region_file);
@@ -88,7 +93,7 @@ TEST_F(RegionCaptureTest, AttachCaptureThatDiesAfterItsCopyIsRecovered) {
 // A daemon that restarts and finds an attach-only guest still in the panic
 // it captured names that capture instead of taking a second one; once the
 // guest wrote anything, it is a new panic.
-TEST_F(RegionCaptureTest, AnAttachOnlyGuestStillInTheSamePanicIsNotCapturedTwice) {
+TEST_F(CaptureServiceTest, AnAttachOnlyGuestStillInTheSamePanicIsNotCapturedTwice) {
   const fs::path dir = TempDir();
   const fs::path region_file = WriteRegionFile(dir / "region", mem_);
   auto live = LiveRegion::OpenExisting(region_file);
@@ -125,7 +130,7 @@ TEST_F(RegionCaptureTest, AnAttachOnlyGuestStillInTheSamePanicIsNotCapturedTwice
 // The copy buffers are one set per worker, sized by the largest regions:
 // registering many VMs with the same ranges adds nothing, and a capture of a
 // region file and an attach region copies into the set without allocating.
-TEST_F(RegionCaptureTest, CapturesCopyIntoThePoolWhateverTheNumberOfVms) {
+TEST_F(CaptureServiceTest, CapturesCopyIntoThePoolWhateverTheNumberOfVms) {
   const fs::path dir = TempDir();
   const fs::path region_file = WriteRegionFile(dir / "region", mem_);
   auto live = LiveRegion::OpenExisting(region_file);
@@ -171,7 +176,7 @@ TEST_F(RegionCaptureTest, CapturesCopyIntoThePoolWhateverTheNumberOfVms) {
 // A region nobody reserved for (a capture before its VM registered) is
 // copied all the same: the copy allocates once, is counted, and the grown
 // buffer stays in the pool for the next capture.
-TEST_F(RegionCaptureTest, AnUnreservedAttachCopyAllocatesOnceAndIsCounted) {
+TEST_F(CaptureServiceTest, AnUnreservedAttachCopyAllocatesOnceAndIsCounted) {
   const fs::path dir = TempDir();
   const fs::path region_file = WriteRegionFile(dir / "region", mem_);
   auto live = LiveRegion::OpenExisting(region_file);

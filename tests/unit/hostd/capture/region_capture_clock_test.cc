@@ -65,7 +65,12 @@ const char kKernelFormat[] =
     "\n"
     "print fmt: \"k=%d\", REC->value\n";
 
-TEST_F(RegionCaptureTest, TscStampsArePutOnTheKernelsClockInCaptureAndStream) {
+// This file's own suite name: the unit tests of hostd/ share one
+// executable, and GoogleTest refuses one suite name for fixtures of
+// different translation units.
+using RegionCaptureClockTest = RegionCaptureTest;
+
+TEST_F(RegionCaptureClockTest, TscStampsArePutOnTheKernelsClockInCaptureAndStream) {
   // A region with only the test's events: kernel kmark k=0..3 on CPU 1 at
   // t0 + 0, 10, 20, 30 us; direct writes value=0..2 stamped with the TSC at
   // t0 + 5, 15, 25 us.
@@ -139,7 +144,7 @@ TEST_F(RegionCaptureTest, TscStampsArePutOnTheKernelsClockInCaptureAndStream) {
   EXPECT_NE(report.find("2000.000015: hvt_value:"), std::string::npos) << report;
 }
 
-TEST_F(RegionCaptureTest, TscPagesThatOutgrowTheirPageWhenRestampedAreSplit) {
+TEST_F(RegionCaptureClockTest, TscPagesThatOutgrowTheirPageWhenRestampedAreSplit) {
   // A 1 MHz TSC: 200,000-tick steps fit a record's 27-bit delta, but are
   // 200 ms each on the trace clock and need a TIME_EXTEND more per record.
   guest_->AddClockSync(1000000000, 0, 0, 1000000);
@@ -160,7 +165,7 @@ TEST_F(RegionCaptureTest, TscPagesThatOutgrowTheirPageWhenRestampedAreSplit) {
   EXPECT_EQ(Count(report, "hvt_value:"), static_cast<size_t>(n)) << report.substr(0, 2000);
 }
 
-TEST_F(RegionCaptureTest, Malicious_TscRingWithoutSamplesIsKeptApartAndReported) {
+TEST_F(RegionCaptureClockTest, Malicious_TscRingWithoutSamplesIsKeptApartAndReported) {
   dw_clock_ = region::kClockTsc;
   WriteDwPage(0, 0, 4, TscAt(5000000000), 1, 3000);
   RegionSnapshot s = Read();
@@ -216,7 +221,7 @@ TEST_F(RegionCaptureTest, Malicious_TscRingWithoutSamplesIsKeptApartAndReported)
   EXPECT_EQ(Count(report, "hvt_value:"), 4u) << report.substr(0, 2000);
 }
 
-TEST_F(RegionCaptureTest, Malicious_StreamWaitsForTheSecondSampleThenConverts) {
+TEST_F(RegionCaptureClockTest, Malicious_StreamWaitsForTheSecondSampleThenConverts) {
   const std::vector<uint64_t> kt = KernelTimes(Read());
   const uint64_t mid = MidOfWidestGap(kt);
   guest_->AddClockSync(kt.front(), 0, 0, TscAt(kt.front()));  // One sample: not enough.
@@ -236,7 +241,7 @@ TEST_F(RegionCaptureTest, Malicious_StreamWaitsForTheSecondSampleThenConverts) {
   for (const std::string& n : out.notes) EXPECT_EQ(n.find("raw TSC"), std::string::npos) << n;
 }
 
-TEST_F(RegionCaptureTest, Malicious_LyingClockSyncSamplesAreDroppedAndReported) {
+TEST_F(RegionCaptureClockTest, Malicious_LyingClockSyncSamplesAreDroppedAndReported) {
   const std::vector<uint64_t> kt = KernelTimes(Read());
   const uint64_t mid = MidOfWidestGap(kt);
   const uint64_t base = kt.front();
@@ -262,7 +267,7 @@ TEST_F(RegionCaptureTest, Malicious_LyingClockSyncSamplesAreDroppedAndReported) 
   EXPECT_EQ(r->generations[0].last_dw_timestamp, mid + 3000 / 3);
 }
 
-TEST_F(RegionCaptureTest, Malicious_RingClockThatIsNoClockIsReported) {
+TEST_F(RegionCaptureClockTest, Malicious_RingClockThatIsNoClockIsReported) {
   dw_clock_ = 99;
   WriteDwPage(0, 0, 2, 1000);
   RegionSnapshot s = Read();
@@ -273,7 +278,7 @@ TEST_F(RegionCaptureTest, Malicious_RingClockThatIsNoClockIsReported) {
   EXPECT_EQ(r->attach["rings"][2]["clock"], "unknown 99");
 }
 
-TEST_F(RegionCaptureTest, PagesKeepTheClockTheirWriterUsedAfterTheRingChangesHands) {
+TEST_F(RegionCaptureClockTest, PagesKeepTheClockTheirWriterUsedAfterTheRingChangesHands) {
   // A MONOTONIC thread wrote page 0 and exited; a TSC thread claimed the
   // ring (its header now says TSC) and wrote page 1.
   const uint64_t t0 = 5000000000;
@@ -300,7 +305,7 @@ TEST_F(RegionCaptureTest, PagesKeepTheClockTheirWriterUsedAfterTheRingChangesHan
   EXPECT_EQ(dw, (std::vector<uint64_t>{t0, t0 + 5000, t0 + 10000, t0 + 15000})) << out.text;
 }
 
-TEST_F(RegionCaptureTest, Malicious_RandomClockSamplesAndTscStampsNeverCrash) {
+TEST_F(RegionCaptureClockTest, Malicious_RandomClockSamplesAndTscStampsNeverCrash) {
   std::mt19937_64 rng(11);
   dw_clock_ = region::kClockTsc;
   for (int round = 0; round < 60; ++round) {

@@ -27,13 +27,8 @@ void tracecmd_free_record(tep_record* record);
 constexpr int kTracecmdNoPlugins = 1 << 0;        // TRACECMD_FL_LOAD_NO_PLUGINS
 constexpr int kTracecmdNoSystemPlugins = 1 << 1;  // TRACECMD_FL_LOAD_NO_SYSTEM_PLUGINS
 
-// libtracecmd 1.3 (trace-cmd 3.1.6) never frees the clock name it sscanf's
-// out of a file's TRACECLOCK option; that is its leak, not ours (see
-// tracedat_writer_test.cc). Only LeakSanitizer reads this.
-extern "C" const char* __lsan_default_suppressions() {
-  return "leak:libtracecmd.so\nleak:__isoc99_vsscanf\n";
-}
-
+// libtracecmd's own leak is suppressed for LeakSanitizer in
+// tests/unit/lsan_suppressions.cc.
 namespace hvtrace {
 namespace {
 

@@ -38,15 +38,8 @@ void tracecmd_free_record(tep_record* record);
 }
 constexpr int kTracecmdNoPlugins = 1 << 0;  // TRACECMD_FL_LOAD_NO_PLUGINS
 
-// libtracecmd 1.3 (trace-cmd 3.1.6) never frees the clock name it sscanf's
-// out of a file's TRACECLOCK option (6 bytes per tracecmd_open); that is its
-// leak, not ours. Only LeakSanitizer reads this; its stack stops inside
-// glibc's sscanf (libtracecmd has no frame pointers), so that is the frame
-// named. Nothing this test runs calls sscanf with %m otherwise.
-extern "C" const char* __lsan_default_suppressions() {
-  return "leak:libtracecmd.so\nleak:__isoc99_vsscanf\n";
-}
-
+// libtracecmd's own leak is suppressed for LeakSanitizer in
+// tests/unit/lsan_suppressions.cc.
 namespace hvtrace {
 namespace {
 

@@ -10,11 +10,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <future>
-#include <sstream>
 
 #include "capped_file.h"
+#include "durable_file.h"
 #include "hvtrace/boot_map.h"
 #include "private_path.h"
 #include "qemu_user.h"
@@ -115,27 +114,18 @@ std::filesystem::path QmpVmSpecPath(const std::filesystem::path& vm_dir) {
 
 Status SaveQmpVmSpec(const std::filesystem::path& vm_dir, const QmpVmSpec& spec) {
   std::filesystem::path path = QmpVmSpecPath(vm_dir);
-  std::filesystem::path tmp = path.string() + ".tmp";
   std::error_code ec;
   std::filesystem::create_directories(vm_dir, ec);
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << spec.ToJson().dump(2) << "\n";
-    if (!out.flush()) return Error{"cannot write " + tmp.string()};
-  }
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    return Error{"cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message()};
-  return {};
+  return WriteFileDurably(path, spec.ToJson().dump(2) + "\n");
 }
 
 Result<QmpVmSpec> LoadQmpVmSpec(const std::filesystem::path& vm_dir) {
   std::filesystem::path path = QmpVmSpecPath(vm_dir);
-  std::ifstream in(path);
-  if (!in) return Error{"no QMP VM spec at " + path.string()};
-  std::stringstream text;
-  text << in.rdbuf();
-  json j = json::parse(text.str(), nullptr, false);
+  // Written by us, but the state directory may have been edited: bounded,
+  // never through a symlink.
+  Result<std::string> text = ReadCappedFile(path, kVmRecordMaxBytes);
+  if (!text.ok()) return Error{"no QMP VM spec: " + text.error().message};
+  json j = json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object()) return Error{path.string() + " is not a JSON object"};
   auto spec = QmpVmSpec::FromJson(j);
   if (!spec.ok()) return Error{path.string() + ": " + spec.error().message};

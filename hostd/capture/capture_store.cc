@@ -16,6 +16,7 @@
 #include <system_error>
 
 #include "bus_guard.h"
+#include "durable_file.h"
 #include "state_dir.h"
 #include "unique_fd.h"
 
@@ -175,13 +176,6 @@ bool AllZero(std::span<const std::byte> page) {
   // first byte is zero and every byte equals its neighbour.
   return page.empty() || (page[0] == std::byte{0} &&
                           std::memcmp(page.data(), page.data() + 1, page.size() - 1) == 0);
-}
-
-Status FsyncDir(const std::filesystem::path& dir) {
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0) return Error{"cannot open directory " + dir.string() + ": " + Errno(errno)};
-  if (::fsync(fd.get()) != 0) return Error{"fsync " + dir.string() + ": " + Errno(errno)};
-  return {};
 }
 
 // fsyncs every file |names| in |dir|, then |dir|. Files written with
@@ -390,16 +384,8 @@ Status PendingCapture::WriteRecoveryRecord(const CaptureManifest& manifest) {
   json record = {
       {"format", "hvtrace-capture-recovery"}, {"version", 1}, {"manifest", manifest.ToJson()}};
   const std::string text = record.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
-  // Whole or absent: written aside, then renamed into place.
-  const std::filesystem::path aside = temp_dir_ / ".recovery.json.new";
-  const std::filesystem::path path = temp_dir_ / std::string(kRecoveryRecordName);
-  Status s = WriteAll(aside, std::as_bytes(std::span(text.data(), text.size())), O_CREAT | O_TRUNC);
-  if (!s.ok()) {
-    ::unlink(aside.c_str());
-    return s;
-  }
-  if (Status p = Publish(aside, path); !p.ok()) return p;
-  return FsyncDir(temp_dir_);
+  // Whole or absent (read back by start-up recovery).
+  return WriteFileDurably(temp_dir_ / std::string(kRecoveryRecordName), text);
 }
 
 Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(

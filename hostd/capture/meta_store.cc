@@ -11,6 +11,7 @@
 #include <set>
 
 #include "capped_file.h"
+#include "durable_file.h"
 #include "host_time.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/format.h"
@@ -135,37 +136,6 @@ Result<size_t> CheckFingerprints(std::string_view text, const HarvestBundle& bun
     }
   }
   return seen.size();
-}
-
-Status WriteAtomic(const fs::path& path, std::string_view data) {
-  const fs::path tmp = path.string() + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
-  if (fd < 0) return Error{"cannot create " + tmp.string() + ": " + std::strerror(errno)};
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      return Error{"cannot write " + tmp.string() + ": " + why};
-    }
-    done += static_cast<size_t>(n);
-  }
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!synced || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    const std::string why = std::strerror(errno);
-    ::unlink(tmp.c_str());
-    return Error{"cannot write " + path.string() + ": " + why};
-  }
-  if (const int dir = ::open(path.parent_path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-      dir >= 0) {
-    (void)::fsync(dir);
-    ::close(dir);
-  }
-  return {};
 }
 
 json EntryJson(const MetaBootEntry& e) {
@@ -323,7 +293,7 @@ bool MetaStore::HasBoot(std::string_view boot_id) const {
 Status MetaStore::WriteIndex(const std::vector<MetaBootEntry>& boots) const {
   json list = json::array();
   for (const MetaBootEntry& e : boots) list.push_back(EntryJson(e));
-  return WriteAtomic(dir_ / "boots.json", json{{"boots", std::move(list)}}.dump(2) + "\n");
+  return WriteFileDurably(dir_ / "boots.json", json{{"boots", std::move(list)}}.dump(2) + "\n");
 }
 
 namespace {
@@ -360,11 +330,11 @@ Status MetaStore::StoreBoot(const MetaBoot& boot, const json& verified, int64_t 
                    {"fingerprints_checked", boot.fingerprints_checked}};
   Result<fs::path> stored = FormatCache(boot_dir).Store(boot.key, boot.bundle, manifest);
   if (!stored.ok()) return stored.error();
-  if (Status s = WriteAtomic(boot_dir / "identity.json", boot.identity); !s.ok()) return s;
+  if (Status s = WriteFileDurably(boot_dir / "identity.json", boot.identity); !s.ok()) return s;
   // The fingerprints of the bundle stored before (if any): what the new one changed.
   Result<std::string> before =
       ReadCappedFile(boot_dir / "fingerprints", kMaxMetaFingerprints, /*missing_ok=*/true);
-  if (Status s = WriteAtomic(boot_dir / "fingerprints", boot.fingerprints); !s.ok()) return s;
+  if (Status s = WriteFileDurably(boot_dir / "fingerprints", boot.fingerprints); !s.ok()) return s;
 
   MetaBootEntry entry;
   entry.boot_id = boot.boot_id;
@@ -413,7 +383,7 @@ Status MetaStore::StoreExtra(std::string_view boot_id, const char* name, std::st
     return Error{std::string(name) + " for boot " + Quote(boot_id) +
                  ", whose boot bundle was not accepted"};
   }
-  return WriteAtomic(dir_ / std::string(boot_id) / name, text);
+  return WriteFileDurably(dir_ / std::string(boot_id) / name, text);
 }
 
 Status MetaStore::StoreComms(std::string_view boot_id, std::string_view text) {

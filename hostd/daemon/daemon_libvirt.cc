@@ -3,11 +3,11 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
-#include <fstream>
-#include <sstream>
 
+#include "capped_file.h"
 #include "daemon.h"
 #include "daemon_log.h"
+#include "durable_file.h"
 #include "libvirt_event_loop.h"
 
 namespace hvtrace::hostd {
@@ -41,28 +41,16 @@ std::filesystem::path LibvirtVmRecordPath(const std::filesystem::path& vm_dir) {
 
 Status SaveLibvirtVmRecord(const std::filesystem::path& vm_dir, const LibvirtVmRecord& record) {
   const std::filesystem::path path = LibvirtVmRecordPath(vm_dir);
-  const std::filesystem::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << record.ToJson().dump(2) << "\n";
-    if (!out.flush()) return Error{"cannot write " + tmp.string()};
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec)
-    return Error{"cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message()};
-  return {};
+  return WriteFileDurably(path, record.ToJson().dump(2) + "\n");
 }
 
 Result<LibvirtVmRecord> LoadLibvirtVmRecord(const std::filesystem::path& vm_dir) {
   const std::filesystem::path path = LibvirtVmRecordPath(vm_dir);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Error{"no " + path.string()};
-  std::ostringstream text;
-  // Written by us, but the state dir may have been edited: cap what we read.
-  text << in.rdbuf();
-  if (text.str().size() > 65536) return Error{path.string() + " is too large"};
-  json j = json::parse(text.str(), nullptr, false);
+  // Written by us, but the state directory may have been edited: bounded,
+  // never through a symlink.
+  Result<std::string> text = ReadCappedFile(path, kVmRecordMaxBytes);
+  if (!text.ok()) return Error{"no libvirt VM record: " + text.error().message};
+  json j = json::parse(*text, nullptr, false);
   Result<LibvirtVmRecord> r = LibvirtVmRecord::FromJson(j);
   if (!r.ok()) return Error{path.string() + ": " + r.error().message};
   return r;

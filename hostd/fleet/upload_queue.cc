@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "durable_file.h"
 #include "unique_fd.h"
 
 namespace hvtrace::hostd {
@@ -20,35 +21,7 @@ using nlohmann::json;
 
 constexpr uint64_t kMaxEntryBytes = 1 << 20;
 
-Status FsyncDir(const fs::path& dir) {
-  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (fd.get() < 0 || ::fsync(fd.get()) != 0) {
-    return Error{"fsync " + dir.string() + ": " + std::strerror(errno)};
-  }
-  return {};
-}
-
 }  // namespace
-
-Status WriteFileAtomic(const fs::path& path, std::string_view data) {
-  const fs::path tmp = path.string() + ".tmp";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (fd.get() < 0) return Error{"cannot create " + tmp.string() + ": " + std::strerror(errno)};
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd.get(), data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Error{"cannot write " + tmp.string() + ": " + std::strerror(errno)};
-    done += static_cast<size_t>(n);
-  }
-  if (::fsync(fd.get()) != 0) return Error{"fsync " + tmp.string() + ": " + std::strerror(errno)};
-  fd.Close();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return Error{"cannot rename " + tmp.string() + " to " + path.string() + ": " +
-                 std::strerror(errno)};
-  }
-  return FsyncDir(path.parent_path());
-}
 
 json UploadEntry::ToJson() const {
   json objs = json::array();
@@ -138,11 +111,11 @@ Status UploadQueueDir::Save(const UploadEntry& entry) const {
     fs::permissions(path.parent_path(), fs::perms::owner_all, ec);
     if (Status s = FsyncDir(root_); !s.ok()) return s;
   }
-  return WriteFileAtomic(path, entry.ToJson().dump(1));
+  return WriteFileDurably(path, entry.ToJson().dump(1), 0600);
 }
 
 Status UploadQueueDir::MarkUploaded(std::string_view vm, std::string_view id) const {
-  return WriteFileAtomic(EntryPath(vm, id).replace_extension(".uploaded"), "");
+  return WriteFileDurably(EntryPath(vm, id).replace_extension(".uploaded"), "", 0600);
 }
 
 bool UploadQueueDir::Uploaded(std::string_view vm, std::string_view id) const {

@@ -86,10 +86,6 @@ class UploadQueueDir {
   std::filesystem::path root_;
 };
 
-// Writes |data| to |path| atomically and durably: a temp file beside it,
-// fsync, rename, fsync of the directory. Errors name the path.
-Status WriteFileAtomic(const std::filesystem::path& path, std::string_view data);
-
 }  // namespace hvtrace::hostd
 
 #endif  // HVTRACE_HOSTD_FLEET_UPLOAD_QUEUE_H_

@@ -11,7 +11,10 @@
 
 // Counts allocations of at least |g_large| bytes in this test binary: a
 // capture that copies into the pool allocates nothing that large. (GCC
-// takes the malloc/free pair below for a mismatch once inlined.)
+// takes the malloc/free pair below for a mismatch once inlined.) The binary
+// holds other files' tests too: the nothrow forms are replaced as well, so
+// that every operator delete frees what a malloc-backed new returned (under
+// ASan, the runtime's own nothrow new with this free is a mismatch).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
@@ -23,8 +26,13 @@ void* operator new(std::size_t n) {
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  if (n >= g_large.load()) g_large_allocs.fetch_add(1);
+  return std::malloc(n == 0 ? 1 : n);
+}
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 
 namespace hvtrace::hostd {
 namespace {

@@ -2,9 +2,12 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <string>
+#include <variant>
 
 #include "daemon.h"
 #include "daemon_log.h"
@@ -13,76 +16,70 @@ namespace hvtrace::hostd {
 
 namespace {
 
-int Usage(FILE* out) {
-  std::fprintf(out,
-               "usage: hvtraced [--config FILE] [--state-dir DIR] [--run-dir DIR] "
-               "[--socket PATH] [--verbose] [--check-config]\n"
-               "  --config FILE   config file (default %s; absent = defaults)\n"
-               "  --state-dir DIR captures and per-VM state (overrides state_dir)\n"
-               "  --run-dir DIR   socket and lock directory (overrides run_dir)\n"
-               "  --socket PATH   control socket (overrides socket)\n"
-               "  --verbose       log at debug level (overrides log_level)\n"
-               "  --check-config  print the effective configuration as JSON and exit\n"
-               "SIGHUP re-reads FILE; keys that need a restart keep their value.\n",
-               std::string(kDefaultConfigPath).c_str());
-  return out == stdout ? 0 : 2;
+// hvtraced's flags; each overrides its key of the config file.
+struct DaemonArgs {
+  std::string config_path{kDefaultConfigPath};
+  bool config_given = false;
+  bool check_only = false;
+  bool verbose = false;
+  std::optional<std::filesystem::path> state_dir, run_dir, socket;
+};
+
+// The flags, or the exit status when there is nothing to run: 0 after
+// --help or --version (printed on stdout), 2 on bad usage (said on stderr).
+std::variant<DaemonArgs, int> ParseArgs(int argc, char** argv) {
+  DaemonArgs args;
+  CLI::App app{
+      "hvtraced: the hvtrace host daemon. SIGHUP re-reads the config file; keys that "
+      "need a restart keep their value.",
+      "hvtraced"};
+  app.set_version_flag("--version", "hvtraced " + std::string(HvtraceVersion()));
+  app.add_option("--config", args.config_path,
+                 "config file (default " + args.config_path + "; absent = defaults)")
+      ->type_name("FILE");
+  std::string state_dir, run_dir, socket;
+  app.add_option("--state-dir", state_dir, "captures and per-VM state (overrides state_dir)")
+      ->type_name("DIR");
+  app.add_option("--run-dir", run_dir, "socket and lock directory (overrides run_dir)")
+      ->type_name("DIR");
+  app.add_option("--socket", socket, "control socket (overrides socket)")->type_name("PATH");
+  app.add_flag("-v,--verbose", args.verbose, "log at debug level (overrides log_level)");
+  app.add_flag("--check-config", args.check_only,
+               "print the effective configuration as JSON and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {  // --help, --version.
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "hvtraced: %s\nRun `hvtraced --help` for usage.\n", e.what());
+    return 2;
+  }
+  args.config_given = app.count("--config") > 0;
+  const auto absolute = [](const std::string& v) -> std::optional<std::filesystem::path> {
+    if (v.empty()) return std::nullopt;
+    return std::filesystem::absolute(v);
+  };
+  args.state_dir = absolute(state_dir);
+  args.run_dir = absolute(run_dir);
+  args.socket = absolute(socket);
+  return args;
 }
 
 }  // namespace
 
 int DaemonMain(int argc, char** argv, CaptureFaults faults) {
-  std::string config_path(kDefaultConfigPath);
-  bool config_given = false;
-  bool check_only = false;
-  bool verbose = false;
-  std::optional<std::filesystem::path> state_dir, run_dir, socket;
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    auto value = [&](std::string_view flag) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "hvtraced: %.*s needs a value\n", static_cast<int>(flag.size()),
-                     flag.data());
-        return nullptr;
-      }
-      return argv[++i];
-    };
-    const char* v = nullptr;
-    if (arg == "--help" || arg == "-h") return Usage(stdout);
-    if (arg == "--version") {
-      std::printf("hvtraced %s\n", std::string(HvtraceVersion()).c_str());
-      return 0;
-    }
-    if (arg == "--check-config") {
-      check_only = true;
-    } else if (arg == "--verbose" || arg == "-v") {
-      verbose = true;
-    } else if (arg == "--config") {
-      if (!(v = value(arg))) return 2;
-      config_path = v;
-      config_given = true;
-    } else if (arg == "--state-dir") {
-      if (!(v = value(arg))) return 2;
-      state_dir = std::filesystem::absolute(v);
-    } else if (arg == "--run-dir") {
-      if (!(v = value(arg))) return 2;
-      run_dir = std::filesystem::absolute(v);
-    } else if (arg == "--socket") {
-      if (!(v = value(arg))) return 2;
-      socket = std::filesystem::absolute(v);
-    } else {
-      std::fprintf(stderr, "hvtraced: unknown argument '%s'\n", argv[i]);
-      return Usage(stderr);
-    }
-  }
+  auto parsed = ParseArgs(argc, argv);
+  if (const int* status = std::get_if<int>(&parsed)) return *status;
+  const DaemonArgs args = std::get<DaemonArgs>(std::move(parsed));
   // The file over systemd's directories over the built-in defaults, then
   // the flags; a reload (SIGHUP) reads it again the same way.
-  auto load = [=]() -> Result<Config> {
-    auto config = LoadConfigFile(config_path, config_given, ServiceDefaults(std::getenv));
+  auto load = [args]() -> Result<Config> {
+    auto config = LoadConfigFile(args.config_path, args.config_given, ServiceDefaults(std::getenv));
     if (!config.ok()) return config;
-    if (state_dir) config->state_dir = *state_dir;
-    if (run_dir) config->run_dir = *run_dir;
-    if (socket) config->socket_path = *socket;
-    if (verbose) config->log_level = LogLevel::kDebug;
+    if (args.state_dir) config->state_dir = *args.state_dir;
+    if (args.run_dir) config->run_dir = *args.run_dir;
+    if (args.socket) config->socket_path = *args.socket;
+    if (args.verbose) config->log_level = LogLevel::kDebug;
     return config;
   };
   auto config = load();
@@ -90,7 +87,7 @@ int DaemonMain(int argc, char** argv, CaptureFaults faults) {
     std::fprintf(stderr, "hvtraced: %s\n", config.error().message.c_str());
     return 1;
   }
-  if (check_only) {
+  if (args.check_only) {
     std::printf("%s\n", ConfigJson(*config).dump(2).c_str());
     return 0;
   }

@@ -156,8 +156,8 @@ void Daemon::HandleFormatsHarvest(const Request& request,
         responder->Fail(kErrVmFailed, r.error().message);
         return;
       }
-      LogNotice(who + ": formats " + r->key +
-                (r->cache_hit ? " were cached in " : " harvested into ") + r->entry_dir.string());
+      LogInfo(who + ": formats " + r->key +
+              (r->cache_hit ? " were cached in " : " harvested into ") + r->entry_dir.string());
       responder->End({{"key", r->key},
                       {"path", r->entry_dir.string()},
                       {"cache_hit", r->cache_hit},

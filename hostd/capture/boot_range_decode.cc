@@ -215,8 +215,11 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
   if (!decode_error.empty()) info["decode_error"] = decode_error;
   const std::string kernel = kernel_path.empty() ? "K" : kernel_path;
   info["identify"] = kernels.Summary();
+  // The CLI's harvest goes to the daemon answering on its socket, which
+  // harvests into this cache (formats_args.h).
   info["note"] = "formats: " + state + ", run hvtrace formats harvest --kernel " + kernel +
-                 " --initrd I; `hvtrace show CAPTURE` then decodes region.bin";
+                 " (hvtraced harvests it into its cache); `hvtrace show CAPTURE` then decodes "
+                 "region.bin";
   Result<CaptureResult> counted = CountBootMapCapture(copy, options, manifest);
   if (counted.ok()) {
     times.decode_ms = counted->decode_ms;

@@ -138,10 +138,11 @@ void AddSetupCommand(CommandTable& table);
 void AddFormatsCommands(CommandTable& table);  // formats harvest, formats list
 void AddFleetCommands(CommandTable& table);    // fleet list, fleet fetch
 
-// formats_command.cc: harvests |kernel|'s formats into the default cache
-// with the project's harvest initramfs unless they are there (boot runs it
-// before asking hvtraced); fails only for an unreadable kernel.
-int EnsureFormatsCached(const std::string& kernel);
+// formats_command.cc: asks hvtraced (on |socket_flag|'s socket) to harvest
+// |kernel|'s formats into its cache unless they are there (boot runs it
+// before the boot itself); fails only when hvtraced cannot be reached or
+// refuses this user (a failed harvest is reported and the boot goes on).
+int EnsureFormatsCached(const std::string& kernel, const std::string& socket_flag);
 
 }  // namespace hvtrace::cli
 

@@ -1,16 +1,26 @@
 // hvtrace formats harvest --kernel K [--initrd I] [--cache DIR] [--timeout 180s]
-//                         [--keep-work-dir] [--json]
-// hvtrace formats list [--cache DIR] [--json]
+//                         [--keep-work-dir] [--json] [--socket PATH]
+// hvtrace formats list [--cache DIR] [--json] [--socket PATH]
+//
+// One formats cache, the daemon's: when hvtraced answers on its socket these
+// commands ask it (formats-list, formats-harvest: formats_args.h), and it
+// harvests with its own initramfs into the cache it decodes with. Without a
+// daemon they use the local cache (the rule in formats_cache.h) and say so
+// in one line on stderr; --cache DIR always means that directory, locally.
 //
 // Exit status: 0 on success (a cache hit included), 1 when the harvest or the
 // cache read failed (the message names the step, with the guest console's
-// tail), 2 for a usage error.
+// tail), 2 for a usage error, 7 when hvtraced refused this user.
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "command.h"
 #include "command_table.h"
+#include "config.h"
+#include "control_client.h"
+#include "daemon_call.h"
 #include "formats_cache.h"
 #include "formats_harvest.h"
 
@@ -21,58 +31,66 @@ using hostd::FormatCache;
 using nlohmann::json;
 
 constexpr char kCacheHelp[] =
-    "cache root; entries live in DIR/formats/<key>/. Default, as hvtraced finds it: "
-    "$HVTRACE_CACHE_DIR, else cache_dir in /etc/hvtrace/hvtraced.conf, else "
-    "$XDG_CACHE_HOME/hvtrace, else ~/.cache/hvtrace";
+    "a local cache root (entries in DIR/formats/<key>/), not hvtraced's. Default: hvtraced's "
+    "cache when hvtraced answers, else $HVTRACE_CACHE_DIR, cache_dir in "
+    "/etc/hvtrace/hvtraced.conf, $XDG_CACHE_HOME/hvtrace, ~/.cache/hvtrace";
 
-bool ResolveCache(const std::string& command, const std::string& flag_value,
-                  std::filesystem::path* root) {
-  if (!flag_value.empty()) {
-    *root = flag_value;
-    return true;
+// Whose cache a formats command uses.
+enum class CacheOwner { kDaemon, kLocal, kFailed };
+
+// The daemon's cache when hvtraced answers on |socket_flag|'s socket (and no
+// --cache DIR was given); else the local one, in |*root|, with one line on
+// stderr saying so. kFailed (|*rc| set) when hvtraced refused this user:
+// falling back would fill a cache that daemon never reads.
+CacheOwner ChooseCache(const std::string& command, const std::string& cache_flag,
+                       const std::string& socket_flag, std::filesystem::path* root, int* rc) {
+  if (!cache_flag.empty()) {
+    *root = cache_flag;
+    return CacheOwner::kLocal;
+  }
+  const std::filesystem::path socket = hostd::ResolveClientSocket(socket_flag);
+  auto client = hostd::ControlClient::Connect(socket, std::chrono::seconds(2));
+  if (client.ok()) return CacheOwner::kDaemon;
+  if (client.error().message.starts_with("permission denied on ")) {
+    std::fprintf(stderr, "hvtrace %s: %s (or pass --cache DIR for a cache of your own)\n",
+                 command.c_str(), client.error().message.c_str());
+    *rc = kExitDenied;
+    return CacheOwner::kFailed;
   }
   Result<std::filesystem::path> def = hostd::DefaultCacheRoot();
   if (!def.ok()) {
     std::fprintf(stderr, "hvtrace %s: %s\n", command.c_str(), def.error().message.c_str());
-    return false;
+    *rc = kExitFailed;
+    return CacheOwner::kFailed;
   }
   *root = *def;
-  return true;
+  std::fprintf(stderr, "hvtrace %s: no hvtraced answers on %s; using the local cache %s\n",
+               command.c_str(), socket.c_str(), root->c_str());
+  return CacheOwner::kLocal;
 }
 
-// Runs the harvest and prints what it found to |out| (text, or JSON with
-// |json_output|); progress and problems go to stderr.
-int Harvest(const std::string& command, hostd::HarvestOptions options, bool json_output,
-            FILE* out = stdout) {
-  options.progress = [&command](std::string_view line) {
-    std::fprintf(stderr, "hvtrace %s: %.*s\n", command.c_str(), static_cast<int>(line.size()),
-                 line.data());
-  };
-  Result<hostd::HarvestResult> r = hostd::HarvestFormats(options);
-  if (!r.ok()) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command.c_str(), r.error().message.c_str());
-    return kExitFailed;
-  }
-  const json& m = r->manifest;
+// Prints a harvest's entry to |out| (text, or JSON with |json_output|) from
+// {key, path, cache_hit, seconds, manifest} (the local harvest's, or
+// hvtraced's reply); problems go to stderr.
+void PrintHarvest(const std::string& command, const json& r, bool json_output, FILE* out) {
+  const json m = r.value("manifest", json::object());
+  const std::string path = r.value("path", "");
+  const double seconds = r.value("seconds", 0.0);
   if (json_output) {
-    PrintJson({{"key", r->key},
-               {"path", r->entry_dir.string()},
-               {"cache_hit", r->cache_hit},
-               {"seconds", r->seconds},
-               {"manifest", m}});
+    PrintJson(r);
   } else {
-    std::fprintf(out, "key       %s\n", r->key.c_str());
+    std::fprintf(out, "key       %s\n", r.value("key", "").c_str());
     std::fprintf(out, "release   %s\n", m.value("release", "").c_str());
     std::fprintf(out, "version   %s\n", m.value("proc_version", "").c_str());
-    if (r->cache_hit) {
+    if (r.value("cache_hit", false)) {
       std::fprintf(out, "status    cached (harvested %s), looked up in %.2f s\n",
-                   m.value("harvested_utc", "").c_str(), r->seconds);
+                   m.value("harvested_utc", "").c_str(), seconds);
     } else {
       const json h = m.value("harvest", json::object());
       std::fprintf(
           out,
           "status    harvested in %.1f s (guest boot %.1f s, collect %.1f s, transfer %.2f s)\n",
-          r->seconds, h.value("boot_seconds", 0.0), h.value("collect_seconds", 0.0),
+          seconds, h.value("boot_seconds", 0.0), h.value("collect_seconds", 0.0),
           h.value("transfer_seconds", 0.0));
     }
     const size_t rejected = m.contains("rejected_formats") ? m["rejected_formats"].size() : 0;
@@ -83,7 +101,7 @@ int Harvest(const std::string& command, hostd::HarvestOptions options, bool json
                  rejected);
     std::fprintf(out, "kallsyms  %llu symbols\n",
                  static_cast<unsigned long long>(m.value("kallsyms_symbols", uint64_t{0})));
-    std::fprintf(out, "path      %s\n", r->entry_dir.c_str());
+    std::fprintf(out, "path      %s\n", path.c_str());
   }
   for (const char* list : {"rejected_formats", "unparsed_formats"}) {
     if (!m.contains(list) || !m[list].is_array()) continue;
@@ -98,6 +116,28 @@ int Harvest(const std::string& command, hostd::HarvestOptions options, bool json
     std::fprintf(stderr, "hvtrace %s: warning: kallsyms has no addresses (kptr_restrict)\n",
                  command.c_str());
   }
+}
+
+// Runs the harvest into a local cache and prints what it found to |out|
+// (text, or JSON with |json_output|); progress and problems go to stderr.
+int Harvest(const std::string& command, hostd::HarvestOptions options, bool json_output,
+            FILE* out = stdout) {
+  options.progress = [&command](std::string_view line) {
+    std::fprintf(stderr, "hvtrace %s: %.*s\n", command.c_str(), static_cast<int>(line.size()),
+                 line.data());
+  };
+  Result<hostd::HarvestResult> r = hostd::HarvestFormats(options);
+  if (!r.ok()) {
+    std::fprintf(stderr, "hvtrace %s: %s\n", command.c_str(), r.error().message.c_str());
+    return kExitFailed;
+  }
+  PrintHarvest(command,
+               {{"key", r->key},
+                {"path", r->entry_dir.string()},
+                {"cache_hit", r->cache_hit},
+                {"seconds", r->seconds},
+                {"manifest", r->manifest}},
+               json_output, out);
   return kExitOk;
 }
 
@@ -108,8 +148,9 @@ class HarvestCommand final : public Command {
         ->required()
         ->type_name("VMLINUZ");
     app.add_option("--initrd", options_.initrd,
-                   "an initramfs following the hvtrace guest contract (default: the project's own "
-                   "harvest initramfs, qemu-scripts/build-guest.sh's)")
+                   "an initramfs following the hvtrace guest contract, for a local cache only "
+                   "(default: the project's own harvest initramfs; hvtraced always uses its "
+                   "harvest_initrd)")
         ->type_name("INITRD");
     app.add_option("--cache", cache_, kCacheHelp)->type_name("DIR");
     AddDurationOption(
@@ -117,18 +158,36 @@ class HarvestCommand final : public Command {
         [this](std::chrono::milliseconds d) { options_.boot_timeout = d; },
         "how long the guest may take to boot (default 180s; a bare number is seconds)");
     app.add_flag("--keep-work-dir", options_.keep_work_dir,
-                 "keep the VM's console log, QEMU log and archive");
+                 "keep the VM's console log, QEMU log and archive (local cache only)");
     app.add_flag("--json", json_, "print {key, path, cache_hit, seconds, manifest} as JSON");
+    app.add_option("--socket", socket_,
+                   "hvtraced's control socket (default: $HVTRACE_SOCKET, the config file's "
+                   "socket, /run/hvtrace/hvtraced.sock)")
+        ->type_name("PATH");
     app.footer(
         "Boots VMLINUZ briefly in a throwaway QEMU guest (TCG) with INITRD, copies out its "
         "tracefs\n"
         "event formats, header_page, header_event, printk_formats, /proc/kallsyms and "
         "/proc/version,\n"
         "checks them, and stores them in the format cache under the SHA-256 of VMLINUZ. A kernel\n"
-        "already cached is not booted again.");
+        "already cached is not booted again. When hvtraced answers, it does the harvest (admin\n"
+        "role) into its own cache, with its own initramfs, from VMLINUZ opened as you.");
+  }
+  // The request hvtraced gets when it answers (no --cache DIR).
+  std::optional<DaemonRequest> Request() const override {
+    DaemonRequest r{"formats-harvest"};
+    r.args["kernel"] = std::filesystem::absolute(options_.kernel).string();
+    r.args["timeout_ms"] = options_.boot_timeout.count();
+    // It may wait for another harvest first, and its guest may boot for the
+    // whole timeout and then take the harvest's command timeout.
+    r.timeout = 2 * (options_.boot_timeout + options_.command_timeout) + std::chrono::minutes(1);
+    return r;
   }
   int Run() override {
-    if (!ResolveCache(name(), cache_, &options_.cache_root)) return kExitFailed;
+    int rc = kExitOk;
+    const CacheOwner owner = ChooseCache(name(), cache_, socket_, &options_.cache_root, &rc);
+    if (owner == CacheOwner::kFailed) return rc;
+    if (owner == CacheOwner::kDaemon) return RunInDaemon();
     if (options_.initrd.empty()) {
       options_.initrd = hostd::ResolveHarvestInitrd({}).string();
       if (options_.initrd.empty()) {
@@ -143,20 +202,92 @@ class HarvestCommand final : public Command {
   }
 
  private:
+  int RunInDaemon() {
+    if (!options_.initrd.empty() || options_.keep_work_dir) {
+      std::fprintf(stderr,
+                   "hvtrace %s: hvtraced harvests with its own initramfs (harvest_initrd) and "
+                   "keeps no work dir; --initrd and --keep-work-dir need --cache DIR, a cache "
+                   "of your own that hvtraced does not read\n",
+                   name().c_str());
+      return kExitUsage;
+    }
+    json result;
+    const int rc = CallDaemon(name(), socket_, *Request(), &result, [this](const json& item) {
+      if (item.contains("progress") && item["progress"].is_string()) {
+        std::fprintf(stderr, "hvtrace %s: hvtraced: %s\n", name().c_str(),
+                     item["progress"].get_ref<const std::string&>().c_str());
+      }
+    });
+    if (rc != kExitOk) return rc;
+    PrintHarvest(name(), result, json_, stdout);
+    return kExitOk;
+  }
+
   hostd::HarvestOptions options_;
   std::string cache_;
+  std::string socket_;
   bool json_ = false;
 };
+
+// One cached kernel as `formats list` prints it, from {release, events,
+// harvested_utc, key, kernel[, state]}.
+void PrintListRow(const json& e) {
+  std::printf("%-24s %-7llu %-20s %-16.16s %s%s\n", e.value("release", "").c_str(),
+              static_cast<unsigned long long>(e.value("events", uint64_t{0})),
+              e.value("harvested_utc", "").c_str(), e.value("key", "").c_str(),
+              e.value("kernel", "").c_str(), e.value("state", "") == "loaded" ? " (loaded)" : "");
+}
 
 class ListCommand final : public Command {
  public:
   void Define(CLI::App& app) override {
     app.add_option("--cache", cache_, kCacheHelp)->type_name("DIR");
     app.add_flag("--json", json_, "print the entries as JSON");
+    app.add_option("--socket", socket_,
+                   "hvtraced's control socket (default: $HVTRACE_SOCKET, the config file's "
+                   "socket, /run/hvtrace/hvtraced.sock)")
+        ->type_name("PATH");
   }
+  std::optional<DaemonRequest> Request() const override { return DaemonRequest{"formats-list"}; }
   int Run() override {
     std::filesystem::path root;
-    if (!ResolveCache(name(), cache_, &root)) return kExitFailed;
+    int rc = kExitOk;
+    const CacheOwner owner = ChooseCache(name(), cache_, socket_, &root, &rc);
+    if (owner == CacheOwner::kFailed) return rc;
+    json listing;
+    if (owner == CacheOwner::kDaemon) {
+      if (rc = CallDaemon(name(), socket_, *Request(), &listing); rc != kExitOk) return rc;
+    } else if (rc = ListLocal(root, &listing); rc != kExitOk) {
+      return rc;
+    }
+    for (const json& p : listing.value("problems", json::array())) {
+      if (p.is_string())
+        std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(), p.get<std::string>().c_str());
+    }
+    if (json_) {
+      PrintJson(listing);
+      return kExitOk;
+    }
+    const json kernels = listing.value("kernels", json::array());
+    const json harvests = listing.value("harvests", json::array());
+    const std::string cache = listing.value("cache", "");
+    if (kernels.empty() && harvests.empty()) {
+      std::printf("no cached kernels in %s\n", cache.c_str());
+      return kExitOk;
+    }
+    if (owner == CacheOwner::kDaemon) std::printf("hvtraced's cache %s\n", cache.c_str());
+    std::printf("%-24s %-7s %-20s %-16s %s\n", "RELEASE", "EVENTS", "HARVESTED", "KEY", "KERNEL");
+    for (const json& e : kernels) PrintListRow(e);
+    for (const json& h : harvests) {
+      std::printf("%-24s %-7s %-20s %-16.16s %s\n", "-", "-", "-", h.value("key", "").c_str(),
+                  h.value("state", "").c_str());
+    }
+    return kExitOk;
+  }
+
+ private:
+  // The local cache at |root| as {cache, kernels, problems}.
+  int ListLocal(const std::filesystem::path& root, json* listing) const {
     FormatCache cache(root);
     std::vector<std::string> problems;
     Result<std::vector<hostd::CacheEntrySummary>> entries = cache.List(&problems);
@@ -164,82 +295,50 @@ class ListCommand final : public Command {
       std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(), entries.error().message.c_str());
       return kExitFailed;
     }
-    for (const std::string& p : problems)
-      std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(), p.c_str());
-    if (json_) {
-      json list = json::array();
-      for (const hostd::CacheEntrySummary& e : *entries) {
-        list.push_back({{"key", e.key},
-                        {"release", e.release},
-                        {"kernel", e.kernel_path},
-                        {"events", e.events},
-                        {"harvested_utc", e.harvested_utc}});
-      }
-      PrintJson({{"cache", cache.formats_dir().string()}, {"kernels", list}});
-      return kExitOk;
-    }
-    if (entries->empty()) {
-      std::printf("no cached kernels in %s\n", cache.formats_dir().c_str());
-      return kExitOk;
-    }
-    std::printf("%-24s %-7s %-20s %-16s %s\n", "RELEASE", "EVENTS", "HARVESTED", "KEY", "KERNEL");
+    json list = json::array();
     for (const hostd::CacheEntrySummary& e : *entries) {
-      std::printf("%-24s %-7llu %-20s %-16.16s %s\n", e.release.c_str(),
-                  static_cast<unsigned long long>(e.events), e.harvested_utc.c_str(), e.key.c_str(),
-                  e.kernel_path.c_str());
+      list.push_back({{"key", e.key},
+                      {"release", e.release},
+                      {"kernel", e.kernel_path},
+                      {"events", e.events},
+                      {"harvested_utc", e.harvested_utc}});
     }
+    *listing = {{"cache", cache.formats_dir().string()}, {"kernels", list}, {"problems", problems}};
     return kExitOk;
   }
 
- private:
   std::string cache_;
+  std::string socket_;
   bool json_ = false;
 };
 
 }  // namespace
 
-int EnsureFormatsCached(const std::string& kernel) {
-  auto key = hostd::KernelKeyOfFile(kernel);
-  if (!key.ok()) {
-    std::fprintf(stderr, "hvtrace boot: %s\n", key.error().message.c_str());
-    return kExitFailed;
-  }
-  auto root = hostd::DefaultCacheRoot();
-  if (!root.ok()) return kExitOk;  // No cache dir: nothing to check.
-  auto found = FormatCache(*root).Lookup(*key);
-  if (found.ok() && found->has_value()) return kExitOk;
-  // Never the VM's own initrd: what the harvest guest reports becomes the
-  // formats every VM with this kernel decodes with (formats_service.h).
-  const std::filesystem::path initrd = hostd::ResolveHarvestInitrd({});
-  if (initrd == hostd::kPackagedHarvestInitrd) {
-    // The installed daemon harvests the kernel itself, into its own cache,
-    // with this same initramfs; one here would fill this user's cache, which
-    // that daemon does not read, at the cost of a second TCG boot.
-    std::fprintf(stderr,
-                 "hvtrace boot: hvtraced harvests the event formats of %s in the background "
-                 "(`hvtrace status NAME` shows formats: cached or loaded when done)\n",
-                 kernel.c_str());
-    return kExitOk;
-  }
-  if (initrd.empty()) {
-    std::fprintf(
-        stderr,
-        "hvtrace boot: formats for %s are not cached and no harvest initramfs was found; "
-        "captures keep region.bin until `hvtrace formats harvest --kernel %s --initrd I`\n",
-        kernel.c_str(), kernel.c_str());
-    return kExitOk;
-  }
-  std::fprintf(stderr, "hvtrace boot: harvesting event formats of %s once (boots it briefly)...\n",
-               kernel.c_str());
-  hostd::HarvestOptions options;
-  options.kernel = kernel;
-  options.initrd = initrd.string();
-  options.cache_root = *root;
-  // The summary goes to stderr: stdout is boot's own (its --json too). A
-  // failed harvest does not stop the boot: the VM is traced either way, and
-  // its captures keep region.bin until the formats are harvested.
-  if (Harvest("boot", options, /*json_output=*/false, stderr) != kExitOk) {
+int EnsureFormatsCached(const std::string& kernel, const std::string& socket_flag) {
+  // The daemon's cache is the one its captures decode with: it harvests the
+  // kernel (once, with its own initramfs) before the boot, so the first
+  // panic decodes by name. A cache hit is a hash.
+  DaemonRequest request{"formats-harvest"};
+  request.args["kernel"] = kernel;
+  request.args["timeout_ms"] = hostd::HarvestOptions{}.boot_timeout.count();
+  request.timeout = std::chrono::minutes(10);
+  json result;
+  const int rc = CallDaemon("boot", socket_flag, request, &result, [](const json& item) {
+    if (item.contains("progress") && item["progress"].is_string()) {
+      std::fprintf(stderr, "hvtrace boot: formats: %s\n",
+                   item["progress"].get_ref<const std::string&>().c_str());
+    }
+  });
+  if (rc == kExitNoDaemon || rc == kExitDenied) return rc;  // boot would fail the same way.
+  if (rc != kExitOk) {
+    // A failed harvest does not stop the boot: the VM is traced either
+    // way, and its captures keep region.bin until the formats are harvested.
     std::fprintf(stderr, "hvtrace boot: booting without cached formats\n");
+    return kExitOk;
+  }
+  if (!result.value("cache_hit", true)) {
+    std::fprintf(stderr, "hvtrace boot: formats of %s harvested into %s\n", kernel.c_str(),
+                 result.value("path", "").c_str());
   }
   return kExitOk;
 }

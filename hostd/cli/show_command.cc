@@ -33,6 +33,8 @@
 #include "capture_store.h"
 #include "command.h"
 #include "command_table.h"
+#include "config.h"
+#include "control_client.h"
 #include "formats_cache.h"
 #include "hvtrace/output.h"
 #include "region_issues.h"
@@ -238,7 +240,22 @@ int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, i
   return 0;
 }
 
-Result<hostd::KernelFormats> LoadFormats(const std::string& key_or_dir) {
+// The formats directory of the hvtraced answering on |socket_flag|'s socket
+// (formats-list), or empty when none answers. Quiet: show works offline.
+fs::path DaemonFormatsDir(const std::string& socket_flag) {
+  auto client = hostd::ControlClient::Connect(hostd::ResolveClientSocket(socket_flag),
+                                              std::chrono::seconds(2));
+  if (!client.ok()) return {};
+  auto reply = client->Call("formats-list", json::object(), std::chrono::seconds(10));
+  if (!reply.ok() || !reply->ok || !reply->result.is_object()) return {};
+  return reply->result.value("cache", "");
+}
+
+// A directory, or a kernel key looked up in the local cache (the rule in
+// formats_cache.h), then in the cache of the hvtraced that answers (the one
+// `hvtrace formats harvest` fills then) when this user may read it.
+Result<hostd::KernelFormats> LoadFormats(const std::string& key_or_dir,
+                                         const std::string& socket_flag) {
   std::error_code ec;
   const fs::path p(key_or_dir);
   if (fs::is_directory(p, ec)) {
@@ -255,9 +272,25 @@ Result<hostd::KernelFormats> LoadFormats(const std::string& key_or_dir) {
                  "' is neither a directory nor a kernel key (64 hex digits)"};
   }
   Result<fs::path> root = hostd::DefaultCacheRoot();
+  if (root.ok()) {
+    hostd::FormatCache cache(*root);
+    if (auto found = cache.Lookup(key_or_dir); !found.ok() || found->has_value()) {
+      return cache.Load(key_or_dir);
+    }
+  }
+  if (const fs::path daemon_dir = DaemonFormatsDir(socket_flag); !daemon_dir.empty()) {
+    hostd::FormatCache daemon_cache(daemon_dir.parent_path());
+    Result<std::optional<json>> found = daemon_cache.Lookup(key_or_dir);
+    if (!found.ok()) {
+      return Error{"hvtraced's cache " + daemon_dir.string() + ": " + found.error().message};
+    }
+    if (found->has_value()) return daemon_cache.Load(key_or_dir);
+    return Error{"kernel " + key_or_dir + " is in neither " +
+                 (root.ok() ? root->string() + "/formats" : std::string("a local cache")) +
+                 " nor hvtraced's cache " + daemon_dir.string()};
+  }
   if (!root.ok()) return root.error();
-  hostd::FormatCache cache(*root);
-  return cache.Load(key_or_dir);
+  return hostd::FormatCache(*root).Load(key_or_dir);
 }
 
 // Decodes the raw region file |region| with |formats| into temporary
@@ -324,7 +357,7 @@ int DecodeRegionAndShow(const ShowArgs& args, const fs::path& region,
 }
 
 int ShowRegion(const ShowArgs& args, int fd) {
-  Result<hostd::KernelFormats> formats = LoadFormats(args.formats);
+  Result<hostd::KernelFormats> formats = LoadFormats(args.formats, args.socket);
   if (!formats.ok()) {
     std::fprintf(stderr, "hvtrace show: %s\n", formats.error().message.c_str());
     return 1;
@@ -351,12 +384,12 @@ int ShowUndecodedCapture(const ShowArgs& args, const fs::path& dir, const json& 
       return 1;
     }
   }
-  Result<hostd::KernelFormats> formats = LoadFormats(formats_arg);
+  Result<hostd::KernelFormats> formats = LoadFormats(formats_arg, args.socket);
   if (!formats.ok()) {
     std::fprintf(stderr,
                  "hvtrace show: %s holds only region.bin and its kernel's formats are not "
-                 "available: %s\n  (run `hvtrace formats harvest --kernel K --initrd I` for "
-                 "the kernel in %s/manifest.json, or pass --formats)\n",
+                 "available: %s\n  (run `hvtrace formats harvest --kernel K` for the kernel in "
+                 "%s/manifest.json while hvtraced runs, or pass --formats)\n",
                  dir.c_str(), formats.error().message.c_str(), dir.c_str());
     return 1;
   }

@@ -84,8 +84,8 @@ class BootCommand final : public Command {
     AddBootFlags(app, request_);
     app.add_flag(
         "!--no-harvest", harvest_,
-        "do not harvest the kernel's event formats into the cache first (captures then keep "
-        "region.bin until `hvtrace formats harvest`)");
+        "do not wait for hvtraced to harvest the kernel's event formats into its cache first "
+        "(it still harvests them in the background; a panic before that keeps region.bin)");
     AddDaemonFlags(app, flags_);
   }
   Status Check() const override { return CheckBootRequest(request_); }
@@ -98,7 +98,7 @@ class BootCommand final : public Command {
   int Run() override {
     const DaemonRequest request = *Request();
     if (harvest_) {
-      const int rc = EnsureFormatsCached(request.args.value("kernel", ""));
+      const int rc = EnsureFormatsCached(request.args.value("kernel", ""), flags_.socket);
       if (rc != kExitOk) return rc;
     }
     json result;

@@ -298,7 +298,7 @@ Result<OpenedFiles> OpenRequestFiles(std::string_view cmd, json& args) {
     auto it = args.find(key);
     return it != args.end() && it->is_string() ? it->get<std::string>() : std::string();
   };
-  if (cmd == "boot") {
+  if (cmd == "boot" || cmd == "formats-harvest") {
     for (const char* key : {"kernel", "initrd"}) {
       if (std::string path = string_arg(key); !path.empty()) {
         if (Status s = open_one(key, path); !s.ok()) return s.error();

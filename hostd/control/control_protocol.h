@@ -135,8 +135,8 @@ Result<Reply> ParseReply(std::string_view line);
 
 // The args of |cmd| that name files the daemon reads: for each, the CLI
 // opens the file as the calling user and sends the descriptor, and the
-// daemon never opens the path. boot: "kernel", "initrd"; adopt: the FILE of
-// "boot_region" (FILE@GPA:SIZE). The descriptors' indices go into
+// daemon never opens the path. boot: "kernel", "initrd"; formats-harvest:
+// "kernel"; adopt: the FILE of "boot_region" (FILE@GPA:SIZE). The descriptors' indices go into
 // "<key>_fd"; the paths stay in args, for messages only.
 struct OpenedFiles {
   std::vector<UniqueFd> fds;

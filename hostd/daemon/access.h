@@ -4,11 +4,12 @@
 // SO_PEERGROUPS (the credentials the kernel recorded when the client
 // connected, so no /proc race and no /etc/group lookup):
 //   observer  root, the daemon's own uid, or a member of socket_group:
-//             may look (ping, version, list, status, captures, stream) and
-//             read captures (the state dir is group-owned by socket_group).
+//             may look (ping, version, list, status, captures, stream,
+//             formats-list) and read captures (the state dir is group-owned
+//             by socket_group).
 //   admin     root, the daemon's own uid, or a member of admin_group: may
 //             also change state (boot, adopt, attach, detach, capture, stop,
-//             shutdown). An admin is an observer too.
+//             shutdown, formats-harvest). An admin is an observer too.
 // Each command names its role in the command table (commands.cc); a command
 // that names none is refused to everyone.
 #ifndef HVTRACE_HOSTD_ACCESS_H_

@@ -87,6 +87,10 @@ const std::map<std::string, Daemon::Command, std::less<>>& Daemon::CommandTable(
       // an observer's right, whatever the state dir's group says.
       {"capture-files", {&Daemon::HandleCaptureFiles, kObserver}},
       {"stream", {&Daemon::HandleStream, kObserver}},
+      // The daemon's formats cache (formats_args.h): anyone may see what it
+      // holds; filling it boots a guest and writes what every VM decodes with.
+      {"formats-list", {&Daemon::HandleFormatsList, kObserver}},
+      {"formats-harvest", {&Daemon::HandleFormatsHarvest, kAdmin}},
       {"shutdown", {&Daemon::HandleShutdown, kAdmin}},
       {"boot", {&Daemon::HandleBoot, kAdmin}},
       {"adopt", {&Daemon::HandleAdopt, kAdmin}},

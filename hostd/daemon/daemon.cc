@@ -187,6 +187,11 @@ SupervisorOptions Daemon::supervisor_options() const {
 
 Status Daemon::Start() {
   if (Status s = state_.Prepare(); !s.ok()) return s;
+  {
+    // Kernel copies an earlier run's formats-harvest requests left.
+    std::error_code ec;
+    std::filesystem::remove_all(HarvestInputsDir(), ec);
+  }
   std::filesystem::path socket_path = config()->EffectiveSocketPath();
   // The run directory must be traversable by everyone (the daemon's umask
   // is 027); the socket's own mode (0660 + group, ACL) is what grants access.

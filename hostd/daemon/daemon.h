@@ -117,6 +117,10 @@ class Daemon {
   void HandleDetach(const Request& request, const std::shared_ptr<Responder>& responder);
   void HandleStream(const Request& request, const std::shared_ptr<Responder>& responder);
   void HandleSetup(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleFormatsList(const Request& request, const std::shared_ptr<Responder>& responder);
+  void HandleFormatsHarvest(const Request& request, const std::shared_ptr<Responder>& responder);
+  // Where formats-harvest copies a client's kernel (0700, emptied at start).
+  std::filesystem::path HarvestInputsDir() const;
 
   void HandleRequest(const Request& request, const PeerCredentials& peer,
                      const std::shared_ptr<Responder>& responder);
@@ -173,6 +177,9 @@ class Daemon {
   ConfigSource reload_source_;
   // Waits for the next SIGHUP (I/O thread).
   void WaitForReload();
+  // formats-harvest requests queued or running (formats_args.h caps them).
+  // Declared before the pools: their last callbacks may still count down.
+  std::atomic<int> client_harvests_{0};
   boost::asio::io_context io_;
   boost::asio::thread_pool pool_;
   // Loads and harvests of kernel formats: a harvest boots a guest for up to a

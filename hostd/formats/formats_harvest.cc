@@ -293,9 +293,10 @@ std::filesystem::path ResolveHarvestInitrd(const std::filesystem::path& configur
 
 Result<HarvestResult> HarvestFormats(const HarvestOptions& options) {
   const Clock::time_point start = Clock::now();
+  const std::string& label = options.kernel_label.empty() ? options.kernel : options.kernel_label;
   struct stat st;
   if (options.kernel.empty() || ::stat(options.kernel.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    return Error{"kernel image '" + options.kernel + "' is not a readable file"};
+    return Error{"kernel image '" + label + "' is not a readable file"};
   }
   const uint64_t kernel_bytes = static_cast<uint64_t>(st.st_size);
   if (options.initrd.empty() || ::stat(options.initrd.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -331,7 +332,7 @@ Result<HarvestResult> HarvestFormats(const HarvestOptions& options) {
   Result<std::unique_ptr<Vm>> vm = Vm::Start(config, /*kvm_usable=*/false);
   if (!vm.ok()) return Error{"harvest VM: " + vm.error().message};
   auto fail = [&](const std::string& message, GuestConsole* console) -> Result<HarvestResult> {
-    std::string text = "harvest of " + options.kernel + ": " + message;
+    std::string text = "harvest of " + label + ": " + message;
     if (console != nullptr) text += "\n--- guest console (tail) ---\n" + console->Tail(30);
     const std::string qemu_tail = (*vm)->QemuLogTail(1024);
     if (!qemu_tail.empty()) text += "\n--- QEMU ---\n" + qemu_tail;
@@ -375,16 +376,16 @@ Result<HarvestResult> HarvestFormats(const HarvestOptions& options) {
   Result<std::vector<std::byte>> archive = ReadPrefix(archive_path, *archive_bytes);
   if (!archive.ok()) return archive.error();
   Result<HarvestBundle> bundle = ParseHarvestArchive(*archive);
-  if (!bundle.ok()) return Error{"harvest of " + options.kernel + ": " + bundle.error().message};
+  if (!bundle.ok()) return Error{"harvest of " + label + ": " + bundle.error().message};
   const std::string ready_release = ready->substr(ready->find("HVTRACE-GUEST-READY") + 19);
   if (ready_release.find(bundle->release) == std::string::npos) {
-    return Error{"harvest of " + options.kernel + ": uname -r says '" + bundle->release +
+    return Error{"harvest of " + label + ": uname -r says '" + bundle->release +
                  "' but the guest announced '" + ready_release + "'"};
   }
 
   Result<std::string> initrd_hash = Sha256File(options.initrd);
   json manifest = {
-      {"kernel_path", config.kernel},
+      {"kernel_path", options.kernel_label.empty() ? config.kernel : label},
       {"kernel_bytes", kernel_bytes},
       {"initrd_path", config.initrd},
       {"initrd_sha256", initrd_hash.ok() ? *initrd_hash : std::string()},

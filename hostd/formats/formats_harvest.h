@@ -30,7 +30,10 @@
 namespace hvtrace::hostd {
 
 struct HarvestOptions {
-  std::string kernel;                // vmlinuz
+  std::string kernel;  // vmlinuz
+  // What the entry's manifest records as the kernel's path and errors name
+  // (hvtraced: the client's path, not its private copy); empty: |kernel|.
+  std::string kernel_label;
   std::string initrd;                // An initramfs following the guest contract.
   std::filesystem::path cache_root;  // FormatCache root (holds formats/).
   std::string qemu_binary = "qemu-system-x86_64";

@@ -53,23 +53,77 @@ void FormatsService::Prepare(const std::string& key, const std::string& kernel) 
     }
     if (*got != nullptr) return;
     if (kernel.empty() || self->harvest_initrd_.empty()) {
-      self->log_(LogLevel::kWarning,
-                 "formats " + key + " are not in " + self->root_.string() + " and " +
-                     (kernel.empty() ? std::string("the VM's kernel is unknown")
-                                     : std::string("no harvest_initrd is configured")) +
-                     ": captures keep region.bin only; run `hvtrace formats harvest --kernel " +
-                     (kernel.empty() ? std::string("K") : kernel) + " --initrd I`");
+      // The command named fills this daemon's cache: the CLI asks the daemon
+      // that answers on its socket, which harvests into |root_|.
+      self->log_(
+          LogLevel::kWarning,
+          "formats " + key + " are not in " + self->root_.string() + " and " +
+              (kernel.empty() ? std::string("the VM's kernel is unknown")
+                              : std::string("no harvest_initrd is configured")) +
+              ": captures keep region.bin only; " +
+              (self->harvest_initrd_.empty() ? "set harvest_initrd in hvtraced.conf, then " : "") +
+              "run `hvtrace formats harvest --kernel " +
+              (kernel.empty() ? std::string("K") : kernel) +
+              "` (hvtraced harvests it into this cache)");
       return;
     }
     std::lock_guard lock(self->mu_);
     if (self->harvest_state_.contains(key)) return;  // Queued, running, or failed before.
-    self->harvest_state_[key] = "queued";
-    self->harvest_queue_.push_back(HarvestJob{key, kernel});
-    if (!self->harvest_running_) {
-      self->harvest_running_ = true;
-      boost::asio::post(self->pool_, [self] { self->RunNextHarvest(); });
-    }
+    HarvestJob job;
+    job.key = key;
+    job.kernel = kernel;
+    job.label = kernel;
+    self->EnqueueLocked(std::move(job));
   });
+}
+
+void FormatsService::Harvest(HarvestRequest request) {
+  std::string missing;
+  if (root_.empty()) missing = "hvtraced has no formats cache directory (cache_dir)";
+  if (missing.empty() && harvest_initrd_.empty()) {
+    missing =
+        "hvtraced has no harvest initramfs: set harvest_initrd in hvtraced.conf (the package "
+        "installs " +
+        std::string(kPackagedHarvestInitrd) + ")";
+  }
+  if (missing.empty() && !IsValidKernelKey(request.key)) missing = "bad kernel key";
+  if (!missing.empty()) {
+    request.done(Error{"harvest of " + request.label + ": " + missing});
+    return;
+  }
+  std::lock_guard lock(mu_);
+  EnqueueLocked(HarvestJob{std::move(request.key), std::move(request.kernel),
+                           std::move(request.label), request.boot_timeout,
+                           std::move(request.progress), std::move(request.done)});
+}
+
+void FormatsService::EnqueueLocked(HarvestJob job) {
+  // A state a running harvest of the same key set stays until that one ends.
+  if (auto it = harvest_state_.find(job.key);
+      it == harvest_state_.end() || it->second.starts_with("harvest failed")) {
+    harvest_state_[job.key] = "queued";
+  }
+  harvest_queue_.push_back(std::move(job));
+  if (!harvest_running_) {
+    harvest_running_ = true;
+    boost::asio::post(pool_, [self = shared_from_this()] { self->RunNextHarvest(); });
+  }
+}
+
+Result<HarvestResult> FormatsService::RunHarvest(const HarvestJob& job) {
+  HarvestOptions options;
+  options.kernel = job.kernel;
+  options.kernel_label = job.label;
+  options.initrd = harvest_initrd_.string();
+  options.cache_root = root_;
+  options.boot_timeout = job.boot_timeout;
+  options.progress = job.progress;
+  // The initramfs decides what the harvest reports: only one nobody but
+  // root (or this daemon's user) can have changed.
+  if (Status trusted = CheckTrustedPath(harvest_initrd_, "harvest initramfs"); !trusted.ok()) {
+    return Error{"harvest of " + job.label + ": " + trusted.error().message};
+  }
+  return HarvestFormats(options);
 }
 
 void FormatsService::RunNextHarvest() {
@@ -84,27 +138,21 @@ void FormatsService::RunNextHarvest() {
     harvest_queue_.pop_front();
     harvest_state_[job.key] = "harvesting";
   }
-  log_(LogLevel::kInfo, "formats " + job.key + ": not cached; harvesting them from " + job.kernel +
-                            " in the background with " + harvest_initrd_.string());
-  HarvestOptions options;
-  options.kernel = job.kernel;
-  options.initrd = harvest_initrd_.string();
-  options.cache_root = root_;
-  // The initramfs decides what the harvest reports: only one nobody but
-  // root (or this daemon's user) can have changed.
-  Result<HarvestResult> harvested = Error{""};
-  if (Status trusted = CheckTrustedPath(harvest_initrd_, "harvest initramfs"); !trusted.ok()) {
-    harvested = trusted.error();
-  } else {
-    harvested = HarvestFormats(options);
-  }
+  log_(LogLevel::kInfo,
+       "formats " + job.key + ": " +
+           (job.done ? "harvesting them from " + job.label + " as asked"
+                     : "not cached; harvesting them from " + job.kernel + " in the background") +
+           " with " + harvest_initrd_.string());
+  Result<HarvestResult> harvested = RunHarvest(job);
   std::string outcome;
   if (!harvested.ok()) {
     outcome = "harvest failed: " + harvested.error().message;
   } else if (harvested->key != job.key) {
-    // The image changed on disk since the VM booted: its entry is not this VM's.
-    outcome = "harvest failed: " + job.kernel + " changed since the VM booted (now " +
+    // The image changed on disk since the VM booted (or since the daemon
+    // hashed its copy): its entry is not this kernel's.
+    outcome = "harvest failed: " + job.label + " changed since it was hashed (now " +
               harvested->key + ")";
+    harvested = Error{outcome};
   }
   {
     std::lock_guard lock(mu_);
@@ -115,16 +163,24 @@ void FormatsService::RunNextHarvest() {
     }
   }
   if (outcome.empty()) {
-    log_(LogLevel::kNotice, "formats " + job.key + ": harvested in " +
-                                std::to_string(harvested->seconds) + " s into " +
-                                harvested->entry_dir.string());
+    if (!harvested->cache_hit) {
+      log_(LogLevel::kNotice, "formats " + job.key + ": harvested in " +
+                                  std::to_string(harvested->seconds) + " s into " +
+                                  harvested->entry_dir.string());
+    }
     if (auto loaded = Get(job.key); !loaded.ok()) {
       log_(LogLevel::kWarning, "formats " + job.key + ": " + loaded.error().message);
     }
   } else {
     log_(LogLevel::kWarning, "formats " + job.key + ": " + outcome);
   }
+  if (job.done) job.done(std::move(harvested));
   boost::asio::post(pool_, [self = shared_from_this()] { self->RunNextHarvest(); });
+}
+
+std::map<std::string, std::string> FormatsService::HarvestStates() {
+  std::lock_guard lock(mu_);
+  return harvest_state_;
 }
 
 std::string FormatsService::StateOf(const std::string& key) {

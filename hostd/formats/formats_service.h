@@ -21,6 +21,7 @@
 #define HVTRACE_HOSTD_FORMATS_SERVICE_H_
 
 #include <boost/asio/any_io_executor.hpp>
+#include <chrono>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -31,6 +32,7 @@
 
 #include "daemon_log.h"
 #include "formats_cache.h"
+#include "formats_harvest.h"
 #include "hvtrace/result.h"
 
 namespace hvtrace::hostd {
@@ -47,6 +49,7 @@ class FormatsService : public std::enable_shared_from_this<FormatsService> {
                  std::filesystem::path harvest_initrd = {});
 
   const std::filesystem::path& root() const { return root_; }
+  const std::filesystem::path& harvest_initrd() const { return harvest_initrd_; }
 
   // |key|'s formats, from memory or loaded from the cache. Null when the
   // cache has no entry; an error when the entry is unreadable. Thread-safe.
@@ -56,14 +59,43 @@ class FormatsService : public std::enable_shared_from_this<FormatsService> {
   // known, harvests it with the harvest initramfs (queued, one at a time).
   void Prepare(const std::string& key, const std::string& kernel);
 
+  // A harvest a client asked for (`hvtrace formats harvest` through the
+  // daemon's `formats-harvest`): |kernel| is the daemon's private copy of
+  // the client's file (hashed to |key| by the caller), |label| what the
+  // entry's manifest records as the kernel's path (the client's). Queued
+  // behind any other harvest, with the harvest initramfs as always; unlike
+  // Prepare, a kernel whose earlier harvest failed is tried again. |progress|
+  // gets the harvest's step lines; |done| runs on the pool with the entry
+  // (a cache hit included) or the reason.
+  struct HarvestRequest {
+    std::string key;
+    std::string kernel;
+    std::string label;
+    std::chrono::milliseconds boot_timeout{std::chrono::seconds(180)};
+    std::function<void(std::string_view)> progress;
+    std::function<void(Result<HarvestResult>)> done;
+  };
+  void Harvest(HarvestRequest request);
+
   // For manifests: "loaded", "cached", "harvesting", "queued", "missing" or
   // "harvest failed: <why>".
   std::string StateOf(const std::string& key);
 
+  // The harvests queued, running or failed in this daemon run: key → state.
+  std::map<std::string, std::string> HarvestStates();
+
  private:
+  // A background harvest (Prepare) has no |done|.
   struct HarvestJob {
-    std::string key, kernel;
+    std::string key, kernel, label;
+    std::chrono::milliseconds boot_timeout{std::chrono::seconds(180)};
+    std::function<void(std::string_view)> progress;
+    std::function<void(Result<HarvestResult>)> done;
   };
+  // Queues |job| and starts the queue when it is idle; the caller holds mu_.
+  void EnqueueLocked(HarvestJob job);
+  // Runs one harvest with the harvest initramfs (checked first).
+  Result<HarvestResult> RunHarvest(const HarvestJob& job);
   void RunNextHarvest();
 
   const std::filesystem::path root_;

@@ -331,13 +331,29 @@ TEST_F(CliArgs, LocalCommandsSendNothing) {
            {"show", "capture-dir", "--boot", "1", "--format", "text"},
            {"show", "--region", "region.bin", "--formats", "key", "--cpus", "2"},
            {"qemu-args", "vm1", "--kernel", "/k", "--run-dir", "/tmp/r", "--json"},
-           {"domain-xml", "--params", "--memory", "512M", "--range", "16M"},
-           {"formats", "list", "--json"},
-           {"formats", "harvest", "--kernel", "k", "--initrd", "i", "--timeout", "30"}}) {
+           {"domain-xml", "--params", "--memory", "512M", "--range", "16M"}}) {
     CommandTable::Parsed p = Parse(args);
     ASSERT_NE(p.command, nullptr) << args[0] << ": " << err_.str();
     EXPECT_FALSE(p.command->Request().has_value()) << args[0];
   }
+}
+
+// `formats` asks hvtraced when it answers (the one formats cache): the
+// request names the kernel by absolute path (the CLI passes it opened) and
+// never an initrd; the reply may wait for a queued harvest and a whole boot.
+TEST_F(CliArgs, FormatsCommandsAskTheDaemon) {
+  EXPECT_EQ(RequestOf({"formats", "list", "--json"}).cmd, "formats-list");
+  DaemonRequest h = RequestOf({"formats", "harvest", "--kernel", "k", "--timeout", "30"});
+  EXPECT_EQ(h.cmd, "formats-harvest");
+  EXPECT_EQ(h.args["kernel"], (std::filesystem::current_path() / "k").string());
+  EXPECT_EQ(h.args["timeout_ms"], 30000);
+  EXPECT_FALSE(h.args.contains("initrd"));
+  EXPECT_GE(h.timeout, milliseconds(2 * 30000));
+  // --initrd is a local harvest's: it is not sent even when given.
+  DaemonRequest with_initrd =
+      RequestOf({"formats", "harvest", "--kernel", "/k", "--initrd", "i", "--socket", "/s"});
+  EXPECT_FALSE(with_initrd.args.contains("initrd"));
+  EXPECT_EQ(with_initrd.args["kernel"], "/k");
 }
 
 TEST_F(CliArgs, LocalCommandsBadInput) {

@@ -47,7 +47,8 @@ std::string TryCommands(const fs::path& socket, const std::vector<std::string>& 
   if (!c.ok()) return "connect failed: " + c.error().message;
   std::string report;
   for (const std::string& cmd : cmds) {
-    json args = cmd == "ping" || cmd == "list" || cmd == "version" || cmd == "shutdown"
+    json args = cmd == "ping" || cmd == "list" || cmd == "version" || cmd == "shutdown" ||
+                        cmd == "formats-list"
                     ? json::object()
                     : json{{"name", "nosuchvm"}};
     auto r = c->Call(cmd, args, 5s);
@@ -77,10 +78,11 @@ TEST(DaemonRolesTest, Malicious_ObserverMayLookButNotChangeAnything) {
                   "\nadmin_group = " + std::to_string(kAdminGid) + "\n";
   d.Start();
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
-  const std::vector<std::string> looks = {"ping",     "version", "list",         "status",
-                                          "captures", "stream",  "capture-files"};
-  const std::vector<std::string> changes = {"boot",    "adopt", "attach",   "detach",
-                                            "capture", "stop",  "shutdown", "setup"};
+  const std::vector<std::string> looks = {"ping",     "version", "list",          "status",
+                                          "captures", "stream",  "capture-files", "formats-list"};
+  const std::vector<std::string> changes = {"boot",     "adopt",   "attach",
+                                            "detach",   "capture", "stop",
+                                            "shutdown", "setup",   "formats-harvest"};
   std::vector<std::string> all = looks;
   all.insert(all.end(), changes.begin(), changes.end());
   const std::string report = AsNobody({kObserverGid}, [&] { return TryCommands(d.socket(), all); });
@@ -88,6 +90,7 @@ TEST(DaemonRolesTest, Malicious_ObserverMayLookButNotChangeAnything) {
     // Allowed: ok, or an error about the VM, never permission_denied.
     EXPECT_EQ(LineOf(report, cmd).find(std::string(kErrDenied)), std::string::npos) << report;
   }
+  EXPECT_EQ(LineOf(report, "formats-list"), "formats-list ok") << report;
   for (const std::string& cmd : changes) {
     const std::string line = LineOf(report, cmd);
     EXPECT_NE(line.find(std::string(kErrDenied) + ": '" + cmd + "' needs the admin role"),
@@ -116,11 +119,13 @@ TEST(DaemonRolesTest, AdminGroupMayChangeStateAndStrangersMayNotConnect) {
   // An admin (admin group only, not in socket_group) gets past the role check:
   // capture and stop fail on the unknown VM, not on permission.
   const std::string admin = AsNobody({kAdminGid}, [&] {
-    return TryCommands(d.socket(), {"list", "capture", "stop"});
+    return TryCommands(d.socket(), {"list", "capture", "stop", "formats-harvest"});
   });
   EXPECT_EQ(LineOf(admin, "list"), "list ok") << admin;
   EXPECT_NE(LineOf(admin, "capture").find(std::string(kErrUnknownVm)), std::string::npos) << admin;
   EXPECT_NE(LineOf(admin, "stop").find(std::string(kErrUnknownVm)), std::string::npos) << admin;
+  EXPECT_NE(LineOf(admin, "formats-harvest").find(std::string(kErrBadRequest)), std::string::npos)
+      << admin;
   const std::string shutdown =
       AsNobody({kAdminGid}, [&] { return TryCommands(d.socket(), {"shutdown"}); });
   EXPECT_EQ(LineOf(shutdown, "shutdown"), "shutdown ok") << shutdown;
@@ -247,6 +252,22 @@ TEST(DaemonRolesTest, Malicious_FilesMustComeAsCheckedDescriptors) {
   ASSERT_TRUE(o_path.ok()) << o_path.error().message;
   EXPECT_EQ(o_path->code, kErrBadRequest);
   EXPECT_NE(o_path->error.find("not open for reading"), std::string::npos) << o_path->error;
+  // formats-harvest: the same, for the kernel it would boot as root.
+  Reply harvest_path = Call(c, "formats-harvest", {{"kernel", "/etc/shadow"}});
+  EXPECT_EQ(harvest_path.code, kErrBadRequest);
+  EXPECT_NE(harvest_path.error.find("kernel /etc/shadow must come as an open file descriptor"),
+            std::string::npos)
+      << harvest_path.error;
+  int harvest_o_path = ::open("/etc/shadow", O_PATH | O_CLOEXEC);
+  ASSERT_GE(harvest_o_path, 0);
+  const int harvest_fds[] = {harvest_o_path};
+  auto harvest_unreadable =
+      c.Call("formats-harvest", {{"kernel", "/etc/shadow"}, {"kernel_fd", 0}}, 5s, {}, harvest_fds);
+  ::close(harvest_o_path);
+  ASSERT_TRUE(harvest_unreadable.ok()) << harvest_unreadable.error().message;
+  EXPECT_EQ(harvest_unreadable->code, kErrBadRequest);
+  EXPECT_NE(harvest_unreadable->error.find("not open for reading"), std::string::npos)
+      << harvest_unreadable->error;
   // A descriptor index the request does not carry.
   Reply bad_index = Call(c, "boot", {{"name", "vm1"}, {"kernel", "k"}, {"kernel_fd", 3}});
   EXPECT_NE(bad_index.error.find("carries 0"), std::string::npos) << bad_index.error;

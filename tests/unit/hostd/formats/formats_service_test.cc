@@ -11,6 +11,7 @@
 #include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -137,6 +138,53 @@ TEST(FormatsServiceTest, Malicious_BadKeysAndEditedEntriesAreErrors) {
   auto edited = s.formats->Get(kKey);
   ASSERT_FALSE(edited.ok());
   EXPECT_NE(edited.error().message.find(kKey), std::string::npos) << edited.error().message;
+}
+
+// A harvest a client asked for: refused at once, naming the client's kernel
+// path and the config key, when there is no harvest initramfs; with an
+// untrusted one it fails before any guest boots, is reported to |done| and
+// in HarvestStates, and a later request is tried again (not remembered as
+// failed the way a background harvest is).
+TEST(FormatsServiceTest, Malicious_RequestedHarvestFailsWithTheKernelAndCause) {
+  TempDir dir;
+  {
+    Service none(dir.path() / "cache");
+    std::string why;
+    FormatsService::HarvestRequest r;
+    r.key = kKey;
+    r.kernel = "/var/lib/hvtrace/harvest/inputs/kernel-0";
+    r.label = "/home/u/vmlinuz";
+    r.done = [&](Result<HarvestResult> result) {
+      why = result.ok() ? "ok" : result.error().message;
+    };
+    none.formats->Harvest(std::move(r));
+    EXPECT_NE(why.find("harvest of /home/u/vmlinuz: "), std::string::npos) << why;
+    EXPECT_NE(why.find("set harvest_initrd in hvtraced.conf"), std::string::npos) << why;
+  }
+  const fs::path initrd = dir.path() / "initrd.img";
+  std::ofstream(initrd) << "not really an initramfs";
+  fs::permissions(initrd, fs::perms::all);
+  Service s(dir.path() / "cache", initrd);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    std::promise<std::string> failed;
+    FormatsService::HarvestRequest r;
+    r.key = kKey;
+    r.kernel = "/nonexistent/kernel-copy";
+    r.label = "/home/u/vmlinuz";
+    r.done = [&](Result<HarvestResult> result) {
+      failed.set_value(result.ok() ? "ok" : result.error().message);
+    };
+    s.formats->Harvest(std::move(r));
+    auto future = failed.get_future();
+    ASSERT_EQ(future.wait_for(std::chrono::seconds(10)), std::future_status::ready) << attempt;
+    const std::string why = future.get();
+    EXPECT_NE(why.find("harvest of /home/u/vmlinuz: harvest initramfs"), std::string::npos) << why;
+    EXPECT_NE(why.find("writable by others"), std::string::npos) << why;
+    EXPECT_NE(s.formats->HarvestStates()[kKey].find("harvest failed"), std::string::npos);
+  }
+  EXPECT_NE(s.Log().find("harvesting them from /home/u/vmlinuz as asked"), std::string::npos)
+      << s.Log();
+  EXPECT_FALSE(fs::exists(dir.path() / "cache" / "formats" / kKey));
 }
 
 }  // namespace

@@ -1,0 +1,177 @@
+// formats-list and formats-harvest (formats_args.h): the daemon's formats
+// cache, the one every VM decodes with, listed and filled for clients.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <cstring>
+#include <set>
+
+#include "client_files.h"
+#include "daemon.h"
+#include "daemon_log.h"
+#include "formats_args.h"
+
+namespace hvtrace::hostd {
+
+namespace asio = boost::asio;
+using nlohmann::json;
+
+Result<FormatsHarvestArgs> ParseFormatsHarvestArgs(const json& args) {
+  constexpr char kCmd[] = "formats-harvest";
+  if (!args.is_object()) return Error{std::string(kCmd) + ": args must be an object"};
+  FormatsHarvestArgs a;
+  auto kernel = args.find("kernel");
+  if (kernel == args.end() || !kernel->is_string() || kernel->get<std::string>().empty()) {
+    return Error{std::string(kCmd) + ": args.kernel (the kernel image's path) is required"};
+  }
+  a.kernel = kernel->get<std::string>();
+  if (a.kernel.size() > kMaxKernelPathBytes) {
+    return Error{std::string(kCmd) + ": args.kernel is longer than " +
+                 std::to_string(kMaxKernelPathBytes) + " bytes"};
+  }
+  if (auto initrd = args.find("initrd"); initrd != args.end() && !initrd->is_null()) {
+    return Error{std::string(kCmd) + " " + a.kernel +
+                 ": hvtraced harvests only with its own initramfs (harvest_initrd in "
+                 "hvtraced.conf), never a client's: the harvest guest's report becomes the "
+                 "formats of every VM with that kernel; for another initrd harvest into a "
+                 "cache of your own (`hvtrace formats harvest --cache DIR --initrd I`)"};
+  }
+  if (auto t = args.find("timeout_ms"); t != args.end() && !t->is_null()) {
+    if (!t->is_number_integer() || (!t->is_number_unsigned() && t->get<int64_t>() < 0)) {
+      return Error{std::string(kCmd) + ": args.timeout_ms must be a non-negative integer"};
+    }
+    const uint64_t ms = t->get<uint64_t>();
+    if (ms < static_cast<uint64_t>(kMinHarvestTimeout.count()) ||
+        ms > static_cast<uint64_t>(kMaxHarvestTimeout.count())) {
+      return Error{std::string(kCmd) + ": args.timeout_ms = " + std::to_string(ms) +
+                   " is outside " + std::to_string(kMinHarvestTimeout.count()) + ".." +
+                   std::to_string(kMaxHarvestTimeout.count())};
+    }
+    a.timeout = std::chrono::milliseconds(ms);
+  }
+  return a;
+}
+
+void Daemon::HandleFormatsList(const Request&, const std::shared_ptr<Responder>& responder) {
+  // Listing reads every entry's manifest: off the I/O thread.
+  asio::post(pool_, [formats = formats_, responder] {
+    json reply = {
+        {"cache", formats->root().empty() ? std::string()
+                                          : FormatCache(formats->root()).formats_dir().string()},
+        {"harvest_initrd", formats->harvest_initrd().string()},
+        {"kernels", json::array()},
+        {"harvests", json::array()},
+        {"problems", json::array()}};
+    std::set<std::string> listed;
+    if (formats->root().empty()) {
+      reply["problems"].push_back("hvtraced has no formats cache directory (cache_dir)");
+    } else {
+      std::vector<std::string> problems;
+      auto entries = FormatCache(formats->root()).List(&problems);
+      if (!entries.ok()) {
+        responder->Fail(kErrInternal, "formats-list: " + entries.error().message);
+        return;
+      }
+      for (const std::string& p : problems) reply["problems"].push_back(p);
+      for (const CacheEntrySummary& e : *entries) {
+        listed.insert(e.key);
+        reply["kernels"].push_back({{"key", e.key},
+                                    {"release", e.release},
+                                    {"kernel", e.kernel_path},
+                                    {"events", e.events},
+                                    {"harvested_utc", e.harvested_utc},
+                                    {"state", formats->StateOf(e.key)}});
+      }
+    }
+    for (const auto& [key, state] : formats->HarvestStates()) {
+      if (!listed.contains(key)) reply["harvests"].push_back({{"key", key}, {"state", state}});
+    }
+    responder->Reply(reply);
+  });
+}
+
+// Runs on the I/O thread: checks the request and the descriptor, then the
+// copy, the hash and the harvest go to the pools (formats_service.h).
+void Daemon::HandleFormatsHarvest(const Request& request,
+                                  const std::shared_ptr<Responder>& responder) {
+  auto args = ParseFormatsHarvestArgs(request.args);
+  if (!args.ok()) {
+    responder->Fail(kErrBadRequest, args.error().message);
+    return;
+  }
+  auto kernel_fd = RequestFile(request, "kernel", kMaxKernelBytes, /*required=*/true);
+  if (!kernel_fd.ok()) {
+    responder->Fail(kErrBadRequest, kernel_fd.error().message);
+    return;
+  }
+  const std::string who = "uid " + std::to_string(request.peer_uid.value_or(0));
+  if (client_harvests_.fetch_add(1) >= kMaxClientHarvests) {
+    client_harvests_.fetch_sub(1);
+    responder->Fail(kErrBusy, "formats-harvest " + args->kernel + ": " +
+                                  std::to_string(kMaxClientHarvests) +
+                                  " harvests are already queued; try again when they end");
+    return;
+  }
+  static std::atomic<uint64_t> next_copy{0};
+  const std::filesystem::path copy =
+      HarvestInputsDir() / ("kernel-" + std::to_string(next_copy.fetch_add(1)));
+  asio::post(pool_, [this, args = *args, fd = *kernel_fd, copy, who, responder] {
+    // The daemon's own copy: it is hashed, booted and hashed again by the
+    // harvest, and the client could rewrite its file between those reads.
+    const std::string what = "kernel " + args.kernel + " of " + who;
+    auto fail = [this, &copy, &responder](const std::string& why) {
+      std::error_code ec;
+      std::filesystem::remove(copy, ec);
+      client_harvests_.fetch_sub(1);
+      LogWarning("formats-harvest: " + why);
+      responder->Fail(kErrVmFailed, why);
+    };
+    Status copied = MakeDirs(copy.parent_path(), 0700);
+    if (copied.ok() && ::chmod(copy.parent_path().c_str(), 0700) != 0) {
+      copied = Error{"chmod " + copy.parent_path().string() + ": " + std::strerror(errno)};
+    }
+    if (copied.ok()) copied = CopyClientFile(fd->get(), what, copy, kMaxKernelBytes);
+    if (!copied.ok()) return fail(copied.error().message);
+    auto key = KernelKeyOfFile(copy.string());
+    if (!key.ok()) return fail(what + ": " + key.error().message);
+    LogInfo(who + " asked for the formats of " + args.kernel + " (" + *key + ")");
+    const std::string cache = FormatCache(formats_->root()).formats_dir().string();
+    responder->Stream({{"progress", "kernel " + *key + ": queued for hvtraced's cache " + cache}});
+    FormatsService::HarvestRequest harvest;
+    harvest.key = *key;
+    harvest.kernel = copy.string();
+    harvest.label = args.kernel;
+    harvest.boot_timeout = args.timeout;
+    harvest.progress = [responder](std::string_view line) {
+      responder->Stream({{"progress", std::string(line)}});
+    };
+    harvest.done = [this, copy, who, responder, cache](Result<HarvestResult> r) {
+      std::error_code ec;
+      std::filesystem::remove(copy, ec);
+      client_harvests_.fetch_sub(1);
+      if (!r.ok()) {
+        responder->Fail(kErrVmFailed, r.error().message);
+        return;
+      }
+      LogInfo(who + ": formats " + r->key +
+              (r->cache_hit ? " were cached in " : " harvested into ") + r->entry_dir.string());
+      responder->End({{"key", r->key},
+                      {"path", r->entry_dir.string()},
+                      {"cache_hit", r->cache_hit},
+                      {"seconds", r->seconds},
+                      {"manifest", r->manifest},
+                      {"cache", cache}});
+    };
+    formats_->Harvest(std::move(harvest));
+  });
+}
+
+std::filesystem::path Daemon::HarvestInputsDir() const {
+  // "inputs": ShareStateDir leaves such directories 0700 (client_files.h).
+  return state_.root() / "harvest" / "inputs";
+}
+
+}  // namespace hvtrace::hostd

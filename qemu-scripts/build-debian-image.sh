@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# Builds the Debian 12 test VM: a bootable qcow2 disk image made from Debian's
+# Builds the Debian test VMs: a bootable qcow2 disk image made from Debian's
 # packages, the way a user's distro VM looks (its kernel and initrd live in the
 # image, the host never holds them).
 #
-#   qemu-scripts/build-debian-image.sh [--out DIR] [--agent PATH | --agent-deb DEB] [--refresh]
+#   qemu-scripts/build-debian-image.sh [--suite bookworm|trixie] [--out DIR] [--agent PATH | --agent-deb DEB] [--refresh]
+#
+# --suite picks the release and its kernel (default bookworm):
+#   bookworm  Debian 12, the bookworm-backports linux-image-6.12.*-amd64 that
+#             build-guest.sh resolves for --kernel 6.12; output DIR/debian12/
+#   trixie    Debian 13, the trixie-backports linux-image-7.3.*-amd64 that
+#             build-guest.sh resolves for --kernel 7.3 (a meta package: the
+#             kernel is in linux-binary-REL at /usr/lib/modules/REL/vmlinuz,
+#             the modules in linux-modules-REL); output DIR/debian13/
 #
 # Image: MBR disk, partition 1 FAT32 /boot (syslinux, the kernel, Debian's
-# initramfs-tools initrd), partition 2 ext4 / (read-write); systemd; the
-# bookworm-backports linux-image-6.12.*-amd64 kernel build-guest.sh resolves;
-# console on ttyS0; trace-cmd and kexec-tools. The hvtrace agent is installed
+# initramfs-tools initrd), partition 2 ext4 / (read-write); systemd; console
+# on ttyS0; trace-cmd and kexec-tools. The hvtrace agent is installed
 # as a user installs it: with --agent-deb, its package (scripts/build-packages.sh)
 # is copied into the root and `dpkg -i`ed there, so its postinst enables the
 # unit and rebuilds the initramfs with its hook; with --agent (developers, the
@@ -23,16 +30,18 @@
 # mmdebstrap -> tarball, mkfs.ext4 -d and mkfs.vfat + mtools + syslinux
 # --install on partition files, sfdisk + syslinux's MBR on the disk file.
 #
-# Cache (${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace}/debian-image/), two levels:
-#   root-KEY.tar   the installed package root, KEY = package list + kernel +
-#                  mirror + the root recipe (build_root below)
+# Cache (${HVTRACE_CACHE_DIR:-$HOME/.cache/hvtrace}/debian-image/GUEST/, one
+# directory and one lock per image, so both suites build at the same time
+# and neither evicts the other), two levels:
+#   root-KEY.tar   the installed package root, KEY = package list + suite +
+#                  kernel + mirror + the root recipe (build_root below)
 #   image-KEY.qcow2  the final image, KEY adds the agent binary and the dist
 #                  files (or the agent .deb), the fixture and this script
 #   debs/          the last root's .debs, so a rebuilt root fetches only what changed
-# A new agent only redoes the image step. Output: DIR/debian12/disk.qcow2
+# A new agent only redoes the image step. Output: DIR/GUEST/disk.qcow2
 # (DIR defaults to build/guest; a hard link to the cached image), plus
 # kernel-release, package and cmdline. Prints
-#   IMAGE debian12 DISK=<abs path> RELEASE=<uname -r>
+#   IMAGE GUEST DISK=<abs path> RELEASE=<uname -r>
 # Boot it with snapshot=on (or an overlay): never write the cached image.
 #
 # Exit status 75 (EX_TEMPFAIL): offline, Debian's archive could not be reached
@@ -45,12 +54,11 @@ set -euo pipefail
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$SCRIPT_DIR/.." && pwd)
 CACHE=${HVTRACE_CACHE_DIR:-${HOME:-/root}/.cache/hvtrace}
-IMG_CACHE="$CACHE/debian-image"
 OUT="$ROOT/build/guest"
 AGENT="$ROOT/build/bin/hvtrace-agent"
 AGENT_DEB=""
 REFRESH=0
-GUEST=debian12
+SUITE=bookworm
 # Fixed identifiers, so the boot loader and fstab can name the filesystems.
 ROOT_UUID=5d1c7f0e-4a52-4f3b-9c1e-68b7a0c1e212
 BOOT_VOLID=4856540C  # FAT volume id; udev names it 4856-540C (upper case)
@@ -69,6 +77,7 @@ usage() { sed -n '6p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
+    --suite) [ $# -ge 2 ] || usage; SUITE=$2; shift 2 ;;
     --out) [ $# -ge 2 ] || usage; OUT=$2; shift 2 ;;
     --agent) [ $# -ge 2 ] || usage; AGENT=$2; shift 2 ;;
     --agent-deb) [ $# -ge 2 ] || usage; AGENT_DEB=$2; shift 2 ;;
@@ -77,6 +86,18 @@ while [ $# -gt 0 ]; do
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
+
+# The image name and the build-guest.sh kernel of each suite. KERNEL_DEPS:
+# what the kernel needs from backports beyond itself. apt takes a backports
+# package only when named (NotAutomatic), and trixie-backports' 7.x image
+# package pre-depends on linux-base >= 4.17, which trixie itself lacks.
+KERNEL_DEPS=()
+case "$SUITE" in
+  bookworm) GUEST=debian12; KERNEL_GUEST=6.12 ;;
+  trixie) GUEST=debian13; KERNEL_GUEST=7.3; KERNEL_DEPS=(linux-base/trixie-backports) ;;
+  *) die "--suite takes bookworm or trixie, not '$SUITE'" ;;
+esac
+IMG_CACHE="$CACHE/debian-image/$GUEST"
 
 [ "$(id -u)" -eq 0 ] || die "needs root (mmdebstrap installs the packages in a chroot)"
 for tool in mmdebstrap mkfs.ext4 mkfs.vfat mcopy syslinux sfdisk qemu-img tar sha256sum flock; do
@@ -117,17 +138,22 @@ exit_if_offline() {
     exit 75
   fi
 }
-# The kernel: the same bookworm-backports 6.12 package the initramfs guests
-# use, as build-guest.sh resolved it from the signed lists.
-if [ ! -f "$CACHE/resolved-6.12" ] || [ "$REFRESH" -eq 1 ]; then
+# The kernel: the same backports package the initramfs guests use, as
+# build-guest.sh resolved it from the signed lists (its lock serializes two
+# image builds that both resolve).
+if [ ! -f "$CACHE/resolved-$KERNEL_GUEST" ] || [ "$REFRESH" -eq 1 ]; then
   refresh=(); [ "$REFRESH" -eq 0 ] || refresh=(--refresh)
-  if ! "$SCRIPT_DIR/build-guest.sh" --kernel 6.12 "${refresh[@]}" >"$IMG_CACHE/build-guest.log" 2>&1; then
+  if ! "$SCRIPT_DIR/build-guest.sh" --kernel "$KERNEL_GUEST" "${refresh[@]}" \
+       >"$IMG_CACHE/build-guest.log" 2>&1; then
     cat "$IMG_CACHE/build-guest.log" >&2
     exit_if_offline "$IMG_CACHE/build-guest.log"
-    die "build-guest.sh --kernel 6.12 failed"
+    die "build-guest.sh --kernel $KERNEL_GUEST failed"
   fi
 fi
-read -r KPKG KVERSION _ <"$CACHE/resolved-6.12" || die "no kernel resolved in $CACHE/resolved-6.12"
+# Line 1 is "NAME VERSION ...": the linux-image package (for 7.x the meta
+# package; apt installs the linux-binary and linux-modules it depends on).
+read -r KPKG KVERSION _ <"$CACHE/resolved-$KERNEL_GUEST" ||
+  die "no kernel resolved in $CACHE/resolved-$KERNEL_GUEST"
 
 # The mirror apt on the host uses, the same choice build-guest.sh makes.
 uris=$(cat "$CACHE/apt/hvtrace.sources" 2>/dev/null | sed -n 's/^URIs: //p' || true)
@@ -139,7 +165,7 @@ SECURITY_MIRROR=${HVTRACE_DEBIAN_SECURITY_MIRROR:-${SECURITY_MIRROR:-http://deb.
 # Stage 1: the package root. Everything that shapes it is in this function or
 # its arguments, and the cache key hashes both.
 build_root() {  # build_root DEST.tar
-  local dest=$1
+  local dest=$1 include=("${PACKAGES[@]}" "${KERNEL_DEPS[@]}" "$KPKG=$KVERSION")
   # The kernel's postinst runs update-initramfs (initramfs-tools defaults:
   # MODULES=most, so the initrd boots from virtio, SATA or SCSI disks).
   # kexec-tools would turn every reboot into a kexec (LOAD_KEXEC=true); a
@@ -147,7 +173,7 @@ build_root() {  # build_root DEST.tar
   # .debs come from the cache and go back to it (mmdebstrap's documented
   # recipe); only those of this root are kept.
   mmdebstrap --mode=root --variant=minbase --architectures=amd64 \
-    --include="$(IFS=,; echo "${PACKAGES[*]}"),$KPKG=$KVERSION" \
+    --include="$(IFS=,; echo "${include[*]}")" \
     --aptopt='Acquire::Retries "3"' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' --dpkgopt='path-exclude=/usr/share/locale/*' \
@@ -160,12 +186,12 @@ build_root() {  # build_root DEST.tar
     --customize-hook='echo hvtrace-debian >"$1/etc/hostname"' \
     --customize-hook='sed -i "s/^LOAD_KEXEC=true/LOAD_KEXEC=false/" "$1/etc/default/kexec"' \
     --customize-hook='echo "127.0.1.1 hvtrace-debian" >>"$1/etc/hosts"' \
-    bookworm "$dest" \
-    "deb $MIRROR bookworm main" "deb $MIRROR bookworm-updates main" \
-    "deb $MIRROR bookworm-backports main" "deb $SECURITY_MIRROR bookworm-security main"
+    "$SUITE" "$dest" \
+    "deb $MIRROR $SUITE main" "deb $MIRROR $SUITE-updates main" \
+    "deb $MIRROR $SUITE-backports main" "deb $SECURITY_MIRROR $SUITE-security main"
 }
 
-root_key=$( { declare -f build_root; printf '%s\n' "${PACKAGES[@]}" "$KPKG" "$KVERSION" "$MIRROR" \
+root_key=$( { declare -f build_root; printf '%s\n' "${PACKAGES[@]}" "$SUITE" "${KERNEL_DEPS[@]}" "$KPKG" "$KVERSION" "$MIRROR" \
   "$SECURITY_MIRROR"; } | sha256sum | cut -c1-16)
 ROOT_TAR="$IMG_CACHE/root-$root_key.tar"
 if [ ! -f "$ROOT_TAR" ]; then
@@ -200,13 +226,13 @@ IMAGE="$IMG_CACHE/image-$image_key.qcow2"
 RELEASE_FILE="$IMG_CACHE/image-$image_key.release"
 CMDLINE="root=UUID=$ROOT_UUID rw console=ttyS0"
 
-build_image() {
-  local stage=$1 rootfs bootfs release
-  rootfs="$stage/root"; bootfs="$stage/boot"
-  mkdir -p "$rootfs" "$bootfs"
+# The unpacked root with the agent, the fixtures, fstab and an initramfs
+# that holds the agent.
+stage_root() {  # stage_root ROOTFS RELEASE
+  local rootfs=$1 release=$2
+  mkdir -p "$rootfs"
   tar -C "$rootfs" --numeric-owner -xpf "$ROOT_TAR"
-  release=$(cd "$rootfs/boot" && ls vmlinuz-* | sed 's/^vmlinuz-//' | head -n1)
-  [ -n "$release" ] || die "the package root has no /boot/vmlinuz-*"
+  [ -d "$rootfs/usr/lib/modules/$release" ] || die "the package root has no modules of $release"
 
   if [ -z "$AGENT_DEB" ]; then
     # The agent from the build tree (files + unit, as a developer installs it).
@@ -247,12 +273,29 @@ EOF
     chroot "$rootfs" systemctl enable hvtrace-agent.service hvtrace-demo-marker.service >&2
     chroot "$rootfs" update-initramfs -u -k "$release" >&2
   fi
-  # The boot partition holds what Debian puts in /boot; the root keeps an
-  # empty /boot to mount it on.
+}
+
+# Moves /boot to the boot partition's tree and writes syslinux's config.
+stage_boot() {  # stage_boot ROOTFS BOOTFS RELEASE
+  local rootfs=$1 bootfs=$2 release=$3
+  [ -f "$rootfs/boot/initrd.img-$release" ] ||
+    die "update-initramfs left no /boot/initrd.img-$release in the package root"
+  # The root keeps an empty /boot to mount the partition on.
+  mkdir -p "$bootfs"
   mv "$rootfs/boot"/* "$bootfs"/
+  # syslinux reads only that partition, and FAT holds no symlinks: the kernel
+  # file itself must be there. A 6.12 package installs /boot/vmlinuz-REL; a
+  # 7.x one (linux-binary-REL) only /usr/lib/modules/REL/vmlinuz, copied
+  # here (the root keeps its own, where the package owns it).
+  if [ -L "$bootfs/vmlinuz-$release" ] || [ ! -e "$bootfs/vmlinuz-$release" ]; then
+    [ -f "$rootfs/usr/lib/modules/$release/vmlinuz" ] ||
+      die "the package root has neither /boot/vmlinuz-$release nor /usr/lib/modules/$release/vmlinuz"
+    rm -f "$bootfs/vmlinuz-$release"
+    cp "$rootfs/usr/lib/modules/$release/vmlinuz" "$bootfs/vmlinuz-$release"
+  fi
   mkdir -p "$bootfs/syslinux"
   cat >"$bootfs/syslinux/syslinux.cfg" <<EOF
-# Debian 12 test image (qemu-scripts/build-debian-image.sh). The guest sees this
+# Debian test image $GUEST (qemu-scripts/build-debian-image.sh). The guest sees this
 # file as /boot/syslinux/syslinux.cfg; kernel parameters go on the APPEND line.
 SERIAL 0 115200
 DEFAULT debian
@@ -263,7 +306,12 @@ LABEL debian
   INITRD /initrd.img-$release
   APPEND $CMDLINE
 EOF
+}
 
+# The disk from the staged trees: FAT /boot and ext4 / as partition files,
+# laid into a raw MBR disk, converted to $stage/image.qcow2.
+make_disk() {  # make_disk STAGE
+  local stage=$1 rootfs="$1/root" bootfs="$1/boot"
   local disk="$stage/disk.raw" boot_img="$stage/boot.fat" root_img="$stage/root.ext4"
   truncate -s "${BOOT_MIB}M" "$boot_img"
   mkfs.vfat -F 32 -n HVBOOT -i "$BOOT_VOLID" "$boot_img" >/dev/null
@@ -283,6 +331,14 @@ EOF
   dd if="$boot_img" of="$disk" bs=1M seek=1 conv=notrunc,sparse status=none
   dd if="$root_img" of="$disk" bs=1M seek=$((1 + BOOT_MIB)) conv=notrunc,sparse status=none
   qemu-img convert -q -f raw -O qcow2 "$disk" "$stage/image.qcow2"
+}
+
+build_image() {  # build_image STAGE: writes STAGE/image.qcow2 and STAGE/release
+  # The release is the image package's name (linux-image-REL, meta or not).
+  local stage=$1 release=${KPKG#linux-image-}
+  stage_root "$stage/root" "$release"
+  stage_boot "$stage/root" "$stage/boot" "$release"
+  make_disk "$stage"
   echo "$release" >"$stage/release"
 }
 

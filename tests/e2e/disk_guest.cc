@@ -30,8 +30,13 @@ std::string EnvOr(const char* name, const std::string& fallback) {
 
 }  // namespace
 
-Result<DiskImage> FindDebianImage(std::string* skip_reason) {
-  // One run at a time per process; the script locks across processes.
+void PrintTo(const DebianRelease& release, std::ostream* os) {
+  *os << release.guest << " (" << release.suite << ", " << release.kernel << ")";
+}
+
+Result<DiskImage> FindDebianImage(std::string* skip_reason, const DebianRelease& release) {
+  // One run at a time per process; the script locks each image across
+  // processes (two suites build at once in two processes).
   static std::mutex build_mutex;
   std::lock_guard lock(build_mutex);
   const std::string script =
@@ -41,21 +46,29 @@ Result<DiskImage> FindDebianImage(std::string* skip_reason) {
   const std::string deb = EnvOr("HVTRACE_AGENT_DEB", "");
   const std::string flag = deb.empty() ? "--agent" : "--agent-deb";
   const std::string agent = deb.empty() ? std::string(HVTRACE_BIN_DIR) + "/hvtrace-agent" : deb;
-  RunResult r = RunArgvStatus({script, flag, agent});
+  const std::vector<std::string> argv = {script, "--suite", release.suite, flag, agent};
+  RunResult r = RunArgvStatus(argv);
+  std::string command;
+  for (const std::string& a : argv) command += (command.empty() ? "" : " ") + a;
   if (r.status == 75) {
-    *skip_reason =
-        "the Debian image cannot be built here (no network, nothing cached): " + r.output;
+    *skip_reason = "the " + release.guest +
+                   " image cannot be built here (no network, nothing cached): " + r.output;
     return Error{*skip_reason};
   }
   if (r.status != 0) {
-    return Error{"`" + script + " " + flag + " " + agent + "` failed (status " +
-                 std::to_string(r.status) + "):\n" + r.output};
+    return Error{"`" + command + "` failed (status " + std::to_string(r.status) + "):\n" +
+                 r.output};
   }
-  const std::string dir = std::string(HVTRACE_SOURCE_DIR) + "/build/guest/debian12";
+  const std::string dir = std::string(HVTRACE_SOURCE_DIR) + "/build/guest/" + release.guest;
   DiskImage image{dir + "/disk.qcow2", FirstLine(ReadWhole(dir + "/kernel-release"))};
   if (access(image.disk.c_str(), R_OK) != 0 || image.release.empty()) {
-    return Error{script + " succeeded but " + dir + " lacks disk.qcow2 or kernel-release:\n" +
-                 r.output};
+    return Error{"`" + command + "` succeeded but " + dir +
+                 " lacks disk.qcow2 or kernel-release:\n" + r.output};
+  }
+  // The suite's kernel, not some other one the package lists resolved to.
+  if (image.release.rfind(release.kernel + ".", 0) != 0) {
+    return Error{dir + " holds kernel " + image.release + ", not a " + release.kernel + " one (`" +
+                 command + "`)"};
   }
   return image;
 }

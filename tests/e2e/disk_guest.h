@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -25,12 +26,27 @@ struct DiskImage {
   std::string release;  // uname -r of the kernel inside the image.
 };
 
-// The Debian 12 image of qemu-scripts/build-debian-image.sh, brought up to
+// A Debian release qemu-scripts/build-debian-image.sh builds an image of:
+// `--suite |suite|` writes build/guest/|guest|/, with the backports kernel
+// build-guest.sh resolves for `--kernel |kernel|`.
+struct DebianRelease {
+  std::string suite;   // "bookworm"
+  std::string guest;   // "debian12": the output directory's name.
+  std::string kernel;  // "6.12": the kernel series inside the image.
+};
+inline const DebianRelease kDebian12{"bookworm", "debian12", "6.12"};
+inline const DebianRelease kDebian13{"trixie", "debian13", "7.3"};
+// "debian13 (trixie, 7.3)" in gtest's messages about a parameter.
+void PrintTo(const DebianRelease& release, std::ostream* os);
+
+// The image of |release| (qemu-scripts/build-debian-image.sh), brought up to
 // date by running the script (cached: a no-op unless the agent or the recipe
 // changed). |skip_reason| is set, and an error returned, when the image cannot
 // be built for a reason outside the project (the script's exit status 75: no
-// network and nothing cached); every other failure is a plain error.
-Result<DiskImage> FindDebianImage(std::string* skip_reason);
+// network and nothing cached); every other failure is a plain error, and so
+// is an image whose kernel is not of |release|.kernel's series.
+Result<DiskImage> FindDebianImage(std::string* skip_reason,
+                                  const DebianRelease& release = kDebian12);
 
 class DiskGuest {
  public:

@@ -37,6 +37,8 @@
 #include "hvtraced_harness.h"
 #include "libvirtd_fixture.h"
 #include "stream_reader.h"
+#include "task_name_agreement.h"
+#include "test_support.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -298,6 +300,30 @@ Status NextBoot(Fixture& f, const std::string& command) {
   return alive.ok() ? Status{} : Status{alive.error()};
 }
 
+// A systemd guest's tasks named as the kernel recorded them (issue #29's
+// goal, >= 99%, measured on busybox in task_names_e2e.cc): each event of a
+// task in `hvtrace show --json` of the capture at |path| against the name
+// the kernel recorded for the task next on that CPU (its own rename's or
+// exec's, else the next sched_switch's prev_comm).
+void ExpectTaskNamesAsTheKernelRecorded(const std::string& path) {
+  test_support::CommandResult shown = test_support::RunCommandStatus(
+      BinPath("hvtrace") + " show --json '" + path + "' 2>/dev/null");
+  ASSERT_EQ(shown.status, 0) << shown.out.substr(0, 2000);
+  std::vector<Event> events;
+  std::vector<std::string> boot_files;
+  ASSERT_NO_FATAL_FAILURE(ParseShown(shown.out, &events, &boot_files));
+  const std::vector<std::string> ref = KernelNames(events, /*at_switch_only=*/false);
+  const std::vector<std::string> names = ShownNames(events);
+  const Agreement show = Compare(ref, names);
+  std::printf(
+      "[debian-libvirt] task names: %zu events, hvtrace show %zu/%zu (%.2f%%) as the "
+      "kernel recorded next\n",
+      events.size(), show.agree, show.compared, show.percent());
+  EXPECT_GT(show.compared, 1000u);
+  EXPECT_GE(show.percent(), 99.0);
+  PrintDisagreements("debian-libvirt", events, ref, names, 10);
+}
+
 TEST(LibvirtDebianE2e, BootRangeFromTheGuestsLoaderKexecThenPanicDecodesEachBoot) {
   Fixture f;
   if (std::string skip = MakeFixture("dbr", &f); !skip.empty()) GTEST_SKIP() << skip;
@@ -388,6 +414,7 @@ TEST(LibvirtDebianE2e, BootRangeFromTheGuestsLoaderKexecThenPanicDecodesEachBoot
   ASSERT_EQ(show.status, 0) << show.output.substr(0, 3000);
   EXPECT_THAT(show.output, HasSubstr("deb-boot-a-5"));
   EXPECT_THAT(show.output, HasSubstr("deb-boot-b-5"));
+  ExpectTaskNamesAsTheKernelRecorded(path);
   const json& boots = manifest["extra"]["boots"];
   ASSERT_EQ(boots.size(), 2u) << manifest["extra"].dump(2);
   for (int boot : {0, 1}) {

@@ -45,6 +45,7 @@
 #include "formats_harvest.h"
 #include "guest_harness.h"
 #include "hvtraced_harness.h"
+#include "task_name_agreement.h"
 #include "test_support.h"
 #include "trace_text.h"
 #include "vm_console.h"
@@ -55,95 +56,6 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-
-struct Event {
-  int cpu = 0;
-  int pid = 0;
-  std::string comm;  // As printed.
-  std::string name;
-  json fields;
-};
-
-// The kernel's comm after an exec of |filename|: kbasename cut to 15 bytes.
-std::string ExecComm(const std::string& filename) {
-  return filename.substr(filename.rfind('/') + 1).substr(0, 15);
-}
-
-// The reference name of each event: what the kernel recorded for its task
-// next on the same CPU (pid != 0). |at_switch_only|: the prev_comm of the
-// next sched_switch that switches the task out. Otherwise a task_rename of
-// the task by itself before that switch comes first (exec renames through
-// task_rename too): its oldcomm is the name the task had up to and including
-// the rename, while the switch shows the name after it. And, for a trace
-// without task_rename, the task's own exec (sched_process_exec) before that
-// switch: the events before it take the name the task had in this run so
-// far (its switch-in next_comm, or its own latest rename's newcomm or exec's
-// name; not compared when the trace does not show the switch-in), the exec
-// event itself the basename of its filename, cut to 15 bytes.
-std::vector<std::string> KernelNames(const std::vector<Event>& events, bool at_switch_only) {
-  std::vector<std::string> ref(events.size());
-  std::map<int, std::vector<size_t>> pending;  // Per CPU, since its last switch.
-  struct Run {
-    int pid = -1;
-    std::string comm;  // "": not known.
-  };
-  std::map<int, Run> running;  // Per CPU.
-  // Pending events of |pid| on |on_cpu| get |name| ("": left out).
-  auto settle = [&](std::vector<size_t>& on_cpu, int pid, const std::string& name) {
-    std::erase_if(on_cpu, [&](size_t j) {
-      if (events[j].pid != pid) return false;
-      ref[j] = name;
-      return true;
-    });
-  };
-  for (size_t i = 0; i < events.size(); ++i) {
-    const Event& e = events[i];
-    std::vector<size_t>& on_cpu = pending[e.cpu];
-    Run& run = running[e.cpu];
-    on_cpu.push_back(i);
-    if (!at_switch_only && e.name == "task_rename" && e.pid != 0 &&
-        e.fields.value("pid", -1) == e.pid) {
-      settle(on_cpu, e.pid, e.fields.value("oldcomm", std::string()));
-      if (run.pid == e.pid) run.comm = e.fields.value("newcomm", std::string());
-      continue;
-    }
-    if (!at_switch_only && e.name == "sched_process_exec" && e.pid != 0 &&
-        e.fields.value("pid", -1) == e.pid) {
-      on_cpu.pop_back();
-      settle(on_cpu, e.pid, run.pid == e.pid ? run.comm : "");
-      // The exec runs under the name it gave (begin_new_exec sets it first),
-      // whatever the program renames itself to next (busybox run as
-      // /proc/self/exe renames itself to the applet).
-      ref[i] = ExecComm(e.fields.value("filename", std::string()));
-      if (run.pid == e.pid) run.comm = ref[i];
-      continue;
-    }
-    if (e.name != "sched_switch") continue;
-    const int prev_pid = e.fields.value("prev_pid", -1);
-    const std::string prev_comm = e.fields.value("prev_comm", std::string());
-    for (size_t j : on_cpu) {
-      if (events[j].pid == prev_pid && events[j].pid != 0) ref[j] = prev_comm;
-    }
-    on_cpu.clear();
-    run = {e.fields.value("next_pid", -1), e.fields.value("next_comm", std::string())};
-  }
-  return ref;
-}
-
-struct Agreement {
-  size_t compared = 0, agree = 0;
-  double percent() const { return compared == 0 ? 0 : 100.0 * agree / compared; }
-};
-
-Agreement Compare(const std::vector<std::string>& ref, const std::vector<std::string>& names) {
-  Agreement a;
-  for (size_t i = 0; i < ref.size() && i < names.size(); ++i) {
-    if (ref[i].empty()) continue;
-    ++a.compared;
-    a.agree += names[i] == ref[i];
-  }
-  return a;
-}
 
 // What trace-cmd printed before this change: libtraceevent's sched plugin
 // registers prev/next comm (sched_switch) and comm (sched_wakeup) after the
@@ -190,23 +102,6 @@ std::string BootEvents(bool task_rename) {
     events.erase(at, rename.size());
   }
   return events;
-}
-
-// `hvtrace show --json`'s output: the events, and the boot file lines.
-void ParseShown(const std::string& out, std::vector<Event>* events,
-                std::vector<std::string>* boot_files) {
-  for (const std::string& line : TextLines(out)) {
-    if (line.empty()) continue;
-    json j = json::parse(line, nullptr, false);
-    ASSERT_FALSE(j.is_discarded()) << line;
-    if (!j.contains("event")) {
-      boot_files->push_back(j["file"].get<std::string>());
-      continue;
-    }
-    events->push_back({j["cpu"].get<int>(), j["pid"].get<int>(), j["comm"].get<std::string>(),
-                       j["event"].is_string() ? j["event"].get<std::string>() : "",
-                       j.contains("fields") ? j["fields"] : json::object()});
-  }
 }
 
 // What the workload did, by the events: execs, renames, forks, and pids
@@ -335,8 +230,7 @@ void RunBusyboxWorkload(const std::string& kernel, bool task_rename) {
 
   const std::vector<std::string> ref = KernelNames(events, /*at_switch_only=*/false);
   const std::vector<std::string> at_switch = KernelNames(events, /*at_switch_only=*/true);
-  std::vector<std::string> show_names;
-  for (const Event& e : events) show_names.push_back(e.comm);
+  const std::vector<std::string> show_names = ShownNames(events);
   const Agreement show = Compare(ref, show_names);
 
   const WorkloadCounts did = CountWorkload(events);
@@ -390,15 +284,8 @@ void RunBusyboxWorkload(const std::string& kernel, bool task_rename) {
   EXPECT_EQ(manifest["validation"]["cpus"], 2) << manifest["validation"].dump(2);
   CheckPaddedRegion(daemon, dir, harvested->key, events.size());
 
-  // Print the first disagreements to make a failure readable.
-  size_t shown_bad = 0;
-  for (size_t i = 0; i < events.size() && shown_bad < 10; ++i) {
-    if (ref[i].empty() || ref[i] == show_names[i]) continue;
-    ++shown_bad;
-    std::printf("[names e2e] event %zu cpu %d pid %d %s: show '%s', kernel '%s'\n", i,
-                events[i].cpu, events[i].pid, events[i].name.c_str(), show_names[i].c_str(),
-                ref[i].c_str());
-  }
+  // The first disagreements, to make a failure readable.
+  PrintDisagreements("names e2e", events, ref, show_names, 10);
 }
 
 TEST(TaskNamesE2e, BusyboxShortLivedProcessesNamedAsTheKernelRecorded) {

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "attach_region_host.h"
+#include "formats_cache.h"
 #include "guest_harness.h"
 #include "hvtraced_harness.h"
 #include "test_support.h"
@@ -74,11 +75,15 @@ Result<std::pair<GuestImage, OtherBuild>> AgentImagesWithOtherBuild() {
 }
 
 // `hvtrace formats harvest`, as a user runs it for a kernel their VM may
-// kexec into; prints the key.
+// kexec into; prints the key. Into the local cache by name (--cache): with
+// a daemon answering on the default socket, the CLI would ask it instead,
+// and refuse the project's --initrd.
 Result<std::string> Harvest(const std::string& kernel, const std::string& initrd) {
+  Result<std::filesystem::path> cache = hostd::DefaultCacheRoot();
+  if (!cache.ok()) return cache.error();
   test_support::CommandResult r = test_support::RunCommandStatus(
       std::string(HVTRACE_BIN_DIR) + "/hvtrace formats harvest --kernel '" + kernel +
-      "' --initrd '" + initrd + "' 2>&1");
+      "' --initrd '" + initrd + "' --cache '" + cache->string() + "' 2>&1");
   if (r.status != 0) return Error{"harvest of " + kernel + " failed:\n" + r.out};
   return r.out;
 }

@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "formats_cache.h"
 #include "hvtraced_harness.h"
 #include "libvirt_attach.h"
 #include "libvirtd_fixture.h"
@@ -64,10 +65,15 @@ std::string ShmName(const std::string& tag) {
 }
 
 // The guest kernel's event formats, as a user gets them before the first
-// capture (a cache hit after the first harvest on this machine).
+// capture (a cache hit after the first harvest on this machine). Into the
+// local cache by name (--cache), which these tests' daemons read: with a
+// daemon answering on the default socket, the CLI would ask it instead.
 Status HarvestFormats(const GuestImage& image) {
-  Result<std::string> out = RunArgv({BinPath("hvtrace"), "formats", "harvest", "--kernel",
-                                     image.kernel, "--initrd", image.initrd});
+  Result<std::filesystem::path> cache = hostd::DefaultCacheRoot();
+  if (!cache.ok()) return cache.error();
+  Result<std::string> out =
+      RunArgv({BinPath("hvtrace"), "formats", "harvest", "--kernel", image.kernel, "--initrd",
+               image.initrd, "--cache", cache->string()});
   if (!out.ok()) return out.error();
   return {};
 }

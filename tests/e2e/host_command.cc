@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 namespace hvtrace::e2e {
 
 std::string BinPath(const std::string& tool) { return std::string(HVTRACE_BIN_DIR) + "/" + tool; }
@@ -69,6 +71,19 @@ Result<std::string> RunArgv(const std::vector<std::string>& argv) {
                  "): " + r.output};
   }
   return std::move(r.output);
+}
+
+std::string Describe(const RunResult& r) {
+  return "exit " + std::to_string(r.status) + ": " + r.output;
+}
+
+std::string PublicCopy(const std::string& from, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path to = fs::path(dir) / fs::path(from).filename();
+  fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+  fs::permissions(to, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                          fs::perms::others_read);
+  return to.string();
 }
 
 }  // namespace hvtrace::e2e

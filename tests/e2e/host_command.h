@@ -31,6 +31,13 @@ RunResult RunArgvStatus(const std::vector<std::string>& argv);
 // exit status is not 0.
 Result<std::string> RunArgv(const std::vector<std::string>& argv);
 
+// "exit N: OUTPUT", for a failed expectation's message.
+std::string Describe(const RunResult& r);
+
+// Copies the file |from| into |dir| readable by everyone (the guest images
+// may sit in a tree another test user cannot enter); the copy's path.
+std::string PublicCopy(const std::string& from, const std::string& dir);
+
 }  // namespace hvtrace::e2e
 
 #endif  // HVTRACE_TESTS_E2E_HOST_COMMAND_H_

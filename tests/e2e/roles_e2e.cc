@@ -77,20 +77,6 @@ class UserCli {
   gid_t gid_;
 };
 
-std::string Describe(const RunResult& r) {
-  return "exit " + std::to_string(r.status) + ": " + r.output;
-}
-
-// Copies |from| into |dir| readable by everyone (the guest image may sit in a
-// tree uid 65534 cannot enter).
-std::string PublicCopy(const std::string& from, const std::string& dir) {
-  const fs::path to = fs::path(dir) / fs::path(from).filename();
-  fs::copy_file(from, to, fs::copy_options::overwrite_existing);
-  fs::permissions(to, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
-                          fs::perms::others_read);
-  return to.string();
-}
-
 TEST(RolesE2e, ObserverLooksAdminBootsNoOneReadsThroughTheDaemon) {
   if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run hvtraced and act as uid 65534";

@@ -73,6 +73,12 @@ Result<std::string> RunArgv(const std::vector<std::string>& argv) {
   return std::move(r.output);
 }
 
+std::string OtherUserUnavailableReason() {
+  if (::geteuid() != 0) return "needs root to run hvtraced and act as uid 65534";
+  if (RunArgvStatus({"setpriv", "--version"}).status != 0) return "no setpriv";
+  return "";
+}
+
 std::string Describe(const RunResult& r) {
   return "exit " + std::to_string(r.status) + ": " + r.output;
 }

@@ -31,6 +31,10 @@ RunResult RunArgvStatus(const std::vector<std::string>& argv);
 // exit status is not 0.
 Result<std::string> RunArgv(const std::vector<std::string>& argv);
 
+// Why this process cannot run commands as another user (uid 65534 through
+// setpriv), or "" when it can: it needs root and setpriv.
+std::string OtherUserUnavailableReason();
+
 // "exit N: OUTPUT", for a failed expectation's message.
 std::string Describe(const RunResult& r);
 

@@ -298,4 +298,13 @@ std::string ConsoleAndLog(const DaemonGuest& guest, const HvtracedProcess& daemo
   return guest.console->Tail(lines) + "\n--- hvtraced ---\n" + daemon.log();
 }
 
+Result<std::string> CliForOtherUsers(const HvtracedProcess& daemon) {
+  if (::chmod(daemon.dir().c_str(), 0755) != 0)
+    return Error{"chmod 0755 " + daemon.dir() + ": " + std::strerror(errno)};
+  const std::string cli = PublicCopy(BinPath("hvtrace"), daemon.dir());
+  if (::chmod(cli.c_str(), 0755) != 0)
+    return Error{"chmod 0755 " + cli + ": " + std::strerror(errno)};
+  return cli;
+}
+
 }  // namespace hvtrace::e2e

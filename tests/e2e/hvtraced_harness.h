@@ -142,6 +142,11 @@ Result<DaemonGuest> BootDaemonGuest(const HvtracedProcess& daemon, const std::st
 std::string ConsoleAndLog(const DaemonGuest& guest, const HvtracedProcess& daemon,
                           size_t lines = 40);
 
+// Opens |daemon|'s directory to other users (0755) and copies the built
+// CLI into it (0755, where build/ may be closed to them); the copy's path.
+// For tests that run the CLI as uid 65534 in one of the daemon's groups.
+Result<std::string> CliForOtherUsers(const HvtracedProcess& daemon);
+
 }  // namespace hvtrace::e2e
 
 #endif  // HVTRACE_TESTS_E2E_HVTRACED_HARNESS_H_

@@ -79,8 +79,7 @@ class UserCli {
 
 TEST(RolesE2e, ObserverLooksAdminBootsNoOneReadsThroughTheDaemon) {
   if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run hvtraced and act as uid 65534";
-  if (RunArgvStatus({"setpriv", "--version"}).status != 0) GTEST_SKIP() << "no setpriv";
+  if (std::string why = OtherUserUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
   auto image = FindGuestImage("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
 
@@ -89,9 +88,9 @@ TEST(RolesE2e, ObserverLooksAdminBootsNoOneReadsThroughTheDaemon) {
        .config = "vm_on_shutdown = stop\nadmin_group = " + std::to_string(kAdminGid) + "\n",
        .socket_group = std::to_string(kObserverGid)});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
-  ASSERT_EQ(::chmod(daemon.dir().c_str(), 0755), 0);
-  const std::string cli = PublicCopy(std::string(HVTRACE_BIN_DIR) + "/hvtrace", daemon.dir());
-  ASSERT_EQ(::chmod(cli.c_str(), 0755), 0);
+  Result<std::string> shared_cli = CliForOtherUsers(daemon);
+  ASSERT_TRUE(shared_cli.ok()) << shared_cli.error().message;
+  const std::string cli = *shared_cli;
   const std::string kernel = PublicCopy(image->kernel, daemon.dir());
   const std::string initrd = PublicCopy(image->initrd, daemon.dir());
   UserCli observer(daemon, cli, kObserverGid);

@@ -151,12 +151,29 @@ type_into_guest() {  # type_into_guest VM LINE...
 import socket, sys, time
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.settimeout(1)
 buf = b""
+def send(data, end):
+    # QEMU stops reading the socket while the guest's UART buffer is full
+    # (a guest still booting reads nothing): keep reading its output and
+    # retry until |end|, rather than fail on the first blocked send.
+    global buf
+    while True:
+        try:
+            s.sendall(data)
+            return
+        except (socket.timeout, BlockingIOError):
+            if time.time() > end: sys.exit("service_test: the guest reads no console input")
+            try: buf += s.recv(65536)
+            except socket.timeout: pass
 # The guest printed its prompt before this client connected: ask its shell
-# for one until it shows.
+# for one until it shows, once a second (while the guest boots, its console
+# output wakes this loop far more often than that).
 end = time.time() + 240
+asked = 0
 while b"hvtrace-guest# " not in buf:
     if time.time() > end: sys.exit("service_test: the guest's shell never answered")
-    s.sendall(b"\n")
+    if time.time() - asked >= 1:
+        send(b"\n", end)
+        asked = time.time()
     try: buf += s.recv(65536)
     except socket.timeout: pass
 def done(line):
@@ -167,9 +184,9 @@ def done(line):
     return b"Kernel panic" in buf or (at >= 0 and b"hvtrace-guest# " in buf[at:])
 for line in sys.argv[2:]:
     buf = b""
-    for ch in (line + "\n").encode():  # one at a time: the emulated UART drops a burst
-        s.sendall(bytes([ch]))
     end = time.time() + 120
+    for ch in (line + "\n").encode():  # one at a time: the emulated UART drops a burst
+        send(bytes([ch]), end)
     while not done(line):
         if time.time() > end: sys.exit("service_test: no prompt or panic after %r" % line)
         try: buf += s.recv(65536)

@@ -179,6 +179,37 @@ inline void ExpectPing(DaemonProcess& d) {
   EXPECT_EQ(r.result["pong"], true);
 }
 
+// Runs |body| in a child process with uid/gid 65534 and the supplementary
+// groups |groups| (numeric gids: no /etc/group entry is needed, the daemon
+// reads SO_PEERGROUPS); returns what |body| returned.
+inline std::string AsNobody(const std::vector<gid_t>& groups,
+                            const std::function<std::string()>& body) {
+  int pipefd[2];
+  if (::pipe(pipefd) != 0) return "pipe failed";
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(pipefd[0]);
+    if (::setgroups(groups.size(), groups.data()) != 0 || ::setgid(65534) != 0 ||
+        ::setuid(65534) != 0) {
+      _exit(10);
+    }
+    std::string report = body();
+    ssize_t ignored = ::write(pipefd[1], report.data(), report.size());
+    (void)ignored;
+    _exit(0);
+  }
+  ::close(pipefd[1]);
+  std::string report;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0) report.append(buf, static_cast<size_t>(n));
+  ::close(pipefd[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "child setup failed";
+  return report;
+}
+
 }  // namespace hvtrace::hostd::testing_daemon
 
 #endif  // HVTRACE_TESTS_UNIT_HOSTD_DAEMON_DAEMON_PROCESS_H_

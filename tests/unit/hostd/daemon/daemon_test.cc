@@ -171,35 +171,13 @@ TEST(DaemonTest, Malicious_UnprivilegedPeerIsRefusedEvenIfSocketModeIsLoosened) 
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
   ASSERT_EQ(::chmod(d.socket().parent_path().c_str(), 0755), 0);
   ASSERT_EQ(::chmod(d.socket().c_str(), 0666), 0);
-  int pipefd[2];
-  ASSERT_EQ(::pipe(pipefd), 0);
-  pid_t pid = ::fork();
-  ASSERT_GE(pid, 0);
-  if (pid == 0) {
-    ::close(pipefd[0]);
-    gid_t nogroup = 65534;
-    if (::setgroups(0, nullptr) != 0 || ::setgid(nogroup) != 0 || ::setuid(65534) != 0) _exit(10);
+  const std::string report = AsNobody({}, [&] {
     auto c = ControlClient::Connect(d.socket(), 2s);
-    std::string report;
-    if (!c.ok()) {
-      report = "connect failed: " + c.error().message;
-    } else {
-      auto r = c->Call("ping", json::object(), 5s);
-      report = r.ok() ? (r->ok ? "ALLOWED" : r->code + ": " + r->error) : r.error().message;
-    }
-    ssize_t ignored = ::write(pipefd[1], report.data(), report.size());
-    (void)ignored;
-    _exit(0);
-  }
-  ::close(pipefd[1]);
-  std::string report;
-  char buf[512];
-  ssize_t n;
-  while ((n = ::read(pipefd[0], buf, sizeof buf)) > 0) report.append(buf, static_cast<size_t>(n));
-  ::close(pipefd[0]);
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child setup failed";
+    if (!c.ok()) return "connect failed: " + c.error().message;
+    auto r = c->Call("ping", json::object(), 5s);
+    return r.ok() ? (r->ok ? std::string("ALLOWED") : r->code + ": " + r->error)
+                  : r.error().message;
+  });
   EXPECT_NE(report.find(std::string(kErrDenied)), std::string::npos) << report;
   EXPECT_NE(report.find("uid 65534"), std::string::npos) << report;
   ExpectPing(d);

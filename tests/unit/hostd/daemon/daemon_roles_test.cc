@@ -41,13 +41,19 @@ std::string LineOf(const std::string& report, const std::string& cmd) {
 constexpr gid_t kObserverGid = 47011;
 constexpr gid_t kAdminGid = 47012;
 
-TEST(DaemonRolesTest, Malicious_ObserverMayLookButNotChangeAnything) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
-  DaemonProcess d;
+// Starts |d| with kObserverGid as its socket group and kAdminGid as its admin
+// group, its directory open to uid 65534.
+void StartWithRoles(DaemonProcess& d) {
   d.config_text = "socket_group = " + std::to_string(kObserverGid) +
                   "\nadmin_group = " + std::to_string(kAdminGid) + "\n";
   d.Start();
   ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+}
+
+TEST(DaemonRolesTest, Malicious_ObserverMayLookButNotChangeAnything) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
+  DaemonProcess d;
+  ASSERT_NO_FATAL_FAILURE(StartWithRoles(d));
   const std::vector<std::string> looks = {"ping",     "version", "list",          "status",
                                           "captures", "stream",  "capture-files", "formats-list"};
   const std::vector<std::string> changes = {"boot",     "adopt",   "attach",
@@ -78,10 +84,7 @@ TEST(DaemonRolesTest, Malicious_ObserverMayLookButNotChangeAnything) {
 TEST(DaemonRolesTest, AdminGroupMayChangeStateAndStrangersMayNotConnect) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to act as another user";
   DaemonProcess d;
-  d.config_text = "socket_group = " + std::to_string(kObserverGid) +
-                  "\nadmin_group = " + std::to_string(kAdminGid) + "\n";
-  d.Start();
-  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_NO_FATAL_FAILURE(StartWithRoles(d));
   // A stranger (neither group) is refused on connect even with the socket opened up.
   ASSERT_EQ(::chmod(d.socket().c_str(), 0666), 0);
   const std::string stranger = AsNobody({12345}, [&] { return TryCommands(d.socket(), {"ping"}); });
@@ -121,10 +124,7 @@ TEST(DaemonRolesTest, Malicious_AdminReadsCapturesOnlyThroughReadOnlyDescriptors
   auto committed = (*p)->Commit(m);
   ASSERT_TRUE(committed.ok()) << committed.error().message;
   const std::string id = committed->id;
-  d.config_text = "socket_group = " + std::to_string(kObserverGid) +
-                  "\nadmin_group = " + std::to_string(kAdminGid) + "\n";
-  d.Start();
-  ASSERT_EQ(::chmod(d.dir().c_str(), 0755), 0);
+  ASSERT_NO_FATAL_FAILURE(StartWithRoles(d));
 
   const std::string report = AsNobody({kAdminGid}, [&] {
     std::string out;

@@ -22,24 +22,47 @@ std::string_view ModuleOf(std::string_view line) {
   return line.substr(open + 1, line.size() - open - 2);
 }
 
-// Per harvested module, its text symbols' lowest and highest address.
+// Per harvested module, its core text: from its lowest text symbol to its
+// highest one below |limit|, the next module's lowest text symbol in the
+// same kallsyms. Above that limit a module's name can still appear: 7.3's
+// kallsyms keeps some __init functions at the addresses of the module's
+// freed init text, which the next module's core then reused (seen on Debian
+// 7.3.4: `pvpanic_mmio_driver_init` at pvpanic_pci_probe's address). Such a
+// symbol widened the extent over the next module, which then "superseded"
+// the first, and it would have named the next module's code after it.
 struct Extent {
-  uint64_t low = UINT64_MAX, high = 0;
+  uint64_t low = UINT64_MAX, high = 0, limit = UINT64_MAX;
+  bool Holds(uint64_t addr) const { return addr >= low && addr < limit; }
 };
 
 std::unordered_map<std::string_view, Extent> HarvestExtents(
     std::string_view kallsyms, const KernelSymbols& symbols,
     const std::vector<BootMapModule>& loaded) {
-  std::unordered_set<std::string_view> wanted;
-  for (const BootMapModule& m : loaded) wanted.insert(m.name);
+  std::unordered_map<std::string_view, Extent> all;
+  auto module_text = [&](auto&& visit) {
+    for (const KallsymsTable::Symbol& s : symbols.table().symbols()) {
+      if (!s.module || !IsText(s.type) || s.addr == 0) continue;
+      visit(ModuleOf(KallsymsTable::Line(kallsyms, s)), s.addr);
+    }
+  };
+  module_text([&](std::string_view mod, uint64_t addr) {
+    Extent& e = all[mod];
+    e.low = std::min(e.low, addr);
+  });
+  std::vector<uint64_t> lows;
+  for (const auto& [mod, e] : all) lows.push_back(e.low);
+  std::sort(lows.begin(), lows.end());
+  for (auto& [mod, e] : all) {
+    const auto next = std::upper_bound(lows.begin(), lows.end(), e.low);
+    if (next != lows.end()) e.limit = *next;
+  }
+  module_text([&](std::string_view mod, uint64_t addr) {
+    Extent& e = all[mod];
+    if (e.Holds(addr)) e.high = std::max(e.high, addr);
+  });
   std::unordered_map<std::string_view, Extent> out;
-  for (const KallsymsTable::Symbol& s : symbols.table().symbols()) {
-    if (!s.module || !IsText(s.type) || s.addr == 0) continue;
-    const std::string_view mod = ModuleOf(KallsymsTable::Line(kallsyms, s));
-    if (!wanted.contains(mod)) continue;
-    Extent& e = out[mod];
-    e.low = std::min(e.low, s.addr);
-    e.high = std::max(e.high, s.addr);
+  for (const BootMapModule& m : loaded) {
+    if (const auto it = all.find(m.name); it != all.end()) out.emplace(it->first, it->second);
   }
   return out;
 }
@@ -91,7 +114,9 @@ ModuleSymbols MoveModuleSymbols(std::string_view kallsyms, const KernelSymbols& 
     const std::string_view line = KallsymsTable::Line(kallsyms, s);
     const auto placed = bases.find(ModuleOf(line));
     if (placed == bases.end()) continue;
-    const uint64_t offset = s.addr - extents.at(placed->first).low / kPage * kPage;
+    const Extent& extent = extents.at(placed->first);
+    if (!extent.Holds(s.addr)) continue;  // A stale __init symbol (HarvestExtents).
+    const uint64_t offset = s.addr - extent.low / kPage * kPage;
     for (uint64_t base : placed->second) {
       char hex[17];
       std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(base + offset));

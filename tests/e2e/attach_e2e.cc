@@ -539,10 +539,8 @@ TEST_P(AttachE2e, TextEqualsTheGuestsOwnTraceFile) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, AttachE2e, ::testing::Values("6.12", "6.1", "7.3"),
-                         [](const ::testing::TestParamInfo<std::string>& param) {
-                           std::string name = param.param;
-                           name.erase(std::remove(name.begin(), name.end(), '.'), name.end());
-                           return "Linux" + name;
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return KernelParamName(p.param);
                          });
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -58,6 +59,12 @@ std::string QemuUnavailableReason() {
   const int status = RunCommand(QemuBinary() + " -version", &out);
   if (status != 0) return QemuBinary() + " cannot run (" + out + "); install qemu-system-x86";
   return "";
+}
+
+std::string KernelParamName(const std::string& version) {
+  std::string name = "Linux" + version;
+  std::replace(name.begin(), name.end(), '.', '_');
+  return name;
 }
 
 Result<GuestImage> FindGuestImage(const std::string& version) {

@@ -36,6 +36,9 @@ struct GuestImage {
 // Empty when QEMU can run here; otherwise why not (the test then skips).
 std::string QemuUnavailableReason();
 
+// A kernel version's name in a parameterized test's name: "6.12" -> "Linux6_12".
+std::string KernelParamName(const std::string& version);
+
 // Finds build/guest/<version>/ in the source tree, running
 // qemu-scripts/build-guest.sh once when the image is missing.
 Result<GuestImage> FindGuestImage(const std::string& version);

@@ -341,10 +341,8 @@ TEST_P(HvtracedBootKernelE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Kernels, HvtracedBootKernelE2e, ::testing::Values("6.12", "7.3"),
-                         [](const ::testing::TestParamInfo<std::string>& param) {
-                           std::string n = param.param;
-                           std::replace(n.begin(), n.end(), '.', '_');
-                           return "Linux" + n;
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return KernelParamName(p.param);
                          });
 
 // A kernel whose formats are not in the daemon's cache: hvtraced harvests

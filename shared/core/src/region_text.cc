@@ -96,7 +96,7 @@ std::string TextSymbolsOf(std::string_view kallsyms, bool* any_address) {
     // The padding before each function (__pfx_, and __cfi_ with kCFI) names
     // no code an event points at, and is half the lines: 7.3's 150k text
     // symbols compressed to 1.06 MiB and did not fit the 1 MiB symbol area
-    // (AttachE2e/Linux73), without them they do.
+    // (AttachE2e/Linux7_3), without them they do.
     const std::string_view name = line.substr(space + 3);
     if (name.starts_with("__pfx_") || name.starts_with("__cfi_")) continue;
     if (!*any_address && line.substr(0, space).find_first_not_of('0') != std::string_view::npos)

@@ -85,6 +85,24 @@ TEST(ModuleSymbolsTest, Malicious_ALaterLoadIntoTheSameMemorySupersedesTheOlderE
   EXPECT_NE(moved.kallsyms.find("ffffffffc0700010 t pvpanic_mmio_probe"), std::string::npos);
 }
 
+// Debian 7.3.4's kallsyms keeps some __init functions of a module at the
+// address its freed init text had, which the next module's core reused
+// (`pvpanic_mmio_driver_init` at pvpanic_pci_probe's address). That symbol
+// neither widens pvpanic_mmio's text over pvpanic_pci (which would mark the
+// entry superseded) nor moves: it would name pvpanic_pci's code.
+TEST(ModuleSymbolsTest, AStaleInitSymbolInTheNextModulesTextIsLeftOut) {
+  const std::string kallsyms = std::string(kKallsyms) +
+                               "ffffffffc0746010 T pvpanic_mmio_driver_init\t[pvpanic_mmio]\n";
+  auto symbols = KernelSymbols::Build(kallsyms, {});
+  const std::vector<BootMapModule> loaded = {{0xffffffffc1230000ull, "pvpanic_mmio"},
+                                             {0xffffffffc1236000ull, "pvpanic_pci"}};
+  ModuleSymbols moved = MoveModuleSymbols(kallsyms, *symbols, loaded);
+  EXPECT_TRUE(moved.superseded.empty());
+  EXPECT_EQ(moved.modules_moved, 2u);
+  EXPECT_EQ(moved.symbols, 4u);
+  EXPECT_EQ(moved.kallsyms.find("pvpanic_mmio_driver_init"), std::string::npos) << moved.kallsyms;
+}
+
 TEST(ModuleSymbolsTest, Malicious_NothingLoadedOrNothingHarvestedMovesNothing) {
   auto symbols = KernelSymbols::Build(kKallsyms, {});
   EXPECT_TRUE(MoveModuleSymbols(kKallsyms, *symbols, {}).kallsyms.empty());

@@ -11,7 +11,8 @@ namespace hvtrace::cli {
 
 int CallDaemon(const std::string& command, const std::string& socket_flag,
                const DaemonRequest& request, nlohmann::json* result,
-               const std::function<void(const nlohmann::json&)>& on_item) {
+               const std::function<void(const nlohmann::json&)>& on_item,
+               const CallOptions& options) {
   // Input files are opened first, as the user running hvtrace: the daemon
   // gets the descriptors and never opens a path itself (fd_passing.h). A file
   // this user cannot read stops here, with nothing sent.
@@ -37,8 +38,11 @@ int CallDaemon(const std::string& command, const std::string& socket_flag,
     return kExitNoDaemon;
   }
   if (!reply->ok) {
-    std::fprintf(stderr, "hvtrace %s: %s\n", command.c_str(), reply->error.c_str());
-    return ExitCodeForDaemonError(reply->code);
+    const int rc = ExitCodeForDaemonError(reply->code);
+    if (rc != kExitDenied || options.print_refusal) {
+      std::fprintf(stderr, "hvtrace %s: %s\n", command.c_str(), reply->error.c_str());
+    }
+    return rc;
   }
   *result = std::move(reply->result);
   return kExitOk;

@@ -13,6 +13,14 @@
 
 namespace hvtrace::cli {
 
+struct CallOptions {
+  // A refusal of the daemon (kExitDenied from its answer) is printed; off
+  // for a request made on the way to another that the daemon judges itself
+  // (`boot`'s harvest first: an observer is told `boot` is refused, not the
+  // harvest).
+  bool print_refusal = true;
+};
+
 // Sends |request| to the daemon on the socket |socket_flag| names (empty:
 // the default one, see ResolveClientSocket). Stream items go to |on_item|.
 // Returns kExitOk with the reply's result in |*result|; kExitNoDaemon when
@@ -20,7 +28,8 @@ namespace hvtrace::cli {
 // timeout; ExitCodeForDaemonError when it answers with an error.
 int CallDaemon(const std::string& command, const std::string& socket_flag,
                const DaemonRequest& request, nlohmann::json* result,
-               const std::function<void(const nlohmann::json&)>& on_item = {});
+               const std::function<void(const nlohmann::json&)>& on_item = {},
+               const CallOptions& options = {});
 
 }  // namespace hvtrace::cli
 

@@ -323,13 +323,19 @@ int EnsureFormatsCached(const std::string& kernel, const std::string& socket_fla
   request.args["timeout_ms"] = hostd::HarvestOptions{}.boot_timeout.count();
   request.timeout = std::chrono::minutes(10);
   json result;
-  const int rc = CallDaemon("boot", socket_flag, request, &result, [](const json& item) {
-    if (item.contains("progress") && item["progress"].is_string()) {
-      std::fprintf(stderr, "hvtrace boot: formats: %s\n",
-                   item["progress"].get_ref<const std::string&>().c_str());
-    }
-  });
-  if (rc == kExitNoDaemon || rc == kExitDenied) return rc;  // boot would fail the same way.
+  const int rc = CallDaemon(
+      "boot", socket_flag, request, &result,
+      [](const json& item) {
+        if (item.contains("progress") && item["progress"].is_string()) {
+          std::fprintf(stderr, "hvtrace boot: formats: %s\n",
+                       item["progress"].get_ref<const std::string&>().c_str());
+        }
+      },
+      CallOptions{.print_refusal = false});
+  if (rc == kExitNoDaemon) return rc;  // boot would fail the same way.
+  // Refused (an observer): the boot request is refused too, and says so for
+  // `boot`, the command the user typed.
+  if (rc == kExitDenied) return kExitOk;
   if (rc != kExitOk) {
     // A failed harvest does not stop the boot: the VM is traced either
     // way, and its captures keep region.bin until the formats are harvested.

@@ -280,7 +280,8 @@ rc=0
 run_as "$OBSERVER" "hvtrace boot nope --kernel ~/guest/6.12/vmlinuz --initrd ~/guest/6.12/initrd.img" \
   >"$WORK/bob-boot.txt" 2>&1 || rc=$?
 [ $rc -eq 7 ] || { cat "$WORK/bob-boot.txt" >&2; fail "$OBSERVER's boot: exit $rc, want 7 (denied)"; }
-grep -q "needs the admin role" "$WORK/bob-boot.txt" || fail "$OBSERVER's refusal is unclear: $(cat "$WORK/bob-boot.txt")"
+grep -q "'boot' needs the admin role" "$WORK/bob-boot.txt" || fail "$OBSERVER's refusal is unclear: $(cat "$WORK/bob-boot.txt")"
+! grep -q "formats-harvest" "$WORK/bob-boot.txt" || fail "$OBSERVER's refusal names the harvest, not boot: $(cat "$WORK/bob-boot.txt")"
 log "$OBSERVER: $(grep -c . "$WORK/bob-show.txt") lines shown; boot refused: $(tail -n 1 "$WORK/bob-boot.txt")"
 rc=0
 run_as "$OBSERVER" "hvtrace show demo/no-such-capture" >"$WORK/bob-none.txt" 2>&1 || rc=$?
@@ -307,6 +308,17 @@ grep -q -- '-sandbox on' <<<"$qemu_cmdline" || fail "QEMU runs without -sandbox 
 # The formats came from the package's harvest initramfs, nothing else.
 grep -q 'harvest-initrd.img' <<<"$(inside journalctl -u hvtraced --no-pager -o cat)" ||
   fail "the journal does not name the package's harvest initramfs"
+# One formats cache, the daemon's: the README's boot had hvtraced harvest the
+# kernel into /var/cache/hvtrace (the unit's CacheDirectory); the CLI kept
+# none of its own, and `hvtrace formats list` shows the daemon's.
+[ -n "$(inside find /var/cache/hvtrace/formats -mindepth 1 -maxdepth 1)" ] ||
+  fail "the daemon's cache /var/cache/hvtrace/formats is empty after the README's boot"
+if inside test -e "/home/$ADMIN/.cache/hvtrace"; then
+  fail "the CLI kept a cache of its own in /home/$ADMIN/.cache/hvtrace"
+fi
+listed=$(run_as "$ADMIN" "hvtrace formats list" 2>&1) || fail "as $ADMIN: hvtrace formats list: $listed"
+grep -q "/var/cache/hvtrace" <<<"$listed" || fail "hvtrace formats list does not show the daemon's cache: $listed"
+log "formats: one cache, the daemon's: $(head -n 1 <<<"$listed")"
 
 log "journal priorities"
 grep -q "$CAPTURE_ID" <<<"$(inside journalctl -u hvtraced --no-pager -o cat -p notice)" ||

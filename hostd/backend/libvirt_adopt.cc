@@ -2,21 +2,17 @@
 // from the domain's NUMA cell and QEMU's command line (never <cmdline>: a
 // disk-booted guest sets its parameters in its own boot loader), hvtrace's
 // <shmem> device.
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "boot_request.h"
 #include "hvtrace/boot_map.h"
 #include "libvirt_backend.h"
+#include "region_file_open.h"
 
 namespace hvtrace::hostd {
 
@@ -238,55 +234,13 @@ Result<std::unique_ptr<LibvirtDomainBackend>> AdoptLibvirtDomain(
   return backend;
 }
 
-namespace {
-
-// Whether |pid| maps the file |st| (device and inode) — /proc/PID/maps lines
-// are "start-end perms offset MAJ:MIN inode path".
-bool QemuMaps(pid_t pid, const struct stat& st) {
-  std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    std::istringstream fields(line);
-    std::string range, perms, offset, dev;
-    unsigned long long inode = 0;
-    if (!(fields >> range >> perms >> offset >> dev >> inode) || inode != st.st_ino) continue;
-    unsigned major_id = 0, minor_id = 0;
-    if (std::sscanf(dev.c_str(), "%x:%x", &major_id, &minor_id) == 2 &&
-        major_id == major(st.st_dev) && minor_id == minor(st.st_dev)) {
-      return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace
-
 Result<int> OpenRegionFile(const std::string& domain, const LibvirtRegionSpec& region) {
-  const std::string where = "domain '" + domain + "': region " + region.path.string();
-  if (region.size == 0) return Error{"domain '" + domain + "': region size is 0"};
-  // O_NONBLOCK: a FIFO would otherwise block this worker until someone writes.
-  const int fd = open(region.path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return Error{where + ": cannot open: " + std::strerror(errno)};
-  auto fail = [fd](std::string message) -> Error {
-    close(fd);
-    return Error{std::move(message)};
-  };
-  struct stat st {};
-  if (fstat(fd, &st) != 0) return fail(where + ": cannot stat: " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) return fail(where + " is not a regular file; refusing to read it");
-  if (region.owner_uid && st.st_uid != *region.owner_uid && st.st_uid != 0) {
-    return fail(where + " belongs to uid " + std::to_string(st.st_uid) + ", not to QEMU's user (" +
-                std::to_string(*region.owner_uid) + ") or root");
-  }
-  if (static_cast<uint64_t>(st.st_size) < region.offset + region.size) {
-    return fail(where + " has " + std::to_string(st.st_size) + " bytes, less than offset " +
-                std::to_string(region.offset) + " + size " + std::to_string(region.size));
-  }
-  if (region.qemu_pid > 0 && !QemuMaps(region.qemu_pid, st)) {
-    return fail(where + " is not the file QEMU pid " + std::to_string(region.qemu_pid) +
-                " maps (was it replaced?)");
-  }
-  return fd;
+  return OpenRegionFileChecked({.owner_label = "domain '" + domain + "'",
+                                .path = region.path,
+                                .offset = region.offset,
+                                .size = region.size,
+                                .owner_uid = region.owner_uid,
+                                .mapped_by = region.qemu_pid});
 }
 
 Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(

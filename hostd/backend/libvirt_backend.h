@@ -91,11 +91,8 @@ nlohmann::json ProbeGuestBootMeta(int fd, const LibvirtRegionSpec& region);
 nlohmann::json BootRangeFacts(const DomainBootCell& cell, const LibvirtRegionSpec& region, int fd,
                               bool running);
 
-// Opens |region|'s file for reading as hvtraced keeps it: never through a
-// symlink, never blocking (a FIFO is refused, not waited on), a regular file
-// of at least offset + size bytes owned by |region.owner_uid| or root, and,
-// when |region.qemu_pid| is set, one that QEMU maps (same device and inode
-// in /proc/PID/maps). Errors name the domain and the file.
+// Opens |region|'s file as hvtraced keeps it (region_file_open.h: owned by
+// |region.owner_uid| or root, mapped by |region.qemu_pid| when set).
 Result<int> OpenRegionFile(const std::string& domain, const LibvirtRegionSpec& region);
 
 // Where attach/detach and the look after a reconnect do their blocking

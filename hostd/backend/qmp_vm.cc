@@ -17,7 +17,9 @@
 #include "hvtrace/boot_map.h"
 #include "private_path.h"
 #include "qemu_user.h"
+#include "region_file_open.h"
 #include "units.h"
+#include "vm_process.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -37,7 +39,7 @@ VmEvent ToVmEvent(const QmpEvent& e) {
 }  // namespace
 
 json QmpVmSpec::ToJson() const {
-  return {{"qmp_socket", qmp_socket},         {"region_path", region_path.string()},
+  json j = {{"qmp_socket", qmp_socket},         {"region_path", region_path.string()},
           {"region_offset", region_offset},   {"region_size", region_size},
           {"region_gpa", region_gpa},         {"pid", pid},
           {"pid_start_time", pid_start_time}, {"console_socket", console_socket},
@@ -48,6 +50,8 @@ json QmpVmSpec::ToJson() const {
           {"attach_memdev", attach_memdev},   {"attach_only", region_size == 0},
           {"initrd_path", initrd_path},       {"meta_socket", meta_socket},
           {"qemu_trace_log", qemu_trace_log}};
+  if (region_owner) j["region_owner"] = *region_owner;
+  return j;
 }
 
 Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
@@ -79,6 +83,9 @@ Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
     s.attach_region = j.value("attach_region", std::string());
     s.attach_device = j.value("attach_device", std::string());
     s.attach_memdev = j.value("attach_memdev", std::string());
+    if (auto owner = j.find("region_owner"); owner != j.end() && owner->is_number_unsigned()) {
+      s.region_owner = owner->get<uid_t>();
+    }
     if (s.qmp_socket.empty() ||
         (attach_only ? s.region_size != 0 : (s.region_path.empty() || s.region_size == 0))) {
       return Error{"QMP VM spec lacks a socket, region path or size"};
@@ -177,20 +184,21 @@ void QmpVmBackend::Start(VmEventSink& sink) {
     sink_ = &sink;
   }
   if (spec_.region_size > 0 && !region_file()) {
-    // Re-adoption after a restart opens the recorded path: never through a
-    // symlink, never a FIFO or device (O_NONBLOCK: no wait on one either).
-    const int fd =
-        ::open(spec_.region_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-    if (fd < 0) {
-      throw std::runtime_error("cannot open region " + spec_.region_path.string() + ": " +
-                               std::strerror(errno));
-    }
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-      ::close(fd);
-      throw std::runtime_error("region " + spec_.region_path.string() + " is not a regular file");
-    }
-    auto file = RegionFile::Adopt(fd, spec_.region_offset, spec_.region_size);
+    // Re-adoption after a restart opens the recorded path, checked as the
+    // libvirt backend checks a domain's file: the owner recorded at
+    // registration, and QEMU mapping it while that very QEMU still runs (a
+    // QEMU that died left its bytes in the file: captured, not mapped).
+    const bool same_qemu = spec_.pid > 0 && !spec_.exited && ::kill(spec_.pid, 0) == 0 &&
+                           (spec_.pid_start_time == 0 ||
+                            ProcessStartTime(spec_.pid).value_or(0) == spec_.pid_start_time);
+    Result<int> fd = OpenRegionFileChecked({.owner_label = "VM (QMP " + spec_.qmp_socket + ")",
+                                            .path = spec_.region_path,
+                                            .offset = spec_.region_offset,
+                                            .size = spec_.region_size,
+                                            .owner_uid = spec_.region_owner,
+                                            .mapped_by = same_qemu ? spec_.pid : -1});
+    if (!fd.ok()) throw std::runtime_error(fd.error().message);
+    auto file = RegionFile::Adopt(*fd, spec_.region_offset, spec_.region_size);
     std::lock_guard lock(mu_);
     region_file_ = std::move(file);
   }

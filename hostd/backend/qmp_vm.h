@@ -67,6 +67,11 @@ struct QmpVmSpec {
   std::string initrd_path;     // When known: lets the daemon harvest the formats.
   std::string meta_socket;     // The metadata channel's socket (empty: none).
   std::string qemu_trace_log;  // QEMU's boot-handshake trace log (empty: not traced).
+  // The region file's owner when the VM was registered (the client's file
+  // at adopt, hvtraced's or QEMU's user's at boot): a restarted daemon opens
+  // the path again and takes only a file of that owner or root
+  // (region_file_open.h). Unset in records of older daemons: not checked.
+  std::optional<uid_t> region_owner;
 
   nlohmann::json ToJson() const;
   static Result<QmpVmSpec> FromJson(const nlohmann::json& j);

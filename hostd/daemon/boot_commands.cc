@@ -382,9 +382,17 @@ void Daemon::RemoveRemnants(const std::string& name) {
   for (const std::string& path : spec->owned_paths) std::filesystem::remove(path, ec);
 }
 
-Status Daemon::RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm,
+Status Daemon::RegisterQmpVm(const std::string& name, QmpVmSpec spec, std::unique_ptr<Vm> vm,
                              int region_fd) {
   const std::filesystem::path vm_dir = state_.VmDir(name);
+  // The owner a restarted daemon will require of the file at this path: the
+  // client's file it adopted, or the file it made for a VM it booted (in its
+  // own private directory).
+  struct stat st;
+  const bool known = region_fd >= 0 ? ::fstat(region_fd, &st) == 0
+                                    : spec.booted_by_daemon && !spec.region_path.empty() &&
+                                          ::lstat(spec.region_path.c_str(), &st) == 0;
+  if (known) spec.region_owner = st.st_uid;
   if (Status s = SaveQmpVmSpec(vm_dir, spec); !s.ok())
     LogWarning("VM " + name + ": " + s.error().message);
   auto backend = std::make_unique<QmpVmBackend>(io_.get_executor(), spec, std::move(vm), vm_dir);

@@ -137,7 +137,7 @@ class Daemon {
                   const std::shared_ptr<Responder>& responder);
   // Registers a QMP VM (booted or adopted) and saves its spec for re-adoption.
   // |region_fd| >= 0: the region file as the adopting client opened it.
-  Status RegisterQmpVm(const std::string& name, const QmpVmSpec& spec, std::unique_ptr<Vm> vm,
+  Status RegisterQmpVm(const std::string& name, QmpVmSpec spec, std::unique_ptr<Vm> vm,
                        int region_fd = -1);
   // A QMP socket a client named (adopt/attach --qmp) must be served by that
   // client's uid or by root, checked on a connection (client_files.h).

@@ -37,6 +37,7 @@ TEST_F(QmpVmSpecTest, RoundTripKeepsWhatReadoptionNeeds) {
                       "/dev/shm/hvtrace-web1"};
   spec.booted_by_daemon = true;
   spec.exited = true;
+  spec.region_owner = 994;
   ASSERT_TRUE(SaveQmpVmSpec(dir_, spec).ok());
   auto loaded = LoadQmpVmSpec(dir_);
   ASSERT_TRUE(loaded.ok()) << loaded.error().message;
@@ -47,6 +48,7 @@ TEST_F(QmpVmSpecTest, RoundTripKeepsWhatReadoptionNeeds) {
   EXPECT_TRUE(loaded->booted_by_daemon);
   EXPECT_TRUE(loaded->exited);
   EXPECT_EQ(loaded->region_gpa, 0x40000000u);
+  EXPECT_EQ(loaded->region_owner, std::optional<uid_t>(994));
 }
 
 TEST_F(QmpVmSpecTest, SpecFromAnOlderDaemonLoadsWithDefaults) {
@@ -59,6 +61,7 @@ TEST_F(QmpVmSpecTest, SpecFromAnOlderDaemonLoadsWithDefaults) {
   EXPECT_EQ(loaded->pid_start_time, 0u);
   EXPECT_TRUE(loaded->owned_paths.empty());
   EXPECT_FALSE(loaded->exited);
+  EXPECT_FALSE(loaded->region_owner.has_value());  // Not checked at re-adoption.
 }
 
 TEST_F(QmpVmSpecTest, Malicious_DamagedSpecsAreRefusedWithThePath) {

@@ -40,16 +40,16 @@ VmEvent ToVmEvent(const QmpEvent& e) {
 
 json QmpVmSpec::ToJson() const {
   json j = {{"qmp_socket", qmp_socket},         {"region_path", region_path.string()},
-          {"region_offset", region_offset},   {"region_size", region_size},
-          {"region_gpa", region_gpa},         {"pid", pid},
-          {"pid_start_time", pid_start_time}, {"console_socket", console_socket},
-          {"owned_paths", owned_paths},       {"exited", exited},
-          {"console_log", console_log},       {"booted_by_daemon", booted_by_daemon},
-          {"kernel_path", kernel_path},       {"kernel_key", kernel_key},
-          {"attach_region", attach_region},   {"attach_device", attach_device},
-          {"attach_memdev", attach_memdev},   {"attach_only", region_size == 0},
-          {"initrd_path", initrd_path},       {"meta_socket", meta_socket},
-          {"qemu_trace_log", qemu_trace_log}};
+            {"region_offset", region_offset},   {"region_size", region_size},
+            {"region_gpa", region_gpa},         {"pid", pid},
+            {"pid_start_time", pid_start_time}, {"console_socket", console_socket},
+            {"owned_paths", owned_paths},       {"exited", exited},
+            {"console_log", console_log},       {"booted_by_daemon", booted_by_daemon},
+            {"kernel_path", kernel_path},       {"kernel_key", kernel_key},
+            {"attach_region", attach_region},   {"attach_device", attach_device},
+            {"attach_memdev", attach_memdev},   {"attach_only", region_size == 0},
+            {"initrd_path", initrd_path},       {"meta_socket", meta_socket},
+            {"qemu_trace_log", qemu_trace_log}};
   if (region_owner) j["region_owner"] = *region_owner;
   return j;
 }

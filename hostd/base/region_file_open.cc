@@ -23,8 +23,8 @@ bool ProcessMapsFile(pid_t pid, dev_t dev, ino_t ino) {
     unsigned long long inode = 0;
     if (!(fields >> range >> perms >> offset >> device >> inode) || inode != ino) continue;
     unsigned major_id = 0, minor_id = 0;
-    if (std::sscanf(device.c_str(), "%x:%x", &major_id, &minor_id) == 2 &&
-        major_id == major(dev) && minor_id == minor(dev)) {
+    if (std::sscanf(device.c_str(), "%x:%x", &major_id, &minor_id) == 2 && major_id == major(dev) &&
+        minor_id == minor(dev)) {
       return true;
     }
   }

@@ -129,19 +129,22 @@ class ChannelBoots {
 
 }  // namespace
 
-BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
-                                         FormatsService* formats_service,
-                                         const std::string& kernel_key,
-                                         const std::string& kernel_path,
-                                         const std::filesystem::path& meta_dir,
-                                         PendingCapture& capture, CaptureManifest& manifest) {
+BootRangeDecodeTimes DecodeBootRange(std::span<const std::byte> copy,
+                                     const BootRangeSources& sources,
+                                     const std::filesystem::path& dir, CaptureManifest& manifest) {
   BootRangeDecodeTimes times;
   const auto start = std::chrono::steady_clock::now();
+  FormatsService* const formats_service = sources.cache;
+  const std::string& kernel_key = sources.kernel_key;
+  const std::filesystem::path& meta_dir = sources.meta_dir;
   std::shared_ptr<const KernelFormats> formats;
   std::string state = "missing";
   json meta_info = json::object();
   ChannelBoots channel(meta_dir, manifest.triggered.realtime_ns, meta_info);
-  if (kernel_key.empty()) {
+  if (sources.formats) {
+    formats = sources.formats;
+    state = "given";
+  } else if (kernel_key.empty()) {
     state = "unknown kernel (adopted VM)";
   } else if (formats_service != nullptr) {
     Result<std::shared_ptr<const KernelFormats>> got = formats_service->Get(kernel_key);
@@ -157,11 +160,12 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
   times.formats_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   json info = {
-      {"key", kernel_key},
+      {"key", formats ? formats->key : kernel_key},
       {"cache", formats_service != nullptr ? formats_service->root().string() : std::string()},
       {"state", state}};
   BootMapCaptureOptions options;
-  options.write_region = false;  // The caller wrote (and fsynced) region.bin.
+  options.cpus = sources.cpus;
+  options.progress = sources.progress;
   std::string decode_error;
   // Each boot's kernel identified by its console banner and checked against
   // the data (boot_kernels.h); the per-boot choices feed the id table.
@@ -196,7 +200,7 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
         [&](uint32_t boot, std::span<const uint64_t> last) {
           return kernels.For(boot, last.size(), channel.For(boot, last, cached));
         },
-        options, capture, manifest);
+        options, dir, manifest);
     info["meta"] = std::move(meta_info);
     if (built.ok()) info["state"] = state + "; metadata channel";
     if (decoded(built)) return times;
@@ -206,14 +210,14 @@ BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy,
     const BootFormatsFor per_boot = [&](uint32_t boot, std::span<const uint64_t> last) {
       return kernels.For(boot, last.size(), same(boot, last));
     };
-    if (decoded(BuildBootMapCapture(copy, *f, per_boot, options, capture, manifest))) return times;
+    if (decoded(BuildBootMapCapture(copy, *f, per_boot, options, dir, manifest))) return times;
   }
   // No formats (or the decode failed): count what the region holds so the
   // manifest still says it; `hvtrace show` decodes region.bin later.
   info["decoded"] = false;
   if (!meta_info.empty() && !info.contains("meta")) info["meta"] = std::move(meta_info);
   if (!decode_error.empty()) info["decode_error"] = decode_error;
-  const std::string kernel = kernel_path.empty() ? "K" : kernel_path;
+  const std::string kernel = sources.kernel_path.empty() ? "K" : sources.kernel_path;
   info["identify"] = kernels.Summary();
   // The CLI's harvest goes to the daemon answering on its socket, which
   // harvests into this cache (formats_args.h).

@@ -1,16 +1,18 @@
-// Decoding a boot-range capture's private region copy with the kernel's
-// formats from the daemon's cache: boot-<n>.trace.dat files into the capture
-// and the manifest's counts, validation and extra.formats. Shared by the live
-// capture (qmp_vm.cc) and by a later daemon run finishing a capture the
-// previous one died in (capture_recovery.cc).
+// Decoding a boot range's private copy: boot-<n>.trace.dat files and the
+// manifest's counts, validation and extra.formats. One entry point for the
+// daemon's live capture, its recovery of a capture the previous run died in
+// (capture_recovery.cc) and `hvtrace show` re-decoding a region file.
 #ifndef HVTRACE_HOSTD_BOOT_RANGE_DECODE_H_
 #define HVTRACE_HOSTD_BOOT_RANGE_DECODE_H_
 
 #include <cstddef>
 #include <filesystem>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 
+#include "capture_pipeline.h"
 #include "capture_store.h"
 #include "formats_service.h"
 
@@ -21,19 +23,35 @@ struct BootRangeDecodeTimes {
   double files_ms = 0;  // Of write_ms: writing the trace.dat files themselves.
 };
 
-// Decodes |copy| into |capture|: each boot with the metadata its guest sent
-// for it over the metadata channel (the VM's MetaStore at |meta_dir|, empty:
-// none), the others with the formats of |kernel_key| (null |formats| or an
-// unknown key and no channel metadata: counts only, and extra.formats says
-// how to get them; |kernel_path| names the kernel in that note). Never fails:
-// a decode error is recorded in extra.formats.decode_error and the counts
-// kept. extra.formats.meta and extra.boots[n].decoded_with say which boot's
-// metadata decoded what.
-BootRangeDecodeTimes DecodeBootRangeCopy(std::span<const std::byte> copy, FormatsService* formats,
-                                         const std::string& kernel_key,
-                                         const std::string& kernel_path,
-                                         const std::filesystem::path& meta_dir,
-                                         PendingCapture& capture, CaptureManifest& manifest);
+// What is known about the VM a boot range comes from.
+struct BootRangeSources {
+  // The formats cache: the VM's kernel's entry (|kernel_key|) and every
+  // entry a boot's console banner may identify (boot_kernels.h). May be null.
+  FormatsService* cache = nullptr;
+  std::string kernel_key{};   // Empty: the kernel is unknown (an adopted VM).
+  std::string kernel_path{};  // Names the kernel in the note on how to decode later.
+  // Formats given by the reader (`hvtrace show --formats KEY_OR_DIR`):
+  // decode with these instead of |cache|'s entry for |kernel_key|.
+  std::shared_ptr<const KernelFormats> formats{};
+  std::filesystem::path meta_dir{};  // The VM's metadata channel store; empty: none.
+  int cpus = 0;                      // The guest's CPU count when known; 0 derives it.
+  std::function<void(const CaptureProgress&)> progress{};  // May be empty.
+};
+
+// The one decode of a boot range copy, for every reader: the daemon's
+// capture step, its start-up recovery and `hvtrace show` (--region FILE, a
+// capture holding only region.bin) call it, so the same bytes decode the same
+// whoever reads them. Writes boot-<n>.trace.dat into |dir| (not region.bin:
+// the caller has it) and fills |manifest|'s counts, validation and
+// extra.formats: each boot with the metadata its guest sent for it over the
+// metadata channel, the others with the given or cached formats (null or
+// unknown and no channel metadata: counts only, and extra.formats says how to
+// get them). Never fails: a decode error is recorded in
+// extra.formats.decode_error and the counts kept. extra.formats.meta and
+// extra.boots[n].decoded_with say which metadata decoded what.
+BootRangeDecodeTimes DecodeBootRange(std::span<const std::byte> copy,
+                                     const BootRangeSources& sources,
+                                     const std::filesystem::path& dir, CaptureManifest& manifest);
 
 }  // namespace hvtrace::hostd
 

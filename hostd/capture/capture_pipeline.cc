@@ -502,20 +502,34 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
                                           const BootFormatsFor& per_boot,
                                           const BootMapCaptureOptions& opts, PendingCapture& out,
                                           CaptureManifest& manifest) {
-  const auto start = std::chrono::steady_clock::now();
-  Result<Decoded> d = Decode(region_copy, &formats, per_boot, opts);
-  if (!d.ok()) return d.error();
-  d->result.decode_ms = MsBetween(start, std::chrono::steady_clock::now());
+  double region_ms = 0;
   if (opts.write_region) {
     const auto region_start = std::chrono::steady_clock::now();
     Progress(opts, "region", 0, region_copy.size());
     Status s = out.WriteFile("region.bin", region_copy);
     if (!s.ok()) return s.error();
     Progress(opts, "region", region_copy.size(), region_copy.size());
-    d->result.files.push_back("region.bin");
-    d->result.write_ms += MsBetween(region_start, std::chrono::steady_clock::now());
+    region_ms = MsBetween(region_start, std::chrono::steady_clock::now());
   }
-  Status s = WriteBoots(*d, opts, out.dir(), TraceDatSync::kCallerSyncs);
+  Result<CaptureResult> r =
+      BuildBootMapCapture(region_copy, formats, per_boot, opts, out.dir(), manifest);
+  if (r.ok() && opts.write_region) {
+    r->files.insert(r->files.begin(), "region.bin");
+    r->write_ms += region_ms;
+  }
+  return r;
+}
+
+Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,
+                                          const KernelFormats& formats,
+                                          const BootFormatsFor& per_boot,
+                                          const BootMapCaptureOptions& opts, const fs::path& dir,
+                                          CaptureManifest& manifest) {
+  const auto start = std::chrono::steady_clock::now();
+  Result<Decoded> d = Decode(region_copy, &formats, per_boot, opts);
+  if (!d.ok()) return d.error();
+  d->result.decode_ms = MsBetween(start, std::chrono::steady_clock::now());
+  Status s = WriteBoots(*d, opts, dir, TraceDatSync::kCallerSyncs);
   if (!s.ok()) return s.error();
 
   CaptureResult& r = d->result;
@@ -534,19 +548,6 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
       {"write_names", r.names_ms}, {"write_names_wait", r.names_wait_ms},
       {"write_files", r.files_ms}};
   return std::move(r);
-}
-
-Result<CaptureResult> WriteBootMapTraceDats(std::span<const std::byte> region_copy,
-                                            const KernelFormats& formats,
-                                            const BootMapCaptureOptions& opts,
-                                            const fs::path& dir) {
-  const auto start = std::chrono::steady_clock::now();
-  Result<Decoded> d = Decode(region_copy, &formats, SameFormats(formats), opts);
-  if (!d.ok()) return d.error();
-  d->result.decode_ms = MsBetween(start, std::chrono::steady_clock::now());
-  Status s = WriteBoots(*d, opts, dir, TraceDatSync::kDurable);
-  if (!s.ok()) return s.error();
-  return std::move(d->result);
 }
 
 Result<CaptureResult> CountBootMapCapture(std::span<const std::byte> region_copy,

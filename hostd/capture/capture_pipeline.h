@@ -131,6 +131,14 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
                                           const BootFormatsFor& per_boot,
                                           const BootMapCaptureOptions& opts, PendingCapture& out,
                                           CaptureManifest& manifest);
+// The same into |dir| (no region.bin, whatever opts.write_region says): for
+// DecodeBootRange (boot_range_decode.h), whose callers hold region.bin.
+Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy,
+                                          const KernelFormats& formats,
+                                          const BootFormatsFor& per_boot,
+                                          const BootMapCaptureOptions& opts,
+                                          const std::filesystem::path& dir,
+                                          CaptureManifest& manifest);
 
 // Without formats (the kernel's are not cached yet): reads |region_copy|
 // with the 6.12 default page layout and fills |manifest|'s cpus, validation
@@ -139,13 +147,6 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
 Result<CaptureResult> CountBootMapCapture(std::span<const std::byte> region_copy,
                                           const BootMapCaptureOptions& opts,
                                           CaptureManifest& manifest);
-
-// The same decode without a capture store: writes boot-<n>.trace.dat files
-// (no region.bin, no manifest) into |dir|. For `hvtrace show --region`.
-Result<CaptureResult> WriteBootMapTraceDats(std::span<const std::byte> region_copy,
-                                            const KernelFormats& formats,
-                                            const BootMapCaptureOptions& opts,
-                                            const std::filesystem::path& dir);
 
 // Builds a KernelFormats from a tracefs-like directory: header_page,
 // header_event, events/<system>/<event>/format or <system>/<event>/format

@@ -6,10 +6,10 @@
 #include <cstring>
 #include <memory>
 
-#include "boot_timeline.h"
 #include "capped_file.h"
 #include "capture_service.h"
 #include "capture_steps.h"
+#include "host_time.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -66,27 +66,37 @@ Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats,
   CaptureManifest& m = *manifest;
   const std::string kind =
       m.region.is_object() ? m.region.value("kind", std::string()) : std::string();
+  std::vector<std::byte> region_copy;
   if (kind == "boot-range" || kind == "shmem") {
     Result<uint64_t> size = RegionSize(m.region, "region file");
     if (!size.ok()) return size.error();
     Result<std::vector<std::byte>> copy = ReadCopy(pending.dir() / kRegionFileName, *size);
     if (!copy.ok()) return copy.error();
-    DecodeRegionFileStep(*copy, formats, meta_dir, pending, m);
-    BootTimelineStep(pending, m);  // When the capture holds QEMU's trace log.
+    region_copy = std::move(*copy);
   }
-  if (const json* attach = AttachRegionJson(m)) {
-    Result<RegionGeometry> geometry = GeometryFromJson(attach->value("geometry", json()));
-    if (!geometry.ok()) return geometry.error();
+  std::vector<std::byte> attach_copy;
+  RegionGeometry geometry;
+  const json* attach = AttachRegionJson(m);
+  if (attach != nullptr) {
+    Result<RegionGeometry> g = GeometryFromJson(attach->value("geometry", json()));
+    if (!g.ok()) return g.error();
+    geometry = *g;
     Result<std::vector<std::byte>> copy =
-        ReadCopy(pending.dir() / kAttachRegionFileName, geometry->region_size);
+        ReadCopy(pending.dir() / kAttachRegionFileName, geometry.region_size);
     if (!copy.ok()) return copy.error();
-    const bool stopped = m.extra.value("/consistency/vcpus_stopped"_json_pointer, false);
-    // The copy is durable and checked: a decode failure is noted, not fatal.
-    if (Status s = DecodeAttachStep(*copy, *geometry, stopped, pending, m); !s.ok())
-      m.extra["incomplete"] = s.error().message;
-  } else if (kind != "boot-range" && kind != "shmem") {
+    attach_copy = std::move(*copy);
+  } else if (region_copy.empty()) {
     return Error{"its recovery record names no region this daemon can finish"};
   }
+  const bool stopped = m.extra.value("/consistency/vcpus_stopped"_json_pointer, false);
+  // The copies are durable and checked: a decode failure is noted, not fatal.
+  if (Status s = DecodeCopiesStep(region_copy, attach ? &attach_copy : nullptr, geometry, stopped,
+                                  formats, meta_dir, pending, m);
+      !s.ok()) {
+    m.extra["incomplete"] = s.error().message;
+  }
+  // From the trigger, across the daemon's stop: the capture's real latency.
+  m.extra["timing_ms"]["trigger_to_decoded"] = MsSince(m.triggered);
   const HostTime now = HostTime::Now();
   m.recovered = {{"at",
                   {{"realtime_ns", now.realtime_ns},

@@ -14,29 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-json ConsistencyJson(bool vcpus_stopped, const json& validation, bool region_file) {
-  json c = {
-      {"vcpus_stopped", vcpus_stopped},
-      {"note", vcpus_stopped
-                   ? "vCPUs were stopped (or QEMU gone) while copying: the copy is exact"
-                   : "the guest kept running while copying: each page was copied once; pages "
-                     "being written then (listed per CPU for a boot range; torn slots counted "
-                     "for an attach region) may be inconsistent"}};
-  if (vcpus_stopped || !region_file) return c;
-  json pages = json::array();
-  if (validation.is_object() && validation.contains("per_cpu") &&
-      validation["per_cpu"].is_array()) {
-    for (const json& cpu : validation["per_cpu"]) {
-      if (!cpu.is_object()) continue;
-      pages.push_back({{"cpu", cpu.value("cpu", -1)},
-                       {"head_slot", cpu.value("head_slot", json())},
-                       {"commit_slot", cpu.value("commit_slot", json())}});
-    }
-  }
-  c["pages_being_written"] = std::move(pages);
-  return c;
-}
-
 // A guest found panicked by a daemon that (re)starts may still be in the
 // panic an earlier run captured (or recovered). A paused guest writes
 // nothing, so regions byte-identical to the newest panic capture's (the boot
@@ -199,18 +176,14 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   if (faults_.after_copies_durable) faults_.after_copies_durable();
   // The host side of boot (--trace-boot), as far as QEMU has written it.
   if (!in.qemu_trace_log.empty()) AttachQemuTraceLogStep(in.qemu_trace_log, pending, manifest);
-  if (in.region_file) {
-    DecodeRegionFileStep(copies.region_file.span(), formats_.get(), meta_dir, pending, manifest);
-    // QEMU's side of a --trace-boot VM's boot and the guest's, on the host clock.
-    BootTimelineStep(pending, manifest);
+  const std::span<const std::byte> region_copy =
+      in.region_file ? copies.region_file.span() : std::span<const std::byte>();
+  if (Status s = DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,
+                                  in.attach ? in.attach->geometry() : RegionGeometry{},
+                                  in.vcpus_stopped, formats_.get(), meta_dir, pending, manifest);
+      !s.ok()) {
+    return s;
   }
-  if (in.attach) {
-    Status s =
-        DecodeAttachStep(copies.attach, in.attach->geometry(), in.vcpus_stopped, pending, manifest);
-    if (!s.ok()) return s;
-  }
-  manifest.extra["consistency"] =
-      ConsistencyJson(in.vcpus_stopped, manifest.validation, in.region_file.has_value());
   manifest.extra["timing_ms"]["trigger_to_decoded"] = MsSince(request.triggered);
   return {};
 }

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "boot_range_decode.h"
+#include "boot_timeline.h"
 #include "region_capture.h"
 
 namespace hvtrace::hostd {
@@ -87,13 +88,62 @@ void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* forma
                           CaptureManifest& manifest) {
   if (manifest.region.value("kind", "") != "boot-range") return;  // A raw shmem file.
   const auto str = [&](const char* key) { return manifest.kernel.value(key, std::string()); };
-  const BootRangeDecodeTimes times = DecodeBootRangeCopy(copy, formats, str("formats_key"),
-                                                         str("path"), meta_dir, pending, manifest);
+  const BootRangeDecodeTimes times = DecodeBootRange(copy,
+                                                     {.cache = formats,
+                                                      .kernel_key = str("formats_key"),
+                                                      .kernel_path = str("path"),
+                                                      .meta_dir = meta_dir},
+                                                     pending.dir(), manifest);
   json& timing = Timing(manifest);
   timing["formats_load"] = times.formats_ms;
   timing["decode"] = times.decode_ms;
   timing["trace_dat_write"] = times.write_ms;
   timing["trace_dat_files"] = times.files_ms;
+}
+
+namespace {
+
+json ConsistencyJson(bool vcpus_stopped, const json& validation, bool region_file) {
+  json c = {
+      {"vcpus_stopped", vcpus_stopped},
+      {"note", vcpus_stopped
+                   ? "vCPUs were stopped (or QEMU gone) while copying: the copy is exact"
+                   : "the guest kept running while copying: each page was copied once; pages "
+                     "being written then (listed per CPU for a boot range; torn slots counted "
+                     "for an attach region) may be inconsistent"}};
+  if (vcpus_stopped || !region_file) return c;
+  json pages = json::array();
+  if (validation.is_object() && validation.contains("per_cpu") &&
+      validation["per_cpu"].is_array()) {
+    for (const json& cpu : validation["per_cpu"]) {
+      if (!cpu.is_object()) continue;
+      pages.push_back({{"cpu", cpu.value("cpu", -1)},
+                       {"head_slot", cpu.value("head_slot", json())},
+                       {"commit_slot", cpu.value("commit_slot", json())}});
+    }
+  }
+  c["pages_being_written"] = std::move(pages);
+  return c;
+}
+
+}  // namespace
+
+Status DecodeCopiesStep(std::span<const std::byte> region_copy, std::vector<std::byte>* attach_copy,
+                        const RegionGeometry& geometry, bool vcpus_stopped, FormatsService* formats,
+                        const std::filesystem::path& meta_dir, PendingCapture& pending,
+                        CaptureManifest& manifest) {
+  if (!region_copy.empty()) {
+    DecodeRegionFileStep(region_copy, formats, meta_dir, pending, manifest);
+    // QEMU's side of a --trace-boot VM's boot and the guest's, on the host clock.
+    BootTimelineStep(pending, manifest);
+  }
+  if (attach_copy != nullptr) {
+    Status s = DecodeAttachStep(*attach_copy, geometry, vcpus_stopped, pending, manifest);
+    if (!s.ok()) return s;
+  }
+  manifest.extra["consistency"] =
+      ConsistencyJson(vcpus_stopped, manifest.validation, !region_copy.empty());
+  return {};
 }
 
 Status DecodeAttachStep(std::vector<std::byte>& copy, const RegionGeometry& geometry,

@@ -46,6 +46,17 @@ void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* forma
 Status DecodeAttachStep(std::vector<std::byte>& copy, const RegionGeometry& geometry,
                         bool vcpus_stopped, PendingCapture& pending, CaptureManifest& manifest);
 
+// Step 3 for every copy a capture holds, the same for the live capture and
+// for a later run recovering one (capture_recovery.cc): the region file copy
+// (a boot range decoded, and the boot timeline when the capture holds QEMU's
+// trace log), then the attach copy, then the consistency summary
+// (extra.consistency). An empty |region_copy| / null |attach_copy|: the
+// capture has none. Fails only as DecodeAttachStep does.
+Status DecodeCopiesStep(std::span<const std::byte> region_copy, std::vector<std::byte>* attach_copy,
+                        const RegionGeometry& geometry, bool vcpus_stopped, FormatsService* formats,
+                        const std::filesystem::path& meta_dir, PendingCapture& pending,
+                        CaptureManifest& manifest);
+
 // The attach region's description in |manifest| (region or region.attach);
 // null when the capture has none.
 const nlohmann::json* AttachRegionJson(const CaptureManifest& manifest);

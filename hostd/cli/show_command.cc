@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "boot_file_name.h"
+#include "boot_range_decode.h"
 #include "capture_fetch.h"
 #include "capture_pipeline.h"
 #include "capture_store.h"
@@ -322,33 +323,40 @@ int DecodeRegionAndShow(const ShowArgs& args, const fs::path& region,
     return 1;
   }
   const fs::path tmp(templ);
-  hostd::BootMapCaptureOptions opts;
-  opts.cpus = args.cpus;
+  // The daemon's own decode (DecodeBootRange), with what this reader knows:
+  // the formats given, no metadata channel, no cache to identify other
+  // kernels by their console banner.
+  hostd::BootRangeSources sources{.formats = std::make_shared<const hostd::KernelFormats>(formats),
+                                  .cpus = args.cpus};
   if (Tty()) {
-    opts.progress = [](const hvtrace::hostd::CaptureProgress& p) {
+    sources.progress = [](const hvtrace::hostd::CaptureProgress& p) {
       std::fprintf(stderr, "\rhvtrace show: %.*s %llu/%llu", static_cast<int>(p.stage.size()),
                    p.stage.data(), static_cast<unsigned long long>(p.done),
                    static_cast<unsigned long long>(p.total));
       std::fflush(stderr);
     };
   }
-  Result<hostd::CaptureResult> result = hostd::WriteBootMapTraceDats(*copy, formats, opts, tmp);
+  hostd::CaptureManifest decoded;
+  hostd::DecodeBootRange(*copy, sources, tmp, decoded);
   ClearProgress();
   int rc = 1;
-  if (!result.ok()) {
-    std::fprintf(stderr, "hvtrace show: %s: %s\n", region.c_str(), result.error().message.c_str());
+  const json& info = decoded.extra["formats"];
+  if (!info.value("decoded", false)) {
+    std::fprintf(
+        stderr, "hvtrace show: %s: %s\n", region.c_str(),
+        info.value("decode_error", decoded.validation.value("error", "not decoded")).c_str());
   } else {
-    for (const std::string& line : RegionIssueLines(result->validation["issues"]))
+    for (const std::string& line : RegionIssueLines(decoded.validation["issues"]))
       std::fprintf(stderr, "hvtrace show: %s: %s\n", region.c_str(), line.c_str());
-    if (result->unknown_id != 0) {
+    if (const uint64_t unknown = info.value("unknown_id_events", uint64_t{0}); unknown != 0) {
       std::fprintf(stderr,
                    "hvtrace show: %llu events have ids without a format (kept in the region)\n",
-                   static_cast<unsigned long long>(result->unknown_id));
+                   static_cast<unsigned long long>(unknown));
     }
     if (!manifest.is_object()) manifest = json::object();
     if (!manifest.contains("extra") || !manifest["extra"].is_object())
       manifest["extra"] = json::object();
-    manifest["extra"]["boots"] = hostd::BootsToJson(*result);
+    manifest["extra"]["boots"] = decoded.extra["boots"];
     rc = ShowBoots(args, tmp, manifest, fd);
   }
   std::error_code ec;

@@ -240,6 +240,23 @@ TEST_P(HvtracedBootKernelE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   test_support::CommandResult shown =
       RunCmd(hvtrace + " show --trace-cmd-names '" + dir.string() + "'");
   ASSERT_EQ(shown.status, 0) << shown.out.substr(0, 2000);
+  // One decode for every reader: the capture's region.bin through `show
+  // --region` with the formats the daemon used prints what the daemon's
+  // decode printed, byte for byte but the line naming the capture.
+  test_support::CommandResult region_shown =
+      RunCmd(hvtrace + " show --trace-cmd-names --region '" + (dir / "region.bin").string() +
+             "' --formats " + m["kernel"]["formats_key"].get<std::string>());
+  ASSERT_EQ(region_shown.status, 0) << region_shown.out.substr(0, 2000);
+  auto without_capture_line = [](const std::string& out) {
+    std::string kept;
+    for (const std::string& line : TextLines(out))
+      if (!line.starts_with("# capture ")) kept += line + "\n";
+    return kept;
+  };
+  EXPECT_TRUE(without_capture_line(region_shown.out) == without_capture_line(shown.out))
+      << "show --region and show CAPTURE differ; first 1000 bytes of each:\n"
+      << region_shown.out.substr(0, 1000) << "\n---\n"
+      << shown.out.substr(0, 1000);
   size_t unparsed = 0;
   const std::vector<TraceEvent> events = ReportTraceEvents(shown.out, &unparsed);
   EXPECT_EQ(unparsed, 0u);

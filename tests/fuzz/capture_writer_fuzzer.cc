@@ -7,9 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <span>
 #include <string>
 
+#include "boot_range_decode.h"
 #include "capture_pipeline.h"
 
 namespace {
@@ -17,7 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 
 struct Setup {
-  hvtrace::hostd::KernelFormats formats;
+  std::shared_ptr<const hvtrace::hostd::KernelFormats> formats;
   fs::path out;
 };
 
@@ -27,7 +29,7 @@ const Setup& Get() {
     auto formats = hvtrace::hostd::KernelFormatsFromDirectory(std::string(HVTRACE_FIXTURES_DIR) +
                                                               "/boot_map/");
     if (!formats.ok()) __builtin_trap();  // The fixture is part of the tree.
-    s.formats = std::move(*formats);
+    s.formats = std::make_shared<const hvtrace::hostd::KernelFormats>(std::move(*formats));
     s.out = fs::temp_directory_path() / ("hvtrace-capture-fuzz-" + std::to_string(getpid()));
     fs::create_directories(s.out);
     return s;
@@ -41,11 +43,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > (1u << 20)) return 0;
   const Setup& setup = Get();
   const std::span<const std::byte> range(reinterpret_cast<const std::byte*>(data), size);
-  hvtrace::hostd::BootMapCaptureOptions opts;
-  opts.write_region = false;
+  // The one decode every reader uses (boot_range_decode.h).
   for (int cpus : {0, 2}) {
-    opts.cpus = cpus;
-    (void)hvtrace::hostd::WriteBootMapTraceDats(range, setup.formats, opts, setup.out);
+    hvtrace::hostd::CaptureManifest manifest;
+    hvtrace::hostd::DecodeBootRange(range, {.formats = setup.formats, .cpus = cpus}, setup.out,
+                                    manifest);
   }
   return 0;
 }

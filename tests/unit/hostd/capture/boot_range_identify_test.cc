@@ -1,4 +1,4 @@
-// DecodeBootRangeCopy with the VM's console banners and a formats cache: the
+// DecodeBootRange with the VM's console banners and a formats cache: the
 // kexec fixture's two boots are each identified by their banner, checked
 // against their records and decoded; the id table says they used the same
 // formats. A banner naming another build whose ids do not fit is refused.
@@ -97,8 +97,8 @@ class BootRangeIdentifyTest : public ::testing::Test {
     CaptureManifest manifest;
     manifest.vm = vm;
     manifest.trigger = "panic";
-    DecodeBootRangeCopy(region_, service_.get(), "", "", MetaDirOfStore(store), **pending,
-                        manifest);
+    DecodeBootRange(region_, {.cache = service_.get(), .meta_dir = MetaDirOfStore(store)},
+                    (*pending)->dir(), manifest);
     return manifest.extra;
   }
   fs::path root_;

@@ -113,6 +113,10 @@ TEST(CaptureRecoveryTest, DurableRegionIsDecodedAndCommittedAsRecovered) {
   EXPECT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"].dump(2);
   EXPECT_EQ(m["extra"]["timing_ms"]["trigger_to_region_durable"], 12.5);
   EXPECT_TRUE(m["extra"]["timing_ms"].contains("trace_dat_write"));
+  // The same decode step as a live capture: its consistency summary and
+  // trigger-to-decoded time too (here, across the daemon that stopped).
+  EXPECT_TRUE(m["extra"]["consistency"].contains("note")) << m["extra"].dump(2);
+  EXPECT_TRUE(m["extra"]["timing_ms"].contains("trigger_to_decoded")) << m["extra"].dump(2);
   EXPECT_TRUE(entry.summary.contains("recovered"));
   std::vector<std::string> files;
   for (const json& f : m["files"]) files.push_back(f["name"]);

@@ -62,7 +62,7 @@ class MetaDecodeTest : public ::testing::Test {
     manifest.vm = vm;
     manifest.trigger = "panic";
     manifest.triggered = triggered;
-    DecodeBootRangeCopy(region_, nullptr, "", "", MetaDirOfStore(store), **pending, manifest);
+    DecodeBootRange(region_, {.meta_dir = MetaDirOfStore(store)}, (*pending)->dir(), manifest);
     d.formats = manifest.extra["formats"];
     d.boots = manifest.extra.value("boots", json::array());
     auto entry = (*pending)->Commit(std::move(manifest));

@@ -91,8 +91,8 @@ TEST(ModuleSymbolsTest, Malicious_ALaterLoadIntoTheSameMemorySupersedesTheOlderE
 // neither widens pvpanic_mmio's text over pvpanic_pci (which would mark the
 // entry superseded) nor moves: it would name pvpanic_pci's code.
 TEST(ModuleSymbolsTest, AStaleInitSymbolInTheNextModulesTextIsLeftOut) {
-  const std::string kallsyms = std::string(kKallsyms) +
-                               "ffffffffc0746010 T pvpanic_mmio_driver_init\t[pvpanic_mmio]\n";
+  const std::string kallsyms =
+      std::string(kKallsyms) + "ffffffffc0746010 T pvpanic_mmio_driver_init\t[pvpanic_mmio]\n";
   auto symbols = KernelSymbols::Build(kallsyms, {});
   const std::vector<BootMapModule> loaded = {{0xffffffffc1230000ull, "pvpanic_mmio"},
                                              {0xffffffffc1236000ull, "pvpanic_pci"}};

@@ -281,15 +281,20 @@ std::vector<std::byte> Notice(const meta::BootId& id, uint32_t seq, uint64_t non
       meta::EncodeLeaveNotice({meta::LeaveReason::kStopSignal, 2000, nonce}), false);
 }
 
-// Reads acks from the receiver's end of the socket until |count| came or
-// 10 s passed.
+// Reads acks from the receiver's end of the socket until |count| came, the
+// socket stayed quiet for 300 ms after the first, or 10 s passed.
 std::vector<std::pair<meta::MetaFrame, meta::LeaveAck>> ReadAcks(int fd, size_t count) {
   std::vector<std::pair<meta::MetaFrame, meta::LeaveAck>> out;
   meta::MetaDecoder d(meta::MetaDirection::kToGuest);
   char buf[4096];
-  for (int i = 0; i < 100 && out.size() < count; ++i) {
+  int quiet = 0;
+  for (int i = 0; i < 100 && out.size() < count && quiet < 3; ++i) {
     pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) != 1) continue;
+    if (::poll(&p, 1, 100) != 1) {
+      if (!out.empty()) ++quiet;
+      continue;
+    }
+    quiet = 0;
     const ssize_t n = ::read(fd, buf, sizeof buf);
     if (n <= 0) break;
     d.Feed(std::span(reinterpret_cast<const std::byte*>(buf), static_cast<size_t>(n)));

@@ -51,8 +51,7 @@ LeaveOutcome AwaitAck(int fd, const meta::BootId& boot_id, uint64_t nonce, uint6
       return out;
     }
     while (std::optional<Result<meta::MetaFrame>> frame = decoder.Next()) {
-      if (!frame->ok() || (*frame)->type != meta::MetaType::kAck ||
-          (*frame)->boot_id != boot_id) {
+      if (!frame->ok() || (*frame)->type != meta::MetaType::kAck || (*frame)->boot_id != boot_id) {
         continue;
       }
       Result<meta::LeaveAck> ack = meta::ParseLeaveAck((*frame)->payload);

@@ -200,8 +200,8 @@ void MetaSender::AnnounceLeaving() {
         ReadWholeFile(options_.archive.proc + "/sys/kernel/random/boot_id", &error);
     if (auto parsed = meta::ParseBootId(text)) id = *parsed;
   }
-  const LeaveOutcome outcome = agent::AnnounceLeaving(writer_, id, sequence_++,
-                                                      options_.leave_wait_ms);
+  const LeaveOutcome outcome =
+      agent::AnnounceLeaving(writer_, id, sequence_++, options_.leave_wait_ms);
   log_(DescribeLeaveOutcome(outcome, options_.leave_wait_ms));
 }
 

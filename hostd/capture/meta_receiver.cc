@@ -9,8 +9,8 @@
 #include <boost/asio/local/stream_protocol.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
-#include <boost/asio/write.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -278,7 +278,8 @@ class Receiver : public MetaReceiver {
     const LeaveWaiter waiter{frame.boot_id, notice->nonce, std::chrono::steady_clock::now()};
     if (!leave_waiters_.empty()) {
       Count("leaving_coalesced");
-      if (leave_waiters_.size() >= kMaxLeaveWaiters) leave_waiters_.erase(leave_waiters_.begin() + 1);
+      if (leave_waiters_.size() >= kMaxLeaveWaiters)
+        leave_waiters_.erase(leave_waiters_.begin() + 1);
       leave_waiters_.push_back(waiter);
       return;
     }
@@ -302,8 +303,7 @@ class Receiver : public MetaReceiver {
     for (const LeaveWaiter& w : leave_waiters_) {
       const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - w.arrived);
       meta::LeaveAck ack{copied ? meta::AckStatus::kCopied : meta::AckStatus::kNotCopied,
-                         static_cast<uint32_t>(std::min<int64_t>(ms.count(), UINT32_MAX)),
-                         w.nonce};
+                         static_cast<uint32_t>(std::min<int64_t>(ms.count(), UINT32_MAX)), w.nonce};
       Log(LogLevel::kInfo, "boot " + meta::BootIdString(w.boot_id) + ": leaving acknowledged (" +
                                std::string(meta::AckStatusName(ack.status)) + ") after " +
                                std::to_string(ack.host_ms) + " ms");

@@ -392,13 +392,13 @@ void ExpectOneBootWithItsMarkers(const fs::path& dir, const std::string& what,
   ASSERT_TRUE(boots.is_array() && boots.size() == 1u) << m["validation"].dump(2);
   const json& with = boots[0]["decoded_with"];
   const std::string report = BootReport(dir, 0);
-  std::printf("[kexec-layout] %s: trigger %s, layout %s, %s events, decoded with %s (%s), "
-              "%zu of %zu %s markers by name, %zu %s, %zu unknown\n",
-              what.c_str(), m.value("trigger", "").c_str(), found_layout.c_str(),
-              boots[0]["events"].dump().c_str(), with.value("from", "").c_str(),
-              with.value("release", "").c_str(), Count(report, prefix + "-"), count,
-              prefix.c_str(), Count(report, absent + "-"), absent.c_str(),
-              Count(report, "[UNKNOWN"));
+  std::printf(
+      "[kexec-layout] %s: trigger %s, layout %s, %s events, decoded with %s (%s), "
+      "%zu of %zu %s markers by name, %zu %s, %zu unknown\n",
+      what.c_str(), m.value("trigger", "").c_str(), found_layout.c_str(),
+      boots[0]["events"].dump().c_str(), with.value("from", "").c_str(),
+      with.value("release", "").c_str(), Count(report, prefix + "-"), count, prefix.c_str(),
+      Count(report, absent + "-"), absent.c_str(), Count(report, "[UNKNOWN"));
   EXPECT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"]["formats"].dump(2);
   EXPECT_TRUE(found_layout.starts_with(layout)) << found_layout;
   EXPECT_EQ(with.value("release", ""), release) << with.dump(2);
@@ -458,20 +458,21 @@ TEST(KexecOtherLayoutE2e, TheAgentsLeavingNoticeKeepsTheOldBootTheNewKernelWipes
   ASSERT_TRUE(stopped.ok()) << tail();
   std::printf("[kexec-layout] agent: %s", stopped->output.c_str());
   std::smatch ack;
-  ASSERT_TRUE(std::regex_search(
-      stopped->output, ack,
-      std::regex(R"(acknowledged \(copied\) after (\d+) ms \(host: (\d+) ms\))")))
+  ASSERT_TRUE(
+      std::regex_search(stopped->output, ack,
+                        std::regex(R"(acknowledged \(copied\) after (\d+) ms \(host: (\d+) ms\))")))
       << stopped->output << tail();
   auto leaving = daemon.WaitForCapture(name, "guest-leaving", 60s);
   ASSERT_TRUE(leaving.ok()) << leaving.error().message << tail();
   const fs::path leaving_dir =
       fs::path(daemon.captures_dir(name)) / (*leaving)["id"].get<std::string>();
   const json lm = json::parse(test_support::ReadText((leaving_dir / "manifest.json").string()));
-  std::printf("[kexec-layout] ack latency: agent %s ms (notice sent -> ack read), host %s ms "
-              "(notice -> copy durable); capture trigger->recoverable %.1f ms, ->decoded %.1f ms\n",
-              ack[1].str().c_str(), ack[2].str().c_str(),
-              lm["extra"]["timing_ms"].value("trigger_to_recoverable", -1.0),
-              lm["extra"]["timing_ms"].value("trigger_to_decoded", -1.0));
+  std::printf(
+      "[kexec-layout] ack latency: agent %s ms (notice sent -> ack read), host %s ms "
+      "(notice -> copy durable); capture trigger->recoverable %.1f ms, ->decoded %.1f ms\n",
+      ack[1].str().c_str(), ack[2].str().c_str(),
+      lm["extra"]["timing_ms"].value("trigger_to_recoverable", -1.0),
+      lm["extra"]["timing_ms"].value("trigger_to_decoded", -1.0));
   EXPECT_LT(std::stoi(ack[1]), 2000);
 
   ASSERT_TRUE(console.Send("hvtrace-kexec-self\n").ok());
@@ -483,7 +484,8 @@ TEST(KexecOtherLayoutE2e, TheAgentsLeavingNoticeKeepsTheOldBootTheNewKernelWipes
           .ok());
   auto panic = daemon.WaitForCapture(name, "panic", 90s);
   ASSERT_TRUE(panic.ok()) << panic.error().message << "\n" << tail();
-  const fs::path panic_dir = fs::path(daemon.captures_dir(name)) / (*panic)["id"].get<std::string>();
+  const fs::path panic_dir =
+      fs::path(daemon.captures_dir(name)) / (*panic)["id"].get<std::string>();
 
   ExpectOneBootWithItsMarkers(leaving_dir, "pre-kexec capture", "linux-6.12", image.release,
                               "old-mark", 6, "new-mark");

@@ -71,9 +71,9 @@ std::string HeaderProblem(const Header& h, MetaDirection direction) {
   if (h.version != kMetaFrameVersion) return "version " + std::to_string(h.version) + " unknown";
   const uint32_t cap = RawCap(h.type, direction);
   if (cap == 0) {
-    const bool other = RawCap(h.type, direction == MetaDirection::kToHost
-                                          ? MetaDirection::kToGuest
-                                          : MetaDirection::kToHost) != 0;
+    const bool other =
+        RawCap(h.type, direction == MetaDirection::kToHost ? MetaDirection::kToGuest
+                                                           : MetaDirection::kToHost) != 0;
     return "type " + std::to_string(h.type) +
            (other ? direction == MetaDirection::kToHost ? " goes to the guest, not the host"
                                                         : " goes to the host, not the guest"

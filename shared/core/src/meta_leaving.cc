@@ -14,7 +14,8 @@ void Put(std::string& out, uint64_t v, size_t bytes) {
 
 uint64_t Get(std::string_view in, size_t at, size_t bytes) {
   uint64_t v = 0;
-  for (size_t i = 0; i < bytes; ++i) v |= uint64_t{static_cast<unsigned char>(in[at + i])} << (8 * i);
+  for (size_t i = 0; i < bytes; ++i)
+    v |= uint64_t{static_cast<unsigned char>(in[at + i])} << (8 * i);
   return v;
 }
 
@@ -32,8 +33,8 @@ std::string Encode(uint16_t kind, uint32_t value, uint64_t nonce) {
 // Why |payload| is not a version-1 payload of |what|, or "".
 std::string ShapeProblem(std::string_view payload, const char* what) {
   if (payload.size() != kLeavePayloadSize) {
-    return std::string(what) + " payload of " + std::to_string(payload.size()) +
-           " bytes; it has " + std::to_string(kLeavePayloadSize);
+    return std::string(what) + " payload of " + std::to_string(payload.size()) + " bytes; it has " +
+           std::to_string(kLeavePayloadSize);
   }
   if (const uint64_t version = Get(payload, 0, 2); version != kLeaveVersion)
     return std::string(what) + " version " + std::to_string(version) + " unknown";

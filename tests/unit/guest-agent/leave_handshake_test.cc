@@ -78,9 +78,9 @@ TEST(LeaveHandshakeTest, TheAckWithTheNoticesNonceEndsTheWaitOthersAreSkipped) {
     // What an agent must not take for its answer: garbage, a boot frame, an
     // ack for another boot, an ack an earlier agent asked for.
     const std::string junk = "HVTM junk";
-    Write(port.host, std::vector<std::byte>(reinterpret_cast<const std::byte*>(junk.data()),
-                                            reinterpret_cast<const std::byte*>(junk.data()) +
-                                                junk.size()));
+    Write(port.host,
+          std::vector<std::byte>(reinterpret_cast<const std::byte*>(junk.data()),
+                                 reinterpret_cast<const std::byte*>(junk.data()) + junk.size()));
     Write(port.host, meta::EncodeMetaFrame(meta::MetaType::kBoot, kBoot, 0, "archive", true));
     Write(port.host, Ack(meta::BootId{1}, got->second.nonce, meta::AckStatus::kNotCopied));
     Write(port.host, Ack(kBoot, got->second.nonce + 1, meta::AckStatus::kNotCopied));

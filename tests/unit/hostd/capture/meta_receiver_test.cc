@@ -153,7 +153,7 @@ class MetaReceiverTest : public ::testing::Test {
   std::thread io_thread_;
   std::shared_ptr<MetaReceiver> receiver_;
   std::function<void(std::function<void(bool)>)> leaving_;  // Set before StartReceiver.
-  std::vector<std::function<void(bool)>> asked_;              // Guarded by log_mu_.
+  std::vector<std::function<void(bool)>> asked_;            // Guarded by log_mu_.
   std::mutex log_mu_;
   std::string log_;
 };
@@ -344,8 +344,8 @@ TEST_F(MetaReceiverTest, Malicious_ALeavingFloodAsksForOneCaptureAndAnswersABoun
     auto f = Notice(a, i, 1000 + i);
     stream.insert(stream.end(), f.begin(), f.end());
   }
-  auto bad = meta::EncodeMetaFrame(meta::MetaType::kLeaving, a, kFlood, std::string(16, '\xff'),
-                                   false);
+  auto bad =
+      meta::EncodeMetaFrame(meta::MetaType::kLeaving, a, kFlood, std::string(16, '\xff'), false);
   stream.insert(stream.end(), bad.begin(), bad.end());
   Send(stream);
   json s = WaitStatus([](const json& st) {
@@ -357,7 +357,7 @@ TEST_F(MetaReceiverTest, Malicious_ALeavingFloodAsksForOneCaptureAndAnswersABoun
   AskedAck(0)(false);
   auto acks = ReadAcks(conn_, kMaxLeaveWaiters + 1);
   ASSERT_EQ(acks.size(), kMaxLeaveWaiters);
-  EXPECT_EQ(acks.front().second.nonce, 1000u);  // The notice that started the capture.
+  EXPECT_EQ(acks.front().second.nonce, 1000u);              // The notice that started the capture.
   EXPECT_EQ(acks.back().second.nonce, 1000u + kFlood - 1);  // The newest.
   for (const auto& [frame, a2] : acks) EXPECT_EQ(a2.status, meta::AckStatus::kNotCopied);
   // The next notice starts the next capture.

@@ -21,7 +21,8 @@ std::string WithByte(std::string payload, size_t at, uint8_t value) {
 }
 
 TEST(MetaLeavingTest, NoticeAndAckRoundTripInSixteenBytes) {
-  const std::string notice = EncodeLeaveNotice({LeaveReason::kStopSignal, 2000, 0x1122334455667788});
+  const std::string notice =
+      EncodeLeaveNotice({LeaveReason::kStopSignal, 2000, 0x1122334455667788});
   ASSERT_EQ(notice.size(), kLeavePayloadSize);
   Result<LeaveNotice> n = ParseLeaveNotice(notice);
   ASSERT_TRUE(n.ok()) << n.error().message;
@@ -54,13 +55,13 @@ TEST(MetaLeavingTest, Malicious_WrongSizesVersionsReasonsAndWaitsAreRefused) {
   EXPECT_NE(reason.error().message.find("reason 255 unknown"), std::string::npos);
   EXPECT_FALSE(ParseLeaveNotice(WithByte(good, 2, 0)).ok());
   // A guest asking the host to believe it waits for ever.
-  Result<LeaveNotice> wait = ParseLeaveNotice(EncodeLeaveNotice({LeaveReason::kStopSignal,
-                                                                 0xffffffffu, 7}));
+  Result<LeaveNotice> wait =
+      ParseLeaveNotice(EncodeLeaveNotice({LeaveReason::kStopSignal, 0xffffffffu, 7}));
   ASSERT_FALSE(wait.ok());
   EXPECT_NE(wait.error().message.find("the most is 60000"), std::string::npos)
       << wait.error().message;
-  EXPECT_TRUE(ParseLeaveNotice(EncodeLeaveNotice({LeaveReason::kStopSignal, kMaxLeaveWaitMs, 7}))
-                  .ok());
+  EXPECT_TRUE(
+      ParseLeaveNotice(EncodeLeaveNotice({LeaveReason::kStopSignal, kMaxLeaveWaitMs, 7})).ok());
 
   const std::string ack = EncodeLeaveAck({AckStatus::kCopied, 5, 7});
   EXPECT_FALSE(ParseLeaveAck(ack.substr(1)).ok());
@@ -81,8 +82,8 @@ std::vector<Result<MetaFrame>> Decode(MetaDirection direction, const std::vector
 // Each side takes only its direction's frames: a guest's ack is not parsed by
 // the host, and a host cannot make the agent buffer a boot archive.
 TEST(MetaLeavingTest, Malicious_EachDirectionRefusesTheOthersFrames) {
-  const auto notice = EncodeMetaFrame(MetaType::kLeaving, kBoot, 3,
-                                      EncodeLeaveNotice({LeaveReason::kStopSignal, 2000, 7}), false);
+  const auto notice = EncodeMetaFrame(
+      MetaType::kLeaving, kBoot, 3, EncodeLeaveNotice({LeaveReason::kStopSignal, 2000, 7}), false);
   const auto ack =
       EncodeMetaFrame(MetaType::kAck, kBoot, 0, EncodeLeaveAck({AckStatus::kCopied, 1, 7}), false);
   const auto boot = EncodeMetaFrame(MetaType::kBoot, kBoot, 0, "archive", true);

@@ -4,6 +4,7 @@
 #   qemu-scripts/build-guest.sh [--kernel 6.12|6.1|7.3|all] [--out DIR] [--agent PATH]
 #                               [--guest-test PATH] [--with-kexec-kernel] [--with-kexec-other]
 #                               [--overlay DIR] [--refresh] [--with-test-modules]
+#                               [--other-kernel 6.12|7.3]
 #
 # Guests (the guest contract, see qemu-scripts/README.md):
 #   6.12  newest linux-image-6.12.*-amd64 in bookworm-backports (has the
@@ -29,6 +30,9 @@
 # of bookworm-security, e.g. 6.12.117 beside the backports 6.12.95; 7.3: the
 # newest 7.2 of trixie-backports, e.g. 7.2.12 beside 7.3.4) and that build's
 # modules, so `hvtrace-kexec-self` boots a different kernel build.
+# --other-kernel GUEST puts GUEST's kernel there instead (6.12 -> 7.3: a kernel
+# of another persistent-buffer layout); give such images their own --out, as
+# the file names are the same.
 # Prints one line per guest:
 #   GUEST <guest> KERNEL=<abs path> INITRD=<abs path> RELEASE=<uname -r>
 # and with --with-kexec-other one more:
@@ -69,6 +73,7 @@ WITH_KEXEC_OTHER=0
 WITH_TEST_MODULES=0
 TEST_MODULE_FILES=()
 OVERLAY=""
+OTHER_KERNEL=""
 REFRESH=0
 # Modules each initramfs carries, plus whatever they depend on. pvpanic-mmio
 # binds the ISA/ACPI `-device pvpanic`, pvpanic-pci binds `-device pvpanic-pci`.
@@ -102,6 +107,13 @@ while [ $# -gt 0 ]; do
     --with-kexec-other) WITH_KEXEC_OTHER=1; shift ;;
     --with-test-modules) WITH_TEST_MODULES=1; shift ;;
     --overlay) [ $# -ge 2 ] || usage; OVERLAY=$2; shift 2 ;;
+    --other-kernel)
+      [ $# -ge 2 ] || usage
+      case "$2" in
+        6.12|7.3) OTHER_KERNEL=$2 ;;
+        *) die "--other-kernel takes 6.12 or 7.3, not '$2'" ;;
+      esac
+      shift 2 ;;
     --refresh) REFRESH=1; shift ;;
     -h|--help) usage ;;
     *) die "unknown argument '$1' (see --help)" ;;
@@ -652,6 +664,7 @@ for guest in "${GUESTS[@]}"; do
     7.3) other_guest=7.2 ;;
     *) other_guest="" ;;
   esac
+  [ -z "$OTHER_KERNEL" ] || [ "$OTHER_KERNEL" = "$guest" ] || other_guest=$OTHER_KERNEL
   if [ -n "$other_guest" ] && { [ "$WITH_KEXEC_OTHER" -eq 1 ] || [ -f "$dir/initrd-kexec-other.img" ]; }; then
     # The other build's package, then back to this guest's for the loop.
     saved=("$PKG" "$PKG_VERSION" "$UNPACKED" "$RELEASE" "$KERNEL_IMAGE" "$KERNEL_CONFIG" "$MODDIR")

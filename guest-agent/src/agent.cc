@@ -758,8 +758,12 @@ int Agent::Run() {
   if (region_) {
     PublishComms();
     PumpAll();
-    Detach("agent exit", false);
   }
+  // A stop signal (systemd stopping the unit for a kexec, reboot or
+  // poweroff; init's SIGTERM): the host copies the boot range before the
+  // next kernel may initialise it afresh. Bounded (leave_handshake.h).
+  if (g_stop) meta_.AnnounceLeaving();
+  if (region_) Detach("agent exit", false);
   meta_.Finish();
   return 0;
 }

@@ -5,12 +5,15 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "hvtrace/meta_leaving.h"
+
 namespace hvtrace::agent {
 namespace {
 
 constexpr char kUsage[] =
     "usage: hvtrace-agent [--region PATH] [--tracefs DIR] [--instance NAME] [--sysfs DIR]\n"
     "                     [--keep-clock] [--run-for MS] [--meta-port PATH | --no-meta]\n"
+    "                     [--leave-wait MS]\n"
     "                     [-v|--verbose] [-h|--help] [--version]\n"
     "\n"
     "  --region PATH   use this region file instead of finding the ivshmem device\n"
@@ -23,6 +26,9 @@ constexpr char kUsage[] =
     "  --meta-port PATH  send the metadata channel to PATH (default: find the\n"
     "                  virtio-serial port org.hvtrace.agent.0)\n"
     "  --no-meta       send no metadata, do not look for the port\n"
+    "  --leave-wait MS when stopped (SIGTERM/SIGINT), tell the host this kernel is\n"
+    "                  about to go and wait at most MS for it to copy the boot\n"
+    "                  range (default 2000, at most 60000; 0: do not tell it)\n"
     "  -v, --verbose   also log every ivshmem device that is added and every\n"
     "                  metadata frame\n";
 
@@ -35,7 +41,8 @@ enum LongOnly {
   kRunFor,
   kVersion,
   kMetaPort,
-  kNoMeta
+  kNoMeta,
+  kLeaveWait
 };
 
 bool ParseMs(const char* text, uint64_t* value) {
@@ -61,6 +68,7 @@ std::optional<int> ParseAgentArgs(int argc, char** argv, AgentOptions* options, 
       {"run-for", required_argument, nullptr, kRunFor},
       {"meta-port", required_argument, nullptr, kMetaPort},
       {"no-meta", no_argument, nullptr, kNoMeta},
+      {"leave-wait", required_argument, nullptr, kLeaveWait},
       {"verbose", no_argument, nullptr, 'v'},
       {"help", no_argument, nullptr, 'h'},
       {"version", no_argument, nullptr, kVersion},
@@ -101,6 +109,14 @@ std::optional<int> ParseAgentArgs(int argc, char** argv, AgentOptions* options, 
       case kNoMeta:
         options->meta.enabled = false;
         break;
+      case kLeaveWait: {
+        uint64_t ms = 0;
+        if (!ParseMs(optarg, &ms) || ms > meta::kMaxLeaveWaitMs) {
+          return usage_error("--leave-wait takes milliseconds up to 60000, not ", optarg);
+        }
+        options->meta.leave_wait_ms = static_cast<uint32_t>(ms);
+        break;
+      }
       case 'v':
         options->verbose = true;
         break;

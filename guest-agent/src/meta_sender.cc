@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "text_areas.h"
 #include "tracefs.h"
 
 namespace hvtrace::agent {
@@ -29,6 +30,10 @@ const char* TypeName(meta::MetaType type) {
       return "comms";
     case meta::MetaType::kClock:
       return "clock";
+    case meta::MetaType::kLeaving:
+      return "leaving";
+    case meta::MetaType::kAck:
+      return "ack";
   }
   return "?";
 }
@@ -180,6 +185,24 @@ void MetaSender::Tick(uint64_t now_ns, uint32_t pump_interval_ms) {
   archive_.Poll();
   QueueDue(now_ns, pump_interval_ms);
   if (writer_.PollEvents() != 0 && !writer_.Service()) writer_.Close();
+}
+
+void MetaSender::AnnounceLeaving() {
+  if (!options_.enabled || options_.leave_wait_ms == 0 || writer_.fd() < 0) return;
+  // The archive's boot id when it was built; else /proc's (an agent stopped
+  // right after it started).
+  meta::BootId id{};
+  if (const BootArchive* boot = archive_.Ready()) {
+    id = boot->boot_id;
+  } else {
+    int error = 0;
+    const std::string text =
+        ReadWholeFile(options_.archive.proc + "/sys/kernel/random/boot_id", &error);
+    if (auto parsed = meta::ParseBootId(text)) id = *parsed;
+  }
+  const LeaveOutcome outcome =
+      agent::AnnounceLeaving(writer_, id, sequence_++, options_.leave_wait_ms);
+  log_(DescribeLeaveOutcome(outcome, options_.leave_wait_ms));
 }
 
 }  // namespace hvtrace::agent

@@ -20,6 +20,7 @@
 #include <string>
 
 #include "boot_archive.h"
+#include "leave_handshake.h"
 #include "meta_writer.h"
 #include "uevent.h"
 
@@ -40,6 +41,9 @@ struct MetaOptions {
   std::string dev = "/dev";
   BootArchivePaths archive;
   bool verbose = false;
+  // How long the agent, when stopped, waits for the host to copy the boot
+  // range (leave_handshake.h); 0: it does not announce its leaving.
+  uint32_t leave_wait_ms = kDefaultLeaveWaitMs;
 };
 
 class MetaSender {
@@ -69,6 +73,10 @@ class MetaSender {
 
   // At exit: lets the frame being written finish (MetaWriter::FinishPartial).
   void Finish() { writer_.FinishPartial(2000); }
+  // At exit after a stop signal: tells the host this kernel is about to go
+  // and waits (bounded) for its copy of the boot range (leave_handshake.h);
+  // logs the outcome. Nothing without a port or with leave_wait_ms 0.
+  void AnnounceLeaving();
 
   const MetaWriter& writer() const { return writer_; }
   const BootArchive* archive() const { return archive_.Ready(); }

@@ -108,10 +108,13 @@ bool MetaWriter::Service() {
   return true;
 }
 
-void MetaWriter::FinishPartial(int timeout_ms) {
-  if (fd_ < 0 || !connected_ || queue_.empty() || queue_.front().written == 0) return;
-  queue_.resize(1);
-  queued_bytes_ = queue_.front().bytes.size() - queue_.front().written;
+void MetaWriter::KeepOnlyPartial() {
+  const bool partial = !queue_.empty() && queue_.front().written != 0;
+  queue_.resize(partial ? 1 : 0);
+  queued_bytes_ = partial ? queue_.front().bytes.size() - queue_.front().written : 0;
+}
+
+bool MetaWriter::Drain(int timeout_ms) {
   timespec start;
   clock_gettime(CLOCK_MONOTONIC, &start);
   for (;;) {
@@ -119,11 +122,26 @@ void MetaWriter::FinishPartial(int timeout_ms) {
     clock_gettime(CLOCK_MONOTONIC, &now);
     const long waited =
         (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
-    if (queue_.empty() || !connected_ || waited >= timeout_ms) return;
+    if (queue_.empty()) return true;
+    if (!connected_ || waited >= timeout_ms) return false;
     pollfd p{fd_, POLLOUT, 0};
     poll(&p, 1, static_cast<int>(timeout_ms - waited));
-    if (!Service()) return;
+    if (!Service()) return false;
   }
+}
+
+void MetaWriter::FinishPartial(int timeout_ms) {
+  if (fd_ < 0 || !connected_ || queue_.empty() || queue_.front().written == 0) return;
+  KeepOnlyPartial();
+  Drain(timeout_ms);
+}
+
+bool MetaWriter::SendNow(meta::MetaType type, std::vector<std::byte> frame, int timeout_ms) {
+  if (fd_ < 0 || !Service() || !connected_) return false;  // Service: is a host there now?
+  KeepOnlyPartial();
+  queued_bytes_ += frame.size();
+  queue_.push_back({type, std::move(frame), 0});
+  return Drain(timeout_ms);
 }
 
 }  // namespace hvtrace::agent

@@ -66,6 +66,12 @@ class MetaWriter {
   // most |timeout_ms|, so the host's decoder does not lose the next
   // agent's first frame to the rest of a cut one. Drops the others.
   void FinishPartial(int timeout_ms);
+  // At exit too: sends |frame| now, after the frame being written (if one was
+  // cut) and instead of the others, waiting at most |timeout_ms| in all.
+  // True once it was written whole; false without a host or when time ran
+  // out. The leaving notice (leave_handshake.h) goes this way: no boot frame
+  // need precede it.
+  bool SendNow(meta::MetaType type, std::vector<std::byte> frame, int timeout_ms);
 
   size_t queued_bytes() const { return queued_bytes_; }
   uint64_t connections() const { return connections_; }
@@ -79,6 +85,11 @@ class MetaWriter {
     size_t written = 0;
   };
   void Disconnected();
+  // Drops every queued frame but one partly written.
+  void KeepOnlyPartial();
+  // Services the port until the queue is empty, the host left or
+  // |timeout_ms| passed; true when the queue emptied.
+  bool Drain(int timeout_ms);
 
   int fd_ = -1;
   bool connected_ = false;

@@ -1,7 +1,8 @@
 // Disk use of the captures: how many and how many bytes each VM and all VMs
 // keep, and the free space a capture needs before it starts.
 //
-// A guest decides how often its cheap triggers fire (crashloaded, reset, …),
+// A guest decides how often its cheap triggers fire (crashloaded, reset,
+// guest-leaving, …),
 // so limits are applied by class: a panic capture (panic, panic-while-away,
 // crash) is never evicted to make room for a capture of a cheaper trigger.
 // Victims, oldest first within each group:

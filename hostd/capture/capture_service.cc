@@ -174,6 +174,7 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
     if (Status s = pending.WriteRecoveryRecord(manifest); !s.ok()) return s;
   }
   if (faults_.after_copies_durable) faults_.after_copies_durable();
+  if (request.on_durable) request.on_durable();
   // The host side of boot (--trace-boot), as far as QEMU has written it.
   if (!in.qemu_trace_log.empty()) AttachQemuTraceLogStep(in.qemu_trace_log, pending, manifest);
   const std::span<const std::byte> region_copy =

@@ -97,6 +97,11 @@ struct CaptureRequest {
   // capture_queue.h); null when it did not go through one. Kept as manifest
   // extra.queue, with whether it waited for a set of copy buffers.
   nlohmann::json queue;
+  // Called (on the capture's thread, must not block) once every region copy
+  // is durable, before decoding: a guest that waits to leave its kernel
+  // (trigger "guest-leaving") may go from then on. Not called when the
+  // capture fails before that.
+  std::function<void()> on_durable;
 };
 
 struct CaptureOutcome {

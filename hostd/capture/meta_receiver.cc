@@ -10,14 +10,17 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <map>
 #include <mutex>
 
 #include "host_time.h"
+#include "hvtrace/meta_leaving.h"
 #include "sha256.h"
 
 namespace hvtrace::hostd {
@@ -81,6 +84,9 @@ constexpr size_t kReadChunk = 64u << 10;
 // Frames read but not handled yet; past this the receiver stops reading.
 constexpr uint64_t kMaxQueuedBytes = 256u << 20;
 constexpr size_t kNotesBytes = 4096;
+// Acks waiting for the socket; past this (a guest that never reads its
+// port) the oldest go: each is one guest's answer, and it stops waiting.
+constexpr size_t kMaxQueuedAcks = 16;
 
 class Receiver : public MetaReceiver {
  public:
@@ -184,6 +190,7 @@ class Receiver : public MetaReceiver {
   void Retry(const std::string& why) {
     boost::system::error_code ignored;
     socket_.close(ignored);
+    acks_out_.clear();  // For the guest of the old connection only.
     {
       std::lock_guard lock(mu_);
       state_ = "waiting";
@@ -238,7 +245,8 @@ class Receiver : public MetaReceiver {
         continue;
       }
       Count("frames");
-      Dispatch(std::move(**next));
+      if ((*next)->type == meta::MetaType::kLeaving) HandleLeaving(**next);
+      Dispatch(std::move(**next));  // For the sequence check.
     }
   }
 
@@ -256,6 +264,80 @@ class Receiver : public MetaReceiver {
     });
   }
 
+  // io strand. A guest about to leave its kernel: the VM's capture starts
+  // now (or, when one for an earlier notice runs, this one waits for it).
+  void HandleLeaving(const meta::MetaFrame& frame) {
+    const std::string boot_id = meta::BootIdString(frame.boot_id);
+    Result<meta::LeaveNotice> notice = meta::ParseLeaveNotice(frame.payload);
+    if (!notice.ok()) {
+      Count("leaving_refused");
+      Log(LogLevel::kWarning, "refused: boot " + boot_id + ": " + notice.error().message);
+      return;
+    }
+    Count("leaving_notices");
+    const LeaveWaiter waiter{frame.boot_id, notice->nonce, std::chrono::steady_clock::now()};
+    if (!leave_waiters_.empty()) {
+      Count("leaving_coalesced");
+      if (leave_waiters_.size() >= kMaxLeaveWaiters)
+        leave_waiters_.erase(leave_waiters_.begin() + 1);
+      leave_waiters_.push_back(waiter);
+      return;
+    }
+    leave_waiters_.push_back(waiter);
+    Log(LogLevel::kNotice, "boot " + boot_id + " is leaving its kernel (" +
+                               std::string(meta::LeaveReasonName(notice->reason)) +
+                               ", waits up to " + std::to_string(notice->wait_ms) +
+                               " ms): copying the boot range");
+    if (!options_.leaving) {
+      AnswerLeaving(false);
+      return;
+    }
+    options_.leaving([self = Self()](bool copied) {
+      asio::post(self->io_, [self, copied] { self->AnswerLeaving(copied); });
+    });
+  }
+
+  // io strand: every notice waiting gets the capture's answer.
+  void AnswerLeaving(bool copied) {
+    const auto now = std::chrono::steady_clock::now();
+    for (const LeaveWaiter& w : leave_waiters_) {
+      const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - w.arrived);
+      meta::LeaveAck ack{copied ? meta::AckStatus::kCopied : meta::AckStatus::kNotCopied,
+                         static_cast<uint32_t>(std::min<int64_t>(ms.count(), UINT32_MAX)), w.nonce};
+      Log(LogLevel::kInfo, "boot " + meta::BootIdString(w.boot_id) + ": leaving acknowledged (" +
+                               std::string(meta::AckStatusName(ack.status)) + ") after " +
+                               std::to_string(ack.host_ms) + " ms");
+      SendAck(meta::EncodeMetaFrame(meta::MetaType::kAck, w.boot_id, ack_sequence_++,
+                                    meta::EncodeLeaveAck(ack), false));
+    }
+    Count(copied ? "leaving_acked_copied" : "leaving_acked_not_copied", leave_waiters_.size());
+    leave_waiters_.clear();
+  }
+
+  // io strand: one write at a time, the rest queued (bounded).
+  void SendAck(std::vector<std::byte> frame) {
+    if (stopped_ || !socket_.is_open()) return;
+    if (acks_out_.size() >= kMaxQueuedAcks) {
+      acks_out_.pop_front();
+      Count("acks_dropped");
+    }
+    acks_out_.push_back(std::move(frame));
+    if (acks_out_.size() == 1) WriteAck();
+  }
+
+  void WriteAck() {
+    asio::async_write(socket_, asio::buffer(acks_out_.front()),
+                      [self = Self()](const boost::system::error_code& ec, size_t) {
+                        if (ec || self->acks_out_.empty()) {
+                          // The read side notices a closed socket and reconnects.
+                          self->acks_out_.clear();
+                          return;
+                        }
+                        self->acks_out_.pop_front();
+                        if (!self->acks_out_.empty()) self->WriteAck();
+                      });
+  }
+
   // work strand.
   void Handle(const meta::MetaFrame& frame) {
     const std::string boot_id = meta::BootIdString(frame.boot_id);
@@ -270,6 +352,9 @@ class Receiver : public MetaReceiver {
     switch (frame.type) {
       case meta::MetaType::kBoot:
         HandleBoot(frame, boot_id);
+        return;
+      case meta::MetaType::kLeaving:  // Answered on the io strand (HandleLeaving).
+      case meta::MetaType::kAck:      // Never to the host: its decoder refuses it.
         return;
       case meta::MetaType::kComms:
       case meta::MetaType::kClock: {
@@ -339,6 +424,14 @@ class Receiver : public MetaReceiver {
   meta::MetaDecoder decoder_;
   std::array<std::byte, kReadChunk> buffer_{};
   std::atomic<bool> stopped_{false};
+  struct LeaveWaiter {
+    meta::BootId boot_id;
+    uint64_t nonce;
+    std::chrono::steady_clock::time_point arrived;
+  };
+  std::vector<LeaveWaiter> leave_waiters_;  // Non-empty: a leaving capture runs.
+  std::deque<std::vector<std::byte>> acks_out_;
+  uint32_t ack_sequence_ = 0;
 
   // work strand.
   std::map<std::string, uint32_t> sequence_;

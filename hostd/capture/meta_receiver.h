@@ -12,6 +12,14 @@
 // bounded memory. The connection is retried with backoff for as long as the
 // receiver runs: QEMU not up yet, restarted, or the guest rebooting (a new
 // boot sends a new kBoot).
+//
+// The one frame it writes: a kAck to a guest's kLeaving (hvtrace/
+// meta_leaving.h), handled on the socket's strand at once, never queued
+// behind a bundle, since the agent waits for it (bounded) before it lets its
+// kernel go. One notice at a time makes the VM's supervisor capture; notices
+// that come while it runs wait for that capture's answer (at most
+// kMaxLeaveWaiters of them, the oldest dropped), so a guest that repeats
+// itself costs one capture and a few bytes.
 #ifndef HVTRACE_HOSTD_META_RECEIVER_H_
 #define HVTRACE_HOSTD_META_RECEIVER_H_
 
@@ -60,7 +68,15 @@ struct MetaReceiverOptions {
   std::function<Result<std::vector<std::byte>>(uint64_t addr, size_t size)> read_guest_memory;
   // Where refusals and problems are logged (empty: nowhere).
   std::function<void(LogLevel, const std::string&)> log;
+  // The guest is about to leave its kernel (a valid kLeaving): captures the
+  // boot range and calls |ack| exactly once, from any thread, with whether
+  // the copy is durable (VmSupervisor::OnGuestLeaving). Empty: the notice
+  // is answered "not copied" at once.
+  std::function<void(std::function<void(bool copied)> ack)> leaving;
 };
+
+// Notices answered by one capture (see above).
+inline constexpr size_t kMaxLeaveWaiters = 4;
 
 class MetaReceiver : public std::enable_shared_from_this<MetaReceiver> {
  public:

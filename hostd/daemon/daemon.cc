@@ -402,6 +402,14 @@ Status Daemon::ReplaceVm(const std::string& name, std::unique_ptr<VmBackend> bac
     meta.meta_dir = MetaDirOfVm(state_.VmDir(name));
     meta.read_guest_memory = b->guest_memory_reader();
     meta.log = [](LogLevel level, const std::string& message) { Log(level, message); };
+    // A guest leaving its kernel: one more trigger of the VM's captures.
+    meta.leaving = [vm = std::weak_ptr<VmSupervisor>(supervisor)](auto ack) {
+      if (auto s = vm.lock()) {
+        s->OnGuestLeaving(std::move(ack));
+      } else {
+        ack(false);
+      }
+    };
     auto receiver = MetaReceiver::Create(io_.get_executor(), pool_.get_executor(), meta);
     supervisor->SetMetaReceiver(receiver);
     receiver->Start();

@@ -3,6 +3,7 @@
 #include <boost/asio/post.hpp>
 #include <cstdio>
 #include <exception>
+#include <mutex>
 #include <optional>
 
 #include "daemon_log.h"
@@ -213,6 +214,26 @@ void VmSupervisor::RequestCapture(std::string trigger, CaptureDone done) {
   });
 }
 
+void VmSupervisor::OnGuestLeaving(std::function<void(bool copied)> ack) {
+  // Whichever comes first answers: the durable copies, or the capture's end
+  // (a refusal or a failure before the copies).
+  auto once = std::make_shared<std::once_flag>();
+  auto answer = [once, ack = std::move(ack)](bool copied) {
+    std::call_once(*once, [&] { ack(copied); });
+  };
+  HostTime when = HostTime::Now();
+  Post([this, when, answer] {
+    // Not "captured since the VM last ran": a kexec shows QEMU no event, so
+    // the next boot's shutdown or QEMU's end must still be captured; a
+    // reboot or poweroff after this capture is captured as before.
+    const bool captured_before = captured_since_run_;
+    Schedule(
+        "guest-leaving", when, [answer](Result<CaptureSummary> r) { answer(r.ok()); }, {},
+        [answer] { answer(true); });
+    captured_since_run_ = captured_before;
+  });
+}
+
 namespace {
 
 // Triggers for which the vCPUs do not run while the regions are copied: a
@@ -223,9 +244,16 @@ bool VcpusStopped(const std::string& trigger) {
          trigger == "qemu-gone" || trigger == "shutdown";
 }
 
-// What a running guest triggers by itself, as often as it likes.
+// What a running guest triggers by itself, as often as it likes. The
+// guest's agent announces "guest-leaving" whenever it is stopped, so it is
+// one of these (one capture per interval however often it comes), and it is
+// of the cheap retention class (capture_budget.h IsPanicTrigger): a panic
+// capture may evict it and it never evicts one, so a guest announcing its
+// leaving in a loop cannot push its VM's real panic captures out. The boot
+// it saves would otherwise be wiped by the next kernel, which is worth a
+// capture, not a panic's protection.
 bool GuestTriggered(const std::string& trigger) {
-  return trigger == "crashloaded" || trigger == "reset";
+  return trigger == "crashloaded" || trigger == "reset" || trigger == "guest-leaving";
 }
 
 // Which name a capture that stands for several triggers takes: the panic's,
@@ -240,10 +268,11 @@ int Rank(const std::string& trigger) {
 }  // namespace
 
 void VmSupervisor::Schedule(std::string trigger, HostTime triggered, CaptureDone done,
-                            std::function<void()> after) {
-  PendingCapture incoming{std::move(trigger), triggered, {}, {}, {}};
+                            std::function<void()> after, std::function<void()> durable) {
+  PendingCapture incoming{std::move(trigger), triggered, {}, {}, {}, {}};
   if (done) incoming.done.push_back(std::move(done));
   if (after) incoming.after.push_back(std::move(after));
+  if (durable) incoming.durable.push_back(std::move(durable));
   captured_since_run_ = true;
   std::optional<PendingCapture>& slot = GuestTriggered(incoming.trigger) ? guest_ : urgent_;
   if (!slot) {
@@ -266,6 +295,7 @@ void VmSupervisor::Fold(PendingCapture& into, PendingCapture from) {
   for (auto& [t, n] : from.coalesced) into.coalesced[t] += n;
   for (auto& d : from.done) into.done.push_back(std::move(d));
   for (auto& a : from.after) into.after.push_back(std::move(a));
+  for (auto& d : from.durable) into.durable.push_back(std::move(d));
   std::lock_guard lock(mu_);
   ++coalesced_[from.trigger];
 }
@@ -337,6 +367,11 @@ void VmSupervisor::Dispatch(PendingCapture p, CaptureQueue::Lane lane) {
   request.retention = options_.capture_retention;
   request.dedupe_same_panic = p.trigger == "panic-while-away";
   if (!p.coalesced.empty()) request.coalesced = p.coalesced;
+  if (!p.durable.empty()) {
+    request.on_durable = [hooks = p.durable] {
+      for (const auto& hook : hooks) hook();
+    };
+  }
   try {
     Result<CaptureInputs> inputs = backend_->PrepareCapture();
     if (!inputs.ok()) {

@@ -22,7 +22,7 @@
 // without stopping, so captures are scheduled, not run per event: each VM
 // has at most one capture in flight and at most one pending per class
 // (urgent: panics, a VM found stopped or gone, an operator's `capture`;
-// guest: crashloaded, reset). A trigger that finds one of its class pending
+// guest: crashloaded, reset, guest-leaving). A trigger that finds one of its class pending
 // is counted into it (manifest extra.coalesced, status captures_coalesced)
 // instead of queued; a guest-class capture starts at most once per
 // |guest_capture_interval| (triggers meanwhile make one capture at its end);
@@ -129,6 +129,13 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
 
   // Captures now (on the VM's strand); |done| runs on the pool.
   void RequestCapture(std::string trigger, CaptureDone done);
+  // The guest's agent says its kernel is about to go (hvtrace/meta_leaving.h:
+  // kexec, reboot, poweroff): a "guest-leaving" capture copies the boot
+  // range before the next kernel may initialise it afresh. Scheduled as a
+  // guest trigger (Floods above). |ack| runs exactly once, on any thread:
+  // true once the copies are durable (before decoding), false when the
+  // capture was refused or failed.
+  void OnGuestLeaving(std::function<void(bool copied)> ack);
 
   // A consistent snapshot for `status`/`list`; cheap, any thread.
   nlohmann::json StatusJson() const;
@@ -149,12 +156,15 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
     std::map<std::string, uint64_t> coalesced;  // Further triggers it stands for.
     std::vector<CaptureDone> done;
     std::vector<std::function<void()>> after;  // On the strand once it ended.
+    // On the capture's thread once its copies are durable (CaptureRequest).
+    std::vector<std::function<void()>> durable;
   };
   void HandleEvent(const VmEvent& event);
   // Strand: queues a capture (Floods above); |after| runs on the strand once
   // the capture that holds this trigger ended, whatever its result.
+  // |durable| runs once the copies of the capture holding it are durable.
   void Schedule(std::string trigger, HostTime triggered, CaptureDone done,
-                std::function<void()> after = {});
+                std::function<void()> after = {}, std::function<void()> durable = {});
   // Strand: counts |from| into |into|, which takes the more important
   // trigger's name and time (a panic stays a panic).
   void Fold(PendingCapture& into, PendingCapture from);

@@ -54,16 +54,20 @@ Result<OtherBuild> FindOtherBuild(const std::string& kernel) {
   return OtherBuild{m[1], m[2], m[3]};
 }
 
-// The same images with this build's agent (and test tools) in them, for
-// attach mode: GUEST and OTHER lines of build-guest.sh --out .../guest-attach.
-Result<std::pair<GuestImage, OtherBuild>> AgentImagesWithOtherBuild() {
+// The same images with this build's agent (and test tools) in them: GUEST
+// and OTHER lines of build-guest.sh --out .../|out_dir|. |other_kernel| (7.3)
+// carries that kernel for the kexec instead of the other 6.12 build; such
+// images get their own |out_dir| (the file names are the same).
+Result<std::pair<GuestImage, OtherBuild>> AgentImagesWithOtherBuild(
+    const std::string& out_dir = "guest-attach", const std::string& other_kernel = "") {
   const std::string bin = HVTRACE_BIN_DIR;
   const std::string guest_test = bin + "/hvtrace-guest-test";
   const std::string cmd =
       std::string(HVTRACE_SOURCE_DIR) + "/qemu-scripts/build-guest.sh --kernel 6.12 --out " + bin +
-      "/../guest-attach --agent " + bin + "/hvtrace-agent" +
+      "/../" + out_dir + " --agent " + bin + "/hvtrace-agent" +
       (access(guest_test.c_str(), X_OK) == 0 ? " --guest-test " + guest_test : std::string()) +
-      " --with-kexec-other 2>&1";
+      " --with-kexec-other" +
+      (other_kernel.empty() ? std::string() : " --other-kernel " + other_kernel) + " 2>&1";
   const std::string out = test_support::RunCommand(cmd);
   static const std::regex kGuest(R"(GUEST 6\.12 KERNEL=(\S+) INITRD=(\S+) RELEASE=(\S+))");
   static const std::regex kOther(R"(OTHER 6\.12 KERNEL=(\S+) INITRD=(\S+) RELEASE=(\S+))");
@@ -120,6 +124,13 @@ std::string EntryPath(const std::string& harvest_output) {
   static const std::regex kPath(R"(path\s+(\S+))");
   std::smatch m;
   return std::regex_search(harvest_output, m, kPath) ? std::string(m[1]) : std::string();
+}
+
+// `trace-cmd report` of boot |b|'s trace.dat in the capture |dir|.
+std::string BootReport(const fs::path& dir, size_t b) {
+  return test_support::RunCommand("trace-cmd report '" +
+                                  (dir / ("boot-" + std::to_string(b) + ".trace.dat")).string() +
+                                  "' 2>&1");
 }
 
 size_t Count(const std::string& text, const std::string& needle) {
@@ -255,9 +266,7 @@ TEST_P(KexecOtherBuildRangeE2e, EachBootDecodesWithItsOwnKernelsFormats) {
   }
   // Every marker of every boot in the range decodes, by name.
   for (size_t b = 0; b < n; ++b) {
-    const std::string report = test_support::RunCommand(
-        "trace-cmd report '" + (dir / ("boot-" + std::to_string(b) + ".trace.dat")).string() +
-        "' 2>&1");
+    const std::string report = BootReport(dir, b);
     const bool newest = b + 1 == n;
     const std::string prefix = newest ? "second-mark-" : "first-mark-";
     EXPECT_EQ(Count(report, prefix), 6u) << report.substr(0, 4000);
@@ -368,6 +377,121 @@ TEST(KexecOtherBuildE2e, AttachEachGenerationDecodesWithItsOwnTable) {
     std::printf("[kexec-other attach] generation %d: %zu markers, %zu sched_switch\n", gen,
                 Count(report, mine), Count(report, "sched_switch:"));
   }
+}
+
+// The capture |dir| (its manifest) holds one boot, of |layout|, decoded with
+// |release|'s formats, in which all |count| markers |prefix|-N print by name
+// and no event is unknown; |absent| marks none. Prints what it saw as |what|.
+void ExpectOneBootWithItsMarkers(const fs::path& dir, const std::string& what,
+                                 const std::string& layout, const std::string& release,
+                                 const std::string& prefix, size_t count,
+                                 const std::string& absent) {
+  const json m = json::parse(test_support::ReadText((dir / "manifest.json").string()));
+  const json& boots = m["extra"]["boots"];
+  const std::string found_layout = m["validation"].value("layout", "");
+  ASSERT_TRUE(boots.is_array() && boots.size() == 1u) << m["validation"].dump(2);
+  const json& with = boots[0]["decoded_with"];
+  const std::string report = BootReport(dir, 0);
+  std::printf(
+      "[kexec-layout] %s: trigger %s, layout %s, %s events, decoded with %s (%s), "
+      "%zu of %zu %s markers by name, %zu %s, %zu unknown\n",
+      what.c_str(), m.value("trigger", "").c_str(), found_layout.c_str(),
+      boots[0]["events"].dump().c_str(), with.value("from", "").c_str(),
+      with.value("release", "").c_str(), Count(report, prefix + "-"), count, prefix.c_str(),
+      Count(report, absent + "-"), absent.c_str(), Count(report, "[UNKNOWN"));
+  EXPECT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"]["formats"].dump(2);
+  EXPECT_TRUE(found_layout.starts_with(layout)) << found_layout;
+  EXPECT_EQ(with.value("release", ""), release) << with.dump(2);
+  EXPECT_EQ(Count(report, prefix + "-"), count) << report.substr(0, 4000);
+  EXPECT_EQ(Count(report, absent + "-"), 0u);
+  EXPECT_EQ(Count(report, "[UNKNOWN"), 0u);
+  EXPECT_GT(Count(report, "sched_switch:"), 0u);
+}
+
+// kexec from 6.12 into 7.3, a kernel of another persistent-buffer layout:
+// 7.3 does not recognise 6.12's meta and initialises the range afresh. The
+// 6.12 boot's agent, stopped (SIGTERM, as init or systemd does before a
+// kexec), tells hvtraced over the metadata channel; hvtraced copies the range
+// ("guest-leaving") and acks before the agent exits. So the old boot survives
+// in its own capture, decoded with 6.12's formats, and the panic capture holds
+// the 7.3 boot, decoded with 7.3's.
+TEST(KexecOtherLayoutE2e, TheAgentsLeavingNoticeKeepsTheOldBootTheNewKernelWipes) {
+  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  if (access((std::string(HVTRACE_BIN_DIR) + "/hvtrace-agent").c_str(), X_OK) != 0) {
+    GTEST_SKIP() << "hvtrace-agent not built";
+  }
+  auto images = AgentImagesWithOtherBuild("guest-layout", "7.3");
+  ASSERT_TRUE(images.ok()) << images.error().message;
+  const GuestImage& image = images->first;
+  const OtherBuild& other = images->second;
+  ASSERT_TRUE(other.release.starts_with("7.")) << other.release;
+  // 7.3's formats in the daemon's cache: its boot has no agent.
+  for (const auto& [vmlinuz, initrd] :
+       {std::pair{image.kernel, image.initrd}, std::pair{other.kernel, other.initrd}}) {
+    Result<std::string> h = Harvest(vmlinuz, initrd);
+    ASSERT_TRUE(h.ok()) << h.error().message;
+  }
+  HvtracedProcess daemon({.tag = "kxlayout", .config = "vm_on_shutdown = stop\n"});
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  const std::string name = "kx-layout-" + std::to_string(::getpid());
+  auto guest = BootDaemonGuest(daemon, name, image.kernel, other.initrd);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  hostd::GuestConsole& console = *guest->console;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
+  ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+  ASSERT_TRUE(console.Run("(hvtrace-agent > /tmp/agent.log 2>&1 &)", kCommandTimeout).ok());
+  // An agent that has run a while: its boot's metadata is at the host.
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        auto status = daemon.Call("status", {{"name", name}});
+        return status.ok() && (*status)["meta"].value("boots_accepted", 0) >= 1;
+      },
+      120s))
+      << tail();
+  ASSERT_TRUE(WriteMarkers(console, "old-mark", 6).ok()) << tail();
+
+  // What init (busybox) or systemd does before the kexec: stop the agent.
+  auto stopped = console.Run(
+      "kill -TERM $(pidof hvtrace-agent); while pidof hvtrace-agent > /dev/null; do usleep 20000; "
+      "done; grep leaving /tmp/agent.log",
+      kCommandTimeout);
+  ASSERT_TRUE(stopped.ok()) << tail();
+  std::printf("[kexec-layout] agent: %s", stopped->output.c_str());
+  std::smatch ack;
+  ASSERT_TRUE(
+      std::regex_search(stopped->output, ack,
+                        std::regex(R"(acknowledged \(copied\) after (\d+) ms \(host: (\d+) ms\))")))
+      << stopped->output << tail();
+  auto leaving = daemon.WaitForCapture(name, "guest-leaving", 60s);
+  ASSERT_TRUE(leaving.ok()) << leaving.error().message << tail();
+  const fs::path leaving_dir =
+      fs::path(daemon.captures_dir(name)) / (*leaving)["id"].get<std::string>();
+  const json lm = json::parse(test_support::ReadText((leaving_dir / "manifest.json").string()));
+  std::printf(
+      "[kexec-layout] ack latency: agent %s ms (notice sent -> ack read), host %s ms "
+      "(notice -> copy durable); capture trigger->recoverable %.1f ms, ->decoded %.1f ms\n",
+      ack[1].str().c_str(), ack[2].str().c_str(),
+      lm["extra"]["timing_ms"].value("trigger_to_recoverable", -1.0),
+      lm["extra"]["timing_ms"].value("trigger_to_decoded", -1.0));
+  EXPECT_LT(std::stoi(ack[1]), 2000);
+
+  ASSERT_TRUE(console.Send("hvtrace-kexec-self\n").ok());
+  auto ready = console.WaitForLine("HVTRACE-GUEST-READY " + other.release, kBootTimeout);
+  ASSERT_TRUE(ready.ok()) << ready.error().message << "\n" << tail();
+  ASSERT_TRUE(WriteMarkers(console, "new-mark", 6).ok()) << tail();
+  ASSERT_TRUE(
+      console.Send(std::string("echo new-mark-7 > ") + kMarker + "; echo c > /proc/sysrq-trigger\n")
+          .ok());
+  auto panic = daemon.WaitForCapture(name, "panic", 90s);
+  ASSERT_TRUE(panic.ok()) << panic.error().message << "\n" << tail();
+  const fs::path panic_dir =
+      fs::path(daemon.captures_dir(name)) / (*panic)["id"].get<std::string>();
+
+  ExpectOneBootWithItsMarkers(leaving_dir, "pre-kexec capture", "linux-6.12", image.release,
+                              "old-mark", 6, "new-mark");
+  ExpectOneBootWithItsMarkers(panic_dir, "panic capture", "linux-6.15", other.release, "new-mark",
+                              7, "old-mark");
+  EXPECT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
 }
 
 // 6.12.95 -> 6.12.117 appending and reset; 7.3.4 -> 7.2.12 (the 6.15+

@@ -28,14 +28,21 @@ uint32_t Crc(const std::byte* p, size_t n) {
   return zlib_util::Crc32(std::string_view(reinterpret_cast<const char*>(p), n));
 }
 
-uint32_t RawCap(uint16_t type) {
+// The most |type| may carry raw towards |direction|'s reader; 0 when that
+// reader takes no such frame.
+uint32_t RawCap(uint16_t type, MetaDirection direction) {
+  const bool to_host = direction == MetaDirection::kToHost;
   switch (static_cast<MetaType>(type)) {
     case MetaType::kBoot:
-      return kMaxBootRaw;
+      return to_host ? kMaxBootRaw : 0;
     case MetaType::kComms:
-      return kMaxCommsRaw;
+      return to_host ? kMaxCommsRaw : 0;
     case MetaType::kClock:
-      return kMaxClockRaw;
+      return to_host ? kMaxClockRaw : 0;
+    case MetaType::kLeaving:
+      return to_host ? kLeavePayloadSize : 0;
+    case MetaType::kAck:
+      return to_host ? 0 : kLeavePayloadSize;
   }
   return 0;  // Unknown type.
 }
@@ -59,11 +66,19 @@ Header ReadHeader(const std::byte* p) {
   return h;
 }
 
-// Why |h| is not a frame this decoder accepts, or "" when it is.
-std::string HeaderProblem(const Header& h) {
+// Why |h| is not a frame a |direction| decoder accepts, or "" when it is.
+std::string HeaderProblem(const Header& h, MetaDirection direction) {
   if (h.version != kMetaFrameVersion) return "version " + std::to_string(h.version) + " unknown";
-  const uint32_t cap = RawCap(h.type);
-  if (cap == 0) return "type " + std::to_string(h.type) + " unknown";
+  const uint32_t cap = RawCap(h.type, direction);
+  if (cap == 0) {
+    const bool other =
+        RawCap(h.type, direction == MetaDirection::kToHost ? MetaDirection::kToGuest
+                                                           : MetaDirection::kToHost) != 0;
+    return "type " + std::to_string(h.type) +
+           (other ? direction == MetaDirection::kToHost ? " goes to the guest, not the host"
+                                                        : " goes to the host, not the guest"
+                  : " unknown");
+  }
   if ((h.flags & ~uint32_t{kMetaCompressed}) != 0)
     return "unknown flags " + std::to_string(h.flags);
   if (h.raw_size > cap) {
@@ -171,7 +186,7 @@ std::optional<Result<MetaFrame>> MetaDecoder::Next() {
   };
   if (Get<uint32_t>(p + 44) != Crc(p, 44)) return bad("header CRC mismatch");
   const Header h = ReadHeader(p);
-  if (std::string why = HeaderProblem(h); !why.empty()) return bad(why);
+  if (std::string why = HeaderProblem(h, direction_); !why.empty()) return bad(why);
   if (buffer_.size() - start_ < kMetaHeaderSize + h.stored_size) return std::nullopt;
   const std::span<const std::byte> body(p + kMetaHeaderSize, h.stored_size);
   MetaFrame frame;

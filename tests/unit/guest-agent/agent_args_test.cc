@@ -66,6 +66,18 @@ TEST_F(AgentArgsTest, MetaPortAndNoMeta) {
   EXPECT_THAT(err_, HasSubstr("missing value for --meta-port"));
 }
 
+TEST_F(AgentArgsTest, LeaveWaitIsBoundedAndZeroTurnsItOff) {
+  EXPECT_EQ(Parse({}), std::nullopt);
+  EXPECT_EQ(options_.meta.leave_wait_ms, 2000u);
+  EXPECT_EQ(Parse({"--leave-wait", "0"}), std::nullopt);
+  EXPECT_EQ(options_.meta.leave_wait_ms, 0u);
+  EXPECT_EQ(Parse({"--leave-wait", "60000"}), std::nullopt);
+  EXPECT_EQ(options_.meta.leave_wait_ms, 60000u);
+  // A guest admin cannot make the host believe the agent waits for ever.
+  EXPECT_EQ(Parse({"--leave-wait", "60001"}), 2);
+  EXPECT_THAT(err_, HasSubstr("--leave-wait takes milliseconds up to 60000"));
+}
+
 TEST_F(AgentArgsTest, EveryOptionAsTheTestsAndScriptsSpellIt) {
   EXPECT_EQ(Parse({"--region", "/tmp/r", "--tracefs", "/t", "--instance", "mine", "--sysfs", "/s",
                    "--keep-clock", "--run-for", "250", "-v"}),

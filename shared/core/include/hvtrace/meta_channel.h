@@ -38,6 +38,14 @@
 //           changed: task names for this boot's events.
 //   kClock  JSON {"samples": [{"mono": ns, "boot": ns, "real": ns,
 //           "tsc": ticks}, ...]}: clock-sync samples of this boot.
+//   kLeaving  16 bytes (hvtrace/meta_leaving.h): the guest is about to leave
+//           its kernel (kexec, reboot, poweroff); the agent waits, bounded,
+//           for the host's kAck before it lets the shutdown go on.
+//
+// The host sends one type back, on the same port, only in answer to a
+// kLeaving: kAck, 16 bytes (hvtrace/meta_leaving.h). Each direction's decoder
+// accepts only its direction's types (MetaDirection), so a guest cannot make
+// the host parse an ack, nor a host make the agent buffer a boot archive.
 //
 // Everything the host reads here is hostile: a guest can send anything. The
 // decoder bounds every size before it allocates, inflates into a hard cap,
@@ -67,7 +75,9 @@ inline constexpr uint32_t kMetaFrameMagic = 0x4d545648;  // "HVTM" little-endian
 inline constexpr uint16_t kMetaFrameVersion = 1;
 inline constexpr size_t kMetaHeaderSize = 48;
 
-enum class MetaType : uint16_t { kBoot = 1, kComms = 2, kClock = 3 };
+enum class MetaType : uint16_t { kBoot = 1, kComms = 2, kClock = 3, kLeaving = 4, kAck = 5 };
+// Who reads the frames: hvtraced (kBoot … kLeaving) or the agent (kAck).
+enum class MetaDirection { kToHost, kToGuest };
 enum MetaFlags : uint32_t { kMetaCompressed = 1u << 0 };  // zlib (compress2).
 
 // The most a frame may carry, per type, raw (after inflating). A 6.12
@@ -76,6 +86,7 @@ enum MetaFlags : uint32_t { kMetaCompressed = 1u << 0 };  // zlib (compress2).
 inline constexpr uint32_t kMaxBootRaw = 128u << 20;
 inline constexpr uint32_t kMaxCommsRaw = 1u << 20;
 inline constexpr uint32_t kMaxClockRaw = 64u << 10;
+inline constexpr uint32_t kLeavePayloadSize = 16;  // kLeaving and kAck, exactly.
 inline constexpr uint32_t kMaxStored = 64u << 20;
 
 using BootId = std::array<uint8_t, 16>;
@@ -95,14 +106,16 @@ std::vector<std::byte> EncodeMetaFrame(MetaType type, const BootId& boot_id, uin
 std::optional<BootId> ParseBootId(std::string_view text);
 std::string BootIdString(const BootId& id);
 
-// Incremental decoder for one stream (one connection). Feed bytes as they
-// come; Next() returns each complete frame, or an error for a bad one (the
-// error names the stream offset and why: bad magic run skipped, header CRC,
-// unknown type, size over its type's limit, payload CRC, inflate failure).
+// Incremental decoder for one stream (one connection, one direction). Feed
+// bytes as they come; Next() returns each complete frame, or an error for a
+// bad one (the error names the stream offset and why: bad magic run skipped,
+// header CRC, unknown type or one of the other direction, size over its
+// type's limit, payload CRC, inflate failure).
 // After an error it resynchronises at the next magic. Memory is bounded by
 // the largest frame allowed, never by what the guest claims.
 class MetaDecoder {
  public:
+  explicit MetaDecoder(MetaDirection direction = MetaDirection::kToHost) : direction_(direction) {}
   void Feed(std::span<const std::byte> bytes);
   // nullopt: need more bytes.
   std::optional<Result<MetaFrame>> Next();
@@ -110,6 +123,7 @@ class MetaDecoder {
   uint64_t skipped_bytes() const { return skipped_; }
 
  private:
+  MetaDirection direction_;
   std::vector<std::byte> buffer_;
   size_t start_ = 0;  // First unconsumed byte of buffer_.
   uint64_t consumed_ = 0;

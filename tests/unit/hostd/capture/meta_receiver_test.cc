@@ -19,6 +19,7 @@
 #include <string>
 #include <thread>
 
+#include "hvtrace/meta_leaving.h"
 #include "meta_fixture.h"
 
 namespace hvtrace::hostd {
@@ -81,6 +82,7 @@ class MetaReceiverTest : public ::testing::Test {
     o.min_backoff = std::chrono::milliseconds(20);
     o.max_backoff = std::chrono::milliseconds(200);
     o.read_guest_memory = std::move(read);
+    o.leaving = leaving_;
     o.log = [this](LogLevel, const std::string& m) {
       std::lock_guard lock(log_mu_);
       log_ += m + "\n";
@@ -125,6 +127,22 @@ class MetaReceiverTest : public ::testing::Test {
     std::lock_guard lock(log_mu_);
     return log_;
   }
+  // The receiver's leaving captures are recorded here (call before
+  // StartReceiver): how many it asked for, and the ack of the |i|-th.
+  void RecordLeaving() {
+    leaving_ = [this](std::function<void(bool)> ack) {
+      std::lock_guard lock(log_mu_);
+      asked_.push_back(std::move(ack));
+    };
+  }
+  size_t Asked() {
+    std::lock_guard lock(log_mu_);
+    return asked_.size();
+  }
+  std::function<void(bool)> AskedAck(size_t i) {
+    std::lock_guard lock(log_mu_);
+    return asked_.at(i);
+  }
 
   fs::path root_, socket_path_;
   int listener_ = -1, conn_ = -1;
@@ -134,6 +152,8 @@ class MetaReceiverTest : public ::testing::Test {
   boost::asio::thread_pool pool_{2};
   std::thread io_thread_;
   std::shared_ptr<MetaReceiver> receiver_;
+  std::function<void(std::function<void(bool)>)> leaving_;  // Set before StartReceiver.
+  std::vector<std::function<void(bool)>> asked_;            // Guarded by log_mu_.
   std::mutex log_mu_;
   std::string log_;
 };
@@ -253,6 +273,97 @@ TEST_F(MetaReceiverTest, Malicious_BuildIdOfAnotherKernel) {
               HasSubstr("build id " + std::string(test_support::kFixtureBuildId) +
                         " is not the running kernel's (ffffffffffffffffffffffffffffffffffffffff)"));
   EXPECT_EQ(N(s, "boots_accepted"), 0u);
+}
+
+std::vector<std::byte> Notice(const meta::BootId& id, uint32_t seq, uint64_t nonce) {
+  return meta::EncodeMetaFrame(
+      meta::MetaType::kLeaving, id, seq,
+      meta::EncodeLeaveNotice({meta::LeaveReason::kStopSignal, 2000, nonce}), false);
+}
+
+// Reads acks from the receiver's end of the socket until |count| came, the
+// socket stayed quiet for 300 ms after the first, or 10 s passed.
+std::vector<std::pair<meta::MetaFrame, meta::LeaveAck>> ReadAcks(int fd, size_t count) {
+  std::vector<std::pair<meta::MetaFrame, meta::LeaveAck>> out;
+  meta::MetaDecoder d(meta::MetaDirection::kToGuest);
+  char buf[4096];
+  int quiet = 0;
+  for (int i = 0; i < 100 && out.size() < count && quiet < 3; ++i) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) {
+      if (!out.empty()) ++quiet;
+      continue;
+    }
+    quiet = 0;
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    d.Feed(std::span(reinterpret_cast<const std::byte*>(buf), static_cast<size_t>(n)));
+    while (auto f = d.Next()) {
+      EXPECT_TRUE(f->ok()) << f->error().message;
+      if (!f->ok()) continue;
+      Result<meta::LeaveAck> ack = meta::ParseLeaveAck((*f)->payload);
+      EXPECT_TRUE(ack.ok());
+      if (ack.ok()) out.emplace_back(std::move(**f), *ack);
+    }
+  }
+  return out;
+}
+
+// The guest says it is leaving: the VM's capture is asked for once, and
+// the guest gets its ack (with its nonce and boot) when the copy is durable.
+TEST_F(MetaReceiverTest, ALeavingGuestIsAckedOnceTheCopyIsDurable) {
+  RecordLeaving();
+  StartReceiver();
+  ASSERT_TRUE(Accept());
+  const meta::BootId a = TestBootId(1);
+  Send(Notice(a, 0, 0xfeed));
+  WaitStatus([](const json& st) { return N(st, "leaving_notices") == 1; });
+  ASSERT_EQ(Asked(), 1u);
+  AskedAck(0)(true);
+  auto acks = ReadAcks(conn_, 1);
+  ASSERT_EQ(acks.size(), 1u);
+  EXPECT_EQ(acks[0].first.boot_id, a);
+  EXPECT_EQ(acks[0].second.nonce, 0xfeedu);
+  EXPECT_EQ(acks[0].second.status, meta::AckStatus::kCopied);
+  json s = WaitStatus([](const json& st) { return N(st, "leaving_acked_copied") == 1; });
+  EXPECT_EQ(N(s, "frame_errors"), 0u) << s.dump();
+  EXPECT_THAT(Log(), HasSubstr("is leaving its kernel (stop signal, waits up to 2000 ms)"));
+}
+
+// A guest announcing its leaving in a loop: one capture is asked for while
+// it runs, the notices meanwhile wait for its answer (a bounded few, the
+// newest kept), and bad notices are refused by name.
+TEST_F(MetaReceiverTest, Malicious_ALeavingFloodAsksForOneCaptureAndAnswersABoundedFew) {
+  RecordLeaving();
+  StartReceiver();
+  ASSERT_TRUE(Accept());
+  const meta::BootId a = TestBootId(1);
+  constexpr uint32_t kFlood = 1000;
+  std::vector<std::byte> stream;
+  for (uint32_t i = 0; i < kFlood; ++i) {
+    auto f = Notice(a, i, 1000 + i);
+    stream.insert(stream.end(), f.begin(), f.end());
+  }
+  auto bad =
+      meta::EncodeMetaFrame(meta::MetaType::kLeaving, a, kFlood, std::string(16, '\xff'), false);
+  stream.insert(stream.end(), bad.begin(), bad.end());
+  Send(stream);
+  json s = WaitStatus([](const json& st) {
+    return N(st, "leaving_notices") == kFlood && N(st, "leaving_refused") == 1;
+  });
+  EXPECT_EQ(N(s, "leaving_coalesced"), kFlood - 1);
+  ASSERT_EQ(Asked(), 1u) << "one capture for the whole flood";
+  EXPECT_THAT(Log(), HasSubstr("leaving notice version 65535 unknown"));
+  AskedAck(0)(false);
+  auto acks = ReadAcks(conn_, kMaxLeaveWaiters + 1);
+  ASSERT_EQ(acks.size(), kMaxLeaveWaiters);
+  EXPECT_EQ(acks.front().second.nonce, 1000u);              // The notice that started the capture.
+  EXPECT_EQ(acks.back().second.nonce, 1000u + kFlood - 1);  // The newest.
+  for (const auto& [frame, a2] : acks) EXPECT_EQ(a2.status, meta::AckStatus::kNotCopied);
+  // The next notice starts the next capture.
+  Send(Notice(a, kFlood + 1, 7));
+  WaitStatus([](const json& st) { return N(st, "leaving_notices") == kFlood + 1; });
+  EXPECT_EQ(Asked(), 2u);
 }
 
 TEST(MetaVerifyTest, BuildIdFromGuestMemory) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <filesystem>
@@ -162,6 +163,41 @@ TEST(CaptureFloodTest, ResetLoopMakesAtMostOneCapturePerIntervalAndLosesNoCount)
   std::printf("[flood] %d resets in %.0f ms -> %zu captures (interval %lld ms)\n", resets,
               std::chrono::duration<double, std::milli>(flood).count(), list->size(),
               static_cast<long long>(interval.count()));
+}
+
+// A guest that announces its leaving in a loop (a kLeaving flood on the
+// metadata channel reaching the supervisor): captured as a guest trigger, one
+// capture at the first and one when the interval (here: the Stop flush) ends,
+// every announcement answered once, and of the cheap retention class.
+TEST(CaptureFloodTest, Malicious_GuestLeavingLoopIsCoalescedAndEveryAnnouncementAnswered) {
+  Fixture f;
+  RegionFileBackend* backend;
+  auto vm = f.Make("vm1", &backend, 1h);
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
+  constexpr int kFlood = 300;
+  std::atomic<int> copied{0}, refused{0};
+  for (int i = 0; i < kFlood; ++i) {
+    vm->OnGuestLeaving([&](bool ok) { ++(ok ? copied : refused); });
+  }
+  // The first capture's copy answers the first announcement before decoding.
+  ASSERT_TRUE(WaitFor([&] { return copied.load() >= 1; })) << vm->StatusJson().dump();
+  std::promise<void> stopped;
+  vm->Stop([&] { stopped.set_value(); });
+  ASSERT_EQ(stopped.get_future().wait_for(10s), std::future_status::ready);
+  EXPECT_EQ(copied.load(), kFlood);
+  EXPECT_EQ(refused.load(), 0);
+  auto list = vm->ListCaptures();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u) << "a flood must not make a capture per announcement";
+  uint64_t accounted = 0;
+  for (const CaptureEntry& e : *list) {
+    const json m = ManifestOf(e);
+    EXPECT_EQ(m["trigger"], "guest-leaving");
+    EXPECT_EQ(m["extra"]["consistency"]["vcpus_stopped"], false);
+    accounted += 1 + Coalesced(m, "guest-leaving");
+  }
+  EXPECT_EQ(accounted, static_cast<uint64_t>(kFlood));
+  EXPECT_FALSE(IsPanicTrigger("guest-leaving")) << "a guest's own trigger never evicts a panic";
 }
 
 // Stop (and Release) wait for the captures already triggered, and start a

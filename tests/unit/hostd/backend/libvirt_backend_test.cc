@@ -207,9 +207,8 @@ TEST_F(GuestMetaTest, Malicious_MetasThatDoNotFitTheCellsRangeAreReported) {
 // OpenRegionFile is region_file_open.h's checked open with the domain's
 // facts (its checks are tested in tests/unit/hostd/base/).
 TEST(LibvirtRegionFileTest, OpensTheDomainsFileAndNamesTheDomainOtherwise) {
-  char tmpl[] = "/tmp/hvt-regionfile-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::filesystem::path dir = tmpl;
+  test_support::TempDir tmp("hvt-regionfile");
+  const std::filesystem::path& dir = tmp.path();
   std::ofstream(dir / "ram-node1").close();
   std::filesystem::resize_file(dir / "ram-node1", 8192);
   LibvirtRegionSpec spec;
@@ -225,7 +224,6 @@ TEST(LibvirtRegionFileTest, OpensTheDomainsFileAndNamesTheDomainOtherwise) {
   ASSERT_FALSE(fd.ok());
   EXPECT_NE(fd.error().message.find("domain 'd1': region"), std::string::npos)
       << fd.error().message;
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

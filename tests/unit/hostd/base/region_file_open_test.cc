@@ -15,17 +15,13 @@
 #include <fstream>
 #include <string>
 
+#include "test_support.h"
+
 namespace hvtrace::hostd {
 namespace {
 
 class RegionFileOpenTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/hvt-regionfile-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
   void MakeFile(const std::string& name, uintmax_t size) {
     std::ofstream(dir_ / name).close();
     std::filesystem::resize_file(dir_ / name, size);
@@ -38,7 +34,8 @@ class RegionFileOpenTest : public ::testing::Test {
     spec.owner_uid = ::geteuid();
     return spec;
   }
-  std::filesystem::path dir_;
+  test_support::TempDir tmp_{"hvt-regionfile"};
+  const std::filesystem::path dir_ = tmp_.path();
 };
 
 TEST_F(RegionFileOpenTest, OpensQemusRegularFile) {

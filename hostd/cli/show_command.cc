@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -298,7 +299,8 @@ Result<hostd::KernelFormats> LoadFormats(const std::string& key_or_dir,
 // trace.dat files (removed afterwards) and shows them under |manifest|'s
 // names; |manifest|'s own boot list is replaced by the decode's.
 int DecodeRegionAndShow(const ShowArgs& args, const fs::path& region,
-                        const hostd::KernelFormats& formats, json manifest, int fd) {
+                        std::shared_ptr<const hostd::KernelFormats> formats, json manifest,
+                        int fd) {
   struct stat st;
   if (::stat(region.c_str(), &st) != 0) {
     std::fprintf(stderr, "hvtrace show: cannot stat region %s: %s\n", region.c_str(),
@@ -326,8 +328,7 @@ int DecodeRegionAndShow(const ShowArgs& args, const fs::path& region,
   // The daemon's own decode (DecodeBootRange), with what this reader knows:
   // the formats given, no metadata channel, no cache to identify other
   // kernels by their console banner.
-  hostd::BootRangeSources sources{.formats = std::make_shared<const hostd::KernelFormats>(formats),
-                                  .cpus = args.cpus};
+  hostd::BootRangeSources sources{.formats = std::move(formats), .cpus = args.cpus};
   if (Tty()) {
     sources.progress = [](const hvtrace::hostd::CaptureProgress& p) {
       std::fprintf(stderr, "\rhvtrace show: %.*s %llu/%llu", static_cast<int>(p.stage.size()),
@@ -372,7 +373,9 @@ int ShowRegion(const ShowArgs& args, int fd) {
   }
   json manifest = {
       {"id", fs::path(args.region).filename().string()}, {"vm", "-"}, {"trigger", "region-file"}};
-  return DecodeRegionAndShow(args, args.region, *formats, std::move(manifest), fd);
+  return DecodeRegionAndShow(args, args.region,
+                             std::make_shared<const hostd::KernelFormats>(std::move(*formats)),
+                             std::move(manifest), fd);
 }
 
 // A capture without trace.dat files (its kernel's formats were not cached
@@ -402,7 +405,9 @@ int ShowUndecodedCapture(const ShowArgs& args, const fs::path& dir, const json& 
     return 1;
   }
   if (Tty()) std::fprintf(stderr, "hvtrace show: decoding %s/region.bin\n", dir.c_str());
-  return DecodeRegionAndShow(args, dir / "region.bin", *formats, manifest, fd);
+  return DecodeRegionAndShow(args, dir / "region.bin",
+                             std::make_shared<const hostd::KernelFormats>(std::move(*formats)),
+                             manifest, fd);
 }
 
 class ShowCommand final : public Command {

@@ -188,9 +188,7 @@ void QmpVmBackend::Start(VmEventSink& sink) {
     // libvirt backend checks a domain's file: the owner recorded at
     // registration, and QEMU mapping it while that very QEMU still runs (a
     // QEMU that died left its bytes in the file: captured, not mapped).
-    const bool same_qemu = spec_.pid > 0 && !spec_.exited && ::kill(spec_.pid, 0) == 0 &&
-                           (spec_.pid_start_time == 0 ||
-                            ProcessStartTime(spec_.pid).value_or(0) == spec_.pid_start_time);
+    const bool same_qemu = !spec_.exited && StillRunning(spec_.pid, spec_.pid_start_time);
     Result<int> fd = OpenRegionFileChecked({.owner_label = "VM (QMP " + spec_.qmp_socket + ")",
                                             .path = spec_.region_path,
                                             .offset = spec_.region_offset,

@@ -374,10 +374,7 @@ void Daemon::RemoveRemnants(const std::string& name) {
   // here (a backend with a Vm removes those after stopping it).
   auto spec = LoadQmpVmSpec(state_.VmDir(name));
   if (!spec.ok() || !spec->booted_by_daemon) return;
-  if (spec->pid > 0 && spec->pid_start_time != 0 &&
-      ProcessStartTime(spec->pid).value_or(0) == spec->pid_start_time) {
-    return;
-  }
+  if (spec->pid_start_time != 0 && StillRunning(spec->pid, spec->pid_start_time)) return;
   std::error_code ec;
   for (const std::string& path : spec->owned_paths) std::filesystem::remove(path, ec);
 }

@@ -82,6 +82,11 @@ std::optional<uint64_t> ProcessStartTime(pid_t pid) {
   }
 }
 
+bool StillRunning(pid_t pid, uint64_t start_time) {
+  const std::optional<uint64_t> now = ProcessStartTime(pid);
+  return now.has_value() && (start_time == 0 || *now == start_time);
+}
+
 Result<std::unique_ptr<Vm>> Vm::Reattach(const std::string& name, const VmIdentity& identity) {
   const std::string vm = "VM '" + name + "': ";
   const std::string which = "pid " + std::to_string(identity.pid);

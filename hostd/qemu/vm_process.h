@@ -43,6 +43,9 @@ enum class VmLifetime {
 // /proc/PID/stat); with the pid it names one process for the host's uptime,
 // so a reused pid is told apart. nullopt when the process does not exist.
 std::optional<uint64_t> ProcessStartTime(pid_t pid);
+// Whether |pid| is still the process that had |start_time| (ProcessStartTime
+// when recorded; 0: not recorded, then only whether |pid| exists).
+bool StillRunning(pid_t pid, uint64_t start_time);
 
 // What a restarted daemon knows about a QEMU an earlier daemon started.
 struct VmIdentity {

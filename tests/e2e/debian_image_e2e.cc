@@ -6,25 +6,33 @@
 // hvtrace-agent.service, whose hardening still lets the agent map the
 // cold-plugged ivshmem region (it announces itself in it); the demo marker
 // service writes its trace_marker line; the guest powers off on the ACPI
-// button.
+// button. In the same boot, the agent's metadata channel (a virtio-serial
+// port named org.hvtrace.agent.0 whose host end is a socket the test
+// connects to, as hvtraced does): the boot archive, task names and clock
+// samples, and everything again for a host that disconnects and comes back.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "attach_region_host.h"
 #include "disk_guest.h"
 #include "guest_harness.h"
+#include "meta_host.h"
 
 namespace hvtrace::e2e {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
 
 // A systemd boot under TCG with other guests on two cores: ~50 s alone.
 constexpr std::chrono::milliseconds kDiskBootTimeout = 300s;
@@ -67,6 +75,74 @@ std::optional<std::string> DecodedMarker(const RegionSnapshot& s, const std::str
   return std::nullopt;
 }
 
+// The metadata channel of a booted image: the unit's agent says on the
+// console what its boot archive holds; the first connection got a kBoot (this
+// boot's id, as the demo service prints it) and task names; a host that goes
+// and comes back (a daemon restart) gets kBoot first again (sequence 0, then
+// in order), kComms and kClock, from the unit's agent: the initramfs one is
+// long gone.
+void CheckMetaChannel(DiskGuest& guest, MetaHost& host, const DiskImage& image,
+                      const std::function<double()>& seconds) {
+  auto unit_line = guest.console().WaitForMatch(
+      std::regex("hvtrace-agent\\[[0-9]+\\]: hvtrace-agent: (boot archive: .*)"), kDiskBootTimeout);
+  ASSERT_TRUE(unit_line.ok()) << unit_line.error().message << "\n" << guest.Diagnostics();
+  std::printf("[debian-image] %6.1f s  unit agent: %s\n", seconds(), (*unit_line)[1].c_str());
+  // The demo service prints it before or after the agent's line: searched
+  // in the whole console log, not after the last match.
+  std::string boot_id;
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        std::smatch m;
+        const std::string log = guest.ConsoleLog();
+        if (!std::regex_search(log, m, std::regex("hvtrace-demo-marker: boot_id ([0-9a-f-]{36})")))
+          return false;
+        boot_id = m[1];
+        return true;
+      },
+      kDiskBootTimeout))
+      << "the demo service never printed the boot id\n"
+      << guest.Diagnostics();
+  ASSERT_TRUE(host.ReadUntil(
+      [&] { return host.Find(meta::MetaType::kBoot) && host.Find(meta::MetaType::kComms); }, 120s))
+      << "frames: " << host.frames.size() << "\n"
+      << guest.Diagnostics();
+  EXPECT_EQ(meta::BootIdString(host.Find(meta::MetaType::kBoot)->boot_id), boot_id);
+
+  host.Disconnect();
+  usleep(500000);
+  ASSERT_TRUE(host.Connect(10s));
+  const double reconnected = seconds();
+  ASSERT_TRUE(host.ReadUntil(
+      [&] {
+        return host.Find(meta::MetaType::kBoot) && host.Find(meta::MetaType::kComms) &&
+               host.Find(meta::MetaType::kClock);
+      },
+      120s))
+      << "frames after reconnecting: " << host.frames.size() << "\n"
+      << guest.Diagnostics();
+  const meta::MetaFrame& boot = host.frames.front();
+  EXPECT_EQ(boot.type, meta::MetaType::kBoot) << "the first frame of a connection is kBoot";
+  EXPECT_EQ(boot.sequence, 0u);
+  EXPECT_EQ(meta::BootIdString(boot.boot_id), boot_id);
+  std::printf(
+      "[debian-image] %6.1f s  after reconnecting: kBoot %zu bytes raw, %llu on the wire "
+      "(%.1f s after the reconnect)\n",
+      seconds(), boot.payload.size(), static_cast<unsigned long long>(host.boot_wire),
+      seconds() - reconnected);
+  const std::string identity = CheckBootArchive(boot, image);
+  EXPECT_EQ(JsonField(identity, "boot_id"), boot_id);
+  // "pid comm" lines; the kernel may have saved few names yet, and the agent
+  // still sends the list.
+  const meta::MetaFrame* comms = host.Find(meta::MetaType::kComms);
+  std::istringstream lines(comms->payload);
+  const std::regex pid_comm("[0-9]+ .+");
+  for (std::string line; std::getline(lines, line);)
+    EXPECT_TRUE(std::regex_match(line, pid_comm)) << line;
+  std::printf("[debian-image] kComms: %zu bytes\n", comms->payload.size());
+  EXPECT_NE(host.Find(meta::MetaType::kClock)->payload.find("\"tsc\": "), std::string::npos);
+  for (size_t i = 0; i < host.frames.size(); ++i) EXPECT_EQ(host.frames[i].sequence, i);
+}
+
 class DebianImageE2eTest : public ::testing::TestWithParam<DebianRelease> {};
 
 TEST_P(DebianImageE2eTest, BootsAgentUnitAttachesRegionDemoMarkerThenPowersOff) {
@@ -98,13 +174,26 @@ TEST_P(DebianImageE2eTest, BootsAgentUnitAttachesRegionDemoMarkerThenPowersOff) 
       "/dev/shm/hvt-" + GetParam().guest + "-region-" + std::to_string(getpid());
   auto region = HostRegion::Create(region_path, kRegionSize, 2, 0xdeb12001, 200, "");
   ASSERT_TRUE(region.ok()) << region.error().message;
-  ASSERT_TRUE(guest
-                  .Boot(*image, {"-object",
-                                 "memory-backend-file,id=hvr,size=" + std::to_string(kRegionSize) +
-                                     ",mem-path=" + region_path + ",share=on",
-                                 "-device", "ivshmem-plain,memdev=hvr,id=ivs0"})
-                  .ok())
+  const std::string sock =
+      "/tmp/hvt-meta-" + GetParam().guest + "-" + std::to_string(getpid()) + ".sock";
+  unlink(sock.c_str());
+  std::vector<std::string> qemu_args = {
+      "-object",
+      "memory-backend-file,id=hvr,size=" + std::to_string(kRegionSize) +
+          ",mem-path=" + region_path + ",share=on",
+      "-device", "ivshmem-plain,memdev=hvr,id=ivs0"};
+  for (std::string& arg : MetaPortArgs(sock)) qemu_args.push_back(std::move(arg));
+  ASSERT_TRUE(guest.Boot(*image, qemu_args).ok()) << guest.Diagnostics();
+  MetaHost host(sock);
+  ASSERT_TRUE(host.Connect(30s)) << "cannot connect to " << sock << "\n" << guest.Diagnostics();
+  // The first kBoot: from the initramfs agent when the initramfs loads
+  // virtio_console (Debian's does), else from the unit's.
+  ASSERT_TRUE(
+      host.ReadUntil([&] { return host.Find(meta::MetaType::kBoot) != nullptr; }, kDiskBootTimeout))
       << guest.Diagnostics();
+  std::printf("[debian-image] %6.1f s  first kBoot: %zu bytes raw, %llu on the wire\n", seconds(),
+              host.Find(meta::MetaType::kBoot)->payload.size(),
+              static_cast<unsigned long long>(host.boot_wire));
 
   // In boot order; each wait starts after the line the previous one matched.
   ASSERT_TRUE(step("kernel booted", std::regex("Linux version " + RegexEscape(image->release))));
@@ -125,6 +214,8 @@ TEST_P(DebianImageE2eTest, BootsAgentUnitAttachesRegionDemoMarkerThenPowersOff) 
                               "[0-9a-f:.]+/resource2 [0-9a-f]+")));
   ASSERT_TRUE(
       step("multi-user.target reached", std::regex("Reached target .*multi-user\\.target")));
+
+  CheckMetaChannel(guest, host, *image, seconds);
 
   // The unit's agent (after the initramfs one let go) runs in the region.
   auto running = [&] {
@@ -184,10 +275,12 @@ TEST_P(DebianImageE2eTest, BootsAgentUnitAttachesRegionDemoMarkerThenPowersOff) 
       << "the initramfs agent ignored SIGTERM\n"
       << guest.Diagnostics();
 
+  for (const std::string& e : host.errors) ADD_FAILURE() << "meta decoder: " << e;
   const double before_poweroff = seconds();
   ASSERT_TRUE(guest.PowerOff(120s).ok()) << guest.Diagnostics();
   std::printf("[debian-image] %6.1f s  powered off (%.1f s after system_powerdown)\n", seconds(),
               seconds() - before_poweroff);
+  unlink(sock.c_str());
 }
 
 // "debian13_7_3" in test names; PrintTo (disk_guest.h) for the messages.

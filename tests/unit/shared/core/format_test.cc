@@ -275,12 +275,19 @@ TEST(FormatTest, Malicious_Rejected) {
 }
 
 // Print formats that crashed libtraceevent 1.7's parser (format_fuzzer
-// findings) must be rejected before it sees them.
+// findings) must be rejected before it sees them, or (a field that does not
+// exist) kept from it.
 TEST(FormatTest, Malicious_PrintFormatsLibtraceeventCannotParse) {
   const std::string head =
       "name: x\nID: 1\nformat:\n\tfield:int a;\toffset:8;\tsize:4;\tsigned:1;\n\nprint fmt: ";
+  {
+    // The format stays (its fields print raw); the print fmt is unchecked,
+    // so the decoder never gives it to libtraceevent.
+    auto ev = ParseEventFormat("s", head + "\"a=%d\", REC->b\n");
+    ASSERT_TRUE(ev.ok()) << ev.error().message;
+    EXPECT_EQ(ev->unchecked_print, "print fmt refers to 'b', which is no field");
+  }
   const char* bad[] = {
-      "\"a=%d\", REC->b",                           // Field that does not exist.
       "\"a=%d\", (REC->a) ? __p:unsigned long a;",  // Cut-off expression.
       "\"a=%d\", REC->a)",                          // Unbalanced.
       "\"a=%d\", (REC->a",                          // Unclosed.
@@ -308,6 +315,25 @@ TEST(FormatTest, Malicious_PrintFormatsLibtraceeventCannotParse) {
     auto ev = ParseEventFormat("s", head + fmt + "\n");
     EXPECT_TRUE(ev.ok()) << fmt << ": " << (ev.ok() ? "" : ev.error().message);
   }
+}
+
+// Linux 7.3's vmscan events print the common header as a struct
+// (REC->ent.pid): the event parses, its fields print raw.
+TEST(FormatTest, Linux73VmscanEventWithEntPidParsesWithItsPrintUnchecked) {
+  const std::string text =
+      "name: mm_vmscan_direct_reclaim_end\nID: 512\nformat:\n"
+      "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+      "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
+      "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
+      "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+      "\tfield:unsigned long nr_reclaimed;\toffset:8;\tsize:8;\tsigned:0;\n"
+      "\tfield:u64 memcg_id;\toffset:16;\tsize:8;\tsigned:0;\n\n"
+      "print fmt: \"nr_reclaimed=%lu pid=%d memcg_id=%llu\", REC->nr_reclaimed, REC->ent.pid, "
+      "REC->memcg_id\n";
+  auto ev = ParseEventFormat("vmscan", text);
+  ASSERT_TRUE(ev.ok()) << ev.error().message;
+  EXPECT_EQ(ev->fields.size(), 6u);
+  EXPECT_EQ(ev->unchecked_print, "print fmt refers to 'ent', which is no field");
 }
 
 TEST(FormatTest, Malicious_TooManyFieldsAndTooLong) {

@@ -37,16 +37,6 @@ double SecondsSince(Clock::time_point t) {
 
 std::string Errno(int err) { return std::strerror(err); }
 
-// QEMU option values escape a literal comma by doubling it.
-std::string OptValue(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    out.push_back(c);
-    if (c == ',') out.push_back(',');
-  }
-  return out;
-}
-
 // The VM's scratch directory; removed with everything in it unless kept.
 class WorkDir {
  public:

@@ -16,16 +16,6 @@
 namespace hvtrace::hostd {
 namespace {
 
-// QEMU option values escape a literal comma by doubling it.
-std::string OptValue(const std::string& v) {
-  std::string out;
-  for (char c : v) {
-    out.push_back(c);
-    if (c == ',') out.push_back(',');
-  }
-  return out;
-}
-
 bool IsPowerOfTwo(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 // Names that end up in QEMU ids or on the kernel command line.
@@ -57,6 +47,15 @@ bool HasToken(const std::string& cmdline, const std::string& prefix) {
 }
 
 }  // namespace
+
+std::string OptValue(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    out.push_back(c);
+    if (c == ',') out.push_back(',');
+  }
+  return out;
+}
 
 std::string KernelSize(uint64_t bytes) {
   if (bytes != 0 && bytes % kMiB == 0) return std::to_string(bytes / kMiB) + "M";

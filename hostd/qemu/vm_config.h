@@ -117,6 +117,10 @@ bool KvmUsable(const std::string& kernel);
 // Accel::kKvm without it is an error. Errors name the offending setting.
 Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable);
 
+// |v| as a QEMU option value: a literal comma is doubled (a path with a
+// comma would otherwise start another option).
+std::string OptValue(const std::string& v);
+
 // Kernel command-line size syntax: "16M", "512K" or plain bytes.
 std::string KernelSize(uint64_t bytes);
 

@@ -118,6 +118,7 @@ else
   fi
 fi
 DIST="$ROOT/guest-agent/dist"
+BOOT_PROBES="$ROOT/qemu-scripts/guest/hvtrace-boot-probes"  # The agent package ships it.
 FIXTURES="$SCRIPT_DIR/debian"
 
 started=$(date +%s.%N)
@@ -220,6 +221,7 @@ image_key=$( {
     sha256sum "$AGENT" | cut -d' ' -f1
     (cd "$DIST" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0r sha256sum)
     (cd "$DIST" && find . -printf '%p %m\n' | LC_ALL=C sort)
+    sha256sum "$BOOT_PROBES" | cut -d' ' -f1
   fi
 } | sha256sum | cut -c1-16)
 IMAGE="$IMG_CACHE/image-$image_key.qcow2"
@@ -243,6 +245,8 @@ stage_root() {  # stage_root ROOTFS RELEASE
       "$rootfs/etc/initramfs-tools/scripts/init-top/"
     install -m 0755 "$DIST/initramfs-tools/scripts/init-bottom/hvtrace-agent" \
       "$rootfs/etc/initramfs-tools/scripts/init-bottom/"
+    # Where the package puts it (guest-agent/CMakeLists.txt).
+    install -D -m 0755 "$BOOT_PROBES" "$rootfs/usr/libexec/hvtrace/hvtrace-boot-probes"
   fi
   # The test fixtures: the demo marker service, a root shell on ttyS0.
   install -m 0644 "$FIXTURES/hvtrace-demo-marker.service" "$rootfs/etc/systemd/system/"

@@ -12,13 +12,20 @@
 // is the agent's own copy of that rule (the static agent does not link hostd),
 // and a unit test checks both agree.
 //
+// The boot loader also gets kprobe_event= with the handshake kprobes
+// (hvtrace/handshake_kprobes.h), so the boot timeline has the built-in
+// virtio drivers' status writes; the initramfs hook's hvtrace-boot-probes
+// copies them into the boot instance.
+//
 // Boot loaders: syslinux/extlinux (/boot/syslinux/syslinux.cfg,
 // /boot/extlinux/extlinux.conf): every APPEND line gets the parameters, and a
 // marker comment records them so disable removes exactly those (the file is
 // rewritten atomically). GRUB: /etc/default/grub.d/hvtrace.cfg extends
 // GRUB_CMDLINE_LINUX_DEFAULT, then update-grub. The file is shell, and
 // grub.cfg treats '$' as a variable, so memmap=SIZE$ADDR is written there as
-// memmap=SIZE\\\$ADDR (shell → SIZE\$ADDR in grub.cfg → SIZE$ADDR for Linux).
+// memmap=SIZE\\\$ADDR (shell → SIZE\$ADDR in grub.cfg → SIZE$ADDR for Linux);
+// GRUB's other metacharacters in kprobe_event= (';', '<', '>', '|', '&')
+// get one backslash, which the shell's double quotes keep.
 #ifndef HVTRACE_AGENT_BOOT_BUFFER_H_
 #define HVTRACE_AGENT_BOOT_BUFFER_H_
 
@@ -78,6 +85,11 @@ struct BootBufferParams {
   uint64_t gpa = 0;
   uint64_t bytes = 0;
   std::string kernel_params;  // memmap=SIZE$ADDR trace_instance=NAME@ADDR:SIZE[,EVENTS]
+  // What the boot loader gets: |kernel_params| and the handshake kprobes
+  // (hvtrace/handshake_kprobes.h), which the boot timeline needs for the
+  // built-in virtio drivers' writes; the host's `hvtrace boot --trace-boot`
+  // puts the same definitions on its command line.
+  std::string loader_params;
 };
 // The host's rule for a node 1 at |node|.
 Result<BootBufferParams> BootBufferKernelParams(const NodeRange& node, std::string_view instance,

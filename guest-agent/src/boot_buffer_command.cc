@@ -115,7 +115,7 @@ int Enable(const BootBufferOptions& o, std::FILE* out, std::FILE* err) {
   std::fprintf(out, "node 1: %llu bytes at 0x%llx (%s)\nkernel parameters: %s\n",
                static_cast<unsigned long long>(node->bytes),
                static_cast<unsigned long long>(node->start), node->source.c_str(),
-               p->kernel_params.c_str());
+               p->loader_params.c_str());
   Result<Loader> loader = FindLoader(o.paths);
   if (!loader.ok()) {
     std::fprintf(err, "hvtrace-agent boot-buffer: %s\n", loader.error().message.c_str());
@@ -123,14 +123,14 @@ int Enable(const BootBufferOptions& o, std::FILE* out, std::FILE* err) {
   }
   std::string text;
   if (loader->grub) {
-    text = GrubDropIn(p->kernel_params);
+    text = GrubDropIn(p->loader_params);
   } else {
     Result<std::string> config = ReadSmallFile(loader->config, kMaxConfigBytes);
     if (!config.ok()) {
       std::fprintf(err, "hvtrace-agent boot-buffer: %s\n", config.error().message.c_str());
       return 1;
     }
-    text = SyslinuxEnable(*config, p->kernel_params);
+    text = SyslinuxEnable(*config, p->loader_params);
   }
   if (o.dry_run) {
     std::fprintf(out, "dry run: would write %s:\n%s", loader->config.c_str(), text.c_str());

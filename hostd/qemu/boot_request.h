@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "hvtrace/handshake_kprobes.h"
 #include "hvtrace/result.h"
 #include "vm_config.h"
 
@@ -26,29 +27,10 @@ inline constexpr const char* kDefaultBootEvents =
     "sched:sched_switch,sched:sched_wakeup,sched:sched_process_exec,sched:sched_process_exit,"
     "sched:sched_process_fork,task:task_rename";
 
-// The guest's half of the virtio handshakes from before userspace: one kernel
-// parameter creating the kprobe events that the guest initramfs's
-// qemu-scripts/guest/hvtrace-boot-probes creates (the same definitions,
-// ',' for ' ', ';' between them; a unit test keeps them equal). The kernel
-// creates them at fs_initcall, before the built-in virtio_pci and
-// virtio_console probe, and enables them in the top-level buffer only;
-// hvtrace-boot-probes enables them in the boot instance and copies the
-// earlier top-level records there as "hvtrace-early:" markers. Needs BTF
-// argument names (Debian 6.12); a kernel without them refuses the
-// definitions ("Failed to add event") and the initramfs creates them
-// without the index field.
-inline constexpr const char* kHandshakeKprobeParam =
-    "kprobe_event="
-    "p:kprobes/hvt_virtio_status,vp_modern_set_status,status=$arg2:u8,"
-    "index=+0(mdev->pci_dev->dev.driver_data):s32;"
-    "p:kprobes/hvt_virtio_status,vp_legacy_set_status,status=$arg2:u8,"
-    "index=+0(ldev->pci_dev->dev.driver_data):s32;"
-    "p:kprobes/hvt_virtio_features,vp_modern_set_features,features=$arg2:x64,"
-    "index=+0(mdev->pci_dev->dev.driver_data):s32;"
-    "p:kprobes/hvt_virtio_features,vp_legacy_set_features,features=$arg2:x64,"
-    "index=+0(ldev->pci_dev->dev.driver_data):s32;"
-    "p:kprobes/hvt_virtio_queue,vp_modern_set_queue_enable,queue=$arg2:u16,enable=$arg3:u8,"
-    "index=+0(mdev->pci_dev->dev.driver_data):s32";
+// The guest's half of the virtio handshakes from before userspace
+// (hvtrace/handshake_kprobes.h): one definition, which the agent's
+// `boot-buffer enable` writes too.
+using ::hvtrace::kHandshakeKprobeParam;
 
 struct BootRequest {
   std::string name;

@@ -52,7 +52,8 @@ check_contents "$HVTRACE_DEB" /usr/sbin/hvtraced /usr/bin/hvtrace /lib/systemd/s
 check_contents "$AGENT_DEB" /usr/sbin/hvtrace-agent /lib/systemd/system/hvtrace-agent.service \
   /usr/share/initramfs-tools/hooks/hvtrace-agent \
   /usr/share/initramfs-tools/scripts/init-top/hvtrace-agent \
-  /usr/share/initramfs-tools/scripts/init-bottom/hvtrace-agent /usr/share/man/man8/hvtrace-agent.8.gz
+  /usr/share/initramfs-tools/scripts/init-bottom/hvtrace-agent /usr/share/man/man8/hvtrace-agent.8.gz \
+  /usr/libexec/hvtrace/hvtrace-boot-probes
 check_contents "$DEV_DEB" /usr/include/hvtrace/dwtrace.h /usr/include/hvtrace/dwtrace.hpp \
   /usr/include/hvtrace/region_writer.h '/usr/lib/[^/]+/libhvtrace_dwtrace.a' \
   '/usr/lib/[^/]+/libhvtrace_core.a' '/usr/lib/[^/]+/pkgconfig/dwtrace.pc'

@@ -135,6 +135,10 @@ TEST(BootBuffer, ParamsEqualTheHostsForSeveralSizes) {
           NodeRange{512 * kMiB, node1, "test"}, kBootBufferInstance, kBootBufferDefaultEvents);
       ASSERT_TRUE(guest.ok()) << guest.error().message;
       EXPECT_EQ(guest->kernel_params, host->kernel_params) << node1;
+      // The handshake kprobes the host's `hvtrace boot --trace-boot` adds
+      // (hostd/qemu/boot_request.cc), the same text.
+      EXPECT_EQ(guest->loader_params,
+                guest->kernel_params + " " + std::string(hostd::kHandshakeKprobeParam));
       EXPECT_EQ(guest->bytes, host->layout.range_bytes);
     }
   }
@@ -183,6 +187,34 @@ TEST(BootBuffer, GrubDropInEscapesTheDollar) {
   EXPECT_EQ(value.out, "quiet memmap=16M\\$0x20000000 trace_instance=boot_map@0x20000000:16M");
 }
 
+// kprobe_event= holds ';' (a GRUB command separator), '>' and '$': grub.cfg
+// must get each behind one backslash, or GRUB ends the linux line at the
+// first ';' and the guest gets one probe definition cut short.
+TEST(BootBuffer, GrubDropInEscapesTheKprobeDefinitions) {
+  const std::string params = hostd::kHandshakeKprobeParam;
+  const fs::path file =
+      fs::path(::testing::TempDir()) / ("hvtrace-kp.cfg." + std::to_string(getpid()));
+  std::ofstream(file) << GrubDropIn(params);
+  const test_support::CommandResult value = test_support::RunCommandStatus(
+      "GRUB_CMDLINE_LINUX_DEFAULT=; . " + file.string() +
+      "; printf %s \"$GRUB_CMDLINE_LINUX_DEFAULT\"");
+  fs::remove(file);
+  ASSERT_EQ(value.status, 0);
+  // GRUB's unescaping: a backslash quotes the next character.
+  std::string grub_passes;
+  for (size_t i = 0; i < value.out.size(); ++i) {
+    if (value.out[i] == '\\' && i + 1 < value.out.size()) ++i;
+    grub_passes += value.out[i];
+  }
+  EXPECT_EQ(grub_passes, " " + params);
+  for (char metachar : {';', '>', '$'}) {
+    for (size_t at = value.out.find(metachar); at != std::string::npos;
+         at = value.out.find(metachar, at + 1)) {
+      EXPECT_EQ(value.out[at - 1], '\\') << "unescaped '" << metachar << "' at " << at;
+    }
+  }
+}
+
 TEST(BootBuffer, CommandEditsTheSyslinuxConfigAndUndoes) {
   const fs::path root = fs::path(::testing::TempDir()) / ("bb_root." + std::to_string(getpid()));
   fs::create_directories(root / "boot/syslinux");
@@ -210,7 +242,8 @@ TEST(BootBuffer, CommandEditsTheSyslinuxConfigAndUndoes) {
   EXPECT_EQ(test_support::ReadText((root / "boot/syslinux/syslinux.cfg").string()), kSyslinux);
   EXPECT_EQ(RunBootBufferCommand({"enable", "--events", "sched:sched_switch"}, paths, out, stderr),
             0);
-  EXPECT_NE(test_support::ReadText((root / "boot/syslinux/syslinux.cfg").string()).find(expected),
+  EXPECT_NE(test_support::ReadText((root / "boot/syslinux/syslinux.cfg").string())
+                .find(expected + " " + hostd::kHandshakeKprobeParam + "\n"),
             std::string::npos);
   EXPECT_EQ(RunBootBufferCommand({"status"}, paths, out, stderr), 0);
   EXPECT_EQ(RunBootBufferCommand({"disable"}, paths, out, stderr), 0);
@@ -219,7 +252,9 @@ TEST(BootBuffer, CommandEditsTheSyslinuxConfigAndUndoes) {
   std::fclose(out);
   const std::string printed(buf, len);
   std::free(buf);
-  EXPECT_NE(printed.find("kernel parameters: " + expected), std::string::npos) << printed;
+  EXPECT_NE(printed.find("kernel parameters: " + expected + " " + hostd::kHandshakeKprobeParam),
+            std::string::npos)
+      << printed;
   EXPECT_NE(printed.find("node 1: 67108864 bytes at 0x20000000 (ACPI SRAT)"), std::string::npos);
   EXPECT_NE(printed.find("boot buffer enabled"), std::string::npos) << printed;
   fs::remove_all(root);
@@ -241,7 +276,8 @@ TEST(BootBuffer, CommandWritesTheGrubDropInAndRunsUpdateGrub) {
   ASSERT_EQ(RunBootBufferCommand({"enable", "--events", "irq"}, paths, out, out), 0);
   const fs::path dropin = root / "etc/default/grub.d/hvtrace.cfg";
   EXPECT_EQ(test_support::ReadText(dropin.string()),
-            GrubDropIn("memmap=64M$0x40000000 trace_instance=boot_map@0x40000000:64M,irq"));
+            GrubDropIn("memmap=64M$0x40000000 trace_instance=boot_map@0x40000000:64M,irq " +
+                       std::string(hostd::kHandshakeKprobeParam)));
   paths.update_grub = "false";  // A failing update-grub is an error, not a silent success.
   EXPECT_EQ(RunBootBufferCommand({"disable"}, paths, out, out), 1);
   EXPECT_FALSE(fs::exists(dropin));

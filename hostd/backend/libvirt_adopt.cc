@@ -254,8 +254,8 @@ Result<std::unique_ptr<LibvirtDomainBackend>> LibvirtDomainBackend::Create(
   LibvirtDomainFacts facts;
   if (Result<std::string> xml = LibvirtDomainXml(dom->get()); xml.ok()) {
     if (Result<DomainXmlInfo> info = ParseDomainXml(*xml); info.ok()) {
-      facts = {info->on_crash, info->kernel, info->initrd, info->meta_channel_path,
-               info->meta_channel};
+      facts = {info->on_crash,          info->kernel,       info->initrd,
+               info->meta_channel_path, info->meta_channel, !info->qemu_trace_events.empty()};
     }
   }
   int fd = -1;

@@ -273,6 +273,15 @@ Result<CaptureInputs> LibvirtDomainBackend::PrepareCapture() {
                                       kernel_key_};
   }
   in.attach = live_region();
+  // QEMU's boot-handshake lines are in libvirt's log of the domain, among
+  // libvirt's own lines and those of earlier starts: the capture keeps the
+  // newest start's (host_trace_capture.h).
+  const std::string name = domain_->name();
+  if (facts_.qemu_trace && !options_.qemu_log_dir.empty() && !name.empty() &&
+      name.find('/') == std::string::npos && name[0] != '.') {
+    in.qemu_trace_log = options_.qemu_log_dir / (name + ".log");
+    in.qemu_trace_log_is_libvirt = true;
+  }
   bool active = false;
   const std::string state = StateText(&active);
   json lv = {{"kind", "libvirt"},     {"domain", domain_->name()},   {"uuid", domain_->uuid()},

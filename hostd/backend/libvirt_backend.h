@@ -99,6 +99,10 @@ Result<int> OpenRegionFile(const std::string& domain, const LibvirtRegionSpec& r
 // libvirt work; never the libvirt event loop's executor. Attach needs it.
 struct LibvirtBackendOptions {
   boost::asio::any_io_executor blocking;
+  // libvirt's QEMU log directory (config libvirt_qemu_log_dir): a domain
+  // with QEMU trace events on its command line (`hvtrace setup`) has them in
+  // DIR/NAME.log, which a capture copies as its host trace.
+  std::filesystem::path qemu_log_dir;
 };
 
 // What the domain's XML says that the backend keeps.
@@ -110,6 +114,7 @@ struct LibvirtDomainFacts {
   // of a running domain names the path libvirt chose); empty: none known.
   std::string meta_socket;
   bool meta_channel = false;  // The domain has the channel (path known or not).
+  bool qemu_trace = false;    // QEMU's boot-handshake events go to its libvirt log.
 };
 
 class LibvirtDomainBackend : public VmBackend {

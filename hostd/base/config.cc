@@ -193,6 +193,10 @@ Result<bool> ApplyKey(Config& config, std::string_view key, std::string_view val
     // Any URI libvirt accepts; it is checked when the daemon connects, and
     // a libvirtd that is down then is retried, not fatal.
     config.libvirt_uri = std::string(value);
+  } else if (key == "libvirt_qemu_log_dir") {
+    Result<std::filesystem::path> p = ParsePath(value);
+    if (!p.ok()) return p.error();
+    config.libvirt_qemu_log_dir = *p;
   } else {
     return false;
   }

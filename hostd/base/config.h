@@ -52,6 +52,10 @@
 //   libvirt_uri         = qemu:///system        libvirt connection for
 //                                               domains served by name
 //                                               (empty: libvirt off)
+//   libvirt_qemu_log_dir = /var/log/libvirt/qemu where that libvirtd's QEMU
+//                                               driver keeps DOMAIN.log: QEMU's
+//                                               boot-handshake trace lines of
+//                                               a domain `hvtrace setup` set up
 //   cache_dir           = (see below)           kernel formats cache root
 //                                               (holds formats/<key>/)
 //   harvest_initrd      = (see below)           the project's own initramfs
@@ -145,6 +149,7 @@ struct Config {
   int max_connections = 32;
   int max_requests_per_connection = 16;
   std::string libvirt_uri = "qemu:///system";
+  std::filesystem::path libvirt_qemu_log_dir = "/var/log/libvirt/qemu";
   std::filesystem::path cache_dir;       // Empty: not set (see above).
   std::filesystem::path harvest_initrd;  // Empty: the default (see above).
   LogLevel log_level = LogLevel::kInfo;

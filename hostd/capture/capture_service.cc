@@ -176,7 +176,9 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   if (faults_.after_copies_durable) faults_.after_copies_durable();
   if (request.on_durable) request.on_durable();
   // The host side of boot (--trace-boot), as far as QEMU has written it.
-  if (!in.qemu_trace_log.empty()) AttachQemuTraceLogStep(in.qemu_trace_log, pending, manifest);
+  if (!in.qemu_trace_log.empty()) {
+    AttachQemuTraceLogStep(in.qemu_trace_log, pending, manifest, in.qemu_trace_log_is_libvirt);
+  }
   const std::span<const std::byte> region_copy =
       in.region_file ? copies.region_file.span() : std::span<const std::byte>();
   if (Status s = DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,

@@ -75,6 +75,9 @@ struct CaptureInputs {
   // QEMU's boot-handshake trace log (boot_trace.h), empty when the VM was
   // not booted with --trace-boot: copied (bounded) into the capture.
   std::filesystem::path qemu_trace_log;
+  // |qemu_trace_log| is libvirt's log of the domain (libvirt_backend.h):
+  // only the lines after its newest "starting up" line are this QEMU's.
+  bool qemu_trace_log_is_libvirt = false;
   // manifest.extra.transport: {kind, …} what the backend knows of the VM.
   nlohmann::json transport = nlohmann::json::object();
 };

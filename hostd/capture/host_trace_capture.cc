@@ -88,15 +88,59 @@ json HostTraceSummary(const QemuTraceLog& log, const HostTraceCopy& copy) {
   return j;
 }
 
+LibvirtLogTrace TraceLinesOfNewestStart(std::string_view log) {
+  LibvirtLogTrace out;
+  // libvirtd writes "2026-11-29 04:10:02.123+0000: starting up libvirt
+  // version: 9.0.0, ..." before it runs QEMU; a QEMU message never starts
+  // with a digit run and " " (`-msg timestamp=on` gives "2026-11-29T...").
+  constexpr std::string_view kStart = ": starting up libvirt version:";
+  size_t from = 0;
+  for (size_t at = log.rfind(kStart); at != std::string_view::npos;
+       at = at == 0 ? std::string_view::npos : log.rfind(kStart, at - 1)) {
+    const size_t line = log.rfind('\n', at);
+    const size_t begin = line == std::string_view::npos ? 0 : line + 1;
+    if (begin + 11 <= at && log[begin] >= '0' && log[begin] <= '9' && log[begin + 10] == ' ') {
+      const size_t end = log.find('\n', at);
+      from = end == std::string_view::npos ? log.size() : end + 1;
+      out.start_found = true;
+      break;
+    }
+  }
+  out.earlier_bytes = from;
+  while (from < log.size()) {
+    const size_t nl = log.find('\n', from);
+    const size_t end = nl == std::string_view::npos ? log.size() : nl + 1;
+    const std::string_view line = log.substr(from, end - from);
+    from = end;
+    size_t digits = 0;
+    while (digits < line.size() && line[digits] >= '0' && line[digits] <= '9') ++digits;
+    if (digits > 0 && digits < line.size() && line[digits] == '@') {
+      out.text.append(line);
+    } else {
+      ++out.other_lines;
+    }
+  }
+  return out;
+}
+
 void AttachQemuTraceLogStep(const std::filesystem::path& path, PendingCapture& pending,
-                            CaptureManifest& manifest) {
+                            CaptureManifest& manifest, bool libvirt_log) {
   Result<HostTraceCopy> copy = ReadQemuTraceLogTail(path);
   if (!copy.ok()) {
     manifest.extra["host_trace"] = {{"source", path.string()}, {"error", copy.error().message}};
     return;
   }
+  json libvirt;
+  if (libvirt_log) {
+    LibvirtLogTrace kept = TraceLinesOfNewestStart(copy->text);
+    libvirt = {{"newest_start_found", kept.start_found},
+               {"earlier_bytes", kept.earlier_bytes},
+               {"other_lines", kept.other_lines}};
+    copy->text = std::move(kept.text);
+  }
   json summary = HostTraceSummary(ParseQemuTraceLog(copy->text), *copy);
   summary["source"] = path.string();
+  if (libvirt_log) summary["libvirt_log"] = std::move(libvirt);
   Status s = pending.WriteFile(kQemuTraceLogName, std::as_bytes(std::span(copy->text)));
   if (!s.ok()) {
     summary.erase("file");

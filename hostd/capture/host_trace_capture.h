@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 
 #include "capture_store.h"
 #include "hvtrace/result.h"
@@ -44,11 +45,28 @@ Result<HostTraceCopy> ReadQemuTraceLogTail(const std::filesystem::path& path,
 // extra.host_trace for a parsed copy (see above).
 nlohmann::json HostTraceSummary(const QemuTraceLog& log, const HostTraceCopy& copy);
 
+// libvirt's log of a domain (DIR/NAME.log, kept by virtlogd) holds every
+// start of the domain, each opened by libvirt's "DATE: starting up libvirt
+// version: ..." line and followed by QEMU's command line and stderr: the
+// trace lines of `hvtrace setup`'s -trace options and QEMU's own messages.
+// What a capture keeps of it: the lines after the newest start line that
+// look like trace lines ("TID@..."; the parser then checks them as it
+// checks qemu-trace.log); the rest is counted.
+struct LibvirtLogTrace {
+  std::string text;
+  bool start_found = false;     // Else: no start line in the copy; all of it is used.
+  uint64_t earlier_bytes = 0;   // Up to and including the newest start line.
+  uint64_t other_lines = 0;     // After it, not trace lines (libvirt's, QEMU's messages).
+};
+LibvirtLogTrace TraceLinesOfNewestStart(std::string_view log);
+
 // Copies |path| into |pending| as qemu-trace.log and sets
 // manifest.extra.host_trace. Never fails the capture: a problem is recorded
-// in extra.host_trace.error.
+// in extra.host_trace.error. With |libvirt_log|, |path| is libvirt's log of
+// the domain and only TraceLinesOfNewestStart of it is kept
+// (extra.host_trace.libvirt_log says what was left out).
 void AttachQemuTraceLogStep(const std::filesystem::path& path, PendingCapture& pending,
-                            CaptureManifest& manifest);
+                            CaptureManifest& manifest, bool libvirt_log = false);
 
 }  // namespace hvtrace::hostd
 

@@ -100,6 +100,7 @@ json ConfigJson(const Config& c) {
           {"max_connections", c.max_connections},
           {"max_requests_per_connection", c.max_requests_per_connection},
           {"libvirt_uri", c.libvirt_uri},
+          {"libvirt_qemu_log_dir", c.libvirt_qemu_log_dir.string()},
           {"cache_dir", c.cache_dir.string()},
           {"harvest_initrd", ResolveHarvestInitrd(c.harvest_initrd).string()},
           {"log_level", LogLevelName(c.log_level)},

@@ -108,6 +108,7 @@ Result<std::shared_ptr<LibvirtClient>> DaemonLibvirt::Connected() const {
 LibvirtBackendOptions DaemonLibvirt::backend_options() const {
   LibvirtBackendOptions o;
   o.blocking = daemon_.pool().get_executor();
+  o.qemu_log_dir = daemon_.config()->libvirt_qemu_log_dir;
   return o;
 }
 

@@ -4,12 +4,14 @@
 #include <libxml/tree.h>
 #include <libxml/xmlsave.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <set>
 #include <utility>
 
+#include "boot_trace.h"
 #include "domain_xml.h"
 #include "hvtrace/meta_channel.h"
 #include "vm_config.h"
@@ -391,6 +393,108 @@ void SetOnCrash(xmlNode* root, SetupRecord& record, std::vector<std::string>& ch
                     " (libvirt's default) to preserve: a panicked guest stays for its capture");
 }
 
+
+constexpr char kQemuNamespace[] = "http://libvirt.org/schemas/domain/qemu/1.0";
+
+// The domain's <qemu:commandline> (any prefix), or null.
+xmlNode* QemuCommandline(xmlNode* root) {
+  for (xmlNode* c = root->children; c != nullptr; c = c->next) {
+    if (c->type == XML_ELEMENT_NODE && c->ns != nullptr && c->ns->href != nullptr &&
+        xmlStrEqual(c->ns->href, X(kQemuNamespace)) && xmlStrEqual(c->name, X("commandline"))) {
+      return c;
+    }
+  }
+  return nullptr;
+}
+
+// The "-trace" "enable=E" pair of <qemu:arg>s for |event| in |commandline|:
+// its first element, or null.
+xmlNode* TraceArgPair(xmlNode* commandline, const std::string& event) {
+  xmlNode* trace = nullptr;
+  for (xmlNode* a = commandline->children; a != nullptr; a = a->next) {
+    if (a->type != XML_ELEMENT_NODE) continue;
+    if (trace != nullptr && Prop(a, "value") == "enable=" + event) return trace;
+    trace = Prop(a, "value") == "-trace" ? a : nullptr;
+  }
+  return nullptr;
+}
+
+// QEMU's boot-handshake trace events (boot_trace.h) from the domain's start:
+// "-trace enable=E" through libvirt's QEMU namespace. There is no -D: QEMU's
+// `log` trace backend then writes to stderr, which libvirt hands to virtlogd
+// as the domain's log (/var/log/libvirt/qemu/DOMAIN.log), and libvirt itself
+// passes `-msg timestamp=on`, so the lines are those of qemu-trace.log
+// (docs/boot-timeline.md). A -D file would need a path QEMU's user and its
+// security label may write; the log needs nothing new. Events the domain
+// already enables are left to it and not recorded.
+void AddQemuTrace(xmlNode* root, SetupRecord& record, std::vector<std::string>& changes) {
+  xmlNode* commandline = QemuCommandline(root);
+  const bool new_commandline = commandline == nullptr;
+  bool new_ns = false;
+  if (new_commandline) {
+    xmlNs* ns = xmlSearchNsByHref(root->doc, root, X(kQemuNamespace));
+    if (ns == nullptr) {
+      ns = xmlNewNs(root, X(kQemuNamespace), X("qemu"));
+      new_ns = true;
+    }
+    commandline = xmlNewDocNode(root->doc, ns, X("commandline"), nullptr);
+    Insert(root, commandline);
+  }
+  std::string added;
+  size_t count = 0;
+  for (const std::string& event : BootTraceEvents()) {
+    if (TraceArgPair(commandline, event) != nullptr) continue;
+    for (const std::string& value : {std::string("-trace"), "enable=" + event}) {
+      xmlNode* arg = xmlNewDocNode(root->doc, commandline->ns, X("arg"), nullptr);
+      SetProp(arg, "value", value);
+      Insert(commandline, arg);
+    }
+    added += (added.empty() ? "" : ",") + event;
+    ++count;
+  }
+  if (count == 0) {
+    changes.push_back("keep <qemu:commandline>: it enables QEMU's boot-handshake trace events");
+    return;
+  }
+  record.Added({{"element", "qemu:commandline"},
+                {"events", added},
+                {"commandline", new_commandline ? "added" : "existing"},
+                {"namespace", new_ns ? "added" : "existing"}});
+  changes.push_back("add " + std::to_string(count) +
+                    " QEMU trace events (-trace enable=E in <qemu:commandline>) for the boot "
+                    "timeline: QEMU writes them to the domain's libvirt log");
+}
+
+// Undoes AddQemuTrace as |entry| records it.
+void RemoveQemuTrace(xmlNode* root, const xmlNode* entry, std::vector<std::string>& changes) {
+  xmlNode* commandline = QemuCommandline(root);
+  if (commandline == nullptr) return;  // Removed by hand.
+  const std::string events = Prop(entry, "events");
+  for (size_t at = 0; at <= events.size();) {
+    const size_t comma = std::min(events.find(',', at), events.size());
+    if (xmlNode* trace = TraceArgPair(commandline, events.substr(at, comma - at))) {
+      xmlNode* enable = xmlNextElementSibling(trace);
+      Remove(trace);
+      Remove(enable);
+    }
+    at = comma + 1;
+  }
+  changes.push_back("remove QEMU's boot-handshake trace events from <qemu:commandline>");
+  if (Prop(entry, "commandline") != "added" || xmlFirstElementChild(commandline) != nullptr) return;
+  Remove(commandline);
+  if (Prop(entry, "namespace") != "added") return;
+  // The xmlns:qemu declaration setup put on <domain>; nothing uses it now.
+  for (xmlNs** ns = &root->nsDef; *ns != nullptr; ns = &(*ns)->next) {
+    if ((*ns)->href != nullptr && xmlStrEqual((*ns)->href, X(kQemuNamespace))) {
+      xmlNs* gone = *ns;
+      *ns = gone->next;
+      gone->next = nullptr;
+      xmlFreeNs(gone);
+      break;
+    }
+  }
+}
+
 }  // namespace
 
 bool HasDomainSetup(std::string_view xml) {
@@ -429,6 +533,7 @@ Result<DomainSetupEdit> AddDomainSetup(std::string_view xml, const DomainSetupRe
   }
   AddDevices(root, *info, record, edit.changes);
   SetOnCrash(root, record, edit.changes);
+  AddQemuTrace(root, record, edit.changes);
   edit.xml = Dump(doc->get());
   edit.changed = true;
   // What FindDomainBootCell will read back must be a boot range.
@@ -551,6 +656,8 @@ Result<DomainSetupEdit> RemoveDomainSetup(std::string_view xml) {
       remove_cpu = true;
     } else if (element == "metadata") {
       remove_metadata = true;
+    } else if (element == "qemu:commandline") {
+      RemoveQemuTrace(root, e, edit.changes);
     } else if (element == "numa") {
       node = Child(Child(root, "cpu"), "numa");
     } else if (element == "channel") {

@@ -17,6 +17,10 @@
 //                 model and isa-pvpanic works on q35 too (its LPC bridge)
 //   <on_crash>preserve</on_crash>  when it is libvirt's default 'destroy'
 //   a pcie-root-port on q35 when none is free (FinishDomainSetup)
+//   <qemu:commandline>  "-trace enable=E" for QEMU's boot-handshake trace
+//                 events (boot_trace.h), which QEMU then writes to the
+//                 domain's libvirt log: the boot timeline's host side
+//                 (docs/boot-timeline.md)
 // and records what it added and every previous value it changed in
 //   <metadata><hvtrace:setup xmlns:hvtrace='https://hvtrace.dev/setup/1'>
 // so that RemoveDomainSetup removes exactly those and restores the values.

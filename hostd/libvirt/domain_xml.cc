@@ -152,6 +152,36 @@ std::string XmlEscape(std::string_view text) {
   return out;
 }
 
+namespace {
+
+// "-trace" "enable=E" pairs of <qemu:commandline>. libvirt writes the
+// namespace with the prefix "qemu"; a definition not yet through libvirt may
+// use another, declared on <domain>.
+std::vector<std::string> QemuCommandlineTraceEvents(const pt::ptree& dom) {
+  std::string prefix = "qemu";
+  if (auto attrs = dom.get_child_optional("<xmlattr>")) {
+    for (const auto& [name, value] : *attrs) {
+      if (name.rfind("xmlns:", 0) == 0 &&
+          value.data() == "http://libvirt.org/schemas/domain/qemu/1.0") {
+        prefix = name.substr(6);
+      }
+    }
+  }
+  std::vector<std::string> events;
+  auto commandline = dom.get_child_optional(pt::ptree::path_type(prefix + ":commandline", '/'));
+  if (!commandline) return events;
+  bool after_trace = false;
+  for (const auto& [tag, arg] : *commandline) {
+    if (tag != prefix + ":arg") continue;
+    const std::string value = Attr(arg, "value");
+    if (after_trace && value.rfind("enable=", 0) == 0) events.push_back(value.substr(7));
+    after_trace = value == "-trace";
+  }
+  return events;
+}
+
+}  // namespace
+
 Result<DomainXmlInfo> ParseDomainXml(std::string_view xml) {
   if (xml.size() > kMaxDomainXmlBytes) {
     return Error{"domain XML of " + std::to_string(xml.size()) + " bytes is larger than the " +
@@ -238,6 +268,7 @@ Result<DomainXmlInfo> ParseDomainXml(std::string_view xml) {
       info.shmems.push_back(s);
     }
     AnalyzeHotplug(devices, info);
+    info.qemu_trace_events = QemuCommandlineTraceEvents(*dom);
   } catch (const pt::ptree_error& e) {
     return Error{"domain '" + info.name + "' XML: " + e.what()};
   }

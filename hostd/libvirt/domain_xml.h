@@ -68,6 +68,10 @@ struct DomainXmlInfo {
   // mode='bind'); the path is empty in a definition that leaves it to libvirt.
   bool meta_channel = false;
   std::string meta_channel_path;
+  // QEMU trace events the definition enables on QEMU's command line
+  // (<qemu:commandline> "-trace" "enable=E" pairs; `hvtrace setup` adds the
+  // boot-handshake ones, boot_trace.h), in order.
+  std::vector<std::string> qemu_trace_events;
 
   // Whether a PCI device can be hot-plugged, and if not, why.
   bool hotplug_ok = false;

@@ -124,6 +124,9 @@ TEST(LibvirtSetupE2e, SetupThenBootThenUndo) {
   EXPECT_THAT(*after, HasSubstr("<hvtrace:setup xmlns:hvtrace=\"https://hvtrace.dev/setup/1\">"));
   Result<hostd::DomainXmlInfo> info = hostd::ParseDomainXml(*after);
   ASSERT_TRUE(info.ok()) << info.error().message;
+  // QEMU's boot-handshake trace events, kept by libvirt (the boot timeline).
+  EXPECT_THAT(*after, HasSubstr("<qemu:arg value='enable=virtio_set_status'/>")) << *after;
+  EXPECT_FALSE(info->qemu_trace_events.empty()) << *after;
   EXPECT_EQ(info->panic_models, std::vector<std::string>{"isa"});
   Result<hostd::DomainBootCell> cell = hostd::FindDomainBootCell(*info, "boot_map", "");
   ASSERT_TRUE(cell.ok()) << cell.error().message << "\n" << *after;

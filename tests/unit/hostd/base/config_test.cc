@@ -77,6 +77,17 @@ TEST(ConfigTest, LibvirtUriDefaultsToSystemAndMayBeTurnedOff) {
   EXPECT_EQ(off->libvirt_uri, "");
 }
 
+TEST(ConfigTest, LibvirtQemuLogDirIsAnAbsolutePath) {
+  EXPECT_EQ(Config{}.libvirt_qemu_log_dir, "/var/log/libvirt/qemu");
+  auto c = ParseConfig("libvirt_qemu_log_dir = /tmp/lv/log/qemu\n", "t");
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->libvirt_qemu_log_dir, "/tmp/lv/log/qemu");
+  auto relative = ParseConfig("libvirt_qemu_log_dir = log/qemu\n", "t");
+  ASSERT_FALSE(relative.ok());
+  EXPECT_NE(relative.error().message.find("not an absolute path"), std::string::npos)
+      << relative.error().message;
+}
+
 TEST(ConfigTest, SocketFollowsRunDir) {
   auto c = ParseConfig("run_dir = /tmp/rr\n", "t");
   ASSERT_TRUE(c.ok());

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "boot_trace.h"
 #include "domain_xml.h"
 #include "test_support.h"
 
@@ -95,6 +96,54 @@ TEST(DomainSetup, OtherMetadataAndAMissingCpuElement) {
   EXPECT_EQ(edit->xml.find("<hvtrace:added element=\"metadata\"/>"), std::string::npos);
   EXPECT_NE(edit->xml.find("  <cpu>\n    <numa>\n      <cell id='0'"), std::string::npos)
       << edit->xml;
+  Result<DomainSetupEdit> undo = RemoveDomainSetup(edit->xml);
+  ASSERT_TRUE(undo.ok()) << undo.error().message;
+  EXPECT_EQ(undo->xml, xml);
+}
+
+// The boot timeline's host side: QEMU's handshake trace events from the
+// domain's start, through libvirt's QEMU namespace, with no -D (they go to
+// the domain's libvirt log).
+TEST(DomainSetup, AddsTheQemuTraceEventsAndUndoesThem) {
+  const std::string original = Fixture("setup-pc.xml");
+  Result<DomainSetupEdit> edit = AddDomainSetup(original, Request());
+  ASSERT_TRUE(edit.ok()) << edit.error().message;
+  const std::string& xml = edit->xml;
+  EXPECT_NE(xml.find("xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'"),
+            std::string::npos)
+      << xml;
+  EXPECT_NE(xml.find("  <qemu:commandline>\n    <qemu:arg value='-trace'/>\n"
+                     "    <qemu:arg value='enable=fw_cfg_select'/>\n"),
+            std::string::npos)
+      << xml;
+  EXPECT_EQ(xml.find("value='-D'"), std::string::npos) << "QEMU's stderr is libvirt's log";
+  Result<DomainXmlInfo> info = ParseDomainXml(xml);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_EQ(info->qemu_trace_events, BootTraceEvents());
+  Result<DomainSetupEdit> undo = RemoveDomainSetup(xml);
+  ASSERT_TRUE(undo.ok()) << undo.error().message;
+  EXPECT_EQ(undo->xml, original);
+}
+
+// A domain with its own <qemu:commandline> (another prefix, one of hvtrace's
+// events already enabled) keeps it: setup adds only the missing events and
+// undo removes only those.
+TEST(DomainSetup, KeepsTheDomainsOwnQemuCommandline) {
+  std::string xml = Fixture("setup-pc.xml");
+  // The declaration first: libxml2 writes it before the attributes (libvirt
+  // writes the definition again on define anyway).
+  xml.replace(xml.find("<domain type='qemu'"), 19,
+              "<domain xmlns:q='http://libvirt.org/schemas/domain/qemu/1.0' type='qemu'");
+  xml.insert(xml.rfind("</domain>"),
+             "  <q:commandline>\n    <q:arg value='-trace'/>\n"
+             "    <q:arg value='enable=virtio_set_status'/>\n"
+             "    <q:arg value='-no-user-config'/>\n  </q:commandline>\n");
+  Result<DomainSetupEdit> edit = AddDomainSetup(xml, Request());
+  ASSERT_TRUE(edit.ok()) << edit.error().message;
+  EXPECT_EQ(edit->xml.find("xmlns:qemu="), std::string::npos) << edit->xml;
+  Result<DomainXmlInfo> info = ParseDomainXml(edit->xml);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_EQ(info->qemu_trace_events.size(), BootTraceEvents().size());
   Result<DomainSetupEdit> undo = RemoveDomainSetup(edit->xml);
   ASSERT_TRUE(undo.ok()) << undo.error().message;
   EXPECT_EQ(undo->xml, xml);

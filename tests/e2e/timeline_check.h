@@ -1,0 +1,49 @@
+// What every boot timeline e2e test checks of a capture, whatever kind of VM
+// it came from (a VM hvtraced booted with --trace-boot, an adopted libvirt
+// domain): `hvtrace show --timeline` parsed, trace-cmd's merge of host.dat
+// and boot-0.host-clock.dat, and the assertions both kinds share.
+#ifndef HVTRACE_TESTS_E2E_TIMELINE_CHECK_H_
+#define HVTRACE_TESTS_E2E_TIMELINE_CHECK_H_
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace hvtrace::e2e {
+
+struct TimelineLine {
+  std::string side;   // "host" or "guest"
+  std::string event;  // "virtio_set_status", "hvt_virtio_status", ...
+  std::string text;
+};
+
+// The event lines of `hvtrace show --timeline` ('#' lines skipped).
+std::vector<TimelineLine> ParseTimeline(const std::string& out);
+
+// "FILE EVENT" per event line of trace-cmd's merged report.
+std::vector<std::string> TraceCmdOrder(const std::string& report);
+
+// The value after |key| in |text| ("val=3" -> "3").
+std::string ValueOf(const std::string& text, const std::string& key);
+
+// Runs `hvtrace show DIR --timeline`; its status must be 0 (a gtest failure
+// otherwise) and its output is returned.
+std::string ShowTimeline(const std::filesystem::path& dir);
+
+// Checks of a capture |dir| with manifest extra.timeline |t| that hold for
+// every kind of VM (gtest assertions): boot 0 placed on the host clock with
+// at least |min_pairs| pairs and an error bound under 1 ms, host.dat and
+// boot-0.host-clock.dat present, every guest status write followed by QEMU's
+// handling of that value, and trace-cmd's merge in the order of |lines|.
+// Prints the fit.
+void ExpectPlacedTimeline(const std::filesystem::path& dir, const nlohmann::json& t,
+                          const std::vector<TimelineLine>& lines, uint64_t min_pairs);
+
+// The guest's status writes to virtio device |index| (virtioN) in timeline
+// order: "3", "11", "15", ...
+std::vector<std::string> GuestStatusWrites(const std::vector<TimelineLine>& lines, int index);
+
+}  // namespace hvtrace::e2e
+
+#endif  // HVTRACE_TESTS_E2E_TIMELINE_CHECK_H_

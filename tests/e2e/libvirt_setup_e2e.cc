@@ -11,6 +11,7 @@
 #include <string>
 
 #include "domain_xml.h"
+#include "hvtrace/handshake_kprobes.h"
 #include "hvtraced_harness.h"
 #include "libvirt_client.h"
 #include "libvirtd_fixture.h"
@@ -44,7 +45,9 @@ void CheckAgentInGuest(TestDomain& domain, const std::string& host_params) {
   std::printf("in the guest, boot-buffer enable --dry-run printed:\n%s\n", dry->output.c_str());
   EXPECT_EQ(dry->status, 0) << dry->output;
   EXPECT_THAT(dry->output, HasSubstr("node 1: 67108864 bytes at 0x20000000 (ACPI SRAT)"));
-  EXPECT_THAT(dry->output, HasSubstr("kernel parameters: " + host_params + "\n"));
+  // The boot timeline's handshake kprobes come after the range's parameters.
+  EXPECT_THAT(dry->output, HasSubstr("kernel parameters: " + host_params + " " +
+                                     std::string(kHandshakeKprobeParam) + "\n"));
   Result<hostd::GuestConsole::CommandResult> enabled = domain.console().Run(
       "hvtrace-agent boot-buffer enable >/dev/null && cat /boot/syslinux/syslinux.cfg",
       kCommandTimeout);

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <map>
 #include <sstream>
+#include <utility>
 
 #include "host_command.h"
 
@@ -59,52 +61,92 @@ std::string ShowTimeline(const fs::path& dir) {
   return show.output;
 }
 
+namespace {
+
+// The host-clock files of |t|'s placed boots, oldest first, each with the
+// side name `show --timeline` gives its lines.
+std::vector<std::pair<std::string, std::string>> PlacedBootFiles(const json& t) {
+  std::vector<std::pair<std::string, std::string>> files;
+  if (!t.contains("boots") || !t["boots"].is_array()) return files;
+  for (const json& b : t["boots"]) {
+    if (b.contains("host_clock_file")) {
+      files.push_back({b["host_clock_file"].get<std::string>(),
+                       "guest" + std::to_string(b.value("boot", uint64_t{0}))});
+    }
+  }
+  if (files.size() == 1) files[0].second = "guest";
+  return files;
+}
+
+}  // namespace
+
+std::string GuestSide(const json& t, uint64_t boot) {
+  const std::string name = "boot-" + std::to_string(boot) + ".host-clock.dat";
+  for (const auto& [file, side] : PlacedBootFiles(t)) {
+    if (file == name) return side;
+  }
+  return "";
+}
+
 void ExpectPlacedTimeline(const fs::path& dir, const json& t,
                           const std::vector<TimelineLine>& lines, uint64_t min_pairs) {
   ASSERT_TRUE(t.value("aligned", false)) << t.dump(2);
   std::printf(
-      "boot timeline: %s pairs, offset %s ns, drift %s ppm, error bound %s ns (%s), thin %s %s\n",
-      t["pairs"].dump().c_str(), t["offset_ns"].dump().c_str(), t["drift_ppm"].dump().c_str(),
-      t["error_bound_ns"].dump().c_str(), t.value("method", std::string()).c_str(),
-      t["thin"].dump().c_str(), t.value("why", std::string()).c_str());
+      "boot timeline: boot %s, %s pairs, offset %s ns, drift %s ppm, error bound %s ns (%s), "
+      "thin %s %s, early writes %s\n",
+      t["boot"].dump().c_str(), t["pairs"].dump().c_str(), t["offset_ns"].dump().c_str(),
+      t["drift_ppm"].dump().c_str(), t["error_bound_ns"].dump().c_str(),
+      t.value("method", std::string()).c_str(), t["thin"].dump().c_str(),
+      t.value("why", std::string()).c_str(), t["early_writes"].dump().c_str());
   // The fit's accuracy, not a timing: a guest event's true host time is at
   // most this much later than where the timeline shows it (docs/
   // boot-timeline.md, "One clock").
   EXPECT_LT(t["error_bound_ns"].get<uint64_t>(), 1'000'000u) << t.dump(2);
   EXPECT_GE(t["pairs"].get<uint64_t>(), min_pairs) << t.dump(2);
   ASSERT_TRUE(fs::exists(dir / "host.dat"));
-  ASSERT_TRUE(fs::exists(dir / "boot-0.host-clock.dat"));
+  const std::string newest = "boot-" + t["boot"].dump() + ".host-clock.dat";
+  ASSERT_TRUE(fs::exists(dir / newest)) << newest;
   ASSERT_FALSE(lines.empty());
   // Every guest status write is followed by QEMU's handling of that value,
   // before the guest writes the same value again.
+  auto is_write = [](const TimelineLine& l) {
+    return l.side.starts_with("guest") && l.event == "hvt_virtio_status";
+  };
   for (size_t i = 0; i < lines.size(); ++i) {
-    if (lines[i].side != "guest" || lines[i].event != "hvt_virtio_status") continue;
+    if (!is_write(lines[i])) continue;
     const std::string v = ValueOf(lines[i].text, "status=");
     bool handled = false;
     for (size_t j = i + 1; j < lines.size() && !handled; ++j) {
-      if (lines[j].side == "guest" && lines[j].event == "hvt_virtio_status" &&
-          ValueOf(lines[j].text, "status=") == v)
-        break;
+      if (is_write(lines[j]) && ValueOf(lines[j].text, "status=") == v) break;
       handled = lines[j].side == "host" && lines[j].event == "virtio_set_status" &&
                 ValueOf(lines[j].text, "val=") == v;
     }
     EXPECT_TRUE(handled) << "guest write not handled after it: " << lines[i].text;
   }
-  const RunResult report = RunArgvStatus(
-      {"sh", "-c",
-       "cd '" + dir.string() + "' && trace-cmd report -i host.dat -i boot-0.host-clock.dat"});
+  // trace-cmd merges the same files: host.dat first, then the boots oldest
+  // first (show_timeline.h).
+  std::string inputs = " -i host.dat";
+  std::map<std::string, std::string> file_of = {{"host", "host.dat"}};
+  for (const auto& [file, side] : PlacedBootFiles(t)) {
+    inputs += " -i " + file;
+    file_of[side] = file;
+  }
+  const RunResult report =
+      RunArgvStatus({"sh", "-c", "cd '" + dir.string() + "' && trace-cmd report" + inputs});
   ASSERT_EQ(report.status, 0) << report.output;
   std::vector<std::string> from_show;
   for (const TimelineLine& l : lines) {
-    from_show.push_back((l.side == "host" ? "host.dat " : "boot-0.host-clock.dat ") + l.event);
+    const auto file = file_of.find(l.side);
+    from_show.push_back((file == file_of.end() ? "?" + l.side : file->second) + " " + l.event);
   }
   EXPECT_EQ(from_show, TraceCmdOrder(report.output));
 }
 
-std::vector<std::string> GuestStatusWrites(const std::vector<TimelineLine>& lines, int index) {
+std::vector<std::string> GuestStatusWrites(const std::vector<TimelineLine>& lines, int index,
+                                           const std::string& side) {
   std::vector<std::string> out;
   for (const TimelineLine& l : lines) {
-    if (l.side == "guest" && l.event == "hvt_virtio_status" &&
+    if (l.side == side && l.event == "hvt_virtio_status" &&
         ValueOf(l.text, "index=") == std::to_string(index)) {
       out.push_back(ValueOf(l.text, "status="));
     }

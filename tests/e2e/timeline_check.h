@@ -32,17 +32,22 @@ std::string ValueOf(const std::string& text, const std::string& key);
 std::string ShowTimeline(const std::filesystem::path& dir);
 
 // Checks of a capture |dir| with manifest extra.timeline |t| that hold for
-// every kind of VM (gtest assertions): boot 0 placed on the host clock with
-// at least |min_pairs| pairs and an error bound under 1 ms, host.dat and
-// boot-0.host-clock.dat present, every guest status write followed by QEMU's
-// handling of that value, and trace-cmd's merge in the order of |lines|.
-// Prints the fit.
+// every kind of VM (gtest assertions): the newest boot placed on the host
+// clock with at least |min_pairs| pairs and an error bound under 1 ms,
+// host.dat and its boot-<n>.host-clock.dat present, every guest status write
+// followed by QEMU's handling of that value, and trace-cmd's merge of
+// host.dat and every placed boot in the order of |lines|. Prints the fit.
 void ExpectPlacedTimeline(const std::filesystem::path& dir, const nlohmann::json& t,
                           const std::vector<TimelineLine>& lines, uint64_t min_pairs);
 
-// The guest's status writes to virtio device |index| (virtioN) in timeline
-// order: "3", "11", "15", ...
-std::vector<std::string> GuestStatusWrites(const std::vector<TimelineLine>& lines, int index);
+// The timeline side of boot |boot| in |t|'s capture as `show --timeline`
+// names it: "guest" when one boot is placed, else "guest<boot>".
+std::string GuestSide(const nlohmann::json& t, uint64_t boot);
+
+// The guest's status writes to virtio device |index| (virtioN) on |side| in
+// timeline order: "3", "11", "15", ...
+std::vector<std::string> GuestStatusWrites(const std::vector<TimelineLine>& lines, int index,
+                                           const std::string& side = "guest");
 
 }  // namespace hvtrace::e2e
 

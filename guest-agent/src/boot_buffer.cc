@@ -1,11 +1,11 @@
 #include "boot_buffer.h"
 
-#include "hvtrace/handshake_kprobes.h"
-
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+
+#include "hvtrace/handshake_kprobes.h"
 
 namespace hvtrace::agent {
 namespace {
@@ -188,7 +188,7 @@ Result<BootBufferParams> BootBufferKernelParams(const NodeRange& node, std::stri
   const std::string where = Hex(p.gpa), size = KernelSize(p.bytes);
   p.kernel_params = "memmap=" + size + "$" + where + " trace_instance=" + std::string(instance) +
                     "@" + where + ":" + size + (events.empty() ? "" : "," + std::string(events));
-  p.loader_params = p.kernel_params + " " + kHandshakeKprobeParam;
+  p.loader_params = p.kernel_params + " " + kHandshakeKprobeParam + " " + kKeepLocalTraceClock;
   return p;
 }
 
@@ -223,8 +223,8 @@ std::string GrubDropIn(std::string_view params) {
   for (char c : params) {
     if (c == '$') {
       escaped += "\\\\\\$";
-    } else if (c == '"' || c == '\\' || c == '`' || c == ';' || c == '<' || c == '>' ||
-               c == '|' || c == '&') {
+    } else if (c == '"' || c == '\\' || c == '`' || c == ';' || c == '<' || c == '>' || c == '|' ||
+               c == '&') {
       escaped += '\\';
       escaped += c;
     } else {

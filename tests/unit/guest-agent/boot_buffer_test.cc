@@ -136,9 +136,11 @@ TEST(BootBuffer, ParamsEqualTheHostsForSeveralSizes) {
       ASSERT_TRUE(guest.ok()) << guest.error().message;
       EXPECT_EQ(guest->kernel_params, host->kernel_params) << node1;
       // The handshake kprobes the host's `hvtrace boot --trace-boot` adds
-      // (hostd/qemu/boot_request.cc), the same text.
-      EXPECT_EQ(guest->loader_params,
-                guest->kernel_params + " " + std::string(hostd::kHandshakeKprobeParam));
+      // (hostd/qemu/boot_request.cc), the same text, and the clock that
+      // keeps their records until the initramfs copies them.
+      EXPECT_EQ(guest->loader_params, guest->kernel_params + " " +
+                                          std::string(hostd::kHandshakeKprobeParam) +
+                                          " trace_clock=local");
       EXPECT_EQ(guest->bytes, host->layout.range_bytes);
     }
   }
@@ -195,9 +197,9 @@ TEST(BootBuffer, GrubDropInEscapesTheKprobeDefinitions) {
   const fs::path file =
       fs::path(::testing::TempDir()) / ("hvtrace-kp.cfg." + std::to_string(getpid()));
   std::ofstream(file) << GrubDropIn(params);
-  const test_support::CommandResult value = test_support::RunCommandStatus(
-      "GRUB_CMDLINE_LINUX_DEFAULT=; . " + file.string() +
-      "; printf %s \"$GRUB_CMDLINE_LINUX_DEFAULT\"");
+  const test_support::CommandResult value =
+      test_support::RunCommandStatus("GRUB_CMDLINE_LINUX_DEFAULT=; . " + file.string() +
+                                     "; printf %s \"$GRUB_CMDLINE_LINUX_DEFAULT\"");
   fs::remove(file);
   ASSERT_EQ(value.status, 0);
   // GRUB's unescaping: a backslash quotes the next character.
@@ -243,7 +245,7 @@ TEST(BootBuffer, CommandEditsTheSyslinuxConfigAndUndoes) {
   EXPECT_EQ(RunBootBufferCommand({"enable", "--events", "sched:sched_switch"}, paths, out, stderr),
             0);
   EXPECT_NE(test_support::ReadText((root / "boot/syslinux/syslinux.cfg").string())
-                .find(expected + " " + hostd::kHandshakeKprobeParam + "\n"),
+                .find(expected + " " + hostd::kHandshakeKprobeParam + " trace_clock=local\n"),
             std::string::npos);
   EXPECT_EQ(RunBootBufferCommand({"status"}, paths, out, stderr), 0);
   EXPECT_EQ(RunBootBufferCommand({"disable"}, paths, out, stderr), 0);
@@ -277,7 +279,7 @@ TEST(BootBuffer, CommandWritesTheGrubDropInAndRunsUpdateGrub) {
   const fs::path dropin = root / "etc/default/grub.d/hvtrace.cfg";
   EXPECT_EQ(test_support::ReadText(dropin.string()),
             GrubDropIn("memmap=64M$0x40000000 trace_instance=boot_map@0x40000000:64M,irq " +
-                       std::string(hostd::kHandshakeKprobeParam)));
+                       std::string(hostd::kHandshakeKprobeParam) + " trace_clock=local"));
   paths.update_grub = "false";  // A failing update-grub is an error, not a silent success.
   EXPECT_EQ(RunBootBufferCommand({"disable"}, paths, out, out), 1);
   EXPECT_FALSE(fs::exists(dropin));

@@ -45,9 +45,10 @@ void CheckAgentInGuest(TestDomain& domain, const std::string& host_params) {
   std::printf("in the guest, boot-buffer enable --dry-run printed:\n%s\n", dry->output.c_str());
   EXPECT_EQ(dry->status, 0) << dry->output;
   EXPECT_THAT(dry->output, HasSubstr("node 1: 67108864 bytes at 0x20000000 (ACPI SRAT)"));
-  // The boot timeline's handshake kprobes come after the range's parameters.
+  // The boot timeline's handshake kprobes come after the range's parameters,
+  // then the clock that keeps their records (guest-agent/src/boot_buffer.h).
   EXPECT_THAT(dry->output, HasSubstr("kernel parameters: " + host_params + " " +
-                                     std::string(kHandshakeKprobeParam) + "\n"));
+                                     std::string(kHandshakeKprobeParam) + " trace_clock=local\n"));
   Result<hostd::GuestConsole::CommandResult> enabled = domain.console().Run(
       "hvtrace-agent boot-buffer enable >/dev/null && cat /boot/syslinux/syslinux.cfg",
       kCommandTimeout);

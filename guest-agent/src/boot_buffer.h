@@ -16,7 +16,7 @@
 // (hvtrace/handshake_kprobes.h), so the boot timeline has the built-in
 // virtio drivers' status writes; the initramfs hook's hvtrace-boot-probes
 // copies them into the boot instance; and trace_clock=local, which keeps
-// those records there until then (kKeepLocalTraceClock).
+// those records there until then (kKeepLocalTraceClock, same header).
 //
 // Boot loaders: syslinux/extlinux (/boot/syslinux/syslinux.cfg,
 // /boot/extlinux/extlinux.conf): every APPEND line gets the parameters, and a
@@ -92,15 +92,6 @@ struct BootBufferParams {
   // puts the same definitions on its command line.
   std::string loader_params;
 };
-// Part of |loader_params|. A kernel whose sched_clock is unstable (TSCs
-// unsynchronized: a libvirt domain's default qemu64 CPU under TCG) switches
-// the top-level buffer to the "global" clock at late_initcall_sync, and
-// switching a clock resets that buffer: the built-in virtio drivers'
-// kprobe_event= records, written before, were gone when the initramfs came
-// to copy them (Debian 12 under libvirt, 2026-11-29: "Unstable clock
-// detected", 0 records left). With trace_clock=local the top level keeps
-// them, on the boot instance's clock.
-inline constexpr const char* kKeepLocalTraceClock = "trace_clock=local";
 // The host's rule for a node 1 at |node|.
 Result<BootBufferParams> BootBufferKernelParams(const NodeRange& node, std::string_view instance,
                                                 std::string_view events);

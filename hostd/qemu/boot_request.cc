@@ -136,10 +136,14 @@ Result<VmConfig> MakeBootVmConfig(const BootRequest& r, const BootPaths& paths) 
     c.trace_events = BootTraceEvents();
     // The guest's half of the handshakes of built-in drivers (virtio_pci,
     // virtio_console): boot kprobes the initramfs copies into the boot
-    // instance. A command line that defines its own keeps them.
-    if (c.cmdline.find("kprobe_event=") == std::string::npos) {
-      c.cmdline += (c.cmdline.empty() ? "" : " ") + std::string(kHandshakeKprobeParam);
-    }
+    // instance. A command line that defines its own keeps them, and one
+    // that picks its own trace clock keeps it.
+    auto add = [&c](std::string_view key, const char* param) {
+      if (c.cmdline.find(key) != std::string::npos) return;
+      c.cmdline += (c.cmdline.empty() ? "" : " ") + std::string(param);
+    };
+    add("kprobe_event=", kHandshakeKprobeParam);
+    add("trace_clock=", kKeepLocalTraceClock);
   }
   BootRangeConfig br;
   br.backing_path = paths.backing_file;

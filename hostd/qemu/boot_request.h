@@ -31,6 +31,7 @@ inline constexpr const char* kDefaultBootEvents =
 // (hvtrace/handshake_kprobes.h): one definition, which the agent's
 // `boot-buffer enable` writes too.
 using ::hvtrace::kHandshakeKprobeParam;
+using ::hvtrace::kKeepLocalTraceClock;
 
 struct BootRequest {
   std::string name;

@@ -31,6 +31,18 @@ inline constexpr const char* kHandshakeKprobeParam =
     "p:kprobes/hvt_virtio_queue,vp_modern_set_queue_enable,queue=$arg2:u16,enable=$arg3:u8,"
     "index=+0(mdev->pci_dev->dev.driver_data):s32";
 
+// Goes on the command line with kHandshakeKprobeParam. A kernel whose
+// sched_clock is unstable (TSCs unsynchronized: a libvirt domain's default
+// qemu64 CPU under TCG) switches the top-level buffer to the "global" clock
+// at late_initcall_sync, and switching a clock resets that buffer: the
+// built-in drivers' kprobe_event= records were gone when the initramfs came
+// to copy them (Debian 12 under libvirt, 2026-11-29: "Unstable clock
+// detected", 0 records left). "local" is the clock the boot instance already
+// uses, so the copies also share its time base. The cost: on such a guest the
+// top level orders events of different CPUs by unsynchronized clocks until
+// someone sets another clock (which resets it, harmless after boot).
+inline constexpr const char* kKeepLocalTraceClock = "trace_clock=local";
+
 }  // namespace hvtrace
 
 #endif  // HVTRACE_HANDSHAKE_KPROBES_H_

@@ -72,7 +72,9 @@ TEST(BootTraceTest, TraceBootAddsTheHandshakeKprobesToTheGuestCommandLine) {
   ASSERT_TRUE(traced.ok()) << traced.error().message;
   EXPECT_NE(KernelCmdline(*traced).find(kHandshakeKprobeParam), std::string::npos)
       << KernelCmdline(*traced);
-  // A command line with its own boot kprobes keeps them.
+  EXPECT_NE(KernelCmdline(*traced).find(" trace_clock=local"), std::string::npos)
+      << KernelCmdline(*traced);
+  // A command line with its own boot kprobes (or trace clock) keeps them.
   auto own = PlanFor({{"name", "g1"},
                       {"kernel", "/k/vmlinuz"},
                       {"trace_boot", true},
@@ -80,6 +82,12 @@ TEST(BootTraceTest, TraceBootAddsTheHandshakeKprobesToTheGuestCommandLine) {
   ASSERT_TRUE(own.ok()) << own.error().message;
   EXPECT_EQ(KernelCmdline(*own).find(kHandshakeKprobeParam), std::string::npos);
   EXPECT_NE(KernelCmdline(*own).find("kprobes/mine"), std::string::npos);
+  auto clock = PlanFor({{"name", "g1"},
+                        {"kernel", "/k/vmlinuz"},
+                        {"trace_boot", true},
+                        {"append", "trace_clock=global"}});
+  ASSERT_TRUE(clock.ok()) << clock.error().message;
+  EXPECT_EQ(KernelCmdline(*clock).find("trace_clock=local"), std::string::npos);
 }
 
 TEST(BootTraceTest, DevicesHaveHostPrivateBackends) {

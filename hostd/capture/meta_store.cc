@@ -81,12 +81,17 @@ Result<Identity> ParseIdentity(std::string_view text) {
 }
 
 // Checks every fingerprints line against the bundle's formats (see
-// ValidateMetaBoot); returns the number of events checked.
-Result<size_t> CheckFingerprints(std::string_view text, const HarvestBundle& bundle) {
-  std::map<std::string, const HarvestedEvent*, std::less<>> events;
-  for (const HarvestedEvent& ev : bundle.events) events[ev.system + "/" + ev.name] = &ev;
+// ValidateMetaBoot); returns the number of events checked. A line that
+// lies (a wrong id or fingerprint, an event with no format) refuses the
+// boot. A format with no line is only unverified: an agent older than this
+// daemon did not parse it (7.3's vmscan print fmts before 2026-11-29), so
+// that one format is set aside as unparsed and the boot's other events
+// still decode; the same for a line whose format this daemon cannot parse.
+Result<size_t> CheckFingerprints(std::string_view text, HarvestBundle& bundle) {
+  std::map<std::string, HarvestedEvent*, std::less<>> events;
+  for (HarvestedEvent& ev : bundle.events) events[ev.system + "/" + ev.name] = &ev;
   std::set<std::string, std::less<>> seen;
-  size_t line_no = 0;
+  size_t line_no = 0, checked = 0;
   while (!text.empty()) {
     const size_t nl = text.find('\n');
     std::string_view line = text.substr(0, nl);
@@ -115,11 +120,14 @@ Result<size_t> CheckFingerprints(std::string_view text, const HarvestBundle& bun
     if (!seen.insert(std::string(name)).second) {
       return Error{"fingerprints list " + std::string(name) + " twice"};
     }
-    const HarvestedEvent& ev = *it->second;
-    Result<EventFormat> parsed = ParseEventFormat(ev.system, ev.text);
+    HarvestedEvent& ev = *it->second;
+    // A format this daemon cannot parse (an agent newer than it) cannot be
+    // checked either: set aside like one with no line, not a lie.
+    Result<EventFormat> parsed = ev.parse_error.empty() ? ParseEventFormat(ev.system, ev.text)
+                                                        : Result<EventFormat>(Error{ev.parse_error});
     if (!parsed.ok()) {
-      return Error{"fingerprint of " + std::string(name) +
-                   " cannot be checked: its format does not parse: " + parsed.error().message};
+      ev.parse_error = parsed.error().message;
+      continue;
     }
     if (parsed->id != id) {
       return Error{"fingerprint line of " + std::string(name) + " gives id " + std::to_string(id) +
@@ -128,14 +136,16 @@ Result<size_t> CheckFingerprints(std::string_view text, const HarvestBundle& bun
     if (EventFingerprint(*parsed) != fp) {
       return Error{"fingerprint of " + std::string(name) + " does not match its format"};
     }
+    ++checked;
   }
-  for (const HarvestedEvent& ev : bundle.events) {
-    const std::string name = ev.system + "/" + ev.name;
-    if (ev.parse_error.empty() && !seen.contains(name)) {
-      return Error{"fingerprints have no line for " + name};
+  for (HarvestedEvent& ev : bundle.events) {
+    if (ev.parse_error.empty() && !seen.contains(ev.system + "/" + ev.name)) {
+      ev.parse_error =
+          "the agent sent no fingerprint for it (an older agent that could not parse it); "
+          "unverified, so not used";
     }
   }
-  return seen.size();
+  return checked;
 }
 
 json EntryJson(const MetaBootEntry& e) {

@@ -11,7 +11,9 @@
 //   <vm dir>/meta/<boot_id>/clock.json       the newest kClock samples
 //
 // Everything on the channel is hostile: a bundle is refused whole when any
-// check fails (ValidateMetaBoot says which, naming the event or member), and
+// check fails (ValidateMetaBoot says which, naming the event or member; a
+// format with no fingerprint line is the one exception: set aside, unverified,
+// since an older agent could not parse it), and
 // it is stored under its VM's own directory only, so a VM's metadata never
 // decodes another VM's capture. Files appear whole (temp, fsync, rename).
 // Only the newest |keep| boots stay; bundles are loaded from disk when a

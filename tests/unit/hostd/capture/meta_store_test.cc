@@ -72,6 +72,26 @@ TEST(MetaValidateTest, Malicious_FingerprintThatDoesNotMatchItsFormat) {
               HasSubstr("fingerprint of sched/sched_switch does not match its format"));
 }
 
+// A fingerprinted format this daemon cannot parse (an agent newer than the
+// daemon) cannot be checked: set aside as unparsed, not a refusal.
+TEST(MetaValidateTest, AFormatTheDaemonCannotParseIsSetAsideNotRefused) {
+  const meta::BootId id = TestBootId(1);
+  auto m = MetaBootMembers(test_support::kMetaFixtures, id);
+  const std::string field =
+      "sched/sched_switch/format:\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;";
+  const size_t at = m["formats"].find(field);
+  ASSERT_NE(at, std::string::npos);
+  m["formats"].replace(at, field.size(),
+                       "sched/sched_switch/format:\tfield:int prev_prio;\toffset:28;\tsize:x;");
+  Result<MetaBoot> r = ValidateMetaBoot(id, UstarArchive(m));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r->fingerprints_checked + 1, r->bundle.events.size());
+  for (const HarvestedEvent& ev : r->bundle.events) {
+    EXPECT_EQ(ev.parse_error.empty(), !(ev.system == "sched" && ev.name == "sched_switch"))
+        << ev.system << "/" << ev.name << ": " << ev.parse_error;
+  }
+}
+
 TEST(MetaValidateTest, Malicious_IdMismatchMissingAndUnknownLines) {
   const meta::BootId id = TestBootId(1);
   auto m = MetaBootMembers(test_support::kMetaFixtures, id);
@@ -84,9 +104,20 @@ TEST(MetaValidateTest, Malicious_IdMismatchMissingAndUnknownLines) {
   lying["fingerprints"].replace(id_at, id_end - id_at, "4242");
   EXPECT_THAT(Refusal(id, lying), HasSubstr("sched/sched_switch gives id 4242"));
 
+  // No line: an agent older than the daemon could not parse the format.
+  // That format is set aside, unverified; the boot's others still count.
   auto missing = m;
   missing["fingerprints"].erase(line, fp.find('\n', line) + 1 - line);
-  EXPECT_THAT(Refusal(id, missing), HasSubstr("no line for sched/sched_switch"));
+  Result<MetaBoot> partial = ValidateMetaBoot(id, UstarArchive(missing));
+  ASSERT_TRUE(partial.ok()) << partial.error().message;
+  EXPECT_EQ(partial->fingerprints_checked + 1, partial->bundle.events.size());
+  for (const HarvestedEvent& ev : partial->bundle.events) {
+    if (ev.system == "sched" && ev.name == "sched_switch") {
+      EXPECT_THAT(ev.parse_error, HasSubstr("no fingerprint"));
+    } else {
+      EXPECT_EQ(ev.parse_error, "") << ev.system << "/" << ev.name;
+    }
+  }
 
   auto unknown = m;
   unknown["fingerprints"] += "evil/event 7 0123456789abcdef\n";

@@ -607,8 +607,10 @@ TEST_P(LibvirtDebianReleaseE2e, BootRangeFromTheGuestsLoaderKexecThenPanicDecode
   EXPECT_EQ(formats["state"], "unknown kernel (adopted VM); metadata channel") << formats.dump(2);
   EXPECT_EQ(f.hvt->log().find("harvesting them from"), std::string::npos) << f.hvt->LogTail();
 
-  // The README's last step: `hvtrace show` prints both boots.
-  RunResult show = RunArgvStatus({BinPath("hvtrace"), "show", path});
+  // The README's last step, as written: `hvtrace show NAME/ID` through the
+  // daemon prints both boots.
+  RunResult show =
+      f.hvt->Hvtrace({"show", f.domain->name() + "/" + (*panic)["id"].get<std::string>()});
   ASSERT_EQ(show.status, 0) << show.output.substr(0, 3000);
   if (appends) {
     EXPECT_THAT(show.output, HasSubstr("deb-boot-a-5"));

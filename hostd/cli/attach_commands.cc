@@ -18,6 +18,7 @@
 #include "command.h"
 #include "command_table.h"
 #include "daemon_call.h"
+#include "requests.h"
 
 namespace hvtrace::cli {
 namespace {
@@ -30,9 +31,6 @@ constexpr uint64_t kMiB = 1ull << 20;
 // How much longer than its own wait the CLI waits for a reply.
 constexpr milliseconds kAttachReplySlack = std::chrono::seconds(30);
 constexpr milliseconds kDetachReplySlack = std::chrono::seconds(15);
-// hvtraced's defaults (attach_vm.h), for the reply timeout only.
-constexpr milliseconds kDefaultWait = std::chrono::seconds(30);
-constexpr milliseconds kDefaultDetachTimeout = std::chrono::seconds(10);
 
 // The flags `libvirt-attach` / `libvirt-detach` took when they called libvirt
 // from the CLI. hvtraced now names the region (/dev/shm/hvtrace-NAME-attach)
@@ -61,26 +59,26 @@ class AttachCommand final : public Command {
   explicit AttachCommand(bool legacy = false) : legacy_(legacy) {}
 
   void Define(CLI::App& app) override {
-    AddVmName(app, name_, "the VM (hvtraced's name for it, or a running libvirt domain)");
+    AddVmName(app, request_.name, "the VM (hvtraced's name for it, or a running libvirt domain)");
     app.add_option("--qmp", qmp_,
                    "adopt the QEMU whose QMP socket this is, if hvtraced does not watch it yet")
         ->type_name("SOCK");
     AddSizeOption(
-        app, "--size", kMiB, kMiB, [this](uint64_t mib) { args_["size_mib"] = mib; },
+        app, "--size", kMiB, kMiB, [this](uint64_t mib) { request_.size_mib = mib; },
         "the region, a power of two (default 16M; a bare number is MiB)");
-    app.add_option_function<std::string>(
-           "--events", [this](const std::string& v) { args_["events"] = v; },
-           "kernel events for the agent to pump: SYSTEM:EVENT or SYSTEM:*, comma separated "
-           "(trace_marker writes and direct-write events always come)")
+    app.add_option("--events", request_.events,
+                   "kernel events for the agent to pump: SYSTEM:EVENT or SYSTEM:*, comma separated "
+                   "(trace_marker writes and direct-write events always come)")
         ->type_name("LIST");
     AddDurationOption(
         app, "--pump", "--pump-ms", milliseconds(1), std::chrono::minutes(1),
-        [this](milliseconds d) { args_["pump_interval_ms"] = d.count(); },
+        [this](milliseconds d) { request_.pump_interval_ms = static_cast<uint64_t>(d.count()); },
         "how often the agent pushes kernel events (default 50ms)");
     // libvirt-attach's --timeout-ms (DEVICE_ADDED) is the nearest thing to --wait.
     AddDurationOption(
         app, "--wait", legacy_ ? "--wait-ms,--timeout-ms" : "--wait-ms", milliseconds(0),
-        std::chrono::minutes(10), [this](milliseconds d) { args_["wait_ms"] = d.count(); },
+        std::chrono::minutes(10),
+        [this](milliseconds d) { request_.wait_ms = static_cast<uint64_t>(d.count()); },
         "how long to wait for the guest agent to announce itself (default 30s)");
     if (legacy_) legacy_flags_.Define(app, /*attach=*/true);
     AddDaemonFlags(app, flags_);
@@ -91,11 +89,9 @@ class AttachCommand final : public Command {
         "as the libvirt domain of that name.");
   }
   std::optional<DaemonRequest> Request() const override {
-    DaemonRequest r{"attach", args_};
-    r.args["name"] = name_;
-    if (!qmp_.empty()) r.args["qmp"] = std::filesystem::absolute(qmp_).string();
-    r.timeout = milliseconds(args_.value("wait_ms", kDefaultWait.count())) + kAttachReplySlack;
-    return r;
+    hostd::AttachRequest r = request_;
+    if (!qmp_.empty()) r.qmp = std::filesystem::absolute(qmp_).string();
+    return ToDaemonRequest(r, r.wait() + kAttachReplySlack);
   }
   int Run() override {
     if (legacy_) legacy_flags_.Note(name());
@@ -107,7 +103,7 @@ class AttachCommand final : public Command {
       return guest.is_null() ? kExitFailed : kExitOk;
     }
     const json region = result.value("region", json::object());
-    std::printf("%s: region %s (%llu MiB) plugged as %s in %.1f ms\n", name_.c_str(),
+    std::printf("%s: region %s (%llu MiB) plugged as %s in %.1f ms\n", request_.name.c_str(),
                 region.value("file", std::string()).c_str(),
                 static_cast<unsigned long long>(region.value("size", uint64_t{0}) >> 20),
                 result.value("/device/id"_json_pointer, std::string()).c_str(),
@@ -130,8 +126,8 @@ class AttachCommand final : public Command {
 
  private:
   bool legacy_;
-  std::string name_, qmp_;
-  json args_ = json::object();
+  hostd::AttachRequest request_;
+  std::string qmp_;
   DaemonFlags flags_;
   LegacyLibvirtFlags legacy_flags_;
 };
@@ -141,10 +137,10 @@ class DetachCommand final : public Command {
   explicit DetachCommand(bool legacy = false) : legacy_(legacy) {}
 
   void Define(CLI::App& app) override {
-    AddVmName(app, name_);
+    AddVmName(app, request_.name);
     AddDurationOption(
         app, "--timeout", "--timeout-ms", milliseconds(1), std::chrono::minutes(10),
-        [this](milliseconds d) { timeout_ = d; },
+        [this](milliseconds d) { request_.timeout_ms = static_cast<uint64_t>(d.count()); },
         "how long the guest may take to release the device (default 10s)");
     if (legacy_) legacy_flags_.Define(app, /*attach=*/false);
     AddDaemonFlags(app, flags_);
@@ -153,10 +149,7 @@ class DetachCommand final : public Command {
         "hvtraced keeps the region mapped: `hvtrace capture NAME` still reads it.");
   }
   std::optional<DaemonRequest> Request() const override {
-    DaemonRequest r{"detach", {{"name", name_}}};
-    if (timeout_) r.args["timeout_ms"] = timeout_->count();
-    r.timeout = timeout_.value_or(kDefaultDetachTimeout) + kDetachReplySlack;
-    return r;
+    return ToDaemonRequest(request_, request_.timeout() + kDetachReplySlack);
   }
   int Run() override {
     if (legacy_) legacy_flags_.Note(name());
@@ -167,7 +160,7 @@ class DetachCommand final : public Command {
       return kExitOk;
     }
     std::printf("%s: %s unplugged (DEVICE_DELETED after %.1f ms); region %s kept for captures\n",
-                name_.c_str(), result.value("device", std::string()).c_str(),
+                request_.name.c_str(), result.value("device", std::string()).c_str(),
                 result.value("device_deleted_ms", 0.0),
                 result.value("/region/file"_json_pointer, std::string()).c_str());
     if (result.contains("object_del_error")) {
@@ -179,8 +172,7 @@ class DetachCommand final : public Command {
 
  private:
   bool legacy_;
-  std::string name_;
-  std::optional<milliseconds> timeout_;
+  hostd::DetachRequest request_;
   DaemonFlags flags_;
   LegacyLibvirtFlags legacy_flags_;
 };
@@ -205,10 +197,11 @@ class StreamCommand final : public Command {
         "Ctrl-C ends it; so does the VM going away or the region being detached.");
   }
   std::optional<DaemonRequest> Request() const override {
-    DaemonRequest r{"stream", {{"name", name_}}, std::chrono::hours(24 * 365)};
-    if (json_) r.args["format"] = "json";
-    if (from_start_) r.args["from"] = "start";
-    return r;
+    hostd::StreamRequest r;
+    r.name = name_;
+    if (json_) r.format = "json";
+    if (from_start_) r.from = "start";
+    return ToDaemonRequest(r, std::chrono::hours(24 * 365));
   }
   int Run() override {
     ::signal(SIGINT, OnInterrupt);

@@ -15,6 +15,7 @@
 #include "command.h"
 #include "config.h"
 #include "control_client.h"
+#include "requests.h"
 #include "unique_fd.h"
 
 namespace hvtrace::cli {
@@ -86,13 +87,13 @@ Status CopyFile(const ReceivedFile& file, int dir_fd) {
 // since they become file names here.
 int ReceiveFiles(const std::string& reference, const std::string& socket_flag,
                  std::vector<ReceivedFile>* files, json* end) {
-  json args = json::object();
+  hostd::CaptureFilesRequest request;
   const size_t slash = reference.find('/');
   if (slash == std::string::npos) {
-    args["capture"] = reference;
+    request.capture = reference;
   } else {
-    args["name"] = reference.substr(0, slash);
-    args["capture"] = reference.substr(slash + 1);
+    request.name = reference.substr(0, slash);
+    request.capture = reference.substr(slash + 1);
   }
   auto client = hostd::ControlClient::Connect(hostd::ResolveClientSocket(socket_flag),
                                               std::chrono::seconds(5));
@@ -111,7 +112,8 @@ int ReceiveFiles(const std::string& reference, const std::string& socket_flag,
     files->push_back({name, item["bytes"].get<uint64_t>(), std::move(fds[0])});
     return {};
   };
-  auto reply = client->CallForFiles("capture-files", args, std::chrono::seconds(60), on_item);
+  auto reply = client->CallForFiles(request.kCommand, hostd::MessageToJson(request),
+                                    std::chrono::seconds(60), on_item);
   if (!reply.ok()) {
     std::fprintf(stderr, "hvtrace show: capture %s: %s\n", reference.c_str(),
                  reply.error().message.c_str());

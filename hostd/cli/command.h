@@ -22,6 +22,7 @@
 #include <string_view>
 
 #include "hvtrace/result.h"
+#include "json_message.h"
 
 namespace hvtrace::cli {
 
@@ -63,6 +64,14 @@ struct DaemonRequest {
   nlohmann::json args = nlohmann::json::object();
   std::chrono::milliseconds timeout{30000};
 };
+
+// |message| (control/requests.h, qemu/boot_request.h) as the request for its
+// command, through its one JSON mapping.
+template <class Message>
+DaemonRequest ToDaemonRequest(const Message& message,
+                              std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+  return DaemonRequest{Message::kCommand, hostd::MessageToJson(message), timeout};
+}
 
 class Command {
  public:

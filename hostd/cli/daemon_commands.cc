@@ -9,6 +9,7 @@
 #include "command_table.h"
 #include "control_protocol.h"
 #include "daemon_call.h"
+#include "requests.h"
 
 namespace hvtrace::cli {
 namespace {
@@ -22,23 +23,16 @@ std::string Str(const json& j, const char* key, const char* fallback = "-") {
   return hostd::DumpJson(*it);
 }
 
-// A command that sends one request and prints the result as text, or as
-// JSON with --json.
+// A command that sends one request (|Message|, requests.h) and prints the
+// result as text, or as JSON with --json.
+template <class Message>
 class QueryCommand : public Command {
  public:
-  // |daemon_cmd|: the control command; |takes_name|: a VM NAME positional.
-  QueryCommand(std::string daemon_cmd, bool takes_name)
-      : daemon_cmd_(std::move(daemon_cmd)), takes_name_(takes_name) {}
-
   void Define(CLI::App& app) override {
-    if (takes_name_) AddVmName(app, name_);
+    if constexpr (kTakesName) AddVmName(app, message_.name);
     AddDaemonFlags(app, flags_);
   }
-  std::optional<DaemonRequest> Request() const override {
-    DaemonRequest r{daemon_cmd_};
-    if (takes_name_) r.args["name"] = name_;
-    return r;
-  }
+  std::optional<DaemonRequest> Request() const override { return ToDaemonRequest(message_); }
   int Run() override {
     const auto started = std::chrono::steady_clock::now();
     json result;
@@ -56,20 +50,18 @@ class QueryCommand : public Command {
 
  protected:
   virtual void PrintText(const json& result) const = 0;
-  const std::string& vm_name() const { return name_; }
+  const Message& message() const { return message_; }
   double round_trip_ms() const { return round_trip_ms_; }
 
  private:
-  std::string daemon_cmd_;
-  bool takes_name_;
-  std::string name_;
+  static constexpr bool kTakesName = requires(Message m) { m.name; };
+  Message message_;
   DaemonFlags flags_;
   double round_trip_ms_ = 0;
 };
 
-class PingCommand final : public QueryCommand {
+class PingCommand final : public QueryCommand<hostd::PingRequest> {
  public:
-  PingCommand() : QueryCommand("ping", false) {}
   void PrintText(const json& result) const override {
     std::printf("hvtraced (pid %s) is up for %.1f s; round trip %.2f ms\n",
                 Str(result, "pid").c_str(), result.value("uptime_ms", 0) / 1000.0, round_trip_ms());
@@ -97,9 +89,8 @@ class PingCommand final : public QueryCommand {
   }
 };
 
-class ListCommand final : public QueryCommand {
+class ListCommand final : public QueryCommand<hostd::ListRequest> {
  public:
-  ListCommand() : QueryCommand("list", false) {}
   void PrintText(const json& result) const override {
     const json vms = result.value("vms", json::array());
     if (!vms.is_array() || vms.empty()) {
@@ -119,9 +110,8 @@ class ListCommand final : public QueryCommand {
   }
 };
 
-class StatusCommand final : public QueryCommand {
+class StatusCommand final : public QueryCommand<hostd::StatusRequest> {
  public:
-  StatusCommand() : QueryCommand("status", true) {}
   void PrintText(const json& result) const override {
     for (const char* key :
          {"name", "kind", "state", "formats", "last_event", "events_seen", "captures_taken",
@@ -145,13 +135,12 @@ class StatusCommand final : public QueryCommand {
   }
 };
 
-class CapturesCommand final : public QueryCommand {
+class CapturesCommand final : public QueryCommand<hostd::CapturesRequest> {
  public:
-  CapturesCommand() : QueryCommand("captures", true) {}
   void PrintText(const json& result) const override {
     const json captures = result.value("captures", json::array());
     if (!captures.is_array() || captures.empty()) {
-      std::printf("no captures for %s\n", vm_name().c_str());
+      std::printf("no captures for %s\n", message().name.c_str());
       return;
     }
     std::printf("%-36s %-12s %10s %9s  %s\n", "CAPTURE", "TRIGGER", "EVENTS", "BAD PAGES", "PATH");
@@ -168,9 +157,8 @@ class CapturesCommand final : public QueryCommand {
   }
 };
 
-class DaemonShutdownCommand final : public QueryCommand {
+class DaemonShutdownCommand final : public QueryCommand<hostd::ShutdownRequest> {
  public:
-  DaemonShutdownCommand() : QueryCommand("shutdown", false) {}
   void PrintText(const json&) const override { std::printf("hvtraced is stopping\n"); }
 };
 

@@ -3,7 +3,7 @@
 // hvtrace formats list [--cache DIR] [--json] [--socket PATH]
 //
 // One formats cache, the daemon's: when hvtraced answers on its socket these
-// commands ask it (formats-list, formats-harvest: formats_args.h), and it
+// commands ask it (formats-list, formats-harvest: requests.h), and it
 // harvests with its own initramfs into the cache it decodes with. Without a
 // daemon they use the local cache (the rule in formats_cache.h) and say so
 // in one line on stderr; --cache DIR always means that directory, locally.
@@ -23,6 +23,7 @@
 #include "daemon_call.h"
 #include "formats_cache.h"
 #include "formats_harvest.h"
+#include "requests.h"
 
 namespace hvtrace::cli {
 namespace {
@@ -155,7 +156,7 @@ class HarvestCommand final : public Command {
     app.add_option("--cache", cache_, kCacheHelp)->type_name("DIR");
     AddDurationOption(
         app, "--timeout", "", std::chrono::seconds(1), std::chrono::hours(1),
-        [this](std::chrono::milliseconds d) { options_.boot_timeout = d; },
+        [this](std::chrono::milliseconds d) { timeout_ = d; },
         "how long the guest may take to boot (default 180s; a bare number is seconds)");
     app.add_flag("--keep-work-dir", options_.keep_work_dir,
                  "keep the VM's console log, QEMU log and archive (local cache only)");
@@ -175,15 +176,16 @@ class HarvestCommand final : public Command {
   }
   // The request hvtraced gets when it answers (no --cache DIR).
   std::optional<DaemonRequest> Request() const override {
-    DaemonRequest r{"formats-harvest"};
-    r.args["kernel"] = std::filesystem::absolute(options_.kernel).string();
-    r.args["timeout_ms"] = options_.boot_timeout.count();
+    hostd::FormatsHarvestRequest r;
+    r.kernel = std::filesystem::absolute(options_.kernel).string();
+    if (timeout_) r.timeout_ms = static_cast<uint64_t>(timeout_->count());
     // It may wait for another harvest first, and its guest may boot for the
     // whole timeout and then take the harvest's command timeout.
-    r.timeout = 2 * (options_.boot_timeout + options_.command_timeout) + std::chrono::minutes(1);
-    return r;
+    return ToDaemonRequest(r,
+                           2 * (r.timeout() + options_.command_timeout) + std::chrono::minutes(1));
   }
   int Run() override {
+    if (timeout_) options_.boot_timeout = *timeout_;
     int rc = kExitOk;
     const CacheOwner owner = ChooseCache(name(), cache_, socket_, &options_.cache_root, &rc);
     if (owner == CacheOwner::kFailed) return rc;
@@ -224,6 +226,9 @@ class HarvestCommand final : public Command {
   }
 
   hostd::HarvestOptions options_;
+  // --timeout; without it each side's default (the daemon's is the
+  // request's, the local harvest's HarvestOptions').
+  std::optional<std::chrono::milliseconds> timeout_;
   std::string cache_;
   std::string socket_;
   bool json_ = false;
@@ -248,7 +253,9 @@ class ListCommand final : public Command {
                    "socket, /run/hvtrace/hvtraced.sock)")
         ->type_name("PATH");
   }
-  std::optional<DaemonRequest> Request() const override { return DaemonRequest{"formats-list"}; }
+  std::optional<DaemonRequest> Request() const override {
+    return ToDaemonRequest(hostd::FormatsListRequest{});
+  }
   int Run() override {
     std::filesystem::path root;
     int rc = kExitOk;
@@ -318,10 +325,9 @@ int EnsureFormatsCached(const std::string& kernel, const std::string& socket_fla
   // The daemon's cache is the one its captures decode with: it harvests the
   // kernel (once, with its own initramfs) before the boot, so the first
   // panic decodes by name. A cache hit is a hash.
-  DaemonRequest request{"formats-harvest"};
-  request.args["kernel"] = kernel;
-  request.args["timeout_ms"] = hostd::HarvestOptions{}.boot_timeout.count();
-  request.timeout = std::chrono::minutes(10);
+  hostd::FormatsHarvestRequest harvest;
+  harvest.kernel = kernel;
+  const DaemonRequest request = ToDaemonRequest(harvest, std::chrono::minutes(10));
   json result;
   const int rc = CallDaemon(
       "boot", socket_flag, request, &result,

@@ -8,6 +8,7 @@
 #include "command.h"
 #include "command_table.h"
 #include "daemon_call.h"
+#include "requests.h"
 #include "unified_diff.h"
 
 namespace hvtrace::cli {
@@ -21,14 +22,15 @@ constexpr std::chrono::milliseconds kSetupReplyTimeout = std::chrono::seconds(60
 class SetupCommand final : public Command {
  public:
   void Define(CLI::App& app) override {
-    app.add_option("DOMAIN", domain_, "the libvirt domain (name or UUID)")->required();
+    app.add_option("DOMAIN", request_.domain, "the libvirt domain (name or UUID)")->required();
     AddSizeOption(
-        app, "--range", 1, 4096, [this](uint64_t pages) { range_bytes_ = pages * 4096; },
+        app, "--range", 1, 4096, [this](uint64_t pages) { request_.range = pages * 4096; },
         "the boot trace range, default 16M (a bare number is bytes)");
-    app.add_option("--events", events_, "trace_instance events (default: the boot sequence)")
+    app.add_option("--events", request_.events,
+                   "trace_instance events (default: the boot sequence)")
         ->type_name("LIST");
-    app.add_flag("--dry-run", dry_run_, "show the diff, change nothing");
-    app.add_flag("--undo", undo_, "remove exactly what `hvtrace setup` added");
+    app.add_flag("--dry-run", request_.dry_run, "show the diff, change nothing");
+    app.add_flag("--undo", request_.undo, "remove exactly what `hvtrace setup` added");
     AddDaemonFlags(app, flags_);
     app.footer(
         "Edits the domain's persistent definition through libvirt: NUMA cell 1 (shared,\n"
@@ -39,16 +41,12 @@ class SetupCommand final : public Command {
         "recorded in the definition's <metadata>, so --undo removes exactly that.");
   }
   std::optional<DaemonRequest> Request() const override {
-    DaemonRequest r{
-        "setup", {{"domain", domain_}, {"dry_run", dry_run_}, {"undo", undo_}}, kSetupReplyTimeout};
-    if (range_bytes_ != 0) r.args["range"] = range_bytes_;
-    if (!events_.empty()) r.args["events"] = events_;
-    return r;
+    return ToDaemonRequest(request_, kSetupReplyTimeout);
   }
   int Run() override {
     json result;
     if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
-    const std::string domain = result.value("domain", domain_);
+    const std::string domain = result.value("domain", request_.domain);
     // Computed here, as the user; --json carries it too.
     Result<std::string> diff = UnifiedDiff(result.value("old_xml", ""), result.value("new_xml", ""),
                                            domain + ".xml (before)", domain + ".xml (after)");
@@ -63,7 +61,7 @@ class SetupCommand final : public Command {
 
  private:
   void Print(const json& result) const {
-    const std::string domain = result.value("domain", domain_);
+    const std::string domain = result.value("domain", request_.domain);
     if (result.value("already_set_up", false)) {
       std::printf(
           "domain %s: already set up by `hvtrace setup`; nothing changed (another --range or "
@@ -78,14 +76,14 @@ class SetupCommand final : public Command {
         std::printf("dry run: domain %s not changed\n", domain.c_str());
       } else {
         std::printf("domain %s: persistent definition %s%s\n", domain.c_str(),
-                    undo_ ? "restored" : "updated",
+                    request_.undo ? "restored" : "updated",
                     result.value("active", false)
                         ? "; it is running with the old one: the change applies at its next "
                           "cold boot (shut it down, then start it)"
                         : "; it applies when the domain starts");
       }
     }
-    if (undo_) {
+    if (request_.undo) {
       std::printf(
           "inside the guest: hvtrace-agent boot-buffer disable (removes the kernel parameters)\n");
       return;
@@ -99,11 +97,7 @@ class SetupCommand final : public Command {
     std::printf("inside the guest: hvtrace-agent boot-buffer enable\n");
   }
 
-  std::string domain_;
-  uint64_t range_bytes_ = 0;
-  std::string events_;
-  bool dry_run_ = false;
-  bool undo_ = false;
+  hostd::SetupRequest request_;
   DaemonFlags flags_;
 };
 

@@ -40,6 +40,7 @@
 #include "formats_cache.h"
 #include "hvtrace/output.h"
 #include "region_issues.h"
+#include "requests.h"
 #include "show_timeline.h"
 
 namespace hvtrace::cli {
@@ -248,7 +249,9 @@ fs::path DaemonFormatsDir(const std::string& socket_flag) {
   auto client = hostd::ControlClient::Connect(hostd::ResolveClientSocket(socket_flag),
                                               std::chrono::seconds(2));
   if (!client.ok()) return {};
-  auto reply = client->Call("formats-list", json::object(), std::chrono::seconds(10));
+  auto reply =
+      client->Call(hostd::FormatsListRequest::kCommand,
+                   hostd::MessageToJson(hostd::FormatsListRequest{}), std::chrono::seconds(10));
   if (!reply.ok() || !reply->ok || !reply->result.is_object()) return {};
   return reply->result.value("cache", "");
 }

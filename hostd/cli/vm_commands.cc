@@ -9,6 +9,7 @@
 #include "command.h"
 #include "command_table.h"
 #include "daemon_call.h"
+#include "requests.h"
 #include "units.h"
 
 namespace hvtrace::cli {
@@ -66,7 +67,7 @@ void AddBootFlags(CLI::App& app, BootRequest& r) {
 // The ranges hvtraced enforces, checked before anything is sent or booted.
 Status CheckBootRequest(const BootRequest& r) {
   // Through text, as hvtraced receives it (a parsed 4 is unsigned, ToJson's int is not).
-  auto checked = BootRequest::FromJson(json::parse(r.ToJson().dump()));
+  auto checked = hostd::ParseMessage<BootRequest>(json::parse(hostd::MessageToJson(r).dump()));
   if (checked.ok()) return {};
   std::string why = checked.error().message;  // "boot: args.cpus = 99 is outside 1..64"
   if (why.starts_with("boot: ")) why.erase(0, 6);
@@ -93,7 +94,7 @@ class BootCommand final : public Command {
     BootRequest r = request_;
     r.kernel = Absolute(r.kernel);
     r.initrd = Absolute(r.initrd);
-    return DaemonRequest{"boot", r.ToJson(), kVmReplyTimeout};
+    return ToDaemonRequest(r, kVmReplyTimeout);
   }
   int Run() override {
     const DaemonRequest request = *Request();
@@ -228,14 +229,15 @@ class AdoptCommand final : public Command {
         "The daemon's config key libvirt_uri names the libvirt connection.");
   }
   std::optional<DaemonRequest> Request() const override {
-    DaemonRequest r{"adopt", {{"name", name_}}, kVmReplyTimeout};
+    hostd::AdoptRequest r;
+    r.name = name_;
     if (!qmp_.empty()) {
-      r.args["qmp"] = Absolute(qmp_);
-      if (!region_.empty()) r.args["boot_region"] = region_;
+      r.qmp = Absolute(qmp_);
+      if (!region_.empty()) r.boot_region = region_;
     } else if (!domain_.empty()) {
-      r.args["domain"] = domain_;
+      r.domain = domain_;
     }
-    return r;
+    return ToDaemonRequest(r, kVmReplyTimeout);
   }
   int Run() override {
     json result;
@@ -274,17 +276,20 @@ class AdoptCommand final : public Command {
   DaemonFlags flags_;
 };
 
-// capture NAME / stop NAME: one request about one VM.
+// capture NAME / stop NAME: one request about one VM (|Message|: its
+// control message, requests.h).
+template <class Message>
 class VmRequestCommand final : public Command {
  public:
-  VmRequestCommand(std::string daemon_cmd, void (*print)(const std::string&, const json&))
-      : daemon_cmd_(std::move(daemon_cmd)), print_(print) {}
+  explicit VmRequestCommand(void (*print)(const std::string&, const json&)) : print_(print) {}
   void Define(CLI::App& app) override {
     AddVmName(app, name_);
     AddDaemonFlags(app, flags_);
   }
   std::optional<DaemonRequest> Request() const override {
-    return DaemonRequest{daemon_cmd_, {{"name", name_}}, kVmReplyTimeout};
+    Message message;
+    message.name = name_;
+    return ToDaemonRequest(message, kVmReplyTimeout);
   }
   int Run() override {
     json result;
@@ -298,7 +303,6 @@ class VmRequestCommand final : public Command {
   }
 
  private:
-  std::string daemon_cmd_;
   void (*print_)(const std::string&, const json&);
   std::string name_;
   DaemonFlags flags_;
@@ -326,9 +330,9 @@ void AddVmCommands(CommandTable& table) {
             "let hvtraced watch a QEMU you started (--qmp SOCK) or a running libvirt domain",
             std::make_unique<AdoptCommand>());
   table.Add("capture", "snapshot a VM's trace region now, guest keeps running",
-            std::make_unique<VmRequestCommand>("capture", PrintCaptured));
+            std::make_unique<VmRequestCommand<hostd::ManualCaptureRequest>>(PrintCaptured));
   table.Add("stop", "stop watching a VM (and shut it down if hvtraced booted it)",
-            std::make_unique<VmRequestCommand>("stop", PrintStopped));
+            std::make_unique<VmRequestCommand<hostd::StopRequest>>(PrintStopped));
 }
 
 }  // namespace hvtrace::cli

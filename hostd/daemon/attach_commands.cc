@@ -4,118 +4,22 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 
-#include "attach_args.h"
 #include "daemon.h"
 #include "daemon_libvirt.h"
 #include "daemon_log.h"
+#include "live_region.h"
 #include "private_path.h"
 #include "qmp_vm.h"
 #include "region_stream.h"
 
 namespace hvtrace::hostd {
-namespace {
-
 namespace asio = boost::asio;
 using nlohmann::json;
 
-Status GetString(const json& args, const char* cmd, const char* key, bool required,
-                 std::string* out) {
-  auto it = args.find(key);
-  if (it == args.end() || it->is_null()) {
-    if (required) return Error{std::string(cmd) + ": args." + key + " is required"};
-    return {};
-  }
-  if (!it->is_string()) return Error{std::string(cmd) + ": args." + key + " must be a string"};
-  *out = it->get<std::string>();
-  return {};
-}
-
-Status GetUint(const json& args, const char* cmd, const char* key, uint64_t lo, uint64_t hi,
-               uint64_t* out) {
-  auto it = args.find(key);
-  if (it == args.end() || it->is_null()) return {};
-  // JSON from the wire parses as unsigned; built in C++ it may be signed.
-  if (!it->is_number_integer() || (!it->is_number_unsigned() && it->get<int64_t>() < 0)) {
-    return Error{std::string(cmd) + ": args." + key + " must be a non-negative integer"};
-  }
-  const uint64_t v = it->get<uint64_t>();
-  if (v < lo || v > hi) {
-    return Error{std::string(cmd) + ": args." + key + " = " + std::to_string(v) + " is outside " +
-                 std::to_string(lo) + ".." + std::to_string(hi)};
-  }
-  *out = v;
-  return {};
-}
-
-Status CheckObject(const json& args, const char* cmd) {
-  if (!args.is_object()) return Error{std::string(cmd) + ": args must be an object"};
-  return {};
-}
-
-}  // namespace
-
-Result<AttachArgs> ParseAttachArgs(const json& args) {
-  if (Status s = CheckObject(args, "attach"); !s.ok()) return s.error();
-  AttachArgs a;
-  uint64_t size_mib = a.options.size_bytes >> 20;
-  uint64_t pump = a.options.pump_interval_ms;
-  uint64_t wait = static_cast<uint64_t>(a.options.wait.count());
-  for (Status s : {GetString(args, "attach", "name", true, &a.name),
-                   GetString(args, "attach", "qmp", false, &a.qmp),
-                   GetString(args, "attach", "events", false, &a.options.events),
-                   GetUint(args, "attach", "size_mib", 1, 16384, &size_mib),
-                   GetUint(args, "attach", "pump_interval_ms", 1, 60000, &pump),
-                   GetUint(args, "attach", "wait_ms", 0, 600000, &wait)}) {
-    if (!s.ok()) return s.error();
-  }
-  if (Status s = ValidateVmName(a.name); !s.ok()) return Error{"attach: " + s.error().message};
-  a.options.size_bytes = size_mib << 20;
-  if (Status s = CheckRegionSize(a.options.size_bytes); !s.ok()) {
-    return Error{"attach: --size " + std::to_string(size_mib) + "M: " + s.error().message};
-  }
-  if (a.options.events.size() > region::kEventsTextSize) {
-    return Error{"attach: args.events is " + std::to_string(a.options.events.size()) +
-                 " bytes; at most " + std::to_string(region::kEventsTextSize) +
-                 " fit in the region"};
-  }
-  a.options.pump_interval_ms = static_cast<uint32_t>(pump);
-  a.options.wait = std::chrono::milliseconds(wait);
-  return a;
-}
-
-Result<DetachArgs> ParseDetachArgs(const json& args) {
-  if (Status s = CheckObject(args, "detach"); !s.ok()) return s.error();
-  DetachArgs d;
-  uint64_t timeout = static_cast<uint64_t>(d.timeout.count());
-  for (Status s : {GetString(args, "detach", "name", true, &d.name),
-                   GetUint(args, "detach", "timeout_ms", 1, 600000, &timeout)}) {
-    if (!s.ok()) return s.error();
-  }
-  if (Status s = ValidateVmName(d.name); !s.ok()) return Error{"detach: " + s.error().message};
-  d.timeout = std::chrono::milliseconds(timeout);
-  return d;
-}
-
-Result<StreamArgs> ParseStreamArgs(const json& args) {
-  if (Status s = CheckObject(args, "stream"); !s.ok()) return s.error();
-  StreamArgs a;
-  std::string format = "text", from = "now";
-  for (Status s : {GetString(args, "stream", "name", true, &a.name),
-                   GetString(args, "stream", "format", false, &format),
-                   GetString(args, "stream", "from", false, &from)}) {
-    if (!s.ok()) return s.error();
-  }
-  if (Status s = ValidateVmName(a.name); !s.ok()) return Error{"stream: " + s.error().message};
-  if (format != "text" && format != "json")
-    return Error{"stream: format '" + format + "' is not text or json"};
-  if (from != "now" && from != "start")
-    return Error{"stream: from '" + from + "' is not now or start"};
-  a.json = format == "json";
-  a.from_start = from == "start";
-  return a;
-}
-
 namespace {
+
+// How often `stream` looks at the region.
+constexpr std::chrono::milliseconds kStreamPollInterval{50};
 
 // One `hvtrace stream` request: polls the VM's region on the worker pool and
 // sends what is new until the client hangs up, the VM goes, or the region is
@@ -124,7 +28,7 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
  public:
   StreamSession(asio::any_io_executor pool, std::shared_ptr<VmSupervisor> vm,
                 std::shared_ptr<LiveRegion> region, std::shared_ptr<Responder> responder,
-                const StreamArgs& args, std::function<bool()> daemon_stopping,
+                const StreamRequest& args, std::function<bool()> daemon_stopping,
                 std::atomic<int>& active)
       : timer_(pool),
         daemon_stopping_(std::move(daemon_stopping)),
@@ -132,7 +36,7 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
         vm_(std::move(vm)),
         region_(std::move(region)),
         responder_(std::move(responder)),
-        streamer_(region_->geometry(), RegionStreamOptions{args.json, args.from_start,
+        streamer_(region_->geometry(), RegionStreamOptions{args.json(), args.from_start(),
                                                            std::chrono::milliseconds(1000)}) {
     ++active_;
   }
@@ -214,13 +118,9 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
 
 }  // namespace
 
-void Daemon::HandleStream(const Request& request, const std::shared_ptr<Responder>& responder) {
-  auto args = ParseStreamArgs(request.args);
-  if (!args.ok()) {
-    responder->Fail(kErrBadRequest, args.error().message);
-    return;
-  }
-  auto vm = VmFromArgs(request, *responder);
+void Daemon::HandleStream(const Request&, const StreamRequest& args,
+                          const ResponderPtr& responder) {
+  auto vm = VmNamed(args.name, *responder);
   if (!vm) return;
   std::shared_ptr<LiveRegion> region = vm->backend() ? vm->backend()->live_region() : nullptr;
   if (!region) {
@@ -230,25 +130,21 @@ void Daemon::HandleStream(const Request& request, const std::shared_ptr<Responde
     return;
   }
   auto session = std::make_shared<StreamSession>(
-      pool_.get_executor(), vm, region, responder, *args, [this] { return stopping(); },
+      pool_.get_executor(), vm, region, responder, args, [this] { return stopping(); },
       active_streams_);
   asio::post(pool_, [session] { session->Start(); });
 }
 
-void Daemon::HandleDetach(const Request& request, const std::shared_ptr<Responder>& responder) {
-  auto args = ParseDetachArgs(request.args);
-  if (!args.ok()) {
-    responder->Fail(kErrBadRequest, args.error().message);
-    return;
-  }
-  auto vm = VmFromArgs(request, *responder);
+void Daemon::HandleDetach(const Request&, const DetachRequest& args,
+                          const ResponderPtr& responder) {
+  auto vm = VmNamed(args.name, *responder);
   if (!vm) return;
   if (!vm->backend()) {
     responder->Fail(kErrBadRequest, "VM " + vm->name() + " is offline (no backend to detach from)");
     return;
   }
   const std::string name = vm->name();
-  vm->backend()->Detach(args->timeout, [vm, responder, name](Result<json> result) {
+  vm->backend()->Detach(args.timeout(), [vm, responder, name](Result<json> result) {
     if (!result.ok()) {
       responder->Fail(kErrVmFailed, "detach " + name + ": " + result.error().message);
       return;
@@ -258,13 +154,13 @@ void Daemon::HandleDetach(const Request& request, const std::shared_ptr<Responde
   });
 }
 
-void Daemon::AdoptForAttach(const Request& request, const std::string& name, const std::string& qmp,
-                            const std::shared_ptr<Responder>& responder,
-                            std::function<void()> then) {
-  if (!qmp.empty()) {
-    // An attach-only QMP VM (no boot range).
+void Daemon::AdoptForAttach(const Request& request, const AttachRequest& args, VmKind kind,
+                            const ResponderPtr& responder, std::function<void()> then) {
+  const std::string& name = args.name;
+  if (kind == VmKind::kQmp) {
+    // An attach-only QMP VM (no boot range). AdoptKind saw args.qmp.
     QmpVmSpec spec;
-    spec.qmp_socket = std::filesystem::absolute(qmp).string();
+    spec.qmp_socket = std::filesystem::absolute(args.qmp.value_or("")).string();
     if (Status s = CheckQmpPeer(request, spec.qmp_socket); !s.ok()) {
       responder->Fail(kErrBadRequest, "attach " + name + ": " + s.error().message);
       return;
@@ -283,7 +179,6 @@ void Daemon::AdoptForAttach(const Request& request, const std::string& name, con
             name + " --qmp SOCK`), adopt it first, or set libvirt_uri to attach libvirt domains");
     return;
   }
-  // A name hvtraced does not serve (and no --qmp) can only be a libvirt domain.
   asio::post(pool_, [this, name, responder, then = std::move(then)] {
     Result<json> adopted = libvirt_->Adopt(name, name, /*allow_no_region=*/true);
     if (!adopted.ok()) {
@@ -298,15 +193,21 @@ void Daemon::AdoptForAttach(const Request& request, const std::string& name, con
   });
 }
 
-void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responder>& responder) {
-  auto args = ParseAttachArgs(request.args);
-  if (!args.ok()) {
-    responder->Fail(kErrBadRequest, args.error().message);
+void Daemon::HandleAttach(const Request& request, const AttachRequest& args,
+                          const ResponderPtr& responder) {
+  const std::string name = args.name;
+  AttachOptions options;
+  options.size_bytes = args.size_mib << 20;
+  if (Status s = CheckRegionSize(options.size_bytes); !s.ok()) {
+    responder->Fail(kErrBadRequest,
+                    "attach: --size " + std::to_string(args.size_mib) + "M: " + s.error().message);
     return;
   }
-  const std::string name = args->name;
+  options.events = args.events;
+  options.pump_interval_ms = static_cast<uint32_t>(args.pump_interval_ms);
+  options.wait = args.wait();
   // Runs on the pool once the VM is served, whatever its kind.
-  auto attach = [this, name, options = args->options, responder]() mutable {
+  auto attach = [this, name, options, responder]() mutable {
     auto vm = registry_.Find(name);
     if (!vm || !vm->backend()) {
       responder->Fail(kErrInternal, "attach " + name + ": the VM vanished while adopting it");
@@ -351,8 +252,14 @@ void Daemon::HandleAttach(const Request& request, const std::shared_ptr<Responde
     asio::post(pool_, attach);
     return;
   }
-  if (!ReadyForNewVm(name, *responder, /*make_dir=*/!args->qmp.empty())) return;
-  AdoptForAttach(request, name, args->qmp, responder, attach);
+  Result<VmKind> kind = AdoptKind("attach", name, args.qmp.has_value());
+  if (!kind.ok()) {
+    responder->Fail(kErrBadRequest, kind.error().message);
+    return;
+  }
+  // A libvirt adopt makes the VM's directory once the domain is found.
+  if (!ReadyForNewVm(name, *responder, /*make_dir=*/*kind == VmKind::kQmp)) return;
+  AdoptForAttach(request, args, *kind, responder, attach);
 }
 
 }  // namespace hvtrace::hostd

@@ -82,26 +82,18 @@ std::filesystem::path BootInputsDir(const std::filesystem::path& vm_dir) {
   return vm_dir / "inputs";
 }
 
-std::string ArgName(const Request& request) {
-  auto it = request.args.find("name");
-  return it != request.args.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
-
 }  // namespace
 
 // Runs on the I/O thread; only cheap work happens here. QEMU is spawned on
 // the pool (LaunchBoot): it runs in its own session (VmLifetime::
 // kIndependent), so the forking thread does not matter, and the KVM probe
 // and the kernel hash never block other clients.
-void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>& responder) {
-  const std::string name = ArgName(request);
+void Daemon::HandleBoot(const Request& request, const BootRequest& args,
+                        const ResponderPtr& responder) {
+  const std::string name = args.name;
   if (!ReadyForNewVm(name, *responder)) return;
-  auto req = BootRequest::FromJson(request.args);
-  if (!req.ok()) {
-    responder->Fail(kErrBadRequest, req.error().message);
-    return;
-  }
-  if (req->accel == "auto") req->accel = config()->accel;
+  BootRequest req = args;
+  if (req.accel == "auto") req.accel = config()->accel;
   // The kernel and initrd come as descriptors the client opened; the daemon
   // boots private copies of them (client_files.h), never the client's paths.
   auto kernel_fd = RequestFile(request, "kernel", kMaxKernelBytes, /*required=*/true);
@@ -114,26 +106,25 @@ void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>
     }
   }
   const std::filesystem::path inputs = BootInputsDir(state_.VmDir(name));
-  const std::string kernel_what = "kernel " + req->kernel;
-  const std::string initrd_what = "initrd " + req->initrd;
-  req->kernel = (inputs / "kernel").string();
-  if (*initrd_fd) req->initrd = (inputs / "initrd").string();
+  const std::string kernel_what = "kernel " + req.kernel;
+  const std::string initrd_what = "initrd " + req.initrd;
+  req.kernel = (inputs / "kernel").string();
+  if (*initrd_fd) req.initrd = (inputs / "initrd").string();
   BootPaths paths =
       DefaultBootPaths(name, config()->EffectiveSocketPath().parent_path(), state_.VmDir(name));
-  auto config = MakeBootVmConfig(*req, paths);
+  auto config = MakeBootVmConfig(req, paths);
   if (!config.ok()) {
     responder->Fail(kErrBadRequest, config.error().message);
     return;
   }
-  auto accel = ParseAccel(req->accel);
+  auto accel = ParseAccel(req.accel);
   booting_.insert(name);
   // A gone/stopped/failed VM of that name still holds its files: stop it
   // first and boot when that is done (its cleanup must not remove the new
   // QEMU's files).
   std::shared_ptr<VmSupervisor> old = registry_.Find(name);
-  auto launch = [this, name, boot = *req, paths, vm_config = *config, accel_kind = *accel,
-                 responder, inputs, kernel = *kernel_fd, initrd = *initrd_fd, kernel_what,
-                 initrd_what] {
+  auto launch = [this, name, boot = req, paths, vm_config = *config, accel_kind = *accel, responder,
+                 inputs, kernel = *kernel_fd, initrd = *initrd_fd, kernel_what, initrd_what] {
     Status copied = MakeDirs(inputs, 0700);
     if (copied.ok())
       copied = ::chmod(inputs.c_str(), 0700) == 0
@@ -165,46 +156,55 @@ void Daemon::HandleBoot(const Request& request, const std::shared_ptr<Responder>
   asio::post(pool_, launch);
 }
 
+Result<VmKind> Daemon::AdoptKind(const std::string&, const std::string&, bool qmp_given) {
+  return qmp_given ? VmKind::kQmp : VmKind::kLibvirt;
+}
+
 // adopt NAME --qmp SOCK [--boot-region FILE@GPA:SIZE]: a QEMU someone else
-// started. adopt NAME [--domain D] (no --qmp): a libvirt domain.
-void Daemon::HandleAdopt(const Request& request, const std::shared_ptr<Responder>& responder) {
-  const std::string name = ArgName(request);
-  auto qmp = request.args.find("qmp");
-  const bool libvirt_domain = qmp == request.args.end() || qmp->is_null();
-  if (!ReadyForNewVm(name, *responder, /*make_dir=*/!libvirt_domain)) return;
-  if (libvirt_domain) {
-    if (!libvirt_) {
-      responder->Fail(kErrBadRequest, "adopt " + name +
-                                          ": give --qmp SOCK (a QEMU of your own), or set "
-                                          "libvirt_uri in hvtraced.conf to adopt libvirt domains");
-      return;
+// started. adopt NAME [--domain D]: a libvirt domain.
+void Daemon::HandleAdopt(const Request& request, const AdoptRequest& args,
+                         const ResponderPtr& responder) {
+  Result<VmKind> kind = AdoptKind("adopt", args.name, args.qmp.has_value());
+  if (!kind.ok()) {
+    responder->Fail(kErrBadRequest, kind.error().message);
+    return;
+  }
+  // A libvirt adopt makes the VM's directory once the domain is found.
+  if (!ReadyForNewVm(args.name, *responder, /*make_dir=*/*kind == VmKind::kQmp)) return;
+  switch (*kind) {
+    case VmKind::kQmp:
+      return AdoptQmp(request, args, responder);
+    case VmKind::kLibvirt:
+      return AdoptLibvirt(args, responder);
+  }
+}
+
+void Daemon::AdoptLibvirt(const AdoptRequest& args, const ResponderPtr& responder) {
+  const std::string name = args.name;
+  if (!libvirt_) {
+    responder->Fail(kErrBadRequest, "adopt " + name +
+                                        ": give --qmp SOCK (a QEMU of your own), or set "
+                                        "libvirt_uri in hvtraced.conf to adopt libvirt domains");
+    return;
+  }
+  const std::string domain_name = args.domain.value_or(name);
+  // libvirt calls block (and must not run on the event loop's thread).
+  asio::post(pool_, [this, name, domain_name, responder] {
+    Result<json> r = libvirt_->Adopt(name, domain_name);
+    if (r.ok()) {
+      responder->Reply(*r);
+    } else {
+      responder->Fail(kErrVmFailed, "adopt " + name + ": " + r.error().message);
     }
-    auto domain = request.args.find("domain");
-    const std::string domain_name =
-        domain != request.args.end() && domain->is_string() ? domain->get<std::string>() : name;
-    // libvirt calls block (and must not run on the event loop's thread).
-    asio::post(pool_, [this, name, domain_name, responder] {
-      Result<json> r = libvirt_->Adopt(name, domain_name);
-      if (r.ok()) {
-        responder->Reply(*r);
-      } else {
-        responder->Fail(kErrVmFailed, "adopt " + name + ": " + r.error().message);
-      }
-    });
-    return;
-  }
-  auto region = request.args.find("boot_region");
-  if (!qmp->is_string() ||
-      (region != request.args.end() && !region->is_null() && !region->is_string())) {
-    responder->Fail(
-        kErrBadRequest,
-        "adopt needs args.qmp (socket) and optionally args.boot_region (FILE@GPA:SIZE)");
-    return;
-  }
+  });
+}
+
+void Daemon::AdoptQmp(const Request& request, const AdoptRequest& args,
+                      const ResponderPtr& responder) {
+  const std::string name = args.name;
   // Without a boot region the VM is watched for `hvtrace attach`.
-  const bool boot_range = region != request.args.end() && region->is_string();
-  auto parsed =
-      boot_range ? ParseBootRegion(region->get<std::string>()) : Result<QmpVmSpec>(QmpVmSpec{});
+  const bool boot_range = args.boot_region.has_value();
+  auto parsed = boot_range ? ParseBootRegion(*args.boot_region) : Result<QmpVmSpec>(QmpVmSpec{});
   if (!parsed.ok()) {
     responder->Fail(kErrBadRequest, parsed.error().message);
     return;
@@ -212,7 +212,7 @@ void Daemon::HandleAdopt(const Request& request, const std::shared_ptr<Responder
   QmpVmSpec spec = *parsed;
   // The file is QEMU's node-1 backing file: the range starts at its offset 0
   // (gpa_layout.h), whatever GPA the guest sees it at.
-  spec.qmp_socket = std::filesystem::absolute(qmp->get<std::string>()).string();
+  spec.qmp_socket = std::filesystem::absolute(args.qmp.value_or("")).string();
   // SIZE sizes the capture copy buffers (allocated at registration): capped
   // before anything is allocated, and checked against the file the client
   // passed (never a path the daemon opens).

@@ -72,35 +72,57 @@ Result<std::vector<OpenedCaptureFile>> OpenCaptureFiles(const std::filesystem::p
 
 }  // namespace
 
-// Every command names the role it needs: observers look, admins change
-// state. A command added without a role is refused to everyone.
+// Parses |request|'s args into |Message| (its one JSON mapping,
+// control/requests.h) and calls |Handler| with it; a request that does not
+// parse is refused here, so no handler reads raw args.
+template <class Message, void (Daemon::*Handler)(const Request&, const Message&,
+                                                 const std::shared_ptr<Responder>&)>
+void Daemon::Dispatch(Daemon& daemon, const Request& request,
+                      const std::shared_ptr<Responder>& responder) {
+  Result<Message> message = ParseMessage<Message>(request.args);
+  if (!message.ok()) {
+    responder->Fail(kErrBadRequest, message.error().message);
+    return;
+  }
+  (daemon.*Handler)(request, *message, responder);
+}
+
+// Every command names its message and the role it needs: observers look,
+// admins change state. A command added without a role is refused to
+// everyone.
 const std::map<std::string, Daemon::Command, std::less<>>& Daemon::CommandTable() {
   constexpr Role kObserver = Role::kObserver;
   constexpr Role kAdmin = Role::kAdmin;
+  using D = Daemon;
   static const std::map<std::string, Daemon::Command, std::less<>> kTable = {
-      {"ping", {&Daemon::HandlePing, kObserver}},
-      {"version", {&Daemon::HandleVersion, kObserver}},
-      {"list", {&Daemon::HandleList, kObserver}},
-      {"status", {&Daemon::HandleStatus, kObserver}},
-      {"captures", {&Daemon::HandleCaptures, kObserver}},
+      {PingRequest::kCommand, {&Dispatch<PingRequest, &D::HandlePing>, kObserver}},
+      {VersionRequest::kCommand, {&Dispatch<VersionRequest, &D::HandleVersion>, kObserver}},
+      {ListRequest::kCommand, {&Dispatch<ListRequest, &D::HandleList>, kObserver}},
+      {StatusRequest::kCommand, {&Dispatch<StatusRequest, &D::HandleStatus>, kObserver}},
+      {CapturesRequest::kCommand, {&Dispatch<CapturesRequest, &D::HandleCaptures>, kObserver}},
       // Read-only descriptors of one capture's files: reading a capture is
       // an observer's right, whatever the state dir's group says.
-      {"capture-files", {&Daemon::HandleCaptureFiles, kObserver}},
-      {"stream", {&Daemon::HandleStream, kObserver}},
-      // The daemon's formats cache (formats_args.h): anyone may see what it
-      // holds; filling it boots a guest and writes what every VM decodes with.
-      {"formats-list", {&Daemon::HandleFormatsList, kObserver}},
-      {"formats-harvest", {&Daemon::HandleFormatsHarvest, kAdmin}},
-      {"shutdown", {&Daemon::HandleShutdown, kAdmin}},
-      {"boot", {&Daemon::HandleBoot, kAdmin}},
-      {"adopt", {&Daemon::HandleAdopt, kAdmin}},
-      {"capture", {&Daemon::HandleCapture, kAdmin}},
-      {"stop", {&Daemon::HandleStop, kAdmin}},
-      {"attach", {&Daemon::HandleAttach, kAdmin}},
-      {"detach", {&Daemon::HandleDetach, kAdmin}},
+      {CaptureFilesRequest::kCommand,
+       {&Dispatch<CaptureFilesRequest, &D::HandleCaptureFiles>, kObserver}},
+      {StreamRequest::kCommand, {&Dispatch<StreamRequest, &D::HandleStream>, kObserver}},
+      // The daemon's formats cache (formats_commands.cc): anyone may see what
+      // it holds; filling it boots a guest and writes what every VM decodes
+      // with.
+      {FormatsListRequest::kCommand,
+       {&Dispatch<FormatsListRequest, &D::HandleFormatsList>, kObserver}},
+      {FormatsHarvestRequest::kCommand,
+       {&Dispatch<FormatsHarvestRequest, &D::HandleFormatsHarvest>, kAdmin}},
+      {ShutdownRequest::kCommand, {&Dispatch<ShutdownRequest, &D::HandleShutdown>, kAdmin}},
+      {BootRequest::kCommand, {&Dispatch<BootRequest, &D::HandleBoot>, kAdmin}},
+      {AdoptRequest::kCommand, {&Dispatch<AdoptRequest, &D::HandleAdopt>, kAdmin}},
+      {ManualCaptureRequest::kCommand,
+       {&Dispatch<ManualCaptureRequest, &D::HandleCapture>, kAdmin}},
+      {StopRequest::kCommand, {&Dispatch<StopRequest, &D::HandleStop>, kAdmin}},
+      {AttachRequest::kCommand, {&Dispatch<AttachRequest, &D::HandleAttach>, kAdmin}},
+      {DetachRequest::kCommand, {&Dispatch<DetachRequest, &D::HandleDetach>, kAdmin}},
       // Edits a libvirt domain's persistent definition (also --dry-run: it
       // shows that definition, which only admins read).
-      {"setup", {&Daemon::HandleSetup, kAdmin}},
+      {SetupRequest::kCommand, {&Dispatch<SetupRequest, &D::HandleSetup>, kAdmin}},
   };
   return kTable;
 }
@@ -130,23 +152,13 @@ void Daemon::HandleRequest(const Request& request, const PeerCredentials& peer,
       responder->Fail(kErrDenied, RefusalMessage(request.cmd, access_, peer, command->role));
       return;
     }
-    (this->*command->handler)(request, responder);
+    command->dispatch(*this, request, responder);
   } catch (const std::exception& e) {
     responder->Fail(kErrInternal, std::string("'") + request.cmd + "' failed: " + e.what());
   }
 }
 
-std::shared_ptr<VmSupervisor> Daemon::VmFromArgs(const Request& request, Responder& responder) {
-  auto it = request.args.find("name");
-  if (it == request.args.end() || !it->is_string()) {
-    responder.Fail(kErrBadRequest, "'" + request.cmd + "' needs args.name (a VM name)");
-    return nullptr;
-  }
-  const std::string& name = it->get_ref<const std::string&>();
-  if (Status s = ValidateVmName(name); !s.ok()) {
-    responder.Fail(kErrBadRequest, s.error().message);
-    return nullptr;
-  }
+std::shared_ptr<VmSupervisor> Daemon::VmNamed(const std::string& name, Responder& responder) {
   auto vm = registry_.Find(name);
   if (!vm) {
     std::string known;
@@ -179,7 +191,7 @@ bool Daemon::ReadyForNewVm(const std::string& name, Responder& responder, bool m
   return true;
 }
 
-void Daemon::HandlePing(const Request&, const std::shared_ptr<Responder>& responder) {
+void Daemon::HandlePing(const Request&, const PingRequest&, const ResponderPtr& responder) {
   json pong = {{"pong", true},
                {"pid", ::getpid()},
                {"uptime_ms", (HostTime::Now().monotonic_ns - started_.monotonic_ns) / 1000000}};
@@ -193,14 +205,15 @@ void Daemon::HandlePing(const Request&, const std::shared_ptr<Responder>& respon
   responder->Reply(pong);
 }
 
-void Daemon::HandleList(const Request&, const std::shared_ptr<Responder>& responder) {
+void Daemon::HandleList(const Request&, const ListRequest&, const ResponderPtr& responder) {
   json vms = json::array();
   for (const auto& vm : registry_.All()) vms.push_back(vm->StatusJson());
   responder->Reply({{"vms", std::move(vms)}});
 }
 
-void Daemon::HandleStatus(const Request& request, const std::shared_ptr<Responder>& responder) {
-  auto vm = VmFromArgs(request, *responder);
+void Daemon::HandleStatus(const Request&, const StatusRequest& args,
+                          const ResponderPtr& responder) {
+  auto vm = VmNamed(args.name, *responder);
   if (!vm) return;
   // Whether a panic now decodes by name: the kernel's formats are loaded or
   // cached, or still being harvested (a kernel's first boot). Looking in the
@@ -215,8 +228,9 @@ void Daemon::HandleStatus(const Request& request, const std::shared_ptr<Responde
   });
 }
 
-void Daemon::HandleCaptures(const Request& request, const std::shared_ptr<Responder>& responder) {
-  auto vm = VmFromArgs(request, *responder);
+void Daemon::HandleCaptures(const Request&, const CapturesRequest& args,
+                            const ResponderPtr& responder) {
+  auto vm = VmNamed(args.name, *responder);
   if (!vm) return;
   // Reading manifests touches the disk: off the I/O thread.
   asio::post(pool_, [vm, responder] {
@@ -242,17 +256,12 @@ void Daemon::HandleCaptures(const Request& request, const std::shared_ptr<Respon
 // read-only descriptor gives the client exactly what the observer role
 // allows (reading this capture) and nothing else: no write, no directory to
 // walk, no path of its choosing opened by root.
-void Daemon::HandleCaptureFiles(const Request& request,
-                                const std::shared_ptr<Responder>& responder) {
-  auto id_it = request.args.find("capture");
-  if (id_it == request.args.end() || !id_it->is_string() || id_it->get<std::string>().empty()) {
-    responder->Fail(kErrBadRequest, "'capture-files' needs args.capture (a capture id)");
-    return;
-  }
-  const std::string id = id_it->get<std::string>();
+void Daemon::HandleCaptureFiles(const Request& request, const CaptureFilesRequest& args,
+                                const ResponderPtr& responder) {
+  const std::string id = args.capture;
   std::vector<std::shared_ptr<VmSupervisor>> vms;
-  if (request.args.contains("name")) {
-    auto vm = VmFromArgs(request, *responder);
+  if (args.name) {
+    auto vm = VmNamed(*args.name, *responder);
     if (!vm) return;
     vms.push_back(std::move(vm));
   } else {
@@ -297,13 +306,14 @@ void Daemon::HandleCaptureFiles(const Request& request,
   });
 }
 
-void Daemon::HandleShutdown(const Request&, const std::shared_ptr<Responder>& responder) {
+void Daemon::HandleShutdown(const Request&, const ShutdownRequest&, const ResponderPtr& responder) {
   responder->Reply({{"stopping", true}});
   RequestShutdown("shutdown command");
 }
 
-void Daemon::HandleCapture(const Request& request, const std::shared_ptr<Responder>& responder) {
-  auto vm = VmFromArgs(request, *responder);
+void Daemon::HandleCapture(const Request&, const ManualCaptureRequest& args,
+                           const ResponderPtr& responder) {
+  auto vm = VmNamed(args.name, *responder);
   if (!vm) return;
   vm->RequestCapture("manual", [responder](Result<CaptureSummary> result) {
     if (!result.ok()) {
@@ -321,8 +331,8 @@ void Daemon::HandleCapture(const Request& request, const std::shared_ptr<Respond
 // list it offline, so its captures stay reachable. The reply waits for the
 // backend to stop, so a `boot` of the same name right after never races the
 // cleanup.
-void Daemon::HandleStop(const Request& request, const std::shared_ptr<Responder>& responder) {
-  auto vm = VmFromArgs(request, *responder);
+void Daemon::HandleStop(const Request&, const StopRequest& args, const ResponderPtr& responder) {
+  auto vm = VmNamed(args.name, *responder);
   if (!vm) return;
   const std::string name = vm->name();
   if (booting_.count(name) != 0 || stopping_vms_.count(name) != 0) {

@@ -512,7 +512,7 @@ void Daemon::ScheduleRegionWarming() {
   });
 }
 
-void Daemon::HandleVersion(const Request&, const std::shared_ptr<Responder>& responder) {
+void Daemon::HandleVersion(const Request&, const VersionRequest&, const ResponderPtr& responder) {
   responder->Reply({{"version", HvtraceVersion()},
                     {"protocol", kControlProtocolVersion},
                     {"config", ConfigJson(*config())}});

@@ -32,6 +32,7 @@
 #include "formats_service.h"
 #include "hvtrace/result.h"
 #include "qmp_vm.h"
+#include "requests.h"
 #include "state_dir.h"
 #include "supervisor.h"
 #include "uploader.h"
@@ -44,6 +45,9 @@ inline constexpr int kControlProtocolVersion = 1;
 std::string_view HvtraceVersion();
 // The effective configuration, as `version` and `hvtraced --check-config` show it.
 nlohmann::json ConfigJson(const Config& config);
+
+// The kinds of VM backend hvtraced adopts (VmBackend::kind()).
+enum class VmKind { kQmp, kLibvirt };
 
 class Daemon {
  public:
@@ -92,40 +96,52 @@ class Daemon {
 
  private:
   // One handler per control command (commands.cc, boot_commands.cc,
-  // attach_commands.cc); the command table (FindHandler) routes to them.
-  using Handler = void (Daemon::*)(const Request&, const std::shared_ptr<Responder>&);
-  // A command's handler and the role it needs (access.h); kNone: no one.
+  // attach_commands.cc, formats_commands.cc, setup_commands.cc), each taking
+  // its typed message (control/requests.h). The command table parses the
+  // request's args into that message once (Dispatch) and routes to them.
+  using Dispatcher = void (*)(Daemon&, const Request&, const std::shared_ptr<Responder>&);
+  // A command's dispatcher and the role it needs (access.h); kNone: no one.
   struct Command {
-    Handler handler = nullptr;
+    Dispatcher dispatch = nullptr;
     Role role = Role::kNone;
   };
+  template <class Message, void (Daemon::*Handler)(const Request&, const Message&,
+                                                   const std::shared_ptr<Responder>&)>
+  static void Dispatch(Daemon& daemon, const Request& request,
+                       const std::shared_ptr<Responder>& responder);
   static const std::map<std::string, Command, std::less<>>& CommandTable();
   static const Command* FindCommand(std::string_view cmd);
   static std::string CommandNames();
-  void HandlePing(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleVersion(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleList(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleStatus(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleCaptures(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleCaptureFiles(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleShutdown(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleBoot(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleAdopt(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleCapture(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleStop(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleAttach(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleDetach(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleStream(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleSetup(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleFormatsList(const Request& request, const std::shared_ptr<Responder>& responder);
-  void HandleFormatsHarvest(const Request& request, const std::shared_ptr<Responder>& responder);
+  using ResponderPtr = std::shared_ptr<Responder>;
+  void HandlePing(const Request&, const PingRequest&, const ResponderPtr& responder);
+  void HandleVersion(const Request&, const VersionRequest&, const ResponderPtr& responder);
+  void HandleList(const Request&, const ListRequest&, const ResponderPtr& responder);
+  void HandleStatus(const Request&, const StatusRequest& args, const ResponderPtr& responder);
+  void HandleCaptures(const Request&, const CapturesRequest& args, const ResponderPtr& responder);
+  void HandleCaptureFiles(const Request& request, const CaptureFilesRequest& args,
+                          const ResponderPtr& responder);
+  void HandleShutdown(const Request&, const ShutdownRequest&, const ResponderPtr& responder);
+  void HandleBoot(const Request& request, const BootRequest& args, const ResponderPtr& responder);
+  void HandleAdopt(const Request& request, const AdoptRequest& args, const ResponderPtr& responder);
+  void HandleCapture(const Request&, const ManualCaptureRequest& args,
+                     const ResponderPtr& responder);
+  void HandleStop(const Request&, const StopRequest& args, const ResponderPtr& responder);
+  void HandleAttach(const Request& request, const AttachRequest& args,
+                    const ResponderPtr& responder);
+  void HandleDetach(const Request&, const DetachRequest& args, const ResponderPtr& responder);
+  void HandleStream(const Request&, const StreamRequest& args, const ResponderPtr& responder);
+  void HandleSetup(const Request&, const SetupRequest& args, const ResponderPtr& responder);
+  void HandleFormatsList(const Request&, const FormatsListRequest&, const ResponderPtr& responder);
+  void HandleFormatsHarvest(const Request& request, const FormatsHarvestRequest& args,
+                            const ResponderPtr& responder);
   // Where formats-harvest copies a client's kernel (0700, emptied at start).
   std::filesystem::path HarvestInputsDir() const;
 
   void HandleRequest(const Request& request, const PeerCredentials& peer,
                      const std::shared_ptr<Responder>& responder);
-  // Finds the VM named by args.name, or fails |responder| and returns null.
-  std::shared_ptr<VmSupervisor> VmFromArgs(const Request& request, Responder& responder);
+  // Finds the VM |name| (validated by its request's Check), or fails
+  // |responder| and returns null.
+  std::shared_ptr<VmSupervisor> VmNamed(const std::string& name, Responder& responder);
   // The checks before a boot or adopt of |name|: a valid name, nothing of
   // that name under way or live, and (|make_dir|) its state dir made. Fails
   // |responder|. A libvirt adopt makes the dir only once the domain is found.
@@ -142,10 +158,16 @@ class Daemon {
   // A QMP socket a client named (adopt/attach --qmp) must be served by that
   // client's uid or by root, checked on a connection (client_files.h).
   Status CheckQmpPeer(const Request& request, const std::string& socket) const;
-  // attach on a VM hvtraced does not serve yet: adopts it (QMP with
-  // args.qmp, else a libvirt domain) on the pool, then |then| on the pool.
-  void AdoptForAttach(const Request& request, const std::string& name, const std::string& qmp,
-                      const std::shared_ptr<Responder>& responder, std::function<void()> then);
+  // The backend that adopts |name| for |command| (adopt, attach): what the
+  // request names (a QMP socket: a QEMU; none: a libvirt domain).
+  Result<VmKind> AdoptKind(const std::string& command, const std::string& name, bool qmp_given);
+  // attach on a VM hvtraced does not serve yet: adopts it as |kind| (QMP
+  // with args.qmp, or a libvirt domain) on the pool, then |then| on the pool.
+  void AdoptForAttach(const Request& request, const AttachRequest& args, VmKind kind,
+                      const ResponderPtr& responder, std::function<void()> then);
+  // adopt, by kind (boot_commands.cc).
+  void AdoptQmp(const Request& request, const AdoptRequest& args, const ResponderPtr& responder);
+  void AdoptLibvirt(const AdoptRequest& args, const ResponderPtr& responder);
   // Removes the files a dead daemon-booted QEMU left (never a live one's).
   void RemoveRemnants(const std::string& name);
   // Re-adopts a QMP VM remembered in its state dir whose QEMU still runs
@@ -177,7 +199,7 @@ class Daemon {
   ConfigSource reload_source_;
   // Waits for the next SIGHUP (I/O thread).
   void WaitForReload();
-  // formats-harvest requests queued or running (formats_args.h caps them).
+  // formats-harvest requests queued or running (formats_commands.cc caps them).
   // Declared before the pools: their last callbacks may still count down.
   std::atomic<int> client_harvests_{0};
   boost::asio::io_context io_;

@@ -1,4 +1,4 @@
-// formats-list and formats-harvest (formats_args.h): the daemon's formats
+// formats-list and formats-harvest (requests.h): the daemon's formats
 // cache, the one every VM decodes with, listed and filled for clients.
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,50 +12,18 @@
 #include "client_files.h"
 #include "daemon.h"
 #include "daemon_log.h"
-#include "formats_args.h"
 
 namespace hvtrace::hostd {
 
 namespace asio = boost::asio;
 using nlohmann::json;
 
-Result<FormatsHarvestArgs> ParseFormatsHarvestArgs(const json& args) {
-  constexpr char kCmd[] = "formats-harvest";
-  if (!args.is_object()) return Error{std::string(kCmd) + ": args must be an object"};
-  FormatsHarvestArgs a;
-  auto kernel = args.find("kernel");
-  if (kernel == args.end() || !kernel->is_string() || kernel->get<std::string>().empty()) {
-    return Error{std::string(kCmd) + ": args.kernel (the kernel image's path) is required"};
-  }
-  a.kernel = kernel->get<std::string>();
-  if (a.kernel.size() > kMaxKernelPathBytes) {
-    return Error{std::string(kCmd) + ": args.kernel is longer than " +
-                 std::to_string(kMaxKernelPathBytes) + " bytes"};
-  }
-  if (auto initrd = args.find("initrd"); initrd != args.end() && !initrd->is_null()) {
-    return Error{std::string(kCmd) + " " + a.kernel +
-                 ": hvtraced harvests only with its own initramfs (harvest_initrd in "
-                 "hvtraced.conf), never a client's: the harvest guest's report becomes the "
-                 "formats of every VM with that kernel; for another initrd harvest into a "
-                 "cache of your own (`hvtrace formats harvest --cache DIR --initrd I`)"};
-  }
-  if (auto t = args.find("timeout_ms"); t != args.end() && !t->is_null()) {
-    if (!t->is_number_integer() || (!t->is_number_unsigned() && t->get<int64_t>() < 0)) {
-      return Error{std::string(kCmd) + ": args.timeout_ms must be a non-negative integer"};
-    }
-    const uint64_t ms = t->get<uint64_t>();
-    if (ms < static_cast<uint64_t>(kMinHarvestTimeout.count()) ||
-        ms > static_cast<uint64_t>(kMaxHarvestTimeout.count())) {
-      return Error{std::string(kCmd) + ": args.timeout_ms = " + std::to_string(ms) +
-                   " is outside " + std::to_string(kMinHarvestTimeout.count()) + ".." +
-                   std::to_string(kMaxHarvestTimeout.count())};
-    }
-    a.timeout = std::chrono::milliseconds(ms);
-  }
-  return a;
-}
+// Client harvests queued or running at once; more are refused as busy (each
+// holds a private copy of a kernel of up to kMaxKernelBytes).
+constexpr int kMaxClientHarvests = 4;
 
-void Daemon::HandleFormatsList(const Request&, const std::shared_ptr<Responder>& responder) {
+void Daemon::HandleFormatsList(const Request&, const FormatsListRequest&,
+                               const ResponderPtr& responder) {
   // Listing reads every entry's manifest: off the I/O thread.
   asio::post(pool_, [formats = formats_, responder] {
     json reply = {
@@ -95,13 +63,8 @@ void Daemon::HandleFormatsList(const Request&, const std::shared_ptr<Responder>&
 
 // Runs on the I/O thread: checks the request and the descriptor, then the
 // copy, the hash and the harvest go to the pools (formats_service.h).
-void Daemon::HandleFormatsHarvest(const Request& request,
-                                  const std::shared_ptr<Responder>& responder) {
-  auto args = ParseFormatsHarvestArgs(request.args);
-  if (!args.ok()) {
-    responder->Fail(kErrBadRequest, args.error().message);
-    return;
-  }
+void Daemon::HandleFormatsHarvest(const Request& request, const FormatsHarvestRequest& args,
+                                  const ResponderPtr& responder) {
   auto kernel_fd = RequestFile(request, "kernel", kMaxKernelBytes, /*required=*/true);
   if (!kernel_fd.ok()) {
     responder->Fail(kErrBadRequest, kernel_fd.error().message);
@@ -110,7 +73,7 @@ void Daemon::HandleFormatsHarvest(const Request& request,
   const std::string who = "uid " + std::to_string(request.peer_uid.value_or(0));
   if (client_harvests_.fetch_add(1) >= kMaxClientHarvests) {
     client_harvests_.fetch_sub(1);
-    responder->Fail(kErrBusy, "formats-harvest " + args->kernel + ": " +
+    responder->Fail(kErrBusy, "formats-harvest " + args.kernel + ": " +
                                   std::to_string(kMaxClientHarvests) +
                                   " harvests are already queued; try again when they end");
     return;
@@ -118,7 +81,7 @@ void Daemon::HandleFormatsHarvest(const Request& request,
   static std::atomic<uint64_t> next_copy{0};
   const std::filesystem::path copy =
       HarvestInputsDir() / ("kernel-" + std::to_string(next_copy.fetch_add(1)));
-  asio::post(pool_, [this, args = *args, fd = *kernel_fd, copy, who, responder] {
+  asio::post(pool_, [this, args, fd = *kernel_fd, copy, who, responder] {
     // The daemon's own copy: it is hashed, booted and hashed again by the
     // harvest, and the client could rewrite its file between those reads.
     const std::string what = "kernel " + args.kernel + " of " + who;
@@ -144,7 +107,7 @@ void Daemon::HandleFormatsHarvest(const Request& request,
     harvest.key = *key;
     harvest.kernel = copy.string();
     harvest.label = args.kernel;
-    harvest.boot_timeout = args.timeout;
+    harvest.boot_timeout = args.timeout();
     harvest.progress = [responder](std::string_view line) {
       responder->Stream({{"progress", std::string(line)}});
     };

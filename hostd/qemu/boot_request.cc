@@ -7,74 +7,11 @@ namespace hvtrace::hostd {
 
 using nlohmann::json;
 
-json BootRequest::ToJson() const {
-  return {{"name", name},
-          {"kernel", kernel},
-          {"initrd", initrd},
-          {"append", append},
-          {"cpus", cpus},
-          {"memory_mib", memory_mib},
-          {"trace_size_mib", trace_size_mib},
-          {"events", events},
-          {"accel", accel},
-          {"trace_boot", trace_boot},
-          {"devices", devices}};
-}
-
-Result<BootRequest> BootRequest::FromJson(const json& args) {
-  BootRequest r;
-  if (!args.is_object()) return Error{"boot: args must be an object"};
-  auto str = [&](const char* key, std::string& out, bool required) -> Status {
-    auto it = args.find(key);
-    if (it == args.end() || it->is_null()) {
-      if (required) return Error{std::string("boot: args.") + key + " is required"};
-      return {};
-    }
-    if (!it->is_string()) return Error{std::string("boot: args.") + key + " must be a string"};
-    out = it->get<std::string>();
-    return {};
-  };
-  auto num = [&](const char* key, uint64_t lo, uint64_t hi, uint64_t& out) -> Status {
-    auto it = args.find(key);
-    if (it == args.end() || it->is_null()) return {};
-    if (!it->is_number_unsigned())
-      return Error{std::string("boot: args.") + key + " must be a positive integer"};
-    uint64_t v = it->get<uint64_t>();
-    if (v < lo || v > hi) {
-      return Error{std::string("boot: args.") + key + " = " + std::to_string(v) + " is outside " +
-                   std::to_string(lo) + ".." + std::to_string(hi)};
-    }
-    out = v;
-    return {};
-  };
-  for (Status s : {str("name", r.name, true), str("kernel", r.kernel, true),
-                   str("initrd", r.initrd, false), str("append", r.append, false),
-                   str("events", r.events, false), str("accel", r.accel, false)}) {
-    if (!s.ok()) return s.error();
-  }
-  uint64_t cpus = static_cast<uint64_t>(r.cpus);
-  for (Status s : {num("cpus", 1, 64, cpus), num("memory_mib", 256, 65536, r.memory_mib),
-                   num("trace_size_mib", 1, 1024, r.trace_size_mib)}) {
-    if (!s.ok()) return s.error();
-  }
-  r.cpus = static_cast<int>(cpus);
-  if (auto it = args.find("trace_boot"); it != args.end() && !it->is_null()) {
-    if (!it->is_boolean()) return Error{"boot: args.trace_boot must be true or false"};
-    r.trace_boot = it->get<bool>();
-  }
-  if (auto it = args.find("devices"); it != args.end() && !it->is_null()) {
-    if (!it->is_array() || it->size() > std::size(kHandshakeDevices)) {
-      return Error{"boot: args.devices must be a list of at most 3 device names"};
-    }
-    for (const json& d : *it) {
-      if (!d.is_string()) return Error{"boot: args.devices must hold strings"};
-      r.devices.push_back(d.get<std::string>());
-    }
-    if (Status s = CheckHandshakeDevices(r.devices); !s.ok())
-      return Error{"boot: args.devices: " + s.error().message};
-  }
-  if (auto a = ParseAccel(r.accel); !a.ok()) return a.error();
-  return r;
+Status BootRequest::Check() const {
+  if (Status s = CheckHandshakeDevices(devices); !s.ok())
+    return Error{"boot: args.devices: " + s.error().message};
+  if (auto a = ParseAccel(accel); !a.ok()) return Error{"boot: " + a.error().message};
+  return {};
 }
 
 BootPaths DefaultBootPaths(const std::string& name, const std::filesystem::path& run_dir,

@@ -8,11 +8,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "hvtrace/handshake_kprobes.h"
 #include "hvtrace/result.h"
+#include "json_message.h"
 #include "vm_config.h"
 
 namespace hvtrace::hostd {
@@ -33,7 +35,12 @@ inline constexpr const char* kDefaultBootEvents =
 using ::hvtrace::kHandshakeKprobeParam;
 using ::hvtrace::kKeepLocalTraceClock;
 
+// The `boot` control message (control/requests.h has the others): the CLI
+// fills it, the daemon parses it (json_message.h: unknown keys and wrong
+// types refused) and builds the VM from it; the initializers are the
+// defaults of both.
 struct BootRequest {
+  static constexpr const char* kCommand = "boot";
   std::string name;
   std::string kernel;
   std::string initrd;
@@ -47,10 +54,29 @@ struct BootRequest {
   bool trace_boot = false;
   // Handshake devices (boot_trace.h): "virtio-blk", "virtio-net", "virtio-serial".
   std::vector<std::string> devices;
+  // The descriptors of |kernel| and |initrd| (OpenRequestFiles, fd_passing.h);
+  // the daemon boots copies of those files, the paths are for messages.
+  std::optional<uint64_t> kernel_fd;
+  std::optional<uint64_t> initrd_fd;
 
-  nlohmann::json ToJson() const;
-  // Checks types and ranges; errors name the field.
-  static Result<BootRequest> FromJson(const nlohmann::json& args);
+  template <class Self, class Map>
+  static void Fields(Self& r, Map& m) {
+    m.Required("name", r.name);
+    m.Required("kernel", r.kernel);
+    m.Field("initrd", r.initrd);
+    m.Field("append", r.append);
+    m.Field("cpus", r.cpus, 1, 64);
+    m.Field("memory_mib", r.memory_mib, 256, 65536);
+    m.Field("trace_size_mib", r.trace_size_mib, 1, 1024);
+    m.Field("events", r.events);
+    m.Field("accel", r.accel);
+    m.Field("trace_boot", r.trace_boot);
+    m.List("devices", r.devices, 3);
+    m.Field("kernel_fd", r.kernel_fd);
+    m.Field("initrd_fd", r.initrd_fd);
+  }
+  // What one field cannot say: the accel's spelling, the device names.
+  Status Check() const;
 };
 
 // Where the daemon (or a person running QEMU themselves) puts the VM's

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "hvtrace/region.h"
 #include "hvtrace/region_writer.h"
 #include "test_support.h"
@@ -65,6 +67,48 @@ TEST_F(LiveRegionTest, Malicious_AFileCutShortIsAnErrorNotASigbus) {
   region_->RequestSnapshot();
   std::vector<std::byte> copy;
   EXPECT_FALSE(region_->CopyInto(copy).ok());
+}
+
+TEST(LiveRegion, CreateWritesTheHeaderAndRefusesAnExistingFile) {
+  const std::string path = "/tmp/live_region_test_create_" + std::to_string(::getpid());
+  std::filesystem::remove(path);
+  LiveRegionOptions o;
+  o.path = path;
+  o.size_bytes = 1 << 20;
+  o.max_cpus = 2;
+  o.events = "sched:sched_switch";
+  o.pump_interval_ms = 25;
+  auto r = LiveRegion::Create(o);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(std::filesystem::file_size(path), 1u << 20);
+  EXPECT_EQ((*r)->geometry().max_cpus, 2u);
+  auto* req =
+      reinterpret_cast<const region::HostRequests*>((*r)->data() + region::kHostRequestsOffset);
+  EXPECT_EQ(req->pump_interval_ms, 25u);
+  EXPECT_EQ(std::string(req->events, req->events_len), "sched:sched_switch");
+  const uint64_t seq = req->request_seq;
+  (*r)->SetEvents("irq:*");
+  EXPECT_EQ(req->request_seq, seq + 1);
+  EXPECT_EQ(std::string(req->events, req->events_len), "irq:*");
+
+  // A second region on the same path is refused unless asked to replace.
+  auto again = LiveRegion::Create(o);
+  ASSERT_FALSE(again.ok());
+  EXPECT_NE(again.error().message.find(path), std::string::npos);
+  auto reopened = LiveRegion::OpenExisting(path);
+  ASSERT_TRUE(reopened.ok()) << reopened.error().message;
+  EXPECT_EQ((*reopened)->geometry(), (*r)->geometry());
+  o.replace_existing = true;
+  auto replaced = LiveRegion::Create(o);
+  ASSERT_TRUE(replaced.ok()) << replaced.error().message;
+  EXPECT_NE((*replaced)->geometry().region_id, (*r)->geometry().region_id);
+  std::filesystem::remove(path);
+
+  o.size_bytes = 3 << 20;
+  auto odd = LiveRegion::Create(o);
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.error().message.find("power of two"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(path));
 }
 
 }  // namespace

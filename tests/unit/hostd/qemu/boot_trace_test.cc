@@ -22,7 +22,7 @@ bool HasPrefix(const std::vector<std::string>& argv, const std::string& prefix) 
 }
 
 Result<QemuPlan> PlanFor(const nlohmann::json& args) {
-  auto request = BootRequest::FromJson(args);
+  auto request = ParseMessage<BootRequest>(args);
   if (!request.ok()) return request.error();
   BootPaths paths = DefaultBootPaths(request->name, "/run/hvt", "/var/lib/hvtrace/vms/g1");
   auto config = MakeBootVmConfig(*request, paths);
@@ -109,11 +109,11 @@ TEST(BootTraceTest, DevicesHaveHostPrivateBackends) {
 }
 
 TEST(BootTraceTest, RequestRoundTrips) {
-  auto r = BootRequest::FromJson(
+  auto r = ParseMessage<BootRequest>(
       {{"name", "g1"}, {"kernel", "/k"}, {"trace_boot", true}, {"devices", {"virtio-net"}}});
   ASSERT_TRUE(r.ok()) << r.error().message;
-  // Through text, as the daemon receives it (ToJson's cpus is a signed int).
-  auto again = BootRequest::FromJson(nlohmann::json::parse(r->ToJson().dump()));
+  // Through text, as the daemon receives it (MessageToJson's cpus is a signed int).
+  auto again = ParseMessage<BootRequest>(nlohmann::json::parse(MessageToJson(*r).dump()));
   ASSERT_TRUE(again.ok()) << again.error().message;
   EXPECT_TRUE(again->trace_boot);
   EXPECT_EQ(again->devices, std::vector<std::string>{"virtio-net"});
@@ -134,7 +134,7 @@ TEST(BootTraceTest, BadRequestsNameTheField) {
   for (const Case& c : cases) {
     nlohmann::json args = {{"name", "g1"}, {"kernel", "/k"}};
     args.update(c.extra);
-    auto r = BootRequest::FromJson(args);
+    auto r = ParseMessage<BootRequest>(args);
     ASSERT_FALSE(r.ok()) << c.extra.dump();
     EXPECT_NE(r.error().message.find(c.want), std::string::npos) << r.error().message;
   }

@@ -156,12 +156,37 @@ void Daemon::HandleBoot(const Request& request, const BootRequest& args,
   asio::post(pool_, launch);
 }
 
-Result<VmKind> Daemon::AdoptKind(const std::string&, const std::string&, bool qmp_given) {
+std::optional<VmKind> Daemon::RecordedKind(const std::string& name) {
+  if (auto vm = registry_.Find(name); vm && vm->backend()) {
+    return vm->backend()->kind() == "libvirt" ? VmKind::kLibvirt : VmKind::kQmp;
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(LibvirtVmRecordPath(state_.VmDir(name)), ec)) {
+    return VmKind::kLibvirt;
+  }
+  if (std::filesystem::exists(QmpVmSpecPath(state_.VmDir(name)), ec)) return VmKind::kQmp;
+  return std::nullopt;
+}
+
+Result<VmKind> Daemon::AdoptKind(const std::string& command, const std::string& name,
+                                 bool qmp_given) {
+  const std::optional<VmKind> recorded = RecordedKind(name);
+  const std::string forget = ", or `hvtrace stop " + name + "` first to forget it";
+  if (recorded == VmKind::kLibvirt && qmp_given) {
+    return Error{command + " " + name + ": VM '" + name +
+                 "' is a libvirt domain on record; drop --qmp" + forget};
+  }
+  if (recorded == VmKind::kQmp && !qmp_given) {
+    return Error{command + " " + name + ": VM '" + name +
+                 "' is a QEMU watched over QMP on record; give its socket (--qmp SOCK)" + forget};
+  }
+  if (recorded) return *recorded;
   return qmp_given ? VmKind::kQmp : VmKind::kLibvirt;
 }
 
 // adopt NAME --qmp SOCK [--boot-region FILE@GPA:SIZE]: a QEMU someone else
-// started. adopt NAME [--domain D]: a libvirt domain.
+// started. adopt NAME [--domain D]: a libvirt domain. Which of the two, the
+// VM's record says once it has one (AdoptKind).
 void Daemon::HandleAdopt(const Request& request, const AdoptRequest& args,
                          const ResponderPtr& responder) {
   Result<VmKind> kind = AdoptKind("adopt", args.name, args.qmp.has_value());

@@ -158,9 +158,15 @@ class Daemon {
   // A QMP socket a client named (adopt/attach --qmp) must be served by that
   // client's uid or by root, checked on a connection (client_files.h).
   Status CheckQmpPeer(const Request& request, const std::string& socket) const;
-  // The backend that adopts |name| for |command| (adopt, attach): what the
-  // request names (a QMP socket: a QEMU; none: a libvirt domain).
+  // The backend that adopts |name| for |command| (adopt, attach): the kind
+  // on record when hvtraced has served |name| before (RecordedKind), and a
+  // request naming the other kind is refused; else what the request names
+  // (a QMP socket: a QEMU; none: a libvirt domain).
   Result<VmKind> AdoptKind(const std::string& command, const std::string& name, bool qmp_given);
+  // The kind of VM |name| is on record: its backend's, else the record its
+  // state dir keeps (a QMP spec or a libvirt domain record); none for a name
+  // hvtraced never served, or forgot (`stop`).
+  std::optional<VmKind> RecordedKind(const std::string& name);
   // attach on a VM hvtraced does not serve yet: adopts it as |kind| (QMP
   // with args.qmp, or a libvirt domain) on the pool, then |then| on the pool.
   void AdoptForAttach(const Request& request, const AttachRequest& args, VmKind kind,

@@ -132,6 +132,9 @@ class LibvirtDomainBackend : public VmBackend {
   ~LibvirtDomainBackend() override;
 
   std::string_view kind() const override { return "libvirt"; }
+  // libvirt's <shmem> maps only /dev/shm/NAME (LiveRegion refuses a name
+  // there that is not ours).
+  std::filesystem::path attach_region_dir() const override { return "/dev/shm"; }
   void Start(VmEventSink& sink) override;
   void Stop() override;
   Result<CaptureInputs> PrepareCapture() override;

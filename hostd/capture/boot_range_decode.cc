@@ -220,7 +220,7 @@ BootRangeDecodeTimes DecodeBootRange(std::span<const std::byte> copy,
   const std::string kernel = sources.kernel_path.empty() ? "K" : sources.kernel_path;
   info["identify"] = kernels.Summary();
   // The CLI's harvest goes to the daemon answering on its socket, which
-  // harvests into this cache (formats_args.h).
+  // harvests into this cache (FormatsHarvestRequest, control/requests.h).
   info["note"] = "formats: " + state + ", run hvtrace formats harvest --kernel " + kernel +
                  " (hvtraced harvests it into its cache); `hvtrace show CAPTURE` then decodes "
                  "region.bin";

@@ -55,7 +55,7 @@ struct AttachOptions {
   uint32_t pump_interval_ms = 50;
   std::chrono::milliseconds wait{30000};  // For the agent's announcement.
 };
-// Gets the reply JSON of attach/detach (daemon/attach_args.h) or the error;
+// Gets the reply JSON of attach/detach (what `hvtrace attach` prints) or the error;
 // may run on any thread.
 using AttachDone = std::function<void(Result<nlohmann::json>)>;
 
@@ -108,6 +108,10 @@ class VmBackend {
   // Shown in `status`; called on the VM's strand after Start.
   virtual nlohmann::json Describe() const { return nlohmann::json::object(); }
 
+  // Where the attach region file must be created; empty = the daemon's own
+  // guest-memory directory (only its user may enter). A backend whose
+  // hypervisor can map only certain names says so here (libvirt: /dev/shm).
+  virtual std::filesystem::path attach_region_dir() const { return {}; }
   // Attach mode. Hot-plugs a new region and waits (bounded) for the guest
   // agent to announce itself. Asynchronous: |done| runs exactly once.
   virtual void Attach(const AttachOptions& /*options*/, AttachDone done) {

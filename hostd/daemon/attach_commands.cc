@@ -213,15 +213,11 @@ void Daemon::HandleAttach(const Request& request, const AttachRequest& args,
       responder->Fail(kErrInternal, "attach " + name + ": the VM vanished while adopting it");
       return;
     }
-    // libvirt's <shmem> can only live in /dev/shm (LiveRegion refuses a
-    // name there that is not ours); a QEMU we talk QMP to maps any path, so
-    // its region goes where only the daemon's user may enter.
     const std::string file = "hvtrace-" + name + "-attach";
-    if (vm->backend()->kind() == "libvirt") {
-      options.region_path = std::filesystem::path("/dev/shm") / file;
+    if (std::filesystem::path dir = vm->backend()->attach_region_dir(); !dir.empty()) {
+      options.region_path = dir / file;
     } else {
-      const std::filesystem::path dir =
-          config()->EffectiveSocketPath().parent_path() / kMemoryDirName;
+      dir = config()->EffectiveSocketPath().parent_path() / kMemoryDirName;
       // Kept as it is (0700, or 0710 for QEMU's group when VMs run as
       // qemu_user); the region file itself is given to QEMU's group when
       // QEMU is not the daemon's user (QmpRegionTransport::Probe).

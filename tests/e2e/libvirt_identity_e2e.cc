@@ -64,7 +64,7 @@ class FakeQemu {
     }
   }
   pid_t pid() const { return pid_; }
-  // Its command line once setpriv exec'd sh (empty until then).
+  // Its command line: setpriv's until it has exec'd sh.
   std::string Cmdline() const {
     std::string text = ReadWhole("/proc/" + std::to_string(pid_) + "/cmdline");
     for (char& c : text) c = c == '\0' ? ' ' : c;
@@ -106,7 +106,9 @@ TEST(LibvirtIdentityE2e, AFakeProcessNamedLikeTheDomainIsIgnored) {
   } remove_fifo{fifo};
   FakeQemu fake(domain.name(), fifo);
   ASSERT_GT(fake.pid(), 0);
-  for (int i = 0; i < 100 && fake.Cmdline().find("guest=") == std::string::npos; ++i)
+  // setpriv's own argv already names the guest: wait for the sh it execs
+  // (as uid 65534), not for the name.
+  for (int i = 0; i < 250 && fake.Cmdline().rfind("sh -c ", 0) != 0; ++i)
     std::this_thread::sleep_for(20ms);
   ASSERT_THAT(fake.Cmdline(), HasSubstr("-name guest=" + domain.name()));
   struct stat fake_st {};

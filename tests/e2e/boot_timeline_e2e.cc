@@ -153,13 +153,9 @@ TEST_F(BootTimelineE2e, PanicDuringBootKeepsTheTimelineSoFar) {
   // A cache of its own: the kprobe events are dynamic, so a harvest of the
   // same kernel made with another initramfs (the shared cache is keyed by
   // the kernel image) may lack them.
-  char cache_tmpl[] = "/tmp/hvt-tlp-cache-XXXXXX";
-  ASSERT_NE(::mkdtemp(cache_tmpl), nullptr);
-  struct RemoveCache {
-    fs::path dir;
-    ~RemoveCache() { fs::remove_all(dir); }
-  } remove_cache{cache_tmpl};
-  const fs::path cache_root = cache_tmpl;
+  const test_support::TempDir cache("hvt-tlp-cache");
+  ASSERT_FALSE(cache.path().empty());
+  const fs::path cache_root = cache.path();
   auto harvested = HarvestImage(*image, cache_root);
   ASSERT_TRUE(harvested.ok()) << harvested.error().message;
   HvtracedProcess daemon({.tag = "tlp", .config = "cache_dir = " + cache_root.string() + "\n"});
@@ -202,13 +198,9 @@ TEST_F(BootTimelineE2e, ForeignInitramfsSaysWhyTheBootIsNotPlaced) {
   ASSERT_TRUE(image.ok()) << image.error().message;
   auto cache = CacheWithFormatsOf(*image);
   ASSERT_TRUE(cache.ok()) << cache.error().message;
-  char tmpl[] = "/tmp/hvt-tlf-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  struct RemoveDir {
-    fs::path dir;
-    ~RemoveDir() { fs::remove_all(dir); }
-  } remove_dir{tmpl};
-  const fs::path root = fs::path(tmpl) / "root";
+  const test_support::TempDir tmp("hvt-tlf");
+  ASSERT_FALSE(tmp.path().empty());
+  const fs::path root = tmp.path() / "root";
   fs::create_directories(root / "bin");
   fs::copy_file("/usr/bin/busybox", root / "bin/busybox");
   {
@@ -222,7 +214,7 @@ TEST_F(BootTimelineE2e, ForeignInitramfsSaysWhyTheBootIsNotPlaced) {
   fs::permissions(root / "init", fs::perms::owner_all | fs::perms::group_read |
                                      fs::perms::group_exec | fs::perms::others_read |
                                      fs::perms::others_exec);
-  const std::string initrd = std::string(tmpl) + "/foreign.cpio";
+  const std::string initrd = (tmp.path() / "foreign.cpio").string();
   auto packed =
       RunArgv({"sh", "-c",
                "cd " + root.string() + " && find . | cpio -o -H newc --quiet -R 0:0 > " + initrd});

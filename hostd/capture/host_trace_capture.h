@@ -54,9 +54,9 @@ nlohmann::json HostTraceSummary(const QemuTraceLog& log, const HostTraceCopy& co
 // checks qemu-trace.log); the rest is counted.
 struct LibvirtLogTrace {
   std::string text;
-  bool start_found = false;     // Else: no start line in the copy; all of it is used.
-  uint64_t earlier_bytes = 0;   // Up to and including the newest start line.
-  uint64_t other_lines = 0;     // After it, not trace lines (libvirt's, QEMU's messages).
+  bool start_found = false;    // Else: no start line in the copy; all of it is used.
+  uint64_t earlier_bytes = 0;  // Up to and including the newest start line.
+  uint64_t other_lines = 0;    // After it, not trace lines (libvirt's, QEMU's messages).
 };
 LibvirtLogTrace TraceLinesOfNewestStart(std::string_view log);
 

@@ -123,8 +123,9 @@ Result<size_t> CheckFingerprints(std::string_view text, HarvestBundle& bundle) {
     HarvestedEvent& ev = *it->second;
     // A format this daemon cannot parse (an agent newer than it) cannot be
     // checked either: set aside like one with no line, not a lie.
-    Result<EventFormat> parsed = ev.parse_error.empty() ? ParseEventFormat(ev.system, ev.text)
-                                                        : Result<EventFormat>(Error{ev.parse_error});
+    Result<EventFormat> parsed = ev.parse_error.empty()
+                                     ? ParseEventFormat(ev.system, ev.text)
+                                     : Result<EventFormat>(Error{ev.parse_error});
     if (!parsed.ok()) {
       ev.parse_error = parsed.error().message;
       continue;

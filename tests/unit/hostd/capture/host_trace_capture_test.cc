@@ -129,8 +129,7 @@ const std::string kLibvirtLog =
     "2026-11-29 04:01:01.100+0000: starting up libvirt version: 9.0.0, qemu version: 7.2.19\n"
     "LC_ALL=C PATH=/usr/bin /usr/bin/qemu-system-x86_64 -name guest=d -trace enable=x\n"
     "char device redirected to /dev/pts/3 (label charserial0)\n" +
-    kLines +
-    "2026-11-29T04:01:05.123456Z qemu-system-x86_64: terminating on signal 15\n";
+    kLines + "2026-11-29T04:01:05.123456Z qemu-system-x86_64: terminating on signal 15\n";
 
 TEST(HostTraceCaptureTest, LibvirtLogKeepsTheNewestStartsTraceLines) {
   const LibvirtLogTrace kept = TraceLinesOfNewestStart(kLibvirtLog);

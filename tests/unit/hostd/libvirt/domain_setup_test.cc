@@ -109,8 +109,7 @@ TEST(DomainSetup, AddsTheQemuTraceEventsAndUndoesThem) {
   Result<DomainSetupEdit> edit = AddDomainSetup(original, Request());
   ASSERT_TRUE(edit.ok()) << edit.error().message;
   const std::string& xml = edit->xml;
-  EXPECT_NE(xml.find("xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'"),
-            std::string::npos)
+  EXPECT_NE(xml.find("xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'"), std::string::npos)
       << xml;
   EXPECT_NE(xml.find("  <qemu:commandline>\n    <qemu:arg value='-trace'/>\n"
                      "    <qemu:arg value='enable=fw_cfg_select'/>\n"),

@@ -56,18 +56,25 @@ TEST(MetaValidateTest, AcceptsTheFixtureKernelsBundle) {
   EXPECT_EQ(r->key.size(), 64u);
 }
 
+// The fixture bundle's members with sched_switch's prev_prio field line
+// (after "field:int prev_prio;\t") replaced by |rest|; empty when the
+// fixture has no such line.
+std::map<std::string, std::string> WithPrevPrio(const meta::BootId& id, const std::string& rest) {
+  auto m = MetaBootMembers(test_support::kMetaFixtures, id);
+  const std::string field = "sched/sched_switch/format:\tfield:int prev_prio;\t";
+  const std::string tail = "offset:28;\tsize:4;\tsigned:1;";
+  const size_t at = m["formats"].find(field + tail);
+  if (at == std::string::npos) return {};
+  m["formats"].replace(at + field.size(), tail.size(), rest);
+  return m;
+}
+
 TEST(MetaValidateTest, Malicious_FingerprintThatDoesNotMatchItsFormat) {
   const meta::BootId id = TestBootId(1);
-  auto m = MetaBootMembers(test_support::kMetaFixtures, id);
   // The agent's fingerprint line is honest; the format it sends is not (a
-  // field moved): the recomputed fingerprint differs.
-  const std::string field =
-      "sched/sched_switch/format:\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;";
-  const size_t at = m["formats"].find(field);
-  ASSERT_NE(at, std::string::npos);
-  m["formats"].replace(
-      at, field.size(),
-      "sched/sched_switch/format:\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:0;");
+  // field changed): the recomputed fingerprint differs.
+  const auto m = WithPrevPrio(id, "offset:28;\tsize:4;\tsigned:0;");
+  ASSERT_FALSE(m.empty());
   EXPECT_THAT(Refusal(id, m),
               HasSubstr("fingerprint of sched/sched_switch does not match its format"));
 }
@@ -76,13 +83,8 @@ TEST(MetaValidateTest, Malicious_FingerprintThatDoesNotMatchItsFormat) {
 // daemon) cannot be checked: set aside as unparsed, not a refusal.
 TEST(MetaValidateTest, AFormatTheDaemonCannotParseIsSetAsideNotRefused) {
   const meta::BootId id = TestBootId(1);
-  auto m = MetaBootMembers(test_support::kMetaFixtures, id);
-  const std::string field =
-      "sched/sched_switch/format:\tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;";
-  const size_t at = m["formats"].find(field);
-  ASSERT_NE(at, std::string::npos);
-  m["formats"].replace(at, field.size(),
-                       "sched/sched_switch/format:\tfield:int prev_prio;\toffset:28;\tsize:x;");
+  const auto m = WithPrevPrio(id, "offset:28;\tsize:x;");
+  ASSERT_FALSE(m.empty());
   Result<MetaBoot> r = ValidateMetaBoot(id, UstarArchive(m));
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->fingerprints_checked + 1, r->bundle.events.size());

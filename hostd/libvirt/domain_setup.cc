@@ -1,8 +1,6 @@
 #include "domain_setup.h"
 
-#include <libxml/parser.h>
 #include <libxml/tree.h>
-#include <libxml/xmlsave.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -15,121 +13,22 @@
 #include "domain_xml.h"
 #include "hvtrace/meta_channel.h"
 #include "vm_config.h"
+#include "xml_tree.h"
 
 namespace hvtrace::hostd {
 namespace {
 
-constexpr size_t kMaxSetupXmlBytes = 16u << 20;
+using xml::Child;
+using xml::DocPtr;
+using xml::Dump;
+using xml::Named;
+using xml::NewElement;
+using xml::Prop;
+using xml::SetProp;
+using xml::Text;
+using xml::X;
 
-struct DocFree {
-  void operator()(xmlDoc* doc) const { xmlFreeDoc(doc); }
-};
-using DocPtr = std::unique_ptr<xmlDoc, DocFree>;
-
-const xmlChar* X(const char* s) { return reinterpret_cast<const xmlChar*>(s); }
-
-bool Named(const xmlNode* node, const char* name) {
-  return node != nullptr && node->type == XML_ELEMENT_NODE && node->ns == nullptr &&
-         xmlStrEqual(node->name, X(name));
-}
-
-// The first child element called |name| (no namespace), or null.
-xmlNode* Child(xmlNode* parent, const char* name) {
-  if (parent == nullptr) return nullptr;
-  for (xmlNode* c = parent->children; c != nullptr; c = c->next) {
-    if (Named(c, name)) return c;
-  }
-  return nullptr;
-}
-
-std::string Prop(const xmlNode* node, const char* name) {
-  xmlChar* v = xmlGetNoNsProp(node, X(name));
-  if (v == nullptr) return {};
-  std::string out(reinterpret_cast<const char*>(v));
-  xmlFree(v);
-  return out;
-}
-
-std::string Text(const xmlNode* node) {
-  xmlChar* v = xmlNodeGetContent(node);
-  if (v == nullptr) return {};
-  std::string out(reinterpret_cast<const char*>(v));
-  xmlFree(v);
-  size_t b = out.find_first_not_of(" \t\r\n"), e = out.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? std::string() : out.substr(b, e - b + 1);
-}
-
-void SetProp(xmlNode* node, const char* name, const std::string& value) {
-  xmlSetProp(node, X(name), X(value.c_str()));
-}
-
-Result<DocPtr> ParseDoc(std::string_view xml) {
-  if (xml.size() > kMaxSetupXmlBytes) {
-    return Error{"domain XML of " + std::to_string(xml.size()) + " bytes is over the limit"};
-  }
-  DocPtr doc(xmlReadMemory(xml.data(), static_cast<int>(xml.size()), "domain.xml", nullptr,
-                           XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING));
-  if (!doc) {
-    const xmlError* e = xmlGetLastError();
-    std::string why = e != nullptr && e->message != nullptr ? e->message : "malformed";
-    while (!why.empty() && why.back() == '\n') why.pop_back();
-    return Error{"domain XML does not parse: " + why};
-  }
-  if (!Named(xmlDocGetRootElement(doc.get()), "domain")) {
-    return Error{"domain XML has no <domain> root element"};
-  }
-  return doc;
-}
-
-// libxml2 quotes attributes with '"'; libvirt with "'" outside <metadata>.
-// Converted back so a diff shows only what changed. Inside a tag a raw '"'
-// only delimits values (libxml2 writes one inside a value as &quot;).
-std::string LibvirtQuotes(const std::string& in) {
-  std::string out;
-  out.reserve(in.size());
-  bool in_tag = false, in_value = false;
-  for (size_t i = 0; i < in.size(); ++i) {
-    const char c = in[i];
-    if (!in_tag) {
-      // Comments as they are; <metadata> too: libvirt writes the elements
-      // of other applications (and hvtrace's record) with '"' itself.
-      const bool comment = in.compare(i, 4, "<!--") == 0;
-      if (comment || in.compare(i, 10, "<metadata>") == 0) {
-        const char* close = comment ? "-->" : "</metadata>";
-        const size_t end = in.find(close, i);
-        const size_t stop = end == std::string::npos ? in.size() : end + std::strlen(close);
-        out.append(in, i, stop - i);
-        i = stop - 1;
-        continue;
-      }
-      in_tag = c == '<';
-      out += c;
-    } else if (c == '"') {
-      in_value = !in_value;
-      out += '\'';
-    } else if (in_value && c == '\'') {
-      out += "&apos;";
-    } else {
-      if (!in_value && c == '>') in_tag = false;
-      out += c;
-    }
-  }
-  return out;
-}
-
-// libvirt's own style: no XML declaration, two-space indentation. Elements
-// hvtrace adds have no whitespace children, so libxml2 indents them by depth;
-// everything else keeps its own whitespace.
-std::string Dump(xmlDoc* doc) {
-  xmlBuffer* buf = xmlBufferCreate();
-  xmlSaveCtxt* save = xmlSaveToBuffer(buf, "UTF-8", XML_SAVE_FORMAT | XML_SAVE_NO_DECL);
-  xmlSaveDoc(save, doc);
-  xmlSaveClose(save);
-  std::string out(reinterpret_cast<const char*>(xmlBufferContent(buf)),
-                  static_cast<size_t>(xmlBufferLength(buf)));
-  xmlBufferFree(buf);
-  return LibvirtQuotes(out);
-}
+Result<DocPtr> ParseDoc(std::string_view text) { return xml::Parse(text, "domain"); }
 
 int Depth(const xmlNode* node) {
   int depth = 0;
@@ -186,15 +85,6 @@ void Remove(xmlNode* node) {
   }
   xmlUnlinkNode(node);
   xmlFreeNode(node);
-}
-
-xmlNode* NewElement(xmlDoc* doc, const char* name,
-                    std::initializer_list<std::pair<const char*, std::string>> props = {},
-                    const std::string& text = "") {
-  xmlNode* node = xmlNewDocNode(doc, nullptr, X(name), nullptr);
-  for (const auto& [k, v] : props) SetProp(node, k, v);
-  if (!text.empty()) xmlNodeAddContent(node, X(text.c_str()));
-  return node;
 }
 
 xmlNode* FindSetup(xmlNode* root) {

@@ -1,7 +1,5 @@
 #include "domain_xml.h"
 
-#include <boost/property_tree/ptree.hpp>
-#include <boost/property_tree/xml_parser.hpp>
 #include <cctype>
 #include <cstdio>
 #include <map>
@@ -11,17 +9,10 @@
 #include "hvtrace/meta_channel.h"
 #include "units.h"
 #include "vm_config.h"
+#include "xml_tree.h"
 
 namespace hvtrace::hostd {
 namespace {
-
-namespace pt = boost::property_tree;
-
-constexpr size_t kMaxDomainXmlBytes = 16u << 20;
-
-std::string Attr(const pt::ptree& node, const char* name) {
-  return node.get<std::string>(std::string("<xmlattr>.") + name, "");
-}
 
 std::string Trim(std::string s) {
   size_t b = s.find_first_not_of(" \t\r\n");
@@ -67,7 +58,7 @@ long ParseIndex(const std::string& s) {
   return end && *end == '\0' && v >= 0 ? v : -1;
 }
 
-void AnalyzeHotplug(const pt::ptree& devices, DomainXmlInfo& info) {
+void AnalyzeHotplug(xmlNode* devices, DomainXmlInfo& info) {
   if (!info.q35) {
     bool pc = info.machine.find("i440fx") != std::string::npos || info.machine == "pc" ||
               info.machine.rfind("pc-", 0) == 0;
@@ -90,20 +81,20 @@ void AnalyzeHotplug(const pt::ptree& devices, DomainXmlInfo& info) {
   // pcie-root-port (or downstream port), or a pci-bridge with a free slot.
   std::map<long, std::string> ports;  // index → model
   std::map<long, int> used;           // bus → devices on it
-  for (const auto& [tag, node] : devices) {
-    if (tag == "controller" && Attr(node, "type") == "pci") {
-      std::string model = Attr(node, "model");
+  for (xmlNode* node = devices ? devices->children : nullptr; node != nullptr; node = node->next) {
+    if (node->type != XML_ELEMENT_NODE) continue;
+    if (xml::Named(node, "controller") && xml::Prop(node, "type") == "pci") {
+      std::string model = xml::Prop(node, "model");
       if (model == "pcie-root-port" || model == "pcie-switch-downstream-port" ||
           model == "pci-bridge") {
-        long index = ParseIndex(Attr(node, "index"));
+        long index = ParseIndex(xml::Prop(node, "index"));
         if (index >= 0) ports[index] = model;
       }
     }
-    if (auto addr = node.get_child_optional("address")) {
-      if (Attr(*addr, "type") == "pci") {
-        long bus = ParseIndex(Attr(*addr, "bus"));
-        if (bus >= 0) ++used[bus];
-      }
+    xmlNode* addr = xml::Child(node, "address");
+    if (addr != nullptr && xml::Prop(addr, "type") == "pci") {
+      long bus = ParseIndex(xml::Prop(addr, "bus"));
+      if (bus >= 0) ++used[bus];
     }
   }
   int root_ports = 0;
@@ -125,153 +116,119 @@ void AnalyzeHotplug(const pt::ptree& devices, DomainXmlInfo& info) {
 
 }  // namespace
 
-std::string XmlEscape(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (char c : text) {
-    switch (c) {
-      case '&':
-        out += "&amp;";
-        break;
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '\'':
-        out += "&apos;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 namespace {
 
-// "-trace" "enable=E" pairs of <qemu:commandline>. libvirt writes the
-// namespace with the prefix "qemu"; a definition not yet through libvirt may
-// use another, declared on <domain>.
-std::vector<std::string> QemuCommandlineTraceEvents(const pt::ptree& dom) {
-  std::string prefix = "qemu";
-  if (auto attrs = dom.get_child_optional("<xmlattr>")) {
-    for (const auto& [name, value] : *attrs) {
-      if (name.rfind("xmlns:", 0) == 0 &&
-          value.data() == "http://libvirt.org/schemas/domain/qemu/1.0") {
-        prefix = name.substr(6);
-      }
-    }
-  }
+constexpr const char* kQemuNamespace = "http://libvirt.org/schemas/domain/qemu/1.0";
+
+bool InQemuNamespace(const xmlNode* node, const char* name) {
+  return node->type == XML_ELEMENT_NODE && node->ns != nullptr && node->ns->href != nullptr &&
+         xmlStrEqual(node->ns->href, xml::X(kQemuNamespace)) &&
+         xmlStrEqual(node->name, xml::X(name));
+}
+
+// "-trace" "enable=E" pairs of <qemu:commandline>, whatever prefix the
+// definition binds libvirt's QEMU namespace to.
+std::vector<std::string> QemuCommandlineTraceEvents(xmlNode* dom) {
   std::vector<std::string> events;
-  auto commandline = dom.get_child_optional(pt::ptree::path_type(prefix + ":commandline", '/'));
-  if (!commandline) return events;
-  bool after_trace = false;
-  for (const auto& [tag, arg] : *commandline) {
-    if (tag != prefix + ":arg") continue;
-    const std::string value = Attr(arg, "value");
-    if (after_trace && value.rfind("enable=", 0) == 0) events.push_back(value.substr(7));
-    after_trace = value == "-trace";
+  for (xmlNode* c = dom->children; c != nullptr; c = c->next) {
+    if (!InQemuNamespace(c, "commandline")) continue;
+    bool after_trace = false;
+    for (xmlNode* arg = c->children; arg != nullptr; arg = arg->next) {
+      if (!InQemuNamespace(arg, "arg")) continue;
+      const std::string value = xml::Prop(arg, "value");
+      if (after_trace && value.rfind("enable=", 0) == 0) events.push_back(value.substr(7));
+      after_trace = value == "-trace";
+    }
   }
   return events;
 }
 
+// The metadata channel: <channel type='unix'> with <target type='virtio'
+// name='org.hvtrace.agent.0'/> and the socket QEMU listens on (libvirt names
+// it when the definition gives no path: the live XML has it).
+void ReadMetaChannel(xmlNode* channel, DomainXmlInfo& info) {
+  if (xml::Prop(channel, "type") != "unix") return;
+  xmlNode* target = xml::Child(channel, "target");
+  if (target == nullptr || xml::Prop(target, "type") != "virtio" ||
+      xml::Prop(target, "name") != meta::kMetaPortName) {
+    return;
+  }
+  info.meta_channel = true;
+  xmlNode* source = xml::Child(channel, "source");
+  if (source != nullptr && xml::Prop(source, "mode") == "bind") {
+    info.meta_channel_path = xml::Prop(source, "path");
+  }
+}
+
+Status ReadShmem(xmlNode* node, const std::string& ctx, DomainXmlInfo& info) {
+  DomainShmem s;
+  s.name = xml::Prop(node, "name");
+  s.model = xml::Prop(xml::Child(node, "model"), "type");
+  if (xmlNode* size = xml::Child(node, "size")) {
+    // libvirt's default unit for <shmem><size> is bytes... it writes "M".
+    Result<uint64_t> bytes = ScaledBytes(xml::Text(size), xml::Prop(size, "unit"), "b",
+                                         ctx + "shmem '" + s.name + "' size");
+    if (!bytes.ok()) return bytes.error();
+    s.size_bytes = *bytes;
+  }
+  s.alias = xml::Prop(xml::Child(node, "alias"), "name");
+  info.shmems.push_back(s);
+  return {};
+}
+
+Status ReadMemory(xmlNode* dom, const std::string& ctx, DomainXmlInfo& info) {
+  if (xmlNode* mem = xml::Child(dom, "memory")) {
+    Result<uint64_t> bytes =
+        ScaledBytes(xml::Text(mem), xml::Prop(mem, "unit"), "KiB", ctx + "<memory>");
+    if (!bytes.ok()) return bytes.error();
+    info.memory_bytes = *bytes;
+  }
+  info.memory_backing_source =
+      xml::Prop(xml::Child(xml::Child(dom, "memoryBacking"), "source"), "type");
+  for (xmlNode* cell : xml::Children(xml::Child(xml::Child(dom, "cpu"), "numa"), "cell")) {
+    DomainNumaCell c;
+    c.id = static_cast<int>(ParseIndex(xml::Prop(cell, "id")));
+    Result<uint64_t> bytes = ScaledBytes(xml::Prop(cell, "memory"), xml::Prop(cell, "unit"), "KiB",
+                                         ctx + "NUMA cell memory");
+    if (!bytes.ok()) return bytes.error();
+    c.memory_bytes = *bytes;
+    c.mem_access = xml::Prop(cell, "memAccess");
+    info.numa_cells.push_back(c);
+  }
+  return {};
+}
+
 }  // namespace
 
-Result<DomainXmlInfo> ParseDomainXml(std::string_view xml) {
-  if (xml.size() > kMaxDomainXmlBytes) {
-    return Error{"domain XML of " + std::to_string(xml.size()) + " bytes is larger than the " +
-                 std::to_string(kMaxDomainXmlBytes) + "-byte limit"};
-  }
-  pt::ptree tree;
-  try {
-    std::istringstream in{std::string(xml)};
-    pt::read_xml(in, tree);
-  } catch (const pt::ptree_error& e) {
-    return Error{std::string("domain XML does not parse: ") + e.what()};
-  }
-  auto dom = tree.get_child_optional("domain");
-  if (!dom) return Error{"domain XML has no <domain> element"};
+Result<DomainXmlInfo> ParseDomainXml(std::string_view text) {
+  Result<xml::DocPtr> doc = xml::Parse(text, "domain");
+  if (!doc.ok()) return doc.error();
+  xmlNode* dom = xmlDocGetRootElement(doc->get());
   DomainXmlInfo info;
-  try {
-    info.type = Attr(*dom, "type");
-    info.id = static_cast<int>(ParseIndex(Attr(*dom, "id")));
-    info.name = Trim(dom->get<std::string>("name", ""));
-    info.uuid = Trim(dom->get<std::string>("uuid", ""));
-    if (info.name.empty()) return Error{"domain XML has no <name>"};
-    const std::string ctx = "domain '" + info.name + "': ";
-    if (auto os_type = dom->get_child_optional("os.type")) {
-      info.machine = Attr(*os_type, "machine");
-    }
-    info.cmdline = Trim(dom->get<std::string>("os.cmdline", ""));
-    info.kernel = Trim(dom->get<std::string>("os.kernel", ""));
-    info.initrd = Trim(dom->get<std::string>("os.initrd", ""));
-    info.q35 = info.machine.find("q35") != std::string::npos;
-    info.acpi = static_cast<bool>(dom->get_child_optional("features.acpi"));
-    info.on_crash = Trim(dom->get<std::string>("on_crash", ""));
-    if (auto mem = dom->get_child_optional("memory")) {
-      Result<uint64_t> bytes =
-          ScaledBytes(mem->data(), Attr(*mem, "unit"), "KiB", ctx + "<memory>");
-      if (!bytes.ok()) return bytes.error();
-      info.memory_bytes = *bytes;
-    }
-    if (auto mb = dom->get_child_optional("memoryBacking.source")) {
-      info.memory_backing_source = Attr(*mb, "type");
-    }
-    if (auto numa = dom->get_child_optional("cpu.numa")) {
-      for (const auto& [tag, cell] : *numa) {
-        if (tag != "cell") continue;
-        DomainNumaCell c;
-        c.id = static_cast<int>(ParseIndex(Attr(cell, "id")));
-        Result<uint64_t> bytes =
-            ScaledBytes(Attr(cell, "memory"), Attr(cell, "unit"), "KiB", ctx + "NUMA cell memory");
-        if (!bytes.ok()) return bytes.error();
-        c.memory_bytes = *bytes;
-        c.mem_access = Attr(cell, "memAccess");
-        info.numa_cells.push_back(c);
-      }
-    }
-    static const pt::ptree kEmpty;
-    const pt::ptree& devices = dom->get_child("devices", kEmpty);
-    for (const auto& [tag, node] : devices) {
-      if (tag == "panic") info.panic_models.push_back(Attr(node, "model"));
-      if (tag == "channel" && Attr(node, "type") == "unix") {
-        // The metadata channel: <target type='virtio' name='org.hvtrace.agent.0'/>
-        // with the socket QEMU listens on (libvirt names it when the
-        // definition gives no path: the live XML has it).
-        auto target = node.get_child_optional("target");
-        auto source = node.get_child_optional("source");
-        if (target && Attr(*target, "type") == "virtio" &&
-            Attr(*target, "name") == meta::kMetaPortName) {
-          info.meta_channel = true;
-          if (source && Attr(*source, "mode") == "bind") {
-            info.meta_channel_path = Attr(*source, "path");
-          }
-        }
-      }
-      if (tag != "shmem") continue;
-      DomainShmem s;
-      s.name = Attr(node, "name");
-      if (auto model = node.get_child_optional("model")) s.model = Attr(*model, "type");
-      if (auto size = node.get_child_optional("size")) {
-        // libvirt's default unit for <shmem><size> is bytes... it writes "M".
-        Result<uint64_t> bytes = ScaledBytes(size->data(), Attr(*size, "unit"), "b",
-                                             ctx + "shmem '" + s.name + "' size");
-        if (!bytes.ok()) return bytes.error();
-        s.size_bytes = *bytes;
-      }
-      if (auto alias = node.get_child_optional("alias")) s.alias = Attr(*alias, "name");
-      info.shmems.push_back(s);
-    }
-    AnalyzeHotplug(devices, info);
-    info.qemu_trace_events = QemuCommandlineTraceEvents(*dom);
-  } catch (const pt::ptree_error& e) {
-    return Error{"domain '" + info.name + "' XML: " + e.what()};
+  info.type = xml::Prop(dom, "type");
+  info.id = static_cast<int>(ParseIndex(xml::Prop(dom, "id")));
+  info.name = xml::Text(xml::Child(dom, "name"));
+  info.uuid = xml::Text(xml::Child(dom, "uuid"));
+  if (info.name.empty()) return Error{"domain XML has no <name>"};
+  const std::string ctx = "domain '" + info.name + "': ";
+  xmlNode* os = xml::Child(dom, "os");
+  info.machine = xml::Prop(xml::Child(os, "type"), "machine");
+  info.cmdline = xml::Text(xml::Child(os, "cmdline"));
+  info.kernel = xml::Text(xml::Child(os, "kernel"));
+  info.initrd = xml::Text(xml::Child(os, "initrd"));
+  info.q35 = info.machine.find("q35") != std::string::npos;
+  info.acpi = xml::Child(xml::Child(dom, "features"), "acpi") != nullptr;
+  info.on_crash = xml::Text(xml::Child(dom, "on_crash"));
+  if (Status s = ReadMemory(dom, ctx, info); !s.ok()) return s.error();
+  xmlNode* devices = xml::Child(dom, "devices");
+  for (xmlNode* node = devices ? devices->children : nullptr; node != nullptr; node = node->next) {
+    if (xml::Named(node, "panic")) info.panic_models.push_back(xml::Prop(node, "model"));
+    if (xml::Named(node, "channel")) ReadMetaChannel(node, info);
+    if (!xml::Named(node, "shmem")) continue;
+    if (Status s = ReadShmem(node, ctx, info); !s.ok()) return s.error();
   }
+  AnalyzeHotplug(devices, info);
+  info.qemu_trace_events = QemuCommandlineTraceEvents(dom);
   return info;
 }
 
@@ -304,10 +261,54 @@ Result<std::string> ShmemDeviceXml(std::string_view name, uint64_t size_bytes,
       return Error{"shmem alias '" + std::string(alias) + "' may only hold [A-Za-z0-9_-]"};
     }
   }
-  return "<shmem name='" + XmlEscape(name) + "'><model type='ivshmem-plain'/><size unit='M'>" +
-         std::to_string(size_bytes / kMiB) + "</size><alias name='" + XmlEscape(alias) +
-         "'/></shmem>";
+  xml::DocPtr doc(xmlNewDoc(xml::X("1.0")));
+  xmlNode* shmem = xml::NewElement(doc.get(), "shmem", {{"name", std::string(name)}});
+  xmlDocSetRootElement(doc.get(), shmem);
+  xml::AddChild(shmem, "model", {{"type", "ivshmem-plain"}});
+  xml::AddChild(shmem, "size", {{"unit", "M"}}, std::to_string(size_bytes / kMiB));
+  xml::AddChild(shmem, "alias", {{"name", std::string(alias)}});
+  return xml::DumpElement(doc.get(), shmem);
 }
+
+namespace {
+
+// <cpu><numa>: cell 0 the guest's RAM with its vCPUs, cell 1 shared and
+// file-backed (the boot range at its start).
+xmlNode* AddNumaCells(xmlNode* parent, const BootRangeLayout& layout, int vcpus) {
+  xmlNode* numa = xml::AddChild(xml::AddChild(parent, "cpu"), "numa");
+  const std::string cpus = vcpus == 1 ? "0" : "0-" + std::to_string(vcpus - 1);
+  xml::AddChild(numa, "cell",
+                {{"id", "0"},
+                 {"cpus", cpus},
+                 {"memory", std::to_string(layout.node0_bytes / 1024)},
+                 {"unit", "KiB"}});
+  xml::AddChild(numa, "cell",
+                {{"id", "1"},
+                 {"memory", std::to_string(layout.node1_bytes / 1024)},
+                 {"unit", "KiB"},
+                 {"memAccess", "shared"}});
+  return numa->parent;
+}
+
+// The serial console: a socket (and a log) when asked for, else a file or a pty.
+void AddSerial(xmlNode* devices, const BootBufferDomainRequest& r) {
+  if (!r.console_socket.empty()) {
+    xmlNode* serial = xml::AddChild(devices, "serial", {{"type", "unix"}});
+    xml::AddChild(serial, "source", {{"mode", "bind"}, {"path", r.console_socket}});
+    if (!r.console_log.empty()) {
+      xml::AddChild(serial, "log", {{"file", r.console_log}, {"append", "off"}});
+    }
+    xml::AddChild(serial, "target", {{"port", "0"}});
+  } else if (!r.console_log.empty()) {
+    xmlNode* serial = xml::AddChild(devices, "serial", {{"type", "file"}});
+    xml::AddChild(serial, "source", {{"path", r.console_log}});
+    xml::AddChild(serial, "target", {{"port", "0"}});
+  } else {
+    xml::AddChild(xml::AddChild(devices, "serial", {{"type", "pty"}}), "target", {{"port", "0"}});
+  }
+}
+
+}  // namespace
 
 Result<BootBufferDomainXml> MakeBootBufferDomainXml(const BootBufferDomainRequest& r) {
   const std::string ctx = "domain '" + r.name + "': ";
@@ -346,66 +347,37 @@ Result<BootBufferDomainXml> MakeBootBufferDomainXml(const BootBufferDomainReques
   char where[32];
   std::snprintf(where, sizeof where, "0x%llx", static_cast<unsigned long long>(layout->range_gpa));
   out.kernel_params = BootRangeKernelParams(*layout, r.instance_name, r.events);
-  const std::string cpus = r.vcpus == 1 ? "0" : "0-" + std::to_string(r.vcpus - 1);
-  out.numa_xml = "<cpu>\n    <numa>\n      <cell id='0' cpus='" + cpus + "' memory='" +
-                 std::to_string(layout->node0_bytes / 1024) +
-                 "' unit='KiB'/>\n      <cell id='1' memory='" +
-                 std::to_string(layout->node1_bytes / 1024) +
-                 "' unit='KiB' memAccess='shared'/>\n    </numa>\n  </cpu>";
-  std::string cmdline =
+  const std::string cmdline =
       r.extra_cmdline.empty() ? out.kernel_params : r.extra_cmdline + " " + out.kernel_params;
-  std::string serial;
-  if (!r.console_socket.empty()) {
-    serial = "    <serial type='unix'>\n      <source mode='bind' path='" +
-             XmlEscape(r.console_socket) + "'/>\n" +
-             (r.console_log.empty()
-                  ? ""
-                  : "      <log file='" + XmlEscape(r.console_log) + "' append='off'/>\n") +
-             "      <target port='0'/>\n    </serial>\n";
-  } else if (!r.console_log.empty()) {
-    serial = "    <serial type='file'>\n      <source path='" + XmlEscape(r.console_log) +
-             "'/>\n      <target port='0'/>\n    </serial>\n";
-  } else {
-    serial = "    <serial type='pty'>\n      <target port='0'/>\n    </serial>\n";
-  }
-  out.domain_xml = "<!-- hvtrace boot buffer: node 1 (" + KernelSize(layout->node1_bytes) +
-                   ", file-backed, shared) starts at GPA " + where +
-                   "; the kernel's persistent ring buffer '" + r.instance_name + "' (" +
-                   KernelSize(layout->range_bytes) +
-                   ") lives at its start. -->\n"
-                   "<domain type='qemu'>\n"
-                   "  <name>" +
-                   XmlEscape(r.name) +
-                   "</name>\n"
-                   "  <memory unit='KiB'>" +
-                   std::to_string((layout->node0_bytes + layout->node1_bytes) / 1024) +
-                   "</memory>\n"
-                   "  <vcpu>" +
-                   std::to_string(r.vcpus) +
-                   "</vcpu>\n"
-                   "  <os>\n"
-                   "    <type arch='x86_64' machine='pc'>hvm</type>\n"
-                   "    <kernel>" +
-                   XmlEscape(r.kernel) + "</kernel>\n" +
-                   (r.initrd.empty() ? "" : "    <initrd>" + XmlEscape(r.initrd) + "</initrd>\n") +
-                   "    <cmdline>" + XmlEscape(cmdline) +
-                   "</cmdline>\n"
-                   "  </os>\n"
-                   "  <features><acpi/></features>\n"
-                   "  " +
-                   out.numa_xml +
-                   "\n"
-                   "  <on_poweroff>destroy</on_poweroff>\n"
-                   "  <on_reboot>restart</on_reboot>\n"
-                   "  <on_crash>" +
-                   r.on_crash +
-                   "</on_crash>\n"
-                   "  <devices>\n" +
-                   serial +
-                   "    <panic model='isa'/>\n"
-                   "    <memballoon model='none'/>\n"
-                   "  </devices>\n"
-                   "</domain>\n";
+  xml::DocPtr doc(xmlNewDoc(xml::X("1.0")));
+  const std::string note = " hvtrace boot buffer: node 1 (" + KernelSize(layout->node1_bytes) +
+                           ", file-backed, shared) starts at GPA " + where +
+                           "; the kernel's persistent ring buffer '" + r.instance_name + "' (" +
+                           KernelSize(layout->range_bytes) + ") lives at its start. ";
+  xmlAddChild(reinterpret_cast<xmlNode*>(doc.get()),
+              xmlNewDocComment(doc.get(), xml::X(note.c_str())));
+  xmlNode* dom = xml::NewElement(doc.get(), "domain", {{"type", "qemu"}});
+  xmlAddChild(reinterpret_cast<xmlNode*>(doc.get()), dom);
+  xml::AddChild(dom, "name", {}, r.name);
+  xml::AddChild(dom, "memory", {{"unit", "KiB"}},
+                std::to_string((layout->node0_bytes + layout->node1_bytes) / 1024));
+  xml::AddChild(dom, "vcpu", {}, std::to_string(r.vcpus));
+  xmlNode* os = xml::AddChild(dom, "os");
+  xml::AddChild(os, "type", {{"arch", "x86_64"}, {"machine", "pc"}}, "hvm");
+  xml::AddChild(os, "kernel", {}, r.kernel);
+  if (!r.initrd.empty()) xml::AddChild(os, "initrd", {}, r.initrd);
+  xml::AddChild(os, "cmdline", {}, cmdline);
+  xml::AddChild(xml::AddChild(dom, "features"), "acpi");
+  xmlNode* cpu = AddNumaCells(dom, *layout, r.vcpus);
+  xml::AddChild(dom, "on_poweroff", {}, "destroy");
+  xml::AddChild(dom, "on_reboot", {}, "restart");
+  xml::AddChild(dom, "on_crash", {}, r.on_crash);
+  xmlNode* devices = xml::AddChild(dom, "devices");
+  AddSerial(devices, r);
+  xml::AddChild(devices, "panic", {{"model", "isa"}});
+  xml::AddChild(devices, "memballoon", {{"model", "none"}});
+  out.numa_xml = xml::DumpElement(doc.get(), cpu, /*indent=*/true);
+  out.domain_xml = xml::Dump(doc.get());
   return out;
 }
 

@@ -81,9 +81,6 @@ struct DomainXmlInfo {
 // Parses a domain's XML. Errors say what is malformed.
 Result<DomainXmlInfo> ParseDomainXml(std::string_view xml);
 
-// Escapes &, <, >, ', " for an XML attribute or text.
-std::string XmlEscape(std::string_view text);
-
 // A shm name libvirt and QEMU accept and that stays inside /dev/shm:
 // 1..64 characters from [A-Za-z0-9_.-], not starting with '.'.
 Status ValidateShmName(std::string_view name);

@@ -114,6 +114,13 @@ TEST(DomainXml, Malicious_BrokenAndHostileXml) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("shmem 'a'"), std::string::npos) << r.error().message;
   EXPECT_FALSE(ParseDomainXml(std::string(17u << 20, ' ')).ok());
+  // An external entity is never fetched: the name stays without the file.
+  Result<DomainXmlInfo> ext = ParseDomainXml(
+      "<!DOCTYPE domain [<!ENTITY e SYSTEM 'file:///etc/passwd'>]>"
+      "<domain><name>x&e;</name></domain>");
+  if (ext.ok()) {
+    EXPECT_EQ(ext->name.find("root:"), std::string::npos) << ext->name;
+  }
 }
 
 TEST(DomainXml, ShmemDeviceXml) {
@@ -133,7 +140,7 @@ TEST(DomainXml, ShmemDeviceXml) {
 TEST(DomainXml, BootBufferDomainUsesGpaLayoutAndRoundTrips) {
   BootBufferDomainRequest req;
   req.name = "bb";
-  req.kernel = "/k/vmlinuz";
+  req.kernel = "/k/it's <a&b>/vmlinuz";  // Markup characters are data, not XML.
   req.initrd = "/k/initrd.img";
   req.memory_bytes = 1088ull << 20;
   req.range_bytes = 16ull << 20;
@@ -166,6 +173,7 @@ TEST(DomainXml, BootBufferDomainUsesGpaLayoutAndRoundTrips) {
   EXPECT_EQ(info->memory_backing_source, "");  // Node 0 stays anonymous RAM.
   EXPECT_EQ(info->cmdline, "console=ttyS0 " + out->kernel_params);
   EXPECT_EQ(info->kernel, req.kernel);
+  EXPECT_EQ(info->initrd, req.initrd);
   EXPECT_TRUE(info->hotplug_ok);
 }
 

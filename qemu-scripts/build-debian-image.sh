@@ -17,7 +17,8 @@
 # initramfs-tools initrd), partition 2 ext4 / (read-write); systemd; console
 # on ttyS0; trace-cmd and kexec-tools. The hvtrace agent is installed
 # as a user installs it: with --agent-deb, its package (scripts/build-packages.sh)
-# is copied into the root and `dpkg -i`ed there, so its postinst enables the
+# is copied into the root and `dpkg -i`ed there (the .deb stays in /root for the README's
+# guest step), so its postinst enables the
 # unit and rebuilds the initramfs with its hook; with --agent (developers, the
 # default), the binary at /usr/sbin/hvtrace-agent, guest-agent/dist/'s unit
 # (enabled) and initramfs-tools hook + scripts in /etc (update-initramfs ran). A test
@@ -267,7 +268,9 @@ EOF
     # runs update-initramfs (the hook puts the agent into the initrd).
     cp "$AGENT_DEB" "$rootfs/tmp/hvtrace-agent.deb"
     chroot "$rootfs" dpkg -i /tmp/hvtrace-agent.deb >&2
-    rm -f "$rootfs/tmp/hvtrace-agent.deb"
+    # The README's guest step installs it from root's home, "copied from
+    # the host's build/packages" (tests/service/libvirt_readme_test.sh).
+    mv "$rootfs/tmp/hvtrace-agent.deb" "$rootfs/root/$(basename "$AGENT_DEB")"
     chroot "$rootfs" systemctl enable hvtrace-demo-marker.service >&2
     [ "$(chroot "$rootfs" systemctl is-enabled hvtrace-agent.service)" = enabled ] ||
       die "the hvtrace-agent package left its unit disabled"

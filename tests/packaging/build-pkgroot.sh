@@ -2,14 +2,16 @@
 # Builds a throwaway Debian bookworm root (mmdebstrap --variant=minbase) with
 # what the hvtrace package needs from Debian already installed, as a tarball:
 #
-#   tests/packaging/build-pkgroot.sh OUTTAR [HVTRACE_DEB]
+#   tests/packaging/build-pkgroot.sh OUTTAR [HVTRACE_DEB [EXTRA_PACKAGE...]]
 #
 # Packages: the Depends of HVTRACE_DEB (default: build/packages/hvtrace_*.deb;
 # the first of each alternative, versions dropped) + systemd-sysv + dbus, so
-# that the tree also boots under `systemd-nspawn --boot`. The local .deb is
+# that the tree also boots under `systemd-nspawn --boot`, + EXTRA_PACKAGEs
+# (tests/service/libvirt_readme_test.sh: libvirt's daemon and sudo). The local .deb is
 # NOT in it: install it yourself (`dpkg -i` in a chroot), the way a user does.
 #
-# Cached in ${HVTRACE_CACHE_DIR:-~/.cache/hvtrace}/pkgroot/root-KEY.tar, KEY =
+# Cached in ${HVTRACE_CACHE_DIR:-~/.cache/hvtrace}/pkgroot/root-SET-KEY.tar,
+# SET = "base" or a hash of the EXTRA_PACKAGEs (one root kept per set), KEY =
 # the package list + mirror + this script; OUTTAR is a hard link to (or a copy
 # of) the cached tarball, so treat it as read-only. Cold ~1 min (mmdebstrap,
 # network), warm: instant. Prints "PKGROOT OUTTAR packages...".
@@ -17,11 +19,12 @@
 # Needs root (mmdebstrap root mode).
 set -euo pipefail
 
-[ $# -ge 1 ] && [ $# -le 2 ] || { sed -n 5p "$0" | sed 's/^# *//' >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n 5p "$0" | sed 's/^# *//' >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 OUTTAR=$1
 DEB=${2:-}
+EXTRA=("${@:3}")
 if [ -z "$DEB" ]; then
   DEB=$(ls "$ROOT"/build/packages/hvtrace_*.deb 2>/dev/null | head -n1 || true)
 fi
@@ -35,14 +38,16 @@ SECURITY_MIRROR=${HVTRACE_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-s
 # "a (>= 1), b | c, d:any" -> "a b d"
 mapfile -t packages < <(dpkg-deb -f "$DEB" Depends | tr ',' '\n' |
   sed -e 's/|.*//' -e 's/(.*)//' -e 's/:any//' -e 's/[[:space:]]//g' | grep -v '^$' | LC_ALL=C sort -u)
-packages+=(systemd-sysv dbus)
+packages+=(systemd-sysv dbus "${EXTRA[@]}")
+set_id=base
+[ ${#EXTRA[@]} -eq 0 ] || set_id=$(printf '%s\n' "${EXTRA[@]}" | LC_ALL=C sort | sha256sum | cut -c1-8)
 
 key=$( { printf '%s\n' "${packages[@]}" "$MIRROR" "$SECURITY_MIRROR"; sha256sum <"$0"; } |
   sha256sum | cut -c1-16)
 mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"
 flock 9
-tar="$CACHE/root-$key.tar"
+tar="$CACHE/root-$set_id-$key.tar"
 if [ ! -f "$tar" ]; then
   echo "build-pkgroot: mmdebstrap bookworm minbase + ${packages[*]}" >&2
   if ! mmdebstrap --mode=root --variant=minbase --architectures=amd64 \
@@ -61,8 +66,10 @@ if [ ! -f "$tar" ]; then
     exit 1
   fi
   mv "$tar.tmp.tar" "$tar"
-  # Older roots leave the cache.
-  for f in "$CACHE"/root-*.tar; do [ "$f" = "$tar" ] || rm -f "$f"; done
+  # Older roots of the same set leave the cache (and those named before sets).
+  for f in "$CACHE"/root-"$set_id"-*.tar "$CACHE"/root-????????????????.tar; do
+    [ ! -e "$f" ] || [ "$f" = "$tar" ] || rm -f "$f"
+  done
 fi
 mkdir -p "$(dirname "$OUTTAR")"
 if [ ! "$tar" -ef "$OUTTAR" ]; then

@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""Types one command into a guest's root shell on its serial console socket.
+
+    guest_shell.py SOCKET TIMEOUT_S COMMAND     runs COMMAND, prints its output,
+                                                exits with its status
+    guest_shell.py SOCKET --send COMMAND        types COMMAND and returns at once
+                                                (reboot, a panic: nothing answers)
+
+The shell echoes what is typed and its line editor redraws long lines, so
+the output is framed by two markers the echo cannot contain as such (the
+begin marker typed with '' inside it, the end marker with a literal $? after
+it), each on a line of its own, as hostd/qemu/vm_console.cc frames the e2e tests' commands. Exit 124:
+no end marker within TIMEOUT_S.
+"""
+import re
+import socket
+import sys
+import time
+import uuid
+
+
+def connect(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.settimeout(0.5)
+    return s
+
+
+def run(path, timeout, command):
+    tag = uuid.uuid4().hex[:8]
+    begin = "__HVT_BEGIN_%s__" % tag
+    done = re.compile(r"__HVT_DONE_%s_(\d+)\r?$" % tag, re.M)
+    s = connect(path)
+    # Three lines: a README line may end in a comment, which would swallow
+    # a marker typed after it on the same line.
+    s.sendall(("echo __HVT_BEG''IN_%s__\n%s\necho __HVT_DONE_%s_$?\n" % (tag, command, tag)).encode())
+    buf = b""
+    end = time.time() + timeout
+    while time.time() < end:
+        try:
+            data = s.recv(65536)
+        except socket.timeout:
+            continue
+        if not data:
+            break
+        buf += data
+        text = buf.decode(errors="replace")
+        at = text.find(begin)
+        m = done.search(text, at) if at >= 0 else None
+        if m:
+            out = text[text.find("\n", at) + 1:m.start()]
+            sys.stdout.write(out.replace("\r", ""))
+            return int(m.group(1))
+    sys.stderr.write("guest_shell: no end of `%s` within %ss; console:\n%s\n" %
+                     (command, timeout, buf.decode(errors="replace")[-2000:]))
+    return 124
+
+
+def send(path, command):
+    # QEMU reads the socket only as fast as the guest's UART takes bytes and
+    # drops what it has not read when the client goes: stay until the shell
+    # has echoed the line's end (then the guest has all of it).
+    s = connect(path)
+    s.sendall((command + "\n").encode())
+    buf = b""
+    end = time.time() + 60
+    while command[-8:].encode() not in buf and time.time() < end:
+        try:
+            data = s.recv(65536)
+        except socket.timeout:
+            continue
+        if not data:
+            break
+        buf += data
+    if command[-8:].encode() not in buf:
+        sys.stderr.write("guest_shell: the guest did not echo `%s` within 60 s\n" % command)
+        return 124
+    time.sleep(0.5)
+    return 0
+
+
+def main(argv):
+    if len(argv) == 4 and argv[2] == "--send":
+        return send(argv[1], argv[3])
+    if len(argv) != 4:
+        sys.stderr.write(__doc__)
+        return 2
+    return run(argv[1], float(argv[2]), argv[3])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

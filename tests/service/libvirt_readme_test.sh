@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# The README's libvirt quick start ("Quick start: trace an existing libvirt
+# VM"), run as written: a fresh Debian tree booted with systemd as PID 1 in a
+# systemd-nspawn container, with Debian's libvirt (libvirtd, its default
+# qemu.conf: QEMU as libvirt-qemu) and the hvtrace package installed, a
+# domain web1 booted from the Debian 12 test image, and a host user who is
+# only in hvtrace-admin (and may sudo, as the README's virsh lines need)
+# typing the README's host lines; its guest lines are typed into web1's root
+# shell.
+#
+#   tests/service/libvirt_readme_test.sh PACKAGES_DIR IMAGE_DIR
+#
+# PACKAGES_DIR holds the .debs (scripts/build-packages.sh); IMAGE_DIR is
+# build/guest/debian12 (qemu-scripts/build-debian-image.sh --agent-deb: the
+# agent package installed and its .deb in /root, the copy the README's guest
+# step installs). Needs root and systemd-nspawn. Exit 77: skipped.
+#
+# The commands come from README.md itself: each line of the section's ```sh
+# blocks that is not a comment runs where the last "# Host" or "# Guest"
+# comment above it says; the comment "... the guest panics (CMD) ..." types
+# CMD into the guest. Host lines run in a fresh login shell of the user
+# (`runuser -l`); guest lines in the guest's root shell, from /root. What the
+# test adds around them:
+#   before         web1 defined (1 GiB, 2 vCPUs, TCG, the image's disk, its
+#                  serial console a socket) and started, as "an existing VM"
+#   a guest line   typed once the guest's shell is up (the console log's
+#                  HVTRACE-GUEST-READY, printed by the image's root login)
+#   reboot         the next line waits for the guest to be up again
+#   hvtrace status repeated until meta is connected with a boot accepted
+#   hvtrace stream read for 20 s while the guest runs its demo service,
+#                  then interrupted (Ctrl-C ends it, as its help says)
+#   hvtrace captures  repeated until a panic capture is listed; its ID
+#                  replaces <ID> below
+# Everything else runs as written and must exit 0.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+PACKAGES=$(cd "${1:?usage: libvirt_readme_test.sh PACKAGES_DIR IMAGE_DIR}" && pwd)
+IMAGE_DIR=$(cd "${2:?usage: libvirt_readme_test.sh PACKAGES_DIR IMAGE_DIR}" && pwd)
+ADMIN=carol
+VM=web1
+SECTION="## Quick start: trace an existing libvirt VM"
+
+fail() { echo "libvirt_readme_test: FAIL: $*" >&2; exit 1; }
+log() { echo "libvirt_readme_test: $*" >&2; }
+[ "$(id -u)" -eq 0 ] || { log "skipped: needs root"; exit 77; }
+command -v systemd-nspawn >/dev/null || { log "skipped: no systemd-nspawn"; exit 77; }
+deb=$(ls "$PACKAGES"/hvtrace_*.deb 2>/dev/null | tail -n 1)
+[ -n "$deb" ] || fail "no hvtrace_*.deb in $PACKAGES (run scripts/build-packages.sh)"
+[ -f "$IMAGE_DIR/disk.qcow2" ] || fail "no $IMAGE_DIR/disk.qcow2 (qemu-scripts/build-debian-image.sh)"
+
+# The README's lines: "host<TAB>LINE", "guest<TAB>LINE", "panic<TAB>CMD".
+mapfile -t STEPS < <(awk -v section="$SECTION" '
+  /^## / { if (in_section) exit; if ($0 == section) in_section = 1; next }
+  !in_section { next }
+  /^```sh$/ { in_block = 1; where = "host"; next }
+  /^```/ { in_block = 0; next }
+  !in_block || /^[[:space:]]*$/ { next }
+  /^# Host/ { where = "host"; next }
+  /^# Guest/ { where = "guest"; next }
+  /^#.*the guest panics \(/ { sub(/^[^(]*\(/, ""); sub(/\).*$/, ""); print "panic\t" $0; next }
+  /^#/ { next }
+  { print where "\t" $0 }' "$ROOT/README.md")
+[ ${#STEPS[@]} -ge 10 ] || fail "the README's libvirt quick start has ${#STEPS[@]} lines: $(printf '%s; ' "${STEPS[@]}")"
+
+WORK=$(mktemp -d /var/tmp/hvtrace-libvirt.XXXXXX)
+TREE=$WORK/root
+NSPAWN_PID=
+cleanup() {
+  status=$?
+  if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
+    if [ $status -ne 0 ]; then
+      log "container journal (hvtraced, libvirtd):"
+      inside journalctl -u hvtraced -u libvirtd --no-pager -n 60 >&2 || true
+      log "web1's console:"
+      tail -n 40 "$TREE/var/log/libvirt/qemu/$VM-console.log" >&2 || true
+    fi
+    inside virsh destroy "$VM" >/dev/null 2>&1 || true
+    kill -TERM "$NSPAWN_PID" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$NSPAWN_PID" 2>/dev/null || true
+  fi
+  rm -rf "$WORK"
+  exit $status
+}
+trap cleanup EXIT
+
+status=0
+"$ROOT/tests/packaging/build-pkgroot.sh" "$WORK/root.tar" "$deb" \
+  libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients sudo >&2 || status=$?
+[ $status -ne 75 ] || { log "skipped: Debian's archive is unreachable and no root is cached"; exit 77; }
+[ $status -eq 0 ] || fail "tests/packaging/build-pkgroot.sh failed ($status)"
+mkdir "$TREE" && tar -C "$TREE" -xf "$WORK/root.tar"
+mkdir -p "$TREE/srv/hvtrace-test"
+cp "$deb" "$TREE/srv/hvtrace-test/"
+# Multi-threaded TCG breaks the guest kernel's live text patching about once
+# in 25 boots (qemu-scripts/libvirt/qemu-tcg-single-thread says more).
+install -m 0755 "$ROOT/qemu-scripts/libvirt/qemu-tcg-single-thread" "$TREE/usr/local/bin/"
+install -m 0600 "$IMAGE_DIR/disk.qcow2" "$TREE/var/lib/libvirt/images/$VM.qcow2"
+# The one change to Debian's qemu.conf: on a cgroup v1 (or hybrid) host,
+# systemd-nspawn mounts the container's controller hierarchies read-only, and
+# libvirt fails every start ("Failed to create v1 controller cpu for group:
+# Read-only file system"). A container limit, not a setting users need.
+if [ "$(stat -fc %T /sys/fs/cgroup)" != cgroup2fs ]; then
+  echo 'cgroup_controllers = [ ]' >>"$TREE/etc/libvirt/qemu.conf"
+fi
+# The host's name resolves, as on any installed host (sudo asks).
+echo hvtrace-host >"$TREE/etc/hostname"
+echo "127.0.1.1 hvtrace-host" >>"$TREE/etc/hosts"
+chroot "$TREE" useradd -m -s /bin/bash "$ADMIN"
+echo "$ADMIN ALL=(ALL) NOPASSWD: ALL" >"$TREE/etc/sudoers.d/$ADMIN"
+chmod 0440 "$TREE/etc/sudoers.d/$ADMIN"
+
+log "booting systemd in the container"
+systemd-nspawn -q -D "$TREE" --boot --register=no --keep-unit --hostname=hvtrace-host \
+  >"$WORK/console.log" 2>&1 &
+NSPAWN_PID=$!
+LEADER=
+for _ in $(seq 300); do
+  LEADER=$(pgrep -P "$NSPAWN_PID" -x systemd || true)
+  [ -n "$LEADER" ] && break
+  sleep 0.1
+done
+[ -n "$LEADER" ] || fail "systemd did not start in the container"
+inside() { nsenter -t "$LEADER" -a "$@"; }
+for _ in $(seq 300); do inside test -S /run/systemd/private && break; sleep 0.1; done
+state=$(inside systemctl is-system-running --wait || true)
+[ "$state" = running ] || { inside systemctl --failed --no-pager >&2; fail "container is $state"; }
+
+# The README's first section installed hvtrace and made the user an admin
+# (tests/service/service_test.sh runs that part); here as its outcome.
+inside apt-get install -y -q "/srv/hvtrace-test/$(basename "$deb")" >"$WORK/apt.log" 2>&1 ||
+  { tail -n 20 "$WORK/apt.log" >&2; fail "installing $(basename "$deb")"; }
+inside usermod -aG hvtrace-admin "$ADMIN"
+[ "$(inside systemctl is-active hvtraced)" = active ] || fail "hvtraced is not active"
+
+CONSOLE_LOG=/var/log/libvirt/qemu/$VM-console.log
+CONSOLE_SOCK=/var/lib/libvirt/qemu/$VM.console
+cat >"$TREE/srv/hvtrace-test/$VM.xml" <<XML
+<domain type='qemu'>
+  <name>$VM</name>
+  <memory unit='MiB'>1024</memory>
+  <vcpu>2</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
+  <features><acpi/></features>
+  <devices>
+    <emulator>/usr/local/bin/qemu-tcg-single-thread</emulator>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/>
+      <source file='/var/lib/libvirt/images/$VM.qcow2'/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <serial type='unix'>
+      <source mode='bind' path='$CONSOLE_SOCK'/>
+      <log file='$CONSOLE_LOG' append='off'/>
+      <target port='0'/>
+    </serial>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+XML
+inside virsh -q define "/srv/hvtrace-test/$VM.xml" >&2 || fail "virsh define $VM"
+
+# The guest's console, read and typed from here through the container's root.
+host_log=$TREE$CONSOLE_LOG
+ready_seen=0
+wait_guest_ready() {  # the next HVTRACE-GUEST-READY after the last one seen
+  local n
+  for _ in $(seq 600); do
+    n=$(grep -c HVTRACE-GUEST-READY "$host_log" 2>/dev/null || true)
+    if [ "${n:-0}" -gt "$ready_seen" ]; then ready_seen=$n; return 0; fi
+    sleep 0.5
+  done
+  fail "$VM's shell did not come up within 300 s"
+}
+guest() { python3 "$HERE/guest_shell.py" "/proc/$LEADER/root$CONSOLE_SOCK" "$@"; }
+
+inside virsh -q start "$VM" >&2 || fail "virsh start $VM"
+wait_guest_ready
+qemu_user=$(inside ps -o user= -C qemu-system-x86_64 | head -n 1)
+log "$VM is up (QEMU runs as ${qemu_user:-?}, Debian's libvirt default)"
+[ "$qemu_user" = libvirt-qemu ] || fail "QEMU runs as '$qemu_user', not libvirt-qemu"
+
+run_host() {  # run_host LINE: in a fresh login shell of the admin
+  inside runuser -l "$ADMIN" -c "$1" </dev/null
+}
+CAPTURE_ID=
+after_reboot=0
+ran_setup=0 ran_attach=0 ran_stream=0 ran_show=0 ran_guest=0
+run_host_line() {
+  local line=${1//<ID>/$CAPTURE_ID} out
+  echo "README (host)\$ $line" >&2
+  case "$line" in
+    "hvtrace status "*)
+      for _ in $(seq 150); do
+        out=$(run_host "$line" 2>&1) || fail "$line: $out"
+        grep -qE '^meta +connected, [1-9]' <<<"$out" && break
+        sleep 2
+      done
+      grep -qE '^meta +connected, [1-9]' <<<"$out" || fail "the agent's metadata never arrived: $out" ;;
+    "hvtrace stream "*)
+      ran_stream=1
+      inside runuser -l "$ADMIN" -c "exec $line" >"$WORK/stream.txt" 2>"$WORK/stream.err" </dev/null &
+      local stream_pid=$!
+      sleep 3
+      guest 120 "systemctl restart hvtrace-demo-marker.service" >/dev/null ||
+        fail "the guest's demo service did not restart"
+      sleep 17
+      # Ctrl-C, as a user ends it (to hvtrace itself: nsenter passes no
+      # signal on).
+      inside pkill -INT -u "$ADMIN" -x hvtrace || true
+      wait "$stream_pid" || true
+      out=$(head -n 12 "$WORK/stream.txt")
+      grep -q "HVTRACE-DEMO-MARKER" "$WORK/stream.txt" ||
+        fail "hvtrace stream shows no demo marker: $(head -c 3000 "$WORK/stream.txt") $(cat "$WORK/stream.err")"
+      grep -qE 'sched_switch: +prev_comm=[a-z]' "$WORK/stream.txt" ||
+        fail "hvtrace stream shows no sched_switch with task names: $(head -c 3000 "$WORK/stream.txt")"
+      # Symbols: the agent publishes them seconds after the attach, and the
+      # stream picks them up then (its first lines may show addresses).
+      grep -qE 'hrtimer_expire_entry: .*function=[a-z_]' "$WORK/stream.txt" ||
+        fail "hvtrace stream never names a timer function: $(tail -c 3000 "$WORK/stream.txt")"
+      out=$(grep -m 6 -E 'function=[a-z_]|HVTRACE-DEMO-MARKER' "$WORK/stream.txt") ;;
+    "hvtrace captures "*)
+      for _ in $(seq 300); do
+        out=$(run_host "$line" 2>&1) || fail "$line: $out"
+        CAPTURE_ID=$(awk '$2 == "panic" {id = $1} END {print id}' <<<"$out")
+        [ -n "$CAPTURE_ID" ] && break
+        sleep 0.2
+      done
+      [ -n "$CAPTURE_ID" ] || fail "no panic capture listed: $out" ;;
+    *)
+      out=$(run_host "$line" 2>&1) || { echo "$out" >&2; fail "as $ADMIN: $line"; } ;;
+  esac
+  case "$line" in
+    "hvtrace setup "*) ran_setup=1 ;;
+    "hvtrace attach "*) ran_attach=1 ;;
+    "hvtrace show "*) ran_show=1; echo "$out" >"$WORK/show.txt" ;;
+    *"sudo virsh start "*) ready_seen=0; after_reboot=1 ;;  # a new QEMU: a new console log
+  esac
+  head -n 12 <<<"$out" | sed 's/^/    /' >&2
+}
+run_guest_line() {
+  local line=$1 out rc=0
+  echo "README (guest)# $line" >&2
+  ran_guest=1
+  if [ "$after_reboot" = 1 ]; then wait_guest_ready; after_reboot=0; fi
+  if [ "$line" = reboot ]; then
+    guest --send "$line"
+    after_reboot=1
+    return
+  fi
+  out=$(guest 600 "$line" 2>&1) || rc=$?
+  [ $rc -eq 0 ] || { echo "$out" >&2; fail "in the guest: $line (exit $rc)"; }
+  tail -n 6 <<<"$out" | sed 's/^/    /' >&2
+}
+
+log "the README's libvirt quick start, as $ADMIN (groups: $(inside id -nG "$ADMIN"))"
+for step in "${STEPS[@]}"; do
+  kind=${step%%$'\t'*}
+  line=${step#*$'\t'}
+  case "$kind" in
+    host)
+      if [ "$after_reboot" = 1 ] && [[ $line == hvtrace\ * ]] && [[ $line != "hvtrace adopt "* ]]; then
+        wait_guest_ready
+        after_reboot=0
+      fi
+      run_host_line "$line" ;;
+    guest) run_guest_line "$line" ;;
+    panic)
+      echo "README (guest, the panic)# $line" >&2
+      guest --send "$line" ;;
+  esac
+done
+[ "$ran_setup$ran_attach$ran_stream$ran_show$ran_guest" = 11111 ] ||
+  fail "the README lacks setup, attach, stream, show or a guest line"
+# The capture, read through the daemon: both of the guest's boots since the
+# range was enabled decode with names, the demo service's marker among them.
+grep -qE 'print: +tracing_mark_write: HVTRACE-DEMO-MARKER' "$WORK/show.txt" ||
+  grep -q 'HVTRACE-DEMO-MARKER' "$WORK/show.txt" ||
+  fail "hvtrace show $VM/$CAPTURE_ID lacks the demo marker: $(head -c 3000 "$WORK/show.txt")"
+grep -qE 'sched_switch: +prev_comm=[a-z]' "$WORK/show.txt" ||
+  fail "hvtrace show $VM/$CAPTURE_ID has no named sched_switch"
+if run_host "ls /var/lib/hvtrace/vms" >/dev/null 2>&1; then
+  fail "$ADMIN can list the state dir: the test would not show that show reads through hvtraced"
+fi
+log "capture $CAPTURE_ID: $(grep -c . "$WORK/show.txt") lines shown, the demo marker and named sched_switch among them"
+log "PASS"

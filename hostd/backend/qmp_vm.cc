@@ -13,13 +13,13 @@
 #include <future>
 
 #include "capped_file.h"
-#include "durable_file.h"
 #include "hvtrace/boot_map.h"
 #include "private_path.h"
 #include "qemu_user.h"
 #include "region_file_open.h"
 #include "units.h"
 #include "vm_process.h"
+#include "vm_record.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -120,23 +120,11 @@ std::filesystem::path QmpVmSpecPath(const std::filesystem::path& vm_dir) {
 }
 
 Status SaveQmpVmSpec(const std::filesystem::path& vm_dir, const QmpVmSpec& spec) {
-  std::filesystem::path path = QmpVmSpecPath(vm_dir);
-  std::error_code ec;
-  std::filesystem::create_directories(vm_dir, ec);
-  return WriteFileDurably(path, spec.ToJson().dump(2) + "\n");
+  return SaveVmRecord(QmpVmSpecPath(vm_dir), spec);
 }
 
 Result<QmpVmSpec> LoadQmpVmSpec(const std::filesystem::path& vm_dir) {
-  std::filesystem::path path = QmpVmSpecPath(vm_dir);
-  // Written by us, but the state directory may have been edited: bounded,
-  // never through a symlink.
-  Result<std::string> text = ReadCappedFile(path, kVmRecordMaxBytes);
-  if (!text.ok()) return Error{"no QMP VM spec: " + text.error().message};
-  json j = json::parse(*text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return Error{path.string() + " is not a JSON object"};
-  auto spec = QmpVmSpec::FromJson(j);
-  if (!spec.ok()) return Error{path.string() + ": " + spec.error().message};
-  return spec;
+  return LoadVmRecord<QmpVmSpec>(QmpVmSpecPath(vm_dir));
 }
 
 QmpVmBackend::QmpVmBackend(boost::asio::any_io_executor io, QmpVmSpec spec, std::unique_ptr<Vm> vm,

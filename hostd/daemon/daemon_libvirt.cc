@@ -4,11 +4,10 @@
 
 #include <boost/asio/post.hpp>
 
-#include "capped_file.h"
 #include "daemon.h"
 #include "daemon_log.h"
-#include "durable_file.h"
 #include "libvirt_event_loop.h"
+#include "vm_record.h"
 
 namespace hvtrace::hostd {
 
@@ -40,20 +39,11 @@ std::filesystem::path LibvirtVmRecordPath(const std::filesystem::path& vm_dir) {
 }
 
 Status SaveLibvirtVmRecord(const std::filesystem::path& vm_dir, const LibvirtVmRecord& record) {
-  const std::filesystem::path path = LibvirtVmRecordPath(vm_dir);
-  return WriteFileDurably(path, record.ToJson().dump(2) + "\n");
+  return SaveVmRecord(LibvirtVmRecordPath(vm_dir), record);
 }
 
 Result<LibvirtVmRecord> LoadLibvirtVmRecord(const std::filesystem::path& vm_dir) {
-  const std::filesystem::path path = LibvirtVmRecordPath(vm_dir);
-  // Written by us, but the state directory may have been edited: bounded,
-  // never through a symlink.
-  Result<std::string> text = ReadCappedFile(path, kVmRecordMaxBytes);
-  if (!text.ok()) return Error{"no libvirt VM record: " + text.error().message};
-  json j = json::parse(*text, nullptr, false);
-  Result<LibvirtVmRecord> r = LibvirtVmRecord::FromJson(j);
-  if (!r.ok()) return Error{path.string() + ": " + r.error().message};
-  return r;
+  return LoadVmRecord<LibvirtVmRecord>(LibvirtVmRecordPath(vm_dir));
 }
 
 DaemonLibvirt::DaemonLibvirt(Daemon& daemon, StateDir state)

@@ -26,16 +26,11 @@ def connect(path):
     return s
 
 
-def run(path, timeout, command):
-    tag = uuid.uuid4().hex[:8]
-    begin = "__HVT_BEGIN_%s__" % tag
-    done = re.compile(r"__HVT_DONE_%s_(\d+)\r?$" % tag, re.M)
-    s = connect(path)
-    # Three lines: a README line may end in a comment, which would swallow
-    # a marker typed after it on the same line.
-    s.sendall(("echo __HVT_BEG''IN_%s__\n%s\necho __HVT_DONE_%s_$?\n" % (tag, command, tag)).encode())
+def read_until(s, seconds, found):
+    """Reads the console until found(text) returns non-None or |seconds|
+    pass; returns (text, what found returned)."""
     buf = b""
-    end = time.time() + timeout
+    end = time.time() + seconds
     while time.time() < end:
         try:
             data = s.recv(65536)
@@ -45,15 +40,33 @@ def run(path, timeout, command):
             break
         buf += data
         text = buf.decode(errors="replace")
+        result = found(text)
+        if result is not None:
+            return text, result
+    return buf.decode(errors="replace"), None
+
+
+def run(path, timeout, command):
+    tag = uuid.uuid4().hex[:8]
+    begin = "__HVT_BEGIN_%s__" % tag
+    done = re.compile(r"__HVT_DONE_%s_(\d+)\r?$" % tag, re.M)
+    s = connect(path)
+    # Three lines: a README line may end in a comment, which would swallow
+    # a marker typed after it on the same line.
+    s.sendall(("echo __HVT_BEG''IN_%s__\n%s\necho __HVT_DONE_%s_$?\n" % (tag, command, tag)).encode())
+
+    def framed(text):
         at = text.find(begin)
         m = done.search(text, at) if at >= 0 else None
-        if m:
-            out = text[text.find("\n", at) + 1:m.start()]
-            sys.stdout.write(out.replace("\r", ""))
-            return int(m.group(1))
-    sys.stderr.write("guest_shell: no end of `%s` within %ss; console:\n%s\n" %
-                     (command, timeout, buf.decode(errors="replace")[-2000:]))
-    return 124
+        return (text[text.find("\n", at) + 1:m.start()], int(m.group(1))) if m else None
+
+    text, result = read_until(s, timeout, framed)
+    if result is None:
+        sys.stderr.write("guest_shell: no end of `%s` within %ss; console:\n%s\n" %
+                         (command, timeout, text[-2000:]))
+        return 124
+    sys.stdout.write(result[0].replace("\r", ""))
+    return result[1]
 
 
 def send(path, command):
@@ -62,17 +75,8 @@ def send(path, command):
     # has echoed the line's end (then the guest has all of it).
     s = connect(path)
     s.sendall((command + "\n").encode())
-    buf = b""
-    end = time.time() + 60
-    while command[-8:].encode() not in buf and time.time() < end:
-        try:
-            data = s.recv(65536)
-        except socket.timeout:
-            continue
-        if not data:
-            break
-        buf += data
-    if command[-8:].encode() not in buf:
+    _, echoed = read_until(s, 60, lambda text: True if command[-8:] in text else None)
+    if echoed is None:
         sys.stderr.write("guest_shell: the guest did not echo `%s` within 60 s\n" % command)
         return 124
     time.sleep(0.5)

@@ -41,6 +41,8 @@ ADMIN=carol
 VM=web1
 SECTION="## Quick start: trace an existing libvirt VM"
 
+# shellcheck source=tests/service/container.sh
+. "$HERE/container.sh"
 fail() { echo "libvirt_readme_test: FAIL: $*" >&2; exit 1; }
 log() { echo "libvirt_readme_test: $*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "skipped: needs root"; exit 77; }
@@ -65,10 +67,9 @@ mapfile -t STEPS < <(awk -v section="$SECTION" '
 
 WORK=$(mktemp -d /var/tmp/hvtrace-libvirt.XXXXXX)
 TREE=$WORK/root
-NSPAWN_PID=
 cleanup() {
   status=$?
-  if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
+  if container_running; then
     if [ $status -ne 0 ]; then
       log "container journal (hvtraced, libvirtd):"
       inside journalctl -u hvtraced -u libvirtd --no-pager -n 60 >&2 || true
@@ -76,9 +77,7 @@ cleanup() {
       tail -n 40 "$TREE/var/log/libvirt/qemu/$VM-console.log" >&2 || true
     fi
     inside virsh destroy "$VM" >/dev/null 2>&1 || true
-    kill -TERM "$NSPAWN_PID" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$NSPAWN_PID" 2>/dev/null || true
+    container_stop
   fi
   rm -rf "$WORK"
   exit $status
@@ -112,20 +111,7 @@ echo "$ADMIN ALL=(ALL) NOPASSWD: ALL" >"$TREE/etc/sudoers.d/$ADMIN"
 chmod 0440 "$TREE/etc/sudoers.d/$ADMIN"
 
 log "booting systemd in the container"
-systemd-nspawn -q -D "$TREE" --boot --register=no --keep-unit --hostname=hvtrace-host \
-  >"$WORK/console.log" 2>&1 &
-NSPAWN_PID=$!
-LEADER=
-for _ in $(seq 300); do
-  LEADER=$(pgrep -P "$NSPAWN_PID" -x systemd || true)
-  [ -n "$LEADER" ] && break
-  sleep 0.1
-done
-[ -n "$LEADER" ] || fail "systemd did not start in the container"
-inside() { nsenter -t "$LEADER" -a "$@"; }
-for _ in $(seq 300); do inside test -S /run/systemd/private && break; sleep 0.1; done
-state=$(inside systemctl is-system-running --wait || true)
-[ "$state" = running ] || { inside systemctl --failed --no-pager >&2; fail "container is $state"; }
+container_boot "$TREE" "$WORK/console.log" --hostname=hvtrace-host
 
 # The README's first section installed hvtrace and made the user an admin
 # (tests/service/service_test.sh runs that part); here as its outcome.

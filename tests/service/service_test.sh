@@ -46,6 +46,8 @@ GUEST=$(cd "${2:?usage: service_test.sh PACKAGES_DIR GUEST_DIR}" && pwd)
 ADMIN=alice     # only in hvtrace-admin, through the README's usermod
 OBSERVER=bob    # only in hvtrace
 
+# shellcheck source=tests/service/container.sh
+. "$HERE/container.sh"
 fail() { echo "service_test: FAIL: $*" >&2; exit 1; }
 log() { echo "service_test: $*" >&2; }
 [ "$(id -u)" -eq 0 ] || { log "skipped: needs root"; exit 77; }
@@ -68,14 +70,11 @@ mapfile -t STEPS < <(awk '
 
 WORK=$(mktemp -d /var/tmp/hvtrace-service.XXXXXX)
 TREE=$WORK/root
-NSPAWN_PID=
 cleanup() {
   status=$?
-  if [ -n "$NSPAWN_PID" ] && kill -0 "$NSPAWN_PID" 2>/dev/null; then
+  if container_running; then
     [ $status -eq 0 ] || { log "container journal (hvtraced):"; inside journalctl -u hvtraced --no-pager -n 40 >&2 || true; }
-    kill -TERM "$NSPAWN_PID" 2>/dev/null || true
-    for _ in $(seq 100); do kill -0 "$NSPAWN_PID" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$NSPAWN_PID" 2>/dev/null || true
+    container_stop
   fi
   [ $status -eq 0 ] || { log "container console:"; tail -n 20 "$WORK/console.log" >&2 || true; }
   rm -rf "$WORK"
@@ -97,19 +96,7 @@ chmod -R a+rX "$TREE/srv/hvtrace-test"
 chroot "$TREE" useradd -m -s /bin/bash "$ADMIN"
 
 log "booting systemd in the container"
-systemd-nspawn -q -D "$TREE" --boot --register=no --keep-unit >"$WORK/console.log" 2>&1 &
-NSPAWN_PID=$!
-LEADER=
-for _ in $(seq 300); do
-  LEADER=$(pgrep -P "$NSPAWN_PID" -x systemd || true)
-  [ -n "$LEADER" ] && break
-  sleep 0.1
-done
-[ -n "$LEADER" ] || fail "systemd did not start in the container"
-inside() { nsenter -t "$LEADER" -a "$@"; }
-for _ in $(seq 300); do inside test -S /run/systemd/private && break; sleep 0.1; done
-state=$(inside systemctl is-system-running --wait || true)
-[ "$state" = running ] || { inside systemctl --failed --no-pager >&2; fail "container is $state"; }
+container_boot "$TREE" "$WORK/console.log"
 
 # The mapped steps, defined in every shell a README line runs in.
 PRELUDE='stage_debs() { mkdir -p "$1" && cp /srv/hvtrace-test/debs/*.deb "$1"/; }

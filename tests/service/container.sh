@@ -1,0 +1,38 @@
+# The service tests' one container (sourced by tests/service/*_test.sh): a
+# Debian tree booted with systemd as PID 1 under systemd-nspawn, entered with
+# nsenter. The sourcing script defines fail MESSAGE.
+#
+#   container_boot TREE LOG [NSPAWN_ARG...]   boots TREE, waits until systemd
+#                                             says "running"; sets
+#                                             CONTAINER_PID and LEADER
+#   inside CMD...                             CMD in the container
+#   container_stop                            SIGTERM, then SIGKILL after 10 s
+CONTAINER_PID=
+LEADER=
+
+container_boot() {
+  local tree=$1 log=$2 state
+  shift 2
+  systemd-nspawn -q -D "$tree" --boot --register=no --keep-unit "$@" >"$log" 2>&1 &
+  CONTAINER_PID=$!
+  for _ in $(seq 300); do
+    LEADER=$(pgrep -P "$CONTAINER_PID" -x systemd || true)
+    [ -n "$LEADER" ] && break
+    sleep 0.1
+  done
+  [ -n "$LEADER" ] || fail "systemd did not start in the container"
+  for _ in $(seq 300); do inside test -S /run/systemd/private && break; sleep 0.1; done
+  state=$(inside systemctl is-system-running --wait || true)
+  [ "$state" = running ] || { inside systemctl --failed --no-pager >&2; fail "container is $state"; }
+}
+
+inside() { nsenter -t "$LEADER" -a "$@"; }
+
+container_running() { [ -n "$CONTAINER_PID" ] && kill -0 "$CONTAINER_PID" 2>/dev/null; }
+
+container_stop() {
+  container_running || return 0
+  kill -TERM "$CONTAINER_PID" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$CONTAINER_PID" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$CONTAINER_PID" 2>/dev/null || true
+}

@@ -1,5 +1,5 @@
 // hvtrace show CAPTURE --timeline: a capture's host and guest sides of the
-// boot as one text timeline on the host clock (hostd/capture/boot_timeline.h
+// boot as one text timeline on the host clock (hostd/timeline/boot_timeline.h
 // wrote host.dat and boot-<n>.host-clock.dat):
 //
 //   # timeline of capture ID: host CLOCK_REALTIME ...

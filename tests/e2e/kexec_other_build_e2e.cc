@@ -3,7 +3,7 @@
 // bookworm-security; trixie-backports' 7.3.4 into its 7.2.12), boot range, no
 // agent: each boot of the capture decodes with its own kernel's formats,
 // identified by the console banner and checked against the records
-// (hostd/capture/boot_kernels.h), and the manifest's id table says what
+// (hostd/decode/boot_kernels.h), and the manifest's id table says what
 // moved or changed between the builds (event_id_table.h).
 #include <gtest/gtest.h>
 #include <unistd.h>

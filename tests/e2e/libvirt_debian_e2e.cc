@@ -34,7 +34,7 @@
 #include <thread>
 #include <vector>
 
-#include "hostd/capture/meta_fixture.h"
+#include "hostd/meta/meta_fixture.h"
 #include "hvtrace/meta_channel.h"
 #include "hvtraced_harness.h"
 #include "libvirtd_fixture.h"

@@ -1,5 +1,5 @@
 // The layout every capture manifest has, whichever backend took it
-// (hostd/capture/capture_store.h): the QMP and the libvirt e2e tests check
+// (hostd/store/capture_store.h): the QMP and the libvirt e2e tests check
 // their captures against the same lists, so the two cannot drift apart.
 #ifndef HVTRACE_TESTS_E2E_MANIFEST_LAYOUT_H_
 #define HVTRACE_TESTS_E2E_MANIFEST_LAYOUT_H_

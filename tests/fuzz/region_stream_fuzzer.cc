@@ -1,4 +1,4 @@
-// Fuzzes RegionStreamer (hostd/capture/region_stream.h) across snapshots the
+// Fuzzes RegionStreamer (hostd/decode/region_stream.h) across snapshots the
 // way a hostile guest drives a live `hvtrace stream`: every step the guest
 // picks a boot generation (any value, up or down), publishes symbols and a
 // page for it, and scribbles over the region; one streamer follows all the

@@ -1,7 +1,7 @@
 // The guest's side of a test region as the agent sets it up at start: the
 // identity of a 2-CPU test kernel at boot generation 1, and formats published
 // with their fingerprints. One helper for the region tests of shared/core and
-// hostd/capture, so they all describe the same guest.
+// hostd/decode, so they all describe the same guest.
 #ifndef HVTRACE_TESTS_UNIT_GUEST_REGION_SETUP_H_
 #define HVTRACE_TESTS_UNIT_GUEST_REGION_SETUP_H_
 

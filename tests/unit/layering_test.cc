@@ -1,8 +1,9 @@
 // The folders of hostd/, shared/ and guest-agent/ are layers: a file may
-// include headers of its own folder and of the folders listed for it below,
-// nothing else. CMake enforces most of this already (a layer only sees the
-// include paths of what it links); this test names the offending line when
-// someone adds a link to make a backwards include compile.
+// include headers of its own folder and of the folders below it, nothing
+// else. CMake enforces most of this already (a layer only sees the include
+// paths of what it links); this test names the offending line, and for hostd
+// reads the graph from CMake itself (hostd-layers.txt), so a link added to
+// make a backwards include compile shows up as a cycle or an unknown layer.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <map>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,39 +21,63 @@ namespace fs = std::filesystem;
 
 const fs::path kRoot = HVTRACE_SOURCE_DIR;
 
-// Folder → folders it may include from (besides itself). Mirrors the
-// target_link_libraries of hostd/CMakeLists.txt and shared/.
+// hostd's layers as hostd/CMakeLists.txt links them: "hostd/X hostd/Y ..."
+// per line (hostd-layers.txt in the build tree), the one statement of that
+// graph. Each layer may also include from the layers below those it links.
+std::map<std::string, std::set<std::string>> HostdLayersFromCMake() {
+  std::map<std::string, std::set<std::string>> direct;
+  std::vector<std::string> order;  // As CMake defined them: lower ones first.
+  std::ifstream in(HVTRACE_LAYER_GRAPH);
+  EXPECT_TRUE(in.good()) << "cannot read " << HVTRACE_LAYER_GRAPH;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream words(line);
+    std::string layer, dep;
+    if (!(words >> layer)) continue;
+    order.push_back(layer);
+    while (words >> dep) direct[layer].insert(dep);
+  }
+  std::map<std::string, std::set<std::string>> closed;
+  for (const std::string& layer : order) {
+    std::set<std::string> deps = direct[layer];
+    for (const std::string& d : direct[layer]) {
+      EXPECT_TRUE(closed.count(d)) << layer << " links " << d << ", defined after it";
+      deps.insert(closed[d].begin(), closed[d].end());
+    }
+    closed[layer] = deps;
+  }
+  return closed;
+}
+
+// Folder → folders it may include from (besides itself). shared/ and the
+// agent here; hostd from its CMake (above).
 const std::map<std::string, std::set<std::string>>& AllowedIncludes() {
-  static const std::set<std::string> kShared = {"shared/core", "shared/decode"};
   static const std::map<std::string, std::set<std::string>> kAllowed = [] {
     std::map<std::string, std::set<std::string>> m;
     m["shared/core"] = {};
     m["shared/dwtrace"] = {"shared/core"};
     m["shared/decode"] = {"shared/core"};
     m["guest-agent"] = {"shared/core", "shared/dwtrace"};
-    auto hostd = [&](const std::string& layer, std::set<std::string> deps) {
-      deps.insert(kShared.begin(), kShared.end());
-      for (const std::string& d : std::set<std::string>(deps)) {
-        if (d.rfind("hostd/", 0) == 0) {
-          const auto& more = m.at(d);
-          deps.insert(more.begin(), more.end());
-        }
-      }
-      m["hostd/" + layer] = deps;
-    };
-    hostd("base", {});
-    hostd("control", {"hostd/base"});
-    hostd("fleet", {"hostd/base"});
-    hostd("qemu", {"hostd/base"});
-    hostd("libvirt", {"hostd/qemu"});
-    hostd("formats", {"hostd/qemu"});
-    hostd("capture", {"hostd/formats"});
-    hostd("backend", {"hostd/capture", "hostd/libvirt"});
-    hostd("daemon", {"hostd/backend", "hostd/control", "hostd/fleet"});
-    hostd("cli", {"hostd/control", "hostd/capture", "hostd/libvirt", "hostd/fleet"});
+    for (auto& [layer, deps] : HostdLayersFromCMake()) {
+      m[layer] = deps;
+      m[layer].insert({"shared/core", "shared/decode"});
+    }
     return m;
   }();
   return kAllowed;
+}
+
+// The layers hostd must have: a graph file that lost some would pass
+// everything above by knowing nothing.
+TEST(Layering, HostdGraphComesFromCMake) {
+  for (const char* layer :
+       {"hostd/base", "hostd/formats", "hostd/store", "hostd/meta", "hostd/timeline", "hostd/vm",
+        "hostd/decode", "hostd/capture", "hostd/backend", "hostd/daemon", "hostd/cli"}) {
+    EXPECT_TRUE(AllowedIncludes().count(layer))
+        << layer << " is missing from " << HVTRACE_LAYER_GRAPH;
+  }
+  EXPECT_TRUE(AllowedIncludes().at("hostd/capture").count("hostd/decode"));
+  EXPECT_FALSE(AllowedIncludes().at("hostd/decode").count("hostd/capture"));
 }
 
 bool IsSource(const fs::path& p) {

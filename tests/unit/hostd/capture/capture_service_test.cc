@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <new>
 
-#include "region_capture_fixture.h"
+#include "hostd/decode/region_capture_fixture.h"
 #include "unique_fd.h"
 
 // Counts allocations of at least |g_large| bytes in this test binary: a

@@ -4,7 +4,7 @@
 // against the guest's own trace file; hand-corrupted copies reported per CPU.
 #include "capture_pipeline.h"
 
-#include "capture_pipeline_fixture.h"
+#include "hostd/decode/capture_pipeline_fixture.h"
 
 namespace hvtrace::hostd {
 namespace {

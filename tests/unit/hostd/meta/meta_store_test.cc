@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "host_time.h"
+#include "hostd/meta/meta_fixture.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/format.h"
-#include "meta_fixture.h"
 
 namespace hvtrace::hostd {
 namespace {

@@ -1,6 +1,6 @@
 #include "region_capture.h"
 
-#include "region_capture_fixture.h"
+#include "hostd/decode/region_capture_fixture.h"
 
 namespace hvtrace::hostd {
 namespace {

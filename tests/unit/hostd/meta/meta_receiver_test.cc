@@ -19,8 +19,8 @@
 #include <string>
 #include <thread>
 
+#include "hostd/meta/meta_fixture.h"
 #include "hvtrace/meta_leaving.h"
-#include "meta_fixture.h"
 
 namespace hvtrace::hostd {
 namespace {

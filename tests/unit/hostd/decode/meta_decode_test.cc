@@ -9,10 +9,10 @@
 #include <string>
 
 #include "boot_range_decode.h"
-#include "capture_pipeline_fixture.h"
 #include "capture_service.h"
+#include "hostd/decode/capture_pipeline_fixture.h"
+#include "hostd/meta/meta_fixture.h"
 #include "hvtrace/tracedat.h"
-#include "meta_fixture.h"
 #include "meta_store.h"
 
 namespace hvtrace::hostd {

@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "capture_service.h"
+#include "capture_inputs.h"
 #include "config.h"
 #include "host_time.h"
 #include "hvtrace/result.h"

@@ -4,7 +4,7 @@
 // process-wide limit is refused with a note.
 #include <gtest/gtest.h>
 
-#include "region_capture_fixture.h"
+#include "hostd/decode/region_capture_fixture.h"
 
 namespace hvtrace::hostd {
 namespace {

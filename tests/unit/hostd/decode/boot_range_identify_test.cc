@@ -11,10 +11,10 @@
 #include <string>
 
 #include "boot_range_decode.h"
-#include "capture_pipeline_fixture.h"
 #include "capture_service.h"
 #include "formats_cache.h"
 #include "formats_service.h"
+#include "hostd/decode/capture_pipeline_fixture.h"
 #include "hvtrace/format.h"
 
 namespace hvtrace::hostd {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "boot_range_decode.h"
-#include "capture_pipeline_fixture.h"
+#include "hostd/decode/capture_pipeline_fixture.h"
 
 namespace hvtrace::hostd {
 namespace {

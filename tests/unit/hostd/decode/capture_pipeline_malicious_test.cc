@@ -2,7 +2,7 @@
 // reported per CPU, the rest decoded, and each trace.dat holds exactly the
 // records kept.
 #include "capture_pipeline.h"
-#include "capture_pipeline_fixture.h"
+#include "hostd/decode/capture_pipeline_fixture.h"
 
 namespace hvtrace::hostd {
 namespace {

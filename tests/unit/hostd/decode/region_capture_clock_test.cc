@@ -2,7 +2,7 @@
 
 // Direct-write rings stamped with the TSC, put on the kernel's clock in
 // captures and streams (hvtrace/region_clock.h).
-#include "region_capture_fixture.h"
+#include "hostd/decode/region_capture_fixture.h"
 
 namespace hvtrace::hostd {
 namespace {

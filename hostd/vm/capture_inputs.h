@@ -1,0 +1,56 @@
+// What a VM backend hands the capture service for one capture: the host
+// file holding the boot range and the attached live region, with what the
+// backend knows of the VM. Below both: backends fill it (vm_backend.h), the
+// capture service (hostd/capture) copies and decodes what it names.
+#ifndef HVTRACE_HOSTD_CAPTURE_INPUTS_H_
+#define HVTRACE_HOSTD_CAPTURE_INPUTS_H_
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "live_region.h"
+#include "region_file.h"
+
+namespace hvtrace::hostd {
+
+// A host file holding a guest-physical range (the boot range, or a raw
+// shmem region). The backend keeps |file| open (and mapped) so the bytes
+// outlive QEMU; holding it here keeps it open while the capture reads it, as
+// a backend may switch to a new file (a restarted libvirt domain) meanwhile.
+struct RegionFileSource {
+  std::shared_ptr<const RegionFile> file;
+  std::filesystem::path path;  // For the manifest and errors.
+  uint64_t offset = 0;         // Of the range in the file.
+  uint64_t size = 0;           // What hostd configured; never the guest's word.
+  uint64_t gpa = 0;
+  // false: a raw shmem file with no persistent ring buffer: kept as
+  // region.bin, not decoded.
+  bool boot_range = true;
+  std::string kernel_path;  // The kernel file, when the backend knows it.
+  std::string kernel_key;   // Its formats cache key (formats_cache.h).
+};
+
+// What a backend hands over for one capture. Cheap to make: no copying.
+struct CaptureInputs {
+  std::optional<RegionFileSource> region_file;
+  std::shared_ptr<LiveRegion> attach;  // Null when nothing is attached.
+  // The vCPUs did not run while the regions were copied (paused for a
+  // panic, or QEMU gone): the copy is exact.
+  bool vcpus_stopped = false;
+  // QEMU's boot-handshake trace log (boot_trace.h), empty when the VM was
+  // not booted with --trace-boot: copied (bounded) into the capture.
+  std::filesystem::path qemu_trace_log;
+  // |qemu_trace_log| is libvirt's log of the domain (libvirt_backend.h):
+  // only the lines after its newest "starting up" line are this QEMU's.
+  bool qemu_trace_log_is_libvirt = false;
+  // manifest.extra.transport: {kind, …} what the backend knows of the VM.
+  nlohmann::json transport = nlohmann::json::object();
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CAPTURE_INPUTS_H_

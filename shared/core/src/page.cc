@@ -220,7 +220,9 @@ bool PageWriter::Append(uint64_t timestamp, std::span<const std::byte> payload) 
   uint64_t delta = timestamp - last_time_;
   // A TIME_EXTEND carries 59 bits of delta; larger gaps take several.
   constexpr uint64_t kExtendMax = (1ull << 59) - 1;
-  const uint64_t extends = delta > kTimeDeltaMax ? (delta + kExtendMax - 1) / kExtendMax : 0;
+  // Rounded up without adding first: a delta near 2^64 would wrap.
+  const uint64_t extends =
+      delta > kTimeDeltaMax ? delta / kExtendMax + (delta % kExtendMax != 0 ? 1 : 0) : 0;
   if (uint64_t{used_} + 8 * extends + record_size + reserve_ > capacity_) return false;
   for (uint64_t i = 0; i < extends; ++i) {
     const uint64_t part = std::min(delta, kExtendMax);

@@ -223,6 +223,20 @@ TEST(PageWriterTest, AbsoluteTimeStampsAndHugeGaps) {
   EXPECT_EQ(WalkKbuffer(page), ours);
 }
 
+TEST(PageWriterTest, GapNearTwoToTheSixtyFourTakesEveryExtend) {
+  // A delta within 2^59 of 2^64 needs 32 TIME_EXTENDs; rounding it up by
+  // adding before dividing wrapped and wrote none (found by page_fuzzer).
+  Bytes page(4096);
+  PageWriter writer(page, PageLayout::Default(), 0);
+  const uint64_t late = ~uint64_t{0} - 3;
+  ASSERT_TRUE(writer.Append(late, Payload(8)));
+  writer.Finish();
+  std::vector<Seen> ours = WalkOurs(page);
+  ASSERT_EQ(ours.size(), 1u);
+  EXPECT_EQ(ours[0].ts, late);
+  EXPECT_EQ(WalkKbuffer(page), ours);
+}
+
 TEST(PageWriterTest, AbsoluteTimeKeepsTopBitsOfPageTime) {
   Bytes page(4096);
   const uint64_t t0 = (uint64_t{0x18} << 56) | 1000;  // Top 5 bits set.

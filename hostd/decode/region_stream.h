@@ -1,6 +1,6 @@
 // Live decoding of an attach-mode region for `hvtrace stream`: successive
 // snapshots in, `trace-cmd report` text (or JSON lines) out. Sans-I/O: the
-// caller takes the snapshots (LiveRegion::Snapshot) on its own schedule.
+// caller refreshes its copy (LiveRegion::Refresh) on its own schedule.
 //
 // Ordering. Direct-write events are in the region the moment their write
 // returns; kernel events arrive when the agent next pushes the CPU's pages

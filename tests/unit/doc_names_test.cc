@@ -59,39 +59,81 @@ std::vector<std::string> ExpandBraces(const std::string& path) {
   return out;
 }
 
-// Every identifier in the sources of the three product folders, read once.
-const std::set<std::string>& ProductIdentifiers() {
-  static const std::set<std::string> all = [] {
-    std::set<std::string> ids;
+// One source file of the three product folders: its text and its words.
+struct Source {
+  std::string text;
+  std::set<std::string> words;
+};
+
+// |text| without its // comments: a name a comment mentions (a stale one
+// too) is not declared by it.
+std::string WithoutComments(const std::string& text) {
+  std::string code;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    code += line.substr(0, line.find("//"));
+    code += '\n';
+  }
+  return code;
+}
+
+const std::vector<Source>& ProductSources() {
+  static const std::vector<Source> all = [] {
+    std::vector<Source> sources;
     for (const char* dir : {"hostd", "shared", "guest-agent"}) {
       for (const auto& e : fs::recursive_directory_iterator(kRoot / dir)) {
         const std::string ext = e.path().extension().string();
         if (!e.is_regular_file() || (ext != ".cc" && ext != ".h")) continue;
-        const std::string text = ReadAll(e.path());
+        Source source{WithoutComments(ReadAll(e.path())), {}};
         std::string word;
-        for (char c : text + ' ') {
+        for (char c : source.text + ' ') {
           if (std::isalnum(static_cast<unsigned char>(c)) || c == '_') {
             word += c;
           } else if (!word.empty()) {
-            ids.insert(std::move(word));
+            source.words.insert(std::move(word));
             word.clear();
           }
         }
+        sources.push_back(std::move(source));
       }
     }
-    return ids;
+    return sources;
   }();
   return all;
 }
 
-// Type::Member: both must be identifiers of the sources.
-bool DefinedInSources(const std::string& name) {
-  for (size_t at = 0;;) {
-    const size_t colons = name.find("::", at);
-    if (!ProductIdentifiers().contains(name.substr(at, colons - at))) return false;
-    if (colons == std::string::npos) return true;
-    at = colons + 2;
+// Whether |text| declares class or struct |type| (not one whose name only
+// starts with it).
+bool DeclaresType(const std::string& text, const std::string& type) {
+  for (const char* kind : {"class ", "struct "}) {
+    const std::string decl = kind + type;
+    for (size_t at = text.find(decl); at != std::string::npos; at = text.find(decl, at + 1)) {
+      const size_t end = at + decl.size();
+      if (end == text.size() ||
+          !(std::isalnum(static_cast<unsigned char>(text[end])) || text[end] == '_')) {
+        return true;
+      }
+    }
   }
+  return false;
+}
+
+// Name: an identifier of the sources. Type::Member: defined as such
+// somewhere (Type::Member in a .cc), or a member of that name in a file that
+// declares the type; both words existing apart is not enough
+// (LiveRegion::Snapshot passed that way long after Snapshot was gone).
+bool DefinedInSources(const std::string& name) {
+  const size_t colons = name.find("::");
+  for (const Source& source : ProductSources()) {
+    if (colons == std::string::npos) {
+      if (source.words.contains(name)) return true;
+    } else if (source.text.find(name) != std::string::npos ||
+               (source.words.contains(name.substr(colons + 2)) &&
+                DeclaresType(source.text, name.substr(0, colons)))) {
+      return true;
+    }
+  }
+  return false;
 }
 
 TEST(DocNamesTest, ArchitectureNamesExistInTheTree) {

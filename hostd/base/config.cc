@@ -6,7 +6,6 @@
 #include <cstring>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "units.h"
 
@@ -242,10 +241,18 @@ Result<Config> LoadConfigFile(const std::filesystem::path& path, bool must_exist
     if (err == ENOENT && !must_exist) return base;
     return Error{"cannot open config " + path.string() + ": " + std::strerror(err)};
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Bounded like every file hvtraced reads (a config is a few hundred
+  // bytes), but not through ReadCappedFile: root's config may be a symlink
+  // (configuration management), which that refuses.
+  constexpr size_t kMaxConfigBytes = 1u << 20;
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
   if (in.bad()) return Error{"cannot read config " + path.string()};
-  return ParseConfig(text.str(), path.string(), std::move(base));
+  if (static_cast<size_t>(in.gcount()) > kMaxConfigBytes) {
+    return Error{"config " + path.string() + " is larger than 1 MiB"};
+  }
+  text.resize(static_cast<size_t>(in.gcount()));
+  return ParseConfig(text, path.string(), std::move(base));
 }
 
 Config ServiceDefaults(const std::function<const char*(const char*)>& getenv) {

@@ -1,10 +1,9 @@
 #include "capture_index.h"
 
 #include <deque>
-#include <fstream>
-#include <sstream>
 #include <string>
 
+#include "capped_file.h"
 #include "hvtrace/output.h"
 
 namespace hvtrace::hostd {
@@ -34,14 +33,9 @@ json LastEvents(const fs::path& path, size_t n) {
 
 Result<json> ReadManifest(const fs::path& dir) {
   const fs::path path = dir / "manifest.json";
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  if (ec) return Error{"cannot read " + path.string() + ": " + ec.message()};
-  if (size > kMaxManifestBytes) return Error{path.string() + " is larger than 16 MiB"};
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  json doc = json::parse(text.str(), nullptr, false);
+  Result<std::string> text = ReadCappedFile(path, kMaxManifestBytes);
+  if (!text.ok()) return Error{"cannot read manifest: " + text.error().message};
+  json doc = json::parse(*text, nullptr, false);
   if (doc.is_discarded() || !doc.is_object()) return Error{path.string() + " is not a JSON object"};
   return doc;
 }

@@ -7,9 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
+#include "capped_file.h"
 #include "durable_file.h"
 #include "unique_fd.h"
 
@@ -149,15 +148,12 @@ Result<std::vector<UploadEntry>> UploadQueueDir::Scan(std::vector<std::string>* 
       auto fail = [&](const std::string& why) {
         if (bad != nullptr) bad->push_back(p.string() + ": " + why);
       };
-      std::error_code size_ec;
-      if (fs::file_size(p, size_ec) > kMaxEntryBytes) {
-        fail("larger than 1 MiB");
+      Result<std::string> text = ReadCappedFile(p, kMaxEntryBytes);
+      if (!text.ok()) {
+        fail(text.error().message);
         continue;
       }
-      std::ifstream in(p, std::ios::binary);
-      std::ostringstream text;
-      text << in.rdbuf();
-      json doc = json::parse(text.str(), nullptr, false);
+      json doc = json::parse(*text, nullptr, false);
       if (doc.is_discarded()) {
         fail("not JSON");
         continue;

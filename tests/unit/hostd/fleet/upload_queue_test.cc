@@ -76,11 +76,16 @@ TEST(UploadQueue, Malicious_BadEntriesAreReportedAndLeft) {
   nlohmann::json doc = evil.ToJson();
   doc["objects"][0]["file"] = "../../etc/shadow";
   std::ofstream(tmp.path() / "vm" / "evil.json") << doc.dump();
+  // A good entry reached through a symlink is not read (it could point at
+  // any file), and neither is one past the 1 MiB cap.
+  std::ofstream(tmp.path() / "good.json") << Entry("vm", "y", 2).ToJson().dump();
+  fs::create_symlink(tmp.path() / "good.json", tmp.path() / "vm" / "link.json");
+  std::ofstream(tmp.path() / "vm" / "huge.json") << std::string((1u << 20) + 1, ' ');
   std::vector<std::string> bad;
   auto all = q.Scan(&bad);
   ASSERT_TRUE(all.ok());
   EXPECT_TRUE(all->empty());
-  EXPECT_EQ(bad.size(), 3u);
+  EXPECT_EQ(bad.size(), 5u);
   EXPECT_TRUE(fs::exists(tmp.path() / "vm" / "junk.json"));
 }
 

@@ -426,6 +426,23 @@ Status Daemon::RegisterQmpVm(const std::string& name, QmpVmSpec spec, std::uniqu
 }
 
 void Daemon::ReadoptVm(const std::string& name) {
+  switch (RecordedKind(name).value_or(VmKind::kQmp)) {
+    case VmKind::kQmp:
+      ReadoptQmpVm(name);
+      return;
+    case VmKind::kLibvirt:
+      if (libvirt_) {
+        libvirt_->QueueReadopt(name);
+      } else {
+        LogWarning("VM " + name +
+                   ": a libvirt domain on record, but libvirt_uri is not set; kept offline "
+                   "(its captures stay listed)");
+      }
+      return;
+  }
+}
+
+void Daemon::ReadoptQmpVm(const std::string& name) {
   auto spec = LoadQmpVmSpec(state_.VmDir(name));
   if (!spec.ok()) return;  // Not a QMP VM (or never one).
   std::unique_ptr<Vm> vm;

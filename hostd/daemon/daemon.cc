@@ -245,7 +245,7 @@ Status Daemon::Start() {
     if (stopping_) return;
     for (const std::string& name : known) ReadoptVm(name);
     if (libvirt_) {
-      if (Status s = libvirt_->Start(known); !s.ok()) LogWarning("libvirt: " + s.error().message);
+      if (Status s = libvirt_->Start(); !s.ok()) LogWarning("libvirt: " + s.error().message);
     }
   });
 

@@ -176,9 +176,13 @@ class Daemon {
   void AdoptLibvirt(const AdoptRequest& args, const ResponderPtr& responder);
   // Removes the files a dead daemon-booted QEMU left (never a live one's).
   void RemoveRemnants(const std::string& name);
-  // Re-adopts a QMP VM remembered in its state dir whose QEMU still runs
-  // (for a VM the daemon booted: the same process, checked by start time).
+  // Re-adopts a VM remembered in its state dir, as the kind its record says
+  // (RecordedKind): a QMP VM now (ReadoptQmpVm), a libvirt domain once
+  // libvirt answers (DaemonLibvirt::QueueReadopt).
   void ReadoptVm(const std::string& name);
+  // A QMP VM whose QEMU still runs (for a VM the daemon booted: the same
+  // process, checked by start time), or whose region file it left.
+  void ReadoptQmpVm(const std::string& name);
   // Finishes the captures an earlier run died in, on the pool; then runs
   // |then| on the I/O thread.
   void RecoverCaptures(const std::vector<std::string>& names, std::function<void()> then);

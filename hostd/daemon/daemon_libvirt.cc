@@ -54,18 +54,24 @@ DaemonLibvirt::DaemonLibvirt(Daemon& daemon, StateDir state)
 
 DaemonLibvirt::~DaemonLibvirt() { Stop(); }
 
-Status DaemonLibvirt::Start(std::vector<std::string> known_vms) {
+Status DaemonLibvirt::Start() {
   // libvirt takes one event loop per process and needs it before the first
   // connection; ours is the daemon's io_context, not a spinning thread.
   if (Status s = LibvirtEventLoop::Install(daemon_.io().get_executor()); !s.ok()) return s;
-  {
-    std::lock_guard lock(mu_);
-    for (const std::string& name : known_vms) {
-      if (LoadLibvirtVmRecord(state_.VmDir(name)).ok()) pending_readopt_.push_back(name);
-    }
-  }
   asio::post(daemon_.pool(), [this] { TryConnect(); });
   return {};
+}
+
+void DaemonLibvirt::QueueReadopt(const std::string& name) {
+  {
+    std::lock_guard lock(mu_);
+    if (stopping_) return;
+    if (client_ == nullptr) {
+      pending_readopt_.push_back(name);
+      return;
+    }
+  }
+  asio::post(daemon_.pool(), [this, name] { Readopt(name); });
 }
 
 void DaemonLibvirt::Stop() {

@@ -58,9 +58,11 @@ class DaemonLibvirt {
   DaemonLibvirt& operator=(const DaemonLibvirt&) = delete;
 
   // On the I/O thread: installs libvirt's event loop on the daemon's
-  // io_context and starts connecting. |known_vms| are the state dir's VM
-  // names; the libvirt ones are re-adopted once connected.
-  Status Start(std::vector<std::string> known_vms);
+  // io_context and starts connecting.
+  Status Start();
+  // Re-adopts the domain on record as VM |name| (its libvirt_vm.json) once
+  // connected, or now (on the pool) if already; any thread.
+  void QueueReadopt(const std::string& name);
   // Stops retrying and closes the connection (after the supervisors stopped).
   void Stop();
 

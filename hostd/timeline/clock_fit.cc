@@ -6,6 +6,8 @@
 #include <map>
 #include <numeric>
 
+#include "hvtrace/consensus_line.h"
+
 namespace hvtrace::hostd {
 namespace {
 
@@ -18,13 +20,16 @@ constexpr size_t kMaxVoteAnchors = 64;
 constexpr size_t kMaxVoteSample = 256;
 constexpr int64_t kVoteWindowNs = 20'000'000;
 constexpr size_t kMaxHostLinesPerAnchor = 4096;
-// Slopes between pairs closer than this in guest time are noise.
+// Lines through pairs closer than this in guest time are noise.
 constexpr int64_t kMinSlopeBaseNs = 10'000'000;
-// The robust line's slope uses at most this many points (all pairs of them).
-constexpr size_t kMaxSlopePoints = 300;
-// A pair further than this from the others' median residual (or 10 median
-// absolute deviations, if larger) is an outlier.
-constexpr int64_t kMinOutlierNs = 500'000;
+// The consensus line is tried through at most this many pairs (every two of
+// them; the pairs near each line are still counted over all).
+constexpr size_t kMaxLineAnchors = 32;
+// A pair further than this from the consensus line is an outlier: QEMU
+// handles a status write 1 to 60 us after the guest's record of it under
+// TCG, so an honest pair is far nearer than this to the line through two
+// others; a pair of the wrong handshake is milliseconds off.
+constexpr LineTolerance kOnLine{500'000, 0};
 
 // A line in (x = guest - x0, y = host - guest - y0): y = c + d * x.
 struct Line {
@@ -104,29 +109,35 @@ std::optional<int64_t> VoteOffset(std::span<const GuestStatusWrite> guest,
   return best;
 }
 
-// Theil-Sen: the median of the slopes between pairs of points far enough
-// apart, then the median offset. Robust to a minority of wrong pairs.
-Line RobustLine(const Points& p) {
+// The consensus line of the pairs (consensus_line.h: the rule the region's
+// TSC conversion uses too), guest time against host time, or nothing when
+// no two pairs far enough apart make a line within kMaxDrift.
+std::optional<ConsensusLine> PairsLine(std::span<const GuestStatusWrite> guest,
+                                       std::span<const HostStatusSet> host,
+                                       const std::vector<ClockPair>& pairs) {
+  std::vector<ClockPoint> points;
+  for (const ClockPair& pr : pairs)
+    points.push_back({guest[pr.guest].guest_ns, host[pr.host].host_ns});
+  return FindConsensusLine(
+      points, kOnLine,
+      [](const ClockPoint& a, const ClockPoint& b) {
+        if (b.x - a.x < static_cast<uint64_t>(kMinSlopeBaseNs)) return false;
+        const double rate = static_cast<double>(b.y - a.y) / static_cast<double>(b.x - a.x);
+        return std::fabs(rate - 1.0) <= kMaxDrift;
+      },
+      kMaxLineAnchors);
+}
+
+// |p|'s line: through the consensus line's two pairs, or (no line) offset
+// only at the median pair.
+Line RobustLine(std::span<const GuestStatusWrite> guest, std::span<const HostStatusSet> host,
+                const std::vector<ClockPair>& pairs, const Points& p) {
+  const std::optional<ConsensusLine> consensus = PairsLine(guest, host, pairs);
+  if (!consensus) return Line{Median(p.y), 0.0};
+  const size_t a = consensus->a, b = consensus->b;
   Line line;
-  const size_t n = p.x.size();
-  if (n == 0) return line;
-  std::vector<size_t> pick;
-  for (size_t k = 0; k < std::min(n, kMaxSlopePoints); ++k) {
-    pick.push_back(k * n / std::min(n, kMaxSlopePoints));
-  }
-  std::vector<double> slopes;
-  for (size_t a = 0; a < pick.size(); ++a) {
-    for (size_t b = a + 1; b < pick.size(); ++b) {
-      const double dx = p.x[pick[b]] - p.x[pick[a]];
-      if (std::fabs(dx) < kMinSlopeBaseNs) continue;
-      slopes.push_back((p.y[pick[b]] - p.y[pick[a]]) / dx);
-    }
-  }
-  line.d = slopes.size() >= 2 ? Median(slopes) : 0.0;
-  if (std::fabs(line.d) > kMaxDrift) line.d = 0;
-  std::vector<double> offsets;
-  for (size_t k = 0; k < n; ++k) offsets.push_back(p.y[k] - line.d * p.x[k]);
-  line.c = Median(offsets);
+  line.d = (p.y[b] - p.y[a]) / (p.x[b] - p.x[a]);
+  line.c = p.y[a] - line.d * p.x[a];
   return line;
 }
 
@@ -177,22 +188,14 @@ std::vector<ClockPair> PairNearLine(std::span<const GuestStatusWrite> guest,
   return pairs;
 }
 
-// Drops pairs far from the robust line; returns how many.
+// Drops the pairs off the consensus line; returns how many.
 size_t DropOutliers(std::span<const GuestStatusWrite> guest, std::span<const HostStatusSet> host,
                     std::vector<ClockPair>* pairs) {
   if (pairs->size() < 3) return 0;
-  const Points p = ToPoints(guest, host, *pairs);
-  const Line line = RobustLine(p);
-  std::vector<double> r;
-  for (size_t k = 0; k < p.x.size(); ++k) r.push_back(p.y[k] - line.At(p.x[k]));
-  const double med = Median(r);
-  std::vector<double> dev;
-  for (double v : r) dev.push_back(std::fabs(v - med));
-  const double limit = std::max<double>(10 * Median(dev), kMinOutlierNs);
+  const std::optional<ConsensusLine> consensus = PairsLine(guest, host, *pairs);
+  if (!consensus) return 0;
   std::vector<ClockPair> kept;
-  for (size_t k = 0; k < pairs->size(); ++k) {
-    if (std::fabs(r[k] - med) <= limit) kept.push_back((*pairs)[k]);
-  }
+  for (size_t k : consensus->members) kept.push_back((*pairs)[k]);
   const size_t dropped = pairs->size() - kept.size();
   *pairs = std::move(kept);
   return dropped;
@@ -394,7 +397,7 @@ ClockFit FitGuestToHost(std::span<const GuestStatusWrite> guest,
                              round == 0 ? kVoteWindowNs : kPairWindowNs, &vdev_of);
     if (fit.pairs.empty()) break;
     p = ToPoints(guest, host, fit.pairs);
-    line = RobustLine(p);
+    line = RobustLine(guest, host, fit.pairs, p);
   }
   fit.outliers = DropOutliers(guest, host, &fit.pairs);
   unpaired();

@@ -20,9 +20,10 @@
 //      value alone (every device's handshake writes the same 1, 3, 11, 15):
 //      the offset most writes agree on (a vote) places each write, and it
 //      takes the nearest QEMU line with its value.
-//   2. A robust line through the pairs (median slopes and offsets), the
-//      writes paired again near it, and the pairs it cannot explain dropped
-//      as outliers.
+//   2. The consensus line through the pairs (hvtrace/consensus_line.h, the
+//      one robust line rule, which the region's TSC conversion uses too),
+//      the writes paired again near it, and the pairs off it dropped as
+//      outliers.
 //   3. The final line host = offset + guest + drift * guest is the lower
 //      envelope of the pairs: every paired guest write maps before QEMU's
 //      handling of it, and the largest gap left is the alignment error

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "hvtrace/consensus_line.h"
+
 namespace hvtrace {
 namespace {
 
@@ -39,74 +41,35 @@ std::optional<Int128> OnLine(uint64_t t0, uint64_t m0, uint64_t t1, uint64_t m1,
 }  // namespace
 
 TscToMono::TscToMono(std::span<const region::ClockSync> samples) {
-  struct Sample {
-    Point p;
-    uint32_t rank;  // Position in |samples|: the region's order, oldest first.
-  };
-  std::vector<Sample> all;
+  std::vector<ClockPoint> all;  // The region's order, oldest first.
   for (const region::ClockSync& s : samples) {
     if (s.tsc == 0 || s.mono_ns == 0) {
       ++dropped_;
       continue;
     }
-    all.push_back({{s.tsc, s.mono_ns}, static_cast<uint32_t>(all.size() + dropped_)});
+    all.push_back({s.tsc, s.mono_ns});
   }
-  std::sort(all.begin(), all.end(), [](const Sample& a, const Sample& b) {
-    return a.p.tsc != b.p.tsc ? a.p.tsc < b.p.tsc : a.p.mono_ns < b.p.mono_ns;
-  });
-  auto near_line = [](const Point& a, const Point& b, const Point& p) {
-    const std::optional<Int128> on = OnLine(a.tsc, a.mono_ns, b.tsc, b.mono_ns, p.tsc);
-    if (!on) return false;
-    const Int128 off = static_cast<Int128>(p.mono_ns) - *on;
-    const Int128 dist = static_cast<Int128>(p.mono_ns) - a.mono_ns;
-    const Int128 tol = kToleranceNs + (dist < 0 ? -dist : dist) * kTolerancePpm / 1'000'000;
-    return (off < 0 ? -off : off) <= tol;
-  };
-  // The line through two samples that most samples agree with. Between
-  // lines that different sets of samples agree with equally, nothing tells
-  // the honest set from a liar's: the set written first wins. Between lines
-  // of the same set, the longest span (its rate is the most precise).
-  std::vector<uint32_t> best_set;  // Ranks, ascending.
-  size_t best_i = 0, best_j = 0;
-  uint64_t best_span = 0;
-  for (size_t i = 0; i < all.size(); ++i) {
-    for (size_t j = i + 1; j < all.size(); ++j) {
-      const Point& a = all[i].p;
-      const Point& b = all[j].p;
-      if (b.tsc <= a.tsc || b.mono_ns <= a.mono_ns) continue;
-      const double hz =
-          static_cast<double>(b.tsc - a.tsc) * 1e9 / static_cast<double>(b.mono_ns - a.mono_ns);
-      if (hz < kMinHz || hz > kMaxHz) continue;
-      std::vector<uint32_t> set;
-      for (const Sample& s : all) {
-        if (near_line(a, b, s.p)) set.push_back(s.rank);
-      }
-      std::sort(set.begin(), set.end());
-      const uint64_t span = b.tsc - a.tsc;
-      const bool better = set.size() != best_set.size() ? set.size() > best_set.size()
-                          : set != best_set             ? set < best_set
-                                                        : span > best_span;
-      if (better) {
-        best_set = std::move(set);
-        best_span = span;
-        best_i = i;
-        best_j = j;
-      }
-    }
-  }
-  if (best_set.size() < 2) {
+  const std::optional<ConsensusLine> line = FindConsensusLine(
+      all, {kToleranceNs, kTolerancePpm}, [](const ClockPoint& a, const ClockPoint& b) {
+        const double hz = static_cast<double>(b.x - a.x) * 1e9 / static_cast<double>(b.y - a.y);
+        return hz >= kMinHz && hz <= kMaxHz;
+      });
+  if (!line) {
     // No two samples make a TSC: all are suspect (one alone proves nothing).
     if (all.size() >= 2) dropped_ += static_cast<uint32_t>(all.size());
     return;
   }
-  const Point a = all[best_i].p, b = all[best_j].p;
-  for (const Sample& s : all) {
+  dropped_ += static_cast<uint32_t>(all.size() - line->members.size());
+  std::vector<Point> on_line;
+  for (size_t k : line->members) on_line.push_back({all[k].x, all[k].y});
+  std::sort(on_line.begin(), on_line.end(), [](const Point& a, const Point& b) {
+    return a.tsc != b.tsc ? a.tsc < b.tsc : a.mono_ns < b.mono_ns;
+  });
+  for (const Point& p : on_line) {
     // Both clocks strictly forward from the previous kept sample, so the
     // conversion keeps the order of the stamps.
-    const bool forward =
-        points_.empty() || (s.p.tsc > points_.back().tsc && s.p.mono_ns > points_.back().mono_ns);
-    if (near_line(a, b, s.p) && forward) {
-      points_.push_back(s.p);
+    if (points_.empty() || (p.tsc > points_.back().tsc && p.mono_ns > points_.back().mono_ns)) {
+      points_.push_back(p);
     } else {
       ++dropped_;
     }

@@ -10,8 +10,8 @@
 // outside them the rate over all samples is extended from the nearest one.
 //
 // The samples come from the guest and may lie. Samples that do not lie on
-// one line with most of the others (a TSC runs at one rate; NTP slews
-// CLOCK_MONOTONIC by at most 500 ppm) are dropped, and so are samples that do
+// one line with most of the others (consensus_line.h: a TSC runs at one
+// rate; NTP slews CLOCK_MONOTONIC by at most 500 ppm) are dropped, and so are samples that do
 // not move both clocks forward. With fewer than two sound samples nothing is
 // converted: such a ring cannot be placed on the trace clock, and the callers
 // (region_stream, region_capture) say so and keep its events apart.

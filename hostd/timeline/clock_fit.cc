@@ -128,17 +128,21 @@ std::optional<ConsensusLine> PairsLine(std::span<const GuestStatusWrite> guest,
       kMaxLineAnchors);
 }
 
-// |p|'s line: through the consensus line's two pairs, or (no line) offset
-// only at the median pair.
-Line RobustLine(std::span<const GuestStatusWrite> guest, std::span<const HostStatusSet> host,
-                const std::vector<ClockPair>& pairs, const Points& p) {
-  const std::optional<ConsensusLine> consensus = PairsLine(guest, host, pairs);
-  if (!consensus) return Line{Median(p.y), 0.0};
-  const size_t a = consensus->a, b = consensus->b;
+// The consensus line in |p|'s coordinates (p from the same pairs).
+Line LineThrough(const Points& p, const ConsensusLine& consensus) {
+  const size_t a = consensus.a, b = consensus.b;
   Line line;
   line.d = (p.y[b] - p.y[a]) / (p.x[b] - p.x[a]);
   line.c = p.y[a] - line.d * p.x[a];
   return line;
+}
+
+// |p|'s line: the consensus line, or (no line) offset only at the median
+// pair.
+Line RobustLine(std::span<const GuestStatusWrite> guest, std::span<const HostStatusSet> host,
+                const std::vector<ClockPair>& pairs, const Points& p) {
+  const std::optional<ConsensusLine> consensus = PairsLine(guest, host, pairs);
+  return consensus ? LineThrough(p, *consensus) : Line{Median(p.y), 0.0};
 }
 
 // Each guest write (in time order) takes the host line with its status
@@ -188,14 +192,25 @@ std::vector<ClockPair> PairNearLine(std::span<const GuestStatusWrite> guest,
   return pairs;
 }
 
-// Drops the pairs off the consensus line; returns how many.
+// Drops the pairs off the consensus line, and those on it that QEMU handled
+// more than kOnLine after the promptest of them (the line may run through
+// two late pairs, and its band reaches 2 x kOnLine above the promptest;
+// the error bound is measured from there); returns how many.
 size_t DropOutliers(std::span<const GuestStatusWrite> guest, std::span<const HostStatusSet> host,
                     std::vector<ClockPair>* pairs) {
   if (pairs->size() < 3) return 0;
   const std::optional<ConsensusLine> consensus = PairsLine(guest, host, *pairs);
   if (!consensus) return 0;
+  const Points p = ToPoints(guest, host, *pairs);
+  const Line line = LineThrough(p, *consensus);
+  double promptest = std::numeric_limits<double>::infinity();
+  for (size_t k : consensus->members) promptest = std::min(promptest, p.y[k] - line.At(p.x[k]));
   std::vector<ClockPair> kept;
-  for (size_t k : consensus->members) kept.push_back((*pairs)[k]);
+  for (size_t k : consensus->members) {
+    if (p.y[k] - line.At(p.x[k]) - promptest <= static_cast<double>(kOnLine.ns)) {
+      kept.push_back((*pairs)[k]);
+    }
+  }
   const size_t dropped = pairs->size() - kept.size();
   *pairs = std::move(kept);
   return dropped;

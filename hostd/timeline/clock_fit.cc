@@ -137,14 +137,6 @@ Line LineThrough(const Points& p, const ConsensusLine& consensus) {
   return line;
 }
 
-// |p|'s line: the consensus line, or (no line) offset only at the median
-// pair.
-Line RobustLine(std::span<const GuestStatusWrite> guest, std::span<const HostStatusSet> host,
-                const std::vector<ClockPair>& pairs, const Points& p) {
-  const std::optional<ConsensusLine> consensus = PairsLine(guest, host, pairs);
-  return consensus ? LineThrough(p, *consensus) : Line{Median(p.y), 0.0};
-}
-
 // Each guest write (in time order) takes the host line with its status
 // closest to where |line| puts it, within |window|, after the line the
 // write before it took. A device index seen with one vdev keeps it.
@@ -196,13 +188,9 @@ std::vector<ClockPair> PairNearLine(std::span<const GuestStatusWrite> guest,
 // more than kOnLine after the promptest of them (the line may run through
 // two late pairs, and its band reaches 2 x kOnLine above the promptest;
 // the error bound is measured from there); returns how many.
-size_t DropOutliers(std::span<const GuestStatusWrite> guest, std::span<const HostStatusSet> host,
-                    std::vector<ClockPair>* pairs) {
-  if (pairs->size() < 3) return 0;
-  const std::optional<ConsensusLine> consensus = PairsLine(guest, host, *pairs);
-  if (!consensus) return 0;
-  const Points p = ToPoints(guest, host, *pairs);
-  const Line line = LineThrough(p, *consensus);
+size_t DropOutliers(const std::optional<ConsensusLine>& consensus, const Points& p,
+                    const Line& line, std::vector<ClockPair>* pairs) {
+  if (pairs->size() < 3 || !consensus) return 0;
   double promptest = std::numeric_limits<double>::infinity();
   for (size_t k : consensus->members) promptest = std::min(promptest, p.y[k] - line.At(p.x[k]));
   std::vector<ClockPair> kept;
@@ -406,15 +394,20 @@ ClockFit FitGuestToHost(std::span<const GuestStatusWrite> guest,
   p.x0 = static_cast<int64_t>(guest[g_order.front()].guest_ns);
   p.y0 = *offset;
   Line line{0.0, 0.0};
+  std::optional<ConsensusLine> consensus;  // Of fit.pairs, in p.
   for (int round = 0; round < 3; ++round) {
     vdev_of.clear();
+    consensus.reset();
     fit.pairs = PairNearLine(guest, g_order, host, h_order, p, line,
                              round == 0 ? kVoteWindowNs : kPairWindowNs, &vdev_of);
     if (fit.pairs.empty()) break;
     p = ToPoints(guest, host, fit.pairs);
-    line = RobustLine(guest, host, fit.pairs, p);
+    // No line: offset only, at the median pair.
+    consensus = PairsLine(guest, host, fit.pairs);
+    line = consensus ? LineThrough(p, *consensus) : Line{Median(p.y), 0.0};
   }
-  fit.outliers = DropOutliers(guest, host, &fit.pairs);
+  // The last round's line, not a second search over the same pairs.
+  fit.outliers = DropOutliers(consensus, p, line, &fit.pairs);
   unpaired();
   if (fit.pairs.empty()) {
     fit.thin = true;

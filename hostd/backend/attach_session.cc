@@ -23,16 +23,17 @@ bool Announced(const RegionGuestInfo& guest) {
   return guest.present && guest.status.state == region::kStateRunning;
 }
 
-json RegionJson(const LiveRegion& region) {
-  return {{"file", region.path().string()},
-          {"size", region.size()},
-          {"region_id", HexId(region.geometry().region_id)}};
+AttachedRegion RegionOf(const LiveRegion& region) {
+  return AttachedRegion{
+      {}, region.path().string(), region.size(), HexId(region.geometry().region_id)};
 }
 
-json DeviceJson(const PluggedDevice& device) {
-  json j = {{"id", device.id}, {"memdev", device.memdev}};
-  if (!device.bus.empty()) j["bus"] = device.bus;
-  return j;
+AttachedDevice DeviceOf(const PluggedDevice& device) {
+  AttachedDevice d;
+  d.id = device.id;
+  d.memdev = device.memdev;
+  if (!device.bus.empty()) d.bus = device.bus;
+  return d;
 }
 
 }  // namespace
@@ -43,7 +44,7 @@ struct AttachSession::Job {
   Clock::time_point start = Clock::now();
   Clock::time_point plugged_at;
   std::shared_ptr<LiveRegion> region;
-  json reply;
+  AttachReply reply;
   std::unique_ptr<boost::asio::steady_timer> timer;
 };
 
@@ -91,8 +92,8 @@ void AttachSession::Plug(std::shared_ptr<Job> job, PlugTarget target) {
   Result<std::shared_ptr<LiveRegion>> region = LiveRegion::Create(ro);
   if (!region.ok()) return Finish(job, region.error());
   job->region = *region;
-  job->reply = {{"region", RegionJson(*job->region)},
-                {"transport", target.transport.is_object() ? target.transport : json::object()}};
+  job->reply.region = RegionOf(*job->region);
+  if (target.transport.is_object()) job->reply.transport = target.transport;
   std::weak_ptr<int> life = life_;
   transport_.Plug(*job->region, target, [this, life, job](Result<PluggedDevice> device) {
     if (life.expired()) return;
@@ -103,9 +104,9 @@ void AttachSession::Plug(std::shared_ptr<Job> job, PlugTarget target) {
       return Finish(job, device.error());
     }
     job->plugged_at = Clock::now();
-    job->reply["device"] = DeviceJson(*device);
-    if (device->transport.is_object()) job->reply["transport"].update(device->transport);
-    job->reply["plug_ms"] = MsBetween(job->start, job->plugged_at);
+    job->reply.device = DeviceOf(*device);
+    if (device->transport.is_object()) job->reply.transport.update(device->transport);
+    job->reply.plug_ms = MsBetween(job->start, job->plugged_at);
     {
       std::lock_guard lock(mu_);
       region_ = job->region;
@@ -128,13 +129,12 @@ void AttachSession::AwaitAgent(std::shared_ptr<Job> job) {
     });
     return;
   }
-  json& reply = job->reply;
+  AttachReply& reply = job->reply;
   if (announced) {
-    reply["announce_ms"] = MsBetween(job->plugged_at, Clock::now());
-    reply["guest"] = AttachGuestJson(guest);
+    reply.announce_ms = MsBetween(job->plugged_at, Clock::now());
+    reply.guest = AnnouncementOf(guest);
   } else {
-    reply["guest"] = nullptr;
-    reply["note"] =
+    reply.note =
         "no hvtrace-agent announced itself within " + std::to_string(job->options.wait.count()) +
         " ms; the region stays plugged (start hvtrace-agent in the guest; `hvtrace status` "
         "shows it later)";
@@ -142,16 +142,16 @@ void AttachSession::AwaitAgent(std::shared_ptr<Job> job) {
   Finish(job, std::move(reply));
 }
 
-void AttachSession::Finish(std::shared_ptr<Job> job, Result<json> result) {
+void AttachSession::Finish(std::shared_ptr<Job> job, Result<AttachReply> result) {
   {
     std::lock_guard lock(mu_);
     busy_ = false;
-    last_ = result.ok() ? *result : json{{"error", result.error().message}};
+    last_ = result.ok() ? MessageToJson(*result) : json{{"error", result.error().message}};
   }
   if (job->done) std::exchange(job->done, nullptr)(std::move(result));
 }
 
-void AttachSession::Detach(std::chrono::milliseconds timeout, AttachDone done) {
+void AttachSession::Detach(std::chrono::milliseconds timeout, DetachDone done) {
   PluggedDevice device;
   {
     std::lock_guard lock(mu_);
@@ -168,22 +168,22 @@ void AttachSession::Detach(std::chrono::milliseconds timeout, AttachDone done) {
   }
   const Clock::time_point start = Clock::now();
   std::weak_ptr<int> life = life_;
-  transport_.Unplug(device, timeout, [this, life, device, start, done](Result<json> extra) {
+  transport_.Unplug(device, timeout, [this, life, device, start, done](Result<std::string> after) {
     if (life.expired()) return;
-    Result<json> reply = extra.ok() ? Result<json>(json::object()) : Result<json>(extra.error());
-    if (extra.ok()) {
+    Result<DetachReply> reply = DetachReply{};
+    if (after.ok()) {
       DeviceGone(device.id);  // Idempotent: the transport may have reported it first.
-      std::shared_ptr<LiveRegion> region = this->region();
-      *reply = {{"detached", true},
-                {"device", device.id},
-                {"device_deleted_ms", MsBetween(start, Clock::now())},
-                {"region", {{"file", region->path().string()}, {"kept_open", true}}}};
-      if (extra->is_object()) reply->update(*extra);
+      reply->device = device.id;
+      reply->device_deleted_ms = MsBetween(start, Clock::now());
+      reply->region.file = this->region()->path().string();
+      if (!after->empty()) reply->object_del_error = *after;
+    } else {
+      reply = after.error();
     }
     {
       std::lock_guard lock(mu_);
       busy_ = false;
-      last_ = reply.ok() ? *reply : json{{"error", reply.error().message}};
+      last_ = reply.ok() ? MessageToJson(*reply) : json{{"error", reply.error().message}};
     }
     done(std::move(reply));
   });
@@ -209,7 +209,9 @@ bool AttachSession::DeviceGone(const std::string& id) {
 void AttachSession::Adopt(std::shared_ptr<LiveRegion> region, PluggedDevice device) {
   std::lock_guard lock(mu_);
   region_ = std::move(region);
-  last_ = {{"region", RegionJson(*region_)}, {"device", DeviceJson(device)}, {"found", true}};
+  last_ = {{"region", MessageToJson(RegionOf(*region_))},
+           {"device", MessageToJson(DeviceOf(device))},
+           {"found", true}};
   device_ = std::move(device);
 }
 
@@ -233,11 +235,11 @@ json AttachSession::Status() const {
   if (!region_ && last_.is_null()) return nullptr;
   json j = {{"attached", device_.has_value()},
             {"busy", busy_},
-            {"region", region_ ? RegionJson(*region_) : json(nullptr)},
-            {"device", device_ ? DeviceJson(*device_) : json(nullptr)},
+            {"region", region_ ? MessageToJson(RegionOf(*region_)) : json(nullptr)},
+            {"device", device_ ? MessageToJson(DeviceOf(*device_)) : json(nullptr)},
             {"last", last_}};
   const RegionGuestInfo guest = region_ ? region_->Guest() : RegionGuestInfo{};
-  j["guest"] = guest.present ? AttachGuestJson(guest) : json(nullptr);
+  j["guest"] = guest.present ? MessageToJson(AnnouncementOf(guest)) : json(nullptr);
   return j;
 }
 

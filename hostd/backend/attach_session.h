@@ -12,14 +12,9 @@
 //   Gone:    the transport saw the device leave, asked for or not (a guest
 //            may eject it): DeviceGone.
 //
-// A backend (QMP, libvirt) supplies only the RegionTransport steps. Replies
-// (hvtrace attach/detach --json):
-//   attach {region {file, size, region_id}, device {id, memdev, bus?},
-//           transport {kind, …}, plug_ms, announce_ms?, guest {…} | null,
-//           note?}
-//   detach {detached, device, device_deleted_ms, region {file, kept_open},
-//           transport {…}?}
-// Thread-safe; transports may call back on any thread.
+// A backend (QMP, libvirt) supplies only the RegionTransport steps. The
+// replies are AttachReply and DetachReply (vm/attach_reply.h). Thread-safe; transports may call
+// back on any thread.
 #ifndef HVTRACE_HOSTD_ATTACH_SESSION_H_
 #define HVTRACE_HOSTD_ATTACH_SESSION_H_
 
@@ -72,9 +67,10 @@ class RegionTransport {
   virtual void Plug(const LiveRegion& region, const PlugTarget& target,
                     Then<PluggedDevice> done) = 0;
   // Unplugs |device|; answers once the VM let go of it (or not within
-  // |timeout|), with fields for the reply.
+  // |timeout|), with what went wrong after it did (QMP: object-del's error;
+  // empty when nothing did).
   virtual void Unplug(const PluggedDevice& device, std::chrono::milliseconds timeout,
-                      Then<nlohmann::json> done) = 0;
+                      Then<std::string> done) = 0;
 };
 
 class AttachSession {
@@ -86,7 +82,7 @@ class AttachSession {
   AttachSession& operator=(const AttachSession&) = delete;
 
   void Attach(const AttachOptions& options, AttachDone done);
-  void Detach(std::chrono::milliseconds timeout, AttachDone done);
+  void Detach(std::chrono::milliseconds timeout, DetachDone done);
   // The device |id| left the VM. False when it is not ours.
   bool DeviceGone(const std::string& id);
   // A region plugged before this daemon started, found again; or why it
@@ -104,7 +100,7 @@ class AttachSession {
   struct Job;
   void Plug(std::shared_ptr<Job> job, PlugTarget target);
   void AwaitAgent(std::shared_ptr<Job> job);
-  void Finish(std::shared_ptr<Job> job, Result<nlohmann::json> result);
+  void Finish(std::shared_ptr<Job> job, Result<AttachReply> result);
 
   boost::asio::any_io_executor timers_;
   RegionTransport& transport_;

@@ -159,7 +159,7 @@ class LibvirtDomainBackend : public VmBackend {
   void Attach(const AttachOptions& options, AttachDone done) override {
     attach_.Attach(options, std::move(done));
   }
-  void Detach(std::chrono::milliseconds timeout, AttachDone done) override {
+  void Detach(std::chrono::milliseconds timeout, DetachDone done) override {
     attach_.Detach(timeout, std::move(done));
   }
   std::shared_ptr<LiveRegion> live_region() const override { return attach_.region(); }

@@ -90,7 +90,7 @@ void LibvirtRegionTransport::Plug(const LiveRegion& region, const PlugTarget&,
 }
 
 void LibvirtRegionTransport::Unplug(const PluggedDevice& device, std::chrono::milliseconds timeout,
-                                    Then<json> done) {
+                                    Then<std::string> done) {
   if (device.memdev.rfind(kShmemPrefix, 0) != 0) {
     done(Error{"device " + device.id + " is not a <shmem> this daemon plugged"});
     return;
@@ -98,7 +98,7 @@ void LibvirtRegionTransport::Unplug(const PluggedDevice& device, std::chrono::mi
   const std::string shm = device.memdev.substr(std::string_view(kShmemPrefix).size());
   RunBlocking([this, shm, timeout, done = std::move(done)] {
     if (Status s = domain_.DetachShmem(shm, timeout); !s.ok()) return done(s.error());
-    done(json::object());
+    done(std::string());
   });
 }
 

@@ -32,7 +32,7 @@ class LibvirtRegionTransport : public RegionTransport {
   void Probe(const AttachOptions& options, Then<PlugTarget> done) override;
   void Plug(const LiveRegion& region, const PlugTarget& target, Then<PluggedDevice> done) override;
   void Unplug(const PluggedDevice& device, std::chrono::milliseconds timeout,
-              Then<nlohmann::json> done) override;
+              Then<std::string> done) override;
 
   // The device attach gives the shm file |shm_name|.
   static PluggedDevice DeviceFor(const std::string& shm_name);

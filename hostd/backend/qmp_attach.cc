@@ -214,17 +214,17 @@ void QmpRegionTransport::Plug(const LiveRegion& region, const PlugTarget& target
 }
 
 void QmpRegionTransport::Unplug(const PluggedDevice& device, std::chrono::milliseconds timeout,
-                                Then<json> done) {
+                                Then<std::string> done) {
   auto timer = std::make_shared<boost::asio::steady_timer>(io_, timeout);
   {
     std::lock_guard lock(mu_);
     pending_ = PendingUnplug{device.id, std::move(done), timer};
   }
   // Whichever of the three answers first takes the pending unplug.
-  auto take = [this](const std::string& id) -> Then<json> {
+  auto take = [this](const std::string& id) -> Then<std::string> {
     std::lock_guard lock(mu_);
     if (!pending_ || pending_->device != id) return nullptr;
-    Then<json> d = std::move(pending_->done);
+    Then<std::string> d = std::move(pending_->done);
     pending_->timer->cancel();
     pending_.reset();
     return d;
@@ -233,7 +233,7 @@ void QmpRegionTransport::Unplug(const PluggedDevice& device, std::chrono::millis
   const std::string id = device.id;
   timer->async_wait([life, take, id, timeout](const boost::system::error_code& ec) {
     if (ec || life.expired()) return;
-    if (Then<json> late = take(id)) {
+    if (Then<std::string> late = take(id)) {
       late(Error{"no DEVICE_DELETED for " + id + " within " + std::to_string(timeout.count()) +
                  " ms: the guest did not release the device (no ACPI PCI hot-plug in the guest?); "
                  "it stays plugged"});
@@ -241,13 +241,14 @@ void QmpRegionTransport::Unplug(const PluggedDevice& device, std::chrono::millis
   });
   qmp_->AsyncExecute("device_del", {{"id", id}}, kCommandTimeout, [life, take, id](Result<json> r) {
     if (life.expired() || r.ok()) return;
-    if (Then<json> failed = take(id)) failed(Error{"device_del " + id + ": " + r.error().message});
+    if (Then<std::string> failed = take(id))
+      failed(Error{"device_del " + id + ": " + r.error().message});
   });
 }
 
 void QmpRegionTransport::Unplugged(const PluggedDevice& device) {
   remember_(nullptr, nullptr);
-  Then<json> done;
+  Then<std::string> done;
   {
     std::lock_guard lock(mu_);
     if (pending_ && pending_->device == device.id) {
@@ -262,10 +263,7 @@ void QmpRegionTransport::Unplugged(const PluggedDevice& device) {
   qmp_->AsyncExecute("object-del", {{"id", device.memdev}}, kCommandTimeout,
                      [life, device, done](Result<json> r) {
                        if (life.expired() || !done) return;
-                       json extra = json::object();
-                       if (!r.ok())
-                         extra["object_del_error"] = device.memdev + ": " + r.error().message;
-                       done(extra);
+                       done(r.ok() ? std::string() : device.memdev + ": " + r.error().message);
                      });
 }
 

@@ -45,7 +45,7 @@ class QmpRegionTransport : public RegionTransport {
   void Probe(const AttachOptions& options, Then<PlugTarget> done) override;
   void Plug(const LiveRegion& region, const PlugTarget& target, Then<PluggedDevice> done) override;
   void Unplug(const PluggedDevice& device, std::chrono::milliseconds timeout,
-              Then<nlohmann::json> done) override;
+              Then<std::string> done) override;
   // QEMU said DEVICE_DELETED for |device| (ours, asked for or not): drops
   // its backend and answers a pending Unplug.
   void Unplugged(const PluggedDevice& device);
@@ -68,7 +68,7 @@ class QmpRegionTransport : public RegionTransport {
   std::mutex mu_;  // Guards pending_.
   struct PendingUnplug {
     std::string device;
-    Then<nlohmann::json> done;
+    Then<std::string> done;
     std::shared_ptr<boost::asio::steady_timer> timer;
   };
   std::optional<PendingUnplug> pending_;

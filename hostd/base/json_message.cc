@@ -16,9 +16,9 @@ json JsonFieldWriter::TakeChanged(const json& defaults) {
   return out;
 }
 
-JsonFieldReader::JsonFieldReader(std::string_view command, const json& args)
-    : command_(command), args_(args) {
-  if (!args_.is_object()) Fail("args must be an object");
+JsonFieldReader::JsonFieldReader(std::string_view command, const json& args, std::string where)
+    : command_(command), args_(args), where_(std::move(where)) {
+  if (!args_.is_object()) Fail(where_ + " must be an object");
 }
 
 const json* JsonFieldReader::Find(const char* key) const {
@@ -39,15 +39,27 @@ void JsonFieldReader::Fail(const std::string& what) {
 void JsonFieldReader::Field(const char* key, std::string& out, uint64_t, uint64_t) {
   if (!Present(key)) return;
   const json& v = *Find(key);
-  if (!v.is_string()) return Fail("args." + std::string(key) + " must be a string");
+  if (!v.is_string()) return Fail(Path(key) + " must be a string");
   out = v.get<std::string>();
 }
 
 void JsonFieldReader::Field(const char* key, bool& out, uint64_t, uint64_t) {
   if (!Present(key)) return;
   const json& v = *Find(key);
-  if (!v.is_boolean()) return Fail("args." + std::string(key) + " must be true or false");
+  if (!v.is_boolean()) return Fail(Path(key) + " must be true or false");
   out = v.get<bool>();
+}
+
+void JsonFieldReader::Field(const char* key, double& out, uint64_t, uint64_t) {
+  if (!Present(key)) return;
+  const json& v = *Find(key);
+  if (!v.is_number()) return Fail(Path(key) + " must be a number");
+  out = v.get<double>();
+}
+
+void JsonFieldReader::Field(const char* key, json& out, uint64_t, uint64_t) {
+  if (!Present(key)) return;
+  out = *Find(key);
 }
 
 void JsonFieldReader::Field(const char* key, uint64_t& out, uint64_t lo, uint64_t hi) {
@@ -55,12 +67,12 @@ void JsonFieldReader::Field(const char* key, uint64_t& out, uint64_t lo, uint64_
   const json& v = *Find(key);
   // JSON from the wire parses as unsigned; built in C++ it may be signed.
   if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<int64_t>() < 0)) {
-    return Fail("args." + std::string(key) + " must be a non-negative integer");
+    return Fail(Path(key) + " must be a non-negative integer");
   }
   const uint64_t n = v.get<uint64_t>();
   if ((lo != 0 || hi != 0) && (n < lo || n > hi)) {
-    return Fail("args." + std::string(key) + " = " + std::to_string(n) + " is outside " +
-                std::to_string(lo) + ".." + std::to_string(hi));
+    return Fail(Path(key) + " = " + std::to_string(n) + " is outside " + std::to_string(lo) + ".." +
+                std::to_string(hi));
   }
   out = n;
 }
@@ -81,12 +93,11 @@ void JsonFieldReader::List(const char* key, std::vector<std::string>& out, size_
   if (!Present(key)) return;
   const json& v = *Find(key);
   if (!v.is_array() || v.size() > max) {
-    return Fail("args." + std::string(key) + " must be a list of at most " + std::to_string(max) +
-                " strings");
+    return Fail(Path(key) + " must be a list of at most " + std::to_string(max) + " strings");
   }
   std::vector<std::string> list;
   for (const json& item : v) {
-    if (!item.is_string()) return Fail("args." + std::string(key) + " must hold strings");
+    if (!item.is_string()) return Fail(Path(key) + " must hold strings");
     list.push_back(item.get<std::string>());
   }
   out = std::move(list);
@@ -98,8 +109,10 @@ Status JsonFieldReader::Finish() const {
     if (known_.contains(key)) continue;
     std::string takes;
     for (const std::string& k : known_) takes += (takes.empty() ? "" : ", ") + k;
-    return Error{command_ + ": unknown argument args." + key + " (" + command_ +
-                 " takes: " + (takes.empty() ? "none" : takes) + ")"};
+    const bool args = where_ == "args";
+    return Error{command_ + ": unknown " + (args ? "argument " : "key ") + where_ + "." + key +
+                 " (" + (args ? command_ : where_) + " takes: " + (takes.empty() ? "none" : takes) +
+                 ")"};
   }
   return {};
 }

@@ -15,9 +15,11 @@
 #include <filesystem>
 #include <string>
 
+#include "attach_reply.h"
 #include "command.h"
 #include "command_table.h"
 #include "daemon_call.h"
+#include "replies.h"
 #include "requests.h"
 
 namespace hvtrace::cli {
@@ -96,31 +98,29 @@ class AttachCommand final : public Command {
   int Run() override {
     if (legacy_) legacy_flags_.Note(name());
     json result;
-    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
-    const json guest = result.value("guest", json());
+    hostd::AttachReply attached;
+    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result, &attached); rc != kExitOk)
+      return rc;
     if (flags_.json) {
       PrintJson(result);
-      return guest.is_null() ? kExitFailed : kExitOk;
+      return attached.guest ? kExitOk : kExitFailed;
     }
-    const json region = result.value("region", json::object());
     std::printf("%s: region %s (%llu MiB) plugged as %s in %.1f ms\n", request_.name.c_str(),
-                region.value("file", std::string()).c_str(),
-                static_cast<unsigned long long>(region.value("size", uint64_t{0}) >> 20),
-                result.value("/device/id"_json_pointer, std::string()).c_str(),
-                result.value("plug_ms", 0.0));
-    if (guest.is_null()) {
+                attached.region.file.c_str(),
+                static_cast<unsigned long long>(attached.region.size >> 20),
+                attached.device.id.c_str(), attached.plug_ms);
+    if (!attached.guest) {
       std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(),
-                   result.value("note", std::string("no agent announced")).c_str());
+                   attached.note.value_or("no agent announced").c_str());
       return kExitFailed;
     }
+    const hostd::AgentAnnouncement& guest = *attached.guest;
     std::printf(
         "guest: kernel %s, %u CPU(s), boot id %s (generation %llu), agent pid %u, clock %s; "
         "announced %.1f ms after the plug\n",
-        guest.value("kernel_release", std::string()).c_str(), guest.value("nr_cpus", 0u),
-        guest.value("boot_id", std::string()).c_str(),
-        static_cast<unsigned long long>(guest.value("boot_generation", uint64_t{0})),
-        guest.value("agent_pid", 0u), guest.value("trace_clock", std::string()).c_str(),
-        result.value("announce_ms", 0.0));
+        guest.kernel_release.c_str(), guest.nr_cpus, guest.boot_id.c_str(),
+        static_cast<unsigned long long>(guest.boot_generation), guest.agent_pid,
+        guest.trace_clock.c_str(), attached.announce_ms.value_or(0.0));
     return kExitOk;
   }
 
@@ -154,18 +154,19 @@ class DetachCommand final : public Command {
   int Run() override {
     if (legacy_) legacy_flags_.Note(name());
     json result;
-    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
+    hostd::DetachReply detached;
+    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result, &detached); rc != kExitOk)
+      return rc;
     if (flags_.json) {
       PrintJson(result);
       return kExitOk;
     }
     std::printf("%s: %s unplugged (DEVICE_DELETED after %.1f ms); region %s kept for captures\n",
-                request_.name.c_str(), result.value("device", std::string()).c_str(),
-                result.value("device_deleted_ms", 0.0),
-                result.value("/region/file"_json_pointer, std::string()).c_str());
-    if (result.contains("object_del_error")) {
+                request_.name.c_str(), detached.device.c_str(), detached.device_deleted_ms,
+                detached.region.file.c_str());
+    if (detached.object_del_error) {
       std::fprintf(stderr, "hvtrace %s: warning: object-del %s\n", name().c_str(),
-                   result.value("object_del_error", std::string()).c_str());
+                   detached.object_del_error->c_str());
     }
     return kExitOk;
   }
@@ -208,23 +209,28 @@ class StreamCommand final : public Command {
     ::signal(SIGTERM, OnInterrupt);
     ::signal(SIGPIPE, SIG_IGN);
     json result;
-    const int rc = CallDaemon(name(), flags_.socket, *Request(), &result, [this](const json& item) {
-      if (item.contains("text") && item["text"].is_string()) {
-        const std::string& text = item["text"].get_ref<const std::string&>();
-        if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() ||
-            std::fflush(stdout) != 0) {
-          ::_exit(kExitFailed);  // Reader gone (e.g. `| head`).
-        }
-      } else if (item.contains("note") && item["note"].is_string()) {
-        std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(),
-                     item["note"].get<std::string>().c_str());
-      }
-    });
+    hostd::StreamEndReply end;
+    const int rc =
+        CallDaemon(name(), flags_.socket, *Request(), &result, &end, [this](const json& item) {
+          auto chunk = hostd::ParseMessage<hostd::StreamChunk>(item, "item");
+          if (!chunk.ok()) {
+            std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(), chunk.error().message.c_str());
+            return;
+          }
+          if (chunk->text) {
+            const std::string& text = *chunk->text;
+            if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size() ||
+                std::fflush(stdout) != 0) {
+              ::_exit(kExitFailed);  // Reader gone (e.g. `| head`).
+            }
+          }
+          if (chunk->note)
+            std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(), chunk->note->c_str());
+        });
     if (rc != kExitOk) return rc;
     std::fprintf(stderr, "hvtrace %s: ended: %s (%llu events, %llu pages missed)\n", name().c_str(),
-                 result.value("reason", std::string("?")).c_str(),
-                 static_cast<unsigned long long>(result.value("events", uint64_t{0})),
-                 static_cast<unsigned long long>(result.value("pages_missed", uint64_t{0})));
+                 end.reason.c_str(), static_cast<unsigned long long>(end.events),
+                 static_cast<unsigned long long>(end.pages_missed));
     return kExitOk;
   }
 

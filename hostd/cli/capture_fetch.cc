@@ -15,6 +15,8 @@
 #include "command.h"
 #include "config.h"
 #include "control_client.h"
+#include "daemon_call.h"
+#include "replies.h"
 #include "requests.h"
 #include "unique_fd.h"
 
@@ -86,7 +88,7 @@ Status CopyFile(const ReceivedFile& file, int dir_fd) {
 // Names come from the daemon's directory listing; they are checked anyway,
 // since they become file names here.
 int ReceiveFiles(const std::string& reference, const std::string& socket_flag,
-                 std::vector<ReceivedFile>* files, json* end) {
+                 std::vector<ReceivedFile>* files, hostd::CaptureFilesReply* end) {
   hostd::CaptureFilesRequest request;
   const size_t slash = reference.find('/');
   if (slash == std::string::npos) {
@@ -104,12 +106,12 @@ int ReceiveFiles(const std::string& reference, const std::string& socket_flag,
                                                                        : kExitNoDaemon;
   }
   auto on_item = [files](const json& item, std::vector<hostd::SharedFd> fds) -> Status {
-    const std::string name = item.is_object() ? item.value("file", std::string()) : "";
-    if (!PlainName(name) || fds.size() != 1 || !item.contains("bytes") ||
-        !item["bytes"].is_number_unsigned()) {
-      return Error{"hvtraced sent a malformed capture file item: " + hostd::DumpJson(item)};
+    auto file = hostd::ParseMessage<hostd::CaptureFileItem>(item, "item");
+    if (!file.ok() || !PlainName(file->file) || fds.size() != 1) {
+      return Error{"hvtraced sent a malformed capture file item: " + hostd::DumpJson(item) +
+                   (file.ok() ? std::string() : " (" + file.error().message + ")")};
     }
-    files->push_back({name, item["bytes"].get<uint64_t>(), std::move(fds[0])});
+    files->push_back({file->file, file->bytes, std::move(fds[0])});
     return {};
   };
   auto reply = client->CallForFiles(request.kCommand, hostd::MessageToJson(request),
@@ -124,8 +126,7 @@ int ReceiveFiles(const std::string& reference, const std::string& socket_flag,
                  reply->error.c_str());
     return ExitCodeForDaemonError(reply->code);
   }
-  *end = std::move(reply->result);
-  return kExitOk;
+  return ParseReply("show", reply->result, end);
 }
 
 }  // namespace
@@ -159,13 +160,13 @@ FetchedCapture::~FetchedCapture() {
 int FetchCapture(const std::string& reference, const std::string& socket_flag,
                  FetchedCapture* out) {
   std::vector<ReceivedFile> files;
-  json end;
+  hostd::CaptureFilesReply end;
   if (int rc = ReceiveFiles(reference, socket_flag, &files, &end); rc != kExitOk) return rc;
-  const std::string vm = end.value("vm", std::string());
-  const std::string id = end.value("capture", std::string());
+  const std::string& vm = end.vm;
+  const std::string& id = end.capture;
   if (!PlainName(vm) || !PlainName(id)) {
     std::fprintf(stderr, "hvtrace show: capture %s: hvtraced's reply names no capture: %s\n",
-                 reference.c_str(), hostd::DumpJson(end).c_str());
+                 reference.c_str(), hostd::DumpJson(hostd::MessageToJson(end)).c_str());
     return kExitFailed;
   }
   out->name_ = vm + "/" + id;

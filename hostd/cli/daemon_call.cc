@@ -48,4 +48,12 @@ int CallDaemon(const std::string& command, const std::string& socket_flag,
   return kExitOk;
 }
 
+int ReplyUnreadable(const std::string& command, const Error& why) {
+  std::fprintf(stderr,
+               "hvtrace %s: hvtraced's reply does not parse (%s); is hvtraced the same version "
+               "as this hvtrace (%s)?\n",
+               command.c_str(), why.message.c_str(), HVTRACE_VERSION);
+  return kExitFailed;
+}
+
 }  // namespace hvtrace::cli

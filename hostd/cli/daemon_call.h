@@ -10,6 +10,8 @@
 #include <string>
 
 #include "command.h"
+#include "hvtrace/result.h"
+#include "json_message.h"
 
 namespace hvtrace::cli {
 
@@ -30,6 +32,32 @@ int CallDaemon(const std::string& command, const std::string& socket_flag,
                const DaemonRequest& request, nlohmann::json* result,
                const std::function<void(const nlohmann::json&)>& on_item = {},
                const CallOptions& options = {});
+
+// Prints that hvtraced's reply to |command| does not parse (|why|) and
+// returns kExitFailed: a daemon of another version, or its bug.
+int ReplyUnreadable(const std::string& command, const Error& why);
+
+// |result| through |Reply|'s one mapping (control/replies.h).
+template <class Reply>
+int ParseReply(const std::string& command, const nlohmann::json& result, Reply* reply) {
+  auto parsed = hostd::ParseMessage<Reply>(result, "reply");
+  if (!parsed.ok()) return ReplyUnreadable(command, parsed.error());
+  *reply = std::move(*parsed);
+  return kExitOk;
+}
+
+// CallDaemon, then the result parsed into |*reply|; |*result| keeps it as it
+// came, for --json.
+template <class Reply>
+int CallDaemon(const std::string& command, const std::string& socket_flag,
+               const DaemonRequest& request, nlohmann::json* result, Reply* reply,
+               const std::function<void(const nlohmann::json&)>& on_item = {},
+               const CallOptions& options = {}) {
+  if (int rc = CallDaemon(command, socket_flag, request, result, on_item, options); rc != kExitOk) {
+    return rc;
+  }
+  return ParseReply(command, *result, reply);
+}
 
 }  // namespace hvtrace::cli
 

@@ -9,7 +9,9 @@
 #include "command_table.h"
 #include "control_protocol.h"
 #include "daemon_call.h"
+#include "replies.h"
 #include "requests.h"
+#include "upload_stats.h"
 
 namespace hvtrace::cli {
 namespace {
@@ -23,9 +25,13 @@ std::string Str(const json& j, const char* key, const char* fallback = "-") {
   return hostd::DumpJson(*it);
 }
 
+const char* Or(const std::optional<std::string>& s, const char* fallback = "-") {
+  return s ? s->c_str() : fallback;
+}
+
 // A command that sends one request (|Message|, requests.h) and prints the
-// result as text, or as JSON with --json.
-template <class Message>
+// reply (|Reply|, replies.h) as text, or as JSON with --json.
+template <class Message, class Reply>
 class QueryCommand : public Command {
  public:
   void Define(CLI::App& app) override {
@@ -36,20 +42,21 @@ class QueryCommand : public Command {
   int Run() override {
     const auto started = std::chrono::steady_clock::now();
     json result;
-    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
+    Reply reply;
+    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result, &reply); rc != kExitOk)
+      return rc;
     round_trip_ms_ =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started)
             .count();
     if (flags_.json) {
       PrintJson(result);
-    } else {
-      PrintText(result);
+      return kExitOk;
     }
-    return kExitOk;
+    return PrintText(reply);
   }
 
  protected:
-  virtual void PrintText(const json& result) const = 0;
+  virtual int PrintText(const Reply& reply) const = 0;
   const Message& message() const { return message_; }
   double round_trip_ms() const { return round_trip_ms_; }
 
@@ -60,70 +67,77 @@ class QueryCommand : public Command {
   double round_trip_ms_ = 0;
 };
 
-class PingCommand final : public QueryCommand<hostd::PingRequest> {
+class PingCommand final : public QueryCommand<hostd::PingRequest, hostd::PingReply> {
  public:
-  void PrintText(const json& result) const override {
-    std::printf("hvtraced (pid %s) is up for %.1f s; round trip %.2f ms\n",
-                Str(result, "pid").c_str(), result.value("uptime_ms", 0) / 1000.0, round_trip_ms());
+  int PrintText(const hostd::PingReply& pong) const override {
+    std::printf("hvtraced (pid %d) is up for %.1f s; round trip %.2f ms\n", pong.pid,
+                static_cast<double>(pong.uptime_ms) / 1000.0, round_trip_ms());
     // The fleet upload (docs/fleet.md): what waits, and why.
-    const json upload = result.value("upload", json::object());
-    if (upload.is_object() && upload.value("enabled", false)) {
-      std::printf("upload to %s/%s: %s pending, %s uploaded", Str(upload, "endpoint").c_str(),
-                  Str(upload, "bucket").c_str(), Str(upload, "pending").c_str(),
-                  Str(upload, "uploaded").c_str());
-      if (upload.value("given_up", 0) > 0)
-        std::printf(", %s given up", Str(upload, "given_up").c_str());
-      const std::string error = upload.value("last_error", "");
-      if (!error.empty()) {
-        std::printf("; last error (%s): %s", Str(upload, "last_error_at").c_str(), error.c_str());
-      }
-      std::printf("\n");
-      for (const json& c : upload.value("captures", json::array())) {
-        if (!c.is_object() || c.value("state", "") == "uploaded") continue;
-        std::printf(
-            "  %s/%s %s, %s attempt(s)%s\n", Str(c, "vm").c_str(), Str(c, "id").c_str(),
-            Str(c, "state").c_str(), Str(c, "attempts").c_str(),
-            c.value("last_error", "").empty() ? "" : (": " + c.value("last_error", "")).c_str());
-      }
+    hostd::UploadStats upload;
+    if (int rc = ParseReply(name(), pong.upload, &upload); rc != kExitOk) return rc;
+    if (!upload.enabled) return kExitOk;
+    std::printf("upload to %s/%s: %llu pending, %llu uploaded", upload.endpoint.c_str(),
+                upload.bucket.c_str(), static_cast<unsigned long long>(upload.pending),
+                static_cast<unsigned long long>(upload.uploaded));
+    if (upload.given_up > 0)
+      std::printf(", %llu given up", static_cast<unsigned long long>(upload.given_up));
+    if (!upload.last_error.empty()) {
+      std::printf("; last error (%s): %s", upload.last_error_at.c_str(), upload.last_error.c_str());
     }
+    std::printf("\n");
+    for (const hostd::UploadCaptureState& c : upload.captures) {
+      if (c.state == "uploaded") continue;
+      std::printf("  %s/%s %s, %llu attempt(s)%s%s\n", c.vm.c_str(), c.id.c_str(), c.state.c_str(),
+                  static_cast<unsigned long long>(c.attempts), c.last_error.empty() ? "" : ": ",
+                  c.last_error.c_str());
+    }
+    return kExitOk;
   }
 };
 
-class ListCommand final : public QueryCommand<hostd::ListRequest> {
+class ListCommand final : public QueryCommand<hostd::ListRequest, hostd::ListReply> {
  public:
-  void PrintText(const json& result) const override {
-    const json vms = result.value("vms", json::array());
-    if (!vms.is_array() || vms.empty()) {
+  int PrintText(const hostd::ListReply& list) const override {
+    if (list.vms.empty()) {
       std::printf("no VMs\n");
-      return;
+      return kExitOk;
     }
     std::printf("%-20s %-8s %-10s %8s  %-32s %s\n", "NAME", "KIND", "STATE", "CAPTURES",
                 "LAST CAPTURE", "LAST ERROR");
-    for (const json& vm : vms) {
-      std::string last = "-";
-      if (auto it = vm.find("last_capture"); it != vm.end() && it->is_object())
-        last = Str(*it, "id");
-      std::printf("%-20s %-8s %-10s %8s  %-32s %s\n", Str(vm, "name").c_str(),
-                  Str(vm, "kind").c_str(), Str(vm, "state").c_str(),
-                  Str(vm, "captures_taken").c_str(), last.c_str(), Str(vm, "last_error").c_str());
+    for (const hostd::VmStatusReply& vm : list.vms) {
+      std::printf("%-20s %-8s %-10s %8llu  %-32s %s\n", vm.name.c_str(), vm.kind.c_str(),
+                  vm.state.c_str(), static_cast<unsigned long long>(vm.captures_taken),
+                  vm.last_capture ? vm.last_capture->id.c_str() : "-", Or(vm.last_error));
     }
+    return kExitOk;
   }
 };
 
-class StatusCommand final : public QueryCommand<hostd::StatusRequest> {
+class StatusCommand final : public QueryCommand<hostd::StatusRequest, hostd::VmStatusReply> {
  public:
-  void PrintText(const json& result) const override {
-    for (const char* key :
-         {"name", "kind", "state", "formats", "last_event", "events_seen", "captures_taken",
-          "captures_failed", "last_capture", "last_error", "captures_dir"}) {
-      std::printf("%-16s %s\n", key, Str(result, key).c_str());
-    }
+  int PrintText(const hostd::VmStatusReply& vm) const override {
+    const auto row = [](const char* key, const std::string& value) {
+      std::printf("%-16s %s\n", key, value.c_str());
+    };
+    const auto count = [](uint64_t n) { return std::to_string(n); };
+    row("name", vm.name);
+    row("kind", vm.kind);
+    row("state", vm.state);
+    row("formats", Or(vm.formats));
+    row("last_event", Or(vm.last_event));
+    row("events_seen", count(vm.events_seen));
+    row("captures_taken", count(vm.captures_taken));
+    row("captures_failed", count(vm.captures_failed));
+    row("last_capture", vm.last_capture ? hostd::DumpJson(hostd::MessageToJson(*vm.last_capture))
+                                        : std::string("-"));
+    row("last_error", Or(vm.last_error));
+    row("captures_dir", vm.captures_dir);
     // The metadata channel (hvtrace/meta_channel.h): what decodes a
     // disk-booted guest's captures.
-    const json meta = result.value("meta", json());
+    const json& meta = vm.meta;
     if (!meta.is_object()) {
-      std::printf("%-16s %s\n", "meta", "none");
-      return;
+      row("meta", "none");
+      return kExitOk;
     }
     const auto n = [&](const char* key) { return meta.value(key, uint64_t{0}); };
     std::printf("%-16s %s, %llu boots accepted, %llu refused%s\n", "meta",
@@ -132,19 +146,19 @@ class StatusCommand final : public QueryCommand<hostd::StatusRequest> {
                 meta.contains("last_refusal")
                     ? (" (last: " + Str(meta, "last_refusal") + ")").c_str()
                     : "");
+    return kExitOk;
   }
 };
 
-class CapturesCommand final : public QueryCommand<hostd::CapturesRequest> {
+class CapturesCommand final : public QueryCommand<hostd::CapturesRequest, hostd::CapturesReply> {
  public:
-  void PrintText(const json& result) const override {
-    const json captures = result.value("captures", json::array());
-    if (!captures.is_array() || captures.empty()) {
+  int PrintText(const hostd::CapturesReply& reply) const override {
+    if (!reply.captures.is_array() || reply.captures.empty()) {
       std::printf("no captures for %s\n", message().name.c_str());
-      return;
+      return kExitOk;
     }
     std::printf("%-36s %-12s %10s %9s  %s\n", "CAPTURE", "TRIGGER", "EVENTS", "BAD PAGES", "PATH");
-    for (const json& c : captures) {
+    for (const json& c : reply.captures) {
       if (c.contains("error")) {
         std::printf("%-36s damaged: %s\n", Str(c, "id").c_str(), Str(c, "error").c_str());
         continue;
@@ -154,12 +168,17 @@ class CapturesCommand final : public QueryCommand<hostd::CapturesRequest> {
                   Str(totals, "events").c_str(), Str(totals, "bad_pages").c_str(),
                   Str(c, "path").c_str());
     }
+    return kExitOk;
   }
 };
 
-class DaemonShutdownCommand final : public QueryCommand<hostd::ShutdownRequest> {
+class DaemonShutdownCommand final
+    : public QueryCommand<hostd::ShutdownRequest, hostd::ShutdownReply> {
  public:
-  void PrintText(const json&) const override { std::printf("hvtraced is stopping\n"); }
+  int PrintText(const hostd::ShutdownReply&) const override {
+    std::printf("hvtraced is stopping\n");
+    return kExitOk;
+  }
 };
 
 }  // namespace

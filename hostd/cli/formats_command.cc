@@ -23,6 +23,7 @@
 #include "daemon_call.h"
 #include "formats_cache.h"
 #include "formats_harvest.h"
+#include "formats_replies.h"
 #include "requests.h"
 
 namespace hvtrace::cli {
@@ -70,20 +71,33 @@ CacheOwner ChooseCache(const std::string& command, const std::string& cache_flag
   return CacheOwner::kLocal;
 }
 
-// Prints a harvest's entry to |out| (text, or JSON with |json_output|) from
-// {key, path, cache_hit, seconds, manifest} (the local harvest's, or
-// hvtraced's reply); problems go to stderr.
-void PrintHarvest(const std::string& command, const json& r, bool json_output, FILE* out) {
-  const json m = r.value("manifest", json::object());
-  const std::string path = r.value("path", "");
-  const double seconds = r.value("seconds", 0.0);
+// A harvest's progress items (ProgressItem) as "hvtrace COMMAND: PREFIXline".
+std::function<void(const json&)> ProgressPrinter(std::string command, std::string prefix) {
+  return [command = std::move(command), prefix = std::move(prefix)](const json& item) {
+    auto progress = hostd::ParseMessage<hostd::ProgressItem>(item, "item");
+    if (!progress.ok()) {
+      std::fprintf(stderr, "hvtrace %s: %s\n", command.c_str(), progress.error().message.c_str());
+      return;
+    }
+    std::fprintf(stderr, "hvtrace %s: %s%s\n", command.c_str(), prefix.c_str(),
+                 progress->progress.c_str());
+  };
+}
+
+// Prints a harvest's entry to |out| (text, or JSON with |json_output|), the
+// local harvest's or hvtraced's; problems go to stderr.
+void PrintHarvest(const std::string& command, const hostd::FormatsHarvestReply& r, bool json_output,
+                  FILE* out) {
+  const json m = r.manifest.is_object() ? r.manifest : json::object();
+  const std::string& path = r.path;
+  const double seconds = r.seconds;
   if (json_output) {
-    PrintJson(r);
+    PrintJson(hostd::MessageToJson(r));
   } else {
-    std::fprintf(out, "key       %s\n", r.value("key", "").c_str());
+    std::fprintf(out, "key       %s\n", r.key.c_str());
     std::fprintf(out, "release   %s\n", m.value("release", "").c_str());
     std::fprintf(out, "version   %s\n", m.value("proc_version", "").c_str());
-    if (r.value("cache_hit", false)) {
+    if (r.cache_hit) {
       std::fprintf(out, "status    cached (harvested %s), looked up in %.2f s\n",
                    m.value("harvested_utc", "").c_str(), seconds);
     } else {
@@ -133,11 +147,7 @@ int Harvest(const std::string& command, hostd::HarvestOptions options, bool json
     return kExitFailed;
   }
   PrintHarvest(command,
-               {{"key", r->key},
-                {"path", r->entry_dir.string()},
-                {"cache_hit", r->cache_hit},
-                {"seconds", r->seconds},
-                {"manifest", r->manifest}},
+               hostd::HarvestReplyOf(*r, FormatCache(options.cache_root).formats_dir().string()),
                json_output, out);
   return kExitOk;
 }
@@ -214,14 +224,11 @@ class HarvestCommand final : public Command {
       return kExitUsage;
     }
     json result;
-    const int rc = CallDaemon(name(), socket_, *Request(), &result, [this](const json& item) {
-      if (item.contains("progress") && item["progress"].is_string()) {
-        std::fprintf(stderr, "hvtrace %s: hvtraced: %s\n", name().c_str(),
-                     item["progress"].get_ref<const std::string&>().c_str());
-      }
-    });
+    hostd::FormatsHarvestReply harvested;
+    const int rc = CallDaemon(name(), socket_, *Request(), &result, &harvested,
+                              ProgressPrinter(name(), "hvtraced: "));
     if (rc != kExitOk) return rc;
-    PrintHarvest(name(), result, json_, stdout);
+    PrintHarvest(name(), harvested, json_, stdout);
     return kExitOk;
   }
 
@@ -234,13 +241,11 @@ class HarvestCommand final : public Command {
   bool json_ = false;
 };
 
-// One cached kernel as `formats list` prints it, from {release, events,
-// harvested_utc, key, kernel[, state]}.
-void PrintListRow(const json& e) {
-  std::printf("%-24s %-7llu %-20s %-16.16s %s%s\n", e.value("release", "").c_str(),
-              static_cast<unsigned long long>(e.value("events", uint64_t{0})),
-              e.value("harvested_utc", "").c_str(), e.value("key", "").c_str(),
-              e.value("kernel", "").c_str(), e.value("state", "") == "loaded" ? " (loaded)" : "");
+// One cached kernel as `formats list` prints it.
+void PrintListRow(const hostd::FormatsKernelRow& e) {
+  std::printf("%-24s %-7llu %-20s %-16.16s %s%s\n", e.release.c_str(),
+              static_cast<unsigned long long>(e.events), e.harvested_utc.c_str(), e.key.c_str(),
+              e.kernel.c_str(), e.state == "loaded" ? " (loaded)" : "");
 }
 
 class ListCommand final : public Command {
@@ -261,40 +266,36 @@ class ListCommand final : public Command {
     int rc = kExitOk;
     const CacheOwner owner = ChooseCache(name(), cache_, socket_, &root, &rc);
     if (owner == CacheOwner::kFailed) return rc;
-    json listing;
+    json result;
+    hostd::FormatsListReply listing;
     if (owner == CacheOwner::kDaemon) {
-      if (rc = CallDaemon(name(), socket_, *Request(), &listing); rc != kExitOk) return rc;
+      if (rc = CallDaemon(name(), socket_, *Request(), &result, &listing); rc != kExitOk) return rc;
     } else if (rc = ListLocal(root, &listing); rc != kExitOk) {
       return rc;
     }
-    for (const json& p : listing.value("problems", json::array())) {
-      if (p.is_string())
-        std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(), p.get<std::string>().c_str());
+    for (const std::string& p : listing.problems) {
+      std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(), p.c_str());
     }
     if (json_) {
-      PrintJson(listing);
+      PrintJson(hostd::MessageToJson(listing));
       return kExitOk;
     }
-    const json kernels = listing.value("kernels", json::array());
-    const json harvests = listing.value("harvests", json::array());
-    const std::string cache = listing.value("cache", "");
-    if (kernels.empty() && harvests.empty()) {
-      std::printf("no cached kernels in %s\n", cache.c_str());
+    if (listing.kernels.empty() && listing.harvests.empty()) {
+      std::printf("no cached kernels in %s\n", listing.cache.c_str());
       return kExitOk;
     }
-    if (owner == CacheOwner::kDaemon) std::printf("hvtraced's cache %s\n", cache.c_str());
+    if (owner == CacheOwner::kDaemon) std::printf("hvtraced's cache %s\n", listing.cache.c_str());
     std::printf("%-24s %-7s %-20s %-16s %s\n", "RELEASE", "EVENTS", "HARVESTED", "KEY", "KERNEL");
-    for (const json& e : kernels) PrintListRow(e);
-    for (const json& h : harvests) {
-      std::printf("%-24s %-7s %-20s %-16.16s %s\n", "-", "-", "-", h.value("key", "").c_str(),
-                  h.value("state", "").c_str());
+    for (const hostd::FormatsKernelRow& e : listing.kernels) PrintListRow(e);
+    for (const hostd::FormatsHarvestRow& h : listing.harvests) {
+      std::printf("%-24s %-7s %-20s %-16.16s %s\n", "-", "-", "-", h.key.c_str(), h.state.c_str());
     }
     return kExitOk;
   }
 
  private:
-  // The local cache at |root| as {cache, kernels, problems}.
-  int ListLocal(const std::filesystem::path& root, json* listing) const {
+  // The local cache at |root|, as hvtraced would list it.
+  int ListLocal(const std::filesystem::path& root, hostd::FormatsListReply* listing) const {
     FormatCache cache(root);
     std::vector<std::string> problems;
     Result<std::vector<hostd::CacheEntrySummary>> entries = cache.List(&problems);
@@ -302,15 +303,10 @@ class ListCommand final : public Command {
       std::fprintf(stderr, "hvtrace %s: %s\n", name().c_str(), entries.error().message.c_str());
       return kExitFailed;
     }
-    json list = json::array();
-    for (const hostd::CacheEntrySummary& e : *entries) {
-      list.push_back({{"key", e.key},
-                      {"release", e.release},
-                      {"kernel", e.kernel_path},
-                      {"events", e.events},
-                      {"harvested_utc", e.harvested_utc}});
-    }
-    *listing = {{"cache", cache.formats_dir().string()}, {"kernels", list}, {"problems", problems}};
+    listing->cache = cache.formats_dir().string();
+    for (const hostd::CacheEntrySummary& e : *entries)
+      listing->kernels.push_back(hostd::KernelRowOf(e));
+    listing->problems = std::move(problems);
     return kExitOk;
   }
 
@@ -329,15 +325,10 @@ int EnsureFormatsCached(const std::string& kernel, const std::string& socket_fla
   harvest.kernel = kernel;
   const DaemonRequest request = ToDaemonRequest(harvest, std::chrono::minutes(10));
   json result;
-  const int rc = CallDaemon(
-      "boot", socket_flag, request, &result,
-      [](const json& item) {
-        if (item.contains("progress") && item["progress"].is_string()) {
-          std::fprintf(stderr, "hvtrace boot: formats: %s\n",
-                       item["progress"].get_ref<const std::string&>().c_str());
-        }
-      },
-      CallOptions{.print_refusal = false});
+  hostd::FormatsHarvestReply harvested;
+  const int rc =
+      CallDaemon("boot", socket_flag, request, &result, &harvested,
+                 ProgressPrinter("boot", "formats: "), CallOptions{.print_refusal = false});
   if (rc == kExitNoDaemon) return rc;  // boot would fail the same way.
   // Refused (an observer): the boot request is refused too, and says so for
   // `boot`, the command the user typed.
@@ -348,9 +339,9 @@ int EnsureFormatsCached(const std::string& kernel, const std::string& socket_fla
     std::fprintf(stderr, "hvtrace boot: booting without cached formats\n");
     return kExitOk;
   }
-  if (!result.value("cache_hit", true)) {
+  if (!harvested.cache_hit) {
     std::fprintf(stderr, "hvtrace boot: formats of %s harvested into %s\n", kernel.c_str(),
-                 result.value("path", "").c_str());
+                 harvested.path.c_str());
   }
   return kExitOk;
 }

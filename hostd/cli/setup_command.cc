@@ -8,6 +8,7 @@
 #include "command.h"
 #include "command_table.h"
 #include "daemon_call.h"
+#include "replies.h"
 #include "requests.h"
 #include "unified_diff.h"
 
@@ -45,39 +46,40 @@ class SetupCommand final : public Command {
   }
   int Run() override {
     json result;
-    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
-    const std::string domain = result.value("domain", request_.domain);
+    hostd::SetupReply reply;
+    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result, &reply); rc != kExitOk)
+      return rc;
     // Computed here, as the user; --json carries it too.
-    Result<std::string> diff = UnifiedDiff(result.value("old_xml", ""), result.value("new_xml", ""),
-                                           domain + ".xml (before)", domain + ".xml (after)");
-    result["diff"] = diff.ok() ? *diff : "(no diff: " + diff.error().message + ")";
+    Result<std::string> diff =
+        UnifiedDiff(reply.old_xml, reply.new_xml, reply.domain + ".xml (before)",
+                    reply.domain + ".xml (after)");
+    const std::string diff_text = diff.ok() ? *diff : "(no diff: " + diff.error().message + ")";
     if (flags_.json) {
+      result["diff"] = diff_text;
       PrintJson(result);
       return kExitOk;
     }
-    Print(result);
+    Print(reply, diff_text);
     return kExitOk;
   }
 
  private:
-  void Print(const json& result) const {
-    const std::string domain = result.value("domain", request_.domain);
-    if (result.value("already_set_up", false)) {
+  void Print(const hostd::SetupReply& reply, const std::string& diff) const {
+    const std::string& domain = reply.domain;
+    if (reply.already_set_up) {
       std::printf(
           "domain %s: already set up by `hvtrace setup`; nothing changed (another --range or "
           "--events: `hvtrace setup --undo %s` first)\n",
           domain.c_str(), domain.c_str());
     } else {
-      for (const auto& change : result.value("changes", json::array())) {
-        std::printf("  %s\n", change.get<std::string>().c_str());
-      }
-      std::fputs(result.value("diff", "").c_str(), stdout);
-      if (result.value("dry_run", false)) {
+      for (const std::string& change : reply.changes) std::printf("  %s\n", change.c_str());
+      std::fputs(diff.c_str(), stdout);
+      if (reply.dry_run) {
         std::printf("dry run: domain %s not changed\n", domain.c_str());
       } else {
         std::printf("domain %s: persistent definition %s%s\n", domain.c_str(),
                     request_.undo ? "restored" : "updated",
-                    result.value("active", false)
+                    reply.active
                         ? "; it is running with the old one: the change applies at its next "
                           "cold boot (shut it down, then start it)"
                         : "; it applies when the domain starts");
@@ -88,12 +90,12 @@ class SetupCommand final : public Command {
           "inside the guest: hvtrace-agent boot-buffer disable (removes the kernel parameters)\n");
       return;
     }
-    const json range = result.value("boot_range", json::object());
+    const hostd::SetupBootRange range = reply.boot_range.value_or(hostd::SetupBootRange{});
     std::printf("boot range: %llu bytes at GPA 0x%llx (NUMA cell 1)\n",
-                static_cast<unsigned long long>(range.value("size", uint64_t{0})),
-                static_cast<unsigned long long>(range.value("gpa", uint64_t{0})));
+                static_cast<unsigned long long>(range.size),
+                static_cast<unsigned long long>(range.gpa));
     std::printf("kernel parameters the guest must add: %s\n",
-                result.value("kernel_params", "").c_str());
+                reply.kernel_params.value_or("").c_str());
     std::printf("inside the guest: hvtrace-agent boot-buffer enable\n");
   }
 

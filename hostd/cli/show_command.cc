@@ -38,6 +38,7 @@
 #include "config.h"
 #include "control_client.h"
 #include "formats_cache.h"
+#include "formats_replies.h"
 #include "hvtrace/output.h"
 #include "region_issues.h"
 #include "requests.h"
@@ -252,8 +253,9 @@ fs::path DaemonFormatsDir(const std::string& socket_flag) {
   auto reply =
       client->Call(hostd::FormatsListRequest::kCommand,
                    hostd::MessageToJson(hostd::FormatsListRequest{}), std::chrono::seconds(10));
-  if (!reply.ok() || !reply->ok || !reply->result.is_object()) return {};
-  return reply->result.value("cache", "");
+  if (!reply.ok() || !reply->ok) return {};
+  auto listing = hostd::ParseMessage<hostd::FormatsListReply>(reply->result, "reply");
+  return listing.ok() ? fs::path(listing->cache) : fs::path();
 }
 
 // A directory, or a kernel key looked up in the local cache (the rule in

@@ -9,6 +9,7 @@
 #include "command.h"
 #include "command_table.h"
 #include "daemon_call.h"
+#include "replies.h"
 #include "requests.h"
 #include "units.h"
 
@@ -30,7 +31,9 @@ void AddBootFlags(CLI::App& app, BootRequest& r) {
   app.add_option("--kernel", r.kernel, "the guest kernel (bzImage/vmlinuz)")
       ->required()
       ->type_name("PATH");
-  app.add_option("--initrd", r.initrd, "its initramfs")->type_name("PATH");
+  app.add_option_function<std::string>(
+         "--initrd", [&r](const std::string& path) { r.initrd = path; }, "its initramfs")
+      ->type_name("PATH");
   app.add_option("--append", r.append, "more kernel parameters")->type_name("ARGS");
   AddCountOption(
       app, "--cpus", 1, INT32_MAX, [&r](uint64_t n) { r.cpus = static_cast<int>(n); },
@@ -93,7 +96,7 @@ class BootCommand final : public Command {
   std::optional<DaemonRequest> Request() const override {
     BootRequest r = request_;
     r.kernel = Absolute(r.kernel);
-    r.initrd = Absolute(r.initrd);
+    if (r.initrd) r.initrd = Absolute(*r.initrd);
     return ToDaemonRequest(r, kVmReplyTimeout);
   }
   int Run() override {
@@ -103,29 +106,21 @@ class BootCommand final : public Command {
       if (rc != kExitOk) return rc;
     }
     json result;
-    if (int rc = CallDaemon(name(), flags_.socket, request, &result); rc != kExitOk) return rc;
+    hostd::BootReply booted;
+    if (int rc = CallDaemon(name(), flags_.socket, request, &result, &booted); rc != kExitOk)
+      return rc;
     if (flags_.json) {
       PrintJson(result);
       return kExitOk;
     }
-    const json region = result.value("region", json::object());
-    std::printf("booted %s: QEMU pid %s (%s), boot range %s bytes at GPA 0x%llx in %s\n",
-                request_.name.c_str(), result.value("pid", json()).dump().c_str(),
-                result.value("kvm", false) ? "KVM" : "TCG",
-                region.value("size", json()).dump().c_str(),
-                static_cast<unsigned long long>(region.value("gpa", uint64_t{0})),
-                region.value("file", std::string()).c_str());
-    if (result.contains("kvm_probe")) {
-      std::printf("accel auto: %s\n", result.value("kvm_probe", std::string()).c_str());
-    }
-    if (result.contains("qemu_trace_log")) {
-      std::printf("QEMU trace log: %s\n", result.value("qemu_trace_log", std::string()).c_str());
-    }
-    if (result.contains("console_log")) {
-      std::printf("console log: %s\nconsole socket: %s\n",
-                  result.value("console_log", std::string()).c_str(),
-                  result.value("console_socket", std::string()).c_str());
-    }
+    std::printf("booted %s: QEMU pid %d (%s), boot range %llu bytes at GPA 0x%llx in %s\n",
+                request_.name.c_str(), booted.pid, booted.kvm ? "KVM" : "TCG",
+                static_cast<unsigned long long>(booted.region.size),
+                static_cast<unsigned long long>(booted.region.gpa), booted.region.file.c_str());
+    if (booted.kvm_probe) std::printf("accel auto: %s\n", booted.kvm_probe->c_str());
+    if (booted.qemu_trace_log) std::printf("QEMU trace log: %s\n", booted.qemu_trace_log->c_str());
+    std::printf("console log: %s\nconsole socket: %s\n", booted.console_log.c_str(),
+                booted.console_socket.c_str());
     return kExitOk;
   }
 
@@ -202,6 +197,28 @@ class QemuArgsCommand final : public Command {
 
 // adopt NAME --qmp SOCK [--boot-region F@GPA:SIZE]: a QEMU someone started.
 // adopt NAME [--domain DOMAIN]: a libvirt domain (running, or with a boot-range cell).
+// A libvirt domain adopt adopted: its region, and its boot range as the
+// NUMA cell places it, with what the guest must still do.
+void PrintAdoptedDomain(const hostd::AdoptReply& adopted) {
+  const json& region = adopted.region.is_object() ? adopted.region : json::object();
+  std::printf("adopted %s: libvirt domain %s (%s), %s region %s (offset %llu, %llu bytes)\n",
+              adopted.name.c_str(), adopted.domain.value_or("").c_str(),
+              adopted.uuid.value_or("").c_str(), region.value("kind", std::string()).c_str(),
+              region.value("path", std::string()).c_str(),
+              static_cast<unsigned long long>(region.value("offset", uint64_t{0})),
+              static_cast<unsigned long long>(region.value("size", uint64_t{0})));
+  const json& boot = adopted.boot_range;
+  if (!boot.is_object() || boot.empty()) return;
+  const json meta = boot.value("guest_meta", json::object());
+  std::printf("boot range: GPA %s, %llu bytes (from the NUMA cell); guest meta: %s\n",
+              boot.value("gpa", std::string()).c_str(),
+              static_cast<unsigned long long>(boot.value("size", uint64_t{0})),
+              meta.value("state", std::string()).c_str());
+  for (const char* key : {"cmdline_note", "note"}) {
+    if (boot.contains(key)) std::printf("note: %s\n", boot[key].get<std::string>().c_str());
+  }
+}
+
 class AdoptCommand final : public Command {
  public:
   void Define(CLI::App& app) override {
@@ -241,32 +258,15 @@ class AdoptCommand final : public Command {
   }
   int Run() override {
     json result;
-    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
+    hostd::AdoptReply adopted;
+    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result, &adopted); rc != kExitOk)
+      return rc;
     if (flags_.json) {
       PrintJson(result);
-    } else if (!qmp_.empty()) {
-      std::printf("adopted %s (QMP %s)\n", name_.c_str(),
-                  result.value("qmp", std::string()).c_str());
+    } else if (adopted.qmp) {
+      std::printf("adopted %s (QMP %s)\n", name_.c_str(), adopted.qmp->c_str());
     } else {
-      const json region = result.value("region", json::object());
-      std::printf("adopted %s: libvirt domain %s (%s), %s region %s (offset %llu, %llu bytes)\n",
-                  name_.c_str(), result.value("domain", std::string()).c_str(),
-                  result.value("uuid", std::string()).c_str(),
-                  region.value("kind", std::string()).c_str(),
-                  region.value("path", std::string()).c_str(),
-                  static_cast<unsigned long long>(region.value("offset", uint64_t{0})),
-                  static_cast<unsigned long long>(region.value("size", uint64_t{0})));
-      // The boot range as the NUMA cell places it, and what the guest must do.
-      if (const json boot = result.value("boot_range", json::object()); !boot.empty()) {
-        const json meta = boot.value("guest_meta", json::object());
-        std::printf("boot range: GPA %s, %llu bytes (from the NUMA cell); guest meta: %s\n",
-                    boot.value("gpa", std::string()).c_str(),
-                    static_cast<unsigned long long>(boot.value("size", uint64_t{0})),
-                    meta.value("state", std::string()).c_str());
-        for (const char* key : {"cmdline_note", "note"}) {
-          if (boot.contains(key)) std::printf("note: %s\n", boot[key].get<std::string>().c_str());
-        }
-      }
+      PrintAdoptedDomain(adopted);
     }
     return kExitOk;
   }
@@ -278,10 +278,10 @@ class AdoptCommand final : public Command {
 
 // capture NAME / stop NAME: one request about one VM (|Message|: its
 // control message, requests.h).
-template <class Message>
+template <class Message, class Reply>
 class VmRequestCommand final : public Command {
  public:
-  explicit VmRequestCommand(void (*print)(const std::string&, const json&)) : print_(print) {}
+  explicit VmRequestCommand(void (*print)(const std::string&, const Reply&)) : print_(print) {}
   void Define(CLI::App& app) override {
     AddVmName(app, name_);
     AddDaemonFlags(app, flags_);
@@ -293,28 +293,29 @@ class VmRequestCommand final : public Command {
   }
   int Run() override {
     json result;
-    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result); rc != kExitOk) return rc;
+    Reply reply;
+    if (int rc = CallDaemon(name(), flags_.socket, *Request(), &result, &reply); rc != kExitOk)
+      return rc;
     if (flags_.json) {
       PrintJson(result);
     } else {
-      print_(name_, result);
+      print_(name_, reply);
     }
     return kExitOk;
   }
 
  private:
-  void (*print_)(const std::string&, const json&);
+  void (*print_)(const std::string&, const Reply&);
   std::string name_;
   DaemonFlags flags_;
 };
 
-void PrintCaptured(const std::string& vm, const json& result) {
-  std::printf("captured %s: %s (%.1f ms to disk)\n", vm.c_str(),
-              result.value("capture", std::string()).c_str(),
-              result.value("trigger_to_disk_ms", 0.0));
+void PrintCaptured(const std::string& vm, const hostd::ManualCaptureReply& captured) {
+  std::printf("captured %s: %s (%.1f ms to disk)\n", vm.c_str(), captured.capture.c_str(),
+              captured.trigger_to_disk_ms);
 }
 
-void PrintStopped(const std::string& vm, const json&) {
+void PrintStopped(const std::string& vm, const hostd::StopReply&) {
   std::printf("stopped watching %s (a VM hvtraced booted is shut down)\n", vm.c_str());
 }
 
@@ -329,10 +330,12 @@ void AddVmCommands(CommandTable& table) {
   table.Add("adopt",
             "let hvtraced watch a QEMU you started (--qmp SOCK) or a running libvirt domain",
             std::make_unique<AdoptCommand>());
-  table.Add("capture", "snapshot a VM's trace region now, guest keeps running",
-            std::make_unique<VmRequestCommand<hostd::ManualCaptureRequest>>(PrintCaptured));
+  table.Add(
+      "capture", "snapshot a VM's trace region now, guest keeps running",
+      std::make_unique<VmRequestCommand<hostd::ManualCaptureRequest, hostd::ManualCaptureReply>>(
+          PrintCaptured));
   table.Add("stop", "stop watching a VM (and shut it down if hvtraced booted it)",
-            std::make_unique<VmRequestCommand<hostd::StopRequest>>(PrintStopped));
+            std::make_unique<VmRequestCommand<hostd::StopRequest, hostd::StopReply>>(PrintStopped));
 }
 
 }  // namespace hvtrace::cli

@@ -19,6 +19,7 @@
 
 #include "hvtrace/result.h"
 #include "json_message.h"
+#include "kernel_file_args.h"
 
 namespace hvtrace::hostd {
 
@@ -175,23 +176,16 @@ struct AdoptRequest {
 };
 
 // formats-harvest: the kernel comes as a descriptor the client opened with
-// its own rights (|kernel_fd|); |kernel| is its path, for messages and the
-// entry's manifest only. Stream items {"progress": line}; the final line
-// {key, path, cache_hit, seconds, manifest, cache}. |initrd| is named so it
-// is refused with the reason: only the daemon's harvest_initrd boots.
-struct FormatsHarvestRequest {
+// its own rights (KernelFileArgs); its path is for messages and the entry's
+// manifest only. Stream items ProgressItem, the final line
+// FormatsHarvestReply (formats/formats_replies.h). An initrd is refused with
+// the reason: only the daemon's harvest_initrd boots.
+struct FormatsHarvestRequest : KernelFileArgs {
   static constexpr const char* kCommand = "formats-harvest";
-  std::string kernel;
-  std::optional<uint64_t> kernel_fd;
-  std::optional<std::string> initrd;
-  std::optional<uint64_t> initrd_fd;
   uint64_t timeout_ms = 180000;  // How long the harvest guest may take to boot.
   template <class Self, class Map>
   static void Fields(Self& r, Map& m) {
-    m.Required("kernel", r.kernel);
-    m.Field("kernel_fd", r.kernel_fd);
-    m.Field("initrd", r.initrd);
-    m.Field("initrd_fd", r.initrd_fd);
+    KernelFileArgs::Fields(r, m);
     m.Field("timeout_ms", r.timeout_ms, 1000, 3600000);
   }
   Status Check() const;

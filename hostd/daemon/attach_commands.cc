@@ -45,8 +45,10 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
   StreamSession& operator=(const StreamSession&) = delete;
 
   void Start() {
-    responder_->Stream({{"note", "streaming VM " + vm_->name() + " (region " +
-                                     region_->path().string() + "); Ctrl-C ends"}});
+    responder_->Stream(MessageToJson(StreamChunk{{},
+                                                 {},
+                                                 "streaming VM " + vm_->name() + " (region " +
+                                                     region_->path().string() + "); Ctrl-C ends"}));
     Tick();
   }
 
@@ -87,12 +89,14 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
     }
     RegionStreamer::Output out =
         streamer_.Feed(reader_->Validate(), std::chrono::steady_clock::now(), flush);
-    for (const std::string& note : out.notes) responder_->Stream({{"note", note}});
-    if (!out.text.empty()) responder_->Stream({{"text", std::move(out.text)}});
+    for (const std::string& note : out.notes)
+      responder_->Stream(MessageToJson(StreamChunk{{}, {}, note}));
+    if (!out.text.empty()) {
+      responder_->Stream(MessageToJson(StreamChunk{{}, std::move(out.text), {}}));
+    }
     if (flush) {
-      responder_->End({{"reason", end_reason},
-                       {"events", streamer_.events_out()},
-                       {"pages_missed", streamer_.pages_missed()}});
+      responder_->End(MessageToJson(
+          StreamEndReply{{}, end_reason, streamer_.events_out(), streamer_.pages_missed()}));
       return;
     }
     timer_.expires_after(kStreamPollInterval);
@@ -144,13 +148,14 @@ void Daemon::HandleDetach(const Request&, const DetachRequest& args,
     return;
   }
   const std::string name = vm->name();
-  vm->backend()->Detach(args.timeout(), [vm, responder, name](Result<json> result) {
+  vm->backend()->Detach(args.timeout(), [vm, responder, name](Result<DetachReply> result) {
     if (!result.ok()) {
       responder->Fail(kErrVmFailed, "detach " + name + ": " + result.error().message);
       return;
     }
+    result->name = name;
     LogNotice("VM " + name + ": detached");
-    responder->Reply(*result);
+    responder->Reply(MessageToJson(*result));
   });
 }
 
@@ -180,7 +185,7 @@ void Daemon::AdoptForAttach(const Request& request, const AttachRequest& args, V
     return;
   }
   asio::post(pool_, [this, name, responder, then = std::move(then)] {
-    Result<json> adopted = libvirt_->Adopt(name, name, /*allow_no_region=*/true);
+    Result<AdoptReply> adopted = libvirt_->Adopt(name, name, /*allow_no_region=*/true);
     if (!adopted.ok()) {
       responder->Fail(
           kErrVmFailed,
@@ -231,16 +236,14 @@ void Daemon::HandleAttach(const Request& request, const AttachRequest& args,
     }
     // Before the region exists, so its first capture does not allocate.
     captures_->Reserve({.attach = options.size_bytes});
-    vm->backend()->Attach(options, [vm, responder, name](Result<json> result) {
+    vm->backend()->Attach(options, [vm, responder, name](Result<AttachReply> result) {
       if (!result.ok()) {
         responder->Fail(kErrVmFailed, "attach " + name + ": " + result.error().message);
         return;
       }
-      json reply = std::move(*result);
-      reply["name"] = name;
-      LogNotice("VM " + name + ": attached region " +
-                reply.value("/region/file"_json_pointer, std::string()));
-      responder->Reply(reply);
+      result->name = name;
+      LogNotice("VM " + name + ": attached region " + result->region.file);
+      responder->Reply(MessageToJson(*result));
     });
   };
   auto vm = registry_.Find(name);

@@ -76,6 +76,12 @@ Status PrepareQemuTraceLog(const std::string& name, const VmConfig& config,
   return {};
 }
 
+// Where a QEMU's boot range is, as boot and adopt replies say it.
+BootRegionReply BootRegionOf(const QmpVmSpec& spec) {
+  return BootRegionReply{
+      {}, spec.region_path.string(), spec.region_offset, spec.region_size, spec.region_gpa};
+}
+
 // Where a boot's kernel and initrd are copied (client_files.h): a directory
 // only root may enter, inside the VM's state dir.
 std::filesystem::path BootInputsDir(const std::filesystem::path& vm_dir) {
@@ -107,8 +113,9 @@ void Daemon::HandleBoot(const Request& request, const BootRequest& args,
   }
   const std::filesystem::path inputs = BootInputsDir(state_.VmDir(name));
   const std::string kernel_what = "kernel " + req.kernel;
-  const std::string initrd_what = "initrd " + req.initrd;
+  const std::string initrd_what = "initrd " + req.initrd.value_or("");
   req.kernel = (inputs / "kernel").string();
+  req.initrd.reset();  // Named but empty is none.
   if (*initrd_fd) req.initrd = (inputs / "initrd").string();
   BootPaths paths =
       DefaultBootPaths(name, config()->EffectiveSocketPath().parent_path(), state_.VmDir(name));
@@ -133,7 +140,8 @@ void Daemon::HandleBoot(const Request& request, const BootRequest& args,
     if (copied.ok())
       copied = CopyClientFile(kernel->get(), kernel_what, boot.kernel, kMaxKernelBytes);
     if (copied.ok() && initrd) {
-      copied = CopyClientFile(initrd->get(), initrd_what, boot.initrd, kMaxInitrdBytes);
+      copied =
+          CopyClientFile(initrd->get(), initrd_what, boot.initrd.value_or(""), kMaxInitrdBytes);
     }
     if (!copied.ok()) {
       asio::post(io_, [this, name, responder, why = copied.error().message] {
@@ -215,9 +223,9 @@ void Daemon::AdoptLibvirt(const AdoptRequest& args, const ResponderPtr& responde
   const std::string domain_name = args.domain.value_or(name);
   // libvirt calls block (and must not run on the event loop's thread).
   asio::post(pool_, [this, name, domain_name, responder] {
-    Result<json> r = libvirt_->Adopt(name, domain_name);
+    Result<AdoptReply> r = libvirt_->Adopt(name, domain_name);
     if (r.ok()) {
-      responder->Reply(*r);
+      responder->Reply(MessageToJson(*r));
     } else {
       responder->Fail(kErrVmFailed, "adopt " + name + ": " + r.error().message);
     }
@@ -273,13 +281,11 @@ void Daemon::AdoptQmp(const Request& request, const AdoptRequest& args,
     responder->Fail(kErrInternal, s.error().message);
     return;
   }
-  responder->Reply({{"name", name},
-                    {"region",
-                     {{"file", spec.region_path.string()},
-                      {"offset", spec.region_offset},
-                      {"size", spec.region_size},
-                      {"gpa", spec.region_gpa}}},
-                    {"qmp", spec.qmp_socket}});
+  AdoptReply reply;
+  reply.name = name;
+  reply.region = MessageToJson(BootRegionOf(spec));
+  reply.qmp = spec.qmp_socket;
+  responder->Reply(MessageToJson(reply));
 }
 
 void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const BootPaths& paths,
@@ -347,12 +353,15 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     spec.booted_by_daemon = true;
     spec.kernel_path = std::filesystem::absolute(boot.kernel).string();
     spec.kernel_key = kernel_key;
-    if (!boot.initrd.empty()) spec.initrd_path = std::filesystem::absolute(boot.initrd).string();
-    json reply = {
-        {"name", name}, {"pid", vm->pid()}, {"kvm", vm->kvm()}, {"argv", vm->plan().argv}};
+    if (boot.initrd) spec.initrd_path = std::filesystem::absolute(*boot.initrd).string();
+    BootReply reply;
+    reply.name = name;
+    reply.pid = vm->pid();
+    reply.kvm = vm->kvm();
+    reply.argv = vm->plan().argv;
     // Why auto chose what it chose (kvm_probe.h), so a TCG guest on a KVM
     // host is never a mystery.
-    if (accel_kind == Accel::kAuto) reply["kvm_probe"] = KvmVerdict(boot.kernel).reason;  // Cached.
+    if (accel_kind == Accel::kAuto) reply.kvm_probe = KvmVerdict(boot.kernel).reason;  // Cached.
     if (stopping_) {
       // The daemon began to exit while QEMU started: treat the new VM as
       // the shutdown policy says (its spec is saved for re-adoption).
@@ -367,16 +376,13 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
       responder->Fail(kErrInternal, s.error().message);
       return;
     }
-    reply["region"] = {{"file", spec.region_path.string()},
-                       {"offset", spec.region_offset},
-                       {"size", spec.region_size},
-                       {"gpa", spec.region_gpa}};
-    reply["qmp"] = spec.qmp_socket;
-    reply["console_log"] = spec.console_log;
-    reply["console_socket"] = spec.console_socket;
-    reply["meta_socket"] = spec.meta_socket;
-    if (!spec.qemu_trace_log.empty()) reply["qemu_trace_log"] = spec.qemu_trace_log;
-    responder->Reply(reply);
+    reply.region = BootRegionOf(spec);
+    reply.qmp = spec.qmp_socket;
+    reply.console_log = spec.console_log;
+    reply.console_socket = spec.console_socket;
+    reply.meta_socket = spec.meta_socket;
+    if (!spec.qemu_trace_log.empty()) reply.qemu_trace_log = spec.qemu_trace_log;
+    responder->Reply(MessageToJson(reply));
   };
   asio::post(io_, std::move(finish));
 }

@@ -192,23 +192,23 @@ bool Daemon::ReadyForNewVm(const std::string& name, Responder& responder, bool m
 }
 
 void Daemon::HandlePing(const Request&, const PingRequest&, const ResponderPtr& responder) {
-  json pong = {{"pong", true},
-               {"pid", ::getpid()},
-               {"uptime_ms", (HostTime::Now().monotonic_ns - started_.monotonic_ns) / 1000000}};
-  pong["libvirt"] = libvirt_ ? libvirt_->StatusJson() : json(nullptr);
+  PingReply pong;
+  pong.pid = ::getpid();
+  pong.uptime_ms = (HostTime::Now().monotonic_ns - started_.monotonic_ns) / 1000000;
+  if (libvirt_) pong.libvirt = libvirt_->StatusJson();
   // Whether captures are waiting, and in which lane (capture_queue.h).
-  pong["capture_queue"] = capture_queue_->StatsJson();
+  pong.capture_queue = capture_queue_->StatsJson();
   // What the daemon holds for captures: one set per worker, not one per VM.
-  pong["copy_buffers"] = captures_->copy_pool().ToJson();
+  pong.copy_buffers = captures_->copy_pool().ToJson();
   // The fleet upload: queued captures, their state and the last error.
-  pong["upload"] = uploader_ ? uploader_->StatsJson() : json{{"enabled", false}};
-  responder->Reply(pong);
+  pong.upload = MessageToJson(uploader_ ? uploader_->Stats() : UploadStats{});
+  responder->Reply(MessageToJson(pong));
 }
 
 void Daemon::HandleList(const Request&, const ListRequest&, const ResponderPtr& responder) {
-  json vms = json::array();
-  for (const auto& vm : registry_.All()) vms.push_back(vm->StatusJson());
-  responder->Reply({{"vms", std::move(vms)}});
+  ListReply list;
+  for (const auto& vm : registry_.All()) list.vms.push_back(vm->Status());
+  responder->Reply(MessageToJson(list));
 }
 
 void Daemon::HandleStatus(const Request&, const StatusRequest& args,
@@ -219,12 +219,12 @@ void Daemon::HandleStatus(const Request&, const StatusRequest& args,
   // cached, or still being harvested (a kernel's first boot). Looking in the
   // cache reads a file: off the I/O thread.
   asio::post(pool_, [vm, formats = formats_, responder] {
-    json status = vm->StatusJson();
+    VmStatusReply status = vm->Status();
     if (vm->backend()) {
       const std::string key = vm->backend()->kernel_files().key;
-      status["formats"] = key.empty() ? json(nullptr) : json(formats->StateOf(key));
+      if (!key.empty()) status.formats = formats->StateOf(key);
     }
-    responder->Reply(status);
+    responder->Reply(MessageToJson(status));
   });
 }
 
@@ -239,9 +239,10 @@ void Daemon::HandleCaptures(const Request&, const CapturesRequest& args,
       responder->Fail(kErrInternal, list.error().message);
       return;
     }
-    json captures = json::array();
-    for (const auto& e : *list) captures.push_back(e.summary);
-    responder->Reply({{"vm", vm->name()}, {"captures", std::move(captures)}});
+    CapturesReply reply;
+    reply.vm = vm->name();
+    for (const auto& e : *list) reply.captures.push_back(e.summary);
+    responder->Reply(MessageToJson(reply));
   });
 }
 
@@ -297,17 +298,16 @@ void Daemon::HandleCaptureFiles(const Request& request, const CaptureFilesReques
       return;
     }
     for (OpenedCaptureFile& f : *files) {
-      responder->Stream({{"file", f.name}, {"bytes", f.bytes}}, {std::move(f.fd)});
+      responder->Stream(MessageToJson(CaptureFileItem{{}, f.name, f.bytes}), {std::move(f.fd)});
     }
     LogDebug(who + " read capture " + vm_name + "/" + id + " (" + std::to_string(files->size()) +
              " files)");
-    responder->End(
-        {{"vm", vm_name}, {"capture", id}, {"dir", dir.string()}, {"files", files->size()}});
+    responder->End(MessageToJson(CaptureFilesReply{{}, vm_name, id, dir.string(), files->size()}));
   });
 }
 
 void Daemon::HandleShutdown(const Request&, const ShutdownRequest&, const ResponderPtr& responder) {
-  responder->Reply({{"stopping", true}});
+  responder->Reply(MessageToJson(ShutdownReply{}));
   RequestShutdown("shutdown command");
 }
 
@@ -320,9 +320,8 @@ void Daemon::HandleCapture(const Request&, const ManualCaptureRequest& args,
       responder->Fail(kErrVmFailed, result.error().message);
       return;
     }
-    responder->Reply({{"capture", result->id},
-                      {"trigger", result->trigger},
-                      {"trigger_to_disk_ms", result->trigger_to_disk_ms}});
+    responder->Reply(MessageToJson(
+        ManualCaptureReply{{}, result->id, result->trigger, result->trigger_to_disk_ms}));
   });
 }
 
@@ -351,9 +350,7 @@ void Daemon::HandleStop(const Request&, const StopRequest& args, const Responder
     std::filesystem::remove(LibvirtVmRecordPath(state_.VmDir(name)), ec);
     asio::post(io_, [this, name, kind, responder] {
       stopping_vms_.erase(name);
-      json reply = {{"stopped", name}, {"kind", kind}};
-      if (kind == "libvirt") reply["libvirt"] = true;
-      responder->Reply(reply);
+      responder->Reply(MessageToJson(StopReply{{}, name, kind, kind == "libvirt"}));
     });
   });
 }

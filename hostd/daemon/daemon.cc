@@ -513,9 +513,8 @@ void Daemon::ScheduleRegionWarming() {
 }
 
 void Daemon::HandleVersion(const Request&, const VersionRequest&, const ResponderPtr& responder) {
-  responder->Reply({{"version", HvtraceVersion()},
-                    {"protocol", kControlProtocolVersion},
-                    {"config", ConfigJson(*config())}});
+  responder->Reply(MessageToJson(VersionReply{
+      {}, std::string(HvtraceVersion()), kControlProtocolVersion, ConfigJson(*config())}));
 }
 
 void Daemon::Run() {

@@ -32,6 +32,7 @@
 #include "formats_service.h"
 #include "hvtrace/result.h"
 #include "qmp_vm.h"
+#include "replies.h"
 #include "requests.h"
 #include "state_dir.h"
 #include "supervisor.h"

@@ -164,7 +164,7 @@ void DaemonLibvirt::OnConnected(std::shared_ptr<LibvirtClient> client) {
 void DaemonLibvirt::Readopt(const std::string& name) {
   Result<LibvirtVmRecord> record = LoadLibvirtVmRecord(state_.VmDir(name));
   if (!record.ok()) return;
-  Result<json> adopted = Adopt(name, record->uuid);
+  Result<AdoptReply> adopted = Adopt(name, record->uuid);
   if (!adopted.ok()) {
     LogNotice("VM " + name + ": libvirt domain " + record->domain + " not re-adopted: " +
               adopted.error().message + " (kept offline; its captures stay listed)");
@@ -183,8 +183,8 @@ json DaemonLibvirt::StatusJson() const {
   return j;
 }
 
-Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& domain,
-                                  bool allow_no_region) {
+Result<AdoptReply> DaemonLibvirt::Adopt(const std::string& name, const std::string& domain,
+                                        bool allow_no_region) {
   std::shared_ptr<LibvirtClient> lv = client();
   if (!lv) {
     std::lock_guard lock(mu_);
@@ -211,20 +211,21 @@ Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& do
   LogNotice("VM " + name + ": adopted libvirt domain " + record.domain + " (" +
             describe["region"].value("kind", std::string()) + " region " +
             describe["region"].value("path", std::string()) + ")");
-  json reply = {{"name", name},
-                {"domain", record.domain},
-                {"uuid", record.uuid},
-                {"uri", uri_},
-                {"region", describe["region"]},
-                {"kernel", describe["kernel"]},
-                {"formats_key", describe["formats_key"]}};
+  AdoptReply reply;
+  reply.name = name;
+  reply.domain = record.domain;
+  reply.uuid = record.uuid;
+  reply.uri = uri_;
+  reply.region = describe["region"];
+  reply.kernel = describe["kernel"];
+  reply.formats_key = describe["formats_key"];
   // The metadata channel decodes a disk-booted guest's captures; without it
   // only a kernel file the host has can.
   const std::string meta = describe.value("meta_socket", std::string());
-  reply["meta_channel"] = !describe.value("meta_channel", false)
-                              ? "none; add it with hvtrace setup " + record.domain
-                          : meta.empty() ? std::string("waiting for the domain to start")
-                                         : "connecting to " + meta;
+  reply.meta_channel = !describe.value("meta_channel", false)
+                           ? "none; add it with hvtrace setup " + record.domain
+                       : meta.empty() ? std::string("waiting for the domain to start")
+                                      : "connecting to " + meta;
   if (describe.contains("boot_range")) {
     const json& boot = describe["boot_range"];
     // What the operator must know: a <cmdline> naming another range, and
@@ -232,7 +233,7 @@ Result<json> DaemonLibvirt::Adopt(const std::string& name, const std::string& do
     for (const char* key : {"cmdline_note", "note"}) {
       if (boot.contains(key)) LogInfo("VM " + name + ": " + boot[key].get<std::string>());
     }
-    reply["boot_range"] = boot;
+    reply.boot_range = boot;
   }
   return reply;
 }

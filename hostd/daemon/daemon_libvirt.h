@@ -30,6 +30,7 @@
 #include "hvtrace/result.h"
 #include "libvirt_backend.h"
 #include "libvirt_client.h"
+#include "replies.h"
 #include "state_dir.h"
 
 namespace hvtrace::hostd {
@@ -71,8 +72,8 @@ class DaemonLibvirt {
   // its live XML (an hvtrace shmem device, else a boot range made by
   // `hvtrace domain-xml`); with |allow_no_region| a domain without one is
   // served too (attach adds one). Returns the adopt reply.
-  Result<nlohmann::json> Adopt(const std::string& name, const std::string& domain,
-                               bool allow_no_region = false);
+  Result<AdoptReply> Adopt(const std::string& name, const std::string& domain,
+                           bool allow_no_region = false);
 
   // The connected client, or why there is none (`hvtrace setup`); any thread.
   Result<std::shared_ptr<LibvirtClient>> Connected() const;

@@ -12,6 +12,7 @@
 #include "client_files.h"
 #include "daemon.h"
 #include "daemon_log.h"
+#include "formats_replies.h"
 
 namespace hvtrace::hostd {
 
@@ -26,16 +27,12 @@ void Daemon::HandleFormatsList(const Request&, const FormatsListRequest&,
                                const ResponderPtr& responder) {
   // Listing reads every entry's manifest: off the I/O thread.
   asio::post(pool_, [formats = formats_, responder] {
-    json reply = {
-        {"cache", formats->root().empty() ? std::string()
-                                          : FormatCache(formats->root()).formats_dir().string()},
-        {"harvest_initrd", formats->harvest_initrd().string()},
-        {"kernels", json::array()},
-        {"harvests", json::array()},
-        {"problems", json::array()}};
+    FormatsListReply reply;
+    if (!formats->root().empty()) reply.cache = FormatCache(formats->root()).formats_dir().string();
+    reply.harvest_initrd = formats->harvest_initrd().string();
     std::set<std::string> listed;
     if (formats->root().empty()) {
-      reply["problems"].push_back("hvtraced has no formats cache directory (cache_dir)");
+      reply.problems.push_back("hvtraced has no formats cache directory (cache_dir)");
     } else {
       std::vector<std::string> problems;
       auto entries = FormatCache(formats->root()).List(&problems);
@@ -43,21 +40,16 @@ void Daemon::HandleFormatsList(const Request&, const FormatsListRequest&,
         responder->Fail(kErrInternal, "formats-list: " + entries.error().message);
         return;
       }
-      for (const std::string& p : problems) reply["problems"].push_back(p);
+      reply.problems.insert(reply.problems.end(), problems.begin(), problems.end());
       for (const CacheEntrySummary& e : *entries) {
         listed.insert(e.key);
-        reply["kernels"].push_back({{"key", e.key},
-                                    {"release", e.release},
-                                    {"kernel", e.kernel_path},
-                                    {"events", e.events},
-                                    {"harvested_utc", e.harvested_utc},
-                                    {"state", formats->StateOf(e.key)}});
+        reply.kernels.push_back(KernelRowOf(e, formats->StateOf(e.key)));
       }
     }
     for (const auto& [key, state] : formats->HarvestStates()) {
-      if (!listed.contains(key)) reply["harvests"].push_back({{"key", key}, {"state", state}});
+      if (!listed.contains(key)) reply.harvests.push_back(FormatsHarvestRow{{}, key, state});
     }
-    responder->Reply(reply);
+    responder->Reply(MessageToJson(reply));
   });
 }
 
@@ -102,14 +94,15 @@ void Daemon::HandleFormatsHarvest(const Request& request, const FormatsHarvestRe
     if (!key.ok()) return fail(what + ": " + key.error().message);
     LogInfo(who + " asked for the formats of " + args.kernel + " (" + *key + ")");
     const std::string cache = FormatCache(formats_->root()).formats_dir().string();
-    responder->Stream({{"progress", "kernel " + *key + ": queued for hvtraced's cache " + cache}});
+    responder->Stream(MessageToJson(
+        ProgressItem{{}, "kernel " + *key + ": queued for hvtraced's cache " + cache}));
     FormatsService::HarvestRequest harvest;
     harvest.key = *key;
     harvest.kernel = copy.string();
     harvest.label = args.kernel;
     harvest.boot_timeout = args.timeout();
     harvest.progress = [responder](std::string_view line) {
-      responder->Stream({{"progress", std::string(line)}});
+      responder->Stream(MessageToJson(ProgressItem{{}, std::string(line)}));
     };
     harvest.done = [this, copy, who, responder, cache](Result<HarvestResult> r) {
       std::error_code ec;
@@ -121,12 +114,7 @@ void Daemon::HandleFormatsHarvest(const Request& request, const FormatsHarvestRe
       }
       LogInfo(who + ": formats " + r->key +
               (r->cache_hit ? " were cached in " : " harvested into ") + r->entry_dir.string());
-      responder->End({{"key", r->key},
-                      {"path", r->entry_dir.string()},
-                      {"cache_hit", r->cache_hit},
-                      {"seconds", r->seconds},
-                      {"manifest", r->manifest},
-                      {"cache", cache}});
+      responder->End(MessageToJson(HarvestReplyOf(*r, cache)));
     };
     formats_->Harvest(std::move(harvest));
   });

@@ -26,15 +26,20 @@ DomainSetupRequest DomainRequest(const SetupRequest& args) {
   return request;
 }
 
-json OutcomeJson(const LibvirtSetupOutcome& out, bool undo, bool dry_run) {
-  json reply = {{"domain", out.domain},   {"undo", undo},
-                {"dry_run", dry_run},     {"already_set_up", out.already_set_up},
-                {"defined", out.defined}, {"active", out.active},
-                {"old_xml", out.old_xml}, {"new_xml", out.new_xml},
-                {"changes", out.changes}};
+SetupReply OutcomeReply(const LibvirtSetupOutcome& out, bool undo, bool dry_run) {
+  SetupReply reply;
+  reply.domain = out.domain;
+  reply.undo = undo;
+  reply.dry_run = dry_run;
+  reply.already_set_up = out.already_set_up;
+  reply.defined = out.defined;
+  reply.active = out.active;
+  reply.old_xml = out.old_xml;
+  reply.new_xml = out.new_xml;
+  reply.changes = out.changes;
   if (!undo) {
-    reply["kernel_params"] = out.kernel_params;
-    reply["boot_range"] = {{"gpa", out.layout.range_gpa}, {"size", out.layout.range_bytes}};
+    reply.kernel_params = out.kernel_params;
+    reply.boot_range = SetupBootRange{{}, out.layout.range_gpa, out.layout.range_bytes};
   }
   return reply;
 }
@@ -69,7 +74,7 @@ void Daemon::HandleSetup(const Request&, const SetupRequest& args, const Respond
       LogNotice(std::string(undo ? "removed hvtrace's setup from" : "set up") + " libvirt domain " +
                 out->domain + " (persistent definition; applies at its next cold boot)");
     }
-    responder->Reply(OutcomeJson(*out, undo, dry_run));
+    responder->Reply(MessageToJson(OutcomeReply(*out, undo, dry_run)));
   });
 }
 

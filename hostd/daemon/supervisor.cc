@@ -466,32 +466,27 @@ void VmSupervisor::PublishQueueState() {
   capture_queue_ = {{"in_flight", in_flight_}, {"pending", std::move(pending)}};
 }
 
-json VmSupervisor::StatusJson() const {
+VmStatusReply VmSupervisor::Status() const {
   std::lock_guard lock(mu_);
-  json status = {{"name", name_},
-                 {"kind", backend_ ? std::string(backend_->kind()) : std::string("none")},
-                 {"state", VmStateName(state_)},
-                 {"events_seen", events_seen_},
-                 {"captures_taken", captures_taken_},
-                 {"captures_failed", captures_failed_},
-                 {"captures_coalesced", coalesced_},
-                 {"capture_queue", capture_queue_},
-                 {"captures_dir", store_.dir().string()},
-                 {"backend", backend_info_}};
-  if (backend_) {
-    if (json attach = backend_->AttachStatus(); !attach.is_null())
-      status["attach"] = std::move(attach);
-  }
+  VmStatusReply status;
+  status.name = name_;
+  if (backend_) status.kind = std::string(backend_->kind());
+  status.state = VmStateName(state_);
+  status.events_seen = events_seen_;
+  status.captures_taken = captures_taken_;
+  status.captures_failed = captures_failed_;
+  status.captures_coalesced = coalesced_;
+  status.capture_queue = capture_queue_;
+  status.captures_dir = store_.dir().string();
+  status.backend = backend_info_;
+  if (backend_) status.attach = backend_->AttachStatus();
   // The metadata channel: connected, boots received, the last refusal.
-  status["meta"] = meta_ ? meta_->Status() : json(nullptr);
-  status["last_error"] = last_error_.empty() ? json(nullptr) : json(last_error_);
-  status["last_event"] = last_event_.empty() ? json(nullptr) : json(last_event_);
+  if (meta_) status.meta = meta_->Status();
+  if (!last_error_.empty()) status.last_error = last_error_;
+  if (!last_event_.empty()) status.last_event = last_event_;
   if (last_capture_) {
-    status["last_capture"] = {{"id", last_capture_->id},
-                              {"trigger", last_capture_->trigger},
-                              {"trigger_to_disk_ms", last_capture_->trigger_to_disk_ms}};
-  } else {
-    status["last_capture"] = nullptr;
+    status.last_capture = CaptureRef{
+        {}, last_capture_->id, last_capture_->trigger, last_capture_->trigger_to_disk_ms};
   }
   return status;
 }

@@ -57,6 +57,7 @@
 #include "config.h"
 #include "hvtrace/result.h"
 #include "meta_receiver.h"
+#include "replies.h"
 #include "vm_backend.h"
 
 namespace hvtrace::hostd {
@@ -138,7 +139,8 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   void OnGuestLeaving(std::function<void(bool copied)> ack);
 
   // A consistent snapshot for `status`/`list`; cheap, any thread.
-  nlohmann::json StatusJson() const;
+  VmStatusReply Status() const;
+  nlohmann::json StatusJson() const { return MessageToJson(Status()); }
   VmState state() const;
   // Watched now: a backend, and a state in which it serves requests.
   bool live() const;

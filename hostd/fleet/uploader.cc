@@ -18,6 +18,17 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+UploadCaptureState UploadRow(std::string vm, std::string id, std::string state, uint64_t attempts,
+                             std::string last_error) {
+  UploadCaptureState row;
+  row.vm = std::move(vm);
+  row.id = std::move(id);
+  row.state = std::move(state);
+  row.attempts = attempts;
+  row.last_error = std::move(last_error);
+  return row;
+}
+
 std::string NameOf(const std::string& vm, const std::string& id) { return vm + "/" + id; }
 
 // Order in the store: the manifest first, then what decodes, then the raw
@@ -51,11 +62,8 @@ Status Uploader::Start() {
     std::lock_guard lock(mu_);
     for (const UploadEntry& e : *entries) {
       pending_.insert(NameOf(e.ref.vm, e.ref.id));
-      states_[NameOf(e.ref.vm, e.ref.id)] = {{"vm", e.ref.vm},
-                                             {"id", e.ref.id},
-                                             {"state", e.last_error.empty() ? "pending" : "error"},
-                                             {"attempts", e.attempts},
-                                             {"last_error", e.last_error}};
+      states_[NameOf(e.ref.vm, e.ref.id)] = UploadRow(
+          e.ref.vm, e.ref.id, e.last_error.empty() ? "pending" : "error", e.attempts, e.last_error);
     }
   }
   if (!entries->empty()) {
@@ -91,18 +99,13 @@ Status Uploader::Enqueue(const std::string& vm, const std::string& id, const fs:
   if (!saved.ok()) {
     // Nothing durable records it: the next start's scan queues it again.
     const std::string error = "capture " + name + " cannot be queued: " + saved.error().message;
-    states_[name] = {{"vm", vm},
-                     {"id", id},
-                     {"state", "error"},
-                     {"attempts", 0},
-                     {"last_error", saved.error().message}};
+    states_[name] = UploadRow(vm, id, "error", 0, saved.error().message);
     last_error_ = error;
     last_error_at_ = UtcStamp(HostTime::Now().realtime_ns);
     return Error{error};
   }
   pending_.insert(name);
-  states_[name] = {
-      {"vm", vm}, {"id", id}, {"state", "pending"}, {"attempts", 0}, {"last_error", ""}};
+  states_[name] = UploadRow(vm, id, "pending", 0, "");
   kicked_ = true;
   cv_.notify_all();
   return {};
@@ -147,29 +150,26 @@ void Uploader::Kick() {
   cv_.notify_all();
 }
 
-json Uploader::StatsJson() const {
+UploadStats Uploader::Stats() const {
   std::lock_guard lock(mu_);
-  json rows = json::array();
-  for (const auto& [name, row] : states_) rows.push_back(row);
-  size_t pending = 0;
+  UploadStats stats;
+  stats.enabled = true;
+  stats.endpoint = options_.s3.endpoint;
+  stats.bucket = options_.s3.bucket;
+  stats.prefix = options_.prefix;
+  stats.host = options_.host;
   for (const auto& [name, row] : states_) {
-    const std::string state = row.value("state", "");
-    pending += state == "pending" || state == "error";
+    stats.captures.push_back(row);
+    stats.pending += row.state == "pending" || row.state == "error";
   }
-  return {{"enabled", true},
-          {"endpoint", options_.s3.endpoint},
-          {"bucket", options_.s3.bucket},
-          {"prefix", options_.prefix},
-          {"host", options_.host},
-          {"pending", pending},
-          {"uploaded", uploaded_},
-          {"failed_attempts", failed_attempts_},
-          {"lost", lost_},
-          {"given_up", given_up_},
-          {"last_error", last_error_},
-          {"last_error_at", last_error_at_},
-          {"last_uploaded", last_uploaded_},
-          {"captures", std::move(rows)}};
+  stats.uploaded = uploaded_;
+  stats.failed_attempts = failed_attempts_;
+  stats.lost = lost_;
+  stats.given_up = given_up_;
+  stats.last_error = last_error_;
+  stats.last_error_at = last_error_at_;
+  stats.last_uploaded = last_uploaded_;
+  return stats;
 }
 
 Result<UploadEntry> MakeUploadEntry(const FleetCaptureRef& ref, const std::string& prefix,
@@ -284,11 +284,8 @@ Status Uploader::Process(UploadEntry& e) {
       std::lock_guard lock(mu_);
       ++lost_;
       pending_.erase(NameOf(e.ref.vm, e.ref.id));
-      states_[NameOf(e.ref.vm, e.ref.id)] = {{"vm", e.ref.vm},
-                                             {"id", e.ref.id},
-                                             {"state", "lost"},
-                                             {"attempts", e.attempts},
-                                             {"last_error", "removed locally before upload"}};
+      states_[NameOf(e.ref.vm, e.ref.id)] =
+          UploadRow(e.ref.vm, e.ref.id, "lost", e.attempts, "removed locally before upload");
     }
     return queue_.Remove(e.ref.vm, e.ref.id);
   }
@@ -298,8 +295,8 @@ Status Uploader::Process(UploadEntry& e) {
     if (Status s = UploadObject(e, i); !s.ok()) return s;
     std::lock_guard lock(mu_);
     auto& row = states_[NameOf(e.ref.vm, e.ref.id)];
-    row["objects_done"] = static_cast<uint64_t>(i + 1);
-    row["objects"] = e.objects.size();
+    row.objects_done = i + 1;
+    row.objects = e.objects.size();
   }
   auto index = BuildCaptureIndex(e.dir, e.ref);
   if (!index.ok()) return index.error();
@@ -329,11 +326,7 @@ void Uploader::RecordFailure(UploadEntry& e, const std::string& error) {
     last_error_ = "capture " + NameOf(e.ref.vm, e.ref.id) + ": " + error;
     last_error_at_ = UtcStamp(e.last_attempt_ns);
     auto& row = states_[NameOf(e.ref.vm, e.ref.id)];
-    row = {{"vm", e.ref.vm},
-           {"id", e.ref.id},
-           {"state", "error"},
-           {"attempts", e.attempts},
-           {"last_error", error}};
+    row = UploadRow(e.ref.vm, e.ref.id, "error", e.attempts, error);
   }
   if (error != logged_error_) {
     LogWarning("upload: capture " + NameOf(e.ref.vm, e.ref.id) +
@@ -360,11 +353,7 @@ void Uploader::GiveUp(const UploadEntry& e, const std::string& error) {
   pending_.erase(name);
   last_error_ = why;
   last_error_at_ = UtcStamp(HostTime::Now().realtime_ns);
-  states_[name] = {{"vm", e.ref.vm},
-                   {"id", e.ref.id},
-                   {"state", "given-up"},
-                   {"attempts", e.attempts},
-                   {"last_error", error}};
+  states_[name] = UploadRow(e.ref.vm, e.ref.id, "given-up", e.attempts, error);
 }
 
 void Uploader::RecordDone(const UploadEntry& e) {
@@ -377,11 +366,7 @@ void Uploader::RecordDone(const UploadEntry& e) {
   ++uploaded_;
   last_uploaded_ = name;
   pending_.erase(name);
-  states_[name] = {{"vm", e.ref.vm},
-                   {"id", e.ref.id},
-                   {"state", "uploaded"},
-                   {"attempts", e.attempts + 1},
-                   {"last_error", ""}};
+  states_[name] = UploadRow(e.ref.vm, e.ref.id, "uploaded", e.attempts + 1, "");
   // Keep the last few uploaded rows; pending and failed ones stay.
   recently_uploaded_.push_back(name);
   if (recently_uploaded_.size() > 20) {

@@ -20,7 +20,7 @@
 // capture local and queued: the thread waits (upload_retry_min doubling up to
 // upload_retry_max) and tries again, oldest capture first (a store error
 // ends the round, a local one skips only its capture); the last error is
-// logged once per change and shown by `hvtrace ping` (StatsJson). A local
+// logged once per change and shown by `hvtrace ping` (Stats). A local
 // failure (a file of the capture that cannot be read) is retried
 // |local_attempts| times, then the capture is given up: its entry goes, the
 // capture stays on disk, and ping and the log say which file and why.
@@ -43,6 +43,7 @@
 #include "hvtrace/result.h"
 #include "s3_client.h"
 #include "upload_queue.h"
+#include "upload_stats.h"
 
 namespace hvtrace::hostd {
 
@@ -96,7 +97,7 @@ class Uploader {
   //  "captures": [{"vm", "id", "state": pending | error | uploaded | lost,
   //                "attempts", "objects_done", "objects", "last_error"}]}
   // (state "given-up": a local failure |local_attempts| times.)
-  nlohmann::json StatsJson() const;
+  UploadStats Stats() const;
 
  private:
   void Loop();
@@ -121,8 +122,8 @@ class Uploader {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool kicked_ = false;
-  std::set<std::string> pending_;                 // "vm/id": in memory or on disk.
-  std::map<std::string, nlohmann::json> states_;  // "vm/id" → its row in StatsJson.
+  std::set<std::string> pending_;                     // "vm/id": in memory or on disk.
+  std::map<std::string, UploadCaptureState> states_;  // "vm/id" → its row in Stats.
   std::deque<std::string> recently_uploaded_;
   uint64_t uploaded_ = 0;
   uint64_t failed_attempts_ = 0;

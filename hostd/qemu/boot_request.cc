@@ -58,7 +58,7 @@ Result<VmConfig> MakeBootVmConfig(const BootRequest& r, const BootPaths& paths) 
   c.vcpus = r.cpus;
   c.memory_bytes = r.memory_mib * kMiB;
   c.kernel = r.kernel;
-  c.initrd = r.initrd;
+  c.initrd = r.initrd.value_or("");
   c.cmdline = r.append;
   c.qmp_socket = paths.qmp_socket;
   c.console_log = paths.console_log;

@@ -15,6 +15,7 @@
 #include "hvtrace/handshake_kprobes.h"
 #include "hvtrace/result.h"
 #include "json_message.h"
+#include "kernel_file_args.h"
 #include "vm_config.h"
 
 namespace hvtrace::hostd {
@@ -38,12 +39,11 @@ using ::hvtrace::kKeepLocalTraceClock;
 // The `boot` control message (control/requests.h has the others): the CLI
 // fills it, the daemon parses it (json_message.h: unknown keys and wrong
 // types refused) and builds the VM from it; the initializers are the
-// defaults of both.
-struct BootRequest {
+// defaults of both. The kernel and initrd, with their descriptors (the
+// daemon boots copies of those files), are KernelFileArgs.
+struct BootRequest : KernelFileArgs {
   static constexpr const char* kCommand = "boot";
   std::string name;
-  std::string kernel;
-  std::string initrd;
   std::string append;
   int cpus = 2;
   uint64_t memory_mib = 1088;
@@ -54,16 +54,11 @@ struct BootRequest {
   bool trace_boot = false;
   // Handshake devices (boot_trace.h): "virtio-blk", "virtio-net", "virtio-serial".
   std::vector<std::string> devices;
-  // The descriptors of |kernel| and |initrd| (OpenRequestFiles, fd_passing.h);
-  // the daemon boots copies of those files, the paths are for messages.
-  std::optional<uint64_t> kernel_fd;
-  std::optional<uint64_t> initrd_fd;
 
   template <class Self, class Map>
   static void Fields(Self& r, Map& m) {
     m.Required("name", r.name);
-    m.Required("kernel", r.kernel);
-    m.Field("initrd", r.initrd);
+    KernelFileArgs::Fields(r, m);
     m.Field("append", r.append);
     m.Field("cpus", r.cpus, 1, 64);
     m.Field("memory_mib", r.memory_mib, 256, 65536);
@@ -72,8 +67,6 @@ struct BootRequest {
     m.Field("accel", r.accel);
     m.Field("trace_boot", r.trace_boot);
     m.List("devices", r.devices, 3);
-    m.Field("kernel_fd", r.kernel_fd);
-    m.Field("initrd_fd", r.initrd_fd);
   }
   // What one field cannot say: the accel's spelling, the device names.
   Status Check() const;

@@ -254,16 +254,18 @@ void LiveRegion::RequestSnapshot() {
   });
 }
 
-nlohmann::json AttachGuestJson(const RegionGuestInfo& g) {
+AgentAnnouncement AnnouncementOf(const RegionGuestInfo& g) {
   static const char* const kClocks[] = {"unknown", "local", "mono", "x86-tsc", "boot", "global"};
-  return {{"boot_id", g.boot_id},
-          {"boot_generation", g.boot_generation},
-          {"kernel_release", g.kernel_release},
-          {"nr_cpus", g.nr_cpus},
-          {"agent_pid", g.agent_pid},
-          {"trace_clock", g.trace_clock < 6 ? kClocks[g.trace_clock] : "unknown"},
-          {"page_size", g.page_size},
-          {"state", g.status.state}};
+  AgentAnnouncement a;
+  a.boot_id = g.boot_id;
+  a.boot_generation = g.boot_generation;
+  a.kernel_release = g.kernel_release;
+  a.nr_cpus = g.nr_cpus;
+  a.agent_pid = g.agent_pid;
+  a.trace_clock = g.trace_clock < 6 ? kClocks[g.trace_clock] : "unknown";
+  a.page_size = g.page_size;
+  a.state = g.status.state;
+  return a;
 }
 
 }  // namespace hvtrace::hostd

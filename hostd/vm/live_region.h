@@ -26,6 +26,7 @@
 #include <optional>
 #include <string>
 
+#include "attach_reply.h"
 #include "hvtrace/region_incremental.h"
 #include "hvtrace/region_reader.h"
 #include "hvtrace/result.h"
@@ -52,10 +53,8 @@ struct LiveRegionOptions {
 // ABI's limits. The message says why QEMU needs it.
 Status CheckRegionSize(uint64_t size_bytes);
 
-// The guest agent's announcement as attach replies and `status` show it:
-// {boot_id, boot_generation, kernel_release, nr_cpus, agent_pid,
-// trace_clock, page_size, state}.
-nlohmann::json AttachGuestJson(const RegionGuestInfo& guest);
+// The guest agent's announcement as attach replies and `status` show it.
+AgentAnnouncement AnnouncementOf(const RegionGuestInfo& guest);
 
 class LiveRegion {
  public:

@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "attach_reply.h"
 #include "capture_inputs.h"
 #include "config.h"
 #include "host_time.h"
@@ -55,9 +56,10 @@ struct AttachOptions {
   uint32_t pump_interval_ms = 50;
   std::chrono::milliseconds wait{30000};  // For the agent's announcement.
 };
-// Gets the reply JSON of attach/detach (what `hvtrace attach` prints) or the error;
-// may run on any thread.
-using AttachDone = std::function<void(Result<nlohmann::json>)>;
+// Get the reply of attach/detach (attach_reply.h) or the error; may run on
+// any thread.
+using AttachDone = std::function<void(Result<AttachReply>)>;
+using DetachDone = std::function<void(Result<DetachReply>)>;
 
 // The guest kernel's files, when the backend knows them: the daemon loads
 // (or harvests) their formats ahead of a capture.
@@ -118,7 +120,7 @@ class VmBackend {
     done(Error{std::string(kind()) + " VMs do not support attach"});
   }
   // Unplugs the region; the region stays mapped so captures still read it.
-  virtual void Detach(std::chrono::milliseconds /*timeout*/, AttachDone done) {
+  virtual void Detach(std::chrono::milliseconds /*timeout*/, DetachDone done) {
     done(Error{std::string(kind()) + " VMs do not support detach"});
   }
   // The attached (or detached but kept) region, for stream and capture;

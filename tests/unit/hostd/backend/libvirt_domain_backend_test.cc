@@ -141,9 +141,14 @@ class LibvirtDomainBackendTest : public ::testing::Test {
     ASSERT_TRUE(fake_->listener) << "not subscribed";
     fake_->listener(e);
   }
-  Result<json> Run(const std::function<void(AttachDone)>& call) {
+  // Runs |call| and the I/O context until the reply comes, as hvtraced
+  // sends it (MessageToJson).
+  template <class Reply>
+  Result<json> Run(const std::function<void(std::function<void(Result<Reply>)>)>& call) {
     std::optional<Result<json>> reply;
-    call([&reply](Result<json> r) { reply = std::move(r); });
+    call([&reply](Result<Reply> r) {
+      reply = r.ok() ? Result<json>(MessageToJson(*r)) : Result<json>(r.error());
+    });
     io_.restart();
     while (!reply && io_.run_one_for(5s) > 0) {
     }
@@ -155,7 +160,7 @@ class LibvirtDomainBackendTest : public ::testing::Test {
     o.region_path = path;
     o.size_bytes = 1 << 20;
     o.wait = 0ms;
-    return Run([&](AttachDone done) { backend_->Attach(o, std::move(done)); });
+    return Run<AttachReply>([&](AttachDone done) { backend_->Attach(o, std::move(done)); });
   }
 
   boost::asio::io_context io_;
@@ -479,12 +484,12 @@ TEST_F(LibvirtDomainBackendTest, DetachWaitsForLibvirtAndSaysWhyItFailed) {
   fake_->attach_result = plugged;
   ASSERT_TRUE(Attach(shm_).ok());
   fake_->detach_result = Error{"no DEVICE_REMOVED within 10000 ms"};
-  Result<json> failed = Run([&](AttachDone d) { backend_->Detach(1s, std::move(d)); });
+  Result<json> failed = Run<DetachReply>([&](DetachDone d) { backend_->Detach(1s, std::move(d)); });
   ASSERT_FALSE(failed.ok());
   EXPECT_EQ(failed.error().message, "no DEVICE_REMOVED within 10000 ms");
   EXPECT_EQ(backend_->AttachStatus()["attached"], true);
   fake_->detach_result = {};
-  Result<json> ok = Run([&](AttachDone d) { backend_->Detach(1s, std::move(d)); });
+  Result<json> ok = Run<DetachReply>([&](DetachDone d) { backend_->Detach(1s, std::move(d)); });
   ASSERT_TRUE(ok.ok()) << ok.error().message;
   EXPECT_EQ((*ok)["device"], plugged.alias);
   EXPECT_EQ(fake_->calls.back(), "detach " + shm_.filename().string());

@@ -116,19 +116,24 @@ class QmpVmAttachTest : public ::testing::Test {
     backend_ = std::make_unique<QmpVmBackend>(io_.get_executor(), spec, nullptr, dir_);
     backend_->Start(sink_);
   }
-  Result<json> Run(const std::function<void(AttachDone)>& call) {
+  // Runs |call| and the I/O context until the reply comes, as hvtraced
+  // sends it (MessageToJson).
+  template <class Reply>
+  Result<json> Run(const std::function<void(std::function<void(Result<Reply>)>)>& call) {
     std::optional<Result<json>> reply;
-    call([&reply](Result<json> r) { reply = std::move(r); });
+    call([&reply](Result<Reply> r) {
+      reply = r.ok() ? Result<json>(MessageToJson(*r)) : Result<json>(r.error());
+    });
     while (!reply && io_.run_one_for(5s) > 0) {
     }
     if (!reply) return Error{"no reply"};
     return *reply;
   }
   Result<json> Attach() {
-    return Run([this](AttachDone d) { backend_->Attach(options_, std::move(d)); });
+    return Run<AttachReply>([this](AttachDone d) { backend_->Attach(options_, std::move(d)); });
   }
   Result<json> Detach() {
-    return Run([this](AttachDone d) { backend_->Detach(2s, std::move(d)); });
+    return Run<DetachReply>([this](DetachDone d) { backend_->Detach(2s, std::move(d)); });
   }
 
   fs::path dir_;

@@ -293,7 +293,12 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
 // kilobytes instead of the kernel's ~7 MB, printing the same).
 // The newest boot of a 6.15+ range also gets its modules' text symbols where
 // the scratch area says that boot had them (module_symbols.h); |modules|
-// (may be null) says what was moved, for the manifest.
+// (may be null) says what was moved, for the manifest. The harvest's own
+// module symbols are never used as they are: they are where the harvest
+// guest loaded its modules, and a module of the captured boot loaded at
+// another random address would print as one of them, or as the last core
+// symbol plus hundreds of MiB, instead of a raw address (a 6.12 capture
+// named softdog's timer `__init_scratch_end/0xffffffffe7cb1ec0`).
 std::string KallsymsForEvents(const BootMap& map, const KernelFormats& formats, int64_t delta,
                               uint32_t boot, json* modules) {
   const std::shared_ptr<const KernelSymbols> symbols = SymbolsOf(formats);
@@ -302,7 +307,7 @@ std::string KallsymsForEvents(const BootMap& map, const KernelFormats& formats, 
   if (newest && !map.scratch.modules.empty()) {
     moved = MoveModuleSymbols(formats.kallsyms, *symbols, map.scratch.modules);
   }
-  KallsymsSubset subset(formats.kallsyms, delta, symbols, /*with_modules=*/!moved);
+  KallsymsSubset subset(formats.kallsyms, delta, symbols, /*with_modules=*/false);
   if (subset.empty()) return std::string();
   std::optional<KallsymsSubset> module_subset;
   if (moved && !moved->kallsyms.empty()) module_subset.emplace(moved->kallsyms, 0);

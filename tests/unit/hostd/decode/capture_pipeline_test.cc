@@ -242,6 +242,25 @@ TEST_F(CapturePipelineTest, TraceDatKeepsOnlyTheSymbolsTheEventsName) {
   EXPECT_NE(report.out.find("tracing_mark_write: "), std::string::npos);
 }
 
+// The harvest's module symbols are where the harvest guest loaded its
+// modules, not where the captured boot did (the boot range of 6.12 says
+// nothing of modules): they are left out, so a module address prints raw
+// rather than as another boot's function or as the last core symbol plus
+// hundreds of MiB. Event words past every symbol (-1) used to keep the last
+// of them.
+TEST_F(CapturePipelineTest, TheHarvestsModuleSymbolsAreNotTheBootsOwn) {
+  KernelFormats harvested = formats_;
+  harvested.kallsyms +=
+      "ffffffffc0001000 t harvest_probe\t[hvtmod]\n"
+      "ffffffffc0001100 t harvest_remove\t[hvtmod]\n";
+  Captured c = Capture(range_, harvested);
+  ASSERT_FALSE(c.dir.empty());
+  auto dat = TraceDat::Open((c.dir / "boot-0.trace.dat").string());
+  ASSERT_TRUE(dat.ok()) << dat.error().message;
+  EXPECT_EQ(dat->kallsyms().find("[hvtmod]"), std::string::npos) << dat->kallsyms();
+  EXPECT_NE(dat->kallsyms().find(" tracing_mark_write\n"), std::string::npos);
+}
+
 // A capture taken before the kernel's formats were cached: region.bin and
 // the counts only; `hvtrace show` decodes region.bin later with --formats,
 // to the same text as a decoded capture.

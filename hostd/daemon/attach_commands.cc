@@ -45,10 +45,10 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
   StreamSession& operator=(const StreamSession&) = delete;
 
   void Start() {
-    responder_->Stream(MessageToJson(StreamChunk{{},
-                                                 {},
-                                                 "streaming VM " + vm_->name() + " (region " +
-                                                     region_->path().string() + "); Ctrl-C ends"}));
+    responder_->Stream(StreamChunk{
+        {},
+        {},
+        "streaming VM " + vm_->name() + " (region " + region_->path().string() + "); Ctrl-C ends"});
     Tick();
   }
 
@@ -89,14 +89,13 @@ class StreamSession : public std::enable_shared_from_this<StreamSession> {
     }
     RegionStreamer::Output out =
         streamer_.Feed(reader_->Validate(), std::chrono::steady_clock::now(), flush);
-    for (const std::string& note : out.notes)
-      responder_->Stream(MessageToJson(StreamChunk{{}, {}, note}));
+    for (const std::string& note : out.notes) responder_->Stream(StreamChunk{{}, {}, note});
     if (!out.text.empty()) {
-      responder_->Stream(MessageToJson(StreamChunk{{}, std::move(out.text), {}}));
+      responder_->Stream(StreamChunk{{}, std::move(out.text), {}});
     }
     if (flush) {
-      responder_->End(MessageToJson(
-          StreamEndReply{{}, end_reason, streamer_.events_out(), streamer_.pages_missed()}));
+      responder_->End(
+          StreamEndReply{{}, end_reason, streamer_.events_out(), streamer_.pages_missed()});
       return;
     }
     timer_.expires_after(kStreamPollInterval);
@@ -155,7 +154,7 @@ void Daemon::HandleDetach(const Request&, const DetachRequest& args,
     }
     result->name = name;
     LogNotice("VM " + name + ": detached");
-    responder->Reply(MessageToJson(*result));
+    responder->Reply(*result);
   });
 }
 
@@ -243,7 +242,7 @@ void Daemon::HandleAttach(const Request& request, const AttachRequest& args,
       }
       result->name = name;
       LogNotice("VM " + name + ": attached region " + result->region.file);
-      responder->Reply(MessageToJson(*result));
+      responder->Reply(*result);
     });
   };
   auto vm = registry_.Find(name);

@@ -225,7 +225,7 @@ void Daemon::AdoptLibvirt(const AdoptRequest& args, const ResponderPtr& responde
   asio::post(pool_, [this, name, domain_name, responder] {
     Result<AdoptReply> r = libvirt_->Adopt(name, domain_name);
     if (r.ok()) {
-      responder->Reply(MessageToJson(*r));
+      responder->Reply(*r);
     } else {
       responder->Fail(kErrVmFailed, "adopt " + name + ": " + r.error().message);
     }
@@ -285,7 +285,7 @@ void Daemon::AdoptQmp(const Request& request, const AdoptRequest& args,
   reply.name = name;
   reply.region = MessageToJson(BootRegionOf(spec));
   reply.qmp = spec.qmp_socket;
-  responder->Reply(MessageToJson(reply));
+  responder->Reply(reply);
 }
 
 void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const BootPaths& paths,
@@ -382,7 +382,7 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     reply.console_socket = spec.console_socket;
     reply.meta_socket = spec.meta_socket;
     if (!spec.qemu_trace_log.empty()) reply.qemu_trace_log = spec.qemu_trace_log;
-    responder->Reply(MessageToJson(reply));
+    responder->Reply(reply);
   };
   asio::post(io_, std::move(finish));
 }

@@ -202,13 +202,13 @@ void Daemon::HandlePing(const Request&, const PingRequest&, const ResponderPtr& 
   pong.copy_buffers = captures_->copy_pool().ToJson();
   // The fleet upload: queued captures, their state and the last error.
   pong.upload = MessageToJson(uploader_ ? uploader_->Stats() : UploadStats{});
-  responder->Reply(MessageToJson(pong));
+  responder->Reply(pong);
 }
 
 void Daemon::HandleList(const Request&, const ListRequest&, const ResponderPtr& responder) {
   ListReply list;
   for (const auto& vm : registry_.All()) list.vms.push_back(vm->Status());
-  responder->Reply(MessageToJson(list));
+  responder->Reply(list);
 }
 
 void Daemon::HandleStatus(const Request&, const StatusRequest& args,
@@ -224,7 +224,7 @@ void Daemon::HandleStatus(const Request&, const StatusRequest& args,
       const std::string key = vm->backend()->kernel_files().key;
       if (!key.empty()) status.formats = formats->StateOf(key);
     }
-    responder->Reply(MessageToJson(status));
+    responder->Reply(status);
   });
 }
 
@@ -242,7 +242,7 @@ void Daemon::HandleCaptures(const Request&, const CapturesRequest& args,
     CapturesReply reply;
     reply.vm = vm->name();
     for (const auto& e : *list) reply.captures.push_back(e.summary);
-    responder->Reply(MessageToJson(reply));
+    responder->Reply(reply);
   });
 }
 
@@ -298,16 +298,16 @@ void Daemon::HandleCaptureFiles(const Request& request, const CaptureFilesReques
       return;
     }
     for (OpenedCaptureFile& f : *files) {
-      responder->Stream(MessageToJson(CaptureFileItem{{}, f.name, f.bytes}), {std::move(f.fd)});
+      responder->Stream(CaptureFileItem{{}, f.name, f.bytes}, {std::move(f.fd)});
     }
     LogDebug(who + " read capture " + vm_name + "/" + id + " (" + std::to_string(files->size()) +
              " files)");
-    responder->End(MessageToJson(CaptureFilesReply{{}, vm_name, id, dir.string(), files->size()}));
+    responder->End(CaptureFilesReply{{}, vm_name, id, dir.string(), files->size()});
   });
 }
 
 void Daemon::HandleShutdown(const Request&, const ShutdownRequest&, const ResponderPtr& responder) {
-  responder->Reply(MessageToJson(ShutdownReply{}));
+  responder->Reply(ShutdownReply{});
   RequestShutdown("shutdown command");
 }
 
@@ -320,8 +320,8 @@ void Daemon::HandleCapture(const Request&, const ManualCaptureRequest& args,
       responder->Fail(kErrVmFailed, result.error().message);
       return;
     }
-    responder->Reply(MessageToJson(
-        ManualCaptureReply{{}, result->id, result->trigger, result->trigger_to_disk_ms}));
+    responder->Reply(
+        ManualCaptureReply{{}, result->id, result->trigger, result->trigger_to_disk_ms});
   });
 }
 
@@ -350,7 +350,7 @@ void Daemon::HandleStop(const Request&, const StopRequest& args, const Responder
     std::filesystem::remove(LibvirtVmRecordPath(state_.VmDir(name)), ec);
     asio::post(io_, [this, name, kind, responder] {
       stopping_vms_.erase(name);
-      responder->Reply(MessageToJson(StopReply{{}, name, kind, kind == "libvirt"}));
+      responder->Reply(StopReply{{}, name, kind, kind == "libvirt"});
     });
   });
 }

@@ -368,16 +368,16 @@ void Responder::Send(std::string line, bool final, std::vector<SharedFd> fds) {
                  });
 }
 
-void Responder::Reply(const nlohmann::json& result) { Send(OkReply(id_, result), true); }
+void Responder::ReplyJson(const nlohmann::json& result) { Send(OkReply(id_, result), true); }
 void Responder::Fail(std::string_view code, std::string_view message) {
   Send(ErrorReply(id_, code, message), true);
 }
-void Responder::Stream(const nlohmann::json& item) { Send(StreamItem(id_, item), false); }
-void Responder::Stream(const nlohmann::json& item, std::vector<SharedFd> fds) {
+void Responder::StreamJson(const nlohmann::json& item, std::vector<SharedFd> fds) {
+  if (fds.empty()) return Send(StreamItem(id_, item), false);
   const size_t count = fds.size();
   Send(StreamItem(id_, item, count), false, std::move(fds));
 }
-void Responder::End(const nlohmann::json& result) { Send(StreamEnd(id_, result), true); }
+void Responder::EndJson(const nlohmann::json& result) { Send(StreamEnd(id_, result), true); }
 
 ControlServer::ControlServer(asio::io_context& io, ControlServerOptions options,
                              RequestHandler handler)

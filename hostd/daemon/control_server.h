@@ -35,6 +35,7 @@
 #include "access.h"
 #include "control_protocol.h"
 #include "hvtrace/result.h"
+#include "json_message.h"
 
 namespace hvtrace::hostd {
 
@@ -61,18 +62,31 @@ class Responder {
   ~Responder();
 
   int64_t id() const { return id_; }
-  void Reply(const nlohmann::json& result);
+  // Replies, stream items and stream ends are messages with one mapping
+  // (control/replies.h, json_message.h), never JSON built on the spot.
+  template <JsonMessage M>
+  void Reply(const M& reply) {
+    ReplyJson(MessageToJson(reply));
+  }
   void Fail(std::string_view code, std::string_view message);
-  void Stream(const nlohmann::json& item);
-  // A stream item that carries |fds| (at most kMaxFdsPerRequest), sent with
-  // SCM_RIGHTS along with the line's first byte; the line says "fds":N.
-  void Stream(const nlohmann::json& item, std::vector<SharedFd> fds);
-  void End(const nlohmann::json& result);
+  // A stream item; with |fds| (at most kMaxFdsPerRequest) they are sent with
+  // SCM_RIGHTS along with the line's first byte, and the line says "fds":N.
+  template <JsonMessage M>
+  void Stream(const M& item, std::vector<SharedFd> fds = {}) {
+    StreamJson(MessageToJson(item), std::move(fds));
+  }
+  template <JsonMessage M>
+  void End(const M& result) {
+    EndJson(MessageToJson(result));
+  }
   // False once the client's connection is gone (it hung up, or was dropped
   // for not reading): a long-running stream stops then.
   bool connected() const { return !connection_.expired(); }
 
  private:
+  void ReplyJson(const nlohmann::json& result);
+  void StreamJson(const nlohmann::json& item, std::vector<SharedFd> fds);
+  void EndJson(const nlohmann::json& result);
   void Send(std::string line, bool final, std::vector<SharedFd> fds = {});
 
   std::weak_ptr<ControlConnection> connection_;

@@ -513,8 +513,8 @@ void Daemon::ScheduleRegionWarming() {
 }
 
 void Daemon::HandleVersion(const Request&, const VersionRequest&, const ResponderPtr& responder) {
-  responder->Reply(MessageToJson(VersionReply{
-      {}, std::string(HvtraceVersion()), kControlProtocolVersion, ConfigJson(*config())}));
+  responder->Reply(VersionReply{
+      {}, std::string(HvtraceVersion()), kControlProtocolVersion, ConfigJson(*config())});
 }
 
 void Daemon::Run() {

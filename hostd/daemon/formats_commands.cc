@@ -49,7 +49,7 @@ void Daemon::HandleFormatsList(const Request&, const FormatsListRequest&,
     for (const auto& [key, state] : formats->HarvestStates()) {
       if (!listed.contains(key)) reply.harvests.push_back(FormatsHarvestRow{{}, key, state});
     }
-    responder->Reply(MessageToJson(reply));
+    responder->Reply(reply);
   });
 }
 
@@ -94,15 +94,15 @@ void Daemon::HandleFormatsHarvest(const Request& request, const FormatsHarvestRe
     if (!key.ok()) return fail(what + ": " + key.error().message);
     LogInfo(who + " asked for the formats of " + args.kernel + " (" + *key + ")");
     const std::string cache = FormatCache(formats_->root()).formats_dir().string();
-    responder->Stream(MessageToJson(
-        ProgressItem{{}, "kernel " + *key + ": queued for hvtraced's cache " + cache}));
+    responder->Stream(
+        ProgressItem{{}, "kernel " + *key + ": queued for hvtraced's cache " + cache});
     FormatsService::HarvestRequest harvest;
     harvest.key = *key;
     harvest.kernel = copy.string();
     harvest.label = args.kernel;
     harvest.boot_timeout = args.timeout();
     harvest.progress = [responder](std::string_view line) {
-      responder->Stream(MessageToJson(ProgressItem{{}, std::string(line)}));
+      responder->Stream(ProgressItem{{}, std::string(line)});
     };
     harvest.done = [this, copy, who, responder, cache](Result<HarvestResult> r) {
       std::error_code ec;
@@ -114,7 +114,7 @@ void Daemon::HandleFormatsHarvest(const Request& request, const FormatsHarvestRe
       }
       LogInfo(who + ": formats " + r->key +
               (r->cache_hit ? " were cached in " : " harvested into ") + r->entry_dir.string());
-      responder->End(MessageToJson(HarvestReplyOf(*r, cache)));
+      responder->End(HarvestReplyOf(*r, cache));
     };
     formats_->Harvest(std::move(harvest));
   });

@@ -74,7 +74,7 @@ void Daemon::HandleSetup(const Request&, const SetupRequest& args, const Respond
       LogNotice(std::string(undo ? "removed hvtrace's setup from" : "set up") + " libvirt domain " +
                 out->domain + " (persistent definition; applies at its next cold boot)");
     }
-    responder->Reply(MessageToJson(OutcomeReply(*out, undo, dry_run)));
+    responder->Reply(OutcomeReply(*out, undo, dry_run));
   });
 }
 

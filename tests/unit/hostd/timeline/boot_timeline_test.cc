@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -72,15 +73,17 @@ std::string Usec(uint64_t ns) {
   return buf;
 }
 
-// QEMU's log: resets and the firmware's handshake before the guest's,
-// fw_cfg reads (not key/value text), then each guest write logged 5..60 µs
-// later (rounded to µs as QEMU prints).
-std::string QemuLog(const std::vector<Write>& writes) {
+// QEMU's log: resets and the firmware's handshake before the guest's
+// (none for a kernel kexec started: |firmware| false), fw_cfg reads (not
+// key/value text), then each guest write logged 5..60 µs later (rounded to
+// µs as QEMU prints).
+std::string QemuLog(const std::vector<Write>& writes, bool firmware = true) {
   std::ostringstream log;
   const uint64_t start = kRealtimeAtGuestZero - 800'000'000;
   log << "9793@" << Usec(start) << ":virtio_set_status vdev 0x5600000000a0 val 0\n";
   log << "9798@" << Usec(start + 1000) << ":fw_cfg_read 0x56473f29fa00 = 0x51\n";
   for (uint32_t v : {3u, 11u, 15u}) {
+    if (!firmware) break;
     log << "9798@" << Usec(start + 300'000'000 + v * 1000)
         << ":virtio_set_status vdev 0x5600000000a0 val " << v << "\n";
   }
@@ -277,6 +280,38 @@ TEST(BootTimeline, EarlyMarkersArePaired) {
   EXPECT_EQ(out.timeline["pairs"], 12);
   EXPECT_EQ(out.timeline["boots"][0]["fit"]["early_writes"], 4);
   EXPECT_LT(out.timeline["error_bound_ns"].get<uint64_t>(), 70'000u);
+}
+
+// After kexec the range keeps little of the boot before: here two of its
+// writes (11, 15 of one device). Their spacing matches each device of the
+// kexec'ed boot as well as their own handling; an older boot's handshakes
+// were all handled before the newer boot's first, so they pair with their
+// own (the debian13 kexec e2e test placed such a boot 80 s late).
+TEST(BootTimeline, AnOlderBootPairsOnlyWithHandlingsBeforeTheNewerOnes) {
+  TempDir dir("boot_timeline_test");
+  constexpr uint64_t kOlderHostAtZero = kRealtimeAtGuestZero - 90'000'000'000ull;
+  const std::vector<Write> older = {{5'000'000'000ull, 11, 0, 0}, {5'000'150'000ull, 15, 0, 0}};
+  WriteGuestBoot(dir.path() / "boot-0.trace.dat", older);
+  WriteGuestBoot(dir.path() / "boot-1.trace.dat", Writes());
+  std::ostringstream log;
+  for (const Write& w : older) {
+    log << "9798@" << Usec(kOlderHostAtZero + w.guest_ns + 20'000)
+        << ":virtio_set_status vdev 0x5600000000a0 val " << w.status << "\n";
+  }
+  const BootTimelineOutput out =
+      BuildBootTimeline(dir.path(), log.str() + QemuLog(Writes(), /*firmware=*/false));
+  const nlohmann::json& boots = out.timeline["boots"];
+  ASSERT_EQ(boots.size(), 2u) << out.timeline.dump(2);
+  const nlohmann::json& fit = boots[0]["fit"];
+  ASSERT_TRUE(fit.value("aligned", false)) << fit.dump(2);
+  EXPECT_EQ(fit["pairs"], 2) << fit.dump(2);
+  // Placed where its own handlings are, not 90 s later among the next boot's.
+  const int64_t want = static_cast<int64_t>(kOlderHostAtZero);
+  EXPECT_LT(std::llabs(fit["offset_ns"].get<int64_t>() - want), 1'000'000) << fit.dump(2);
+  EXPECT_EQ(out.timeline["boot"], 1);
+  EXPECT_EQ(out.timeline["pairs"], 12);
+  EXPECT_EQ(out.files, (std::vector<std::string>{"host.dat", "boot-0.host-clock.dat",
+                                                 "boot-1.host-clock.dat"}));
 }
 
 TEST(BootTimeline, NoGuestProbeMeansNothingAligned) {

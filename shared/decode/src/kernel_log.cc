@@ -1,0 +1,61 @@
+#include "hvtrace/kernel_log.h"
+
+#include <cstdint>
+
+namespace hvtrace {
+namespace {
+
+void AppendEscaped(uint8_t byte, std::string* out) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out->append("\\x");
+  out->push_back(kHex[byte >> 4]);
+  out->push_back(kHex[byte & 0xf]);
+}
+
+// Length of the valid UTF-8 sequence at |s[i]| that encodes a printable code
+// point (not a C1 control: U+0080..U+009F include CSI, which some terminals
+// obey), or 0.
+size_t PrintableUtf8Length(std::string_view s, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<uint8_t>(s[i + k]); };
+  const auto cont = [&](size_t k) { return i + k < s.size() && (b(k) & 0xc0) == 0x80; };
+  const uint8_t lead = b(0);
+  if (lead >= 0xc2 && lead <= 0xdf && cont(1)) {
+    const uint32_t cp = (uint32_t{lead & 0x1fu} << 6) | (b(1) & 0x3fu);
+    return cp >= 0xa0 ? 2 : 0;
+  }
+  if (lead >= 0xe0 && lead <= 0xef && cont(1) && cont(2)) {
+    const uint32_t cp =
+        (uint32_t{lead & 0x0fu} << 12) | (uint32_t{b(1) & 0x3fu} << 6) | (b(2) & 0x3fu);
+    const bool surrogate = cp >= 0xd800 && cp <= 0xdfff;
+    return cp >= 0x800 && !surrogate ? 3 : 0;
+  }
+  if (lead >= 0xf0 && lead <= 0xf4 && cont(1) && cont(2) && cont(3)) {
+    const uint32_t cp = (uint32_t{lead & 0x07u} << 18) | (uint32_t{b(1) & 0x3fu} << 12) |
+                        (uint32_t{b(2) & 0x3fu} << 6) | (b(3) & 0x3fu);
+    return cp >= 0x10000 && cp <= 0x10ffff ? 4 : 0;
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::string PrintableLogText(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<uint8_t>(text[i]);
+    if (byte >= 0x20 && byte < 0x7f) {
+      out.push_back(static_cast<char>(byte));
+      ++i;
+    } else if (size_t n = byte >= 0x80 ? PrintableUtf8Length(text, i) : 0; n > 0) {
+      out.append(text.substr(i, n));
+      i += n;
+    } else {
+      AppendEscaped(byte, &out);
+      ++i;
+    }
+  }
+  return out;
+}
+
+}  // namespace hvtrace

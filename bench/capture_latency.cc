@@ -139,6 +139,7 @@ struct Run {
   double copied = 0, durable = 0, decoded = 0, committed = 0;
   double copy = 0, region_fsync = 0, decode = 0, write = 0, files = 0, qmp_delay = 0;
   double kaslr = 0, symbols = 0, names = 0, names_wait = 0, start = 0, copy_faults = 0;
+  double copy_cpu = 0, copy_switches = 0;
   uint64_t trace_dat_bytes = 0, events = 0;
 };
 
@@ -199,6 +200,8 @@ Result<Run> PanicOnce(const HvtracedProcess& daemon, const GuestImage& image, in
   // Minor faults of the capture thread while it copied: how the range's
   // pages were mapped (one per 4 KiB page, or a few for large folios).
   r.copy_faults = Number(t, "copy_minor_faults");
+  r.copy_cpu = Number(t, "copy_cpu");
+  r.copy_switches = Number(t, "copy_involuntary_switches");
   for (const json& f : m.value("files", json::array())) {
     const std::string file = f.is_object() ? f.value("name", "") : "";
     if (file.ends_with(".trace.dat"))
@@ -254,15 +257,17 @@ int main(int argc, char** argv) {
               binary.c_str());
   // Columns: ms from panic to region.bin fdatasynced, to it and its recovery
   // record durable, to the trace.dat files written, to the capture committed;
-  // then ms of: the copy out of the guest's range, region write+fdatasync, decode, trace.dat step
+  // then ms of: the copy out of the guest's range (cp.cpu: the copying thread's CPU time in it;
+  // cp.isw: the times it was preempted meanwhile), region write+fdatasync, decode, trace.dat step
   // (all), of it the files themselves, QEMU's event stamp to hvtraced's receipt. tdat.all splits
   // into kaslr, syms (kallsyms subset), n.wait (waiting for the task names after those) and
   // tdat.fil; names is the task names' own time, on a thread beside kaslr and syms (-1: a build
   // that found them in turn, its names column then part of tdat.all).
-  std::printf("%3s %8s %8s %8s %8s | %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %9s %6s\n",
-              "run", "reg.sync", "durable", "decoded", "commit", "start", "copy", "reg.w+s",
-              "decode", "tdat.all", "kaslr", "syms", "n.wait", "tdat.fil", "names", "qmp.lag",
-              "cp.flt", "tdat.B", "events");
+  std::printf(
+      "%3s %8s %8s %8s %8s | %7s %7s %7s %6s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %9s %6s\n",
+      "run", "reg.sync", "durable", "decoded", "commit", "start", "copy", "cp.cpu", "cp.isw",
+      "reg.w+s", "decode", "tdat.all", "kaslr", "syms", "n.wait", "tdat.fil", "names", "qmp.lag",
+      "cp.flt", "tdat.B", "events");
   std::vector<double> copied, durable, decoded, committed;
   for (int i = 0; i < runs; ++i) {
     Result<Run> r = PanicOnce(daemon, *image, i);
@@ -271,11 +276,12 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::printf(
-        "%3d %8.1f %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f "
-        "%7.1f %8.0f %9llu %6llu\n",
-        i, r->copied, r->durable, r->decoded, r->committed, r->start, r->copy, r->region_fsync,
-        r->decode, r->write, r->kaslr, r->symbols, r->names_wait, r->files, r->names, r->qmp_delay,
-        r->copy_faults, static_cast<unsigned long long>(r->trace_dat_bytes),
+        "%3d %8.1f %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %6.0f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f "
+        "%7.1f %7.1f %7.1f %8.0f %9llu %6llu\n",
+        i, r->copied, r->durable, r->decoded, r->committed, r->start, r->copy, r->copy_cpu,
+        r->copy_switches, r->region_fsync, r->decode, r->write, r->kaslr, r->symbols, r->names_wait,
+        r->files, r->names, r->qmp_delay, r->copy_faults,
+        static_cast<unsigned long long>(r->trace_dat_bytes),
         static_cast<unsigned long long>(r->events));
     std::fflush(stdout);
     copied.push_back(r->copied);

@@ -60,6 +60,8 @@ Status CopyRegionFileStep(const RegionFileSource& source, PageBuffer& copy, Pend
   timing["region_write_fsync"] = stats->write_ms + stats->sync_ms;
   timing["region_bytes_written"] = stats->bytes_written;
   timing["copy_minor_faults"] = stats->copy_minor_faults;
+  timing["copy_cpu"] = stats->copy_cpu_ms;
+  timing["copy_involuntary_switches"] = stats->involuntary_switches;
   timing["trigger_to_region_durable"] = MsSince(manifest.triggered);
   return {};
 }

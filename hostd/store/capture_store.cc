@@ -142,6 +142,13 @@ Status CopyChunk(const RegionFile& file, const std::filesystem::path& path, uint
   return {};
 }
 
+// This thread's CPU time so far, in ms.
+double ThreadCpuMs() {
+  struct timespec t;
+  if (::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t) != 0) return 0;
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+}
+
 // Checks that |fd| holds |size| bytes at |offset|.
 Status CheckRegionSize(int fd, const std::filesystem::path& path, uint64_t offset, uint64_t size) {
   struct stat st;
@@ -428,9 +435,11 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   for (uint64_t at = 0; at < size; at += kChunk) {
     const uint64_t len = std::min(kChunk, size - at);
     const auto t0 = std::chrono::steady_clock::now();
+    const double cpu0 = ThreadCpuMs();
     std::span<std::byte> chunk(copy.data() + at, len);
     if (Status s = CopyChunk(file, source, offset, size, at, chunk); !s.ok()) return s.error();
     const auto t1 = std::chrono::steady_clock::now();
+    stats.copy_cpu_ms += ThreadCpuMs() - cpu0;
     // Runs of non-zero pages, written as one call each.
     uint64_t run = 0, run_len = 0;
     for (uint64_t p = 0; p <= len; p += kPage) {
@@ -457,6 +466,7 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   struct rusage after;
   ::getrusage(RUSAGE_THREAD, &after);
   stats.copy_minor_faults = static_cast<uint64_t>(after.ru_minflt - before.ru_minflt);
+  stats.involuntary_switches = static_cast<uint64_t>(after.ru_nivcsw - before.ru_nivcsw);
   const auto t3 = std::chrono::steady_clock::now();
   if (::fdatasync(out.get()) != 0) return Error{"fdatasync " + path.string() + ": " + Errno(errno)};
   if (out.Close() != 0) return Error{"closing " + path.string() + ": " + Errno(errno)};

@@ -136,6 +136,12 @@ class PendingCapture {
     uint64_t bytes_written = 0;  // Non-zero pages; zero pages stay holes.
     // Page faults of the copying thread while it copied (source and |copy|).
     uint64_t copy_minor_faults = 0;
+    // The thread's own CPU time in the copy, and how often it was taken off
+    // the CPU against its will: a copy slower than its CPU time waited for a
+    // core; one whose CPU time alone is slow stalled on memory (faults, or
+    // the hypervisor below this host).
+    double copy_cpu_ms = 0;
+    uint64_t involuntary_switches = 0;
   };
   // Copies |size| bytes at |offset| of the region file |file| (named
   // |source| in errors; |size| is what hostd configured) into |copy| — the

@@ -1,0 +1,43 @@
+#include "hvtrace/kernel_log.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace hvtrace {
+namespace {
+
+TEST(PrintableLogText, PrintableAsciiAndUtf8PassUnchanged) {
+  EXPECT_EQ(PrintableLogText("Kernel panic - not syncing: sysrq triggered crash"),
+            "Kernel panic - not syncing: sysrq triggered crash");
+  // é (2 bytes), € (3 bytes), 😀 (4 bytes).
+  EXPECT_EQ(PrintableLogText("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+            "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
+}
+
+TEST(PrintableLogText, Malicious_TerminalEscapesAreNeverRaw) {
+  // ESC [ 2 J clears a screen; ESC ] 0 ; sets a title; BEL, CR, tab, DEL.
+  EXPECT_EQ(PrintableLogText("\x1b[2Jx\x1b]0;pwned\x07\r\t\x7f"),
+            "\\x1b[2Jx\\x1b]0;pwned\\x07\\x0d\\x09\\x7f");
+  // The 8-bit CSI, alone and UTF-8 encoded (U+009B): both escaped.
+  EXPECT_EQ(PrintableLogText("\x9b"
+                             "31m"),
+            "\\x9b31m");
+  EXPECT_EQ(PrintableLogText("\xc2\x9b"
+                             "31m"),
+            "\\xc2\\x9b31m");
+  EXPECT_EQ(PrintableLogText(std::string("a\0b", 3)), "a\\x00b");
+}
+
+TEST(PrintableLogText, Malicious_InvalidUtf8IsEscapedBytewise) {
+  // Overlong '/', a lone continuation byte, a surrogate, a truncated
+  // sequence at the end, and a code point past U+10FFFF.
+  EXPECT_EQ(PrintableLogText("\xc0\xaf"), "\\xc0\\xaf");
+  EXPECT_EQ(PrintableLogText("\x80x"), "\\x80x");
+  EXPECT_EQ(PrintableLogText("\xed\xa0\x80"), "\\xed\\xa0\\x80");
+  EXPECT_EQ(PrintableLogText("ok\xe2\x82"), "ok\\xe2\\x82");
+  EXPECT_EQ(PrintableLogText("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");
+}
+
+}  // namespace
+}  // namespace hvtrace

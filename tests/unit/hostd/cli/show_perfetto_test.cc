@@ -20,6 +20,13 @@ using test_support::RunCommandStatus;
 
 std::string Hvtrace() { return std::string(HVTRACE_BIN_DIR) + "/hvtrace"; }
 
+// `hvtrace show DIR FLAGS --format perfetto -o OUT`, stderr included.
+test_support::CommandResult RunShowPerfetto(const fs::path& dir, const fs::path& out,
+                                            const std::string& flags = "") {
+  return RunCommandStatus(Hvtrace() + " show '" + dir.string() + "' " + flags +
+                          " --format perfetto -o '" + out.string() + "' 2>&1");
+}
+
 void WriteFile(const fs::path& path, const std::string& text) {
   FILE* f = std::fopen(path.c_str(), "w");
   ASSERT_NE(f, nullptr);
@@ -52,8 +59,7 @@ TEST(ShowPerfetto, WritesTheTraceWithTheCrashAsAnInstant) {
   test_support::TempDir dir;
   MakeCapture(dir.path(), test_support::ReadFixture("tracedat/real-v7.dat"));
   const fs::path out = dir.path() / "out.pftrace";
-  const auto r = RunCommandStatus(Hvtrace() + " show '" + dir.path().string() +
-                                  "' --format perfetto -o '" + out.string() + "' 2>&1");
+  const auto r = RunShowPerfetto(dir.path(), out);
   ASSERT_EQ(r.status, 0) << r.out;
   EXPECT_FALSE(fs::exists(out.string() + ".tmp"));
   const test::ReadTrace t = test::ReadPerfettoTrace(test_support::ReadText(out.string()));
@@ -72,8 +78,7 @@ TEST(ShowPerfetto, Malicious_BadCaptureLeavesNoFile) {
   test_support::TempDir dir;
   MakeCapture(dir.path(), "\x17\x08\x44tracing6 and then nothing a trace.dat holds");
   const fs::path out = dir.path() / "out.pftrace";
-  const auto r = RunCommandStatus(Hvtrace() + " show '" + dir.path().string() +
-                                  "' --format perfetto -o '" + out.string() + "' 2>&1");
+  const auto r = RunShowPerfetto(dir.path(), out);
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("boot-0.trace.dat"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("not written"), std::string::npos) << r.out;
@@ -85,8 +90,7 @@ TEST(ShowPerfetto, TimelineWithoutHostFilesSaysSo) {
   test_support::TempDir dir;
   MakeCapture(dir.path(), test_support::ReadFixture("tracedat/real-v7.dat"));
   const fs::path out = dir.path() / "out.pftrace";
-  const auto r = RunCommandStatus(Hvtrace() + " show '" + dir.path().string() +
-                                  "' --format perfetto --timeline -o '" + out.string() + "' 2>&1");
+  const auto r = RunShowPerfetto(dir.path(), out, "--timeline");
   EXPECT_EQ(r.status, 1) << r.out;
   EXPECT_NE(r.out.find("has no timeline"), std::string::npos) << r.out;
   EXPECT_FALSE(fs::exists(out));

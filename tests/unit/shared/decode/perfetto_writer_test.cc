@@ -61,6 +61,14 @@ JsonView JsonOf(const std::string& path) {
   return v;
 }
 
+// The fixture |name| exported and read back.
+test::ReadTrace ExportFixture(const std::string& name) {
+  test_support::TempDir dir;
+  PerfettoCounts counts;
+  return test::ReadPerfettoTrace(
+      Export({kFixtures + "/tracedat/" + name}, (dir.path() / "t.pftrace").string(), &counts));
+}
+
 class PerfettoRealTrace : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(PerfettoRealTrace, CountsAndMarkersEqualTheReport) {
@@ -92,11 +100,7 @@ TEST_P(PerfettoRealTrace, CountsAndMarkersEqualTheReport) {
 }
 
 TEST_P(PerfettoRealTrace, PerCpuTimestampsNeverGoBack) {
-  test_support::TempDir dir;
-  PerfettoCounts counts;
-  const std::string file =
-      Export({kFixtures + "/tracedat/" + GetParam()}, (dir.path() / "t.pftrace").string(), &counts);
-  const test::ReadTrace t = test::ReadPerfettoTrace(file);
+  const test::ReadTrace t = ExportFixture(GetParam());
   ASSERT_TRUE(t.ok) << t.error;
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> last;  // (sequence, cpu) -> ts
   size_t checked = 0;
@@ -113,11 +117,7 @@ TEST_P(PerfettoRealTrace, PerCpuTimestampsNeverGoBack) {
 }
 
 TEST_P(PerfettoRealTrace, EverySchedSwitchCarriesBothComms) {
-  test_support::TempDir dir;
-  PerfettoCounts counts;
-  const std::string file =
-      Export({kFixtures + "/tracedat/" + GetParam()}, (dir.path() / "t.pftrace").string(), &counts);
-  const test::ReadTrace t = test::ReadPerfettoTrace(file);
+  const test::ReadTrace t = ExportFixture(GetParam());
   ASSERT_TRUE(t.ok) << t.error;
   size_t switches = 0;
   for (const test::ReadEvent& e : t.events) {

@@ -122,7 +122,7 @@ bool AddCrashInstant(const json& manifest, uint32_t boot, PerfettoTraceWriter& w
   if (it == manifest.end() || !it->is_object()) return false;
   const json& c = *it;
   if (c.value("boot", json()) != json(boot) || !c.contains("ts_ns") ||
-      !c["ts_ns"].is_number_unsigned()) {
+      !c["ts_ns"].is_number_integer() || c["ts_ns"].get<int64_t>() < 0) {
     return false;
   }
   const std::string kind = Text(c, "kind");

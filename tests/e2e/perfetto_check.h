@@ -54,21 +54,24 @@ inline PerfettoCheck CheckPerfettoExport(const std::string& hvtrace,
   EXPECT_TRUE(t.system_info_first);
 
   std::map<std::string, uint64_t> want, got;
-  std::vector<std::string> want_markers, got_markers;
+  // (time, text): bundles are per CPU, so the file's order is not the report's.
+  std::vector<std::pair<uint64_t, std::string>> want_markers, got_markers;
   std::istringstream lines(json_lines);
   for (std::string line; std::getline(lines, line);) {
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     if (j.is_discarded() || !j.contains("event")) continue;  // A boot header.
     const std::string name = j["event"].is_string() ? j["event"].get<std::string>() : "";
     want[name.empty() ? "hvtrace_unknown_event" : name]++;
-    if (name == "print") want_markers.push_back(j["fields"].value("buf", ""));
+    if (name == "print")
+      want_markers.push_back({j.value("ts_ns", uint64_t{0}), j["fields"].value("buf", "")});
   }
   std::map<std::pair<uint32_t, uint32_t>, uint64_t> last;  // (sequence, cpu) -> ts
   size_t back = 0;
   for (const test::ReadEvent& e : t.events) {
     if (e.machine != 0) continue;  // The host machine (--timeline): not in show --json.
     got[e.kind]++;
-    if (e.kind == "print") got_markers.push_back(e.strings.count("buf") ? e.strings.at("buf") : "");
+    if (e.kind == "print")
+      got_markers.push_back({e.ts, e.strings.count("buf") ? e.strings.at("buf") : ""});
     auto [it, fresh] = last.try_emplace({e.sequence, e.cpu}, e.ts);
     if (!fresh && e.ts < it->second && back++ < 5)
       ADD_FAILURE() << "cpu " << e.cpu << " goes back from " << it->second << " to " << e.ts;
@@ -81,6 +84,8 @@ inline PerfettoCheck CheckPerfettoExport(const std::string& hvtrace,
     }
   }
   EXPECT_EQ(back, 0u);
+  std::stable_sort(want_markers.begin(), want_markers.end());
+  std::stable_sort(got_markers.begin(), got_markers.end());
   EXPECT_EQ(got, want);
   EXPECT_EQ(got_markers, want_markers);
   out.markers = got_markers.size();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -37,11 +38,11 @@ std::string Export(const std::vector<std::string>& files, const std::string& out
   return test_support::ReadText(out);
 }
 
-// What `hvtrace show --json` says of |path|: each event's name, in order,
-// and the markers' text.
+// What `hvtrace show --json` says of |path|: each event's name, and the
+// markers' times and text in time order.
 struct JsonView {
   std::map<std::string, uint64_t> counts;
-  std::vector<std::string> markers;
+  std::vector<std::pair<uint64_t, std::string>> markers;
   uint64_t events = 0;
 };
 JsonView JsonOf(const std::string& path) {
@@ -53,7 +54,7 @@ JsonView JsonOf(const std::string& path) {
     const nlohmann::json j = nlohmann::json::parse(l);
     const std::string name = j["event"].is_string() ? j["event"].get<std::string>() : "";
     v.counts[name.empty() ? "hvtrace_unknown_event" : name]++;
-    if (name == "print") v.markers.push_back(j["fields"]["buf"].get<std::string>());
+    if (name == "print") v.markers.push_back({j["ts_ns"], j["fields"]["buf"].get<std::string>()});
     v.events++;
     return true;
   });
@@ -81,11 +82,13 @@ TEST_P(PerfettoRealTrace, CountsAndMarkersEqualTheReport) {
   const JsonView json = JsonOf(dat);
   ASSERT_GT(json.events, 1000u);
   std::map<std::string, uint64_t> read;
-  std::vector<std::string> markers;
+  // Bundles are per CPU: the file's order is not the report's, their times are.
+  std::vector<std::pair<uint64_t, std::string>> markers;
   for (const test::ReadEvent& e : t.events) {
     read[e.kind]++;
-    if (e.kind == "print") markers.push_back(e.strings.at("buf"));
+    if (e.kind == "print") markers.push_back({e.ts, e.strings.at("buf")});
   }
+  std::stable_sort(markers.begin(), markers.end());
   EXPECT_EQ(read, json.counts);
   EXPECT_EQ(t.events.size(), json.events);
   EXPECT_EQ(counts.events, json.events);

@@ -28,6 +28,9 @@ PACKAGES=(
   systemd-container
   # Fleet upload (hostd/fleet/): libcurl's SigV4; a single-node Ceph with radosgw in tests.
   libcurl4-openssl-dev ceph-mon ceph-mgr ceph-osd radosgw ceph-common
+  # protoc --decode_raw checks that `hvtrace show --format perfetto` files are
+  # well-formed protobuf (tests/unit/shared/decode/perfetto_writer_test.cc).
+  protobuf-compiler
 )
 
 missing=()

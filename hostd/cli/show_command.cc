@@ -1,4 +1,5 @@
 // hvtrace show CAPTURE [--boot N] [--json | --format text|json] [-o OUT]
+// hvtrace show CAPTURE --format perfetto -o FILE [--boot N] [--timeline]
 //   CAPTURE: ID or VM/ID (read through hvtraced, capture_fetch.h), or a
 //   capture directory (read with this user's own rights)
 // hvtrace show --region FILE --formats KEY_OR_DIR [--cpus N] [--boot N] ...
@@ -42,6 +43,7 @@
 #include "hvtrace/output.h"
 #include "region_issues.h"
 #include "requests.h"
+#include "show_perfetto.h"
 #include "show_timeline.h"
 
 namespace hvtrace::cli {
@@ -167,6 +169,7 @@ struct ShowArgs {
   OutputFormat format = OutputFormat::kText;
   bool trace_cmd_names = false;  // One name per pid, as `trace-cmd report`.
   bool timeline = false;         // Host and guest merged (show_timeline.h).
+  bool perfetto = false;         // A Perfetto trace (show_perfetto.h).
 };
 
 // Prints every selected boot file of |dir| under its header.
@@ -363,7 +366,13 @@ int DecodeRegionAndShow(const ShowArgs& args, const fs::path& region,
     if (!manifest.contains("extra") || !manifest["extra"].is_object())
       manifest["extra"] = json::object();
     manifest["extra"]["boots"] = decoded.extra["boots"];
-    rc = ShowBoots(args, tmp, manifest, fd);
+    rc = args.perfetto ? ShowPerfetto({.dir = tmp,
+                                       .manifest = manifest,
+                                       .boots = BootFiles(tmp),
+                                       .boot = args.boot,
+                                       .timeline = false,
+                                       .output = args.output})
+                       : ShowBoots(args, tmp, manifest, fd);
   }
   std::error_code ec;
   fs::remove_all(tmp, ec);
@@ -442,7 +451,22 @@ class ShowCommand final : public Command {
     AddCountOption(
         app, "--cpus", 0, 512, [this](uint64_t n) { args_.cpus = static_cast<int>(n); },
         "the guest's CPU count (--region; default: derived)");
-    AddFormatFlags(app, json_);
+    auto* format =
+        app.add_option_function<std::string>(
+               "-f,--format",
+               [this](const std::string& v) {
+                 json_ = v == "json";
+                 args_.perfetto = v == "perfetto";
+               },
+               "output: text (as trace-cmd report prints it, the default), json (one object per "
+               "line) or perfetto (a Perfetto trace for ui.perfetto.dev; needs -o FILE)")
+            ->type_name("text|json|perfetto")
+            ->check([](const std::string& v) {
+              return v == "text" || v == "json" || v == "perfetto"
+                         ? std::string()
+                         : "'" + v + "' is not text, json or perfetto";
+            });
+    app.add_flag("--json", json_, "the same as --format json")->excludes(format);
     app.add_flag("--trace-cmd-names", args_.trace_cmd_names,
                  "one name per pid, exactly as `trace-cmd report` prints the boot files");
     app.add_flag("--timeline", args_.timeline,
@@ -464,6 +488,9 @@ class ShowCommand final : public Command {
         "`hvtrace formats`) or with --formats. The boot buffer keeps no saved_cmdlines: each\n"
         "event's task is named as the trace's own sched/task events named it at that time\n"
         "(--trace-cmd-names: trace-cmd's one name per pid instead).\n"
+        "--format perfetto -o FILE writes a Perfetto trace instead (open it at ui.perfetto.dev:\n"
+        "Open trace file): every boot a sequence on its trace clock, with --timeline the host's\n"
+        "QEMU events as a second machine on the host clock (docs/cli.md: the mapping).\n"
         "Exit status as `hvtrace report`: 0 read (problems go to stderr), 1 nothing could be read\n"
         "or the output failed, 2 usage.");
   }
@@ -473,7 +500,9 @@ class ShowCommand final : public Command {
     if (!args_.region.empty() && args_.formats.empty())
       return Error{"--region needs --formats KEY_OR_DIR"};
     if (args_.timeline && (args_.capture.empty() || json_))
-      return Error{"--timeline needs a CAPTURE and prints text"};
+      return Error{"--timeline needs a CAPTURE and prints text or perfetto"};
+    if (args_.perfetto && (args_.output.empty() || args_.output == "-"))
+      return Error{"--format perfetto needs -o FILE"};
     return {};
   }
   int Run() override {
@@ -489,7 +518,8 @@ class ShowCommand final : public Command {
 
 int ShowCommand::Show(const ShowArgs& args) {
   int fd = STDOUT_FILENO;
-  if (!args.output.empty() && args.output != "-") {
+  // A Perfetto trace is written to FILE.tmp and renamed (show_perfetto.h).
+  if (!args.perfetto && !args.output.empty() && args.output != "-") {
     fd = ::open(args.output.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
       std::fprintf(stderr, "hvtrace show: cannot open %s: %s\n", args.output.c_str(),
@@ -526,7 +556,15 @@ int ShowCommand::Show(const ShowArgs& args) {
       }
     }
     std::error_code ec;
-    if (args.timeline) {
+    if (args.perfetto &&
+        (args.timeline || !BootFiles(dir).empty() || !fs::exists(dir / "region.bin", ec))) {
+      rc = ShowPerfetto({.dir = dir,
+                         .manifest = manifest,
+                         .boots = BootFiles(dir),
+                         .boot = args.boot,
+                         .timeline = args.timeline,
+                         .output = args.output});
+    } else if (args.timeline) {
       rc = ShowTimeline(dir, manifest, fd);
     } else if (BootFiles(dir).empty() && fs::exists(dir / "region.bin", ec)) {
       rc = ShowUndecodedCapture(args, dir, manifest, fd);

@@ -19,11 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-struct Source {
-  fs::path path;
-  std::string side;
-};
-
 struct Line {
   uint64_t ts;
   size_t source;
@@ -31,12 +26,12 @@ struct Line {
   std::string text;
 };
 
-// host.dat first, then the boots oldest first: the order trace-cmd is
-// given them in, which decides ties.
-std::vector<Source> Sources(const fs::path& dir) {
-  std::vector<Source> out;
+}  // namespace
+
+std::vector<TimelineSource> TimelineSources(const fs::path& dir) {
+  std::vector<TimelineSource> out;
   std::error_code ec;
-  if (fs::is_regular_file(dir / "host.dat", ec)) out.push_back({dir / "host.dat", "host"});
+  if (fs::is_regular_file(dir / "host.dat", ec)) out.push_back({dir / "host.dat", "host", 0});
   std::vector<std::pair<uint32_t, fs::path>> boots;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     if (auto b =
@@ -46,10 +41,12 @@ std::vector<Source> Sources(const fs::path& dir) {
   }
   std::sort(boots.begin(), boots.end());
   for (const auto& [b, path] : boots) {
-    out.push_back({path, boots.size() == 1 ? "guest" : "guest" + std::to_string(b)});
+    out.push_back({path, boots.size() == 1 ? "guest" : "guest" + std::to_string(b), b});
   }
   return out;
 }
+
+namespace {
 
 // trace-cmd's line without its time stamp field: "comm-pid [cpu] TS: rest"
 // -> "comm-pid [cpu] rest".
@@ -125,7 +122,7 @@ bool WriteAll(int fd, const std::string& text) {
 }  // namespace
 
 int ShowTimeline(const fs::path& dir, const json& manifest, int fd) {
-  const std::vector<Source> sources = Sources(dir);
+  const std::vector<TimelineSource> sources = TimelineSources(dir);
   if (sources.size() < 2) {
     std::string why;
     if (manifest.contains("extra") && manifest["extra"].is_object() &&

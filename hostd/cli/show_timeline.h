@@ -16,10 +16,24 @@
 #ifndef HVTRACE_HOSTD_CLI_SHOW_TIMELINE_H_
 #define HVTRACE_HOSTD_CLI_SHOW_TIMELINE_H_
 
+#include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 namespace hvtrace::cli {
+
+// One file of a timeline: host.dat ("host"), boot-<n>.host-clock.dat
+// ("guest", or "guest<n>" when there are several boots).
+struct TimelineSource {
+  std::filesystem::path path;
+  std::string side;
+  uint32_t boot = 0;  // The guest's boot number (0 for host.dat).
+};
+// |dir|'s timeline files: host.dat first, then the boots oldest first: the
+// order trace-cmd is given them in, which decides ties.
+std::vector<TimelineSource> TimelineSources(const std::filesystem::path& dir);
 
 // Prints |dir|'s timeline to |fd|. Exit status as `hvtrace show`.
 int ShowTimeline(const std::filesystem::path& dir, const nlohmann::json& manifest, int fd);

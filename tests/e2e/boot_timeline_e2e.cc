@@ -39,6 +39,7 @@
 #include "guest_harness.h"
 #include "host_command.h"
 #include "hvtraced_harness.h"
+#include "perfetto_check.h"
 #include "test_support.h"
 #include "timeline_check.h"
 #include "vm_console.h"
@@ -135,6 +136,11 @@ TEST_P(BootTimelineKernelE2e, HostAndGuestHandshakesOnOneClock) {
               agent < lines.size() ? lines[agent].text.c_str() : "none");
   EXPECT_LT(agent, lines.size()) << "no hvtrace-agent start marker in the guest's lines";
   EXPECT_GT(agent, first_write);
+  // The same timeline as a Perfetto trace: the host a second machine, every
+  // line at the time the text prints.
+  std::vector<std::string> texts;
+  for (const TimelineLine& l : lines) texts.push_back(l.text);
+  EXPECT_GT(e2e::CheckPerfettoTimeline(std::string(HVTRACE_BIN_DIR) + "/hvtrace", dir, texts), 0u);
 
   std::printf("%s", show.substr(0, 6000).c_str());
 }

@@ -28,6 +28,7 @@
 #include "guest_harness.h"
 #include "hvtraced_harness.h"
 #include "manifest_layout.h"
+#include "perfetto_check.h"
 #include "test_support.h"
 #include "trace_text.h"
 #include "vm_console.h"
@@ -289,6 +290,12 @@ TEST_P(HvtracedBootKernelE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   }
   EXPECT_TRUE(json_prev_comm);
   EXPECT_EQ(json_events, events.size());
+  // The same capture as a Perfetto trace: the same events per kind, the
+  // same markers, per-CPU time order, both comms of every switch.
+  const e2e::PerfettoCheck perfetto = e2e::CheckPerfettoExport(hvtrace, dir, as_json.out);
+  EXPECT_GT(perfetto.sched_switches, 0u);
+  EXPECT_GT(perfetto.markers, 0u);
+  EXPECT_EQ(perfetto.trace.release.empty(), false);
 
   // trace-cmd opens every boot's trace.dat, and its text is show's, line for line.
   std::string reports;

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -420,6 +421,22 @@ class LineReader {
   std::string line_;
 };
 
+// ForEachRecord's consumer: the records as they are.
+class RecordReader {
+ public:
+  RecordReader(const RecordStartFn& on_start, const RecordFn& on_record)
+      : on_start_(on_start), on_record_(on_record) {}
+  void Begin(std::shared_ptr<const TraceMetadata> metadata) { metadata_ = std::move(metadata); }
+  bool Start(EventDecoder& decoder, size_t) { return on_start_(*metadata_, decoder); }
+  bool Record(const DecodedRecord& rec) { return on_record_(rec); }
+  Status End(ReportStats*) { return {}; }
+
+ private:
+  const RecordStartFn& on_start_;
+  const RecordFn& on_record_;
+  std::shared_ptr<const TraceMetadata> metadata_;
+};
+
 }  // namespace
 
 Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& options, int out_fd) {
@@ -430,6 +447,12 @@ Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& op
 Result<ReportStats> ForEachReportLine(const std::string& path, const ReportOptions& options,
                                       const ReportLineFn& on_event) {
   LineReader reader(options, on_event);
+  return Report(path, options, reader);
+}
+
+Result<ReportStats> ForEachRecord(const std::string& path, const ReportOptions& options,
+                                  const RecordStartFn& on_start, const RecordFn& on_record) {
+  RecordReader reader(on_start, on_record);
   return Report(path, options, reader);
 }
 

@@ -13,6 +13,10 @@
 
 namespace hvtrace {
 
+class EventDecoder;
+struct DecodedRecord;
+struct TraceMetadata;
+
 // Collects text in one large buffer and writes it to a file descriptor in big
 // chunks: one write(2) per ~1 MiB instead of one stdio call per line.
 class OutputSink {
@@ -89,6 +93,17 @@ Result<ReportStats> WriteReport(const std::string& path, const ReportOptions& op
 using ReportLineFn = std::function<bool(uint64_t timestamp, std::string_view text)>;
 Result<ReportStats> ForEachReportLine(const std::string& path, const ReportOptions& options,
                                       const ReportLineFn& on_event);
+
+// The same records in the same order, undecoded, for writers of other
+// formats (perfetto_writer.h): |on_start| once before the first record,
+// with the file's metadata and the decoder whose FindFormat() names each
+// record's event; then |on_record| for every record (its |comm| the name
+// at the time when options.time_names is set). Either returns false to
+// stop. options.format and options.threads are not used.
+using RecordStartFn = std::function<bool(const TraceMetadata& metadata, EventDecoder& decoder)>;
+using RecordFn = std::function<bool(const DecodedRecord& record)>;
+Result<ReportStats> ForEachRecord(const std::string& path, const ReportOptions& options,
+                                  const RecordStartFn& on_start, const RecordFn& on_record);
 
 }  // namespace hvtrace
 

@@ -1,0 +1,61 @@
+#include "hvtrace/proto_writer.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "shared/decode/perfetto_reader.h"
+
+namespace hvtrace {
+namespace {
+
+TEST(ProtoWriter, VarintsAsTheEncodingGuideWritesThem) {
+  std::string out;
+  ProtoWriter w(&out);
+  w.Varint(1, 150);  // The guide's example: 08 96 01.
+  EXPECT_EQ(out, std::string("\x08\x96\x01", 3));
+  out.clear();
+  w.Signed(2, -1);  // int32/int64 -1: ten bytes, all 0xff but the last 0x01.
+  EXPECT_EQ(out, std::string("\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 11));
+  out.clear();
+  w.Varint(327, 0);  // A key above 15 takes two bytes: (327 << 3) | 0 = 2616.
+  EXPECT_EQ(out, std::string("\xb8\x14\x00", 3));
+}
+
+TEST(ProtoWriter, NestedMessagesAreBackPatchedAndParse) {
+  std::string out;
+  ProtoWriter w(&out);
+  const size_t outer = w.BeginNested(1);
+  w.Bytes(2, "abc");
+  const size_t inner = w.BeginNested(3);
+  w.Varint(4, 300);
+  ASSERT_TRUE(w.EndNested(inner));
+  ASSERT_TRUE(w.EndNested(outer));
+  auto top = test::ParseWire(out);
+  ASSERT_TRUE(top.has_value());
+  ASSERT_EQ(top->size(), 1u);
+  auto fields = test::ParseWire((*top)[0].bytes);
+  ASSERT_TRUE(fields.has_value());
+  ASSERT_EQ(fields->size(), 2u);
+  EXPECT_EQ((*fields)[0].bytes, "abc");
+  auto in = test::ParseWire((*fields)[1].bytes);
+  ASSERT_TRUE(in.has_value());
+  ASSERT_EQ(in->size(), 1u);
+  EXPECT_EQ((*in)[0].number, 4u);
+  EXPECT_EQ((*in)[0].value, 300u);
+}
+
+TEST(ProtoWriter, Malicious_InvalidUtf8IsReplaced) {
+  EXPECT_EQ(ValidUtf8("ok \xc3\xa9"), "ok \xc3\xa9");
+  EXPECT_EQ(ValidUtf8("\xff"), "\xef\xbf\xbd");
+  EXPECT_EQ(ValidUtf8("\xc0\x80"), "\xef\xbf\xbd\xef\xbf\xbd");                  // Overlong NUL.
+  EXPECT_EQ(ValidUtf8("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // A surrogate.
+  EXPECT_EQ(ValidUtf8("a\xe2\x82"), "a\xef\xbf\xbd\xef\xbf\xbd");                // Cut short.
+  std::string out;
+  ProtoWriter w(&out);
+  w.String(1, "\x80x");
+  EXPECT_EQ(out, std::string("\x0a\x04\xef\xbf\xbdx", 6));
+}
+
+}  // namespace
+}  // namespace hvtrace

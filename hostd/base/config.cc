@@ -181,13 +181,20 @@ Result<bool> ApplyKey(Config& config, std::string_view key, std::string_view val
     }
     config.qemu_sandbox = value == "on";
   } else if (key == "qemu_user") {
-    // A user name QEMU's -runas resolves when the VM boots (checked then,
-    // so a user created later needs no restart); empty: the default user
-    // (qemu_user.h); "root": none.
+    // A user name QEMU (-run-with user= or -runas) resolves when the VM
+    // boots (checked then, so a user created later needs no restart); empty:
+    // the default user (qemu_user.h); "root": none.
     if (value.find_first_of(" \t,=/:") != std::string_view::npos) {
       return Error{"'" + std::string(value) + "' is not a user name"};
     }
     config.qemu_user = std::string(value);
+  } else if (key == "qemu_binary") {
+    // Probed when a VM boots (qemu_caps.h), so a QEMU installed later needs
+    // no restart.
+    if (value.empty() || value.find_first_of(" \t") != std::string_view::npos) {
+      return Error{"'" + std::string(value) + "' is not a program name or path"};
+    }
+    config.qemu_binary = std::string(value);
   } else if (key == "libvirt_uri") {
     // Any URI libvirt accepts; it is checked when the daemon connects, and
     // a libvirtd that is down then is retried, not fatal.

@@ -65,10 +65,15 @@
 //   qemu_sandbox        = on                    on | off: QEMUs hvtraced boots
 //                                               run with -sandbox on,... (their
 //                                               seccomp filter)
-//   qemu_user           =                       -runas USER for QEMUs hvtraced
-//                                               boots; empty: hvtrace-qemu if it
-//                                               exists, else root (warned);
+//   qemu_user           =                       the user QEMUs hvtraced boots
+//                                               drop to (-run-with user= or
+//                                               -runas); empty: hvtrace-qemu if
+//                                               it exists, else root (warned);
 //                                               root: root (warned) (qemu_user.h)
+//   qemu_binary         = qemu-system-x86_64    the QEMU hvtraced boots (a path,
+//                                               or a name looked up in PATH);
+//                                               probed for what it supports
+//                                               (qemu_caps.h)
 // Fleet upload (docs/fleet.md): every committed capture also goes to an
 // S3-compatible bucket (Ceph RGW, MinIO, AWS S3), from a persistent queue
 // (<state_dir>/upload-queue); the local copy is kept by retention until the
@@ -154,7 +159,8 @@ struct Config {
   std::filesystem::path harvest_initrd;  // Empty: the default (see above).
   LogLevel log_level = LogLevel::kInfo;
   bool qemu_sandbox = true;
-  std::string qemu_user;        // Empty: kDefaultQemuUser when it exists (qemu_user.h).
+  std::string qemu_user;  // Empty: kDefaultQemuUser when it exists (qemu_user.h).
+  std::string qemu_binary = "qemu-system-x86_64";
   std::string upload_endpoint;  // Empty: no fleet upload.
   std::string upload_bucket;
   std::string upload_region = "us-east-1";

@@ -2,6 +2,7 @@
 // capture, stop. All but qemu-args talk to hvtraced (--socket PATH, else
 // $HVTRACE_SOCKET, the config file's socket, /run/hvtrace/hvtraced.sock).
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -159,7 +160,17 @@ class QemuArgsCommand final : public Command {
     config->console_log.clear();  // People running QEMU pick their own console.
     config->console_socket.clear();
     config->qemu_log.clear();
-    auto plan = hostd::BuildQemuPlan(*config, hostd::ResolveKvm(accel, config->kernel));
+    // The QEMU that would run it: $HVTRACE_QEMU as for the e2e tests and the
+    // KVM probe, else qemu-system-x86_64 from PATH; its spellings decide.
+    if (const char* qemu = std::getenv("HVTRACE_QEMU"); qemu != nullptr && *qemu != '\0') {
+      config->qemu_binary = qemu;
+    }
+    auto caps = hostd::QemuCapsFor(config->qemu_binary);
+    if (!caps.ok()) {
+      std::fprintf(stderr, "hvtrace qemu-args: %s\n", caps.error().message.c_str());
+      return kExitUsage;
+    }
+    auto plan = hostd::BuildQemuPlan(*config, hostd::ResolveKvm(accel, config->kernel), **caps);
     if (!plan.ok()) {
       std::fprintf(stderr, "hvtrace qemu-args: %s\n", plan.error().message.c_str());
       return kExitUsage;

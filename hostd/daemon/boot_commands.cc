@@ -312,6 +312,7 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     prepared.boot_range->prepared = true;
     prepared.sandbox = config_now->qemu_sandbox;
     prepared.run_as = qemu_user->run_as;
+    prepared.qemu_binary = config_now->qemu_binary;
     // Under systemd QEMU gets its own scope, outside hvtraced.service's
     // cgroup: stopping the service leaves it to vm_on_shutdown.
     if (SystemdBooted()) prepared.launcher = SystemdScopeLauncher(name);

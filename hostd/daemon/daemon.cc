@@ -106,6 +106,7 @@ json ConfigJson(const Config& c) {
           {"log_level", LogLevelName(c.log_level)},
           {"qemu_sandbox", c.qemu_sandbox ? "on" : "off"},
           {"qemu_user", c.qemu_user},
+          {"qemu_binary", c.qemu_binary},
           {"upload_endpoint", c.upload_endpoint},
           {"upload_bucket", c.upload_bucket},
           {"upload_region", c.upload_region},

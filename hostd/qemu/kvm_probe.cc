@@ -1,11 +1,8 @@
 #include "kvm_probe.h"
 
 #include <fcntl.h>
-#include <linux/close_range.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +15,8 @@
 #include <string_view>
 #include <thread>
 #include <vector>
+
+#include "child_process.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -128,9 +127,6 @@ KvmProbeResult RunProbeGuest(const ProbeGuest& guest, const std::string& dir) {
   std::filesystem::remove(serial);
   std::vector<std::string> args = guest.args;
   args.insert(args.end(), {"-serial", "file:" + serial});
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
   const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   if (err_fd < 0 || null_fd < 0) {
@@ -138,23 +134,8 @@ KvmProbeResult RunProbeGuest(const ProbeGuest& guest, const std::string& dir) {
     if (null_fd >= 0) ::close(null_fd);
     return {false, std::string("cannot set up the probe's stdio: ") + std::strerror(errno)};
   }
-  const pid_t parent = ::getpid();
   const auto start = Clock::now();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    // Only async-signal-safe calls from here on (threaded parent).
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(127);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::dup2(null_fd, STDIN_FILENO);
-    ::dup2(null_fd, STDOUT_FILENO);
-    ::dup2(err_fd, STDERR_FILENO);
-    ::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC);
-    ::execvp(argv[0], argv.data());
-    ::_exit(127);
-  }
+  const pid_t pid = SpawnChild(args, null_fd, null_fd, err_fd);
   ::close(err_fd);
   ::close(null_fd);
   if (pid < 0) return {false, std::string("cannot fork the probe QEMU: ") + std::strerror(errno)};

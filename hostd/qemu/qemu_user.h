@@ -1,5 +1,5 @@
-// Which user the QEMUs hvtraced boots run as (config qemu_user, QEMU's
-// -runas), and what a running QEMU's credentials are.
+// Which user the QEMUs hvtraced boots run as (config qemu_user; QEMU's
+// -run-with user= or -runas, qemu_caps.h), and what a running QEMU's credentials are.
 //
 // A QEMU device-emulation escape gets the rights of QEMU's user, so QEMU
 // does not run as root unless the configuration says so: by default it is
@@ -25,7 +25,7 @@ namespace hvtrace::hostd {
 inline constexpr const char* kDefaultQemuUser = "hvtrace-qemu";
 
 struct QemuUser {
-  std::string run_as;  // QEMU's -runas value; empty: QEMU stays root.
+  std::string run_as;  // Who QEMU drops to (RunAsArgs); empty: QEMU stays root.
   uid_t uid = 0;
   gid_t gid = 0;
   // Set when QEMU will run as root: why, for the daemon's log.

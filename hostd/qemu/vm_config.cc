@@ -11,6 +11,7 @@
 #include "boot_trace.h"
 #include "hvtrace/meta_channel.h"
 #include "kvm_probe.h"
+#include "qemu_caps.h"
 #include "units.h"
 
 namespace hvtrace::hostd {
@@ -226,7 +227,7 @@ Status AddBootTrace(const VmConfig& config, const std::string& vm, std::vector<s
 
 }  // namespace
 
-Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable) {
+Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable, const QemuCaps& caps) {
   const std::string vm = "VM '" + config.name + "': ";
   if (Status s = CheckVmConfig(config, vm); !s.ok()) return s.error();
   Result<bool> kvm = ChooseKvm(config, kvm_usable, vm);
@@ -295,8 +296,13 @@ Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable) {
     if (config.run_as.find_first_of(" \t,=/:") != std::string::npos || config.run_as[0] == '-') {
       return Error{vm + "qemu_user '" + config.run_as + "' is not a user name"};
     }
-    a.insert(a.end(), {"-runas", config.run_as});
+    Result<std::vector<std::string>> run_as = RunAsArgs(caps, config.run_as);
+    if (!run_as.ok()) return Error{vm + run_as.error().message};
+    a.insert(a.end(), run_as->begin(), run_as->end());
   }
+  // Everything hvtraced chose, checked against this QEMU before it starts;
+  // extra_args are the caller's own and QEMU judges them.
+  if (Status s = CheckQemuArgv(caps, a, vm); !s.ok()) return s.error();
   a.insert(a.end(), config.extra_args.begin(), config.extra_args.end());
   return plan;
 }

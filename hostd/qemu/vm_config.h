@@ -1,5 +1,6 @@
 // VmConfig: what a guest hvtrace boots looks like, and the pure function that
-// turns it into a QEMU 7.2 command line. No I/O happens here except in
+// turns it into a command line for the QEMU at hand (its QemuCaps: QEMU 7.2
+// to 10.x; qemu_caps.h). No I/O happens here except in
 // KvmUsable(), so every layout rule is unit-tested.
 #ifndef HVTRACE_HOSTD_VM_CONFIG_H_
 #define HVTRACE_HOSTD_VM_CONFIG_H_
@@ -11,6 +12,7 @@
 
 #include "gpa_layout.h"
 #include "hvtrace/result.h"
+#include "qemu_caps.h"
 
 namespace hvtrace::hostd {
 
@@ -72,7 +74,8 @@ struct VmConfig {
   // QEMU's seccomp sandbox (kQemuSandboxArg): no exec, no obsolete or
   // privilege-raising syscalls, no resource control.
   bool sandbox = false;
-  // Not empty: QEMU's -runas |run_as| (it drops root once its files are open).
+  // Not empty: QEMU drops root to this user once its files are open
+  // (-run-with user= or -runas, whichever it has: RunAsArgs in qemu_caps.h).
   std::string run_as;
   // Not empty: run QEMU through this command (its argv, ending in "--"),
   // e.g. SystemdScopeLauncher; the plan's argv stays QEMU's own.
@@ -80,7 +83,8 @@ struct VmConfig {
 };
 
 // The -sandbox value for VmConfig::sandbox; with run_as, privileges must
-// stay allowed, since -runas itself calls setgid/setuid after the filter.
+// stay allowed, since dropping root (-run-with user=, -runas) calls
+// setgid/setuid after the filter.
 inline constexpr std::string_view kQemuSandboxArg =
     "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
 inline constexpr std::string_view kQemuSandboxRunAsArg =
@@ -113,9 +117,12 @@ struct QemuPlan {
 // that must stay responsive.
 bool KvmUsable(const std::string& kernel);
 
-// Builds the argv (argv[0] = qemu_binary). |kvm_usable| resolves Accel::kAuto;
-// Accel::kKvm without it is an error. Errors name the offending setting.
-Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable);
+// Builds the argv (argv[0] = qemu_binary) for the QEMU |caps| describes
+// (QemuCapsFor(config.qemu_binary)): each spelling chosen by what it has, and
+// anything it lacks refused (CheckQemuArgv). |kvm_usable| resolves
+// Accel::kAuto; Accel::kKvm without it is an error. Errors name the offending
+// setting.
+Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable, const QemuCaps& caps);
 
 // |v| as a QEMU option value: a literal comma is doubled (a path with a
 // comma would otherwise start another option).

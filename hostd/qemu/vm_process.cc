@@ -267,9 +267,11 @@ Status Vm::AwaitQmpSocket(std::chrono::milliseconds ready_timeout) {
 Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
                                       std::chrono::milliseconds ready_timeout,
                                       VmLifetime lifetime) {
-  Result<QemuPlan> plan = BuildQemuPlan(config, kvm_usable);
-  if (!plan.ok()) return plan.error();
   const std::string vm = "VM '" + config.name + "': ";
+  Result<std::shared_ptr<const QemuCaps>> caps = QemuCapsFor(config.qemu_binary);
+  if (!caps.ok()) return Error{vm + caps.error().message};
+  Result<QemuPlan> plan = BuildQemuPlan(config, kvm_usable, **caps);
+  if (!plan.ok()) return plan.error();
   for (const std::string* path : {&config.kernel, &config.initrd}) {
     if (!path->empty() && access(path->c_str(), R_OK) != 0) {
       return Error{vm + "cannot read " + *path + ": " + std::strerror(errno)};

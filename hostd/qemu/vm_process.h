@@ -1,6 +1,7 @@
 // Vm: owns one QEMU process started from a VmConfig.
 //
-// Start() plans the command line (vm_config.h), spawns QEMU in its own process
+// Start() plans the command line (vm_config.h) for what the binary supports
+// (qemu_caps.h, probed once per binary), spawns QEMU in its own process
 // group and returns once QEMU listens on its QMP socket (or reports why it
 // died). Every wait has a deadline. Stop() asks QEMU to quit over QMP when the
 // caller hands in the connection it owns (QEMU 7.2 serves one QMP client, so

@@ -37,6 +37,11 @@ HvtracedProcess::HvtracedProcess(HvtracedOptions options) : options_(std::move(o
   std::ofstream conf(dir_ + "/hvtraced.conf");
   conf << "socket_group = " << options_.socket_group << "\naccel = tcg\n";
   if (!options_.libvirt_uri.empty()) conf << "libvirt_uri = " << options_.libvirt_uri << "\n";
+  // The QEMU the test runs against (tests/CMakeLists.txt's Qemu10 tests: Debian
+  // 13's, through tests/tools/qemu-from-root.sh), as for the harness's own VMs.
+  if (const char* qemu = std::getenv("HVTRACE_QEMU"); qemu != nullptr && *qemu != '\0') {
+    conf << "qemu_binary = " << qemu << "\n";
+  }
   conf << options_.config;
   // QEMUs whose daemon died are re-parented to us, not to a PID 1 that may
   // never reap them, so a killed QEMU really disappears (and can be waited for).

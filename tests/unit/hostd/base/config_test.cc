@@ -129,6 +129,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"log_level = loud\n", "log_level: 'loud' is not one of err"},
         BadConfig{"qemu_sandbox = yes\n", "qemu_sandbox: 'yes' is not one of on, off"},
         BadConfig{"qemu_user = a,b\n", "qemu_user: 'a,b' is not a user name"},
+        BadConfig{"qemu_binary = my qemu\n", "qemu_binary: 'my qemu' is not a program"},
         BadConfig{"vm_on_shutdown = kill\n", "vm_on_shutdown: 'kill' is not one of keep, stop"}));
 
 TEST(ConfigTest, MissingDefaultFileMeansDefaults) {
@@ -161,6 +162,7 @@ TEST(ConfigTest, PackagedConfigParsesToDefaults) {
   EXPECT_EQ(c->log_level, d.log_level);
   EXPECT_EQ(c->qemu_sandbox, d.qemu_sandbox);
   EXPECT_EQ(c->qemu_user, d.qemu_user);
+  EXPECT_EQ(c->qemu_binary, d.qemu_binary);
   EXPECT_EQ(c->cache_dir, d.cache_dir);
 }
 
@@ -169,8 +171,13 @@ TEST(ConfigTest, ServiceKeysDefaultToInfoSandboxOnAndRoot) {
   EXPECT_EQ(d.log_level, LogLevel::kInfo);
   EXPECT_TRUE(d.qemu_sandbox);
   EXPECT_EQ(d.qemu_user, "");
-  auto c = ParseConfig("log_level = debug\nqemu_sandbox = off\nqemu_user = hvtrace-qemu\n", "t");
+  EXPECT_EQ(d.qemu_binary, "qemu-system-x86_64");
+  auto c = ParseConfig(
+      "log_level = debug\nqemu_sandbox = off\nqemu_user = hvtrace-qemu\n"
+      "qemu_binary = /opt/qemu-10/bin/qemu-system-x86_64\n",
+      "t");
   ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->qemu_binary, "/opt/qemu-10/bin/qemu-system-x86_64");
   EXPECT_EQ(c->log_level, LogLevel::kDebug);
   EXPECT_FALSE(c->qemu_sandbox);
   EXPECT_EQ(c->qemu_user, "hvtrace-qemu");

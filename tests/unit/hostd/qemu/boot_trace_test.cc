@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "boot_request.h"
+#include "recorded_qemu.h"
 #include "vm_config.h"
 
 namespace hvtrace::hostd {
@@ -27,7 +28,8 @@ Result<QemuPlan> PlanFor(const nlohmann::json& args) {
   BootPaths paths = DefaultBootPaths(request->name, "/run/hvt", "/var/lib/hvtrace/vms/g1");
   auto config = MakeBootVmConfig(*request, paths);
   if (!config.ok()) return config.error();
-  return BuildQemuPlan(*config, false);
+  static const QemuCaps caps = RecordedQemu("7.2");
+  return BuildQemuPlan(*config, false, caps);
 }
 
 TEST(BootTraceTest, WithoutTraceBootNothingChanges) {

@@ -8,11 +8,18 @@
 #include <vector>
 
 #include "gpa_layout.h"
+#include "recorded_qemu.h"
 
 namespace hvtrace::hostd {
 namespace {
 
 using ::testing::HasSubstr;
+
+// Debian 12's QEMU, as recorded: the layout tests below plan for it.
+const QemuCaps& Qemu72() {
+  static const QemuCaps caps = RecordedQemu("7.2");
+  return caps;
+}
 
 VmConfig BaseConfig() {
   VmConfig c;
@@ -111,7 +118,7 @@ TEST(GpaLayoutTest, RefusesRangeLargerThanMemoryOrTinyNode0) {
 }
 
 TEST(VmConfigTest, BasicArgv) {
-  auto plan = BuildQemuPlan(BaseConfig(), /*kvm_usable=*/false);
+  auto plan = BuildQemuPlan(BaseConfig(), /*kvm_usable=*/false, Qemu72());
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   const auto& argv = plan->argv;
   EXPECT_EQ(argv[0], "qemu-system-x86_64");
@@ -137,11 +144,11 @@ TEST(VmConfigTest, BasicArgv) {
 
 TEST(VmConfigTest, AccelSelection) {
   VmConfig c = BaseConfig();
-  EXPECT_EQ(ArgAfter(BuildQemuPlan(c, true)->argv, "-accel"), "kvm");
+  EXPECT_EQ(ArgAfter(BuildQemuPlan(c, true, Qemu72())->argv, "-accel"), "kvm");
   c.accel = Accel::kTcg;
-  EXPECT_EQ(ArgAfter(BuildQemuPlan(c, true)->argv, "-accel"), "tcg,thread=single");
+  EXPECT_EQ(ArgAfter(BuildQemuPlan(c, true, Qemu72())->argv, "-accel"), "tcg,thread=single");
   c.accel = Accel::kKvm;
-  EXPECT_THAT(BuildQemuPlan(c, false).error().message, HasSubstr("/dev/kvm"));
+  EXPECT_THAT(BuildQemuPlan(c, false, Qemu72()).error().message, HasSubstr("/dev/kvm"));
 }
 
 TEST(VmConfigTest, BootRangeMatchesDesignRecipe) {
@@ -150,7 +157,7 @@ TEST(VmConfigTest, BootRangeMatchesDesignRecipe) {
   c.boot_range = BootRangeConfig{};
   c.boot_range->backing_path = "/dev/shm/t1-boot";
   c.boot_range->events = "sched:sched_switch,irq";
-  auto plan = BuildQemuPlan(c, false);
+  auto plan = BuildQemuPlan(c, false, Qemu72());
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   const auto& argv = plan->argv;
   EXPECT_THAT(AllAfter(argv, "-object"),
@@ -173,7 +180,7 @@ TEST(VmConfigTest, RefusesBootRangeTooLargeForItsNode) {
   c.boot_range->backing_path = "/dev/shm/x";
   c.boot_range->range_bytes = 64 * kMiB;
   c.boot_range->node0_bytes = 1024 * kMiB;
-  auto plan = BuildQemuPlan(c, false);
+  auto plan = BuildQemuPlan(c, false, Qemu72());
   ASSERT_FALSE(plan.ok());
   EXPECT_THAT(plan.error().message, HasSubstr("too large for its node"));
   EXPECT_THAT(plan.error().message, HasSubstr("VM 't1'"));
@@ -184,10 +191,10 @@ TEST(VmConfigTest, RefusesUnalignedBootRange) {
   c.boot_range = BootRangeConfig{};
   c.boot_range->backing_path = "/dev/shm/x";
   c.boot_range->range_bytes = 16 * kMiB + 512;
-  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  EXPECT_FALSE(BuildQemuPlan(c, false, Qemu72()).ok());
   c.boot_range->range_bytes = 16 * kMiB;
   c.boot_range->node0_bytes = 1000 * kMiB + 4096;
-  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  EXPECT_FALSE(BuildQemuPlan(c, false, Qemu72()).ok());
 }
 
 TEST(VmConfigTest, RefusesBootRangeTooSmallPerCpu) {
@@ -196,7 +203,7 @@ TEST(VmConfigTest, RefusesBootRangeTooSmallPerCpu) {
   c.boot_range = BootRangeConfig{};
   c.boot_range->backing_path = "/dev/shm/x";
   c.boot_range->range_bytes = 64 * 4096;
-  EXPECT_THAT(BuildQemuPlan(c, false).error().message, HasSubstr("vCPUs only"));
+  EXPECT_THAT(BuildQemuPlan(c, false, Qemu72()).error().message, HasSubstr("vCPUs only"));
 }
 
 TEST(VmConfigTest, Malicious_BootRangeNamesCannotInjectCmdlineTokens) {
@@ -204,17 +211,17 @@ TEST(VmConfigTest, Malicious_BootRangeNamesCannotInjectCmdlineTokens) {
   c.boot_range = BootRangeConfig{};
   c.boot_range->backing_path = "/dev/shm/x";
   c.boot_range->events = "irq init=/bin/sh";
-  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  EXPECT_FALSE(BuildQemuPlan(c, false, Qemu72()).ok());
   c.boot_range->events = "irq";
   c.boot_range->instance_name = "a@0:1M";
-  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  EXPECT_FALSE(BuildQemuPlan(c, false, Qemu72()).ok());
 }
 
 TEST(VmConfigTest, Ivshmem) {
   VmConfig c = BaseConfig();
   c.ivshmem.push_back({"ivs0", "/dev/shm/t1-ivs0", 4 * kMiB, true});
   c.ivshmem.push_back({"ivs1", "/dev/shm/t1,ivs1", 64 * 1024, true});
-  auto plan = BuildQemuPlan(c, false);
+  auto plan = BuildQemuPlan(c, false, Qemu72());
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   EXPECT_THAT(
       AllAfter(plan->argv, "-object"),
@@ -229,38 +236,38 @@ TEST(VmConfigTest, Ivshmem) {
 TEST(VmConfigTest, RefusesNonPowerOfTwoIvshmem) {
   VmConfig c = BaseConfig();
   c.ivshmem.push_back({"ivs0", "/dev/shm/t1-ivs0", 3 * kMiB, true});
-  auto plan = BuildQemuPlan(c, false);
+  auto plan = BuildQemuPlan(c, false, Qemu72());
   ASSERT_FALSE(plan.ok());
   EXPECT_THAT(plan.error().message, HasSubstr("power of two"));
   c.ivshmem[0].size_bytes = 0;
-  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  EXPECT_FALSE(BuildQemuPlan(c, false, Qemu72()).ok());
   c.ivshmem[0].size_bytes = 1024;  // Power of two but below a page.
-  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  EXPECT_FALSE(BuildQemuPlan(c, false, Qemu72()).ok());
 }
 
 TEST(VmConfigTest, RefusesDuplicateIdsAndSharedBackingFiles) {
   VmConfig c = BaseConfig();
   c.ivshmem.push_back({"ivs0", "/dev/shm/a", 4 * kMiB, true});
   c.ivshmem.push_back({"ivs0", "/dev/shm/b", 4 * kMiB, true});
-  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  EXPECT_FALSE(BuildQemuPlan(c, false, Qemu72()).ok());
   c.ivshmem[1].id = "ivs1";
   c.ivshmem[1].backing_path = "/dev/shm/a";
-  EXPECT_THAT(BuildQemuPlan(c, false).error().message, HasSubstr("already used"));
+  EXPECT_THAT(BuildQemuPlan(c, false, Qemu72()).error().message, HasSubstr("already used"));
 }
 
 TEST(VmConfigTest, RefusesImpossibleBasics) {
   VmConfig c = BaseConfig();
   c.vcpus = 0;
-  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  EXPECT_FALSE(BuildQemuPlan(c, false, Qemu72()).ok());
   c = BaseConfig();
   c.memory_bytes = 1000 * kMiB + 1;
-  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  EXPECT_FALSE(BuildQemuPlan(c, false, Qemu72()).ok());
   c = BaseConfig();
   c.kernel.clear();
-  EXPECT_FALSE(BuildQemuPlan(c, false).ok());
+  EXPECT_FALSE(BuildQemuPlan(c, false, Qemu72()).ok());
   c = BaseConfig();
   c.qmp_socket = "/tmp/" + std::string(200, 'q');
-  EXPECT_THAT(BuildQemuPlan(c, false).error().message, HasSubstr("unix socket paths"));
+  EXPECT_THAT(BuildQemuPlan(c, false, Qemu72()).error().message, HasSubstr("unix socket paths"));
 }
 
 TEST(VmConfigTest, Q35AndPciPanic) {
@@ -268,7 +275,7 @@ TEST(VmConfigTest, Q35AndPciPanic) {
   c.machine = MachineType::kQ35;
   c.panic_device = PanicDevice::kPci;
   c.pause_on_panic = false;
-  auto plan = BuildQemuPlan(c, false);
+  auto plan = BuildQemuPlan(c, false, Qemu72());
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(ArgAfter(plan->argv, "-machine"), "q35");
   EXPECT_EQ(ArgAfter(plan->argv, "-device"), "pvpanic-pci");
@@ -284,14 +291,14 @@ TEST(VmConfigTest, KernelSizeSyntax) {
 // The metadata channel: a virtio-serial port named org.hvtrace.agent.0 on a
 // socket QEMU listens on (hvtraced connects); none unless asked for.
 TEST(VmConfigTest, MetaChannelPortWhenASocketIsGiven) {
-  auto plain = BuildQemuPlan(BaseConfig(), /*kvm_usable=*/false);
+  auto plain = BuildQemuPlan(BaseConfig(), /*kvm_usable=*/false, Qemu72());
   ASSERT_TRUE(plain.ok()) << plain.error().message;
   for (const std::string& d : AllAfter(plain->argv, "-device")) {
     EXPECT_EQ(d.find("virtserialport"), std::string::npos) << d;
   }
   VmConfig config = BaseConfig();
   config.meta_socket = "/run/hvtrace/mem/hvtrace-vm.meta";
-  auto plan = BuildQemuPlan(config, /*kvm_usable=*/false);
+  auto plan = BuildQemuPlan(config, /*kvm_usable=*/false, Qemu72());
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   const auto devices = AllAfter(plan->argv, "-device");
   EXPECT_NE(std::find(devices.begin(), devices.end(), "virtio-serial-pci,id=hvtrace-vser"),
@@ -306,7 +313,7 @@ TEST(VmConfigTest, MetaChannelPortWhenASocketIsGiven) {
                       "wait=off"),
             chardevs.end());
   config.meta_socket = "/tmp/" + std::string(200, 'x');
-  auto refused = BuildQemuPlan(config, /*kvm_usable=*/false);
+  auto refused = BuildQemuPlan(config, /*kvm_usable=*/false, Qemu72());
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.error().message, ::testing::HasSubstr("metadata channel socket"));
 }
@@ -327,7 +334,7 @@ std::string After(const std::vector<std::string>& argv, const std::string& flag)
 }
 
 TEST(VmConfigTest, NoSandboxNoRunasUnlessAsked) {
-  auto plan = BuildQemuPlan(BaseConfig(), false);
+  auto plan = BuildQemuPlan(BaseConfig(), false, Qemu72());
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   EXPECT_EQ(CountOf(plan->argv, "-sandbox"), 0u);
   EXPECT_EQ(CountOf(plan->argv, "-runas"), 0u);
@@ -336,7 +343,7 @@ TEST(VmConfigTest, NoSandboxNoRunasUnlessAsked) {
 TEST(VmConfigTest, SandboxDeniesExecPrivilegesObsoleteAndResourceControl) {
   VmConfig c = BaseConfig();
   c.sandbox = true;
-  auto plan = BuildQemuPlan(c, false);
+  auto plan = BuildQemuPlan(c, false, Qemu72());
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   EXPECT_EQ(CountOf(plan->argv, "-sandbox"), 1u);
   EXPECT_EQ(After(plan->argv, "-sandbox"),
@@ -344,21 +351,63 @@ TEST(VmConfigTest, SandboxDeniesExecPrivilegesObsoleteAndResourceControl) {
   EXPECT_EQ(CountOf(plan->argv, "-runas"), 0u);
 }
 
-// -runas calls setgid/setuid after the filter is in place: with a user the
-// sandbox must allow that one privilege change, and still deny spawning.
+// Dropping root calls setgid/setuid after the filter is in place: with a
+// user the sandbox must allow that one privilege change, and still deny
+// spawning. QEMU 7.2 spells it -runas USER.
 TEST(VmConfigTest, RunasKeepsTheSandboxButAllowsTheUidChange) {
   VmConfig c = BaseConfig();
   c.sandbox = true;
   c.run_as = "hvtrace-qemu";
-  auto plan = BuildQemuPlan(c, false);
+  auto plan = BuildQemuPlan(c, false, Qemu72());
   ASSERT_TRUE(plan.ok()) << plan.error().message;
   EXPECT_EQ(After(plan->argv, "-runas"), "hvtrace-qemu");
+  EXPECT_EQ(CountOf(plan->argv, "-run-with"), 0u);
   EXPECT_EQ(After(plan->argv, "-sandbox"),
             "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny");
   c.run_as = "-daemonize";
-  auto bad = BuildQemuPlan(c, false);
+  auto bad = BuildQemuPlan(c, false, Qemu72());
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("is not a user name"), std::string::npos);
+}
+
+// QEMU 10.0 has no -runas (removed in 10.0): the same VM drops root with
+// -run-with user=, and the sandbox still allows exactly that.
+TEST(VmConfigTest, Qemu10DropsRootWithRunWithUser) {
+  VmConfig c = BaseConfig();
+  c.sandbox = true;
+  c.run_as = "hvtrace-qemu";
+  auto plan = BuildQemuPlan(c, false, RecordedQemu("10.0"));
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_EQ(After(plan->argv, "-run-with"), "user=hvtrace-qemu");
+  EXPECT_EQ(CountOf(plan->argv, "-runas"), 0u);
+  EXPECT_EQ(After(plan->argv, "-sandbox"),
+            "on,obsolete=deny,elevateprivileges=allow,spawn=deny,resourcecontrol=deny");
+}
+
+// Everything else hvtraced puts on the line is spelled the same for both
+// releases: only the root-dropping pair differs.
+TEST(VmConfigTest, Qemu72AndQemu10DifferOnlyInHowQemuDropsRoot) {
+  VmConfig c = BaseConfig();
+  c.sandbox = true;
+  c.run_as = "hvtrace-qemu";
+  c.boot_range = BootRangeConfig{};
+  c.boot_range->backing_path = "/dev/shm/t1-boot";
+  c.ivshmem.push_back(IvshmemConfig{"ivs0", "/dev/shm/t1-ivs", 4 * kMiB, true});
+  c.meta_socket = "/tmp/t1.meta";
+  c.panic_device = PanicDevice::kPci;
+  auto old_plan = BuildQemuPlan(c, false, Qemu72());
+  auto new_plan = BuildQemuPlan(c, false, RecordedQemu("10.0"));
+  ASSERT_TRUE(old_plan.ok()) << old_plan.error().message;
+  ASSERT_TRUE(new_plan.ok()) << new_plan.error().message;
+  std::vector<std::string> a = old_plan->argv, b = new_plan->argv;
+  const auto drop = [](std::vector<std::string>& v, const std::string& flag) {
+    auto it = std::find(v.begin(), v.end(), flag);
+    ASSERT_NE(it, v.end()) << flag;
+    v.erase(it, it + 2);
+  };
+  drop(a, "-runas");
+  drop(b, "-run-with");
+  EXPECT_EQ(a, b);
 }
 
 TEST(VmConfigTest, ScopeLauncherRunsQemuInItsOwnTransientScope) {
@@ -368,7 +417,7 @@ TEST(VmConfigTest, ScopeLauncherRunsQemuInItsOwnTransientScope) {
   EXPECT_EQ(launcher,
             (std::vector<std::string>{"systemd-run", "--scope", "--unit=hvtrace-vm-web1.scope",
                                       "--collect", "--quiet", "--"}));
-  auto plan = BuildQemuPlan(BaseConfig(), false);
+  auto plan = BuildQemuPlan(BaseConfig(), false, Qemu72());
   ASSERT_TRUE(plan.ok());
   // Without systemd: QEMU's argv as planned.
   EXPECT_EQ(LaunchArgv({}, plan->argv), plan->argv);

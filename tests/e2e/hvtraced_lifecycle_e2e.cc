@@ -390,7 +390,10 @@ TEST_F(HvtracedLifecycleE2e, KexecIntoTheSameKernelThenPanicCapturesBothBoots) {
 TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   auto image = FindGuestImage("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
-  HvtracedProcess daemon(LifecycleDaemon("lc-bad", "vm_on_shutdown = stop\n"));
+  // QEMU as root, said: the checks below are of a root QEMU's files (0600,
+  // directory 0700). Left empty, a host that has the package's hvtrace-qemu
+  // user would run QEMU as it (qemu_user.h), with a 0710 directory.
+  HvtracedProcess daemon(LifecycleDaemon("lc-bad", "vm_on_shutdown = stop\nqemu_user = root\n"));
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = UniqueName("lc-bad");
 

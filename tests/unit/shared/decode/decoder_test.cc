@@ -401,6 +401,34 @@ TEST(DecoderTest, Malicious_UnsafePrintFormatsPrintRawInsteadOfCrashing) {
   EXPECT_TRUE(warned);
 }
 
+// printk_formats from a hostile trace.dat: libtraceevent 1.7 reads before a
+// format shorter than two characters and past a line without ':'
+// (the perfetto_export fuzzer's find, caught by ASan). Those lines are left
+// out; a well-formed one still names the string a pointer field points at.
+TEST(DecoderTest, Malicious_ShortOrShapelessPrintkFormatsAreLeftOut) {
+  TraceMetadata meta;
+  meta.source = "hostile";
+  meta.formats.push_back({"test",
+                          "name: str\nID: 20\nformat:\n"
+                          "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+                          "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+                          "\tfield:const char * msg;\toffset:8;\tsize:8;\tsigned:0;\n\n"
+                          "print fmt: \"%s\", REC->msg\n"});
+  meta.printk_formats =
+      "0xffffffff81000000 : \"\"\n0xffffffff81000008 : \"x\"\n0x1 : \"\n0x2 :\n:\n"
+      "zz : \"not hex\"\n0xffffffff81000010 : \"hello from printk_formats\\n\"\n\"";
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  (*dec)->SetFastPathsEnabled(false);
+  std::vector<std::byte> p(16, std::byte{0});
+  p[0] = std::byte{20};
+  const uint64_t addr = 0xffffffff81000010ull;
+  std::memcpy(p.data() + 8, &addr, 8);
+  std::string text;
+  (*dec)->AppendText(DecodedRecord{0, 1000, p, 0}, &text);
+  EXPECT_NE(text.find("hello from printk_formats"), std::string::npos) << text;
+}
+
 // A format that passes ParseEventFormat but crashes libtraceevent's parser
 // (format_fuzzer found this one: a NULL dereference while it folds
 // constants) costs a forked trial child, not the decoder.

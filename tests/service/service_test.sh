@@ -220,6 +220,14 @@ run_readme_command() {
   case "$line" in
     "hvtrace ping"*) ran_ping=1 ;;
     "hvtrace boot "*) ran_boot=1 ;;
+    "hvtrace show "*"--format perfetto -o "*)
+      # The export: a file in the user's directory, written by the user's
+      # own hvtrace, that starts as a Perfetto trace does (field 1, packet).
+      file=$(sed -E 's/.*--format perfetto -o +([^ ]+).*/\1/' <<<"$line")
+      first=$(run_as "$ADMIN" "od -An -tx1 -N1 $file" | tr -d ' ') ||
+        fail "as $ADMIN: no $file after: $line"
+      [ "$first" = 0a ] || fail "$file does not start as a Perfetto trace (first byte '$first')"
+      out="$file: $(run_as "$ADMIN" "stat -c '%s bytes, owner %U' $file")" ;;
     "hvtrace show "*)
       ran_show=1
       echo "$out" >"$WORK/show.txt"

@@ -6,6 +6,7 @@
 #include "capped_file.h"
 #include "capture_steps.h"
 #include "host_trace_capture.h"
+#include "kernel_log_step.h"
 #include "meta_store.h"
 #include "page_buffer.h"
 
@@ -181,12 +182,17 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   }
   const std::span<const std::byte> region_copy =
       in.region_file ? copies.region_file.span() : std::span<const std::byte>();
-  if (Status s = DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,
-                                  in.attach ? in.attach->geometry() : RegionGeometry{},
-                                  in.vcpus_stopped, formats_.get(), meta_dir, pending, manifest);
-      !s.ok()) {
-    return s;
+  const Status decoded =
+      DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,
+                       in.attach ? in.attach->geometry() : RegionGeometry{}, in.vcpus_stopped,
+                       formats_.get(), meta_dir, pending, manifest);
+  // After the decode (its KASLR verdict is the first offset tried), whether
+  // or not it worked: the guest is still held, and is released only after
+  // Take returns.
+  if (in.read_guest_memory || request.trigger == "panic") {
+    ReadKernelLogStep(in, formats_.get(), pending, manifest);
   }
+  if (!decoded.ok()) return decoded;
   manifest.extra["timing_ms"]["trigger_to_decoded"] = MsSince(request.triggered);
   return {};
 }

@@ -9,6 +9,7 @@
 #include "kernel_log_step.h"
 #include "meta_store.h"
 #include "page_buffer.h"
+#include "vmcore_step.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -192,6 +193,7 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   if (in.read_guest_memory || request.trigger == "panic") {
     ReadKernelLogStep(in, formats_.get(), pending, manifest);
   }
+  if (in.dump_guest_memory || in.dump_unavailable) VmcoreStep(in, pending, manifest);
   if (!decoded.ok()) return decoded;
   manifest.extra["timing_ms"]["trigger_to_decoded"] = MsSince(request.triggered);
   return {};
@@ -202,7 +204,9 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
   const CaptureInputs& in = request.inputs;
   const uint64_t region_bytes = (in.region_file ? in.region_file->size : 0) +
                                 (in.attach ? in.attach->geometry().region_size : 0) +
-                                (in.qemu_trace_log.empty() ? 0 : kHostTraceCopyCap);
+                                (in.qemu_trace_log.empty() ? 0 : kHostTraceCopyCap) +
+                                // A vmcore: at most the guest's RAM (Admit doubles it).
+                                (in.dump_guest_memory ? in.vmcore_bound / 2 : 0);
   Result<CaptureBudget::Admission> admitted =
       budget_->Admit(store, request.vm, request.trigger, region_bytes);
   if (!admitted.ok()) return admitted.error();

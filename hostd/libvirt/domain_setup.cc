@@ -270,7 +270,7 @@ void AddVmcoreinfo(xmlNode* root, SetupRecord& record, std::vector<std::string>&
     features = NewElement(root->doc, "features");
     Insert(root, features, BeforeDevices(root));
   }
-  xmlAddChild(features, NewElement(root->doc, "vmcoreinfo", {{"state", "on"}}));
+  Insert(features, NewElement(root->doc, "vmcoreinfo", {{"state", "on"}}));
   record.Added({{"element", "vmcoreinfo"}});
   changes.push_back(
       "add <vmcoreinfo state='on'/> to <features> (a vmcore of the guest carries VMCOREINFO)");

@@ -111,17 +111,10 @@ TEST_P(PostmortemMemoryE2e, PanicCaptureHoldsTheWholeKernelLogFromGuestMemory) {
   ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
   ASSERT_TRUE(console.Send("echo c > /proc/sysrq-trigger\n").ok());
 
-  json panic;
-  const auto deadline = std::chrono::steady_clock::now() + 90s;
-  while (panic.is_null() && std::chrono::steady_clock::now() < deadline) {
-    auto list = daemon.Call("captures", {{"name", name}});
-    ASSERT_TRUE(list.ok()) << list.error().message;
-    for (const json& c : (*list)["captures"]) {
-      if (c.value("trigger", "") == "panic") panic = c;
-    }
-    if (panic.is_null()) std::this_thread::sleep_for(200ms);
-  }
-  ASSERT_FALSE(panic.is_null()) << tail();
+  // The dump of the 1 GiB guest under TCG takes a while: a generous deadline.
+  auto waited = daemon.WaitForCapture(name, "panic", std::chrono::seconds(300));
+  ASSERT_TRUE(waited.ok()) << waited.error().message << tail();
+  const json panic = *waited;
   const fs::path dir =
       fs::path(daemon.state_dir()) / "vms" / name / "captures" / panic["id"].get<std::string>();
   const json m = json::parse(ReadText(dir / "manifest.json"));

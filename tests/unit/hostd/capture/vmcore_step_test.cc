@@ -19,11 +19,21 @@ using nlohmann::json;
 using test_support::ReadText;
 using test_support::TempDir;
 
-TEST(VmcoreStepTest, TheDumpMovesIntoTheCaptureAndIsListed) {
-  TempDir tmp;
-  CaptureStore store(tmp.path() / "captures");
-  auto pending = store.Begin("panic", HostTime::Now());
-  ASSERT_TRUE(pending.ok());
+// A capture being made, in a directory of its own.
+class VmcoreStepTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    pending_ = store_.Begin("panic", HostTime::Now());
+    ASSERT_TRUE(pending_.ok());
+  }
+  TempDir tmp_;
+  CaptureStore store_{tmp_.path() / "captures"};
+  Result<std::unique_ptr<PendingCapture>> pending_ = Error{"not begun"};
+};
+
+TEST_F(VmcoreStepTest, TheDumpMovesIntoTheCaptureAndIsListed) {
+  auto& pending = pending_;
+  TempDir& tmp = tmp_;
   CaptureInputs in;
   const fs::path elsewhere = tmp.path() / "qemu-wrote.vmcore";  // Another directory.
   in.dump_guest_memory = [&](const fs::path&) -> Result<fs::path> {
@@ -49,11 +59,8 @@ TEST(VmcoreStepTest, TheDumpMovesIntoTheCaptureAndIsListed) {
   EXPECT_TRUE(listed) << doc["files"].dump();
 }
 
-TEST(VmcoreStepTest, AFailedOrMissingDumperIsSaidInTheManifest) {
-  TempDir tmp;
-  CaptureStore store(tmp.path() / "captures");
-  auto pending = store.Begin("panic", HostTime::Now());
-  ASSERT_TRUE(pending.ok());
+TEST_F(VmcoreStepTest, AFailedOrMissingDumperIsSaidInTheManifest) {
+  auto& pending = pending_;
   CaptureInputs in;
   in.dump_guest_memory = [](const fs::path&) -> Result<fs::path> {
     return Error{"QMP dump-guest-memory: no space"};

@@ -1,7 +1,7 @@
-#!/ usr / bin / env bash
-#Installs hvtrace 's build and test dependencies from Debian' s packages.
-#Idempotent and fast when everything is already present : it only calls apt
-#when a package is missing.
+#!/usr/bin/env bash
+# Installs hvtrace's build and test dependencies from Debian's packages.
+# Idempotent and fast when everything is already present: it only calls apt
+# when a package is missing.
 set -euo pipefail
 
 PACKAGES=(
@@ -14,46 +14,49 @@ PACKAGES=(
   libtraceevent-dev libtracefs-dev libtracecmd-dev trace-cmd
   libzstd-dev zlib1g-dev nettle-dev
   qemu-system-x86 qemu-utils
-#busybox - static, cpio : the guests ' initramfs, and the hvtrace package' s
-#harvest initramfs(debian / control Build - Depends).
+  # busybox-static, cpio: the guests' initramfs, and the hvtrace package's
+  # harvest initramfs (debian/control Build-Depends).
   busybox-static cpio zstd xz-utils gzip kmod
-#Test modules built against the guest kernel's headers (build-test-modules.sh).
+  # Test modules built against the guest kernel's headers (build-test-modules.sh).
   make gcc-12
   mmdebstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs
   liblttng-ust-dev lttng-tools
   python3 socat ccache
-#Packaging(debian /, scripts / build - packages.sh, tests / packaging /).
+  # Packaging (debian/, scripts/build-packages.sh, tests/packaging/).
   scdoc debhelper dpkg-dev fakeroot lintian bash-completion systemd libxml2-dev
-#The service test boots systemd in a container(tests / service /).
+  # The service test boots systemd in a container (tests/service/).
   systemd-container
-#Fleet upload(hostd / fleet /) : libcurl's SigV4; a single-node Ceph with radosgw in tests.
+  # Fleet upload (hostd/fleet/): libcurl's SigV4; a single-node Ceph with radosgw in tests.
   libcurl4-openssl-dev ceph-mon ceph-mgr ceph-osd radosgw ceph-common
-#A panic capture's vmcore (vmcore = on-panic) checked by makedumpfile --dump-dmesg.
+  # A panic capture's vmcore (vmcore = on-panic) checked by makedumpfile --dump-dmesg.
   makedumpfile
 )
 
 missing=()
-for p in "${PACKAGES[@]}";
-do
-  if
-    !dpkg - query - W - f = '${Status}' "$p" 2 > / dev / null | grep - q "install ok installed";
-then missing += ("$p")fi done
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
 
 check_libvirt_user() {
-#libvirt - daemon - system creates it; the system libvirtd runs QEMU as it.
-  if
-    !getent passwd libvirt - qemu > / dev / null;
-  then echo
-      "install-deps: user libvirt-qemu is missing although libvirt-daemon-system is installed;"
-      "reinstall it: apt-get install --reinstall libvirt-daemon-system" > &2 exit 1 fi
+  # libvirt-daemon-system creates it; the system libvirtd runs QEMU as it.
+  if ! getent passwd libvirt-qemu >/dev/null; then
+    echo "install-deps: user libvirt-qemu is missing although libvirt-daemon-system is installed;" \
+         "reinstall it: apt-get install --reinstall libvirt-daemon-system" >&2
+    exit 1
+  fi
 }
 
-if
-  [$ { #missing[@] } - eq 0];
-then check_libvirt_user exit 0 fi
+if [ ${#missing[@]} -eq 0 ]; then
+  check_libvirt_user
+  exit 0
+fi
 
-        echo "install-deps: installing ${missing[*]}" > & 2 SUDO =
-    ""["$(id -u)" - eq 0] || SUDO = "sudo" export DEBIAN_FRONTEND =
-        noninteractive $SUDO apt - get update - qq $SUDO apt - get install - y - qq-- no - install -
-            recommends "${missing[@]}" >
-        / dev / null check_libvirt_user
+echo "install-deps: installing ${missing[*]}" >&2
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+check_libvirt_user

@@ -1,7 +1,8 @@
 // Fuzzes the printk ring reader: the input is VMCOREINFO text, a NUL, then a
 // memory record (hvtrace/memory_record.h, uncompressed) standing for guest
-// memory. Seeds: tests/fixtures/printk_ring/ (the real 6.12 and 7.3 guests'
-// records with their VMCOREINFO, joined the same way).
+// memory. No committed seeds yet: the real 6.12 and 7.3 guests' records
+// (tests/fixtures/printk_ring/, vmcoreinfo.txt + NUL + the decompressed
+// printk-memory.zst) are the inputs to seed it with.
 #include <cstddef>
 #include <cstdint>
 #include <span>

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -73,6 +74,69 @@ TEST_F(VmcoreStepTest, AFailedOrMissingDumperIsSaidInTheManifest) {
   in.dump_unavailable = true;
   VmcoreStep(in, **pending, m);
   EXPECT_NE(m.extra["vmcore"]["error"].get<std::string>().find("cannot dump"), std::string::npos);
+}
+
+// QEMU 7.2's output: the flattened stream of a kdump file whose sub-header
+// phys_base is the guest's decimal NUMBER(phys_base) read as hex.
+std::string FlattenedKdump(uint64_t qemu_phys_base, const std::string& vmcoreinfo) {
+  std::string kdump(8192, '\0');
+  std::memcpy(kdump.data(), "KDUMP   ", 8);
+  const uint32_t block = 4096;
+  std::memcpy(kdump.data() + 428, &block, 4);
+  std::memcpy(kdump.data() + 4096, &qemu_phys_base, 8);
+  const uint64_t offset = kdump.size(), size = vmcoreinfo.size();
+  std::memcpy(kdump.data() + 4096 + 32, &offset, 8);
+  std::memcpy(kdump.data() + 4096 + 40, &size, 8);
+  kdump += vmcoreinfo;
+  auto be = [](int64_t v) {
+    std::string out(8, '\0');
+    for (int i = 0; i < 8; ++i)
+      out[i] = static_cast<char>(static_cast<uint64_t>(v) >> (56 - 8 * i));
+    return out;
+  };
+  std::string flat(4096, '\0');
+  std::memcpy(flat.data(), "makedumpfile", 12);
+  flat.replace(16, 8, be(1));
+  flat.replace(24, 8, be(1));
+  // Two records, the second first: a record is written at its offset.
+  flat += be(4096) + be(static_cast<int64_t>(kdump.size() - 4096)) + kdump.substr(4096);
+  flat += be(0) + be(4096) + kdump.substr(0, 4096);
+  flat += be(-1) + be(-1);
+  return flat;
+}
+
+TEST_F(VmcoreStepTest, AFlattenedDumpIsReassembledAndItsPhysBaseFixed) {
+  const fs::path flat = tmp_.path() / "flat.vmcore";
+  std::ofstream(flat, std::ios::binary)
+      << FlattenedKdump(0x603979776ull, "OSRELEASE=6.12\nNUMBER(phys_base)=603979776\n");
+  CaptureInputs in;
+  in.dump_guest_memory = [&](const fs::path&) -> Result<fs::path> { return flat; };
+  CaptureManifest m;
+  VmcoreStep(in, **pending_, m);
+  const json& v = m.extra["vmcore"];
+  ASSERT_FALSE(v.contains("error")) << v.dump();
+  EXPECT_EQ(v["reassembled"], true);
+  EXPECT_EQ(v["phys_base_fixed"]["kernel"], 603979776u) << v.dump();
+  const std::string out = ReadText((*pending_)->dir() / "vmcore");
+  ASSERT_GE(out.size(), 8192u);
+  EXPECT_EQ(out.substr(0, 8), "KDUMP   ");
+  uint64_t phys_base = 0;
+  std::memcpy(&phys_base, out.data() + 4096, 8);
+  EXPECT_EQ(phys_base, 603979776u);
+  EXPECT_NE(out.find("NUMBER(phys_base)=603979776"), std::string::npos);
+}
+
+TEST_F(VmcoreStepTest, Malicious_ATruncatedFlattenedDumpIsAnError) {
+  const fs::path flat = tmp_.path() / "flat.vmcore";
+  std::string bytes = FlattenedKdump(1, "NUMBER(phys_base)=1\n");
+  bytes.resize(bytes.size() - 100);
+  std::ofstream(flat, std::ios::binary) << bytes;
+  CaptureInputs in;
+  in.dump_guest_memory = [&](const fs::path&) -> Result<fs::path> { return flat; };
+  CaptureManifest m;
+  VmcoreStep(in, **pending_, m);
+  EXPECT_TRUE(m.extra["vmcore"].contains("error")) << m.extra["vmcore"].dump();
+  EXPECT_FALSE(fs::exists((*pending_)->dir() / "vmcore"));
 }
 
 }  // namespace

@@ -104,13 +104,36 @@ Status Reassemble(const fs::path& flat, const fs::path& out) {
 // timeval; int status; int block_size @428 ...}, kdump_sub_header at
 // block_size {u64 phys_base; int dump_level; int split; u64 start_pfn,
 // end_pfn; u64 offset_vmcoreinfo @32; u64 size_vmcoreinfo @40 ...}.
-std::optional<uint64_t> FixPhysBase(const fs::path& file, nlohmann::json& info) {
+// A dump whose sub-header names no VMCOREINFO (QEMU had no note from the
+// guest: no vmcoreinfo device, or the guest never handed it over) gets
+// |vmcoreinfo| (what the kernel log step read from guest memory) appended,
+// and the sub-header pointing at it.
+bool AddVmcoreinfo(std::fstream& f, uint32_t block_size, const std::string& vmcoreinfo) {
+  f.clear();
+  f.seekp(0, std::ios::end);
+  const uint64_t offset = static_cast<uint64_t>(f.tellp()), size = vmcoreinfo.size();
+  f.write(vmcoreinfo.data(), static_cast<std::streamsize>(size));
+  f.seekp(block_size + 32);
+  f.write(reinterpret_cast<const char*>(&offset), 8);
+  f.write(reinterpret_cast<const char*>(&size), 8);
+  f.flush();
+  return static_cast<bool>(f);
+}
+
+std::optional<uint64_t> FixPhysBase(const fs::path& file, const std::string& read_vmcoreinfo,
+                                    nlohmann::json& info) {
   std::fstream f(file, std::ios::binary | std::ios::in | std::ios::out);
   char head[432] = {};
-  if (!f.read(head, sizeof head) || std::memcmp(head, "KDUMP   ", 8) != 0) return std::nullopt;
+  if (!f.read(head, sizeof head) || std::memcmp(head, "KDUMP   ", 8) != 0) {
+    info["phys_base_unchecked"] = "no kdump header";
+    return std::nullopt;
+  }
   uint32_t block_size = 0;
   std::memcpy(&block_size, head + 428, 4);
-  if (block_size < 512 || block_size > (1u << 20)) return std::nullopt;
+  if (block_size < 512 || block_size > (1u << 20)) {
+    info["phys_base_unchecked"] = "block size " + std::to_string(block_size);
+    return std::nullopt;
+  }
   char sub[48] = {};
   f.seekg(block_size);
   if (!f.read(sub, sizeof sub)) return std::nullopt;
@@ -118,12 +141,26 @@ std::optional<uint64_t> FixPhysBase(const fs::path& file, nlohmann::json& info) 
   std::memcpy(&phys_base, sub, 8);
   std::memcpy(&offset, sub + 32, 8);
   std::memcpy(&size, sub + 40, 8);
-  if (size == 0 || size > kMaxVmcoreinfoBytes) return std::nullopt;
+  if (size == 0 && !read_vmcoreinfo.empty() && read_vmcoreinfo.size() <= kMaxVmcoreinfoBytes &&
+      AddVmcoreinfo(f, block_size, read_vmcoreinfo)) {
+    info["vmcoreinfo_added"] = true;
+    offset = 0;
+    f.seekg(block_size + 32);
+    if (!f.read(reinterpret_cast<char*>(&offset), 8)) return std::nullopt;
+    size = read_vmcoreinfo.size();
+  }
+  if (size == 0 || size > kMaxVmcoreinfoBytes) {
+    info["phys_base_unchecked"] = "no VMCOREINFO in the dump (" + std::to_string(size) + " bytes)";
+    return std::nullopt;
+  }
   std::string text(size, '\0');
   f.seekg(static_cast<std::streamoff>(offset));
   if (!f.read(text.data(), static_cast<std::streamsize>(size))) return std::nullopt;
   const auto number = Vmcoreinfo::Parse(text).Value("NUMBER(phys_base)");
-  if (!number) return std::nullopt;
+  if (!number) {
+    info["phys_base_unchecked"] = "VMCOREINFO without NUMBER(phys_base)";
+    return std::nullopt;
+  }
   uint64_t want = 0;
   const auto [end, ec] = std::from_chars(number->data(), number->data() + number->size(), want);
   if (ec != std::errc() || end != number->data() + number->size()) return std::nullopt;
@@ -177,7 +214,12 @@ void VmcoreStep(const CaptureInputs& in, PendingCapture& pending, CaptureManifes
     info["error"] = s.error().message;
     return;
   }
-  FixPhysBase(pending.dir() / kVmcoreFileName, info);
+  // The kernel log step's copy of VMCOREINFO (kernel_log_step.h), if any.
+  std::string read_vmcoreinfo;
+  if (std::ifstream v(pending.dir() / "vmcoreinfo.txt", std::ios::binary); v) {
+    read_vmcoreinfo.assign(std::istreambuf_iterator<char>(v), {});
+  }
+  FixPhysBase(pending.dir() / kVmcoreFileName, read_vmcoreinfo, info);
   std::error_code ec;
   info["file"] = kVmcoreFileName;
   info["format"] = "kdump-zlib";

@@ -54,6 +54,8 @@ struct BootRequest : KernelFileArgs {
   bool trace_boot = false;
   // Handshake devices (boot_trace.h): "virtio-blk", "virtio-net", "virtio-serial".
   std::vector<std::string> devices;
+  // "" (the daemon's vmcore setting) | off | on-panic (config.h).
+  std::string vmcore;
 
   template <class Self, class Map>
   static void Fields(Self& r, Map& m) {
@@ -67,6 +69,7 @@ struct BootRequest : KernelFileArgs {
     m.Field("accel", r.accel);
     m.Field("trace_boot", r.trace_boot);
     m.List("devices", r.devices, 3);
+    m.Field("vmcore", r.vmcore);
   }
   // What one field cannot say: the accel's spelling, the device names.
   Status Check() const;

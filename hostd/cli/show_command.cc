@@ -42,6 +42,7 @@
 #include "hvtrace/output.h"
 #include "region_issues.h"
 #include "requests.h"
+#include "show_crash.h"
 #include "show_timeline.h"
 
 namespace hvtrace::cli {
@@ -167,10 +168,13 @@ struct ShowArgs {
   OutputFormat format = OutputFormat::kText;
   bool trace_cmd_names = false;  // One name per pid, as `trace-cmd report`.
   bool timeline = false;         // Host and guest merged (show_timeline.h).
+  bool log = false;              // The kernel log alone (show_crash.h).
 };
 
-// Prints every selected boot file of |dir| under its header.
+// Prints every selected boot file of |dir| under its header, after the
+// crash summary (show_crash.h); with --log, the kernel log instead.
 int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, int fd) {
+  if (args.log) return ShowKernelLogs(dir, args.boot, fd);
   const auto files = BootFiles(dir);
   if (files.empty()) {
     std::fprintf(stderr,
@@ -183,6 +187,19 @@ int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, i
   const std::string id = manifest.is_object() && manifest.contains("id")
                              ? JsonString(manifest, "id")
                              : dir.filename().string();
+  // With --boot, the summary only above the boot that crashed.
+  const bool crash_shown =
+      !args.boot ||
+      (manifest.is_object() && manifest.contains("crash") && manifest["crash"].is_object() &&
+       manifest["crash"].contains("boot") && manifest["crash"]["boot"] == *args.boot);
+  if (Status s =
+          WriteAllFd(fd, !crash_shown                         ? std::string()
+                         : args.format == OutputFormat::kText ? CrashSummaryText(manifest)
+                                                              : CrashSummaryJsonLine(manifest));
+      !s.ok()) {
+    std::fprintf(stderr, "hvtrace show: %s\n", s.error().message.c_str());
+    return 1;
+  }
   bool shown = false;
   uint64_t events = 0;
   size_t problems = 0;
@@ -363,6 +380,7 @@ int DecodeRegionAndShow(const ShowArgs& args, const fs::path& region,
     if (!manifest.contains("extra") || !manifest["extra"].is_object())
       manifest["extra"] = json::object();
     manifest["extra"]["boots"] = decoded.extra["boots"];
+    if (!decoded.crash.is_null()) manifest["crash"] = decoded.crash;
     rc = ShowBoots(args, tmp, manifest, fd);
   }
   std::error_code ec;
@@ -448,13 +466,18 @@ class ShowCommand final : public Command {
     app.add_flag("--timeline", args_.timeline,
                  "host (QEMU) and guest events of a --trace-boot capture merged on the host "
                  "clock, as `trace-cmd report -i host.dat -i boot-N.host-clock.dat` merges them");
+    app.add_flag("--log", args_.log,
+                 "print the capture's kernel log alone, as dmesg prints it (boot-N.kernel.log)");
     app.add_option("-o,--output", args_.output, "write to OUT instead of stdout")->type_name("OUT");
     app.footer(
         "Prints the events of a capture, every boot oldest first, as `trace-cmd report` prints "
         "its\n"
         "trace.dat files (text) or as JSON lines. Each boot starts with a header: '# ...' lines "
         "in\n"
-        "text, a {\"capture\": ...} object (no \"event\" key) in JSON.\n"
+        "text, a {\"capture\": ...} object (no \"event\" key) in JSON. A capture whose kernel "
+        "log\n"
+        "holds a panic, oops or WARNING opens with its crash summary: '# crash ...' lines, or a\n"
+        "{\"crash\": ...} object first in JSON. --log prints the kernel log alone, like dmesg.\n"
         "A CAPTURE that is no existing path and reads ID or VM/ID is read through hvtraced:\n"
         "any member of hvtrace or hvtrace-admin may, the state dir's permissions aside. A\n"
         "directory is read with this user's own rights (offline, or a copied capture).\n"
@@ -474,6 +497,7 @@ class ShowCommand final : public Command {
       return Error{"--region needs --formats KEY_OR_DIR"};
     if (args_.timeline && (args_.capture.empty() || json_))
       return Error{"--timeline needs a CAPTURE and prints text"};
+    if (args_.log && (args_.timeline || json_)) return Error{"--log prints text, alone"};
     return {};
   }
   int Run() override {

@@ -3,9 +3,10 @@
 // lengths) and the crash summary over any text (SummarizeCrash: line shapes,
 // numbers, frames), then the printable forms.
 // Input: records as [u16 little-endian length][payload] one after the other
-// (the seeds are real printk:console payloads from the 6.12 and 7.3 guests'
-// panic captures); the same bytes, split at newlines, are also a log.
-// Seeds: tests/fixtures/fuzz/kernel_log/.
+// (the seeds: the 6.12 guest's real panic lines, tests/fixtures/kernel-log/,
+// as printk:console records in that kernel's layout, and the KERN_CONT
+// pieces of an oops line); the same bytes, split at newlines, are also a
+// log. Seeds: tests/fixtures/fuzz/kernel_log/.
 #include <cstddef>
 #include <cstdint>
 #include <span>

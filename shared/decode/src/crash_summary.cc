@@ -200,7 +200,10 @@ void ReadBlock(const KernelLog& log, size_t start, size_t end, const CrashSymbol
     if (s->warning_line.empty() && IsWarnLine(t)) s->warning_line = PrintableLogText(t);
     if (!cpu) cpu = ParseCpuLine(t, s);
     if (t.starts_with("Tainted: ")) s->taint = PrintableLogText(t.substr(9));
-    if (s->rip.empty() && t.starts_with("RIP: ")) s->rip = PrintableLogText(Trim(t.substr(5)));
+    // The exception's RIP comes before its call trace; a RIP inside the
+    // trace is the user registers of the syscall the task was in.
+    if (!trace && s->rip.empty() && t.starts_with("RIP: "))
+      s->rip = PrintableLogText(Trim(t.substr(5)));
     if (s->kernel_offset.empty() && t.starts_with("Kernel Offset: ")) {
       std::string_view off = t.substr(15);
       s->kernel_offset = PrintableLogText(off.substr(0, off.find(' ')));

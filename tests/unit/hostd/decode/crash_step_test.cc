@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "console_event_fixture.h"
+
 namespace hvtrace::hostd {
 namespace {
 
@@ -17,13 +19,8 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::byte>;
 
-constexpr const char* kCommon =
-    "format:\n"
-    "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
-    "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
-    "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
-    "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n";
-constexpr uint16_t kConsole = 5, kTick = 7;
+constexpr uint16_t kTick = 7;
+using test_support::kCommonFormatFields;
 
 std::string ReadFile(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -36,28 +33,17 @@ KernelFormats Formats() {
   KernelFormats f;
   f.key = "test";
   f.header_page = ReadFile(fs::path(HVTRACE_FIXTURES_DIR) / "pages" / "header_page.txt");
-  f.events.push_back({"printk", "console", kConsole,
-                      std::string("name: console\nID: 5\n") + kCommon +
-                          "\tfield:__data_loc char[] msg;\toffset:8;\tsize:4;\tsigned:0;\n\n"
-                          "print fmt: \"%s\", __get_str(msg)\n",
-                      ""});
+  f.events.push_back(
+      {"printk", "console", test_support::kConsoleEventId, test_support::ConsoleFormatText(), ""});
   f.events.push_back({"test", "tick", kTick,
-                      std::string("name: tick\nID: 7\n") + kCommon +
+                      std::string("name: tick\nID: 7\n") + kCommonFormatFields +
                           "\tfield:int n;\toffset:8;\tsize:4;\tsigned:1;\n\n"
                           "print fmt: \"n=%d\", REC->n\n",
                       ""});
   return f;
 }
 
-Bytes Console(std::string_view text, int32_t pid) {
-  Bytes p(12 + text.size() + 1, std::byte{0});
-  std::memcpy(p.data(), &kConsole, 2);
-  std::memcpy(p.data() + 4, &pid, 4);
-  const uint32_t ref = (static_cast<uint32_t>(text.size() + 1) << 16) | 12u;
-  std::memcpy(p.data() + 8, &ref, 4);
-  std::memcpy(p.data() + 12, text.data(), text.size());
-  return p;
-}
+Bytes Console(std::string_view text, int32_t pid) { return test_support::ConsoleRecord(text, pid); }
 
 Bytes Tick(int32_t n, int32_t pid) {
   Bytes p(12, std::byte{0});
@@ -140,7 +126,8 @@ TEST(CrashStep, ARingLogIsPreferredAndNoLogWritesNothing) {
   ring.records.push_back({.seq = 1, .ts_ns = 5, .cpu = 0, .pid = 1, .text = "only line"});
   const fs::path dir = fs::path(::testing::TempDir()) / ("crash-ring-" + std::to_string(getpid()));
   fs::create_directories(dir);
-  Result<BootLogResult> r = WriteBootKernelLog({&b.map, 0, &formats, nullptr, false, 0, &ring}, dir);
+  Result<BootLogResult> r =
+      WriteBootKernelLog({&b.map, 0, &formats, nullptr, false, 0, &ring}, dir);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(ReadFile(dir / r->file), "[    0.000000] only line\n");
   EXPECT_EQ(r->kernel_log["source"], "printk-ring");

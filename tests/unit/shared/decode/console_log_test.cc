@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "console_event_fixture.h"
 #include "hvtrace/format.h"
 
 namespace hvtrace {
@@ -13,35 +14,15 @@ namespace {
 
 using Bytes = std::vector<std::byte>;
 
-// events/printk/console/format of the Debian 6.12 and 7.3 guests.
-constexpr const char* kConsoleFormat =
-    "name: console\nID: 5\nformat:\n"
-    "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
-    "\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;\n"
-    "\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;\n"
-    "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
-    "\tfield:__data_loc char[] msg;\toffset:8;\tsize:4;\tsigned:0;\n\n"
-    "print fmt: \"%s\", __get_str(msg)\n";
-constexpr uint16_t kConsoleId = 5, kPrintId = 6;
+using test_support::ConsoleRecord;
+constexpr uint16_t kPrintId = 6;
 
 ConsoleMsgField Field() {
-  Result<EventFormat> f = ParseEventFormat("printk", kConsoleFormat);
+  Result<EventFormat> f = ParseEventFormat("printk", test_support::ConsoleFormatText());
   EXPECT_TRUE(f.ok());
   auto field = FindConsoleMsgField(*f);
   EXPECT_TRUE(field.has_value());
   return field.value_or(ConsoleMsgField{});
-}
-
-// A record as trace_console writes it: trace_entry, the __data_loc
-// reference, then the text and its NUL (__dynamic_array(char, msg, len + 1)).
-Bytes Record(std::string_view text, int32_t pid = 209, uint16_t id = kConsoleId) {
-  Bytes p(12 + text.size() + 1, std::byte{0});
-  std::memcpy(p.data(), &id, 2);
-  std::memcpy(p.data() + 4, &pid, 4);
-  const uint32_t ref = (static_cast<uint32_t>(text.size() + 1) << 16) | 12u;
-  std::memcpy(p.data() + 8, &ref, 4);
-  std::memcpy(p.data() + 12, text.data(), text.size());
-  return p;
 }
 
 KernelLog Build(const std::vector<Bytes>& payloads) {
@@ -53,9 +34,9 @@ KernelLog Build(const std::vector<Bytes>& payloads) {
 
 TEST(ConsoleLog, OneRecordPerLineWithTimeCpuAndPid) {
   const KernelLog log =
-      Build({Record("sysrq: Trigger a crash"),
-             Record("Kernel panic - not syncing: sysrq triggered crash"),
-             Record("CPU: 1 UID: 0 PID: 209 Comm: sh Not tainted 6.12.48+deb12-amd64 #1")});
+      Build({ConsoleRecord("sysrq: Trigger a crash"),
+             ConsoleRecord("Kernel panic - not syncing: sysrq triggered crash"),
+             ConsoleRecord("CPU: 1 UID: 0 PID: 209 Comm: sh Not tainted 6.12.48+deb12-amd64 #1")});
   EXPECT_EQ(log.source, "console-events");
   ASSERT_EQ(log.records.size(), 3u);
   EXPECT_EQ(log.records[1].text, "Kernel panic - not syncing: sysrq triggered crash");
@@ -67,7 +48,7 @@ TEST(ConsoleLog, OneRecordPerLineWithTimeCpuAndPid) {
 }
 
 TEST(ConsoleLog, MultiLineTextSplitsKeepingTheRecordsTime) {
-  const KernelLog log = Build({Record("first\nsecond\n"), Record("")});
+  const KernelLog log = Build({ConsoleRecord("first\nsecond\n"), ConsoleRecord("")});
   ASSERT_EQ(log.records.size(), 3u);
   EXPECT_EQ(log.records[0].text, "first");
   EXPECT_EQ(log.records[1].text, "second");
@@ -79,10 +60,11 @@ TEST(ConsoleLog, MultiLineTextSplitsKeepingTheRecordsTime) {
 // (pr_cont), each an event, ended by pr_cont("\n"): joined as dmesg shows it.
 TEST(ConsoleLog, ContinuationPiecesJoinUpToTheirEmptyEnd) {
   const KernelLog log =
-      Build({Record("PGD 0 "), Record("P4D 0 "), Record(""), Record("Modules linked in:"),
-             Record(" hvt_beta(O)"), Record(" pvpanic_mmio"), Record(" pvpanic"), Record(""),
-             Record("CR2: 0000000000000000"), Record("Modules linked in:"),
-             Record(" other_task", 1), Record("")});
+      Build({ConsoleRecord("PGD 0 "), ConsoleRecord("P4D 0 "), ConsoleRecord(""),
+             ConsoleRecord("Modules linked in:"), ConsoleRecord(" hvt_beta(O)"),
+             ConsoleRecord(" pvpanic_mmio"), ConsoleRecord(" pvpanic"), ConsoleRecord(""),
+             ConsoleRecord("CR2: 0000000000000000"), ConsoleRecord("Modules linked in:"),
+             ConsoleRecord(" other_task", 1), ConsoleRecord("")});
   ASSERT_EQ(log.records.size(), 6u);
   EXPECT_EQ(log.records[0].text, "PGD 0 P4D 0 ");
   EXPECT_EQ(log.records[1].text, "Modules linked in: hvt_beta(O) pvpanic_mmio pvpanic");
@@ -96,22 +78,22 @@ TEST(ConsoleLog, ContinuationPiecesJoinUpToTheirEmptyEnd) {
 // A user's trace_marker write is a print event, not printk: whatever it
 // says, it never enters the kernel log.
 TEST(ConsoleLog, Malicious_ForgedPanicInAMarkerIsNotTheLog) {
-  const KernelLog log =
-      Build({Record("Kernel panic - not syncing: forged", 300, kPrintId), Record("real line")});
+  const KernelLog log = Build({ConsoleRecord("Kernel panic - not syncing: forged", 300, kPrintId),
+                               ConsoleRecord("real line")});
   ASSERT_EQ(log.records.size(), 1u);
   EXPECT_EQ(log.records[0].text, "real line");
 }
 
 TEST(ConsoleLog, Malicious_BadReferencesAreCountedAndSkipped) {
-  Bytes past_end = Record("abc");
+  Bytes past_end = ConsoleRecord("abc");
   const uint32_t ref = (200u << 16) | 12u;  // 200 bytes where 4 are.
   std::memcpy(past_end.data() + 8, &ref, 4);
-  Bytes into_header = Record("abc");
+  Bytes into_header = ConsoleRecord("abc");
   const uint32_t hdr = (4u << 16) | 2u;  // Points into trace_entry.
   std::memcpy(into_header.data() + 8, &hdr, 4);
-  Bytes truncated = Record("abc");
+  Bytes truncated = ConsoleRecord("abc");
   truncated.resize(10);
-  const KernelLog log = Build({past_end, into_header, truncated, Bytes(1), Record("ok")});
+  const KernelLog log = Build({past_end, into_header, truncated, Bytes(1), ConsoleRecord("ok")});
   EXPECT_EQ(log.malformed, 3u);
   ASSERT_EQ(log.records.size(), 1u);
   EXPECT_EQ(log.records[0].text, "ok");
@@ -121,7 +103,8 @@ TEST(ConsoleLog, Malicious_NulEscapesLongLinesAndInvalidUtf8) {
   const std::string nul("before\0after", 12);
   const std::string escape = "\x1b]0;owned\x07\x1b[2Jtext\xff\xfe";
   const std::string big(60000, 'x');
-  const KernelLog log = Build({Record(nul), Record(escape), Record(big), Record("no newline")});
+  const KernelLog log = Build(
+      {ConsoleRecord(nul), ConsoleRecord(escape), ConsoleRecord(big), ConsoleRecord("no newline")});
   ASSERT_EQ(log.records.size(), 4u);
   EXPECT_EQ(log.records[0].text, "before");
   EXPECT_EQ(log.records[2].text.size(), kMaxKernelLogLine);
@@ -134,10 +117,10 @@ TEST(ConsoleLog, Malicious_NulEscapesLongLinesAndInvalidUtf8) {
 }
 
 TEST(ConsoleLog, OtherFormatsAreNotTheConsole) {
-  Result<EventFormat> f = ParseEventFormat("ftrace", std::string(kConsoleFormat));
+  Result<EventFormat> f = ParseEventFormat("ftrace", test_support::ConsoleFormatText());
   ASSERT_TRUE(f.ok());
   EXPECT_FALSE(FindConsoleMsgField(*f).has_value());
-  std::string no_loc = kConsoleFormat;
+  std::string no_loc = test_support::ConsoleFormatText();
   no_loc.replace(no_loc.find("__data_loc char[] msg"), 21, "int msg");
   Result<EventFormat> g = ParseEventFormat("printk", no_loc);
   ASSERT_TRUE(g.ok());

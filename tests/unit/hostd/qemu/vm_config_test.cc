@@ -235,11 +235,11 @@ TEST(VmConfigTest, Ivshmem) {
 
 TEST(VmConfigTest, VmcoreinfoDeviceOnlyWhenAsked) {
   VmConfig c = BaseConfig();
-  auto without = BuildQemuPlan(c, false);
+  auto without = BuildQemuPlan(c, false, Qemu72());
   ASSERT_TRUE(without.ok());
   EXPECT_THAT(AllAfter(without->argv, "-device"), ::testing::ElementsAre("pvpanic"));
   c.vmcoreinfo = true;
-  auto with = BuildQemuPlan(c, false);
+  auto with = BuildQemuPlan(c, false, Qemu72());
   ASSERT_TRUE(with.ok());
   EXPECT_THAT(AllAfter(with->argv, "-device"), ::testing::ElementsAre("pvpanic", "vmcoreinfo"));
 }

@@ -15,24 +15,22 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 
 json Manifest() {
-  return {{"crash",
-           {{"boot", 1},
-            {"kind", "panic"},
-            {"reason", "sysrq triggered crash"},
-            {"panic_line", "Kernel panic - not syncing: sysrq triggered crash"},
-            {"task", "sh"},
-            {"pid", 209},
-            {"cpu", 1},
-            {"taint", "not tainted"},
-            {"frames",
-             {{{"function", "dump_stack_lvl+0x5d/0x80"}, {"context", "TASK"}},
-              {{"function", "__die+0x23/0x70"}, {"context", "TASK"}, {"unreliable", true}},
-              {{"function", "hvt_beta_oops+0x15/0x30"},
-               {"module", "hvt_beta"},
-               {"context", "TASK"}}}},
-            {"events_before",
-             {{{"ts_ns", 5}, {"line", "sh-209 [001] 9.1: tracing_mark_write: last"}}}},
-            {"log", {{"source", "console-events"}, {"lines", 328}, {"lost", 0}, {"malformed", 0}}}}}};
+  return {
+      {"crash",
+       {{"boot", 1},
+        {"kind", "panic"},
+        {"reason", "sysrq triggered crash"},
+        {"panic_line", "Kernel panic - not syncing: sysrq triggered crash"},
+        {"task", "sh"},
+        {"pid", 209},
+        {"cpu", 1},
+        {"taint", "not tainted"},
+        {"frames",
+         {{{"function", "dump_stack_lvl+0x5d/0x80"}, {"context", "TASK"}},
+          {{"function", "__die+0x23/0x70"}, {"context", "TASK"}, {"unreliable", true}},
+          {{"function", "hvt_beta_oops+0x15/0x30"}, {"module", "hvt_beta"}, {"context", "TASK"}}}},
+        {"events_before", {{{"ts_ns", 5}, {"line", "sh-209 [001] 9.1: tracing_mark_write: last"}}}},
+        {"log", {{"source", "console-events"}, {"lines", 328}, {"lost", 0}, {"malformed", 0}}}}}};
 }
 
 TEST(ShowCrash, SummaryTextIsCommentLines) {
@@ -57,7 +55,9 @@ TEST(ShowCrash, SummaryTextIsCommentLines) {
 // at all, and no byte of it reaches the terminal raw.
 TEST(ShowCrash, Malicious_ManifestTypesAndEscapes) {
   json m = Manifest();
-  m["crash"]["panic_line"] = "Kernel panic - not syncing: \x1b]0;owned\x07\x9b" "2J";
+  m["crash"]["panic_line"] =
+      "Kernel panic - not syncing: \x1b]0;owned\x07\x9b"
+      "2J";
   m["crash"]["pid"] = "not a number";
   m["crash"]["frames"] = {42, {{"function", {1, 2}}}, "x"};
   m["crash"]["events_before"] = "nope";

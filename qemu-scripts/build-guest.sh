@@ -82,9 +82,11 @@ REFRESH=0
 # them after hvtrace-boot-probes, so their handshakes are recorded.
 # softdog gives the tests a timer callback inside a module that they can fire
 # on demand (soft_noboot=1: it only logs), to check that module functions in
-# events resolve. HVTRACE_GUEST_EXTRA_MODULES adds more (space-separated names).
+# events resolve. qemu_fw_cfg hands the kernel's VMCOREINFO to QEMU's
+# `-device vmcoreinfo` at probe, so a vmcore QEMU dumps carries it
+# (makedumpfile, crash). HVTRACE_GUEST_EXTRA_MODULES adds more (space-separated names).
 read -r -a extra_modules <<<"${HVTRACE_GUEST_EXTRA_MODULES:-}"
-MODULES=(pvpanic pvpanic-mmio pvpanic-pci virtio_blk virtio_net virtio_console softdog "${extra_modules[@]}")
+MODULES=(pvpanic pvpanic-mmio pvpanic-pci virtio_blk virtio_net virtio_console softdog qemu_fw_cfg "${extra_modules[@]}")
 
 log() { echo "build-guest: $*" >&2; }
 die() { echo "build-guest: error: $*" >&2; exit 1; }

@@ -114,8 +114,12 @@ done
 dir=$DEMO/state/vms/demo/captures/$capture
 "$HVTRACE" captures demo
 
-step "the captured trace, decoded: its tail (the guest's last events before the panic)"
+step "why the guest died: the capture's crash summary (from its kernel log)"
 "$HVTRACE" show "$dir" >"$DEMO/capture.txt"
+# The summary is the '# crash' lines before the first boot's '# capture' header.
+sed -n '/^# capture /q; p' "$DEMO/capture.txt"
+
+step "the captured trace, decoded: its tail (the guest's last events before the panic)"
 grep -c -E 'tracing_mark_write: demo-(step-[0-9]|last-words-before-panic)' "$DEMO/capture.txt" |
   sed 's/^/markers in the capture: /; s/$/ of 6 written/'
 tail -n 25 "$DEMO/capture.txt"

@@ -31,6 +31,8 @@ PACKAGES=(
   # protoc --decode_raw checks that `hvtrace show --format perfetto` files are
   # well-formed protobuf (tests/unit/shared/decode/perfetto_writer_test.cc).
   protobuf-compiler
+  # A panic capture's vmcore (vmcore = on-panic) checked by makedumpfile --dump-dmesg.
+  makedumpfile
 )
 
 missing=()

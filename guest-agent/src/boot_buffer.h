@@ -50,7 +50,7 @@ inline constexpr const char* kBootBufferDefaultEvents =
     "irq:irq_handler_exit,irq:softirq_entry,irq:softirq_exit,timer:hrtimer_expire_entry,"
     "timer:timer_expire_entry,"
     "sched:sched_switch,sched:sched_wakeup,sched:sched_process_exec,sched:sched_process_exit,"
-    "sched:sched_process_fork,task:task_rename";
+    "sched:sched_process_fork,task:task_rename,printk:console";
 inline constexpr const char* kBootBufferInstance = "boot_map";
 
 // One enabled memory affinity structure of an SRAT.

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <nlohmann/json.hpp>
 
@@ -352,7 +353,29 @@ std::function<MetaSocketTarget()> LibvirtDomainBackend::meta_socket() const {
 }
 
 GuestMemoryReader LibvirtDomainBackend::guest_memory_reader() {
-  return [domain = domain_](uint64_t addr, size_t size) { return domain->PeekVirtual(addr, size); };
+  return [domain = domain_](uint64_t addr, size_t size) -> Result<std::vector<std::byte>> {
+    // libvirt peeks at most 1 MiB a call (VIR_DOMAIN_MEMORY_PEEK_BUFFER_MAX).
+    constexpr size_t kPeekMax = 1 << 20;
+    std::vector<std::byte> out;
+    out.reserve(size);
+    for (size_t done = 0; done < size;) {
+      const size_t n = std::min(kPeekMax, size - done);
+      Result<std::vector<std::byte>> part = domain->PeekVirtual(addr + done, n);
+      if (!part.ok()) return part.error();
+      out.insert(out.end(), part->begin(), part->end());
+      done += n;
+    }
+    return out;
+  };
+}
+
+CaptureInputs::GuestMemoryDumper LibvirtDomainBackend::guest_memory_dumper() {
+  // libvirtd writes the file itself, into the capture's directory.
+  return [domain = domain_](const std::filesystem::path& dir) -> Result<std::filesystem::path> {
+    const std::filesystem::path path = dir / "vmcore.tmp.libvirt";
+    if (Status s = domain->DumpMemory(path); !s.ok()) return s.error();
+    return path;
+  };
 }
 
 void LibvirtDomainBackend::RefreshMetaSocket() {

@@ -152,6 +152,7 @@ class LibvirtDomainBackend : public VmBackend {
   std::function<MetaSocketTarget()> meta_socket() const override;
   // virDomainMemoryPeek of the domain (the build-id check).
   GuestMemoryReader guest_memory_reader() override;
+  CaptureInputs::GuestMemoryDumper guest_memory_dumper() override;
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
   // Attach mode (attach_session.h; the libvirt steps in

@@ -49,7 +49,8 @@ json QmpVmSpec::ToJson() const {
             {"attach_region", attach_region},   {"attach_device", attach_device},
             {"attach_memdev", attach_memdev},   {"attach_only", region_size == 0},
             {"initrd_path", initrd_path},       {"meta_socket", meta_socket},
-            {"qemu_trace_log", qemu_trace_log}};
+            {"qemu_trace_log", qemu_trace_log}, {"vmcore", vmcore},
+            {"memory_bytes", memory_bytes}};
   if (region_owner) j["region_owner"] = *region_owner;
   return j;
 }
@@ -80,6 +81,8 @@ Result<QmpVmSpec> QmpVmSpec::FromJson(const json& j) {
     s.initrd_path = j.value("initrd_path", std::string());
     s.meta_socket = j.value("meta_socket", std::string());
     s.qemu_trace_log = j.value("qemu_trace_log", std::string());
+    s.vmcore = j.value("vmcore", std::string());
+    s.memory_bytes = j.value("memory_bytes", uint64_t{0});
     s.attach_region = j.value("attach_region", std::string());
     s.attach_device = j.value("attach_device", std::string());
     s.attach_memdev = j.value("attach_memdev", std::string());
@@ -334,6 +337,7 @@ Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
   }
   in.attach = live_region();
   in.qemu_trace_log = spec_.qemu_trace_log;
+  in.vmcore_bound = spec_.memory_bytes;
   std::lock_guard lock(mu_);
   in.transport = {{"kind", "qmp"},
                   {"socket", spec_.qmp_socket},
@@ -343,6 +347,62 @@ Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
   return in;
 }
 
+namespace {
+
+// A file QEMU writes by name (memsave, dump-guest-memory) at |path|, after
+// any -runas: a QEMU that is not the daemon's user gets a file the daemon
+// made, in the guest memory directory it may only traverse, through its
+// group. Checked at each call, not when the reader is made: that can be
+// before QEMU dropped root.
+Status PrepareQemuTarget(const std::string& path, pid_t pid, const char* what) {
+  ::unlink(path.c_str());
+  std::optional<gid_t> qemu_group;
+  if (auto creds = ReadProcessCredentials(pid); creds && creds->uid != ::geteuid()) {
+    qemu_group = creds->gid;
+  }
+  if (!qemu_group) return {};
+  Result<UniqueFd> target = CreateExclusiveFile(path, 0660, what);
+  if (!target.ok()) return target.error();
+  if (::fchown(target->get(), static_cast<uid_t>(-1), *qemu_group) != 0) {
+    return Error{std::string(what) + " " + path + ": cannot give it to QEMU's group " +
+                 std::to_string(*qemu_group) + ": " + std::strerror(errno)};
+  }
+  return {};
+}
+
+// Runs |command| on the VM's QMP session from a pool thread and waits for
+// its reply (bounded by |timeout|).
+template <class Link>
+Result<json> ExecuteAndWait(boost::asio::any_io_executor io, std::shared_ptr<Link> link,
+                            std::string command, json args, std::chrono::seconds timeout) {
+  auto done = std::make_shared<std::promise<Result<json>>>();
+  std::future<Result<json>> reply = done->get_future();
+  boost::asio::post(io, [link, command, args = std::move(args), timeout, done] {
+    std::shared_ptr<QmpClient> qmp;
+    {
+      std::lock_guard lock(link->mu);
+      qmp = link->qmp;
+    }
+    if (!qmp) {
+      done->set_value(Error{"no QMP session"});
+      return;
+    }
+    qmp->AsyncExecute(command, args, timeout, [done](Result<json> r) { done->set_value(r); });
+  });
+  if (reply.wait_for(timeout + std::chrono::seconds(1)) != std::future_status::ready) {
+    return Error{"QMP " + command + " timed out"};
+  }
+  Result<json> r = reply.get();
+  if (!r.ok()) return Error{"QMP " + command + ": " + r.error().message};
+  return r;
+}
+
+// dump-guest-memory of a 1 GiB guest under TCG takes seconds; its reply
+// comes when the file is written (detach false).
+constexpr auto kDumpTimeout = std::chrono::seconds(600);
+
+}  // namespace
+
 GuestMemoryReader QmpVmBackend::guest_memory_reader() {
   if (!spec_.booted_by_daemon || spec_.meta_socket.empty()) return nullptr;
   const std::string path = spec_.meta_socket + ".notes";
@@ -351,52 +411,39 @@ GuestMemoryReader QmpVmBackend::guest_memory_reader() {
   // pool): it holds the link, never |this|.
   return [io = io_, link = memory_link_, path, pid](uint64_t addr,
                                                     size_t size) -> Result<std::vector<std::byte>> {
-    auto done = std::make_shared<std::promise<Result<json>>>();
-    std::future<Result<json>> reply = done->get_future();
-    ::unlink(path.c_str());
-    // QEMU writes the file by name (memsave), after any -runas: a QEMU that
-    // is not the daemon's user gets a file the daemon made, in the guest
-    // memory directory it may only traverse, through its group. Read at each
-    // call, not when the reader is made: that can be before QEMU dropped root.
-    std::optional<gid_t> qemu_group;
-    if (auto creds = ReadProcessCredentials(pid); creds && creds->uid != ::geteuid()) {
-      qemu_group = creds->gid;
-    }
-    if (qemu_group) {
-      Result<UniqueFd> target = CreateExclusiveFile(path, 0660, "QEMU's memsave target");
-      if (!target.ok()) return target.error();
-      if (::fchown(target->get(), static_cast<uid_t>(-1), *qemu_group) != 0) {
-        return Error{"QEMU's memsave target " + path + ": cannot give it to QEMU's group " +
-                     std::to_string(*qemu_group) + ": " + std::strerror(errno)};
-      }
-    }
-    boost::asio::post(io, [link, addr, size, path, done] {
-      std::shared_ptr<QmpClient> qmp;
-      {
-        std::lock_guard lock(link->mu);
-        qmp = link->qmp;
-      }
-      if (!qmp) {
-        done->set_value(Error{"no QMP session"});
-        return;
-      }
-      qmp->AsyncExecute("memsave",
-                        // QEMU's "val" is a JSON int64: a kernel address above 2^63 goes
-                        // as its two's-complement negative (QEMU reads it as target_ulong).
-                        {{"val", static_cast<int64_t>(addr)},
-                         {"size", size},
-                         {"filename", path},
-                         {"cpu-index", 0}},
-                        kQmpCommandTimeout, [done](Result<json> r) { done->set_value(r); });
-    });
-    if (reply.wait_for(kQmpCommandTimeout + std::chrono::seconds(1)) != std::future_status::ready) {
-      return Error{"QMP memsave timed out"};
-    }
-    Result<json> r = reply.get();
-    if (!r.ok()) return Error{"QMP memsave: " + r.error().message};
+    if (Status s = PrepareQemuTarget(path, pid, "QEMU's memsave target"); !s.ok()) return s.error();
+    // QEMU's "val" is a JSON int64: a kernel address above 2^63 goes as its
+    // two's-complement negative (QEMU reads it as target_ulong).
+    Result<json> r = ExecuteAndWait(
+        io, link, "memsave",
+        {{"val", static_cast<int64_t>(addr)}, {"size", size}, {"filename", path}, {"cpu-index", 0}},
+        std::chrono::duration_cast<std::chrono::seconds>(kQmpCommandTimeout));
+    if (!r.ok()) return r.error();
     Result<std::vector<std::byte>> bytes = ReadCappedFileBytes(path, size);
     ::unlink(path.c_str());
     return bytes;
+  };
+}
+
+CaptureInputs::GuestMemoryDumper QmpVmBackend::guest_memory_dumper() {
+  if (!spec_.booted_by_daemon || spec_.meta_socket.empty()) return nullptr;
+  const std::string path = spec_.meta_socket + ".vmcore";
+  const pid_t pid = vm_ ? vm_->pid() : spec_.pid;
+  // QEMU may not enter the capture's directory (the daemon's alone): it
+  // writes beside the memsave target, and the capture moves the file in.
+  return [io = io_, link = memory_link_, path,
+          pid](const std::filesystem::path&) -> Result<std::filesystem::path> {
+    if (Status s = PrepareQemuTarget(path, pid, "QEMU's dump target"); !s.ok()) return s.error();
+    // kdump-zlib: what makedumpfile and crash read; paging false: physical
+    // memory as the guest sees it, with the guest's VMCOREINFO note.
+    Result<json> r = ExecuteAndWait(
+        io, link, "dump-guest-memory",
+        {{"paging", false}, {"protocol", "file:" + path}, {"format", "kdump-zlib"}}, kDumpTimeout);
+    if (!r.ok()) {
+      ::unlink(path.c_str());
+      return r.error();
+    }
+    return std::filesystem::path(path);
   };
 }
 

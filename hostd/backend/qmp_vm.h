@@ -67,6 +67,8 @@ struct QmpVmSpec {
   std::string initrd_path;     // When known: lets the daemon harvest the formats.
   std::string meta_socket;     // The metadata channel's socket (empty: none).
   std::string qemu_trace_log;  // QEMU's boot-handshake trace log (empty: not traced).
+  std::string vmcore;          // "" (the daemon's setting) | off | on-panic.
+  uint64_t memory_bytes = 0;   // The guest's RAM when known (a vmcore's bound).
   // The region file's owner when the VM was registered (the client's file
   // at adopt, hvtraced's or QEMU's user's at boot): a restarted daemon opens
   // the path again and takes only a file of that owner or root
@@ -123,6 +125,11 @@ class QmpVmBackend : public VmBackend {
   // QMP memsave into a file beside the metadata socket (a booted VM's QEMU
   // runs as the daemon's user and writes into its private directory).
   GuestMemoryReader guest_memory_reader() override;
+  CaptureInputs::GuestMemoryDumper guest_memory_dumper() override;
+  std::optional<bool> vmcore_on_panic() const override {
+    if (spec_.vmcore.empty()) return std::nullopt;
+    return spec_.vmcore == "on-panic";
+  }
   void ApplyPanicPolicy(PanicPolicy policy) override;
   nlohmann::json Describe() const override;
 

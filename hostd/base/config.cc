@@ -146,6 +146,11 @@ Result<bool> ApplyKey(Config& config, std::string_view key, std::string_view val
     } else {
       return Error{"'" + std::string(value) + "' is not one of pause, resume, quit"};
     }
+  } else if (key == "vmcore") {
+    if (value != "off" && value != "on-panic") {
+      return Error{"'" + std::string(value) + "' is not one of off, on-panic"};
+    }
+    config.vmcore_on_panic = value == "on-panic";
   } else if (key == "accel") {
     if (value != "auto" && value != "tcg" && value != "kvm") {
       return Error{"'" + std::string(value) + "' is not one of auto, tcg, kvm"};

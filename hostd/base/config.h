@@ -39,6 +39,11 @@
 //                                               end (ParseDuration units)
 //   panic_policy        = pause                 after a panic capture:
 //                                               pause | resume | quit
+//   vmcore              = off                   off | on-panic: at a panic, a
+//                                               kdump-compressed dump of guest
+//                                               memory (QEMU dump-guest-memory)
+//                                               as the capture's `vmcore`; per
+//                                               VM: `hvtrace boot --vmcore`
 //   accel               = auto                  for VMs hvtraced boots: tcg |
 //                                               kvm | auto (KVM only when a
 //                                               probe guest runs at speed)
@@ -147,6 +152,7 @@ struct Config {
   uint64_t console_log_size = 8ull << 20;
   int console_log_files = 2;
   PanicPolicy panic_policy = PanicPolicy::kPause;
+  bool vmcore_on_panic = false;  // vmcore = on-panic.
   std::string accel = "auto";
   VmOnShutdown vm_on_shutdown = VmOnShutdown::kKeep;
   int worker_threads = 2;

@@ -6,8 +6,10 @@
 #include "capped_file.h"
 #include "capture_steps.h"
 #include "host_trace_capture.h"
+#include "kernel_log_step.h"
 #include "meta_store.h"
 #include "page_buffer.h"
+#include "vmcore_step.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -181,12 +183,19 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   }
   const std::span<const std::byte> region_copy =
       in.region_file ? copies.region_file.span() : std::span<const std::byte>();
-  if (Status s = DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,
-                                  in.attach ? in.attach->geometry() : RegionGeometry{},
-                                  in.vcpus_stopped, formats_.get(), meta_dir, pending, manifest);
-      !s.ok()) {
-    return s;
+  const Status decoded =
+      DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,
+                       in.attach ? in.attach->geometry() : RegionGeometry{}, in.vcpus_stopped,
+                       formats_.get(), meta_dir, pending, manifest);
+  // After the decode (its KASLR verdict is the first offset tried), whether
+  // or not it worked: the guest is still held, and is released only after
+  // Take returns.
+  if (in.read_guest_memory || request.trigger == "panic") {
+    const std::optional<KernelLog> ring = ReadKernelLogStep(in, formats_.get(), pending, manifest);
+    if (ring && !ring->records.empty()) PreferRingLogCrash(*ring, manifest);
   }
+  if (in.dump_guest_memory || in.dump_unavailable) VmcoreStep(in, pending, manifest);
+  if (!decoded.ok()) return decoded;
   manifest.extra["timing_ms"]["trigger_to_decoded"] = MsSince(request.triggered);
   return {};
 }
@@ -196,7 +205,9 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
   const CaptureInputs& in = request.inputs;
   const uint64_t region_bytes = (in.region_file ? in.region_file->size : 0) +
                                 (in.attach ? in.attach->geometry().region_size : 0) +
-                                (in.qemu_trace_log.empty() ? 0 : kHostTraceCopyCap);
+                                (in.qemu_trace_log.empty() ? 0 : kHostTraceCopyCap) +
+                                // A vmcore: at most the guest's RAM (Admit doubles it).
+                                (in.dump_guest_memory ? in.vmcore_bound / 2 : 0);
   Result<CaptureBudget::Admission> admitted =
       budget_->Admit(store, request.vm, request.trigger, region_bytes);
   if (!admitted.ok()) return admitted.error();

@@ -12,6 +12,7 @@
 #include "capture_service.h"
 #include "capture_store.h"
 #include "formats_service.h"
+#include "hvtrace/kernel_log.h"
 #include "hvtrace/region_reader.h"
 #include "hvtrace/result.h"
 #include "live_region.h"
@@ -38,9 +39,12 @@ Status CopyAttachStep(const LiveRegion& region, std::vector<std::byte>& copy,
 // Step 3 for a region file copy: decodes a boot range with the VM's
 // metadata-channel boots in |meta_dir| and |formats| (or counts it), nothing
 // for a raw shmem region. Never fails: problems are in the manifest.
+// |ring_log|: the newest boot's kernel log when the capture recovered one
+// from guest memory (it then gives that boot's kernel.log and the crash
+// summary instead of the console events); may be null.
 void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* formats,
                           const std::filesystem::path& meta_dir, PendingCapture& pending,
-                          CaptureManifest& manifest);
+                          CaptureManifest& manifest, const KernelLog* ring_log = nullptr);
 
 // Step 3 for an attach copy; |copy| is handed back (BuildRegionCapture).
 Status DecodeAttachStep(std::vector<std::byte>& copy, const RegionGeometry& geometry,
@@ -51,11 +55,12 @@ Status DecodeAttachStep(std::vector<std::byte>& copy, const RegionGeometry& geom
 // (a boot range decoded, and the boot timeline when the capture holds QEMU's
 // trace log), then the attach copy, then the consistency summary
 // (extra.consistency). An empty |region_copy| / null |attach_copy|: the
-// capture has none. Fails only as DecodeAttachStep does.
+// capture has none. Fails only as DecodeAttachStep does. |ring_log| as
+// for DecodeRegionFileStep.
 Status DecodeCopiesStep(std::span<const std::byte> region_copy, std::vector<std::byte>* attach_copy,
                         const RegionGeometry& geometry, bool vcpus_stopped, FormatsService* formats,
                         const std::filesystem::path& meta_dir, PendingCapture& pending,
-                        CaptureManifest& manifest);
+                        CaptureManifest& manifest, const KernelLog* ring_log = nullptr);
 
 // The attach region's description in |manifest| (region or region.attach);
 // null when the capture has none.

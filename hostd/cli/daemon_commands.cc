@@ -11,6 +11,7 @@
 #include "daemon_call.h"
 #include "replies.h"
 #include "requests.h"
+#include "show_crash.h"
 #include "upload_stats.h"
 
 namespace hvtrace::cli {
@@ -157,15 +158,17 @@ class CapturesCommand final : public QueryCommand<hostd::CapturesRequest, hostd:
       std::printf("no captures for %s\n", message().name.c_str());
       return kExitOk;
     }
-    std::printf("%-36s %-12s %10s %9s  %s\n", "CAPTURE", "TRIGGER", "EVENTS", "BAD PAGES", "PATH");
+    std::printf("%-36s %-12s %10s %9s  %-40s %s\n", "CAPTURE", "TRIGGER", "EVENTS", "BAD PAGES",
+                "CRASH", "PATH");
     for (const json& c : reply.captures) {
       if (c.contains("error")) {
         std::printf("%-36s damaged: %s\n", Str(c, "id").c_str(), Str(c, "error").c_str());
         continue;
       }
       json totals = c.value("totals", json::object());
-      std::printf("%-36s %-12s %10s %9s  %s\n", Str(c, "id").c_str(), Str(c, "trigger").c_str(),
-                  Str(totals, "events").c_str(), Str(totals, "bad_pages").c_str(),
+      std::printf("%-36s %-12s %10s %9s  %-40s %s\n", Str(c, "id").c_str(),
+                  Str(c, "trigger").c_str(), Str(totals, "events").c_str(),
+                  Str(totals, "bad_pages").c_str(), CrashReasonColumn(c, 40).c_str(),
                   Str(c, "path").c_str());
     }
     return kExitOk;

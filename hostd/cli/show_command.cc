@@ -43,6 +43,7 @@
 #include "hvtrace/output.h"
 #include "region_issues.h"
 #include "requests.h"
+#include "show_crash.h"
 #include "show_perfetto.h"
 #include "show_timeline.h"
 
@@ -170,10 +171,13 @@ struct ShowArgs {
   bool trace_cmd_names = false;  // One name per pid, as `trace-cmd report`.
   bool timeline = false;         // Host and guest merged (show_timeline.h).
   bool perfetto = false;         // A Perfetto trace (show_perfetto.h).
+  bool log = false;              // The kernel log alone (show_crash.h).
 };
 
-// Prints every selected boot file of |dir| under its header.
+// Prints every selected boot file of |dir| under its header, after the
+// crash summary (show_crash.h); with --log, the kernel log instead.
 int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, int fd) {
+  if (args.log) return ShowKernelLogs(dir, args.boot, fd);
   const auto files = BootFiles(dir);
   if (files.empty()) {
     std::fprintf(stderr,
@@ -186,6 +190,19 @@ int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, i
   const std::string id = manifest.is_object() && manifest.contains("id")
                              ? JsonString(manifest, "id")
                              : dir.filename().string();
+  // With --boot, the summary only above the boot that crashed.
+  const bool crash_shown =
+      !args.boot ||
+      (manifest.is_object() && manifest.contains("crash") && manifest["crash"].is_object() &&
+       manifest["crash"].contains("boot") && manifest["crash"]["boot"] == *args.boot);
+  if (Status s =
+          WriteAllFd(fd, !crash_shown                         ? std::string()
+                         : args.format == OutputFormat::kText ? CrashSummaryText(manifest)
+                                                              : CrashSummaryJsonLine(manifest));
+      !s.ok()) {
+    std::fprintf(stderr, "hvtrace show: %s\n", s.error().message.c_str());
+    return 1;
+  }
   bool shown = false;
   uint64_t events = 0;
   size_t problems = 0;
@@ -366,6 +383,7 @@ int DecodeRegionAndShow(const ShowArgs& args, const fs::path& region,
     if (!manifest.contains("extra") || !manifest["extra"].is_object())
       manifest["extra"] = json::object();
     manifest["extra"]["boots"] = decoded.extra["boots"];
+    if (!decoded.crash.is_null()) manifest["crash"] = decoded.crash;
     rc = args.perfetto ? ShowPerfetto({.dir = tmp,
                                        .manifest = manifest,
                                        .boots = BootFiles(tmp),
@@ -472,13 +490,18 @@ class ShowCommand final : public Command {
     app.add_flag("--timeline", args_.timeline,
                  "host (QEMU) and guest events of a --trace-boot capture merged on the host "
                  "clock, as `trace-cmd report -i host.dat -i boot-N.host-clock.dat` merges them");
+    app.add_flag("--log", args_.log,
+                 "print the capture's kernel log alone, as dmesg prints it (boot-N.kernel.log)");
     app.add_option("-o,--output", args_.output, "write to OUT instead of stdout")->type_name("OUT");
     app.footer(
         "Prints the events of a capture, every boot oldest first, as `trace-cmd report` prints "
         "its\n"
         "trace.dat files (text) or as JSON lines. Each boot starts with a header: '# ...' lines "
         "in\n"
-        "text, a {\"capture\": ...} object (no \"event\" key) in JSON.\n"
+        "text, a {\"capture\": ...} object (no \"event\" key) in JSON. A capture whose kernel "
+        "log\n"
+        "holds a panic, oops or WARNING opens with its crash summary: '# crash ...' lines, or a\n"
+        "{\"crash\": ...} object first in JSON. --log prints the kernel log alone, like dmesg.\n"
         "A CAPTURE that is no existing path and reads ID or VM/ID is read through hvtraced:\n"
         "any member of hvtrace or hvtrace-admin may, the state dir's permissions aside. A\n"
         "directory is read with this user's own rights (offline, or a copied capture).\n"
@@ -503,6 +526,8 @@ class ShowCommand final : public Command {
       return Error{"--timeline needs a CAPTURE and prints text or perfetto"};
     if (args_.perfetto && (args_.output.empty() || args_.output == "-"))
       return Error{"--format perfetto needs -o FILE"};
+    if (args_.log && (args_.timeline || json_ || args_.perfetto))
+      return Error{"--log prints text, alone"};
     return {};
   }
   int Run() override {

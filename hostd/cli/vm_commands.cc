@@ -53,6 +53,10 @@ void AddBootFlags(CLI::App& app, BootRequest& r) {
   app.add_flag("--trace-boot", r.trace_boot,
                "also record QEMU's own handshake events (fw_cfg, virtio status, PCI config "
                "writes) from QEMU's start into <vm dir>/qemu-trace.log; captures carry them");
+  app.add_option("--vmcore", r.vmcore,
+                 "off | on-panic: a panic capture also holds a kdump-compressed dump of guest "
+                 "memory (default: the daemon's vmcore setting)")
+      ->check(CLI::IsMember({"off", "on-panic"}));
   app.add_option("--device", r.devices,
                  "add a handshake device with a host-private backend: virtio-blk (a null "
                  "disk), virtio-net (isolated user net), virtio-serial; repeatable")

@@ -351,6 +351,8 @@ void Daemon::LaunchBoot(const std::string& name, const BootRequest& boot, const 
     spec.console_socket = paths.console_socket;
     spec.meta_socket = paths.meta_socket;
     if (boot.trace_boot) spec.qemu_trace_log = paths.qemu_trace_log;
+    spec.vmcore = boot.vmcore;
+    spec.memory_bytes = boot.memory_mib << 20;
     spec.booted_by_daemon = true;
     spec.kernel_path = std::filesystem::absolute(boot.kernel).string();
     spec.kernel_key = kernel_key;

@@ -93,6 +93,7 @@ json ConfigJson(const Config& c) {
           {"console_log_size", c.console_log_size},
           {"console_log_files", c.console_log_files},
           {"panic_policy", PanicPolicyName(c.panic_policy)},
+          {"vmcore", c.vmcore_on_panic ? "on-panic" : "off"},
           {"accel", c.accel},
           {"vm_on_shutdown", VmOnShutdownName(c.vm_on_shutdown)},
           {"worker_threads", c.worker_threads},
@@ -170,6 +171,7 @@ SupervisorOptions Daemon::supervisor_options() const {
   SupervisorOptions o;
   o.capture_retention = static_cast<size_t>(config()->capture_retention);
   o.panic_policy = config()->panic_policy;
+  o.vmcore_on_panic = config()->vmcore_on_panic;
   o.queue = capture_queue_;
   o.guest_capture_interval = config()->guest_capture_interval;
   if (uploader_) {

@@ -384,6 +384,15 @@ void VmSupervisor::Dispatch(PendingCapture p, CaptureQueue::Lane lane) {
     return;
   }
   request.inputs.vcpus_stopped = VcpusStopped(p.trigger);
+  // Guest memory is read (the kernel's log) only while the guest is held
+  // and QEMU still answers: not once it is gone or shutting down.
+  if (p.trigger == "panic" || p.trigger == "panic-while-away" || p.trigger == "paused-while-away") {
+    request.inputs.read_guest_memory = backend_->guest_memory_reader();
+    if (backend_->vmcore_on_panic().value_or(options_.vmcore_on_panic)) {
+      request.inputs.dump_guest_memory = backend_->guest_memory_dumper();
+      if (!request.inputs.dump_guest_memory) request.inputs.dump_unavailable = true;
+    }
+  }
   auto job = [self = shared_from_this(), request = std::move(request),
               p = std::make_shared<PendingCapture>(std::move(p))](
                  const CaptureQueue::Start& start) mutable {

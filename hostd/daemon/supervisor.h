@@ -78,6 +78,9 @@ std::string_view VmStateName(VmState state);
 struct SupervisorOptions {
   size_t capture_retention = 20;
   PanicPolicy panic_policy = PanicPolicy::kPause;
+  // vmcore = on-panic: a panic capture also holds a dump of guest memory,
+  // unless the VM's own setting (VmBackend::vmcore_on_panic) says otherwise.
+  bool vmcore_on_panic = false;
   size_t max_recorded_events = 256;
   // The least time between the starts of two captures a running guest
   // triggers itself (crashloaded, reset); see Floods above.

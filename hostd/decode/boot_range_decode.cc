@@ -166,6 +166,7 @@ BootRangeDecodeTimes DecodeBootRange(std::span<const std::byte> copy,
   BootMapCaptureOptions options;
   options.cpus = sources.cpus;
   options.progress = sources.progress;
+  options.ring_log = sources.ring_log;
   std::string decode_error;
   // Each boot's kernel identified by its console banner and checked against
   // the data (boot_kernels.h); the per-boot choices feed the id table.
@@ -186,6 +187,7 @@ BootRangeDecodeTimes DecodeBootRange(std::span<const std::byte> copy,
     times.decode_ms = built->decode_ms;
     times.write_ms = built->write_ms;
     times.files_ms = built->files_ms;
+    times.kernel_log_ms = built->kernel_log_ms;
     manifest.extra["formats"] = std::move(info);
     return true;
   };

@@ -20,7 +20,8 @@ namespace hvtrace::hostd {
 
 struct BootRangeDecodeTimes {
   double formats_ms = 0, decode_ms = 0, write_ms = 0;
-  double files_ms = 0;  // Of write_ms: writing the trace.dat files themselves.
+  double files_ms = 0;       // Of write_ms: writing the trace.dat files themselves.
+  double kernel_log_ms = 0;  // Of write_ms: the kernel logs and crash summary.
 };
 
 // What is known about the VM a boot range comes from.
@@ -35,6 +36,9 @@ struct BootRangeSources {
   std::shared_ptr<const KernelFormats> formats{};
   std::filesystem::path meta_dir{};  // The VM's metadata channel store; empty: none.
   int cpus = 0;                      // The guest's CPU count when known; 0 derives it.
+  // The newest boot's kernel log read from guest memory (the printk ring
+  // buffer), preferred to its console events; may be null (crash_step.h).
+  const KernelLog* ring_log = nullptr;
   std::function<void(const CaptureProgress&)> progress{};  // May be empty.
 };
 

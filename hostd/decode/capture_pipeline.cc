@@ -18,6 +18,7 @@
 
 #include "boot_file_name.h"
 #include "capped_file.h"
+#include "crash_step.h"
 #include "host_time.h"
 #include "hvtrace/format.h"
 #include "hvtrace/page.h"
@@ -473,6 +474,16 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     d.boot_pages[boot.boot] = std::move(in.cpus);
     if (!s.ok()) return Error{"boot " + std::to_string(boot.boot) + ": " + s.error().message};
     d.result.files.push_back(boot.file);
+    const bool newest = boot.boot + 1 == d.result.boots.size();
+    Result<BootLogResult> log =
+        WriteBootKernelLog({&d.map, boot.boot, &formats, &in, kaslr.use_symbols, kaslr.delta,
+                            newest ? opts.ring_log : nullptr},
+                           dir);
+    split(d.result.kernel_log_ms);
+    if (!log.ok()) return Error{"boot " + std::to_string(boot.boot) + ": " + log.error().message};
+    if (!log->file.empty()) d.result.files.push_back(log->file);
+    boot.kernel_log = std::move(log->kernel_log);
+    boot.crash = std::move(log->crash);
     done += boot.pages;
     Progress(opts, "write", done, total);
   }
@@ -551,7 +562,11 @@ Result<CaptureResult> BuildBootMapCapture(std::span<const std::byte> region_copy
       {"decode", r.decode_ms},     {"write", r.write_ms},
       {"write_kaslr", r.kaslr_ms}, {"write_symbols", r.symbols_ms},
       {"write_names", r.names_ms}, {"write_names_wait", r.names_wait_ms},
-      {"write_files", r.files_ms}};
+      {"write_files", r.files_ms}, {"write_kernel_log", r.kernel_log_ms}};
+  // The crash the capture is about: the newest boot's that has one.
+  for (const CaptureBoot& b : r.boots) {
+    if (!b.crash.is_null()) manifest.crash = b.crash;
+  }
   return std::move(r);
 }
 
@@ -582,6 +597,7 @@ json BootsToJson(const CaptureResult& result) {
                      {"last_timestamp_ns", b.last_timestamp},
                      {"events_per_cpu", b.events_per_cpu}});
     if (!b.decoded_with.is_null()) boots.back()["decoded_with"] = b.decoded_with;
+    if (!b.kernel_log.is_null()) boots.back()["kernel_log"] = b.kernel_log;
   }
   return boots;
 }

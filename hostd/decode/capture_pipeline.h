@@ -1,6 +1,7 @@
 // Capture pipeline for a boot-range region: a private copy of the guest's
 // persistent ring buffer -> validated decode (ReadBootMap) -> one trace.dat
-// per boot + the manifest's counts.
+// per boot + the manifest's counts, and each boot's kernel log and crash
+// summary (crash_step.h).
 //
 // The region is hostile. The caller passes a copy it owns (CopyRegionFile or
 // a copy of the mapping made while the VM was paused); nothing here reads the
@@ -39,6 +40,7 @@
 #include "capture_store.h"
 #include "formats_cache.h"
 #include "hvtrace/boot_map.h"
+#include "hvtrace/kernel_log.h"
 #include "hvtrace/result.h"
 #include "hvtrace/tracedat_writer.h"
 
@@ -58,6 +60,10 @@ struct BootMapCaptureOptions {
   uint32_t long_size = 8;             // The guest's userspace long (x86_64: 8).
   std::string trace_clock = "local";  // The boot instance's clock.
   bool write_region = true;           // Also write region.bin (the raw copy).
+  // The newest boot's kernel log when the capture recovered it otherwise
+  // (the printk ring buffer): its boot-<n>.kernel.log and crash summary come
+  // from it instead of the console events (crash_step.h). May be null.
+  const KernelLog* ring_log = nullptr;
   // Called from the calling thread now and then; may be empty.
   std::function<void(const CaptureProgress&)> progress;
 };
@@ -74,6 +80,10 @@ struct CaptureBoot {
   // With per-boot formats: which metadata decoded this boot (manifest
   // extra.boots[n].decoded_with); null otherwise.
   nlohmann::json decoded_with;
+  // extra.boots[n].kernel_log and the boot's crash (crash_step.h); null
+  // when the boot has no log / no crash in it.
+  nlohmann::json kernel_log;
+  nlohmann::json crash;
 };
 
 struct CaptureResult {
@@ -90,6 +100,7 @@ struct CaptureResult {
   // kallsyms subset (with printk formats moved), and the wait for the task
   // names after those. names_ms is their own time, on a thread beside them.
   double files_ms = 0, kaslr_ms = 0, symbols_ms = 0, names_wait_ms = 0, names_ms = 0;
+  double kernel_log_ms = 0;  // Of write_ms: the kernel logs and the crash summary.
 };
 
 // Decodes |region_copy| with |formats| and writes into |out|: region.bin

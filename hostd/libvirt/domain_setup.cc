@@ -261,6 +261,21 @@ void AddDevices(xmlNode* root, const DomainXmlInfo& info, SetupRecord& record,
   }
 }
 
+// <features><vmcoreinfo state='on'/>: QEMU's vmcoreinfo device, so a
+// dump of the domain (vmcore = on-panic) carries the guest's VMCOREINFO.
+void AddVmcoreinfo(xmlNode* root, SetupRecord& record, std::vector<std::string>& changes) {
+  xmlNode* features = Child(root, "features");
+  if (features != nullptr && Child(features, "vmcoreinfo") != nullptr) return;
+  if (features == nullptr) {
+    features = NewElement(root->doc, "features");
+    Insert(root, features, BeforeDevices(root));
+  }
+  Insert(features, NewElement(root->doc, "vmcoreinfo", {{"state", "on"}}));
+  record.Added({{"element", "vmcoreinfo"}});
+  changes.push_back(
+      "add <vmcoreinfo state='on'/> to <features> (a vmcore of the guest carries VMCOREINFO)");
+}
+
 void SetOnCrash(xmlNode* root, SetupRecord& record, std::vector<std::string>& changes) {
   xmlNode* on_crash = Child(root, "on_crash");
   const std::string value = on_crash != nullptr ? Text(on_crash) : std::string();
@@ -422,6 +437,7 @@ Result<DomainSetupEdit> AddDomainSetup(std::string_view xml, const DomainSetupRe
   }
   AddDevices(root, *info, record, edit.changes);
   SetOnCrash(root, record, edit.changes);
+  AddVmcoreinfo(root, record, edit.changes);
   AddQemuTrace(root, record, edit.changes);
   edit.xml = Dump(doc->get());
   edit.changed = true;
@@ -553,6 +569,17 @@ Result<DomainSetupEdit> RemoveDomainSetup(std::string_view xml) {
       node = FindDevice(devices, element, "name", Prop(e, "name"), true);
     } else if (element == "panic") {
       node = FindDevice(devices, element, "model", Prop(e, "model"), false);
+    } else if (element == "vmcoreinfo") {
+      xmlNode* features = Child(root, "features");
+      if (xmlNode* v = Child(features, "vmcoreinfo"); v != nullptr) {
+        Remove(v);
+        edit.changes.push_back("remove <vmcoreinfo>");
+      }
+      bool empty = true;
+      for (xmlNode* c = features != nullptr ? features->children : nullptr; c; c = c->next) {
+        if (c->type == XML_ELEMENT_NODE) empty = false;
+      }
+      if (features != nullptr && empty) Remove(features);
     } else if (element == "controller") {
       for (xmlNode* d = devices != nullptr ? devices->children : nullptr; d != nullptr;
            d = d->next) {

@@ -82,6 +82,16 @@ class RealDomain final : public LibvirtDomain {
     return out;
   }
 
+  Status DumpMemory(const std::filesystem::path& path) override {
+    Result<LibvirtDomainPtr> dom = client_->FindDomain(uuid_);
+    if (!dom.ok()) return dom.error();
+    if (virDomainCoreDumpWithFormat(dom->get(), path.c_str(),
+                                    VIR_DOMAIN_CORE_DUMP_FORMAT_KDUMP_ZLIB,
+                                    VIR_DUMP_MEMORY_ONLY) != 0) {
+      return Error{"domain '" + name_ + "': core dump: " + LibvirtLastError()};
+    }
+    return {};
+  }
   Status Resume() override { return Act("resume", virDomainResume); }
   Status Destroy() override { return Act("destroy", virDomainDestroy); }
 

@@ -65,6 +65,11 @@ class LibvirtDomain {
   virtual Result<std::vector<std::byte>> PeekVirtual(uint64_t /*addr*/, size_t /*size*/) const {
     return Error{"memory peek not supported"};
   }
+  // A kdump-compressed dump of the domain's memory into |path|, written by
+  // libvirt (virDomainCoreDumpWithFormat, memory only); blocking.
+  virtual Status DumpMemory(const std::filesystem::path& /*path*/) {
+    return Error{"this domain cannot dump its memory"};
+  }
   virtual Status Resume() = 0;
   virtual Status Destroy() = 0;
   // libvirt_attach.h, for this domain.

@@ -11,6 +11,9 @@ Status BootRequest::Check() const {
   if (Status s = CheckHandshakeDevices(devices); !s.ok())
     return Error{"boot: args.devices: " + s.error().message};
   if (auto a = ParseAccel(accel); !a.ok()) return Error{"boot: " + a.error().message};
+  if (!vmcore.empty() && vmcore != "off" && vmcore != "on-panic") {
+    return Error{"boot: vmcore '" + vmcore + "' is not one of off, on-panic"};
+  }
   return {};
 }
 
@@ -67,6 +70,7 @@ Result<VmConfig> MakeBootVmConfig(const BootRequest& r, const BootPaths& paths) 
   c.qemu_log = paths.qemu_log;
   c.panic_device = PanicDevice::kIsa;
   c.pause_on_panic = true;
+  c.vmcoreinfo = true;  // A dump then carries VMCOREINFO (makedumpfile, crash).
   c.devices = r.devices;
   if (r.trace_boot) {
     c.trace_log = paths.qemu_trace_log;

@@ -21,14 +21,17 @@
 namespace hvtrace::hostd {
 
 // Events that show the boot sequence of a 6.12 guest: initcalls, interrupts,
-// timers and the scheduler (names checked against the 6.12 guest's tracefs).
+// timers and the scheduler (names checked against the 6.12 guest's tracefs),
+// and the kernel log: every printk passes printk:console, so the boot range
+// holds the log up to the panic line and its call trace (oops_enter() stops
+// the top-level buffer only, never an instance; docs/postmortem.md).
 // Writes to instances/boot_map/trace_marker land there too, with no event.
 inline constexpr const char* kDefaultBootEvents =
     "initcall:initcall_start,initcall:initcall_finish,irq:irq_handler_entry,"
     "irq:irq_handler_exit,irq:softirq_entry,irq:softirq_exit,timer:hrtimer_expire_entry,"
     "timer:timer_expire_entry,"
     "sched:sched_switch,sched:sched_wakeup,sched:sched_process_exec,sched:sched_process_exit,"
-    "sched:sched_process_fork,task:task_rename";
+    "sched:sched_process_fork,task:task_rename,printk:console";
 
 // The guest's half of the virtio handshakes from before userspace
 // (hvtrace/handshake_kprobes.h): one definition, which the agent's
@@ -54,6 +57,8 @@ struct BootRequest : KernelFileArgs {
   bool trace_boot = false;
   // Handshake devices (boot_trace.h): "virtio-blk", "virtio-net", "virtio-serial".
   std::vector<std::string> devices;
+  // "" (the daemon's vmcore setting) | off | on-panic (config.h).
+  std::string vmcore;
 
   template <class Self, class Map>
   static void Fields(Self& r, Map& m) {
@@ -67,6 +72,7 @@ struct BootRequest : KernelFileArgs {
     m.Field("accel", r.accel);
     m.Field("trace_boot", r.trace_boot);
     m.List("devices", r.devices, 3);
+    m.Field("vmcore", r.vmcore);
   }
   // What one field cannot say: the accel's spelling, the device names.
   Status Check() const;

@@ -285,6 +285,7 @@ Result<QemuPlan> BuildQemuPlan(const VmConfig& config, bool kvm_usable, const Qe
       break;
   }
   if (config.pause_on_panic) a.insert(a.end(), {"-action", "panic=pause"});
+  if (config.vmcoreinfo) a.insert(a.end(), {"-device", "vmcoreinfo"});
   if (config.no_reboot) a.push_back("-no-reboot");
   if (Status s = AddIvshmem(config, vm, a, backing_paths); !s.ok()) return s.error();
   if (Status s = AddBootTrace(config, vm, a); !s.ok()) return s.error();

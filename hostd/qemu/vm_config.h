@@ -61,7 +61,10 @@ struct VmConfig {
   std::string meta_socket;
   std::string qemu_log;  // QEMU's own stdout/stderr; empty: /dev/null.
   PanicDevice panic_device = PanicDevice::kIsa;
-  bool pause_on_panic = true;  // -action panic=pause: keeps the memory to read.
+  bool pause_on_panic = true;
+  // -device vmcoreinfo: the guest hands QEMU its VMCOREINFO note, which
+  // dump-guest-memory then writes into a vmcore.
+  bool vmcoreinfo = false;  // -action panic=pause: keeps the memory to read.
   bool no_reboot = false;
   std::optional<BootRangeConfig> boot_range;
   std::vector<IvshmemConfig> ivshmem;

@@ -248,6 +248,14 @@ json Summarize(const std::string& id, const std::filesystem::path& dir) {
   if (auto ht = doc.find("host_time"); ht != doc.end() && ht->is_object()) {
     if (auto tr = ht->find("triggered"); tr != ht->end()) summary["triggered"] = *tr;
   }
+  // Only the crash's kind and reason: a listing stays small.
+  if (auto crash = doc.find("crash"); crash != doc.end() && crash->is_object()) {
+    json brief = json::object();
+    for (const char* key : {"kind", "reason"}) {
+      if (auto it = crash->find(key); it != crash->end() && it->is_string()) brief[key] = *it;
+    }
+    summary["crash"] = std::move(brief);
+  }
   return summary;
 }
 
@@ -292,6 +300,7 @@ json CaptureManifest::ToJson() const {
       {"qmp_events", events_list},
       {"extra", extra}};
   if (!recovered.is_null()) doc["recovered"] = recovered;
+  if (!crash.is_null()) doc["crash"] = crash;
   return doc;
 }
 

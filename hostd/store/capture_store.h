@@ -90,6 +90,9 @@ struct CaptureManifest {
   nlohmann::json extra = nlohmann::json::object();
   // Null, or how a later daemon run finished this capture.
   nlohmann::json recovered;
+  // Null, or why the guest died: the crash summary of its kernel log
+  // (hostd/decode/crash_step.h CrashJson).
+  nlohmann::json crash;
 
   nlohmann::json ToJson() const;
   // The fields a recovery record keeps (vm, trigger, host_time.triggered,

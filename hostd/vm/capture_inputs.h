@@ -7,11 +7,14 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "hvtrace/result.h"
 #include "live_region.h"
 #include "region_file.h"
 
@@ -47,6 +50,22 @@ struct CaptureInputs {
   // |qemu_trace_log| is libvirt's log of the domain (libvirt_backend.h):
   // only the lines after its newest "starting up" line are this QEMU's.
   bool qemu_trace_log_is_libvirt = false;
+  // Reads guest virtual memory (vm_backend.h GuestMemoryReader), set while
+  // the vCPUs are stopped and QEMU is there to answer (a panic): the capture
+  // reads the kernel's log with it (kernel_log_step.h). Null: not now.
+  std::function<Result<std::vector<std::byte>>(uint64_t addr, size_t size)> read_guest_memory;
+  // Writes a kdump-compressed dump of guest memory (QEMU's
+  // dump-guest-memory) and returns the file it wrote (in the capture's
+  // directory it is given, or wherever its hypervisor may write) for the
+  // capture to take as its `vmcore` (vmcore = on-panic); null: no vmcore.
+  using GuestMemoryDumper =
+      std::function<Result<std::filesystem::path>(const std::filesystem::path& capture_dir)>;
+  GuestMemoryDumper dump_guest_memory;
+  // vmcore = on-panic, but the backend cannot dump: said in the manifest.
+  bool dump_unavailable = false;
+  // The dump's largest size (the guest's RAM), for the disk budget's
+  // admission; 0: unknown.
+  uint64_t vmcore_bound = 0;
   // manifest.extra.transport: {kind, …} what the backend knows of the VM.
   nlohmann::json transport = nlohmann::json::object();
 };

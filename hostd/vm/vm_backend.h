@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -105,6 +106,12 @@ class VmBackend {
   // How to read guest memory to check a channel's build id (meta_receiver.h);
   // null when the backend cannot.
   virtual GuestMemoryReader guest_memory_reader() { return nullptr; }
+  // How to dump guest memory (kdump-zlib) while the guest is paused, into a
+  // file the capture then takes (capture_inputs.h); null when it cannot.
+  virtual CaptureInputs::GuestMemoryDumper guest_memory_dumper() { return nullptr; }
+  // The VM's own vmcore setting (`hvtrace boot --vmcore`); nullopt: the
+  // daemon's.
+  virtual std::optional<bool> vmcore_on_panic() const { return std::nullopt; }
   // Lets the VM go after a panic capture (resume or quit; pause = nothing).
   virtual void ApplyPanicPolicy(PanicPolicy policy) = 0;
   // Shown in `status`; called on the VM's strand after Start.

@@ -6,7 +6,8 @@
 // before the crash too) and sched/irq events with field names, its text is
 // trace-cmd's on the capture's trace.dat, and the lines the guest's own
 // trace file showed (after the markers, and just before the crash) are in it
-// with the same text.
+// with the same text. The capture says why the guest died: its crash summary
+// and kernel log (from the printk:console events the boot range recorded).
 // One guest boot covers all of it (a boot is 10-60 s on this machine).
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -70,6 +72,85 @@ size_t CountMarkers(const std::vector<TraceEvent>& events, const std::string& pr
 }
 
 class HvtracedBootKernelE2e : public ::testing::TestWithParam<std::string> {};
+
+// "[   12.345678] text" lines of a serial console (a shell's output may sit
+// before the stamp on the same line): the kernel's own lines, in order.
+std::vector<std::pair<uint64_t, std::string>> ConsoleKernelLines(const std::string& text) {
+  static const std::regex kStamp(R"(\[\s*(\d+)\.(\d{6})\] (.*)$)");
+  std::vector<std::pair<uint64_t, std::string>> out;
+  for (std::string line : TextLines(text)) {
+    while (!line.empty() && line.back() == '\r') line.pop_back();
+    std::smatch m;
+    if (!std::regex_search(line, m, kStamp)) continue;
+    out.push_back({std::stoull(m[1]) * 1000000 + std::stoull(m[2]), m[3]});
+  }
+  return out;
+}
+
+// The panic capture says why the guest died (issue #42): the crash summary
+// in the manifest, the kernel log from the boot range's printk:console
+// events holding every line the serial console printed after the boot
+// instance existed, in order, and `hvtrace show --log` through the daemon.
+void ExpectCrashSummary(const json& m, const fs::path& dir, const std::string& console_log,
+                        const HvtracedProcess& daemon, const std::string& reference,
+                        const std::string& kernel) {
+  ASSERT_TRUE(m.contains("crash")) << m["extra"]["boots"].dump(2);
+  const json& crash = m["crash"];
+  EXPECT_EQ(crash["kind"], "panic") << crash.dump(2);
+  EXPECT_EQ(crash["panic_line"], "Kernel panic - not syncing: sysrq triggered crash");
+  EXPECT_EQ(crash["task"], "sh") << crash.dump(2);
+  EXPECT_GT(crash["pid"].get<int>(), 0);
+  std::set<std::string> frames;
+  for (const json& f : crash["frames"]) {
+    const std::string fn = f["function"];
+    frames.insert(fn.substr(0, fn.find('+')));
+  }
+  EXPECT_TRUE(frames.contains("sysrq_handle_crash")) << crash["frames"].dump(2);
+  EXPECT_GT(crash["events_before"].size(), 0u) << crash.dump(2);
+  const json& newest = m["extra"]["boots"].back();
+  ASSERT_TRUE(newest.contains("kernel_log")) << newest.dump(2);
+  EXPECT_EQ(newest["kernel_log"]["source"], "console-events");
+  const std::string log_file = newest["kernel_log"]["file"];
+  const std::string log = ReadText(dir / log_file);
+  const auto ours = ConsoleKernelLines(log);
+  ASSERT_FALSE(ours.empty());
+  EXPECT_NE(log.find("] Kernel panic - not syncing: sysrq triggered crash\n"), std::string::npos);
+  for (size_t i = 1; i < ours.size(); ++i) EXPECT_LE(ours[i - 1].first, ours[i].first) << i;
+  // Every kernel line the console printed since the first one recorded.
+  size_t at = 0, compared = 0, missing = 0;
+  for (const auto& [us, text] : ConsoleKernelLines(ReadText(console_log))) {
+    if (us < ours.front().first) continue;
+    ++compared;
+    size_t k = at;
+    while (k < ours.size() && !(ours[k].first == us && ours[k].second == text)) ++k;
+    if (k == ours.size()) {
+      if (missing++ < 5) ADD_FAILURE() << "console line not in the capture's log: " << text;
+      continue;
+    }
+    at = k + 1;
+  }
+  EXPECT_EQ(missing, 0u);
+  if (const char* keep = std::getenv("HVTRACE_KERNEL_LOG_FIXTURE_DIR"); keep != nullptr) {
+    fs::copy_file(dir / log_file, fs::path(keep) / ("sysrq-panic-" + kernel + ".log"),
+                  fs::copy_options::overwrite_existing);
+  }
+  // Through the daemon, as a user reads it: the summary first, then the
+  // log alone with --log.
+  // (RunResult holds stdout and stderr.)
+  const RunResult shown = daemon.Hvtrace({"show", reference});
+  ASSERT_EQ(shown.status, 0) << shown.output.substr(0, 2000);
+  const size_t summary = shown.output.find("# crash (boot ");
+  const size_t first_boot = shown.output.find("\n# capture ");
+  ASSERT_NE(summary, std::string::npos) << shown.output.substr(0, 500);
+  EXPECT_LT(summary, first_boot);
+  std::printf("[hvtraced e2e] %s crash summary:\n%s\n", kernel.c_str(),
+              shown.output.substr(summary, first_boot - summary).c_str());
+  const RunResult dmesg = daemon.Hvtrace({"show", "--log", reference});
+  ASSERT_EQ(dmesg.status, 0) << dmesg.output.substr(0, 2000);
+  EXPECT_NE(dmesg.output.find(log), std::string::npos);
+  std::printf("[hvtraced e2e] %s kernel log: %zu lines from %s, %zu console lines compared\n",
+              kernel.c_str(), ours.size(), log_file.c_str(), compared);
+}
 
 // 6.15+ ranges: the global meta and the scratch area in the manifest, the
 // boot's _text from it as KASLR evidence, its modules in the last-boot info.
@@ -233,6 +314,8 @@ TEST_P(HvtracedBootKernelE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
   EXPECT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"].dump(2);
   ASSERT_TRUE(m["extra"]["boots"].is_array() && !m["extra"]["boots"].empty()) << m.dump(2);
   if (kernel != "6.12") ExpectScratchDecoded(m, dir);
+  ExpectCrashSummary(m, dir, console_log, daemon, name + "/" + panic["id"].get<std::string>(),
+                     kernel);
 
   // hvtrace show: every marker, the last one included, and decoded sched/irq
   // events with their field names.
@@ -368,6 +451,59 @@ INSTANTIATE_TEST_SUITE_P(Kernels, HvtracedBootKernelE2e, ::testing::Values("6.12
                          [](const ::testing::TestParamInfo<std::string>& p) {
                            return KernelParamName(p.param);
                          });
+
+// An oops in a module's own function (hvt_beta's oops=1: a NULL write in
+// hvt_beta_oops) with panic_on_oops=1: the capture's summary names the BUG
+// and Oops lines, RIP and the module's frame with its [module].
+TEST(HvtracedBootE2e, ModuleOopsPanicNamesTheModuleFrame) {
+  if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
+  auto image = GuestImageWithTestModules();
+  ASSERT_TRUE(image.ok()) << image.error().message;
+  auto cache_root = CacheWithFormatsOf(*image);
+  ASSERT_TRUE(cache_root.ok()) << cache_root.error().message;
+  HvtracedProcess daemon(BootDaemon("modoops", "cache_dir = " + cache_root->string() + "\n"));
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  const std::string name = "mod-oops-" + std::to_string(::getpid());
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  hostd::GuestConsole& console = *guest->console;
+  auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
+  ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+  auto loaded = console.Run(
+      "echo 1 > /proc/sys/kernel/panic_on_oops && "
+      "insmod /lib/modules/$(uname -r)/hvtrace-test/hvt_beta.ko",
+      kCommandTimeout);
+  ASSERT_TRUE(loaded.ok() && loaded->status == 0) << tail();
+  ASSERT_TRUE(console.Send("echo 1 > /sys/module/hvt_beta/parameters/oops\n").ok());
+  auto panic = daemon.WaitForCapture(name, "panic", 60s);
+  ASSERT_TRUE(panic.ok()) << panic.error().message << tail();
+  const fs::path dir =
+      fs::path(daemon.state_dir()) / "vms" / name / "captures" / (*panic)["id"].get<std::string>();
+  const json m = json::parse(ReadText(dir / "manifest.json"));
+  ASSERT_TRUE(m.contains("crash")) << m["extra"].dump(2);
+  const json& crash = m["crash"];
+  EXPECT_EQ(crash["kind"], "panic");
+  EXPECT_EQ(crash["reason"], "Fatal exception") << crash.dump(2);
+  EXPECT_TRUE(crash.value("bug_line", "").starts_with("BUG: kernel NULL pointer dereference"))
+      << crash.dump(2);
+  EXPECT_NE(crash.value("oops_line", "").find("Oops"), std::string::npos) << crash.dump(2);
+  EXPECT_NE(crash.value("rip", "").find("hvt_beta_oops+0x"), std::string::npos) << crash.dump(2);
+  EXPECT_EQ(crash["task"], "sh");
+  bool module_frame = false;
+  for (const json& f : crash["frames"]) {
+    module_frame |= f["function"].get<std::string>().starts_with("hvt_beta_oops+0x") &&
+                    f.value("module", "") == "hvt_beta" && !f.contains("unreliable");
+  }
+  EXPECT_TRUE(module_frame) << crash["frames"].dump(2);
+  if (const char* keep = std::getenv("HVTRACE_KERNEL_LOG_FIXTURE_DIR"); keep != nullptr) {
+    fs::copy_file(dir / m["extra"]["boots"].back()["kernel_log"]["file"].get<std::string>(),
+                  fs::path(keep) / "module-oops-6.12.log", fs::copy_options::overwrite_existing);
+  }
+  const RunResult shown = daemon.Hvtrace({"show", name + "/" + (*panic)["id"].get<std::string>()});
+  std::printf("[hvtraced e2e] module oops crash summary:\n%s\n",
+              shown.output.substr(0, shown.output.find("\n# capture ")).c_str());
+  EXPECT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
+}
 
 // A kernel whose formats are not in the daemon's cache: hvtraced harvests
 // them in the background when it boots the VM (a second, throwaway guest), so

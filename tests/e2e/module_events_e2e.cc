@@ -45,26 +45,6 @@ using test_support::ReadText;
 
 constexpr char kInstance[] = "/sys/kernel/tracing/instances/boot_map";
 
-struct ModuleImage {
-  std::string kernel, initrd_kexec;
-};
-
-// The 6.12 image with this build's agent and the test modules, in a
-// directory of its own (the modules change the initramfs other tests use).
-Result<ModuleImage> ImageWithModules() {
-  const std::string bin = HVTRACE_BIN_DIR;
-  const std::string dir = bin + "/../guest-modules";
-  const std::string cmd = std::string(HVTRACE_SOURCE_DIR) +
-                          "/qemu-scripts/build-guest.sh --kernel 6.12 --out " + dir + " --agent " +
-                          bin + "/hvtrace-agent --with-test-modules --with-kexec-kernel 2>&1";
-  test_support::CommandResult r = test_support::RunCommandStatus(cmd);
-  ModuleImage image{dir + "/6.12/vmlinuz", dir + "/6.12/initrd-kexec.img"};
-  if (r.status != 0 || !fs::exists(image.kernel) || !fs::exists(image.initrd_kexec)) {
-    return Error{"`" + cmd + "` failed:\n" + r.out};
-  }
-  return image;
-}
-
 // Polls the VM's metadata-channel status until |done| holds (300 s).
 template <typename Done>
 json WaitForMeta(HvtracedProcess& daemon, const std::string& name, Done done) {
@@ -142,7 +122,7 @@ TEST(ModuleEventsE2e, ModulesLoadedInAnotherOrderAfterKexecDecodeWithEachBootsOw
   if (access((std::string(HVTRACE_BIN_DIR) + "/hvtrace-agent").c_str(), X_OK) != 0) {
     GTEST_SKIP() << "hvtrace-agent not built";
   }
-  Result<ModuleImage> image = ImageWithModules();
+  Result<GuestImage> image = GuestImageWithTestModules();
   ASSERT_TRUE(image.ok()) << image.error().message;
   char cache_tmpl[] = "/tmp/hvt-modev-cache-XXXXXX";
   ASSERT_NE(::mkdtemp(cache_tmpl), nullptr);
@@ -157,7 +137,7 @@ TEST(ModuleEventsE2e, ModulesLoadedInAnotherOrderAfterKexecDecodeWithEachBootsOw
                                     std::string(cache_tmpl) + "\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = "modev-" + std::to_string(::getpid());
-  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd_kexec);
+  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd);
   ASSERT_TRUE(guest.ok()) << guest.error().message;
   hostd::GuestConsole& console = *guest->console;
   auto tail = [&] { return ConsoleAndLog(*guest, daemon); };

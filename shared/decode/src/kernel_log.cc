@@ -1,6 +1,7 @@
 #include "hvtrace/kernel_log.h"
 
 #include <cstdint>
+#include <cstdio>
 
 namespace hvtrace {
 namespace {
@@ -54,6 +55,23 @@ std::string PrintableLogText(std::string_view text) {
       AppendEscaped(byte, &out);
       ++i;
     }
+  }
+  return out;
+}
+
+std::string DmesgLine(const KernelLogRecord& record) {
+  char stamp[48];
+  std::snprintf(stamp, sizeof stamp, "[%5llu.%06llu] ",
+                static_cast<unsigned long long>(record.ts_ns / 1000000000),
+                static_cast<unsigned long long>(record.ts_ns % 1000000000 / 1000));
+  return stamp + PrintableLogText(record.text);
+}
+
+std::string DmesgText(const KernelLog& log) {
+  std::string out;
+  for (const KernelLogRecord& r : log.records) {
+    out += DmesgLine(r);
+    out.push_back('\n');
   }
   return out;
 }

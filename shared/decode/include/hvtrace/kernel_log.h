@@ -51,6 +51,13 @@ struct KernelLog {
 // terminal shows it and never interprets it.
 std::string PrintableLogText(std::string_view text);
 
+// One record as dmesg prints it: "[%5lu.%06lu] text" (the text made
+// printable), no newline.
+std::string DmesgLine(const KernelLogRecord& record);
+
+// Every record of |log|, one DmesgLine per line, each ending in '\n'.
+std::string DmesgText(const KernelLog& log);
+
 }  // namespace hvtrace
 
 #endif  // HVTRACE_KERNEL_LOG_H_

@@ -15,6 +15,11 @@
  *               beta_named {x = seq << 33 | seq, y = seq * 7,
  *               name "beta-<seq>"} and beta_flag {flag = seq & 0xff};
  *               reading it gives the number of pairs emitted so far.
+ *   oops=1      (write /sys/module/hvt_beta/parameters/oops) writes through
+ *               a NULL pointer in hvt_beta_oops(), this module's own
+ *               function: an oops whose call trace names it with
+ *               [hvt_beta] (tests/e2e/hvtraced_boot_e2e.cc; with
+ *               panic_on_oops=1 the guest then panics).
  */
 #include <linux/kernel.h>
 #include <linux/module.h>
@@ -71,6 +76,29 @@ static const struct kernel_param_ops emit_ops = {
 };
 module_param_cb(emit, &emit_ops, NULL, 0644);
 MODULE_PARM_DESC(emit, "write N: emit N beta_named/beta_flag pairs");
+
+/* NULL, and the compiler cannot prove it: the store below really faults. */
+int *hvt_beta_null_target;
+EXPORT_SYMBOL_GPL(hvt_beta_null_target);
+
+static noinline void hvt_beta_oops(void)
+{
+	WRITE_ONCE(*hvt_beta_null_target, 1);
+}
+
+static int oops_set(const char *val, const struct kernel_param *kp)
+{
+	if (!sysfs_streq(val, "1"))
+		return -EINVAL;
+	hvt_beta_oops();
+	return 0;
+}
+
+static const struct kernel_param_ops oops_ops = {
+	.set = oops_set,
+};
+module_param_cb(oops, &oops_ops, NULL, 0200);
+MODULE_PARM_DESC(oops, "write 1: write through a NULL pointer (an oops in this module)");
 
 static int __init hvt_beta_init(void)
 {

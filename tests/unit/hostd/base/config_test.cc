@@ -15,6 +15,7 @@ TEST(ConfigTest, DefaultsAreSane) {
   EXPECT_EQ(c.run_dir, "/run/hvtrace");
   EXPECT_EQ(c.EffectiveSocketPath(), "/run/hvtrace/hvtraced.sock");
   EXPECT_EQ(c.panic_policy, PanicPolicy::kPause);
+  EXPECT_FALSE(c.vmcore_on_panic);
   EXPECT_GT(c.capture_retention, 0);
   EXPECT_EQ(c.socket_group, "hvtrace");
   EXPECT_EQ(c.admin_group, "hvtrace-admin");
@@ -31,6 +32,7 @@ socket_group =
 admin_group = 4711
 capture_retention = 0
 panic_policy = quit
+vmcore = on-panic
 worker_threads = 3
 vm_on_shutdown = stop
 max_connections = 5
@@ -53,6 +55,7 @@ guest_capture_interval = 1500ms
   EXPECT_EQ(c->admin_group, "4711");
   EXPECT_EQ(c->capture_retention, 0);
   EXPECT_EQ(c->panic_policy, PanicPolicy::kQuit);
+  EXPECT_TRUE(c->vmcore_on_panic);
   EXPECT_EQ(c->worker_threads, 3);
   EXPECT_EQ(c->guest_capture_interval, std::chrono::milliseconds(1500));
   EXPECT_EQ(c->vm_on_shutdown, VmOnShutdown::kStop);

@@ -41,6 +41,8 @@ TEST(DomainSetup, PcGetsCellsChannelPanicAndRecord) {
   EXPECT_NE(xml.find("<source mode='bind'/>"), std::string::npos);
   EXPECT_NE(xml.find("<panic model='isa'/>"), std::string::npos);
   EXPECT_NE(xml.find("<on_crash>preserve</on_crash>"), std::string::npos);
+  // QEMU's vmcoreinfo device: a vmcore of the domain carries VMCOREINFO.
+  EXPECT_NE(xml.find("<vmcoreinfo state='on'/>"), std::string::npos) << xml;
   EXPECT_NE(xml.find("<memory unit='KiB'>589824</memory>"), std::string::npos) << xml;
   EXPECT_NE(xml.find("xmlns:hvtrace=\"https://hvtrace.dev/setup/1\""), std::string::npos);
   // Everything else is untouched, down to the CPU model libvirt wrote.
@@ -146,6 +148,22 @@ TEST(DomainSetup, KeepsTheDomainsOwnQemuCommandline) {
   Result<DomainSetupEdit> undo = RemoveDomainSetup(edit->xml);
   ASSERT_TRUE(undo.ok()) << undo.error().message;
   EXPECT_EQ(undo->xml, xml);
+}
+
+TEST(DomainSetup, VmcoreinfoAddedWithoutFeaturesIsUndoneWithThem) {
+  std::string original = Fixture("setup-pc.xml");
+  const size_t from = original.find("  <features>");
+  const size_t to = original.find("</features>\n") + std::string("</features>\n").size();
+  ASSERT_NE(from, std::string::npos);
+  original.erase(from, to - from);
+  Result<DomainSetupEdit> edit = AddDomainSetup(original, Request());
+  ASSERT_TRUE(edit.ok()) << edit.error().message;
+  EXPECT_NE(edit->xml.find("<features>"), std::string::npos) << edit->xml;
+  EXPECT_NE(edit->xml.find("<vmcoreinfo state='on'/>"), std::string::npos) << edit->xml;
+  Result<DomainSetupEdit> undo = RemoveDomainSetup(edit->xml);
+  ASSERT_TRUE(undo.ok()) << undo.error().message;
+  EXPECT_EQ(undo->xml.find("<features>"), std::string::npos) << undo->xml;
+  EXPECT_EQ(undo->xml.find("vmcoreinfo"), std::string::npos) << undo->xml;
 }
 
 TEST(DomainSetup, UndoOfADomainNotSetUpSaysSo) {

@@ -42,6 +42,19 @@ TEST(BootTraceTest, WithoutTraceBootNothingChanges) {
   EXPECT_FALSE(Has(plan->argv, "-drive"));
 }
 
+// Not the handshake trace, but the same boot request: a VM hvtraced boots
+// always has QEMU's vmcoreinfo device (a vmcore then carries VMCOREINFO),
+// and the per-VM vmcore setting is checked.
+TEST(BootTraceTest, BootedVmsHaveVmcoreinfoAndVmcoreIsChecked) {
+  auto plan = PlanFor({{"name", "g1"}, {"kernel", "/k/vmlinuz"}, {"vmcore", "on-panic"}});
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_TRUE(Has(plan->argv, "vmcoreinfo"));
+  auto request = ParseMessage<BootRequest>(
+      nlohmann::json{{"name", "g1"}, {"kernel", "/k/vmlinuz"}, {"vmcore", "always"}});
+  ASSERT_FALSE(request.ok());
+  EXPECT_NE(request.error().message.find("not one of off, on-panic"), std::string::npos);
+}
+
 TEST(BootTraceTest, TraceBootAddsLogAndCuratedEvents) {
   auto plan = PlanFor({{"name", "g1"}, {"kernel", "/k/vmlinuz"}, {"trace_boot", true}});
   ASSERT_TRUE(plan.ok()) << plan.error().message;

@@ -233,6 +233,17 @@ TEST(VmConfigTest, Ivshmem) {
                                      "ivshmem-plain,memdev=hvt_ivs1,id=ivs1"));
 }
 
+TEST(VmConfigTest, VmcoreinfoDeviceOnlyWhenAsked) {
+  VmConfig c = BaseConfig();
+  auto without = BuildQemuPlan(c, false, Qemu72());
+  ASSERT_TRUE(without.ok());
+  EXPECT_THAT(AllAfter(without->argv, "-device"), ::testing::ElementsAre("pvpanic"));
+  c.vmcoreinfo = true;
+  auto with = BuildQemuPlan(c, false, Qemu72());
+  ASSERT_TRUE(with.ok());
+  EXPECT_THAT(AllAfter(with->argv, "-device"), ::testing::ElementsAre("pvpanic", "vmcoreinfo"));
+}
+
 TEST(VmConfigTest, RefusesNonPowerOfTwoIvshmem) {
   VmConfig c = BaseConfig();
   c.ivshmem.push_back({"ivs0", "/dev/shm/t1-ivs0", 3 * kMiB, true});

@@ -1,0 +1,240 @@
+#include "kernel_log_step.h"
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "crash_step.h"
+#include "host_time.h"
+#include "hvtrace/crash_summary.h"
+#include "hvtrace/kallsyms_table.h"
+#include "hvtrace/memory_record.h"
+#include "hvtrace/printk_ring.h"
+
+namespace hvtrace::hostd {
+namespace {
+
+using nlohmann::json;
+
+// x86_64's kernel image area (__START_KERNEL_map, KERNEL_IMAGE_SIZE) and
+// the KASLR step (CONFIG_PHYSICAL_ALIGN's minimum): where `_text` can be.
+constexpr uint64_t kImageAreaStart = 0xffffffff80000000ull;
+constexpr uint64_t kImageAreaEnd = 0xffffffffc0000000ull;
+constexpr uint64_t kKaslrStep = 0x200000;
+// The scan stops here: a guest whose banner is nowhere is not searched for
+// longer while its vCPUs wait.
+constexpr auto kScanBudget = std::chrono::seconds(3);
+
+struct HarvestSymbols {
+  std::optional<uint64_t> vmcoreinfo_data, vmcoreinfo_size, linux_banner, text;
+};
+
+HarvestSymbols FindSymbols(const KernelFormats& formats) {
+  HarvestSymbols out;
+  std::shared_ptr<const KernelSymbols> symbols = SymbolsOf(formats);
+  if (!symbols) return out;
+  out.text = symbols->image().text;
+  for (const KallsymsTable::Symbol& s : symbols->table().symbols()) {
+    if (s.module) continue;
+    const std::string_view name = KallsymsTable::Name(formats.kallsyms, s);
+    if (name == "vmcoreinfo_data") out.vmcoreinfo_data = s.addr;
+    if (name == "vmcoreinfo_size") out.vmcoreinfo_size = s.addr;
+    if (name == "linux_banner") out.linux_banner = s.addr;
+  }
+  return out;
+}
+
+// The guest reader, recording every successful read into |record|.
+GuestMemoryRead Recording(const GuestMemoryRead& read, MemoryRecord& record) {
+  return [&read, &record](uint64_t addr, size_t size) -> Result<std::vector<std::byte>> {
+    Result<std::vector<std::byte>> bytes = read(addr, size);
+    if (bytes.ok() && bytes->size() == size) record.Add(addr, *bytes);
+    return bytes;
+  };
+}
+
+// The KASLR offsets to try, the likeliest first: the decode's verdict for
+// the newest boot, 0, then every step of the image area.
+std::vector<int64_t> Candidates(const CaptureManifest& manifest, std::optional<uint64_t> text) {
+  std::vector<int64_t> out;
+  const json* boots = manifest.extra.contains("boots") ? &manifest.extra["boots"] : nullptr;
+  if (boots && boots->is_array() && !boots->empty()) {
+    const json& kaslr = boots->back().value("decoded_with", json::object()).value("kaslr", json());
+    if (kaslr.is_object() && kaslr.contains("delta") && kaslr["delta"].is_number_integer()) {
+      out.push_back(kaslr["delta"].get<int64_t>());
+    }
+  }
+  out.push_back(0);
+  if (text && *text >= kImageAreaStart) {
+    for (uint64_t at = kImageAreaStart; at < kImageAreaEnd; at += kKaslrStep) {
+      out.push_back(static_cast<int64_t>(at - *text));
+    }
+  }
+  return out;
+}
+
+// The offset at which the guest's linux_banner reads as |proc_version|.
+std::optional<int64_t> FindDelta(const GuestMemoryRead& read,
+                                 const std::vector<int64_t>& candidates, uint64_t banner,
+                                 std::string_view proc_version, json& why) {
+  const auto deadline = std::chrono::steady_clock::now() + kScanBudget;
+  std::vector<int64_t> tried;
+  for (int64_t delta : candidates) {
+    if (std::find(tried.begin(), tried.end(), delta) != tried.end()) continue;
+    tried.push_back(delta);
+    if (std::chrono::steady_clock::now() > deadline) break;
+    Result<std::vector<std::byte>> got =
+        read(banner + static_cast<uint64_t>(delta), proc_version.size());
+    if (!got.ok() || got->size() != proc_version.size()) continue;
+    if (std::memcmp(got->data(), proc_version.data(), proc_version.size()) == 0) {
+      why["kaslr_delta"] = delta;
+      why["kaslr_tries"] = tried.size();
+      return delta;
+    }
+  }
+  why["kaslr_tries"] = tried.size();
+  return std::nullopt;
+}
+
+// VMCOREINFO, as the guest's `vmcoreinfo_data`/`vmcoreinfo_size` say, bounded.
+Result<std::string> ReadVmcoreinfo(const GuestMemoryRead& read, uint64_t data_sym,
+                                   uint64_t size_sym) {
+  Result<std::vector<std::byte>> ptr = read(data_sym, 8);
+  Result<std::vector<std::byte>> size = read(size_sym, 8);
+  if (!ptr.ok() || !size.ok() || ptr->size() != 8 || size->size() != 8) {
+    return Error{"cannot read vmcoreinfo_data / vmcoreinfo_size"};
+  }
+  uint64_t addr = 0, bytes = 0;
+  std::memcpy(&addr, ptr->data(), 8);
+  std::memcpy(&bytes, size->data(), 8);
+  if (addr == 0 || bytes == 0 || bytes > kMaxVmcoreinfoBytes) {
+    return Error{"vmcoreinfo out of bounds: " + std::to_string(bytes) + " bytes at " +
+                 std::to_string(addr)};
+  }
+  Result<std::vector<std::byte>> text = read(addr, bytes);
+  if (!text.ok() || text->size() != bytes) return Error{"cannot read the VMCOREINFO text"};
+  return std::string(reinterpret_cast<const char*>(text->data()), text->size());
+}
+
+Result<KernelLog> ReadLog(const CaptureInputs& in, FormatsService* formats,
+                          const CaptureManifest& manifest, MemoryRecord& record,
+                          std::string& vmcoreinfo_text, json& info) {
+  if (!in.read_guest_memory) return Error{"the VM's backend cannot read guest memory"};
+  if (!formats || !in.region_file || in.region_file->kernel_key.empty()) {
+    return Error{"no kallsyms for the guest's kernel (unknown kernel)"};
+  }
+  Result<std::shared_ptr<const KernelFormats>> kf = formats->Get(in.region_file->kernel_key);
+  if (!kf.ok()) return Error{"no kallsyms for the guest's kernel: " + kf.error().message};
+  const HarvestSymbols sym = FindSymbols(**kf);
+  if (!sym.vmcoreinfo_data || !sym.vmcoreinfo_size || !sym.linux_banner ||
+      (*kf)->proc_version.empty()) {
+    return Error{"the kernel's kallsyms lack vmcoreinfo_data, vmcoreinfo_size or linux_banner"};
+  }
+  const GuestMemoryRead read = Recording(in.read_guest_memory, record);
+  std::optional<int64_t> delta = FindDelta(in.read_guest_memory, Candidates(manifest, sym.text),
+                                           *sym.linux_banner, (*kf)->proc_version, info);
+  if (!delta) return Error{"the guest's linux_banner was found at no KASLR offset"};
+  const auto moved = [&](uint64_t a) { return a + static_cast<uint64_t>(*delta); };
+  Result<std::string> text =
+      ReadVmcoreinfo(read, moved(*sym.vmcoreinfo_data), moved(*sym.vmcoreinfo_size));
+  if (!text.ok()) return text.error();
+  vmcoreinfo_text = std::move(*text);
+  const Vmcoreinfo vmcoreinfo = Vmcoreinfo::Parse(vmcoreinfo_text);
+  if (auto release = vmcoreinfo.Value("OSRELEASE")) info["osrelease"] = PrintableLogText(*release);
+  PrintkRingInfo ring;
+  Result<KernelLog> log = ReadPrintkRing(vmcoreinfo, read, &ring);
+  info["ring"] = {{"count_bits", ring.count_bits}, {"size_bits", ring.size_bits},
+                  {"head_id", ring.head_id},       {"tail_id", ring.tail_id},
+                  {"bytes_read", ring.bytes_read}, {"reads", ring.reads}};
+  return log;
+}
+
+}  // namespace
+
+std::string KernelLogText(const KernelLog& log) {
+  std::string out;
+  char head[96];
+  for (const KernelLogRecord& r : log.records) {
+    const char kind = r.cpu >= 0 ? 'C' : 'T';
+    const int32_t who = r.cpu >= 0 ? r.cpu : r.pid;
+    std::snprintf(head, sizeof head, "%" PRIu64 "\t[%5" PRIu64 ".%06" PRIu64 "]\t%c%d\t", r.seq,
+                  r.ts_ns / 1000000000, (r.ts_ns % 1000000000) / 1000, kind, who);
+    out += head;
+    out += PrintableLogText(r.text);
+    out += '\n';
+  }
+  return out;
+}
+
+std::optional<KernelLog> ReadKernelLogStep(const CaptureInputs& in, FormatsService* formats,
+                                           PendingCapture& pending, CaptureManifest& manifest) {
+  const HostTime start = HostTime::Now();
+  MemoryRecord record;
+  std::string vmcoreinfo;
+  json info = json::object();
+  Result<KernelLog> log = ReadLog(in, formats, manifest, record, vmcoreinfo, info);
+  const double read_ms = MsSince(start);
+  auto as_bytes = [](std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); };
+  std::string write_error;
+  if (!vmcoreinfo.empty()) {
+    if (Status s = pending.WriteFile("vmcoreinfo.txt", as_bytes(vmcoreinfo)); !s.ok()) {
+      write_error = s.error().message;
+    }
+  }
+  if (record.bytes() > 0) {
+    Result<std::vector<std::byte>> packed = record.Compress();
+    Status s =
+        packed.ok() ? pending.WriteFile("printk-memory.zst", *packed) : Status(packed.error());
+    if (!s.ok()) write_error = s.error().message;
+  }
+  std::optional<KernelLog> out;
+  if (log.ok()) {
+    const std::string text = KernelLogText(*log);
+    if (Status s = pending.WriteFile(kKernelLogFileName, as_bytes(text)); !s.ok()) {
+      write_error = s.error().message;
+    }
+    info["source"] = log->source;
+    info["file"] = kKernelLogFileName;
+    info["lines"] = log->records.size();
+    info["lost"] = log->lost;
+    info["malformed"] = log->malformed;
+    info["truncated"] = log->truncated;
+    if (!log->records.empty()) {
+      info["first_seq"] = log->records.front().seq;
+      info["last_seq"] = log->records.back().seq;
+    }
+    out = std::move(*log);
+  } else {
+    info["error"] = log.error().message;
+  }
+  if (!write_error.empty()) info["write_error"] = write_error;
+  info["read_ms"] = read_ms;
+  info["ms"] = MsSince(start);
+  manifest.extra["kernel_log"] = std::move(info);
+  manifest.extra["timing_ms"]["kernel_log"] = MsSince(start);
+  return out;
+}
+
+void PreferRingLogCrash(const KernelLog& ring, CaptureManifest& manifest) {
+  const CrashSummary summary = SummarizeCrash(ring);
+  if (!summary.found) return;
+  uint32_t boot = 0;
+  if (manifest.crash.is_object()) {
+    boot = manifest.crash.value("boot", 0u);
+  } else if (const auto boots = manifest.extra.find("boots");
+             boots != manifest.extra.end() && boots->is_array() && !boots->empty()) {
+    boot = static_cast<uint32_t>(boots->size() - 1);
+  }
+  nlohmann::json crash = CrashJson(summary, ring, boot);
+  if (manifest.crash.is_object() && manifest.crash.contains("events_before")) {
+    crash["events_before"] = manifest.crash["events_before"];
+  }
+  manifest.crash = std::move(crash);
+}
+
+}  // namespace hvtrace::hostd

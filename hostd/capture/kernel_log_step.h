@@ -1,0 +1,55 @@
+// The capture step that reads the guest kernel's log (its printk ring
+// buffer) out of guest memory while the vCPUs are still stopped, after the
+// region copies are durable and decoded, before the guest is released.
+//
+// How the ring is found, with no agent and no debuginfo:
+//   1. The kernel's own VMCOREINFO text, at `vmcoreinfo_data` (a pointer)
+//      and `vmcoreinfo_size`: their addresses come from the boot's kallsyms
+//      (the formats cache) moved by the boot's KASLR offset. The offset is
+//      the one the decode established for the newest boot, else 0, else each
+//      2 MiB step of x86_64's kernel image area; a candidate is accepted only
+//      when the guest's `linux_banner` there reads exactly as the harvest's
+//      /proc/version.
+//   2. VMCOREINFO's SYMBOL/OFFSET/SIZE entries locate and describe the ring
+//      (hvtrace/printk_ring.h reads it).
+// Everything the guest gave (the pointer, the size, the text) is bounded.
+// What was read is kept (printk-memory.zst, vmcoreinfo.txt) so the log can be
+// read again by a fixed reader.
+#ifndef HVTRACE_HOSTD_CAPTURE_KERNEL_LOG_STEP_H_
+#define HVTRACE_HOSTD_CAPTURE_KERNEL_LOG_STEP_H_
+
+#include <optional>
+#include <string>
+
+#include "capture_inputs.h"
+#include "capture_store.h"
+#include "formats_service.h"
+#include "hvtrace/kernel_log.h"
+
+namespace hvtrace::hostd {
+
+inline constexpr const char* kKernelLogFileName = "kernel.log";
+
+// Reads the log through |in.read_guest_memory| with the kallsyms of
+// |in.region_file|'s kernel key, writes vmcoreinfo.txt and printk-memory.zst,
+// and records manifest extra.kernel_log ({source, lines, lost, malformed,
+// truncated, ms, ...} or {error}) and extra.timing_ms.kernel_log. Never
+// fails: a log that cannot be read is said in the manifest. nullopt when
+// there is no log.
+std::optional<KernelLog> ReadKernelLogStep(const CaptureInputs& in, FormatsService* formats,
+                                           PendingCapture& pending, CaptureManifest& manifest);
+
+// The ring holds every line since the boot began, also those logged
+// before the boot range's printk:console events started: when its lines
+// say why the guest died, the manifest's `crash` (crash_step.h CrashJson)
+// is made from them instead, keeping the panicking CPU's events_before
+// that only the trace has. The boot is the crash's own, else the newest.
+void PreferRingLogCrash(const KernelLog& ring, CaptureManifest& manifest);
+
+// kernel.log: one line per record, `SEQ<TAB>[SECONDS.MICROS]<TAB>T<pid>|C<cpu><TAB>TEXT`,
+// the text made printable (PrintableLogText).
+std::string KernelLogText(const KernelLog& log);
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_CAPTURE_KERNEL_LOG_STEP_H_

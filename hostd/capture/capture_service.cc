@@ -191,8 +191,7 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   // or not it worked: the guest is still held, and is released only after
   // Take returns.
   if (in.read_guest_memory || request.trigger == "panic") {
-    const std::optional<KernelLog> ring = ReadKernelLogStep(in, formats_.get(), pending, manifest);
-    if (ring && !ring->records.empty()) PreferRingLogCrash(*ring, manifest);
+    ReadKernelLogStep(in, formats_.get(), pending, manifest);
   }
   if (in.dump_guest_memory || in.dump_unavailable) VmcoreStep(in, pending, manifest);
   if (!decoded.ok()) return decoded;

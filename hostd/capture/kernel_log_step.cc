@@ -9,9 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "crash_step.h"
 #include "host_time.h"
-#include "hvtrace/crash_summary.h"
 #include "hvtrace/kallsyms_table.h"
 #include "hvtrace/memory_record.h"
 #include "hvtrace/printk_ring.h"
@@ -218,23 +216,6 @@ std::optional<KernelLog> ReadKernelLogStep(const CaptureInputs& in, FormatsServi
   manifest.extra["kernel_log"] = std::move(info);
   manifest.extra["timing_ms"]["kernel_log"] = MsSince(start);
   return out;
-}
-
-void PreferRingLogCrash(const KernelLog& ring, CaptureManifest& manifest) {
-  const CrashSummary summary = SummarizeCrash(ring);
-  if (!summary.found) return;
-  uint32_t boot = 0;
-  if (manifest.crash.is_object()) {
-    boot = manifest.crash.value("boot", 0u);
-  } else if (const auto boots = manifest.extra.find("boots");
-             boots != manifest.extra.end() && boots->is_array() && !boots->empty()) {
-    boot = static_cast<uint32_t>(boots->size() - 1);
-  }
-  nlohmann::json crash = CrashJson(summary, ring, boot);
-  if (manifest.crash.is_object() && manifest.crash.contains("events_before")) {
-    crash["events_before"] = manifest.crash["events_before"];
-  }
-  manifest.crash = std::move(crash);
 }
 
 }  // namespace hvtrace::hostd

@@ -39,13 +39,6 @@ inline constexpr const char* kKernelLogFileName = "kernel.log";
 std::optional<KernelLog> ReadKernelLogStep(const CaptureInputs& in, FormatsService* formats,
                                            PendingCapture& pending, CaptureManifest& manifest);
 
-// The ring holds every line since the boot began, also those logged
-// before the boot range's printk:console events started: when its lines
-// say why the guest died, the manifest's `crash` (crash_step.h CrashJson)
-// is made from them instead, keeping the panicking CPU's events_before
-// that only the trace has. The boot is the crash's own, else the newest.
-void PreferRingLogCrash(const KernelLog& ring, CaptureManifest& manifest);
-
 // kernel.log: one line per record, `SEQ<TAB>[SECONDS.MICROS]<TAB>T<pid>|C<cpu><TAB>TEXT`,
 // the text made printable (PrintableLogText).
 std::string KernelLogText(const KernelLog& log);

@@ -136,7 +136,10 @@ std::optional<uint64_t> FixPhysBase(const fs::path& file, const std::string& rea
   }
   char sub[48] = {};
   f.seekg(block_size);
-  if (!f.read(sub, sizeof sub)) return std::nullopt;
+  if (!f.read(sub, sizeof sub)) {
+    info["phys_base_unchecked"] = "no kdump sub-header";
+    return std::nullopt;
+  }
   uint64_t phys_base = 0, offset = 0, size = 0;
   std::memcpy(&phys_base, sub, 8);
   std::memcpy(&offset, sub + 32, 8);
@@ -161,9 +164,17 @@ std::optional<uint64_t> FixPhysBase(const fs::path& file, const std::string& rea
     info["phys_base_unchecked"] = "VMCOREINFO without NUMBER(phys_base)";
     return std::nullopt;
   }
-  uint64_t want = 0;
-  const auto [end, ec] = std::from_chars(number->data(), number->data() + number->size(), want);
-  if (ec != std::errc() || end != number->data() + number->size()) return std::nullopt;
+  // Signed: the kernel prints phys_base with %ld, and a kernel loaded below
+  // its link-time physical address has a negative one (Debian's 7.3 under
+  // KASLR: -140509184); the sub-header holds it as the u64 it wraps to.
+  int64_t signed_want = 0;
+  const auto [end, ec] =
+      std::from_chars(number->data(), number->data() + number->size(), signed_want);
+  if (ec != std::errc() || end != number->data() + number->size()) {
+    info["phys_base_unchecked"] = "NUMBER(phys_base)=" + std::string(*number) + " is no number";
+    return std::nullopt;
+  }
+  const uint64_t want = static_cast<uint64_t>(signed_want);
   info["vmcoreinfo"] = true;
   if (want == phys_base) return phys_base;
   f.seekp(block_size);

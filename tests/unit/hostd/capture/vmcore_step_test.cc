@@ -126,6 +126,26 @@ TEST_F(VmcoreStepTest, AFlattenedDumpIsReassembledAndItsPhysBaseFixed) {
   EXPECT_NE(out.find("NUMBER(phys_base)=603979776"), std::string::npos);
 }
 
+// Debian's 7.3 under KASLR, loaded below its link-time address: the kernel
+// prints phys_base negative (%ld), QEMU 7.2 read "-140509184" as hex.
+TEST_F(VmcoreStepTest, ANegativePhysBaseIsWrittenAsTheU64ItWrapsTo) {
+  const fs::path flat = tmp_.path() / "flat.vmcore";
+  std::ofstream(flat, std::ios::binary)
+      << FlattenedKdump(0xfffffffebfaf6e7cull, "OSRELEASE=7.3\nNUMBER(phys_base)=-140509184\n");
+  CaptureInputs in;
+  in.dump_guest_memory = [&](const fs::path&) -> Result<fs::path> { return flat; };
+  CaptureManifest m;
+  VmcoreStep(in, **pending_, m);
+  const json& v = m.extra["vmcore"];
+  ASSERT_FALSE(v.contains("error")) << v.dump();
+  EXPECT_FALSE(v.contains("phys_base_unchecked")) << v.dump();
+  const std::string out = ReadText((*pending_)->dir() / "vmcore");
+  ASSERT_GE(out.size(), 8192u);
+  int64_t phys_base = 0;
+  std::memcpy(&phys_base, out.data() + 4096, 8);
+  EXPECT_EQ(phys_base, -140509184);
+}
+
 TEST_F(VmcoreStepTest, Malicious_ATruncatedFlattenedDumpIsAnError) {
   const fs::path flat = tmp_.path() / "flat.vmcore";
   std::string bytes = FlattenedKdump(1, "NUMBER(phys_base)=1\n");

@@ -1,0 +1,172 @@
+// A guest's serial console (the VM's console log: an oracle hvtrace did not
+// write) against a capture's kernel log: every kernel line the console
+// printed must be in the log, in order. The TCG guest's 8250 UART garbles
+// some lines (characters doubled or dropped, two lines run together), so a
+// line within a few edits of the log's next lines counts as found, and is
+// counted as garbled; the caller bounds how many may be.
+#ifndef HVTRACE_TESTS_E2E_CONSOLE_MATCH_H_
+#define HVTRACE_TESTS_E2E_CONSOLE_MATCH_H_
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "hvtrace/kernel_log.h"
+#include "trace_text.h"
+
+namespace hvtrace::e2e {
+
+// One kernel line: its printed time ("    1.234567") and text.
+struct LogLine {
+  std::string time;
+  std::string text;
+  uint64_t seq = 0;
+  bool operator==(const LogLine& o) const { return time == o.time && text == o.text; }
+};
+
+// "[    1.234567] text" lines (a console, or a dmesg-style log): the kernel's
+// own lines, the text made printable as the capture's logs are. Userspace
+// output has no such prefix and is left out.
+inline std::vector<LogLine> DmesgStyleLines(const std::string& text) {
+  std::vector<LogLine> out;
+  for (std::string line : TextLines(text)) {
+    while (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.size() < 15 || line[0] != '[' || line[13] != ']') continue;
+    const std::string time = line.substr(1, 12);
+    if (time.find_first_not_of(" 0123456789.") != std::string::npos) continue;
+    out.push_back({time, PrintableLogText(line.size() > 15 ? line.substr(15) : ""), 0});
+  }
+  return out;
+}
+
+// Levenshtein distance.
+inline size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+struct ConsoleMatch {
+  size_t compared = 0;
+  size_t missing = 0;  // each one also an ADD_FAILURE (the first five)
+  size_t garbled = 0;
+  size_t pieces = 0;     // console lines the log holds as consecutive pieces
+  size_t reordered = 0;  // found before the log's position (another CPU's clock)
+};
+
+// Every line of |printed| in |log|, in order. |same_time|: the log carries
+// printk's own timestamps (the printk ring), so a line must match time and
+// text. A log from printk:console events differs from the console in two
+// ways the kernel causes, both allowed only then: the event fires per
+// printk call, so a line printed in pieces (pr_cont, ACPICA's "ACPI: "
+// prefix) is several consecutive log lines; and it carries the trace time
+// of the CPU that printed, so lines two CPUs printed close together may
+// sort the other way (counted in |reordered|, the caller bounds them).
+inline ConsoleMatch MatchConsoleInLog(const std::vector<LogLine>& printed,
+                                      const std::vector<LogLine>& log, bool same_time,
+                                      const char* tag) {
+  ConsoleMatch r;
+  std::vector<bool> used(log.size());
+  size_t next = 0;
+  auto at = [&](size_t i) { return log.begin() + static_cast<std::ptrdiff_t>(i); };
+  auto take = [&](size_t first, size_t last) {
+    for (size_t i = first; i <= last; ++i) used[i] = true;
+    next = std::max(next, last + 1);
+  };
+  for (const LogLine& line : printed) {
+    ++r.compared;
+    auto found = std::find_if(at(next), log.end(), [&](const LogLine& l) {
+      return l.text == line.text && (!same_time || l.time == line.time);
+    });
+    if (found != log.end()) {
+      const size_t i = static_cast<size_t>(found - log.begin());
+      take(i, i);
+      continue;
+    }
+    if (!same_time) {
+      // Printed in pieces: consecutive log lines that make up the line.
+      bool joined = false;
+      for (size_t k = next; k < std::min(log.size(), next + 8) && !joined; ++k) {
+        std::string whole;
+        for (size_t m = k; m < log.size() && whole.size() < line.text.size(); ++m) {
+          if (!line.text.substr(whole.size()).starts_with(log[m].text) || log[m].text.empty())
+            break;
+          whole += log[m].text;
+          if (whole == line.text && m > k) {
+            take(k, m);
+            joined = true;
+            break;
+          }
+        }
+      }
+      if (joined) {
+        ++r.pieces;
+        continue;
+      }
+      // Sorted before the log's position: an unused line of the same text.
+      bool earlier = false;
+      for (size_t i = 0; i < next && !earlier; ++i) {
+        if (!used[i] && log[i].text == line.text) {
+          used[i] = true;
+          earlier = true;
+        }
+      }
+      if (earlier) {
+        ++r.reordered;
+        std::printf("[%s] sorted earlier in the log: %s\n", tag, line.text.c_str());
+        continue;
+      }
+    }
+    // Garbled by the UART: the same time within a few edits, or (no time to
+    // go by) one of the log's next lines within a few edits.
+    const auto window = same_time ? log.end() : std::min(log.end(), at(next) + 8);
+    found = std::find_if(at(next), window, [&](const LogLine& l) {
+      return (!same_time || l.time == line.time) &&
+             EditDistance(l.text, line.text) <= std::max<size_t>(12, l.text.size() / 4);
+    });
+    // The prefix itself garbled ("[     .000000]"): the next line with this text.
+    if (found == window && same_time) {
+      found =
+          std::find_if(at(next), log.end(), [&](const LogLine& l) { return l.text == line.text; });
+    }
+    if (found != window && found != log.end()) {
+      ++r.garbled;
+      std::printf("[%s] garbled on the console: %s\n   in the log: %s\n", tag, line.text.c_str(),
+                  found->text.c_str());
+      const size_t i = static_cast<size_t>(found - log.begin());
+      take(i, i);
+      continue;
+    }
+    // Two lines run together (a newline and the next prefix lost): both are
+    // in the log; only the glued line is not.
+    const size_t glue = line.text.rfind("] ");
+    const std::string rest = glue == std::string::npos ? "" : line.text.substr(glue + 2);
+    if (!rest.empty() &&
+        std::any_of(at(next), log.end(), [&](const LogLine& l) { return l.text == rest; })) {
+      ++r.garbled;
+      std::printf("[%s] lines run together on the console: %s\n", tag, line.text.c_str());
+      continue;
+    }
+    if (r.missing++ < 5)
+      ADD_FAILURE() << "console line not in the capture's log (in order): [" << line.time << "] "
+                    << line.text;
+  }
+  return r;
+}
+
+}  // namespace hvtrace::e2e
+
+#endif  // HVTRACE_TESTS_E2E_CONSOLE_MATCH_H_

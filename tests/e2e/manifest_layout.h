@@ -23,17 +23,23 @@ inline std::set<std::string> KeysOf(const nlohmann::json& j) {
 // A decoded boot-range capture (formats cached) taken through |transport_kind|'s backend.
 inline void ExpectBootRangeManifestLayout(const nlohmann::json& m,
                                           const std::string& transport_kind) {
-  EXPECT_EQ(KeysOf(m), (std::set<std::string>{"format", "version", "vm", "trigger", "id",
-                                              "host_time", "kernel", "region", "cpus", "totals",
-                                              "validation", "qmp_events", "files", "extra"}))
-      << m.dump(2);
+  // A panic capture also says why the guest died (the crash summary from
+  // the boot's kernel log) and how its printk ring was read from guest memory.
+  const bool panic = m["trigger"] == "panic";
+  std::set<std::string> top{"format",     "version",    "vm",     "trigger", "id",
+                            "host_time",  "kernel",     "region", "cpus",    "totals",
+                            "validation", "qmp_events", "files",  "extra"};
+  std::set<std::string> extra{"transport",   "consistency", "timing_ms", "formats", "boots",
+                              "trace_clock", "pipeline_ms", "disk",      "queue"};
+  if (panic) {
+    top.insert("crash");
+    extra.insert("kernel_log");
+  }
+  EXPECT_EQ(KeysOf(m), top) << m.dump(2);
   EXPECT_EQ(m["version"], 2);
   EXPECT_EQ(KeysOf(m["region"]), (std::set<std::string>{"kind", "source", "offset", "size", "gpa"}))
       << m["region"].dump(2);
-  EXPECT_EQ(KeysOf(m["extra"]),
-            (std::set<std::string>{"transport", "consistency", "timing_ms", "formats", "boots",
-                                   "trace_clock", "pipeline_ms", "disk", "queue"}))
-      << m["extra"].dump(2);
+  EXPECT_EQ(KeysOf(m["extra"]), extra) << m["extra"].dump(2);
   EXPECT_EQ(KeysOf(m["extra"]["queue"]),
             (std::set<std::string>{"lane", "waited_for_a_slot", "waited_for_copy_buffers"}))
       << m["extra"]["queue"].dump(2);

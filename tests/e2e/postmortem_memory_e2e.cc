@@ -28,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "console_match.h"
 #include "guest_harness.h"
 #include "hvtrace/kernel_log.h"
 #include "hvtraced_harness.h"
@@ -42,14 +43,6 @@ using nlohmann::json;
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using test_support::ReadText;
-
-// One kernel line: its printed time ("    1.234567") and text.
-struct LogLine {
-  std::string time;
-  std::string text;
-  uint64_t seq = 0;
-  bool operator==(const LogLine& o) const { return time == o.time && text == o.text; }
-};
 
 // kernel.log: SEQ \t [TIME] \t CALLER \t TEXT.
 std::vector<LogLine> CaptureLog(const std::string& text) {
@@ -71,36 +64,6 @@ std::vector<LogLine> CaptureLog(const std::string& text) {
     out.push_back({f[1].substr(1, f[1].size() - 2), line.substr(at), std::stoull(f[0])});
   }
   return out;
-}
-
-// The console's kernel lines: "[    1.234567] text" (userspace output has no
-// such prefix and is left out), the text made printable as kernel.log's is.
-std::vector<LogLine> ConsoleKernelLines(const std::string& console) {
-  std::vector<LogLine> out;
-  for (std::string line : TextLines(console)) {
-    while (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.size() < 15 || line[0] != '[' || line[13] != ']') continue;
-    const std::string time = line.substr(1, 12);
-    if (time.find_first_not_of(" 0123456789.") != std::string::npos) continue;
-    out.push_back({time, PrintableLogText(line.size() > 15 ? line.substr(15) : ""), 0});
-  }
-  return out;
-}
-
-// Levenshtein distance, for console lines the UART garbled.
-size_t EditDistance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 class PostmortemMemoryE2e : public ::testing::TestWithParam<std::string> {};
@@ -161,58 +124,16 @@ TEST_P(PostmortemMemoryE2e, PanicCaptureHoldsTheWholeKernelLogFromGuestMemory) {
   std::vector<LogLine> printed;
   const auto console_deadline = std::chrono::steady_clock::now() + 30s;
   do {
-    printed = ConsoleKernelLines(ReadText(console_log));
+    printed = DmesgStyleLines(ReadText(console_log));
     if (std::any_of(printed.begin(), printed.end(),
                     [&](const LogLine& l) { return l.text == panic_line; }))
       break;
     std::this_thread::sleep_for(500ms);
   } while (std::chrono::steady_clock::now() < console_deadline);
   ASSERT_GT(printed.size(), 50u) << tail();
-  // The serial console under TCG garbles some early lines (characters
-  // doubled or dropped while the 8250 is polled at time 0): such a line
-  // must still be the log's next line at the same time, within a few edits.
-  size_t next = 0, missing = 0, garbled = 0;
-  for (const LogLine& line : printed) {
-    auto found = std::find(log.begin() + static_cast<std::ptrdiff_t>(next), log.end(), line);
-    if (found == log.end()) {
-      found = std::find_if(
-          log.begin() + static_cast<std::ptrdiff_t>(next), log.end(), [&](const LogLine& l) {
-            return l.time == line.time &&
-                   EditDistance(l.text, line.text) <= std::max<size_t>(12, l.text.size() / 4);
-          });
-      // The prefix itself garbled ("[     .000000]"): the next record with
-      // this exact text.
-      if (found == log.end()) {
-        found = std::find_if(log.begin() + static_cast<std::ptrdiff_t>(next), log.end(),
-                             [&](const LogLine& l) { return l.text == line.text; });
-      }
-      if (found != log.end()) {
-        ++garbled;
-        std::printf("[postmortem e2e] garbled on the console: %s\n   kernel.log: %s\n",
-                    line.text.c_str(), found->text.c_str());
-      }
-    }
-    // Two lines run together on the console (a newline and the next
-    // prefix lost): both are in the log at their times; only the glued line
-    // is not.
-    if (found == log.end()) {
-      const size_t glue = line.text.rfind("] ");
-      const std::string rest = glue == std::string::npos ? "" : line.text.substr(glue + 2);
-      if (!rest.empty() && std::any_of(log.begin() + static_cast<std::ptrdiff_t>(next), log.end(),
-                                       [&](const LogLine& l) { return l.text == rest; })) {
-        ++garbled;
-        std::printf("[postmortem e2e] lines run together on the console: %s\n", line.text.c_str());
-        continue;
-      }
-    }
-    if (found == log.end()) {
-      if (missing++ < 5)
-        ADD_FAILURE() << "console line not in kernel.log (in order): [" << line.time << "] "
-                      << line.text;
-      continue;
-    }
-    next = static_cast<size_t>(found - log.begin()) + 1;
-  }
+  // At the same timestamp: the log is printk's own.
+  const ConsoleMatch matched = MatchConsoleInLog(printed, log, true, "postmortem e2e");
+  const size_t garbled = matched.garbled, missing = matched.missing;
   EXPECT_LT(garbled * 4, printed.size()) << garbled << " garbled console lines";
   EXPECT_EQ(missing, 0u) << printed.size() << " console lines";
   // The log ends with the panic: nothing the console printed came after it

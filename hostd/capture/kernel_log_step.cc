@@ -128,6 +128,9 @@ Result<KernelLog> ReadLog(const CaptureInputs& in, FormatsService* formats,
   }
   Result<std::shared_ptr<const KernelFormats>> kf = formats->Get(in.region_file->kernel_key);
   if (!kf.ok()) return Error{"no kallsyms for the guest's kernel: " + kf.error().message};
+  // Null: a kernel the service knows of but has no formats for (its harvest
+  // failed or was not asked for; the boots decoded with the meta channel's).
+  if (*kf == nullptr) return Error{"no kallsyms for the guest's kernel (its formats are missing)"};
   const HarvestSymbols sym = FindSymbols(**kf);
   if (!sym.vmcoreinfo_data || !sym.vmcoreinfo_size || !sym.linux_banner ||
       (*kf)->proc_version.empty()) {

@@ -4,8 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/thread_pool.hpp>
 #include <string>
 
+#include "formats_service.h"
 #include "test_support.h"
 
 namespace hvtrace::hostd {
@@ -33,6 +35,35 @@ TEST(KernelLogStepTest, WithoutAReaderTheManifestSaysWhy) {
   EXPECT_NE(m.extra["kernel_log"]["error"].get<std::string>().find("cannot read guest memory"),
             std::string::npos);
   EXPECT_TRUE(m.extra["timing_ms"].contains("kernel_log"));
+}
+
+// A kernel the formats service has no entry for (its harvest failed; the
+// boots decoded with the meta channel's formats): Get answers null, and the
+// step says so instead of reading through it (hvtraced died of this in
+// MetaChannelE2e's kexec-then-panic).
+TEST(KernelLogStepTest, AKernelWithoutCachedFormatsIsSaidInTheManifest) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "captures");
+  auto pending = store.Begin("panic", HostTime::Now());
+  ASSERT_TRUE(pending.ok());
+  boost::asio::thread_pool pool(1);
+  FormatsService formats(tmp.path() / "formats", pool.get_executor(),
+                         [](LogLevel, const std::string&) {});
+  CaptureInputs in;
+  in.region_file = RegionFileSource{};
+  in.region_file->kernel_key = std::string(64, 'a');
+  bool read = false;
+  in.read_guest_memory = [&](uint64_t, size_t) -> Result<std::vector<std::byte>> {
+    read = true;
+    return Error{"not reached"};
+  };
+  CaptureManifest m;
+  EXPECT_FALSE(ReadKernelLogStep(in, &formats, **pending, m).has_value());
+  EXPECT_FALSE(read);
+  EXPECT_NE(m.extra["kernel_log"]["error"].get<std::string>().find("formats are missing"),
+            std::string::npos)
+      << m.extra.dump();
+  pool.join();
 }
 
 }  // namespace

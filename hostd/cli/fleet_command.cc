@@ -281,11 +281,15 @@ class FleetFetchCommand final : public Command {
  private:
   static Status Download(hostd::S3Client& s3, const std::string& key, const fs::path& dir,
                          const std::string& name) {
-    if (!name.ends_with(".zst")) return s3.GetToFile(key, dir / name, kMaxObjectBytes);
+    // Only what the uploader compressed (fleet_keys.h) is unpacked; a
+    // capture's own .zst files (printk-memory.zst) are stored as they are.
+    const std::string stem = name.ends_with(".zst") ? name.substr(0, name.size() - 4) : "";
+    if (stem.empty() || !hostd::CompressedInStore(stem)) {
+      return s3.GetToFile(key, dir / name, kMaxObjectBytes);
+    }
     const fs::path packed = dir / ("." + name + ".part");
     if (Status s = s3.GetToFile(key, packed, kMaxObjectBytes); !s.ok()) return s;
-    Status s =
-        hostd::DecompressFile(packed, dir / name.substr(0, name.size() - 4), kMaxObjectBytes);
+    Status s = hostd::DecompressFile(packed, dir / stem, kMaxObjectBytes);
     std::error_code ec;
     fs::remove(packed, ec);
     return s;

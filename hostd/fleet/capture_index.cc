@@ -12,8 +12,20 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// The last |n| events of a trace.dat as `hvtrace report` prints them. The file
-// is one this daemon wrote; the decoder bounds it all the same.
+// Whether a report line ("comm-pid [cpu] time: name: ...") is a
+// printk:console event: the kernel log, which the capture carries whole
+// (boot-N.kernel.log, the crash summary); a panic's last events would
+// otherwise be only its own log lines.
+bool IsConsoleLine(std::string_view text) {
+  const size_t cpu = text.find("] ");
+  if (cpu == std::string_view::npos) return false;
+  const size_t stamp = text.find(": ", cpu);
+  return stamp != std::string_view::npos && text.substr(stamp + 2).starts_with("console:");
+}
+
+// The last |n| events of a trace.dat as `hvtrace report` prints them, the
+// kernel log's events left out. The file is one this daemon wrote; the
+// decoder bounds it all the same.
 json LastEvents(const fs::path& path, size_t n) {
   std::deque<std::string> lines;
   ReportOptions options;
@@ -21,6 +33,7 @@ json LastEvents(const fs::path& path, size_t n) {
   options.threads = 0;  // The uploader's one thread; never the capture workers'.
   auto stats = ForEachReportLine(path.string(), options, [&](uint64_t, std::string_view text) {
     if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+    if (IsConsoleLine(text)) return true;
     lines.emplace_back(text.substr(0, 512));
     if (lines.size() > n) lines.pop_front();
     return true;
@@ -78,6 +91,17 @@ Result<json> BuildCaptureIndex(const fs::path& dir, const FleetCaptureRef& ref) 
     if (name.ends_with(".trace.dat") && name.find("host-clock") == std::string::npos) {
       last[name] = LastEvents(dir / name, kIndexLastEvents);
     }
+  }
+  // Why the guest died, for a fleet listing (the whole summary is in the
+  // manifest): the crash's kind, reason and panic line.
+  if (m.contains("crash") && m["crash"].is_object()) {
+    json brief = json::object();
+    for (const char* key : {"kind", "reason", "panic_line", "task"}) {
+      if (auto it = m["crash"].find(key); it != m["crash"].end() && it->is_string()) {
+        brief[key] = *it;
+      }
+    }
+    index["crash"] = std::move(brief);
   }
   index["files"] = std::move(files);
   index["last_events"] = std::move(last);

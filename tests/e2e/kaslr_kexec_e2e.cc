@@ -111,6 +111,8 @@ void CheckBoot(const fs::path& dir, uint32_t boot, const std::string& prefix, in
   int named_markers = 0, other_markers = 0;
   std::vector<std::string> callback_lines;
   for (const std::string& line : TextLines(text.out)) {
+    // The crash summary's lines (its "last events" repeat some) are not events.
+    if (line.starts_with("#")) continue;
     if (line.find(prefix + "-") != std::string::npos) {
       (line.find("tracing_mark_write: " + prefix + "-") != std::string::npos ? named_markers
                                                                              : other_markers)++;

@@ -26,6 +26,7 @@ void ParseShown(const std::string& out, std::vector<Event>* events,
     if (line.empty()) continue;
     json j = json::parse(line, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << line;
+    if (j.contains("crash")) continue;  // The crash summary `show --json` opens with.
     if (!j.contains("event")) {
       boot_files->push_back(j["file"].get<std::string>());
       continue;

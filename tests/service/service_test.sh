@@ -228,9 +228,16 @@ run_readme_command() {
         fail "as $ADMIN: no $file after: $line"
       [ "$first" = 0a ] || fail "$file does not start as a Perfetto trace (first byte '$first')"
       out="$file: $(run_as "$ADMIN" "stat -c '%s bytes, owner %U' $file")" ;;
+    "hvtrace show "*" --log"*)
+      # The guest's kernel log alone, the panic line in it.
+      out=$(grep -E '^\[ *[0-9]+\.[0-9]{6}\] Kernel panic - not syncing: sysrq triggered crash$' <<<"$out") ||
+        fail "hvtrace show --log has no panic line" ;;
     "hvtrace show "*)
       ran_show=1
       echo "$out" >"$WORK/show.txt"
+      # Why the guest died comes first.
+      head -n 1 "$WORK/show.txt" | grep -qE '^# crash \(boot [0-9]+, panic\): Kernel panic - not syncing: sysrq triggered crash$' ||
+        fail "hvtrace show does not open with the crash summary: $(head -n 3 "$WORK/show.txt")"
       out=$(grep -E "print: +tracing_mark_write: $marker\$" "$WORK/show.txt" || true) ;;
   esac
   head -n 12 <<<"$out" | sed 's/^/    /' >&2

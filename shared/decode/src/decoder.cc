@@ -20,6 +20,7 @@
 #include "event_printer.h"
 #include "event_text.h"
 #include "hvtrace/fingerprint.h"
+#include "hvtrace/kernel_log.h"
 #include "hvtrace/run_isolated.h"
 #include "hvtrace/tep_symbols.h"
 #include "line_prefix.h"
@@ -604,6 +605,9 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
     size_t nul = out->find('\0', info_start);
     if (nul != std::string::npos) out->resize(nul);
   }
+  // Nothing the guest wrote reaches a terminal raw (escapes, C1 controls,
+  // invalid UTF-8 as \xNN); trace-cmd prints the same bytes raw.
+  MakePrintableFrom(out, line_start);
   if (out->size() > line_start && out->back() == '\n') out->pop_back();
   out->push_back('\n');
 }

@@ -59,6 +59,26 @@ std::string PrintableLogText(std::string_view text) {
   return out;
 }
 
+void MakePrintableFrom(std::string* text, size_t from) {
+  size_t first = from;
+  for (; first < text->size(); ++first) {
+    const auto byte = static_cast<uint8_t>((*text)[first]);
+    if ((byte < 0x20 && byte != '\n' && byte != '\t') || byte >= 0x7f) break;
+  }
+  if (first >= text->size()) return;
+  std::string tail;
+  std::string_view rest = std::string_view(*text).substr(first);
+  while (!rest.empty()) {
+    const size_t keep = rest.find_first_of("\n\t");
+    tail += PrintableLogText(rest.substr(0, keep));
+    if (keep == std::string_view::npos) break;
+    tail.push_back(rest[keep]);
+    rest.remove_prefix(keep + 1);
+  }
+  text->resize(first);
+  text->append(tail);
+}
+
 std::string DmesgLine(const KernelLogRecord& record) {
   char stamp[48];
   std::snprintf(stamp, sizeof stamp, "[%5llu.%06llu] ",

@@ -51,6 +51,13 @@ struct KernelLog {
 // terminal shows it and never interprets it.
 std::string PrintableLogText(std::string_view text);
 
+// (*text)[from..] made printable as PrintableLogText does, its newlines and
+// tabs kept: an event line shown on a terminal, where the guest wrote the
+// strings (a trace_marker write, a /dev/kmsg line through printk:console, a
+// task name). Text that is already printable is left as it is, after one
+// scan.
+void MakePrintableFrom(std::string* text, size_t from);
+
 // One record as dmesg prints it: "[%5lu.%06lu] text" (the text made
 // printable), no newline.
 std::string DmesgLine(const KernelLogRecord& record);

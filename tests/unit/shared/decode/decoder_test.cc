@@ -429,6 +429,34 @@ TEST(DecoderTest, Malicious_ShortOrShapelessPrintkFormatsAreLeftOut) {
   EXPECT_NE(text.find("hello from printk_formats"), std::string::npos) << text;
 }
 
+// A guest's string (here a trace_marker-like print) with terminal escapes:
+// printed as \xNN on both paths, never raw.
+TEST(DecoderTest, Malicious_EscapesInStringsAreNeverPrintedRaw) {
+  TraceMetadata meta;
+  meta.source = "hostile";
+  meta.formats.push_back({"test",
+                          "name: note\nID: 21\nformat:\n"
+                          "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+                          "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+                          "\tfield:char buf[16];\toffset:8;\tsize:16;\tsigned:0;\n\n"
+                          "print fmt: \"%s\", REC->buf\n"});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  std::vector<std::byte> p(24, std::byte{0});
+  p[0] = std::byte{21};
+  const char text[] =
+      "x\x1b]0;t\x07\x9b"
+      "2J";
+  std::memcpy(p.data() + 8, text, sizeof text - 1);
+  for (bool fast : {true, false}) {
+    (*dec)->SetFastPathsEnabled(fast);
+    std::string out;
+    (*dec)->AppendText(DecodedRecord{0, 1000, p, 0}, &out);
+    EXPECT_NE(out.find("x\\x1b]0;t\\x07\\x9b2J\n"), std::string::npos) << out;
+    EXPECT_EQ(out.find_first_of("\x1b\x07\x9b"), std::string::npos) << out;
+  }
+}
+
 // A format that passes ParseEventFormat but crashes libtraceevent's parser
 // (format_fuzzer found this one: a NULL dereference while it folds
 // constants) costs a forked trial child, not the decoder.

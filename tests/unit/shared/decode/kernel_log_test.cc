@@ -39,5 +39,21 @@ TEST(PrintableLogText, Malicious_InvalidUtf8IsEscapedBytewise) {
   EXPECT_EQ(PrintableLogText("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");
 }
 
+// An event line: only the part from |from| on is touched, newlines and
+// tabs stay (multi-line events), everything a terminal would obey is \xNN.
+TEST(MakePrintableFrom, Malicious_EscapesTheTailKeepingNewlinesAndTabs) {
+  std::string text = "\x1bkept before; ";
+  const size_t from = text.size();
+  text += "sh-1 [000] 1.0: print: a\x1b[2Jb\tc\x07\n => d\xc2\x9b\xe2\x82\xac\n";
+  MakePrintableFrom(&text, from);
+  EXPECT_EQ(text,
+            "\x1bkept before; sh-1 [000] 1.0: print: a\\x1b[2Jb\tc\\x07\n => "
+            "d\\xc2\\x9b\xe2\x82\xac\n");
+  std::string plain = "sh-1 [000] 1.0: print: hello\n";
+  const std::string before = plain;
+  MakePrintableFrom(&plain, 0);
+  EXPECT_EQ(plain, before);
+}
+
 }  // namespace
 }  // namespace hvtrace

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,7 @@ struct ConsoleMatch {
   size_t garbled = 0;
   size_t pieces = 0;     // console lines the log holds as consecutive pieces
   size_t reordered = 0;  // found before the log's position (another CPU's clock)
+  size_t excused = 0;    // missing, and the caller's |may_miss| said why
 };
 
 // Every line of |printed| in |log|, in order. |same_time|: the log carries
@@ -75,9 +77,9 @@ struct ConsoleMatch {
 // prefix) is several consecutive log lines; and it carries the trace time
 // of the CPU that printed, so lines two CPUs printed close together may
 // sort the other way (counted in |reordered|, the caller bounds them).
-inline ConsoleMatch MatchConsoleInLog(const std::vector<LogLine>& printed,
-                                      const std::vector<LogLine>& log, bool same_time,
-                                      const char* tag) {
+inline ConsoleMatch MatchConsoleInLog(
+    const std::vector<LogLine>& printed, const std::vector<LogLine>& log, bool same_time,
+    const char* tag, const std::function<bool(const std::string&)>& may_miss = nullptr) {
   ConsoleMatch r;
   std::vector<bool> used(log.size());
   size_t next = 0;
@@ -158,6 +160,11 @@ inline ConsoleMatch MatchConsoleInLog(const std::vector<LogLine>& printed,
         std::any_of(at(next), log.end(), [&](const LogLine& l) { return l.text == rest; })) {
       ++r.garbled;
       std::printf("[%s] lines run together on the console: %s\n", tag, line.text.c_str());
+      continue;
+    }
+    if (may_miss && may_miss(line.text)) {
+      ++r.excused;
+      std::printf("[%s] not in the log, as the caller allows: %s\n", tag, line.text.c_str());
       continue;
     }
     if (r.missing++ < 5)

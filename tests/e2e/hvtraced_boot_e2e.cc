@@ -29,6 +29,7 @@
 #include "formats_cache.h"
 #include "formats_harvest.h"
 #include "guest_harness.h"
+#include "hvtrace/kernel_log.h"
 #include "hvtraced_harness.h"
 #include "manifest_layout.h"
 #include "perfetto_check.h"
@@ -111,8 +112,16 @@ void ExpectCrashSummary(const json& m, const fs::path& dir, const std::string& c
                             [&](const LogLine& l) { return l.text == ours.front().text; });
   ASSERT_NE(first, printed.end()) << "the log's first line is not on the console: "
                                   << ours.front().text;
-  const ConsoleMatch matched =
-      MatchConsoleInLog(std::vector<LogLine>(first, printed.end()), ours, false, "hvtraced e2e");
+  // calibrate_delay_direct()'s complaint (intermittent: TCG's timing noise)
+  // is printed by a secondary CPU while it comes online, at printk time
+  // 0.000000 (its clock not started): seen on the console and absent from
+  // the console events once (7.3, a clean-clone run, 2026-12-02), so the
+  // event is not recorded from there. The printk ring (kernel.log) has it.
+  const auto from_a_cpu_coming_online = [](const std::string& text) {
+    return text.starts_with("calibrate_delay_direct() ");
+  };
+  const ConsoleMatch matched = MatchConsoleInLog(std::vector<LogLine>(first, printed.end()), ours,
+                                                 false, "hvtraced e2e", from_a_cpu_coming_online);
   const size_t compared = matched.compared;
   EXPECT_EQ(matched.missing, 0u) << compared << " console lines";
   EXPECT_LT(matched.garbled * 4, compared) << matched.garbled << " garbled console lines";
@@ -135,6 +144,12 @@ void ExpectCrashSummary(const json& m, const fs::path& dir, const std::string& c
   const RunResult dmesg = daemon.Hvtrace({"show", "--log", reference});
   ASSERT_EQ(dmesg.status, 0) << dmesg.output.substr(0, 2000);
   EXPECT_NE(dmesg.output.find(log), std::string::npos);
+  // The /dev/kmsg line with terminal escapes, written as \xNN.
+  EXPECT_NE(log.find("hvt-esc \\x1b[31mred\\x1b]0;t\\x07 \\x9bc end"), std::string::npos);
+  for (const std::string* out : {&dmesg.output, &shown.output, &log}) {
+    EXPECT_EQ(out->find_first_of("\x1b\x07\x9b"), std::string::npos)
+        << "a raw escape byte in: " << out->substr(0, 200);
+  }
   std::printf(
       "[hvtraced e2e] %s kernel log: %zu lines from %s, %zu console lines compared (%zu in "
       "pieces, %zu sorted earlier, %zu garbled by the UART)\n",
@@ -282,6 +297,15 @@ TEST_P(HvtracedBootKernelE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
       console.Run("tail -n 40 /sys/kernel/tracing/instances/boot_map/trace", kCommandTimeout);
   ASSERT_TRUE(guest_tail.ok() && guest_tail->status == 0) << tail();
   const std::vector<TraceEvent> guest_events = GuestTraceEvents(guest_tail->output);
+  // After the guest's own view was read (it would print the bytes raw):
+  // a hostile log line: terminal escapes (CSI, OSC with BEL, a raw C1 CSI
+  // byte) written to /dev/kmsg, which is printk: the capture's log and its
+  // summary must never print them raw.
+  ASSERT_TRUE(console
+                  .Run("printf 'hvt-esc \\033[31mred\\033]0;t\\007 \\233c end\\n' > /dev/kmsg",
+                       kCommandTimeout)
+                  .ok())
+      << tail();
 
   // The last marker right before the crash; the panic must be captured.
   ASSERT_TRUE(
@@ -384,8 +408,11 @@ TEST_P(HvtracedBootKernelE2e, BootMarkersOnDemandCaptureThenPanicCapture) {
     ASSERT_EQ(report.status, 0) << b.dump();
     reports += report.out;
   }
-  const std::vector<std::string> report_lines = EventLines(reports),
-                                 show_lines = EventLines(shown.out);
+  // trace-cmd prints the guest's bytes raw; show writes what a terminal
+  // would obey as \xNN (the /dev/kmsg line above), and nothing else differs.
+  std::vector<std::string> report_lines = EventLines(reports);
+  for (std::string& line : report_lines) MakePrintableFrom(&line, 0);
+  const std::vector<std::string> show_lines = EventLines(shown.out);
   EXPECT_EQ(report_lines.size(), show_lines.size());
   size_t differ = 0;
   for (size_t i = 0; i < std::min(report_lines.size(), show_lines.size()); ++i) {

@@ -8,7 +8,9 @@
 //   region durable   timing_ms.trigger_to_recoverable: region.bin fdatasynced
 //                    and its recovery record durable (the capture survives a
 //                    daemon or host crash from here on).
-//   decoded          timing_ms.trigger_to_decoded: the trace.dat files written.
+//   decoded          timing_ms.trigger_to_decoded: the trace.dat files written,
+//                    and with them each boot's kernel log and the crash
+//                    summary (issue #42): why the guest died is ready here.
 //   committed        status last_capture.trigger_to_disk_ms: manifest and
 //                    every file fsynced, the directory renamed into place.
 // QEMU's own emission stamp of the event (qemu_timestamp_us) is printed too,
@@ -139,7 +141,7 @@ struct Run {
   double copied = 0, durable = 0, decoded = 0, committed = 0;
   double copy = 0, region_fsync = 0, decode = 0, write = 0, files = 0, qmp_delay = 0;
   double kaslr = 0, symbols = 0, names = 0, names_wait = 0, start = 0, copy_faults = 0;
-  double copy_cpu = 0, copy_switches = 0;
+  double copy_cpu = 0, copy_switches = 0, crash = 0, ring = 0;
   uint64_t trace_dat_bytes = 0, events = 0;
 };
 
@@ -197,6 +199,10 @@ Result<Run> PanicOnce(const HvtracedProcess& daemon, const GuestImage& image, in
   r.names = Number(pipeline, "write_names");
   r.names_wait = Number(pipeline, "write_names_wait");
   r.start = Number(t, "trigger_to_copy_start");
+  // Inside decoded: the kernel log from the console events and the crash
+  // summary (all boots); after it, the printk ring read from guest memory.
+  r.crash = Number(pipeline, "write_kernel_log");
+  r.ring = Number(t, "kernel_log");
   // Minor faults of the capture thread while it copied: how the range's
   // pages were mapped (one per 4 KiB page, or a few for large folios).
   r.copy_faults = Number(t, "copy_minor_faults");
@@ -262,12 +268,15 @@ int main(int argc, char** argv) {
   // (all), of it the files themselves, QEMU's event stamp to hvtraced's receipt. tdat.all splits
   // into kaslr, syms (kallsyms subset), n.wait (waiting for the task names after those) and
   // tdat.fil; names is the task names' own time, on a thread beside kaslr and syms (-1: a build
-  // that found them in turn, its names column then part of tdat.all).
+  // that found them in turn, its names column then part of tdat.all). crash: the kernel log from
+  // the console events and the crash summary, part of tdat.all (the summary is ready at
+  // "decoded"); ring: the printk ring read from guest memory after it.
   std::printf(
-      "%3s %8s %8s %8s %8s | %7s %7s %7s %6s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %9s %6s\n",
+      "%3s %8s %8s %8s %8s | %7s %7s %7s %6s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %9s %6s %6s "
+      "%6s\n",
       "run", "reg.sync", "durable", "decoded", "commit", "start", "copy", "cp.cpu", "cp.isw",
       "reg.w+s", "decode", "tdat.all", "kaslr", "syms", "n.wait", "tdat.fil", "names", "qmp.lag",
-      "cp.flt", "tdat.B", "events");
+      "cp.flt", "tdat.B", "events", "crash", "ring");
   std::vector<double> copied, durable, decoded, committed;
   for (int i = 0; i < runs; ++i) {
     Result<Run> r = PanicOnce(daemon, *image, i);
@@ -277,12 +286,12 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "%3d %8.1f %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %6.0f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f "
-        "%7.1f %7.1f %7.1f %8.0f %9llu %6llu\n",
+        "%7.1f %7.1f %7.1f %8.0f %9llu %6llu %6.1f %6.1f\n",
         i, r->copied, r->durable, r->decoded, r->committed, r->start, r->copy, r->copy_cpu,
         r->copy_switches, r->region_fsync, r->decode, r->write, r->kaslr, r->symbols, r->names_wait,
         r->files, r->names, r->qmp_delay, r->copy_faults,
         static_cast<unsigned long long>(r->trace_dat_bytes),
-        static_cast<unsigned long long>(r->events));
+        static_cast<unsigned long long>(r->events), r->crash, r->ring);
     std::fflush(stdout);
     copied.push_back(r->copied);
     durable.push_back(r->durable);
@@ -298,7 +307,7 @@ int main(int argc, char** argv) {
               "max", "median/memcpy");
   for (const auto& [label, v] : {std::pair{"region.bin fdatasynced", &copied},
                                  std::pair{"region.bin + recovery record durable", &durable},
-                                 std::pair{"trace.dat files written (decoded)", &decoded},
+                                 std::pair{"trace.dat + crash summary (decoded)", &decoded},
                                  std::pair{"decoded capture committed", &committed}}) {
     const Stats s = Summarize(*v);
     std::printf("%-40s %8.1f %8.1f %8.1f %13.1fx\n", label, s.min, s.median, s.max,

@@ -93,7 +93,8 @@ Result<json> BuildCaptureIndex(const fs::path& dir, const FleetCaptureRef& ref) 
     }
   }
   // Why the guest died, for a fleet listing (the whole summary is in the
-  // manifest): the crash's kind, reason and panic line.
+  // manifest): the crash's kind, reason, panic line, task and the panicking
+  // CPU's last events.
   if (m.contains("crash") && m["crash"].is_object()) {
     json brief = json::object();
     for (const char* key : {"kind", "reason", "panic_line", "task"}) {
@@ -101,6 +102,18 @@ Result<json> BuildCaptureIndex(const fs::path& dir, const FleetCaptureRef& ref) 
         brief[key] = *it;
       }
     }
+    // The panicking CPU's last events before it: the trace's last events
+    // are often another CPU idling while the panic prints.
+    json before = json::array();
+    if (auto it = m["crash"].find("events_before"); it != m["crash"].end() && it->is_array()) {
+      for (const json& e : *it) {
+        if (e.is_object() && e.contains("line") && e["line"].is_string() &&
+            before.size() < kIndexLastEvents) {
+          before.push_back(e["line"].get<std::string>().substr(0, 512));
+        }
+      }
+    }
+    brief["events_before"] = std::move(before);
     index["crash"] = std::move(brief);
   }
   index["files"] = std::move(files);

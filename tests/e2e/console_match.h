@@ -152,6 +152,30 @@ inline ConsoleMatch MatchConsoleInLog(
       take(i, i);
       continue;
     }
+    // Garbled and printed in pieces (show_regs' "RSP: ..." then its
+    // " ORIG_RAX: ..." piece): a few consecutive log lines within a few edits.
+    if (!same_time) {
+      bool joined = false;
+      const size_t limit = std::max<size_t>(12, line.text.size() / 4);
+      for (size_t k = next; k < std::min(log.size(), next + 8) && !joined; ++k) {
+        std::string whole;
+        for (size_t m = k; m < std::min(log.size(), k + 6); ++m) {
+          whole += log[m].text;
+          if (m > k && EditDistance(whole, line.text) <= limit) {
+            std::printf("[%s] garbled on the console, in pieces in the log: %s\n", tag,
+                        line.text.c_str());
+            take(k, m);
+            joined = true;
+            break;
+          }
+          if (whole.size() > line.text.size() + limit) break;
+        }
+      }
+      if (joined) {
+        ++r.garbled;
+        continue;
+      }
+    }
     // Two lines run together (a newline and the next prefix lost): both are
     // in the log; only the glued line is not.
     const size_t glue = line.text.rfind("] ");

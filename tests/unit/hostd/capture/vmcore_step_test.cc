@@ -105,15 +105,22 @@ std::string FlattenedKdump(uint64_t qemu_phys_base, const std::string& vmcoreinf
   return flat;
 }
 
-TEST_F(VmcoreStepTest, AFlattenedDumpIsReassembledAndItsPhysBaseFixed) {
-  const fs::path flat = tmp_.path() / "flat.vmcore";
-  std::ofstream(flat, std::ios::binary)
-      << FlattenedKdump(0x603979776ull, "OSRELEASE=6.12\nNUMBER(phys_base)=603979776\n");
+// The step run on a flattened dump of |flat|'s bytes; its manifest entry.
+json StepOnFlattened(const fs::path& dir, PendingCapture& pending, const std::string& flat_bytes,
+                     CaptureManifest& m) {
+  const fs::path flat = dir / "flat.vmcore";
+  std::ofstream(flat, std::ios::binary) << flat_bytes;
   CaptureInputs in;
   in.dump_guest_memory = [&](const fs::path&) -> Result<fs::path> { return flat; };
+  VmcoreStep(in, pending, m);
+  return m.extra["vmcore"];
+}
+
+TEST_F(VmcoreStepTest, AFlattenedDumpIsReassembledAndItsPhysBaseFixed) {
   CaptureManifest m;
-  VmcoreStep(in, **pending_, m);
-  const json& v = m.extra["vmcore"];
+  const json v = StepOnFlattened(
+      tmp_.path(), **pending_,
+      FlattenedKdump(0x603979776ull, "OSRELEASE=6.12\nNUMBER(phys_base)=603979776\n"), m);
   ASSERT_FALSE(v.contains("error")) << v.dump();
   EXPECT_EQ(v["reassembled"], true);
   EXPECT_EQ(v["phys_base_fixed"]["kernel"], 603979776u) << v.dump();
@@ -129,14 +136,10 @@ TEST_F(VmcoreStepTest, AFlattenedDumpIsReassembledAndItsPhysBaseFixed) {
 // Debian's 7.3 under KASLR, loaded below its link-time address: the kernel
 // prints phys_base negative (%ld), QEMU 7.2 read "-140509184" as hex.
 TEST_F(VmcoreStepTest, ANegativePhysBaseIsWrittenAsTheU64ItWrapsTo) {
-  const fs::path flat = tmp_.path() / "flat.vmcore";
-  std::ofstream(flat, std::ios::binary)
-      << FlattenedKdump(0xfffffffebfaf6e7cull, "OSRELEASE=7.3\nNUMBER(phys_base)=-140509184\n");
-  CaptureInputs in;
-  in.dump_guest_memory = [&](const fs::path&) -> Result<fs::path> { return flat; };
   CaptureManifest m;
-  VmcoreStep(in, **pending_, m);
-  const json& v = m.extra["vmcore"];
+  const json v = StepOnFlattened(
+      tmp_.path(), **pending_,
+      FlattenedKdump(0xfffffffebfaf6e7cull, "OSRELEASE=7.3\nNUMBER(phys_base)=-140509184\n"), m);
   ASSERT_FALSE(v.contains("error")) << v.dump();
   EXPECT_FALSE(v.contains("phys_base_unchecked")) << v.dump();
   const std::string out = ReadText((*pending_)->dir() / "vmcore");

@@ -198,6 +198,34 @@ inline ConsoleMatch MatchConsoleInLog(
   return r;
 }
 
+// Where the console starts to be compared with a log that begins partway
+// through the boot (a boot range's first console event): the console line
+// of the log's first line. The UART garbles lines while the 8250 is set up
+// and replays the ring (CI, 2026-12-02: the first line, "NR_IRQS: ...", was
+// not on the console verbatim in two runs), so a line within a few edits
+// counts, and failing that the log's second or third line; console lines
+// before the anchor are not compared. printed.end() when none is there.
+inline std::vector<LogLine>::const_iterator ConsoleAnchor(const std::vector<LogLine>& printed,
+                                                          const std::vector<LogLine>& log,
+                                                          const char* tag) {
+  for (size_t k = 0; k < std::min<size_t>(3, log.size()); ++k) {
+    const std::string& text = log[k].text;
+    auto it = std::find_if(printed.begin(), printed.end(),
+                           [&](const LogLine& l) { return l.text == text; });
+    if (it == printed.end()) {
+      const size_t limit = std::max<size_t>(4, text.size() / 8);
+      it = std::find_if(printed.begin(), printed.end(),
+                        [&](const LogLine& l) { return EditDistance(l.text, text) <= limit; });
+    }
+    if (it == printed.end()) continue;
+    if (k > 0 || it->text != text)
+      std::printf("[%s] console compared from the log's line %zu: %s\n   on the console: %s\n", tag,
+                  k + 1, text.c_str(), it->text.c_str());
+    return it;
+  }
+  return printed.end();
+}
+
 }  // namespace hvtrace::e2e
 
 #endif  // HVTRACE_TESTS_E2E_CONSOLE_MATCH_H_

@@ -108,9 +108,8 @@ void ExpectCrashSummary(const json& m, const fs::path& dir, const std::string& c
   // range recorded. printk:console events carry the trace's time of the
   // console write, not printk's: lines are matched by text, in order.
   const std::vector<LogLine> printed = DmesgStyleLines(ReadText(console_log));
-  auto first = std::find_if(printed.begin(), printed.end(),
-                            [&](const LogLine& l) { return l.text == ours.front().text; });
-  ASSERT_NE(first, printed.end()) << "the log's first line is not on the console: "
+  const auto first = ConsoleAnchor(printed, ours, "hvtraced e2e");
+  ASSERT_NE(first, printed.end()) << "none of the log's first lines is on the console: "
                                   << ours.front().text;
   // calibrate_delay_direct()'s complaint and its second line (intermittent:
   // TCG's timing noise) come from a secondary CPU while it comes online

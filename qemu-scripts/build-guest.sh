@@ -242,6 +242,23 @@ fi
 # Identifies the lists: a resolved choice is kept while it stays the same.
 LISTS_ID=$(cat "$APT_DIR"/lists/*_InRelease 2>/dev/null | sha256sum | cut -c1-16)
 
+# `apt-cache show NAME=VERSION`, tried up to three times: it failed now and
+# then on this machine with the lists unchanged (2026-12-02, twice in four
+# runs of the same command, its error hidden), and a failure here stops a
+# whole test run. Its errors are kept in $APT_DIR/show.err.PID for the caller's
+# message.
+apt_show() {
+  local out try
+  for try in 1 2 3; do
+    if out=$(apt-cache "${APT_OPTS[@]}" show "$1" 2>"$APT_DIR/show.err.$$"); then
+      printf '%s\n' "$out"
+      return 0
+    fi
+    sleep "$try"
+  done
+  return 1
+}
+
 # Prints "NAME VERSION" of the newest package whose name matches the extended
 # regex $1 and that some suite in $2 (a regex over madison's "uri suite/..."
 # column) offers.
@@ -296,7 +313,7 @@ get_kernel_deb() {
 # Prints the SHA256 the lists give for package $1 version $2.
 list_sha256() {
   local want
-  want=$(apt-cache "${APT_OPTS[@]}" show "$1=$2" 2>/dev/null | sed -n 's/^SHA256: //p' | head -n1 || true)
+  want=$(apt_show "$1=$2" | sed -n 's/^SHA256: //p' | head -n1 || true)
   [ -n "$want" ] || die "apt-cache gives no SHA256 for $1=$2"
   echo "$want"
 }
@@ -310,7 +327,7 @@ list_sha256() {
 # modules.builtin, modules.order).
 kernel_parts() {
   local pkg=$1 version=$2 depends names p out=()
-  depends=$(apt-cache "${APT_OPTS[@]}" show "$pkg=$version" 2>/dev/null \
+  depends=$(apt_show "$pkg=$version" \
             | sed -n 's/^Depends: //p' | head -n1 || true)
   names=$(echo "$depends" | tr ',' '\n' | awk -v v="$version" '
             { sub(/^[ \t]+/, ""); sub(/[ \t]+$/, "") }
@@ -419,7 +436,7 @@ fetch_kernel() {
 # the SHA256 of the signed lists, as the kernel is) and prints its path.
 fetch_verified_deb() {
   local name=$1 version=$2 deb want sha tmp
-  want=$(apt-cache "${APT_OPTS[@]}" show "$name=$version" 2>/dev/null | sed -n 's/^SHA256: //p' | head -n1 || true)
+  want=$(apt_show "$name=$version" | sed -n 's/^SHA256: //p' | head -n1 || true)
   [ -n "$want" ] || die "apt-cache gives no SHA256 for $name=$version"
   mkdir -p "$CACHE/headers/debs"
   deb="$CACHE/headers/debs/${name}_${version//:/%3a}_amd64.deb"
@@ -437,9 +454,9 @@ fetch_verified_deb() {
 # the modules there (build-test-modules.sh); sets TEST_MODULE_FILES.
 fetch_test_modules() {
   local headers="linux-headers-$RELEASE" depends pkgs=() p root key dir
-  depends=$(apt-cache "${APT_OPTS[@]}" show "$headers=$PKG_VERSION" 2>/dev/null \
+  depends=$(apt_show "$headers=$PKG_VERSION" \
             | sed -n 's/^Depends: //p' | head -n1 || true)
-  [ -n "$depends" ] || die "no $headers=$PKG_VERSION in the lists (needed by --with-test-modules)"
+  [ -n "$depends" ] || die "no $headers=$PKG_VERSION in the lists (needed by --with-test-modules): $(tail -n 3 "$APT_DIR/show.err.$$" 2>/dev/null)"
   pkgs=("$headers")
   # The tree is linux-headers-*-common and linux-kbuild-* (same source
   # version); linux-base, the image and the compiler are not part of it.

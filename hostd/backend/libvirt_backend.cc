@@ -242,6 +242,23 @@ void LibvirtDomainBackend::LookAfterReconnect(const LibvirtDomainEvent& e) {
   });
 }
 
+std::optional<RegionFileSource> LibvirtDomainBackend::RangeSource(
+    const LibvirtRegionSpec& region, std::shared_ptr<const RegionFile> fd) const {
+  if (region.kind == "none" || !fd) return std::nullopt;
+  // Through our own descriptor: libvirt deletes a boot range's node-1
+  // file when the domain stops, and the open file still holds the data.
+  return RegionFileSource{std::move(fd), region.path, region.offset,
+                          region.size,   region.gpa,  region.kind == "boot-range",
+                          facts_.kernel, kernel_key_};
+}
+
+std::optional<RegionFileSource> LibvirtDomainBackend::boot_range() const {
+  std::lock_guard lock(mu_);
+  std::optional<RegionFileSource> source = RangeSource(region_, fd_);
+  if (source && !source->boot_range) return std::nullopt;  // A raw shmem file: no log in it.
+  return source;
+}
+
 Result<CaptureInputs> LibvirtDomainBackend::PrepareCapture() {
   std::optional<PanicNote> panic;
   std::optional<std::string> stopped;
@@ -261,18 +278,7 @@ Result<CaptureInputs> LibvirtDomainBackend::PrepareCapture() {
     region_error = region_error_;
   }
   CaptureInputs in;
-  if (region.kind != "none" && fd) {
-    // Through our own descriptor: libvirt deletes a boot range's node-1
-    // file when the domain stops, and the open file still holds the data.
-    in.region_file = RegionFileSource{fd,
-                                      region.path,
-                                      region.offset,
-                                      region.size,
-                                      region.gpa,
-                                      region.kind == "boot-range",
-                                      facts_.kernel,
-                                      kernel_key_};
-  }
+  in.region_file = RangeSource(region, fd);
   in.attach = live_region();
   // QEMU's boot-handshake lines are in libvirt's log of the domain, among
   // libvirt's own lines and those of earlier starts: the capture keeps the

@@ -147,6 +147,7 @@ class LibvirtDomainBackend : public VmBackend {
     return fd_;
   }
   KernelFiles kernel_files() const override { return {kernel_key_, facts_.kernel, facts_.initrd}; }
+  std::optional<RegionFileSource> boot_range() const override;
   // The channel's socket: from the XML read at adopt, refreshed from the live
   // XML each time the domain starts (libvirt names a new one per run).
   std::function<MetaSocketTarget()> meta_socket() const override;
@@ -175,6 +176,9 @@ class LibvirtDomainBackend : public VmBackend {
   const std::string& domain_uuid() const { return domain_->uuid(); }
 
  private:
+  // What a capture copies of |region| through |fd|; nullopt: nothing.
+  std::optional<RegionFileSource> RangeSource(const LibvirtRegionSpec& region,
+                                              std::shared_ptr<const RegionFile> fd) const;
   void OnEvent(const LibvirtDomainEvent& event);
   void OnLifecycle(const LibvirtDomainEvent& event, VmEventSink& sink);
   void OnCrash(const LibvirtDomainEvent& event, const std::string& name);

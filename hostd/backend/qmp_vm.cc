@@ -328,13 +328,16 @@ void QmpVmBackend::Quit() {
   if (qmp_) qmp_->AsyncExecute("quit", json::object(), kQmpCommandTimeout, [](Result<json>) {});
 }
 
+std::optional<RegionFileSource> QmpVmBackend::boot_range() const {
+  if (spec_.region_size == 0) return std::nullopt;
+  return RegionFileSource{region_file(),     spec_.region_path, spec_.region_offset,
+                          spec_.region_size, spec_.region_gpa,  true,
+                          spec_.kernel_path, spec_.kernel_key};
+}
+
 Result<CaptureInputs> QmpVmBackend::PrepareCapture() {
   CaptureInputs in;
-  if (spec_.region_size > 0) {
-    in.region_file = RegionFileSource{region_file(),     spec_.region_path, spec_.region_offset,
-                                      spec_.region_size, spec_.region_gpa,  true,
-                                      spec_.kernel_path, spec_.kernel_key};
-  }
+  in.region_file = boot_range();
   in.attach = live_region();
   in.qemu_trace_log = spec_.qemu_trace_log;
   in.vmcore_bound = spec_.memory_bytes;

@@ -139,6 +139,7 @@ class QmpVmBackend : public VmBackend {
   // Call before Start.
   void UseRegionFd(int fd);
   std::shared_ptr<const RegionFile> region_file() const override;
+  std::optional<RegionFileSource> boot_range() const override;
   // Kills an owned QEMU (for `hvtrace stop --kill`); asks QMP quit otherwise.
   void Quit() override;
 

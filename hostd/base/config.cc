@@ -1,5 +1,6 @@
 #include "config.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdlib>
@@ -57,6 +58,12 @@ std::string_view VmOnShutdownName(VmOnShutdown value) {
   return value == VmOnShutdown::kKeep ? "keep" : "stop";
 }
 
+std::string LogWatchName(const Config& config) {
+  if (config.log_watch_oops && config.log_watch_warn) return "oops,warn";
+  if (config.log_watch_oops) return "oops";
+  return config.log_watch_warn ? "warn" : "off";
+}
+
 std::filesystem::path Config::EffectiveSocketPath() const {
   return socket_path.empty() ? run_dir / "hvtraced.sock" : socket_path;
 }
@@ -95,10 +102,39 @@ Result<bool> ApplyUploadKey(Config& config, std::string_view key, std::string_vi
   return true;
 }
 
+// The kernel log watch's keys (log_watch.h); false for any other key.
+Result<bool> ApplyLogWatchKey(Config& config, std::string_view key, std::string_view value) {
+  if (key == "log_watch") {
+    bool oops = false, warn = false;
+    for (size_t start = 0; value != "off" && start <= value.size();) {
+      const size_t comma = std::min(value.find(',', start), value.size());
+      const std::string_view item = value.substr(start, comma - start);
+      if (item != "oops" && item != "warn") {
+        return Error{"'" + std::string(item) + "' is not one of oops, warn (or the value off)"};
+      }
+      (item == "oops" ? oops : warn) = true;
+      start = comma + 1;
+    }
+    config.log_watch_oops = oops;
+    config.log_watch_warn = warn;
+  } else if (key == "log_watch_interval") {
+    auto d = ParseDuration(value);
+    if (!d.ok()) return d.error();
+    if (*d < std::chrono::milliseconds(100) || *d > std::chrono::hours(1)) {
+      return Error{"must be between 100ms and 1h"};
+    }
+    config.log_watch_interval = *d;
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // Sets |key| in |config| from |value|: false for a key that does not exist,
 // an error (without the key) for a value it cannot take.
 Result<bool> ApplyKey(Config& config, std::string_view key, std::string_view value) {
   if (key.starts_with("upload_")) return ApplyUploadKey(config, key, value);
+  if (key.starts_with("log_watch")) return ApplyLogWatchKey(config, key, value);
   if (key == "harvest_initrd") {
     auto path = ParsePath(value);
     if (!path.ok()) return path.error();

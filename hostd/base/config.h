@@ -33,10 +33,20 @@
 // never evicts a panic capture (panic, panic-while-away, crash); see
 // capture_budget.h.
 //   guest_capture_interval = 10s                a guest's own triggers
-//                                               (crashloaded, reset) start at
+//                                               (crashloaded, reset, oops,
+//                                               warn, guest-leaving) start at
 //                                               most one capture per interval;
 //                                               more meanwhile make one at its
 //                                               end (ParseDuration units)
+//   log_watch           = oops,warn             what in a running guest's kernel
+//                                               log (its boot range, host memory)
+//                                               takes a capture without a panic:
+//                                               oops (Oops, BUG), warn (WARNING),
+//                                               both, or off (log_watch.h); a
+//                                               guest trigger, so at most one
+//                                               per guest_capture_interval
+//   log_watch_interval  = 1s                    how often each range is looked at
+//                                               (100ms .. 1h)
 //   panic_policy        = pause                 after a panic capture:
 //                                               pause | resume | quit
 //   vmcore              = off                   off | on-panic: at a panic, a
@@ -157,6 +167,9 @@ struct Config {
   VmOnShutdown vm_on_shutdown = VmOnShutdown::kKeep;
   int worker_threads = 2;
   std::chrono::milliseconds guest_capture_interval{10000};
+  bool log_watch_oops = true;  // log_watch holds oops.
+  bool log_watch_warn = true;  // log_watch holds warn.
+  std::chrono::milliseconds log_watch_interval{1000};
   int max_connections = 32;
   int max_requests_per_connection = 16;
   std::string libvirt_uri = "qemu:///system";
@@ -176,6 +189,9 @@ struct Config {
 
   std::filesystem::path EffectiveSocketPath() const;
 };
+
+// config log_watch as the file spells it: "oops,warn", "oops", "warn" or "off".
+std::string LogWatchName(const Config& config);
 
 // Applies the settings in |text| on top of |base|. |origin| names the source
 // (a file path) in error messages, which also carry the line number.

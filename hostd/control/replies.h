@@ -88,6 +88,9 @@ struct VmStatusReply : ReplyMessage {
   nlohmann::json backend;  // VmBackend::Describe, as of the last state change.
   nlohmann::json attach;   // AttachSession::Status; null when nothing was attached.
   nlohmann::json meta;     // MetaReceiver::Status; null without a channel.
+  // The daemon's watch of the guest's kernel log (log_watcher.h): {looks,
+  // last_ms, max_ms, new_lines, oops, warn, error}; null when not watched.
+  nlohmann::json log_watch;
   std::optional<std::string> last_error;
   std::optional<std::string> last_event;
   std::optional<CaptureRef> last_capture;
@@ -108,6 +111,7 @@ struct VmStatusReply : ReplyMessage {
     m.Field("backend", r.backend);
     m.Field("attach", r.attach);
     m.Field("meta", r.meta);
+    m.Field("log_watch", r.log_watch);
     m.Field("last_error", r.last_error);
     m.Field("last_event", r.last_event);
     m.Field("last_capture", r.last_capture);

@@ -98,6 +98,8 @@ json ConfigJson(const Config& c) {
           {"vm_on_shutdown", VmOnShutdownName(c.vm_on_shutdown)},
           {"worker_threads", c.worker_threads},
           {"guest_capture_interval_ms", c.guest_capture_interval.count()},
+          {"log_watch", LogWatchName(c)},
+          {"log_watch_interval_ms", c.log_watch_interval.count()},
           {"max_connections", c.max_connections},
           {"max_requests_per_connection", c.max_requests_per_connection},
           {"libvirt_uri", c.libvirt_uri},
@@ -130,6 +132,7 @@ Daemon::Daemon(Config initial, ConfigSource reload_source)
       stop_timer_(io_),
       console_timer_(io_),
       warm_timer_(io_),
+      log_watch_timer_(io_),
       state_(config()->state_dir),
       started_(HostTime::Now()) {
   // The same cache the CLI harvests into (formats_cache.h ResolveCacheRoot).
@@ -254,6 +257,7 @@ Status Daemon::Start() {
 
   ScheduleConsoleRotation();
   ScheduleRegionWarming();
+  ScheduleLogWatch();
 
   signals_.add(SIGTERM);
   signals_.add(SIGINT);
@@ -515,6 +519,37 @@ void Daemon::ScheduleRegionWarming() {
   });
 }
 
+void Daemon::ScheduleLogWatch() {
+  const std::shared_ptr<const Config> c = config();
+  log_watch_timer_.expires_after(c->log_watch_interval);
+  log_watch_timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopping_) return;
+    const std::shared_ptr<const Config> now = config();
+    if (!now->log_watch_oops && !now->log_watch_warn) {
+      ScheduleLogWatch();  // Off until a reload turns it on.
+      return;
+    }
+    if (!log_watcher_) log_watcher_ = std::make_unique<LogWatcher>(formats_);
+    auto vms = std::make_shared<const std::vector<std::shared_ptr<VmSupervisor>>>(registry_.All());
+    WatchLogsFrom(std::move(vms), 0, LogWatchSettings{now->log_watch_oops, now->log_watch_warn});
+  });
+}
+
+void Daemon::WatchLogsFrom(std::shared_ptr<const std::vector<std::shared_ptr<VmSupervisor>>> vms,
+                           size_t next, LogWatchSettings settings) {
+  asio::post(pool_, [this, vms = std::move(vms), next, settings]() mutable {
+    if (next < vms->size() && !stopping_) {
+      log_watcher_->LookAt(*(*vms)[next], settings);
+      WatchLogsFrom(std::move(vms), next + 1, settings);
+      return;
+    }
+    std::vector<std::string> names;
+    for (const auto& vm : *vms) names.push_back(vm->name());
+    log_watcher_->KeepOnly(names);
+    asio::post(io_, [this] { ScheduleLogWatch(); });
+  });
+}
+
 void Daemon::HandleVersion(const Request&, const VersionRequest&, const ResponderPtr& responder) {
   responder->Reply(VersionReply{
       {}, std::string(HvtraceVersion()), kControlProtocolVersion, ConfigJson(*config())});
@@ -541,6 +576,7 @@ void Daemon::DoShutdown(const std::string& reason) {
   hup_.cancel(ignored);
   console_timer_.cancel();
   warm_timer_.cancel();
+  log_watch_timer_.cancel();
   // Streams see |stopping_| at their next look (kStreamPollInterval) and end
   // with the reason; their clients get that before the connections close.
   DrainStreams(std::chrono::steady_clock::now() + std::chrono::seconds(1));

@@ -31,6 +31,7 @@
 #include "control_server.h"
 #include "formats_service.h"
 #include "hvtrace/result.h"
+#include "log_watcher.h"
 #include "qmp_vm.h"
 #include "replies.h"
 #include "requests.h"
@@ -193,6 +194,12 @@ class Daemon {
   // Keeps every VM's region file mapped with its page tables filled as its
   // guest writes it (RegionFile::Warm), on the pool, every few seconds.
   void ScheduleRegionWarming();
+  // Every log_watch_interval: each running VM's kernel log looked at for an
+  // oops or WARNING (log_watcher.h), on the pool.
+  void ScheduleLogWatch();
+  // Looks at (*vms)[next] on the pool, then posts the next: one VM per job.
+  void WatchLogsFrom(std::shared_ptr<const std::vector<std::shared_ptr<VmSupervisor>>> vms,
+                     size_t next, LogWatchSettings settings);
   // Waits (until |deadline|) for streams to end, then FinishShutdown.
   void DrainStreams(std::chrono::steady_clock::time_point deadline);
   void FinishShutdown();
@@ -223,6 +230,8 @@ class Daemon {
   boost::asio::steady_timer stop_timer_;
   boost::asio::steady_timer console_timer_;
   boost::asio::steady_timer warm_timer_;
+  boost::asio::steady_timer log_watch_timer_;
+  std::unique_ptr<LogWatcher> log_watcher_;      // Pool-only (one round at a time).
   std::set<std::string> console_errors_logged_;  // Pool-only (one round at a time).
   StateDir state_;
   std::shared_ptr<FormatsService> formats_;  // The formats cache every VM decodes with.

@@ -55,6 +55,11 @@ VmSupervisor::~VmSupervisor() {
   if (meta_) meta_->Stop();
 }
 
+void VmSupervisor::SetLogWatchStatus(nlohmann::json status) {
+  std::lock_guard lock(mu_);
+  log_watch_ = std::move(status);
+}
+
 void VmSupervisor::SetMetaReceiver(std::shared_ptr<MetaReceiver> receiver) {
   std::lock_guard lock(mu_);
   meta_ = std::move(receiver);
@@ -189,6 +194,9 @@ void VmSupervisor::HandleEvent(const VmEvent& event) {
   } else if (name == "HVTRACE_FOUND_PAUSED") {
     SetState(VmState::kPaused);
     Schedule("paused-while-away", event.time, nullptr);
+  } else if (name == "HVTRACE_GUEST_OOPS" || name == "HVTRACE_GUEST_WARN") {
+    // Trouble the guest lives on after, seen in its log (log_watch.h).
+    Schedule(name == "HVTRACE_GUEST_OOPS" ? "oops" : "warn", event.time, nullptr);
   } else if (name == "GUEST_CRASHLOADED") {
     // The VM keeps running into its kdump kernel: the copy races the guest.
     Schedule("crashloaded", event.time, nullptr);
@@ -253,7 +261,8 @@ bool VcpusStopped(const std::string& trigger) {
 // it saves would otherwise be wiped by the next kernel, which is worth a
 // capture, not a panic's protection.
 bool GuestTriggered(const std::string& trigger) {
-  return trigger == "crashloaded" || trigger == "reset" || trigger == "guest-leaving";
+  return trigger == "crashloaded" || trigger == "reset" || trigger == "guest-leaving" ||
+         trigger == "oops" || trigger == "warn";
 }
 
 // Which name a capture that stands for several triggers takes: the panic's,
@@ -262,6 +271,7 @@ bool GuestTriggered(const std::string& trigger) {
 int Rank(const std::string& trigger) {
   if (trigger == "panic" || trigger == "panic-while-away") return 3;
   if (VcpusStopped(trigger)) return 2;
+  if (trigger == "oops") return 1;  // An oops folded with WARNs stays an oops.
   return GuestTriggered(trigger) ? 0 : 1;
 }
 
@@ -491,6 +501,7 @@ VmStatusReply VmSupervisor::Status() const {
   if (backend_) status.attach = backend_->AttachStatus();
   // The metadata channel: connected, boots received, the last refusal.
   if (meta_) status.meta = meta_->Status();
+  status.log_watch = log_watch_;
   if (!last_error_.empty()) status.last_error = last_error_;
   if (!last_event_.empty()) status.last_event = last_event_;
   if (last_capture_) {

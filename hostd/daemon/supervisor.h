@@ -16,21 +16,21 @@
 //   HVTRACE_FOUND_PANICKED (a backend found the guest already panicked when
 //   its watch began) → "panic-while-away" (unless the region is
 //   byte-identical to the newest panic capture's: the same panic, which an
-//   earlier run captured), HVTRACE_FOUND_PAUSED → "paused-while-away".
+//   earlier run captured), HVTRACE_FOUND_PAUSED → "paused-while-away";
+//   HVTRACE_GUEST_OOPS / HVTRACE_GUEST_WARN (the daemon's watch of the
+//   guest's kernel log, log_watch.h) → "oops" / "warn", the guest running.
 //
 // Floods. A guest can trigger "crashloaded" and "reset" as often as it likes
 // without stopping, so captures are scheduled, not run per event: each VM
 // has at most one capture in flight and at most one pending per class
 // (urgent: panics, a VM found stopped or gone, an operator's `capture`;
-// guest: crashloaded, reset, guest-leaving). A trigger that finds one of its class pending
-// is counted into it (manifest extra.coalesced, status captures_coalesced)
-// instead of queued; a guest-class capture starts at most once per
-// |guest_capture_interval| (triggers meanwhile make one capture at its end);
-// a pending urgent capture absorbs a pending guest one and takes the more
-// important trigger's name, so a panic is never dropped or renamed by a
-// flood. The captures themselves run on the shared CaptureQueue
-// (capture_queue.h), where another VM's panic goes ahead of this VM's
-// guest-triggered ones.
+// guest: crashloaded, reset, guest-leaving, oops, warn). A trigger that finds one of its class
+// pending is counted into it (manifest extra.coalesced, status captures_coalesced) instead of
+// queued; a guest-class capture starts at most once per |guest_capture_interval| (triggers
+// meanwhile make one capture at its end); a pending urgent capture absorbs a pending guest one and
+// takes the more important trigger's name, so a panic is never dropped or renamed by a flood. The
+// captures themselves run on the shared CaptureQueue (capture_queue.h), where another VM's panic
+// goes ahead of this VM's guest-triggered ones.
 #ifndef HVTRACE_HOSTD_SUPERVISOR_H_
 #define HVTRACE_HOSTD_SUPERVISOR_H_
 
@@ -150,6 +150,9 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   // The VM's metadata channel receiver (meta_receiver.h): shown in status,
   // stopped with the VM. Set once, after Start.
   void SetMetaReceiver(std::shared_ptr<MetaReceiver> receiver);
+  // What `status` shows of the daemon's watch of this VM's kernel log
+  // (log_watcher.h). Any thread.
+  void SetLogWatchStatus(nlohmann::json status);
   // Reads the store; runs on the caller's thread (call it off the I/O thread).
   Result<std::vector<CaptureEntry>> ListCaptures() const { return store_.List(); }
 
@@ -223,6 +226,7 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
                                    {"pending", nlohmann::json::array()}};
   nlohmann::json backend_info_ = nlohmann::json::object();  // Describe() after Start.
   std::shared_ptr<MetaReceiver> meta_;
+  nlohmann::json log_watch_;  // SetLogWatchStatus; guarded by mu_.
 };
 
 // All supervisors by name. Thread-safe.

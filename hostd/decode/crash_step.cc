@@ -30,15 +30,6 @@ uint16_t EventId(std::span<const std::byte> payload) {
   return type;
 }
 
-std::optional<ConsoleMsgField> ConsoleField(const KernelFormats& formats) {
-  for (const CachedEventFormat& f : formats.events) {
-    if (f.system != "printk" || f.name != "console" || !f.parse_error.empty()) continue;
-    Result<EventFormat> parsed = ParseEventFormat(f.system, f.text);
-    if (parsed.ok()) return FindConsoleMsgField(*parsed);
-  }
-  return std::nullopt;
-}
-
 Status WriteText(const fs::path& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
   if (fd < 0) return Error{"cannot create " + path.string() + ": " + std::strerror(errno)};
@@ -116,6 +107,15 @@ json EventsJson(const BootLogInputs& in, int32_t cpu,
 }
 
 }  // namespace
+
+std::optional<ConsoleMsgField> ConsoleField(const KernelFormats& formats) {
+  for (const CachedEventFormat& f : formats.events) {
+    if (f.system != "printk" || f.name != "console" || !f.parse_error.empty()) continue;
+    Result<EventFormat> parsed = ParseEventFormat(f.system, f.text);
+    if (parsed.ok()) return FindConsoleMsgField(*parsed);
+  }
+  return std::nullopt;
+}
 
 KernelLog ConsoleLogOfBoot(const BootMap& map, uint32_t boot, const KernelFormats& formats) {
   const std::optional<ConsoleMsgField> field = ConsoleField(formats);

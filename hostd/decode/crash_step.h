@@ -16,10 +16,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "formats_cache.h"
 #include "hvtrace/boot_map.h"
+#include "hvtrace/console_log.h"
 #include "hvtrace/crash_summary.h"
 #include "hvtrace/kernel_log.h"
 #include "hvtrace/tracedat_writer.h"
@@ -53,6 +55,10 @@ struct BootLogResult {
 // Builds the boot's log and summary and writes the log file into |dir|
 // (no fsync: the capture's commit syncs its files).
 Result<BootLogResult> WriteBootKernelLog(const BootLogInputs& in, const std::filesystem::path& dir);
+
+// Where |formats|' printk:console event keeps its text; nullopt when the
+// kernel has no such event (or its format is not the one console_log.h reads).
+std::optional<ConsoleMsgField> ConsoleField(const KernelFormats& formats);
 
 // The boot's log from its printk:console events (empty without the event).
 KernelLog ConsoleLogOfBoot(const BootMap& map, uint32_t boot, const KernelFormats& formats);

@@ -97,6 +97,11 @@ class VmBackend {
   // keep its page tables filled (RegionFile::Warm). Any thread.
   virtual std::shared_ptr<const RegionFile> region_file() const { return nullptr; }
   virtual KernelFiles kernel_files() const { return {}; }
+  // The boot range as the next capture would copy it (PrepareCapture's
+  // region_file, nothing else taken or changed), for the daemon's watch of
+  // the guest's kernel log (log_watch.h); nullopt when the VM has none.
+  // Any thread.
+  virtual std::optional<RegionFileSource> boot_range() const { return std::nullopt; }
   // Where the unix socket of the VM's metadata channel is
   // (hvtrace/meta_channel.h, QEMU listening), asked at each (re)connect: a
   // libvirt domain's changes with each run and is "" while it is down. Null

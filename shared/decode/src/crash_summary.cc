@@ -217,6 +217,13 @@ void ReadBlock(const KernelLog& log, size_t start, size_t end, const CrashSymbol
 
 }  // namespace
 
+std::string_view TroubleOfLine(std::string_view text) {
+  const std::string_view t = Trim(text);
+  if (t.starts_with(kPanicPrefix)) return "panic";
+  if (IsOopsLine(t) || IsBugLine(t)) return "oops";
+  return IsWarnLine(t) ? "warn" : "";
+}
+
 std::string_view PanicReason(std::string_view text) {
   text = Trim(text);
   if (!text.starts_with(kPanicPrefix)) return {};

@@ -81,6 +81,11 @@ CrashSummary SummarizeCrash(const KernelLog& log, const CrashSymbolizer& symbols
 // "Kernel panic - not syncing: X" -> "X"; empty when |text| is not one.
 std::string_view PanicReason(std::string_view text);
 
+// What one log line says went wrong: "panic" (a panic line), "oops" (an
+// Oops:, BUG:, kernel BUG at or general protection fault line), "warn" (a
+// WARNING: CPU: line), or "" (anything else). Leading blanks are ignored.
+std::string_view TroubleOfLine(std::string_view text);
+
 }  // namespace hvtrace
 
 #endif  // HVTRACE_CRASH_SUMMARY_H_

@@ -19,7 +19,11 @@
  *               a NULL pointer in hvt_beta_oops(), this module's own
  *               function: an oops whose call trace names it with
  *               [hvt_beta] (tests/e2e/hvtraced_boot_e2e.cc; with
- *               panic_on_oops=1 the guest then panics).
+ *               panic_on_oops=1 the guest then panics). The writing task
+ *               dies holding this module's parameter lock: write it last.
+ *   warn=N      (write /sys/module/hvt_beta/parameters/warn) prints N
+ *               WARNINGs (at most 1000) from warn_set(), the guest running
+ *               on (tests/e2e/log_watch_e2e.cc: a WARN storm).
  */
 #include <linux/kernel.h>
 #include <linux/module.h>
@@ -93,6 +97,24 @@ static int oops_set(const char *val, const struct kernel_param *kp)
 	hvt_beta_oops();
 	return 0;
 }
+
+static int warn_set(const char *val, const struct kernel_param *kp)
+{
+	unsigned int n, i;
+	int ret = kstrtouint(val, 0, &n);
+
+	if (ret)
+		return ret;
+	for (i = 0; i < n && i < 1000; i++)
+		WARN(1, "hvt_beta: warning %u of %u\n", i + 1, n);
+	return 0;
+}
+
+static const struct kernel_param_ops warn_ops = {
+	.set = warn_set,
+};
+module_param_cb(warn, &warn_ops, NULL, 0200);
+MODULE_PARM_DESC(warn, "write N: print N WARNINGs");
 
 static const struct kernel_param_ops oops_ops = {
 	.set = oops_set,

@@ -45,6 +45,8 @@ capture_free_reserve = 64MiB
 console_log_size = 512k
 console_log_files = 3
 guest_capture_interval = 1500ms
+log_watch = warn
+log_watch_interval = 250ms
 )",
                        "test.conf");
   ASSERT_TRUE(c.ok()) << c.error().message;
@@ -58,6 +60,10 @@ guest_capture_interval = 1500ms
   EXPECT_TRUE(c->vmcore_on_panic);
   EXPECT_EQ(c->worker_threads, 3);
   EXPECT_EQ(c->guest_capture_interval, std::chrono::milliseconds(1500));
+  EXPECT_FALSE(c->log_watch_oops);
+  EXPECT_TRUE(c->log_watch_warn);
+  EXPECT_EQ(LogWatchName(*c), "warn");
+  EXPECT_EQ(c->log_watch_interval, std::chrono::milliseconds(250));
   EXPECT_EQ(c->vm_on_shutdown, VmOnShutdown::kStop);
   EXPECT_EQ(c->max_connections, 5);
   EXPECT_EQ(c->max_requests_per_connection, 2);
@@ -122,6 +128,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"worker_threads = 0\n", "outside 1..64"},
         BadConfig{"guest_capture_interval = 2d\n", "guest_capture_interval"},
         BadConfig{"guest_capture_interval = 25h\n", "at most 24h"},
+        BadConfig{"log_watch = oops,panic\n", "'panic' is not one of oops, warn"},
+        BadConfig{"log_watch = \n", "'' is not one of oops, warn"},
+        BadConfig{"log_watch_interval = 10ms\n", "between 100ms and 1h"},
         BadConfig{"worker_threads = 2x\n", "not an integer"},
         BadConfig{"capture_retention = 99999999999\n", "not an integer"},
         BadConfig{"run_dir = /a\nrun_dir = /b\n", ":2: 'run_dir' is set twice"},

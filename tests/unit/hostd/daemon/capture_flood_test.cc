@@ -165,6 +165,35 @@ TEST(CaptureFloodTest, ResetLoopMakesAtMostOneCapturePerIntervalAndLosesNoCount)
               static_cast<long long>(interval.count()));
 }
 
+// The kernel log watch's events (log_watch.h) during a WARN storm with one
+// oops in it: guest triggers, rate-limited and counted like resets; the
+// oops's name is kept when a pending capture holds WARNs too.
+TEST(CaptureFloodTest, WarnStormWithAnOopsIsRateLimitedAndTheOopsKeepsItsName) {
+  Fixture f;
+  RegionFileBackend* backend;
+  auto vm = f.Make("vm1", &backend, 1h);  // Only the first starts before the Stop flush.
+  ASSERT_TRUE(WaitFor([&] { return vm->state() == VmState::kRunning; }));
+  constexpr int kWarns = 100;
+  for (int i = 0; i < kWarns; ++i) {
+    backend->sink_->OnVmEvent(
+        VmEvent{"HVTRACE_GUEST_WARN", {{"line", "WARNING: CPU: 0"}}, HostTime::Now()});
+    if (i == 50) backend->sink_->OnVmEvent(VmEvent{"HVTRACE_GUEST_OOPS", {}, HostTime::Now()});
+  }
+  ASSERT_TRUE(WaitFor([&] { return vm->StatusJson()["captures_taken"] == 1; }));
+  std::promise<void> stopped;
+  vm->Stop([&] { stopped.set_value(); });
+  stopped.get_future().wait();
+  auto list = vm->ListCaptures();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  const json first = ManifestOf((*list)[0]);
+  const json second = ManifestOf((*list)[1]);
+  EXPECT_EQ(first["trigger"], "warn");
+  EXPECT_EQ(first["extra"]["consistency"]["vcpus_stopped"], false);
+  EXPECT_EQ(second["trigger"], "oops") << "an oops folded with WARNs stays an oops";
+  EXPECT_EQ(Coalesced(first, "warn") + Coalesced(second, "warn"), kWarns - 1u);
+}
+
 // A guest that announces its leaving in a loop (a kLeaving flood on the
 // metadata channel reaching the supervisor): captured as a guest trigger, one
 // capture at the first and one when the interval (here: the Stop flush) ends,

@@ -1,0 +1,62 @@
+// The daemon's watch of its running VMs' kernel logs (log_watch.h): config
+// log_watch and log_watch_interval. Each round looks at every running VM's
+// boot range in turn, on the pool, with one copy buffer for all VMs (the
+// rounds never overlap; one VM per pool job), and tells a VM's supervisor what trouble its guest
+// logged as an HVTRACE_GUEST_OOPS or HVTRACE_GUEST_WARN event; the
+// supervisor schedules the capture as a guest trigger (rate-limited,
+// supervisor.h). VMs whose vCPUs are stopped (a panic being captured) are
+// left alone, as are VMs whose kernel's formats the cache lacks.
+#ifndef HVTRACE_HOSTD_DAEMON_LOG_WATCHER_H_
+#define HVTRACE_HOSTD_DAEMON_LOG_WATCHER_H_
+
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "formats_service.h"
+#include "log_watch.h"
+#include "page_buffer.h"
+#include "supervisor.h"
+
+namespace hvtrace::hostd {
+
+struct LogWatchSettings {
+  bool oops = true;  // Report Oops/BUG lines.
+  bool warn = true;  // Report WARNING lines.
+};
+
+class LogWatcher {
+ public:
+  explicit LogWatcher(std::shared_ptr<FormatsService> formats) : formats_(std::move(formats)) {}
+
+  // One look at |vm| when it runs (blocking: call it on the pool, never two
+  // at once). The daemon looks at one VM per pool job, so a capture never
+  // waits for a whole round.
+  void LookAt(VmSupervisor& vm, LogWatchSettings settings);
+  // Drops what was kept for VMs not in |names| (after a round).
+  void KeepOnly(const std::vector<std::string>& names);
+
+ private:
+  struct Watched {
+    KernelLogWatch watch;
+    std::string range;       // The file and offset watched: a new one starts afresh.
+    std::string last_error;  // Logged once until it changes.
+    uint64_t looks = 0, new_lines = 0, oops = 0, warn = 0;
+    double last_ms = 0, max_ms = 0;  // Copy and look, on the pool.
+    nlohmann::json Status() const;
+  };
+  // The look itself; false (the reason logged once) when the VM cannot be
+  // looked at now.
+  bool Look(VmSupervisor& vm, Watched& watched, LogWatchSettings settings);
+  void Note(const std::string& vm, Watched& watched, const std::string& error);
+
+  std::shared_ptr<FormatsService> formats_;
+  std::map<std::string, Watched> vms_;
+  PageBuffer copy_;
+};
+
+}  // namespace hvtrace::hostd
+
+#endif  // HVTRACE_HOSTD_DAEMON_LOG_WATCHER_H_

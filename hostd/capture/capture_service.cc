@@ -187,16 +187,20 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
       DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,
                        in.attach ? in.attach->geometry() : RegionGeometry{}, in.vcpus_stopped,
                        formats_.get(), meta_dir, pending, manifest);
+  // The trace.dat files and the crash summary are ready: what the timing
+  // means (capture_store.h), not the guest memory steps after it.
+  if (decoded.ok()) manifest.extra["timing_ms"]["trigger_to_decoded"] = MsSince(request.triggered);
   // After the decode (its KASLR verdict is the first offset tried), whether
   // or not it worked: the guest is still held, and is released only after
   // Take returns.
-  if (in.read_guest_memory || request.trigger == "panic") {
-    ReadKernelLogStep(in, formats_.get(), pending, manifest);
+  const bool read_log = in.read_guest_memory || request.trigger == "panic";
+  if (read_log) ReadKernelLogStep(in, formats_.get(), pending, manifest);
+  const bool dump = in.dump_guest_memory || in.dump_unavailable;
+  if (dump) VmcoreStep(in, pending, manifest);
+  if (read_log || dump) {
+    manifest.extra["timing_ms"]["trigger_to_guest_memory_read"] = MsSince(request.triggered);
   }
-  if (in.dump_guest_memory || in.dump_unavailable) VmcoreStep(in, pending, manifest);
-  if (!decoded.ok()) return decoded;
-  manifest.extra["timing_ms"]["trigger_to_decoded"] = MsSince(request.triggered);
-  return {};
+  return decoded;
 }
 
 Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,

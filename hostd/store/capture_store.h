@@ -23,7 +23,9 @@
 //   translated to QMP's names); files [{name, bytes}];
 //   extra {transport {kind: qmp | libvirt, … what that backend knows},
 //          consistency {vcpus_stopped, note, pages_being_written?},
-//          timing_ms {copy, region_write, region_fsync, …, trigger_to_decoded},
+//          timing_ms {copy, region_write, region_fsync, …, trigger_to_decoded
+//          (trace.dat files and crash summary written), kernel_log, vmcore,
+//          trigger_to_guest_memory_read (after those, when they ran)},
 //          disk {need_bytes, free_bytes_before, free_bytes_after_evicting,
 //          reserve_met, evicted} (the admission, capture_budget.h),
 //          incomplete (what failed after the raw copy was durable, if anything),

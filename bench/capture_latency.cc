@@ -142,6 +142,7 @@ struct Run {
   double copy = 0, region_fsync = 0, decode = 0, write = 0, files = 0, qmp_delay = 0;
   double kaslr = 0, symbols = 0, names = 0, names_wait = 0, start = 0, copy_faults = 0;
   double copy_cpu = 0, copy_switches = 0, crash = 0, ring = 0;
+  double vmcore_ms = -1, vmcore_mb = -1;  // vmcore = on-panic only.
   uint64_t trace_dat_bytes = 0, events = 0;
 };
 
@@ -208,6 +209,10 @@ Result<Run> PanicOnce(const HvtracedProcess& daemon, const GuestImage& image, in
   r.copy_faults = Number(t, "copy_minor_faults");
   r.copy_cpu = Number(t, "copy_cpu");
   r.copy_switches = Number(t, "copy_involuntary_switches");
+  if (const json vc = m["extra"].value("vmcore", json()); vc.is_object()) {
+    r.vmcore_ms = Number(t, "vmcore");
+    r.vmcore_mb = Number(vc, "bytes") / 1e6;
+  }
   for (const json& f : m.value("files", json::array())) {
     const std::string file = f.is_object() ? f.value("name", "") : "";
     if (file.ends_with(".trace.dat"))
@@ -231,6 +236,8 @@ int main(int argc, char** argv) {
   const int runs = argc > 1 ? std::max(1, std::atoi(argv[1])) : 5;
   const std::string binary = argc > 2 ? argv[2] : "hvtraced";
   const std::string kernel = argc > 3 ? argv[3] : "6.12";
+  // "vmcore": vmcore = on-panic, each capture also dumps the 1 GiB guest.
+  const bool vmcore = argc > 4 && std::string(argv[4]) == "vmcore";
   if (std::string why = QemuUnavailableReason(); !why.empty()) {
     std::fprintf(stderr, "capture_latency: %s\n", why.c_str());
     return 2;
@@ -249,18 +256,18 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "capture_latency: %s\n", harvested.error().message.c_str());
     return 1;
   }
-  HvtracedProcess daemon(
-      {.tag = "lat",
-       .config = "vm_on_shutdown = stop\ncache_dir = " + cache_root->string() + "\n",
-       .binary = binary});
+  HvtracedProcess daemon({.tag = "lat",
+                          .config = "vm_on_shutdown = stop\ncache_dir = " + cache_root->string() +
+                                    "\n" + (vmcore ? "vmcore = on-panic\n" : ""),
+                          .binary = binary});
   const RunDirOnTmpfs run_dir(daemon.dir() + "/run");
   if (Status s = daemon.Start(); !s.ok()) {
     std::fprintf(stderr, "capture_latency: %s\n", s.error().message.c_str());
     return 1;
   }
   std::printf("run dir (QEMU's memory files): %s\n", run_dir.what().c_str());
-  std::printf("daemon %s; panic = its receipt of QMP GUEST_PANICKED; 16 MiB boot range, TCG\n",
-              binary.c_str());
+  std::printf("daemon %s; panic = its receipt of QMP GUEST_PANICKED; 16 MiB boot range, TCG%s\n",
+              binary.c_str(), vmcore ? "; vmcore = on-panic (1 GiB guest)" : "");
   // Columns: ms from panic to region.bin fdatasynced, to it and its recovery
   // record durable, to the trace.dat files written, to the capture committed;
   // then ms of: the copy out of the guest's range (cp.cpu: the copying thread's CPU time in it;
@@ -270,14 +277,15 @@ int main(int argc, char** argv) {
   // tdat.fil; names is the task names' own time, on a thread beside kaslr and syms (-1: a build
   // that found them in turn, its names column then part of tdat.all). crash: the kernel log from
   // the console events and the crash summary, part of tdat.all (the summary is ready at
-  // "decoded"); ring: the printk ring read from guest memory after it.
+  // "decoded"); ring: the printk ring read from guest memory after it;
+  // vmcore, vc.MB: the dump-guest-memory step and the vmcore's size (-1: off).
   std::printf(
       "%3s %8s %8s %8s %8s | %7s %7s %7s %6s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %9s %6s %6s "
-      "%6s\n",
+      "%6s %7s %6s\n",
       "run", "reg.sync", "durable", "decoded", "commit", "start", "copy", "cp.cpu", "cp.isw",
       "reg.w+s", "decode", "tdat.all", "kaslr", "syms", "n.wait", "tdat.fil", "names", "qmp.lag",
-      "cp.flt", "tdat.B", "events", "crash", "ring");
-  std::vector<double> copied, durable, decoded, committed;
+      "cp.flt", "tdat.B", "events", "crash", "ring", "vmcore", "vc.MB");
+  std::vector<double> copied, durable, decoded, committed, vmcore_ms, vmcore_mb;
   for (int i = 0; i < runs; ++i) {
     Result<Run> r = PanicOnce(daemon, *image, i);
     if (!r.ok()) {
@@ -286,17 +294,19 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "%3d %8.1f %8.1f %8.1f %8.1f | %7.1f %7.1f %7.1f %6.0f %7.1f %7.1f %7.1f %7.1f %7.1f %7.1f "
-        "%7.1f %7.1f %7.1f %8.0f %9llu %6llu %6.1f %6.1f\n",
+        "%7.1f %7.1f %7.1f %8.0f %9llu %6llu %6.1f %6.1f %7.0f %6.1f\n",
         i, r->copied, r->durable, r->decoded, r->committed, r->start, r->copy, r->copy_cpu,
         r->copy_switches, r->region_fsync, r->decode, r->write, r->kaslr, r->symbols, r->names_wait,
         r->files, r->names, r->qmp_delay, r->copy_faults,
         static_cast<unsigned long long>(r->trace_dat_bytes),
-        static_cast<unsigned long long>(r->events), r->crash, r->ring);
+        static_cast<unsigned long long>(r->events), r->crash, r->ring, r->vmcore_ms, r->vmcore_mb);
     std::fflush(stdout);
     copied.push_back(r->copied);
     durable.push_back(r->durable);
     decoded.push_back(r->decoded);
     committed.push_back(r->committed);
+    vmcore_ms.push_back(r->vmcore_ms);
+    vmcore_mb.push_back(r->vmcore_mb);
   }
   const double limit = MemcpyMs(kRangeBytes);
   std::printf(
@@ -312,6 +322,13 @@ int main(int argc, char** argv) {
     const Stats s = Summarize(*v);
     std::printf("%-40s %8.1f %8.1f %8.1f %13.1fx\n", label, s.min, s.median, s.max,
                 s.median / limit);
+  }
+  if (vmcore) {
+    const Stats ms = Summarize(vmcore_ms), mb = Summarize(vmcore_mb);
+    std::printf(
+        "vmcore of the 1 GiB guest (dump-guest-memory kdump-zlib, durable): median %.0f ms "
+        "(min %.0f, max %.0f), %.1f MB\n",
+        ms.median, ms.min, ms.max, mb.median);
   }
   return 0;
 }

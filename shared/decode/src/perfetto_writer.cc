@@ -9,6 +9,7 @@
 // written (ProtoWriter::String).
 #include "hvtrace/perfetto_writer.h"
 
+#include <bit>
 #include <cstring>
 #include <optional>
 #include <string_view>
@@ -133,6 +134,18 @@ bool IsText(const FieldFormat& f) {
   return chars && f.type.find("unsigned") == std::string::npos && f.kind != FieldKind::kScalar;
 }
 
+// The |size| (1..8) byte integer at |data|. The common case, a
+// little-endian trace read on a little-endian host, is one load: this runs
+// for several fields of every exported event.
+inline uint64_t LoadUnsigned(const unsigned char* data, uint32_t size, bool little_endian) {
+  if (little_endian && std::endian::native == std::endian::little) {
+    uint64_t v = 0;
+    std::memcpy(&v, data, size);
+    return v;
+  }
+  return ReadUnsigned(data, size, little_endian);
+}
+
 // |f|'s integer value in |p|, sign-extended when the kernel says it is
 // signed; nullopt when the record is too short or the field no integer.
 std::optional<uint64_t> FieldValue(std::span<const std::byte> p, const FieldFormat& f,
@@ -142,7 +155,7 @@ std::optional<uint64_t> FieldValue(std::span<const std::byte> p, const FieldForm
     return std::nullopt;
   }
   const auto* data = reinterpret_cast<const unsigned char*>(p.data()) + f.offset;
-  uint64_t v = ReadUnsigned(data, f.size, little_endian);
+  uint64_t v = LoadUnsigned(data, f.size, little_endian);
   if (f.is_signed && f.size < 8) {
     const int shift = 64 - static_cast<int>(f.size) * 8;
     v = static_cast<uint64_t>(static_cast<int64_t>(v << shift) >> shift);
@@ -240,13 +253,19 @@ struct PerfettoTraceWriter::Impl {
   uint32_t last_sequence = 0;
   int64_t last_offset = 0;
 
-  // Writes |packet| as one TracePacket of the Trace.
-  void Emit() {
-    std::string* out = sink.buffer();
-    ProtoWriter w(out);
-    w.Bytes(pf::kTracePacket, packet);
+  // Writes |packet| and then |tail| as one TracePacket of the Trace. A
+  // bundle's events come as |tail|, so they are copied once, not into
+  // |packet| first.
+  void Emit(std::string_view tail = {}) {
+    ProtoWriter w(sink.buffer());
+    w.LengthDelimited(pf::kTracePacket, packet.size() + tail.size());
+    w.Raw(packet);
     packet.clear();
-    sink.MaybeFlush();
+    if (tail.empty()) {
+      sink.MaybeFlush();
+    } else {
+      sink.Write(tail);
+    }
   }
 };
 
@@ -255,8 +274,8 @@ namespace {
 // One file's export: its sequence, bundles, plans and names.
 class FileExport {
  public:
-  FileExport(std::string* packet, std::function<void()> emit, uint32_t sequence, uint32_t machine,
-             bool sequence_clock, PerfettoCounts* counts)
+  FileExport(std::string* packet, std::function<void(std::string_view)> emit, uint32_t sequence,
+             uint32_t machine, bool sequence_clock, PerfettoCounts* counts)
       : packet_(*packet),
         emit_(std::move(emit)),
         sequence_(sequence),
@@ -289,7 +308,7 @@ class FileExport {
     w.Varint(pf::kTrackDescriptorUuid, track_uuid());
     w.String(pf::kTrackDescriptorName, name);
     w.EndNested(td);
-    emit_();
+    emit_({});
   }
 
   void TrackEvent(uint64_t ts, uint64_t type, const std::string& name, const std::string& detail) {
@@ -305,7 +324,7 @@ class FileExport {
       w.EndNested(da);
     }
     w.EndNested(te);
-    emit_();
+    emit_({});
   }
 
   // The sequence clock (64) read |ts| when BOOTTIME read |ts| + |offset|:
@@ -326,7 +345,7 @@ class FileExport {
     clock(pf::kBuiltinClockBoottime, ts + static_cast<uint64_t>(offset));
     if (realtime) clock(pf::kBuiltinClockRealtime, ts + static_cast<uint64_t>(offset));
     w.EndNested(cs);
-    emit_();
+    emit_({});
   }
 
   void set_ftrace_clock(uint64_t clock) { ftrace_clock_ = clock; }
@@ -345,7 +364,7 @@ class FileExport {
     w.EndNested(un);
     w.String(pf::kSystemInfoMachineName, name);
     w.EndNested(si);
-    emit_();
+    emit_({});
     // Two rounds of (client, host) readings 1 µs apart, in the order
     // trace_processor's CalculateClockOffsets expects (t1c, t1h, t2c, t2h):
     // both its offset estimates come out 0.
@@ -365,7 +384,7 @@ class FileExport {
       w.EndNested(sc);
     }
     w.EndNested(rc);
-    emit_();
+    emit_({});
     NameTrack(name);
     StateClock(ts, 0, /*realtime=*/true);
     TrackEvent(ts, pf::kTrackEventSliceBegin, name, "");
@@ -400,7 +419,7 @@ class FileExport {
     }
     if (rec.comm != nullptr && pid > 0) StateName(rec, pid);
     ProtoWriter w(&b.events);
-    const size_t ev = w.BeginNested(pf::kBundleEvent);
+    const size_t ev = w.BeginCompact(pf::kBundleEvent);
     w.Varint(pf::kEventTimestamp, rec.timestamp);
     w.Varint(pf::kEventPid, static_cast<uint32_t>(pid));
     if (plan.common_flags != nullptr) {
@@ -408,7 +427,7 @@ class FileExport {
         w.Varint(pf::kEventCommonFlags, *flags & 0xff);
     }
     WriteEvent(plan, id, p, pid, w);
-    w.EndNested(ev);
+    w.EndCompact(ev);
     b.last_ts = rec.timestamp;
     counts_->events++;
     if (++b.count >= PerfettoTraceWriter::kMaxBundleEvents) Flush(cpu);
@@ -444,7 +463,7 @@ class FileExport {
   void WriteEvent(const Plan& plan, uint32_t id, std::span<const std::byte> p, int64_t pid,
                   ProtoWriter& w) {
     if (plan.typed != nullptr) {
-      const size_t m = w.BeginNested(plan.typed->event_field);
+      const size_t m = w.BeginCompact(plan.typed->event_field);
       for (const auto& [tf, ff] : plan.fields) {
         if (tf->kind == ValueKind::kString) {
           if (auto text = FieldText(p, *ff, little_endian_)) w.String(tf->number, *text);
@@ -452,18 +471,18 @@ class FileExport {
           w.Varint(tf->number, *v);
         }
       }
-      w.EndNested(m);
+      w.EndCompact(m);
       ++*plan.count;
       if (plan.typed->event_field == pf::kEventTaskNewtask) LearnTgid(plan, p, pid);
       return;
     }
-    const size_t g = w.BeginNested(pf::kEventGeneric);
+    const size_t g = w.BeginCompact(pf::kEventGeneric);
     if (plan.format == nullptr) {
       w.String(pf::kGenericEventName, "hvtrace_unknown_event");
-      const size_t f = w.BeginNested(pf::kGenericField);
+      const size_t f = w.BeginCompact(pf::kGenericField);
       w.String(pf::kGenericFieldName, "id");
       w.Varint(pf::kGenericFieldUint, id);
-      w.EndNested(f);
+      w.EndCompact(f);
     } else {
       w.Raw(plan.name_field);
       for (size_t i = 0; i < plan.format->fields.size(); ++i) {
@@ -472,13 +491,13 @@ class FileExport {
       }
     }
     ++*plan.count;
-    w.EndNested(g);
+    w.EndCompact(g);
     counts_->generic++;
   }
 
   void WriteGenericField(const FieldFormat& ff, const std::string& name_field,
                          std::span<const std::byte> p, ProtoWriter& w) {
-    const size_t f = w.BeginNested(pf::kGenericField);
+    const size_t f = w.BeginCompact(pf::kGenericField);
     w.Raw(name_field);
     if (ff.kind == FieldKind::kScalar) {
       if (auto v = FieldValue(p, ff, little_endian_)) {
@@ -498,7 +517,7 @@ class FileExport {
                            static_cast<uint32_t>(p.size()), little_endian_);
       w.String(pf::kGenericFieldStr, scratch_);
     }
-    w.EndNested(f);
+    w.EndCompact(f);
   }
 
   // task_newtask: the new task shares its creator's thread group when
@@ -537,27 +556,30 @@ class FileExport {
     w.String(pf::kThreadName, known);
     w.EndNested(th);
     w.EndNested(pt);
-    emit_();
+    emit_({});
     counts_->name_changes++;
   }
 
   void Flush(uint32_t cpu) {
     CpuBundle& b = bundles_[cpu];
-    ProtoWriter w = StartPacket();
-    const size_t fb = w.BeginNested(pf::kPacketFtraceEvents);
-    w.Varint(pf::kBundleCpu, cpu);
+    // The bundle's own fields first, to know its exact size; its events
+    // follow them as the packet's tail, never copied into |packet_|.
+    bundle_head_.clear();
+    ProtoWriter h(&bundle_head_);
+    h.Varint(pf::kBundleCpu, cpu);
     if (b.lost) {
-      w.Bool(pf::kBundleLostEvents, true);
+      h.Bool(pf::kBundleLostEvents, true);
       counts_->lost_bundles++;
     }
     if (sequence_clock_) {
-      w.Varint(pf::kBundleFtraceClock, ftrace_clock_);
-      w.Signed(pf::kBundleFtraceTimestamp, static_cast<int64_t>(clock_ts_));
-      w.Signed(pf::kBundleBootTimestamp, static_cast<int64_t>(clock_ts_) + offset_);
+      h.Varint(pf::kBundleFtraceClock, ftrace_clock_);
+      h.Signed(pf::kBundleFtraceTimestamp, static_cast<int64_t>(clock_ts_));
+      h.Signed(pf::kBundleBootTimestamp, static_cast<int64_t>(clock_ts_) + offset_);
     }
-    packet_.append(b.events);
-    w.EndNested(fb);
-    emit_();
+    ProtoWriter w = StartPacket();
+    w.LengthDelimited(pf::kPacketFtraceEvents, bundle_head_.size() + b.events.size());
+    w.Raw(bundle_head_);
+    emit_(b.events);
     counts_->bundles++;
     b.events.clear();
     b.count = 0;
@@ -565,7 +587,7 @@ class FileExport {
   }
 
   std::string& packet_;
-  std::function<void()> emit_;
+  std::function<void(std::string_view)> emit_;
   const uint32_t sequence_;
   const uint32_t machine_;
   const bool sequence_clock_;
@@ -581,6 +603,7 @@ class FileExport {
   std::unordered_map<int32_t, std::string> names_;
   std::unordered_map<int32_t, int32_t> tgids_;
   std::string scratch_;
+  std::string bundle_head_;
 };
 
 // "[local] global counter" -> the FtraceClock of the clock in brackets.
@@ -619,7 +642,8 @@ Result<ReportStats> PerfettoTraceWriter::WriteGuestFile(const std::string& path,
   Impl& m = *impl_;
   const uint32_t sequence = m.next_sequence++;
   FileExport file(
-      &m.packet, [&m] { m.Emit(); }, sequence, 0, /*sequence_clock=*/true, counts);
+      &m.packet, [&m](std::string_view tail) { m.Emit(tail); }, sequence, 0,
+      /*sequence_clock=*/true, counts);
   file.NameTrack(seq.name);
   bool started = false;
   uint64_t last = 0;
@@ -665,7 +689,7 @@ Result<ReportStats> PerfettoTraceWriter::WriteHostMachine(const std::string& pat
   Impl& m = *impl_;
   const uint32_t sequence = m.next_sequence++;
   FileExport file(
-      &m.packet, [&m] { m.Emit(); }, sequence, kHostMachineId,
+      &m.packet, [&m](std::string_view tail) { m.Emit(tail); }, sequence, kHostMachineId,
       /*sequence_clock=*/false, counts);
   bool started = false;
   uint64_t last = 0;
@@ -698,7 +722,8 @@ void PerfettoTraceWriter::WriteInstant(uint64_t ts_ns, const std::string& name,
   PerfettoCounts unused;
   // A packet on the last guest sequence: its clock and track already exist.
   FileExport file(
-      &m.packet, [&m] { m.Emit(); }, m.last_sequence, 0, /*sequence_clock=*/true, &unused);
+      &m.packet, [&m](std::string_view tail) { m.Emit(tail); }, m.last_sequence, 0,
+      /*sequence_clock=*/true, &unused);
   file.SkipFirstFlag();
   file.TrackEvent(ts_ns, pf::kTrackEventInstant, name, detail);
 }

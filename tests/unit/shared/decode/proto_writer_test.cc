@@ -45,6 +45,38 @@ TEST(ProtoWriter, NestedMessagesAreBackPatchedAndParse) {
   EXPECT_EQ((*in)[0].value, 300u);
 }
 
+TEST(ProtoWriter, CompactLengthsTakeTheFewestBytes) {
+  std::string out;
+  ProtoWriter w(&out);
+  size_t m = w.BeginCompact(1);
+  w.Varint(2, 1);
+  w.EndCompact(m);
+  EXPECT_EQ(out, std::string("\x0a\x02\x10\x01", 4));
+  // 203 bytes of body (an inner message of 156, a string of 47): the length
+  // (cb 01) needs a second byte, so the body moves by one; so does the
+  // inner message's (153 bytes).
+  out.clear();
+  m = w.BeginCompact(1);
+  const size_t inner = w.BeginCompact(3);
+  w.Bytes(4, std::string(150, 'x'));
+  w.EndCompact(inner);
+  w.Bytes(5, std::string(45, 'y'));
+  w.EndCompact(m);
+  ASSERT_EQ(out.size(), 1 + 2 + 203u);
+  EXPECT_EQ(out.substr(0, 3), std::string("\x0a\xcb\x01", 3));
+  auto top = test::ParseWire(out);
+  ASSERT_TRUE(top.has_value());
+  ASSERT_EQ(top->size(), 1u);
+  auto fields = test::ParseWire((*top)[0].bytes);
+  ASSERT_TRUE(fields.has_value());
+  ASSERT_EQ(fields->size(), 2u);
+  EXPECT_EQ((*fields)[1].bytes, std::string(45, 'y'));
+  auto in = test::ParseWire((*fields)[0].bytes);
+  ASSERT_TRUE(in.has_value());
+  ASSERT_EQ(in->size(), 1u);
+  EXPECT_EQ((*in)[0].bytes, std::string(150, 'x'));
+}
+
 TEST(ProtoWriter, Malicious_InvalidUtf8IsReplaced) {
   EXPECT_EQ(ValidUtf8("ok \xc3\xa9"), "ok \xc3\xa9");
   EXPECT_EQ(ValidUtf8("\xff"), "\xef\xbf\xbd");

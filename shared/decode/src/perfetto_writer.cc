@@ -139,9 +139,29 @@ bool IsText(const FieldFormat& f) {
 // for several fields of every exported event.
 inline uint64_t LoadUnsigned(const unsigned char* data, uint32_t size, bool little_endian) {
   if (little_endian && std::endian::native == std::endian::little) {
-    uint64_t v = 0;
-    std::memcpy(&v, data, size);
-    return v;
+    // Fixed-size copies compile to single loads; a copy of |size| bytes
+    // would be a call.
+    switch (size) {
+      case 1:
+        return *data;
+      case 2: {
+        uint16_t v;
+        std::memcpy(&v, data, 2);
+        return v;
+      }
+      case 4: {
+        uint32_t v;
+        std::memcpy(&v, data, 4);
+        return v;
+      }
+      case 8: {
+        uint64_t v;
+        std::memcpy(&v, data, 8);
+        return v;
+      }
+      default:
+        break;
+    }
   }
   return ReadUnsigned(data, size, little_endian);
 }
@@ -195,11 +215,15 @@ struct Plan {
   std::vector<std::pair<const TypedField*, const FieldFormat*>> fields;
   const FieldFormat* common_pid = nullptr;
   const FieldFormat* common_flags = nullptr;
-  // Generic events: the encoded event_name field and each field's encoded
-  // name (by index into format->fields; empty for the common fields), made
-  // once per event id rather than once per record.
+  // Generic events: the encoded event_name field and, for each field but
+  // the common ones, its encoded name, made once per event id rather than
+  // once per record.
+  struct GenericField {
+    const FieldFormat* format;
+    std::string name_field;
+  };
   std::string name_field;
-  std::vector<std::string> field_names;
+  std::vector<GenericField> generic_fields;
   uint64_t* count = nullptr;  // Its entry in PerfettoCounts::per_event.
 };
 
@@ -233,11 +257,22 @@ Plan MakePlan(const EventFormat* format) {
 }
 
 struct CpuBundle {
-  std::string events;  // Serialized FtraceEvent fields (key + length + body each).
+  ProtoBuffer events;  // Serialized FtraceEvent fields (key + length + body each).
   uint32_t count = 0;
   bool lost = false;  // Set on the bundle's first write.
   uint64_t last_ts = 0;
+  // The name last stated for the pid of this CPU's last record, which is
+  // usually the next record's pid too: it saves a lookup in names_.
+  int32_t named_pid = -1;
+  std::string* named = nullptr;
 };
+
+// |field| (a string field) encoded, for a plan.
+std::string EncodedString(uint32_t field, std::string_view value) {
+  ProtoBuffer buf;
+  ProtoWriter(&buf).String(field, value);
+  return std::string(buf.view());
+}
 
 }  // namespace
 
@@ -245,7 +280,7 @@ struct PerfettoTraceWriter::Impl {
   explicit Impl(int fd) : sink(fd) {}
 
   OutputSink sink;
-  std::string packet;  // The packet being built.
+  ProtoBuffer packet;  // The packet being built.
   uint32_t next_sequence = 1;
   bool placed_any = false;
   uint64_t placed_end = 0;  // The latest guest time placed, on the trace's axis.
@@ -257,9 +292,11 @@ struct PerfettoTraceWriter::Impl {
   // bundle's events come as |tail|, so they are copied once, not into
   // |packet| first.
   void Emit(std::string_view tail = {}) {
-    ProtoWriter w(sink.buffer());
-    w.LengthDelimited(pf::kTracePacket, packet.size() + tail.size());
-    w.Raw(packet);
+    char key[2 * ProtoWriter::kMaxVarintBytes];
+    char* end = ProtoWriter::PutVarint(key, uint64_t{pf::kTracePacket} << 3 | 2);
+    end = ProtoWriter::PutVarint(end, packet.size() + tail.size());
+    sink.buffer()->append(key, static_cast<size_t>(end - key));
+    sink.buffer()->append(packet.view());
     packet.clear();
     if (tail.empty()) {
       sink.MaybeFlush();
@@ -274,7 +311,7 @@ namespace {
 // One file's export: its sequence, bundles, plans and names.
 class FileExport {
  public:
-  FileExport(std::string* packet, std::function<void(std::string_view)> emit, uint32_t sequence,
+  FileExport(ProtoBuffer* packet, std::function<void(std::string_view)> emit, uint32_t sequence,
              uint32_t machine, bool sequence_clock, PerfettoCounts* counts)
       : packet_(*packet),
         emit_(std::move(emit)),
@@ -417,7 +454,7 @@ class FileExport {
       pid = static_cast<int32_t>(
           ReadUnsigned(reinterpret_cast<const unsigned char*>(p.data()) + 4, 4, little_endian_));
     }
-    if (rec.comm != nullptr && pid > 0) StateName(rec, pid);
+    if (rec.comm != nullptr && pid > 0) StateName(rec, pid, b);
     ProtoWriter w(&b.events);
     const size_t ev = w.BeginCompact(pf::kBundleEvent);
     w.Varint(pf::kEventTimestamp, rec.timestamp);
@@ -441,23 +478,26 @@ class FileExport {
   }
 
  private:
+  // |id|: 0..0xffff, or 0xffffffff for a record too short to hold one.
   const Plan& PlanFor(uint32_t id) {
-    auto it = plans_.find(id);
-    if (it != plans_.end()) return it->second;
+    // Indexed by id (the last slot for 0xffffffff): one load per record.
+    const size_t slot = id <= 0xffff ? id : 0x10000;
+    if (slot < plans_.size() && plans_[slot] != nullptr) return *plans_[slot];
     const EventFormat* f = id <= 0xffff ? decoder_->FindFormat(id) : nullptr;
-    Plan plan = MakePlan(f);
-    plan.count = &counts_->per_event[plan.typed != nullptr ? plan.typed->name
-                                     : f != nullptr        ? f->name
-                                                           : "hvtrace_unknown_event"];
-    if (plan.typed == nullptr && f != nullptr) {
-      ProtoWriter(&plan.name_field).String(pf::kGenericEventName, f->name);
+    auto plan = std::make_unique<Plan>(MakePlan(f));
+    plan->count = &counts_->per_event[plan->typed != nullptr ? plan->typed->name
+                                      : f != nullptr         ? f->name
+                                                             : "hvtrace_unknown_event"];
+    if (plan->typed == nullptr && f != nullptr) {
+      plan->name_field = EncodedString(pf::kGenericEventName, f->name);
       for (const FieldFormat& ff : f->fields) {
-        plan.field_names.emplace_back();
         if (!ff.is_common)
-          ProtoWriter(&plan.field_names.back()).String(pf::kGenericFieldName, ff.name);
+          plan->generic_fields.push_back({&ff, EncodedString(pf::kGenericFieldName, ff.name)});
       }
     }
-    return plans_.emplace(id, std::move(plan)).first->second;
+    if (slot >= plans_.size()) plans_.resize(slot + 1);
+    plans_[slot] = std::move(plan);
+    return *plans_[slot];
   }
 
   void WriteEvent(const Plan& plan, uint32_t id, std::span<const std::byte> p, int64_t pid,
@@ -485,10 +525,8 @@ class FileExport {
       w.EndCompact(f);
     } else {
       w.Raw(plan.name_field);
-      for (size_t i = 0; i < plan.format->fields.size(); ++i) {
-        if (!plan.format->fields[i].is_common)
-          WriteGenericField(plan.format->fields[i], plan.field_names[i], p, w);
-      }
+      for (const Plan::GenericField& gf : plan.generic_fields)
+        WriteGenericField(*gf.format, gf.name_field, p, w);
     }
     ++*plan.count;
     w.EndCompact(g);
@@ -542,9 +580,13 @@ class FileExport {
   // differs from the name stated last. A task whose thread group the trace
   // never showed (it existed before the trace began) is named as its own
   // group's leader: in a boot trace those are init and kernel threads.
-  void StateName(const DecodedRecord& rec, int64_t pid) {
+  void StateName(const DecodedRecord& rec, int64_t pid, CpuBundle& b) {
     const auto tid = static_cast<int32_t>(pid);
-    std::string& known = names_[tid];
+    if (b.named_pid != tid) {
+      b.named = &names_[tid];  // Stays valid: names_ never erases.
+      b.named_pid = tid;
+    }
+    std::string& known = *b.named;
     if (known == rec.comm) return;
     known = rec.comm;
     const auto it = tgids_.find(tid);
@@ -578,15 +620,15 @@ class FileExport {
     }
     ProtoWriter w = StartPacket();
     w.LengthDelimited(pf::kPacketFtraceEvents, bundle_head_.size() + b.events.size());
-    w.Raw(bundle_head_);
-    emit_(b.events);
+    w.Raw(bundle_head_.view());
+    emit_(b.events.view());
     counts_->bundles++;
     b.events.clear();
     b.count = 0;
     b.lost = false;
   }
 
-  std::string& packet_;
+  ProtoBuffer& packet_;
   std::function<void(std::string_view)> emit_;
   const uint32_t sequence_;
   const uint32_t machine_;
@@ -599,11 +641,11 @@ class FileExport {
   EventDecoder* decoder_ = nullptr;
   bool little_endian_ = true;
   std::vector<CpuBundle> bundles_;
-  std::unordered_map<uint32_t, Plan> plans_;
+  std::vector<std::unique_ptr<Plan>> plans_;
   std::unordered_map<int32_t, std::string> names_;
   std::unordered_map<int32_t, int32_t> tgids_;
   std::string scratch_;
-  std::string bundle_head_;
+  ProtoBuffer bundle_head_;
 };
 
 // "[local] global counter" -> the FtraceClock of the clock in brackets.

@@ -34,38 +34,110 @@
 
 namespace hvtrace {
 
-OutputSink::OutputSink(int fd, size_t flush_at) : fd_(fd), flush_at_(flush_at) {
+namespace {
+
+// Writes all of |text| to |fd|.
+Status WriteFd(int fd, std::string_view text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{std::string("write to output failed: ") + std::strerror(errno)};
+    }
+    done += static_cast<size_t>(n);
+  }
+  return {};
+}
+
+}  // namespace
+
+// The writing thread of a kBackground sink and the buffer it writes.
+struct OutputSink::Background {
+  explicit Background(int fd) : thread([this, fd] { Run(fd); }) {}
+  ~Background() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  // Waits until the last buffer handed over is written; |mu| held.
+  void WaitIdle(std::unique_lock<std::mutex>& lock) {
+    cv.wait(lock, [&] { return !busy; });
+  }
+
+  void Run(int fd) {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return busy || stop; });
+      if (!busy) return;
+      const bool ok = status.ok();
+      lock.unlock();
+      Status s = ok ? WriteFd(fd, pending) : Status{};
+      pending.clear();
+      lock.lock();
+      if (!s.ok()) status = std::move(s);
+      busy = false;
+      cv.notify_all();
+    }
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string pending;  // Being written while |busy|.
+  bool busy = false;
+  bool stop = false;
+  Status status;       // The writing thread's first error.
+  std::thread thread;  // Last: it starts with the members above ready.
+};
+
+OutputSink::OutputSink(int fd, size_t flush_at, Mode mode) : fd_(fd), flush_at_(flush_at) {
   buffer_.reserve(flush_at + (64 << 10));
+  if (mode == Mode::kBackground) background_ = std::make_unique<Background>(fd);
 }
 
 OutputSink::~OutputSink() { (void)Flush(); }
 
+void OutputSink::Handoff() {
+  if (background_ == nullptr) {
+    if (status_.ok()) status_ = WriteFd(fd_, buffer_);
+    buffer_.clear();
+    return;
+  }
+  Background& b = *background_;
+  {
+    std::unique_lock<std::mutex> lock(b.mu);
+    b.WaitIdle(lock);
+    if (status_.ok() && !b.status.ok()) status_ = b.status;
+    if (buffer_.empty()) return;
+    // |pending| is empty and keeps its capacity: the two buffers alternate.
+    std::swap(buffer_, b.pending);
+    b.busy = true;
+  }
+  b.cv.notify_all();
+}
+
 Status OutputSink::Flush() {
-  WriteAll(buffer_);
-  buffer_.clear();
+  Handoff();
+  if (background_ != nullptr) {
+    Background& b = *background_;
+    std::unique_lock<std::mutex> lock(b.mu);
+    b.WaitIdle(lock);
+    if (status_.ok() && !b.status.ok()) status_ = b.status;
+  }
   return status_;
 }
 
 void OutputSink::Write(std::string_view text) {
-  if (buffer_.size() + text.size() < flush_at_) {
+  if (background_ != nullptr || buffer_.size() + text.size() < flush_at_) {
     buffer_.append(text);
+    MaybeFlush();
     return;
   }
   (void)Flush();
-  WriteAll(text);
-}
-
-void OutputSink::WriteAll(std::string_view text) {
-  size_t done = 0;
-  while (status_.ok() && done < text.size()) {
-    ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      status_ = Error{std::string("write to output failed: ") + std::strerror(errno)};
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
+  if (status_.ok()) status_ = WriteFd(fd_, text);
 }
 
 namespace {

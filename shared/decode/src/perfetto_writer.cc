@@ -277,7 +277,9 @@ std::string EncodedString(uint32_t field, std::string_view value) {
 }  // namespace
 
 struct PerfettoTraceWriter::Impl {
-  explicit Impl(int fd) : sink(fd) {}
+  // The file is ~80 bytes per event, written while the next events are
+  // encoded: its write(2)s were ~15% of the exporting thread.
+  explicit Impl(int fd) : sink(fd, 1 << 20, OutputSink::Mode::kBackground) {}
 
   OutputSink sink;
   ProtoBuffer packet;  // The packet being built.

@@ -361,6 +361,17 @@ void MergeRecords(const std::string& path, const TraceDat& dat, const PageLayout
   }
 }
 
+// The layout of |dat|'s pages; the default one (and an issue in |stats|)
+// when its header_page cannot be read.
+PageLayout LayoutOf(const TraceDat& dat, const std::string& path, ReportStats* stats) {
+  Result<PageLayout> l = PageLayout::FromHeaderPage(dat.header_page(), dat.page_size());
+  if (l.ok()) return *l;
+  stats->issues.push_back(path + ": " + l.error().message + "; using the default page layout");
+  PageLayout layout;
+  layout.page_size = dat.page_size();
+  return layout;
+}
+
 // The report of |path|: |out.Begin(metadata)| (before the decoder is made,
 // which takes a while), |out.Start(decoder, cpus)|, then
 // |out.Record(rec)| for every record in order (after the first pass that
@@ -393,36 +404,35 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
   // Shared: the printing threads may outlive this function on an early return.
   auto metadata = std::make_shared<const TraceMetadata>(TraceMetadataFrom(*dat));
   out.Begin(metadata);
-  Result<std::unique_ptr<EventDecoder>> decoder = EventDecoder::Create(*metadata);
-  if (!decoder.ok()) return decoder.error();
-  (*decoder)->SetFastPathsEnabled(options.fast_paths);
-  (*decoder)->KeepTrialChild(true);  // Ends with the report.
-
-  PageLayout layout;
-  if (Result<PageLayout> l = PageLayout::FromHeaderPage(dat->header_page(), dat->page_size());
-      l.ok()) {
-    layout = *l;
-  } else {
-    stats.issues.push_back(path + ": " + l.error().message + "; using the default page layout");
-    layout.page_size = dat->page_size();
-  }
+  const PageLayout layout = LayoutOf(*dat, path, &stats);
 
   // Names as they were at the time: a first pass over the records learns
-  // what the trace says about each pid (TaskNameTimeline).
+  // what the trace says about each pid (TaskNameTimeline). It needs only
+  // the formats, so it runs on a thread of its own while the decoder is
+  // made. It reports nothing (|stats| null); the jthread joins on every
+  // return.
   std::optional<TaskNameTimeline> names;
+  std::jthread first_pass;
   if (options.time_names) {
     names.emplace(dat->formats());
     if (!names->usable()) {
       names.reset();
     } else {
-      MergeRecords(path, *dat, layout, StartStreams(path, *dat), nullptr, add_issue,
-                   [&](const DecodedRecord& rec) {
-                     names->Scan(rec.payload);
-                     return true;
-                   });
-      names->StartNaming();
+      first_pass = std::jthread([&] {
+        MergeRecords(path, *dat, layout, StartStreams(path, *dat), nullptr, add_issue,
+                     [&](const DecodedRecord& rec) {
+                       names->Scan(rec.payload);
+                       return true;
+                     });
+        names->StartNaming();
+      });
     }
   }
+  Result<std::unique_ptr<EventDecoder>> decoder = EventDecoder::Create(*metadata);
+  if (!decoder.ok()) return decoder.error();
+  (*decoder)->SetFastPathsEnabled(options.fast_paths);
+  (*decoder)->KeepTrialChild(true);  // Ends with the report.
+  if (first_pass.joinable()) first_pass.join();
   EventDecoder& dec = **decoder;
   if (!out.Start(dec, dat->cpus().size())) return stats;
   MergeRecords(path, *dat, layout, std::move(streams), &stats, add_issue, [&](DecodedRecord& rec) {

@@ -12,6 +12,7 @@
 // threads when there are any.
 #include "hvtrace/output.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -54,6 +55,8 @@ Status WriteFd(int fd, std::string_view text) {
 
 // The writing thread of a kBackground sink and the buffer it writes.
 struct OutputSink::Background {
+  static constexpr size_t kWritebackBytes = 8 << 20;
+
   explicit Background(int fd) : thread([this, fd] { Run(fd); }) {}
   ~Background() {
     {
@@ -76,6 +79,15 @@ struct OutputSink::Background {
       const bool ok = status.ok();
       lock.unlock();
       Status s = ok ? WriteFd(fd, pending) : Status{};
+      // Start the kernel's writeback as the file grows, here, off the
+      // caller's thread: a caller that fsyncs at the end (show --format
+      // perfetto) then waits for the last few MiB, not for the whole file
+      // (~50 ms for 108 MB here). Fails harmlessly on a pipe.
+      unsynced += pending.size();
+      if (unsynced >= kWritebackBytes) {
+        (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+        unsynced = 0;
+      }
       pending.clear();
       lock.lock();
       if (!s.ok()) status = std::move(s);
@@ -89,8 +101,9 @@ struct OutputSink::Background {
   std::string pending;  // Being written while |busy|.
   bool busy = false;
   bool stop = false;
-  Status status;       // The writing thread's first error.
-  std::thread thread;  // Last: it starts with the members above ready.
+  size_t unsynced = 0;  // Written since the last writeback was started.
+  Status status;        // The writing thread's first error.
+  std::thread thread;   // Last: it starts with the members above ready.
 };
 
 OutputSink::OutputSink(int fd, size_t flush_at, Mode mode) : fd_(fd), flush_at_(flush_at) {

@@ -25,6 +25,8 @@ class OutputSink {
   // kBackground writes each full buffer on a thread of its own while the
   // caller fills the next one (two buffers in all): for a producer that
   // keeps its thread busy, the write(2)s no longer take turns with it.
+  // That thread also starts the file's writeback every 8 MiB
+  // (sync_file_range), so a final fsync has little left to wait for.
   enum class Mode { kInline, kBackground };
   explicit OutputSink(int fd, size_t flush_at = 1 << 20, Mode mode = Mode::kInline);
   ~OutputSink();  // Flushes; errors are kept in status().

@@ -693,6 +693,7 @@ Result<ReportStats> PerfettoTraceWriter::WriteGuestFile(const std::string& path,
   uint64_t last = 0;
   ReportOptions options;
   options.time_names = true;
+  options.symbols = false;  // Fields are written as numbers, never as symbols.
   Result<ReportStats> stats = ForEachRecord(
       path, options,
       [&](const TraceMetadata& metadata, EventDecoder& decoder) {
@@ -739,6 +740,7 @@ Result<ReportStats> PerfettoTraceWriter::WriteHostMachine(const std::string& pat
   uint64_t last = 0;
   ReportOptions options;
   options.time_names = true;
+  options.symbols = false;  // Fields are written as numbers, never as symbols.
   Result<ReportStats> stats = ForEachRecord(
       path, options,
       [&](const TraceMetadata& metadata, EventDecoder& decoder) {

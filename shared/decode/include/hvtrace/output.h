@@ -70,8 +70,9 @@ struct ReportOptions {
   // pass). Off: trace-cmd's one name per pid, byte-identical to
   // `trace-cmd report`.
   bool time_names = false;
-  // Off: the decoder is made without the file's kallsyms and printk
-  // formats, which only event text uses (ForEachRecord's writers).
+  // Off: the file's kallsyms and printk formats, which only event text
+  // uses, are neither read (v7) nor given to the decoder (ForEachRecord's
+  // writers).
   bool symbols = true;
   // Threads that print events while the calling thread merges the CPUs:
   // -1 the default (none below 4 CPUs, else one per CPU but the caller's),

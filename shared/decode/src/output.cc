@@ -12,6 +12,7 @@
 // threads when there are any.
 #include "hvtrace/output.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -34,43 +35,132 @@
 
 namespace hvtrace {
 
-OutputSink::OutputSink(int fd, size_t flush_at) : fd_(fd), flush_at_(flush_at) {
+namespace {
+
+// Writes all of |text| to |fd|.
+Status WriteFd(int fd, std::string_view text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error{std::string("write to output failed: ") + std::strerror(errno)};
+    }
+    done += static_cast<size_t>(n);
+  }
+  return {};
+}
+
+}  // namespace
+
+// The writing thread of a kBackground sink and the buffer it writes.
+struct OutputSink::Background {
+  static constexpr size_t kWritebackBytes = 8 << 20;
+
+  explicit Background(int fd) : thread([this, fd] { Run(fd); }) {}
+  ~Background() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  // Waits until the last buffer handed over is written; |mu| held.
+  void WaitIdle(std::unique_lock<std::mutex>& lock) {
+    cv.wait(lock, [&] { return !busy; });
+  }
+
+  void Run(int fd) {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return busy || stop; });
+      if (!busy) return;
+      const bool ok = status.ok();
+      lock.unlock();
+      Status s = ok ? WriteFd(fd, pending) : Status{};
+      // Start the kernel's writeback as the file grows, here, off the
+      // caller's thread: a caller that fsyncs at the end (show --format
+      // perfetto) then waits for the last few MiB, not for the whole file
+      // (~50 ms for 108 MB here). Fails harmlessly on a pipe.
+      unsynced += pending.size();
+      if (unsynced >= kWritebackBytes) {
+        (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+        unsynced = 0;
+      }
+      pending.clear();
+      lock.lock();
+      if (!s.ok()) status = std::move(s);
+      busy = false;
+      cv.notify_all();
+    }
+  }
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::string pending;  // Being written while |busy|.
+  bool busy = false;
+  bool stop = false;
+  size_t unsynced = 0;  // Written since the last writeback was started.
+  Status status;        // The writing thread's first error.
+  std::thread thread;   // Last: it starts with the members above ready.
+};
+
+OutputSink::OutputSink(int fd, size_t flush_at, Mode mode) : fd_(fd), flush_at_(flush_at) {
   buffer_.reserve(flush_at + (64 << 10));
+  if (mode == Mode::kBackground) background_ = std::make_unique<Background>(fd);
 }
 
 OutputSink::~OutputSink() { (void)Flush(); }
 
+void OutputSink::Handoff() {
+  if (background_ == nullptr) {
+    if (status_.ok()) status_ = WriteFd(fd_, buffer_);
+    buffer_.clear();
+    return;
+  }
+  Background& b = *background_;
+  {
+    std::unique_lock<std::mutex> lock(b.mu);
+    b.WaitIdle(lock);
+    if (status_.ok() && !b.status.ok()) status_ = b.status;
+    if (buffer_.empty()) return;
+    // |pending| is empty and keeps its capacity: the two buffers alternate.
+    std::swap(buffer_, b.pending);
+    b.busy = true;
+  }
+  b.cv.notify_all();
+}
+
 Status OutputSink::Flush() {
-  WriteAll(buffer_);
-  buffer_.clear();
+  Handoff();
+  if (background_ != nullptr) {
+    Background& b = *background_;
+    std::unique_lock<std::mutex> lock(b.mu);
+    b.WaitIdle(lock);
+    if (status_.ok() && !b.status.ok()) status_ = b.status;
+  }
   return status_;
 }
 
 void OutputSink::Write(std::string_view text) {
-  if (buffer_.size() + text.size() < flush_at_) {
+  if (background_ != nullptr || buffer_.size() + text.size() < flush_at_) {
     buffer_.append(text);
+    MaybeFlush();
     return;
   }
   (void)Flush();
-  WriteAll(text);
-}
-
-void OutputSink::WriteAll(std::string_view text) {
-  size_t done = 0;
-  while (status_.ok() && done < text.size()) {
-    ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      status_ = Error{std::string("write to output failed: ") + std::strerror(errno)};
-      break;
-    }
-    done += static_cast<size_t>(n);
-  }
+  if (status_.ok()) status_ = WriteFd(fd_, text);
 }
 
 namespace {
 
 constexpr size_t kQueueDepth = 32;  // Pages in flight per CPU.
+// A merge that waits for a CPU's pages is woken when this many are ready
+// (or the CPU has no more), not at the first: a merge faster than the
+// readers (the first pass of time-of-event names, the Perfetto export)
+// was woken once per page, ~7,000 context switches on bench/large.dat.
+constexpr size_t kWakeBatch = kQueueDepth / 2;
 
 struct Page {
   std::vector<std::byte> data;
@@ -102,7 +192,7 @@ class CpuStream {
     std::unique_lock<std::mutex> lock(mu_);
     if (ready_.empty() && !done_) {
       consumer_waiting_ = true;
-      cv_.wait(lock, [&] { return !ready_.empty() || done_; });
+      cv_.wait(lock, [&] { return ready_.size() >= kWakeBatch || done_; });
       consumer_waiting_ = false;
     }
     if (ready_.empty()) return false;
@@ -149,7 +239,7 @@ class CpuStream {
           {
             std::lock_guard<std::mutex> lock(mu_);
             ready_.push_back(Page{std::move(buf), offset});
-            wake = consumer_waiting_;
+            wake = consumer_waiting_ && ready_.size() >= kWakeBatch;
           }
           if (wake) cv_.notify_all();
           return true;
@@ -284,6 +374,17 @@ void MergeRecords(const std::string& path, const TraceDat& dat, const PageLayout
   }
 }
 
+// The layout of |dat|'s pages; the default one (and an issue in |stats|)
+// when its header_page cannot be read.
+PageLayout LayoutOf(const TraceDat& dat, const std::string& path, ReportStats* stats) {
+  Result<PageLayout> l = PageLayout::FromHeaderPage(dat.header_page(), dat.page_size());
+  if (l.ok()) return *l;
+  stats->issues.push_back(path + ": " + l.error().message + "; using the default page layout");
+  PageLayout layout;
+  layout.page_size = dat.page_size();
+  return layout;
+}
+
 // The report of |path|: |out.Begin(metadata)| (before the decoder is made,
 // which takes a while), |out.Start(decoder, cpus)|, then
 // |out.Record(rec)| for every record in order (after the first pass that
@@ -291,7 +392,8 @@ void MergeRecords(const std::string& path, const TraceDat& dat, const PageLayout
 // Record return false to stop.
 template <typename Out>
 Result<ReportStats> Report(const std::string& path, const ReportOptions& options, Out& out) {
-  Result<TraceDat> dat = TraceDat::Open(path);
+  Result<TraceDat> dat =
+      options.symbols ? TraceDat::Open(path) : TraceDat::OpenWithoutSymbols(path);
   if (!dat.ok()) return dat.error();
   ReportStats stats;
   std::set<std::tuple<int, uint64_t, std::string>> seen_issues;
@@ -314,38 +416,45 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
   // the first record used to wait for on top).
   std::vector<std::unique_ptr<CpuStream>> streams = StartStreams(path, *dat);
   // Shared: the printing threads may outlive this function on an early return.
-  auto metadata = std::make_shared<const TraceMetadata>(TraceMetadataFrom(*dat));
-  out.Begin(metadata);
-  Result<std::unique_ptr<EventDecoder>> decoder = EventDecoder::Create(*metadata);
-  if (!decoder.ok()) return decoder.error();
-  (*decoder)->SetFastPathsEnabled(options.fast_paths);
-  (*decoder)->KeepTrialChild(true);  // Ends with the report.
-
-  PageLayout layout;
-  if (Result<PageLayout> l = PageLayout::FromHeaderPage(dat->header_page(), dat->page_size());
-      l.ok()) {
-    layout = *l;
-  } else {
-    stats.issues.push_back(path + ": " + l.error().message + "; using the default page layout");
-    layout.page_size = dat->page_size();
+  TraceMetadata file_metadata = TraceMetadataFrom(*dat);
+  if (!options.symbols) {
+    // Turning kallsyms into symbol tables was ~30 ms of the decoder's
+    // making on bench/large.dat, for a writer that prints no event text
+    // (a v6 file has them still: OpenWithoutSymbols skips v7 sections).
+    file_metadata.kallsyms.clear();
+    file_metadata.printk_formats.clear();
   }
+  auto metadata = std::make_shared<const TraceMetadata>(std::move(file_metadata));
+  out.Begin(metadata);
+  const PageLayout layout = LayoutOf(*dat, path, &stats);
 
   // Names as they were at the time: a first pass over the records learns
-  // what the trace says about each pid (TaskNameTimeline).
+  // what the trace says about each pid (TaskNameTimeline). It needs only
+  // the formats, so it runs on a thread of its own while the decoder is
+  // made. It reports nothing (|stats| null); the jthread joins on every
+  // return.
   std::optional<TaskNameTimeline> names;
+  std::jthread first_pass;
   if (options.time_names) {
     names.emplace(dat->formats());
     if (!names->usable()) {
       names.reset();
     } else {
-      MergeRecords(path, *dat, layout, StartStreams(path, *dat), nullptr, add_issue,
-                   [&](const DecodedRecord& rec) {
-                     names->Scan(rec.payload);
-                     return true;
-                   });
-      names->StartNaming();
+      first_pass = std::jthread([&] {
+        MergeRecords(path, *dat, layout, StartStreams(path, *dat), nullptr, add_issue,
+                     [&](const DecodedRecord& rec) {
+                       names->Scan(rec.payload);
+                       return true;
+                     });
+        names->StartNaming();
+      });
     }
   }
+  Result<std::unique_ptr<EventDecoder>> decoder = EventDecoder::Create(*metadata);
+  if (!decoder.ok()) return decoder.error();
+  (*decoder)->SetFastPathsEnabled(options.fast_paths);
+  (*decoder)->KeepTrialChild(true);  // Ends with the report.
+  if (first_pass.joinable()) first_pass.join();
   EventDecoder& dec = **decoder;
   if (!out.Start(dec, dat->cpus().size())) return stats;
   MergeRecords(path, *dat, layout, std::move(streams), &stats, add_issue, [&](DecodedRecord& rec) {

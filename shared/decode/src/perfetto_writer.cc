@@ -9,6 +9,7 @@
 // written (ProtoWriter::String).
 #include "hvtrace/perfetto_writer.h"
 
+#include <bit>
 #include <cstring>
 #include <optional>
 #include <string_view>
@@ -133,6 +134,38 @@ bool IsText(const FieldFormat& f) {
   return chars && f.type.find("unsigned") == std::string::npos && f.kind != FieldKind::kScalar;
 }
 
+// The |size| (1..8) byte integer at |data|. The common case, a
+// little-endian trace read on a little-endian host, is one load: this runs
+// for several fields of every exported event.
+inline uint64_t LoadUnsigned(const unsigned char* data, uint32_t size, bool little_endian) {
+  if (little_endian && std::endian::native == std::endian::little) {
+    // Fixed-size copies compile to single loads; a copy of |size| bytes
+    // would be a call.
+    switch (size) {
+      case 1:
+        return *data;
+      case 2: {
+        uint16_t v;
+        std::memcpy(&v, data, 2);
+        return v;
+      }
+      case 4: {
+        uint32_t v;
+        std::memcpy(&v, data, 4);
+        return v;
+      }
+      case 8: {
+        uint64_t v;
+        std::memcpy(&v, data, 8);
+        return v;
+      }
+      default:
+        break;
+    }
+  }
+  return ReadUnsigned(data, size, little_endian);
+}
+
 // |f|'s integer value in |p|, sign-extended when the kernel says it is
 // signed; nullopt when the record is too short or the field no integer.
 std::optional<uint64_t> FieldValue(std::span<const std::byte> p, const FieldFormat& f,
@@ -142,7 +175,7 @@ std::optional<uint64_t> FieldValue(std::span<const std::byte> p, const FieldForm
     return std::nullopt;
   }
   const auto* data = reinterpret_cast<const unsigned char*>(p.data()) + f.offset;
-  uint64_t v = ReadUnsigned(data, f.size, little_endian);
+  uint64_t v = LoadUnsigned(data, f.size, little_endian);
   if (f.is_signed && f.size < 8) {
     const int shift = 64 - static_cast<int>(f.size) * 8;
     v = static_cast<uint64_t>(static_cast<int64_t>(v << shift) >> shift);
@@ -182,11 +215,15 @@ struct Plan {
   std::vector<std::pair<const TypedField*, const FieldFormat*>> fields;
   const FieldFormat* common_pid = nullptr;
   const FieldFormat* common_flags = nullptr;
-  // Generic events: the encoded event_name field and each field's encoded
-  // name (by index into format->fields; empty for the common fields), made
-  // once per event id rather than once per record.
+  // Generic events: the encoded event_name field and, for each field but
+  // the common ones, its encoded name, made once per event id rather than
+  // once per record.
+  struct GenericField {
+    const FieldFormat* format;
+    std::string name_field;
+  };
   std::string name_field;
-  std::vector<std::string> field_names;
+  std::vector<GenericField> generic_fields;
   uint64_t* count = nullptr;  // Its entry in PerfettoCounts::per_event.
 };
 
@@ -220,19 +257,32 @@ Plan MakePlan(const EventFormat* format) {
 }
 
 struct CpuBundle {
-  std::string events;  // Serialized FtraceEvent fields (key + length + body each).
+  ProtoBuffer events;  // Serialized FtraceEvent fields (key + length + body each).
   uint32_t count = 0;
   bool lost = false;  // Set on the bundle's first write.
   uint64_t last_ts = 0;
+  // The name last stated for the pid of this CPU's last record, which is
+  // usually the next record's pid too: it saves a lookup in names_.
+  int32_t named_pid = -1;
+  std::string* named = nullptr;
 };
+
+// |field| (a string field) encoded, for a plan.
+std::string EncodedString(uint32_t field, std::string_view value) {
+  ProtoBuffer buf;
+  ProtoWriter(&buf).String(field, value);
+  return std::string(buf.view());
+}
 
 }  // namespace
 
 struct PerfettoTraceWriter::Impl {
-  explicit Impl(int fd) : sink(fd) {}
+  // The file is ~80 bytes per event, written while the next events are
+  // encoded: its write(2)s were ~15% of the exporting thread.
+  explicit Impl(int fd) : sink(fd, 1 << 20, OutputSink::Mode::kBackground) {}
 
   OutputSink sink;
-  std::string packet;  // The packet being built.
+  ProtoBuffer packet;  // The packet being built.
   uint32_t next_sequence = 1;
   bool placed_any = false;
   uint64_t placed_end = 0;  // The latest guest time placed, on the trace's axis.
@@ -240,13 +290,21 @@ struct PerfettoTraceWriter::Impl {
   uint32_t last_sequence = 0;
   int64_t last_offset = 0;
 
-  // Writes |packet| as one TracePacket of the Trace.
-  void Emit() {
-    std::string* out = sink.buffer();
-    ProtoWriter w(out);
-    w.Bytes(pf::kTracePacket, packet);
+  // Writes |packet| and then |tail| as one TracePacket of the Trace. A
+  // bundle's events come as |tail|, so they are copied once, not into
+  // |packet| first.
+  void Emit(std::string_view tail = {}) {
+    char key[2 * ProtoWriter::kMaxVarintBytes];
+    char* end = ProtoWriter::PutVarint(key, uint64_t{pf::kTracePacket} << 3 | 2);
+    end = ProtoWriter::PutVarint(end, packet.size() + tail.size());
+    sink.buffer()->append(key, static_cast<size_t>(end - key));
+    sink.buffer()->append(packet.view());
     packet.clear();
-    sink.MaybeFlush();
+    if (tail.empty()) {
+      sink.MaybeFlush();
+    } else {
+      sink.Write(tail);
+    }
   }
 };
 
@@ -255,8 +313,8 @@ namespace {
 // One file's export: its sequence, bundles, plans and names.
 class FileExport {
  public:
-  FileExport(std::string* packet, std::function<void()> emit, uint32_t sequence, uint32_t machine,
-             bool sequence_clock, PerfettoCounts* counts)
+  FileExport(ProtoBuffer* packet, std::function<void(std::string_view)> emit, uint32_t sequence,
+             uint32_t machine, bool sequence_clock, PerfettoCounts* counts)
       : packet_(*packet),
         emit_(std::move(emit)),
         sequence_(sequence),
@@ -289,7 +347,7 @@ class FileExport {
     w.Varint(pf::kTrackDescriptorUuid, track_uuid());
     w.String(pf::kTrackDescriptorName, name);
     w.EndNested(td);
-    emit_();
+    emit_({});
   }
 
   void TrackEvent(uint64_t ts, uint64_t type, const std::string& name, const std::string& detail) {
@@ -305,7 +363,7 @@ class FileExport {
       w.EndNested(da);
     }
     w.EndNested(te);
-    emit_();
+    emit_({});
   }
 
   // The sequence clock (64) read |ts| when BOOTTIME read |ts| + |offset|:
@@ -326,7 +384,7 @@ class FileExport {
     clock(pf::kBuiltinClockBoottime, ts + static_cast<uint64_t>(offset));
     if (realtime) clock(pf::kBuiltinClockRealtime, ts + static_cast<uint64_t>(offset));
     w.EndNested(cs);
-    emit_();
+    emit_({});
   }
 
   void set_ftrace_clock(uint64_t clock) { ftrace_clock_ = clock; }
@@ -345,7 +403,7 @@ class FileExport {
     w.EndNested(un);
     w.String(pf::kSystemInfoMachineName, name);
     w.EndNested(si);
-    emit_();
+    emit_({});
     // Two rounds of (client, host) readings 1 µs apart, in the order
     // trace_processor's CalculateClockOffsets expects (t1c, t1h, t2c, t2h):
     // both its offset estimates come out 0.
@@ -365,7 +423,7 @@ class FileExport {
       w.EndNested(sc);
     }
     w.EndNested(rc);
-    emit_();
+    emit_({});
     NameTrack(name);
     StateClock(ts, 0, /*realtime=*/true);
     TrackEvent(ts, pf::kTrackEventSliceBegin, name, "");
@@ -398,9 +456,9 @@ class FileExport {
       pid = static_cast<int32_t>(
           ReadUnsigned(reinterpret_cast<const unsigned char*>(p.data()) + 4, 4, little_endian_));
     }
-    if (rec.comm != nullptr && pid > 0) StateName(rec, pid);
+    if (rec.comm != nullptr && pid > 0) StateName(rec, pid, b);
     ProtoWriter w(&b.events);
-    const size_t ev = w.BeginNested(pf::kBundleEvent);
+    const size_t ev = w.BeginCompact(pf::kBundleEvent);
     w.Varint(pf::kEventTimestamp, rec.timestamp);
     w.Varint(pf::kEventPid, static_cast<uint32_t>(pid));
     if (plan.common_flags != nullptr) {
@@ -408,7 +466,7 @@ class FileExport {
         w.Varint(pf::kEventCommonFlags, *flags & 0xff);
     }
     WriteEvent(plan, id, p, pid, w);
-    w.EndNested(ev);
+    w.EndCompact(ev);
     b.last_ts = rec.timestamp;
     counts_->events++;
     if (++b.count >= PerfettoTraceWriter::kMaxBundleEvents) Flush(cpu);
@@ -422,29 +480,32 @@ class FileExport {
   }
 
  private:
+  // |id|: 0..0xffff, or 0xffffffff for a record too short to hold one.
   const Plan& PlanFor(uint32_t id) {
-    auto it = plans_.find(id);
-    if (it != plans_.end()) return it->second;
+    // Indexed by id (the last slot for 0xffffffff): one load per record.
+    const size_t slot = id <= 0xffff ? id : 0x10000;
+    if (slot < plans_.size() && plans_[slot] != nullptr) return *plans_[slot];
     const EventFormat* f = id <= 0xffff ? decoder_->FindFormat(id) : nullptr;
-    Plan plan = MakePlan(f);
-    plan.count = &counts_->per_event[plan.typed != nullptr ? plan.typed->name
-                                     : f != nullptr        ? f->name
-                                                           : "hvtrace_unknown_event"];
-    if (plan.typed == nullptr && f != nullptr) {
-      ProtoWriter(&plan.name_field).String(pf::kGenericEventName, f->name);
+    auto plan = std::make_unique<Plan>(MakePlan(f));
+    plan->count = &counts_->per_event[plan->typed != nullptr ? plan->typed->name
+                                      : f != nullptr         ? f->name
+                                                             : "hvtrace_unknown_event"];
+    if (plan->typed == nullptr && f != nullptr) {
+      plan->name_field = EncodedString(pf::kGenericEventName, f->name);
       for (const FieldFormat& ff : f->fields) {
-        plan.field_names.emplace_back();
         if (!ff.is_common)
-          ProtoWriter(&plan.field_names.back()).String(pf::kGenericFieldName, ff.name);
+          plan->generic_fields.push_back({&ff, EncodedString(pf::kGenericFieldName, ff.name)});
       }
     }
-    return plans_.emplace(id, std::move(plan)).first->second;
+    if (slot >= plans_.size()) plans_.resize(slot + 1);
+    plans_[slot] = std::move(plan);
+    return *plans_[slot];
   }
 
   void WriteEvent(const Plan& plan, uint32_t id, std::span<const std::byte> p, int64_t pid,
                   ProtoWriter& w) {
     if (plan.typed != nullptr) {
-      const size_t m = w.BeginNested(plan.typed->event_field);
+      const size_t m = w.BeginCompact(plan.typed->event_field);
       for (const auto& [tf, ff] : plan.fields) {
         if (tf->kind == ValueKind::kString) {
           if (auto text = FieldText(p, *ff, little_endian_)) w.String(tf->number, *text);
@@ -452,33 +513,31 @@ class FileExport {
           w.Varint(tf->number, *v);
         }
       }
-      w.EndNested(m);
+      w.EndCompact(m);
       ++*plan.count;
       if (plan.typed->event_field == pf::kEventTaskNewtask) LearnTgid(plan, p, pid);
       return;
     }
-    const size_t g = w.BeginNested(pf::kEventGeneric);
+    const size_t g = w.BeginCompact(pf::kEventGeneric);
     if (plan.format == nullptr) {
       w.String(pf::kGenericEventName, "hvtrace_unknown_event");
-      const size_t f = w.BeginNested(pf::kGenericField);
+      const size_t f = w.BeginCompact(pf::kGenericField);
       w.String(pf::kGenericFieldName, "id");
       w.Varint(pf::kGenericFieldUint, id);
-      w.EndNested(f);
+      w.EndCompact(f);
     } else {
       w.Raw(plan.name_field);
-      for (size_t i = 0; i < plan.format->fields.size(); ++i) {
-        if (!plan.format->fields[i].is_common)
-          WriteGenericField(plan.format->fields[i], plan.field_names[i], p, w);
-      }
+      for (const Plan::GenericField& gf : plan.generic_fields)
+        WriteGenericField(*gf.format, gf.name_field, p, w);
     }
     ++*plan.count;
-    w.EndNested(g);
+    w.EndCompact(g);
     counts_->generic++;
   }
 
   void WriteGenericField(const FieldFormat& ff, const std::string& name_field,
                          std::span<const std::byte> p, ProtoWriter& w) {
-    const size_t f = w.BeginNested(pf::kGenericField);
+    const size_t f = w.BeginCompact(pf::kGenericField);
     w.Raw(name_field);
     if (ff.kind == FieldKind::kScalar) {
       if (auto v = FieldValue(p, ff, little_endian_)) {
@@ -498,7 +557,7 @@ class FileExport {
                            static_cast<uint32_t>(p.size()), little_endian_);
       w.String(pf::kGenericFieldStr, scratch_);
     }
-    w.EndNested(f);
+    w.EndCompact(f);
   }
 
   // task_newtask: the new task shares its creator's thread group when
@@ -523,9 +582,13 @@ class FileExport {
   // differs from the name stated last. A task whose thread group the trace
   // never showed (it existed before the trace began) is named as its own
   // group's leader: in a boot trace those are init and kernel threads.
-  void StateName(const DecodedRecord& rec, int64_t pid) {
+  void StateName(const DecodedRecord& rec, int64_t pid, CpuBundle& b) {
     const auto tid = static_cast<int32_t>(pid);
-    std::string& known = names_[tid];
+    if (b.named_pid != tid) {
+      b.named = &names_[tid];  // Stays valid: names_ never erases.
+      b.named_pid = tid;
+    }
+    std::string& known = *b.named;
     if (known == rec.comm) return;
     known = rec.comm;
     const auto it = tgids_.find(tid);
@@ -537,35 +600,38 @@ class FileExport {
     w.String(pf::kThreadName, known);
     w.EndNested(th);
     w.EndNested(pt);
-    emit_();
+    emit_({});
     counts_->name_changes++;
   }
 
   void Flush(uint32_t cpu) {
     CpuBundle& b = bundles_[cpu];
-    ProtoWriter w = StartPacket();
-    const size_t fb = w.BeginNested(pf::kPacketFtraceEvents);
-    w.Varint(pf::kBundleCpu, cpu);
+    // The bundle's own fields first, to know its exact size; its events
+    // follow them as the packet's tail, never copied into |packet_|.
+    bundle_head_.clear();
+    ProtoWriter h(&bundle_head_);
+    h.Varint(pf::kBundleCpu, cpu);
     if (b.lost) {
-      w.Bool(pf::kBundleLostEvents, true);
+      h.Bool(pf::kBundleLostEvents, true);
       counts_->lost_bundles++;
     }
     if (sequence_clock_) {
-      w.Varint(pf::kBundleFtraceClock, ftrace_clock_);
-      w.Signed(pf::kBundleFtraceTimestamp, static_cast<int64_t>(clock_ts_));
-      w.Signed(pf::kBundleBootTimestamp, static_cast<int64_t>(clock_ts_) + offset_);
+      h.Varint(pf::kBundleFtraceClock, ftrace_clock_);
+      h.Signed(pf::kBundleFtraceTimestamp, static_cast<int64_t>(clock_ts_));
+      h.Signed(pf::kBundleBootTimestamp, static_cast<int64_t>(clock_ts_) + offset_);
     }
-    packet_.append(b.events);
-    w.EndNested(fb);
-    emit_();
+    ProtoWriter w = StartPacket();
+    w.LengthDelimited(pf::kPacketFtraceEvents, bundle_head_.size() + b.events.size());
+    w.Raw(bundle_head_.view());
+    emit_(b.events.view());
     counts_->bundles++;
     b.events.clear();
     b.count = 0;
     b.lost = false;
   }
 
-  std::string& packet_;
-  std::function<void()> emit_;
+  ProtoBuffer& packet_;
+  std::function<void(std::string_view)> emit_;
   const uint32_t sequence_;
   const uint32_t machine_;
   const bool sequence_clock_;
@@ -577,10 +643,11 @@ class FileExport {
   EventDecoder* decoder_ = nullptr;
   bool little_endian_ = true;
   std::vector<CpuBundle> bundles_;
-  std::unordered_map<uint32_t, Plan> plans_;
+  std::vector<std::unique_ptr<Plan>> plans_;
   std::unordered_map<int32_t, std::string> names_;
   std::unordered_map<int32_t, int32_t> tgids_;
   std::string scratch_;
+  ProtoBuffer bundle_head_;
 };
 
 // "[local] global counter" -> the FtraceClock of the clock in brackets.
@@ -619,12 +686,14 @@ Result<ReportStats> PerfettoTraceWriter::WriteGuestFile(const std::string& path,
   Impl& m = *impl_;
   const uint32_t sequence = m.next_sequence++;
   FileExport file(
-      &m.packet, [&m] { m.Emit(); }, sequence, 0, /*sequence_clock=*/true, counts);
+      &m.packet, [&m](std::string_view tail) { m.Emit(tail); }, sequence, 0,
+      /*sequence_clock=*/true, counts);
   file.NameTrack(seq.name);
   bool started = false;
   uint64_t last = 0;
   ReportOptions options;
   options.time_names = true;
+  options.symbols = false;  // Fields are written as numbers, never as symbols.
   Result<ReportStats> stats = ForEachRecord(
       path, options,
       [&](const TraceMetadata& metadata, EventDecoder& decoder) {
@@ -665,12 +734,13 @@ Result<ReportStats> PerfettoTraceWriter::WriteHostMachine(const std::string& pat
   Impl& m = *impl_;
   const uint32_t sequence = m.next_sequence++;
   FileExport file(
-      &m.packet, [&m] { m.Emit(); }, sequence, kHostMachineId,
+      &m.packet, [&m](std::string_view tail) { m.Emit(tail); }, sequence, kHostMachineId,
       /*sequence_clock=*/false, counts);
   bool started = false;
   uint64_t last = 0;
   ReportOptions options;
   options.time_names = true;
+  options.symbols = false;  // Fields are written as numbers, never as symbols.
   Result<ReportStats> stats = ForEachRecord(
       path, options,
       [&](const TraceMetadata& metadata, EventDecoder& decoder) {
@@ -698,7 +768,8 @@ void PerfettoTraceWriter::WriteInstant(uint64_t ts_ns, const std::string& name,
   PerfettoCounts unused;
   // A packet on the last guest sequence: its clock and track already exist.
   FileExport file(
-      &m.packet, [&m] { m.Emit(); }, m.last_sequence, 0, /*sequence_clock=*/true, &unused);
+      &m.packet, [&m](std::string_view tail) { m.Emit(tail); }, m.last_sequence, 0,
+      /*sequence_clock=*/true, &unused);
   file.SkipFirstFlag();
   file.TrackEvent(ts_ns, pf::kTrackEventInstant, name, detail);
 }

@@ -32,8 +32,15 @@ size_t Utf8SequenceLength(std::string_view s) {
   return n;
 }
 
+}  // namespace
+
 bool IsValidUtf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
+    // ASCII, most of a trace's text, without the sequence checks.
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      ++i;
+      continue;
+    }
     const size_t n = Utf8SequenceLength(s.substr(i));
     if (n == 0) return false;
     i += n;
@@ -41,7 +48,28 @@ bool IsValidUtf8(std::string_view s) {
   return true;
 }
 
-}  // namespace
+ProtoBuffer& ProtoBuffer::operator=(ProtoBuffer&& other) noexcept {
+  data_ = std::move(other.data_);
+  size_ = other.size_;
+  capacity_ = other.capacity_;
+  other.size_ = other.capacity_ = 0;
+  return *this;
+}
+
+void ProtoBuffer::Grow(size_t n) {
+  size_t capacity = capacity_ < 256 ? 256 : capacity_ * 2;
+  if (capacity - size_ < n) capacity = size_ + n;
+  auto data = std::make_unique_for_overwrite<char[]>(capacity);
+  if (size_ != 0) std::memcpy(data.get(), data_.get(), size_);
+  data_ = std::move(data);
+  capacity_ = capacity;
+}
+
+void ProtoBuffer::Insert(size_t at, size_t n) {
+  Room(n);
+  std::memmove(data_.get() + at + n, data_.get() + at, size_ - at);
+  size_ += n;
+}
 
 std::string ValidUtf8(std::string_view text) {
   std::string out;

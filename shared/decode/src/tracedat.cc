@@ -412,14 +412,19 @@ TraceDat::TraceDat(TraceDat&&) noexcept = default;
 TraceDat& TraceDat::operator=(TraceDat&&) noexcept = default;
 TraceDat::~TraceDat() = default;
 
-Result<TraceDat> TraceDat::OpenPages(const std::string& path) { return Open(path, true); }
+Result<TraceDat> TraceDat::OpenPages(const std::string& path) { return Open(path, true, true); }
 
-Result<TraceDat> TraceDat::Open(const std::string& path) { return Open(path, false); }
+Result<TraceDat> TraceDat::OpenWithoutSymbols(const std::string& path) {
+  return Open(path, false, false);
+}
 
-Result<TraceDat> TraceDat::Open(const std::string& path, bool pages_only) {
+Result<TraceDat> TraceDat::Open(const std::string& path) { return Open(path, false, true); }
+
+Result<TraceDat> TraceDat::Open(const std::string& path, bool pages_only, bool symbols) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->pages_only = pages_only;
+  impl->symbols = symbols;
   impl->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (impl->fd < 0) return Error{path + ": " + std::strerror(errno)};
   struct stat st;

@@ -133,6 +133,7 @@ struct TraceDat::Impl {
   std::vector<std::byte> memory;
   bool in_memory = false;
   bool pages_only = false;  // OpenPages.
+  bool symbols = true;      // False: OpenWithoutSymbols.
   uint64_t file_size = 0;
 
   int version = 0;

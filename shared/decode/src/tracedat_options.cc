@@ -241,6 +241,7 @@ Status TraceDat::Impl::ParseV7(uint64_t pos) {
   // The rest is optional: a bad section is an issue, the file stays usable.
   // A reader of pages needs none of it (OpenPages).
   if (pages_only) ftrace = events = ksyms = printk = cmdl = 0;
+  if (!symbols) ksyms = printk = 0;
   auto optional = [&](uint64_t offset, uint16_t id, const char* what, auto&& parse) {
     if (offset == 0) return;
     std::vector<std::byte> b;

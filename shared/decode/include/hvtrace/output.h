@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,7 +22,13 @@ struct TraceMetadata;
 // chunks: one write(2) per ~1 MiB instead of one stdio call per line.
 class OutputSink {
  public:
-  explicit OutputSink(int fd, size_t flush_at = 1 << 20);
+  // kBackground writes each full buffer on a thread of its own while the
+  // caller fills the next one (two buffers in all): for a producer that
+  // keeps its thread busy, the write(2)s no longer take turns with it.
+  // That thread also starts the file's writeback every 8 MiB
+  // (sync_file_range), so a final fsync has little left to wait for.
+  enum class Mode { kInline, kBackground };
+  explicit OutputSink(int fd, size_t flush_at = 1 << 20, Mode mode = Mode::kInline);
   ~OutputSink();  // Flushes; errors are kept in status().
   OutputSink(const OutputSink&) = delete;
   OutputSink& operator=(const OutputSink&) = delete;
@@ -29,20 +36,25 @@ class OutputSink {
   // The buffer to append to; call MaybeFlush() after appending.
   std::string* buffer() { return &buffer_; }
   void MaybeFlush() {
-    if (buffer_.size() >= flush_at_) (void)Flush();  // Errors stay in status().
+    if (buffer_.size() >= flush_at_) Handoff();  // Errors stay in status().
   }
+  // Writes everything (and waits for it in kBackground mode).
   Status Flush();
   // Appends |text|, or writes it through when the buffer would pass the
   // flush size (a report's batches are large already).
   void Write(std::string_view text);
+  // The first write error; in kBackground mode as of the last buffer
+  // handed over (a failing write is seen one buffer late).
   const Status& status() const { return status_; }
 
  private:
-  void WriteAll(std::string_view text);
+  struct Background;
+  void Handoff();
   int fd_;
   size_t flush_at_;
   std::string buffer_;
   Status status_;
+  std::unique_ptr<Background> background_;  // kBackground only.
 };
 
 enum class OutputFormat { kText, kJson };
@@ -58,6 +70,10 @@ struct ReportOptions {
   // pass). Off: trace-cmd's one name per pid, byte-identical to
   // `trace-cmd report`.
   bool time_names = false;
+  // Off: the file's kallsyms and printk formats, which only event text
+  // uses, are neither read (v7) nor given to the decoder (ForEachRecord's
+  // writers).
+  bool symbols = true;
   // Threads that print events while the calling thread merges the CPUs:
   // -1 the default (none below 4 CPUs, else one per CPU but the caller's),
   // 0 none (the calling thread prints). The output is the same for every

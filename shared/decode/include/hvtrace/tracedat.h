@@ -52,6 +52,10 @@ class TraceDat {
   // once more per CPU; decompressing and parsing those sections for each
   // was ~10 ms of CPU apiece on bench/large.dat (5.4 MB of kallsyms).
   static Result<TraceDat> OpenPages(const std::string& path);
+  // The same as Open() without a v7 file's kallsyms and printk formats
+  // sections (their accessors return nothing): for readers that print no
+  // symbols. Decompressing and copying them was 20-40 ms on bench/large.dat.
+  static Result<TraceDat> OpenWithoutSymbols(const std::string& path);
   // The same from bytes in memory (fuzzing, data received over a socket);
   // |name| stands for the file name in messages.
   static Result<TraceDat> OpenBuffer(std::vector<std::byte> data, const std::string& name);
@@ -106,7 +110,7 @@ class TraceDat {
  private:
   struct Impl;
   explicit TraceDat(std::unique_ptr<Impl> impl);
-  static Result<TraceDat> Open(const std::string& path, bool pages_only);
+  static Result<TraceDat> Open(const std::string& path, bool pages_only, bool symbols);
   static Result<TraceDat> Load(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -230,6 +230,30 @@ TEST(TraceDatTest, OpenPagesReadsThePagesOpenReads) {
   }
 }
 
+TEST(TraceDatTest, OpenWithoutSymbolsReadsAllButTheSymbols) {
+  for (const char* name : {"tracedat/real-v6.dat", "tracedat/real-v7.dat",
+                           "tracedat/real-v7-zstd.dat", "tracedat/instance-v7-zstd.dat"}) {
+    SCOPED_TRACE(name);
+    auto full = TraceDat::Open(Fixture(name));
+    auto lean = TraceDat::OpenWithoutSymbols(Fixture(name));
+    ASSERT_TRUE(full.ok() && lean.ok());
+    OurRead a = ReadOurs(*full), b = ReadOurs(*lean);
+    EXPECT_EQ(a.times, b.times);
+    EXPECT_EQ(a.payloads, b.payloads);
+    ASSERT_EQ(full->formats().size(), lean->formats().size());
+    for (size_t i = 0; i < full->formats().size(); ++i)
+      EXPECT_EQ(full->formats()[i].text, lean->formats()[i].text);
+    EXPECT_EQ(full->header_page(), lean->header_page());
+    EXPECT_EQ(full->trace_clock(), lean->trace_clock());
+    EXPECT_EQ(full->cmdlines(), lean->cmdlines());
+    if (full->version() == 7) {
+      EXPECT_FALSE(full->kallsyms().empty());
+      EXPECT_TRUE(lean->kallsyms().empty());
+      EXPECT_TRUE(lean->printk_formats().empty());
+    }
+  }
+}
+
 TEST(TraceDatTest, StopsWhenTheCallbackSaysSo) {
   auto dat = TraceDat::Open(Fixture("tracedat/real-v6.dat"));
   ASSERT_TRUE(dat.ok());

@@ -49,6 +49,14 @@ LogLook KernelLogWatch::Look(std::span<const std::byte> range, const KernelForma
   std::vector<ConsoleEventRecord> fresh;
   for (const BootMapCpu& c : map->cpu) {
     uint64_t& seen = seen_ns_[c.cpu];
+    // The newest boot's clock behind what was seen: the guest started over
+    // in a range of as many boots (a reset that wiped the range, the VM
+    // booted again on the same file): read it from its start.
+    uint64_t newest_ns = 0;
+    for (const BootMapRecord& rec : c.records) {
+      if (rec.boot == newest) newest_ns = std::max(newest_ns, rec.timestamp);
+    }
+    if (newest_ns < seen) seen = 0;
     const uint64_t before = seen;
     for (const BootMapRecord& rec : c.records) {
       if (rec.boot != newest || EventId(rec.payload) != field->id) continue;

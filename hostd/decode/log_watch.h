@@ -13,9 +13,10 @@
 // CPU, than the previous look's. The first look takes everything the newest
 // boot logged: trouble from before the watch began (a daemon restarted while
 // the guest ran) is reported once per watch. A boot that appears (kexec,
-// reboot) is read from its start. Lines of a look that also holds a panic
-// line are not reported: the panic is captured by its own trigger
-// (GUEST_PANICKED), with the guest paused.
+// reboot), or a CPU whose newest records are older than what was seen (the
+// range started over with as many boots), is read from its start. Lines of a look that also holds a
+// panic line are not reported: the panic is captured by its own trigger (GUEST_PANICKED), with the
+// guest paused.
 //
 // Cost, measured on the CI-sized machine (2 cores), 16 MiB range of a
 // booted 6.12 guest: see docs/postmortem.md ("Oops and WARN without a

@@ -77,10 +77,9 @@ TEST(KernelLogWatchTest, ReportsEachNewWarnAndOopsOnce) {
   Range range;
   const KernelFormats formats = Formats();
   KernelLogWatch watch;
-  range.Log(
-      {"Linux version 6.12.48+deb12-amd64",
-       "WARNING: CPU: 0 PID: 209 at drivers/x.c:12 f+0x1/0x2 [hvt_beta]",
-       "Call Trace:", "WARNING: CPU: 0 PID: 209 at drivers/x.c:12 f+0x1/0x2 [hvt_beta]"});
+  range.Log({"Linux version 6.12.48+deb12-amd64",
+             "WARNING: CPU: 0 PID: 209 at drivers/x.c:12 f+0x1/0x2 [hvt_beta]",
+             "Call Trace:", "WARNING: CPU: 0 PID: 209 at drivers/x.c:12 f+0x1/0x2 [hvt_beta]"});
   LogLook look = watch.Look(range.bytes(), formats, 0);
   ASSERT_TRUE(look.error.empty()) << look.error;
   EXPECT_EQ(look.new_lines, 4u);
@@ -105,6 +104,23 @@ TEST(KernelLogWatchTest, ReportsEachNewWarnAndOopsOnce) {
   EXPECT_EQ(look.troubles[0].trigger, "oops");
   EXPECT_EQ(look.troubles[0].line,
             "BUG: kernel NULL pointer dereference, address: 0000000000000000");
+}
+
+// The VM booted again on the same range file (or a reset wiped it): one
+// boot again, its clock behind what the last look saw.
+TEST(KernelLogWatchTest, ARangeThatStartedOverIsReadFromItsStart) {
+  const KernelFormats formats = Formats();
+  KernelLogWatch watch;
+  Range before;
+  before.Log({"Linux version 6.12.48+deb12-amd64", "a", "b", "c", "d", "e",
+              "WARNING: CPU: 0 PID: 1 at x.c:1 f"});
+  ASSERT_EQ(watch.Look(before.bytes(), formats, 0).troubles.size(), 1u);
+  Range again;  // Its records start at the same time, fewer of them.
+  again.Log({"Linux version 6.12.48+deb12-amd64", "WARNING: CPU: 0 PID: 9 at y.c:2 g"});
+  const LogLook look = watch.Look(again.bytes(), formats, 0);
+  EXPECT_EQ(look.new_lines, 2u);
+  ASSERT_EQ(look.troubles.size(), 1u);
+  EXPECT_EQ(look.troubles[0].line, "WARNING: CPU: 0 PID: 9 at y.c:2 g");
 }
 
 TEST(KernelLogWatchTest, APanicInTheLookIsLeftToThePanicTrigger) {

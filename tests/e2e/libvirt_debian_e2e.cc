@@ -38,6 +38,7 @@
 #include "hvtrace/meta_channel.h"
 #include "hvtraced_harness.h"
 #include "libvirtd_fixture.h"
+#include "perfetto_check.h"
 #include "stream_reader.h"
 #include "task_name_agreement.h"
 #include "test_support.h"
@@ -444,7 +445,7 @@ void ExpectColdBootOnTheHostClock(const fs::path& dir, int blk) {
 // The boot after the kexec (the same QEMU, whose log goes on), newest in
 // the panic's capture |dir|: its own handshakes are in the timeline too,
 // placed on the host clock.
-void ExpectRebootOnTheHostClock(const fs::path& dir) {
+std::vector<TimelineLine> ExpectRebootOnTheHostClock(const fs::path& dir) {
   json t;
   const std::vector<TimelineLine> lines = ExpectNewestBootPlaced(dir, &t);
   const std::string side = GuestSide(t, t.value("boot", uint64_t{0}));
@@ -455,6 +456,28 @@ void ExpectRebootOnTheHostClock(const fs::path& dir) {
                            l.text.find("hvtrace-early: hvt_virtio_status") != std::string::npos);
   }
   EXPECT_GE(writes, 3u) << "the rebooted boot's (" << side << ") status writes";
+  return lines;
+}
+
+// The kexec's panic capture |dir| as a Perfetto trace (issue #43): every
+// boot, the same events per kind and the same markers as `show --format
+// json`; and with --timeline the host a second machine, each line where
+// the text timeline (|lines|) puts it.
+void ExpectPerfettoOfTheCapture(const fs::path& dir, const std::vector<TimelineLine>& lines) {
+  const std::string hvtrace = BinPath("hvtrace");
+  const test_support::CommandResult as_json = test_support::RunCommandStatus(
+      hvtrace + " show '" + dir.string() + "' --format json 2>/dev/null");
+  ASSERT_EQ(as_json.status, 0) << as_json.out.substr(0, 2000);
+  const e2e::PerfettoCheck exported = e2e::CheckPerfettoExport(hvtrace, dir, as_json.out);
+  EXPECT_GT(exported.markers, 0u);
+  EXPECT_GT(exported.sched_switches, 0u);
+  std::vector<std::string> texts;
+  for (const TimelineLine& l : lines) texts.push_back(l.text);
+  const size_t host = e2e::CheckPerfettoTimeline(hvtrace, dir, texts);
+  EXPECT_GT(host, 0u);
+  std::printf(
+      "[debian-libvirt] perfetto: %zu markers, %zu sched_switch; timeline: %zu host events\n",
+      exported.markers, exported.sched_switches, host);
 }
 
 // On Debian 12 (6.12) and Debian 13 (7.3): the boot loader's parameters, a
@@ -650,7 +673,8 @@ TEST_P(LibvirtDebianReleaseE2e, BootRangeFromTheGuestsLoaderKexecThenPanicDecode
   }
   EXPECT_THAT(show.output, HasSubstr("deb-boot-b-5"));
   ExpectTaskNamesAsTheKernelRecorded(path);
-  ExpectRebootOnTheHostClock(path);
+  const std::vector<TimelineLine> lines = ExpectRebootOnTheHostClock(path);
+  ExpectPerfettoOfTheCapture(path, lines);
   ExpectWhyTheDomainDied(f, *panic, manifest, show.output);
   const json& boots = manifest["extra"]["boots"];
   ASSERT_EQ(boots.size(), kept) << manifest["extra"].dump(2);

@@ -24,12 +24,6 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-uint16_t EventId(std::span<const std::byte> payload) {
-  uint16_t type = 0;
-  if (payload.size() >= sizeof(type)) std::memcpy(&type, payload.data(), sizeof(type));
-  return type;
-}
-
 Status WriteText(const fs::path& path, const std::string& text) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
   if (fd < 0) return Error{"cannot create " + path.string() + ": " + std::strerror(errno)};
@@ -56,7 +50,8 @@ std::vector<const BootMapRecord*> EventsBefore(const BootMap& map, uint32_t boot
   for (const BootMapCpu& c : map.cpu) {
     if (c.cpu != cpu) continue;
     for (const BootMapRecord& rec : c.records) {
-      if (rec.boot != boot || rec.timestamp > ts_ns || EventId(rec.payload) == console_id) continue;
+      if (rec.boot != boot || rec.timestamp > ts_ns || RecordEventId(rec.payload) == console_id)
+        continue;
       last.push_back(&rec);
       if (last.size() > kCrashEventsBefore) last.pop_front();
     }
@@ -75,7 +70,7 @@ json EventsJson(const BootLogInputs& in, int32_t cpu,
   json out = json::array();
   if (records.empty() || in.writer == nullptr) return out;
   std::set<uint32_t> ids;
-  for (const BootMapRecord* r : records) ids.insert(EventId(r->payload));
+  for (const BootMapRecord* r : records) ids.insert(RecordEventId(r->payload));
   TraceMetadata m;
   m.source = "boot " + std::to_string(in.boot);
   m.header_page = in.writer->header_page;
@@ -102,7 +97,7 @@ json EventsJson(const BootLogInputs& in, int32_t cpu,
       while (!line.empty() && line.back() == '\n') line.pop_back();
       e["line"] = PrintableLogText(line);
     } else {
-      e["event_id"] = EventId(r->payload);
+      e["event_id"] = RecordEventId(r->payload);
     }
     out.push_back(std::move(e));
   }
@@ -130,7 +125,7 @@ KernelLog ConsoleLogOfBoot(const BootMap& map, uint32_t boot, const KernelFormat
   std::vector<ConsoleEventRecord> records;
   for (const BootMapCpu& c : map.cpu) {
     for (const BootMapRecord& rec : c.records) {
-      if (rec.boot == boot && EventId(rec.payload) == field->id)
+      if (rec.boot == boot && RecordEventId(rec.payload) == field->id)
         records.push_back({rec.timestamp, c.cpu, rec.payload});
     }
   }

@@ -1,7 +1,6 @@
 #include "log_watch.h"
 
 #include <algorithm>
-#include <cstring>
 #include <optional>
 
 #include "crash_step.h"
@@ -12,15 +11,6 @@
 #include "hvtrace/page.h"
 
 namespace hvtrace::hostd {
-namespace {
-
-uint16_t EventId(std::span<const std::byte> payload) {
-  uint16_t type = 0;
-  if (payload.size() >= sizeof(type)) std::memcpy(&type, payload.data(), sizeof(type));
-  return type;
-}
-
-}  // namespace
 
 LogLook KernelLogWatch::Look(std::span<const std::byte> range, const KernelFormats& formats,
                              int cpus) {
@@ -59,7 +49,7 @@ LogLook KernelLogWatch::Look(std::span<const std::byte> range, const KernelForma
     if (newest_ns < seen) seen = 0;
     const uint64_t before = seen;
     for (const BootMapRecord& rec : c.records) {
-      if (rec.boot != newest || EventId(rec.payload) != field->id) continue;
+      if (rec.boot != newest || RecordEventId(rec.payload) != field->id) continue;
       if (before != 0 && rec.timestamp <= before) continue;
       fresh.push_back({rec.timestamp, c.cpu, rec.payload});
       seen = std::max(seen, rec.timestamp);

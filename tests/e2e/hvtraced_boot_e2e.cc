@@ -488,16 +488,11 @@ TEST(HvtracedBootE2e, ModuleOopsPanicNamesTheModuleFrame) {
   HvtracedProcess daemon(BootDaemon("modoops", "cache_dir = " + cache_root->string() + "\n"));
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = "mod-oops-" + std::to_string(::getpid());
-  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd);
+  auto guest = BootGuestWithHvtBeta(daemon, name, image->kernel, image->initrd,
+                                    "echo 1 > /proc/sys/kernel/panic_on_oops");
   ASSERT_TRUE(guest.ok()) << guest.error().message;
   hostd::GuestConsole& console = *guest->console;
   auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
-  ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
-  auto loaded = console.Run(
-      "echo 1 > /proc/sys/kernel/panic_on_oops && "
-      "insmod /lib/modules/$(uname -r)/hvtrace-test/hvt_beta.ko",
-      kCommandTimeout);
-  ASSERT_TRUE(loaded.ok() && loaded->status == 0) << tail();
   ASSERT_TRUE(console.Send("echo 1 > /sys/module/hvt_beta/parameters/oops\n").ok());
   auto panic = daemon.WaitForCapture(name, "panic", 60s);
   ASSERT_TRUE(panic.ok()) << panic.error().message << tail();

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "control_client.h"
+#include "guest_harness.h"
 #include "qmp_vm.h"
 #include "vm_process.h"
 
@@ -297,6 +298,21 @@ Result<DaemonGuest> BootDaemonGuest(const HvtracedProcess& daemon, const std::st
       hostd::GuestConsole::Connect((*booted)["console_socket"], std::chrono::seconds(10));
   if (!console.ok()) return Error{"console of " + name + ": " + console.error().message};
   return DaemonGuest{name, std::move(*booted), std::move(*console)};
+}
+
+Result<DaemonGuest> BootGuestWithHvtBeta(const HvtracedProcess& daemon, const std::string& name,
+                                         const std::string& kernel, const std::string& initrd,
+                                         const std::string& setup) {
+  Result<DaemonGuest> guest = BootDaemonGuest(daemon, name, kernel, initrd);
+  if (!guest.ok()) return guest;
+  if (!guest->console->WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok())
+    return Error{name + " did not become ready:\n" + ConsoleAndLog(*guest, daemon)};
+  auto loaded = guest->console->Run(
+      setup + " && insmod /lib/modules/$(uname -r)/hvtrace-test/hvt_beta.ko", kCommandTimeout);
+  if (!loaded.ok() || loaded->status != 0)
+    return Error{name + ": " + setup + " and insmod hvt_beta failed:\n" +
+                 ConsoleAndLog(*guest, daemon)};
+  return guest;
 }
 
 std::string ConsoleAndLog(const DaemonGuest& guest, const HvtracedProcess& daemon, size_t lines) {

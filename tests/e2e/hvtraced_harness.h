@@ -137,6 +137,14 @@ Result<DaemonGuest> BootDaemonGuest(const HvtracedProcess& daemon, const std::st
                                     const std::string& kernel, const std::string& initrd,
                                     const nlohmann::json& extra = nlohmann::json::object());
 
+// BootDaemonGuest, then waits for the guest to be ready and runs |setup|
+// (e.g. sysctls) and `insmod` of the test module hvt_beta (guest_harness.h
+// GuestImageWithTestModules: |kernel| and |initrd| are that image's).
+// Errors carry the console's tail and the daemon's log.
+Result<DaemonGuest> BootGuestWithHvtBeta(const HvtracedProcess& daemon, const std::string& name,
+                                         const std::string& kernel, const std::string& initrd,
+                                         const std::string& setup);
+
 // The guest console's last |lines| lines and the daemon's log, for failure
 // messages.
 std::string ConsoleAndLog(const DaemonGuest& guest, const HvtracedProcess& daemon,

@@ -74,16 +74,12 @@ TEST(LogWatchE2e, WarnStormRateLimitedThenOopsCapturedWhileTheGuestRunsOn) {
                                 "capture_bytes_per_vm = 64M\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
   const std::string name = "logwatch-" + std::to_string(::getpid());
-  auto guest = BootDaemonGuest(daemon, name, image->kernel, image->initrd);
+  auto guest = BootGuestWithHvtBeta(
+      daemon, name, image->kernel, image->initrd,
+      "echo 0 > /proc/sys/kernel/panic_on_oops && echo 0 > /proc/sys/kernel/panic_on_warn");
   ASSERT_TRUE(guest.ok()) << guest.error().message;
   hostd::GuestConsole& console = *guest->console;
   auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
-  ASSERT_TRUE(console.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
-  auto loaded = console.Run(
-      "echo 0 > /proc/sys/kernel/panic_on_oops && echo 0 > /proc/sys/kernel/panic_on_warn && "
-      "insmod /lib/modules/$(uname -r)/hvtrace-test/hvt_beta.ko",
-      kCommandTimeout);
-  ASSERT_TRUE(loaded.ok() && loaded->status == 0) << tail();
 
   // 1. The storm: 10 bursts of 4 WARNINGs, half a second apart.
   const auto storm_start = std::chrono::steady_clock::now();

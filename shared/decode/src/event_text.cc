@@ -5,7 +5,7 @@
 
 namespace hvtrace {
 
-uint64_t ReadUnsigned(const unsigned char* p, uint32_t size, bool little_endian) {
+uint64_t ReadUnsignedBytes(const unsigned char* p, uint32_t size, bool little_endian) {
   uint64_t v = 0;
   for (uint32_t i = 0; i < size; ++i) {
     uint32_t byte = little_endian ? size - 1 - i : i;

@@ -4,8 +4,10 @@
 #ifndef HVTRACE_SHARED_DECODE_SRC_EVENT_TEXT_H_
 #define HVTRACE_SHARED_DECODE_SRC_EVENT_TEXT_H_
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -80,8 +82,39 @@ inline void AppendJsonString(std::string* out, const char* s) {
   AppendJsonString(out, std::string_view(s ? s : ""));
 }
 
-// The |size|-byte (at most 8) unsigned integer at |p|.
-uint64_t ReadUnsigned(const unsigned char* p, uint32_t size, bool little_endian);
+// The |size|-byte (at most 8) unsigned integer at |p|, any byte order.
+uint64_t ReadUnsignedBytes(const unsigned char* p, uint32_t size, bool little_endian);
+
+// The same; the common case, a little-endian trace read on a little-endian
+// host in one of the sizes fields have, is one load (fixed-size copies
+// compile to single loads): it runs for several fields of every event the
+// Perfetto export writes.
+inline uint64_t ReadUnsigned(const unsigned char* p, uint32_t size, bool little_endian) {
+  if (little_endian && std::endian::native == std::endian::little) {
+    switch (size) {
+      case 1:
+        return *p;
+      case 2: {
+        uint16_t v;
+        std::memcpy(&v, p, 2);
+        return v;
+      }
+      case 4: {
+        uint32_t v;
+        std::memcpy(&v, p, 4);
+        return v;
+      }
+      case 8: {
+        uint64_t v;
+        std::memcpy(&v, p, 8);
+        return v;
+      }
+      default:
+        break;
+    }
+  }
+  return ReadUnsignedBytes(p, size, little_endian);
+}
 
 // The value of |field| in |data| (a zero-padded scratch copy of a record of
 // |size| bytes) as JSON. Dynamic references are bounded by |size|.

@@ -134,38 +134,6 @@ bool IsText(const FieldFormat& f) {
   return chars && f.type.find("unsigned") == std::string::npos && f.kind != FieldKind::kScalar;
 }
 
-// The |size| (1..8) byte integer at |data|. The common case, a
-// little-endian trace read on a little-endian host, is one load: this runs
-// for several fields of every exported event.
-inline uint64_t LoadUnsigned(const unsigned char* data, uint32_t size, bool little_endian) {
-  if (little_endian && std::endian::native == std::endian::little) {
-    // Fixed-size copies compile to single loads; a copy of |size| bytes
-    // would be a call.
-    switch (size) {
-      case 1:
-        return *data;
-      case 2: {
-        uint16_t v;
-        std::memcpy(&v, data, 2);
-        return v;
-      }
-      case 4: {
-        uint32_t v;
-        std::memcpy(&v, data, 4);
-        return v;
-      }
-      case 8: {
-        uint64_t v;
-        std::memcpy(&v, data, 8);
-        return v;
-      }
-      default:
-        break;
-    }
-  }
-  return ReadUnsigned(data, size, little_endian);
-}
-
 // |f|'s integer value in |p|, sign-extended when the kernel says it is
 // signed; nullopt when the record is too short or the field no integer.
 std::optional<uint64_t> FieldValue(std::span<const std::byte> p, const FieldFormat& f,
@@ -175,7 +143,7 @@ std::optional<uint64_t> FieldValue(std::span<const std::byte> p, const FieldForm
     return std::nullopt;
   }
   const auto* data = reinterpret_cast<const unsigned char*>(p.data()) + f.offset;
-  uint64_t v = LoadUnsigned(data, f.size, little_endian);
+  uint64_t v = ReadUnsigned(data, f.size, little_endian);
   if (f.is_signed && f.size < 8) {
     const int shift = 64 - static_cast<int>(f.size) * 8;
     v = static_cast<uint64_t>(static_cast<int64_t>(v << shift) >> shift);

@@ -82,6 +82,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -151,6 +152,14 @@ struct BootMapRecord {
   uint32_t page = 0;  // Index into BootMapCpu::pages.
   std::span<const std::byte> payload;
 };
+
+// A record's event id (struct trace_entry's u16 common_type); 0 when the
+// payload is too short to hold one.
+inline uint16_t RecordEventId(std::span<const std::byte> payload) {
+  uint16_t type = 0;
+  if (payload.size() >= sizeof(type)) std::memcpy(&type, payload.data(), sizeof(type));
+  return type;
+}
 
 struct BootMapCpu {
   int cpu = 0;

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Builds a throwaway Debian bookworm root (mmdebstrap --variant=minbase) with
-# what the hvtrace package needs from Debian already installed, as a tarball:
+# Builds a throwaway Debian root (mmdebstrap --variant=minbase) with what the
+# hvtrace package needs from Debian already installed, as a tarball:
 #
-#   tests/packaging/build-pkgroot.sh OUTTAR [HVTRACE_DEB [EXTRA_PACKAGE...]]
+#   tests/packaging/build-pkgroot.sh [--suite SUITE] OUTTAR [HVTRACE_DEB [EXTRA_PACKAGE...]]
+#
+# SUITE: the Debian release of the root (bookworm, trixie; default bookworm):
+# the release the .deb was built for (scripts/build-packages.sh --suite).
 #
 # Packages: the Depends of HVTRACE_DEB (default: build/packages/hvtrace_*.deb;
 # the first of each alternative, versions dropped) + systemd-sysv + dbus, so
@@ -19,6 +22,8 @@
 # Needs root (mmdebstrap root mode).
 set -euo pipefail
 
+SUITE=bookworm
+if [ "${1:-}" = --suite ]; then SUITE=${2:?--suite needs a release name}; shift 2; fi
 [ $# -ge 1 ] || { sed -n 5p "$0" | sed 's/^# *//' >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -40,5 +45,5 @@ set_id=base
 
 # The cached mmdebstrap itself is tests/tools/debian-root.sh's (one root per
 # set; its status, 75 when offline, is ours).
-"$ROOT/tests/tools/debian-root.sh" "pkgroot-$set_id" bookworm "$OUTTAR" "${packages[@]}" >/dev/null
-echo "PKGROOT $OUTTAR ${packages[*]}"
+"$ROOT/tests/tools/debian-root.sh" "pkgroot-$set_id" "$SUITE" "$OUTTAR" "${packages[@]}" >/dev/null
+echo "PKGROOT $OUTTAR $SUITE ${packages[*]}"

@@ -529,7 +529,10 @@ void Daemon::ScheduleLogWatch() {
       ScheduleLogWatch();  // Off until a reload turns it on.
       return;
     }
-    if (!log_watcher_) log_watcher_ = std::make_unique<LogWatcher>(formats_);
+    if (!log_watcher_) {
+      log_watcher_ = std::make_unique<LogWatcher>(
+          formats_, [root = state_](const std::string& vm) { return MetaDirOfVm(root.VmDir(vm)); });
+    }
     auto vms = std::make_shared<const std::vector<std::shared_ptr<VmSupervisor>>>(registry_.All());
     WatchLogsFrom(std::move(vms), 0, LogWatchSettings{now->log_watch_oops, now->log_watch_warn});
   });

@@ -7,6 +7,7 @@
 #include "bus_guard.h"
 #include "daemon_log.h"
 #include "host_time.h"
+#include "meta_store.h"
 
 namespace hvtrace::hostd {
 
@@ -18,6 +19,7 @@ void LogWatcher::KeepOnly(const std::vector<std::string>& names) {
 nlohmann::json LogWatcher::Watched::Status() const {
   nlohmann::json s = {{"looks", looks},         {"last_ms", last_ms}, {"max_ms", max_ms},
                       {"new_lines", new_lines}, {"oops", oops},       {"warn", warn}};
+  if (!formats_from.empty()) s["formats"] = formats_from;
   if (!last_error.empty()) s["error"] = last_error;
   return s;
 }
@@ -50,16 +52,10 @@ bool LogWatcher::Look(VmSupervisor& vm, Watched& watched, LogWatchSettings setti
     watched.watch = KernelLogWatch();
     watched.range = id;
   }
-  if (range->kernel_key.empty() || !formats_) {
-    Note(vm.name(), watched, "the kernel is not known (no formats): not watched");
-    return false;
-  }
-  Result<std::shared_ptr<const KernelFormats>> formats = formats_->Get(range->kernel_key);
-  if (!formats.ok() || !*formats) {
-    Note(vm.name(), watched,
-         "formats " + range->kernel_key + " " +
-             (formats.ok() ? "not cached (yet)" : "unreadable: " + formats.error().message) +
-             ": not watched");
+  Result<std::shared_ptr<const KernelFormats>> formats =
+      FormatsFor(vm.name(), range->kernel_key, watched);
+  if (!formats.ok()) {
+    Note(vm.name(), watched, formats.error().message + ": not watched");
     return false;
   }
   const std::span<const std::byte> mapped = range->file->mapped(range->offset, range->size);
@@ -86,6 +82,47 @@ bool LogWatcher::Look(VmSupervisor& vm, Watched& watched, LogWatchSettings setti
                          HostTime::Now()});
   }
   return true;
+}
+
+Result<std::shared_ptr<const KernelFormats>> LogWatcher::FormatsFor(const std::string& vm,
+                                                                    const std::string& kernel_key,
+                                                                    Watched& watched) {
+  std::string cache_state = "the kernel is not known";
+  if (!kernel_key.empty() && formats_) {
+    Result<std::shared_ptr<const KernelFormats>> got = formats_->Get(kernel_key);
+    if (got.ok() && *got) {
+      watched.formats_from = "cache " + kernel_key;
+      return got;
+    }
+    cache_state = "formats " + kernel_key + " " +
+                  (got.ok() ? "not cached (yet)" : "unreadable: " + got.error().message);
+  }
+  Result<std::shared_ptr<const KernelFormats>> channel = ChannelFormats(vm, watched);
+  if (channel.ok()) return channel;
+  return Error{cache_state + ", and " + channel.error().message};
+}
+
+Result<std::shared_ptr<const KernelFormats>> LogWatcher::ChannelFormats(const std::string& vm,
+                                                                        Watched& watched) {
+  if (!meta_dir_of_) return Error{"no metadata channel"};
+  const MetaStore store(meta_dir_of_(vm));
+  Result<std::vector<MetaBootEntry>> boots = store.List();
+  if (!boots.ok()) return Error{"metadata channel store: " + boots.error().message};
+  if (boots->empty()) return Error{"no boot came over the metadata channel"};
+  // The newest boot is the one running: its console lines are the ones
+  // watched (a look reads the range's newest boot).
+  const MetaBootEntry& newest = boots->back();
+  const std::string id = newest.boot_id + " " + newest.key + " " + std::to_string(newest.revision);
+  if (id != watched.channel_boot || !watched.channel_formats) {
+    Result<KernelFormats> loaded = store.LoadFormats(newest);
+    if (!loaded.ok()) {
+      return Error{"metadata channel boot " + newest.boot_id + ": " + loaded.error().message};
+    }
+    watched.channel_formats = std::make_shared<const KernelFormats>(std::move(*loaded));
+    watched.channel_boot = id;
+  }
+  watched.formats_from = "meta channel " + newest.boot_id;
+  return watched.channel_formats;
 }
 
 }  // namespace hvtrace::hostd

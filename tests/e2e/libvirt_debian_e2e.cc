@@ -522,6 +522,32 @@ void ExpectWhyTheDomainDied(const Fixture& f, const json& panic, const json& man
               vc["dump_ms"].dump().c_str());
 }
 
+// The kernel log watch (issue #42) of a domain whose kernel file hvtraced
+// never knew (it boots from its own disk): the running boot is read with the
+// formats its agent sent over the metadata channel. A WARNING line the guest
+// logs (written to /dev/kmsg, which the kernel records and traces as it does
+// its own printk) becomes a warn capture; the guest is not paused.
+void ExpectWarnCaptureWithTheChannelsFormats(Fixture& f) {
+  const std::string line = "WARNING: CPU: 0 PID: 1 at hvtrace-e2e: logged by the libvirt test";
+  auto logged = Guest(f, "echo '<4>" + line + "' > /dev/kmsg");
+  ASSERT_TRUE(logged.ok() && logged->status == 0) << (logged.ok() ? logged->output : "");
+  Result<json> warn = f.hvt->WaitForCapture(f.domain->name(), "warn", 60s);
+  ASSERT_TRUE(warn.ok()) << warn.error().message << Diag(f);
+  const json m =
+      json::parse(ReadWhole((*warn)["path"].get<std::string>() + "/manifest.json"), nullptr, false);
+  ASSERT_TRUE(m.is_object()) << warn->dump(2);
+  EXPECT_EQ(m["crash"].value("kind", ""), "warn") << m["crash"].dump(2);
+  EXPECT_EQ(m["crash"].value("warning_line", ""), line) << m["crash"].dump(2);
+  EXPECT_EQ(m["extra"]["consistency"]["vcpus_stopped"], false) << m["extra"].dump(2);
+  Result<json> status = f.hvt->HvtraceJson({"status", f.domain->name()});
+  ASSERT_TRUE(status.ok()) << status.error().message;
+  const json& watch = (*status)["log_watch"];
+  std::printf("[debian-libvirt] log watch: %s\n", watch.dump().c_str());
+  EXPECT_EQ((*status)["state"], "running") << status->dump(2);
+  EXPECT_TRUE(watch.value("formats", "").starts_with("meta channel ")) << watch.dump();
+  EXPECT_GE(watch.value("warn", 0), 1) << watch.dump();
+}
+
 TEST_P(LibvirtDebianReleaseE2e, BootRangeFromTheGuestsLoaderKexecThenPanicDecodesEachBoot) {
   const DebianRelease& release = GetParam();
   const bool appends = release.kernel == "6.12";
@@ -638,6 +664,8 @@ TEST_P(LibvirtDebianReleaseE2e, BootRangeFromTheGuestsLoaderKexecThenPanicDecode
   ASSERT_EQ(boot_ids.size(), 2u);
   Result<json> after = WaitForMetaBoots(f, 3, 120s);
   ASSERT_TRUE(after.ok()) << after.error().message << Diag(f);
+  ExpectWarnCaptureWithTheChannelsFormats(f);
+  ASSERT_FALSE(HasFatalFailure());
 
   ASSERT_TRUE(f.domain->console().Send("echo c > /proc/sysrq-trigger\n").ok());
   Result<json> panic = f.hvt->WaitForCapture(f.domain->name(), "panic", 120s);

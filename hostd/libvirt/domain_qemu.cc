@@ -2,7 +2,7 @@
 // A local user can start any process with `-name guest=NAME` in its command
 // line (and a mem-path of their choosing: a FIFO, another file); scanning
 // /proc for that would hand such a process the daemon's trust. libvirtd's
-// pid file is written by root into root's directory, so it is the anchor.
+// pid file is written by root into libvirt's directory, so it is the anchor.
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -78,23 +78,29 @@ Result<ucred> LibvirtdPeer(const fs::path& socket_path) {
   return cred;
 }
 
+struct Opened {
+  UniqueFd fd;
+  uid_t owner = 0;
+};
+
 // Opens |name| in |dir| without following a symlink and checks it is root's
-// and not writable by others (a root-owned sticky directory is fine).
-Result<UniqueFd> OpenRootOwned(int dir, const std::string& name, int flags,
-                               const std::string& shown) {
+// (|user_ok|: or another user's) and not writable by others (a root-owned
+// sticky directory is fine).
+Result<Opened> OpenOwned(int dir, const std::string& name, int flags, const std::string& shown,
+                         bool user_ok = false) {
   UniqueFd fd(::openat(dir, name.c_str(), flags | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0) return Error{"cannot open " + shown + ": " + Errno()};
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return Error{"cannot stat " + shown + ": " + Errno()};
   const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
-  const bool sticky_dir = S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX);
-  if (st.st_uid != 0 || (others_write && !sticky_dir)) {
+  const bool root_sticky_dir = S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX) && st.st_uid == 0;
+  if ((st.st_uid != 0 && !user_ok) || (others_write && !root_sticky_dir)) {
     char mode[8];
     std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
     return Error{shown + " is not libvirt's (owner uid " + std::to_string(st.st_uid) + ", mode " +
                  mode + "): refusing to trust it"};
   }
-  return fd;
+  return Opened{std::move(fd), st.st_uid};
 }
 
 double Seconds(const timespec& t) { return static_cast<double>(t.tv_sec) + t.tv_nsec * 1e-9; }
@@ -175,21 +181,30 @@ Result<DomainQemu> FindDomainQemu(const std::string& uri, const std::string& nam
   UniqueFd dir(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() < 0) return Error{ctx + "cannot open " + root + ": " + Errno()};
   std::string shown = root;
+  // Debian 13's libvirt 11.3 (not Debian 12's 9.0) gives its QEMU state
+  // directory to the user it runs QEMU as (libvirt-qemu, 0755). Such a
+  // directory is trusted as that user's only: the QEMU found must run as
+  // its owner (below), and the pid file in it must still be root's, which
+  // that user cannot forge (renaming another domain's pid file in is caught
+  // by the -name check).
+  uid_t state_owner = 0;
   for (const char* part : {"run", "libvirt", "qemu"}) {
     shown += std::string("/") + part;
-    Result<UniqueFd> next = OpenRootOwned(dir.get(), part, O_PATH | O_DIRECTORY, shown);
+    Result<Opened> next = OpenOwned(dir.get(), part, O_PATH | O_DIRECTORY, shown,
+                                    /*user_ok=*/std::string_view(part) == "qemu");
     if (!next.ok()) return Error{ctx + next.error().message};
-    dir = std::move(*next);
+    dir = std::move(next->fd);
+    state_owner = next->owner;
   }
-  Result<UniqueFd> file =
-      OpenRootOwned(dir.get(), name + ".pid", O_RDONLY | O_NONBLOCK, pid_path.string());
+  Result<Opened> file =
+      OpenOwned(dir.get(), name + ".pid", O_RDONLY | O_NONBLOCK, pid_path.string());
   if (!file.ok()) {
     return Error{ctx + file.error().message + " (is the domain running under this libvirtd?)"};
   }
   struct stat st {};
   char buf[32] = {};
-  const ssize_t n = ::fstat(file->get(), &st) == 0 && S_ISREG(st.st_mode)
-                        ? ::read(file->get(), buf, sizeof buf - 1)
+  const ssize_t n = ::fstat(file->fd.get(), &st) == 0 && S_ISREG(st.st_mode)
+                        ? ::read(file->fd.get(), buf, sizeof buf - 1)
                         : -1;
   if (n <= 0) return Error{ctx + pid_path.string() + " is not a readable regular file"};
   Result<pid_t> pid = ParsePidFileText(std::string_view(buf, static_cast<size_t>(n)));
@@ -215,6 +230,12 @@ Result<DomainQemu> FindDomainQemu(const std::string& uri, const std::string& nam
   if (*after < -2.0) {
     return Error{ctx + "pid " + std::to_string(*pid) + " started after libvirt wrote " +
                  pid_path.string() + ": it is not the domain's QEMU (the pid was reused)"};
+  }
+  if (state_owner != 0 && owner.st_uid != state_owner) {
+    return Error{ctx + shown + " is uid " + std::to_string(state_owner) +
+                 "'s, not root's, and QEMU pid " + std::to_string(*pid) + " runs as uid " +
+                 std::to_string(owner.st_uid) +
+                 ": a state directory not root's is trusted only as the QEMU user's"};
   }
   qemu.uid = owner.st_uid;
   qemu.gid = owner.st_gid;

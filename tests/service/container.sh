@@ -7,6 +7,8 @@
 #                                             CONTAINER_PID and LEADER
 #   inside CMD...                             CMD in the container
 #   container_stop                            SIGTERM, then SIGKILL after 10 s
+#   packages_suite DIR                        prints the Debian release DIR's
+#                                             .debs were built for
 CONTAINER_PID=
 LEADER=
 
@@ -35,4 +37,18 @@ container_stop() {
   kill -TERM "$CONTAINER_PID" 2>/dev/null || true
   for _ in $(seq 100); do kill -0 "$CONTAINER_PID" 2>/dev/null || break; sleep 0.1; done
   kill -KILL "$CONTAINER_PID" 2>/dev/null || true
+}
+
+# The release of the .debs in DIR: DIR/suite, one word, written by
+# scripts/build-packages.sh --suite; a DIR without it holds packages built
+# before that file existed, which were all bookworm's. The container is that
+# release (tests/packaging/build-pkgroot.sh --suite), so the packages run
+# with the QEMU, libvirt and systemd they were built against.
+packages_suite() {
+  local suite=bookworm
+  if [ -f "$1/suite" ]; then suite=$(tr -d '[:space:]' <"$1/suite"); fi
+  case "$suite" in
+    bookworm|trixie) echo "$suite" ;;
+    *) fail "$1/suite names '$suite', not a release the tests know (bookworm, trixie)" ;;
+  esac
 }

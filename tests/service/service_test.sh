@@ -9,7 +9,11 @@
 #
 #   tests/service/service_test.sh PACKAGES_DIR GUEST_DIR
 #
-# PACKAGES_DIR holds the .debs (scripts/build-packages.sh); GUEST_DIR is
+# PACKAGES_DIR holds the .debs (scripts/build-packages.sh) and, when they
+# were built with --suite, the file `suite` naming their release (bookworm
+# without it); the container is a tree of that release, so the package runs
+# with that release's systemd and QEMU (Debian 12: 7.2, QEMU drops root with
+# -runas; Debian 13: 10.0, which has no -runas: -run-with user=). GUEST_DIR is
 # build/guest (qemu-scripts/build-guest.sh: 6.12/vmlinuz, 6.12/initrd.img).
 # Needs root and systemd-nspawn (systemd-container). Exit 77: skipped.
 #
@@ -22,7 +26,8 @@
 # /srv/hvtrace-test, which the steps that need a source tree map to:
 #   sudo ./scripts/install-deps.sh ...   nothing: it installs build
 #                                        dependencies; the .debs are built
-#   ./scripts/build-packages.sh DIR      the staged .debs copied into DIR
+#   ./scripts/build-packages.sh [--suite S] DIR
+#                                        the staged .debs copied into DIR
 #   qemu-scripts/build-guest.sh --kernel K --out DIR
 #                                        the staged kernel and initrd copied
 #                                        into DIR/K/
@@ -55,6 +60,7 @@ command -v systemd-nspawn >/dev/null || { log "skipped: no systemd-nspawn"; exit
 deb=$(ls "$PACKAGES"/hvtrace_*.deb 2>/dev/null | tail -n 1)
 [ -n "$deb" ] || fail "no hvtrace_*.deb in $PACKAGES (run scripts/build-packages.sh)"
 [ -f "$GUEST/6.12/vmlinuz" ] || fail "no guest kernel in $GUEST/6.12"
+suite=$(packages_suite "$PACKAGES")
 
 # The README's commands: "cmd<TAB>LINE" and "guest<TAB>LINE", in order.
 mapfile -t STEPS < <(awk '
@@ -83,10 +89,11 @@ cleanup() {
 trap cleanup EXIT
 
 status=0
-tree=$("$ROOT/tests/packaging/build-pkgroot.sh" "$WORK/root.tar" "$deb") || status=$?
+tree=$("$ROOT/tests/packaging/build-pkgroot.sh" --suite "$suite" "$WORK/root.tar" "$deb") || status=$?
 [ $status -ne 75 ] || { log "skipped: Debian's archive is unreachable and no root is cached"; exit 77; }
 [ $status -eq 0 ] || fail "tests/packaging/build-pkgroot.sh failed ($status)"
 log "tree: $tree"
+log "packages: $(cd "$PACKAGES" && ls hvtrace_*.deb hvtrace-agent_*.deb libdwtrace-dev_*.deb | tr '\n' ' ')($PACKAGES, suite $suite)"
 mkdir "$TREE" && tar -C "$TREE" -xf "$WORK/root.tar"
 # What the mapped build steps hand the user (see the top).
 mkdir -p "$TREE/srv/hvtrace-test/debs" "$TREE/srv/hvtrace-test/guest"
@@ -99,7 +106,7 @@ log "booting systemd in the container"
 container_boot "$TREE" "$WORK/console.log"
 
 # The mapped steps, defined in every shell a README line runs in.
-PRELUDE='stage_debs() { mkdir -p "$1" && cp /srv/hvtrace-test/debs/*.deb "$1"/; }
+PRELUDE='stage_debs() { local dir=${!#}; mkdir -p "$dir" && cp /srv/hvtrace-test/debs/*.deb "$dir"/; }
 stage_guest() {
   local kernel="" out=""
   while [ $# -gt 0 ]; do
@@ -304,8 +311,21 @@ done
 # Not root: the package's hvtrace-qemu user (hvtrace.sysusers), in kvm.
 want_uid=$(inside id -u hvtrace-qemu) || fail "the package created no hvtrace-qemu user"
 [ "${qemu_uid:-}" = "$want_uid" ] || fail "QEMU runs as uid ${qemu_uid:-?}, not hvtrace-qemu ($want_uid)"
-log "QEMU runs as hvtrace-qemu (uid $want_uid)"
 [ -n "$qemu_cmdline" ] || fail "no QEMU process for demo in the container"
+# How it got there is the release's QEMU's: hvtraced asks the binary, and
+# QEMU 10 (Debian 13) has no -runas, only -run-with user= (QEMU 7.2, Debian
+# 12, has no user= there). The option that is in this QEMU's -help is the one
+# on the command line.
+qemu_version=$(inside qemu-system-x86_64 --version | head -n 1)
+qemu_help=$(inside qemu-system-x86_64 -help)
+if grep -q '^-run-with .*user=' <<<"$qemu_help"; then
+  want_drop='-run-with user=hvtrace-qemu'
+else
+  want_drop='-runas hvtrace-qemu'
+fi
+grep -q -- " $want_drop " <<<"$qemu_cmdline" ||
+  fail "$qemu_version: QEMU's command line lacks '$want_drop': $qemu_cmdline"
+log "QEMU runs as hvtrace-qemu (uid $want_uid): $qemu_version, '$want_drop'"
 grep -q -- '-sandbox on' <<<"$qemu_cmdline" || fail "QEMU runs without -sandbox on: $qemu_cmdline"
 # The formats came from the package's harvest initramfs, nothing else.
 grep -q 'harvest-initrd.img' <<<"$(inside journalctl -u hvtraced --no-pager -o cat)" ||

@@ -54,7 +54,10 @@
 # (tests/guest/modules: hvt_alpha, hvt_beta) against the guest kernel's
 # headers (linux-headers-<release> and the -common and linux-kbuild packages
 # it depends on, fetched and verified like the kernel, unpacked in the cache,
-# never installed) with qemu-scripts/build-test-modules.sh, and puts them at
+# never installed) with qemu-scripts/build-test-modules.sh, with the
+# kernel's own compiler (the host's gcc-12 for 6.12; for 7.3 trixie's gcc-14
+# in a cached trixie root, tests/tools/debian-root.sh: needs root and, the
+# first time, Debian's archive), and puts them at
 # /lib/modules/<release>/hvtrace-test/*.ko, not loaded by /init (tests load
 # them in the order they need).
 set -euo pipefail

@@ -54,7 +54,10 @@
 # (tests/guest/modules: hvt_alpha, hvt_beta) against the guest kernel's
 # headers (linux-headers-<release> and the -common and linux-kbuild packages
 # it depends on, fetched and verified like the kernel, unpacked in the cache,
-# never installed) with qemu-scripts/build-test-modules.sh, and puts them at
+# never installed) with qemu-scripts/build-test-modules.sh, with the
+# kernel's own compiler (the host's gcc-12 for 6.12; for 7.3 trixie's gcc-14
+# in a cached trixie root, tests/tools/debian-root.sh: needs root and, the
+# first time, Debian's archive), and puts them at
 # /lib/modules/<release>/hvtrace-test/*.ko, not loaded by /init (tests load
 # them in the order they need).
 set -euo pipefail
@@ -342,19 +345,20 @@ kernel_parts() {
 # Resolves, downloads and unpacks the kernel for guest $1; sets PKG,
 # PKG_VERSION (the linux-image package), UNPACKED (one dir with all its
 # packages unpacked), RELEASE, KERNEL_IMAGE, KERNEL_CONFIG and MODDIR (the
-# dir with kernel/ and modules.builtin) for either packaging.
+# dir with kernel/ and modules.builtin) for either packaging, and
+# KERNEL_SUITE, the Debian release it was built for (its compiler's).
 fetch_kernel() {
   local guest=$1 name_re suite_re resolved_file resolved want parts=""
   case "$guest" in
-    6.12) name_re='^linux-image-6\.12\.[0-9]+[^-]*-amd64$'; suite_re=' bookworm-backports/' ;;
-    6.1)  name_re='^linux-image-6\.1\.[0-9]+-[0-9]+-amd64$'; suite_re=' bookworm(-updates|-security)?/' ;;
+    6.12) name_re='^linux-image-6\.12\.[0-9]+[^-]*-amd64$'; suite_re=' bookworm-backports/'; KERNEL_SUITE=bookworm ;;
+    6.1)  name_re='^linux-image-6\.1\.[0-9]+-[0-9]+-amd64$'; suite_re=' bookworm(-updates|-security)?/'; KERNEL_SUITE=bookworm ;;
     # Another 6.12 build for kexec tests: Debian's own 6.12 (security updates).
-    6.12-security) name_re='^linux-image-6\.12\.[0-9]+[^-]*-amd64$'; suite_re=' bookworm-security/' ;;
+    6.12-security) name_re='^linux-image-6\.12\.[0-9]+[^-]*-amd64$'; suite_re=' bookworm-security/'; KERNEL_SUITE=bookworm ;;
     # The generic flavour only: "[^-]*" keeps out -cloud-amd64, -rt-amd64 and
     # the -amd64-dbg packages.
-    7.3) name_re='^linux-image-7\.3\.[0-9]+[^-]*-amd64$'; suite_re=' trixie-backports/' ;;
+    7.3) name_re='^linux-image-7\.3\.[0-9]+[^-]*-amd64$'; suite_re=' trixie-backports/'; KERNEL_SUITE=trixie ;;
     # Another build for the 7.3 guest's kexec tests: the newest 7.2.
-    7.2) name_re='^linux-image-7\.2\.[0-9]+[^-]*-amd64$'; suite_re=' trixie-backports/' ;;
+    7.2) name_re='^linux-image-7\.2\.[0-9]+[^-]*-amd64$'; suite_re=' trixie-backports/'; KERNEL_SUITE=trixie ;;
     *) die "internal: no kernel for guest '$guest'" ;;
   esac
   resolved_file="$CACHE/resolved-$guest"
@@ -453,7 +457,7 @@ fetch_verified_deb() {
 # (linux-headers-$RELEASE, its -common and linux-kbuild packages), unpacks them side by side in the cache and builds
 # the modules there (build-test-modules.sh); sets TEST_MODULE_FILES.
 fetch_test_modules() {
-  local headers="linux-headers-$RELEASE" depends pkgs=() p root key dir
+  local headers="linux-headers-$RELEASE" depends pkgs=() p root key dir deb
   depends=$(apt_show "$headers=$PKG_VERSION" \
             | sed -n 's/^Depends: //p' | head -n1 || true)
   [ -n "$depends" ] || die "no $headers=$PKG_VERSION in the lists (needed by --with-test-modules): $(tail -n 3 "$APT_DIR/show.err.$$" 2>/dev/null)"
@@ -466,20 +470,36 @@ fetch_test_modules() {
   done
   key="${pkgs[*]} $PKG_VERSION"
   root="$CACHE/headers/${RELEASE}_${PKG_VERSION//:/%3a}"
-  if [ ! -f "$root/.complete" ]; then
+  # .kbuild-depends came with the KBUILD_OUTPUT fix: a tree without it is
+  # unpacked again.
+  if [ ! -f "$root/.complete" ] || [ ! -f "$root/.kbuild-depends" ]; then
     rm -rf "$root" "$root.tmp"
     mkdir -p "$root.tmp"
     for p in "${pkgs[@]}"; do
       log "unpacking $p $PKG_VERSION"
-      dpkg-deb -x "$(fetch_verified_deb "$p" "$PKG_VERSION")" "$root.tmp"
+      deb=$(fetch_verified_deb "$p" "$PKG_VERSION")
+      dpkg-deb -x "$deb" "$root.tmp"
+      # What kbuild's prebuilt tools (modpost, objtool, ...) link against,
+      # for the root build-test-modules.sh builds in when the host has not
+      # the kernel's compiler: package names, versions and alternatives
+      # dropped (the root is of the kernel's own release).
+      case "$p" in
+        linux-kbuild-*)
+          dpkg-deb -f "$deb" Depends | tr ',' '\n' \
+            | sed 's/|.*//; s/(.*//; s/:any//; s/[[:space:]]//g' | sed '/^$/d' >"$root.tmp/.kbuild-depends" ;;
+      esac
     done
-    # The headers' Makefile includes the -common tree by absolute path
-    # (/usr/src/...): point it at the copy here.
-    sed -i "s|^include /usr/src/|include $root/usr/src/|" "$root.tmp/usr/src/$headers/Makefile"
+    [ -f "$root.tmp/.kbuild-depends" ] || die "none of ${pkgs[*]} is a linux-kbuild-* package"
+    # The headers' Makefile names the -common tree (include) and, since 7.x,
+    # itself (KBUILD_OUTPUT) by absolute path (/usr/src/...): point both at
+    # the copy here.
+    sed -i -e "s|^include /usr/src/|include $root/usr/src/|" \
+      -e "s|^KBUILD_OUTPUT=/usr/src/|KBUILD_OUTPUT=$root/usr/src/|" "$root.tmp/usr/src/$headers/Makefile"
     touch "$root.tmp/.complete"
     mv "$root.tmp" "$root"
   fi
-  dir=$("$SCRIPT_DIR/build-test-modules.sh" --kdir "$root/usr/src/$headers" --key "$key" --cache "$CACHE")
+  dir=$("$SCRIPT_DIR/build-test-modules.sh" --kdir "$root/usr/src/$headers" --key "$key" --cache "$CACHE" \
+          --suite "$KERNEL_SUITE" --packages "$(tr '\n' ' ' <"$root/.kbuild-depends")")
   mapfile -t TEST_MODULE_FILES < <(find "$dir" -maxdepth 1 -name '*.ko' | LC_ALL=C sort)
   [ ${#TEST_MODULE_FILES[@]} -gt 0 ] || die "build-test-modules.sh built no modules in $dir"
 }
@@ -686,12 +706,12 @@ for guest in "${GUESTS[@]}"; do
   [ -z "$OTHER_KERNEL" ] || [ "$OTHER_KERNEL" = "$guest" ] || other_guest=$OTHER_KERNEL
   if [ -n "$other_guest" ] && { [ "$WITH_KEXEC_OTHER" -eq 1 ] || [ -f "$dir/initrd-kexec-other.img" ]; }; then
     # The other build's package, then back to this guest's for the loop.
-    saved=("$PKG" "$PKG_VERSION" "$UNPACKED" "$RELEASE" "$KERNEL_IMAGE" "$KERNEL_CONFIG" "$MODDIR")
+    saved=("$PKG" "$PKG_VERSION" "$UNPACKED" "$RELEASE" "$KERNEL_IMAGE" "$KERNEL_CONFIG" "$MODDIR" "$KERNEL_SUITE")
     fetch_kernel "$other_guest"
     OTHER_PKG=$PKG OTHER_PKG_VERSION=$PKG_VERSION OTHER_RELEASE=$RELEASE
     OTHER_KERNEL_IMAGE=$KERNEL_IMAGE OTHER_KERNEL_CONFIG=$KERNEL_CONFIG OTHER_MODDIR=$MODDIR
     PKG=${saved[0]} PKG_VERSION=${saved[1]} UNPACKED=${saved[2]} RELEASE=${saved[3]}
-    KERNEL_IMAGE=${saved[4]} KERNEL_CONFIG=${saved[5]} MODDIR=${saved[6]}
+    KERNEL_IMAGE=${saved[4]} KERNEL_CONFIG=${saved[5]} MODDIR=${saved[6]} KERNEL_SUITE=${saved[7]}
     [ "$OTHER_RELEASE" != "$RELEASE" ] || die "the other $guest build ($other_guest) has this guest's release $RELEASE"
     other_order=$(cached_module_order "$OTHER_MODDIR" "${MODULES[@]}")
     mapfile -t OTHER_MODULE_FILES <<<"$other_order"

@@ -17,7 +17,9 @@ PACKAGES=(
   # busybox-static, cpio: the guests' initramfs, and the hvtrace package's
   # harvest initramfs (debian/control Build-Depends).
   busybox-static cpio zstd xz-utils gzip kmod
-  # Test modules built against the guest kernel's headers (build-test-modules.sh).
+  # Test modules built against the guest kernel's headers (build-test-modules.sh):
+  # gcc-12 for bookworm's kernels; a kernel of another release is built in a
+  # root of that release (mmdebstrap, tests/tools/debian-root.sh).
   make gcc-12
   mmdebstrap syslinux syslinux-common mtools dosfstools fdisk e2fsprogs
   liblttng-ust-dev lttng-tools

@@ -90,19 +90,21 @@ Result<GuestImage> FindGuestImage(const std::string& version) {
   return image;
 }
 
-Result<GuestImage> GuestImageWithTestModules() {
+Result<GuestImage> GuestImageWithTestModules(const std::string& version) {
   const std::string bin = HVTRACE_BIN_DIR;
   const std::string dir = bin + "/../guest-modules";
   const std::string cmd = std::string(HVTRACE_SOURCE_DIR) +
-                          "/qemu-scripts/build-guest.sh --kernel 6.12 --out " + dir + " --agent " +
-                          bin + "/hvtrace-agent --with-test-modules --with-kexec-kernel 2>&1";
+                          "/qemu-scripts/build-guest.sh --kernel " + version + " --out " + dir +
+                          " --agent " + bin +
+                          "/hvtrace-agent --with-test-modules --with-kexec-kernel 2>&1";
   // One build at a time per process, as FindGuestImage.
   static std::mutex build_mutex;
   std::lock_guard lock(build_mutex);
   std::string out;
   const int status = RunCommand(cmd, &out);
-  GuestImage image{dir + "/6.12/vmlinuz", dir + "/6.12/initrd-kexec.img",
-                   ReadFirstLine(dir + "/6.12/kernel-release")};
+  const std::string image_dir = dir + "/" + version;
+  GuestImage image{image_dir + "/vmlinuz", image_dir + "/initrd-kexec.img",
+                   ReadFirstLine(image_dir + "/kernel-release")};
   if (status != 0 || !Readable(image.kernel) || !Readable(image.initrd)) {
     return Error{"`" + cmd + "` failed:\n" + out};
   }

@@ -43,12 +43,13 @@ std::string KernelParamName(const std::string& version);
 // qemu-scripts/build-guest.sh once when the image is missing.
 Result<GuestImage> FindGuestImage(const std::string& version);
 
-// The 6.12 image with this build's agent, the test modules
-// (tests/guest/modules: hvt_alpha, hvt_beta under
-// /lib/modules/<release>/hvtrace-test/) and kexec, in build/guest-modules
-// (the modules change the initramfs other tests use): |initrd| is its
-// initrd-kexec.img. Built by qemu-scripts/build-guest.sh, cached.
-Result<GuestImage> GuestImageWithTestModules();
+// The |version| ("6.12", "7.3") image with this build's agent, the test
+// modules (tests/guest/modules: hvt_alpha, hvt_beta under
+// /lib/modules/<release>/hvtrace-test/, built with the kernel's own
+// compiler) and kexec, in build/guest-modules/<version> (the modules change
+// the initramfs other tests use): |initrd| is its initrd-kexec.img. Built by
+// qemu-scripts/build-guest.sh, cached.
+Result<GuestImage> GuestImageWithTestModules(const std::string& version);
 
 // The formats of |image|'s kernel, harvested with its own initramfs into
 // the cache at |cache_root| (a cache hit when already there).

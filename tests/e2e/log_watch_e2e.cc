@@ -63,7 +63,7 @@ json Manifest(const HvtracedProcess& daemon, const std::string& vm, const std::s
 
 TEST(LogWatchE2e, WarnStormRateLimitedThenOopsCapturedWhileTheGuestRunsOn) {
   if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
-  auto image = GuestImageWithTestModules();
+  auto image = GuestImageWithTestModules("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
   auto cache_root = CacheWithFormatsOf(*image);
   ASSERT_TRUE(cache_root.ok()) << cache_root.error().message;

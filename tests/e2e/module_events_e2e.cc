@@ -122,7 +122,7 @@ TEST(ModuleEventsE2e, ModulesLoadedInAnotherOrderAfterKexecDecodeWithEachBootsOw
   if (access((std::string(HVTRACE_BIN_DIR) + "/hvtrace-agent").c_str(), X_OK) != 0) {
     GTEST_SKIP() << "hvtrace-agent not built";
   }
-  Result<GuestImage> image = GuestImageWithTestModules();
+  Result<GuestImage> image = GuestImageWithTestModules("6.12");
   ASSERT_TRUE(image.ok()) << image.error().message;
   char cache_tmpl[] = "/tmp/hvt-modev-cache-XXXXXX";
   ASSERT_NE(::mkdtemp(cache_tmpl), nullptr);

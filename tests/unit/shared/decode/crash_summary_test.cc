@@ -87,6 +87,51 @@ TEST_P(RealSysrqPanic, NamesReasonTaskCpuAndFrames) {
 
 INSTANTIATE_TEST_SUITE_P(Guests, RealSysrqPanic, ::testing::Values("6.12"));
 
+// Real oopses in a module's own function, each guest's (hvt_beta's oops=1: a
+// NULL write in hvt_beta_oops, panic_on_oops=1; the kernel log of the
+// capture hvtraced_boot_e2e's ModuleOopsPanicNamesTheModuleFrame made,
+// written here with HVTRACE_KERNEL_LOG_FIXTURE_DIR set, 2026-12-02: 6.12.95
+// with bookworm's gcc-12, 7.3.4 with trixie's gcc-14). 7.3 prints
+// "PREEMPT(lazy)" and the Debian version on the CPU line; both print
+// "Oops: Oops: 0002" and the taint in words. The faulting function is the
+// RIP, with its [module]; the call trace starts at its caller, the module's
+// parameter setter, and ends at the syscall entry (the user RIP: 0033:...
+// after it is no frame).
+class RealModuleOops : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RealModuleOops, NamesPanicBugOopsTaskRipAndTheModuleFrame) {
+  const std::string text = ReadFixture("module-oops-" + GetParam() + ".log");
+  ASSERT_FALSE(text.empty()) << "fixture missing";
+  const CrashSummary s = SummarizeCrash(FromDmesg(text, -1, -1));
+  ASSERT_TRUE(s.found);
+  EXPECT_EQ(s.kind, "panic");
+  EXPECT_EQ(s.panic_line, "Kernel panic - not syncing: Fatal exception");
+  EXPECT_EQ(s.reason, "Fatal exception");
+  EXPECT_EQ(s.bug_line, "BUG: kernel NULL pointer dereference, address: 0000000000000000");
+  EXPECT_TRUE(s.oops_line.starts_with("Oops: Oops: 0002 [#1] ")) << s.oops_line;
+  EXPECT_EQ(s.task, "sh");
+  EXPECT_GT(s.pid, 0);
+  EXPECT_GE(s.cpu, 0);
+  EXPECT_TRUE(s.cpu_line.find(" Comm: sh Tainted: ") != std::string::npos) << s.cpu_line;
+  // The CPU line's flags ("G           OE"), then the Tainted: line after it
+  // in words, which both kernels print and which is kept.
+  EXPECT_EQ(s.taint, "[O]=OOT_MODULE, [E]=UNSIGNED_MODULE") << s.cpu_line;
+  EXPECT_TRUE(s.rip.starts_with("0010:hvt_beta_oops+0x")) << s.rip;
+  EXPECT_TRUE(s.rip.ends_with(" [hvt_beta]")) << s.rip;
+  ASSERT_GE(s.frames.size(), 3u);
+  EXPECT_TRUE(s.frames[0].function.starts_with("oops_set+0x")) << s.frames[0].function;
+  EXPECT_EQ(s.frames[0].module, "hvt_beta");
+  EXPECT_FALSE(s.frames[0].unreliable);
+  EXPECT_TRUE(HasFrame(s, "param_attr_store"));
+  EXPECT_EQ(s.frames.back().function.substr(0, 30), "entry_SYSCALL_64_after_hwframe");
+  for (const CrashFrame& f : s.frames) {
+    EXPECT_EQ(f.context, "TASK") << f.function;
+    EXPECT_TRUE(f.module.empty() || f.module == "hvt_beta") << f.function << " " << f.module;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Guests, RealModuleOops, ::testing::Values("6.12", "7.3"));
+
 // A module's NULL dereference with panic_on_oops=1, in 6.12's words.
 constexpr const char* kModuleOops =
     "[   20.100000] BUG: kernel NULL pointer dereference, address: 0000000000000000\n"

@@ -6,7 +6,9 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
-  clang libclang-rt-14-dev clang-format lld
+  # libclang-rt-dev: the sanitizer runtimes of the default clang (14 on
+  # bookworm, 19 on trixie, which has no libclang-rt-14-dev).
+  clang libclang-rt-dev clang-format lld
   libboost-dev libboost-system-dev
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev

@@ -10,6 +10,7 @@
 #ifndef HVTRACE_AGENT_TRACEFS_H_
 #define HVTRACE_AGENT_TRACEFS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 

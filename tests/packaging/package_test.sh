@@ -1,30 +1,48 @@
 #!/usr/bin/env bash
 # The packaging test (ctest label `package`; tests/packaging/README.md):
-#   1. scripts/build-packages.sh PKGDIR (cached by tree hash)
+#   1. scripts/build-packages.sh --suite SUITE PKGDIR (cached by tree hash)
 #   2. dpkg-deb -c: each package holds its expected paths and nothing from
 #      tests/, the build tree or a CMake build; the harvest initramfs is
 #      root's, valid gzip + newc cpio, with /init and a static busybox
 #   3. bash completion: hvtrace's commands and flags, VM names with no daemon
 #   4. lintian on the .changes: no error or warning that is not overridden
-#   5. hvtrace installed into a throwaway bookworm root (build-pkgroot.sh,
-#      then `dpkg -i` in a chroot): systemd-analyze verify of both units there
+#   5. hvtrace installed into a throwaway root of SUITE (build-pkgroot.sh
+#      --suite, then `dpkg -i` in a chroot): systemd-analyze verify of both units there
 #      (ExecStart must be the package's binary), hvtraced --check-config,
 #      hvtrace --version, the groups, the directories of tmpfiles.d, purge
 #
-#   tests/packaging/package_test.sh [PKGDIR]     (default build/packages)
+#   tests/packaging/package_test.sh [--suite SUITE] [PKGDIR]   (default build/packages)
+#
+# SUITE: the Debian release the packages are for (bookworm, trixie): given,
+# or PKGDIR/suite (written by build-packages.sh), else bookworm (packages
+# built before that file existed were bookworm's).
 # Needs root (chroot, mmdebstrap). Exit 0 only when every check passed.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
+SUITE=""
+if [ "${1:-}" = --suite ]; then
+  [ -n "${2:-}" ] || { echo "package_test: --suite needs a release name (bookworm or trixie)" >&2; exit 2; }
+  SUITE=$2; shift 2
+fi
+[ $# -le 1 ] || { sed -n 14p "$0" | sed 's/^# *//' >&2; exit 2; }
 PKGDIR=${1:-$ROOT/build/packages}
+if [ -z "$SUITE" ]; then
+  SUITE=bookworm
+  [ ! -s "$PKGDIR/suite" ] || SUITE=$(cat "$PKGDIR/suite")
+fi
 failures=0
 t_start=$(date +%s)
 fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 ok() { echo "ok: $*"; }
 section() { printf '\n--- %s (%ss)\n' "$*" "$(( $(date +%s) - t_start ))"; }
 
-section "build the packages"
-mapfile -t debs < <("$ROOT/scripts/build-packages.sh" "$PKGDIR") || { echo "FAIL: build-packages.sh"; exit 1; }
+section "build the packages for $SUITE"
+mapfile -t debs < <("$ROOT/scripts/build-packages.sh" --suite "$SUITE" "$PKGDIR") ||
+  { echo "FAIL: build-packages.sh --suite $SUITE $PKGDIR"; exit 1; }
+# The root below is the release of PKGDIR/suite: it must be what was built.
+built_for=$(cat "$PKGDIR/suite" 2>/dev/null)
+[ "$built_for" = "$SUITE" ] || { echo "FAIL: $PKGDIR/suite says '$built_for', not $SUITE"; exit 1; }
 [ ${#debs[@]} -eq 3 ] || { echo "FAIL: expected 3 packages, got: ${debs[*]}"; exit 1; }
 deb_of() { printf '%s\n' "${debs[@]}" | grep "/$1_" | head -n1; }
 HVTRACE_DEB=$(deb_of hvtrace); AGENT_DEB=$(deb_of hvtrace-agent); DEV_DEB=$(deb_of libdwtrace-dev)
@@ -44,12 +62,14 @@ check_contents() {  # check_contents DEB PATH...
   bad=$(grep -E '/tests?/|/build/|obj-|CMakeFiles|_test$|_fuzzer$|\.o$|/bench' <<<"$list" || true)
   if [ -n "$bad" ]; then fail "$(basename "$deb") holds build or test files: $bad"; else ok "$(basename "$deb"): nothing from tests/ or a build tree"; fi
 }
-check_contents "$HVTRACE_DEB" /usr/sbin/hvtraced /usr/bin/hvtrace /lib/systemd/system/hvtraced.service \
+# Units: /lib/systemd/system on bookworm, /usr/lib/systemd/system on trixie
+# (its systemd.pc; /usr-merge).
+check_contents "$HVTRACE_DEB" /usr/sbin/hvtraced /usr/bin/hvtrace '(/usr)?/lib/systemd/system/hvtraced.service' \
   /etc/hvtrace/hvtraced.conf /usr/lib/sysusers.d/hvtrace.conf /usr/lib/tmpfiles.d/hvtrace.conf \
   /usr/share/bash-completion/completions/hvtrace /usr/share/man/man1/hvtrace.1.gz \
   /usr/share/man/man5/hvtraced.conf.5.gz /usr/share/man/man8/hvtraced.8.gz \
   /usr/share/doc/hvtrace/copyright /usr/lib/hvtrace/harvest-initrd.img
-check_contents "$AGENT_DEB" /usr/sbin/hvtrace-agent /lib/systemd/system/hvtrace-agent.service \
+check_contents "$AGENT_DEB" /usr/sbin/hvtrace-agent '(/usr)?/lib/systemd/system/hvtrace-agent.service' \
   /usr/share/initramfs-tools/hooks/hvtrace-agent \
   /usr/share/initramfs-tools/scripts/init-top/hvtrace-agent \
   /usr/share/initramfs-tools/scripts/init-bottom/hvtrace-agent /usr/share/man/man8/hvtrace-agent.8.gz \
@@ -94,7 +114,8 @@ else
   else ok "the harvest initramfs's busybox is static"; fi
 fi
 # The man pages named in Documentation= are in the package.
-for page in $(grep -ho 'man:[a-z.-]*([0-9])' "$tree"/lib/systemd/system/*.service | sort -u); do
+for page in $(grep -hos 'man:[a-z.-]*([0-9])' "$tree"/lib/systemd/system/*.service \
+               "$tree"/usr/lib/systemd/system/*.service | sort -u); do
   name=${page#man:}; sec=${name#*(}; sec=${sec%)}; name=${name%(*}
   if [ -f "$tree/usr/share/man/man$sec/$name.$sec.gz" ]; then ok "Documentation=$page is shipped"
   else fail "Documentation=$page: no $name.$sec in the packages"; fi
@@ -108,7 +129,13 @@ complete_words() {  # complete_words WORD... : what the packaged completion offe
     COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); COMP_LINE="$*"; COMP_POINT=${#COMP_LINE}
     _hvtrace; printf "%s\n" "${COMPREPLY[@]}"' "$tree/usr/share/bash-completion/completions/hvtrace" "$@" 2>&1
 }
-if [ -f /usr/share/bash-completion/bash_completion ]; then
+host_suite=$( (. /etc/os-release && echo "${VERSION_CODENAME:-}") 2>/dev/null || true)
+if [ "$SUITE" != "$host_suite" ]; then
+  # The packaged hvtrace links the libraries of its release and does not run
+  # here; the completion script is the same file in every release's package,
+  # checked with the host's packages.
+  echo "not checked: the $SUITE hvtrace does not run on this ${host_suite:-unknown} host"
+elif [ -f /usr/share/bash-completion/bash_completion ]; then
   cmds=$("$tree/usr/bin/hvtrace" --help | awk '/^Subcommands:/{f=1;next} f&&/^  [a-z]/{print $1} f&&/^$/{f=0}')
   offered=$(complete_words hvtrace "" | sort)
   if [ "$(sort <<<"$cmds")" = "$offered" ]; then ok "completion offers exactly hvtrace's $(wc -l <<<"$cmds") commands"
@@ -135,9 +162,9 @@ echo "$lintian_out"
 # I: (info) and P: (pedantic) lines are advice; E: and W: fail the test.
 if grep -qE '^[EW]: ' <<<"$lintian_out"; then fail "lintian reports errors or warnings (above)"; else ok "lintian: no errors or warnings"; fi
 
-section "install hvtrace into a throwaway bookworm root"
+section "install hvtrace into a throwaway $SUITE root"
 pkgtar="$PKGDIR/pkgroot.tar"
-"$HERE/build-pkgroot.sh" "$pkgtar" "$HVTRACE_DEB"
+"$HERE/build-pkgroot.sh" --suite "$SUITE" "$pkgtar" "$HVTRACE_DEB"
 status=$?
 if [ $status -eq 75 ]; then
   fail "no network and no cached package root: the install test could not run"
@@ -161,10 +188,14 @@ else
   # (Copied, not dpkg-deb -x into the root: that would replace the usrmerge
   # symlink /lib with a directory.)
   cp "$tmp/agent/usr/sbin/hvtrace-agent" "$chrootdir/usr/sbin/"
-  cp "$tmp/agent/lib/systemd/system/hvtrace-agent.service" "$chrootdir/lib/systemd/system/"
+  # (/lib is that symlink in both releases' roots: the unit is found there
+  # wherever the package put it.)
+  cp "$(ls "$tmp"/agent/{usr/,}lib/systemd/system/hvtrace-agent.service 2>/dev/null | head -n1)" \
+    "$chrootdir/lib/systemd/system/"
+  # The root's own systemd-analyze: the host's (bookworm's 252) misreads a
+  # trixie root's units (keys it does not know, /run/lock's mount).
   for unit in hvtraced.service hvtrace-agent.service; do
-    out=$(SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no --root="$chrootdir" \
-      "$chrootdir/lib/systemd/system/$unit" 2>&1)
+    out=$(in_root_proc env SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no "/lib/systemd/system/$unit" 2>&1)
     status=$?
     # Units they are only ordered against need not be installed.
     filtered=$(grep -vE '^$|(libvirtd)\.service.*not found' <<<"$out" || true)

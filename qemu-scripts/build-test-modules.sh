@@ -68,28 +68,6 @@ kernels_compiler() {
   esac
 }
 
-# Runs "$@" chrooted in the Debian root $1 (read-only: a tmpfs overlay takes
-# every write) with the headers tree $2 (read-only) and the work dir $3 bound
-# at their host paths, so the Makefiles' absolute paths and M= resolve as on
-# the host. Called in a private mount namespace: its mounts end with it.
-in_root() {
-  local base=$1 tree=$2 work=$3 stage merged
-  shift 3
-  stage="$work/.root"
-  mkdir -p "$stage"
-  mount -t tmpfs -o mode=0755 hvtrace-modules "$stage"
-  mkdir "$stage/upper" "$stage/work" "$stage/merged"
-  merged="$stage/merged"
-  mount -t overlay overlay -o "lowerdir=$base,upperdir=$stage/upper,workdir=$stage/work" "$merged"
-  mkdir -p "$merged$tree" "$merged$work"
-  mount --bind "$tree" "$merged$tree"
-  mount -o remount,bind,ro "$merged$tree"
-  mount --bind "$work" "$merged$work"
-  mount --rbind /dev "$merged/dev"
-  mount -t proc proc "$merged/proc"
-  chroot "$merged" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C "$@"
-}
-
 # Where make runs: the host when its gcc is the kernel's, else a Debian root
 # with that gcc (BUILD_ROOT). CC_ID names the compiler for the cache key.
 BUILD_ROOT=""
@@ -144,9 +122,10 @@ for dir in "$SRC"/*/; do
   # which nothing here needs: the tests read the events' format files).
   build=(make -C "$KDIR" M="$work/$name" CC="$CC" CONFIG_DEBUG_INFO_BTF_MODULES= modules)
   if [ -n "$BUILD_ROOT" ]; then
-    # unshare -m: the overlay and binds live and die with this one command.
-    build=(unshare -m --propagation private bash -c "set -e; $(declare -f in_root); in_root \"\$@\"" \
-           in_root "$BUILD_ROOT" "$TREE" "$work" "${build[@]}")
+    # The headers (read-only) and the work dir at their host paths, so the
+    # Makefiles' absolute paths and M= resolve as on the host.
+    build=("$ROOT/tests/tools/debian-root-run.sh" "$BUILD_ROOT" --bind "$TREE:$TREE:ro"
+           --bind "$work:$work" -- "${build[@]}")
   fi
   if ! "${build[@]}" >"$work/$name.log" 2>&1; then
     cat "$work/$name.log" >&2

@@ -166,33 +166,19 @@ else
   [ "$status" -eq 0 ] || die "could not make the $suite build root (debian-root.sh exit $status, above)"
   lower=$(readlink -f "$work/lower")
   ccache_dir=${HVTRACE_CCACHE_DIR:-${HVTRACE_CACHE_DIR:-${HOME:-/root}/.cache/hvtrace}/ccache-$suite}
-  mkdir -p "$ccache_dir" "$work/upper" "$work/overlay-work" "$work/root"
+  mkdir -p "$ccache_dir"
   echo "build-packages: building hvtrace $version for $suite in a $suite root (log: $out/build.log)" >&2
-  # In a private mount namespace, so every mount ends with the build, also
-  # when it is killed, and the cached root below stays untouched: the
-  # build writes to the overlay's upper directory (or a copy of the root
-  # when overlayfs is not available), removed with $work. The copy of the
-  # tree is /build/hvtrace-VERSION inside, at every run (ccache's key);
-  # CCACHE_DIR is pinned because debhelper points HOME elsewhere.
-  # shellcheck disable=SC2016  # expanded by the inner shell
-  if ! unshare --mount --propagation private bash -euo pipefail -c '
-      lower=$1 work=$2 ccache_dir=$3 version=$4 jobs=$5
-      root=$work/root
-      if ! mount -t overlay overlay \
-          -o "lowerdir=$lower,upperdir=$work/upper,workdir=$work/overlay-work" "$root" 2>/dev/null; then
-        echo "overlayfs unavailable: building in a copy of the root"
-        cp -a "$lower/." "$root/"
-      fi
-      mkdir -p "$root/build" "$root/ccache"
-      mount --bind "$work/build" "$root/build"
-      mount --bind "$ccache_dir" "$root/ccache"
-      mount -t proc proc "$root/proc"
-      mount --rbind /dev "$root/dev"
-      exec chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C.UTF-8 \
-        HVTRACE_LAUNCHER=ccache CCACHE_DIR=/ccache CCACHE_BASEDIR=/build CCACHE_NOHASHDIR=true \
-        CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-2G}" DEB_BUILD_OPTIONS="$jobs" \
-        sh -c "cd /build/hvtrace-$version && dpkg-buildpackage -b -us -uc && ccache -s"
-    ' build-root "$lower" "$work" "$ccache_dir" "$version" "$jobs" >"$out/build.log" 2>&1; then
+  # The cached root stays untouched (tests/tools/debian-root-run.sh: a
+  # throwaway overlay in a private mount namespace). The copy of the tree is
+  # /build/hvtrace-VERSION inside, at every run (ccache's key); CCACHE_DIR
+  # is pinned because debhelper points HOME elsewhere.
+  if ! "$src/tests/tools/debian-root-run.sh" "$lower" \
+      --bind "$work/build:/build" --bind "$ccache_dir:/ccache" \
+      --env HVTRACE_LAUNCHER=ccache --env CCACHE_DIR=/ccache --env CCACHE_BASEDIR=/build \
+      --env CCACHE_NOHASHDIR=true --env CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-2G}" \
+      --env DEB_BUILD_OPTIONS="$jobs" \
+      -- sh -c "cd /build/hvtrace-$version && dpkg-buildpackage -b -us -uc && ccache -s" \
+      >"$out/build.log" 2>&1; then
     tail -40 "$out/build.log" >&2
     die "dpkg-buildpackage in the $suite root failed; full log in $out/build.log"
   fi

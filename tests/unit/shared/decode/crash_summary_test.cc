@@ -53,6 +53,13 @@ bool HasFrame(const CrashSummary& s, const std::string& function, const std::str
   });
 }
 
+// The crash summary of a kernel-log fixture (a missing one fails here).
+CrashSummary SummaryOfFixture(const std::string& name) {
+  const std::string text = ReadFixture(name);
+  EXPECT_FALSE(text.empty()) << "fixture missing: " << name;
+  return SummarizeCrash(FromDmesg(text, -1, -1));
+}
+
 // Real panics of the project's guests (`echo c > /proc/sysrq-trigger` from
 // the console's sh): the 6.12 guest's serial console, its kernel lines
 // (sysrq-panic-6.12.log; hvtraced_boot_e2e writes a capture's own
@@ -62,9 +69,7 @@ bool HasFrame(const CrashSummary& s, const std::string& function, const std::str
 class RealSysrqPanic : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RealSysrqPanic, NamesReasonTaskCpuAndFrames) {
-  const std::string text = ReadFixture("sysrq-panic-" + GetParam() + ".log");
-  ASSERT_FALSE(text.empty()) << "fixture missing";
-  const CrashSummary s = SummarizeCrash(FromDmesg(text, -1, -1));
+  const CrashSummary s = SummaryOfFixture("sysrq-panic-" + GetParam() + ".log");
   ASSERT_TRUE(s.found);
   EXPECT_EQ(s.kind, "panic");
   EXPECT_EQ(s.reason, "sysrq triggered crash");
@@ -100,9 +105,7 @@ INSTANTIATE_TEST_SUITE_P(Guests, RealSysrqPanic, ::testing::Values("6.12"));
 class RealModuleOops : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RealModuleOops, NamesPanicBugOopsTaskRipAndTheModuleFrame) {
-  const std::string text = ReadFixture("module-oops-" + GetParam() + ".log");
-  ASSERT_FALSE(text.empty()) << "fixture missing";
-  const CrashSummary s = SummarizeCrash(FromDmesg(text, -1, -1));
+  const CrashSummary s = SummaryOfFixture("module-oops-" + GetParam() + ".log");
   ASSERT_TRUE(s.found);
   EXPECT_EQ(s.kind, "panic");
   EXPECT_EQ(s.panic_line, "Kernel panic - not syncing: Fatal exception");

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 namespace hvtrace {
 namespace {
@@ -38,6 +39,37 @@ size_t PrintableUtf8Length(std::string_view s, size_t i) {
   return 0;
 }
 
+bool NeedsEscape(uint8_t byte) {
+  return (byte < 0x20 && byte != '\n' && byte != '\t') || byte >= 0x7f;
+}
+
+// The index of the first byte of |s| at or after |from| that NeedsEscape(),
+// or s.size(). Every event line of a report passes here (MakePrintableFrom),
+// almost always printable through: sixteen bytes at a time (a GCC/Clang
+// vector: SSE2 compares on x86-64, portable elsewhere), the byte loop only
+// for a block that holds a byte < 0x20 or >= 0x7f (a tab or newline
+// included). On bench/large.dat (1.37 M events) the byte loop alone was 31 %
+// of `hvtrace report`'s CPU in perf; eight bytes at a time 9.5 % (2026-12-02).
+size_t FirstToEscape(std::string_view s, size_t from) {
+  using Bytes = uint8_t __attribute__((vector_size(16)));
+  size_t i = from;
+  for (; i + sizeof(Bytes) <= s.size(); i += sizeof(Bytes)) {
+    Bytes v;
+    std::memcpy(&v, s.data() + i, sizeof v);
+    const auto odd = (v < 0x20) | (v >= 0x7f);  // Unsigned: 0xff lanes where true.
+    uint64_t halves[2];
+    std::memcpy(halves, &odd, sizeof halves);
+    if ((halves[0] | halves[1]) == 0) continue;
+    for (size_t k = i; k < i + sizeof(Bytes); ++k) {
+      if (NeedsEscape(static_cast<uint8_t>(s[k]))) return k;
+    }
+  }
+  for (; i < s.size(); ++i) {
+    if (NeedsEscape(static_cast<uint8_t>(s[i]))) return i;
+  }
+  return s.size();
+}
+
 }  // namespace
 
 std::string PrintableLogText(std::string_view text) {
@@ -60,11 +92,7 @@ std::string PrintableLogText(std::string_view text) {
 }
 
 void MakePrintableFrom(std::string* text, size_t from) {
-  size_t first = from;
-  for (; first < text->size(); ++first) {
-    const auto byte = static_cast<uint8_t>((*text)[first]);
-    if ((byte < 0x20 && byte != '\n' && byte != '\t') || byte >= 0x7f) break;
-  }
+  const size_t first = FirstToEscape(*text, from);
   if (first >= text->size()) return;
   std::string tail;
   std::string_view rest = std::string_view(*text).substr(first);

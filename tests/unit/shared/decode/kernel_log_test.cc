@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 
 namespace hvtrace {
@@ -53,6 +54,30 @@ TEST(MakePrintableFrom, Malicious_EscapesTheTailKeepingNewlinesAndTabs) {
   const std::string before = plain;
   MakePrintableFrom(&plain, 0);
   EXPECT_EQ(plain, before);
+}
+
+// The scan reads eight bytes at a time: every byte value, at every position
+// of a word and of the byte-wise tail, after a |from| that is not
+// word-aligned, is found and escaped exactly as the byte-wise rule says
+// (a lone byte >= 0x80 is invalid UTF-8, so it is escaped too).
+TEST(MakePrintableFrom, Malicious_EveryByteAtEveryPositionOfTheWordScan) {
+  for (size_t length : {1u, 7u, 8u, 9u, 23u}) {
+    for (size_t at = 0; at < length; ++at) {
+      for (int value = 0; value < 256; ++value) {
+        std::string text = "xyz" + std::string(length, 'a');
+        text[3 + at] = static_cast<char>(value);
+        MakePrintableFrom(&text, 3);
+        const bool kept = (value >= 0x20 && value < 0x7f) || value == '\n' || value == '\t';
+        char escaped[16];
+        std::snprintf(escaped, sizeof escaped, "\\x%02x", value);
+        const std::string want = "xyz" + std::string(at, 'a') +
+                                 (kept ? std::string(1, static_cast<char>(value)) : escaped) +
+                                 std::string(length - at - 1, 'a');
+        ASSERT_EQ(text, want) << "length " << length << ", byte 0x" << std::hex << value << " at "
+                              << std::dec << at;
+      }
+    }
+  }
 }
 
 }  // namespace

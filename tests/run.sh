@@ -44,7 +44,11 @@ record_skip() {  # record_skip NAME REASON: not run here (a failure on CI unless
 run_ctest() {  # run_ctest LABEL [CTEST ARGS...]: each test of the label counts on its own
   local label=$1 junit="$RESULTS/ctest-$1.xml" status
   shift
-  ctest --test-dir build -L "$label" --output-on-failure --no-tests=error --output-junit "$junit" "$@"
+  # A failed test's last 64 KiB go into the report (ctest keeps the first
+  # 1 KiB by default, and a script says why it failed at its end): the
+  # summary's FAILED line quotes it (summarize-results.py).
+  ctest --test-dir build -L "$label" --output-on-failure --no-tests=error --output-junit "$junit" \
+    --test-output-size-failed 65536 --test-output-truncation head "$@"
   status=$?
   printf 'ctest\t%s\t%s\t%s\n' "$label" "$status" "$junit" >>"$RESULTS_FILE"
 }

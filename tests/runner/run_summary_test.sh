@@ -75,6 +75,14 @@ summarize basic "1 passed, 1 failed, 2 skipped" 1 -- --allowlist "$WORK/allow.tx
 expect_output basic '^  SKIPPED: A\.Skip: needs root to act as another user$'
 expect_output basic '^  SKIPPED: Bench\.Allowed: bench/x\.sh runs it \[allow-listed: '
 expect_output basic '^  FAILED: A\.Fail$'
+# A failed script says why in its output only (ctest's message is empty):
+# its last "FAIL:" line is the detail, not the log lines after it.
+junit "$WORK/why.xml" "S.Fail:fail::svc: booting\nsvc: FAIL: no panic capture listed\nsvc: container journal:\n  hvtraced[1]: ok" \
+  "G.Fail:fail::[ RUN      ] G.Fail\n/src/g_test.cc:12: Failure\nExpected equality of these values\n[  FAILED  ] G.Fail"
+printf 'ctest\tservice\t8\t%s\n' "$WORK/why.xml" >"$WORK/why.tsv"
+summarize why "0 passed, 2 failed, 0 skipped" 1 -- --allowlist "$WORK/allow.txt" "$WORK/why.tsv"
+expect_output why '^  FAILED: S\.Fail: svc: FAIL: no panic capture listed$'
+expect_output why '^  FAILED: G\.Fail: /src/g_test\.cc:12: Failure Expected equality of these values$'
 summarize basic-ci "1 passed, 2 failed, 1 skipped" 1 CI=true -- --allowlist "$WORK/allow.txt" "$WORK/basic.tsv"
 expect_output basic-ci '^  FAILED: A\.Skip: skipped on CI and not in the skip allow-list: needs root'
 expect_output basic-ci '^  SKIPPED: Bench\.Allowed: '

@@ -85,6 +85,21 @@ def first_line(text, limit=200):
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
+def failure_from_output(output):
+    """Why a test failed, from its output when ctest's report says nothing
+    (a script's failure message is empty): the last "FAIL:" line (the
+    service tests' fail()), else GoogleTest's first "file:line: Failure" with
+    the line after it, else the last line."""
+    lines = [line.strip() for line in (output or "").splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "FAIL:" in line:
+            return first_line(line)
+    for i, line in enumerate(lines):
+        if re.search(r":\d+: Failure$", line):
+            return first_line(" ".join(lines[i : i + 2]))
+    return first_line(lines[-1]) if lines else ""
+
+
 def skip_reason_from_output(output, fallback):
     """The reason a GTEST_SKIP() gave ("file:line: Skipped" then the message),
     else a line of a script's output that says it skipped, else FALLBACK."""
@@ -185,7 +200,7 @@ def add_ctest_run(results, label, exit_status, junit, gtest_dir):
         else:
             failure = case.find("failure")
             detail = failure.get("message", "") if failure is not None else ""
-            results.add("fail", name, first_line(detail))
+            results.add("fail", name, first_line(detail) or failure_from_output(output))
             failed += 1
     if exit_status != 0 and failed == 0:
         results.add("fail", what, "ctest exited %d with no failed test (no tests found?)" % exit_status)

@@ -35,6 +35,15 @@ mkdir -p "$CACHE"
 # A QEMU run from a cached root may drop to an unprivileged user
 # (-run-with user=) and still load files from it.
 chmod 755 "$CACHE"
+# close_inherited_fds_and CMD...: CMD in a subshell without this process's
+# descriptors above 2 but the lock's (9).
+close_inherited_fds_and() (
+  for fd in /proc/self/fd/*; do
+    fd=${fd##*/}
+    if [ "$fd" -gt 2 ] && [ "$fd" -ne 9 ]; then eval "exec $fd>&-" 2>/dev/null || true; fi
+  done
+  exec "$@"
+)
 exec 9>"$CACHE/.lock"
 flock 9
 cached="$CACHE/$SLOT-$SUITE-$key"
@@ -43,7 +52,12 @@ if [ ! -e "$cached" ]; then
   echo "debian-root: mmdebstrap $SUITE minbase + ${packages[*]}" >&2
   rm -rf "$cached.tmp"
   [ "$kind" = dir ] && target="$cached.tmp" || target="$cached.tmp.tar"
-  if ! mmdebstrap --mode=root --variant=minbase --architectures=amd64 \
+  # mmdebstrap hands apt an InfoFD of the lowest free number and apt runs
+  # `cat >&N` with /bin/sh: dash reads no fd above 9 ("Bad fd number"). A
+  # caller that left descriptors open (a test process: the 7.3 test
+  # modules' root, built inside an e2e test on a fresh machine, 2026-12-02)
+  # pushed N to 11. mmdebstrap gets only stdin/stdout/stderr (and the lock).
+  if ! close_inherited_fds_and mmdebstrap --mode=root --variant=minbase --architectures=amd64 \
       --include="$(IFS=,; echo "${packages[*]}")" \
       --aptopt='Acquire::Retries "3"' --dpkgopt=force-unsafe-io \
       "$SUITE" "$target" \

@@ -1,6 +1,7 @@
 #include "meta_sender.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <time.h>
 #include <unistd.h>
 #include <x86intrin.h>
@@ -34,6 +35,8 @@ const char* TypeName(meta::MetaType type) {
       return "leaving";
     case meta::MetaType::kAck:
       return "ack";
+    case meta::MetaType::kHello:
+      return "hello";
   }
   return "?";
 }
@@ -172,6 +175,12 @@ void MetaSender::Tick(uint64_t now_ns, uint32_t pump_interval_ms) {
   if (!options_.enabled) return;
   if (writer_.fd() < 0) TryOpen();
   if (writer_.fd() < 0) return;
+  // Before any write: a hello read now keeps the old stream's frames from
+  // the new host.
+  if (writer_.ReadFromHost()) {
+    log_("metadata: a new host on " + port_path_ +
+         " (its hello came without a hangup first): sending the boot archive again");
+  }
   if (!writer_.Service()) {
     log_("metadata port " + port_path_ + ": " + std::strerror(errno) + "; closed, looking again");
     writer_.Close();
@@ -184,7 +193,7 @@ void MetaSender::Tick(uint64_t now_ns, uint32_t pump_interval_ms) {
   }
   archive_.Poll();
   QueueDue(now_ns, pump_interval_ms);
-  if (writer_.PollEvents() != 0 && !writer_.Service()) writer_.Close();
+  if ((writer_.PollEvents() & POLLOUT) != 0 && !writer_.Service()) writer_.Close();
 }
 
 void MetaSender::AnnounceLeaving() {

@@ -55,9 +55,9 @@ class MetaSender {
   short PollEvents() const { return writer_.PollEvents(); }
   // Whether the loop polls fd() (with PollEvents(), maybe none): while a host
   // is connected, so that its leaving (POLLHUP, reported whatever the events)
-  // wakes the loop at once. A host that is gone and back between two ticks
-  // (a fast daemon restart) would otherwise never get its boot frame. Not
-  // while none is: POLLHUP would then wake it all the time.
+  // or a new host's hello (POLLIN) wakes the loop at once: a host gone and
+  // back between two ticks (a fast daemon restart) must get its boot frame.
+  // Not while none is: POLLHUP would then wake it all the time.
   bool Watched() const { return writer_.fd() >= 0 && writer_.connected(); }
   // How soon the loop should come back (ms): soon while the archive is being
   // built for a waiting host, else the caller's own timeout.

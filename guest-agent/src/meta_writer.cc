@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
+#include <span>
 
 #include "text_areas.h"
 
@@ -35,6 +37,7 @@ std::string FindMetaPort(const std::string& sys_class_dir, const std::string& de
 void MetaWriter::Adopt(int fd) {
   Close();
   fd_ = fd;
+  from_host_ = meta::MetaDecoder(meta::MetaDirection::kToGuest);
 }
 
 void MetaWriter::Close() {
@@ -46,6 +49,7 @@ void MetaWriter::Close() {
 void MetaWriter::Disconnected() {
   connected_ = false;
   boot_queued_ = false;
+  wrote_on_connection_ = false;
   queue_.clear();
   queued_bytes_ = 0;
 }
@@ -70,7 +74,35 @@ bool MetaWriter::Queue(meta::MetaType type, std::vector<std::byte> frame) {
   return true;
 }
 
-short MetaWriter::PollEvents() const { return connected_ && !queue_.empty() ? POLLOUT : 0; }
+short MetaWriter::PollEvents() const {
+  if (!connected_) return 0;
+  return static_cast<short>(POLLIN | (queue_.empty() ? 0 : POLLOUT));
+}
+
+bool MetaWriter::ReadFromHost() {
+  if (fd_ < 0) return false;
+  std::byte buf[4096];
+  for (;;) {
+    const ssize_t n = read(fd_, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    // 0: no host (a virtio port's EOF); EAGAIN: nothing yet; EIO: a pty
+    // without its other end. Service() tells those apart.
+    if (n <= 0) break;
+    from_host_.Feed(std::span(buf, static_cast<size_t>(n)));
+  }
+  bool restarted = false;
+  while (std::optional<Result<meta::MetaFrame>> f = from_host_.Next()) {
+    if (!f->ok() || (*f)->type != meta::MetaType::kHello) continue;
+    ++hellos_;
+    if (connected_ && wrote_on_connection_) {
+      Disconnected();
+      connected_ = true;
+      ++connections_;
+      restarted = true;
+    }
+  }
+  return restarted;
+}
 
 bool MetaWriter::Service() {
   if (fd_ < 0) return true;
@@ -100,6 +132,7 @@ bool MetaWriter::Service() {
     }
     f.written += static_cast<size_t>(n);
     queued_bytes_ -= static_cast<size_t>(n);
+    wrote_on_connection_ = true;
     if (f.written == f.bytes.size()) {
       queue_.pop_front();
       ++frames_sent_;

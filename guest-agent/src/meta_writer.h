@@ -7,7 +7,9 @@
 // for a host that went away are dropped (a frame cut there costs the host
 // that frame only: its decoder resynchronises), and each connection starts
 // with the boot archive again, so a host that reconnected (a daemon restart)
-// gets everything.
+// gets everything. A host gone and back before the guest's kernel handled
+// the first of QEMU's two control messages shows no hangup at all; its
+// kHello (meta_channel.h) says so instead.
 #ifndef HVTRACE_AGENT_META_WRITER_H_
 #define HVTRACE_AGENT_META_WRITER_H_
 
@@ -54,9 +56,16 @@ class MetaWriter {
   // (no host, no boot frame yet for a non-boot frame, or over kMaxQueued).
   // A boot frame empties the queue first.
   bool Queue(meta::MetaType type, std::vector<std::byte> frame);
-  // The poll events to wait for: POLLOUT when bytes are queued for a host.
-  // Poll the fd while connected() even when this is 0: POLLHUP comes anyway.
+  // The poll events to wait for while connected(): POLLIN (a hello), and
+  // POLLOUT when bytes are queued. POLLHUP comes anyway.
   short PollEvents() const;
+  // Reads what the host sent (never blocks). A kHello after this connection
+  // wrote anything means a new host the port never reported: the queue is
+  // dropped and the connection starts over (needs_boot()); returns true
+  // then. A hello before the first write is this connection's own. Other
+  // frames (an ack no one waits for) and garbage are skipped. Not called
+  // during the leaving handshake, which reads the port itself.
+  bool ReadFromHost();
   // Checks the host's presence (poll, no wait) and writes what it can.
   // Returns false when the port itself failed (the caller closes it and
   // looks for it again).
@@ -77,6 +86,7 @@ class MetaWriter {
   uint64_t connections() const { return connections_; }
   uint64_t frames_sent() const { return frames_sent_; }
   uint64_t frames_dropped() const { return frames_dropped_; }
+  uint64_t hellos() const { return hellos_; }
 
  private:
   struct Pending {
@@ -94,11 +104,14 @@ class MetaWriter {
   int fd_ = -1;
   bool connected_ = false;
   bool boot_queued_ = false;
+  bool wrote_on_connection_ = false;
+  meta::MetaDecoder from_host_{meta::MetaDirection::kToGuest};
   std::deque<Pending> queue_;
   size_t queued_bytes_ = 0;
   uint64_t connections_ = 0;
   uint64_t frames_sent_ = 0;
   uint64_t frames_dropped_ = 0;
+  uint64_t hellos_ = 0;
 };
 
 }  // namespace hvtrace::agent

@@ -84,9 +84,10 @@ constexpr size_t kReadChunk = 64u << 10;
 // Frames read but not handled yet; past this the receiver stops reading.
 constexpr uint64_t kMaxQueuedBytes = 256u << 20;
 constexpr size_t kNotesBytes = 4096;
-// Acks waiting for the socket; past this (a guest that never reads its
-// port) the oldest go: each is one guest's answer, and it stops waiting.
-constexpr size_t kMaxQueuedAcks = 16;
+// Frames waiting for the socket (a hello, acks); past this (a guest that
+// never reads its port) the oldest go: an ack is one guest's answer, and it
+// stops waiting.
+constexpr size_t kMaxQueuedToGuest = 16;
 
 class Receiver : public MetaReceiver {
  public:
@@ -183,6 +184,9 @@ class Receiver : public MetaReceiver {
       self->decoder_ = meta::MetaDecoder();
       self->SetState("connected");
       self->Count("connects");
+      // First on each connection: the agent may not have seen the last one
+      // go (meta_channel.h, kHello), and this tells it to start over.
+      self->SendToGuest(meta::EncodeHello("hvtraced"));
       self->Read();
     });
   }
@@ -190,7 +194,8 @@ class Receiver : public MetaReceiver {
   void Retry(const std::string& why) {
     boost::system::error_code ignored;
     socket_.close(ignored);
-    acks_out_.clear();  // For the guest of the old connection only.
+    to_guest_.clear();  // For the guest of the old connection only.
+    ++connection_;
     {
       std::lock_guard lock(mu_);
       state_ = "waiting";
@@ -307,35 +312,40 @@ class Receiver : public MetaReceiver {
       Log(LogLevel::kInfo, "boot " + meta::BootIdString(w.boot_id) + ": leaving acknowledged (" +
                                std::string(meta::AckStatusName(ack.status)) + ") after " +
                                std::to_string(ack.host_ms) + " ms");
-      SendAck(meta::EncodeMetaFrame(meta::MetaType::kAck, w.boot_id, ack_sequence_++,
-                                    meta::EncodeLeaveAck(ack), false));
+      SendToGuest(meta::EncodeMetaFrame(meta::MetaType::kAck, w.boot_id, ack_sequence_++,
+                                        meta::EncodeLeaveAck(ack), false));
     }
     Count(copied ? "leaving_acked_copied" : "leaving_acked_not_copied", leave_waiters_.size());
     leave_waiters_.clear();
   }
 
-  // io strand: one write at a time, the rest queued (bounded).
-  void SendAck(std::vector<std::byte> frame) {
+  // io strand: one write at a time, the rest queued (bounded). The front is
+  // the one being written: never dropped while its write runs.
+  void SendToGuest(std::vector<std::byte> frame) {
     if (stopped_ || !socket_.is_open()) return;
-    if (acks_out_.size() >= kMaxQueuedAcks) {
-      acks_out_.pop_front();
+    if (to_guest_.size() >= kMaxQueuedToGuest) {
+      to_guest_.erase(to_guest_.begin() + 1);
       Count("acks_dropped");
     }
-    acks_out_.push_back(std::move(frame));
-    if (acks_out_.size() == 1) WriteAck();
+    to_guest_.push_back(std::move(frame));
+    if (to_guest_.size() == 1) WriteToGuest();
   }
 
-  void WriteAck() {
-    asio::async_write(socket_, asio::buffer(acks_out_.front()),
-                      [self = Self()](const boost::system::error_code& ec, size_t) {
-                        if (ec || self->acks_out_.empty()) {
-                          // The read side notices a closed socket and reconnects.
-                          self->acks_out_.clear();
-                          return;
-                        }
-                        self->acks_out_.pop_front();
-                        if (!self->acks_out_.empty()) self->WriteAck();
-                      });
+  void WriteToGuest() {
+    asio::async_write(
+        socket_, asio::buffer(to_guest_.front()),
+        [self = Self(), connection = connection_](const boost::system::error_code& ec, size_t) {
+          // A write of an earlier connection (Retry emptied the
+          // queue): the queue now holds this one's frames.
+          if (connection != self->connection_) return;
+          if (ec) {
+            // The read side notices a closed socket and reconnects.
+            self->to_guest_.clear();
+            return;
+          }
+          self->to_guest_.pop_front();
+          if (!self->to_guest_.empty()) self->WriteToGuest();
+        });
   }
 
   // work strand.
@@ -354,7 +364,8 @@ class Receiver : public MetaReceiver {
         HandleBoot(frame, boot_id);
         return;
       case meta::MetaType::kLeaving:  // Answered on the io strand (HandleLeaving).
-      case meta::MetaType::kAck:      // Never to the host: its decoder refuses it.
+      case meta::MetaType::kAck:      // Never to the host: its decoder refuses them.
+      case meta::MetaType::kHello:
         return;
       case meta::MetaType::kComms:
       case meta::MetaType::kClock: {
@@ -430,8 +441,9 @@ class Receiver : public MetaReceiver {
     std::chrono::steady_clock::time_point arrived;
   };
   std::vector<LeaveWaiter> leave_waiters_;  // Non-empty: a leaving capture runs.
-  std::deque<std::vector<std::byte>> acks_out_;
+  std::deque<std::vector<std::byte>> to_guest_;
   uint32_t ack_sequence_ = 0;
+  uint64_t connection_ = 0;  // +1 per Retry: tells an old write's completion apart.
 
   // work strand.
   std::map<std::string, uint32_t> sequence_;

@@ -13,8 +13,9 @@
 // receiver runs: QEMU not up yet, restarted, or the guest rebooting (a new
 // boot sends a new kBoot).
 //
-// The one frame it writes: a kAck to a guest's kLeaving (hvtrace/
-// meta_leaving.h), handled on the socket's strand at once, never queued
+// It writes a kHello first on each connection (the agent then knows a host
+// came, though it may have seen none go), and a kAck to a guest's kLeaving
+// (hvtrace/meta_leaving.h), handled on the socket's strand at once, never queued
 // behind a bundle, since the agent waits for it (bounded) before it lets its
 // kernel go. One notice at a time makes the VM's supervisor capture; notices
 // that come while it runs wait for that capture's answer (at most

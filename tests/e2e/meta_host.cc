@@ -33,7 +33,11 @@ bool MetaHost::Connect(std::chrono::milliseconds timeout) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path_.c_str());
-    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return true;
+    if (connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
+      // As hvtraced does: the agent may not see a quick reconnect otherwise.
+      const std::vector<std::byte> hello = meta::EncodeHello("e2e");
+      return write(fd_, hello.data(), hello.size()) == static_cast<ssize_t>(hello.size());
+    }
     close(fd_);
     fd_ = -1;
     usleep(100000);

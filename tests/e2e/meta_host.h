@@ -30,7 +30,8 @@ class MetaHost {
   MetaHost(const MetaHost&) = delete;
   MetaHost& operator=(const MetaHost&) = delete;
 
-  // Connects, retrying until |timeout|; a new connection starts with no frames.
+  // Connects, retrying until |timeout|, and says hello (as hvtraced does); a
+  // new connection starts with no frames.
   bool Connect(std::chrono::milliseconds timeout);
   void Disconnect();
   // Reads frames until |done| says so or |timeout| passes.

@@ -43,6 +43,8 @@ uint32_t RawCap(uint16_t type, MetaDirection direction) {
       return to_host ? kLeavePayloadSize : 0;
     case MetaType::kAck:
       return to_host ? 0 : kLeavePayloadSize;
+    case MetaType::kHello:
+      return to_host ? 0 : kMaxHelloRaw;
   }
   return 0;  // Unknown type.
 }
@@ -117,6 +119,10 @@ std::vector<std::byte> EncodeMetaFrame(MetaType type, const BootId& boot_id, uin
   Put<uint32_t>(h + 44, Crc(h, 44));
   std::copy(body.begin(), body.end(), frame.begin() + kMetaHeaderSize);
   return frame;
+}
+
+std::vector<std::byte> EncodeHello(std::string_view host) {
+  return EncodeMetaFrame(MetaType::kHello, BootId{}, 0, host.substr(0, kMaxHelloRaw), false);
 }
 
 std::optional<BootId> ParseBootId(std::string_view text) {

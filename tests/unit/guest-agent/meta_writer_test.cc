@@ -88,10 +88,10 @@ TEST_F(MetaWriterTest, BootFirstThenOthersAndAGoneHostDropsTheQueue) {
   ASSERT_TRUE(w.Queue(meta::MetaType::kBoot, Frame(meta::MetaType::kBoot, 0, "boot")));
   ASSERT_TRUE(w.Queue(meta::MetaType::kComms, Frame(meta::MetaType::kComms, 1, "1 init\n")));
   EXPECT_FALSE(w.needs_boot());
-  EXPECT_EQ(w.PollEvents(), POLLOUT);
+  EXPECT_EQ(w.PollEvents(), POLLIN | POLLOUT);
   ASSERT_TRUE(w.Service());
   EXPECT_EQ(w.queued_bytes(), 0u);
-  EXPECT_EQ(w.PollEvents(), 0);
+  EXPECT_EQ(w.PollEvents(), POLLIN) << "a hello may come";
   meta::MetaDecoder host;
   auto frames = Drain(sv[1], &host);
   ASSERT_EQ(frames.size(), 2u);
@@ -188,6 +188,56 @@ struct FakePort {
     slave = -1;
   }
 };
+
+// A host gone and back before the guest's kernel noticed (no hangup on the
+// port) says hello: the writer starts the connection over. A connection's
+// own hello, read before anything was written, and other frames from the
+// host do not.
+TEST_F(MetaWriterTest, AHelloAfterWritingStartsTheConnectionOver) {
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
+  auto host_writes = [&](const std::vector<std::byte>& frame) {
+    ASSERT_EQ(write(sv[1], frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  };
+  MetaWriter w;
+  w.Adopt(sv[0]);
+  host_writes(meta::EncodeHello("test"));
+  ASSERT_TRUE(w.Service());
+  EXPECT_FALSE(w.ReadFromHost()) << "this connection's own hello";
+  EXPECT_EQ(w.hellos(), 1u);
+  ASSERT_TRUE(w.needs_boot());
+  ASSERT_TRUE(w.Queue(meta::MetaType::kBoot, Frame(meta::MetaType::kBoot, 0, "boot")));
+  ASSERT_TRUE(w.Queue(meta::MetaType::kComms, Frame(meta::MetaType::kComms, 1, "1 init\n")));
+  ASSERT_TRUE(w.Service());
+  meta::MetaDecoder host;
+  EXPECT_EQ(Drain(sv[1], &host).size(), 2u);
+
+  // Garbage and an ack no one waits for change nothing.
+  const std::string noise = "noise";
+  ASSERT_EQ(write(sv[1], noise.data(), noise.size()), 5);
+  host_writes(meta::EncodeMetaFrame(meta::MetaType::kAck, meta::BootId{1, 2, 3}, 0,
+                                    std::string(meta::kLeavePayloadSize, '\0'), false));
+  EXPECT_FALSE(w.ReadFromHost());
+  EXPECT_FALSE(w.needs_boot());
+
+  // A new host, no hangup seen: what was queued for the old one goes, and
+  // the next frame is the boot frame.
+  ASSERT_TRUE(w.Queue(meta::MetaType::kClock, Frame(meta::MetaType::kClock, 2, "{}")));
+  host_writes(meta::EncodeHello("test"));
+  EXPECT_TRUE(w.ReadFromHost());
+  EXPECT_EQ(w.hellos(), 2u);
+  EXPECT_EQ(w.connections(), 2u);
+  EXPECT_TRUE(w.connected());
+  ASSERT_TRUE(w.needs_boot());
+  EXPECT_EQ(w.queued_bytes(), 0u);
+  ASSERT_TRUE(w.Queue(meta::MetaType::kBoot, Frame(meta::MetaType::kBoot, 0, "boot")));
+  ASSERT_TRUE(w.Service());
+  const auto frames = Drain(sv[1], &host);
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].type, meta::MetaType::kBoot);
+  close(sv[1]);
+  w.Close();
+}
 
 TEST_F(MetaWriterTest, AHostThatComesBackGetsTheBootFrameAgain) {
   FakePort port;

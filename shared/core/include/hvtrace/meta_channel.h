@@ -42,10 +42,18 @@
 //           its kernel (kexec, reboot, poweroff); the agent waits, bounded,
 //           for the host's kAck before it lets the shutdown go on.
 //
-// The host sends one type back, on the same port, only in answer to a
-// kLeaving: kAck, 16 bytes (hvtrace/meta_leaving.h). Each direction's decoder
-// accepts only its direction's types (MetaDirection), so a guest cannot make
-// the host parse an ack, nor a host make the agent buffer a boot archive.
+// The host sends two types back, on the same port:
+//   kHello  first on each connection: text naming the host end (at most
+//           kMaxHelloRaw bytes), boot id zero. The guest sees a host come
+//           and go as the port's hangup, but a host gone and back before
+//           the guest's kernel handled the first of those control messages
+//           (a fast daemon restart, a busy vCPU) shows no hangup at all: a
+//           hello after the agent wrote on what it took for the same
+//           connection tells it the boot archive must go again.
+//   kAck    only in answer to a kLeaving, 16 bytes (hvtrace/meta_leaving.h).
+// Each direction's decoder accepts only its direction's types
+// (MetaDirection), so a guest cannot make the host parse an ack, nor a host
+// make the agent buffer a boot archive.
 //
 // Everything the host reads here is hostile: a guest can send anything. The
 // decoder bounds every size before it allocates, inflates into a hard cap,
@@ -75,8 +83,15 @@ inline constexpr uint32_t kMetaFrameMagic = 0x4d545648;  // "HVTM" little-endian
 inline constexpr uint16_t kMetaFrameVersion = 1;
 inline constexpr size_t kMetaHeaderSize = 48;
 
-enum class MetaType : uint16_t { kBoot = 1, kComms = 2, kClock = 3, kLeaving = 4, kAck = 5 };
-// Who reads the frames: hvtraced (kBoot … kLeaving) or the agent (kAck).
+enum class MetaType : uint16_t {
+  kBoot = 1,
+  kComms = 2,
+  kClock = 3,
+  kLeaving = 4,
+  kAck = 5,
+  kHello = 6,
+};
+// Who reads the frames: hvtraced (kBoot … kLeaving) or the agent (kAck, kHello).
 enum class MetaDirection { kToHost, kToGuest };
 enum MetaFlags : uint32_t { kMetaCompressed = 1u << 0 };  // zlib (compress2).
 
@@ -87,6 +102,7 @@ inline constexpr uint32_t kMaxBootRaw = 128u << 20;
 inline constexpr uint32_t kMaxCommsRaw = 1u << 20;
 inline constexpr uint32_t kMaxClockRaw = 64u << 10;
 inline constexpr uint32_t kLeavePayloadSize = 16;  // kLeaving and kAck, exactly.
+inline constexpr uint32_t kMaxHelloRaw = 256;
 inline constexpr uint32_t kMaxStored = 64u << 20;
 
 using BootId = std::array<uint8_t, 16>;
@@ -101,6 +117,9 @@ struct MetaFrame {
 // The frame for |payload|, zlib-compressed when |compress| (level 6).
 std::vector<std::byte> EncodeMetaFrame(MetaType type, const BootId& boot_id, uint32_t sequence,
                                        std::string_view payload, bool compress);
+
+// The kHello frame a host writes first on each connection; |host| names it.
+std::vector<std::byte> EncodeHello(std::string_view host);
 
 // Parses "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" (boot_id's text form).
 std::optional<BootId> ParseBootId(std::string_view text);

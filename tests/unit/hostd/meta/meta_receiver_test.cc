@@ -160,6 +160,48 @@ class MetaReceiverTest : public ::testing::Test {
 
 uint64_t N(const json& s, const char* key) { return s.value(key, uint64_t{0}); }
 
+// What the receiver wrote to the guest: its hellos (counted) and acks.
+struct ToGuest {
+  size_t hellos = 0;
+  std::string hello;  // The last one's payload.
+  std::vector<std::pair<meta::MetaFrame, meta::LeaveAck>> acks;
+};
+
+// Reads the receiver's end of the socket until |acks| acks (and a hello)
+// came, the socket stayed quiet for 300 ms after the first frame, or 10 s
+// passed.
+ToGuest ReadToGuest(int fd, size_t acks) {
+  ToGuest out;
+  meta::MetaDecoder d(meta::MetaDirection::kToGuest);
+  char buf[4096];
+  int quiet = 0;
+  for (int i = 0; i < 100 && (out.acks.size() < acks || out.hellos == 0) && quiet < 3; ++i) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) {
+      if (out.hellos + out.acks.size() != 0) ++quiet;
+      continue;
+    }
+    quiet = 0;
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    d.Feed(std::span(reinterpret_cast<const std::byte*>(buf), static_cast<size_t>(n)));
+    while (auto f = d.Next()) {
+      EXPECT_TRUE(f->ok()) << f->error().message;
+      if (!f->ok()) continue;
+      if ((*f)->type == meta::MetaType::kHello) {
+        EXPECT_TRUE(out.acks.empty()) << "the hello comes first";
+        ++out.hellos;
+        out.hello = (*f)->payload;
+        continue;
+      }
+      Result<meta::LeaveAck> ack = meta::ParseLeaveAck((*f)->payload);
+      EXPECT_TRUE(ack.ok());
+      if (ack.ok()) out.acks.emplace_back(std::move(**f), *ack);
+    }
+  }
+  return out;
+}
+
 TEST_F(MetaReceiverTest, KeepsGoodBootsRefusesLiesAndReconnects) {
   StartReceiver();
   ASSERT_TRUE(Accept());
@@ -196,6 +238,11 @@ TEST_F(MetaReceiverTest, KeepsGoodBootsRefusesLiesAndReconnects) {
   ::close(conn_);
   conn_ = -1;
   ASSERT_TRUE(Accept());
+  // Each connection starts with the host's hello: the agent may not have
+  // seen the old one go.
+  const ToGuest hello = ReadToGuest(conn_, 0);
+  EXPECT_EQ(hello.hellos, 1u);
+  EXPECT_EQ(hello.hello, "hvtraced");
   SendFrame(meta::MetaType::kBoot, a, 3, good);
   SendFrame(meta::MetaType::kBoot, b, 0,
             UstarArchive(MetaBootMembers(test_support::kMetaFixtures, b)));
@@ -281,34 +328,6 @@ std::vector<std::byte> Notice(const meta::BootId& id, uint32_t seq, uint64_t non
       meta::EncodeLeaveNotice({meta::LeaveReason::kStopSignal, 2000, nonce}), false);
 }
 
-// Reads acks from the receiver's end of the socket until |count| came, the
-// socket stayed quiet for 300 ms after the first, or 10 s passed.
-std::vector<std::pair<meta::MetaFrame, meta::LeaveAck>> ReadAcks(int fd, size_t count) {
-  std::vector<std::pair<meta::MetaFrame, meta::LeaveAck>> out;
-  meta::MetaDecoder d(meta::MetaDirection::kToGuest);
-  char buf[4096];
-  int quiet = 0;
-  for (int i = 0; i < 100 && out.size() < count && quiet < 3; ++i) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 100) != 1) {
-      if (!out.empty()) ++quiet;
-      continue;
-    }
-    quiet = 0;
-    const ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n <= 0) break;
-    d.Feed(std::span(reinterpret_cast<const std::byte*>(buf), static_cast<size_t>(n)));
-    while (auto f = d.Next()) {
-      EXPECT_TRUE(f->ok()) << f->error().message;
-      if (!f->ok()) continue;
-      Result<meta::LeaveAck> ack = meta::ParseLeaveAck((*f)->payload);
-      EXPECT_TRUE(ack.ok());
-      if (ack.ok()) out.emplace_back(std::move(**f), *ack);
-    }
-  }
-  return out;
-}
-
 // The guest says it is leaving: the VM's capture is asked for once, and
 // the guest gets its ack (with its nonce and boot) when the copy is durable.
 TEST_F(MetaReceiverTest, ALeavingGuestIsAckedOnceTheCopyIsDurable) {
@@ -320,7 +339,9 @@ TEST_F(MetaReceiverTest, ALeavingGuestIsAckedOnceTheCopyIsDurable) {
   WaitStatus([](const json& st) { return N(st, "leaving_notices") == 1; });
   ASSERT_EQ(Asked(), 1u);
   AskedAck(0)(true);
-  auto acks = ReadAcks(conn_, 1);
+  const ToGuest sent = ReadToGuest(conn_, 1);
+  EXPECT_EQ(sent.hellos, 1u);
+  const auto& acks = sent.acks;
   ASSERT_EQ(acks.size(), 1u);
   EXPECT_EQ(acks[0].first.boot_id, a);
   EXPECT_EQ(acks[0].second.nonce, 0xfeedu);
@@ -355,7 +376,7 @@ TEST_F(MetaReceiverTest, Malicious_ALeavingFloodAsksForOneCaptureAndAnswersABoun
   ASSERT_EQ(Asked(), 1u) << "one capture for the whole flood";
   EXPECT_THAT(Log(), HasSubstr("leaving notice version 65535 unknown"));
   AskedAck(0)(false);
-  auto acks = ReadAcks(conn_, kMaxLeaveWaiters + 1);
+  const auto acks = ReadToGuest(conn_, kMaxLeaveWaiters + 1).acks;
   ASSERT_EQ(acks.size(), kMaxLeaveWaiters);
   EXPECT_EQ(acks.front().second.nonce, 1000u);              // The notice that started the capture.
   EXPECT_EQ(acks.back().second.nonce, 1000u + kFlood - 1);  // The newest.

@@ -108,6 +108,8 @@ void CheckMetaChannel(DiskGuest& guest, MetaHost& host, const DiskImage& image,
       << guest.Diagnostics();
   EXPECT_EQ(meta::BootIdString(host.Find(meta::MetaType::kBoot)->boot_id), boot_id);
 
+  // A daemon restart: the agent may see no hangup in between (then our
+  // hello tells it to send its boot archive again).
   host.Disconnect();
   usleep(500000);
   ASSERT_TRUE(host.Connect(10s));
@@ -118,7 +120,9 @@ void CheckMetaChannel(DiskGuest& guest, MetaHost& host, const DiskImage& image,
                host.Find(meta::MetaType::kClock);
       },
       120s))
-      << "frames after reconnecting: " << host.frames.size() << "\n"
+      << "frames after reconnecting: " << host.frames.size()
+      << ", decoder errors: " << host.errors.size()
+      << (host.errors.empty() ? "" : ", the last: " + host.errors.back()) << "\n"
       << guest.Diagnostics();
   // The quick reconnect may go unseen by the guest's kernel (no hangup):
   // frames the agent wrote before it read our hello reach us first, then
@@ -135,6 +139,11 @@ void CheckMetaChannel(DiskGuest& guest, MetaHost& host, const DiskImage& image,
       "(%.1f s after the reconnect)\n",
       seconds(), boot.payload.size(), static_cast<unsigned long long>(host.boot_wire),
       seconds() - reconnected);
+  const bool hello_seen =
+      guest.console().WaitForMatch(std::regex("a new host on .* \\(its hello came"), 5s).ok();
+  std::printf("[debian-image] the agent %s\n",
+              hello_seen ? "saw no hangup and took our hello for a new host"
+                         : "saw the hangup (or has not logged the hello yet)");
   const std::string identity = CheckBootArchive(boot, image);
   EXPECT_EQ(JsonField(identity, "boot_id"), boot_id);
   // "pid comm" lines; the kernel may have saved few names yet, and the agent

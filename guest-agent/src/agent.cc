@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -522,6 +523,12 @@ uint64_t Agent::PumpAll() {
       }
       const uint32_t flags =
           16 + commit + 256 < static_cast<uint64_t>(n) ? uint32_t{region::kSlotPartial} : 0u;
+      // Stamped before the page is published: a panic between the two must
+      // not leave a page newer than the stamp (the host's loss window says
+      // events after it were lost). A full barrier: the stamp is visible
+      // before any byte of the page.
+      std::atomic_ref<uint64_t>(region_->status()->last_push_mono_ns)
+          .store(MonotonicNs(), std::memory_order_seq_cst);
       region_->PushCpuPage(p.cpu, generation_,
                            std::span<const std::byte>(page_buffer_.data(), static_cast<size_t>(n)),
                            flags);
@@ -532,7 +539,7 @@ uint64_t Agent::PumpAll() {
   region::GuestStatus* st = region_->status();
   if (last_push_ns_ != 0) st->max_push_gap_ns = std::max(st->max_push_gap_ns, now - last_push_ns_);
   last_push_ns_ = now;
-  st->last_push_mono_ns = now;
+  std::atomic_ref<uint64_t>(st->last_push_mono_ns).store(now);
   st->pages_pushed += pushed;
   return pushed;
 }

@@ -201,10 +201,12 @@ struct GuestStatus {
   int32_t last_errno;
   uint64_t heartbeat;  // +1 per tick.
   uint64_t heartbeat_mono_ns;
-  uint64_t request_ack;        // Last HostRequests::request_seq applied.
-  uint64_t snapshot_ack;       // Last snapshot_seq pushed.
-  uint64_t last_push_mono_ns;  // End of the last push of every CPU.
-  uint64_t max_push_gap_ns;    // Largest gap between pushes: the loss window.
+  uint64_t request_ack;   // Last HostRequests::request_seq applied.
+  uint64_t snapshot_ack;  // Last snapshot_seq pushed.
+  // End of the last pump round; also stamped before each page is published,
+  // so no page in the rings is newer, even after a panic mid-round.
+  uint64_t last_push_mono_ns;
+  uint64_t max_push_gap_ns;  // Largest gap between pushes: the loss window.
   uint64_t pages_pushed;
   uint64_t events_enabled;
   uint64_t dw_rings_exhausted;  // Direct-write events dropped: no free ring.

@@ -138,9 +138,13 @@ void VmSupervisor::OnVmFailure(std::string reason) {
 }
 
 void VmSupervisor::Fail(const std::string& reason) {
-  std::lock_guard lock(mu_);
-  state_ = VmState::kFailed;
-  last_error_ = reason;
+  {
+    std::lock_guard lock(mu_);
+    state_ = VmState::kFailed;
+    last_error_ = reason;
+  }
+  // Said once, here: a capture that fails later names only its own step.
+  LogWarning("VM " + name_ + ": failed: " + reason);
 }
 
 void VmSupervisor::SetState(VmState state) {

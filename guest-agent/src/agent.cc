@@ -525,10 +525,11 @@ uint64_t Agent::PumpAll() {
           16 + commit + 256 < static_cast<uint64_t>(n) ? uint32_t{region::kSlotPartial} : 0u;
       // Stamped before the page is published: a panic between the two must
       // not leave a page newer than the stamp (the host's loss window says
-      // events after it were lost). A full barrier: the stamp is visible
-      // before any byte of the page.
+      // events after it were lost). The release fence keeps the stamp's
+      // store before the page's stores (on x86 a compiler barrier only).
       std::atomic_ref<uint64_t>(region_->status()->last_push_mono_ns)
-          .store(MonotonicNs(), std::memory_order_seq_cst);
+          .store(MonotonicNs(), std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_release);
       region_->PushCpuPage(p.cpu, generation_,
                            std::span<const std::byte>(page_buffer_.data(), static_cast<size_t>(n)),
                            flags);
@@ -539,7 +540,7 @@ uint64_t Agent::PumpAll() {
   region::GuestStatus* st = region_->status();
   if (last_push_ns_ != 0) st->max_push_gap_ns = std::max(st->max_push_gap_ns, now - last_push_ns_);
   last_push_ns_ = now;
-  std::atomic_ref<uint64_t>(st->last_push_mono_ns).store(now);
+  std::atomic_ref<uint64_t>(st->last_push_mono_ns).store(now, std::memory_order_relaxed);
   st->pages_pushed += pushed;
   return pushed;
 }

@@ -46,6 +46,11 @@ void MetaWriter::Close() {
   fd_ = -1;
 }
 
+void MetaWriter::Connected() {
+  connected_ = true;
+  ++connections_;
+}
+
 void MetaWriter::Disconnected() {
   connected_ = false;
   boot_queued_ = false;
@@ -96,8 +101,7 @@ bool MetaWriter::ReadFromHost() {
     ++hellos_;
     if (connected_ && wrote_on_connection_) {
       Disconnected();
-      connected_ = true;
-      ++connections_;
+      Connected();
       restarted = true;
     }
   }
@@ -114,10 +118,7 @@ bool MetaWriter::Service() {
     return true;
   }
   if (!(p.revents & POLLOUT)) return true;
-  if (!connected_) {
-    connected_ = true;  // A host (again): it gets the boot frame first.
-    ++connections_;
-  }
+  if (!connected_) Connected();  // A host (again): it gets the boot frame first.
   while (!queue_.empty()) {
     Pending& f = queue_.front();
     const ssize_t n = write(fd_, f.bytes.data() + f.written, f.bytes.size() - f.written);

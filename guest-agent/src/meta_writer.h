@@ -94,6 +94,7 @@ class MetaWriter {
     std::vector<std::byte> bytes;
     size_t written = 0;
   };
+  void Connected();  // A new connection: needs_boot() until the caller queues kBoot.
   void Disconnected();
   // Drops every queued frame but one partly written.
   void KeepOnlyPartial();

@@ -1,7 +1,8 @@
 // Trouble a guest lives on after (issue #42, item 3): hvtraced watches the
 // kernel log the guest's boot range records in host memory (log_watch.h)
-// and takes `warn` and `oops` captures with the guest never paused. One
-// 6.12 guest under TCG, hvt_beta loaded, panic_on_oops=0:
+// and takes `warn` and `oops` captures with the guest never paused. A 6.12
+// and a 7.3 guest under TCG (each release's own printk and oops layout),
+// hvt_beta loaded, panic_on_oops=0:
 //   1. a WARN storm (hvt_beta's warn=N, in bursts for several seconds):
 //      captures are rate-limited by guest_capture_interval (the rest
 //      coalesced into them), each says `warn` with the module's WARNING
@@ -61,9 +62,11 @@ json Manifest(const HvtracedProcess& daemon, const std::string& vm, const std::s
       ReadText(fs::path(daemon.state_dir()) / "vms" / vm / "captures" / id / "manifest.json"));
 }
 
-TEST(LogWatchE2e, WarnStormRateLimitedThenOopsCapturedWhileTheGuestRunsOn) {
+class LogWatchE2e : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LogWatchE2e, WarnStormRateLimitedThenOopsCapturedWhileTheGuestRunsOn) {
   if (std::string why = QemuUnavailableReason(); !why.empty()) GTEST_SKIP() << why;
-  auto image = GuestImageWithTestModules("6.12");
+  auto image = GuestImageWithTestModules(GetParam());
   ASSERT_TRUE(image.ok()) << image.error().message;
   auto cache_root = CacheWithFormatsOf(*image);
   ASSERT_TRUE(cache_root.ok()) << cache_root.error().message;
@@ -168,6 +171,11 @@ TEST(LogWatchE2e, WarnStormRateLimitedThenOopsCapturedWhileTheGuestRunsOn) {
   EXPECT_LE(BytesUnder(captures), kBudget);
   EXPECT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
 }
+
+INSTANTIATE_TEST_SUITE_P(Kernels, LogWatchE2e, ::testing::Values("6.12", "7.3"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return KernelParamName(p.param);
+                         });
 
 }  // namespace
 }  // namespace hvtrace::e2e

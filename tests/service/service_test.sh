@@ -349,6 +349,9 @@ if grep -q listening <<<"$(inside journalctl -u hvtraced --no-pager -o cat -p wa
   fail "'listening' logged as a warning"
 fi
 
+# The daemon's last journal lines, for a failure's message.
+daemon_log() { inside journalctl -u hvtraced --no-pager -o cat -n 25 2>&1 | tr '\n' '|'; }
+
 CONF=$TREE/etc/hvtrace/hvtraced.conf
 set_key() {  # set_key KEY VALUE: the config refuses repeated keys
   sed -i "/^$1 *=/d" "$CONF"
@@ -365,7 +368,16 @@ log "systemctl stop with vm_on_shutdown = keep leaves the VM's scope"
 inside systemctl stop hvtraced
 [ "$(inside systemctl is-active $scope)" = active ] || fail "stopping hvtraced stopped $scope"
 inside systemctl start hvtraced
-grep -q demo <<<"$(run_as "$OBSERVER" "hvtrace list")" || fail "the restarted daemon did not re-adopt demo"
+# Re-adopted means running again: a VM kept offline is listed too, and
+# vm_on_shutdown = stop below would then have no QEMU to quit.
+listed=""
+for _ in $(seq 100); do
+  listed=$(run_as "$OBSERVER" "hvtrace list" 2>&1 || true)
+  grep -q '^demo .*running' <<<"$listed" && break
+  sleep 0.1
+done
+grep -q '^demo .*running' <<<"$listed" ||
+  fail "the restarted daemon did not re-adopt demo: $listed; its log: $(daemon_log)"
 set_key vm_on_shutdown stop
 inside systemctl reload hvtraced
 inside systemctl stop hvtraced
@@ -373,5 +385,6 @@ for _ in $(seq 100); do
   [ "$(inside systemctl is-active $scope || true)" = active ] || break
   sleep 0.1
 done
-[ "$(inside systemctl is-active $scope || true)" != active ] || fail "vm_on_shutdown = stop left $scope"
+[ "$(inside systemctl is-active $scope || true)" != active ] ||
+  fail "vm_on_shutdown = stop left $scope ($(inside systemctl show -p SubState,ControlGroup --value $scope | tr '\n' ' ')); the daemon's log: $(daemon_log)"
 log "PASS"

@@ -27,7 +27,27 @@ bool IsBugLine(std::string_view t) {
   return t.starts_with("BUG: ") || t.starts_with("kernel BUG at ") ||
          t.starts_with("general protection fault");
 }
-bool IsWarnLine(std::string_view t) { return t.starts_with("WARNING: CPU: "); }
+// __warn()'s first line. Up to 6.18: "WARNING: CPU: 0 PID: 209 at FILE:LINE
+// FUNC"; 6.19+ (7.x): "WARNING: FILE:LINE at FUNC, CPU#0: COMM/209", or
+// "WARNING: at FUNC, CPU#0: COMM/209" without a file. Other printks start
+// with "WARNING: " too (boot-time notices), so the 7.x form is matched by its
+// whole tail: ", CPU#" digits ": " COMM "/" digits at the end.
+bool IsWarnLine(std::string_view t) {
+  if (t.starts_with("WARNING: CPU: ")) return true;
+  if (!t.starts_with("WARNING: ")) return false;
+  const size_t cpu = t.rfind(", CPU#");
+  if (cpu == std::string_view::npos) return false;
+  const std::string_view head = t.substr(9, cpu - 9);
+  if (!head.starts_with("at ") && head.find(" at ") == std::string_view::npos) return false;
+  std::string_view tail = t.substr(cpu + 6);
+  const auto digits = [](std::string_view d) {
+    return !d.empty() && d.find_first_not_of("0123456789") == std::string_view::npos;
+  };
+  const size_t colon = tail.find(": ");
+  const size_t slash = tail.rfind('/');
+  return colon != std::string_view::npos && slash != std::string_view::npos && slash > colon &&
+         digits(tail.substr(0, colon)) && digits(tail.substr(slash + 1));
+}
 bool IsTroubleLine(std::string_view t) { return IsOopsLine(t) || IsBugLine(t) || IsWarnLine(t); }
 
 std::optional<int64_t> Number(std::string_view s) {

@@ -8,7 +8,8 @@
 //   Kernel panic - not syncing: sysrq triggered crash
 //   BUG: kernel NULL pointer dereference, address: 0000000000000000
 //   Oops: 0002 [#1] PREEMPT SMP NOPTI
-//   WARNING: CPU: 1 PID: 209 at drivers/x.c:12 f+0x1/0x2 [mod]
+//   WARNING: CPU: 1 PID: 209 at drivers/x.c:12 f+0x1/0x2 [mod]     (to 6.18)
+//   WARNING: x.c:12 at f+0x1/0x2 [mod], CPU#1: sh/209            (6.19+, 7.x)
 //   CPU: 1 UID: 0 PID: 209 Comm: sh Not tainted 6.12.48+deb12-amd64 #1 ...
 //   Tainted: [O]=OOT_MODULE, [D]=DIE            (7.x: the flags in words)
 //   RIP: 0010:sysrq_handle_crash+0x1a/0x20
@@ -83,7 +84,8 @@ std::string_view PanicReason(std::string_view text);
 
 // What one log line says went wrong: "panic" (a panic line), "oops" (an
 // Oops:, BUG:, kernel BUG at or general protection fault line), "warn" (a
-// WARNING: CPU: line), or "" (anything else). Leading blanks are ignored.
+// __warn() line, either form above), or "" (anything else). Leading blanks
+// are ignored.
 std::string_view TroubleOfLine(std::string_view text);
 
 }  // namespace hvtrace

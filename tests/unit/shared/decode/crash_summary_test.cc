@@ -223,6 +223,53 @@ TEST(CrashSummary, OopsWithoutPanicAndWarn) {
   EXPECT_EQ(s.frames[1].context, "TASK");
 }
 
+// 6.19+ (Debian's 7.x) prints __warn()'s first line another way; the rest
+// of the dump is as before. The line is the one a 7.3.4 guest printed for
+// hvt_beta's warn=4 (LogWatchE2e/Linux7_3).
+TEST(CrashSummary, WarnLineOfSevenX) {
+  const std::string warn =
+      "[    9.481148] hvt_beta: warning 4 of 4\n"
+      "[    9.481155] WARNING: hvt_beta.c:109 at warn_set+0x52/0x90 [hvt_beta], CPU#0: sh/174\n"
+      "[    9.482356] Modules linked in: hvt_beta(OE) qemu_fw_cfg\n"
+      "[    9.483766] CPU: 0 UID: 0 PID: 174 Comm: sh Tainted: G        W  OE       "
+      "7.3.4+deb13-amd64 #1 PREEMPT(lazy)  Debian 7.3.4-1~bpo13+1\n"
+      "[    9.484796] Tainted: [W]=WARN, [O]=OOT_MODULE, [E]=UNSIGNED_MODULE\n"
+      "[    9.486247] RIP: 0010:warn_set+0x54/0x90 [hvt_beta]\n"
+      "[    9.493363] Call Trace:\n"
+      "[    9.493554]  <TASK>\n"
+      "[    9.493721]  param_attr_store+0x98/0xf0\n"
+      "[    9.506151]  </TASK>\n"
+      "[    9.506366] ---[ end trace 0000000000000000 ]---\n";
+  const CrashSummary s = SummarizeCrash(FromDmesg(warn));
+  EXPECT_EQ(s.kind, "warn");
+  EXPECT_EQ(s.reason, "WARNING: hvt_beta.c:109 at warn_set+0x52/0x90 [hvt_beta], CPU#0: sh/174");
+  EXPECT_EQ(s.warning_line, s.reason);
+  EXPECT_EQ(s.task, "sh");
+  EXPECT_EQ(s.pid, 174);
+  EXPECT_EQ(s.cpu, 0);
+  ASSERT_EQ(s.frames.size(), 1u);
+  EXPECT_EQ(s.frames[0].function, "param_attr_store+0x98/0xf0");
+
+  // Without a file, and with a task name that holds spaces and a slash.
+  EXPECT_EQ(
+      SummarizeCrash(FromDmesg("[ 1.0] WARNING: at f+0x1/0x2, CPU#3: kworker/3:1 x/9\n")).kind,
+      "warn");
+}
+
+// Notices that start like a warning are not one: only __warn()'s own line
+// is (its "CPU: " or its ", CPU#N: COMM/PID" tail).
+TEST(CrashSummary, WarningNoticesAreNotWarns) {
+  for (const char* line : {
+           "[ 1.0] WARNING: Spectre v2 mitigation leaves CPU vulnerable to RETBleed attacks\n",
+           "[ 1.0] WARNING: at f, CPU#x: sh/1\n",
+           "[ 1.0] WARNING: f at g, CPU#1: sh/\n",
+           "[ 1.0] WARNING: foo, CPU#1: sh/1\n",
+           "[ 1.0] WARNING: at f, CPU#1 sh/1\n",
+       }) {
+    EXPECT_FALSE(SummarizeCrash(FromDmesg(line)).found) << line;
+  }
+}
+
 TEST(CrashSummary, NoCrashInAnOrdinaryLog) {
   const CrashSummary s = SummarizeCrash(FromDmesg(
       "[    0.000000] Linux version 6.12.48+deb12-amd64\n[    1.0] Run /init as init process\n"));

@@ -277,7 +277,8 @@ int main(int argc, char** argv) {
   // tdat.fil; names is the task names' own time, on a thread beside kaslr and syms (-1: a build
   // that found them in turn, its names column then part of tdat.all). crash: the kernel log from
   // the console events and the crash summary, part of tdat.all (the summary is ready at
-  // "decoded"); ring: the printk ring read from guest memory after it;
+  // "decoded"); ring: the printk ring read from guest memory (on a thread beside the decode once
+  // it has the newest boot's KASLR offset) and its files;
   // vmcore, vc.MB: the dump-guest-memory step and the vmcore's size (-1: off).
   std::printf(
       "%3s %8s %8s %8s %8s | %7s %7s %7s %6s %7s %7s %7s %7s %7s %7s %7s %7s %7s %8s %9s %6s %6s "

@@ -87,7 +87,8 @@ Status CopyAttachStep(const LiveRegion& region, std::vector<std::byte>& copy,
 
 void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* formats,
                           const std::filesystem::path& meta_dir, PendingCapture& pending,
-                          CaptureManifest& manifest, const KernelLog* ring_log) {
+                          CaptureManifest& manifest, const KernelLog* ring_log,
+                          const KaslrHook& newest_kaslr) {
   if (manifest.region.value("kind", "") != "boot-range") return;  // A raw shmem file.
   const auto str = [&](const char* key) { return manifest.kernel.value(key, std::string()); };
   const BootRangeDecodeTimes times = DecodeBootRange(copy,
@@ -95,7 +96,8 @@ void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* forma
                                                       .kernel_key = str("formats_key"),
                                                       .kernel_path = str("path"),
                                                       .meta_dir = meta_dir,
-                                                      .ring_log = ring_log},
+                                                      .ring_log = ring_log,
+                                                      .newest_kaslr = newest_kaslr},
                                                      pending.dir(), manifest);
   json& timing = Timing(manifest);
   timing["formats_load"] = times.formats_ms;
@@ -135,9 +137,10 @@ json ConsistencyJson(bool vcpus_stopped, const json& validation, bool region_fil
 Status DecodeCopiesStep(std::span<const std::byte> region_copy, std::vector<std::byte>* attach_copy,
                         const RegionGeometry& geometry, bool vcpus_stopped, FormatsService* formats,
                         const std::filesystem::path& meta_dir, PendingCapture& pending,
-                        CaptureManifest& manifest, const KernelLog* ring_log) {
+                        CaptureManifest& manifest, const KernelLog* ring_log,
+                        const KaslrHook& newest_kaslr) {
   if (!region_copy.empty()) {
-    DecodeRegionFileStep(region_copy, formats, meta_dir, pending, manifest, ring_log);
+    DecodeRegionFileStep(region_copy, formats, meta_dir, pending, manifest, ring_log, newest_kaslr);
     // QEMU's side of a --trace-boot VM's boot and the guest's, on the host clock.
     BootTimelineStep(pending, manifest);
   }

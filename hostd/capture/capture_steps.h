@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "capture_pipeline.h"
 #include "capture_service.h"
 #include "capture_store.h"
 #include "formats_service.h"
@@ -41,10 +42,13 @@ Status CopyAttachStep(const LiveRegion& region, std::vector<std::byte>& copy,
 // for a raw shmem region. Never fails: problems are in the manifest.
 // |ring_log|: the newest boot's kernel log when the capture recovered one
 // from guest memory (it then gives that boot's kernel.log and the crash
-// summary instead of the console events); may be null.
+// summary instead of the console events); may be null. |newest_kaslr|:
+// told the newest boot's KASLR offset mid-decode (capture_pipeline.h); may be
+// empty.
 void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* formats,
                           const std::filesystem::path& meta_dir, PendingCapture& pending,
-                          CaptureManifest& manifest, const KernelLog* ring_log = nullptr);
+                          CaptureManifest& manifest, const KernelLog* ring_log = nullptr,
+                          const KaslrHook& newest_kaslr = {});
 
 // Step 3 for an attach copy; |copy| is handed back (BuildRegionCapture).
 Status DecodeAttachStep(std::vector<std::byte>& copy, const RegionGeometry& geometry,
@@ -55,12 +59,13 @@ Status DecodeAttachStep(std::vector<std::byte>& copy, const RegionGeometry& geom
 // (a boot range decoded, and the boot timeline when the capture holds QEMU's
 // trace log), then the attach copy, then the consistency summary
 // (extra.consistency). An empty |region_copy| / null |attach_copy|: the
-// capture has none. Fails only as DecodeAttachStep does. |ring_log| as
-// for DecodeRegionFileStep.
+// capture has none. Fails only as DecodeAttachStep does. |ring_log| and
+// |newest_kaslr| as for DecodeRegionFileStep.
 Status DecodeCopiesStep(std::span<const std::byte> region_copy, std::vector<std::byte>* attach_copy,
                         const RegionGeometry& geometry, bool vcpus_stopped, FormatsService* formats,
                         const std::filesystem::path& meta_dir, PendingCapture& pending,
-                        CaptureManifest& manifest, const KernelLog* ring_log = nullptr);
+                        CaptureManifest& manifest, const KernelLog* ring_log = nullptr,
+                        const KaslrHook& newest_kaslr = {});
 
 // The attach region's description in |manifest| (region or region.attach);
 // null when the capture has none.

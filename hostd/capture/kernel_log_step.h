@@ -1,6 +1,7 @@
 // The capture step that reads the guest kernel's log (its printk ring
 // buffer) out of guest memory while the vCPUs are still stopped, after the
-// region copies are durable and decoded, before the guest is released.
+// region copies are durable, beside the rest of their decode once it has
+// settled the newest boot's KASLR offset, before the guest is released.
 //
 // How the ring is found, with no agent and no debuginfo:
 //   1. The kernel's own VMCOREINFO text, at `vmcoreinfo_data` (a pointer)
@@ -18,6 +19,8 @@
 #ifndef HVTRACE_HOSTD_CAPTURE_KERNEL_LOG_STEP_H_
 #define HVTRACE_HOSTD_CAPTURE_KERNEL_LOG_STEP_H_
 
+#include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -25,6 +28,8 @@
 #include "capture_store.h"
 #include "formats_service.h"
 #include "hvtrace/kernel_log.h"
+#include "hvtrace/memory_record.h"
+#include "hvtrace/result.h"
 
 namespace hvtrace::hostd {
 
@@ -38,6 +43,26 @@ inline constexpr const char* kKernelLogFileName = "kernel.log";
 // there is no log.
 std::optional<KernelLog> ReadKernelLogStep(const CaptureInputs& in, FormatsService* formats,
                                            PendingCapture& pending, CaptureManifest& manifest);
+
+// The step in two halves, so that the reads can run beside the decode: they
+// touch neither the capture nor its manifest (CaptureService::Build starts
+// them as soon as the decode settles the newest boot's KASLR offset).
+struct GuestLogRead {
+  Result<KernelLog> log = Error{"not read"};
+  MemoryRecord record;     // Every read, for printk-memory.zst.
+  std::string vmcoreinfo;  // The guest's VMCOREINFO text, for vmcoreinfo.txt.
+  nlohmann::json info = nlohmann::json::object();  // Becomes extra.kernel_log.
+  double read_ms = 0;
+};
+// The reads; |kaslr_hint| is the first KASLR offset tried.
+GuestLogRead ReadGuestLog(const CaptureInputs& in, FormatsService* formats,
+                          std::optional<int64_t> kaslr_hint);
+// Writes what |read| found, as ReadKernelLogStep does.
+std::optional<KernelLog> StoreGuestLog(GuestLogRead read, PendingCapture& pending,
+                                       CaptureManifest& manifest);
+// The newest boot's KASLR offset as the decode recorded it in |manifest|
+// (extra.boots[-1].decoded_with.kaslr.delta); nullopt when there is none.
+std::optional<int64_t> DecodedKaslrDelta(const CaptureManifest& manifest);
 
 // kernel.log: one line per record, `SEQ<TAB>[SECONDS.MICROS]<TAB>T<pid>|C<cpu><TAB>TEXT`,
 // the text made printable (PrintableLogText).

@@ -167,6 +167,7 @@ BootRangeDecodeTimes DecodeBootRange(std::span<const std::byte> copy,
   options.cpus = sources.cpus;
   options.progress = sources.progress;
   options.ring_log = sources.ring_log;
+  options.newest_kaslr = sources.newest_kaslr;
   std::string decode_error;
   // Each boot's kernel identified by its console banner and checked against
   // the data (boot_kernels.h); the per-boot choices feed the id table.

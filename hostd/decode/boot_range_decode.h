@@ -40,6 +40,8 @@ struct BootRangeSources {
   // buffer), preferred to its console events; may be null (crash_step.h).
   const KernelLog* ring_log = nullptr;
   std::function<void(const CaptureProgress&)> progress{};  // May be empty.
+  // BootMapCaptureOptions::newest_kaslr; may be empty.
+  KaslrHook newest_kaslr{};
 };
 
 // The one decode of a boot range copy, for every reader: the daemon's

@@ -447,6 +447,14 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     KaslrVerdict kaslr = EstablishKaslr(
         d.map, boot.boot, formats, MetaTextDelta(d.map, SymbolsOf(formats)->image(), boot.boot),
         bf.own_symbols);
+    const bool newest = boot.boot + 1 == d.result.boots.size();
+    if (newest && opts.newest_kaslr) {
+      const json& delta = kaslr.manifest.is_object() && kaslr.manifest.contains("delta")
+                              ? kaslr.manifest["delta"]
+                              : json();
+      opts.newest_kaslr(delta.is_number_integer() ? std::optional(delta.get<int64_t>())
+                                                  : std::nullopt);
+    }
     split(d.result.kaslr_ms);
     in.printk_formats.clear();
     if (kaslr.use_symbols) {
@@ -474,7 +482,6 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     d.boot_pages[boot.boot] = std::move(in.cpus);
     if (!s.ok()) return Error{"boot " + std::to_string(boot.boot) + ": " + s.error().message};
     d.result.files.push_back(boot.file);
-    const bool newest = boot.boot + 1 == d.result.boots.size();
     Result<BootLogResult> log =
         WriteBootKernelLog({&d.map, boot.boot, &formats, &in, kaslr.use_symbols, kaslr.delta,
                             newest ? opts.ring_log : nullptr},

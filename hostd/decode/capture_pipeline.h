@@ -32,6 +32,7 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -54,6 +55,9 @@ struct CaptureProgress {
   uint64_t total = 0;
 };
 
+// Told a boot's KASLR offset (BootMapCaptureOptions::newest_kaslr).
+using KaslrHook = std::function<void(std::optional<int64_t>)>;
+
 struct BootMapCaptureOptions {
   int cpus = 0;                       // The guest's nr_cpu_ids when known; 0 derives it.
   uint32_t subbuf_size = 4096;        // Sub-buffer size (the guest's PAGE_SIZE).
@@ -66,6 +70,12 @@ struct BootMapCaptureOptions {
   const KernelLog* ring_log = nullptr;
   // Called from the calling thread now and then; may be empty.
   std::function<void(const CaptureProgress&)> progress;
+  // Told the newest boot's KASLR offset as soon as it is settled, before
+  // that boot's symbols, trace.dat and kernel log are written: the delta its
+  // decoded_with.kaslr will hold, nullopt when it holds none. Lets a capture
+  // read guest memory beside the rest of the decode. Called at most once,
+  // from the calling thread; may be empty.
+  KaslrHook newest_kaslr;
 };
 
 // One boot found in the region (0 = oldest).

@@ -250,7 +250,7 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   // The guest's kernel log, read from guest memory whether or not the decode
   // works: the guest is still held, and is released only after Take returns.
   const bool read_log = in.read_guest_memory || request.trigger == "panic";
-  GuestLogBesideDecode log_read(in, formats_.get(), read_log && in.read_guest_memory);
+  GuestLogBesideDecode log_read(in, formats_.get(), static_cast<bool>(in.read_guest_memory));
   const Status decoded =
       DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,
                        in.attach ? in.attach->geometry() : RegionGeometry{}, in.vcpus_stopped,

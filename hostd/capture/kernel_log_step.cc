@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "capture_pipeline.h"
 #include "host_time.h"
 #include "hvtrace/kallsyms_table.h"
 #include "hvtrace/memory_record.h"
@@ -169,11 +170,7 @@ std::string KernelLogText(const KernelLog& log) {
 std::optional<int64_t> DecodedKaslrDelta(const CaptureManifest& manifest) {
   const json* boots = manifest.extra.contains("boots") ? &manifest.extra["boots"] : nullptr;
   if (!boots || !boots->is_array() || boots->empty()) return std::nullopt;
-  const json& kaslr = boots->back().value("decoded_with", json::object()).value("kaslr", json());
-  if (kaslr.is_object() && kaslr.contains("delta") && kaslr["delta"].is_number_integer()) {
-    return kaslr["delta"].get<int64_t>();
-  }
-  return std::nullopt;
+  return KaslrDeltaOf(boots->back().value("decoded_with", json::object()).value("kaslr", json()));
 }
 
 GuestLogRead ReadGuestLog(const CaptureInputs& in, FormatsService* formats,

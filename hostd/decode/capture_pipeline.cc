@@ -418,6 +418,17 @@ std::future<NamesFound> FindNamesBeside(
   }
 }
 
+}  // namespace
+
+std::optional<int64_t> KaslrDeltaOf(const json& kaslr) {
+  if (!kaslr.is_object()) return std::nullopt;
+  const auto it = kaslr.find("delta");
+  if (it == kaslr.end() || !it->is_number_integer()) return std::nullopt;
+  return it->get<int64_t>();
+}
+
+namespace {
+
 // Writes one trace.dat per boot into |dir|, each with the formats its
 // BootFormats names and symbols only at the KASLR offset that boot's own
 // events prove (EstablishKaslr): raw addresses otherwise. |sync|: kCallerSyncs
@@ -448,13 +459,7 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
         d.map, boot.boot, formats, MetaTextDelta(d.map, SymbolsOf(formats)->image(), boot.boot),
         bf.own_symbols);
     const bool newest = boot.boot + 1 == d.result.boots.size();
-    if (newest && opts.newest_kaslr) {
-      const json& delta = kaslr.manifest.is_object() && kaslr.manifest.contains("delta")
-                              ? kaslr.manifest["delta"]
-                              : json();
-      opts.newest_kaslr(delta.is_number_integer() ? std::optional(delta.get<int64_t>())
-                                                  : std::nullopt);
-    }
+    if (newest && opts.newest_kaslr) opts.newest_kaslr(KaslrDeltaOf(kaslr.manifest));
     split(d.result.kaslr_ms);
     in.printk_formats.clear();
     if (kaslr.use_symbols) {

@@ -58,6 +58,10 @@ struct CaptureProgress {
 // Told a boot's KASLR offset (BootMapCaptureOptions::newest_kaslr).
 using KaslrHook = std::function<void(std::optional<int64_t>)>;
 
+// The offset a boot's decoded_with.kaslr holds ({"delta": N, ...}); nullopt
+// when it holds none.
+std::optional<int64_t> KaslrDeltaOf(const nlohmann::json& kaslr);
+
 struct BootMapCaptureOptions {
   int cpus = 0;                       // The guest's nr_cpu_ids when known; 0 derives it.
   uint32_t subbuf_size = 4096;        // Sub-buffer size (the guest's PAGE_SIZE).

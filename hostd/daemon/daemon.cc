@@ -598,14 +598,25 @@ void Daemon::DrainStreams(std::chrono::steady_clock::time_point deadline) {
 
 void Daemon::FinishShutdown() {
   if (server_) server_->Close();
+  // The I/O thread runs on until every VM is let go: a capture in flight
+  // finishes first, and its reads of guest memory are QMP commands served
+  // here. Stopped at once (as before), each read waited out its 6 s timeout
+  // and the capture lost its kernel log (hvtraced_lifecycle_e2e.cc,
+  // SigtermMidPanicCaptureFinishesItWithTheKernelLogThenQuitsTheVm).
+  vms_let_go_.emplace(io_.get_executor());
+  auto all_done = [this] { asio::post(io_, [this] { AfterVmsLetGo(); }); };
   // keep: QEMUs hvtraced booted run on in their own sessions and the next
   // daemon re-adopts them from their specs; stop: they are quit here.
   if (config()->vm_on_shutdown == VmOnShutdown::kKeep) {
-    registry_.ReleaseAll();
+    registry_.ReleaseAll(all_done);
   } else {
-    registry_.StopAll();
+    registry_.StopAll(all_done);
   }
+}
+
+void Daemon::AfterVmsLetGo() {
   if (libvirt_) libvirt_->Stop();
+  vms_let_go_.reset();
   // Give connections a moment to flush their last replies (the `shutdown`
   // reply among them), then stop whatever else still holds the io_context.
   PollStop(std::chrono::steady_clock::now() + std::chrono::seconds(2));

@@ -12,6 +12,7 @@
 #define HVTRACE_HOSTD_DAEMON_H_
 
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -20,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -202,7 +204,10 @@ class Daemon {
                      size_t next, LogWatchSettings settings);
   // Waits (until |deadline|) for streams to end, then FinishShutdown.
   void DrainStreams(std::chrono::steady_clock::time_point deadline);
+  // Closes the socket and lets every VM go (vm_on_shutdown), after the
+  // captures in flight; then AfterVmsLetGo, on the I/O thread.
   void FinishShutdown();
+  void AfterVmsLetGo();
   void PollStop(std::chrono::steady_clock::time_point deadline);
   SupervisorOptions supervisor_options() const;
   // Gives the state dir to the observer group (setgid dirs, so captures
@@ -228,6 +233,9 @@ class Daemon {
   boost::asio::signal_set signals_;
   boost::asio::signal_set hup_;  // SIGHUP: Reload.
   boost::asio::steady_timer stop_timer_;
+  // Keeps io_ running from FinishShutdown to AfterVmsLetGo (I/O thread).
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>>
+      vms_let_go_;
   boost::asio::steady_timer console_timer_;
   boost::asio::steady_timer warm_timer_;
   boost::asio::steady_timer log_watch_timer_;

@@ -1,5 +1,6 @@
 #include "supervisor.h"
 
+#include <atomic>
 #include <boost/asio/post.hpp>
 #include <cstdio>
 #include <exception>
@@ -89,27 +90,35 @@ void VmSupervisor::Start() {
   });
 }
 
+namespace {
+
+// Runs |fn| when destroyed: a caller's completion must run even if the step
+// before it throws.
+struct Finally {
+  const std::function<void()>& fn;
+  ~Finally() {
+    if (fn) fn();
+  }
+};
+
+}  // namespace
+
 void VmSupervisor::Stop(std::function<void()> then) {
   // After the captures already triggered, as when they ran on the strand.
   Post([this, then = std::move(then)]() mutable {
     WhenIdle([this, then = std::move(then)] {
-      // |then| runs even if Stop throws: the caller's reply must not get lost.
-      struct Finally {
-        const std::function<void()>& fn;
-        ~Finally() {
-          if (fn) fn();
-        }
-      } finally{then};
+      Finally finally{then};
       if (auto meta = MetaReceiverOf(); meta) meta->Stop();
       if (backend_) backend_->Stop();
     });
   });
 }
 
-void VmSupervisor::Release() {
-  if (!backend_) return;
-  Post([this] {
-    WhenIdle([this] {
+void VmSupervisor::Release(std::function<void()> then) {
+  Post([this, then = std::move(then)]() mutable {
+    WhenIdle([this, then = std::move(then)] {
+      Finally finally{then};
+      if (!backend_) return;
       if (auto meta = MetaReceiverOf(); meta) meta->Stop();
       backend_->Release();
     });
@@ -546,12 +555,26 @@ std::shared_ptr<VmSupervisor> SupervisorRegistry::Remove(std::string_view name) 
   return supervisor;
 }
 
-void SupervisorRegistry::StopAll() {
-  for (const auto& s : All()) s->Stop();
+void SupervisorRegistry::LetAllGo(void (VmSupervisor::*let_go)(std::function<void()>),
+                                  std::function<void()> all_done) {
+  const auto all = All();
+  // One count per supervisor and one for this loop: the last to finish
+  // calls |all_done|.
+  auto left = std::make_shared<std::atomic<size_t>>(all.size() + 1);
+  auto done = std::make_shared<std::function<void()>>(std::move(all_done));
+  auto one_done = [left, done] {
+    if (left->fetch_sub(1) == 1 && *done) (*done)();
+  };
+  for (const auto& s : all) ((*s).*let_go)(one_done);
+  one_done();
 }
 
-void SupervisorRegistry::ReleaseAll() {
-  for (const auto& s : All()) s->Release();
+void SupervisorRegistry::StopAll(std::function<void()> all_done) {
+  LetAllGo(&VmSupervisor::Stop, std::move(all_done));
+}
+
+void SupervisorRegistry::ReleaseAll(std::function<void()> all_done) {
+  LetAllGo(&VmSupervisor::Release, std::move(all_done));
 }
 
 }  // namespace hvtrace::hostd

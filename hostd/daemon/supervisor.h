@@ -121,7 +121,8 @@ class VmSupervisor : public VmEventSink, public std::enable_shared_from_this<VmS
   // Stops the backend on the strand, then runs |then| (on the pool) — for
   // callers that must not touch the VM's files before it is really stopped.
   void Stop(std::function<void()> then = {});
-  void Release();  // VmBackend::Release on the strand.
+  // VmBackend::Release on the strand, then |then| (on the pool), as Stop.
+  void Release(std::function<void()> then = {});
   // A config reload: the retention, panic policy and guest capture interval
   // the next captures use (set on the strand).
   void SetLiveOptions(size_t capture_retention, PanicPolicy panic_policy,
@@ -237,10 +238,15 @@ class SupervisorRegistry {
   std::vector<std::shared_ptr<VmSupervisor>> All() const;  // Sorted by name.
   // Unregisters |name| and returns it (null if absent); the caller stops it.
   std::shared_ptr<VmSupervisor> Remove(std::string_view name);
-  void StopAll();
-  void ReleaseAll();
+  // Stop (Release) every VM, after the captures already triggered; |all_done|
+  // runs (on the pool) once the last has let its VM go.
+  void StopAll(std::function<void()> all_done);
+  void ReleaseAll(std::function<void()> all_done);
 
  private:
+  void LetAllGo(void (VmSupervisor::*let_go)(std::function<void()>),
+                std::function<void()> all_done);
+
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<VmSupervisor>, std::less<>> vms_;
 };

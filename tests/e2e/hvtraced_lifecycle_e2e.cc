@@ -9,6 +9,8 @@
 //     region.bin is durable → the next daemon finishes that capture
 //     ("panic", marked recovered), finds the guest guest-panicked and
 //     captures it again as "panic-while-away";
+//   - hvtraced SIGTERMed in the middle of the panic capture → the capture is
+//     finished, kernel log included, before the QEMU is quit and it exits;
 //   - kexec into the same kernel, then panic → one capture holding two boots;
 //   - bad boot requests (missing kernel, a name already running, a trace
 //     range QEMU cannot map) → clear errors, the daemon stays up.
@@ -344,6 +346,72 @@ TEST_F(HvtracedLifecycleE2e, DaemonDiesMidPanicCaptureThenTheNextRunRecoversItAn
   ASSERT_TRUE(daemon.Call("stop", {{"name", name}}).ok());
   for (int i = 0; i < 50 && fs::exists(backing); ++i) std::this_thread::sleep_for(100ms);
   EXPECT_FALSE(fs::exists(backing)) << backing;
+}
+
+// SIGTERM (systemctl stop) in the middle of a panic capture, right after its
+// region copy is durable (hvtraced-term-mid-capture, tests/tools/): the
+// daemon finishes the capture first, kernel log included (QMP reads of guest
+// memory, served by the I/O thread the exit must not stop before), then
+// quits the QEMU (vm_on_shutdown = stop) and exits on its own. Before, the
+// I/O thread stopped at once: the first read waited out its 6 s timeout and
+// the capture was committed without its kernel log, the QEMU quit 6.5 s late.
+TEST_F(HvtracedLifecycleE2e, SigtermMidPanicCaptureFinishesItWithTheKernelLogThenQuitsTheVm) {
+  auto image = FindGuestImage("6.12");
+  ASSERT_TRUE(image.ok()) << image.error().message;
+  auto cache = CacheWithFormatsOf(*image);  // The kernel log needs the guest's symbols.
+  ASSERT_TRUE(cache.ok()) << cache.error().message;
+  HvtracedProcess daemon(
+      LifecycleDaemon("lc-term", "vm_on_shutdown = stop\ncache_dir = " + cache->string() + "\n"));
+  daemon.SetBinary("hvtraced-term-mid-capture");
+  ASSERT_TRUE(daemon.Start().ok()) << daemon.log();
+  const std::string name = UniqueName("lc-term");
+  auto guest = BootGuest(daemon, name);
+  ASSERT_TRUE(guest.ok()) << guest.error().message;
+  const uint64_t start_time = RecordedStartTime(daemon, name);
+  ASSERT_TRUE(WriteMarkers(*guest->console, "term-mark", 4).ok()) << guest->console->Tail();
+
+  const auto crashed = std::chrono::steady_clock::now();
+  ASSERT_TRUE(Crash(*guest->console, "term-last").ok());
+  // systemd's TimeoutStopSec is 60 s; an orderly exit takes a few.
+  auto exited = daemon.WaitExit(30s);
+  ASSERT_TRUE(exited.ok()) << exited.error().message << "\n" << daemon.log();
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << "wait status " << *exited << "\n"
+                                                               << daemon.LogTail();
+  const double exit_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - crashed).count();
+  EXPECT_TRUE(daemon.log().find("shutting down (signal Terminated)") != std::string::npos)
+      << daemon.LogTail();
+
+  // The capture is committed, whole: trace, markers, and the kernel log read
+  // from guest memory while the daemon was already exiting.
+  std::vector<fs::path> committed;
+  for (const auto& e : fs::directory_iterator(daemon.captures_dir(name))) {
+    if (e.path().filename().string()[0] != '.') committed.push_back(e.path());
+  }
+  ASSERT_EQ(committed.size(), 1u) << daemon.LogTail();
+  const json m = json::parse(ReadWhole((committed[0] / "manifest.json").string()));
+  EXPECT_EQ(m["trigger"], "panic");
+  EXPECT_FALSE(m["extra"].contains("incomplete")) << m["extra"].dump(2);
+  ExpectMarkers(ReadWhole((committed[0] / "region.bin").string()), "term-mark", 4);
+  const json& kl = m["extra"]["kernel_log"];
+  ASSERT_TRUE(kl.is_object() && !kl.contains("error")) << m["extra"].dump(2);
+  EXPECT_EQ(kl["source"], "printk-ring") << kl.dump(2);
+  EXPECT_NE(ReadWhole((committed[0] / "kernel.log").string())
+                .find("Kernel panic - not syncing: sysrq triggered crash"),
+            std::string::npos);
+
+  // Then the QEMU was quit, before the daemon exited.
+  for (int i = 0; i < 50 && SameProcessAlive(guest->pid, start_time); ++i) {
+    ::waitpid(guest->pid, nullptr, WNOHANG);  // Ours to reap if it was re-parented.
+    std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_FALSE(SameProcessAlive(guest->pid, start_time))
+      << "vm_on_shutdown = stop left QEMU pid " << guest->pid << " running\n"
+      << daemon.LogTail();
+  std::printf(
+      "[lifecycle] SIGTERM mid panic capture: capture committed with %s kernel log lines "
+      "(read_ms %s), QEMU quit, daemon exited %.1f s after the crash command\n",
+      kl.value("lines", json()).dump().c_str(), kl.value("read_ms", json()).dump().c_str(), exit_s);
 }
 
 TEST_F(HvtracedLifecycleE2e, KexecIntoTheSameKernelThenPanicCapturesBothBoots) {

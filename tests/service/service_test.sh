@@ -385,6 +385,12 @@ for _ in $(seq 100); do
   [ "$(inside systemctl is-active $scope || true)" = active ] || break
   sleep 0.1
 done
-[ "$(inside systemctl is-active $scope || true)" != active ] ||
-  fail "vm_on_shutdown = stop left $scope ($(inside systemctl show -p SubState,ControlGroup --value $scope | tr '\n' ' '))"
+if [ "$(inside systemctl is-active $scope || true)" = active ]; then
+  # CI shows only this line: what the scope, the daemon's exit and its last
+  # words on the reload, the shutdown and the VM say.
+  said=$(inside journalctl -u hvtraced --no-pager -o cat -n 300 |
+    grep -E 'reloaded|shutting down|VM demo|stopped|Killing|timed out|Main process' | tail -n 8 | tr '\n' '|')
+  fail "vm_on_shutdown = stop left $scope (scope: $(inside systemctl show -p SubState,ControlGroup --value $scope | tr '\n' ' ');" \
+    "hvtraced: $(inside systemctl show -p Result,ExecMainCode,ExecMainStatus hvtraced | tr '\n' ' '); journal: $said)"
+fi
 log "PASS"

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <mutex>
 #include <stdexcept>
@@ -44,6 +45,7 @@ class FileRegionBackend : public VmBackend {
   void Stop() override { stopped = true; }
   void Release() override { released = true; }
   Result<CaptureInputs> PrepareCapture() override {
+    if (before_capture) before_capture();
     if (throw_on_capture) throw std::runtime_error("decoder bug");
     CaptureInputs in;
     in.region_file = RegionFileSource{file_, region_, 0, size_, 0, /*boot_range=*/false, {}, {}};
@@ -60,6 +62,7 @@ class FileRegionBackend : public VmBackend {
   std::atomic<bool> throw_on_capture{false};
   std::atomic<bool> stopped{false};
   std::atomic<bool> released{false};
+  std::function<void()> before_capture;  // Set before the capture is triggered.
   std::mutex mu;
   std::vector<PanicPolicy> policies;
 
@@ -248,17 +251,57 @@ TEST(SupervisorTest, FoundShutOffIsShownAsShutOffUntilItStarts) {
 }
 
 // Daemon exit with vm_on_shutdown = keep releases backends instead of
-// stopping them.
+// stopping them, and says when the last is released.
 TEST(SupervisorTest, ReleaseAllReleasesWithoutStopping) {
   Fixture f;
   FileRegionBackend *a, *b;
   SupervisorRegistry registry;
   ASSERT_TRUE(registry.Add(f.Make("vm-a", &a)).ok());
   ASSERT_TRUE(registry.Add(f.Make("vm-b", &b)).ok());
-  registry.ReleaseAll();
-  ASSERT_TRUE(WaitFor([&] { return a->released && b->released; }));
+  std::atomic<bool> all_released{false};
+  registry.ReleaseAll([&] { all_released = a->released && b->released; });
+  ASSERT_TRUE(WaitFor([&] { return all_released.load(); }));
   EXPECT_FALSE(a->stopped);
   EXPECT_FALSE(b->stopped);
+}
+
+// vm_on_shutdown = stop: the daemon keeps its I/O thread until StopAll says
+// every VM is stopped, and that comes only after the capture in flight has
+// finished (it may still need QMP, which that thread serves).
+TEST(SupervisorTest, StopAllSaysDoneOnlyAfterTheCaptureInFlightAndEveryStop) {
+  Fixture f;
+  FileRegionBackend *a, *b;
+  SupervisorRegistry registry;
+  ASSERT_TRUE(registry.Add(f.Make("vm-a", &a)).ok());
+  ASSERT_TRUE(registry.Add(f.Make("vm-b", &b)).ok());
+  ASSERT_TRUE(WaitFor([&] { return registry.Find("vm-a")->state() == VmState::kRunning; }));
+  std::promise<void> go;
+  std::shared_future<void> gate = go.get_future().share();
+  std::atomic<bool> capture_waiting{false};
+  a->before_capture = [&] {
+    capture_waiting = true;
+    gate.wait();
+  };
+  a->sink_->OnVmEvent(Event("GUEST_PANICKED"));
+  ASSERT_TRUE(WaitFor([&] { return capture_waiting.load(); }));
+  std::atomic<int> done_calls{0};
+  std::atomic<bool> stopped_before_done{false};
+  registry.StopAll([&] {
+    stopped_before_done = a->stopped && b->stopped;
+    ++done_calls;
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(done_calls, 0) << "StopAll said done while vm-a's capture was in flight";
+  EXPECT_FALSE(a->stopped);
+  go.set_value();
+  ASSERT_TRUE(WaitFor([&] { return done_calls == 1; }));
+  EXPECT_TRUE(stopped_before_done);
+  EXPECT_EQ(registry.Find("vm-a")->StatusJson()["captures_taken"], 1);
+  // No VMs at all: done at once.
+  SupervisorRegistry empty;
+  bool empty_done = false;
+  empty.StopAll([&] { empty_done = true; });
+  EXPECT_TRUE(empty_done);
 }
 
 TEST(SupervisorTest, OneIncidentYieldsOneCaptureUntilTheVmRunsAgain) {

@@ -17,7 +17,7 @@
 namespace hvtrace::agent {
 namespace {
 
-double NowMs() {
+double MonotonicMs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
@@ -130,7 +130,7 @@ FormatListing ListFormats(const std::string& events_dir, const std::atomic<bool>
 
 BootArchive BuildBootArchive(const BootArchivePaths& paths, const std::atomic<bool>* cancel) {
   BootArchive out;
-  const double t0 = NowMs();
+  const double t0 = MonotonicMs();
   out.boot_id_text = Trimmed(ReadOrEmpty(paths.proc + "/sys/kernel/random/boot_id"));
   if (auto id = meta::ParseBootId(out.boot_id_text)) out.boot_id = *id;
   FormatListing listing = ListFormats(paths.tracefs + "/events", cancel);
@@ -138,7 +138,7 @@ BootArchive BuildBootArchive(const BootArchivePaths& paths, const std::atomic<bo
     out.note = "boot archive: cancelled";
     return out;
   }
-  const double t1 = NowMs();
+  const double t1 = MonotonicMs();
   utsname u{};
   uname(&u);
   const std::string version = ReadOrEmpty(paths.proc + "/version");
@@ -163,9 +163,9 @@ BootArchive BuildBootArchive(const BootArchivePaths& paths, const std::atomic<bo
   files.push_back({"identity.json", identity});
   const size_t kallsyms_size = files[4].data.size();
   out.tar = WriteUstar(files);
-  const double t2 = NowMs();
+  const double t2 = MonotonicMs();
   out.frame = meta::EncodeMetaFrame(meta::MetaType::kBoot, out.boot_id, 0, out.tar, true);
-  const double t3 = NowMs();
+  const double t3 = MonotonicMs();
   char note[320];
   std::snprintf(note, sizeof note,
                 "boot archive: %zu event formats (%zu unparsed), kallsyms %zu bytes, build id %s; "

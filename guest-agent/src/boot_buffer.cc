@@ -15,7 +15,6 @@ namespace fs = std::filesystem;
 // The host's constants (hostd/base/gpa_layout.h).
 constexpr uint64_t kPage = 4096;
 constexpr uint64_t kHeadroom = 48ull << 20;
-constexpr size_t kMaxSratBytes = 1u << 20;
 constexpr size_t kSratHeaderBytes = 48;  // ACPI header (36) + reserved (12).
 constexpr char kSyslinuxMarker[] = "# hvtrace-agent boot-buffer added to the APPEND lines: ";
 constexpr char kGrubDropIn[] = "etc/default/grub.d/hvtrace.cfg";

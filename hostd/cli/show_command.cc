@@ -141,13 +141,6 @@ json ManifestBoot(const json& manifest, uint32_t boot) {
   return {};
 }
 
-std::string Seconds(uint64_t ns) {
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), "%llu.%06llu", static_cast<unsigned long long>(ns / 1000000000),
-                static_cast<unsigned long long>(ns % 1000000000 / 1000));
-  return buf;
-}
-
 Status WriteAllFd(int fd, const std::string& text) {
   size_t done = 0;
   while (done < text.size()) {
@@ -219,8 +212,8 @@ int ShowBoots(const ShowArgs& args, const fs::path& dir, const json& manifest, i
           mb.contains("first_timestamp_ns") && mb["first_timestamp_ns"].is_number_unsigned() &&
           mb.contains("last_timestamp_ns") && mb["last_timestamp_ns"].is_number_unsigned()) {
         header += ": " + std::to_string(mb["events"].get<uint64_t>()) + " events, " +
-                  Seconds(mb["first_timestamp_ns"].get<uint64_t>()) + " .. " +
-                  Seconds(mb["last_timestamp_ns"].get<uint64_t>()) + " s";
+                  SecondsText(mb["first_timestamp_ns"].get<uint64_t>()) + " .. " +
+                  SecondsText(mb["last_timestamp_ns"].get<uint64_t>()) + " s";
       }
       header += "\n";
     } else {

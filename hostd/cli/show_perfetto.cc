@@ -16,7 +16,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string Text(const json& doc, const char* key) {
+std::string StringOf(const json& doc, const char* key) {
   if (!doc.is_object()) return {};
   auto it = doc.find(key);
   return it != doc.end() && it->is_string() ? it->get<std::string>() : std::string();
@@ -30,12 +30,12 @@ std::string BootRelease(const json& manifest, uint32_t boot) {
     if (extra.contains("boots") && extra["boots"].is_array()) {
       for (const json& b : extra["boots"]) {
         if (!b.is_object() || b.value("boot", json()) != json(boot)) continue;
-        const std::string r = Text(b.value("decoded_with", json()), "release");
+        const std::string r = StringOf(b.value("decoded_with", json()), "release");
         if (!r.empty()) return r;
       }
     }
   }
-  return manifest.is_object() ? Text(manifest.value("kernel", json()), "release") : "";
+  return manifest.is_object() ? StringOf(manifest.value("kernel", json()), "release") : "";
 }
 
 uint32_t CpuCount(const json& manifest) {
@@ -62,7 +62,7 @@ bool Reported(const Result<ReportStats>& stats, const fs::path& path, const Perf
 
 // Writes the selected files into |writer|; false on the first that fails.
 bool WriteFiles(const PerfettoExport& r, PerfettoTraceWriter& writer, PerfettoCounts* counts) {
-  const std::string vm = Text(r.manifest, "vm");
+  const std::string vm = StringOf(r.manifest, "vm");
   const std::string prefix = vm.empty() ? "guest" : "guest " + vm;
   bool any = false;
   if (!r.timeline) {
@@ -125,9 +125,9 @@ bool AddCrashInstant(const json& manifest, uint32_t boot, PerfettoTraceWriter& w
       !c["ts_ns"].is_number_integer() || c["ts_ns"].get<int64_t>() < 0) {
     return false;
   }
-  const std::string kind = Text(c, "kind");
-  const std::string line = kind == "panic" ? Text(c, "panic_line") : Text(c, "reason");
-  std::string detail = "task " + Text(c, "task");
+  const std::string kind = StringOf(c, "kind");
+  const std::string line = kind == "panic" ? StringOf(c, "panic_line") : StringOf(c, "reason");
+  std::string detail = "task " + StringOf(c, "task");
   for (const char* key : {"pid", "cpu"}) {
     if (c.contains(key) && c[key].is_number_integer())
       detail += std::string(", ") + key + " " + std::to_string(c[key].get<int64_t>());
@@ -149,7 +149,7 @@ int ShowPerfetto(const PerfettoExport& r) {
   {
     PerfettoTraceWriter writer(fd);
     writer.WriteSystemInfo(BootRelease(r.manifest, r.boot.value_or(0)), CpuCount(r.manifest),
-                           Text(r.manifest, "vm"));
+                           StringOf(r.manifest, "vm"));
     ok = WriteFiles(r, writer, &counts);
     if (Status s = writer.Finish(); ok && !s.ok()) {
       std::fprintf(stderr, "hvtrace show: %s: %s\n", tmp.c_str(), s.error().message.c_str());

@@ -70,13 +70,6 @@ std::string WithoutTimestamp(std::string_view line) {
   return std::string(first == std::string_view::npos ? line : line.substr(first));
 }
 
-std::string Seconds(uint64_t ns) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%llu.%06llu", static_cast<unsigned long long>(ns / 1000000000),
-                static_cast<unsigned long long>(ns % 1000000000 / 1000));
-  return buf;
-}
-
 std::string Header(const fs::path& dir, const json& manifest) {
   std::error_code ec;
   const std::string name = fs::weakly_canonical(dir, ec).filename().string();
@@ -120,6 +113,13 @@ bool WriteAll(int fd, const std::string& text) {
 }
 
 }  // namespace
+
+std::string SecondsText(uint64_t ns) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%llu.%06llu", static_cast<unsigned long long>(ns / 1000000000),
+                static_cast<unsigned long long>(ns % 1000000000 / 1000));
+  return buf;
+}
 
 int ShowTimeline(const fs::path& dir, const json& manifest, int fd) {
   const std::vector<TimelineSource> sources = TimelineSources(dir);
@@ -178,8 +178,8 @@ int ShowTimeline(const fs::path& dir, const json& manifest, int fd) {
   const uint64_t first = lines.empty() ? 0 : lines.front().ts;
   for (const Line& l : lines) {
     char prefix[96];
-    std::snprintf(prefix, sizeof prefix, "%s +%s %-6s ", Seconds(l.ts).c_str(),
-                  Seconds(l.ts - first).c_str(), sources[l.source].side.c_str());
+    std::snprintf(prefix, sizeof prefix, "%s +%s %-6s ", SecondsText(l.ts).c_str(),
+                  SecondsText(l.ts - first).c_str(), sources[l.source].side.c_str());
     out += prefix + l.text + "\n";
     if (out.size() > (1u << 20)) {
       if (!WriteAll(fd, out)) return 1;

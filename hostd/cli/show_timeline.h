@@ -35,6 +35,10 @@ struct TimelineSource {
 // order trace-cmd is given them in, which decides ties.
 std::vector<TimelineSource> TimelineSources(const std::filesystem::path& dir);
 
+// |ns| as seconds with six decimals ("1795554630.485217"), as trace-cmd
+// prints time stamps.
+std::string SecondsText(uint64_t ns);
+
 // Prints |dir|'s timeline to |fd|. Exit status as `hvtrace show`.
 int ShowTimeline(const std::filesystem::path& dir, const nlohmann::json& manifest, int fd);
 

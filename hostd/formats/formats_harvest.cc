@@ -35,8 +35,6 @@ double SecondsSince(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-std::string Errno(int err) { return std::strerror(err); }
-
 // The VM's scratch directory; removed with everything in it unless kept.
 class WorkDir {
  public:
@@ -45,7 +43,7 @@ class WorkDir {
     std::string tmpl =
         std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/hvtrace-harvest-XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) {
-      return Error{"cannot create a work directory from " + tmpl + ": " + Errno(errno)};
+      return Error{"cannot create a work directory from " + tmpl + ": " + std::strerror(errno)};
     }
     return WorkDir(tmpl);
   }
@@ -70,7 +68,7 @@ class WorkDir {
 // Reads at most |cap| bytes of |path|.
 Result<std::vector<std::byte>> ReadPrefix(const fs::path& path, size_t want) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Error{"cannot open " + path.string() + ": " + Errno(errno)};
+  if (fd < 0) return Error{"cannot open " + path.string() + ": " + std::strerror(errno)};
   std::vector<std::byte> data(want);
   size_t done = 0;
   while (done < want) {
@@ -80,7 +78,7 @@ Result<std::vector<std::byte>> ReadPrefix(const fs::path& path, size_t want) {
       const int err = errno;
       ::close(fd);
       return Error{"reading " + path.string() + " at offset " + std::to_string(done) + ": " +
-                   Errno(err)};
+                   std::strerror(err)};
     }
     if (n == 0) break;
     done += static_cast<size_t>(n);

@@ -298,8 +298,6 @@ void SetOnCrash(xmlNode* root, SetupRecord& record, std::vector<std::string>& ch
                     " (libvirt's default) to preserve: a panicked guest stays for its capture");
 }
 
-constexpr char kQemuNamespace[] = "http://libvirt.org/schemas/domain/qemu/1.0";
-
 // The domain's <qemu:commandline> (any prefix), or null.
 xmlNode* QemuCommandline(xmlNode* root) {
   for (xmlNode* c = root->children; c != nullptr; c = c->next) {

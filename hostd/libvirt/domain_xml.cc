@@ -118,8 +118,6 @@ void AnalyzeHotplug(xmlNode* devices, DomainXmlInfo& info) {
 
 namespace {
 
-constexpr const char* kQemuNamespace = "http://libvirt.org/schemas/domain/qemu/1.0";
-
 bool InQemuNamespace(const xmlNode* node, const char* name) {
   return node->type == XML_ELEMENT_NODE && node->ns != nullptr && node->ns->href != nullptr &&
          xmlStrEqual(node->ns->href, xml::X(kQemuNamespace)) &&

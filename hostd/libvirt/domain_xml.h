@@ -33,6 +33,9 @@
 
 namespace hvtrace::hostd {
 
+// The XML namespace of libvirt's <qemu:commandline> (and <qemu:arg>).
+inline constexpr char kQemuNamespace[] = "http://libvirt.org/schemas/domain/qemu/1.0";
+
 struct DomainShmem {
   std::string name;
   std::string model;  // ivshmem-plain, ivshmem-doorbell, ivshmem.

@@ -21,7 +21,7 @@ struct Name {
 };
 
 // A field the timeline reads; size 0 = absent.
-struct Field {
+struct TaskField {
   uint32_t offset = 0;
   uint32_t size = 0;
 };
@@ -33,7 +33,7 @@ enum class Kind : uint8_t { kSwitch, kCommPid, kFork, kExec, kNewTask, kRename }
 // newcomm.
 struct Spec {
   Kind kind = Kind::kCommPid;
-  Field comm_a, pid_a, comm_b, pid_b, extra;
+  TaskField comm_a, pid_a, comm_b, pid_b, extra;
 };
 
 // One statement: pid |pid| is called |before| up to and including the
@@ -46,7 +46,7 @@ struct Fact {
   bool deferred = false;  // |after| applies only after the record (rename).
 };
 
-Field CommField(const EventFormat& f, std::string_view name) {
+TaskField CommField(const EventFormat& f, std::string_view name) {
   const FieldFormat* field = f.FindField(name);
   if (field == nullptr || field->kind != FieldKind::kArray || !field->type.starts_with("char") ||
       field->size == 0) {
@@ -55,7 +55,7 @@ Field CommField(const EventFormat& f, std::string_view name) {
   return {field->offset, field->size};
 }
 
-Field PidField(const EventFormat& f, std::string_view name) {
+TaskField PidField(const EventFormat& f, std::string_view name) {
   const FieldFormat* field = f.FindField(name);
   if (field == nullptr || field->kind != FieldKind::kScalar || field->size != 4) return {};
   return {field->offset, field->size};
@@ -96,7 +96,7 @@ std::optional<Spec> SpecFor(const EventFormat& f) {
       s = {Kind::kNewTask, CommField(f, "comm"), PidField(f, "pid"), {}, {}, {}};
     } else if (f.name == "task_rename") {
       // 6.12 has pid; later kernels dropped it (the task is current).
-      Field pid = PidField(f, "pid");
+      TaskField pid = PidField(f, "pid");
       if (pid.size == 0) pid = PidField(f, "common_pid");
       s = {Kind::kRename, CommField(f, "oldcomm"), pid, {}, {}, CommField(f, "newcomm")};
       if (s.extra.size == 0) return std::nullopt;
@@ -110,7 +110,7 @@ std::optional<Spec> SpecFor(const EventFormat& f) {
   return s;
 }
 
-bool ReadPid(std::span<const std::byte> p, Field f, int32_t* pid) {
+bool ReadPid(std::span<const std::byte> p, TaskField f, int32_t* pid) {
   if (f.size != 4 || f.offset > p.size() || p.size() - f.offset < 4) return false;
   std::memcpy(pid, p.data() + f.offset, 4);
   return true;
@@ -130,14 +130,14 @@ bool ReadName(std::span<const std::byte> p, uint64_t offset, uint64_t max, Name*
   return true;
 }
 
-bool ReadComm(std::span<const std::byte> p, Field f, Name* name) {
+bool ReadComm(std::span<const std::byte> p, TaskField f, Name* name) {
   // The array must be inside the record, as the kernel writes it.
   if (f.size == 0 || f.offset > p.size() || p.size() - f.offset < f.size) return false;
   return ReadName(p, f.offset, f.size, name);
 }
 
 // kbasename(filename) cut to 15 bytes, from a __data_loc string.
-bool ReadExecName(std::span<const std::byte> p, Field loc, Name* name) {
+bool ReadExecName(std::span<const std::byte> p, TaskField loc, Name* name) {
   uint32_t ref = 0;
   if (loc.offset > p.size() || p.size() - loc.offset < 4) return false;
   std::memcpy(&ref, p.data() + loc.offset, 4);

@@ -240,28 +240,50 @@ Status Vm::Spawn(VmLifetime lifetime) {
   return {};
 }
 
-// QEMU creates its listening sockets before it starts the guest; waits for
-// the QMP one so callers can connect, or reports why QEMU died.
-Status Vm::AwaitQmpSocket(std::chrono::milliseconds ready_timeout) {
+// QEMU creates its QMP socket early, with the chardevs, and sizes its
+// memory-backend files later, with the machine. A caller that maps the boot
+// range as soon as the socket is there could find the file still empty (a
+// loaded machine, FleetUploadE2e of 2026-12-03: "region ... has 0 bytes,
+// less than offset 0 + size 16777216", the VM failed). Waits for both, or
+// reports why QEMU died.
+Status Vm::AwaitStartup(std::chrono::milliseconds ready_timeout) {
   const std::string vm = "VM '" + config_.name + "': ";
   const auto deadline = Clock::now() + ready_timeout;
-  while (!IsSocket(config_.qmp_socket)) {
+  while (!IsSocket(config_.qmp_socket) || !BackingFilesSized()) {
     if (!Running()) {
       std::string tail = QemuLogTail();
       Cleanup();
       return Error{vm + "QEMU " + DescribeExit() + " during startup: " + tail};
     }
     if (Clock::now() > deadline) {
+      const bool socket = IsSocket(config_.qmp_socket);
       Kill();
       WaitForExit(std::chrono::seconds(5));
       std::string tail = QemuLogTail();
       Cleanup();
-      return Error{vm + "QEMU did not create its QMP socket " + config_.qmp_socket + " within " +
-                   std::to_string(ready_timeout.count()) + " ms: " + tail};
+      return Error{vm + "QEMU did not " +
+                   (socket ? std::string("size its memory-backend files")
+                           : "create its QMP socket " + config_.qmp_socket) +
+                   " within " + std::to_string(ready_timeout.count()) + " ms: " + tail};
     }
     std::this_thread::sleep_for(kPollInterval);
   }
   return {};
+}
+
+bool Vm::BackingFilesSized() const {
+  auto sized = [](const std::string& path, uint64_t bytes) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 && static_cast<uint64_t>(st.st_size) >= bytes;
+  };
+  if (config_.boot_range && plan_.boot_range &&
+      !sized(config_.boot_range->backing_path, plan_.boot_range->node1_bytes)) {
+    return false;
+  }
+  for (const IvshmemConfig& iv : config_.ivshmem) {
+    if (!sized(iv.backing_path, iv.size_bytes)) return false;
+  }
+  return true;
 }
 
 Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
@@ -282,7 +304,7 @@ Result<std::unique_ptr<Vm>> Vm::Start(const VmConfig& config, bool kvm_usable,
   self->plan_ = std::move(plan.value());
   self->TakeOwnedFiles();
   if (Status s = self->Spawn(lifetime); !s.ok()) return s.error();
-  if (Status s = self->AwaitQmpSocket(ready_timeout); !s.ok()) return s.error();
+  if (Status s = self->AwaitStartup(ready_timeout); !s.ok()) return s.error();
   return self;
 }
 

@@ -2,8 +2,9 @@
 //
 // Start() plans the command line (vm_config.h) for what the binary supports
 // (qemu_caps.h, probed once per binary), spawns QEMU in its own process
-// group and returns once QEMU listens on its QMP socket (or reports why it
-// died). Every wait has a deadline. Stop() asks QEMU to quit over QMP when the
+// group and returns once QEMU listens on its QMP socket and has sized the
+// memory-backend files it maps (or reports why it died). Every wait has a
+// deadline. Stop() asks QEMU to quit over QMP when the
 // caller hands in the connection it owns (QEMU 7.2 serves one QMP client, so
 // the Vm does not open its own), then escalates to SIGTERM and SIGKILL.
 // Cleanup() removes the sockets and the backing files this Vm created; the
@@ -115,7 +116,8 @@ class Vm {
   // The steps of Start(), in order.
   void TakeOwnedFiles();
   Status Spawn(VmLifetime lifetime);
-  Status AwaitQmpSocket(std::chrono::milliseconds ready_timeout);
+  Status AwaitStartup(std::chrono::milliseconds ready_timeout);
+  bool BackingFilesSized() const;
 
   VmConfig config_;
   QemuPlan plan_;

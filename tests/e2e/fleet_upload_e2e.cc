@@ -173,7 +173,15 @@ TEST(FleetUploadE2e, PanicWhileTheStoreIsDownIsUploadedAfterRestartAndFetched) {
       "for i in $(seq 1 10); do echo fleet-mark-$i > " + marker + "; done", kCommandTimeout);
   ASSERT_TRUE(ran.ok() && ran->status == 0) << tail();
 
-  // The store goes down; the guest panics.
+  // The store goes down; the guest panics. It comes back even if an
+  // assertion ends this test early: the tests after it share the store.
+  struct StoreComesBack {
+    CephCluster& ceph;
+    bool up = false;
+    ~StoreComesBack() {
+      if (!up) (void)ceph.StartRgw();
+    }
+  } store_back{ceph};
   ceph.StopRgw();
   ASSERT_TRUE(
       guest->console->Send("echo fleet-last > " + marker + "; echo c > /proc/sysrq-trigger\n")
@@ -200,6 +208,7 @@ TEST(FleetUploadE2e, PanicWhileTheStoreIsDownIsUploadedAfterRestartAndFetched) {
 
   // Across a restart: the queue is on disk; the store comes back.
   daemon.Stop();
+  store_back.up = true;  // Tried once: its result is asserted here.
   ASSERT_TRUE(ceph.StartRgw().ok()) << ceph.Logs();
   const auto back = std::chrono::steady_clock::now();
   started = daemon.Start();

@@ -106,7 +106,9 @@ step "build (gcc, warnings as errors)"
 # -g1, gcc 12, loaded 2-core machine, 2026-12-02); the tests' own files are
 # -Og -g1 (tests/CMakeLists.txt). The packages keep Debian's flags.
 FLAGS="-O2 -g1 -DNDEBUG"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVTRACE_WERROR=ON "${LAUNCHER[@]}" \
+# HVTRACE_UNITY (CMakeLists.txt): the product's sources in batches, the
+# tests one file each.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVTRACE_WERROR=ON -DHVTRACE_UNITY=ON "${LAUNCHER[@]}" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="$FLAGS" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$FLAGS" >/dev/null \
   && cmake --build build -j"$JOBS" || fatal "build"
 
@@ -234,7 +236,7 @@ step "sanitizer build (clang, ASan/UBSan, fuzzers)"
 cmake -S . -B build/sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_C_FLAGS_DEBUG=-g1 -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
-  -DHVTRACE_SANITIZE=ON -DHVTRACE_FUZZ=ON -DHVTRACE_BUILD_BENCH=OFF "${LAUNCHER[@]}" >/dev/null \
+  -DHVTRACE_SANITIZE=ON -DHVTRACE_FUZZ=ON -DHVTRACE_BUILD_BENCH=OFF -DHVTRACE_UNITY=ON "${LAUNCHER[@]}" >/dev/null \
   && cmake --build build/sanitize -j"$JOBS" --target sanitize_suite \
   || fatal "sanitizer build"
 

@@ -99,6 +99,12 @@ struct Fixture {
     s->Start();
     return s;
   }
+
+  // vm-a and vm-b, started and registered in |registry|.
+  void AddTwo(SupervisorRegistry& registry, FileRegionBackend** a, FileRegionBackend** b) {
+    ASSERT_TRUE(registry.Add(Make("vm-a", a)).ok());
+    ASSERT_TRUE(registry.Add(Make("vm-b", b)).ok());
+  }
 };
 
 template <typename Pred>
@@ -254,10 +260,10 @@ TEST(SupervisorTest, FoundShutOffIsShownAsShutOffUntilItStarts) {
 // stopping them, and says when the last is released.
 TEST(SupervisorTest, ReleaseAllReleasesWithoutStopping) {
   Fixture f;
-  FileRegionBackend *a, *b;
+  FileRegionBackend *a = nullptr, *b = nullptr;
   SupervisorRegistry registry;
-  ASSERT_TRUE(registry.Add(f.Make("vm-a", &a)).ok());
-  ASSERT_TRUE(registry.Add(f.Make("vm-b", &b)).ok());
+  f.AddTwo(registry, &a, &b);
+  ASSERT_TRUE(a && b);
   std::atomic<bool> all_released{false};
   registry.ReleaseAll([&] { all_released = a->released && b->released; });
   ASSERT_TRUE(WaitFor([&] { return all_released.load(); }));
@@ -270,10 +276,10 @@ TEST(SupervisorTest, ReleaseAllReleasesWithoutStopping) {
 // finished (it may still need QMP, which that thread serves).
 TEST(SupervisorTest, StopAllSaysDoneOnlyAfterTheCaptureInFlightAndEveryStop) {
   Fixture f;
-  FileRegionBackend *a, *b;
+  FileRegionBackend *a = nullptr, *b = nullptr;
   SupervisorRegistry registry;
-  ASSERT_TRUE(registry.Add(f.Make("vm-a", &a)).ok());
-  ASSERT_TRUE(registry.Add(f.Make("vm-b", &b)).ok());
+  f.AddTwo(registry, &a, &b);
+  ASSERT_TRUE(a && b);
   ASSERT_TRUE(WaitFor([&] { return registry.Find("vm-a")->state() == VmState::kRunning; }));
   std::promise<void> go;
   std::shared_future<void> gate = go.get_future().share();

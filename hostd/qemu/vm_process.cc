@@ -13,10 +13,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
+#include "daemon_log.h"
 #include "qmp_client.h"
 
 namespace hvtrace::hostd {
@@ -86,6 +89,31 @@ bool StillRunning(pid_t pid, uint64_t start_time) {
   const std::optional<uint64_t> now = ProcessStartTime(pid);
   return now.has_value() && (start_time == 0 || *now == start_time);
 }
+
+namespace {
+
+// Whether |fd| still is a pidfd. A descriptor some other code closed by
+// mistake (and whose number was then reused, by a file that is always
+// readable) would make poll() say "exited" and take signals nowhere:
+// `vm_on_shutdown = stop` would then leave a re-adopted QEMU running.
+bool IsPidfd(int fd) {
+  if (fd < 0) return false;
+  char link[64];
+  const ssize_t n =
+      ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), link, sizeof link - 1);
+  return n > 0 && std::string_view(link, static_cast<size_t>(n)) == "anon_inode:[pidfd]";
+}
+
+// Alive by the /proc identity: the same start time, and not a zombie.
+bool AliveByProc(pid_t pid, uint64_t start_time) {
+  if (start_time == 0 || !StillRunning(pid, start_time)) return false;
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z' &&
+         stat[paren + 2] != 'X';
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Vm>> Vm::Reattach(const std::string& name, const VmIdentity& identity) {
   const std::string vm = "VM '" + name + "': ";
@@ -335,9 +363,15 @@ bool Vm::kvm() const {
 bool Vm::Running() {
   if (pid_ <= 0 || wait_status_) return false;
   if (!child_) {
-    // Not our child: the pidfd turns readable when the process exits.
-    pollfd p{pidfd_, POLLIN, 0};
-    if (pidfd_ >= 0 && poll(&p, 1, 0) == 0) return true;
+    // Not our child: the pidfd turns readable when the process exits; a
+    // pidfd that is no longer one (IsPidfd) leaves the /proc identity.
+    if (IsPidfd(pidfd_)) {
+      pollfd p{pidfd_, POLLIN, 0};
+      if (poll(&p, 1, 0) == 0) return true;
+    } else {
+      NotePidfdLost();
+      if (AliveByProc(pid_, start_time_)) return true;
+    }
     wait_status_ = -1;
     return false;
   }
@@ -394,10 +428,26 @@ void Vm::Kill() {
 void Vm::Signal(int signo) {
   if (child_) {
     kill(-pid_, signo);  // The group: anything QEMU forked goes too.
-  } else if (pidfd_ >= 0) {
+  } else if (IsPidfd(pidfd_)) {
     // Through the pidfd: never a process that merely reuses the pid.
     syscall(SYS_pidfd_send_signal, pidfd_, signo, nullptr, 0);
+  } else {
+    NotePidfdLost();
+    if (AliveByProc(pid_, start_time_)) kill(pid_, signo);  // Checked by start time just now.
   }
+}
+
+void Vm::NotePidfdLost() {
+  if (pidfd_ < 0 || pidfd_lost_noted_) return;
+  pidfd_lost_noted_ = true;
+  // Logged once: it means other code closed a descriptor it did not own.
+  std::error_code ec;
+  const std::string now =
+      std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(pidfd_), ec).string();
+  LogWarning("VM " + config_.name + ": pidfd " + std::to_string(pidfd_) + " of QEMU pid " +
+             std::to_string(pid_) + " is no longer a pidfd (now '" + (ec ? "closed" : now) +
+             "'): another part of hvtraced closed it; the QEMU is " +
+             "followed by its pid and start time instead");
 }
 
 void Vm::Cleanup() {

@@ -113,6 +113,8 @@ class Vm {
  private:
   Vm() = default;
   void Signal(int signo);
+  // Logs (once) that |pidfd_| no longer is a pidfd (vm_process.cc, IsPidfd).
+  void NotePidfdLost();
   // The steps of Start(), in order.
   void TakeOwnedFiles();
   Status Spawn(VmLifetime lifetime);
@@ -123,8 +125,9 @@ class Vm {
   QemuPlan plan_;
   pid_t pid_ = -1;
   uint64_t start_time_ = 0;
-  bool child_ = true;  // false after Reattach: not ours to waitpid.
-  int pidfd_ = -1;     // Reattached VMs: pins the process, readable when it exits.
+  bool child_ = true;              // false after Reattach: not ours to waitpid.
+  int pidfd_ = -1;                 // Reattached VMs: pins the process, readable when it exits.
+  bool pidfd_lost_noted_ = false;  // NotePidfdLost logged.
   bool released_ = false;
   std::optional<int> wait_status_;
   std::vector<std::string> owned_files_;  // Sockets + created backing files.

@@ -388,9 +388,10 @@ done
 if [ "$(inside systemctl is-active $scope || true)" = active ]; then
   # CI shows only this line: what the scope, the daemon's exit and its last
   # words on the reload, the shutdown and the VM say.
+  procs=$(inside sh -c "ps -o pid=,ppid=,user=,stat=,args= -p \"\$(tr '\\n' ',' </sys/fs/cgroup/system.slice/$scope/cgroup.procs)0\"" | cut -c1-120 | tr '\n' '|')
   said=$(inside journalctl -u hvtraced --no-pager -o cat -n 300 |
-    grep -E 'reloaded|shutting down|VM demo|stopped|Killing|timed out|Main process' | tail -n 8 | tr '\n' '|')
-  fail "vm_on_shutdown = stop left $scope (scope: $(inside systemctl show -p SubState,ControlGroup --value $scope | tr '\n' ' ');" \
+    grep -E 'reloaded|shutting down|VM demo|pidfd|stopped|Killing|timed out|Main process' | tail -n 8 | tr '\n' '|')
+  fail "vm_on_shutdown = stop left $scope (scope: $(inside systemctl show -p SubState,ControlGroup --value $scope | tr '\n' ' '); its processes: $procs;" \
     "hvtraced: $(inside systemctl show -p Result,ExecMainCode,ExecMainStatus hvtraced | tr '\n' ' '); journal: $said)"
 fi
 log "PASS"

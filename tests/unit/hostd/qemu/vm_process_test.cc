@@ -3,17 +3,20 @@
 // command line, stop through the pidfd, Release leaving the process alone.
 #include "vm_process.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace hvtrace::hostd {
 namespace {
@@ -108,6 +111,54 @@ TEST(VmReattachTest, TakesBackTheSameProcessAndStopsIt) {
   reaper.join();
   (*vm)->Cleanup();
   EXPECT_FALSE(fs::exists(owned));
+}
+
+// Another part of the process closes the Vm's pidfd by mistake and the
+// number is reused by a plain file (always readable): the Vm must not take
+// that for "exited", and Stop still ends the process, by its /proc identity.
+// (The service test's "vm_on_shutdown = stop left hvtrace-vm-demo.scope":
+// the daemon's Stop returned at once and the QEMU ran on.)
+TEST(VmReattachTest, APidfdClobberedByOtherCodeStillStopsTheProcess) {
+  const std::string mark = "/tmp/hvt-reattach-clobber-" + std::to_string(::getpid()) + ".qmp";
+  const pid_t pid = SpawnSleeper(mark);
+  ASSERT_GT(pid, 0);
+  std::this_thread::sleep_for(100ms);
+  auto start = ProcessStartTime(pid);
+  ASSERT_TRUE(start.has_value());
+  auto pidfds = [] {
+    std::vector<int> out;
+    for (const auto& e : fs::directory_iterator("/proc/self/fd")) {
+      std::error_code ec;
+      if (fs::read_symlink(e.path(), ec).string() == "anon_inode:[pidfd]") {
+        out.push_back(std::stoi(e.path().filename().string()));
+      }
+    }
+    return out;
+  };
+  const std::vector<int> before = pidfds();
+  auto vm = Vm::Reattach("rt", VmIdentity{pid, *start, mark, {}});
+  ASSERT_TRUE(vm.ok()) << vm.error().message;
+  int pidfd = -1;
+  for (int fd : pidfds()) {
+    if (std::find(before.begin(), before.end(), fd) == before.end()) pidfd = fd;
+  }
+  ASSERT_GE(pidfd, 0);
+  const int file = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(file, 0);
+  ASSERT_EQ(::dup2(file, pidfd), pidfd);  // Closes the pidfd; the number now reads a file.
+  ::close(file);
+  EXPECT_TRUE((*vm)->Running());
+  EXPECT_TRUE((*vm)->Stop(nullptr, 2s).ok());
+  bool reaped = false;  // Our child: reaped here once it is gone.
+  for (int i = 0; i < 30 && !reaped; ++i) {
+    reaped = ::waitpid(pid, nullptr, WNOHANG) == pid;
+    if (!reaped) std::this_thread::sleep_for(100ms);
+  }
+  EXPECT_TRUE(reaped) << "Stop left pid " << pid << " running";
+  if (!reaped) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+  }
 }
 
 TEST(VmReattachTest, RefusesAReusedPid) {

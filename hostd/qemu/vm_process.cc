@@ -66,14 +66,20 @@ int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 
 
 }  // namespace
 
-std::optional<uint64_t> ProcessStartTime(pid_t pid) {
-  if (pid <= 0) return std::nullopt;
+namespace {
+
+// /proc/PID/stat after the last ')' ("S 1 ..."): comm may hold spaces and
+// parentheses, so fields count from there. Empty when there is no process.
+std::string StatAfterComm(pid_t pid) {
+  if (pid <= 0) return {};
   const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
-  // "pid (comm) state ppid ..." — comm may hold spaces and parentheses, so
-  // count fields after the last ')': starttime is field 22, the 20th after it.
   const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos) return std::nullopt;
-  std::istringstream rest(stat.substr(paren + 1));
+  return paren == std::string::npos ? std::string() : stat.substr(paren + 1);
+}
+
+// starttime is field 22 of stat, the 20th after comm.
+std::optional<uint64_t> StartTimeOf(const std::string& after_comm) {
+  std::istringstream rest(after_comm);
   std::string field;
   for (int i = 0; i < 20 && rest >> field; ++i) {
   }
@@ -84,6 +90,10 @@ std::optional<uint64_t> ProcessStartTime(pid_t pid) {
     return std::nullopt;
   }
 }
+
+}  // namespace
+
+std::optional<uint64_t> ProcessStartTime(pid_t pid) { return StartTimeOf(StatAfterComm(pid)); }
 
 bool StillRunning(pid_t pid, uint64_t start_time) {
   const std::optional<uint64_t> now = ProcessStartTime(pid);
@@ -104,13 +114,14 @@ bool IsPidfd(int fd) {
   return n > 0 && std::string_view(link, static_cast<size_t>(n)) == "anon_inode:[pidfd]";
 }
 
-// Alive by the /proc identity: the same start time, and not a zombie.
+// Alive by the /proc identity: the same start time, and not a zombie (one
+// read of stat for both).
 bool AliveByProc(pid_t pid, uint64_t start_time) {
-  if (start_time == 0 || !StillRunning(pid, start_time)) return false;
-  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z' &&
-         stat[paren + 2] != 'X';
+  if (start_time == 0) return false;
+  const std::string after_comm = StatAfterComm(pid);
+  const size_t state = after_comm.find_first_not_of(' ');
+  return state != std::string::npos && after_comm[state] != 'Z' && after_comm[state] != 'X' &&
+         StartTimeOf(after_comm) == start_time;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <sstream>
@@ -30,7 +31,7 @@ std::vector<TimelineLine> ParseTimeline(const std::string& out) {
   return lines;
 }
 
-std::vector<std::string> TraceCmdOrder(const std::string& report) {
+std::vector<std::string> TraceCmdOrder(const std::string& report, std::vector<std::string>* raw) {
   std::vector<std::string> out;
   std::istringstream in(report);
   for (std::string line; std::getline(in, line);) {
@@ -42,6 +43,7 @@ std::vector<std::string> TraceCmdOrder(const std::string& report) {
     const size_t ev_end = ts_end == std::string::npos ? ts_end : line.find(": ", ts_end + 2);
     if (ev_end == std::string::npos) continue;
     out.push_back(line.substr(0, file_end) + " " + line.substr(ts_end + 2, ev_end - ts_end - 2));
+    if (raw != nullptr) raw->push_back(line);
   }
   return out;
 }
@@ -139,7 +141,24 @@ void ExpectPlacedTimeline(const fs::path& dir, const json& t,
     const auto file = file_of.find(l.side);
     from_show.push_back((file == file_of.end() ? "?" + l.side : file->second) + " " + l.event);
   }
-  EXPECT_EQ(from_show, TraceCmdOrder(report.output));
+  std::vector<std::string> raw;
+  const std::vector<std::string> from_trace_cmd = TraceCmdOrder(report.output, &raw);
+  // Thousands of lines: the first difference with its neighbours says more
+  // than both lists (and survives a CI log's truncation).
+  size_t at = 0;
+  while (at < from_show.size() && at < from_trace_cmd.size() && from_show[at] == from_trace_cmd[at])
+    ++at;
+  if (at == from_show.size() && at == from_trace_cmd.size()) return;
+  std::string around = "show --timeline:\n";
+  for (size_t i = at < 6 ? 0 : at - 6; i < std::min(at + 6, lines.size()); ++i)
+    around += (i == at ? "> " : "  ") + lines[i].text + "\n";
+  around += "trace-cmd report" + inputs + ":\n";
+  for (size_t i = at < 6 ? 0 : at - 6; i < std::min(at + 6, raw.size()); ++i)
+    around += (i == at ? "> " : "  ") + raw[i] + "\n";
+  ADD_FAILURE() << "show --timeline and trace-cmd's merge differ at event " << at << " of "
+                << from_show.size() << " (show) and " << from_trace_cmd.size()
+                << " (trace-cmd), in " << dir << ":\n"
+                << around;
 }
 
 std::vector<std::string> GuestStatusWrites(const std::vector<TimelineLine>& lines, int index,

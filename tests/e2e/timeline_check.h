@@ -21,8 +21,10 @@ struct TimelineLine {
 // The event lines of `hvtrace show --timeline` ('#' lines skipped).
 std::vector<TimelineLine> ParseTimeline(const std::string& out);
 
-// "FILE EVENT" per event line of trace-cmd's merged report.
-std::vector<std::string> TraceCmdOrder(const std::string& report);
+// "FILE EVENT" per event line of trace-cmd's merged report; each such line
+// as printed is appended to |raw| when given.
+std::vector<std::string> TraceCmdOrder(const std::string& report,
+                                       std::vector<std::string>* raw = nullptr);
 
 // The value after |key| in |text| ("val=3" -> "3").
 std::string ValueOf(const std::string& text, const std::string& key);

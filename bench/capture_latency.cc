@@ -107,27 +107,34 @@ double ColdMemcpyMs(uint64_t bytes) {
 // a guest's memory there is written back to disk while it runs, and those
 // flushes land in the panic's copy and fsyncs (copies of 20-50 ms in 3 of 5
 // panics, 2 ms in the others). HVTRACE_BENCH_RUN_ON_DISK=1 keeps it on disk.
+// The tmpfs is mounted huge=within_size, so QEMU's boot-range file is made of
+// 2 MiB pages (HVTRACE_BENCH_SMALL_PAGES=1: of 4 KiB pages, as in a plain
+// /run): after a minute's idle a 16 MiB copy out of small pages took 30-37 ms
+// of the panic on this machine kind, out of huge ones 4.5-7 ms
+// (bench/idle_copy_bench, bench/README.md).
 class RunDirOnTmpfs {
  public:
   explicit RunDirOnTmpfs(const std::string& dir) : dir_(dir) {
     if (std::getenv("HVTRACE_BENCH_RUN_ON_DISK") != nullptr) return;
     std::error_code ec;
     fs::create_directories(dir, ec);
-    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755") == 0;
+    small_pages_ = std::getenv("HVTRACE_BENCH_SMALL_PAGES") != nullptr;
+    mounted_ = ::mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID | MS_NODEV,
+                       small_pages_ ? "mode=0755" : "mode=0755,huge=within_size") == 0;
     if (!mounted_) error_ = std::strerror(errno);
   }
   ~RunDirOnTmpfs() {
     if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
   }
   std::string what() const {
-    if (mounted_) return "tmpfs";
+    if (mounted_) return small_pages_ ? "tmpfs (small pages)" : "tmpfs huge=within_size";
     return error_.empty() ? "on disk (HVTRACE_BENCH_RUN_ON_DISK)"
                           : "on disk (tmpfs: " + error_ + ")";
   }
 
  private:
   std::string dir_, error_;
-  bool mounted_ = false;
+  bool mounted_ = false, small_pages_ = false;
 };
 
 // j[key] as a number, -1 when |j| is no object or has no such number.

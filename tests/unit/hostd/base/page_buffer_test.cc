@@ -62,5 +62,21 @@ TEST(PageBufferTest, AForkLeavesItsPagesWritable) {
   EXPECT_EQ(b.span()[kBytes - 1], std::byte{2});
 }
 
+// A buffer of 2 MiB or more starts on a 2 MiB boundary (where a huge page can
+// back it) and its whole length is usable; a small one is left as it was.
+TEST(PageBufferTest, ALargeBufferStartsOnAHugePageBoundary) {
+  constexpr uint64_t kHuge = 2u << 20;
+  for (const uint64_t bytes : {kHuge, 16u * kHuge + 4096, uint64_t{5000}}) {
+    PageBuffer b;
+    ASSERT_TRUE(b.Resize(bytes));
+    const auto at = reinterpret_cast<uintptr_t>(b.span().data());
+    if (bytes >= kHuge) {
+      EXPECT_EQ(at % kHuge, 0u) << bytes;
+    }
+    std::fill(b.span().begin(), b.span().end(), std::byte{3});
+    EXPECT_EQ(b.span()[bytes - 1], std::byte{3});
+  }
+}
+
 }  // namespace
 }  // namespace hvtrace::hostd

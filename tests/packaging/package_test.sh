@@ -65,6 +65,7 @@ check_contents() {  # check_contents DEB PATH...
 # Units: /lib/systemd/system on bookworm, /usr/lib/systemd/system on trixie
 # (its systemd.pc; /usr-merge).
 check_contents "$HVTRACE_DEB" /usr/sbin/hvtraced /usr/bin/hvtrace '(/usr)?/lib/systemd/system/hvtraced.service' \
+  '(/usr)?/lib/systemd/system/run-hvtrace-mem.mount' \
   /etc/hvtrace/hvtraced.conf /usr/lib/sysusers.d/hvtrace.conf /usr/lib/tmpfiles.d/hvtrace.conf \
   /usr/share/bash-completion/completions/hvtrace /usr/share/man/man1/hvtrace.1.gz \
   /usr/share/man/man5/hvtraced.conf.5.gz /usr/share/man/man8/hvtraced.8.gz \
@@ -194,7 +195,7 @@ else
     "$chrootdir/lib/systemd/system/"
   # The root's own systemd-analyze: the host's (bookworm's 252) misreads a
   # trixie root's units (keys it does not know, /run/lock's mount).
-  for unit in hvtraced.service hvtrace-agent.service; do
+  for unit in hvtraced.service run-hvtrace-mem.mount hvtrace-agent.service; do
     out=$(in_root_proc env SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no "/lib/systemd/system/$unit" 2>&1)
     status=$?
     # Units they are only ordered against need not be installed.

@@ -327,6 +327,19 @@ grep -q -- " $want_drop " <<<"$qemu_cmdline" ||
   fail "$qemu_version: QEMU's command line lacks '$want_drop': $qemu_cmdline"
 log "QEMU runs as hvtrace-qemu (uid $want_uid): $qemu_version, '$want_drop'"
 grep -q -- '-sandbox on' <<<"$qemu_cmdline" || fail "QEMU runs without -sandbox on: $qemu_cmdline"
+# Its boot-range file is on the package's tmpfs of 2 MiB pages
+# (run-hvtrace-mem.mount, pulled in by hvtraced.service).
+mem_mount=$(inside cat /proc/self/mountinfo | awk '$5 == "/run/hvtrace/mem"')
+grep -q ' - tmpfs .*huge=within_size' <<<"$mem_mount" ||
+  fail "/run/hvtrace/mem is not the huge-page tmpfs: '${mem_mount}' ($(inside systemctl status run-hvtrace-mem.mount 2>&1 | tail -n 4))"
+[ -f "/proc/$LEADER/root/run/hvtrace/mem/hvtrace-demo" ] ||
+  fail "no boot-range file /run/hvtrace/mem/hvtrace-demo: $(ls -la "/proc/$LEADER/root/run/hvtrace/mem" 2>&1)"
+# How much of hvtraced's mapping of the range is in 2 MiB pages (said, not
+# asserted: a host may have transparent huge pages off).
+daemon_pid=$(inside systemctl show -p MainPID --value hvtraced)
+pmd_kb=$(awk '/hvtrace-demo$/ { on = 1; next } /^[0-9a-f]+-/ { on = 0 } on && /^ShmemPmdMapped:/ { s += $2 } END { print s + 0 }' \
+  "/proc/$LEADER/root/proc/$daemon_pid/smaps" 2>/dev/null || echo '?')
+log "QEMU's memory files: /run/hvtrace/mem on $(awk '{ print $(NF-2), $NF }' <<<"$mem_mount"); hvtraced maps ${pmd_kb} KiB of demo's file in 2 MiB pages"
 # The formats came from the package's harvest initramfs, nothing else.
 grep -q 'harvest-initrd.img' <<<"$(inside journalctl -u hvtraced --no-pager -o cat)" ||
   fail "the journal does not name the package's harvest initramfs"

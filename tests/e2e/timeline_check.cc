@@ -149,12 +149,18 @@ void ExpectPlacedTimeline(const fs::path& dir, const json& t,
   while (at < from_show.size() && at < from_trace_cmd.size() && from_show[at] == from_trace_cmd[at])
     ++at;
   if (at == from_show.size() && at == from_trace_cmd.size()) return;
-  std::string around = "show --timeline:\n";
-  for (size_t i = at < 6 ? 0 : at - 6; i < std::min(at + 6, lines.size()); ++i)
-    around += (i == at ? "> " : "  ") + lines[i].text + "\n";
-  around += "trace-cmd report" + inputs + ":\n";
-  for (size_t i = at < 6 ? 0 : at - 6; i < std::min(at + 6, raw.size()); ++i)
-    around += (i == at ? "> " : "  ") + raw[i] + "\n";
+  // Six lines each side of |at| under |title|, the differing one marked.
+  auto around_at = [at](const std::string& title, auto text_of, size_t count) {
+    std::string out = title + ":\n";
+    for (size_t i = at < 6 ? 0 : at - 6; i < std::min(at + 6, count); ++i)
+      out += (i == at ? "> " : "  ") + text_of(i) + "\n";
+    return out;
+  };
+  const std::string around =
+      around_at(
+          "show --timeline", [&](size_t i) { return lines[i].text; }, lines.size()) +
+      around_at(
+          "trace-cmd report" + inputs, [&](size_t i) { return raw[i]; }, raw.size());
   ADD_FAILURE() << "show --timeline and trace-cmd's merge differ at event " << at << " of "
                 << from_show.size() << " (show) and " << from_trace_cmd.size()
                 << " (trace-cmd), in " << dir << ":\n"

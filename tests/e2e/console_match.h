@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -58,6 +59,25 @@ inline size_t EditDistance(const std::string& a, const std::string& b) {
     }
   }
   return row[b.size()];
+}
+
+// The second of two console lines the UART ran together: the text after the
+// last printk time ("    0.000000] ") inside |text|, whose "[" or more may
+// be lost too (CI, 2026-12-03: "...System RAM\x0d\x0d    0.000000] user:
+// [mem ...]  device reserved"); "" when |text| holds no such time. The
+// time, not the last "] ", marks the glue: the kernel's own text has "] ".
+inline std::string AfterGluedPrefix(const std::string& text) {
+  size_t found = std::string::npos;
+  for (size_t dot = text.find('.'); dot != std::string::npos; dot = text.find('.', dot + 1)) {
+    if (dot == 0 || !std::isdigit(static_cast<unsigned char>(text[dot - 1]))) continue;
+    if (text.size() < dot + 9 || text.compare(dot + 7, 2, "] ") != 0) continue;
+    if (!std::all_of(text.begin() + static_cast<std::ptrdiff_t>(dot) + 1,
+                     text.begin() + static_cast<std::ptrdiff_t>(dot) + 7,
+                     [](unsigned char c) { return std::isdigit(c); }))
+      continue;
+    found = dot + 9;
+  }
+  return found == std::string::npos ? "" : text.substr(found);
 }
 
 struct ConsoleMatch {
@@ -178,8 +198,7 @@ inline ConsoleMatch MatchConsoleInLog(
     }
     // Two lines run together (a newline and the next prefix lost): both are
     // in the log; only the glued line is not.
-    const size_t glue = line.text.rfind("] ");
-    const std::string rest = glue == std::string::npos ? "" : line.text.substr(glue + 2);
+    const std::string rest = AfterGluedPrefix(line.text);
     if (!rest.empty() &&
         std::any_of(at(next), log.end(), [&](const LogLine& l) { return l.text == rest; })) {
       ++r.garbled;

@@ -13,6 +13,7 @@
 #include <future>
 
 #include "capped_file.h"
+#include "daemon_log.h"
 #include "hvtrace/boot_map.h"
 #include "private_path.h"
 #include "qemu_user.h"
@@ -301,8 +302,29 @@ void QmpVmBackend::Stop() {
   CutMemoryLink();
   if (qmp_) qmp_->Close();
   if (vm_) {
-    (void)vm_->Stop(nullptr, std::chrono::seconds(2));
+    StopQemu(*vm_);
     vm_.reset();
+  }
+}
+
+// Said in the journal: an operator stopping the service (vm_on_shutdown =
+// stop) learns what became of each QEMU, and a scope that outlives it is
+// told apart from a QEMU that was never signalled.
+void QmpVmBackend::StopQemu(Vm& vm) {
+  const std::string which = "VM " + vm.config().name + ": QEMU pid " + std::to_string(vm.pid());
+  if (!vm.Running()) {
+    LogInfo(which + " had already ended (" + vm.DescribeExit() + ")");
+    return;
+  }
+  const auto began = std::chrono::steady_clock::now();
+  const Status s = vm.Stop(nullptr, std::chrono::seconds(2));
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - began)
+                      .count();
+  if (s.ok()) {
+    LogNotice(which + " stopped in " + std::to_string(ms) + " ms (" + vm.DescribeExit() + ")");
+  } else {
+    LogWarning(which + ": " + s.error().message);
   }
 }
 

@@ -154,6 +154,8 @@ class QmpVmBackend : public VmBackend {
   nlohmann::json AttachStatus() const override { return attach_.Status(); }
 
  private:
+  // Quits |vm| (SIGTERM, then SIGKILL) and logs how it ended and how long it took.
+  static void StopQemu(Vm& vm);
   void CheckStatusAtConnect(const HostTime& watch_began);
   void StopTraceGuard();
   void CutMemoryLink();  // guest_memory_reader()'s readers fail from now on.

@@ -25,7 +25,29 @@ container_boot() {
   [ -n "$LEADER" ] || fail "systemd did not start in the container"
   for _ in $(seq 300); do inside test -S /run/systemd/private && break; sleep 0.1; done
   state=$(inside systemctl is-system-running --wait || true)
-  [ "$state" = running ] || { inside systemctl --failed --no-pager >&2; fail "container is $state"; }
+  case "$state" in
+    running) ;;
+    # A unit of the bare Debian root failed at boot (CI, 2026-12-03, once:
+    # "degraded", which unit unknown). Nothing of hvtrace is installed yet,
+    # so it is not ours: said, with the unit's status, and the test goes on
+    # to check what it installs by that unit's own state.
+    degraded) echo "container_boot: booted degraded$(container_failed_units); not a unit the test installs" >&2 ;;
+    *) fail "container is $state$(container_failed_units)" ;;
+  esac
+}
+
+# ": failed units U1 U2" and each one's last journal lines on stderr; the
+# names go into the failure's one line, which CI's summary keeps when it
+# cuts the log (CI, 2026-12-03: "container is degraded", the unit unknown).
+container_failed_units() {
+  local units unit
+  units=$(inside systemctl list-units --failed --plain --no-legend --no-pager 2>/dev/null |
+    awk '{print $1}' | tr '\n' ' ')
+  for unit in $units; do
+    echo "--- $unit:" >&2
+    inside systemctl status --no-pager -n 15 "$unit" >&2 || true
+  done
+  [ -z "$units" ] || echo ": failed units ${units% }"
 }
 
 inside() { nsenter -t "$LEADER" -a "$@"; }

@@ -165,8 +165,8 @@ TEST_F(QmpVmAttachTest, OnPcTheRegionIsAFileBackendAndAnIvshmemDevice) {
   Result<QmpVmSpec> saved = LoadQmpVmSpec(dir_);
   ASSERT_TRUE(saved.ok()) << saved.error().message;
   EXPECT_EQ(saved->attach_region, options_.region_path.string());
-  EXPECT_EQ(saved->attach_device, dev["id"]);
-  EXPECT_EQ(saved->attach_memdev, memdev["id"]);
+  EXPECT_EQ(saved->attach_device, dev["id"].get<std::string>());
+  EXPECT_EQ(saved->attach_memdev, memdev["id"].get<std::string>());
 }
 
 TEST_F(QmpVmAttachTest, OnQ35ItNeedsAFreeRootPortWithAWindowForTheBar) {

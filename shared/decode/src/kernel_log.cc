@@ -43,26 +43,42 @@ bool NeedsEscape(uint8_t byte) {
   return (byte < 0x20 && byte != '\n' && byte != '\t') || byte >= 0x7f;
 }
 
+// Whether the sixteen bytes at |p| hold one that NeedsEscape(): a GCC/Clang
+// vector of signed bytes (SSE2's own compares on x86-64: a byte >= 0x80 is
+// negative, so "< 0x20" takes it with the controls), exact, so a line's own
+// '\n' and a tab do not send its block to the byte loop; they are taken out
+// only in a block that has a candidate (a line's last, its '\n').
+bool BlockNeedsEscape(const char* p) {
+  using Bytes = int8_t __attribute__((vector_size(16)));
+  const auto any = [](Bytes lanes) {
+    uint64_t halves[2];
+    std::memcpy(halves, &lanes, sizeof halves);
+    return (halves[0] | halves[1]) != 0;
+  };
+  Bytes v;
+  std::memcpy(&v, p, sizeof v);
+  const Bytes odd = (v < 0x20) | (v == 0x7f);  // -1 lanes where true.
+  return any(odd) && any(odd & (v != '\n') & (v != '\t'));
+}
+
 // The index of the first byte of |s| at or after |from| that NeedsEscape(),
 // or s.size(). Every event line of a report passes here (MakePrintableFrom),
-// almost always printable through: sixteen bytes at a time (a GCC/Clang
-// vector: SSE2 compares on x86-64, portable elsewhere), the byte loop only
-// for a block that holds a byte < 0x20 or >= 0x7f (a tab or newline
-// included). On bench/large.dat (1.37 M events) the byte loop alone was 31 %
-// of `hvtrace report`'s CPU in perf; eight bytes at a time 9.5 % (2026-12-02).
+// almost always printable through: sixteen bytes at a time, the byte loop
+// only in the block that holds the byte, and a line's last partial block
+// checked as the sixteen bytes that end it. On bench/large.dat (1.37 M
+// events) the byte loop alone was 31 % of `hvtrace report`'s CPU in perf;
+// eight bytes at a time 9.5 % (2026-12-02); 260 M of 2,726 M instructions
+// in callgrind (2026-12-03), sixteen bytes with unsigned compares 284 M
+// (SSE2 has none: each was three instructions), these signed ones 200 M.
 size_t FirstToEscape(std::string_view s, size_t from) {
-  using Bytes = uint8_t __attribute__((vector_size(16)));
+  constexpr size_t kBlock = 16;
   size_t i = from;
-  for (; i + sizeof(Bytes) <= s.size(); i += sizeof(Bytes)) {
-    Bytes v;
-    std::memcpy(&v, s.data() + i, sizeof v);
-    const auto odd = (v < 0x20) | (v >= 0x7f);  // Unsigned: 0xff lanes where true.
-    uint64_t halves[2];
-    std::memcpy(halves, &odd, sizeof halves);
-    if ((halves[0] | halves[1]) == 0) continue;
-    for (size_t k = i; k < i + sizeof(Bytes); ++k) {
-      if (NeedsEscape(static_cast<uint8_t>(s[k]))) return k;
-    }
+  for (; i + kBlock <= s.size(); i += kBlock) {
+    if (BlockNeedsEscape(s.data() + i)) break;
+  }
+  if (i + kBlock > s.size() && s.size() - from >= kBlock &&
+      !BlockNeedsEscape(s.data() + s.size() - kBlock)) {
+    return s.size();
   }
   for (; i < s.size(); ++i) {
     if (NeedsEscape(static_cast<uint8_t>(s[i]))) return i;

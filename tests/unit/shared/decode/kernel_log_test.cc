@@ -56,15 +56,16 @@ TEST(MakePrintableFrom, Malicious_EscapesTheTailKeepingNewlinesAndTabs) {
   EXPECT_EQ(plain, before);
 }
 
-// The scan reads eight bytes at a time: every byte value, at every position
-// of a word and of the byte-wise tail, after a |from| that is not
-// word-aligned, is found and escaped exactly as the byte-wise rule says
-// (a lone byte >= 0x80 is invalid UTF-8, so it is escaped too).
+// The scan reads sixteen bytes at a time and a line's last partial block as
+// the sixteen bytes that end it: every byte value, at every position of
+// lines that fill no block, one, one and a bit, and several, is found and
+// escaped exactly as the byte-wise rule says (a lone byte >= 0x80 is
+// invalid UTF-8, so it is escaped too); the line's own '\n' at its end.
 TEST(MakePrintableFrom, Malicious_EveryByteAtEveryPositionOfTheWordScan) {
-  for (size_t length : {1u, 7u, 8u, 9u, 23u}) {
+  for (size_t length : {1u, 8u, 15u, 16u, 17u, 31u, 32u, 33u, 47u}) {
     for (size_t at = 0; at < length; ++at) {
       for (int value = 0; value < 256; ++value) {
-        std::string text = "xyz" + std::string(length, 'a');
+        std::string text = "xyz" + std::string(length, 'a') + "\n";
         text[3 + at] = static_cast<char>(value);
         MakePrintableFrom(&text, 3);
         const bool kept = (value >= 0x20 && value < 0x7f) || value == '\n' || value == '\t';
@@ -72,7 +73,7 @@ TEST(MakePrintableFrom, Malicious_EveryByteAtEveryPositionOfTheWordScan) {
         std::snprintf(escaped, sizeof escaped, "\\x%02x", value);
         const std::string want = "xyz" + std::string(at, 'a') +
                                  (kept ? std::string(1, static_cast<char>(value)) : escaped) +
-                                 std::string(length - at - 1, 'a');
+                                 std::string(length - at - 1, 'a') + "\n";
         ASSERT_EQ(text, want) << "length " << length << ", byte 0x" << std::hex << value << " at "
                               << std::dec << at;
       }

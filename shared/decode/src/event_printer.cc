@@ -170,15 +170,9 @@ struct NumberStep : Step {
           d = FormatUintBackwards(uv, end);
           break;
         case 'x':
-        case 'X': {
-          const char* hex = spec.conv == 'X' ? "0123456789ABCDEF" : "0123456789abcdef";
-          uint64_t x = uv;
-          do {
-            *--d = hex[x & 15];
-            x >>= 4;
-          } while (x);
+        case 'X':
+          d = FormatHexBackwards(uv, end, spec.conv == 'X');
           break;
-        }
         default: {
           uint64_t o = uv;
           do {
@@ -251,14 +245,9 @@ struct NumberStep : Step {
   }
 
   static void AppendHex(std::string* out, uint64_t v, bool upper) {
-    const char* digits = upper ? "0123456789ABCDEF" : "0123456789abcdef";
     char buf[16];
     char* end = buf + sizeof(buf);
-    char* p = end;
-    do {
-      *--p = digits[v & 15];
-      v >>= 4;
-    } while (v);
+    char* p = FormatHexBackwards(v, end, upper);
     out->append(p, static_cast<size_t>(end - p));
   }
   static void AppendOctal(std::string* out, uint64_t v) {

@@ -94,11 +94,7 @@ void LinePrefix::Append(const char* comm, int pid, uint32_t cpu, uint64_t timest
   char* p = buf + task.len;
   std::memcpy(p, seconds_text_, sizeof(seconds_text_));
   p += seconds_len_;
-  uint32_t usec = static_cast<uint32_t>(t % 1000000);
-  for (int i = 5; i >= 0; --i) {
-    p[i] = static_cast<char>('0' + usec % 10);
-    usec /= 10;
-  }
+  FormatSixDigits(static_cast<uint32_t>(t % 1000000), p);
   p[6] = ':';
   p += 7;
   out->append(buf, static_cast<size_t>(p - buf));

@@ -64,15 +64,25 @@ TEST(DecoderTest, FastPathsMatchLibtraceeventOnEveryRecord) {
     (*slow)->SetFastPathsEnabled(false);
     std::vector<Rec> recs = ReadAll(Fixture(name));
     ASSERT_GT(recs.size(), 1000u);
-    size_t mismatches = 0;
+    size_t mismatches = 0, switches = 0, switches_fast = 0;
     for (const Rec& r : recs) {
       DecodedRecord d{r.cpu, r.ts, r.payload, 0};
       std::string a, b;
+      const uint64_t fast_before = (*fast)->fast_path_count();
       (*fast)->AppendText(d, &a);
       (*slow)->AppendText(d, &b);
       if (a != b && ++mismatches <= 5) ADD_FAILURE() << "fast: " << a << "slow: " << b;
+      if (a.find(" sched_switch: ") != std::string::npos) {
+        ++switches;
+        switches_fast += (*fast)->fast_path_count() - fast_before;
+      }
     }
     EXPECT_EQ(mismatches, 0u);
+    // sched_switch's printer takes its state letters from the installed
+    // plugin (libtraceevent 1.7 and 1.8 differ); one it could not read would
+    // leave every sched_switch to libtraceevent.
+    EXPECT_GT(switches, 0u);
+    EXPECT_EQ(switches_fast, switches);
     EXPECT_EQ((*slow)->fast_path_count(), 0u);
     // Most events of these traces (kmem, sched, syscalls, irq, timer) take
     // the compiled path; if this drops, a printer stopped compiling.

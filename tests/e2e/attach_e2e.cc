@@ -61,7 +61,7 @@ std::string LineWith(const std::string& text, const std::string& needle) {
 
 // "sec.usec" of a `trace-cmd report` line, in ns (0 when absent).
 uint64_t LineTimeNs(const std::string& line) {
-  static const std::regex re(R"(\]\s+(\d+)\.(\d{6}):)");
+  static const std::regex re(R"(\]\s+(?:\S{5,6}\s+)?(\d+)\.(\d{6}):)");
   std::smatch m;
   if (!std::regex_search(line, m, re)) return 0;
   return std::stoull(m[1]) * 1000000000ull + std::stoull(m[2]) * 1000ull;
@@ -393,7 +393,8 @@ std::optional<MarkerText> ParseGuestTraceLine(const std::string& line) {
   return MarkerText{m[1], m[2], m[3], m[4], m[5]};
 }
 std::optional<MarkerText> ParseReportLine(const std::string& line) {
-  static const std::regex re(R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(\d+\.\d+):\s+print:\s+(.*\S)\s*$)");
+  static const std::regex re(
+      R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(?:\S{5,6}\s+)?(\d+\.\d+):\s+print:\s+(.*\S)\s*$)");
   std::smatch m;
   if (!std::regex_match(line, m, re)) return std::nullopt;
   return MarkerText{m[1], m[2], m[3], m[4], m[5]};

@@ -38,7 +38,7 @@ using test_support::RunCommand;
 
 // "sec.usec" of a `trace-cmd report` line, in ns (0 when absent).
 uint64_t LineTimeNs(const std::string& line) {
-  static const std::regex re(R"(\]\s+(\d+)\.(\d{6}):)");
+  static const std::regex re(R"(\]\s+(?:\S{5,6}\s+)?(\d+)\.(\d{6}):)");
   std::smatch m;
   if (!std::regex_search(line, m, re)) return 0;
   return std::stoull(m[1]) * 1000000000ull + std::stoull(m[2]) * 1000ull;

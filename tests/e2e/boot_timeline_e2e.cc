@@ -23,6 +23,7 @@
 // One guest boot per test.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -78,7 +79,9 @@ class BootTimelineKernelE2e : public BootTimelineE2e,
 TEST_P(BootTimelineKernelE2e, HostAndGuestHandshakesOnOneClock) {
   HvtracedProcess daemon({.tag = "tl"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.LogTail();
-  const std::string name = "tl";
+  // Unique per process: tests that run side by side under systemd get a
+  // scope each (hvtrace-vm-NAME.scope; a second one of a name is refused).
+  const std::string name = "tl-" + std::to_string(::getpid());
   auto guest = Boot(daemon, name, "hvtrace.agent=1", GetParam());
   ASSERT_TRUE(guest.ok()) << guest.error().message;
   hostd::GuestConsole& console = *guest->console;
@@ -166,7 +169,7 @@ TEST_F(BootTimelineE2e, PanicDuringBootKeepsTheTimelineSoFar) {
   ASSERT_TRUE(harvested.ok()) << harvested.error().message;
   HvtracedProcess daemon({.tag = "tlp", .config = "cache_dir = " + cache_root.string() + "\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.LogTail();
-  const std::string name = "tlp";
+  const std::string name = "tlp-" + std::to_string(::getpid());
   auto guest = Boot(daemon, name, "hvtrace.panic=after-modules");
   ASSERT_TRUE(guest.ok()) << guest.error().message;
   // The kernel's own line: panic flushes printk, while the init's echo just
@@ -228,7 +231,7 @@ TEST_F(BootTimelineE2e, ForeignInitramfsSaysWhyTheBootIsNotPlaced) {
 
   HvtracedProcess daemon({.tag = "tlf", .config = "cache_dir = " + cache->string() + "\n"});
   ASSERT_TRUE(daemon.Start().ok()) << daemon.LogTail();
-  const std::string name = "tlf";
+  const std::string name = "tlf-" + std::to_string(::getpid());
   // No pvpanic module gets loaded: the kernel reboots after its panic
   // (panic=1), and the reset is the capture's trigger.
   auto guest = BootDaemonGuest(daemon, name, image->kernel, initrd,

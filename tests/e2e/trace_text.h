@@ -237,12 +237,14 @@ inline GuestViewComparison CompareGuestView(const std::vector<TraceEvent>& guest
 }
 
 // `trace-cmd report` / `hvtrace show` text lines ('#' headers and "cpus="
-// skipped); |unparsed| counts the other lines that are not events.
+// skipped); |unparsed| counts the other lines that are not events. The
+// latency column after the CPU is trace-cmd 3.3's (Debian 13), and hvtrace's
+// when built there ("[001] d..2.  12.000000:"):
 //   "           <...>-215   [001]    12.000000: print:                tracing_mark_write: m"
 inline std::vector<TraceEvent> ReportTraceEvents(const std::string& text,
                                                  size_t* unparsed = nullptr) {
   static const std::regex kLine(
-      R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(\d+\.\d{6}): ([a-z_0-9]+): ?(.*)$)");
+      R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(?:\S{5,6}\s+)?(\d+\.\d{6}): ([a-z_0-9]+): ?(.*)$)");
   static const std::regex kSwitch(R"(^(.*:\d+ \[\d+\]) (\S+) ==> (.*)$)");
   std::vector<TraceEvent> out;
   for (const std::string& line : TextLines(text)) {

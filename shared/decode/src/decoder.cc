@@ -293,6 +293,48 @@ struct EventDecoder::Impl {
   }
 
   std::optional<LinePrefix> prefix;  // Set in Create.
+
+  // trace-cmd report's latency column ("d.h2.": irqs off, need-resched,
+  // hard/soft irq, preempt depth, migrate-disable), which trace-cmd 3.3
+  // (libtracecmd 1.5, Debian 13) prints by default and 3.1 (libtracecmd 1.3,
+  // Debian 12) does not: the text is that of the release built for
+  // (shared/decode/CMakeLists.txt). libtraceevent writes it from the
+  // record's common fields but its type and pid, so each combination is
+  // asked once and kept.
+#if defined(HVTRACE_LATENCY_COLUMN)
+  static constexpr bool kLatencyColumn = true;
+#else
+  static constexpr bool kLatencyColumn = false;
+#endif
+  std::unordered_map<std::string, std::string> latency_texts;
+  size_t common_end = 0;  // Of the common fields (at most 32); 0 until known.
+  std::string_view Latency(const EventInfo& info, uint32_t size) {
+    if (!kLatencyColumn) return {};
+    if (common_end == 0 && info.event != nullptr) {
+      common_end = 8;
+      for (const tep_format_field* f = info.event->format.common_fields; f != nullptr;
+           f = f->next) {
+        if (f->offset >= 0 && f->size > 0 && f->offset + f->size <= 32)
+          common_end = std::max<size_t>(common_end, static_cast<size_t>(f->offset + f->size));
+      }
+    }
+    // The common bytes but the type (0-1) and the pid (4-7); the scratch
+    // copy is zero past the record.
+    const auto* bytes = reinterpret_cast<const char*>(scratch.data());
+    std::string key(bytes + 2, 2);
+    if (common_end > 8) key.append(bytes + 8, common_end - 8);
+    auto it = latency_texts.find(key);
+    if (it == latency_texts.end()) {
+      tep_record rec{};
+      rec.data = scratch.data();
+      rec.size = static_cast<int>(size);
+      rec.record_size = static_cast<int>(size);
+      trace_seq_reset(&seq);
+      tep_print_event(tep, &seq, &rec, "%s", TEP_PRINT_LATENCY);
+      it = latency_texts.emplace(std::move(key), std::string(seq.buffer, seq.len)).first;
+    }
+    return it->second;
+  }
 };
 
 EventDecoder::EventDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -552,7 +594,7 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
   }
   int pid = m.ReadS32(4);
   m.prefix->Append(record.comm != nullptr ? record.comm : m.Comm(pid), pid, record.cpu,
-                   record.timestamp, out);
+                   record.timestamp, m.Latency(*info, size), out);
   out->append(info->name_column);
   size_t info_start = out->size();
   bool printed_fast = false;

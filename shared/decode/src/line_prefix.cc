@@ -37,13 +37,17 @@ size_t LinePrefix::FormatTask(const char* comm, size_t comm_len, int pid, uint32
 }
 
 void LinePrefix::AppendSlow(const char* comm, size_t comm_len, int pid, uint32_t cpu,
-                            uint64_t timestamp, std::string* out) const {
+                            uint64_t timestamp, std::string_view latency, std::string* out) const {
   AppendPadLeft(out, comm, comm_len, 16);
   out->push_back('-');
   AppendIntPadRight(out, pid, 5);
   out->append(" [");
   AppendUintZeroPad(out, cpu, 3);
   out->push_back(']');
+  if (!latency.empty()) {
+    out->push_back(' ');
+    out->append(latency);
+  }
   if (time_in_usecs_) {
     uint64_t t = (timestamp + 500) / 1000;
     out->push_back(' ');
@@ -57,10 +61,10 @@ void LinePrefix::AppendSlow(const char* comm, size_t comm_len, int pid, uint32_t
 }
 
 void LinePrefix::Append(const char* comm, int pid, uint32_t cpu, uint64_t timestamp,
-                        std::string* out) {
+                        std::string_view latency, std::string* out) {
   const size_t comm_len = std::strlen(comm);
-  if (comm_len >= kMaxComm || !time_in_usecs_) {
-    AppendSlow(comm, comm_len, pid, cpu, timestamp, out);
+  if (comm_len >= kMaxComm || !time_in_usecs_ || latency.size() > kMaxLatency) {
+    AppendSlow(comm, comm_len, pid, cpu, timestamp, latency, out);
     return;
   }
   Task& task = tasks_[cpu % kTasks];
@@ -89,9 +93,14 @@ void LinePrefix::Append(const char* comm, int pid, uint32_t cpu, uint64_t timest
     *p++ = '.';
     seconds_len_ = static_cast<uint8_t>(p - seconds_text_);
   }
-  char buf[sizeof(task.text) + sizeof(seconds_text_) + 8];
+  char buf[sizeof(task.text) + 1 + kMaxLatency + sizeof(seconds_text_) + 8];
   std::memcpy(buf, task.text, sizeof(task.text));
   char* p = buf + task.len;
+  if (!latency.empty()) {
+    *p++ = ' ';
+    std::memcpy(p, latency.data(), latency.size());
+    p += latency.size();
+  }
   std::memcpy(p, seconds_text_, sizeof(seconds_text_));
   p += seconds_len_;
   FormatSixDigits(static_cast<uint32_t>(t % 1000000), p);

@@ -1,4 +1,5 @@
-// The start of each text line: "%16s-%-5d [%03d]" (comm, pid, cpu) then
+// The start of each text line: "%16s-%-5d [%03d]" (comm, pid, cpu), the
+// latency column when given (" d.h2.", trace-cmd 3.3's default), then
 // " %5llu.%06llu:" (usecs) or "%12llu:" (raw clock), as trace-cmd prints it.
 //
 // Hand-written for speed, with two caches: the "comm-pid [cpu]" part of the
@@ -11,18 +12,24 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace hvtrace {
 
 class LinePrefix {
  public:
   explicit LinePrefix(bool time_in_usecs) : time_in_usecs_(time_in_usecs) {}
-  void Append(const char* comm, int pid, uint32_t cpu, uint64_t timestamp, std::string* out);
+  // |latency|: libtraceevent's latency text for the record, or empty for none.
+  void Append(const char* comm, int pid, uint32_t cpu, uint64_t timestamp, std::string_view latency,
+              std::string* out);
 
  private:
   // Comms longer than this (not a kernel's, which are 16 bytes) are not
   // cached.
   static constexpr size_t kMaxComm = 64;
+  // Longer latency text (not libtraceevent's, which is 5 or 6 bytes) takes
+  // the slow path.
+  static constexpr size_t kMaxLatency = 16;
   struct Task {
     bool valid = false;
     int pid = 0;
@@ -35,7 +42,7 @@ class LinePrefix {
   static constexpr size_t kTasks = 64;  // Direct-mapped by CPU.
 
   void AppendSlow(const char* comm, size_t comm_len, int pid, uint32_t cpu, uint64_t timestamp,
-                  std::string* out) const;
+                  std::string_view latency, std::string* out) const;
   static size_t FormatTask(const char* comm, size_t comm_len, int pid, uint32_t cpu, char* p);
 
   const bool time_in_usecs_;

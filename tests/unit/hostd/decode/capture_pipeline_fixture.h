@@ -162,13 +162,14 @@ struct Event {
   return a.cpu == b.cpu && a.pid == b.pid && a.usecs == b.usecs && a.name == b.name;
 }
 
-// trace-cmd report (no latency columns):
+// trace-cmd report, with the latency column from trace-cmd 3.3 (Debian 13) on
+// ("[000] d.h2.     0.000000:"), without it in 3.1 (Debian 12):
 //   "          <idle>-0     [000]     0.000000: irq_handler_entry:    irq=0 name=timer"
 //   "           <...>-215   [001]    12.000000: print:                tracing_mark_write: m"
 [[maybe_unused]] std::map<int, std::vector<Event>> ReportEvents(const std::string& text,
                                                                 std::set<std::string>* comms) {
   static const std::regex kLine(
-      R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(\d+\.\d{6}): ([a-z_0-9]+): ?(.*)$)");
+      R"(^\s*(.+)-(\d+)\s+\[(\d+)\]\s+(?:\S{5,6}\s+)?(\d+\.\d{6}): ([a-z_0-9]+): ?(.*)$)");
   std::map<int, std::vector<Event>> out;
   for (const std::string& line : Lines(text)) {
     if (line.empty() || line[0] == '#' || line.starts_with("cpus=")) continue;

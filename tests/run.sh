@@ -215,9 +215,20 @@ else
 fi
 
 step "format (clang-format, .clang-format)"
-# The tree is kept formatted; a file that is not fails here with its diff.
-git ls-files '*.cc' '*.h' '*.hpp' | grep -v '^tests/fixtures/' | xargs clang-format --dry-run --Werror
-record "clang-format" $?
+# The tree is kept formatted by Debian 12's clang-format 14; a file that is
+# not fails here with its diff. Other majors format some code differently
+# (clang-format 19, Debian 13: 78 places such as "struct stat st {};",
+# 2026-12-03), so there the check is said as not run, with the count.
+FORMAT_MAJOR=14
+format_files() { git ls-files '*.cc' '*.h' '*.hpp' | grep -v '^tests/fixtures/'; }
+have_major=$(clang-format --version | sed -n 's/.*version \([0-9]*\).*/\1/p')
+if [ "$have_major" = "$FORMAT_MAJOR" ]; then
+  format_files | xargs clang-format --dry-run --Werror
+  record "clang-format" $?
+else
+  differ=$(format_files | xargs clang-format --dry-run 2>&1 | grep -c 'code should be clang-formatted')
+  record_skip "clang-format" "the tree is formatted by clang-format $FORMAT_MAJOR (Debian 12); this host's clang-format $have_major would change $differ places"
+fi
 
 step "unit tests"
 run_ctest unit -j"$JOBS"

@@ -325,6 +325,8 @@ struct EventDecoder::Impl {
     if (common_end > 8) key.append(bytes + 8, common_end - 8);
     auto it = latency_texts.find(key);
     if (it == latency_texts.end()) {
+      // A guest may vary the common bytes at will: the kept texts stay few.
+      if (latency_texts.size() >= 4096) latency_texts.clear();
       tep_record rec{};
       rec.data = scratch.data();
       rec.size = static_cast<int>(size);

@@ -36,6 +36,7 @@
 #include "hvtraced_harness.h"
 #include "stream_reader.h"
 #include "test_support.h"
+#include "trace_text.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -57,14 +58,6 @@ std::string LineWith(const std::string& text, const std::string& needle) {
   return text.substr(start == std::string::npos ? 0 : start + 1,
                      (end == std::string::npos ? text.size() : end) -
                          (start == std::string::npos ? 0 : start + 1));
-}
-
-// "sec.usec" of a `trace-cmd report` line, in ns (0 when absent).
-uint64_t LineTimeNs(const std::string& line) {
-  static const std::regex re(R"(\]\s+(?:\S{5,6}\s+)?(\d+)\.(\d{6}):)");
-  std::smatch m;
-  if (!std::regex_search(line, m, re)) return 0;
-  return std::stoull(m[1]) * 1000000000ull + std::stoull(m[2]) * 1000ull;
 }
 
 // Waits until the guest file |path| holds |needle|.

@@ -25,6 +25,7 @@
 #include "hvtraced_harness.h"
 #include "stream_reader.h"
 #include "test_support.h"
+#include "trace_text.h"
 
 namespace hvtrace::e2e {
 namespace {
@@ -35,14 +36,6 @@ namespace fs = std::filesystem;
 using test_support::MarkerLine;
 using test_support::ReadText;
 using test_support::RunCommand;
-
-// "sec.usec" of a `trace-cmd report` line, in ns (0 when absent).
-uint64_t LineTimeNs(const std::string& line) {
-  static const std::regex re(R"(\]\s+(?:\S{5,6}\s+)?(\d+)\.(\d{6}):)");
-  std::smatch m;
-  if (!std::regex_search(line, m, re)) return 0;
-  return std::stoull(m[1]) * 1000000000ull + std::stoull(m[2]) * 1000ull;
-}
 
 // The markers in the order the guest wrote them: kernel (trace_marker) and
 // direct-write (TSC) alternately.

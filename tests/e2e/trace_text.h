@@ -236,6 +236,15 @@ inline GuestViewComparison CompareGuestView(const std::vector<TraceEvent>& guest
   return out;
 }
 
+// "sec.usec" of a `trace-cmd report` line (with or without trace-cmd 3.3's
+// latency column), in ns; 0 when absent.
+inline uint64_t LineTimeNs(const std::string& line) {
+  static const std::regex re(R"(\]\s+(?:\S{5,6}\s+)?(\d+)\.(\d{6}):)");
+  std::smatch m;
+  if (!std::regex_search(line, m, re)) return 0;
+  return std::stoull(m[1]) * 1000000000ull + std::stoull(m[2]) * 1000ull;
+}
+
 // `trace-cmd report` / `hvtrace show` text lines ('#' headers and "cpus="
 // skipped); |unparsed| counts the other lines that are not events. The
 // latency column after the CPU is trace-cmd 3.3's (Debian 13), and hvtrace's

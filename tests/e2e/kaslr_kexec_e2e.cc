@@ -190,37 +190,47 @@ void RunKexec(bool reset) {
   auto tail = [&] { return ConsoleAndLog(*guest, daemon); };
   ASSERT_TRUE(con.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
 
+  // Every guest boot: its truth, then its markers. Kexec until the boot under
+  // test sits at an offset unlike the harvest's and unlike boot 0's, or the
+  // test proves nothing: KASLR picks one of ~490 2 MiB slots, so a
+  // coincidence is ~0.2% per pair, and CI met one (boot 1 at the harvest's
+  // offset). A boot 0 at the harvest's offset is kept (logged): the last
+  // boot still differs from both.
   std::vector<BootTruth> truth;
-  auto t0 = ReadTruth(con, harvest_syms);
-  ASSERT_TRUE(t0.ok()) << t0.error().message << tail();
-  truth.push_back(*t0);
-  ASSERT_TRUE(WriteMarkers(con, "kaslr-b0").ok()) << tail();
-  ASSERT_TRUE(con.Send("hvtrace-kexec-self\n").ok());
-  ASSERT_TRUE(con.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
-  auto t1 = ReadTruth(con, harvest_syms);
-  ASSERT_TRUE(t1.ok()) << t1.error().message << tail();
-  truth.push_back(*t1);
-  std::printf("[kaslr e2e] %s: _text harvest %016llx, boot0 %016llx, boot1 %016llx\n",
-              reset ? "reset" : "append", static_cast<unsigned long long>(harvest_syms.at("_text")),
-              static_cast<unsigned long long>(truth[0].symbols["_text"]),
-              static_cast<unsigned long long>(truth[1].symbols["_text"]));
-  // Different offsets, or the test proves nothing (KASLR picks one of ~490
-  // 2 MiB slots: a coincidence is ~0.2% per pair).
-  EXPECT_NE(truth[0].delta, 0);
-  EXPECT_NE(truth[1].delta, 0);
-  EXPECT_NE(truth[0].delta, truth[1].delta);
+  constexpr size_t kMaxKexecs = 4;
+  for (size_t k = 0; k <= kMaxKexecs; ++k) {
+    if (k > 0) {
+      ASSERT_TRUE(con.Send("hvtrace-kexec-self\n").ok());
+      ASSERT_TRUE(con.WaitForLine("HVTRACE-GUEST-READY", kBootTimeout).ok()) << tail();
+    }
+    auto t = ReadTruth(con, harvest_syms);
+    ASSERT_TRUE(t.ok()) << t.error().message << tail();
+    truth.push_back(*t);
+    std::printf("[kaslr e2e] %s: guest boot %zu _text %016llx (harvest %016llx): delta %lld\n",
+                reset ? "reset" : "append", k, static_cast<unsigned long long>(t->symbols["_text"]),
+                static_cast<unsigned long long>(harvest_syms.at("_text")),
+                static_cast<long long>(t->delta));
+    if (k > 0 && t->delta != 0 && t->delta != truth[0].delta) break;
+    if (k > 0) std::printf("[kaslr e2e] guest boot %zu: offset coincides, kexec again\n", k);
+    ASSERT_TRUE(WriteMarkers(con, "kaslr-b" + std::to_string(k)).ok()) << tail();
+  }
+  const size_t last = truth.size() - 1;
+  ASSERT_GE(last, 1u);
+  ASSERT_NE(truth[last].delta, 0) << "every kexec met a coincident KASLR offset";
+  ASSERT_NE(truth[last].delta, truth[0].delta);
   if (reset) {
     // Enabling an event through tracefs wipes the last boot's data.
-    auto ran =
-        con.Run(std::string("echo 1 > ") + kInstance +
-                    "/events/sched/sched_switch/enable; grep -c kaslr-b0 " + kInstance + "/trace",
-                kCommandTimeout);
+    auto ran = con.Run(std::string("echo 1 > ") + kInstance +
+                           "/events/sched/sched_switch/enable; grep -c 'kaslr-b[0-9]-' " +
+                           kInstance + "/trace",
+                       kCommandTimeout);
     ASSERT_TRUE(ran.ok()) << tail();
     EXPECT_EQ(TextLines(ran->output).at(0), "0") << ran->output;
   }
-  ASSERT_TRUE(WriteMarkers(con, "kaslr-b1").ok()) << tail();
-  ASSERT_TRUE(con.Send(std::string("echo kaslr-b1-6 > ") + kInstance +
-                       "/trace_marker; echo c > /proc/sysrq-trigger\n")
+  const std::string last_prefix = "kaslr-b" + std::to_string(last);
+  ASSERT_TRUE(WriteMarkers(con, last_prefix).ok()) << tail();
+  ASSERT_TRUE(con.Send("echo " + last_prefix + "-" + std::to_string(kMarkers + 1) + " > " +
+                       kInstance + "/trace_marker; echo c > /proc/sysrq-trigger\n")
                   .ok());
   auto panic = daemon.WaitForCapture(name, "panic", 90s);
   ASSERT_TRUE(panic.ok()) << panic.error().message << tail();
@@ -229,26 +239,28 @@ void RunKexec(bool reset) {
   ASSERT_EQ(m["extra"]["formats"]["decoded"], true) << m["extra"].dump(2);
   const json& boots = m["extra"]["boots"];
   // The reset only moves the ring's pointers (the old pages' bytes stay in
-  // region.bin): boot 0's markers must be gone from the decoded events.
+  // region.bin): the earlier boots' markers must be gone from the decoded
+  // events.
   const test_support::CommandResult all = test_support::RunCommandStatus(
       std::string(HVTRACE_BIN_DIR) + "/hvtrace show '" + dir.string() + "'");
   ASSERT_EQ(all.status, 0);
   EXPECT_EQ(all.out.find("kaslr-b0-") == std::string::npos, reset);
-  // Without reset both boots are in the range; with it only the second.
-  ASSERT_EQ(boots.size(), reset ? 1u : 2u) << m["validation"].dump(2);
+  // Without reset every boot is in the range; with it only the last.
+  ASSERT_EQ(boots.size(), reset ? 1u : truth.size()) << m["validation"].dump(2);
   const int64_t meta_delta = truth[0].delta;  // text_addr: the boot that set the buffer up.
   for (uint32_t b = 0; b < boots.size(); ++b) {
-    const uint32_t guest_boot = reset ? 1 : b;
+    const size_t guest_boot = reset ? last : b;
     const json& kaslr = boots[b]["decoded_with"]["kaslr"];
-    std::printf("[kaslr e2e] %s boot %u (guest boot %u): truth delta %lld, kaslr %s\n",
+    std::printf("[kaslr e2e] %s boot %u (guest boot %zu): truth delta %lld, kaslr %s\n",
                 reset ? "reset" : "append", b, guest_boot,
                 static_cast<long long>(truth[guest_boot].delta), kaslr.dump().c_str());
     EXPECT_EQ(kaslr.value("delta", int64_t{1}), truth[guest_boot].delta) << kaslr.dump(2);
     EXPECT_EQ(kaslr["source"], "evidence");
     EXPECT_EQ(kaslr["meta_delta"], meta_delta);
-    EXPECT_EQ(kaslr["meta_text_addr"], guest_boot == 0 ? "agrees" : "disagrees (not this boot's)");
-    CheckBoot(dir, b, "kaslr-b" + std::to_string(guest_boot), kMarkers + guest_boot,
-              truth[guest_boot], harvest_syms);
+    EXPECT_EQ(kaslr["meta_text_addr"],
+              truth[guest_boot].delta == meta_delta ? "agrees" : "disagrees (not this boot's)");
+    CheckBoot(dir, b, "kaslr-b" + std::to_string(guest_boot),
+              kMarkers + (guest_boot == last ? 1 : 0), truth[guest_boot], harvest_syms);
   }
 }
 

@@ -75,7 +75,8 @@ json EventsJson(const BootLogInputs& in, int32_t cpu,
   m.source = "boot " + std::to_string(in.boot);
   m.header_page = in.writer->header_page;
   for (const CachedEventFormat& f : in.formats->events) {
-    if (f.parse_error.empty() && ids.contains(f.id)) m.formats.push_back({f.system, f.text});
+    if (f.parse_error.empty() && ids.contains(f.id))
+      m.formats.push_back({f.system, f.text, f.trial_passed});
   }
   m.kallsyms = in.writer->kallsyms;
   m.printk_formats = in.writer->printk_formats;
@@ -84,8 +85,10 @@ json EventsJson(const BootLogInputs& in, int32_t cpu,
   m.long_size = in.writer->long_size;
   m.page_size = in.writer->page_size;
   auto decoder = EventDecoder::Create(m);
-  // One trial child for the few formats, not a fork per format: five forks
-  // of hvtraced took 10-15 ms of this step (capture_latency, 2026-12-02).
+  // Formats the daemon trial-parsed when it loaded them (format_trials.h)
+  // need no child here; the others (a guest's own, from its metadata
+  // channel) share one trial child, not a fork per format: five forks of
+  // hvtraced took 10-15 ms of this step (capture_latency, 2026-12-02).
   if (decoder.ok()) (*decoder)->KeepTrialChild(true);
   for (const BootMapRecord* r : records) {
     json e = {{"ts_ns", r->timestamp}, {"cpu", cpu}};

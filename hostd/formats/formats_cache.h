@@ -90,6 +90,9 @@ struct CachedEventFormat {
   uint32_t id = 0;          // As harvested; 0 when our parser refused the text.
   std::string text;         // The format file as the guest kernel printed it.
   std::string parse_error;  // Why ParseEventFormat refused it at harvest.
+  // libtraceevent survived |text| in a trial run when the daemon loaded it
+  // (format_trials.h); false: not tried, or it failed.
+  bool trial_passed = false;
 };
 
 // Everything cached for one kernel build.

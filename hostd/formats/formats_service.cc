@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "format_trials.h"
 #include "formats_harvest.h"
 #include "private_path.h"
 
@@ -37,6 +38,13 @@ Result<std::shared_ptr<const KernelFormats>> FormatsService::Get(const std::stri
   if (!found->has_value()) return std::shared_ptr<const KernelFormats>();
   Result<KernelFormats> formats = cache.Load(key);
   if (!formats.ok()) return formats.error();
+  const FormatTrials trials = RunFormatTrials(&*formats);
+  log_(LogLevel::kInfo, "formats " + key + " (" + formats->release +
+                            "): libtraceevent's trial parse in one child took " +
+                            std::to_string(static_cast<int>(trials.ms)) +
+                            " ms: " + std::to_string(trials.passed) + " passed, " +
+                            std::to_string(trials.not_passed) +
+                            " not (their events are printed after a trial of their own)");
   auto shared = std::make_shared<const KernelFormats>(std::move(*formats));
   std::lock_guard lock(mu_);
   loaded_[key] = shared;

@@ -63,6 +63,9 @@ struct EventInfo {
   // libtraceevent's parser crashed on the format in a trial run: the events
   // print their fields raw and libtraceevent never sees the format.
   bool raw_only = false;
+  // The caller ran this text's trial already (FormatText::trial_passed).
+  bool trial_passed = false;
+  size_t source_index = 0;  // In TraceMetadata::formats.
   // Printing the event changes what later records print (PrepareText).
   bool in_order = false;
   bool prepared = false;  // PrepareLoad ran.
@@ -190,18 +193,8 @@ struct EventDecoder::Impl {
     std::string crashed;
     if (vetted != nullptr && vetted->loaded) {
       if (vetted->raw_only) crashed = "crashed (the leader's trial run)";
-    } else {
-      if (trials == nullptr) {
-        trials = std::make_unique<IsolatedWorker>(
-            [this](uint32_t id) {
-              EventInfo* copy = Find(id);  // The child's copy, as of its fork.
-              if (copy == nullptr) return;
-              PrepareLoad(copy);
-              TrialParse(*copy);
-            },
-            kTrialSeconds);
-      }
-      crashed = trials->Run(info->format.id);
+    } else if (!info->trial_passed) {
+      crashed = Trial(info->format.id);
       if (!keep_trial_child) trials->End();
     }
     if (!crashed.empty()) {
@@ -249,6 +242,22 @@ struct EventDecoder::Impl {
   // The child process that trial-parses formats (Load).
   std::unique_ptr<IsolatedWorker> trials;
   bool keep_trial_child = false;
+
+  // The trial run of event |id| in the worker child (started on first use):
+  // "" when libtraceevent survived it, else what ended the child.
+  std::string Trial(uint32_t id) {
+    if (trials == nullptr) {
+      trials = std::make_unique<IsolatedWorker>(
+          [this](uint32_t event_id) {
+            EventInfo* copy = Find(event_id);  // The child's copy, as of its fork.
+            if (copy == nullptr) return;
+            PrepareLoad(copy);
+            TrialParse(*copy);
+          },
+          kTrialSeconds);
+    }
+    return trials->Run(id);
+  }
 
   // Runs in a forked child (Load): what Load and AppendText would make
   // libtraceevent do with this format, on records of all zeros and all ones.
@@ -471,6 +480,8 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
     auto info = std::make_unique<EventInfo>();
     info->format = std::move(*parsed);
     info->text = ft.text;
+    info->trial_passed = ft.trial_passed;
+    info->source_index = static_cast<size_t>(&ft - metadata.formats.data());
     for (const FieldFormat& f : info->format.fields) {
       info->min_size = std::max(info->min_size, f.offset + f.size);
     }
@@ -556,6 +567,25 @@ void EventDecoder::UpdateComms(std::string_view text) {
 const EventFormat* EventDecoder::FindFormat(uint32_t id) const {
   EventInfo* info = impl_->Find(id);
   return info ? &info->format : nullptr;
+}
+
+std::vector<bool> EventDecoder::TrialParseAll() {
+  size_t formats = 0;
+  for (const EventInfo* info : impl_->by_id) {
+    if (info != nullptr) formats = std::max(formats, info->source_index + 1);
+  }
+  std::vector<bool> out(formats, false);
+  for (const EventInfo* info : impl_->by_id) {
+    if (info == nullptr || info->loaded) continue;
+    // Per format, not for the whole run (~1,800 formats): another decoder's
+    // Load (a panic's crash summary) waits only for one of them. The lock
+    // matters when the child is forked: libtraceevent's statics are then
+    // copied as no other thread is using them.
+    std::lock_guard<std::mutex> lock(ParserMutex());
+    out[info->source_index] = impl_->Trial(info->format.id).empty();
+  }
+  if (!impl_->keep_trial_child && impl_->trials != nullptr) impl_->trials->End();
+  return out;
 }
 
 void EventDecoder::KeepTrialChild(bool keep) {

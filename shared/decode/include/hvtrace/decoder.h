@@ -120,6 +120,15 @@ class EventDecoder {
   // default: a long-lived decoder should not keep a copy of its process.
   void KeepTrialChild(bool keep);
 
+  // The trial run of every format this decoder has not loaded, in one child
+  // (a new one after a crash), none loaded here. Indexed like the metadata's
+  // formats: true when libtraceevent survived it; false also for a format
+  // Create skipped (refused, or an id an earlier format has). For a caller
+  // that loads a kernel's formats once and prints a few of its events
+  // later, when a fork of a large process would cost more than the printing
+  // (FormatText::trial_passed).
+  std::vector<bool> TrialParseAll();
+
   // On by default. Off: every event goes through libtraceevent.
   void SetFastPathsEnabled(bool enabled);
   // Events whose text came from compiled printers / from libtraceevent.

@@ -25,6 +25,10 @@ namespace hvtrace {
 struct FormatText {
   std::string system;
   std::string text;
+  // Set only by a caller that ran exactly |text| through
+  // EventDecoder::TrialParseAll and kept the verdict with it: a decoder given
+  // it skips its own trial run (a fork) for this format.
+  bool trial_passed = false;
 };
 
 // One CPU's flyrecord data in the file.

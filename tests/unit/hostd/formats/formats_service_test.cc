@@ -71,6 +71,13 @@ TEST(FormatsServiceTest, LoadsACachedKernelOnceAndSharesIt) {
   EXPECT_EQ((*a)->key, kKey);
   EXPECT_EQ((*a)->events.size(), 9u);
   EXPECT_EQ(s.formats->StateOf(kKey), "loaded");
+  // Trial-parsed once as they loaded (format_trials.h): every format our
+  // parser took passed libtraceevent's trial.
+  for (const CachedEventFormat& f : (*a)->events) {
+    EXPECT_EQ(f.trial_passed, f.parse_error.empty()) << f.system << "/" << f.name;
+  }
+  EXPECT_NE(s.Log().find("trial parse in one child"), std::string::npos) << s.Log();
+  EXPECT_NE(s.Log().find(" 9 passed, 0 not"), std::string::npos) << s.Log();
   // Concurrent captures share one copy.
   std::shared_ptr<const KernelFormats> b, c;
   std::thread t1([&] { b = s.formats->Get(kKey).value(); });

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -499,6 +501,60 @@ TEST(DecoderTest, Malicious_FormatThatCrashesLibtraceeventsParserPrintsRaw) {
   for (const std::string& w : (*dec)->warnings())
     warned = warned || w.find("in a trial run") != std::string::npos;
   EXPECT_TRUE(warned);
+}
+
+// The children the threads of this process have now (/proc/self/task/*/children).
+size_t ChildProcesses() {
+  size_t n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::istringstream pids(test_support::ReadText((task.path() / "children").string()));
+    for (std::string pid; pids >> pid;) ++n;
+  }
+  return n;
+}
+
+// TrialParseAll gives each format's verdict from one child without loading
+// any; a format marked trial_passed then prints with no trial child at all,
+// one that is not still gets its child (KeepTrialChild keeps it to be seen).
+TEST(DecoderTest, Malicious_TrialParseAllVerdictsAndTrialPassedSkipsTheChild) {
+  const std::string crasher = test_support::ReadText(std::string(HVTRACE_FIXTURES_DIR) +
+                                                     "/fuzz/format/parser_null_deref.format");
+  ASSERT_FALSE(crasher.empty());
+  const std::string note =
+      "name: note\nID: 21\nformat:\n"
+      "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+      "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+      "\tfield:int value;\toffset:8;\tsize:4;\tsigned:1;\n\n"
+      "print fmt: \"value=%d\", REC->value\n";
+  TraceMetadata meta;
+  meta.source = "trials";
+  meta.formats.push_back({"sched", crasher});
+  meta.formats.push_back({"test", note});
+  auto all = EventDecoder::Create(meta);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  const std::vector<bool> want = {false, true};  // Indexed like meta.formats.
+  EXPECT_EQ((*all)->TrialParseAll(), want);
+  EXPECT_EQ(ChildProcesses(), 0u);
+
+  std::vector<std::byte> payload(12, std::byte{0});
+  payload[0] = std::byte{21};
+  payload[8] = std::byte{42};
+  for (bool passed : {true, false}) {
+    SCOPED_TRACE(passed ? "trial_passed" : "not vetted");
+    TraceMetadata one;
+    one.source = "trials";
+    one.formats.push_back({"test", note, passed});
+    auto dec = EventDecoder::Create(one);
+    ASSERT_TRUE(dec.ok()) << dec.error().message;
+    (*dec)->KeepTrialChild(true);
+    (*dec)->SetFastPathsEnabled(false);
+    std::string out;
+    (*dec)->AppendText(DecodedRecord{0, 1000, payload, 0}, &out);
+    EXPECT_NE(out.find(" note: "), std::string::npos) << out;
+    EXPECT_NE(out.find("value=42\n"), std::string::npos) << out;
+    EXPECT_EQ(ChildProcesses(), passed ? 0u : 1u);
+  }
+  EXPECT_EQ(ChildProcesses(), 0u);
 }
 
 }  // namespace

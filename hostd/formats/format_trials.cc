@@ -3,6 +3,7 @@
 #include <chrono>
 #include <vector>
 
+#include "host_time.h"
 #include "hvtrace/decoder.h"
 
 namespace hvtrace::hostd {
@@ -31,8 +32,7 @@ FormatTrials RunFormatTrials(KernelFormats* formats) {
   for (size_t i = 0; i < verdicts.size(); ++i) tried[i]->trial_passed = verdicts[i];
   for (const CachedEventFormat& f : formats->events)
     ++(f.trial_passed ? out.passed : out.not_passed);
-  out.ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  out.ms = MsBetween(start, std::chrono::steady_clock::now());
   return out;
 }
 

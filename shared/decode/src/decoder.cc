@@ -239,6 +239,7 @@ struct EventDecoder::Impl {
     });
   }
   std::string source;
+  size_t source_formats = 0;  // TraceMetadata::formats.size().
   // The child process that trial-parses formats (Load).
   std::unique_ptr<IsolatedWorker> trials;
   bool keep_trial_child = false;
@@ -510,6 +511,7 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
   impl->symbols = std::make_unique<SymbolCache>(tep);
   for (auto& [id, info] : impl->events) impl->by_id[id] = info.get();
   impl->source = src;
+  impl->source_formats = metadata.formats.size();
   impl->scratch.assign(kScratchSize, 0);
   trace_seq_init(&impl->seq);
   return std::unique_ptr<EventDecoder>(new EventDecoder(std::move(impl)));
@@ -570,11 +572,7 @@ const EventFormat* EventDecoder::FindFormat(uint32_t id) const {
 }
 
 std::vector<bool> EventDecoder::TrialParseAll() {
-  size_t formats = 0;
-  for (const EventInfo* info : impl_->by_id) {
-    if (info != nullptr) formats = std::max(formats, info->source_index + 1);
-  }
-  std::vector<bool> out(formats, false);
+  std::vector<bool> out(impl_->source_formats, false);
   for (const EventInfo* info : impl_->by_id) {
     if (info == nullptr || info->loaded) continue;
     // Per format, not for the whole run (~1,800 formats): another decoder's

@@ -4,6 +4,7 @@
 # image, the host never holds them).
 #
 #   qemu-scripts/build-debian-image.sh [--suite bookworm|trixie] [--out DIR] [--agent PATH | --agent-deb DEB] [--refresh]
+#   qemu-scripts/build-debian-image.sh [--suite bookworm|trixie] --root-only
 #
 # --suite picks the release and its kernel (default bookworm):
 #   bookworm  Debian 12, the bookworm-backports linux-image-6.12.*-amd64 that
@@ -39,7 +40,8 @@
 #   image-KEY.qcow2  the final image, KEY adds the agent binary and the dist
 #                  files (or the agent .deb), the fixture and this script
 #   debs/          the last root's .debs, so a rebuilt root fetches only what changed
-# A new agent only redoes the image step. Output: DIR/GUEST/disk.qcow2
+# A new agent only redoes the image step; --root-only makes (or finds) the
+# package root and stops (tests/run.sh fetches it beside its compile). Output: DIR/GUEST/disk.qcow2
 # (DIR defaults to build/guest; a hard link to the cached image), plus
 # kernel-release, package and cmdline. Prints
 #   IMAGE GUEST DISK=<abs path> RELEASE=<uname -r>
@@ -59,6 +61,7 @@ OUT="$ROOT/build/guest"
 AGENT="$ROOT/build/bin/hvtrace-agent"
 AGENT_DEB=""
 REFRESH=0
+ROOT_ONLY=0
 SUITE=bookworm
 # Fixed identifiers, so the boot loader and fstab can name the filesystems.
 ROOT_UUID=5d1c7f0e-4a52-4f3b-9c1e-68b7a0c1e212
@@ -74,7 +77,7 @@ PACKAGES=(systemd-sysv udev dbus kmod initramfs-tools zstd e2fsprogs dosfstools 
 
 log() { echo "build-debian-image: $*" >&2; }
 die() { echo "build-debian-image: error: $*" >&2; exit 1; }
-usage() { sed -n '6p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '6,7p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -83,6 +86,7 @@ while [ $# -gt 0 ]; do
     --agent) [ $# -ge 2 ] || usage; AGENT=$2; shift 2 ;;
     --agent-deb) [ $# -ge 2 ] || usage; AGENT_DEB=$2; shift 2 ;;
     --refresh) REFRESH=1; shift ;;
+    --root-only) ROOT_ONLY=1; shift ;;
     -h|--help) usage ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
@@ -106,7 +110,9 @@ for tool in mmdebstrap mkfs.ext4 mkfs.vfat mcopy syslinux sfdisk qemu-img tar sh
 done
 SYSLINUX_MBR=/usr/lib/syslinux/mbr/mbr.bin
 [ -f "$SYSLINUX_MBR" ] || die "$SYSLINUX_MBR is missing (package syslinux-common)"
-if [ -n "$AGENT_DEB" ]; then
+if [ "$ROOT_ONLY" = 1 ]; then
+  :  # No agent in the package root.
+elif [ -n "$AGENT_DEB" ]; then
   [ -f "$AGENT_DEB" ] || die "agent package $AGENT_DEB is missing (scripts/build-packages.sh builds it)"
   AGENT_DEB=$(cd "$(dirname "$AGENT_DEB")" && pwd)/$(basename "$AGENT_DEB")
   [ "$(dpkg-deb -f "$AGENT_DEB" Package 2>/dev/null)" = hvtrace-agent ] ||
@@ -211,6 +217,7 @@ if [ ! -f "$ROOT_TAR" ]; then
   rm -rf "$IMG_CACHE/debs" && mv "$IMG_CACHE/debs.new" "$IMG_CACHE/debs"
   log "package root installed in $(( $(date +%s) - t0 )) s"
 fi
+[ "$ROOT_ONLY" = 0 ] || { log "package root $ROOT_TAR"; exit 0; }
 
 # Stage 2: the image, from the root plus the agent and its files.
 image_key=$( {

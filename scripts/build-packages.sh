@@ -5,6 +5,7 @@
 # release, and prints their paths.
 #
 #   scripts/build-packages.sh [--suite SUITE] OUTDIR
+#   scripts/build-packages.sh --suite SUITE --root-only
 #
 # SUITE: bookworm or trixie (default: the host's release, VERSION_CODENAME
 # of /etc/os-release). The packages' Depends are that release's libraries
@@ -18,6 +19,8 @@
 # minutes and the network, then instant), mounted as a throwaway overlay in
 # a private mount namespace and entered with chroot. That needs root. Exit
 # status 75: Debian's archive is unreachable and no such root is cached.
+# --root-only makes (or finds) that root and builds nothing: tests/run.sh
+# fetches it beside its own compile.
 #
 # The tree stays clean: the tracked files are copied to a temporary directory
 # and dpkg-buildpackage -b -us -uc runs there. Cheap to rerun: OUTDIR/.stamp
@@ -35,8 +38,10 @@ usage() { echo "usage: $(sed -n 7p "$0" | sed 's/^# *//')" >&2; exit 2; }
 die() { echo "build-packages: $*" >&2; exit 1; }
 
 suite=""
+root_only=0
 while [ $# -gt 0 ]; do
   case $1 in
+    --root-only) root_only=1; shift ;;
     --suite) [ $# -ge 2 ] && [ -n "$2" ] || die "--suite needs a release name (bookworm or trixie)"
              suite=$2; shift 2 ;;
     --suite=*) suite=${1#--suite=}; [ -n "$suite" ] || die "--suite needs a release name (bookworm or trixie)"
@@ -47,7 +52,7 @@ while [ $# -gt 0 ]; do
     *) break ;;
   esac
 done
-[ $# -eq 1 ] || usage
+[ $# -eq $((1 - root_only)) ] || usage
 
 host_suite=$( (. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}") || true)
 if [ -z "$suite" ]; then
@@ -74,6 +79,46 @@ if [ "$in_root" = 1 ]; then
 fi
 
 src=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
+# build_root LINK: the cached root of $suite holding debian/control's
+# Build-Depends, symlinked at LINK; exit 75 when it cannot be had.
+build_root() {
+  local status=0
+  # The root's packages: every Build-Depends(-Arch, -Indep) relation of
+  # debian/control, parsed by dpkg's own parser: architecture restrictions
+  # ([amd64]) and build profiles (<!nocheck>) reduced for this build, the
+  # first of each set of alternatives, without version or arch qualifier
+  # (apt takes names; dpkg-buildpackage checks the versions in the root and
+  # names any that is not met). Plus the compiler and ccache; no fakeroot:
+  # Rules-Requires-Root: no.
+  mapfile -t build_deps < <(perl -MDpkg::Control::Info -MDpkg::Deps -e '
+    my $src = Dpkg::Control::Info->new($ARGV[0])->get_source()
+      or die "no source paragraph in $ARGV[0]\n";
+    for my $field (qw(Build-Depends Build-Depends-Arch Build-Depends-Indep)) {
+      next unless defined $src->{$field};
+      my $deps = deps_parse($src->{$field}, build_dep => 1, host_arch => "amd64",
+                            reduce_arch => 1, reduce_profiles => 1)
+        or die "cannot parse $field of $ARGV[0]\n";
+      for my $dep ($deps->get_deps()) {
+        my @alternatives = $dep->isa("Dpkg::Deps::OR") ? $dep->get_deps() : ($dep);
+        print $alternatives[0]->{package}, "\n";
+      }
+    }' "$src/debian/control") ||
+    die "cannot read the Build-Depends of debian/control (above)"
+  [ "${#build_deps[@]}" -gt 0 ] || die "debian/control has no Build-Depends"
+  echo "build-packages: the $suite build root (tests/tools/debian-root.sh; cold: minutes, needs Debian's archive)" >&2
+  "$src/tests/tools/debian-root.sh" pkgbuild "$suite" "$1" \
+    "${build_deps[@]}" build-essential ccache >/dev/null || status=$?
+  if [ "$status" -eq 75 ]; then
+    echo "build-packages: Debian's archive is unreachable and no $suite build root is cached" >&2
+    exit 75
+  fi
+  [ "$status" -eq 0 ] || die "could not make the $suite build root (debian-root.sh exit $status, above)"
+}
+if [ "$root_only" = 1 ]; then
+  [ "$in_root" = 1 ] || die "--root-only: $suite is this host's release, built without a root"
+  build_root "${TMPDIR:-/tmp}/hvtrace-pkg-root-$suite"
+  exit 0
+fi
 mkdir -p "$1"
 out=$(cd "$1" && pwd)
 
@@ -133,37 +178,7 @@ if [ "$in_root" = 0 ]; then
     die "dpkg-buildpackage failed; full log in $out/build.log"
   fi
 else
-  # The root's packages: every Build-Depends(-Arch, -Indep) relation of
-  # debian/control, parsed by dpkg's own parser: architecture restrictions
-  # ([amd64]) and build profiles (<!nocheck>) reduced for this build, the
-  # first of each set of alternatives, without version or arch qualifier
-  # (apt takes names; dpkg-buildpackage checks the versions in the root and
-  # names any that is not met). Plus the compiler and ccache; no fakeroot:
-  # Rules-Requires-Root: no.
-  mapfile -t build_deps < <(perl -MDpkg::Control::Info -MDpkg::Deps -e '
-    my $src = Dpkg::Control::Info->new($ARGV[0])->get_source()
-      or die "no source paragraph in $ARGV[0]\n";
-    for my $field (qw(Build-Depends Build-Depends-Arch Build-Depends-Indep)) {
-      next unless defined $src->{$field};
-      my $deps = deps_parse($src->{$field}, build_dep => 1, host_arch => "amd64",
-                            reduce_arch => 1, reduce_profiles => 1)
-        or die "cannot parse $field of $ARGV[0]\n";
-      for my $dep ($deps->get_deps()) {
-        my @alternatives = $dep->isa("Dpkg::Deps::OR") ? $dep->get_deps() : ($dep);
-        print $alternatives[0]->{package}, "\n";
-      }
-    }' "$build/hvtrace-$version/debian/control") ||
-    die "cannot read the Build-Depends of debian/control (above)"
-  [ "${#build_deps[@]}" -gt 0 ] || die "debian/control has no Build-Depends"
-  echo "build-packages: the $suite build root (tests/tools/debian-root.sh; cold: minutes, needs Debian's archive)" >&2
-  status=0
-  "$src/tests/tools/debian-root.sh" pkgbuild "$suite" "$work/lower" \
-    "${build_deps[@]}" build-essential ccache >/dev/null || status=$?
-  if [ "$status" -eq 75 ]; then
-    echo "build-packages: Debian's archive is unreachable and no $suite build root is cached" >&2
-    exit 75
-  fi
-  [ "$status" -eq 0 ] || die "could not make the $suite build root (debian-root.sh exit $status, above)"
+  build_root "$work/lower"
   lower=$(readlink -f "$work/lower")
   ccache_dir=${HVTRACE_CCACHE_DIR:-${HVTRACE_CACHE_DIR:-${HOME:-/root}/.cache/hvtrace}/ccache-$suite}
   mkdir -p "$ccache_dir"

@@ -24,12 +24,26 @@ RESULTS_FILE="$RESULTS/results.tsv"
 rm -rf "$RESULTS" && mkdir -p "$RESULTS" && : >"$RESULTS_FILE" || { echo "cannot create $RESULTS"; exit 1; }
 # Each step's wall time, printed before the summary: the suite has a time
 # budget on CI's 2 cores, and this says where it goes.
-STEP_NAME="" STEP_START=0 STEP_TIMES=()
+# With each, how busy the machine's cores were (/proc/stat: the share of
+# their time not idle or waiting on I/O): a step that leaves them idle can
+# run beside another; one that keeps them busy can only get shorter by doing
+# less.
+STEP_NAME="" STEP_START=0 STEP_TIMES=() STEP_CPU=""
+cpu_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat; }
 end_step() {
-  [ -n "$STEP_NAME" ] && STEP_TIMES+=("$(printf '%5d s  %s' $(($(date +%s) - STEP_START)) "$STEP_NAME")")
+  if [ -n "$STEP_NAME" ]; then
+    local busy
+    busy=$(printf '%s %s\n' "$STEP_CPU" "$(cpu_ticks)" |
+      awk '{ t = $4 - $2; printf "%3d", (t > 0 ? 100 * ($3 - $1) / t : 0) }')
+    STEP_TIMES+=("$(printf '%5d s  cores %s%% busy  %s' $(($(date +%s) - STEP_START)) "$busy" "$STEP_NAME")")
+  fi
   STEP_NAME=""
 }
-step() { end_step; STEP_NAME="$*" STEP_START=$(date +%s); printf '\n=== %s ===\n' "$*"; }
+step() {
+  end_step
+  STEP_NAME="$*" STEP_START=$(date +%s) STEP_CPU=$(cpu_ticks)
+  printf '\n=== %s ===\n' "$*"
+}
 on_ci() { local ci=${CI:-}; case "${ci,,}" in true | 1 | yes) return 0 ;; esac; return 1; }
 record() {  # record NAME STATUS [DETAIL]: one test, passed when STATUS is 0
   if [ "$2" -eq 0 ]; then
@@ -81,15 +95,16 @@ summarize() {  # the summary; its last line is `N passed, N failed, N skipped`; 
     END { printf "%d passed, %d failed, %d skipped\n", p, f, s }' "$RESULTS_FILE"
   return 1
 }
-# The sanitizer build's background job (after the gcc build): its process
-# group is stopped when the suite ends early.
-SANITIZE_PID=""
-stop_sanitizer_build() {
+# The background jobs (the fetches beside the gcc build, the sanitizer build
+# after it): their process groups are stopped when the suite ends early.
+SANITIZE_PID="" PREFETCH_PID=""
+stop_background_jobs() {
   [ -n "$SANITIZE_PID" ] && kill -- -"$SANITIZE_PID" 2>/dev/null
-  SANITIZE_PID=""
+  [ -n "$PREFETCH_PID" ] && kill -- -"$PREFETCH_PID" 2>/dev/null
+  SANITIZE_PID="" PREFETCH_PID=""
 }
 fatal() {  # fatal NAME: a step the rest cannot run without failed; summary, exit 1
-  stop_sanitizer_build
+  stop_background_jobs
   echo "$1 failed"
   record "$1" 1 >/dev/null
   summarize
@@ -110,6 +125,57 @@ if command -v ccache >/dev/null; then
   LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 started=$(date +%s)
+
+# Debian 13's QEMU for the Qemu10.* e2e tests: mmdebstrap trixie, cached like
+# the package roots (tests/tools/debian-root.sh; cold ~35 s, warm: instant).
+# The tests run its QEMU on this host (tests/tools/qemu-from-root.sh).
+qemu10_root() {
+  tests/tools/debian-root.sh qemu trixie build/qemu-trixie-root \
+    qemu-system-x86 qemu-utils systemd-sysv dbus
+}
+# What later steps and tests fetch from Debian's archive, fetched beside the
+# gcc build: the guest kernels (every kind the e2e tests ask build-guest.sh
+# for, into a scratch directory: the downloads, unpacked packages, headers
+# and test modules are cached), the Debian images' package roots, the trixie
+# build root and the QEMU 10 root. On a fresh machine these took ~5 min one
+# after the other as steps of their own; they wait on the network and dpkg
+# more than on the cores, so they run at nice 10 beside the compiler. Best
+# effort: each later step makes what is still missing and reports its own
+# errors; this job's output is in build/prefetch.log.
+timed() {  # timed NAME CMD...: CMD, then a line with its status and wall time
+  local t0=$SECONDS status=0
+  "${@:2}" >/dev/null || status=$?
+  echo "prefetch: $1: exit $status after $((SECONDS - t0)) s"
+}
+prefetch() {
+  local scratch=build/prefetch
+  rm -rf "$scratch" && mkdir -p "$scratch"
+  timed "trixie build root" scripts/build-packages.sh --suite trixie --root-only &
+  timed "QEMU 10 root" qemu10_root &
+  {
+    # 6.1 has no test modules (its headers name no kbuild package).
+    local kernel
+    for kernel in 6.12 7.3; do
+      timed "guest kernel $kernel" qemu-scripts/build-guest.sh --kernel "$kernel" --out "$scratch/guest" \
+        --with-kexec-other --with-test-modules
+    done
+    timed "guest kernel 6.1" qemu-scripts/build-guest.sh --kernel 6.1 --out "$scratch/guest"
+    # The images' roots hold the kernels build-guest.sh resolved.
+    for suite in bookworm trixie; do
+      timed "$suite image root" qemu-scripts/build-debian-image.sh --suite "$suite" --root-only &
+    done
+    wait
+  } &
+  wait
+  rm -rf "$scratch"
+}
+trap stop_background_jobs EXIT
+# -m: each background job in its own process group, so that
+# stop_background_jobs ends what it started too.
+set -m
+nice -n 10 bash -c "$(declare -f timed prefetch qemu10_root); prefetch" >build/prefetch.log 2>&1 &
+PREFETCH_PID=$!
+set +m
 
 step "build (gcc, warnings as errors)"
 # -g1 (line tables, what a backtrace needs) instead of -g: 17 % less compile
@@ -148,8 +214,6 @@ sanitizer_build() {  # the build; the log's last lines say its exit, wall and CP
   echo "sanitizer build: exit $status"
   return "$status"
 }
-trap stop_sanitizer_build EXIT
-# -m: its own process group, so stop_sanitizer_build ends the compilers too.
 set -m
 sanitizer_build >"$SANITIZE_LOG" 2>&1 &
 SANITIZE_PID=$!
@@ -245,12 +309,9 @@ if [ -x qemu-scripts/build-debian-image.sh ]; then
 fi
 
 step "QEMU 10 root (Debian 13's qemu-system-x86 for the Qemu10.* e2e tests)"
-# mmdebstrap trixie, cached like the package roots (tests/tools/debian-root.sh;
-# cold ~35 s, warm: instant). The tests run its QEMU on this host
-# (tests/tools/qemu-from-root.sh). Status 75: offline and nothing cached.
+# Status 75: offline and nothing cached.
 status=0
-tests/tools/debian-root.sh qemu trixie build/qemu-trixie-root \
-  qemu-system-x86 qemu-utils systemd-sysv dbus || status=$?
+qemu10_root || status=$?
 if [ "$status" -eq 75 ] && ! on_ci; then
   record_skip "QEMU 10 root" "offline: Debian's archive unreachable, nothing cached; Qemu10.* fail"
 else

@@ -44,7 +44,10 @@ close_inherited_fds_and() (
   done
   exec "$@"
 )
-exec 9>"$CACHE/.lock"
+# One lock per slot and suite: different roots are built at the same time
+# (tests/run.sh fetches some beside the compile; mmdebstrap mostly waits on
+# the network and dpkg), the same root once.
+exec 9>"$CACHE/.lock-$SLOT-$SUITE"
 flock 9
 cached="$CACHE/$SLOT-$SUITE-$key"
 [ "$kind" = dir ] || cached="$cached.tar"

@@ -52,6 +52,26 @@ int FreePort() {
   return port;
 }
 
+// Where ceph-osd loads its object classes from (radosgw calls cls_version,
+// cls_fifo and others at its start). Debian 13's ceph 18.2.7 defaults
+// osd_class_dir to the relative "lib/x86_64-linux-gnu/rados-classes": an OSD
+// whose working directory is not / finds no class, and radosgw stops with
+// "failed to init services (ret=(95) Operation not supported)". Its default
+// made absolute (/usr, then /); empty when there is none to give.
+std::string OsdClassDir() {
+  RunResult r =
+      RunArgvStatus({"ceph-conf", "-c", "/dev/null", "--show-config-value", "osd_class_dir"});
+  std::string dir = r.output;
+  while (!dir.empty() && (dir.back() == '\n' || dir.back() == ' ')) dir.pop_back();
+  dir = dir.substr(dir.rfind('\n') + 1);  // npos + 1 == 0: the only line.
+  if (r.status != 0 || dir.empty()) return "";
+  if (dir.front() == '/') return dir;
+  for (const std::string base : {"/usr/", "/"}) {
+    if (fs::is_directory(base + dir)) return base + dir;
+  }
+  return "";
+}
+
 std::string Uuid() {
   std::string u = ReadWhole("/proc/sys/kernel/random/uuid");
   while (!u.empty() && u.back() == '\n') u.pop_back();
@@ -172,6 +192,9 @@ Status CephCluster::Start() {
       << "mon data avail warn = 1\nmon data avail crit = 0\n"
       << "rgw frontends = beast endpoint=127.0.0.1:" << rgw_port_ << "\n"
       << "rgw data = " << dir_ << "/rgw\n";
+    if (const std::string classes = OsdClassDir(); !classes.empty()) {
+      c << "osd class dir = " << classes << "\n";
+    }
   }
   const std::string keyring = dir_ + "/keyring";
   const std::string c = "-c";

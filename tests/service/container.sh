@@ -15,7 +15,14 @@ LEADER=
 container_boot() {
   local tree=$1 log=$2 state
   shift 2
-  systemd-nspawn -q -D "$tree" --boot --register=no --keep-unit "$@" >"$log" 2>&1 &
+  # A machine name of its own: nspawn names it after the tree's directory
+  # ("root" for every test), and Debian 13's nspawn (257) keeps per-machine
+  # state under /run/systemd/nspawn/unix-export/NAME, which two containers
+  # booting at once then share ("Failed to mount .../unix-export/root ...:
+  # No such file or directory", 2026-12-03, the service tests on a trixie
+  # host).
+  systemd-nspawn -q -D "$tree" --boot --register=no --keep-unit --machine="hvtrace-test-$BASHPID" \
+    "$@" >"$log" 2>&1 &
   CONTAINER_PID=$!
   for _ in $(seq 300); do
     LEADER=$(pgrep -P "$CONTAINER_PID" -x systemd || true)

@@ -57,7 +57,14 @@ container_boot "$TREE" "$WORK/console.log"
 log "$(inside sh -c '. /etc/os-release; echo "$PRETTY_NAME"'), running: ${COMMAND[*]}"
 start=$(date +%s)
 status=0
-inside env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb \
+# As a service of the container's systemd (systemd-run), not straight from
+# nsenter: a process nsenter puts there stays in this host's cgroup, which
+# the container sees as "/..", and the service tests' own containers
+# (systemd-nspawn --keep-unit, nested) then fail with "Failed to create
+# /../payload subcgroup" (2026-12-03). Delegate=yes: nspawn makes its
+# container's cgroups below the service's.
+inside systemd-run --quiet --wait --pipe --collect -p Delegate=yes \
+  env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TERM=dumb \
   bash -c 'cd /root/hvtrace && exec "$@"' release-demo "${COMMAND[@]}" </dev/null || status=$?
 log "${COMMAND[*]} on $SUITE: exit $status after $(($(date +%s) - start)) s"
 log "QEMU $(inside qemu-system-x86_64 --version | head -n 1), $(inside libvirtd --version 2>/dev/null || echo 'no libvirtd')"

@@ -10,10 +10,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <system_error>
+#include <thread>
 
 #include "bus_guard.h"
 #include "durable_file.h"
@@ -184,6 +186,114 @@ bool AllZero(std::span<const std::byte> page) {
   return page.empty() || (page[0] == std::byte{0} &&
                           std::memcmp(page.data(), page.data() + 1, page.size() - 1) == 0);
 }
+
+constexpr uint64_t kPage = 4096;
+
+// Writes the non-zero pages of |chunk| (at |at| of the file) to |fd|, each
+// run of them in one call, zero pages left as holes; starts their writeback
+// (the final fdatasync waits for it). Adds the bytes written to |*written|.
+Status WriteChunkPages(int fd, const std::filesystem::path& path, uint64_t at,
+                       std::span<const std::byte> chunk, uint64_t* written) {
+  const uint64_t len = chunk.size();
+  uint64_t run = 0, run_len = 0;
+  for (uint64_t p = 0; p <= len; p += kPage) {
+    const bool zero = p == len || AllZero(chunk.subspan(p, std::min(kPage, len - p)));
+    if (!zero) {
+      if (run_len == 0) run = p;
+      run_len += std::min(kPage, len - p);
+      continue;
+    }
+    if (run_len == 0) continue;
+    if (Status s = PwriteFully(fd, path, at + run, chunk.subspan(run, run_len)); !s.ok()) return s;
+    *written += run_len;
+    run_len = 0;
+  }
+  (void)::sync_file_range(fd, static_cast<off_t>(at), static_cast<off_t>(len),
+                          SYNC_FILE_RANGE_WRITE);
+  return {};
+}
+
+// The writing half of a region copy, on a thread of its own: it writes each
+// chunk as soon as the copying thread has copied it, so the two overlap
+// instead of taking turns (the copy 2.6-2.8 ms and the writes 1.7-2.6 ms of a
+// 16 MiB boot range, bench/capture_latency.sh, 2026-12-04). Without a
+// thread (none to be had) the copying thread writes each chunk itself.
+class ChunkWriter {
+ public:
+  ChunkWriter(int fd, const std::filesystem::path& path, std::span<const std::byte> copy,
+              uint64_t chunk)
+      : fd_(fd), path_(path), copy_(copy), chunk_(chunk) {
+    try {
+      thread_ = std::thread([this] { Run(); });
+    } catch (const std::system_error&) {
+      // Written inline by Copied().
+    }
+  }
+  ~ChunkWriter() { (void)Finish(/*abandon=*/true); }
+  ChunkWriter(const ChunkWriter&) = delete;
+  ChunkWriter& operator=(const ChunkWriter&) = delete;
+
+  // Chunk |index| is in the copy: written now (no thread) or by the thread.
+  // False once a write failed (Finish says which).
+  bool Copied(uint64_t index) {
+    if (!thread_.joinable()) return Write(index).ok();
+    copied_.store(index + 1, std::memory_order_release);
+    copied_.notify_one();
+    return !failed_.load(std::memory_order_acquire);
+  }
+  // Waits for the writes (all copied chunks, or none more after a copy that
+  // failed: |abandon|); the first write error, if any.
+  Status Finish(bool abandon = false) {
+    if (thread_.joinable()) {
+      // Only this thread stores to copied_.
+      const uint64_t copied = copied_.load(std::memory_order_relaxed);
+      copied_.store(abandon ? kAbandoned : copied | kLast, std::memory_order_release);
+      copied_.notify_one();
+      thread_.join();
+    }
+    return status_;
+  }
+  double write_ms() const { return write_ms_; }
+  uint64_t written() const { return written_; }
+
+ private:
+  static constexpr uint64_t kLast = uint64_t{1} << 62;  // No chunk after these.
+  static constexpr uint64_t kAbandoned = uint64_t{1} << 63;
+
+  void Run() {
+    for (uint64_t index = 0;; ++index) {
+      uint64_t have = copied_.load(std::memory_order_acquire);
+      while (!(have & (kLast | kAbandoned)) && have <= index) {
+        copied_.wait(have, std::memory_order_acquire);
+        have = copied_.load(std::memory_order_acquire);
+      }
+      if ((have & kAbandoned) || index >= (have & ~kLast)) return;
+      if (!Write(index).ok()) {
+        failed_.store(true, std::memory_order_release);
+        return;
+      }
+    }
+  }
+  Status Write(uint64_t index) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t at = index * chunk_;
+    const auto bytes = copy_.subspan(at, std::min(chunk_, copy_.size() - at));
+    Status s = WriteChunkPages(fd_, path_, at, bytes, &written_);
+    write_ms_ += MsBetween(t0, std::chrono::steady_clock::now());
+    if (!s.ok() && status_.ok()) status_ = s;
+    return s;
+  }
+  const int fd_;
+  const std::filesystem::path& path_;
+  const std::span<const std::byte> copy_;
+  const uint64_t chunk_;
+  std::atomic<uint64_t> copied_{0};  // Chunks copied, with kLast or kAbandoned.
+  std::atomic<bool> failed_{false};
+  Status status_;  // The writer's until joined.
+  double write_ms_ = 0;
+  uint64_t written_ = 0;
+  std::thread thread_;  // Last: started once the rest is set.
+};
 
 // fsyncs every file |names| in |dir|, then |dir|. Files written with
 // their sync left to the committer (the decoded outputs, the manifest) reach
@@ -408,9 +518,8 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
     std::string_view name, const RegionFile& file, const std::filesystem::path& source,
     uint64_t offset, uint64_t size, std::span<std::byte> copy) {
   // 1 MiB: large enough for few system calls, small enough that the disk
-  // starts early.
+  // and the writing thread start early.
   constexpr uint64_t kChunk = 1u << 20;
-  constexpr uint64_t kPage = 4096;
   if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
   if (Status s = ValidateFileName(name); !s.ok()) return s.error();
   if (Status s = CheckRegionSize(file.fd(), source, offset, size); !s.ok()) return s.error();
@@ -441,39 +550,24 @@ Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(
   RegionCopyStats stats;
   struct rusage before;
   ::getrusage(RUSAGE_THREAD, &before);
+  ChunkWriter writer(out.get(), path, copy, kChunk);
   for (uint64_t at = 0; at < size; at += kChunk) {
-    const uint64_t len = std::min(kChunk, size - at);
     const auto t0 = std::chrono::steady_clock::now();
     const double cpu0 = ThreadCpuMs();
-    std::span<std::byte> chunk(copy.data() + at, len);
-    if (Status s = CopyChunk(file, source, offset, size, at, chunk); !s.ok()) return s.error();
-    const auto t1 = std::chrono::steady_clock::now();
-    stats.copy_cpu_ms += ThreadCpuMs() - cpu0;
-    // Runs of non-zero pages, written as one call each.
-    uint64_t run = 0, run_len = 0;
-    for (uint64_t p = 0; p <= len; p += kPage) {
-      const bool zero = p == len || AllZero(chunk.subspan(p, std::min(kPage, len - p)));
-      if (!zero) {
-        if (run_len == 0) run = p;
-        run_len += std::min(kPage, len - p);
-        continue;
-      }
-      if (run_len == 0) continue;
-      if (Status s = PwriteFully(out.get(), path, at + run, chunk.subspan(run, run_len)); !s.ok()) {
-        return s.error();
-      }
-      stats.bytes_written += run_len;
-      run_len = 0;
+    std::span<std::byte> chunk(copy.data() + at, std::min(kChunk, size - at));
+    if (Status s = CopyChunk(file, source, offset, size, at, chunk); !s.ok()) {
+      (void)writer.Finish(/*abandon=*/true);
+      return s.error();
     }
-    // Start writeback of this chunk now; fdatasync below waits for it.
-    (void)::sync_file_range(out.get(), static_cast<off_t>(at), static_cast<off_t>(len),
-                            SYNC_FILE_RANGE_WRITE);
-    const auto t2 = std::chrono::steady_clock::now();
-    stats.copy_ms += MsBetween(t0, t1);
-    stats.write_ms += MsBetween(t1, t2);
+    stats.copy_cpu_ms += ThreadCpuMs() - cpu0;
+    stats.copy_ms += MsBetween(t0, std::chrono::steady_clock::now());
+    if (!writer.Copied(at / kChunk)) break;  // Finish says why.
   }
   struct rusage after;
   ::getrusage(RUSAGE_THREAD, &after);
+  if (Status s = writer.Finish(); !s.ok()) return s.error();
+  stats.write_ms = writer.write_ms();
+  stats.bytes_written = writer.written();
   stats.copy_minor_faults = static_cast<uint64_t>(after.ru_minflt - before.ru_minflt);
   stats.involuntary_switches = static_cast<uint64_t>(after.ru_nivcsw - before.ru_nivcsw);
   const auto t3 = std::chrono::steady_clock::now();

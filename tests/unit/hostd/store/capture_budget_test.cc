@@ -18,6 +18,7 @@
 
 #include "capture_service.h"
 #include "capture_store.h"
+#include "region_file.h"
 #include "test_support.h"
 
 namespace hvtrace::hostd {
@@ -393,6 +394,37 @@ TEST(CaptureBudgetTest, PanicCaptureOnAFullDiskKeepsRegionBin) {
   EXPECT_EQ(report->recovered[0].summary.value("trigger", ""), "panic");
   EXPECT_EQ(Names(report->recovered[0].dir),
             (std::vector<std::string>{"manifest.json", "region.bin"}));
+}
+
+// The region copy's writes run on a thread of their own beside the copy
+// (ChunkWriter): a write that fails there (ENOSPC after the first of 4
+// chunks) fails the copy with the file's name and the cause, the copy stops,
+// and nothing of it is left.
+TEST(CaptureBudgetTest, RegionCopyRunningOutOfDiskMidwayFailsAndLeavesNothing) {
+  TempDir tmp;
+  const fs::path region_path = tmp.path() / "region";
+  {
+    std::vector<std::byte> bytes = Bytes(4 * kMiB, 9);
+    std::ofstream(region_path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(4 * kMiB));
+  }
+  const fs::path mnt = tmp.path() / "state";
+  SmallTmpfs tmpfs(mnt, "2m");
+  if (!tmpfs.mounted()) GTEST_SKIP() << "cannot mount a small tmpfs here: " << tmpfs.error();
+  const auto file =
+      RegionFile::Adopt(::open(region_path.c_str(), O_RDONLY | O_CLOEXEC), 0, 4 * kMiB);
+  ASSERT_NE(file, nullptr);
+  CaptureStore store(mnt / "c");
+  auto pending = store.Begin("panic", HostTime::Now());
+  ASSERT_TRUE(pending.ok()) << pending.error().message;
+  std::vector<std::byte> copy(4 * kMiB);
+  auto stats = (*pending)->CopyRegion("region.bin", *file, region_path, 0, 4 * kMiB, copy);
+  ASSERT_FALSE(stats.ok());
+  const std::string& msg = stats.error().message;
+  EXPECT_NE(msg.find((*pending)->dir().string() + "/region.bin"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("No space left on device"), std::string::npos) << msg;
+  EXPECT_FALSE((*pending)->durable());
+  EXPECT_TRUE(Names((*pending)->dir()).empty());  // No part file left.
 }
 
 // What a writer that failed or died mid-file left (a trace.dat writer's

@@ -97,11 +97,13 @@ summarize() {  # the summary; its last line is `N passed, N failed, N skipped`; 
 }
 # The background jobs (the fetches beside the gcc build, the sanitizer build
 # after it): their process groups are stopped when the suite ends early.
-SANITIZE_PID="" PREFETCH_PID=""
+SANITIZE_PID="" PREFETCH_PID="" ROOTS_PIDS=()
 stop_background_jobs() {
-  [ -n "$SANITIZE_PID" ] && kill -- -"$SANITIZE_PID" 2>/dev/null
-  [ -n "$PREFETCH_PID" ] && kill -- -"$PREFETCH_PID" 2>/dev/null
-  SANITIZE_PID="" PREFETCH_PID=""
+  local pid
+  for pid in "$SANITIZE_PID" "$PREFETCH_PID" "${ROOTS_PIDS[@]}"; do
+    [ -z "$pid" ] || kill -- -"$pid" 2>/dev/null
+  done
+  SANITIZE_PID="" PREFETCH_PID="" ROOTS_PIDS=()
 }
 fatal() {  # fatal NAME: a step the rest cannot run without failed; summary, exit 1
   stop_background_jobs
@@ -224,6 +226,26 @@ if [ -x qemu-scripts/build-guest.sh ]; then
   qemu-scripts/build-guest.sh || fatal "guest image build"
 fi
 step "packages"
+# The roots the package, service and libvirt README tests install DIR's
+# packages into: their Depends, so not before DIR is built. Fetched in the
+# background while the next packages build (cold ~20-30 s each); each test
+# then finds its root cached, or waits for it (debian-root.sh's lock).
+package_roots() {  # package_roots DIR
+  local suite scratch
+  suite=$(cat "$1/suite")
+  scratch=$(mktemp -d)
+  timed "$suite package root" tests/packaging/build-pkgroot.sh --suite "$suite" "$scratch/root.tar" \
+    "$(ls "$1"/hvtrace_*.deb | head -n 1)" &
+  timed "$suite libvirt root" tests/service/libvirt_readme_test.sh --root-only "$1" &
+  wait
+  rm -rf "$scratch"
+}
+background_package_roots() {
+  set -m
+  package_roots "$1" >>build/prefetch.log 2>&1 &
+  ROOTS_PIDS+=($!)
+  set +m
+}
 # The .debs (debian/), built from a copy of the tree into build/packages
 # for this host's release, and into build/packages-trixie for Debian 13 in a
 # trixie build root (cold: the root ~1.5 min and a compile without ccache;
@@ -236,6 +258,7 @@ host_packages=0
 if scripts/build-packages.sh build/packages; then
   record "packages build" 0
   host_packages=1
+  background_package_roots build/packages
 else
   record "packages build" 1
 fi
@@ -249,6 +272,7 @@ if [ "$status" -eq 75 ] && ! on_ci; then
 else
   record "packages build (trixie)" "$status"
 fi
+[ "$status" -ne 0 ] || background_package_roots build/packages-trixie
 # The packaging test of each set of packages that was built.
 if [ "$host_packages" = 1 ] || [ "$status" -eq 0 ]; then
   package_tests=()

@@ -41,9 +41,29 @@
 # (>= 3 handshake pairs, error bound < 1 ms: QEMU's side came from the
 # domain's libvirt log), and `hvtrace setup --undo` (the section's text)
 # gives back the definition the domain had before `hvtrace setup`.
+#
+#   tests/service/libvirt_readme_test.sh --root-only PACKAGES_DIR
+#
+# makes (or finds) the test's container root and stops: tests/run.sh fetches
+# it while other packages build.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
+# libvirt_root SUITE DEB OUTTAR: the cached root (build-pkgroot.sh): the
+# packages' Depends, libvirt's daemon as Debian sets it up, and sudo.
+libvirt_root() {
+  "$ROOT/tests/packaging/build-pkgroot.sh" --suite "$1" "$3" "$2" \
+    libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients sudo
+}
+if [ "${1:-}" = --root-only ]; then
+  . "$HERE/container.sh"  # packages_suite
+  fail() { echo "libvirt_readme_test: FAIL: $*" >&2; exit 1; }
+  packages=${2:?usage: libvirt_readme_test.sh --root-only PACKAGES_DIR}
+  out=$(mktemp -d)
+  trap 'rm -rf "$out"' EXIT
+  libvirt_root "$(packages_suite "$packages")" "$(ls "$packages"/hvtrace_*.deb | tail -n 1)" "$out/root.tar"
+  exit
+fi
 PACKAGES=$(cd "${1:?usage: libvirt_readme_test.sh PACKAGES_DIR IMAGE_DIR}" && pwd)
 IMAGE_DIR=$(cd "${2:?usage: libvirt_readme_test.sh PACKAGES_DIR IMAGE_DIR}" && pwd)
 ADMIN=carol
@@ -95,8 +115,7 @@ cleanup() {
 trap cleanup EXIT
 
 status=0
-"$ROOT/tests/packaging/build-pkgroot.sh" --suite "$suite" "$WORK/root.tar" "$deb" \
-  libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients sudo >&2 || status=$?
+libvirt_root "$suite" "$deb" "$WORK/root.tar" >&2 || status=$?
 [ $status -ne 75 ] || { log "skipped: Debian's archive is unreachable and no root is cached"; exit 77; }
 [ $status -eq 0 ] || fail "tests/packaging/build-pkgroot.sh failed ($status)"
 mkdir "$TREE" && tar -C "$TREE" -xf "$WORK/root.tar"

@@ -33,7 +33,10 @@ LogLook KernelLogWatch::Look(std::span<const std::byte> range, const KernelForma
   if (map->boots == 0) return look;
   const uint32_t newest = map->boots - 1;
   // A new boot (kexec, reboot) is read from its start.
-  if (map->boots != boots_) seen_ns_.clear();
+  if (map->boots != boots_) {
+    seen_ns_.clear();
+    open_oops_.reset();
+  }
   boots_ = map->boots;
 
   std::vector<ConsoleEventRecord> fresh;
@@ -59,21 +62,43 @@ LogLook KernelLogWatch::Look(std::span<const std::byte> range, const KernelForma
                    [](const auto& a, const auto& b) { return a.ts_ns < b.ts_ns; });
   const KernelLog log = KernelLogFromConsoleEvents(*field, fresh);
   look.new_lines = log.records.size();
-  for (const KernelLogRecord& r : log.records) {
-    const std::string_view trouble = TroubleOfLine(r.text);
-    if (trouble == "panic") look.panic_seen = true;
-    if (trouble != "oops" && trouble != "warn") continue;
-    ++look.trouble_lines;
-    // The first line of each kind: an oops prints a BUG line, then its
-    // Oops line; a WARN storm one WARNING after another.
-    const bool have = std::any_of(look.troubles.begin(), look.troubles.end(),
-                                  [&](const LogTrouble& t) { return t.trigger == trouble; });
-    if (!have)
-      look.troubles.push_back(
-          {std::string(trouble), PrintableLogText(r.text), newest, r.cpu, r.ts_ns});
+  for (const KernelLogRecord& r : log.records) Take(r.text, newest, r.cpu, r.ts_ns, look);
+  if (open_oops_ && ++open_looks_ > kOopsWaitLooks) {
+    look.troubles.push_back(std::move(*open_oops_));
+    open_oops_.reset();
   }
-  if (look.panic_seen) look.troubles.clear();
+  if (look.panic_seen) {
+    look.troubles.clear();
+    open_oops_.reset();
+  }
+  std::stable_sort(look.troubles.begin(), look.troubles.end(),
+                   [](const LogTrouble& a, const LogTrouble& b) { return a.ts_ns < b.ts_ns; });
   return look;
+}
+
+void KernelLogWatch::Take(const std::string& line, uint32_t boot, int32_t cpu, uint64_t ts_ns,
+                          LogLook& look) {
+  const auto have = [&](std::string_view kind) {
+    return std::any_of(look.troubles.begin(), look.troubles.end(),
+                       [&](const LogTrouble& t) { return t.trigger == kind; });
+  };
+  if (open_oops_ && line.find("---[ end trace") != std::string::npos) {
+    if (!have("oops")) look.troubles.push_back(std::move(*open_oops_));
+    open_oops_.reset();
+    return;
+  }
+  const std::string_view trouble = TroubleOfLine(line);
+  if (trouble == "panic") look.panic_seen = true;
+  if (trouble != "oops" && trouble != "warn") return;
+  ++look.trouble_lines;
+  // The first line of each kind: an oops prints a BUG line, then its Oops
+  // line; a WARN storm one WARNING after another.
+  if (trouble == "warn") {
+    if (!have("warn")) look.troubles.push_back({"warn", PrintableLogText(line), boot, cpu, ts_ns});
+  } else if (!open_oops_ && !have("oops")) {
+    open_oops_ = LogTrouble{"oops", PrintableLogText(line), boot, cpu, ts_ns};
+    open_looks_ = 0;
+  }
 }
 
 }  // namespace hvtrace::hostd

@@ -18,6 +18,13 @@
 // panic line are not reported: the panic is captured by its own trigger (GUEST_PANICKED), with the
 // guest paused.
 //
+// An oops is reported once its report has ended ("---[ end trace" after its
+// call trace), so that its capture holds the frames: the console lines of
+// one report reach the range over a serial console's time (hundreds of ms),
+// and a look between its BUG line and its call trace made a capture without
+// frames (LogWatchE2e on a Debian 13 host, 2026-12-03). A report that never
+// ends (the guest stopped in it) is reported kOopsWaitLooks looks later.
+//
 // Cost, measured on the CI-sized machine (2 cores), 16 MiB range of a
 // booted 6.12 guest: see docs/postmortem.md ("Oops and WARN without a
 // panic").
@@ -26,6 +33,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -60,9 +68,16 @@ class KernelLogWatch {
   // |cpus|: the guest's CPU count when known, 0 derives it.
   LogLook Look(std::span<const std::byte> range, const KernelFormats& formats, int cpus);
 
+  static constexpr int kOopsWaitLooks = 2;
+
  private:
+  // Takes |line| of a look into |look| (its trouble, an open oops's end).
+  void Take(const std::string& line, uint32_t boot, int32_t cpu, uint64_t ts_ns, LogLook& look);
+
   uint32_t boots_ = 0;                   // Boots the range held at the last look.
   std::map<int32_t, uint64_t> seen_ns_;  // Per CPU: newest boot's last console time seen.
+  std::optional<LogTrouble> open_oops_;  // Seen, its report not ended yet.
+  int open_looks_ = 0;                   // Looks that ended with it open.
 };
 
 }  // namespace hvtrace::hostd

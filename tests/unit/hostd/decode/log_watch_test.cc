@@ -97,13 +97,57 @@ TEST(KernelLogWatchTest, ReportsEachNewWarnAndOopsOnce) {
   EXPECT_TRUE(look.troubles.empty());
 
   range.Log({"BUG: kernel NULL pointer dereference, address: 0000000000000000",
-             "Oops: 0002 [#1] PREEMPT SMP NOPTI", "RIP: 0010:hvt_beta_oops+0x5/0x10 [hvt_beta]"});
+             "Oops: 0002 [#1] PREEMPT SMP NOPTI", "RIP: 0010:hvt_beta_oops+0x5/0x10 [hvt_beta]",
+             "Call Trace:", " oops_set+0x1b/0x30 [hvt_beta]",
+             "---[ end trace 0000000000000000 ]---"});
   look = watch.Look(range.bytes(), formats, 0);
-  EXPECT_EQ(look.new_lines, 3u);
+  EXPECT_EQ(look.new_lines, 6u);
   ASSERT_EQ(look.troubles.size(), 1u);
   EXPECT_EQ(look.troubles[0].trigger, "oops");
   EXPECT_EQ(look.troubles[0].line,
             "BUG: kernel NULL pointer dereference, address: 0000000000000000");
+}
+
+// An oops is reported when its report has ended, so that its capture holds
+// the call trace: a look between its BUG line and its end reports nothing
+// yet; the look that sees the end reports it with the BUG line's time.
+TEST(KernelLogWatchTest, AnOopsIsReportedOnceItsReportHasEnded) {
+  Range range;
+  const KernelFormats formats = Formats();
+  KernelLogWatch watch;
+  range.Log({"Linux version 7.3.4+deb13-amd64",
+             "BUG: kernel NULL pointer dereference, address: 0000000000000000",
+             "Oops: Oops: 0002 [#1] SMP NOPTI"});
+  LogLook look = watch.Look(range.bytes(), formats, 0);
+  EXPECT_EQ(look.trouble_lines, 2u);
+  EXPECT_TRUE(look.troubles.empty());
+  range.Log({"WARNING: CPU: 1 PID: 7 at x.c:1 f", "Call Trace:", " <TASK>",
+             " oops_set+0x1b/0x30 [hvt_beta]", "---[ end trace 0000000000000000 ]---"});
+  look = watch.Look(range.bytes(), formats, 0);
+  ASSERT_EQ(look.troubles.size(), 2u);  // Oldest first.
+  EXPECT_EQ(look.troubles[0].trigger, "oops");
+  EXPECT_EQ(look.troubles[0].line,
+            "BUG: kernel NULL pointer dereference, address: 0000000000000000");
+  EXPECT_EQ(look.troubles[0].ts_ns, 1010u);
+  EXPECT_EQ(look.troubles[1].trigger, "warn");
+  EXPECT_TRUE(watch.Look(range.bytes(), formats, 0).troubles.empty());
+}
+
+// A report that never ends (the guest stopped in it, or its end marker was
+// lost) is still reported, kOopsWaitLooks looks after the one that saw it.
+TEST(KernelLogWatchTest, AnOopsWhoseReportNeverEndsIsReportedLooksLater) {
+  Range range;
+  const KernelFormats formats = Formats();
+  KernelLogWatch watch;
+  range.Log({"general protection fault, probably for non-canonical address 0xdead: 0000 [#1]"});
+  EXPECT_TRUE(watch.Look(range.bytes(), formats, 0).troubles.empty());
+  for (int i = 1; i < KernelLogWatch::kOopsWaitLooks; ++i) {
+    EXPECT_TRUE(watch.Look(range.bytes(), formats, 0).troubles.empty()) << i;
+  }
+  const LogLook look = watch.Look(range.bytes(), formats, 0);
+  ASSERT_EQ(look.troubles.size(), 1u);
+  EXPECT_EQ(look.troubles[0].trigger, "oops");
+  EXPECT_TRUE(watch.Look(range.bytes(), formats, 0).troubles.empty());
 }
 
 // The VM booted again on the same range file (or a reset wiped it): one

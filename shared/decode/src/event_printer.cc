@@ -22,6 +22,7 @@
 
 #include "event_text.h"
 #include "num_expr.h"
+#include "number_text.h"
 #include "sched_printer.h"
 
 namespace hvtrace {
@@ -122,12 +123,14 @@ struct LiteralStep : Step {
 };
 
 // print_arg_number(): the value cast to the length modifier's type, then
-// printf'd with the format's conversion.
+// printf'd with the format's conversion. The literal text before it, when
+// short, is printed by the step too (FormatCompiler::Number, number_text.h).
 struct NumberStep : Step {
   Spec spec;
   int ls = 0;
   std::unique_ptr<Expr> value;
   std::unique_ptr<Expr> len_arg;  // '*'
+  NumberText native;              // Used when spec.native and no len_arg.
 
   void Run(const unsigned char* data, uint32_t size, std::string* out) const override {
     uint64_t v = value->Eval(data, size);
@@ -152,68 +155,15 @@ struct NumberStep : Step {
         break;
     }
     if (spec.native && !len_arg) {
-      // Digits, sign and padding made in a local buffer and appended once:
-      // padding by inserting into |out| ("fd: 0x%08lx" of every syscall
-      // event) moved the string's tail each time.
-      char digits[32];
-      char* const end = digits + sizeof(digits);
-      char* d = end;
-      bool negative = false;
-      switch (spec.conv) {
-        case 'd':
-        case 'i':
-          negative = sv < 0;
-          d = FormatUintBackwards(
-              negative ? 0 - static_cast<uint64_t>(sv) : static_cast<uint64_t>(sv), end);
-          break;
-        case 'u':
-          d = FormatUintBackwards(uv, end);
-          break;
-        case 'x':
-        case 'X':
-          d = FormatHexBackwards(uv, end, spec.conv == 'X');
-          break;
-        default: {
-          uint64_t o = uv;
-          do {
-            *--d = static_cast<char>('0' + (o & 7));
-            o >>= 3;
-          } while (o);
-          break;
-        }
-      }
-      const size_t len = static_cast<size_t>(end - d) + (negative ? 1 : 0);
-      const size_t width = static_cast<size_t>(spec.width);
-      if (len >= width) {
-        if (negative) out->push_back('-');
-        out->append(d, static_cast<size_t>(end - d));
-        return;
-      }
-      // Width is at most 1000 (ParseSpec).
-      char buf[1040];
-      char* p = buf;
-      const size_t pad = width - len;
-      if (spec.left) {
-        if (negative) *p++ = '-';
-        std::memcpy(p, d, static_cast<size_t>(end - d));
-        p += end - d;
-        std::memset(p, ' ', pad);
-        p += pad;
-      } else {
-        if (spec.zero) {
-          if (negative) *p++ = '-';
-          std::memset(p, '0', pad);
-        } else {
-          std::memset(p, ' ', pad);
-        }
-        p += pad;
-        if (negative && !spec.zero) *p++ = '-';
-        std::memcpy(p, d, static_cast<size_t>(end - d));
-        p += end - d;
-      }
-      out->append(buf, static_cast<size_t>(p - buf));
+      native.Append(sv, uv, out);
       return;
     }
+    out->append(native.prefix, native.prefix_len);
+    AppendPrintf(v, data, size, out);
+  }
+
+  // printf itself, for the conversions NumberText does not reproduce.
+  void AppendPrintf(uint64_t v, const unsigned char* data, uint32_t size, std::string* out) const {
     char buf[128];
     int n;
     int plen = len_arg ? static_cast<int>(len_arg->Eval(data, size)) : -1;
@@ -602,6 +552,10 @@ class FormatCompiler {
     if (long_size_ == 8 && ls == 1 && sizeof(long) != 8) return false;
     auto step = std::make_unique<NumberStep>();
     step->spec = ParseSpec(text);
+    step->native.left = step->spec.left;
+    step->native.zero = step->spec.zero;
+    step->native.width = step->spec.width;
+    step->native.conv = step->spec.conv;
     step->ls = ls;
     step->value = CompileNum(event_, arg_, atoms_);
     if (!step->value) return false;
@@ -610,6 +564,9 @@ class FormatCompiler {
       if (!step->len_arg) return false;
     }
     arg_ = arg_->next;
+    // The literal just before the number becomes the step's prefix.
+    auto* lit = steps_->empty() ? nullptr : dynamic_cast<LiteralStep*>(steps_->back().get());
+    if (lit != nullptr && step->native.SetPrefix(lit->text)) steps_->pop_back();
     steps_->push_back(std::move(step));
     return true;
   }

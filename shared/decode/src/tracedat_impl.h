@@ -54,6 +54,10 @@ struct TraceDat::Impl {
   static Result<std::vector<std::byte>> Decompress(const std::string& algorithm,
                                                    std::span<const std::byte> in, uint64_t out_size,
                                                    uint64_t cap);
+  // The same into |*out|, resized to |out_size| (its bytes are overwritten,
+  // so a reused buffer is neither reallocated nor cleared).
+  static Status DecompressInto(const std::string& algorithm, std::span<const std::byte> in,
+                               uint64_t out_size, uint64_t cap, std::vector<std::byte>* out);
 
   // A failure while parsing metadata; |offset| is where in the file.
   struct ParseError {

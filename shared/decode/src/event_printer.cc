@@ -133,7 +133,7 @@ struct NumberStep : Step {
   NumberText native;              // Used when spec.native and no len_arg.
 
   void Run(const unsigned char* data, uint32_t size, std::string* out) const override {
-    uint64_t v = value->Eval(data, size);
+    uint64_t v = value->EvalInline(data, size);
     int64_t sv;
     uint64_t uv;
     switch (ls) {

@@ -25,6 +25,26 @@ struct Expr {
   char op[3] = {0, 0, 0};         // kBinary.
   std::unique_ptr<Expr> a, b, c;  // Operands; kMask: a; kTernary: a ? b : c.
 
+  // Eval with the commonest case, a field of 4 or 8 bytes inside the record
+  // (every syscall event's arguments), read here: Eval is recursive and not
+  // inlined, and its call and two switches were ~40 instructions per number
+  // printed (callgrind, bench/large.dat: 105 M of 2,495 M).
+  uint64_t EvalInline(const unsigned char* data, uint32_t record_size) const {
+    if (kind == kField && static_cast<uint64_t>(offset) + size <= record_size) {
+      if (size == 8) {
+        uint64_t v;
+        std::memcpy(&v, data + offset, 8);
+        return v;
+      }
+      if (size == 4) {
+        uint32_t v;
+        std::memcpy(&v, data + offset, 4);
+        return v;
+      }
+    }
+    return Eval(data, record_size);
+  }
+
   uint64_t Eval(const unsigned char* data, uint32_t record_size) const {
     switch (kind) {
       case kNull:

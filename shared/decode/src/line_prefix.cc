@@ -60,12 +60,19 @@ void LinePrefix::AppendSlow(const char* comm, size_t comm_len, int pid, uint32_t
   out->push_back(':');
 }
 
-void LinePrefix::Append(const char* comm, int pid, uint32_t cpu, uint64_t timestamp,
+bool LinePrefix::PlainAscii(std::string_view text) {
+  for (char c : text) {
+    if (c < 0x20 || c > 0x7e) return false;  // char is signed: bytes >= 0x80 too.
+  }
+  return true;
+}
+
+bool LinePrefix::Append(const char* comm, int pid, uint32_t cpu, uint64_t timestamp,
                         std::string_view latency, std::string* out) {
   const size_t comm_len = std::strlen(comm);
   if (comm_len >= kMaxComm || !time_in_usecs_ || latency.size() > kMaxLatency) {
     AppendSlow(comm, comm_len, pid, cpu, timestamp, latency, out);
-    return;
+    return false;
   }
   Task& task = tasks_[cpu % kTasks];
   if (!task.valid || task.pid != pid || task.cpu != cpu || task.comm_len != comm_len ||
@@ -75,6 +82,7 @@ void LinePrefix::Append(const char* comm, int pid, uint32_t cpu, uint64_t timest
     task.cpu = cpu;
     task.comm_len = static_cast<uint8_t>(comm_len);
     std::memcpy(task.comm, comm, comm_len);
+    task.printable = PlainAscii(std::string_view(comm, comm_len));
     // At most 63 + 1 + 11 + 2 + 10 + 1 bytes: fits text.
     task.len = static_cast<uint8_t>(FormatTask(comm, comm_len, pid, cpu, task.text));
   }
@@ -107,6 +115,7 @@ void LinePrefix::Append(const char* comm, int pid, uint32_t cpu, uint64_t timest
   p[6] = ':';
   p += 7;
   out->append(buf, static_cast<size_t>(p - buf));
+  return task.printable && latency.empty();
 }
 
 }  // namespace hvtrace

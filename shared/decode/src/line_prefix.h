@@ -20,8 +20,14 @@ class LinePrefix {
  public:
   explicit LinePrefix(bool time_in_usecs) : time_in_usecs_(time_in_usecs) {}
   // |latency|: libtraceevent's latency text for the record, or empty for none.
-  void Append(const char* comm, int pid, uint32_t cpu, uint64_t timestamp, std::string_view latency,
+  // True when all it appended is printable ASCII (0x20-0x7e), which
+  // MakePrintableFrom would leave as it is: the caller may then start that
+  // scan after it. False says nothing (the slow path does not look).
+  bool Append(const char* comm, int pid, uint32_t cpu, uint64_t timestamp, std::string_view latency,
               std::string* out);
+
+  // Whether |text| is all printable ASCII (0x20-0x7e).
+  static bool PlainAscii(std::string_view text);
 
  private:
   // Comms longer than this (not a kernel's, which are 16 bytes) are not
@@ -35,7 +41,8 @@ class LinePrefix {
     int pid = 0;
     uint32_t cpu = 0;
     uint8_t comm_len = 0;
-    uint8_t len = 0;  // Of text.
+    uint8_t len = 0;         // Of text.
+    bool printable = false;  // The comm is PlainAscii.
     char comm[kMaxComm];
     char text[128];  // Formatted; copied whole (a fixed-size copy inlines).
   };

@@ -474,6 +474,45 @@ TEST(DecoderTest, Malicious_EscapesInStringsAreNeverPrintedRaw) {
   }
 }
 
+// Terminal escapes in a task's name (the file's saved_cmdlines): printed as
+// \xNN in every line of the task, the first (the line prefix's cache filled)
+// and the later ones (its cache hit), also after another task's line on the
+// same CPU. The scan may skip only a prefix known to be printable ASCII.
+TEST(DecoderTest, Malicious_EscapesInTaskNamesAreNeverPrintedRaw) {
+  TraceMetadata meta;
+  meta.source = "hostile";
+  meta.cmdlines = "42 ev\x1b[2Jil\n7 plain\n";
+  meta.formats.push_back({"test",
+                          "name: note\nID: 21\nformat:\n"
+                          "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+                          "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+                          "\tfield:int v;\toffset:8;\tsize:4;\tsigned:1;\n\n"
+                          "print fmt: \"v=%d\", REC->v\n"});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  auto record = [](int32_t pid) {
+    std::vector<std::byte> p(12, std::byte{0});
+    p[0] = std::byte{21};
+    std::memcpy(p.data() + 4, &pid, 4);
+    return p;
+  };
+  for (bool fast : {true, false}) {
+    (*dec)->SetFastPathsEnabled(fast);
+    std::string out;
+    for (int32_t pid : {42, 42, 7, 42}) {
+      const std::vector<std::byte> p = record(pid);
+      (*dec)->AppendText(DecodedRecord{0, 1000, p, 0}, &out);
+    }
+    EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+    size_t escaped = 0;
+    for (size_t at = 0; (at = out.find("ev\\x1b[2Jil-42", at)) != std::string::npos; ++at) {
+      ++escaped;
+    }
+    EXPECT_EQ(escaped, 3u) << out;
+    EXPECT_NE(out.find("plain-7 "), std::string::npos) << out;
+  }
+}
+
 // A format that passes ParseEventFormat but crashes libtraceevent's parser
 // (format_fuzzer found this one: a NULL dereference while it folds
 // constants) costs a forked trial child, not the decoder.

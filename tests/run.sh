@@ -139,11 +139,13 @@ qemu10_root() {
 # gcc build: the guest kernels (every kind the e2e tests ask build-guest.sh
 # for, into a scratch directory: the downloads, unpacked packages, headers
 # and test modules are cached), the Debian images' package roots, the trixie
-# build root and the QEMU 10 root. On a fresh machine these took ~5 min one
-# after the other as steps of their own; they wait on the network and dpkg
-# more than on the cores, so they run at nice 10 beside the compiler. Best
-# effort: each later step makes what is still missing and reports its own
-# errors; this job's output is in build/prefetch.log.
+# build root and the QEMU 10 root. They need the cores too (dpkg, xz), so
+# they run at nice 10: the compiler keeps its pace and they take what it
+# leaves. Clean clone, empty HOME, 2026-12-04 (7437a9e): they ended 132-573 s
+# in, beside a 510 s gcc build; the steps that made them cold on 2026-12-03
+# (guest images 35 s, Debian images 113 s, QEMU 10 root 13 s, part of
+# packages) took 62, 41 and 0 s. Best effort: each later step makes what is
+# still missing and reports its own errors; output in build/prefetch.log.
 timed() {  # timed NAME CMD...: CMD, then a line with its status and wall time
   local t0=$SECONDS status=0
   "${@:2}" >/dev/null || status=$?

@@ -216,8 +216,10 @@ Status WriteChunkPages(int fd, const std::filesystem::path& path, uint64_t at,
 // The writing half of a region copy, on a thread of its own: it writes each
 // chunk as soon as the copying thread has copied it, so the two overlap
 // instead of taking turns (the copy 2.6-2.8 ms and the writes 1.7-2.6 ms of a
-// 16 MiB boot range, bench/capture_latency.sh, 2026-12-04). Without a
-// thread (none to be had) the copying thread writes each chunk itself.
+// 16 MiB boot range). bench/capture_latency.sh 5 against the commit before,
+// alternately, 2026-12-04: region + recovery record durable 6.2-6.8 ->
+// 5.4-5.6 ms median (6.12, 7.3; bench/README.md). Without a thread (none to
+// be had) the copying thread writes each chunk itself.
 class ChunkWriter {
  public:
   ChunkWriter(int fd, const std::filesystem::path& path, std::span<const std::byte> copy,

@@ -116,7 +116,9 @@ build_root() {
 }
 if [ "$root_only" = 1 ]; then
   [ "$in_root" = 1 ] || die "--root-only: $suite is this host's release, built without a root"
-  build_root "${TMPDIR:-/tmp}/hvtrace-pkg-root-$suite"
+  link=$(mktemp -u "${TMPDIR:-/tmp}/hvtrace-pkg-root.XXXXXX")
+  build_root "$link"
+  rm -f "$link"
   exit 0
 fi
 mkdir -p "$1"

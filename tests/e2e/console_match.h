@@ -80,6 +80,33 @@ inline std::string AfterGluedPrefix(const std::string& text) {
   return found == std::string::npos ? "" : text.substr(found);
 }
 
+// The log line where a stretch the UART lost ends: |text| is the start of
+// log[i] (i within 8 of |next|, at least 8 characters) followed by the end
+// of log[j] (j >= i, at least 16 characters), give or take 2 characters.
+// log.size() when no pair makes up |text|.
+inline size_t LostStretchEnd(const std::string& text, const std::vector<LogLine>& log,
+                             size_t next) {
+  auto common_prefix = [](const std::string& a, const std::string& b) {
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[n] == b[n]) ++n;
+    return n;
+  };
+  auto common_suffix = [](const std::string& a, const std::string& b) {
+    size_t n = 0;
+    while (n < a.size() && n < b.size() && a[a.size() - 1 - n] == b[b.size() - 1 - n]) ++n;
+    return n;
+  };
+  for (size_t i = next; i < std::min(log.size(), next + 8); ++i) {
+    const size_t head = common_prefix(text, log[i].text);
+    if (head < 8 || head == text.size()) continue;
+    for (size_t j = i; j < log.size(); ++j) {
+      const size_t tail = common_suffix(text, log[j].text);
+      if (tail >= 16 && head + tail + 2 >= text.size()) return j;
+    }
+  }
+  return log.size();
+}
+
 struct ConsoleMatch {
   size_t compared = 0;
   size_t missing = 0;  // each one also an ADD_FAILURE (the first five)
@@ -203,6 +230,18 @@ inline ConsoleMatch MatchConsoleInLog(
         std::any_of(at(next), log.end(), [&](const LogLine& l) { return l.text == rest; })) {
       ++r.garbled;
       std::printf("[%s] lines run together on the console: %s\n", tag, line.text.c_str());
+      continue;
+    }
+    // A stretch of output lost (the 8250's hand-over from the boot console,
+    // CI 2026-12-04: "clocksource:  les: 0xffffffff, max_idle_ns:
+    // 7645041785100000 ns", the start of refined-jiffies' line and the end of
+    // jiffies' line 30-odd lines on): the start of one of the log's next
+    // lines and the end of the same or a later one make up the whole line.
+    if (const size_t j = LostStretchEnd(line.text, log, next); j != log.size()) {
+      ++r.garbled;
+      std::printf("[%s] output lost inside the console line: %s\n   ends as in the log: %s\n", tag,
+                  line.text.c_str(), log[j].text.c_str());
+      take(j, j);
       continue;
     }
     if (may_miss && may_miss(line.text)) {

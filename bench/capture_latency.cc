@@ -149,6 +149,9 @@ struct Run {
   double copy = 0, region_fsync = 0, decode = 0, write = 0, files = 0, qmp_delay = 0;
   double kaslr = 0, symbols = 0, names = 0, names_wait = 0, start = 0, copy_faults = 0;
   double copy_cpu = 0, copy_switches = 0, crash = 0, ring = 0;
+  // The start's parts, ms from the panic: on the VM's strand, on a worker,
+  // the capture directory made (-1: not in this build).
+  double to_dispatch = -1, to_worker = -1, to_begun = -1;
   double vmcore_ms = -1, vmcore_mb = -1;  // vmcore = on-panic only.
   uint64_t trace_dat_bytes = 0, events = 0;
 };
@@ -207,6 +210,10 @@ Result<Run> PanicOnce(const HvtracedProcess& daemon, const GuestImage& image, in
   r.names = Number(pipeline, "write_names");
   r.names_wait = Number(pipeline, "write_names_wait");
   r.start = Number(t, "trigger_to_copy_start");
+  const json queue = m["extra"].value("queue", json::object());
+  r.to_dispatch = Number(queue, "trigger_to_dispatch_ms");
+  r.to_worker = Number(queue, "trigger_to_worker_ms");
+  r.to_begun = Number(t, "trigger_to_begun");
   // Inside decoded: the kernel log from the console events and the crash
   // summary (all boots); after it, the printk ring read from guest memory.
   r.crash = Number(pipeline, "write_kernel_log");
@@ -308,6 +315,8 @@ int main(int argc, char** argv) {
         r->files, r->names, r->qmp_delay, r->copy_faults,
         static_cast<unsigned long long>(r->trace_dat_bytes),
         static_cast<unsigned long long>(r->events), r->crash, r->ring, r->vmcore_ms, r->vmcore_mb);
+    std::printf("      start: on the VM's strand %.2f, on a worker %.2f, directory made %.2f ms\n",
+                r->to_dispatch, r->to_worker, r->to_begun);
     std::fflush(stdout);
     copied.push_back(r->copied);
     durable.push_back(r->durable);

@@ -280,6 +280,7 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
   if (!admitted.ok()) return admitted.error();
   auto pending = store.Begin(request.trigger, request.triggered);
   if (!pending.ok()) return pending.error();
+  const double to_begun = MsSince(request.triggered);
   CaptureManifest manifest;
   manifest.vm = request.vm;
   manifest.trigger = request.trigger;
@@ -296,6 +297,7 @@ Result<CaptureOutcome> CaptureService::Take(const CaptureStore& store,
     BufferLease buffer = AcquireBuffer(&waited_for_buffers);
     if (!request.queue.is_null()) manifest.extra["queue"] = request.queue;
     manifest.extra["queue"]["waited_for_copy_buffers"] = waited_for_buffers;
+    manifest.extra["timing_ms"]["trigger_to_begun"] = to_begun;
     if (Status s = Build(request, MetaDirOfStore(store), buffer.get(), **pending, manifest);
         !s.ok()) {
       const std::string message =

@@ -416,11 +416,16 @@ void VmSupervisor::Dispatch(PendingCapture p, CaptureQueue::Lane lane) {
       if (!request.inputs.dump_guest_memory) request.inputs.dump_unavailable = true;
     }
   }
-  auto job = [self = shared_from_this(), request = std::move(request),
+  // Where the time before the copy goes (the event's hops to this strand and
+  // to a worker): kept with the queue's record.
+  const double to_dispatch = MsSince(request.triggered);
+  auto job = [self = shared_from_this(), request = std::move(request), to_dispatch,
               p = std::make_shared<PendingCapture>(std::move(p))](
                  const CaptureQueue::Start& start) mutable {
     request.queue = {{"lane", start.lane == CaptureQueue::Lane::kUrgent ? "urgent" : "guest"},
-                     {"waited_for_a_slot", start.waited}};
+                     {"waited_for_a_slot", start.waited},
+                     {"trigger_to_dispatch_ms", to_dispatch},
+                     {"trigger_to_worker_ms", MsSince(request.triggered)}};
     Result<CaptureOutcome> outcome = Error{"capture did not run"};
     try {
       outcome = self->captures_->Take(self->store_, request);

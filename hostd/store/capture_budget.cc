@@ -84,20 +84,42 @@ Result<std::vector<CaptureBudget::Stored>> CaptureBudget::ListAll(const CaptureS
     if (!has_vm) stores.emplace_back(std::string(vm), store);
   }
   std::vector<Stored> all;
+  std::map<fs::path, std::map<std::string, Known>> known;
   for (const auto& [name, s] : stores) {
-    Result<std::vector<CaptureEntry>> entries = s.List();
-    if (!entries.ok()) return entries.error();
-    for (const CaptureEntry& e : *entries) {
-      Stored st{name,
-                e.id,
-                e.dir,
-                IsPanicTrigger(e.summary.value("trigger", std::string())),
-                CaptureDiskBytes(e.dir),
-                0};
-      st.when = e.summary.value("/triggered/realtime_ns"_json_pointer, int64_t{0});
-      all.push_back(std::move(st));
+    Result<std::vector<CaptureDirent>> dirents = s.ListDirents();
+    if (!dirents.ok()) return dirents.error();
+    const auto was = known_.find(s.dir());
+    std::map<std::string, Known>& now = known[s.dir()];
+    std::vector<std::pair<int64_t, Stored>> mine;  // ListingOrder, then id: oldest first.
+    for (const CaptureDirent& d : *dirents) {
+      const Known* cached = nullptr;
+      if (was != known_.end()) {
+        const auto hit = was->second.find(d.id);
+        if (hit != was->second.end() && hit->second.inode == d.inode) cached = &hit->second;
+      }
+      Known k;
+      if (cached != nullptr) {
+        k = *cached;
+      } else {
+        const json summary = SummarizeCapture(d.id, d.dir);
+        const auto trigger = summary.find("trigger");
+        k = {d.inode,
+             trigger != summary.end() && trigger->is_string() &&
+                 IsPanicTrigger(trigger->get<std::string>()),
+             ListingOrder(summary), CaptureDiskBytes(d.dir)};
+        // A damaged manifest is not kept: read again next time (it may be mended).
+        if (summary.contains("error")) k.inode = 0;
+      }
+      if (k.inode != 0) now.emplace(d.id, k);
+      mine.emplace_back(
+          k.order, Stored{name, d.id, d.dir, k.panic, k.bytes, k.order == INT64_MAX ? 0 : k.order});
     }
+    std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first < b.first : a.second.id < b.second.id;
+    });
+    for (auto& [order, st] : mine) all.push_back(std::move(st));
   }
+  known_ = std::move(known);
   return all;
 }
 

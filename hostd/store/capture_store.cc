@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <system_error>
 #include <thread>
 
@@ -26,9 +27,6 @@ namespace hvtrace::hostd {
 namespace {
 
 using nlohmann::json;
-
-constexpr std::string_view kManifestName = "manifest.json";
-constexpr size_t kMaxManifestBytes = 16 * 1024 * 1024;
 
 std::string Errno(int err) { return std::strerror(err); }
 
@@ -318,57 +316,6 @@ Status ValidateFileName(std::string_view name) {
     return Error{"invalid capture file name '" + std::string(name) + "'"};
   }
   return {};
-}
-
-Result<std::string> ReadSmallFile(const std::filesystem::path& path, size_t max) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return Error{"cannot open " + path.string() + ": " + Errno(errno)};
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error{"reading " + path.string() + ": " + Errno(errno)};
-    }
-    if (n == 0) break;
-    if (text.size() + static_cast<size_t>(n) > max) {
-      return Error{path.string() + " is larger than " + std::to_string(max) + " bytes"};
-    }
-    text.append(buf, static_cast<size_t>(n));
-  }
-  return text;
-}
-
-// Summarizes a manifest for listings. The file is ours, but a disk or a person
-// may have damaged it, so every member is checked before use.
-json Summarize(const std::string& id, const std::filesystem::path& dir) {
-  json summary = {{"id", id}, {"path", dir.string()}};
-  auto text = ReadSmallFile(dir / std::string(kManifestName), kMaxManifestBytes);
-  if (!text.ok()) {
-    summary["error"] = text.error().message;
-    return summary;
-  }
-  json doc = json::parse(*text, nullptr, false);
-  if (doc.is_discarded() || !doc.is_object()) {
-    summary["error"] = (dir / std::string(kManifestName)).string() + " is not a JSON object";
-    return summary;
-  }
-  for (const char* key : {"vm", "trigger", "totals", "files", "kernel", "recovered"}) {
-    if (auto it = doc.find(key); it != doc.end()) summary[key] = *it;
-  }
-  if (auto ht = doc.find("host_time"); ht != doc.end() && ht->is_object()) {
-    if (auto tr = ht->find("triggered"); tr != ht->end()) summary["triggered"] = *tr;
-  }
-  // Only the crash's kind and reason: a listing stays small.
-  if (auto crash = doc.find("crash"); crash != doc.end() && crash->is_object()) {
-    json brief = json::object();
-    for (const char* key : {"kind", "reason"}) {
-      if (auto it = crash->find(key); it != crash->end() && it->is_string()) brief[key] = *it;
-    }
-    summary["crash"] = std::move(brief);
-  }
-  return summary;
 }
 
 }  // namespace
@@ -666,7 +613,7 @@ Result<CaptureEntry> PendingCapture::Commit(CaptureManifest manifest) {
     // durability across a host crash, so it is reported, not undone.
     ::unlink((final_dir / std::string(kRecoveryRecordName)).c_str());
     Status synced = FsyncDir(captures_dir_);
-    CaptureEntry entry{id, final_dir, Summarize(id, final_dir)};
+    CaptureEntry entry{id, final_dir, SummarizeCapture(id, final_dir)};
     if (!synced.ok()) entry.summary["warning"] = synced.error().message;
     return entry;
   }
@@ -686,42 +633,6 @@ Result<std::unique_ptr<PendingCapture>> CaptureStore::Begin(std::string_view tri
   // observers', so `hvtrace show` works without root).
   ::chmod(tmpl.c_str(), 02750);
   return std::unique_ptr<PendingCapture>(new PendingCapture(captures_dir_, tmpl, base));
-}
-
-Result<std::vector<CaptureEntry>> CaptureStore::List() const {
-  std::vector<CaptureEntry> entries;
-  std::error_code ec;
-  std::filesystem::directory_iterator it(captures_dir_, ec);
-  if (ec) {
-    if (ec == std::errc::no_such_file_or_directory) return entries;
-    return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
-  }
-  for (std::filesystem::directory_iterator end; it != end; it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    std::error_code type_ec;
-    if (name.empty() || name.front() == '.' || !it->is_directory(type_ec)) continue;
-    entries.push_back(CaptureEntry{name, it->path(), {}});
-  }
-  if (ec) return Error{"cannot list " + captures_dir_.string() + ": " + ec.message()};
-  // Names sort by millisecond; within one millisecond (or when a clock was
-  // set back) the manifest's trigger time decides, so the order is the order
-  // of the triggers.
-  std::vector<std::pair<int64_t, CaptureEntry>> keyed;
-  for (auto& e : entries) {
-    e.summary = Summarize(e.id, e.dir);
-    int64_t when = INT64_MAX;
-    const json& t = e.summary.contains("triggered") ? e.summary["triggered"] : json();
-    if (t.is_object() && t.contains("realtime_ns") && t["realtime_ns"].is_number_integer()) {
-      when = t["realtime_ns"].get<int64_t>();
-    }
-    keyed.emplace_back(when, std::move(e));
-  }
-  std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) {
-    return a.first != b.first ? a.first < b.first : a.second.id < b.second.id;
-  });
-  entries.clear();
-  for (auto& [when, e] : keyed) entries.push_back(std::move(e));
-  return entries;
 }
 
 Result<size_t> CaptureStore::Prune(size_t keep) const {

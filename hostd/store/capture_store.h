@@ -106,6 +106,8 @@ struct CaptureManifest {
 // The file a capture directory holds from the moment its region copy is
 // durable until the capture is committed.
 inline constexpr std::string_view kRecoveryRecordName = "recovery.json";
+// A committed capture's description (CaptureManifest::ToJson).
+inline constexpr std::string_view kManifestName = "manifest.json";
 inline constexpr int kManifestVersion = 2;
 
 // One committed capture, as listed.
@@ -114,6 +116,24 @@ struct CaptureEntry {
   std::filesystem::path dir;
   nlohmann::json summary;  // id, trigger, times, totals, files; or "error".
 };
+
+// A committed capture's directory as a listing finds it, before any of its
+// files is read. A committed capture is never changed in place (Commit
+// renames a finished directory into the store), so the same id and inode
+// are the same capture: CaptureBudget reads each one's manifest once.
+struct CaptureDirent {
+  std::string id;  // Directory name.
+  std::filesystem::path dir;
+  uint64_t inode = 0;
+};
+
+// CaptureEntry::summary of the committed capture |id| at |dir|: its manifest,
+// read and checked (a damaged one gives an "error" member).
+nlohmann::json SummarizeCapture(const std::string& id, const std::filesystem::path& dir);
+
+// Where a capture sorts in a listing, before its id: its trigger's realtime
+// ns from |summary|, INT64_MAX when the summary has none.
+int64_t ListingOrder(const nlohmann::json& summary);
 
 // 1..32 characters from [a-z0-9-].
 Status ValidateTrigger(std::string_view trigger);
@@ -220,6 +240,10 @@ class CaptureStore {
   // Committed captures, oldest first. A capture whose manifest cannot be read
   // is listed with an "error" in its summary rather than hidden.
   Result<std::vector<CaptureEntry>> List() const;
+
+  // The committed captures' directories, in no order, none of their files
+  // read: one pass over the store's directory.
+  Result<std::vector<CaptureDirent>> ListDirents() const;
 
   // Removes the oldest captures so that at most |keep| remain (0: keep all).
   // Returns how many were removed.

@@ -188,6 +188,47 @@ TEST(CaptureBudgetTest, BytesPerVmAndTotal) {
   EXPECT_EQ(Triggers(b), (std::vector<std::string>{"panic"}));
 }
 
+// A committed capture is read once (CaptureDirent: the same name and inode),
+// not at every admission; a capture removed, or replaced under its name, is
+// seen at the next listing.
+TEST(CaptureBudgetTest, EachCommittedCaptureIsReadOnceAndTheStoresChangesAreSeen) {
+  TempDir tmp;
+  const fs::path vms = tmp.path() / "vms";
+  CaptureStore store(vms / "vm1/captures");
+  CaptureBudget budget(DiskLimits{}, vms);
+  auto add = [&](const std::string& trigger, int n) {
+    const std::string id = AddCapture(store, "vm1", trigger, n, 4096);
+    auto removed = budget.Prune(store, "vm1", trigger, id, 2);
+    EXPECT_TRUE(removed.ok()) << removed.error().message;
+    return std::make_pair(id, removed.ok() ? *removed : std::vector<std::string>{});
+  };
+  const std::string panic = add("panic", 1).first;
+  // The manifest rewritten in place (same directory): the budget still
+  // knows the capture as the panic it read.
+  const fs::path manifest = store.dir() / panic / "manifest.json";
+  nlohmann::json doc = nlohmann::json::parse(test_support::ReadText(manifest));
+  doc["trigger"] = "reset";
+  std::ofstream(manifest, std::ios::trunc) << doc.dump();
+  const std::string r1 = add("reset", 2).first;
+  auto [r2, removed] = add("reset", 3);
+  EXPECT_EQ(removed, (std::vector<std::string>{"vm1/" + r1}));
+  EXPECT_TRUE(fs::exists(store.dir() / panic));
+  // Replaced under its name (a new directory, so a new inode): read again,
+  // now a reset, the oldest cheap capture.
+  const fs::path fresh = store.dir() / ".replacement";
+  fs::create_directory(fresh);
+  fs::copy_file(manifest, fresh / "manifest.json");
+  fs::remove_all(store.dir() / panic);
+  fs::rename(fresh, store.dir() / panic);
+  auto [r3, removed3] = add("reset", 4);
+  EXPECT_EQ(removed3, (std::vector<std::string>{"vm1/" + panic}));
+  // Removed by hand: no longer counted, so nothing is over the count.
+  fs::remove_all(store.dir() / r2);
+  auto [r4, removed4] = add("reset", 5);
+  EXPECT_TRUE(removed4.empty()) << removed4.front();
+  EXPECT_EQ(Names(store.dir()), (std::vector<std::string>{r3, r4}));
+}
+
 // Captures whose fleet upload is not confirmed (SetUploadPending) are no
 // victims of retention nor of a cheap capture's admission; a panic's
 // admission takes them last; once uploaded they go as before.

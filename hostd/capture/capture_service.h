@@ -61,7 +61,8 @@ struct CaptureRequest {
   // 57}): the VM's supervisor coalesced them instead of capturing each
   // (supervisor.h). Kept as manifest extra.coalesced.
   std::map<std::string, uint64_t> coalesced;
-  // How the daemon's capture queue ran it ({"lane", "waited_for_a_slot"},
+  // How the daemon's capture queue ran it ({"lane", "waited_for_a_slot",
+  // "trigger_to_dispatch_ms", "trigger_to_worker_ms"},
   // capture_queue.h); null when it did not go through one. Kept as manifest
   // extra.queue, with whether it waited for a set of copy buffers.
   nlohmann::json queue;

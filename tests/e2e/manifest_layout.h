@@ -41,7 +41,8 @@ inline void ExpectBootRangeManifestLayout(const nlohmann::json& m,
       << m["region"].dump(2);
   EXPECT_EQ(KeysOf(m["extra"]), extra) << m["extra"].dump(2);
   EXPECT_EQ(KeysOf(m["extra"]["queue"]),
-            (std::set<std::string>{"lane", "waited_for_a_slot", "waited_for_copy_buffers"}))
+            (std::set<std::string>{"lane", "waited_for_a_slot", "waited_for_copy_buffers",
+                                   "trigger_to_dispatch_ms", "trigger_to_worker_ms"}))
       << m["extra"]["queue"].dump(2);
   EXPECT_EQ(KeysOf(m["extra"]["disk"]),
             (std::set<std::string>{"need_bytes", "free_bytes_before", "free_bytes_after_evicting",
@@ -49,8 +50,8 @@ inline void ExpectBootRangeManifestLayout(const nlohmann::json& m,
       << m["extra"]["disk"].dump(2);
   EXPECT_EQ(m["extra"]["transport"]["kind"], transport_kind);
   EXPECT_TRUE(KeysOf(m["extra"]["consistency"]).count("vcpus_stopped")) << m["extra"].dump(2);
-  for (const char* key : {"copy", "region_write_fsync", "trigger_to_region_durable", "decode",
-                          "trigger_to_decoded"}) {
+  for (const char* key : {"trigger_to_begun", "copy", "region_write_fsync",
+                          "trigger_to_region_durable", "decode", "trigger_to_decoded"}) {
     EXPECT_TRUE(m["extra"]["timing_ms"].contains(key))
         << key << " in " << m["extra"]["timing_ms"].dump();
   }

@@ -32,6 +32,10 @@ Status WriteWhole(int fd, std::string_view data, const fs::path& path) {
   return {};
 }
 
+fs::path StagedName(const fs::path& path) {
+  return path.parent_path() / ("." + path.filename().string() + ".tmp");
+}
+
 }  // namespace
 
 Status FsyncDir(const fs::path& dir) {
@@ -42,8 +46,8 @@ Status FsyncDir(const fs::path& dir) {
   return {};
 }
 
-Status WriteFileDurably(const fs::path& path, std::string_view data, mode_t mode) {
-  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp");
+Status StageFileDurably(const fs::path& path, std::string_view data, mode_t mode) {
+  const fs::path tmp = StagedName(path);
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, mode));
   if (fd.get() < 0) return Error{"cannot create " + tmp.string() + ": " + Why(errno)};
   Status written = WriteWhole(fd.get(), data, path);
@@ -53,14 +57,23 @@ Status WriteFileDurably(const fs::path& path, std::string_view data, mode_t mode
   if (written.ok() && fd.Close() != 0) {
     written = Error{"closing " + tmp.string() + " for " + path.string() + ": " + Why(errno)};
   }
-  if (written.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    written = Error{"cannot rename " + tmp.string() + " to " + path.string() + ": " + Why(errno)};
-  }
-  if (!written.ok()) {
+  if (!written.ok()) ::unlink(tmp.c_str());
+  return written;
+}
+
+Status PublishStagedFile(const fs::path& path) {
+  const fs::path tmp = StagedName(path);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
     ::unlink(tmp.c_str());
-    return written;
+    return Error{"cannot rename " + tmp.string() + " to " + path.string() + ": " + Why(err)};
   }
   return FsyncDir(path.parent_path());
+}
+
+Status WriteFileDurably(const fs::path& path, std::string_view data, mode_t mode) {
+  if (Status s = StageFileDurably(path, data, mode); !s.ok()) return s;
+  return PublishStagedFile(path);
 }
 
 }  // namespace hvtrace::hostd

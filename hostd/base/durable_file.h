@@ -23,6 +23,15 @@ namespace hvtrace::hostd {
 Status WriteFileDurably(const std::filesystem::path& path, std::string_view data,
                         mode_t mode = 0640);
 
+// WriteFileDurably in two halves, for a file whose contents can be made
+// durable before the moment it may appear (a capture's recovery record,
+// written while the copy it vouches for is still being made): Stage writes
+// and fsyncs the hidden file, Publish renames it over |path| and fsyncs the
+// directory. A failed Stage removes the hidden file.
+Status StageFileDurably(const std::filesystem::path& path, std::string_view data,
+                        mode_t mode = 0640);
+Status PublishStagedFile(const std::filesystem::path& path);
+
 // fsync of the directory |dir|: makes the names created or renamed in it
 // durable.
 Status FsyncDir(const std::filesystem::path& dir);

@@ -105,8 +105,8 @@ Result<CaptureEntry> Finish(PendingCapture& pending, FormatsService* formats,
                  {"note",
                   "hvtraced stopped after region.bin (or attach-region.bin) was durable and before "
                   "the capture was "
-                  "committed; a later run decoded the copy and committed it (timings after "
-                  "trigger_to_region_durable are that run's)"}};
+                  "committed; a later run decoded the copy and committed it (timings from "
+                  "the decode on are that run's; the copy's are not kept)"}};
   return pending.Commit(std::move(m));
 }
 

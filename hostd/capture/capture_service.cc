@@ -230,8 +230,9 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
     if (Status s = CopyRegionFileStep(*in.region_file, copies.region_file, pending, manifest);
         !s.ok())
       return s;
-    // From here on the capture survives this daemon (Recover).
-    if (Status s = pending.WriteRecoveryRecord(manifest); !s.ok()) return s;
+    // From here on the capture survives this daemon (Recover): the record
+    // CopyRegionFileStep staged beside the copy, put in place.
+    if (Status s = pending.PublishRecoveryRecord(); !s.ok()) return s;
     manifest.extra["timing_ms"]["trigger_to_recoverable"] = MsSince(request.triggered);
   }
   if (in.attach) {

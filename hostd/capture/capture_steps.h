@@ -24,9 +24,11 @@ namespace hvtrace::hostd {
 inline constexpr const char* kRegionFileName = "region.bin";
 inline constexpr const char* kAttachRegionFileName = "attach-region.bin";
 
-// Step 1: |source| → |copy| and region.bin, durable on return. Fills
-// manifest.region (or, when an attach region was described first, moves
-// that to region.attach), kernel.path/formats_key and extra.timing_ms.
+// Step 1: |source| → |copy| and region.bin, durable on return, with the
+// recovery record staged beside it (PendingCapture::PublishRecoveryRecord
+// puts it in place). Fills manifest.region (or, when an attach region was
+// described first, moves that to region.attach), kernel.path/formats_key
+// and extra.timing_ms.
 Status CopyRegionFileStep(const RegionFileSource& source, PageBuffer& copy, PendingCapture& pending,
                           CaptureManifest& manifest);
 

@@ -455,12 +455,22 @@ Status PendingCapture::WriteFile(std::string_view name, std::span<const std::byt
 }
 
 Status PendingCapture::WriteRecoveryRecord(const CaptureManifest& manifest) {
+  if (Status s = StageRecoveryRecord(manifest); !s.ok()) return s;
+  return PublishRecoveryRecord();
+}
+
+Status PendingCapture::StageRecoveryRecord(const CaptureManifest& manifest) {
   if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
   json record = {
       {"format", "hvtrace-capture-recovery"}, {"version", 1}, {"manifest", manifest.ToJson()}};
   const std::string text = record.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
   // Whole or absent (read back by start-up recovery).
-  return WriteFileDurably(temp_dir_ / std::string(kRecoveryRecordName), text);
+  return StageFileDurably(temp_dir_ / std::string(kRecoveryRecordName), text);
+}
+
+Status PendingCapture::PublishRecoveryRecord() {
+  if (done_) return Error{"capture in " + temp_dir_.string() + " is already finished"};
+  return PublishStagedFile(temp_dir_ / std::string(kRecoveryRecordName));
 }
 
 Result<PendingCapture::RegionCopyStats> PendingCapture::CopyRegion(

@@ -187,6 +187,12 @@ class PendingCapture {
   // raw copy is durable, so a daemon that dies before Commit leaves a capture
   // the next run can finish.
   Status WriteRecoveryRecord(const CaptureManifest& manifest);
+  // The same in two halves (durable_file.h): Stage writes and fsyncs the
+  // record under a hidden name and may run while the copy is being made (on
+  // another thread; it touches nothing the copy does); Publish, once the
+  // copy is durable, renames it in and fsyncs the directory.
+  Status StageRecoveryRecord(const CaptureManifest& manifest);
+  Status PublishRecoveryRecord();
 
   // Writes manifest.json (listing the finished files and their sizes),
   // fsyncs it and every file it lists, then the directory, in one flush

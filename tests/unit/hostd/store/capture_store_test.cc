@@ -216,6 +216,38 @@ TEST(CaptureStoreTest, IncompleteCapturesAreListedAndCanBeTakenOver) {
   EXPECT_TRUE(fs::exists(entry->dir / "region.bin"));
 }
 
+// The recovery record staged beside the copy (StageRecoveryRecord) makes
+// nothing durable: a capture that fails before PublishRecoveryRecord, or is
+// dropped, leaves nothing; once published it is kept for the next start.
+TEST(CaptureStoreTest, AStagedRecoveryRecordCountsOnlyOncePublished) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "c");
+  CaptureManifest m;
+  m.vm = "vm1";
+  m.trigger = "panic";
+  m.triggered = HostTime::Now();
+  {
+    auto p = store.Begin("panic", m.triggered);
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE((*p)->StageRecoveryRecord(m).ok());
+    ASSERT_TRUE((*p)->WriteFile("region.bin", Bytes(10, 0)).ok());
+    EXPECT_FALSE((*p)->durable());
+  }
+  auto left = store.ListIncomplete();
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left->empty()) << left->front();
+  auto p = store.Begin("panic", m.triggered);
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE((*p)->StageRecoveryRecord(m).ok());
+  ASSERT_TRUE((*p)->WriteFile("region.bin", Bytes(10, 0)).ok());
+  ASSERT_TRUE((*p)->PublishRecoveryRecord().ok());
+  EXPECT_TRUE((*p)->durable());
+  const fs::path dir = (*p)->dir();
+  EXPECT_EQ(DirNames(dir), (std::vector<std::string>{"recovery.json", "region.bin"}));
+  p->reset();
+  EXPECT_TRUE(fs::exists(dir / "recovery.json")) << "kept for the next start";
+}
+
 TEST(CaptureStoreTest, VmNamesAreValidated) {
   EXPECT_TRUE(ValidateVmName("vm-1.test_A").ok());
   EXPECT_FALSE(ValidateVmName("").ok());

@@ -28,7 +28,7 @@
 # that changes no file does not rebuild); when it matches and the .debs are
 # there, nothing is built. ccache is used when installed (in a root: always,
 # its cache in ${HVTRACE_CACHE_DIR:-~/.cache/hvtrace}/ccache-SUITE); the
-# copy is always at the same path (${TMPDIR:-/tmp}/hvtrace-pkg-build on the
+# copy is always at the same path (${TMPDIR:-/var/tmp}/hvtrace-pkg-build on the
 # host, /build in a root; one build per suite at a time, under a lock) so
 # that the compiler's -ffile-prefix-map argument, and with it ccache's key,
 # stays the same.
@@ -144,8 +144,12 @@ if [ "$have_all" = 1 ] && [ -f "$out/.stamp" ] && [ "$(cat "$out/.stamp")" = "$s
 fi
 
 # One build per suite at a time (the fixed path is ccache's key); a host
-# build and a root build may run side by side.
-work="${TMPDIR:-/tmp}/hvtrace-pkg-build"
+# build and a root build may run side by side. /var/tmp, not /tmp: Debian 13
+# mounts /tmp as a tmpfs (tmp.mount: half of RAM; in a systemd-nspawn
+# container a tenth, 2.4 GB on this 24 GB machine), and a build with
+# Debian's -g filled that ("No space left on device" in dh_install,
+# tests/tools/release-demo.sh trixie, 2026-12-04).
+work="${TMPDIR:-/var/tmp}/hvtrace-pkg-build"
 [ "$in_root" = 0 ] || work="$work-$suite"
 mkdir -p "$work"
 exec 9>"$work.lock"

@@ -29,10 +29,6 @@ json& Timing(CaptureManifest& manifest) {
   return manifest.extra["timing_ms"];
 }
 
-}  // namespace
-
-namespace {
-
 // |pending|'s recovery record, staged (written and fsynced, not yet in
 // place) on a thread of its own while the copy runs; inline when no thread
 // is to be had.

@@ -48,9 +48,25 @@ std::vector<TimelineSource> TimelineSources(const fs::path& dir) {
 
 namespace {
 
-// trace-cmd's line without its time stamp field: "comm-pid [cpu] TS: rest"
-// -> "comm-pid [cpu] rest".
-std::string WithoutTimestamp(std::string_view line) {
+// trace-cmd 3.3's latency column ("d.h2.": irqs off, need-resched, hard or
+// soft irq, preempt depth, migrate-disable), which runs into the time stamp.
+constexpr size_t kLatencyWidth = 5;
+
+bool IsTimeStamp(std::string_view t) {
+  return !t.empty() &&
+         std::all_of(t.begin(), t.end(), [](char c) { return (c >= '0' && c <= '9') || c == '.'; });
+}
+
+bool IsLatencyColumn(std::string_view t) {
+  return t.size() == kLatencyWidth && std::all_of(t.begin(), t.end(), [](char c) {
+           return std::string_view(".dDXNnpHhsSbB0123456789abcdef").find(c) !=
+                  std::string_view::npos;
+         });
+}
+
+}  // namespace
+
+std::string TimelineEventText(std::string_view line) {
   for (size_t open = line.find('['); open != std::string_view::npos;
        open = line.find('[', open + 1)) {
     size_t i = open + 1;
@@ -58,17 +74,24 @@ std::string WithoutTimestamp(std::string_view line) {
     if (i == open + 1 || i >= line.size() || line[i] != ']') continue;
     size_t j = i + 1;
     while (j < line.size() && line[j] == ' ') ++j;
-    const size_t ts = j;
-    while (j < line.size() && ((line[j] >= '0' && line[j] <= '9') || line[j] == '.')) ++j;
-    if (j == ts || j >= line.size() || line[j] != ':') continue;
+    const size_t colon = line.find(':', j);
+    if (colon == std::string_view::npos) continue;
+    const std::string_view field = line.substr(j, colon - j);
+    // 3.1: "TS"; 3.3: "LLLLLTS" (ns, six digits at least).
+    const bool stamp = IsTimeStamp(field) || (field.size() >= kLatencyWidth + 6 &&
+                                              IsLatencyColumn(field.substr(0, kLatencyWidth)) &&
+                                              IsTimeStamp(field.substr(kLatencyWidth)));
+    if (!stamp) continue;
     std::string out(line.substr(0, i + 1));
-    out += line.substr(j + 1);
+    out += line.substr(colon + 1);
     const size_t first = out.find_first_not_of(' ');
     return first == std::string::npos ? out : out.substr(first);
   }
   const size_t first = line.find_first_not_of(' ');
   return std::string(first == std::string_view::npos ? line : line.substr(first));
 }
+
+namespace {
 
 std::string Header(const fs::path& dir, const json& manifest) {
   std::error_code ec;
@@ -150,7 +173,7 @@ int ShowTimeline(const fs::path& dir, const json& manifest, int fd) {
         sources[s].path.string(), options, [&](uint64_t ts, std::string_view text) {
           while (!text.empty()) {
             const size_t nl = text.find('\n');
-            per_source[s].push_back({ts, s, seq++, WithoutTimestamp(text.substr(0, nl))});
+            per_source[s].push_back({ts, s, seq++, TimelineEventText(text.substr(0, nl))});
             text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
           }
           return true;

@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hvtrace::cli {
@@ -38,6 +39,12 @@ std::vector<TimelineSource> TimelineSources(const std::filesystem::path& dir);
 // |ns| as seconds with six decimals ("1795554630.485217"), as trace-cmd
 // prints time stamps.
 std::string SecondsText(uint64_t ns);
+
+// trace-cmd's event line without its time stamp field: "comm-pid [cpu] TS:
+// rest" -> "comm-pid [cpu] rest". TS is trace-cmd 3.1's seconds, or 3.3's
+// latency column run into the nanoseconds ("d..1.1796406799009946109").
+// A line with no such field is returned as it is (leading blanks dropped).
+std::string TimelineEventText(std::string_view line);
 
 // Prints |dir|'s timeline to |fd|. Exit status as `hvtrace show`.
 int ShowTimeline(const std::filesystem::path& dir, const nlohmann::json& manifest, int fd);

@@ -30,8 +30,9 @@ PACKAGES=(
   scdoc debhelper dpkg-dev fakeroot lintian bash-completion systemd libxml2-dev
   # The service test boots systemd in a container (tests/service/).
   systemd-container
-  # Fleet upload (hostd/fleet/): libcurl's SigV4; a single-node Ceph with radosgw in tests.
-  libcurl4-openssl-dev ceph-mon ceph-mgr ceph-osd radosgw ceph-common
+  # Fleet upload (hostd/fleet/): libcurl's SigV4; a single-node Ceph with radosgw in tests,
+  # which curl asks (tests/e2e/ceph_fixture.cc: a fresh Debian 13 has no curl).
+  libcurl4-openssl-dev ceph-mon ceph-mgr ceph-osd radosgw ceph-common curl
   # protoc --decode_raw checks that `hvtrace show --format perfetto` files are
   # well-formed protobuf (tests/unit/shared/decode/perfetto_writer_test.cc).
   protobuf-compiler

@@ -400,6 +400,12 @@ if [ -x "$suite" ]; then
     wait "${pids[$shard]}"
     status=$?
     grep -E '^\[  (PASSED|FAILED)  \]' "$suite.$shard.log" || tail -n 40 "$suite.$shard.log"
+    # A non-zero exit after its tests passed (a sanitizer's report at exit,
+    # a leak): what the process printed outside its tests says why.
+    if [ "$status" -ne 0 ]; then
+      echo "--- shard $shard exited $status; its output outside the tests' lines:"
+      grep -vE '^\[' "$suite.$shard.log" | tail -n 60
+    fi
     printf 'gtest\tsanitizers\t%s\t%s\n' "$status" "$RESULTS/sanitizers-$shard.xml" >>"$RESULTS_FILE"
   done
 else

@@ -7,8 +7,11 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   # libclang-rt-dev: the sanitizer runtimes of the default clang (14 on
-  # bookworm, 19 on trixie, which has no libclang-rt-14-dev).
-  clang libclang-rt-dev clang-format lld
+  # bookworm, 19 on trixie, which has no libclang-rt-14-dev). llvm: its
+  # llvm-symbolizer names a sanitizer report's frames, and LeakSanitizer's
+  # suppressions (tests/unit/lsan_suppressions.cc) match those names; a fresh
+  # Debian 13 has none, and libtracecmd's known leak then failed the run.
+  clang libclang-rt-dev clang-format lld llvm
   libboost-dev libboost-system-dev
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev

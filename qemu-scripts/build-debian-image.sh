@@ -276,7 +276,7 @@ EOF
     cp "$AGENT_DEB" "$rootfs/tmp/hvtrace-agent.deb"
     chroot "$rootfs" dpkg -i /tmp/hvtrace-agent.deb >&2
     # The README's guest step installs it from root's home, "copied from
-    # the host's build/packages" (tests/service/libvirt_readme_test.sh).
+    # the host's build-packages.sh output" (tests/service/libvirt_readme_test.sh).
     mv "$rootfs/tmp/hvtrace-agent.deb" "$rootfs/root/$(basename "$AGENT_DEB")"
     chroot "$rootfs" systemctl enable hvtrace-demo-marker.service >&2
     [ "$(chroot "$rootfs" systemctl is-enabled hvtrace-agent.service)" = enabled ] ||

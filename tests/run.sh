@@ -127,6 +127,14 @@ if command -v ccache >/dev/null; then
   LAUNCHER=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
 started=$(date +%s)
+# The host's Debian release and the other one the suite builds and tests
+# packages for (bookworm and trixie, either way round).
+HOST_SUITE=$( (. /etc/os-release && echo "${VERSION_CODENAME:-}") 2>/dev/null)
+case $HOST_SUITE in
+  trixie) OTHER_SUITE=bookworm ;;
+  *) OTHER_SUITE=trixie ;;
+esac
+[ -n "$HOST_SUITE" ] || fatal "host release (no VERSION_CODENAME in /etc/os-release)"
 
 # Debian 13's QEMU for the Qemu10.* e2e tests: mmdebstrap trixie, cached like
 # the package roots (tests/tools/debian-root.sh; cold ~35 s, warm: instant).
@@ -138,8 +146,8 @@ qemu10_root() {
 # What later steps and tests fetch from Debian's archive, fetched beside the
 # gcc build: the guest kernels (every kind the e2e tests ask build-guest.sh
 # for, into a scratch directory: the downloads, unpacked packages, headers
-# and test modules are cached), the Debian images' package roots, the trixie
-# build root and the QEMU 10 root. They need the cores too (dpkg, xz), so
+# and test modules are cached), the Debian images' package roots, the other
+# release's build root and the QEMU 10 root. They need the cores too (dpkg, xz), so
 # they run at nice 10: the compiler keeps its pace and they take what it
 # leaves. Clean clone, empty HOME, 2026-12-04 (7437a9e): they ended 132-573 s
 # in, beside a 510 s gcc build; the steps that made them cold on 2026-12-03
@@ -151,10 +159,10 @@ timed() {  # timed NAME CMD...: CMD, then a line with its status and wall time
   "${@:2}" >/dev/null || status=$?
   echo "prefetch: $1: exit $status after $((SECONDS - t0)) s"
 }
-prefetch() {
+prefetch() {  # prefetch OTHER_SUITE
   local scratch=build/prefetch
   rm -rf "$scratch" && mkdir -p "$scratch"
-  timed "trixie build root" scripts/build-packages.sh --suite trixie --root-only &
+  timed "$1 build root" scripts/build-packages.sh --suite "$1" --root-only &
   timed "QEMU 10 root" qemu10_root &
   {
     # 6.1 has no test modules (its headers name no kbuild package).
@@ -177,7 +185,7 @@ trap stop_background_jobs EXIT
 # -m: each background job in its own process group, so that
 # stop_background_jobs ends what it started too.
 set -m
-nice -n 10 bash -c "$(declare -f timed prefetch qemu10_root); prefetch" >build/prefetch.log 2>&1 &
+nice -n 10 bash -c "$(declare -f timed prefetch qemu10_root); prefetch $OTHER_SUITE" >build/prefetch.log 2>&1 &
 PREFETCH_PID=$!
 set +m
 
@@ -248,47 +256,49 @@ background_package_roots() {
   ROOTS_PIDS+=($!)
   set +m
 }
-# The .debs (debian/), built from a copy of the tree into build/packages
-# for this host's release, and into build/packages-trixie for Debian 13 in a
-# trixie build root (cold: the root ~1.5 min and a compile without ccache;
-# warm: seconds); each cached by tree hash. Then the packaging test of each:
-# contents, systemd-analyze verify, lintian, install into a throwaway root
-# of its release (tests/packaging/README.md). Status 75: Debian's archive is
-# unreachable and no trixie build root is cached; its packaging test is
-# left out then.
+# The .debs (debian/) for both releases, built from a copy of the tree into
+# build/packages-SUITE: the host's release on the host, the other one in a
+# clean build root of it (cold: the root ~1.5 min and a compile without
+# ccache; warm: seconds); each cached by tree hash. Then the packaging test of
+# each: contents, systemd-analyze verify, lintian, install into a throwaway
+# root of its release (tests/packaging/README.md); the service tests boot
+# each in a container of its release. A set that did not build leaves its
+# tests out (its build failure is recorded). Status 75: Debian's archive is
+# unreachable and no build root of that release is cached.
 # Both without the dbgsym package (90 MB of debug info, compressed and
 # packed: most of a warm rebuild): these .debs are only tested, never
 # shipped from here; the README's users build theirs with the script.
 export DEB_BUILD_OPTIONS="noautodbgsym ${DEB_BUILD_OPTIONS:-}"
-host_packages=0
-if scripts/build-packages.sh build/packages; then
-  record "packages build" 0
-  host_packages=1
-  background_package_roots build/packages
-else
-  record "packages build" 1
-fi
-status=0
-scripts/build-packages.sh --suite trixie build/packages-trixie || status=$?
-if [ "$status" -eq 75 ] && ! on_ci; then
-  record_skip "packages build (trixie)" "offline: Debian's archive unreachable, no trixie build root cached (CI=true: a failure)"
-else
-  record "packages build (trixie)" "$status"
-fi
-[ "$status" -ne 0 ] || background_package_roots build/packages-trixie
-# The packaging test of each set of packages that was built.
-if [ "$host_packages" = 1 ] || [ "$status" -eq 0 ]; then
-  package_tests=()
-  [ "$host_packages" = 1 ] || package_tests=(-E '^PackagingTest$')
-  [ "$status" -eq 0 ] || package_tests=(-E '^PackagingTest\.trixie$')
-  run_ctest package "${package_tests[@]}"
-fi
-if [ "$host_packages" = 1 ]; then
+declare -A package_status
+not_built=()
+for suite in "$HOST_SUITE" "$OTHER_SUITE"; do
+  status=0
+  scripts/build-packages.sh --suite "$suite" "build/packages-$suite" || status=$?
+  if [ "$status" -eq 75 ] && ! on_ci; then
+    record_skip "packages build ($suite)" "offline: Debian's archive unreachable, no $suite build root cached (CI=true: a failure)"
+  else
+    record "packages build ($suite)" "$status"
+  fi
+  package_status[$suite]=$status
+  if [ "$status" -eq 0 ]; then
+    background_package_roots "build/packages-$suite"
+  else
+    # The tests of this set (tests/CMakeLists.txt: bookworm's have no suffix).
+    case $suite in bookworm) not_built+=('^(Packaging|Service)Test$') ;; *) not_built+=("^(Packaging|Service)Test\\.$suite\$") ;; esac
+  fi
+done
+if [ "${#not_built[@]}" -lt 2 ]; then
+  skip_unbuilt=()
+  [ "${#not_built[@]}" -eq 0 ] || skip_unbuilt=(-E "${not_built[0]}")
+  run_ctest package "${skip_unbuilt[@]}"
   # systemd as PID 1 in a container runs the packaged unit; a guest end to end.
   # One container per release, both at once (each mostly one TCG guest).
-  run_ctest service -j"$JOBS"
-  # The Debian guest image and its e2e tests install the agent from its .deb.
-  agent_deb=$(ls build/packages/hvtrace-agent_*.deb | head -n1)
+  run_ctest service -j"$JOBS" "${skip_unbuilt[@]}"
+fi
+if [ "${package_status[$HOST_SUITE]}" -eq 0 ]; then
+  # The Debian guest images and their e2e tests install the agent (static,
+  # the same for either release) from the host's .deb.
+  agent_deb=$(ls "build/packages-$HOST_SUITE"/hvtrace-agent_*.deb | head -n1)
   export HVTRACE_AGENT_DEB="$ROOT/$agent_deb"
 fi
 if [ -x qemu-scripts/build-debian-image.sh ]; then

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <string_view>
@@ -25,6 +26,7 @@
 #include "hvtrace/tep_symbols.h"
 #include "line_prefix.h"
 #include "num_expr.h"
+#include "tep_setup.h"
 
 namespace hvtrace {
 namespace {
@@ -105,15 +107,22 @@ struct EventDecoder::Impl {
   tep_handle* tep = nullptr;
   tep_plugin_list* plugins = nullptr;
   std::vector<std::string> warnings;
-  // Set in a follower (CreateFollower): whose trial runs to trust.
+  // Set in a follower (CreateFollower): the decoder whose parsed formats,
+  // symbols and trial runs it takes, and the metadata both were made from.
   const Impl* leader = nullptr;
+  const std::vector<FormatText>* leader_formats = nullptr;
+
+  static Result<std::unique_ptr<Impl>> New(const TraceMetadata& metadata);
+  void Finish(const TraceMetadata& metadata, const TepSymbols* built);
   std::unordered_map<uint32_t, std::unique_ptr<EventInfo>> events;
   std::vector<EventInfo*> by_id;  // Dense index for the hot path.
   std::vector<unsigned char> scratch;
   std::unique_ptr<SymbolCache> symbols;
   // The file's kallsyms as libtraceevent's function resolver; null when
   // libtraceevent parsed it itself (TepSymbols::Build refused the text).
-  std::unique_ptr<TepSymbols> kernel_symbols;
+  // A follower uses its leader's.
+  const TepSymbols* kernel_symbols = nullptr;
+  std::unique_ptr<TepSymbols> own_symbols;
   // Print-format atoms naming symbols (RegisterSymbolAtoms): every name
   // seen, and the values compiled printers may use.
   std::unordered_set<std::string> atom_names;
@@ -156,6 +165,42 @@ struct EventDecoder::Impl {
   }
 
   EventInfo* Find(uint32_t id) const { return id < by_id.size() ? by_id[id] : nullptr; }
+
+  // Adds event |format| (parsed from |text|, metadata.formats[|index|]);
+  // false when its id is taken.
+  bool AddEvent(EventFormat format, const FormatText& text, size_t index) {
+    const uint32_t id = format.id;
+    auto info = std::make_unique<EventInfo>();
+    info->format = std::move(format);
+    info->text = text.text;
+    info->trial_passed = text.trial_passed;
+    info->source_index = index;
+    for (const FieldFormat& f : info->format.fields) {
+      info->min_size = std::max(info->min_size, f.offset + f.size);
+    }
+    const std::string& name = info->format.name;
+    info->name_column = " " + name + ": ";
+    if (name.size() < 20) info->name_column.append(20 - name.size(), ' ');
+    info->name_plain = LinePrefix::PlainAscii(info->name_column);
+    EventInfo* raw = info.get();
+    if (!events.emplace(id, std::move(info)).second) return false;
+    if (id < by_id.size()) by_id[id] = raw;
+    return true;
+  }
+
+  // Event |id|; in a follower, made on its first record from the leader's
+  // parsed format (a follower parses none at Create: ParseEventFormat of
+  // every format was 136 M instructions of `hvtrace report` on
+  // bench/large.dat, for the few dozen a trace uses). The leader's format
+  // does not change after its Create, so another thread may copy it.
+  EventInfo* Event(uint32_t id) {
+    EventInfo* info = Find(id);
+    if (info != nullptr || leader == nullptr || id >= by_id.size()) return info;
+    const EventInfo* theirs = leader->Find(id);
+    if (theirs == nullptr) return nullptr;
+    AddEvent(theirs->format, (*leader_formats)[theirs->source_index], theirs->source_index);
+    return Find(id);
+  }
 
   // What Load and the trial run need before the parse (once per copy of
   // |info|: the trial child calls it on its own copy).
@@ -291,17 +336,17 @@ struct EventDecoder::Impl {
   }
   void Unstage(uint32_t n) { std::memset(scratch.data(), 0, n); }
 
-  uint32_t ReadU16(size_t off) const {
-    const unsigned char* p = scratch.data() + off;
+  static uint32_t U16At(const unsigned char* p, bool little_endian) {
     return little_endian ? (p[0] | p[1] << 8) : (p[1] | p[0] << 8);
   }
-  int32_t ReadS32(size_t off) const {
-    const unsigned char* p = scratch.data() + off;
+  static int32_t S32At(const unsigned char* p, bool little_endian) {
     uint32_t v = little_endian
                      ? (p[0] | p[1] << 8 | p[2] << 16 | static_cast<uint32_t>(p[3]) << 24)
                      : (p[3] | p[2] << 8 | p[1] << 16 | static_cast<uint32_t>(p[0]) << 24);
     return static_cast<int32_t>(v);
   }
+  uint32_t ReadU16(size_t off) const { return U16At(scratch.data() + off, little_endian); }
+  int32_t ReadS32(size_t off) const { return S32At(scratch.data() + off, little_endian); }
 
   std::optional<LinePrefix> prefix;  // Set in Create.
 
@@ -368,96 +413,26 @@ TraceMetadata TraceMetadataFrom(const TraceDat& dat) {
   return m;
 }
 
-namespace {
-
-// trace-cmd prints times as sec.usec only for clocks that count nanoseconds
-// (trace-input.c, extract_trace_clock); for others it prints the raw count.
-bool ClockInNanoseconds(const std::string& trace_clock) {
-  std::string clock;
-  if (size_t open = trace_clock.find('['); open != std::string::npos) {
-    size_t close = trace_clock.find(']', open);
-    clock = trace_clock.substr(open + 1,
-                               close == std::string::npos ? std::string::npos : close - open - 1);
-  } else {
-    size_t end = trace_clock.find_first_of(" \n\t");
-    clock = trace_clock.substr(0, end);
-  }
-  if (clock.empty()) return true;  // No clock recorded: trace-cmd keeps usecs.
-  return clock == "local" || clock == "global" || clock == "uptime" || clock == "perf" ||
-         clock.starts_with("mono") || clock == "x86-tsc-nsec" || clock == "tai";
-}
-
-// printk_formats ("0xADDR : \"FORMAT\"" per line, as the kernel writes
-// them) registered one by one instead of through tep_parse_printk_formats:
-// libtraceevent 1.7's parser reads past a line's end when it has no ':'
-// (strdup(fmt + 1)), and tep_register_print_string strips the quotes and a
-// trailing "\n" by stepping back two bytes from the end, before the string's
-// start for a format under two characters (found by the perfetto_export
-// fuzzer under ASan: tests/fixtures/fuzz/tracedat/short-printk-format.dat).
-// Lines of any other shape, and formats too short to name anything, are
-// left out: a trace.dat is hostile input.
-void LoadPrintkFormats(tep_handle* tep, std::string_view text) {
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
-    std::string_view line = text.substr(pos, end - pos);
-    pos = end + 1;
-    const size_t sep = line.find(" : ");
-    if (sep == std::string_view::npos || sep == 0) continue;
-    std::string addr(line.substr(0, sep));
-    char* after = nullptr;
-    errno = 0;
-    const unsigned long long value = std::strtoull(addr.c_str(), &after, 16);
-    if (errno != 0 || after != addr.c_str() + addr.size() || !std::isxdigit(addr[0])) continue;
-    std::string_view fmt = line.substr(sep + 3);
-    if (fmt.size() < 4 || fmt.front() != '"' || fmt.back() != '"') continue;
-    if (fmt.find('\0') != std::string_view::npos) continue;
-    tep_register_print_string(tep, std::string(fmt).c_str(), value);
-  }
-}
-
-// saved_cmdlines as trace-cmd parses it (trace-util.c): "pid comm" per line,
-// registered in file order; later duplicates are ignored.
-void LoadCmdlines(tep_handle* tep, const std::string& text) {
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(pos, end - pos);
-    pos = end + 1;
-    char* after = nullptr;
-    long pid = std::strtol(line.c_str(), &after, 10);
-    if (after == line.c_str() || *after != ' ') continue;
-    std::string comm(after + 1);
-    if (comm.empty() || pid < 0 || pid > INT32_MAX) continue;
-    tep_register_comm(tep, comm.c_str(), static_cast<int>(pid));
-  }
-}
-
-}  // namespace
-
-Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& metadata) {
+// libtraceevent's handle, set up as trace-cmd sets it up (tracecmd_alloc_fd:
+// plugins first, then the file's description), without formats or symbols.
+Result<std::unique_ptr<EventDecoder::Impl>> EventDecoder::Impl::New(const TraceMetadata& metadata) {
   auto impl = std::make_unique<Impl>();
   const std::string& src = metadata.source;
   if (metadata.long_size != 4 && metadata.long_size != 8) {
     return Error{src + ": unsupported long size " + std::to_string(metadata.long_size)};
   }
-  std::unique_lock<std::mutex> parser_lock(ParserMutex());
+  std::lock_guard<std::mutex> parser_lock(ParserMutex());
   impl->tep = tep_alloc();
   if (impl->tep == nullptr) return Error{src + ": out of memory"};
   tep_handle* tep = impl->tep;
   impl->little_endian = !metadata.big_endian;
   impl->time_in_usecs = ClockInNanoseconds(metadata.trace_clock);
   impl->prefix.emplace(impl->time_in_usecs);
-  // Same order as trace-cmd (tracecmd_alloc_fd): plugins first, then the
-  // file's description.
   impl->plugins = tep_load_plugins(tep);
   tep_set_file_bigendian(tep, metadata.big_endian ? TEP_BIG_ENDIAN : TEP_LITTLE_ENDIAN);
   tep_set_local_bigendian(tep, TEP_LITTLE_ENDIAN);
   tep_set_long_size(tep, static_cast<int>(metadata.long_size));
   tep_set_page_size(tep, static_cast<int>(metadata.page_size));
-
   if (Result<std::vector<FieldFormat>> hp = ParseHeaderPage(metadata.header_page); !hp.ok()) {
     impl->warnings.push_back(src + ": " + hp.error().message);
   } else {
@@ -465,38 +440,19 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
     tep_parse_header_page(tep, text.data(), static_cast<unsigned long>(text.size()),
                           static_cast<int>(metadata.long_size));
   }
-  parser_lock.unlock();
+  impl->source = src;
+  impl->source_formats = metadata.formats.size();
+  return impl;
+}
 
-  for (const FormatText& ft : metadata.formats) {
-    Result<EventFormat> parsed = ParseEventFormat(ft.system, ft.text);
-    if (!parsed.ok()) {
-      impl->warnings.push_back(src + ": " + parsed.error().message);
-      continue;
-    }
-    uint32_t id = parsed->id;
-    if (impl->events.contains(id)) {
-      impl->warnings.push_back(src + ": event id " + std::to_string(id) + " (" + ft.system + "/" +
-                               parsed->name + ") defined twice; keeping the first");
-      continue;
-    }
-    auto info = std::make_unique<EventInfo>();
-    info->format = std::move(*parsed);
-    info->text = ft.text;
-    info->trial_passed = ft.trial_passed;
-    info->source_index = static_cast<size_t>(&ft - metadata.formats.data());
-    for (const FieldFormat& f : info->format.fields) {
-      info->min_size = std::max(info->min_size, f.offset + f.size);
-    }
-    const std::string& name = info->format.name;
-    info->name_column = " " + name + ": ";
-    if (name.size() < 20) info->name_column.append(20 - name.size(), ' ');
-    info->name_plain = LinePrefix::PlainAscii(info->name_column);
-    impl->events.emplace(id, std::move(info));
-  }
+// The rest of Create, once the events are known (|by_id| sized): symbols
+// (|built| from the kallsyms by TepSymbols::Build; null when it refused
+// them), printk formats, comms, scratch.
+void EventDecoder::Impl::Finish(const TraceMetadata& metadata, const TepSymbols* built) {
   if (!metadata.kallsyms.empty()) {
-    impl->kernel_symbols = TepSymbols::Build(metadata.kallsyms);
-    if (impl->kernel_symbols != nullptr) {
-      impl->kernel_symbols->Install(tep);
+    kernel_symbols = built;
+    if (built != nullptr) {
+      built->Install(tep);
     } else {
       tep_parse_kallsyms(tep, metadata.kallsyms.c_str());
     }
@@ -506,33 +462,72 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
     LoadPrintkFormats(tep, metadata.printk_formats);
   }
   LoadCmdlines(tep, metadata.cmdlines);
+  symbols = std::make_unique<SymbolCache>(tep);
+  scratch.assign(kScratchSize, 0);
+  trace_seq_init(&seq);
+}
 
+Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& metadata) {
+  Result<std::unique_ptr<Impl>> made = Impl::New(metadata);
+  if (!made.ok()) return made.error();
+  std::unique_ptr<Impl> impl = std::move(*made);
+  // The kallsyms table is built on a thread of its own while the formats
+  // are parsed: each was about 100 M instructions of `hvtrace report` on
+  // bench/large.dat (callgrind), before its first record.
+  std::future<std::unique_ptr<TepSymbols>> symbols;
+  if (!metadata.kallsyms.empty()) {
+    symbols = std::async(std::launch::async,
+                         [&metadata] { return TepSymbols::Build(metadata.kallsyms); });
+  }
+  const std::string& src = metadata.source;
   uint32_t max_id = 0;
-  for (auto& [id, info] : impl->events) max_id = std::max(max_id, id);
+  for (const FormatText& ft : metadata.formats) {
+    Result<EventFormat> parsed = ParseEventFormat(ft.system, ft.text);
+    if (!parsed.ok()) {
+      impl->warnings.push_back(src + ": " + parsed.error().message);
+      continue;
+    }
+    const uint32_t id = parsed->id;
+    const std::string name = parsed->name;
+    if (!impl->AddEvent(std::move(*parsed), ft,
+                        static_cast<size_t>(&ft - metadata.formats.data()))) {
+      impl->warnings.push_back(src + ": event id " + std::to_string(id) + " (" + ft.system + "/" +
+                               name + ") defined twice; keeping the first");
+      continue;
+    }
+    max_id = std::max(max_id, id);
+  }
   impl->by_id.assign(impl->events.empty() ? 0 : max_id + 1, nullptr);
-  impl->symbols = std::make_unique<SymbolCache>(tep);
   for (auto& [id, info] : impl->events) impl->by_id[id] = info.get();
-  impl->source = src;
-  impl->source_formats = metadata.formats.size();
-  impl->scratch.assign(kScratchSize, 0);
-  trace_seq_init(&impl->seq);
+  if (symbols.valid()) impl->own_symbols = symbols.get();
+  impl->Finish(metadata, impl->own_symbols.get());
   return std::unique_ptr<EventDecoder>(new EventDecoder(std::move(impl)));
 }
 
-void EventDecoder::Follow(const EventDecoder& leader) {
-  impl_->leader = leader.impl_.get();
-  impl_->fast_paths = leader.impl_->fast_paths;
+Result<std::unique_ptr<EventDecoder>> EventDecoder::CreateFollower(const EventDecoder& leader,
+                                                                   const TraceMetadata& metadata) {
+  Result<std::unique_ptr<Impl>> made = Impl::New(metadata);
+  if (!made.ok()) return made.error();
+  std::unique_ptr<Impl> impl = std::move(*made);
+  const Impl& theirs = *leader.impl_;
+  impl->leader = &theirs;
+  impl->leader_formats = &metadata.formats;
+  impl->fast_paths = theirs.fast_paths;
+  impl->by_id.assign(theirs.by_id.size(), nullptr);
+  impl->Finish(metadata, theirs.kernel_symbols);
+  return std::unique_ptr<EventDecoder>(new EventDecoder(std::move(impl)));
 }
 
 bool EventDecoder::PrepareText(DecodedRecord* record) {
   Impl& m = *impl_;
-  // The same reads as AppendText: id and pid from the zero-padded scratch.
+  // The same values AppendText reads from its zero-padded copy, from a
+  // zero-padded copy of the first 8 bytes (the type and the pid).
   const size_t size = std::min(record->payload.size(), kMaxPayload);
-  const uint32_t staged = m.Stage(record->payload.first(std::min<size_t>(size, 8)));
-  const uint32_t id = size >= 2 ? m.ReadU16(0) : 0;
-  const int pid = m.ReadS32(4);
-  m.Unstage(staged);
-  EventInfo* info = size >= 2 ? m.Find(id) : nullptr;
+  unsigned char head[8] = {};
+  if (size != 0) std::memcpy(head, record->payload.data(), std::min<size_t>(size, sizeof head));
+  const uint32_t id = Impl::U16At(head, m.little_endian);
+  const int pid = Impl::S32At(head + 4, m.little_endian);
+  EventInfo* info = size >= 2 ? m.Event(id) : nullptr;
   if (info != nullptr && !info->loaded) m.Load(info);
   if (info == nullptr || (info->event == nullptr && !info->raw_only)) return false;
   if (record->comm == nullptr) record->comm = m.Comm(pid);
@@ -614,7 +609,7 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
   }
   uint32_t size = m.Stage(record.payload);
   uint32_t id = size >= 2 ? m.ReadU16(0) : 0;
-  EventInfo* info = size >= 2 ? m.Find(id) : nullptr;
+  EventInfo* info = size >= 2 ? m.Event(id) : nullptr;
   if (info != nullptr && !info->loaded) m.Load(info);
   if (info == nullptr || (info->event == nullptr && !info->raw_only)) {
     // tep_print_event() prints this for each part of the line when it has no
@@ -696,7 +691,7 @@ void EventDecoder::AppendJson(const DecodedRecord& record, std::string* out) {
   Impl& m = *impl_;
   uint32_t size = m.Stage(record.payload);
   uint32_t id = size >= 2 ? m.ReadU16(0) : 0;
-  EventInfo* info = size >= 2 ? m.Find(id) : nullptr;
+  EventInfo* info = size >= 2 ? m.Event(id) : nullptr;
   int pid = size >= 8 ? m.ReadS32(4) : 0;
   out->append("{\"cpu\":");
   AppendInt(out, record.cpu);

@@ -7,6 +7,7 @@
 #include "report_printer.h"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -156,19 +157,37 @@ void ReportPrinter::Submit() {
 void ReportPrinter::WriteDone(size_t keep) {
   for (;;) {
     std::unique_ptr<Batch> head;
+    Batch* help = nullptr;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // Wait for the head while the queue is too long; otherwise take it
+      // While the queue is too long and its head not printed, this thread
+      // prints the next batch no worker has taken instead of waiting: on
+      // 2 CPUs one worker and this thread then share the printing (the
+      // merge alone does not keep a CPU busy). Otherwise the head is taken
       // only when it is ready.
       done_cv_.wait(lock, [&] {
         return queue_.empty() || queue_.front()->printed || queue_.size() < keep ||
-               !worker_status_.ok();
+               next_to_print_ < queue_.size() || !worker_status_.ok();
       });
       ok_ = sink_.status().ok() && worker_status_.ok();
-      if (queue_.empty() || !queue_.front()->printed || !ok_) return;
-      head = std::move(queue_.front());
-      queue_.pop_front();
-      --next_to_print_;
+      if (queue_.empty() || !ok_) return;
+      if (queue_.front()->printed) {
+        head = std::move(queue_.front());
+        queue_.pop_front();
+        --next_to_print_;
+      } else if (queue_.size() < keep) {
+        return;
+      } else {
+        help = queue_[next_to_print_++].get();
+      }
+    }
+    if (help != nullptr) {
+      Print(*leader_, *help);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        help->printed = true;
+      }
+      continue;
     }
     sink_.Write(head->text);
     head->Clear();
@@ -204,8 +223,10 @@ uint64_t ReportPrinter::fast_path_events() const {
 }
 
 void ReportPrinter::Work() {
-  Result<std::unique_ptr<EventDecoder>> decoder = EventDecoder::Create(*metadata_);
-  bool following = false;
+  // Made at the first batch, from the leader (set before the first batch
+  // was queued, under mu_): a follower shares its parsed formats and
+  // symbols and costs little to make.
+  std::optional<Result<std::unique_ptr<EventDecoder>>> decoder;
   for (;;) {
     Batch* batch = nullptr;
     {
@@ -214,21 +235,17 @@ void ReportPrinter::Work() {
       if (stop_) break;
       batch = queue_[next_to_print_++].get();
     }
-    if (decoder.ok()) {
-      // The leader was set before the first batch was queued (under mu_).
-      if (!following) (*decoder)->Follow(*leader_);
-      following = true;
-      Print(**decoder, *batch);
-    }
+    if (!decoder) decoder.emplace(EventDecoder::CreateFollower(*leader_, *metadata_));
+    if (decoder->ok()) Print(***decoder, *batch);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!decoder.ok() && worker_status_.ok()) worker_status_ = decoder.error();
+      if (!decoder->ok() && worker_status_.ok()) worker_status_ = decoder->error();
       batch->printed = true;
     }
     done_cv_.notify_one();
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (decoder.ok()) worker_fast_paths_ += (*decoder)->fast_path_count();
+  if (decoder && decoder->ok()) worker_fast_paths_ += (**decoder)->fast_path_count();
 }
 
 void ReportPrinter::Print(EventDecoder& decoder, Batch& batch) const {

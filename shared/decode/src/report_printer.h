@@ -6,9 +6,10 @@
 // loading, and the few events whose printing changes later text, which it
 // prints itself), copies it into a batch, and hands full batches to the
 // workers. Each worker prints whole batches with its own follower decoder
-// (libtraceevent's handle is not thread-safe); batches are written in the
-// order they were filled, so the output does not depend on the number of
-// threads or on their timing.
+// (libtraceevent's handle is not thread-safe; EventDecoder::CreateFollower);
+// while the queue is full the calling thread prints batches too. Batches
+// are written in the order they were filled, so the output does not depend
+// on the number of threads or on their timing.
 #ifndef HVTRACE_SHARED_DECODE_SRC_REPORT_PRINTER_H_
 #define HVTRACE_SHARED_DECODE_SRC_REPORT_PRINTER_H_
 
@@ -28,8 +29,8 @@ namespace hvtrace {
 class ReportPrinter {
  public:
   // Starts |threads| workers (0: the calling thread prints everything),
-  // which make their decoders from |metadata| at once, while the caller
-  // makes the leader; batches of |batch_records| (0: the default).
+  // which make their decoders from the leader and |metadata| at their
+  // first batch; batches of |batch_records| (0: the default).
   ReportPrinter(std::shared_ptr<const TraceMetadata> metadata, OutputFormat format,
                 unsigned threads, size_t batch_records, OutputSink& sink);
   ~ReportPrinter();  // Stops the workers; unwritten batches are dropped.

@@ -94,7 +94,10 @@ std::unique_ptr<TepSymbols> TepSymbols::Build(std::string_view kallsyms) {
   return out;
 }
 
-void TepSymbols::Install(tep_handle* tep) { tep_set_function_resolver(tep, &Resolve, this); }
+void TepSymbols::Install(tep_handle* tep) const {
+  // libtraceevent's priv is not const; Resolve reads through a const pointer.
+  tep_set_function_resolver(tep, &Resolve, const_cast<TepSymbols*>(this));
+}
 
 char* TepSymbols::Resolve(void* priv, unsigned long long* addrp, char** modp) {
   const auto* self = static_cast<const TepSymbols*>(priv);
@@ -109,7 +112,10 @@ char* TepSymbols::Resolve(void* priv, unsigned long long* addrp, char** modp) {
 }
 
 const char* TepSymbols::Find(uint64_t addr, uint64_t* start, const char** mod) const {
-  looked_up_ = true;
+  // Read first: the table is shared by the decoders of a parallel report,
+  // and a store on every lookup would bounce the line between their CPUs.
+  if (!looked_up_.load(std::memory_order_relaxed))
+    looked_up_.store(true, std::memory_order_relaxed);
   // glibc's bsearch with func_bcmp, over func_count entries followed by a
   // sentinel whose address is 0.
   const size_t n = entries_.size();

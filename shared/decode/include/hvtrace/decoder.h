@@ -66,13 +66,15 @@ class EventDecoder {
   // sees it), symbols, printk formats and comms. Formats that fail are
   // skipped and listed in warnings(); their events print as unknown.
   static Result<std::unique_ptr<EventDecoder>> Create(const TraceMetadata& metadata);
-  // Makes this decoder (made from the same metadata) print records beside
-  // |leader| on another thread (a parallel report): a format the leader has
-  // already loaded takes the leader's verdict from its trial run instead of
-  // a trial run of its own, and it takes the leader's fast-path setting
-  // (SetFastPathsEnabled). |leader| must outlive it and must have prepared
-  // (PrepareText / PrepareJson) every record before this decoder prints it.
-  void Follow(const EventDecoder& leader);
+  // A decoder that prints records beside |leader| (made from |metadata|)
+  // on another thread, a parallel report's: it takes the leader's parsed
+  // formats (copied on each event's first record), kernel symbols, trial
+  // verdicts and fast-path setting (SetFastPathsEnabled) instead of making
+  // its own, so it costs little to make. |leader| and |metadata| must
+  // outlive it, and the leader must have prepared (PrepareText /
+  // PrepareJson) every record before this decoder prints it.
+  static Result<std::unique_ptr<EventDecoder>> CreateFollower(const EventDecoder& leader,
+                                                              const TraceMetadata& metadata);
   ~EventDecoder();
   EventDecoder(const EventDecoder&) = delete;
   EventDecoder& operator=(const EventDecoder&) = delete;

@@ -40,8 +40,9 @@ class OutputSink {
   }
   // Writes everything (and waits for it in kBackground mode).
   Status Flush();
-  // Appends |text|, or writes it through when the buffer would pass the
-  // flush size (a report's batches are large already).
+  // Appends |text|, or writes it through (after what is buffered) when it
+  // is large (64 KiB: a report's batches) or the buffer would pass the
+  // flush size.
   void Write(std::string_view text);
   // The first write error; in kBackground mode as of the last buffer
   // handed over (a failing write is seen one buffer late).

@@ -16,6 +16,7 @@
 #ifndef HVTRACE_SHARED_DECODE_TEP_SYMBOLS_H_
 #define HVTRACE_SHARED_DECODE_TEP_SYMBOLS_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -33,8 +34,10 @@ class TepSymbols {
   // differently from us (or stop at), or a NUL.
   static std::unique_ptr<TepSymbols> Build(std::string_view kallsyms);
 
-  // Installs this table as |tep|'s resolver; it must outlive |tep|.
-  void Install(tep_handle* tep);
+  // Installs this table as |tep|'s resolver; it must outlive |tep|. One
+  // table may serve several handles, on several threads (a parallel
+  // report's decoders): nothing but looked_up() changes after Build.
+  void Install(tep_handle* tep) const;
 
   // libtraceevent's find_func(): the symbol containing |addr| (nullptr if
   // none); its start in |*start| and module (or nullptr) in |*mod|.
@@ -49,7 +52,7 @@ class TepSymbols {
   uint64_t AtomValue(std::string_view name, bool map_built, bool* certain) const;
 
   // Whether Find has been called (libtraceevent would have built its map).
-  bool looked_up() const { return looked_up_; }
+  bool looked_up() const { return looked_up_.load(std::memory_order_relaxed); }
 
   size_t size() const { return entries_.size(); }
 
@@ -64,7 +67,7 @@ class TepSymbols {
 
   std::string strings_;
   std::vector<Entry> entries_;  // libtraceevent's func_map order.
-  mutable bool looked_up_ = false;
+  mutable std::atomic<bool> looked_up_{false};
 };
 
 }  // namespace hvtrace

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -90,6 +91,60 @@ TEST(DecoderTest, FastPathsMatchLibtraceeventOnEveryRecord) {
     // the compiled path; if this drops, a printer stopped compiling.
     EXPECT_GT((*fast)->fast_path_count(), recs.size() / 2)
         << "fast " << (*fast)->fast_path_count() << " of " << recs.size();
+  }
+}
+
+// A follower (a parallel report's printing thread) takes the leader's parsed
+// formats as it meets their events, not all at its making, and prints each
+// record as the leader does; with the leader's symbols refused (a kallsyms
+// TepSymbols does not read), it parses them the way the leader did.
+TEST(DecoderTest, AFollowerTakesTheLeadersFormatsOnFirstUseAndPrintsTheSame) {
+  for (const char* name : kFixtures) {
+    for (const char* prefix : {"", " 0000000000001000 A refused\n"}) {
+      SCOPED_TRACE(std::string(name) + " +" + prefix);
+      auto dat = TraceDat::Open(Fixture(name));
+      ASSERT_TRUE(dat.ok()) << dat.error().message;
+      TraceMetadata meta = TraceMetadataFrom(*dat);
+      meta.kallsyms = prefix + meta.kallsyms;
+      auto leader = EventDecoder::Create(meta);
+      ASSERT_TRUE(leader.ok());
+      auto follower = EventDecoder::CreateFollower(**leader, meta);
+      ASSERT_TRUE(follower.ok());
+      std::vector<Rec> recs = ReadAll(Fixture(name));
+      ASSERT_GT(recs.size(), 1000u);
+      auto id_of = [](const Rec& r) {
+        return static_cast<uint32_t>(r.payload[0]) | static_cast<uint32_t>(r.payload[1]) << 8;
+      };
+      for (const Rec& r : recs) EXPECT_EQ((*follower)->FindFormat(id_of(r)), nullptr);
+      std::set<uint32_t> printed, only_leader;
+      size_t mismatches = 0, in_order = 0;
+      for (const Rec& r : recs) {
+        DecodedRecord d{r.cpu, r.ts, r.payload, 0};
+        std::string a, b;
+        if ((*leader)->PrepareText(&d)) {
+          ++in_order;  // Printed by the leader only (ReportPrinter).
+          only_leader.insert(id_of(r));
+          (*leader)->AppendText(d, &a);
+          continue;
+        }
+        printed.insert(id_of(r));
+        (*leader)->AppendText(d, &a);
+        (*follower)->AppendText(d, &b);
+        if (a != b && ++mismatches <= 5) ADD_FAILURE() << "leader: " << a << "follower: " << b;
+      }
+      EXPECT_EQ(mismatches, 0u);
+      EXPECT_LT(in_order, recs.size() / 2);
+      for (uint32_t id : printed) {
+        ASSERT_NE((*follower)->FindFormat(id), nullptr) << "id " << id;
+        EXPECT_EQ((*follower)->FindFormat(id)->name, (*leader)->FindFormat(id)->name);
+      }
+      EXPECT_FALSE(only_leader.empty());  // sched_switch, whose printing names tasks.
+      for (uint32_t id : only_leader) {
+        if (!printed.contains(id)) {
+          EXPECT_EQ((*follower)->FindFormat(id), nullptr) << "id " << id;
+        }
+      }
+    }
   }
 }
 

@@ -29,6 +29,17 @@ COMMAND=("$@")
 fail() { echo "release-demo: FAIL: $*" >&2; exit 1; }
 log() { echo "release-demo: $*" >&2; }
 [ "$(id -u)" -eq 0 ] || fail "needs root (mmdebstrap, systemd-nspawn)"
+# The container inherits this process's RLIMIT_CORE. libvirtd there sets
+# its QEMU's, and cannot when the hard limit is below what it asks and it
+# lacks CAP_SYS_RESOURCE: every libvirt test then fails ("cannot limit core
+# file size of process N to 18446744073709551615: Operation not
+# permitted"; 2026-12-04, `sudo` (which leaves its command 0:0) on a
+# machine whose root lacks CAP_SYS_RESOURCE). Raised here when it can be;
+# said before the long run when it cannot.
+if ! ulimit -Hc unlimited 2>/dev/null; then
+  log "warning: RLIMIT_CORE's hard limit is $(ulimit -Hc) and cannot be raised here (no CAP_SYS_RESOURCE):" \
+    "libvirtd in the container will fail to start QEMU; run as root without sudo, from a shell whose limit is unlimited"
+fi
 # shellcheck source=../service/container.sh
 . "$ROOT/tests/service/container.sh"
 

@@ -83,7 +83,12 @@ if dpkg-deb -c "$HVTRACE_DEB" | grep -q 'hvtrace-agent'; then fail "hvtrace ship
 conffiles=$(dpkg-deb -I "$HVTRACE_DEB" conffiles 2>/dev/null)
 if grep -qx /etc/hvtrace/hvtraced.conf <<<"$conffiles"; then ok "hvtraced.conf is a conffile"; else fail "hvtraced.conf is not a conffile: $conffiles"; fi
 # The statically linked agent (it runs from a busybox-less initramfs).
-tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+# In /var/tmp: the install test's root below is under it, and its /dev
+# nodes open only on a file system mounted without nodev, which Debian 13's
+# /tmp (a tmpfs) is not: there every postinst redirect to /dev/null failed
+# ("cannot create /dev/null: Permission denied") and bookworm's postinst
+# made no /var/lib/hvtrace (2026-12-04, a trixie host).
+tmp=$(mktemp -d /var/tmp/hvtrace-package-test.XXXXXX); trap 'rm -rf "$tmp"' EXIT
 dpkg-deb -x "$AGENT_DEB" "$tmp/agent"
 if LC_ALL=C readelf -l "$tmp/agent/usr/sbin/hvtrace-agent" | grep -q 'program interpreter'; then
   fail "the packaged hvtrace-agent is dynamically linked"
@@ -158,7 +163,17 @@ fi
 
 section "lintian"
 changes=$(ls "$PKGDIR"/*.changes | head -n1)
-lintian_out=$(lintian --fail-on none --display-info "$changes" 2>&1)
+# The host's lintian judges another release's packages by its own
+# release's layout: trixie's flags every file under /lib (aliased-location:
+# /lib is /usr/lib there since usrmerge), which is where bookworm's systemd
+# wants units (debian/rules takes the unit directory from the release's
+# systemd.pc). That tag is left out for bookworm's packages on a later host
+# (2026-12-04, a trixie host: the bookworm .debs' four unit paths).
+lintian_args=()
+if [ "$SUITE" = bookworm ] && [ "$host_suite" != bookworm ]; then
+  lintian_args=(--suppress-tags aliased-location)
+fi
+lintian_out=$(lintian --fail-on none --display-info "${lintian_args[@]}" "$changes" 2>&1)
 echo "$lintian_out"
 # I: (info) and P: (pedantic) lines are advice; E: and W: fail the test.
 if grep -qE '^[EW]: ' <<<"$lintian_out"; then fail "lintian reports errors or warnings (above)"; else ok "lintian: no errors or warnings"; fi

@@ -1,9 +1,12 @@
 // ReportPrinter (report_printer.h).
 //
 // Measured on a 1.37 M-event trace.dat (bench/decode_bench.sh, bench/README.md):
-// on 2 vCPUs printing threads did not shorten the report (each first makes a
-// decoder of its own, tens of ms of CPU, and the merging thread and readers
-// keep a CPU busy), hence DefaultThreads().
+// on 2 vCPUs printing threads hardly shorten the report, even since they
+// share the leader's formats and symbols (a follower costs ~nothing to make)
+// and the merging thread prints too: the merging thread, its CPU readers and
+// one printing thread then keep both CPUs busy, and the batches' copies add
+// ~10 % of CPU (2026-12-04, 20 interleaved runs: --threads 0 median 227 ms,
+// --threads 1 220 ms), hence DefaultThreads().
 #include "report_printer.h"
 
 #include <algorithm>
@@ -53,11 +56,10 @@ struct ReportPrinter::Batch {
 };
 
 unsigned ReportPrinter::DefaultThreads() {
-  // The merging thread and the per-CPU readers keep about one CPU busy, and
-  // each printing thread first makes a decoder of its own (tens of ms of
-  // CPU: the file's kallsyms and formats). On 2 CPUs printing threads did
-  // not pay for that (bench/README.md, decode_bench.sh), so they are used
-  // from 4 CPUs on, one per CPU but the merging thread's.
+  // The merging thread and the per-CPU readers keep more than one CPU
+  // busy. On 2 CPUs a printing thread saved 3 % of the wall time for 10 %
+  // more CPU (bench/README.md, decode_bench.sh), so they are used from 4
+  // CPUs on, one per CPU but the merging thread's.
   const unsigned cpus = std::thread::hardware_concurrency();
   return cpus >= 4 ? std::min(cpus - 1, kMaxThreads) : 0;
 }

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <system_error>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -488,14 +489,20 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
       }
     }
   };
-  std::future<std::unique_ptr<TepSymbols>> symbols = std::async(std::launch::async, [&] {
+  auto build_and_parse = [&] {
     std::unique_ptr<TepSymbols> built;
     if (!metadata.kallsyms.empty()) built = TepSymbols::Build(metadata.kallsyms);
     parse_some();
     return built;
-  });
+  };
+  std::future<std::unique_ptr<TepSymbols>> symbols;
+  try {
+    symbols = std::async(std::launch::async, build_and_parse);
+  } catch (const std::system_error&) {
+    // No thread to be had (a process at its limit): all of it here.
+  }
   parse_some();
-  impl->own_symbols = symbols.get();
+  impl->own_symbols = symbols.valid() ? symbols.get() : build_and_parse();
   const std::string& src = metadata.source;
   uint32_t max_id = 0;
   for (size_t i = 0; i < texts.size(); ++i) {

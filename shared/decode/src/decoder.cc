@@ -349,8 +349,23 @@ struct EventDecoder::Impl {
   }
   uint32_t ReadU16(size_t off) const { return U16At(scratch.data() + off, little_endian); }
   int32_t ReadS32(size_t off) const { return S32At(scratch.data() + off, little_endian); }
+  // A record's size (as printed), type and pid, the values AppendText reads
+  // from its zero-padded scratch copy, from a zero-padded copy of the first
+  // 8 bytes: the Prepare* steps run on every record of a report and need
+  // only these.
+  struct Head {
+    size_t size;
+    uint32_t id;
+    int pid;
+  };
+  Head ReadHead(std::span<const std::byte> payload) const {
+    const size_t size = std::min(payload.size(), kMaxPayload);
+    unsigned char head[8] = {};
+    if (size != 0) std::memcpy(head, payload.data(), std::min<size_t>(size, sizeof head));
+    return {size, U16At(head, little_endian), S32At(head + 4, little_endian)};
+  }
 
-  std::optional<LinePrefix> prefix;  // Set in Create.
+  std::optional<LinePrefix> prefix;  // Set in New.
 
   // trace-cmd report's latency column ("d.h2.": irqs off, need-resched,
   // hard/soft irq, preempt depth, migrate-disable), which trace-cmd 3.3
@@ -543,28 +558,19 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::CreateFollower(const EventDe
 
 bool EventDecoder::PrepareText(DecodedRecord* record) {
   Impl& m = *impl_;
-  // The same values AppendText reads from its zero-padded copy, from a
-  // zero-padded copy of the first 8 bytes (the type and the pid).
-  const size_t size = std::min(record->payload.size(), kMaxPayload);
-  unsigned char head[8] = {};
-  if (size != 0) std::memcpy(head, record->payload.data(), std::min<size_t>(size, sizeof head));
-  const uint32_t id = Impl::U16At(head, m.little_endian);
-  const int pid = Impl::S32At(head + 4, m.little_endian);
-  EventInfo* info = size >= 2 ? m.Event(id) : nullptr;
+  const Impl::Head head = m.ReadHead(record->payload);
+  EventInfo* info = head.size >= 2 ? m.Event(head.id) : nullptr;
   if (info != nullptr && !info->loaded) m.Load(info);
   if (info == nullptr || (info->event == nullptr && !info->raw_only)) return false;
-  if (record->comm == nullptr) record->comm = m.Comm(pid);
+  if (record->comm == nullptr) record->comm = m.Comm(head.pid);
   return info->in_order;
 }
 
 void EventDecoder::PrepareJson(DecodedRecord* record) {
   Impl& m = *impl_;
   if (record->comm != nullptr) return;
-  const size_t size = std::min(record->payload.size(), kMaxPayload);
-  const uint32_t staged = m.Stage(record->payload.first(std::min<size_t>(size, 8)));
-  const int pid = size >= 8 ? m.ReadS32(4) : 0;
-  m.Unstage(staged);
-  record->comm = m.Comm(pid);
+  const Impl::Head head = m.ReadHead(record->payload);
+  record->comm = m.Comm(head.size >= 8 ? head.pid : 0);  // AppendJson's pid.
 }
 
 const std::vector<std::string>& EventDecoder::warnings() const { return impl_->warnings; }

@@ -14,6 +14,7 @@
 
 #include "capped_file.h"
 #include "daemon_log.h"
+#include "guest_ram_map.h"
 #include "hvtrace/boot_map.h"
 #include "private_path.h"
 #include "qemu_user.h"
@@ -154,6 +155,7 @@ QmpVmBackend::QmpVmBackend(boost::asio::any_io_executor io, QmpVmSpec spec, std:
 void QmpVmBackend::CutMemoryLink() {
   std::lock_guard lock(memory_link_->mu);
   memory_link_->qmp.reset();
+  memory_link_->ram.reset();
 }
 
 QmpVmBackend::~QmpVmBackend() { Stop(); }
@@ -233,6 +235,7 @@ void QmpVmBackend::Start(VmEventSink& sink) {
     const HostTime watch_began = HostTime::Now();
     sink_->OnVmEvent(VmEvent{"HVTRACE_QMP_CONNECTED", {{"socket", spec_.qmp_socket}}, watch_began});
     CheckStatusAtConnect(watch_began);
+    MapGuestRam();
     if (!spec_.qemu_trace_log.empty()) {
       trace_guard_ =
           std::make_shared<QemuTraceGuard>(io_, spec_.qemu_trace_log, kQemuTraceLogLimit,
@@ -284,6 +287,27 @@ void QmpVmBackend::CheckStatusAtConnect(const HostTime& watch_began) {
                   "trigger_to_disk_ms counts from when hvtraced found it"}},
             HostTime::Now()});
       });
+}
+
+void QmpVmBackend::MapGuestRam() {
+  const pid_t pid = vm_ ? vm_->pid() : spec_.pid;
+  // The link, not |this|: the answers may come after the backend is gone.
+  AsyncMapGuestRam(qmp_, pid, [link = memory_link_, name = spec_.qmp_socket](auto ram) {
+    std::lock_guard lock(link->mu);
+    if (!link->qmp) return;  // Stopped meanwhile.
+    if (ram.ok()) {
+      link->ram = std::move(*ram);
+      return;
+    }
+    link->ram_error = ram.error().message;
+    Log(LogLevel::kInfo,
+        "QMP " + name + ": panic captures read guest memory through QMP: " + link->ram_error);
+  });
+}
+
+std::shared_ptr<const GuestRam> QmpVmBackend::guest_ram() const {
+  std::lock_guard lock(memory_link_->mu);
+  return memory_link_->ram;
 }
 
 void QmpVmBackend::Stop() {
@@ -481,6 +505,16 @@ void QmpVmBackend::ApplyPanicPolicy(PanicPolicy policy) {
 json QmpVmBackend::Describe() const {
   json j = spec_.ToJson();
   if (vm_) j["pid"] = vm_->pid();
+  {
+    std::lock_guard lock(memory_link_->mu);
+    if (const auto& ram = memory_link_->ram) {
+      uint64_t bytes = 0;
+      for (const GuestRamRange& r : ram->ranges()) bytes += r.bytes;
+      j["guest_ram"] = {{"ranges", ram->ranges().size()}, {"bytes", bytes}};
+    } else if (!memory_link_->ram_error.empty()) {
+      j["guest_ram"] = {{"error", memory_link_->ram_error}};
+    }
+  }
   std::lock_guard lock(mu_);
   j["qmp_connected"] = connected_;
   return j;

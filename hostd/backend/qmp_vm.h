@@ -126,6 +126,9 @@ class QmpVmBackend : public VmBackend {
   // runs as the daemon's user and writes into its private directory).
   GuestMemoryReader guest_memory_reader() override;
   CaptureInputs::GuestMemoryDumper guest_memory_dumper() override;
+  // Mapped once QMP is up (guest_ram_map.h), for any QEMU whose pid is known
+  // and whose memory the daemon may read.
+  std::shared_ptr<const GuestRam> guest_ram() const override;
   std::optional<bool> vmcore_on_panic() const override {
     if (spec_.vmcore.empty()) return std::nullopt;
     return spec_.vmcore == "on-panic";
@@ -157,6 +160,7 @@ class QmpVmBackend : public VmBackend {
   // Quits |vm| (SIGTERM, then SIGKILL) and logs how it ended and how long it took.
   static void StopQemu(Vm& vm);
   void CheckStatusAtConnect(const HostTime& watch_began);
+  void MapGuestRam();
   void StopTraceGuard();
   void CutMemoryLink();  // guest_memory_reader()'s readers fail from now on.
   void OnDeviceDeleted(const std::string& device);
@@ -173,6 +177,8 @@ class QmpVmBackend : public VmBackend {
   struct MemoryLink {
     std::mutex mu;
     std::shared_ptr<QmpClient> qmp;
+    std::shared_ptr<const GuestRam> ram;  // Null until mapped, and after Stop/Release.
+    std::string ram_error;                // Why it was not mapped.
   };
   const std::shared_ptr<MemoryLink> memory_link_ = std::make_shared<MemoryLink>();
 

@@ -131,11 +131,12 @@ CaptureService::~CaptureService() = default;
 namespace {
 
 // The kernel log step's reads (ReadGuestLog) on a thread of their own, beside
-// the decode: they wait only for the newest boot's KASLR offset, their first
-// candidate, which the decode settles before its symbols, trace.dat and crash
-// summary (the larger part of a panic's decode: 6.12 demo panic, 2026-12-03,
-// the reads 17 ms of QMP memsave round trips, the decode after its KASLR step
-// about 12 ms). Without a thread the reads run after the decode, as before.
+// the decode. Through guest RAM they need nothing of it; through QMP memsave
+// they wait for the newest boot's KASLR offset, their first candidate, which
+// the decode settles before its symbols, trace.dat and crash summary (6.12
+// demo panic, 2026-12-03: the memsave reads 17 ms of round trips, the decode
+// after its KASLR step about 12 ms). Without a thread the reads run after the
+// decode, as before.
 class GuestLogBesideDecode {
  public:
   GuestLogBesideDecode(const CaptureInputs& in, FormatsService* formats, bool enabled)
@@ -143,11 +144,14 @@ class GuestLogBesideDecode {
     if (!enabled) return;
     try {
       reading_ = std::async(std::launch::async, [this, hint = hint_.get_future()]() mutable {
-        const HostTime asked = HostTime::Now();
-        const std::optional<int64_t> delta = hint.get();
-        const double waited = MsSince(asked);
-        GuestLogRead read = ReadGuestLog(in_, formats_, delta);
-        read.info["kaslr_wait_ms"] = waited;
+        double waited = -1;
+        GuestLogRead read = ReadGuestLog(in_, formats_, [&] {
+          const HostTime asked = HostTime::Now();
+          const std::optional<int64_t> delta = hint.get();
+          waited = MsSince(asked);
+          return delta;
+        });
+        if (waited >= 0) read.info["kaslr_wait_ms"] = waited;
         return read;
       });
     } catch (const std::system_error&) {
@@ -168,7 +172,7 @@ class GuestLogBesideDecode {
   // The reads' result; |decoded| (the manifest's verdict) is the hint when
   // the decode never gave one (it failed, or had no formats).
   GuestLogRead Finish(std::optional<int64_t> decoded) {
-    if (!reading_.valid()) return ReadGuestLog(in_, formats_, decoded);
+    if (!reading_.valid()) return ReadGuestLog(in_, formats_, [decoded] { return decoded; });
     Tell(decoded);
     return reading_.get();
   }
@@ -250,8 +254,9 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
       in.region_file ? copies.region_file.span() : std::span<const std::byte>();
   // The guest's kernel log, read from guest memory whether or not the decode
   // works: the guest is still held, and is released only after Take returns.
-  const bool read_log = in.read_guest_memory || request.trigger == "panic";
-  GuestLogBesideDecode log_read(in, formats_.get(), static_cast<bool>(in.read_guest_memory));
+  const bool can_read = in.read_guest_memory || in.guest_ram;
+  const bool read_log = can_read || request.trigger == "panic";
+  GuestLogBesideDecode log_read(in, formats_.get(), can_read);
   const Status decoded =
       DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,
                        in.attach ? in.attach->geometry() : RegionGeometry{}, in.vcpus_stopped,

@@ -14,6 +14,7 @@
 #include "hvtrace/kallsyms_table.h"
 #include "hvtrace/memory_record.h"
 #include "hvtrace/printk_ring.h"
+#include "kernel_memory_direct.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -29,22 +30,24 @@ constexpr uint64_t kKaslrStep = 0x200000;
 // longer while its vCPUs wait.
 constexpr auto kScanBudget = std::chrono::seconds(3);
 
-struct HarvestSymbols {
-  std::optional<uint64_t> vmcoreinfo_data, vmcoreinfo_size, linux_banner, text;
-};
-
-HarvestSymbols FindSymbols(const KernelFormats& formats) {
-  HarvestSymbols out;
+KernelLogSymbols FindSymbols(const KernelFormats& formats) {
+  KernelLogSymbols out;
   std::shared_ptr<const KernelSymbols> symbols = SymbolsOf(formats);
   if (!symbols) return out;
   out.text = symbols->image().text;
+  uint64_t last = 0;
   for (const KallsymsTable::Symbol& s : symbols->table().symbols()) {
     if (s.module) continue;
     const std::string_view name = KallsymsTable::Name(formats.kallsyms, s);
     if (name == "vmcoreinfo_data") out.vmcoreinfo_data = s.addr;
     if (name == "vmcoreinfo_size") out.vmcoreinfo_size = s.addr;
     if (name == "linux_banner") out.linux_banner = s.addr;
+    if (name == "page_offset_base") out.page_offset_base = s.addr;
+    if (name == "_end") out.end = s.addr;
+    if (name == "_stext") out.stext = s.addr;
+    if (s.addr >= kImageAreaStart && s.addr < kImageAreaEnd) last = std::max(last, s.addr);
   }
+  if (!out.end && last != 0) out.end = last + 1;
   return out;
 }
 
@@ -115,9 +118,10 @@ Result<std::string> ReadVmcoreinfo(const GuestMemoryRead& read, uint64_t data_sy
 }
 
 Result<KernelLog> ReadLog(const CaptureInputs& in, FormatsService* formats,
-                          std::optional<int64_t> kaslr_hint, MemoryRecord& record,
+                          const KaslrHintSource& kaslr_hint, MemoryRecord& record,
                           std::string& vmcoreinfo_text, json& info) {
-  if (!in.read_guest_memory) return Error{"the VM's backend cannot read guest memory"};
+  if (!in.read_guest_memory && !in.guest_ram)
+    return Error{"the VM's backend cannot read guest memory"};
   if (!formats || !in.region_file || in.region_file->kernel_key.empty()) {
     return Error{"no kallsyms for the guest's kernel (unknown kernel)"};
   }
@@ -126,15 +130,33 @@ Result<KernelLog> ReadLog(const CaptureInputs& in, FormatsService* formats,
   // Null: a kernel the service knows of but has no formats for (its harvest
   // failed or was not asked for; the boots decoded with the meta channel's).
   if (*kf == nullptr) return Error{"no kallsyms for the guest's kernel (its formats are missing)"};
-  const HarvestSymbols sym = FindSymbols(**kf);
+  const KernelLogSymbols sym = FindSymbols(**kf);
   if (!sym.vmcoreinfo_data || !sym.vmcoreinfo_size || !sym.linux_banner ||
       (*kf)->proc_version.empty()) {
     return Error{"the kernel's kallsyms lack vmcoreinfo_data, vmcoreinfo_size or linux_banner"};
   }
-  const GuestMemoryRead read = Recording(in.read_guest_memory, record);
-  std::optional<int64_t> delta = FindDelta(in.read_guest_memory, Candidates(kaslr_hint, sym.text),
-                                           *sym.linux_banner, (*kf)->proc_version, info);
+  GuestMemoryRead reader = in.read_guest_memory;
+  std::optional<int64_t> delta;
+  if (in.guest_ram) {
+    Result<DirectKernelMemory> direct =
+        MapKernelMemory(in.guest_ram, sym, (*kf)->proc_version, in.read_guest_memory);
+    if (direct.ok()) {
+      reader = std::move(direct->read);
+      delta = direct->kaslr_delta;
+      info["kaslr_delta"] = *delta;
+      info["guest_ram"] = std::move(direct->info);
+    } else {
+      info["guest_ram"] = {{"error", direct.error().message}};
+    }
+  }
+  info["reader"] = delta ? "guest-ram" : "qmp";
+  if (!delta) {
+    if (!in.read_guest_memory) return Error{"the VM's backend cannot read guest memory"};
+    delta = FindDelta(in.read_guest_memory, Candidates(kaslr_hint(), sym.text), *sym.linux_banner,
+                      (*kf)->proc_version, info);
+  }
   if (!delta) return Error{"the guest's linux_banner was found at no KASLR offset"};
+  const GuestMemoryRead read = Recording(reader, record);
   const auto moved = [&](uint64_t a) { return a + static_cast<uint64_t>(*delta); };
   Result<std::string> text =
       ReadVmcoreinfo(read, moved(*sym.vmcoreinfo_data), moved(*sym.vmcoreinfo_size));
@@ -174,7 +196,7 @@ std::optional<int64_t> DecodedKaslrDelta(const CaptureManifest& manifest) {
 }
 
 GuestLogRead ReadGuestLog(const CaptureInputs& in, FormatsService* formats,
-                          std::optional<int64_t> kaslr_hint) {
+                          const KaslrHintSource& kaslr_hint) {
   const HostTime start = HostTime::Now();
   GuestLogRead out;
   out.log = ReadLog(in, formats, kaslr_hint, out.record, out.vmcoreinfo, out.info);
@@ -233,7 +255,8 @@ std::optional<KernelLog> StoreGuestLog(GuestLogRead read, PendingCapture& pendin
 
 std::optional<KernelLog> ReadKernelLogStep(const CaptureInputs& in, FormatsService* formats,
                                            PendingCapture& pending, CaptureManifest& manifest) {
-  return StoreGuestLog(ReadGuestLog(in, formats, DecodedKaslrDelta(manifest)), pending, manifest);
+  const std::optional<int64_t> hint = DecodedKaslrDelta(manifest);
+  return StoreGuestLog(ReadGuestLog(in, formats, [hint] { return hint; }), pending, manifest);
 }
 
 }  // namespace hvtrace::hostd

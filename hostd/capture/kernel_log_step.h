@@ -6,10 +6,13 @@
 // How the ring is found, with no agent and no debuginfo:
 //   1. The kernel's own VMCOREINFO text, at `vmcoreinfo_data` (a pointer)
 //      and `vmcoreinfo_size`: their addresses come from the boot's kallsyms
-//      (the formats cache) moved by the boot's KASLR offset. The offset is
-//      the one the decode established for the newest boot, else 0, else each
-//      2 MiB step of x86_64's kernel image area; a candidate is accepted only
-//      when the guest's `linux_banner` there reads exactly as the harvest's
+//      (the formats cache). Read straight from guest RAM when the backend
+//      mapped it (kernel_memory_direct.h: the image found by its banner, the
+//      KASLR offset from VMCOREINFO). Otherwise through the backend's reader
+//      (QMP memsave) with the symbols moved by a KASLR offset: the one the
+//      decode established for the newest boot, else 0, else each 2 MiB step
+//      of x86_64's kernel image area; a candidate is accepted only when the
+//      guest's `linux_banner` there reads exactly as the harvest's
 //      /proc/version.
 //   2. VMCOREINFO's SYMBOL/OFFSET/SIZE entries locate and describe the ring
 //      (hvtrace/printk_ring.h reads it).
@@ -20,6 +23,7 @@
 #define HVTRACE_HOSTD_CAPTURE_KERNEL_LOG_STEP_H_
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -35,7 +39,7 @@ namespace hvtrace::hostd {
 
 inline constexpr const char* kKernelLogFileName = "kernel.log";
 
-// Reads the log through |in.read_guest_memory| with the kallsyms of
+// Reads the log through |in.guest_ram| or |in.read_guest_memory| with the kallsyms of
 // |in.region_file|'s kernel key, writes vmcoreinfo.txt and printk-memory.zst,
 // and records manifest extra.kernel_log ({source, lines, lost, malformed,
 // truncated, ms, ...} or {error}) and extra.timing_ms.kernel_log. Never
@@ -46,7 +50,7 @@ std::optional<KernelLog> ReadKernelLogStep(const CaptureInputs& in, FormatsServi
 
 // The step in two halves, so that the reads can run beside the decode: they
 // touch neither the capture nor its manifest (CaptureService::Build starts
-// them as soon as the decode settles the newest boot's KASLR offset).
+// them with the decode).
 struct GuestLogRead {
   Result<KernelLog> log = Error{"not read"};
   MemoryRecord record;     // Every read, for printk-memory.zst.
@@ -54,9 +58,12 @@ struct GuestLogRead {
   nlohmann::json info = nlohmann::json::object();  // Becomes extra.kernel_log.
   double read_ms = 0;
 };
-// The reads; |kaslr_hint| is the first KASLR offset tried.
+// The reads; |kaslr_hint| gives the first KASLR offset tried, asked only
+// when the reads go through |in.read_guest_memory| (it may wait for the
+// decode to settle it).
+using KaslrHintSource = std::function<std::optional<int64_t>()>;
 GuestLogRead ReadGuestLog(const CaptureInputs& in, FormatsService* formats,
-                          std::optional<int64_t> kaslr_hint);
+                          const KaslrHintSource& kaslr_hint);
 // Writes what |read| found, as ReadKernelLogStep does.
 std::optional<KernelLog> StoreGuestLog(GuestLogRead read, PendingCapture& pending,
                                        CaptureManifest& manifest);

@@ -411,6 +411,7 @@ void VmSupervisor::Dispatch(PendingCapture p, CaptureQueue::Lane lane) {
   // and QEMU still answers: not once it is gone or shutting down.
   if (p.trigger == "panic" || p.trigger == "panic-while-away" || p.trigger == "paused-while-away") {
     request.inputs.read_guest_memory = backend_->guest_memory_reader();
+    request.inputs.guest_ram = backend_->guest_ram();
     if (backend_->vmcore_on_panic().value_or(options_.vmcore_on_panic)) {
       request.inputs.dump_guest_memory = backend_->guest_memory_dumper();
       if (!request.inputs.dump_guest_memory) request.inputs.dump_unavailable = true;

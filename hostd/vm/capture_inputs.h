@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "guest_ram.h"
 #include "hvtrace/result.h"
 #include "live_region.h"
 #include "region_file.h"
@@ -54,6 +55,10 @@ struct CaptureInputs {
   // the vCPUs are stopped and QEMU is there to answer (a panic): the capture
   // reads the kernel's log with it (kernel_log_step.h). Null: not now.
   std::function<Result<std::vector<std::byte>>(uint64_t addr, size_t size)> read_guest_memory;
+  // The guest's RAM read straight from QEMU (guest_ram.h), set with
+  // |read_guest_memory| when the backend mapped it: the kernel log step
+  // reads through it first, |read_guest_memory| where it cannot.
+  std::shared_ptr<const GuestRam> guest_ram;
   // Writes a kdump-compressed dump of guest memory (QEMU's
   // dump-guest-memory) and returns the file it wrote (in the capture's
   // directory it is given, or wherever its hypervisor may write) for the

@@ -111,6 +111,9 @@ class VmBackend {
   // How to read guest memory to check a channel's build id (meta_receiver.h);
   // null when the backend cannot.
   virtual GuestMemoryReader guest_memory_reader() { return nullptr; }
+  // The guest's RAM as QEMU's process holds it, when the backend could map
+  // it (guest_ram.h); null otherwise. Any thread.
+  virtual std::shared_ptr<const GuestRam> guest_ram() const { return nullptr; }
   // How to dump guest memory (kdump-zlib) while the guest is paused, into a
   // file the capture then takes (capture_inputs.h); null when it cannot.
   virtual CaptureInputs::GuestMemoryDumper guest_memory_dumper() { return nullptr; }

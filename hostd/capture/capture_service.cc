@@ -139,8 +139,9 @@ namespace {
 // decode, as before.
 class GuestLogBesideDecode {
  public:
-  GuestLogBesideDecode(const CaptureInputs& in, FormatsService* formats, bool enabled)
-      : in_(in), formats_(formats) {
+  GuestLogBesideDecode(const CaptureInputs& in, FormatsService* formats, PendingCapture& pending,
+                       bool enabled)
+      : in_(in), formats_(formats), pending_(pending) {
     if (!enabled) return;
     try {
       reading_ = std::async(std::launch::async, [this, hint = hint_.get_future()]() mutable {
@@ -152,6 +153,7 @@ class GuestLogBesideDecode {
           return delta;
         });
         if (waited >= 0) read.info["kaslr_wait_ms"] = waited;
+        WriteGuestLogFiles(read, pending_);
         return read;
       });
     } catch (const std::system_error&) {
@@ -184,6 +186,7 @@ class GuestLogBesideDecode {
 
   const CaptureInputs& in_;
   FormatsService* const formats_;
+  PendingCapture& pending_;
   std::promise<std::optional<int64_t>> hint_;
   std::once_flag told_;
   std::future<GuestLogRead> reading_;  // Last: joined before the rest goes.
@@ -256,7 +259,7 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   // works: the guest is still held, and is released only after Take returns.
   const bool can_read = in.read_guest_memory || in.guest_ram;
   const bool read_log = can_read || request.trigger == "panic";
-  GuestLogBesideDecode log_read(in, formats_.get(), can_read);
+  GuestLogBesideDecode log_read(in, formats_.get(), pending, can_read);
   const Status decoded =
       DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,
                        in.attach ? in.attach->geometry() : RegionGeometry{}, in.vcpus_stopped,

@@ -204,10 +204,10 @@ GuestLogRead ReadGuestLog(const CaptureInputs& in, FormatsService* formats,
   return out;
 }
 
-std::optional<KernelLog> StoreGuestLog(GuestLogRead read, PendingCapture& pending,
-                                       CaptureManifest& manifest) {
+void WriteGuestLogFiles(GuestLogRead& read, PendingCapture& pending) {
+  if (read.files_written) return;
+  read.files_written = true;
   const HostTime start = HostTime::Now();
-  json& info = read.info;
   auto as_bytes = [](std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); };
   std::string write_error;
   if (!read.vmcoreinfo.empty()) {
@@ -221,13 +221,23 @@ std::optional<KernelLog> StoreGuestLog(GuestLogRead read, PendingCapture& pendin
         packed.ok() ? pending.WriteFile("printk-memory.zst", *packed) : Status(packed.error());
     if (!s.ok()) write_error = s.error().message;
   }
-  std::optional<KernelLog> out;
   if (read.log.ok()) {
-    const KernelLog& log = *read.log;
-    const std::string text = KernelLogText(log);
+    const std::string text = KernelLogText(*read.log);
     if (Status s = pending.WriteFile(kKernelLogFileName, as_bytes(text)); !s.ok()) {
       write_error = s.error().message;
     }
+  }
+  if (!write_error.empty()) read.info["write_error"] = write_error;
+  read.write_ms = MsSince(start);
+}
+
+std::optional<KernelLog> StoreGuestLog(GuestLogRead read, PendingCapture& pending,
+                                       CaptureManifest& manifest) {
+  WriteGuestLogFiles(read, pending);
+  json& info = read.info;
+  std::optional<KernelLog> out;
+  if (read.log.ok()) {
+    const KernelLog& log = *read.log;
     info["source"] = log.source;
     info["file"] = kKernelLogFileName;
     info["lines"] = log.records.size();
@@ -242,11 +252,10 @@ std::optional<KernelLog> StoreGuestLog(GuestLogRead read, PendingCapture& pendin
   } else {
     info["error"] = read.log.error().message;
   }
-  if (!write_error.empty()) info["write_error"] = write_error;
   info["read_ms"] = read.read_ms;
-  // The step's own work: its reads and these writes (not any wait for the
+  // The step's own work: its reads and file writes (not any wait for the
   // decode it ran beside).
-  const double ms = read.read_ms + MsSince(start);
+  const double ms = read.read_ms + read.write_ms;
   info["ms"] = ms;
   manifest.extra["kernel_log"] = std::move(info);
   manifest.extra["timing_ms"]["kernel_log"] = ms;

@@ -56,7 +56,8 @@ struct GuestLogRead {
   MemoryRecord record;     // Every read, for printk-memory.zst.
   std::string vmcoreinfo;  // The guest's VMCOREINFO text, for vmcoreinfo.txt.
   nlohmann::json info = nlohmann::json::object();  // Becomes extra.kernel_log.
-  double read_ms = 0;
+  double read_ms = 0, write_ms = 0;
+  bool files_written = false;
 };
 // The reads; |kaslr_hint| gives the first KASLR offset tried, asked only
 // when the reads go through |in.read_guest_memory| (it may wait for the
@@ -64,7 +65,11 @@ struct GuestLogRead {
 using KaslrHintSource = std::function<std::optional<int64_t>()>;
 GuestLogRead ReadGuestLog(const CaptureInputs& in, FormatsService* formats,
                           const KaslrHintSource& kaslr_hint);
-// Writes what |read| found, as ReadKernelLogStep does.
+// Writes |read|'s files (vmcoreinfo.txt, printk-memory.zst, kernel.log)
+// into |pending|, once; any thread, beside the decode.
+void WriteGuestLogFiles(GuestLogRead& read, PendingCapture& pending);
+// Writes what |read| found (its files, if not yet) and records it in
+// |manifest|, as ReadKernelLogStep does.
 std::optional<KernelLog> StoreGuestLog(GuestLogRead read, PendingCapture& pending,
                                        CaptureManifest& manifest);
 // The newest boot's KASLR offset as the decode recorded it in |manifest|

@@ -114,7 +114,9 @@ struct CaptureResult {
   // kallsyms subset (with printk formats moved), and the wait for the task
   // names after those. names_ms is their own time, on a thread beside them.
   double files_ms = 0, kaslr_ms = 0, symbols_ms = 0, names_wait_ms = 0, names_ms = 0;
-  double kernel_log_ms = 0;  // Of write_ms: the kernel logs and the crash summary.
+  // The kernel logs and the crash summary: their own time, on a thread
+  // beside the trace.dat files, and the wait for them after those (of write_ms).
+  double kernel_log_ms = 0, kernel_log_wait_ms = 0;
 };
 
 // Decodes |region_copy| with |formats| and writes into |out|: region.bin

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <set>
 #include <vector>
 
@@ -66,7 +67,8 @@ std::vector<const BootMapRecord*> EventsBefore(const BootMap& map, uint32_t boot
 // Prints |records| as `trace-cmd report` does, with a decoder of only the
 // formats they need (one trial parse each, not the kernel's ~1,500).
 json EventsJson(const BootLogInputs& in, int32_t cpu,
-                const std::vector<const BootMapRecord*>& records) {
+                const std::vector<const BootMapRecord*>& records,
+                const std::function<void(const char*)>& split) {
   json out = json::array();
   if (records.empty() || in.writer == nullptr) return out;
   std::set<uint32_t> ids;
@@ -90,6 +92,7 @@ json EventsJson(const BootLogInputs& in, int32_t cpu,
   // channel) share one trial child, not a fork per format: five forks of
   // hvtraced took 10-15 ms of this step (capture_latency, 2026-12-02).
   if (decoder.ok()) (*decoder)->KeepTrialChild(true);
+  split("events_decoder");
   for (const BootMapRecord* r : records) {
     json e = {{"ts_ns", r->timestamp}, {"cpu", cpu}};
     if (decoder.ok()) {
@@ -209,7 +212,7 @@ Result<BootLogResult> WriteBootKernelLog(const BootLogInputs& in, const fs::path
     const auto before =
         EventsBefore(*in.map, in.boot, summary.cpu, summary.ts_ns, field ? field->id : UINT32_MAX);
     split("events_find");
-    out.crash["events_before"] = EventsJson(in, summary.cpu, before);
+    out.crash["events_before"] = EventsJson(in, summary.cpu, before, split);
     split("events_print");
   }
   out.ms = MsBetween(start, std::chrono::steady_clock::now());

@@ -11,6 +11,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <future>
 #include <mutex>
@@ -51,6 +52,27 @@ constexpr size_t kMaxDynamicReach = 2 << 16;
 // How long libtraceevent may take over one format in a trial run (Load).
 constexpr unsigned kTrialSeconds = 5;
 constexpr size_t kScratchSize = kMaxPayload + kMaxFieldEnd + kMaxDynamicReach + 64;
+
+// The zero-padded area records are staged in. calloc, not a vector: glibc
+// hands a block this large out as fresh zero pages, so only the pages a
+// record or a field reference touches are ever faulted in; a vector zeroed
+// all 1.2 MB (2.4 M of the 3.6 M instructions of the crash summary's
+// decoder setup, callgrind of `hvtrace show --region` on a 6.12 panic).
+class ZeroedScratch {
+ public:
+  void Allocate(size_t size) {
+    data_.reset(static_cast<unsigned char*>(std::calloc(size, 1)));
+    if (!data_) throw std::bad_alloc();
+  }
+  unsigned char* data() const { return data_.get(); }
+  unsigned char& operator[](size_t i) const { return data_.get()[i]; }
+
+ private:
+  struct Free {
+    void operator()(unsigned char* p) const { std::free(p); }
+  };
+  std::unique_ptr<unsigned char, Free> data_;
+};
 
 struct EventInfo {
   EventFormat format;
@@ -118,7 +140,7 @@ struct EventDecoder::Impl {
   void Finish(const TraceMetadata& metadata, const TepSymbols* built);
   std::unordered_map<uint32_t, std::unique_ptr<EventInfo>> events;
   std::vector<EventInfo*> by_id;  // Dense index for the hot path.
-  std::vector<unsigned char> scratch;
+  ZeroedScratch scratch;
   std::unique_ptr<SymbolCache> symbols;
   // The file's kallsyms as libtraceevent's function resolver; null when
   // libtraceevent parsed it itself (TepSymbols::Build refused the text).
@@ -480,7 +502,7 @@ void EventDecoder::Impl::Finish(const TraceMetadata& metadata, const TepSymbols*
   }
   LoadCmdlines(tep, metadata.cmdlines);
   symbols = std::make_unique<SymbolCache>(tep);
-  scratch.assign(kScratchSize, 0);
+  scratch.Allocate(kScratchSize);
   trace_seq_init(&seq);
 }
 

@@ -138,8 +138,10 @@ Result<KernelLog> ReadLog(const CaptureInputs& in, FormatsService* formats,
   GuestMemoryRead reader = in.read_guest_memory;
   std::optional<int64_t> delta;
   if (in.guest_ram) {
+    const HostTime mapping = HostTime::Now();
     Result<DirectKernelMemory> direct =
         MapKernelMemory(in.guest_ram, sym, (*kf)->proc_version, in.read_guest_memory);
+    info["guest_ram_map_ms"] = MsSince(mapping);
     if (direct.ok()) {
       reader = std::move(direct->read);
       delta = direct->kaslr_delta;

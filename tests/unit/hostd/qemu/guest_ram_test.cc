@@ -48,6 +48,37 @@ TEST(GuestRamTest, TheMemorySpacesRamRangesOfAMegabyteOrMore) {
   EXPECT_EQ((*ranges)[1].bytes, 0x4000000u);
 }
 
+// Debian 13's QEMU 10.0 (q35, the same nodes): the "memory" view comes
+// first, views with no rendering sit among the others; the SMM view's RAM is
+// not counted again.
+TEST(GuestRamTest, Qemu10ListsTheMemoryViewFirst) {
+  const std::string text =
+      "FlatView #0\n"
+      " AS \"memory\", root: system\n"
+      " AS \"cpu-memory-0\", root: system\n"
+      " Root memory region: system\n"
+      "  0000000000000000-00000000000bffff (prio 0, ram): hvt_node0\n"
+      "  00000000000c0000-00000000000dffff (prio 1, rom): pc.rom\n"
+      "  0000000000100000-000000001bffffff (prio 0, ram): hvt_node0 @0000000000100000\n"
+      "  000000001c000000-000000001fffffff (prio 0, ram): hvt_node1\n"
+      "  00000000fee00000-00000000feefffff (prio 4096, i/o): apic-msi\n"
+      "\n"
+      "FlatView #1\n"
+      " AS \"cpu-smm-0\", root: memory\n"
+      " Root memory region: memory\n"
+      "  0000000000100000-000000001bffffff (prio 0, ram): hvt_node0 @0000000000100000\n"
+      "\n"
+      "FlatView #2\n"
+      " AS \"mch\", root: bus master container\n"
+      " Root memory region: (none)\n"
+      "  No rendered FlatView\n";
+  auto ranges = ParseRamFlatView(text);
+  ASSERT_TRUE(ranges.ok()) << ranges.error().message;
+  ASSERT_EQ(ranges->size(), 2u);
+  EXPECT_EQ((*ranges)[0].gpa, 0x100000u);
+  EXPECT_EQ((*ranges)[1].gpa, 0x1c000000u);
+}
+
 TEST(GuestRamTest, AnswersWithoutTheMemorySpaceOrRamAreErrors) {
   EXPECT_FALSE(ParseRamFlatView("").ok());
   EXPECT_FALSE(ParseRamFlatView("FlatView #0\n AS \"I/O\", root: io\n"

@@ -151,7 +151,8 @@ Result<KernelLog> ReadLog(const CaptureInputs& in, FormatsService* formats,
       info["guest_ram"] = {{"error", direct.error().message}};
     }
   }
-  info["reader"] = delta ? "guest-ram" : "qmp";
+  // "backend": QMP memsave, or libvirt's memory peek.
+  info["reader"] = delta ? "guest-ram" : "backend";
   if (!delta) {
     if (!in.read_guest_memory) return Error{"the VM's backend cannot read guest memory"};
     delta = FindDelta(in.read_guest_memory, Candidates(kaslr_hint(), sym.text), *sym.linux_banner,

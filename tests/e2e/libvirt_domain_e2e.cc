@@ -305,6 +305,11 @@ TEST(LibvirtE2e, LibvirtdRestartThenPanicWithOnCrashPreserve) {
   EXPECT_EQ(manifest["trigger"], "panic");
   const json& panic = manifest["extra"]["transport"]["panic"];
   EXPECT_EQ(panic["outcome"], "preserved") << manifest.dump(2);
+  // The guest's kernel log through libvirt's memory peek and the KASLR
+  // search (reader "backend": hvtraced maps no guest RAM of a libvirt domain).
+  const json& kernel_log = manifest["extra"]["kernel_log"];
+  EXPECT_EQ(kernel_log.value("source", ""), "printk-ring") << kernel_log.dump(2);
+  EXPECT_EQ(kernel_log.value("reader", ""), "backend") << kernel_log.dump(2);
   // The marker is in the capture (region.bin and, with formats, trace.dat).
   bool in_trace = false;
   for (const auto& e : fs::directory_iterator(path)) {

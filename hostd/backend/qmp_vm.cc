@@ -290,9 +290,19 @@ void QmpVmBackend::CheckStatusAtConnect(const HostTime& watch_began) {
 }
 
 void QmpVmBackend::MapGuestRam() {
-  const pid_t pid = vm_ ? vm_->pid() : spec_.pid;
-  // The link, not |this|: the answers may come after the backend is gone.
-  AsyncMapGuestRam(qmp_, pid, [link = memory_link_, name = spec_.qmp_socket](auto ram) {
+  // Only a QEMU this daemon started (or took back from its own records),
+  // and only while that very process answers on QMP (SO_PEERCRED): an
+  // adopted VM's pid comes from a client, and the daemon would read, with
+  // its own rights, whatever process that pid named.
+  const pid_t pid = vm_ ? vm_->pid() : -1;
+  const pid_t peer = qmp_->peer_pid();
+  std::string why;
+  if (pid <= 0) {
+    why = "hvtraced did not start this QEMU";
+  } else if (peer != pid) {
+    why = "QMP is answered by pid " + std::to_string(peer) + ", not QEMU's " + std::to_string(pid);
+  }
+  auto done = [link = memory_link_, name = spec_.qmp_socket](auto ram) {
     std::lock_guard lock(link->mu);
     if (!link->qmp) return;  // Stopped meanwhile.
     if (ram.ok()) {
@@ -302,7 +312,10 @@ void QmpVmBackend::MapGuestRam() {
     link->ram_error = ram.error().message;
     Log(LogLevel::kInfo,
         "QMP " + name + ": panic captures read guest memory through QMP: " + link->ram_error);
-  });
+  };
+  if (!why.empty()) return done(Result<std::shared_ptr<const GuestRam>>(Error{why}));
+  // The link, not |this|: the answers may come after the backend is gone.
+  AsyncMapGuestRam(qmp_, pid, std::move(done));
 }
 
 std::shared_ptr<const GuestRam> QmpVmBackend::guest_ram() const {

@@ -45,31 +45,47 @@ Result<uint64_t> ReadWord(const GuestRam& ram, uint64_t gpa, const char* what) {
 }
 
 // The physical address of `_text`: the one 2 MiB step of RAM whose banner
-// bytes are |proc_version|'s, read in one batch.
+// bytes are |proc_version|'s, read in batches of one system call each (a
+// 1 GiB guest: 527 steps, one batch); it stops at a second match.
 Result<uint64_t> FindImage(const GuestRam& ram, uint64_t banner_offset,
                            std::string_view proc_version, json& info) {
+  constexpr size_t kBatch = 1024;
+  const size_t len = proc_version.size();
   std::vector<uint64_t> at;
+  std::vector<std::byte> got(kBatch * len);
+  std::vector<uint64_t> matches;
+  uint64_t candidates = 0, read = 0;
+  auto check = [&] {
+    // A read that fails ends its system call's batch: go on after it.
+    for (size_t from = 0; from < at.size();) {
+      const size_t n = ram.ReadEach(std::span(at).subspan(from), len,
+                                    std::span(got).subspan(from * len));
+      read += n;
+      for (size_t i = from; i < from + n; ++i) {
+        if (std::memcmp(got.data() + i * len, proc_version.data(), len) == 0) {
+          matches.push_back(at[i] - banner_offset);
+        }
+      }
+      from += n + 1;
+    }
+    at.clear();
+  };
   for (const GuestRamRange& r : ram.ranges()) {
     const uint64_t first = (r.gpa + kPhysicalAlign - 1) / kPhysicalAlign * kPhysicalAlign;
-    for (uint64_t pa = first; pa + banner_offset + proc_version.size() <= r.gpa + r.bytes;
+    for (uint64_t pa = first; pa + banner_offset + len <= r.gpa + r.bytes && matches.size() < 2;
          pa += kPhysicalAlign) {
       at.push_back(pa + banner_offset);
+      ++candidates;
+      if (at.size() == kBatch) check();
     }
   }
-  std::vector<std::byte> got(at.size() * proc_version.size());
-  const size_t read = ram.ReadEach(at, proc_version.size(), got);
-  std::vector<uint64_t> matches;
-  for (size_t i = 0; i < read; ++i) {
-    if (std::memcmp(got.data() + i * proc_version.size(), proc_version.data(),
-                    proc_version.size()) == 0) {
-      matches.push_back(at[i] - banner_offset);
-    }
-  }
-  info["image_candidates"] = at.size();
+  if (!at.empty()) check();
+  info["image_candidates"] = candidates;
   info["image_candidates_read"] = read;
   if (matches.size() != 1) {
-    return Error{"the kernel's banner is at " + std::to_string(matches.size()) +
-                 " 2 MiB steps of guest RAM (of " + std::to_string(read) + " read), not one"};
+    return Error{"the kernel's banner is at " + std::string(matches.empty() ? "none" : "more than one") +
+                 " of the 2 MiB steps of guest RAM (" + std::to_string(read) + " of " +
+                 std::to_string(candidates) + " read)"};
   }
   return matches.front();
 }

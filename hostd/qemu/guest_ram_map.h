@@ -18,7 +18,8 @@ namespace hvtrace::hostd {
 using GuestRamDone = std::function<void(Result<std::shared_ptr<const GuestRam>>)>;
 
 // Calls |done| once, on |qmp|'s executor; an error says which step failed
-// and for which QEMU pid.
+// and for which QEMU pid. |pid| must be the process that answers on |qmp|
+// (QmpClient::peer_pid): the reads go to it at the addresses it gave.
 void AsyncMapGuestRam(std::shared_ptr<QmpClient> qmp, pid_t pid, GuestRamDone done);
 
 }  // namespace hvtrace::hostd

@@ -1,5 +1,7 @@
 #include "qmp_client.h"
 
+#include <sys/socket.h>
+
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/executor_work_guard.hpp>
@@ -88,6 +90,15 @@ void QmpClient::TryConnect() {
             if (!tec && self->state_ == State::kConnecting) self->TryConnect();
           });
           return;
+        }
+        // Who listens: the kernel's word for QEMU's pid, where a pid a
+        // client gave could name any process.
+        struct ucred cred {};
+        socklen_t len = sizeof cred;
+        if (::getsockopt(self->socket_.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) ==
+                0 &&
+            cred.pid > 0) {
+          self->peer_pid_.store(cred.pid);
         }
         self->state_ = State::kNegotiating;
         self->StartRead();

@@ -14,6 +14,9 @@
 #ifndef HVTRACE_HOSTD_QMP_CLIENT_H_
 #define HVTRACE_HOSTD_QMP_CLIENT_H_
 
+#include <sys/types.h>
+
+#include <atomic>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
@@ -84,6 +87,9 @@ class QmpClient : public std::enable_shared_from_this<QmpClient> {
 
   // The greeting's "QMP" object (version, capabilities); set once connected.
   const nlohmann::json& greeting() const { return greeting_; }
+  // The pid of the process listening on the socket (SO_PEERCRED), once
+  // connected; -1 before, or when the kernel did not say.
+  pid_t peer_pid() const { return peer_pid_.load(); }
 
  private:
   enum class State { kIdle, kConnecting, kNegotiating, kReady, kClosed };
@@ -115,6 +121,7 @@ class QmpClient : public std::enable_shared_from_this<QmpClient> {
   EventHandler event_handler_;
   DisconnectHandler disconnect_handler_;
   nlohmann::json greeting_;
+  std::atomic<pid_t> peer_pid_{-1};
   uint64_t next_id_ = 1;
   std::map<uint64_t, Pending> pending_;
   std::deque<std::string> write_queue_;
@@ -151,6 +158,7 @@ class QmpSyncClient {
   // When the disconnect was noticed (for latency checks).
   std::optional<std::chrono::steady_clock::time_point> disconnected_at() const;
   const nlohmann::json& greeting() const { return client_->greeting(); }
+  pid_t peer_pid() const { return client_->peer_pid(); }
 
  private:
   QmpSyncClient();

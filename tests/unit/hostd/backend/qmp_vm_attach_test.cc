@@ -110,9 +110,10 @@ class QmpVmAttachTest : public ::testing::Test {
     backend_.reset();
     fs::remove_all(dir_);
   }
-  void StartBackend() {
+  void StartBackend(pid_t pid = -1) {
     QmpVmSpec spec;
     spec.qmp_socket = qemu_.path();
+    spec.pid = pid;
     backend_ = std::make_unique<QmpVmBackend>(io_.get_executor(), spec, nullptr, dir_);
     backend_->Start(sink_);
   }
@@ -143,6 +144,22 @@ class QmpVmAttachTest : public ::testing::Test {
   NullSink sink_;
   std::unique_ptr<QmpVmBackend> backend_;
 };
+
+// An adopted VM's pid is a client's word: the backend never reads that
+// process's memory as the guest's RAM (nor asks QEMU where its RAM is), even
+// when the pid is the very process that answers on QMP (here, this one).
+TEST_F(QmpVmAttachTest, Malicious_AnAdoptedVmsPidIsNeverReadAsItsGuestRam) {
+  StartBackend(::getpid());
+  json described;
+  for (int i = 0; i < 200 && !described.contains("guest_ram"); ++i) {
+    io_.run_for(10ms);
+    described = backend_->Describe();
+  }
+  ASSERT_TRUE(described.contains("guest_ram")) << described.dump(2);
+  EXPECT_EQ(described["guest_ram"]["error"], "hvtraced did not start this QEMU");
+  EXPECT_EQ(backend_->guest_ram(), nullptr);
+  for (const std::string& c : qemu_.Commands()) EXPECT_NE(c, "human-monitor-command");
+}
 
 TEST_F(QmpVmAttachTest, OnPcTheRegionIsAFileBackendAndAnIvshmemDevice) {
   StartBackend();

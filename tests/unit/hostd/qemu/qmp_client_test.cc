@@ -44,6 +44,8 @@ TEST(QmpClientTest, CommandsEventsAndErrors) {
   auto qmp = QmpSyncClient::Connect(server.path(), 5s);
   ASSERT_TRUE(qmp.ok()) << qmp.error().message;
   EXPECT_EQ((*qmp)->greeting()["version"]["qemu"]["major"], 7);
+  // The listener, as the kernel says (the scripted peer runs in this process).
+  EXPECT_EQ((*qmp)->peer_pid(), ::getpid());
 
   auto status = (*qmp)->Execute("query-status");
   ASSERT_TRUE(status.ok()) << status.error().message;

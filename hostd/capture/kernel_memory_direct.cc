@@ -58,8 +58,8 @@ Result<uint64_t> FindImage(const GuestRam& ram, uint64_t banner_offset,
   auto check = [&] {
     // A read that fails ends its system call's batch: go on after it.
     for (size_t from = 0; from < at.size();) {
-      const size_t n = ram.ReadEach(std::span(at).subspan(from), len,
-                                    std::span(got).subspan(from * len));
+      const size_t n =
+          ram.ReadEach(std::span(at).subspan(from), len, std::span(got).subspan(from * len));
       read += n;
       for (size_t i = from; i < from + n; ++i) {
         if (std::memcmp(got.data() + i * len, proc_version.data(), len) == 0) {
@@ -83,7 +83,8 @@ Result<uint64_t> FindImage(const GuestRam& ram, uint64_t banner_offset,
   info["image_candidates"] = candidates;
   info["image_candidates_read"] = read;
   if (matches.size() != 1) {
-    return Error{"the kernel's banner is at " + std::string(matches.empty() ? "none" : "more than one") +
+    return Error{"the kernel's banner is at " +
+                 std::string(matches.empty() ? "none" : "more than one") +
                  " of the 2 MiB steps of guest RAM (" + std::to_string(read) + " of " +
                  std::to_string(candidates) + " read)"};
   }

@@ -15,16 +15,15 @@
 #include "hvtrace/memory_record.h"
 #include "hvtrace/printk_ring.h"
 #include "kernel_memory_direct.h"
+#include "kernel_symbols.h"
 
 namespace hvtrace::hostd {
 namespace {
 
 using nlohmann::json;
 
-// x86_64's kernel image area (__START_KERNEL_map, KERNEL_IMAGE_SIZE) and
-// the KASLR step (CONFIG_PHYSICAL_ALIGN's minimum): where `_text` can be.
-constexpr uint64_t kImageAreaStart = 0xffffffff80000000ull;
-constexpr uint64_t kImageAreaEnd = 0xffffffffc0000000ull;
+// The KASLR step (CONFIG_PHYSICAL_ALIGN's minimum): where in the image area
+// (kernel_symbols.h kImageStart..kImageEnd) `_text` can be.
 constexpr uint64_t kKaslrStep = 0x200000;
 // The scan stops here: a guest whose banner is nowhere is not searched for
 // longer while its vCPUs wait.
@@ -45,7 +44,7 @@ KernelLogSymbols FindSymbols(const KernelFormats& formats) {
     if (name == "page_offset_base") out.page_offset_base = s.addr;
     if (name == "_end") out.end = s.addr;
     if (name == "_stext") out.stext = s.addr;
-    if (s.addr >= kImageAreaStart && s.addr < kImageAreaEnd) last = std::max(last, s.addr);
+    if (InKernelImage(s.addr)) last = std::max(last, s.addr);
   }
   if (!out.end && last != 0) out.end = last + 1;
   return out;
@@ -66,8 +65,8 @@ std::vector<int64_t> Candidates(std::optional<int64_t> hint, std::optional<uint6
   std::vector<int64_t> out;
   if (hint) out.push_back(*hint);
   out.push_back(0);
-  if (text && *text >= kImageAreaStart) {
-    for (uint64_t at = kImageAreaStart; at < kImageAreaEnd; at += kKaslrStep) {
+  if (text && *text >= kImageStart) {
+    for (uint64_t at = kImageStart; at < kImageEnd; at += kKaslrStep) {
       out.push_back(static_cast<int64_t>(at - *text));
     }
   }

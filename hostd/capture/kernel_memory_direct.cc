@@ -1,6 +1,5 @@
 #include "kernel_memory_direct.h"
 
-#include <charconv>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -17,24 +16,11 @@ using nlohmann::json;
 // CONFIG_PHYSICAL_ALIGN of x86_64 kernels (Debian's, and the minimum
 // KASLR uses): the image starts at a multiple of it.
 constexpr uint64_t kPhysicalAlign = 2ull << 20;
-// __START_KERNEL_map: the image's virtual base, which phys_base is relative to.
-constexpr uint64_t kStartKernelMap = 0xffffffff80000000ull;
 // __PAGE_OFFSET_BASE_L4: the direct map's base without CONFIG_RANDOMIZE_MEMORY.
 constexpr uint64_t kDefaultPageOffset = 0xffff888000000000ull;
 // The direct map spans at most 64 TiB (4-level) / 32 PiB (5-level); RAM
 // bounds the translation in any case (GuestRam::Read refuses the rest).
 constexpr uint64_t kDirectMapSpan = 1ull << 52;
-
-std::optional<int64_t> SignedNumber(std::optional<std::string_view> text) {
-  if (!text || text->empty()) return std::nullopt;
-  std::string_view t = *text;
-  const bool negative = t.front() == '-';
-  if (negative) t.remove_prefix(1);
-  uint64_t v = 0;
-  const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
-  if (ec != std::errc() || end != t.data() + t.size()) return std::nullopt;
-  return negative ? -static_cast<int64_t>(v) : static_cast<int64_t>(v);
-}
 
 Result<uint64_t> ReadWord(const GuestRam& ram, uint64_t gpa, const char* what) {
   uint64_t v = 0;
@@ -152,7 +138,7 @@ Result<DirectKernelMemory> MapKernelMemory(std::shared_ptr<const GuestRam> ram,
     return Error{"reading VMCOREINFO: " + s.error().message};
   const Vmcoreinfo vmcoreinfo = Vmcoreinfo::Parse(text);
   const std::optional<uint64_t> stext = vmcoreinfo.Symbol("_stext");
-  const std::optional<int64_t> phys_base = SignedNumber(vmcoreinfo.Value("NUMBER(phys_base)"));
+  const std::optional<int64_t> phys_base = vmcoreinfo.Number("phys_base");
   if (!stext || !InKernelImage(*stext)) return Error{"VMCOREINFO has no usable SYMBOL(_stext)"};
   const int64_t delta = static_cast<int64_t>(*stext - *sym.stext);
   if (delta % static_cast<int64_t>(kPhysicalAlign) != 0 || !InKernelImage(*sym.text + delta)) {
@@ -161,8 +147,9 @@ Result<DirectKernelMemory> MapKernelMemory(std::shared_ptr<const GuestRam> ram,
   }
   t.image_va = *sym.text + static_cast<uint64_t>(delta);
   // The image is where the kernel's own page tables say, or it is a stale
-  // copy: _text's physical address = its offset in the image map + phys_base.
-  if (phys_base && t.image_pa != t.image_va - kStartKernelMap + static_cast<uint64_t>(*phys_base)) {
+  // copy: _text's physical address = its offset in the image map
+  // (__START_KERNEL_map = kImageStart) + phys_base.
+  if (phys_base && t.image_pa != t.image_va - kImageStart + static_cast<uint64_t>(*phys_base)) {
     return Error{"the banner's image at " + HexText(t.image_pa) +
                  " is not where VMCOREINFO's phys_base puts the running kernel"};
   }

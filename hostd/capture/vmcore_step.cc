@@ -1,7 +1,6 @@
 #include "vmcore_step.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -159,7 +158,8 @@ std::optional<uint64_t> FixPhysBase(const fs::path& file, const std::string& rea
   std::string text(size, '\0');
   f.seekg(static_cast<std::streamoff>(offset));
   if (!f.read(text.data(), static_cast<std::streamsize>(size))) return std::nullopt;
-  const auto number = Vmcoreinfo::Parse(text).Value("NUMBER(phys_base)");
+  const Vmcoreinfo vmcoreinfo = Vmcoreinfo::Parse(text);
+  const auto number = vmcoreinfo.Value("NUMBER(phys_base)");
   if (!number) {
     info["phys_base_unchecked"] = "VMCOREINFO without NUMBER(phys_base)";
     return std::nullopt;
@@ -167,14 +167,12 @@ std::optional<uint64_t> FixPhysBase(const fs::path& file, const std::string& rea
   // Signed: the kernel prints phys_base with %ld, and a kernel loaded below
   // its link-time physical address has a negative one (Debian's 7.3 under
   // KASLR: -140509184); the sub-header holds it as the u64 it wraps to.
-  int64_t signed_want = 0;
-  const auto [end, ec] =
-      std::from_chars(number->data(), number->data() + number->size(), signed_want);
-  if (ec != std::errc() || end != number->data() + number->size()) {
+  const std::optional<int64_t> signed_want = vmcoreinfo.Number("phys_base");
+  if (!signed_want) {
     info["phys_base_unchecked"] = "NUMBER(phys_base)=" + std::string(*number) + " is no number";
     return std::nullopt;
   }
-  const uint64_t want = static_cast<uint64_t>(signed_want);
+  const uint64_t want = static_cast<uint64_t>(*signed_want);
   info["vmcoreinfo"] = true;
   if (want == phys_base) return phys_base;
   f.seekp(block_size);

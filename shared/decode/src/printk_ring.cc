@@ -261,6 +261,15 @@ std::optional<uint64_t> Vmcoreinfo::Size(std::string_view type) const {
   return v ? ParseNumber(*v, 10) : std::nullopt;
 }
 
+std::optional<int64_t> Vmcoreinfo::Number(std::string_view name) const {
+  auto v = Value("NUMBER(" + std::string(name) + ")");
+  if (!v || v->empty()) return std::nullopt;
+  int64_t n = 0;
+  const auto [end, ec] = std::from_chars(v->data(), v->data() + v->size(), n);
+  if (ec != std::errc() || end != v->data() + v->size()) return std::nullopt;
+  return n;
+}
+
 Result<KernelLog> ReadPrintkRing(const Vmcoreinfo& info, const GuestMemoryRead& read,
                                  PrintkRingInfo* found_out) {
   PrintkRingInfo found;

@@ -63,6 +63,8 @@ class Vmcoreinfo {
   std::optional<uint64_t> Symbol(std::string_view name) const;    // SYMBOL(name), hex.
   std::optional<uint64_t> Offset(std::string_view member) const;  // OFFSET(type.member), decimal.
   std::optional<uint64_t> Size(std::string_view type) const;      // SIZE(type), decimal.
+  // NUMBER(name), signed decimal (the kernel prints them with %ld).
+  std::optional<int64_t> Number(std::string_view name) const;
   size_t size() const { return values_.size(); }
 
  private:

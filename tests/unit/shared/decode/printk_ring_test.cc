@@ -164,13 +164,17 @@ std::vector<std::string> Texts(const KernelLog& log) {
 TEST(VmcoreinfoTest, ParsesKeysSymbolsOffsetsSizes) {
   const Vmcoreinfo v = Vmcoreinfo::Parse(
       "OSRELEASE=6.12\nSYMBOL(prb)=ffffffff8a2b3c40\nOFFSET(printk_info.seq)=0\n"
-      "SIZE(prb_desc)=24\nnot a line\n=empty\nSIZE(bad)=12x\n");
+      "SIZE(prb_desc)=24\nnot a line\n=empty\nSIZE(bad)=12x\n"
+      "NUMBER(phys_base)=-140509184\nNUMBER(bad)=1-\n");
   EXPECT_EQ(v.Value("OSRELEASE"), "6.12");
   EXPECT_EQ(v.Symbol("prb"), 0xffffffff8a2b3c40ull);
   EXPECT_EQ(v.Offset("printk_info.seq"), 0u);
   EXPECT_EQ(v.Size("prb_desc"), 24u);
   EXPECT_FALSE(v.Size("bad"));
   EXPECT_FALSE(v.Symbol("missing"));
+  EXPECT_EQ(v.Number("phys_base"), -140509184);
+  EXPECT_FALSE(v.Number("bad"));
+  EXPECT_FALSE(v.Number("missing"));
 }
 
 TEST(VmcoreinfoTest, StopsAtNulAndAtTheBound) {

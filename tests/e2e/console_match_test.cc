@@ -58,5 +58,25 @@ TEST(ConsoleMatchTest, ALineWithItsMiddleLostIsGarbled) {
   EXPECT_EQ(r.garbled, 1u);
 }
 
+TEST(ConsoleMatchTest, ARemnantOfAFewCharactersIsGarbledWhenTheNextLinesStartSo) {
+  // CI, 2026-12-05 (7.3 guest): "pp" on the console, the 8250's hand-over.
+  const auto printed = Lines({"ss",
+                              "Dentry cache hash table entries: 65536 (order: 7, 524288 "
+                              "bytes, linear)"});
+  const ConsoleMatch r = MatchConsoleInLog(printed, Lines(kLog), false, "console match test");
+  EXPECT_EQ(r.missing, 0u);
+  EXPECT_EQ(r.garbled, 1u);
+}
+
+TEST(ConsoleMatchTest, ARemnantNoNextLineStartsWithIsMissing) {
+  EXPECT_NONFATAL_FAILURE(
+      {
+        const ConsoleMatch r =
+            MatchConsoleInLog(Lines({"zq"}), Lines(kLog), false, "console match test");
+        EXPECT_EQ(r.missing, 1u);
+      },
+      "console line not in the capture's log");
+}
+
 }  // namespace
 }  // namespace hvtrace::e2e

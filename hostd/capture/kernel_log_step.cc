@@ -33,20 +33,15 @@ KernelLogSymbols FindSymbols(const KernelFormats& formats) {
   KernelLogSymbols out;
   std::shared_ptr<const KernelSymbols> symbols = SymbolsOf(formats);
   if (!symbols) return out;
-  out.text = symbols->image().text;
-  uint64_t last = 0;
-  for (const KallsymsTable::Symbol& s : symbols->table().symbols()) {
-    if (s.module) continue;
-    const std::string_view name = KallsymsTable::Name(formats.kallsyms, s);
-    if (name == "vmcoreinfo_data") out.vmcoreinfo_data = s.addr;
-    if (name == "vmcoreinfo_size") out.vmcoreinfo_size = s.addr;
-    if (name == "linux_banner") out.linux_banner = s.addr;
-    if (name == "page_offset_base") out.page_offset_base = s.addr;
-    if (name == "_end") out.end = s.addr;
-    if (name == "_stext") out.stext = s.addr;
-    if (InKernelImage(s.addr)) last = std::max(last, s.addr);
-  }
-  if (!out.end && last != 0) out.end = last + 1;
+  const ImageSymbols& ix = symbols->image();
+  out.text = ix.text;
+  out.stext = ix.stext;
+  out.end = ix.end;
+  out.linux_banner = ix.linux_banner;
+  out.vmcoreinfo_data = ix.vmcoreinfo_data;
+  out.vmcoreinfo_size = ix.vmcoreinfo_size;
+  out.page_offset_base = ix.page_offset_base;
+  if (!out.end && ix.image_last != 0) out.end = ix.image_last + 1;
   return out;
 }
 

@@ -35,6 +35,17 @@ std::vector<uint64_t> ImageFormats(std::string_view text) {
   return out;
 }
 
+// The kernel log reader's symbols (ImageSymbols): the last line wins.
+void NoteLogSymbol(ImageSymbols& ix, std::string_view name, uint64_t addr) {
+  if (InKernelImage(addr)) ix.image_last = std::max(ix.image_last, addr);
+  if (name == "_stext") ix.stext = addr;
+  if (name == "_end") ix.end = addr;
+  if (name == "linux_banner") ix.linux_banner = addr;
+  if (name == "vmcoreinfo_data") ix.vmcoreinfo_data = addr;
+  if (name == "vmcoreinfo_size") ix.vmcoreinfo_size = addr;
+  if (name == "page_offset_base") ix.page_offset_base = addr;
+}
+
 }  // namespace
 
 std::shared_ptr<const KernelSymbols> KernelSymbols::Build(std::string_view kallsyms,
@@ -53,6 +64,7 @@ std::shared_ptr<const KernelSymbols> KernelSymbols::Build(std::string_view kalls
     if (s.module) continue;
     if (name == "_text") FirstInFile(ix.text, text_at, s);
     if (name == "rb_meta_init_text_addr") FirstInFile(ix.meta_init_text_addr, meta_at, s);
+    NoteLogSymbol(ix, name, s.addr);
     // Module symbols were the harvest boot's; absolute ones are not code.
     if (!InKernelImage(s.addr) || s.type == 'A' || s.type == 'a') continue;
     all.push_back(s.addr);

@@ -56,7 +56,14 @@ Result<std::string> EncodeHeader(const TraceDatWriterInput& in) {
     return Error{"trace.dat: trace clock name '" + in.trace_clock + "' is not a clock name"};
   }
 
+  // Sized once: the formats, kallsyms and printk formats are most of a
+  // header (~1.7 MB for a 6.12 kernel), and growing by doubling copied them
+  // again at each step.
+  size_t texts = in.header_page.size() + in.header_event.size() + in.kallsyms.size() +
+                 in.printk_formats.size() + in.cmdlines.size() + in.last_boot_info.size();
+  for (const FormatText& f : in.formats) texts += f.system.size() + f.text.size() + 16;
   std::string out;
+  out.reserve(texts + 1024 + 16 * in.cpus.size() + in.trace_clock.size());
   out.append("\x17\x08\x44tracing", 10);
   PutCString(&out, "6");
   out.push_back(0);  // Little endian.

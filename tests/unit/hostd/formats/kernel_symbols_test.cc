@@ -58,6 +58,28 @@ TEST(KernelSymbolsTest, SplitsTheRegisteredSymbolsIntoMovableAndFixed) {
   EXPECT_EQ(fixed, (std::vector<std::string>{"mod_fn\t[m]", "_text\t[m]"}));
 }
 
+TEST(KernelSymbolsTest, NotesWhereTheKernelLogReaderStarts) {
+  auto symbols = KernelSymbols::Build(
+      "ffffffff81000000 T _text\n"
+      "ffffffff81000000 T _stext\n"
+      "ffffffff82000000 D linux_banner\n"
+      "ffffffff82000100 D page_offset_base\n"
+      "ffffffff82000200 D vmcoreinfo_data\n"
+      "ffffffff82000208 D vmcoreinfo_size\n"
+      "ffffffff82000300 D vmcoreinfo_size\n"    // The last line of a name wins.
+      "ffffffffc0001000 d linux_banner\t[m]\n"  // A module's: not the kernel's.
+      "ffffffff83000000 B __bss_stop\n",
+      "");
+  const ImageSymbols& im = symbols->image();
+  EXPECT_EQ(im.stext, 0xffffffff81000000ull);
+  EXPECT_EQ(im.linux_banner, 0xffffffff82000000ull);
+  EXPECT_EQ(im.page_offset_base, 0xffffffff82000100ull);
+  EXPECT_EQ(im.vmcoreinfo_data, 0xffffffff82000200ull);
+  EXPECT_EQ(im.vmcoreinfo_size, 0xffffffff82000300ull);
+  EXPECT_FALSE(im.end);  // No _end line: the reader takes the highest image address.
+  EXPECT_EQ(im.image_last, 0xffffffff83000000ull);
+}
+
 TEST(KernelSymbolsTest, NoSymbolsNoImage) {
   auto symbols = KernelSymbols::Build("0000000000000000 T _text\n0000000000000000 T _stext\n", "");
   EXPECT_TRUE(symbols->image().starts.empty());

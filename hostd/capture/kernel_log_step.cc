@@ -34,13 +34,7 @@ KernelLogSymbols FindSymbols(const KernelFormats& formats) {
   std::shared_ptr<const KernelSymbols> symbols = SymbolsOf(formats);
   if (!symbols) return out;
   const ImageSymbols& ix = symbols->image();
-  out.text = ix.text;
-  out.stext = ix.stext;
-  out.end = ix.end;
-  out.linux_banner = ix.linux_banner;
-  out.vmcoreinfo_data = ix.vmcoreinfo_data;
-  out.vmcoreinfo_size = ix.vmcoreinfo_size;
-  out.page_offset_base = ix.page_offset_base;
+  out = ix.log;
   if (!out.end && ix.image_last != 0) out.end = ix.image_last + 1;
   return out;
 }

@@ -30,14 +30,9 @@
 #include "guest_ram.h"
 #include "hvtrace/printk_ring.h"
 #include "hvtrace/result.h"
+#include "kernel_symbols.h"
 
 namespace hvtrace::hostd {
-
-// The guest kernel's link-time addresses (its kallsyms) the reads start from.
-struct KernelLogSymbols {
-  std::optional<uint64_t> text, stext, end;  // _text, _stext, _end (or the last image symbol).
-  std::optional<uint64_t> linux_banner, vmcoreinfo_data, vmcoreinfo_size, page_offset_base;
-};
 
 struct DirectKernelMemory {
   GuestMemoryRead read;  // Kernel virtual address -> bytes.

@@ -38,12 +38,13 @@ std::vector<uint64_t> ImageFormats(std::string_view text) {
 // The kernel log reader's symbols (ImageSymbols): the last line wins.
 void NoteLogSymbol(ImageSymbols& ix, std::string_view name, uint64_t addr) {
   if (InKernelImage(addr)) ix.image_last = std::max(ix.image_last, addr);
-  if (name == "_stext") ix.stext = addr;
-  if (name == "_end") ix.end = addr;
-  if (name == "linux_banner") ix.linux_banner = addr;
-  if (name == "vmcoreinfo_data") ix.vmcoreinfo_data = addr;
-  if (name == "vmcoreinfo_size") ix.vmcoreinfo_size = addr;
-  if (name == "page_offset_base") ix.page_offset_base = addr;
+  KernelLogSymbols& log = ix.log;
+  if (name == "_stext") log.stext = addr;
+  if (name == "_end") log.end = addr;
+  if (name == "linux_banner") log.linux_banner = addr;
+  if (name == "vmcoreinfo_data") log.vmcoreinfo_data = addr;
+  if (name == "vmcoreinfo_size") log.vmcoreinfo_size = addr;
+  if (name == "page_offset_base") log.page_offset_base = addr;
 }
 
 }  // namespace
@@ -75,6 +76,7 @@ std::shared_ptr<const KernelSymbols> KernelSymbols::Build(std::string_view kalls
       ix.starts.push_back(s.addr);
     }
   }
+  ix.log.text = ix.text;
   ix.formats = ImageFormats(printk_formats);
   ix.starts.erase(std::unique(ix.starts.begin(), ix.starts.end()), ix.starts.end());
   if (ix.starts.empty()) return out;

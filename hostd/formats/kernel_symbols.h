@@ -24,6 +24,13 @@ constexpr uint64_t kImageStart = 0xffffffff80000000ull;
 constexpr uint64_t kImageEnd = 0xffffffffc0000000ull;
 inline bool InKernelImage(uint64_t v) { return v >= kImageStart && v < kImageEnd; }
 
+// The guest kernel's link-time addresses (its kallsyms) a read of its log
+// from guest memory starts from (kernel_memory_direct.h).
+struct KernelLogSymbols {
+  std::optional<uint64_t> text, stext, end;  // _text, _stext, _end (or the last image symbol).
+  std::optional<uint64_t> linux_banner, vmcoreinfo_data, vmcoreinfo_size, page_offset_base;
+};
+
 // The kernel image's symbols (0xffffffff80000000..0xffffffffc0000000, no
 // module or absolute ones) as the KASLR evidence reads them.
 struct ImageSymbols {
@@ -34,12 +41,11 @@ struct ImageSymbols {
   // The first "_text" and "rb_meta_init_text_addr" lines' addresses (the
   // 6.12 meta's text_addr is relative to one of them).
   std::optional<uint64_t> text, meta_init_text_addr;
-  // What a read of the kernel's log from guest memory starts from
-  // (kernel_log_step.cc): the last core-kernel line of each name, and the
-  // highest image address of any. Found here, with the rest: a walk of the
-  // symbols by name at the panic was ~40 % of that step's instructions.
-  std::optional<uint64_t> stext, end, linux_banner, vmcoreinfo_data, vmcoreinfo_size,
-      page_offset_base;
+  // What a read of the kernel's log from guest memory starts from: the last
+  // core-kernel line of each name (|log.text| is |text|), and the highest
+  // image address of any. Found here, with the rest: a walk of the symbols
+  // by name at the panic was ~40 % of that step's instructions.
+  KernelLogSymbols log;
   uint64_t image_last = 0;
 };
 

@@ -71,12 +71,12 @@ TEST(KernelSymbolsTest, NotesWhereTheKernelLogReaderStarts) {
       "ffffffff83000000 B __bss_stop\n",
       "");
   const ImageSymbols& im = symbols->image();
-  EXPECT_EQ(im.stext, 0xffffffff81000000ull);
-  EXPECT_EQ(im.linux_banner, 0xffffffff82000000ull);
-  EXPECT_EQ(im.page_offset_base, 0xffffffff82000100ull);
-  EXPECT_EQ(im.vmcoreinfo_data, 0xffffffff82000200ull);
-  EXPECT_EQ(im.vmcoreinfo_size, 0xffffffff82000300ull);
-  EXPECT_FALSE(im.end);  // No _end line: the reader takes the highest image address.
+  EXPECT_EQ(im.log.stext, 0xffffffff81000000ull);
+  EXPECT_EQ(im.log.linux_banner, 0xffffffff82000000ull);
+  EXPECT_EQ(im.log.page_offset_base, 0xffffffff82000100ull);
+  EXPECT_EQ(im.log.vmcoreinfo_data, 0xffffffff82000200ull);
+  EXPECT_EQ(im.log.vmcoreinfo_size, 0xffffffff82000300ull);
+  EXPECT_FALSE(im.log.end);  // No _end line: the reader takes the highest image address.
   EXPECT_EQ(im.image_last, 0xffffffff83000000ull);
 }
 

@@ -58,6 +58,10 @@ std::string PrintableLogText(std::string_view text);
 // scan.
 void MakePrintableFrom(std::string* text, size_t from);
 
+// Appends dmesg's stamp of |ts_ns|: "[%5lu.%06lu]" (seconds, then
+// microseconds), no space after it.
+void AppendDmesgStamp(uint64_t ts_ns, std::string* out);
+
 // One record as dmesg prints it: "[%5lu.%06lu] text" (the text made
 // printable), no newline.
 std::string DmesgLine(const KernelLogRecord& record);

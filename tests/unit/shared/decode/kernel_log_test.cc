@@ -8,6 +8,26 @@
 namespace hvtrace {
 namespace {
 
+// dmesg's "[%5lu.%06lu]", written by hand: compared with snprintf's over
+// the widths the seconds take, and a DmesgLine.
+TEST(AppendDmesgStamp, PrintsAsSnprintfWould) {
+  for (uint64_t ts : {uint64_t{0}, uint64_t{999}, uint64_t{1000}, uint64_t{2000},
+                      uint64_t{123456789012}, uint64_t{99999999999999}, uint64_t{100000000000000},
+                      uint64_t{1234567000000999}, ~uint64_t{0}}) {
+    char want[64];
+    std::snprintf(want, sizeof want, "[%5llu.%06llu]",
+                  static_cast<unsigned long long>(ts / 1000000000),
+                  static_cast<unsigned long long>(ts % 1000000000 / 1000));
+    std::string got = "x";
+    AppendDmesgStamp(ts, &got);
+    EXPECT_EQ(got, std::string("x") + want) << ts;
+  }
+  KernelLogRecord r;
+  r.ts_ns = 2500000;
+  r.text = "sysrq: \x1b[2J";
+  EXPECT_EQ(DmesgLine(r), "[    0.002500] sysrq: \\x1b[2J");
+}
+
 TEST(PrintableLogText, PrintableAsciiAndUtf8PassUnchanged) {
   EXPECT_EQ(PrintableLogText("Kernel panic - not syncing: sysrq triggered crash"),
             "Kernel panic - not syncing: sysrq triggered crash");

@@ -272,15 +272,12 @@ std::optional<BootKernels::Candidate> BootKernels::CandidateFor(const std::strin
   const auto start = std::chrono::steady_clock::now();
   std::optional<Candidate> found;
   if (service_ != nullptr && !service_->root().empty()) {
-    FormatCache cache(service_->root());
     std::vector<std::string> problems;
-    Result<std::vector<CacheEntrySummary>> list = cache.List(&problems);
+    Result<std::vector<CacheEntrySummary>> list = service_->Entries(&problems);
     for (const std::string& p : problems) cache_problems_.push_back(p);
     if (list.ok()) {
       for (const CacheEntrySummary& e : *list) {
-        Result<std::optional<json>> m = cache.Lookup(e.key);
-        if (!m.ok() || !*m) continue;
-        if (Trim((**m).value("proc_version", std::string())) != banner) continue;
+        if (Trim(e.proc_version) != banner) continue;
         Result<std::shared_ptr<const KernelFormats>> got = service_->Get(e.key);
         if (!got.ok()) {
           cache_problems_.push_back(e.key + ": " + got.error().message);

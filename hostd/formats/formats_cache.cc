@@ -300,6 +300,7 @@ Result<std::vector<CacheEntrySummary>> FormatCache::List(std::vector<std::string
     s.kernel_path = m.value("kernel_path", "");
     s.events = m.value("events", uint64_t{0});
     s.harvested_utc = m.value("harvested_utc", "");
+    s.proc_version = m.value("proc_version", "");
     out.push_back(std::move(s));
   }
   std::sort(out.begin(), out.end(), [](const CacheEntrySummary& a, const CacheEntrySummary& b) {

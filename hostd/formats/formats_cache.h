@@ -122,6 +122,7 @@ struct CacheEntrySummary {
   std::string kernel_path;  // As given to the harvest that made the entry.
   uint64_t events = 0;
   std::string harvested_utc;
+  std::string proc_version;  // The kernel's /proc/version, as harvested.
 };
 
 class FormatCache {

@@ -1,5 +1,7 @@
 #include "formats_service.h"
 
+#include <sys/stat.h>
+
 #include <boost/asio/post.hpp>
 #include <optional>
 #include <utility>
@@ -51,9 +53,45 @@ Result<std::shared_ptr<const KernelFormats>> FormatsService::Get(const std::stri
   return shared;
 }
 
+Result<std::vector<CacheEntrySummary>> FormatsService::Entries(std::vector<std::string>* problems) {
+  FormatCache cache(root_);
+  // Stat before listing: a change while the list is taken leaves the old
+  // stamp, so the next call lists again.
+  struct stat st {};
+  std::optional<std::array<int64_t, 5>> stamp;
+  if (::stat(cache.formats_dir().c_str(), &st) == 0) {
+    stamp = {static_cast<int64_t>(st.st_ino), st.st_mtim.tv_sec, st.st_mtim.tv_nsec,
+             st.st_ctim.tv_sec, st.st_ctim.tv_nsec};
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (stamp && listing_ && listing_->stamp == *stamp) {
+      if (problems != nullptr)
+        problems->insert(problems->end(), listing_->problems.begin(), listing_->problems.end());
+      return listing_->entries;
+    }
+  }
+  std::vector<std::string> found_problems;
+  Result<std::vector<CacheEntrySummary>> list = cache.List(&found_problems);
+  if (problems != nullptr) {
+    problems->insert(problems->end(), found_problems.begin(), found_problems.end());
+  }
+  if (!list.ok()) return list.error();
+  std::lock_guard lock(mu_);
+  if (stamp) {
+    listing_ = Listing{*stamp, *list, std::move(found_problems)};
+  } else {
+    listing_.reset();
+  }
+  return list;
+}
+
 void FormatsService::Prepare(const std::string& key, const std::string& kernel) {
   if (root_.empty() || !IsValidKernelKey(key)) return;
   boost::asio::post(pool_, [self = shared_from_this(), key, kernel] {
+    // The listing a panic's decode finds each boot's kernel in, taken now
+    // rather than at the panic (Entries).
+    (void)self->Entries(nullptr);
     Result<std::shared_ptr<const KernelFormats>> got = self->Get(key);
     if (!got.ok()) {
       self->log_(LogLevel::kWarning, "formats " + key + ": " + got.error().message);

@@ -20,6 +20,7 @@
 #ifndef HVTRACE_HOSTD_FORMATS_SERVICE_H_
 #define HVTRACE_HOSTD_FORMATS_SERVICE_H_
 
+#include <array>
 #include <boost/asio/any_io_executor.hpp>
 #include <chrono>
 #include <deque>
@@ -28,6 +29,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "daemon_log.h"
@@ -84,6 +86,13 @@ class FormatsService : public std::enable_shared_from_this<FormatsService> {
   // The harvests queued, running or failed in this daemon run: key → state.
   std::map<std::string, std::string> HarvestStates();
 
+  // The cache's entries (FormatCache::List, with its |problems|), listed
+  // again only when the formats directory changed since the last call
+  // (entries are published and removed by renames in it): a panic's
+  // decode looks up its kernel's banner here instead of reading every
+  // entry's manifest twice.
+  Result<std::vector<CacheEntrySummary>> Entries(std::vector<std::string>* problems);
+
  private:
   // A background harvest (Prepare) has no |done|.
   struct HarvestJob {
@@ -109,6 +118,14 @@ class FormatsService : public std::enable_shared_from_this<FormatsService> {
   std::map<std::string, std::string> harvest_state_;  // key → queued/harvesting/failed: …
   std::deque<HarvestJob> harvest_queue_;
   bool harvest_running_ = false;
+  // Entries(): the last listing and the formats directory's change time,
+  // inode and mtime when it was taken.
+  struct Listing {
+    std::array<int64_t, 5> stamp{};
+    std::vector<CacheEntrySummary> entries;
+    std::vector<std::string> problems;
+  };
+  std::optional<Listing> listing_;
 };
 
 }  // namespace hvtrace::hostd

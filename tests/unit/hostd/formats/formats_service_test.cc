@@ -60,6 +60,40 @@ struct Service {
   std::shared_ptr<FormatsService> formats;
 };
 
+// Entries() lists the cache again only when its directory changed: an
+// entry stored (or removed) after a listing is in (or out of) the next one,
+// with the banner a panic's decode looks its kernel up by.
+TEST(FormatsServiceTest, EntriesFollowTheCacheDirectory) {
+  TempDir dir;
+  Service s(dir.path());
+  std::vector<std::string> problems;
+  auto none = s.formats->Entries(&problems);
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_TRUE(none->empty());
+  HarvestBundle bundle = FixtureBundle();
+  bundle.proc_version = "Linux version 6.12.95+deb12-amd64 (test) #1 SMP";
+  ASSERT_TRUE(FormatCache(dir.path()).Store(kKey, bundle, {}).ok());
+  auto one = s.formats->Entries(&problems);
+  ASSERT_TRUE(one.ok()) << one.error().message;
+  ASSERT_EQ(one->size(), 1u);
+  EXPECT_EQ((*one)[0].key, kKey);
+  EXPECT_EQ((*one)[0].proc_version, bundle.proc_version);
+  auto again = s.formats->Entries(&problems);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->size(), 1u);
+  const std::string other(64, 'c');
+  ASSERT_TRUE(FormatCache(dir.path()).Store(other, FixtureBundle(), {}).ok());
+  auto two = s.formats->Entries(&problems);
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(two->size(), 2u);
+  fs::remove_all(FormatCache(dir.path()).EntryDir(kKey));
+  auto left = s.formats->Entries(&problems);
+  ASSERT_TRUE(left.ok());
+  ASSERT_EQ(left->size(), 1u);
+  EXPECT_EQ((*left)[0].key, other);
+  EXPECT_TRUE(problems.empty()) << problems.front();
+}
+
 TEST(FormatsServiceTest, LoadsACachedKernelOnceAndSharesIt) {
   TempDir dir;
   ASSERT_TRUE(FormatCache(dir.path()).Store(kKey, FixtureBundle(), {}).ok());

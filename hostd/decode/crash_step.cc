@@ -91,7 +91,12 @@ json EventsJson(const BootLogInputs& in, int32_t cpu,
   // need no child here; the others (a guest's own, from its metadata
   // channel) share one trial child, not a fork per format: five forks of
   // hvtraced took 10-15 ms of this step (capture_latency, 2026-12-02).
-  if (decoder.ok()) (*decoder)->KeepTrialChild(true);
+  // Twenty-odd records: libtraceevent prints them without the compiled
+  // printers (the same text), which would cost more to build than they save.
+  if (decoder.ok()) {
+    (*decoder)->KeepTrialChild(true);
+    (*decoder)->SetFastPathsEnabled(false);
+  }
   split("events_decoder");
   for (const BootMapRecord* r : records) {
     json e = {{"ts_ns", r->timestamp}, {"cpu", cpu}};

@@ -131,7 +131,8 @@ class EventDecoder {
   // (FormatText::trial_passed).
   std::vector<bool> TrialParseAll();
 
-  // On by default. Off: every event goes through libtraceevent.
+  // On by default. Off: every event goes through libtraceevent, and events
+  // first seen while it is off get no compiled printer.
   void SetFastPathsEnabled(bool enabled);
   // Events whose text came from compiled printers / from libtraceevent.
   uint64_t fast_path_count() const;

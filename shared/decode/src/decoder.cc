@@ -451,7 +451,7 @@ Result<std::unique_ptr<EventDecoder::Impl>> EventDecoder::Impl::New(const TraceM
   impl->little_endian = !metadata.big_endian;
   impl->time_in_usecs = ClockInNanoseconds(metadata.trace_clock);
   impl->prefix.emplace(impl->time_in_usecs);
-  impl->plugins = tep_load_plugins(tep);
+  impl->plugins = LoadTepPlugins(tep);
   tep_set_file_bigendian(tep, metadata.big_endian ? TEP_BIG_ENDIAN : TEP_LITTLE_ENDIAN);
   tep_set_local_bigendian(tep, TEP_LITTLE_ENDIAN);
   tep_set_long_size(tep, static_cast<int>(metadata.long_size));
@@ -517,10 +517,16 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
     return built;
   };
   std::future<std::unique_ptr<TepSymbols>> symbols;
-  try {
-    symbols = std::async(std::launch::async, build_and_parse);
-  } catch (const std::system_error&) {
-    // No thread to be had (a process at its limit): all of it here.
+  // A second thread pays for itself on a kernel's worth of formats and
+  // symbols, not on the handful of a panic's crash summary (~0.3 ms to
+  // start and join one there).
+  constexpr size_t kFormatsForAThread = 64, kKallsymsForAThread = 256 << 10;
+  if (texts.size() > kFormatsForAThread || metadata.kallsyms.size() > kKallsymsForAThread) {
+    try {
+      symbols = std::async(std::launch::async, build_and_parse);
+    } catch (const std::system_error&) {
+      // No thread to be had (a process at its limit): all of it here.
+    }
   }
   parse_some();
   impl->own_symbols = symbols.valid() ? symbols.get() : build_and_parse();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "event_text.h"
+#include "tep_setup.h"
 
 namespace hvtrace {
 namespace {
@@ -70,7 +71,7 @@ const StateLetters* ProbeStateLetters() {
         "REC->prev_state, REC->next_comm, REC->next_pid, REC->next_prio\n";
     tep_handle* tep = tep_alloc();
     if (tep == nullptr) return std::nullopt;
-    tep_plugin_list* plugins = tep_load_plugins(tep);
+    tep_plugin_list* plugins = LoadTepPlugins(tep);
     tep_set_file_bigendian(tep, TEP_LITTLE_ENDIAN);
     tep_set_local_bigendian(tep, TEP_LITTLE_ENDIAN);
     tep_set_long_size(tep, 8);

@@ -8,6 +8,7 @@
 #include <string_view>
 
 struct tep_handle;
+struct tep_plugin_list;
 
 namespace hvtrace {
 
@@ -18,6 +19,9 @@ bool ClockInNanoseconds(const std::string& trace_clock);
 void LoadPrintkFormats(tep_handle* tep, std::string_view text);
 // Registers saved_cmdlines' "pid comm" lines with |tep|, in file order.
 void LoadCmdlines(tep_handle* tep, const std::string& text);
+// tep_load_plugins(tep), with libtraceevent's plugins kept loaded for the
+// life of the process (free the list with tep_unload_plugins as usual).
+tep_plugin_list* LoadTepPlugins(tep_handle* tep);
 
 }  // namespace hvtrace
 

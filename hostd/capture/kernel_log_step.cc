@@ -3,6 +3,7 @@
 #include <charconv>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -204,23 +205,40 @@ void WriteGuestLogFiles(GuestLogRead& read, PendingCapture& pending) {
   read.files_written = true;
   const HostTime start = HostTime::Now();
   auto as_bytes = [](std::string_view s) { return std::as_bytes(std::span(s.data(), s.size())); };
+  // Written as one set (PendingCapture::WriteFiles): each written and
+  // fsynced in turn, the three took 1.3-6.6 ms of this thread at a panic
+  // (a journal commit each, beside the trace.dat's writes).
+  std::vector<PendingCapture::NamedBytes> files;
   std::string write_error;
-  if (!read.vmcoreinfo.empty()) {
-    if (Status s = pending.WriteFile("vmcoreinfo.txt", as_bytes(read.vmcoreinfo)); !s.ok()) {
-      write_error = s.error().message;
-    }
-  }
+  if (!read.vmcoreinfo.empty()) files.push_back({"vmcoreinfo.txt", as_bytes(read.vmcoreinfo)});
+  Result<std::vector<std::byte>> packed = std::vector<std::byte>();
   if (read.record.bytes() > 0) {
-    Result<std::vector<std::byte>> packed = read.record.Compress();
-    Status s =
-        packed.ok() ? pending.WriteFile("printk-memory.zst", *packed) : Status(packed.error());
-    if (!s.ok()) write_error = s.error().message;
-  }
-  if (read.log.ok()) {
-    const std::string text = KernelLogText(*read.log);
-    if (Status s = pending.WriteFile(kKernelLogFileName, as_bytes(text)); !s.ok()) {
-      write_error = s.error().message;
+    packed = read.record.Compress();
+    if (packed.ok()) {
+      files.push_back({"printk-memory.zst", *packed});
+    } else {
+      write_error = packed.error().message;
     }
+  }
+  std::string text;
+  if (read.log.ok()) {
+    text = KernelLogText(*read.log);
+    files.push_back({kKernelLogFileName, as_bytes(text)});
+  }
+  if (Status s = pending.WriteFiles(files); !s.ok()) {
+    // One at a time, so that what fits (a full disk) is kept; the error
+    // said is the last file's that failed.
+    std::string last = s.error().message;
+    bool failed = false;
+    for (const PendingCapture::NamedBytes& f : files) {
+      std::error_code ec;
+      if (std::filesystem::exists(pending.dir() / std::string(f.name), ec)) continue;
+      if (Status one = pending.WriteFile(f.name, f.data); !one.ok()) {
+        last = one.error().message;
+        failed = true;
+      }
+    }
+    if (failed) write_error = last;
   }
   if (!write_error.empty()) read.info["write_error"] = write_error;
   read.write_ms = MsSince(start);

@@ -153,6 +153,13 @@ class PendingCapture {
 
   // Writes and fsyncs dir()/|name|. Errors name the file and offset.
   Status WriteFile(std::string_view name, std::span<const std::byte> data);
+  // WriteFile for several files at once: all written, then all synced, then
+  // each published; on an error none is.
+  struct NamedBytes {
+    std::string_view name;
+    std::span<const std::byte> data;
+  };
+  Status WriteFiles(std::span<const NamedBytes> files);
 
   struct RegionCopyStats {
     double copy_ms = 0;          // Reading the region into |copy|.

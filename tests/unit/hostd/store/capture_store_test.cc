@@ -187,6 +187,31 @@ TEST(CaptureStoreTest, Malicious_BadNamesRejected) {
   EXPECT_FALSE(fs::exists(tmp.path() / "escape"));
 }
 
+// WriteFiles: a set written, synced and published together; a set with a
+// bad or taken name publishes none of it and leaves no part file.
+TEST(CaptureStoreTest, WriteFilesPublishesTheWholeSetOrNone) {
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "c");
+  auto p = store.Begin("panic", HostTime::Now());
+  ASSERT_TRUE(p.ok());
+  const std::vector<std::byte> a(3, std::byte{'a'}), b(70000, std::byte{'b'});
+  const PendingCapture::NamedBytes set[] = {{"a.txt", a}, {"b.zst", b}};
+  ASSERT_TRUE((*p)->WriteFiles(set).ok());
+  EXPECT_EQ(fs::file_size((*p)->dir() / "a.txt"), 3u);
+  EXPECT_EQ(fs::file_size((*p)->dir() / "b.zst"), 70000u);
+  const PendingCapture::NamedBytes taken[] = {{"c.txt", a}, {"a.txt", a}};
+  EXPECT_FALSE((*p)->WriteFiles(taken).ok()) << "must not overwrite";
+  const PendingCapture::NamedBytes bad[] = {{"d.txt", a}, {"../escape", a}};
+  EXPECT_FALSE((*p)->WriteFiles(bad).ok());
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator((*p)->dir())) {
+    ++files;
+    EXPECT_NE(e.path().filename().string().front(), '.') << e.path();
+  }
+  EXPECT_EQ(files, 2u) << "c.txt and d.txt are not published, nor left as parts";
+  EXPECT_FALSE(fs::exists(tmp.path() / "escape"));
+}
+
 TEST(CaptureStoreTest, IncompleteCapturesAreListedAndCanBeTakenOver) {
   TempDir tmp;
   CaptureStore store(tmp.path() / "c");

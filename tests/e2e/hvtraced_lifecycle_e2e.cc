@@ -579,7 +579,10 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   EXPECT_FALSE(fs::exists(backing)) << backing;
   first->console.reset();
   // Two boots of one name at once: the second is refused while the first
-  // is under way (or, if it already finished, because the VM is running).
+  // is under way (its request still running: "being booted"; its VM
+  // registered while QEMU starts: "is starting"), or, if it already
+  // finished, because the VM is running. Which one depends on when the
+  // second arrives ("is starting" came under a loaded fresh-clone run).
   Result<BootedGuest> second = Error{"not booted"};
   std::thread first_boot([&] { second = BootGuest(daemon, name); });
   std::this_thread::sleep_for(50ms);
@@ -591,7 +594,8 @@ TEST_F(HvtracedLifecycleE2e, BadBootRequestsGetClearErrorsAndTheDaemonStaysUp) {
   ASSERT_FALSE(racing.ok());
   std::printf("[lifecycle] concurrent boot of the same name: %s\n", racing.error().message.c_str());
   EXPECT_TRUE(racing.error().message.find("being booted") != std::string::npos ||
-              racing.error().message.find("is running") != std::string::npos)
+              racing.error().message.find("' is starting; `hvtrace stop ") != std::string::npos ||
+              racing.error().message.find("' is running; `hvtrace stop ") != std::string::npos)
       << racing.error().message;
 
   // vm_on_shutdown = stop: a daemon exit (SIGTERM) quits the QEMU it booted.

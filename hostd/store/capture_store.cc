@@ -81,9 +81,15 @@ Status Publish(const std::filesystem::path& part, const std::filesystem::path& p
   return {};
 }
 
-// |s|'s error with the part file's name replaced by the file's own.
-Status NamedAfter(const Status& s, const std::filesystem::path& part,
-                  const std::filesystem::path& path) {
+// WriteAll into |path|'s part file (PartName), removed again when that
+// fails. Errors name |path|, which must not exist yet.
+Status WritePart(const std::filesystem::path& path, std::span<const std::byte> data, bool sync) {
+  const std::filesystem::path part = PartName(path);
+  struct stat st;
+  if (::lstat(path.c_str(), &st) == 0) return Error{"cannot create " + path.string() + ": exists"};
+  Status s = WriteAll(part, data, O_CREAT | O_EXCL, sync);
+  if (s.ok()) return s;
+  ::unlink(part.c_str());
   std::string message = s.error().message;
   const std::string part_text = part.string();
   if (size_t at = message.find(part_text); at != std::string::npos) {
@@ -92,18 +98,11 @@ Status NamedAfter(const Status& s, const std::filesystem::path& part,
   return Error{message};
 }
 
-// WriteAll into a part file, then Publish. Errors name |path|.
+// WritePart, then Publish. Errors name |path|.
 Status WriteFinished(const std::filesystem::path& path, std::span<const std::byte> data,
                      bool sync = true) {
-  const std::filesystem::path part = PartName(path);
-  struct stat st;
-  if (::lstat(path.c_str(), &st) == 0) return Error{"cannot create " + path.string() + ": exists"};
-  Status s = WriteAll(part, data, O_CREAT | O_EXCL, sync);
-  if (!s.ok()) {
-    ::unlink(part.c_str());
-    return NamedAfter(s, part, path);
-  }
-  return Publish(part, path);
+  if (Status s = WritePart(path, data, sync); !s.ok()) return s;
+  return Publish(PartName(path), path);
 }
 
 // Not a finished capture file: a hidden name (part files, the recovery
@@ -492,14 +491,8 @@ Status PendingCapture::WriteFiles(std::span<const NamedBytes> files) {
   for (const NamedBytes& f : files) {
     if (Status s = ValidateFileName(f.name); !s.ok()) return s;
     paths.push_back(temp_dir_ / std::string(f.name));
-    struct stat st;
-    if (::lstat(paths.back().c_str(), &st) == 0) {
-      return Error{"cannot create " + paths.back().string() + ": exists"};
-    }
+    if (Status s = WritePart(paths.back(), f.data, /*sync=*/false); !s.ok()) return s;
     parts.push_back(PartName(paths.back()));
-    if (Status s = WriteAll(parts.back(), f.data, O_CREAT | O_EXCL, /*sync=*/false); !s.ok()) {
-      return NamedAfter(s, parts.back(), paths.back());
-    }
   }
   if (Status s = SyncEach(parts); !s.ok()) return s;
   drop.keep = true;

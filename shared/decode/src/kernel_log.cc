@@ -7,6 +7,8 @@
 #include <emmintrin.h>
 #endif
 
+#include "event_text.h"
+
 namespace hvtrace {
 namespace {
 
@@ -137,28 +139,17 @@ void MakePrintableFrom(std::string* text, size_t from) {
   text->append(tail);
 }
 
-// By hand, not snprintf: a panic's kernel log is ~400 lines printed twice
-// (dmesg text and the capture's log file), and snprintf was 1.5 M of the
-// ~7.7 M instructions of the crash step beside the trace.dat writing
-// (callgrind of hvtraced at a 6.12 panic, bench/README.md).
+// The report's number helpers (event_text.h), not snprintf: a panic's
+// kernel log is ~400 lines printed twice (dmesg text and the capture's log
+// file), and snprintf was 1.5 M of the ~7.7 M instructions of the crash
+// step beside the trace.dat writing (callgrind of hvtraced at a 6.12 panic,
+// bench/README.md).
 void AppendDmesgStamp(uint64_t ts_ns, std::string* out) {
-  char buf[32];
-  char* end = buf + sizeof buf;
-  char* p = end;
-  *--p = ']';
-  uint64_t usec = ts_ns % 1000000000 / 1000;
-  for (int i = 0; i < 6; ++i, usec /= 10) *--p = static_cast<char>('0' + usec % 10);
-  *--p = '.';
-  uint64_t sec = ts_ns / 1000000000;
-  int digits = 0;
-  do {
-    *--p = static_cast<char>('0' + sec % 10);
-    sec /= 10;
-    ++digits;
-  } while (sec != 0);
-  for (; digits < 5; ++digits) *--p = ' ';
-  *--p = '[';
-  out->append(p, static_cast<size_t>(end - p));
+  out->push_back('[');
+  AppendUintPadLeft(out, ts_ns / 1000000000, 5);
+  out->push_back('.');
+  AppendUintZeroPad(out, ts_ns % 1000000000 / 1000, 6);
+  out->push_back(']');
 }
 
 std::string DmesgLine(const KernelLogRecord& record) {

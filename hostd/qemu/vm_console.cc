@@ -202,7 +202,11 @@ Result<GuestConsole::CommandResult> GuestConsole::Run(const std::string& command
     std::lock_guard lock(mutex_);
     first_output = cursor_;
   }
-  const std::regex done(marker + "([0-9]+)$");
+  // The serial console carries the kernel's printk output beside the shell's:
+  // a message printed while the echo runs can follow the status on the same
+  // line ("__HVT_DONE_3_0[   16.846943] RIP: ..."). The status ends at the
+  // line's end or where such a stamp starts; the typed echo has "$?" there.
+  const std::regex done(marker + "([0-9]+)(?=$|\\[ *[0-9]+\\.[0-9]+\\])");
   auto line = WaitFor("'" + marker + "<status>' " + what, left(),
                       [&done](const std::string& l) { return std::regex_search(l, done); });
   if (!line.ok()) return line.error();

@@ -49,7 +49,8 @@ def read_until(s, seconds, found):
 def run(path, timeout, command):
     tag = uuid.uuid4().hex[:8]
     begin = "__HVT_BEGIN_%s__" % tag
-    done = re.compile(r"__HVT_DONE_%s_(\d+)\r?$" % tag, re.M)
+    # printk output can follow the status on its line (see vm_console.cc).
+    done = re.compile(r"__HVT_DONE_%s_(\d+)(?=\r?$|\[ *\d+\.\d+\])" % tag, re.M)
     s = connect(path)
     # Three lines: a README line may end in a comment, which would swallow
     # a marker typed after it on the same line.

@@ -195,8 +195,8 @@ step "build (gcc, warnings as errors)"
 # -g1, gcc 12, loaded 2-core machine, 2026-12-02); the tests' own files are
 # -Og -g1 (tests/CMakeLists.txt). The packages keep Debian's flags.
 FLAGS="-O2 -g1 -DNDEBUG"
-# HVTRACE_UNITY (CMakeLists.txt): the product's sources in batches, the
-# tests one file each.
+# HVTRACE_UNITY (CMakeLists.txt): the product's sources in batches, and the
+# tests' (tests/CMakeLists.txt).
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHVTRACE_WERROR=ON -DHVTRACE_UNITY=ON "${LAUNCHER[@]}" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="$FLAGS" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="$FLAGS" >/dev/null \
   && cmake --build build -j"$JOBS" || fatal "build"

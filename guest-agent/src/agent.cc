@@ -15,6 +15,7 @@
 #include <cstring>
 
 #include "boot_marker.h"
+#include "clock_ns.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/format.h"
 #include "hvtrace/page.h"
@@ -24,12 +25,6 @@ namespace {
 
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
-
-uint64_t ClockNs(clockid_t id) {
-  timespec ts;
-  clock_gettime(id, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 // "0b1e...-..." -> 16 bytes; false if malformed.
 bool ParseUuid(const std::string& text, uint8_t out[16]) {
@@ -69,8 +64,6 @@ std::string Basename(const std::string& path) {
 }
 
 }  // namespace
-
-uint64_t MonotonicNs() { return ClockNs(CLOCK_MONOTONIC); }
 
 // saved_cmdlines entries the agent asks for: the kernel's default (128)
 // forgets the names of most tasks of a busy guest before the host sees them.

@@ -184,8 +184,6 @@ class Agent {
   std::string pending_error_;      // Its last error, logged once.
 };
 
-uint64_t MonotonicNs();
-
 }  // namespace hvtrace::agent
 
 #endif  // HVTRACE_AGENT_AGENT_H_

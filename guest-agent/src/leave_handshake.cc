@@ -7,16 +7,11 @@
 
 #include <array>
 #include <cerrno>
-#include <chrono>
+
+#include "clock_ns.h"
 
 namespace hvtrace::agent {
 namespace {
-
-uint64_t NowMs() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
-}
 
 // Random, so an ack an earlier agent of this boot asked for is not ours.
 uint64_t Nonce() {
@@ -36,7 +31,7 @@ LeaveOutcome AwaitAck(int fd, const meta::BootId& boot_id, uint64_t nonce, uint6
   LeaveOutcome out;
   meta::MetaDecoder decoder(meta::MetaDirection::kToGuest);
   std::array<std::byte, 4096> buffer;
-  for (uint64_t now = NowMs(); now < deadline_ms; now = NowMs()) {
+  for (uint64_t now = MonotonicNs() / 1000000; now < deadline_ms; now = MonotonicNs() / 1000000) {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(deadline_ms - now)) < 0 && errno != EINTR) break;
     if (p.revents & POLLIN) {
@@ -69,7 +64,7 @@ LeaveOutcome AwaitAck(int fd, const meta::BootId& boot_id, uint64_t nonce, uint6
 
 LeaveOutcome AnnounceLeaving(MetaWriter& writer, const meta::BootId& boot_id, uint32_t sequence,
                              uint32_t wait_ms) {
-  const uint64_t start = NowMs();
+  const uint64_t start = MonotonicNs() / 1000000;
   const uint64_t deadline = start + wait_ms;
   meta::LeaveNotice notice{meta::LeaveReason::kStopSignal, wait_ms, Nonce()};
   LeaveOutcome out;
@@ -81,7 +76,7 @@ LeaveOutcome AnnounceLeaving(MetaWriter& writer, const meta::BootId& boot_id, ui
   } else {
     out.kind = writer.connected() ? LeaveOutcome::Kind::kTimedOut : LeaveOutcome::Kind::kNoHost;
   }
-  out.waited_ms = NowMs() - start;
+  out.waited_ms = MonotonicNs() / 1000000 - start;
   return out;
 }
 

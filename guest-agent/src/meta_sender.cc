@@ -9,17 +9,12 @@
 #include <cerrno>
 #include <cstring>
 
+#include "clock_ns.h"
 #include "text_areas.h"
 #include "tracefs.h"
 
 namespace hvtrace::agent {
 namespace {
-
-uint64_t ClockNs(clockid_t id) {
-  timespec ts;
-  clock_gettime(id, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 constexpr uint64_t kClockPeriodNs = 10000000000ull;
 

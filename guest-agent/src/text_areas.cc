@@ -8,14 +8,12 @@
 #include <cstdio>
 #include <cstring>
 
+#include "clock_ns.h"
+
 namespace hvtrace::agent {
 namespace {
 
-double NowMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
-}
+double NowMs() { return static_cast<double>(MonotonicNs()) / 1e6; }
 
 }  // namespace
 

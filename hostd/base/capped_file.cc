@@ -73,4 +73,22 @@ bool SameContents(const std::filesystem::path& a, const std::filesystem::path& b
   return fa.eof() && fb.eof();
 }
 
+std::string ReadFileTail(const std::string& path, size_t max_bytes) {
+  std::string out;
+  if (path.empty()) return out;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return out;
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+    const off_t size = st.st_size;
+    const off_t from =
+        size > static_cast<off_t>(max_bytes) ? size - static_cast<off_t>(max_bytes) : 0;
+    out.resize(static_cast<size_t>(size - from));
+    const ssize_t n = ::pread(fd, out.data(), out.size(), from);
+    out.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  }
+  ::close(fd);
+  return out;
+}
+
 }  // namespace hvtrace::hostd

@@ -22,6 +22,11 @@ Result<std::string> ReadCappedFile(const std::filesystem::path& path, size_t cap
 // The same, as bytes (region copies).
 Result<std::vector<std::byte>> ReadCappedFileBytes(const std::filesystem::path& path, size_t cap);
 
+// The last |max_bytes| bytes of the file at |path| (not followed if a
+// symlink), or "" when it cannot be read: a log's end for an error message
+// (QEMU's log, a probe's console), where what decides is at the end.
+std::string ReadFileTail(const std::string& path, size_t max_bytes);
+
 // Whether the regular files at |a| and |b| hold the same bytes (false when
 // either cannot be read). Reads both in 1 MiB pieces.
 bool SameContents(const std::filesystem::path& a, const std::filesystem::path& b);

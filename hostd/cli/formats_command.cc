@@ -248,7 +248,7 @@ void PrintListRow(const hostd::FormatsKernelRow& e) {
               e.kernel.c_str(), e.state == "loaded" ? " (loaded)" : "");
 }
 
-class ListCommand final : public Command {
+class FormatsListCommand final : public Command {
  public:
   void Define(CLI::App& app) override {
     app.add_option("--cache", cache_, kCacheHelp)->type_name("DIR");
@@ -351,7 +351,7 @@ void AddFormatsCommands(CommandTable& table) {
       "formats", "harvest a kernel's event formats into the cache; list cached kernels");
   table.Add("harvest", "boot a kernel briefly and cache its event formats",
             std::make_unique<HarvestCommand>(), formats);
-  table.Add("list", "list the cached kernels", std::make_unique<ListCommand>(), formats);
+  table.Add("list", "list the cached kernels", std::make_unique<FormatsListCommand>(), formats);
 }
 
 }  // namespace hvtrace::cli

@@ -50,10 +50,6 @@ void Progress(const BootMapCaptureOptions& opts, std::string_view stage, uint64_
   if (opts.progress) opts.progress(CaptureProgress{stage, done, total});
 }
 
-void StoreLe(std::span<std::byte> page, uint32_t offset, uint32_t size, uint64_t value) {
-  for (uint32_t i = 0; i < size; ++i) page[offset + i] = static_cast<std::byte>(value >> (8 * i));
-}
-
 // Everything decoded, before any file is written.
 struct Decoded {
   BootMap map;
@@ -171,8 +167,7 @@ void AddCpuPages(std::span<const std::byte> region, const BootMapCpu& c, size_t 
       counts.lost_marked += lost;
       const uint64_t stored =
           p.error == PageError::kOk && cursor.header().missed_stored ? kPageMissedStored : 0;
-      StoreLe(fixed, d.layout.commit_offset, d.layout.commit_size,
-              good | (missed ? kPageMissedEvents : 0) | stored);
+      SetPageCommit(fixed, d.layout, good | (missed ? kPageMissedEvents : 0) | stored);
       page = fixed;
     }
     lost = p.error != PageError::kOk;

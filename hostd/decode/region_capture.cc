@@ -26,10 +26,6 @@ using nlohmann::json;
 
 constexpr size_t kMaxProblemsInManifest = 256;
 
-void StoreLe(std::span<std::byte> page, uint32_t offset, uint32_t size, uint64_t value) {
-  for (uint32_t i = 0; i < size; ++i) page[offset + i] = static_cast<std::byte>(value >> (8 * i));
-}
-
 // What one boot generation's trace.dat is made of.
 struct GenerationPlan {
   RegionGenerationFile file;
@@ -106,7 +102,7 @@ std::span<const std::byte> WritablePage(const RegionPage& p, const PageLayout& l
       cursor.error_offset() > layout.data_offset ? cursor.error_offset() - layout.data_offset : 0;
   std::vector<std::byte>& fixed = repaired->emplace_back(p.page.begin(), p.page.end());
   const uint64_t flags = cursor.header().missed_events ? kPageMissedEvents : 0;
-  StoreLe(fixed, layout.commit_offset, layout.commit_size, good | flags);
+  SetPageCommit(fixed, layout, good | flags);
   std::fill(fixed.begin() + layout.data_offset + good, fixed.end(), std::byte{0});
   return fixed;
 }

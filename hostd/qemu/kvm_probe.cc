@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "capped_file.h"
 #include "child_process.h"
 
 namespace hvtrace::hostd {
@@ -41,22 +42,6 @@ std::vector<unsigned char> BootSector() {
   sector[510] = 0x55;  // Boot signature.
   sector[511] = 0xaa;
   return sector;
-}
-
-// The last |cap| bytes of |path| (a kernel's console runs to tens of KiB;
-// what decides is at its end).
-std::string ReadTail(const std::string& path, size_t cap = 4096) {
-  std::string out;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  struct stat st {};
-  const off_t size = ::fstat(fd, &st) == 0 ? st.st_size : 0;
-  const off_t from = size > static_cast<off_t>(cap) ? size - static_cast<off_t>(cap) : 0;
-  out.resize(cap);
-  const ssize_t n = ::pread(fd, out.data(), out.size(), from);
-  ::close(fd);
-  out.resize(n > 0 ? static_cast<size_t>(n) : 0);
-  return out;
 }
 
 bool WriteWhole(const std::string& path, const std::vector<unsigned char>& bytes) {
@@ -147,8 +132,8 @@ KvmProbeResult RunProbeGuest(const ProbeGuest& guest, const std::string& dir) {
     // Reap before reading, so output written just before QEMU exits (a
     // kernel that panics with -no-reboot) is seen.
     exited = ::waitpid(pid, &status, WNOHANG) == pid;
-    const std::string out = ReadTail(serial, 8192);
-    const std::string err = ReadTail(err_path);
+    const std::string out = ReadFileTail(serial, 8192);
+    const std::string err = ReadFileTail(err_path, 4096);
     const auto ms =
         std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
     if (std::string kvm_error = KvmErrorIn(err); !kvm_error.empty()) {

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <thread>
 
+#include "capped_file.h"
 #include "daemon_log.h"
 #include "qmp_client.h"
 
@@ -36,23 +37,6 @@ bool PathExists(const std::string& path) {
 bool IsSocket(const std::string& path) {
   struct stat st;
   return !path.empty() && lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode);
-}
-
-std::string ReadTail(const std::string& path, size_t max_bytes) {
-  if (path.empty()) return "";
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  struct stat st;
-  std::string out;
-  if (fstat(fd, &st) == 0 && st.st_size > 0) {
-    const off_t start =
-        st.st_size > static_cast<off_t>(max_bytes) ? st.st_size - static_cast<off_t>(max_bytes) : 0;
-    out.resize(static_cast<size_t>(st.st_size - start));
-    const ssize_t n = pread(fd, out.data(), out.size(), start);
-    out.resize(n > 0 ? static_cast<size_t>(n) : 0);
-  }
-  close(fd);
-  return out;
 }
 
 std::string ReadFile(const std::string& path) {
@@ -475,7 +459,7 @@ void Vm::Cleanup() {
 std::vector<std::string> Vm::OwnedPaths() const { return owned_files_; }
 
 std::string Vm::QemuLogTail(size_t max_bytes) const {
-  return ReadTail(config_.qemu_log, max_bytes);
+  return ReadFileTail(config_.qemu_log, max_bytes);
 }
 
 }  // namespace hvtrace::hostd

@@ -48,6 +48,10 @@ std::string_view FieldName(std::string_view line) {
 
 }  // namespace
 
+void SetPageCommit(std::span<std::byte> page, const PageLayout& layout, uint64_t commit) {
+  StoreLe(page, layout.commit_offset, layout.commit_size, commit);
+}
+
 const char* PageErrorName(PageError error) {
   switch (error) {
     case PageError::kOk:

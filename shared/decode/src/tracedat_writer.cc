@@ -177,7 +177,7 @@ struct Pieces {
 };
 
 // Fills |p| (not moved afterwards: its spans point into its own strings).
-Status Layout(const TraceDatWriterInput& input, Pieces& p) {
+Status LayOutPieces(const TraceDatWriterInput& input, Pieces& p) {
   auto header = EncodeHeader(input);
   if (!header.ok()) return header.error();
   p.head = std::move(*header);
@@ -284,7 +284,7 @@ class File {
 
 Result<std::string> EncodeTraceDat(const TraceDatWriterInput& input) {
   Pieces pieces;
-  if (Status s = Layout(input, pieces); !s.ok()) return s.error();
+  if (Status s = LayOutPieces(input, pieces); !s.ok()) return s.error();
   std::string out;
   out.reserve(pieces.size);
   for (const auto& span : pieces.spans) {
@@ -295,7 +295,7 @@ Result<std::string> EncodeTraceDat(const TraceDatWriterInput& input) {
 
 Status WriteTraceDat(const std::string& path, const TraceDatWriterInput& input, TraceDatSync sync) {
   Pieces pieces;
-  if (Status s = Layout(input, pieces); !s.ok()) {
+  if (Status s = LayOutPieces(input, pieces); !s.ok()) {
     return Error{s.error().message + " (writing " + path + ")"};
   }
   File file(path);

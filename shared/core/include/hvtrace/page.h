@@ -84,6 +84,11 @@ enum class PageError : uint8_t {
 };
 const char* PageErrorName(PageError error);
 
+// Stores |commit| (its flag bits included) in the commit field of a page
+// copy, |layout.commit_size| bytes at |layout.commit_offset|: a page the host
+// cut after its last good record. |page| holds at least the layout's header.
+void SetPageCommit(std::span<std::byte> page, const PageLayout& layout, uint64_t commit);
+
 // Counters of pages and records, per reason for rejected pages.
 struct PageStats {
   uint64_t pages = 0;

@@ -41,5 +41,19 @@ TEST(CappedFileTest, RefusesSymlinksDirectoriesAndMissingFiles) {
   EXPECT_TRUE(missing->empty());
 }
 
+TEST(CappedFileTest, FileTailIsTheLastBytesOrNothing) {
+  TempDir dir;
+  const fs::path file = dir.path() / "log";
+  std::ofstream(file) << "first line\nlast line\n";
+  EXPECT_EQ(ReadFileTail(file, 10), "last line\n");
+  EXPECT_EQ(ReadFileTail(file, 4096), "first line\nlast line\n");
+  std::ofstream(dir.path() / "empty");
+  EXPECT_EQ(ReadFileTail(dir.path() / "empty", 10), "");
+  EXPECT_EQ(ReadFileTail(dir.path() / "none", 10), "");
+  EXPECT_EQ(ReadFileTail("", 10), "");
+  fs::create_symlink(file, dir.path() / "link");
+  EXPECT_EQ(ReadFileTail(dir.path() / "link", 10), "");
+}
+
 }  // namespace
 }  // namespace hvtrace::hostd

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "clock_ns.h"
 #include "hvtrace/fingerprint.h"
 #include "hvtrace/format.h"
 #include "text_areas.h"
@@ -16,12 +17,6 @@
 
 namespace hvtrace::agent {
 namespace {
-
-double MonotonicMs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
-}
 
 // Subdirectories of |dir|, sorted (tracefs reports DT_DIR for them).
 std::vector<std::string> SubDirs(const std::string& dir) {

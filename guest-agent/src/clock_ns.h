@@ -15,6 +15,8 @@ inline uint64_t ClockNs(clockid_t id) {
 }
 
 inline uint64_t MonotonicNs() { return ClockNs(CLOCK_MONOTONIC); }
+// With the fraction: step timings the agent reports.
+inline double MonotonicMs() { return static_cast<double>(MonotonicNs()) / 1e6; }
 
 }  // namespace hvtrace::agent
 

@@ -13,6 +13,8 @@
 namespace hvtrace::agent {
 namespace {
 
+uint64_t NowMs() { return MonotonicNs() / 1000000; }
+
 // Random, so an ack an earlier agent of this boot asked for is not ours.
 uint64_t Nonce() {
   uint64_t n = 0;
@@ -31,7 +33,7 @@ LeaveOutcome AwaitAck(int fd, const meta::BootId& boot_id, uint64_t nonce, uint6
   LeaveOutcome out;
   meta::MetaDecoder decoder(meta::MetaDirection::kToGuest);
   std::array<std::byte, 4096> buffer;
-  for (uint64_t now = MonotonicNs() / 1000000; now < deadline_ms; now = MonotonicNs() / 1000000) {
+  for (uint64_t now = NowMs(); now < deadline_ms; now = NowMs()) {
     pollfd p{fd, POLLIN, 0};
     if (poll(&p, 1, static_cast<int>(deadline_ms - now)) < 0 && errno != EINTR) break;
     if (p.revents & POLLIN) {
@@ -64,7 +66,7 @@ LeaveOutcome AwaitAck(int fd, const meta::BootId& boot_id, uint64_t nonce, uint6
 
 LeaveOutcome AnnounceLeaving(MetaWriter& writer, const meta::BootId& boot_id, uint32_t sequence,
                              uint32_t wait_ms) {
-  const uint64_t start = MonotonicNs() / 1000000;
+  const uint64_t start = NowMs();
   const uint64_t deadline = start + wait_ms;
   meta::LeaveNotice notice{meta::LeaveReason::kStopSignal, wait_ms, Nonce()};
   LeaveOutcome out;
@@ -76,7 +78,7 @@ LeaveOutcome AnnounceLeaving(MetaWriter& writer, const meta::BootId& boot_id, ui
   } else {
     out.kind = writer.connected() ? LeaveOutcome::Kind::kTimedOut : LeaveOutcome::Kind::kNoHost;
   }
-  out.waited_ms = MonotonicNs() / 1000000 - start;
+  out.waited_ms = NowMs() - start;
   return out;
 }
 

@@ -11,11 +11,6 @@
 #include "clock_ns.h"
 
 namespace hvtrace::agent {
-namespace {
-
-double NowMs() { return static_cast<double>(MonotonicNs()) / 1e6; }
-
-}  // namespace
 
 std::string ReadWholeFile(const std::string& path, int* error) {
   *error = 0;
@@ -48,10 +43,10 @@ void SymbolSource::Start() {
 }
 
 void SymbolSource::Work() {
-  const double t0 = NowMs();
+  const double t0 = MonotonicMs();
   int error = 0;
   const std::string kallsyms = ReadWholeFile(path_, &error);
-  const double t1 = NowMs();
+  const double t1 = MonotonicMs();
   bool any_address = false;
   const std::string text = TextSymbolsOf(kallsyms, &any_address);
   char note[256];
@@ -67,7 +62,7 @@ void SymbolSource::Work() {
                   path_.c_str());
   } else {
     result_.text = EncodeText(text);
-    const double t2 = NowMs();
+    const double t2 = MonotonicMs();
     result_.state =
         region::kSymbolsPublished;  // Unless the area is missing or small: the agent decides.
     std::snprintf(

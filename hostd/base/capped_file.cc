@@ -76,10 +76,11 @@ bool SameContents(const std::filesystem::path& a, const std::filesystem::path& b
 std::string ReadFileTail(const std::string& path, size_t max_bytes) {
   std::string out;
   if (path.empty()) return out;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  // O_NONBLOCK: a FIFO at |path| must not hang an error message.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return out;
   struct stat st {};
-  if (::fstat(fd, &st) == 0 && st.st_size > 0) {
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size > 0) {
     const off_t size = st.st_size;
     const off_t from =
         size > static_cast<off_t>(max_bytes) ? size - static_cast<off_t>(max_bytes) : 0;

@@ -22,8 +22,8 @@ Result<std::string> ReadCappedFile(const std::filesystem::path& path, size_t cap
 // The same, as bytes (region copies).
 Result<std::vector<std::byte>> ReadCappedFileBytes(const std::filesystem::path& path, size_t cap);
 
-// The last |max_bytes| bytes of the file at |path| (not followed if a
-// symlink), or "" when it cannot be read: a log's end for an error message
+// The last |max_bytes| bytes of the regular file at |path| (not followed if
+// a symlink), or "" when it cannot be read: a log's end for an error message
 // (QEMU's log, a probe's console), where what decides is at the end.
 std::string ReadFileTail(const std::string& path, size_t max_bytes);
 

@@ -2,6 +2,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -53,6 +54,9 @@ TEST(CappedFileTest, FileTailIsTheLastBytesOrNothing) {
   EXPECT_EQ(ReadFileTail("", 10), "");
   fs::create_symlink(file, dir.path() / "link");
   EXPECT_EQ(ReadFileTail(dir.path() / "link", 10), "");
+  // No writer: a blocking open would never return.
+  ASSERT_EQ(::mkfifo((dir.path() / "fifo").c_str(), 0600), 0);
+  EXPECT_EQ(ReadFileTail(dir.path() / "fifo", 10), "");
 }
 
 }  // namespace

@@ -76,25 +76,28 @@ std::string Answer(const std::string& typed, const std::string& body) {
   return "# " + typed + "\r\n__HVT_BEGIN_" + id + "__\r\n" + body + "__HVT_DONE_" + id + "_";
 }
 
-TEST(GuestConsoleTest, StatusFollowedByAKernelMessageOnItsLine) {
-  FakeSerial serial([](const std::string& typed) {
-    return Answer(typed, "Killed\r\nsurvived\r\n") +
-           "0[   16.846943] RIP: 0010:hvt_beta_oops+0xc/0x20 [hvt_beta]\r\n# ";
-  });
+// Runs |command| on a console whose guest prints |after| right after the
+// status marker's "_" (the status digits and what follows them).
+Result<GuestConsole::CommandResult> RunWith(const std::string& body, const std::string& after,
+                                            const std::string& command,
+                                            std::chrono::milliseconds timeout) {
+  FakeSerial serial([&](const std::string& typed) { return Answer(typed, body) + after; });
   auto console = GuestConsole::Connect(serial.path(), 5s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto run = (*console)->Run("sh -c 'echo 1 > /x'; echo survived", 5s);
+  if (!console.ok()) return console.error();
+  return (*console)->Run(command, timeout);
+}
+
+TEST(GuestConsoleTest, StatusFollowedByAKernelMessageOnItsLine) {
+  auto run = RunWith("Killed\r\nsurvived\r\n",
+                     "0[   16.846943] RIP: 0010:hvt_beta_oops+0xc/0x20 [hvt_beta]\r\n# ",
+                     "sh -c 'echo 1 > /x'; echo survived", 5s);
   ASSERT_TRUE(run.ok()) << run.error().message;
   EXPECT_EQ(run->status, 0);
   EXPECT_EQ(run->output, "Killed\nsurvived\n");
 }
 
 TEST(GuestConsoleTest, StatusAtTheLineEndAndOutputWithoutANewline) {
-  FakeSerial serial(
-      [](const std::string& typed) { return Answer(typed, "no newline") + "17\r\n# "; });
-  auto console = GuestConsole::Connect(serial.path(), 5s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto run = (*console)->Run("printf 'no newline'; false", 5s);
+  auto run = RunWith("no newline", "17\r\n# ", "printf 'no newline'; false", 5s);
   ASSERT_TRUE(run.ok()) << run.error().message;
   EXPECT_EQ(run->status, 17);
   EXPECT_EQ(run->output, "no newline");
@@ -103,10 +106,7 @@ TEST(GuestConsoleTest, StatusAtTheLineEndAndOutputWithoutANewline) {
 TEST(GuestConsoleTest, StatusRunningIntoOtherTextIsNotTakenAsTheStatus) {
   // "1x" is neither a line end nor a printk stamp after the digits: the run
   // waits for a real status and times out, naming the marker.
-  FakeSerial serial([](const std::string& typed) { return Answer(typed, "") + "1x\r\n# "; });
-  auto console = GuestConsole::Connect(serial.path(), 5s);
-  ASSERT_TRUE(console.ok()) << console.error().message;
-  auto run = (*console)->Run("true", 300ms);
+  auto run = RunWith("", "1x\r\n# ", "true", 300ms);
   ASSERT_FALSE(run.ok());
   EXPECT_NE(run.error().message.find("__HVT_DONE_1_<status>"), std::string::npos)
       << run.error().message;

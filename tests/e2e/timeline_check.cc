@@ -34,8 +34,20 @@ std::vector<TimelineLine> ParseTimeline(const std::string& out) {
 std::vector<std::string> TraceCmdOrder(const std::string& report, std::vector<std::string>* raw) {
   std::vector<std::string> out;
   std::istringstream in(report);
+  // Before the first event after lost ones trace-cmd prints "CPU:N [EVENTS
+  // DROPPED]" (or "[N EVENTS DROPPED]") and a newline after the file's name
+  // (trace-read.c, trace_show_data): that event's line has no name of its own.
+  std::string dropped_in;
   for (std::string line; std::getline(in, line);) {
     line.erase(0, line.find_first_not_of(' '));
+    if (line.find(": CPU:") != std::string::npos && line.ends_with("EVENTS DROPPED]")) {
+      dropped_in = line.substr(0, line.find(':'));
+      continue;
+    }
+    if (!dropped_in.empty()) {
+      line = dropped_in + ": " + line;
+      dropped_in.clear();
+    }
     const size_t file_end = line.find(':');
     const size_t cpu = line.find(']');
     if (file_end == std::string::npos || cpu == std::string::npos) continue;

@@ -31,35 +31,6 @@ std::vector<TimelineLine> ParseTimeline(const std::string& out) {
   return lines;
 }
 
-std::vector<std::string> TraceCmdOrder(const std::string& report, std::vector<std::string>* raw) {
-  std::vector<std::string> out;
-  std::istringstream in(report);
-  // Before the first event after lost ones trace-cmd prints "CPU:N [EVENTS
-  // DROPPED]" (or "[N EVENTS DROPPED]") and a newline after the file's name
-  // (trace-read.c, trace_show_data): that event's line has no name of its own.
-  std::string dropped_in;
-  for (std::string line; std::getline(in, line);) {
-    line.erase(0, line.find_first_not_of(' '));
-    if (line.find(": CPU:") != std::string::npos && line.ends_with("EVENTS DROPPED]")) {
-      dropped_in = line.substr(0, line.find(':'));
-      continue;
-    }
-    if (!dropped_in.empty()) {
-      line = dropped_in + ": " + line;
-      dropped_in.clear();
-    }
-    const size_t file_end = line.find(':');
-    const size_t cpu = line.find(']');
-    if (file_end == std::string::npos || cpu == std::string::npos) continue;
-    const size_t ts_end = line.find(": ", cpu);
-    const size_t ev_end = ts_end == std::string::npos ? ts_end : line.find(": ", ts_end + 2);
-    if (ev_end == std::string::npos) continue;
-    out.push_back(line.substr(0, file_end) + " " + line.substr(ts_end + 2, ev_end - ts_end - 2));
-    if (raw != nullptr) raw->push_back(line);
-  }
-  return out;
-}
-
 std::string ValueOf(const std::string& text, const std::string& key) {
   const size_t at = text.find(key);
   if (at == std::string::npos) return "";

@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "test_support.h"
+
 namespace hvtrace::e2e {
 
 struct TimelineLine {
@@ -21,10 +23,8 @@ struct TimelineLine {
 // The event lines of `hvtrace show --timeline` ('#' lines skipped).
 std::vector<TimelineLine> ParseTimeline(const std::string& out);
 
-// "FILE EVENT" per event line of trace-cmd's merged report; each such line
-// as printed is appended to |raw| when given.
-std::vector<std::string> TraceCmdOrder(const std::string& report,
-                                       std::vector<std::string>* raw = nullptr);
+// trace-cmd's merged report, as the unit tests read it too.
+using test_support::TraceCmdOrder;
 
 // The value after |key| in |text| ("val=3" -> "3").
 std::string ValueOf(const std::string& text, const std::string& key);

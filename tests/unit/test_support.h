@@ -1,5 +1,6 @@
 // Small helpers the unit and e2e tests share: reading files, a self-removing
-// temporary directory, and running a tool (trace-cmd) for its output.
+// temporary directory, running a tool (trace-cmd) for its output, and reading
+// trace-cmd's merged report.
 #ifndef HVTRACE_TESTS_UNIT_TEST_SUPPORT_H_
 #define HVTRACE_TESTS_UNIT_TEST_SUPPORT_H_
 
@@ -112,6 +113,40 @@ inline std::string MarkerLine(const std::string& text, const std::string& marker
                        end - (start == std::string::npos ? 0 : start + 1));
   }
   return "";
+}
+
+// "FILE EVENT" per event line of `trace-cmd report -i A -i B ...` (lines
+// "   FILE:   comm-pid [cpu]TS: event: fields"); each such line as printed
+// is appended to |raw| when given. The timeline tests compare it with
+// `hvtrace show --timeline`.
+inline std::vector<std::string> TraceCmdOrder(const std::string& report,
+                                              std::vector<std::string>* raw = nullptr) {
+  std::vector<std::string> out;
+  std::istringstream in(report);
+  // Before the first event after lost ones trace-cmd prints "CPU:N [EVENTS
+  // DROPPED]" (or "[N EVENTS DROPPED]") and a newline after the file's name
+  // (trace-read.c, trace_show_data): that event's line has no name of its own.
+  std::string dropped_in;
+  for (std::string line; std::getline(in, line);) {
+    line.erase(0, line.find_first_not_of(' '));
+    if (line.find(": CPU:") != std::string::npos && line.ends_with("EVENTS DROPPED]")) {
+      dropped_in = line.substr(0, line.find(':'));
+      continue;
+    }
+    if (!dropped_in.empty()) {
+      line = dropped_in + ": " + line;
+      dropped_in.clear();
+    }
+    const size_t file_end = line.find(':');
+    const size_t cpu = line.find(']');
+    if (file_end == std::string::npos || cpu == std::string::npos) continue;
+    const size_t ts_end = line.find(": ", cpu);
+    const size_t ev_end = ts_end == std::string::npos ? ts_end : line.find(": ", ts_end + 2);
+    if (ev_end == std::string::npos) continue;
+    out.push_back(line.substr(0, file_end) + " " + line.substr(ts_end + 2, ev_end - ts_end - 2));
+    if (raw != nullptr) raw->push_back(line);
+  }
+  return out;
 }
 
 }  // namespace hvtrace::test_support

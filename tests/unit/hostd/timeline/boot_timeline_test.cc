@@ -241,8 +241,8 @@ TEST_F(BootTimelineTest, ShowTimelineMatchesTraceCmdOrder) {
   ASSERT_EQ(show.status, 0) << show.out;
   const std::string report = RunCommand(
       "cd " + dir_.path().string() + " && trace-cmd report -i host.dat -i boot-0.host-clock.dat");
-  std::vector<std::string> from_show, from_trace_cmd;
-  std::istringstream s(show.out), r(report);
+  std::vector<std::string> from_show;
+  std::istringstream s(show.out);
   for (std::string line; std::getline(s, line);) {
     if (line.starts_with("#")) continue;
     std::istringstream f(line);
@@ -252,18 +252,7 @@ TEST_F(BootTimelineTest, ShowTimelineMatchesTraceCmdOrder) {
     const std::string event = line.substr(line.find(']') + 2, colon - line.find(']') - 2);
     from_show.push_back((side == "host" ? "host.dat " : "boot-0.host-clock.dat ") + event);
   }
-  // trace-cmd: "   FILE:   comm-pid [cpu]TS: event: fields" (raw ns time stamps).
-  for (std::string line; std::getline(r, line);) {
-    line.erase(0, line.find_first_not_of(' '));
-    const size_t file_end = line.find(':');
-    const size_t cpu = line.find(']');
-    if (file_end == std::string::npos || cpu == std::string::npos) continue;
-    const size_t ts_end = line.find(": ", cpu);
-    const size_t ev_end = line.find(": ", ts_end + 2);
-    if (ts_end == std::string::npos || ev_end == std::string::npos) continue;
-    from_trace_cmd.push_back(line.substr(0, file_end) + " " +
-                             line.substr(ts_end + 2, ev_end - ts_end - 2));
-  }
+  const std::vector<std::string> from_trace_cmd = test_support::TraceCmdOrder(report);
   EXPECT_EQ(from_show.size(), 17u + 12u) << show.out;
   EXPECT_EQ(from_show, from_trace_cmd) << show.out << "\n---\n" << report;
   EXPECT_NE(show.out.find("# boot 0: offset"), std::string::npos) << show.out;

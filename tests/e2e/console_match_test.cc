@@ -58,6 +58,36 @@ TEST(ConsoleMatchTest, ALineWithItsMiddleLostIsGarbled) {
   EXPECT_EQ(r.garbled, 1u);
 }
 
+const std::vector<std::string> kE820 = {
+    "user: [mem 0x00000000000f0000-0x00000000000fffff]  device reserved",
+    "user: [mem 0x0000000000100000-0x000000003fffffff]  System RAM",
+    "user: [mem 0x0000000043fe0000-0x0000000043ffffff]  device reserved",
+};
+
+TEST(ConsoleMatchTest, TwoLinesRunTogetherWithTheStampPartlyLostAreGarbled) {
+  // CI, 2026-12-05 (7.3 guest, printk ring): " reserved", the newline and
+  // "[    0.000" lost; " 000] " is what was left of the second line's stamp.
+  const auto printed =
+      Lines({"user: [mem 0x00000000000f0000-0x00000000000fffff]  device  000] "
+             "user: [mem 0x0000000000100000-0x000000003fffffff]  System RAM",
+             kE820[2]});
+  const ConsoleMatch r = MatchConsoleInLog(printed, Lines(kE820), true, "console match test");
+  EXPECT_EQ(r.missing, 0u);
+  EXPECT_EQ(r.garbled, 1u);
+}
+
+TEST(ConsoleMatchTest, TextBetweenTwoLinesThatNoStampLeftIsMissing) {
+  EXPECT_NONFATAL_FAILURE(
+      {
+        const auto printed =
+            Lines({"user: [mem 0x00000000000f0000-0x00000000000fffff]  device  oops "
+                   "user: [mem 0x0000000000100000-0x000000003fffffff]  System RAM"});
+        const ConsoleMatch r = MatchConsoleInLog(printed, Lines(kE820), true, "console match test");
+        EXPECT_EQ(r.missing, 1u);
+      },
+      "console line not in the capture's log");
+}
+
 TEST(ConsoleMatchTest, ARemnantOfAFewCharactersIsGarbledWhenTheNextLinesStartSo) {
   // CI, 2026-12-05 (7.3 guest): "pp" on the console, the 8250's hand-over.
   const auto printed = Lines({"ss",

@@ -310,8 +310,7 @@ std::string KallsymsForEvents(const BootMap& map, const KernelFormats& formats, 
   for (const BootMapCpu& cpu : map.cpu) {
     for (const BootMapRecord& rec : cpu.records) {
       if (rec.boot != boot) continue;
-      subset.AddPayload(rec.payload);
-      if (module_subset) module_subset->AddPayload(rec.payload);
+      subset.AddPayload(rec.payload, module_subset ? &*module_subset : nullptr);
     }
   }
   if (moved && modules != nullptr) {

@@ -81,17 +81,27 @@ void KallsymsSubset::Mark(uint64_t value) {
   if (next_f && (!next_m || above_f <= above_m)) fixed_.keep[f] = 1;
 }
 
-void KallsymsSubset::AddPayload(std::span<const std::byte> p) {
-  if (empty()) return;
+void KallsymsSubset::Offer(uint64_t value) {
+  if (empty() || value < lowest_) return;
+  // Events repeat their pointers: a value marked lately needs no search.
+  uint64_t& seen = seen_[(value ^ (value >> 12)) % seen_.size()];
+  if (seen == value) return;
+  seen = value;
+  Mark(value);
+}
+
+void KallsymsSubset::AddPayload(std::span<const std::byte> p, KallsymsSubset* also) {
+  if (also != nullptr && also->empty()) also = nullptr;
+  if (empty() && also == nullptr) return;
+  const uint64_t lowest = also == nullptr ? lowest_
+                          : empty()       ? also->lowest_
+                                          : std::min(lowest_, also->lowest_);
   for (size_t off = 0; off + sizeof(uint64_t) <= p.size(); off += 4) {
     uint64_t value;
     std::memcpy(&value, p.data() + off, sizeof(value));
-    if (value < lowest_) continue;
-    // Events repeat their pointers: a value marked lately needs no search.
-    uint64_t& seen = seen_[(value ^ (value >> 12)) % seen_.size()];
-    if (seen == value) continue;
-    seen = value;
-    Mark(value);
+    if (value < lowest) continue;
+    Offer(value);
+    if (also != nullptr) also->Offer(value);
   }
 }
 
@@ -101,21 +111,8 @@ void KallsymsSubset::AppendLine(const List& list, size_t i, std::string& out) co
   if (list.delta == 0) {
     out.append(line);
   } else {
-    // The moved address in the line's own width (zero-padded, as
-    // "%0*llx" would print it; wider when it needs more digits). Written by
-    // hand: snprintf was 1.6 M of the capture thread's ~22 M instructions
-    // at a 6.12 panic (callgrind, bench/README.md).
-    static constexpr char kHex[] = "0123456789abcdef";
-    const size_t width = std::min<size_t>(s.digits, 16);
-    uint64_t v = Addr(list, i);
-    char hex[16];
-    size_t n = 0;
-    do {
-      hex[sizeof hex - ++n] = kHex[v & 0xf];
-      v >>= 4;
-    } while (v != 0);
-    if (n < width) out.append(width - n, '0');
-    out.append(hex + sizeof hex - n, n);
+    // The moved address in the line's own width.
+    AppendKallsymsAddress(Addr(list, i), std::min<size_t>(s.digits, 16), out);
     out.append(line.substr(s.digits));
   }
   out.push_back('\n');

@@ -36,8 +36,10 @@ class KallsymsSubset {
                  std::shared_ptr<const KernelSymbols> symbols = nullptr, bool with_modules = true);
 
   bool empty() const { return lowest_ == 0; }
-  // Marks the symbols the values in |payload| fall in.
-  void AddPayload(std::span<const std::byte> payload);
+  // Marks the symbols the values in |payload| fall in, and in |also| too
+  // when given: one pass over the payload for both (a boot's core symbols
+  // and its moved module symbols, module_symbols.h).
+  void AddPayload(std::span<const std::byte> payload, KallsymsSubset* also = nullptr);
   // The marked lines and their neighbours and aliases, in address order.
   std::string Text() const;
 
@@ -54,6 +56,8 @@ class KallsymsSubset {
   size_t CountAtOrBelow(const List& list, uint64_t value) const;
   size_t CountBelow(const List& list, uint64_t value) const;
   void Mark(uint64_t value);
+  // Marks |value|'s symbols unless it names nothing or was marked lately.
+  void Offer(uint64_t value);
   void AppendLine(const List& list, size_t i, std::string& out) const;
   void AppendAliases(uint64_t at, std::string& out) const;
 

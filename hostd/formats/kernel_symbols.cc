@@ -35,6 +35,43 @@ std::vector<uint64_t> ImageFormats(std::string_view text) {
   return out;
 }
 
+// "\t[name]" at the end of a module symbol's line.
+std::string_view ModuleOf(std::string_view line) {
+  if (line.empty() || line.back() != ']') return {};
+  const size_t open = line.rfind('[');
+  if (open == std::string_view::npos) return {};
+  return line.substr(open + 1, line.size() - open - 2);
+}
+
+// Each module's extent (ModuleExtent) from its text symbols. Its limit is
+// the next module's lowest text symbol: above it a module's name can still
+// appear, as 7.3's kallsyms keeps some __init functions at the addresses of
+// the module's freed init text, which the next module's core then reused
+// (Debian 7.3.4: `pvpanic_mmio_driver_init` at pvpanic_pci_probe's
+// address). Such a symbol widened the extent over the next module, which
+// then "superseded" the first, and named the next module's code after it.
+std::unordered_map<std::string_view, ModuleExtent> ModuleExtents(
+    const KallsymsTable& table, std::span<const ModuleTextSymbol> text) {
+  std::unordered_map<std::string_view, ModuleExtent> out;
+  for (const ModuleTextSymbol& m : text) {
+    ModuleExtent& e = out[m.module];
+    e.low = std::min(e.low, table.symbols()[m.index].addr);
+  }
+  std::vector<uint64_t> lows;
+  for (const auto& [mod, e] : out) lows.push_back(e.low);
+  std::sort(lows.begin(), lows.end());
+  for (auto& [mod, e] : out) {
+    const auto next = std::upper_bound(lows.begin(), lows.end(), e.low);
+    if (next != lows.end()) e.limit = *next;
+  }
+  for (const ModuleTextSymbol& m : text) {
+    ModuleExtent& e = out[m.module];
+    const uint64_t addr = table.symbols()[m.index].addr;
+    if (e.Holds(addr)) e.high = std::max(e.high, addr);
+  }
+  return out;
+}
+
 // The kernel log reader's symbols (ImageSymbols): the last line wins.
 void NoteLogSymbol(ImageSymbols& ix, std::string_view name, uint64_t addr) {
   if (InKernelImage(addr)) ix.image_last = std::max(ix.image_last, addr);
@@ -62,7 +99,12 @@ std::shared_ptr<const KernelSymbols> KernelSymbols::Build(std::string_view kalls
     const KallsymsTable::Symbol& s = symbols[i];
     const std::string_view name = KallsymsTable::Name(kallsyms, s);
     if (Nameable(s, name)) (s.addr != 0 && !s.module ? out->movable_ : out->fixed_).push_back(i);
-    if (s.module) continue;
+    if (s.module) {
+      if (IsFunction(s.type) && s.addr != 0) {
+        out->module_text_.push_back({i, ModuleOf(KallsymsTable::Line(kallsyms, s))});
+      }
+      continue;
+    }
     if (name == "_text") FirstInFile(ix.text, text_at, s);
     if (name == "rb_meta_init_text_addr") FirstInFile(ix.meta_init_text_addr, meta_at, s);
     NoteLogSymbol(ix, name, s.addr);
@@ -76,6 +118,7 @@ std::shared_ptr<const KernelSymbols> KernelSymbols::Build(std::string_view kalls
       ix.starts.push_back(s.addr);
     }
   }
+  out->module_extents_ = ModuleExtents(*out->table_, out->module_text_);
   ix.log.text = ix.text;
   ix.formats = ImageFormats(printk_formats);
   ix.starts.erase(std::unique(ix.starts.begin(), ix.starts.end()), ix.starts.end());
@@ -88,6 +131,18 @@ std::shared_ptr<const KernelSymbols> KernelSymbols::Build(std::string_view kalls
     if (ix.marker_hi == 0) ix.marker_lo = 0;  // Its end is unknown: not evidence.
   }
   return out;
+}
+
+void AppendKallsymsAddress(uint64_t addr, size_t width, std::string& out) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  char hex[16];
+  size_t n = 0;
+  do {
+    hex[sizeof hex - ++n] = kHex[addr & 0xf];
+    addr >>= 4;
+  } while (addr != 0);
+  if (n < width) out.append(width - n, '0');
+  out.append(hex + sizeof hex - n, n);
 }
 
 }  // namespace hvtrace::hostd

@@ -41,6 +41,36 @@ TEST(KallsymsSubsetTest, KeepsTheSymbolsAValueNeeds) {
             "ffffffffc0000100 t mod_next\t[m]\n");
 }
 
+// One pass over a payload for two subsets (a boot's core symbols and its
+// moved module symbols) marks in each what a pass of its own would.
+TEST(KallsymsSubsetTest, APayloadOfferedToTwoSubsetsMarksEachAsItsOwnPassWould) {
+  const std::string core =
+      "ffffffff81000000 T _text\n"
+      "ffffffff81001000 T alpha\n"
+      "ffffffff81002000 T beta\n"
+      "ffffffff81003000 T gamma\n";
+  const std::string modules =
+      "ffffffffc0100000 t mod_fn\t[m]\n"
+      "ffffffffc0100100 t mod_next\t[m]\n"
+      "ffffffffc0100200 t mod_last\t[m]\n";
+  std::vector<std::byte> payload(24);
+  const uint64_t values[] = {0xffffffff81002010ull, 0xffffffffc0100110ull, 0x1234};
+  std::memcpy(payload.data(), values, sizeof values);
+  KallsymsSubset both_core(core, 0, KernelSymbols::Build(core, "")), both_mod(modules, 0);
+  both_core.AddPayload(payload, &both_mod);
+  KallsymsSubset own_core(core, 0, KernelSymbols::Build(core, "")), own_mod(modules, 0);
+  own_core.AddPayload(payload);
+  own_mod.AddPayload(payload);
+  EXPECT_EQ(both_core.Text(), own_core.Text());
+  EXPECT_EQ(both_mod.Text(), own_mod.Text());
+  EXPECT_EQ(both_mod.Text(),
+            "ffffffffc0100100 t mod_next\t[m]\n"
+            "ffffffffc0100200 t mod_last\t[m]\n");
+  EXPECT_EQ(both_core.Text(),
+            "ffffffff81002000 T beta\n"
+            "ffffffff81003000 T gamma\n");
+}
+
 // The subset as it was computed before the symbols were indexed at load:
 // every registered line copied, moved, sorted; kept lines expanded to their
 // aliases. The indexed subset must print the same text (it also leaves out

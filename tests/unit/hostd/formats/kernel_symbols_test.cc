@@ -88,5 +88,41 @@ TEST(KernelSymbolsTest, NoSymbolsNoImage) {
   EXPECT_EQ(symbols->fixed().size(), 2u);
 }
 
+// The modules' text symbols and extents, for moving them to a boot's module
+// bases (module_symbols.h): text only, non-zero, in the file's order; an
+// extent ends where the next module's text starts, so a stale __init name of
+// the first module at an address the second reused does not widen it.
+TEST(KernelSymbolsTest, IndexesTheModulesTextAndExtents) {
+  const std::string text =
+      "ffffffff81000000 T _text\n"
+      "ffffffffc0001000 t a_first\t[a]\n"
+      "ffffffffc0001200 T a_second\t[a]\n"
+      "ffffffffc0001800 d a_data\t[a]\n"
+      "0000000000000000 t a_unknown\t[a]\n"
+      "ffffffffc0003000 t b_first\t[b]\n"
+      "ffffffffc0003100 t a_init_stale\t[a]\n"
+      "ffffffffc0003400 W b_last\t[b]\n";
+  auto symbols = KernelSymbols::Build(text, "");
+  std::vector<std::string> names;
+  for (const ModuleTextSymbol& m : symbols->module_text()) {
+    // The table's name runs on to "\t[module]".
+    const std::string_view name = KallsymsTable::Name(text, symbols->table().symbols()[m.index]);
+    names.push_back(std::string(m.module) + ":" + std::string(name.substr(0, name.find('\t'))));
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"a:a_first", "a:a_second", "b:b_first",
+                                             "a:a_init_stale", "b:b_last"}));
+  const auto& extents = symbols->module_extents();
+  ASSERT_EQ(extents.size(), 2u);
+  const ModuleExtent& a = extents.at("a");
+  EXPECT_EQ(a.low, 0xffffffffc0001000ull);
+  EXPECT_EQ(a.high, 0xffffffffc0001200ull);
+  EXPECT_EQ(a.limit, 0xffffffffc0003000ull);
+  EXPECT_FALSE(a.Holds(0xffffffffc0003100ull));
+  const ModuleExtent& b = extents.at("b");
+  EXPECT_EQ(b.low, 0xffffffffc0003000ull);
+  EXPECT_EQ(b.high, 0xffffffffc0003400ull);
+  EXPECT_EQ(b.limit, UINT64_MAX);
+}
+
 }  // namespace
 }  // namespace hvtrace::hostd

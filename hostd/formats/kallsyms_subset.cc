@@ -6,6 +6,21 @@
 
 namespace hvtrace::hostd {
 
+namespace {
+
+// Calls |fn| with each value at a 4-byte offset of |p| that is at least
+// |floor|.
+template <typename Fn>
+void ForEachValue(std::span<const std::byte> p, uint64_t floor, Fn&& fn) {
+  for (size_t off = 0; off + sizeof(uint64_t) <= p.size(); off += 4) {
+    uint64_t value;
+    std::memcpy(&value, p.data() + off, sizeof(value));
+    if (value >= floor) fn(value);
+  }
+}
+
+}  // namespace
+
 KallsymsSubset::KallsymsSubset(std::string_view text, int64_t delta,
                                std::shared_ptr<const KernelSymbols> symbols, bool with_modules)
     : text_(text), symbols_(symbols ? std::move(symbols) : KernelSymbols::Build(text, {})) {
@@ -81,8 +96,7 @@ void KallsymsSubset::Mark(uint64_t value) {
   if (next_f && (!next_m || above_f <= above_m)) fixed_.keep[f] = 1;
 }
 
-void KallsymsSubset::Offer(uint64_t value) {
-  if (empty() || value < lowest_) return;
+void KallsymsSubset::MarkOnce(uint64_t value) {
   // Events repeat their pointers: a value marked lately needs no search.
   uint64_t& seen = seen_[(value ^ (value >> 12)) % seen_.size()];
   if (seen == value) return;
@@ -92,17 +106,18 @@ void KallsymsSubset::Offer(uint64_t value) {
 
 void KallsymsSubset::AddPayload(std::span<const std::byte> p, KallsymsSubset* also) {
   if (also != nullptr && also->empty()) also = nullptr;
-  if (empty() && also == nullptr) return;
-  const uint64_t lowest = also == nullptr ? lowest_
-                          : empty()       ? also->lowest_
-                                          : std::min(lowest_, also->lowest_);
-  for (size_t off = 0; off + sizeof(uint64_t) <= p.size(); off += 4) {
-    uint64_t value;
-    std::memcpy(&value, p.data() + off, sizeof(value));
-    if (value < lowest) continue;
-    Offer(value);
-    if (also != nullptr) also->Offer(value);
+  if (empty()) {
+    if (also != nullptr) also->AddPayload(p);
+    return;
   }
+  if (also == nullptr) {
+    ForEachValue(p, lowest_, [this](uint64_t v) { MarkOnce(v); });
+    return;
+  }
+  ForEachValue(p, std::min(lowest_, also->lowest_), [this, also](uint64_t v) {
+    if (v >= lowest_) MarkOnce(v);
+    if (v >= also->lowest_) also->MarkOnce(v);
+  });
 }
 
 void KallsymsSubset::AppendLine(const List& list, size_t i, std::string& out) const {

@@ -56,8 +56,8 @@ class KallsymsSubset {
   size_t CountAtOrBelow(const List& list, uint64_t value) const;
   size_t CountBelow(const List& list, uint64_t value) const;
   void Mark(uint64_t value);
-  // Marks |value|'s symbols unless it names nothing or was marked lately.
-  void Offer(uint64_t value);
+  // Marks |value|'s symbols (it is at least lowest_) unless marked lately.
+  void MarkOnce(uint64_t value);
   void AppendLine(const List& list, size_t i, std::string& out) const;
   void AppendAliases(uint64_t at, std::string& out) const;
 

@@ -65,14 +65,16 @@ GuestConsole::~GuestConsole() {
 }
 
 void GuestConsole::ReadLoop() {
-  // QEMU's serial writes the socket a byte at a time, and a reader that falls a few hundred bytes
-  // behind fills it: QEMU then logs a byte it retries twice, and the guest's writes overflow the
-  // UART's FIFO, so the console shows doubled and lost characters. On a host whose cores run TCG
-  // guests a reader at normal priority falls that far behind: the 7.3 guest's boot console beside 3
-  // busy loops on 2 cores had 13-32 garbled lines in 3 of 3 runs (one of them a line lost
-  // outright), 13-15 at nice -10, and none at the lowest real-time priority. The thread sleeps in
-  // poll() between reads and reads no faster than QEMU writes. Needs CAP_SYS_NICE (or an
-  // RLIMIT_RTPRIO); without it the console is read as before.
+  // QEMU's serial writes the socket one byte per write, each its own socket buffer, so a reader
+  // that falls behind soon fills it (a few hundred bytes, by wmem_default over a buffer's size: an
+  // estimate). QEMU then logs a refused byte and logs it again when its retry succeeds, and the
+  // guest's writes overflow the UART's FIFO meanwhile, so the console shows doubled and lost
+  // characters. On a host whose cores run TCG guests a reader at normal priority falls that far
+  // behind: the 7.3 guest's boot console beside 3 busy loops on 2 cores had 13-32 garbled lines in
+  // 3 of 3 runs (one of them a line lost outright), 13-15 at nice -10, and none at the lowest
+  // real-time priority. The thread sleeps in poll() between reads and reads no faster than QEMU
+  // writes.
+  // Needs CAP_SYS_NICE (or an RLIMIT_RTPRIO); without it the console is read as before.
   sched_param realtime{};
   realtime.sched_priority = sched_get_priority_min(SCHED_FIFO);
   (void)pthread_setschedparam(pthread_self(), SCHED_FIFO, &realtime);

@@ -29,8 +29,12 @@ Result<CaptureManifest> ReadRecord(const fs::path& dir) {
   json record =
       json::parse(reinterpret_cast<const char*>(bytes->data()),
                   reinterpret_cast<const char*>(bytes->data()) + bytes->size(), nullptr, false);
-  if (record.is_discarded() || !record.is_object() ||
-      record.value("format", "") != "hvtrace-capture-recovery" || !record.contains("manifest")) {
+  // Types checked before values are read: json::value() throws on a value
+  // of another type ("format": [] aborted the daemon's start, fuzzer).
+  const auto format = record.is_object() ? record.find("format") : record.end();
+  if (record.is_discarded() || !record.is_object() || format == record.end() ||
+      !format->is_string() || *format != "hvtrace-capture-recovery" ||
+      !record.contains("manifest")) {
     return Error{path.string() + " is not an hvtrace recovery record"};
   }
   Result<CaptureManifest> manifest = CaptureManifest::FromJson(record["manifest"]);
@@ -133,7 +137,14 @@ Result<CaptureService::RecoveryReport> CaptureService::Recover(const CaptureStor
                                "the region copy was durable)");
       continue;  // |pending| removes it.
     }
-    Result<CaptureEntry> entry = Finish(**pending, formats_.get(), MetaDirOfStore(store));
+    Result<CaptureEntry> entry = Error{"not finished"};
+    try {
+      entry = Finish(**pending, formats_.get(), MetaDirOfStore(store));
+    } catch (const nlohmann::json::exception& e) {
+      // A field of the record whose type no check above caught: the record
+      // is malformed, like one that does not parse, not a reason to stop.
+      entry = Error{"its recovery record is malformed: " + std::string(e.what())};
+    }
     if (!entry.ok() && (*pending)->kept()) {
       // Durable and readable, but not committable now (a full disk).
       report.kept.push_back(dir.string() + ": " + entry.error().message);

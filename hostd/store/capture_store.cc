@@ -420,6 +420,14 @@ Result<CaptureManifest> CaptureManifest::FromJson(const json& doc) {
     if (!it->is_object()) return bad(std::string(key) + " is not an object");
     *out = *it;
   }
+  // The fields the capture steps read back with json::value(), which throws
+  // on a value of another type.
+  for (auto [obj, key] : {std::pair{&m.region, "kind"}, std::pair{&m.kernel, "path"},
+                          std::pair{&m.kernel, "formats_key"}}) {
+    if (obj->contains(key) && !(*obj)[key].is_string()) {
+      return bad(std::string(obj == &m.region ? "region." : "kernel.") + key + " is not a string");
+    }
+  }
   if (auto it = doc.find("qmp_events"); it != doc.end()) {
     if (!it->is_array()) return bad("qmp_events is not an array");
     for (const json& e : *it) {

@@ -177,6 +177,38 @@ TEST(CaptureRecoveryTest, CapturesThatCannotBeFinishedAreRemovedWithTheReason) {
   EXPECT_TRUE(store.List()->empty());
 }
 
+// Records whose fields have other types than the daemon writes (the
+// manifest fuzzer's "format": [] aborted the recovery, and with it the
+// daemon's start): each is removed with the reason, the next one still runs.
+TEST(CaptureRecoveryTest, RecordsWithFieldsOfAnotherTypeAreRemovedWithTheReason) {
+  const std::vector<std::byte> region = Unzstd(kFixtures / "region.bin.zst");
+  ASSERT_FALSE(region.empty());
+  TempDir tmp;
+  CaptureStore store(tmp.path() / "captures");
+  const fs::path format_array = LeaveIncomplete(store, region, HostTime::Now());
+  std::ofstream(format_array / std::string(kRecoveryRecordName), std::ios::trunc)
+      << "{\"format\": [], \"manifest\": {}}";
+  const fs::path kind_array = LeaveIncomplete(store, region, HostTime::Now());
+  json record = json::parse(ReadText(kind_array / std::string(kRecoveryRecordName)));
+  record["manifest"]["region"]["kind"] = json::array();
+  std::ofstream(kind_array / std::string(kRecoveryRecordName), std::ios::trunc) << record.dump();
+  const fs::path stopped_text = LeaveIncomplete(store, region, HostTime::Now());
+  record = json::parse(ReadText(stopped_text / std::string(kRecoveryRecordName)));
+  record["manifest"]["extra"]["consistency"] = {{"vcpus_stopped", "yes"}};
+  std::ofstream(stopped_text / std::string(kRecoveryRecordName), std::ios::trunc) << record.dump();
+
+  auto report = CaptureService(nullptr, 1).Recover(store);
+  ASSERT_TRUE(report.ok());
+  EXPECT_TRUE(report->recovered.empty());
+  ASSERT_EQ(report->removed.size(), 3u);
+  std::string all;
+  for (const std::string& why : report->removed) all += why + "\n";
+  EXPECT_NE(all.find("is not an hvtrace recovery record"), std::string::npos) << all;
+  EXPECT_NE(all.find("region.kind is not a string"), std::string::npos) << all;
+  EXPECT_NE(all.find("its recovery record is malformed"), std::string::npos) << all;
+  EXPECT_TRUE(store.ListIncomplete()->empty());
+}
+
 TEST(CaptureRecoveryTest, CommittedCaptureKeepsNoRecoveryRecord) {
   TempDir tmp;
   CaptureStore store(tmp.path() / "captures");

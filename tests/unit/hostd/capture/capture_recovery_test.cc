@@ -149,6 +149,21 @@ TEST(CaptureRecoveryTest, WithoutFormatsTheRegionIsCountedAndKept) {
   EXPECT_EQ(m["files"].size(), 1u);  // region.bin; `hvtrace show` decodes it later.
 }
 
+// Recovers |store| without formats, where every capture is to be removed:
+// the |removed| reasons, a line each ("" and a failure otherwise).
+std::string RemovedReasons(const CaptureStore& store, size_t removed) {
+  auto report = CaptureService(nullptr, 1).Recover(store);
+  if (!report.ok()) {
+    ADD_FAILURE() << report.error().message;
+    return "";
+  }
+  EXPECT_TRUE(report->recovered.empty());
+  EXPECT_EQ(report->removed.size(), removed);
+  std::string all;
+  for (const std::string& why : report->removed) all += why + "\n";
+  return all;
+}
+
 TEST(CaptureRecoveryTest, CapturesThatCannotBeFinishedAreRemovedWithTheReason) {
   const std::vector<std::byte> region = Unzstd(kFixtures / "region.bin.zst");
   ASSERT_FALSE(region.empty());
@@ -164,12 +179,7 @@ TEST(CaptureRecoveryTest, CapturesThatCannotBeFinishedAreRemovedWithTheReason) {
   std::ofstream(garbage / std::string(kRecoveryRecordName), std::ios::trunc)
       << "{\"format\": \"hvtrace-capture-recovery\", \"manifest\": {\"vm\": 7}}";
 
-  auto report = CaptureService(nullptr, 1).Recover(store);
-  ASSERT_TRUE(report.ok());
-  EXPECT_TRUE(report->recovered.empty());
-  ASSERT_EQ(report->removed.size(), 3u);
-  std::string all;
-  for (const std::string& why : report->removed) all += why + "\n";
+  const std::string all = RemovedReasons(store, 3);
   EXPECT_NE(all.find("no recovery record"), std::string::npos) << all;
   EXPECT_NE(all.find("region.bin is 4096 bytes, the region 16777216"), std::string::npos) << all;
   EXPECT_NE(all.find("vm is not a string"), std::string::npos) << all;
@@ -197,12 +207,7 @@ TEST(CaptureRecoveryTest, RecordsWithFieldsOfAnotherTypeAreRemovedWithTheReason)
   record["manifest"]["extra"]["consistency"] = {{"vcpus_stopped", "yes"}};
   std::ofstream(stopped_text / std::string(kRecoveryRecordName), std::ios::trunc) << record.dump();
 
-  auto report = CaptureService(nullptr, 1).Recover(store);
-  ASSERT_TRUE(report.ok());
-  EXPECT_TRUE(report->recovered.empty());
-  ASSERT_EQ(report->removed.size(), 3u);
-  std::string all;
-  for (const std::string& why : report->removed) all += why + "\n";
+  const std::string all = RemovedReasons(store, 3);
   EXPECT_NE(all.find("is not an hvtrace recovery record"), std::string::npos) << all;
   EXPECT_NE(all.find("region.kind is not a string"), std::string::npos) << all;
   EXPECT_NE(all.find("its recovery record is malformed"), std::string::npos) << all;

@@ -151,13 +151,6 @@ bool ReadExecName(std::span<const std::byte> p, TaskField loc, Name* name) {
   return ReadName(p, start + base, end - base, name);
 }
 
-Name FromText(const char* text) {
-  Name n;
-  n.len = static_cast<uint8_t>(strnlen(text, kMaxTaskName));
-  std::memcpy(n.text, text, n.len);
-  return n;
-}
-
 // The record's task (trace_entry.common_pid); 0 when the record is too short.
 int32_t CommonPid(std::span<const std::byte> payload) {
   int32_t pid = 0;
@@ -165,10 +158,39 @@ int32_t CommonPid(std::span<const std::byte> payload) {
   return pid;
 }
 
+// |s| without blanks at either end, as the format parser trims.
+std::string_view TrimBlanks(std::string_view s) {
+  auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\r'; };
+  while (!s.empty() && blank(s.front())) s.remove_prefix(1);
+  while (!s.empty() && blank(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// The event name on |text|'s first line ("name: NAME"), as ParseEventFormat
+// reads it; nullopt when the text does not start so (it is parsed then).
+std::optional<std::string_view> FirstLineName(std::string_view text) {
+  const std::string_view line = TrimBlanks(text.substr(0, text.find('\n')));
+  if (!line.starts_with("name:")) return std::nullopt;
+  return TrimBlanks(line.substr(5));
+}
+
+// Whether SpecFor knows event |system|:|name|.
+bool StatesNames(std::string_view system, std::string_view name) {
+  static constexpr std::string_view kSched[] = {
+      "sched_switch",       "sched_wakeup",       "sched_wakeup_new",
+      "sched_waking",       "sched_process_exit", "sched_process_free",
+      "sched_migrate_task", "sched_process_fork", "sched_process_exec"};
+  if (system == "task") return name == "task_newtask" || name == "task_rename";
+  return std::find(std::begin(kSched), std::end(kSched), name) != std::end(kSched);
+}
+
 }  // namespace
 
 struct TaskNameTimeline::Impl {
   static constexpr uint32_t kNoSpan = UINT32_MAX;
+  // Statements kept from pass 1 for pass 2 (MostUsedNames), at most this
+  // many (64 bytes each): past it pass 2 reads the rest from the records.
+  static constexpr size_t kMaxKept = size_t{1} << 20;
 
   // Records between two statements about one pid that disagree: from
   // |first| up to (not including) |end|, by record index in the pass. The
@@ -193,6 +215,26 @@ struct TaskNameTimeline::Impl {
     uint32_t head = kNoSpan, tail = kNoSpan, cursor = kNoSpan;
     // Pass 1: the record of its latest statement.
     uint64_t stated = 0;
+    // MostUsedNames: the pid's names and how many of its records each
+    // named, in the order first counted; |current| is |name|'s slot there
+    // (-1: not looked up since |name| last changed).
+    std::vector<std::pair<Name, uint64_t>> counts;
+    int32_t current = -1;
+  };
+
+  // A statement pass 1 read, with its pid's entry (map nodes do not move).
+  struct Kept {
+    uint64_t record = 0;
+    Pid* pid = nullptr;
+    Fact fact;
+  };
+
+  // A record's statements for pass 2, read from it or taken from |kept|.
+  struct Statements {
+    Fact read[2];
+    const Fact* fact[2] = {};
+    Pid* pid[2] = {};
+    size_t n = 0;
   };
 
   std::vector<std::optional<Spec>> specs;  // By event id.
@@ -203,6 +245,13 @@ struct TaskNameTimeline::Impl {
   uint64_t record = 0;  // Index of the record in the current pass.
   uint64_t inferred = 0;
   Name out;
+  // Pass 1 keeps the statements of records before |kept_through| (all of
+  // them unless kMaxKept was reached): pass 2 then neither reads those
+  // records' names again nor finds their pids by hash. Off: 0.
+  bool keep = false;
+  uint64_t kept_through = 0;
+  std::vector<Kept> kept;
+  size_t next_kept = 0;
 
   const Spec* SpecOf(std::span<const std::byte> p) const {
     if (p.size() < 8) return nullptr;
@@ -257,7 +306,7 @@ struct TaskNameTimeline::Impl {
   // thing), so those records take |f|'s name. An exec does not say the old
   // name: the records before it keep the previous statement's. Only
   // statements come here: the other records cost pass 1 no lookup.
-  void Learn(const Fact& f) {
+  Pid& Learn(const Fact& f) {
     auto [it, added] = pids.try_emplace(f.pid);
     Pid& s = it->second;
     if (added) {
@@ -271,6 +320,7 @@ struct TaskNameTimeline::Impl {
     }
     s.name = f.after;
     s.stated = record;
+    return s;
   }
 
   // Pass 2: the span holding the current record of pid |s|, if any.
@@ -279,12 +329,85 @@ struct TaskNameTimeline::Impl {
     if (s.cursor == kNoSpan || spans[s.cursor].first > record) return nullptr;
     return &spans[s.cursor];
   }
+
+  // Pass 2: the statements of the current record |p| about pids > 0.
+  void StatementsOf(std::span<const std::byte> p, Statements& st) {
+    if (record < kept_through) {
+      for (; next_kept < kept.size() && kept[next_kept].record == record; ++next_kept) {
+        st.fact[st.n] = &kept[next_kept].fact;
+        st.pid[st.n++] = kept[next_kept].pid;
+      }
+      return;
+    }
+    const size_t n = Facts(p, st.read);
+    for (size_t i = 0; i < n; ++i) {
+      if (st.read[i].pid <= 0) continue;
+      st.fact[st.n] = &st.read[i];
+      st.pid[st.n++] = &pids[st.read[i].pid];
+    }
+  }
+
+  static void Set(Pid& s, const Name& name) {
+    s.name = name;
+    s.known = true;
+    s.current = -1;
+  }
+
+  // Pass 2, one record: its statements applied (a rename's new name only
+  // after it), and |named| called with its task's entry and its name at the
+  // record's time, when the trace says it.
+  template <typename Named>
+  void Step(std::span<const std::byte> p, Named&& named) {
+    Statements st;
+    StatementsOf(p, st);
+    for (size_t i = 0; i < st.n; ++i) {
+      const Fact& f = *st.fact[i];
+      if (!f.deferred) {
+        Set(*st.pid[i], f.after);
+      } else if (f.before) {
+        Set(*st.pid[i], *f.before);
+      }
+    }
+    const int32_t pid = CommonPid(p);
+    if (pid > 0) {
+      // A record states its own task's name mostly (sched_switch's prev):
+      // its entry is at hand then.
+      Pid* s = nullptr;
+      for (size_t i = 0; i < st.n && s == nullptr; ++i) {
+        if (st.fact[i]->pid == pid) s = st.pid[i];
+      }
+      if (s == nullptr) {
+        if (auto it = pids.find(pid); it != pids.end()) s = &it->second;
+      }
+      if (s != nullptr) {
+        if (const Span* span = SpanAt(*s)) {
+          ++inferred;
+          named(*s, span->name, true);
+        } else if (s->known) {
+          named(*s, s->name, false);
+        }
+      }
+    }
+    for (size_t i = 0; i < st.n; ++i) {
+      if (st.fact[i]->deferred) Set(*st.pid[i], st.fact[i]->after);
+    }
+    ++record;
+  }
 };
 
-TaskNameTimeline::TaskNameTimeline(const std::vector<FormatText>& formats)
+TaskNameTimeline::TaskNameTimeline(const std::vector<FormatText>& formats, bool keep_statements)
     : impl_(std::make_unique<Impl>()) {
+  impl_->keep = keep_statements;
+  impl_->kept_through = keep_statements ? UINT64_MAX : 0;
   for (const FormatText& ft : formats) {
     if (ft.system != "sched" && ft.system != "task") continue;
+    // Only the events above state names: the others are not parsed (a
+    // capture's formats hold ~30 sched events; parsing them all was ~1 M
+    // instructions at each panic, callgrind of hvtraced).
+    if (const std::optional<std::string_view> name = FirstLineName(ft.text);
+        name && !StatesNames(ft.system, *name)) {
+      continue;
+    }
     Result<EventFormat> f = ParseEventFormat(ft.system, ft.text);
     if (!f.ok() || f->id > 0xffff) continue;
     std::optional<Spec> spec = SpecFor(*f);
@@ -306,8 +429,14 @@ void TaskNameTimeline::Scan(std::span<const std::byte> payload) {
   Impl& m = *impl_;
   Fact facts[2];
   const size_t n = m.Facts(payload, facts);
+  if (m.keep && m.kept.size() + 2 > Impl::kMaxKept) {
+    m.keep = false;
+    m.kept_through = m.record;
+  }
   for (size_t i = 0; i < n; ++i) {
-    if (facts[i].pid > 0) m.Learn(facts[i]);
+    if (facts[i].pid <= 0) continue;
+    Impl::Pid& s = m.Learn(facts[i]);
+    if (m.keep) m.kept.push_back({m.record, &s, facts[i]});
   }
   ++m.record;
 }
@@ -318,46 +447,21 @@ void TaskNameTimeline::StartNaming() {
     s.known = s.first_before.has_value();
     if (s.known) s.name = *s.first_before;
     s.cursor = s.head;
+    s.current = -1;
   }
+  m.keep = false;
   m.record = 0;
   m.inferred = 0;
+  m.next_kept = 0;
 }
 
 const char* TaskNameTimeline::Next(std::span<const std::byte> payload) {
   Impl& m = *impl_;
-  Fact facts[2];
-  const size_t n = m.Facts(payload, facts);
-  auto set = [&m](const Fact& f, const Name& name) {
-    Impl::Pid& s = m.pids[f.pid];
-    s.name = name;
-    s.known = true;
-  };
-  for (size_t i = 0; i < n; ++i) {
-    if (facts[i].pid <= 0) continue;
-    if (!facts[i].deferred) {
-      set(facts[i], facts[i].after);
-    } else if (facts[i].before) {
-      set(facts[i], *facts[i].before);
-    }
-  }
-  const int32_t pid = CommonPid(payload);
   const char* result = nullptr;
-  if (pid > 0) {
-    if (auto it = m.pids.find(pid); it != m.pids.end()) {
-      if (const Impl::Span* span = m.SpanAt(it->second)) {
-        m.out = span->name;
-        result = m.out.text;
-        ++m.inferred;
-      } else if (it->second.known) {
-        m.out = it->second.name;
-        result = m.out.text;
-      }
-    }
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (facts[i].pid > 0 && facts[i].deferred) set(facts[i], facts[i].after);
-  }
-  ++m.record;
+  m.Step(payload, [&](Impl::Pid&, const Name& name, bool) {
+    m.out = name;
+    result = m.out.text;
+  });
   return result;
 }
 
@@ -399,65 +503,17 @@ void ForEachMerged(const PageLayout& layout,
   }
 }
 
-}  // namespace
+// The slot of |name| in |counts|, added with no records when new.
+size_t SlotOf(std::vector<std::pair<Name, uint64_t>>& counts, const Name& name) {
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (counts[i].first == name) return i;
+  }
+  counts.emplace_back(name, 0);
+  return counts.size() - 1;
+}
 
-std::string MostUsedNames(const std::vector<FormatText>& formats, const PageLayout& layout,
-                          const std::vector<std::vector<std::span<const std::byte>>>& cpus,
-                          std::string_view fallback, TaskNameStats* stats) {
-  TaskNameStats local;
-  TaskNameStats& st = stats != nullptr ? *stats : local;
-  st = {};
-  TaskNameTimeline timeline(formats);
-  // Per pid, in the order first seen: each name and its event count.
-  std::unordered_map<int32_t, std::vector<std::pair<Name, uint64_t>>> counts;
-  std::vector<int32_t> order;
-  if (timeline.usable()) {
-    // The records in time order, merged once for both passes: walking and
-    // merging the pages again was ~2 M of the ~13 M instructions this took
-    // at a 6.12 panic (callgrind of hvtraced, bench/README.md).
-    std::vector<std::span<const std::byte>> merged;
-    ForEachMerged(layout, cpus, [&](std::span<const std::byte> p) {
-      merged.push_back(p);
-      timeline.Scan(p);
-    });
-    timeline.StartNaming();
-    for (std::span<const std::byte> p : merged) {
-      ++st.events;
-      const char* name = timeline.Next(p);
-      if (name == nullptr) continue;
-      ++st.named;
-      int32_t pid = 0;
-      std::memcpy(&pid, p.data() + 4, 4);
-      const Name n = FromText(name);
-      auto [it, added] = counts.try_emplace(pid);
-      if (added) order.push_back(pid);
-      auto& names = it->second;
-      auto found = std::find_if(names.begin(), names.end(),
-                                [&](const auto& entry) { return entry.first == n; });
-      if (found == names.end()) {
-        names.emplace_back(n, 1);
-      } else {
-        ++found->second;
-      }
-    }
-    st.inferred = timeline.inferred();
-  }
-  std::sort(order.begin(), order.end());
-  std::string out;
-  for (int32_t pid : order) {
-    const auto& names = counts[pid];
-    const auto best =
-        std::max_element(names.begin(), names.end(), [](const auto& a, const auto& b) {
-          return a.second < b.second;  // max_element keeps the first of equals.
-        });
-    uint64_t total = 0;
-    for (const auto& entry : names) total += entry.second;
-    st.not_most_used += total - best->second;
-    st.renamed_pids += names.size() > 1;
-    out += std::to_string(pid) + " " + best->first.text + "\n";
-  }
-  st.pids = order.size();
-  // The fallback's lines for the pids the trace does not name.
+// The fallback's lines ("pid comm") for the pids |named| does not name.
+void AppendFallback(std::string_view fallback, const auto& named, std::string& out) {
   while (!fallback.empty()) {
     const size_t nl = fallback.find('\n');
     const std::string_view line = fallback.substr(0, nl);
@@ -470,10 +526,76 @@ std::string MostUsedNames(const std::vector<FormatText>& formats, const PageLayo
       digits = line[i] >= '0' && line[i] <= '9';
       pid = pid * 10 + (line[i] - '0');
     }
-    if (!digits || pid > INT32_MAX || counts.contains(static_cast<int32_t>(pid))) continue;
+    if (!digits || pid > INT32_MAX || named(static_cast<int32_t>(pid))) continue;
     out.append(line);
     out.push_back('\n');
   }
+}
+
+}  // namespace
+
+std::string MostUsedNames(const std::vector<FormatText>& formats, const PageLayout& layout,
+                          const std::vector<std::vector<std::span<const std::byte>>>& cpus,
+                          std::string_view fallback, TaskNameStats* stats) {
+  TaskNameStats local;
+  TaskNameStats& st = stats != nullptr ? *stats : local;
+  st = {};
+  // A capture's records, bounded by its region: pass 1 keeps what it read
+  // for pass 2 (Kept).
+  TaskNameTimeline timeline(formats, /*keep_statements=*/true);
+  TaskNameTimeline::Impl& m = *timeline.impl_;
+  // Per pid that names records: its entry, sorted by pid below.
+  std::vector<std::pair<int32_t, const TaskNameTimeline::Impl::Pid*>> named;
+  if (timeline.usable()) {
+    // The records in time order, merged once for both passes: walking and
+    // merging the pages again was ~2 M of the ~13 M instructions this took
+    // at a 6.12 panic (callgrind of hvtraced, bench/README.md).
+    std::vector<std::span<const std::byte>> merged;
+    ForEachMerged(layout, cpus, [&](std::span<const std::byte> p) {
+      merged.push_back(p);
+      timeline.Scan(p);
+    });
+    timeline.StartNaming();
+    st.events = merged.size();
+    for (std::span<const std::byte> p : merged) {
+      m.Step(p, [&](TaskNameTimeline::Impl::Pid& s, const Name& name, bool from_span) {
+        if (s.counts.empty()) named.emplace_back(CommonPid(p), &s);
+        if (from_span) {
+          ++s.counts[SlotOf(s.counts, name)].second;
+          return;
+        }
+        if (s.current < 0) s.current = static_cast<int32_t>(SlotOf(s.counts, name));
+        ++s.counts[static_cast<size_t>(s.current)].second;
+      });
+    }
+    st.inferred = timeline.inferred();
+  }
+  std::sort(named.begin(), named.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string out;
+  for (const auto& [pid, s] : named) {
+    const auto best =
+        std::max_element(s->counts.begin(), s->counts.end(), [](const auto& a, const auto& b) {
+          return a.second < b.second;  // max_element keeps the first of equals.
+        });
+    uint64_t total = 0;
+    for (const auto& entry : s->counts) total += entry.second;
+    st.named += total;
+    st.not_most_used += total - best->second;
+    st.renamed_pids += s->counts.size() > 1;
+    out += std::to_string(pid);
+    out += ' ';
+    out += best->first.text;
+    out += '\n';
+  }
+  st.pids = named.size();
+  AppendFallback(
+      fallback,
+      [&](int32_t pid) {
+        return std::binary_search(named.begin(), named.end(), std::pair{pid, nullptr},
+                                  [](const auto& a, const auto& b) { return a.first < b.first; });
+      },
+      out);
   return out;
 }
 

@@ -69,7 +69,10 @@ inline constexpr size_t kMaxTaskName = 15;
 class TaskNameTimeline {
  public:
   // Finds the name-stating events among |formats| by system and name.
-  explicit TaskNameTimeline(const std::vector<FormatText>& formats);
+  // |keep_statements|: pass 1 keeps what it read for pass 2, which then
+  // reads no record's names twice (memory: 64 bytes a statement, at most
+  // 2^20 statements kept; for input bounded in size, such as a capture).
+  explicit TaskNameTimeline(const std::vector<FormatText>& formats, bool keep_statements = false);
   ~TaskNameTimeline();
   TaskNameTimeline(const TaskNameTimeline&) = delete;
   TaskNameTimeline& operator=(const TaskNameTimeline&) = delete;
@@ -95,6 +98,10 @@ class TaskNameTimeline {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  // Counts names per pid on the timeline's own entries (no second map).
+  friend std::string MostUsedNames(const std::vector<FormatText>&, const PageLayout&,
+                                   const std::vector<std::vector<std::span<const std::byte>>>&,
+                                   std::string_view, struct TaskNameStats*);
 };
 
 // What MostUsedNames found.

@@ -135,8 +135,10 @@ Bytes Other(int pid) { return Header(kOther, pid, 12); }
 
 // Runs both passes over |records| and returns each record's name ("" for
 // nullptr); |inferred|: how many were named by inference.
-std::vector<std::string> Names(const std::vector<Bytes>& records, uint64_t* inferred = nullptr) {
-  TaskNameTimeline t(Formats());
+std::vector<std::string> NamesOnce(const std::vector<FormatText>& formats,
+                                   const std::vector<Bytes>& records, bool keep,
+                                   uint64_t* inferred) {
+  TaskNameTimeline t(formats, keep);
   EXPECT_TRUE(t.usable());
   for (const Bytes& r : records) t.Scan(r);
   t.StartNaming();
@@ -147,6 +149,33 @@ std::vector<std::string> Names(const std::vector<Bytes>& records, uint64_t* infe
   }
   if (inferred != nullptr) *inferred = t.inferred();
   return out;
+}
+
+// Both ways: pass 2 reading the records again, and taking what pass 1 kept
+// (MostUsedNames' way); they must agree on every record.
+std::vector<std::string> Names(const std::vector<Bytes>& records, uint64_t* inferred = nullptr,
+                               const std::vector<FormatText>& formats = Formats()) {
+  uint64_t inferred_kept = 0;
+  const std::vector<std::string> kept = NamesOnce(formats, records, true, &inferred_kept);
+  std::vector<std::string> read = NamesOnce(formats, records, false, inferred);
+  EXPECT_EQ(kept, read);
+  if (inferred != nullptr) {
+    EXPECT_EQ(inferred_kept, *inferred);
+  }
+  return read;
+}
+
+TEST(TaskNameTimelineTest, FormatsAreFoundByTheNameTheParserReads) {
+  // The constructor parses only formats whose first line names a naming
+  // event; blanks around the name (as the parser trims them) or a first line
+  // that is not "name:" must not hide one.
+  std::vector<FormatText> formats = Formats();
+  formats[0].text =
+      " \tname:\t sched_switch \r" + formats[0].text.substr(formats[0].text.find('\n'));
+  formats[1].text = "\n" + formats[1].text;
+  auto names = Names({Other(5), Switch("a", 5, "b", 6), Other(6), Wakeup(5, "c", 7), Other(7)},
+                     nullptr, formats);
+  EXPECT_EQ(names, (std::vector<std::string>{"a", "a", "b", "a", "c"}));
 }
 
 TEST(TaskNameTimelineTest, ExecRenamesFromTheExecEventOn) {

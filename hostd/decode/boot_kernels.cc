@@ -7,6 +7,7 @@
 
 #include "formats_cache.h"
 #include "hvtrace/format.h"
+#include "parsed_formats.h"
 
 namespace hvtrace::hostd {
 
@@ -55,13 +56,14 @@ struct Shape {
   std::vector<std::pair<uint32_t, bool>> locs;  // __data_loc / __rel_loc (true) slots.
 };
 
-Shape ShapeOf(const CachedEventFormat& ev) {
+Shape ShapeOf(const KernelFormats& formats, const CachedEventFormat& ev) {
   Shape s;
   if (!ev.parse_error.empty()) {
     s.error = "its format did not parse: " + ev.parse_error;
     return s;
   }
-  Result<EventFormat> f = ParseEventFormat(ev.system, ev.text);
+  const ParsedFormat parsed = ParsedFormatOf(formats, ev);
+  const Result<EventFormat>& f = *parsed;
   if (!f.ok()) {
     s.error = "its format does not parse: " + f.error().message;
     return s;
@@ -210,7 +212,7 @@ FormatsFit FitRecords(std::span<const BootMapRecord* const> records, const Kerne
       if (type >= by_id.size() || by_id[type] == nullptr) {
         s.error = "no event has this id in these formats";
       } else {
-        s = ShapeOf(*by_id[type]);
+        s = ShapeOf(formats, *by_id[type]);
       }
       shapes.push_back(std::move(s));
       slot[type] = static_cast<uint32_t>(shapes.size());

@@ -18,6 +18,7 @@
 #include "hvtrace/decoder.h"
 #include "hvtrace/format.h"
 #include "kernel_symbols.h"
+#include "parsed_formats.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -120,8 +121,8 @@ json EventsJson(const BootLogInputs& in, int32_t cpu,
 std::optional<ConsoleMsgField> ConsoleField(const KernelFormats& formats) {
   for (const CachedEventFormat& f : formats.events) {
     if (f.system != "printk" || f.name != "console" || !f.parse_error.empty()) continue;
-    Result<EventFormat> parsed = ParseEventFormat(f.system, f.text);
-    if (parsed.ok()) return FindConsoleMsgField(*parsed);
+    const ParsedFormat parsed = ParsedFormatOf(formats, f);
+    if (parsed->ok()) return FindConsoleMsgField(**parsed);
   }
   return std::nullopt;
 }

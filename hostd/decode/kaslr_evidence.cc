@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "hvtrace/format.h"
+#include "parsed_formats.h"
 
 namespace hvtrace::hostd {
 namespace {
@@ -141,11 +142,11 @@ Values CollectValues(const BootMap& map, uint32_t boot, const KernelFormats& for
   for (const CachedEventFormat& ev : formats.events) {
     if (!ev.parse_error.empty()) continue;
     const auto [first, last] = kRulesByEvent.equal_range(ev.name);
-    std::optional<Result<EventFormat>> parsed;
+    ParsedFormat parsed;
     for (auto it = first; it != last; ++it) {
       const FieldRule& rule = *it->second;
       if (ev.system != rule.system) continue;
-      if (!parsed) parsed.emplace(ParseEventFormat(ev.system, ev.text));
+      if (!parsed) parsed = ParsedFormatOf(formats, ev);
       if (!parsed->ok() || (*parsed)->id > 0xffff) break;  // No record has a wider id.
       const EventFormat& format = **parsed;
       const FieldFormat* f = format.FindField(rule.field);

@@ -20,6 +20,7 @@
 #include "capped_file.h"
 #include "config.h"
 #include "hvtrace/format.h"
+#include "parsed_formats.h"
 #include "private_path.h"
 #include "sha256.h"
 #include "state_dir.h"
@@ -271,6 +272,8 @@ Result<KernelFormats> FormatCache::Load(std::string_view key) const {
             [](const CachedEventFormat& x, const CachedEventFormat& y) {
               return std::tie(x.system, x.name) < std::tie(y.system, y.name);
             });
+  // Made for the sorted vector, which a move of |out| keeps.
+  out.parsed = std::make_shared<const ParsedFormats>(out);
   return out;
 }
 

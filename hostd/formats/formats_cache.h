@@ -95,6 +95,8 @@ struct CachedEventFormat {
   bool trial_passed = false;
 };
 
+class ParsedFormats;
+
 // Everything cached for one kernel build.
 struct KernelFormats {
   std::string key;
@@ -109,6 +111,8 @@ struct KernelFormats {
   // does not parse 7 MB).
   std::shared_ptr<const KernelSymbols> symbols;
   std::vector<CachedEventFormat> events;  // Sorted by system, then name.
+  // |events| parsed on first use (parsed_formats.h; Load makes it).
+  std::shared_ptr<const ParsedFormats> parsed;
 };
 
 // |formats|' indexed symbols: those Load made, or indexed now for formats

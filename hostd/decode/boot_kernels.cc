@@ -238,13 +238,18 @@ FormatsFit FitRecords(std::span<const BootMapRecord* const> records, const Kerne
 }
 
 BootKernels::BootKernels(std::span<const std::byte> copy, const KernelFormats* layout,
-                         FormatsService* service, std::vector<std::string> banners)
+                         FormatsService* service, std::vector<std::string> banners,
+                         const BootMapCaptureOptions& capture)
     : layout_(layout), service_(service), banners_(std::move(banners)) {
   const auto start = std::chrono::steady_clock::now();
-  BootMapOptions options;
-  options.layout = PageLayout::Default();
+  BootMapOptions& options = map_options_;
+  options.cpus = capture.cpus;
+  options.threads = kDecodeThreads;
+  options.layout = PageLayout::Default(capture.subbuf_size);
   if (layout != nullptr) {
-    if (Result<PageLayout> pl = PageLayout::FromHeaderPage(layout->header_page, 4096); pl.ok()) {
+    if (Result<PageLayout> pl =
+            PageLayout::FromHeaderPage(layout->header_page, capture.subbuf_size);
+        pl.ok()) {
       options.layout = *pl;
     }
   }
@@ -261,6 +266,11 @@ BootKernels::BootKernels(std::span<const std::byte> copy, const KernelFormats* l
     }
   }
   read_ms_ = MsSince(start);
+}
+
+void BootKernels::LendMap(BootMapCaptureOptions& options) const {
+  options.map = map_error_.empty() ? &map_ : nullptr;
+  options.map_read_with = map_options_;
 }
 
 std::span<const BootMapRecord* const> BootKernels::RecordsOf(uint32_t boot) const {

@@ -90,12 +90,17 @@ FormatsFit FitRecords(std::span<const BootMapRecord* const> records, const Kerne
 // the build.
 class BootKernels {
  public:
-  // |copy| is the range copy (read once more here for the records of each
-  // boot); |layout| (may be null: 6.12's default) gives the page layout and
-  // stands for a fallback without formats (as in the build); |service| the formats cache (may be
-  // null: no identification); |banners| from the VM's console.
+  // |copy| is the range copy (read here for the records of each boot, with
+  // |options|' CPU count and sub-buffer size, as the decode reads it);
+  // |layout| (may be null: 6.12's default) gives the page layout and stands
+  // for a fallback without formats (as in the build); |service| the formats
+  // cache (may be null: no identification); |banners| from the VM's console.
   BootKernels(std::span<const std::byte> copy, const KernelFormats* layout, FormatsService* service,
-              std::vector<std::string> banners);
+              std::vector<std::string> banners, const BootMapCaptureOptions& options = {});
+
+  // Puts the map read here, and how, into |options| (null map when the read
+  // failed): the decode then need not read the range again.
+  void LendMap(BootMapCaptureOptions& options) const;
 
   // What stands for a fallback without formats (the build's formats).
   void set_default(const KernelFormats* formats) { layout_ = formats; }
@@ -137,6 +142,7 @@ class BootKernels {
   FormatsService* service_;
   std::vector<std::string> banners_;
   std::string map_error_;
+  BootMapOptions map_options_;
   BootMap map_;
   std::vector<std::vector<const BootMapRecord*>> by_boot_;
   std::vector<const KernelFormats*> chosen_;

@@ -172,7 +172,8 @@ BootRangeDecodeTimes DecodeBootRange(std::span<const std::byte> copy,
   // Each boot's kernel identified by its console banner and checked against
   // the data (boot_kernels.h); the per-boot choices feed the id table.
   BootKernels kernels(copy, formats.get(), formats_service,
-                      ReadConsoleBanners(ConsoleLogOfMetaDir(meta_dir)));
+                      ReadConsoleBanners(ConsoleLogOfMetaDir(meta_dir)), options);
+  kernels.LendMap(options);
   const KernelFormats* identified = formats ? nullptr : kernels.NewestIdentified();
   // A decode that worked: its figures go to the manifest; false if it failed.
   auto decoded = [&](const Result<CaptureResult>& built) {

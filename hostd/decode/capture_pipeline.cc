@@ -41,9 +41,6 @@ constexpr size_t kMaxSymbolBytes = 64u << 20;
 constexpr size_t kMaxDirectoryFormats = 20000;
 // Event ids are the records' 16-bit type field.
 constexpr uint32_t kEventIds = 1u << 16;
-// Threads reading the region's CPUs and finding task names beside the
-// symbols: a panic capture is waited on (issue 16: panic -> decoded < 20 ms).
-constexpr int kDecodeThreads = 2;
 
 void Progress(const BootMapCaptureOptions& opts, std::string_view stage, uint64_t done,
               uint64_t total) {
@@ -52,7 +49,10 @@ void Progress(const BootMapCaptureOptions& opts, std::string_view stage, uint64_
 
 // Everything decoded, before any file is written.
 struct Decoded {
-  BootMap map;
+  // The caller's map (BootMapCaptureOptions::map) or |own_map|, read here
+  // (on the heap: a Decoded moves).
+  const BootMap* map = nullptr;
+  std::unique_ptr<BootMap> own_map;
   PageLayout layout;
   CaptureResult result;
   // Per boot, per CPU: pages to write. Pages that need no repair point into
@@ -196,11 +196,17 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
   map_options.layout = d.layout;
   map_options.threads = kDecodeThreads;
   Progress(opts, "decode", 0, 1);
-  Result<BootMap> map = ReadBootMap(region, map_options);
-  if (!map.ok())
-    return Error{"region of " + std::to_string(region.size()) + " bytes: " + map.error().message};
-  d.map = std::move(*map);
-  const BootMap& m = d.map;
+  if (opts.map != nullptr && opts.map_read_with.cpus == map_options.cpus &&
+      opts.map_read_with.layout == map_options.layout) {
+    d.map = opts.map;
+  } else {
+    Result<BootMap> map = ReadBootMap(region, map_options);
+    if (!map.ok())
+      return Error{"region of " + std::to_string(region.size()) + " bytes: " + map.error().message};
+    d.own_map = std::make_unique<BootMap>(std::move(*map));
+    d.map = d.own_map.get();
+  }
+  const BootMap& m = *d.map;
 
   CaptureResult& r = d.result;
   r.layout = m.layout;
@@ -452,11 +458,11 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
       lap = now;
     };
     TraceDatWriterInput in = WriterInput(formats, opts, d.layout.page_size);
-    if (boot.boot + 1 == d.result.boots.size()) in.last_boot_info = LastBootInfo(d.map.scratch);
+    if (boot.boot + 1 == d.result.boots.size()) in.last_boot_info = LastBootInfo(d.map->scratch);
     std::future<NamesFound> names =
         FindNamesBeside(in.formats, d.layout, d.boot_pages[boot.boot], bf.cmdlines);
     KaslrVerdict kaslr = EstablishKaslr(
-        d.map, boot.boot, formats, MetaTextDelta(d.map, SymbolsOf(formats)->image(), boot.boot),
+        *d.map, boot.boot, formats, MetaTextDelta(*d.map, SymbolsOf(formats)->image(), boot.boot),
         bf.own_symbols);
     const bool newest = boot.boot + 1 == d.result.boots.size();
     if (newest && opts.newest_kaslr) opts.newest_kaslr(KaslrDeltaOf(kaslr.manifest));
@@ -464,7 +470,7 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     in.printk_formats.clear();
     if (kaslr.use_symbols) {
       json modules;
-      in.kallsyms = KallsymsForEvents(d.map, formats, kaslr.delta, boot.boot, &modules);
+      in.kallsyms = KallsymsForEvents(*d.map, formats, kaslr.delta, boot.boot, &modules);
       if (!modules.is_null()) kaslr.manifest["module_symbols"] = std::move(modules);
       in.printk_formats = kaslr.delta == 0
                               ? formats.printk_formats
@@ -484,11 +490,11 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     // The kernel log and crash summary beside the trace.dat file: both only
     // read |in| and the map (a 6.12 panic: 2-3 ms each, one after the other
     // before).
-    std::future<Result<BootLogResult>> log_beside = RunBeside([&, newest, use = kaslr.use_symbols,
-                                                               delta = kaslr.delta] {
-      return WriteBootKernelLog(
-          {&d.map, boot.boot, &formats, &in, use, delta, newest ? opts.ring_log : nullptr}, dir);
-    });
+    std::future<Result<BootLogResult>> log_beside =
+        RunBeside([&, newest, use = kaslr.use_symbols, delta = kaslr.delta] {
+          return WriteBootKernelLog(
+              {d.map, boot.boot, &formats, &in, use, delta, newest ? opts.ring_log : nullptr}, dir);
+        });
     lap = std::chrono::steady_clock::now();
     Status s = WriteTraceDat(path.string(), in, sync);
     split(d.result.files_ms);

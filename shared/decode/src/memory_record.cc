@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <cstring>
+#include <memory>
 #include <string>
 
 namespace hvtrace {
@@ -76,13 +77,16 @@ Result<MemoryRecord> MemoryRecord::Parse(std::span<const std::byte> data) {
   return out;
 }
 
+// The output buffer is not zeroed: at a panic zeroing the bound's size for
+// the printk ring's record (~0.7 MB) was 0.6 M of the guest-log thread's
+// 7.1 M instructions (callgrind of hvtraced, 6.12 guest).
 Result<std::vector<std::byte>> MemoryRecord::Compress() const {
   const std::vector<std::byte> raw = Serialize();
-  std::vector<std::byte> out(ZSTD_compressBound(raw.size()));
-  const size_t n = ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), 1);
+  const size_t bound = ZSTD_compressBound(raw.size());
+  std::unique_ptr<std::byte[]> packed(new std::byte[bound]);
+  const size_t n = ZSTD_compress(packed.get(), bound, raw.data(), raw.size(), 1);
   if (ZSTD_isError(n)) return Error{std::string("zstd: ") + ZSTD_getErrorName(n)};
-  out.resize(n);
-  return out;
+  return std::vector<std::byte>(packed.get(), packed.get() + n);
 }
 
 Result<MemoryRecord> MemoryRecord::Decompress(std::span<const std::byte> data) {

@@ -349,6 +349,26 @@ TEST(MemoryRecordTest, RoundTripsAndServesSubRanges) {
   EXPECT_TRUE(back->Read(0x1060, 4).ok());
 }
 
+TEST(MemoryRecordTest, CompressedIsTheSerializedRecord) {
+  // Compress streams the blocks; what it packs must be Serialize's bytes:
+  // several blocks, an empty one, and one larger than zstd's stream buffer.
+  MemoryRecord m;
+  std::vector<std::byte> big(300 * 1024);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::byte>(i * 7 % 251);
+  m.Add(0x1000, big);
+  m.Add(0x900000, {});
+  m.Add(0x800000, std::vector<std::byte>(33, std::byte{5}));
+  const MemoryRecord empty;
+  for (const MemoryRecord* r : std::vector<const MemoryRecord*>{&m, &empty}) {
+    const MemoryRecord& record = *r;
+    auto packed = record.Compress();
+    ASSERT_TRUE(packed.ok()) << packed.error().message;
+    auto back = MemoryRecord::Decompress(*packed);
+    ASSERT_TRUE(back.ok()) << back.error().message;
+    EXPECT_EQ(back->Serialize(), record.Serialize());
+  }
+}
+
 TEST(MemoryRecordTest, Malicious_TruncatedOrOversizedRecordsFail) {
   MemoryRecord m;
   m.Add(1, std::vector<std::byte>(10));

@@ -374,6 +374,30 @@ TEST(KaslrEvidence, ModuleAddressesDoNotVeto) {
   EXPECT_EQ(v.manifest["distinct"], 4);
 }
 
+TEST(KaslrEvidence, RepeatedValuesCountOnceAndAtMost4096AreKept) {
+  const int64_t delta = 9 * kMiB2;
+  const auto& k = Kernel();
+  std::vector<uint64_t> repeated = Shifted(k.starts, {11, 1111, 21111, 41111}, delta);
+  repeated.insert(repeated.end(), repeated.begin(), repeated.end());
+  auto few = MakeBoot(k.kallsyms, repeated);
+  KaslrVerdict v = EstablishKaslr(few->map, 0, few->formats, std::nullopt, false);
+  EXPECT_EQ(v.manifest["distinct"], 4) << v.manifest.dump();
+  EXPECT_EQ(v.delta, delta);
+  // More distinct values than are kept, each seen twice: the first 4096
+  // distinct ones in record order decide.
+  ASSERT_GT(k.starts.size(), 5000u);
+  std::vector<size_t> picks(5000);
+  for (size_t i = 0; i < picks.size(); ++i) picks[i] = i;
+  std::vector<uint64_t> many = Shifted(k.starts, picks, delta);
+  std::vector<uint64_t> twice;
+  for (uint64_t x : many) twice.insert(twice.end(), {x, x});
+  auto lots = MakeBoot(k.kallsyms, twice);
+  v = EstablishKaslr(lots->map, 0, lots->formats, std::nullopt, false);
+  EXPECT_EQ(v.manifest["distinct"], 4096) << v.manifest.dump();
+  EXPECT_EQ(v.manifest["evidence"]["function_pointer"], 4096);
+  EXPECT_EQ(v.delta, delta);
+}
+
 // Values from another kernel build (another random layout) against this
 // harvest: over many boots with 4 to 8 callbacks, never a name.
 TEST(KaslrEvidence, Malicious_AnotherBuildNeverYieldsANameAndTheRightOneAlwaysDoes) {

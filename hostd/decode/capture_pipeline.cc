@@ -301,23 +301,32 @@ Result<Decoded> Decode(std::span<const std::byte> region, const KernelFormats* f
 // another random address would print as one of them, or as the last core
 // symbol plus hundreds of MiB, instead of a raw address (a 6.12 capture
 // named softdog's timer `__init_scratch_end/0xffffffffe7cb1ec0`).
+// |moved_out| gets the moved module symbols, for the boot's other subsets
+// (the crash summary's events, crash_step.h).
 std::string KallsymsForEvents(const BootMap& map, const KernelFormats& formats, int64_t delta,
-                              uint32_t boot, json* modules) {
+                              uint32_t boot, json* modules, ModuleKallsyms* moved_out) {
   const std::shared_ptr<const KernelSymbols> symbols = SymbolsOf(formats);
   const bool newest = boot + 1 >= std::max(map.boots, 1u);
   std::optional<ModuleSymbols> moved;
+  ModuleKallsyms moved_symbols;
   if (newest && !map.scratch.modules.empty()) {
     moved = MoveModuleSymbols(formats.kallsyms, *symbols, map.scratch.modules);
-  }
-  KallsymsSubset subset(formats.kallsyms, delta, symbols, /*with_modules=*/false);
-  if (subset.empty()) return std::string();
-  std::optional<KallsymsSubset> module_subset;
-  if (moved && !moved->kallsyms.empty()) module_subset.emplace(moved->kallsyms, 0);
-  for (const BootMapCpu& cpu : map.cpu) {
-    for (const BootMapRecord& rec : cpu.records) {
-      if (rec.boot != boot) continue;
-      subset.AddPayload(rec.payload, module_subset ? &*module_subset : nullptr);
+    if (!moved->kallsyms.empty()) {
+      // Indexed once for this subset and the crash summary's.
+      moved_symbols.symbols = KernelSymbols::Build(moved->kallsyms, {});
+      moved_symbols.text = std::move(moved->kallsyms);
     }
+  }
+  std::string text;
+  {
+    BootKallsyms subset(formats.kallsyms, delta, symbols, &moved_symbols);
+    if (subset.empty()) return text;
+    for (const BootMapCpu& cpu : map.cpu) {
+      for (const BootMapRecord& rec : cpu.records) {
+        if (rec.boot == boot) subset.AddPayload(rec.payload);
+      }
+    }
+    text = subset.Text();
   }
   if (moved && modules != nullptr) {
     *modules = {{"source", "scratch area"},
@@ -326,7 +335,8 @@ std::string KallsymsForEvents(const BootMap& map, const KernelFormats& formats, 
                 {"not_harvested", moved->not_harvested},
                 {"superseded", moved->superseded}};
   }
-  return module_subset ? subset.Text() + module_subset->Text() : subset.Text();
+  *moved_out = std::move(moved_symbols);
+  return text;
 }
 
 // The newest boot's last_boot_info as the guest kernel prints it
@@ -468,9 +478,11 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     if (newest && opts.newest_kaslr) opts.newest_kaslr(KaslrDeltaOf(kaslr.manifest));
     split(d.result.kaslr_ms);
     in.printk_formats.clear();
+    ModuleKallsyms moved_modules;  // Read by the crash summary's thread below.
     if (kaslr.use_symbols) {
       json modules;
-      in.kallsyms = KallsymsForEvents(*d.map, formats, kaslr.delta, boot.boot, &modules);
+      in.kallsyms =
+          KallsymsForEvents(*d.map, formats, kaslr.delta, boot.boot, &modules, &moved_modules);
       if (!modules.is_null()) kaslr.manifest["module_symbols"] = std::move(modules);
       in.printk_formats = kaslr.delta == 0
                               ? formats.printk_formats
@@ -492,8 +504,9 @@ Status WriteBoots(Decoded& d, const BootMapCaptureOptions& opts, const fs::path&
     // before).
     std::future<Result<BootLogResult>> log_beside =
         RunBeside([&, newest, use = kaslr.use_symbols, delta = kaslr.delta] {
-          return WriteBootKernelLog(
-              {d.map, boot.boot, &formats, &in, use, delta, newest ? opts.ring_log : nullptr}, dir);
+          return WriteBootKernelLog({d.map, boot.boot, &formats, &in, use, delta,
+                                     newest ? opts.ring_log : nullptr, &moved_modules},
+                                    dir);
         });
     lap = std::chrono::steady_clock::now();
     Status s = WriteTraceDat(path.string(), in, sync);

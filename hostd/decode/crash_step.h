@@ -25,6 +25,7 @@
 #include "hvtrace/crash_summary.h"
 #include "hvtrace/kernel_log.h"
 #include "hvtrace/tracedat_writer.h"
+#include "kallsyms_subset.h"
 
 namespace hvtrace::hostd {
 
@@ -43,6 +44,8 @@ struct BootLogInputs {
   // A log recovered otherwise (the printk ring buffer): used instead of
   // the console events. May be null.
   const KernelLog* ring_log = nullptr;
+  // The boot's moved module symbols (KallsymsForEvents); may be null.
+  const ModuleKallsyms* modules = nullptr;
 };
 
 struct BootLogResult {

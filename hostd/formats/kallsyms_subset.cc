@@ -173,4 +173,16 @@ std::string KallsymsSubset::Text() const {
   return out;
 }
 
+BootKallsyms::BootKallsyms(std::string_view kallsyms, int64_t delta,
+                           std::shared_ptr<const KernelSymbols> symbols,
+                           const ModuleKallsyms* modules)
+    : core_(kallsyms, delta, std::move(symbols), /*with_modules=*/false) {
+  if (modules != nullptr && !modules->text.empty())
+    modules_.emplace(modules->text, 0, modules->symbols);
+}
+
+std::string BootKallsyms::Text() const {
+  return modules_ ? core_.Text() + modules_->Text() : core_.Text();
+}
+
 }  // namespace hvtrace::hostd

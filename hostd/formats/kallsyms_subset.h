@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,6 +68,31 @@ class KallsymsSubset {
   List movable_, fixed_;
   uint64_t lowest_ = 0;                // Values below name nothing worth printing; 0: no symbols.
   std::array<uint64_t, 1024> seen_{};  // Values marked lately (0: none; 0 < lowest_).
+};
+// A boot's moved module symbols (module_symbols.h): their kallsyms text and
+// its index, made once and shared by every subset of that boot.
+struct ModuleKallsyms {
+  std::string text;
+  std::shared_ptr<const KernelSymbols> symbols;
+};
+
+// The symbols one boot's events need, as its trace.dat carries them: the
+// core symbols moved by |delta| (the harvest's module symbols left out),
+// then the boot's moved module symbols when |modules| holds any (kept by
+// reference, as |kallsyms|). Each payload is scanned once for both.
+class BootKallsyms {
+ public:
+  BootKallsyms(std::string_view kallsyms, int64_t delta,
+               std::shared_ptr<const KernelSymbols> symbols, const ModuleKallsyms* modules);
+  bool empty() const { return core_.empty(); }
+  void AddPayload(std::span<const std::byte> payload) {
+    core_.AddPayload(payload, modules_ ? &*modules_ : nullptr);
+  }
+  std::string Text() const;
+
+ private:
+  KallsymsSubset core_;
+  std::optional<KallsymsSubset> modules_;
 };
 
 }  // namespace hvtrace::hostd

@@ -458,6 +458,15 @@ TraceMetadata TraceMetadataFrom(const TraceDat& dat) {
   return m;
 }
 
+TraceMetadata TraceMetadataFrom(TraceDat* dat) {
+  std::string kallsyms = dat->ReleaseKallsyms();
+  std::vector<FormatText> formats = dat->ReleaseFormats();
+  TraceMetadata m = TraceMetadataFrom(*dat);  // Copies neither now.
+  m.kallsyms = std::move(kallsyms);
+  m.formats = std::move(formats);
+  return m;
+}
+
 // libtraceevent's handle, set up as trace-cmd sets it up (tracecmd_alloc_fd:
 // plugins first, then the file's description), without formats or symbols.
 Result<std::unique_ptr<EventDecoder::Impl>> EventDecoder::Impl::New(const TraceMetadata& metadata) {

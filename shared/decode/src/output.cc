@@ -421,7 +421,8 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
   // the first record used to wait for on top).
   std::vector<std::unique_ptr<CpuStream>> streams = StartStreams(path, *dat);
   // Shared: the printing threads may outlive this function on an early return.
-  TraceMetadata file_metadata = TraceMetadataFrom(*dat);
+  // It takes |dat|'s kallsyms and formats (no copies): metadata->formats below.
+  TraceMetadata file_metadata = TraceMetadataFrom(&*dat);
   if (!options.symbols) {
     // Turning kallsyms into symbol tables was ~30 ms of the decoder's
     // making on bench/large.dat, for a writer that prints no event text
@@ -441,7 +442,7 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
   std::optional<TaskNameTimeline> names;
   std::jthread first_pass;
   if (options.time_names) {
-    names.emplace(dat->formats());
+    names.emplace(metadata->formats);
     if (!names->usable()) {
       names.reset();
     } else {

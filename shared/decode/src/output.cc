@@ -390,6 +390,22 @@ PageLayout LayoutOf(const TraceDat& dat, const std::string& path, ReportStats* s
   return layout;
 }
 
+// ReportOptions::leave_to_exit: what a report made that the process's exit
+// may take back instead of free(), but the trial child, which is ended now.
+// A static pointer keeps it reachable: no leak to LeakSanitizer, and no
+// destructor at exit.
+void LeaveToExit(std::unique_ptr<EventDecoder> decoder, TraceDat dat,
+                 std::shared_ptr<const TraceMetadata> metadata) {
+  struct Left {
+    std::unique_ptr<EventDecoder> decoder;
+    TraceDat dat;
+    std::shared_ptr<const TraceMetadata> metadata;
+  };
+  static auto* const left = new std::vector<Left>();
+  decoder->KeepTrialChild(false);
+  left->push_back(Left{std::move(decoder), std::move(dat), std::move(metadata)});
+}
+
 // The report of |path|: |out.Begin(metadata)| (before the decoder is made,
 // which takes a while), |out.Start(decoder, cpus)|, then
 // |out.Record(rec)| for every record in order (after the first pass that
@@ -471,6 +487,7 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
   if (Status s = out.End(&stats); !s.ok()) return Error{path + ": " + s.error().message};
   // Formats reach libtraceevent on first use, so its warnings come last.
   for (const std::string& w : dec.warnings()) stats.issues.push_back(w);
+  if (options.leave_to_exit) LeaveToExit(std::move(*decoder), std::move(*dat), std::move(metadata));
   return stats;
 }
 

@@ -580,8 +580,10 @@ bool EventDecoder::PrepareText(DecodedRecord* record) {
 
 void EventDecoder::PrepareJson(DecodedRecord* record) {
   Impl& m = *impl_;
-  if (record->comm != nullptr) return;
   const Impl::Head head = m.ReadHead(record->payload);
+  // The leader parses the format on first use; its followers copy it.
+  if (head.size >= 2) m.Event(head.id);
+  if (record->comm != nullptr) return;
   record->comm = m.Comm(head.size >= 8 ? head.pid : 0);  // AppendJson's pid.
 }
 

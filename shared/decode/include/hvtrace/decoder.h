@@ -103,7 +103,8 @@ class EventDecoder {
   // plugin handlers (sched_switch registers the comms it prints; others keep
   // state), except kmem's call-site handler, which keeps none.
   bool PrepareText(DecodedRecord* record);
-  // The same for AppendJson, whose printing changes nothing: sets
+  // The same for AppendJson, whose printing changes nothing: parses the
+  // record's format on first use (a follower copies it from here) and sets
   // |record->comm|.
   void PrepareJson(DecodedRecord* record);
 

@@ -550,6 +550,40 @@ TEST(DecoderTest, Malicious_UnsafePrintFormatsPrintRawInsteadOfCrashing) {
   EXPECT_TRUE(warned);
 }
 
+// A compiled printer of numbers and plain literals skips the escape scan
+// (EventPrinter::plain); a control byte or a non-ASCII one in the print
+// format's own text, next to a number or alone, is still escaped.
+TEST(DecoderTest, Malicious_ControlBytesInAPrintFormatsLiteralsAreEscaped) {
+  const std::string head =
+      "format:\n"
+      "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+      "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+      "\tfield:int value;\toffset:8;\tsize:4;\tsigned:1;\n\n";
+  TraceMetadata meta;
+  meta.source = "hostile";
+  meta.formats.push_back(
+      {"test", "name: plain\nID: 30\n" + head + "print fmt: \"v=0x%08x\\n\", REC->value\n"});
+  meta.formats.push_back(
+      {"test", "name: esc\nID: 31\n" + head + "print fmt: \"\x1b[2Jv=%d \x9b\", REC->value\n"});
+  meta.formats.push_back({"test", "name: bell\nID: 32\n" + head + "print fmt: \"\a\xff\"\n"});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  std::string text;
+  for (uint8_t id : {30, 31, 32}) {
+    std::vector<std::byte> p(12, std::byte{0});
+    p[0] = std::byte{id};
+    p[8] = std::byte{42};
+    (*dec)->AppendText(DecodedRecord{0, 1000, p, 0}, &text);
+  }
+  EXPECT_NE(text.find(" plain: "), std::string::npos) << text;
+  EXPECT_NE(text.find("v=0x0000002a\n"), std::string::npos) << text;
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    EXPECT_TRUE((byte >= 0x20 && byte < 0x7f) || c == '\n') << static_cast<int>(byte);
+  }
+  EXPECT_GT((*dec)->fast_path_count(), 0u);
+}
+
 // printk_formats from a hostile trace.dat: libtraceevent 1.7 reads before a
 // format shorter than two characters and past a line without ':'
 // (the perfetto_export fuzzer's find, caught by ASan). Those lines are left

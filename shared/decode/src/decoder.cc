@@ -200,14 +200,19 @@ struct EventDecoder::Impl {
     return true;
   }
 
-  // Event |id|; in a follower, made on its first record from the leader's
-  // parsed format (a follower parses none at Create: ParseEventFormat of
-  // every format was 136 M instructions of `hvtrace report` on
-  // bench/large.dat, for the few dozen a trace uses). The leader's format
-  // does not change after its Create, so another thread may copy it.
+  // Event |id|: in a leader, its format parsed on first use (LazyFormats);
+  // in a follower, made on its first record from the leader's parsed
+  // format (a follower parses none: ParseEventFormat of every format was
+  // 136 M instructions of `hvtrace report` on bench/large.dat, for the few
+  // dozen a trace uses). The leader adds an event when it prepares its
+  // first record and changes it no more; a follower copies it only for a
+  // record handed over after that (ReportPrinter's batches, under a mutex).
+  // The known event is inline: Event runs for every record.
   EventInfo* Event(uint32_t id) {
     EventInfo* info = Find(id);
-    if (info != nullptr || id >= by_id.size()) return info;
+    return info != nullptr || id >= by_id.size() ? info : NewEvent(id);
+  }
+  [[gnu::noinline]] EventInfo* NewEvent(uint32_t id) {
     if (formats != nullptr) {
       const size_t index = formats->Resolve(id);
       if (index == LazyFormats::kNone) return nullptr;

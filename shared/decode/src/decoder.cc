@@ -448,30 +448,6 @@ struct EventDecoder::Impl {
 EventDecoder::EventDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 EventDecoder::~EventDecoder() = default;
 
-TraceMetadata TraceMetadataFrom(const TraceDat& dat) {
-  TraceMetadata m;
-  m.source = dat.path();
-  m.header_page = dat.header_page();
-  m.formats = dat.formats();
-  m.kallsyms = dat.kallsyms();
-  m.printk_formats = dat.printk_formats();
-  m.cmdlines = dat.cmdlines();
-  m.trace_clock = dat.trace_clock();
-  m.long_size = dat.long_size();
-  m.page_size = dat.page_size();
-  m.big_endian = dat.big_endian();
-  return m;
-}
-
-TraceMetadata TraceMetadataFrom(TraceDat* dat) {
-  std::string kallsyms = dat->ReleaseKallsyms();
-  std::vector<FormatText> formats = dat->ReleaseFormats();
-  TraceMetadata m = TraceMetadataFrom(*dat);  // Copies neither now.
-  m.kallsyms = std::move(kallsyms);
-  m.formats = std::move(formats);
-  return m;
-}
-
 // libtraceevent's handle, set up as trace-cmd sets it up (tracecmd_alloc_fd:
 // plugins first, then the file's description), without formats or symbols.
 Result<std::unique_ptr<EventDecoder::Impl>> EventDecoder::Impl::New(const TraceMetadata& metadata) {

@@ -55,6 +55,7 @@ class ReportCommand final : public Command {
     options.fast_paths = fast_paths_;
     options.time_names = time_names_;
     options.threads = threads_;
+    options.leave_to_exit = true;  // Run() returns to main, which exits.
     int fd = STDOUT_FILENO;
     if (!output_.empty() && output_ != "-") {
       fd = ::open(output_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);

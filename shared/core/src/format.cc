@@ -321,6 +321,23 @@ Result<EventFormat> ParseEventFormat(std::string_view system, std::string_view t
   return ev;
 }
 
+std::optional<uint32_t> ScanEventFormatId(std::string_view text) {
+  // The same lines as ParseEventFormat's loop until "format:": it reads the
+  // first "ID:" line there the same way, and fails on a second one.
+  LineReader lines(text);
+  std::string_view line;
+  while (lines.Next(&line)) {
+    std::string_view t = Trim(line);
+    if (t.starts_with("ID:")) {
+      uint32_t id = 0;
+      if (!ParseU32(t.substr(3), 0xffff, &id)) return std::nullopt;
+      return id;
+    }
+    if (t == "format:" || t.starts_with("print fmt:")) return std::nullopt;
+  }
+  return std::nullopt;
+}
+
 Result<std::vector<FieldFormat>> ParseHeaderPage(std::string_view text) {
   if (Status s = CheckText(text, "header_page"); !s) return s.error();
   std::vector<FieldFormat> fields;

@@ -27,6 +27,7 @@
 #include "hvtrace/kernel_log.h"
 #include "hvtrace/run_isolated.h"
 #include "hvtrace/tep_symbols.h"
+#include "lazy_formats.h"
 #include "line_prefix.h"
 #include "num_expr.h"
 #include "tep_setup.h"
@@ -111,6 +112,13 @@ struct EventDecoder::Impl {
   tep_handle* tep = nullptr;
   tep_plugin_list* plugins = nullptr;
   std::vector<std::string> warnings;
+  // A leader's formats, each parsed on its event's first use (Event). The
+  // warnings Create used to give for them go after the first
+  // |create_warnings_at| of |warnings| (New's) in the list warnings()
+  // returns, |all_warnings|.
+  std::unique_ptr<LazyFormats> formats;
+  size_t create_warnings_at = 0;
+  std::vector<std::string> all_warnings;
   // Set in a follower (CreateFollower): the decoder whose parsed formats,
   // symbols and trial runs it takes, and the metadata both were made from.
   const Impl* leader = nullptr;
@@ -192,14 +200,26 @@ struct EventDecoder::Impl {
     return true;
   }
 
-  // Event |id|; in a follower, made on its first record from the leader's
-  // parsed format (a follower parses none at Create: ParseEventFormat of
-  // every format was 136 M instructions of `hvtrace report` on
-  // bench/large.dat, for the few dozen a trace uses). The leader's format
-  // does not change after its Create, so another thread may copy it.
+  // Event |id|: in a leader, its format parsed on first use (LazyFormats);
+  // in a follower, made on its first record from the leader's parsed
+  // format (a follower parses none: ParseEventFormat of every format was
+  // 136 M instructions of `hvtrace report` on bench/large.dat, for the few
+  // dozen a trace uses). The leader adds an event when it prepares its
+  // first record and changes it no more; a follower copies it only for a
+  // record handed over after that (ReportPrinter's batches, under a mutex).
+  // The known event is inline: Event runs for every record.
   EventInfo* Event(uint32_t id) {
     EventInfo* info = Find(id);
-    if (info != nullptr || leader == nullptr || id >= by_id.size()) return info;
+    return info != nullptr || id >= by_id.size() ? info : NewEvent(id);
+  }
+  [[gnu::noinline]] EventInfo* NewEvent(uint32_t id) {
+    if (formats != nullptr) {
+      const size_t index = formats->Resolve(id);
+      if (index == LazyFormats::kNone) return nullptr;
+      AddEvent(*formats->Parsed(index), formats->text(index), index);
+      return Find(id);
+    }
+    if (leader == nullptr) return nullptr;
     const EventInfo* theirs = leader->Find(id);
     if (theirs == nullptr) return nullptr;
     AddEvent(theirs->format, (*leader_formats)[theirs->source_index], theirs->source_index);
@@ -305,6 +325,13 @@ struct EventDecoder::Impl {
       trials = std::make_unique<IsolatedWorker>(
           [this](uint32_t event_id) {
             EventInfo* copy = Find(event_id);  // The child's copy, as of its fork.
+            if (copy == nullptr && formats != nullptr) {
+              // Resolved in the parent after the fork: parsed again here.
+              auto parsed = formats->ResolveInChild(event_id);
+              if (!parsed) return;
+              AddEvent(std::move(parsed->first), formats->text(parsed->second), parsed->second);
+              copy = Find(event_id);
+            }
             if (copy == nullptr) return;
             PrepareLoad(copy);
             TrialParse(*copy);
@@ -421,21 +448,6 @@ struct EventDecoder::Impl {
 EventDecoder::EventDecoder(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 EventDecoder::~EventDecoder() = default;
 
-TraceMetadata TraceMetadataFrom(const TraceDat& dat) {
-  TraceMetadata m;
-  m.source = dat.path();
-  m.header_page = dat.header_page();
-  m.formats = dat.formats();
-  m.kallsyms = dat.kallsyms();
-  m.printk_formats = dat.printk_formats();
-  m.cmdlines = dat.cmdlines();
-  m.trace_clock = dat.trace_clock();
-  m.long_size = dat.long_size();
-  m.page_size = dat.page_size();
-  m.big_endian = dat.big_endian();
-  return m;
-}
-
 // libtraceevent's handle, set up as trace-cmd sets it up (tracecmd_alloc_fd:
 // plugins first, then the file's description), without formats or symbols.
 Result<std::unique_ptr<EventDecoder::Impl>> EventDecoder::Impl::New(const TraceMetadata& metadata) {
@@ -494,63 +506,32 @@ Result<std::unique_ptr<EventDecoder>> EventDecoder::Create(const TraceMetadata& 
   Result<std::unique_ptr<Impl>> made = Impl::New(metadata);
   if (!made.ok()) return made.error();
   std::unique_ptr<Impl> impl = std::move(*made);
-  // The kallsyms table is built on a second thread, which then helps this
-  // one parse the formats (chunks taken in turn, each result kept at its
-  // format's index, then added in file order as before): the table and
-  // the formats were 98 M and 136 M instructions of `hvtrace report` on
-  // bench/large.dat (callgrind), all before its first record.
-  const std::vector<FormatText>& texts = metadata.formats;
-  std::vector<std::optional<Result<EventFormat>>> parsed(texts.size());
-  std::atomic<size_t> next_format{0};
-  auto parse_some = [&] {
-    constexpr size_t kChunk = 32;
-    for (size_t from; (from = next_format.fetch_add(kChunk)) < texts.size();) {
-      for (size_t i = from; i < std::min(texts.size(), from + kChunk); ++i) {
-        parsed[i].emplace(ParseEventFormat(texts[i].system, texts[i].text));
-      }
-    }
-  };
-  auto build_and_parse = [&] {
+  // The kallsyms table is built on a second thread while this one reads the
+  // formats' ids (LazyFormats: each format is parsed on its event's first
+  // use). The table was 98 M instructions of `hvtrace report` on
+  // bench/large.dat (callgrind), before its first record.
+  auto build = [&metadata] {
     std::unique_ptr<TepSymbols> built;
     if (!metadata.kallsyms.empty()) built = TepSymbols::Build(metadata.kallsyms);
-    parse_some();
     return built;
   };
   std::future<std::unique_ptr<TepSymbols>> symbols;
-  // A second thread pays for itself on a kernel's worth of formats and
-  // symbols, not on the handful of a panic's crash summary (~0.3 ms to
-  // start and join one there).
-  constexpr size_t kFormatsForAThread = 64, kKallsymsForAThread = 256 << 10;
-  if (texts.size() > kFormatsForAThread || metadata.kallsyms.size() > kKallsymsForAThread) {
+  // A second thread pays for itself on a kernel's symbols, not on the
+  // handful of a panic's crash summary (~0.3 ms to start and join one).
+  constexpr size_t kKallsymsForAThread = 256 << 10;
+  if (metadata.kallsyms.size() > kKallsymsForAThread) {
     try {
-      symbols = std::async(std::launch::async, build_and_parse);
+      symbols = std::async(std::launch::async, build);
     } catch (const std::system_error&) {
       // No thread to be had (a process at its limit): all of it here.
     }
   }
-  parse_some();
-  impl->own_symbols = symbols.valid() ? symbols.get() : build_and_parse();
-  const std::string& src = metadata.source;
-  uint32_t max_id = 0;
-  for (size_t i = 0; i < texts.size(); ++i) {
-    Result<EventFormat>& format = *parsed[i];
-    const FormatText& ft = texts[i];
-    if (!format.ok()) {
-      impl->warnings.push_back(src + ": " + format.error().message);
-      continue;
-    }
-    const uint32_t id = format->id;
-    const std::string name = format->name;
-    if (!impl->AddEvent(std::move(*format), ft, i)) {
-      impl->warnings.push_back(src + ": event id " + std::to_string(id) + " (" + ft.system + "/" +
-                               name + ") defined twice; keeping the first");
-      continue;
-    }
-    max_id = std::max(max_id, id);
-  }
-  impl->by_id.assign(impl->events.empty() ? 0 : max_id + 1, nullptr);
-  for (auto& [id, info] : impl->events) impl->by_id[id] = info.get();
+  impl->formats = std::make_unique<LazyFormats>(metadata.formats);
+  impl->create_warnings_at = impl->warnings.size();
+  impl->own_symbols = symbols.valid() ? symbols.get() : build();
+  impl->by_id.assign(impl->formats->id_limit(), nullptr);
   impl->Finish(metadata, impl->own_symbols.get());
+  impl->formats->StartBackground();
   return std::unique_ptr<EventDecoder>(new EventDecoder(std::move(impl)));
 }
 
@@ -580,12 +561,26 @@ bool EventDecoder::PrepareText(DecodedRecord* record) {
 
 void EventDecoder::PrepareJson(DecodedRecord* record) {
   Impl& m = *impl_;
-  if (record->comm != nullptr) return;
   const Impl::Head head = m.ReadHead(record->payload);
+  // The leader parses the format on first use; its followers copy it.
+  if (head.size >= 2) m.Event(head.id);
+  if (record->comm != nullptr) return;
   record->comm = m.Comm(head.size >= 8 ? head.pid : 0);  // AppendJson's pid.
 }
 
-const std::vector<std::string>& EventDecoder::warnings() const { return impl_->warnings; }
+const std::vector<std::string>& EventDecoder::warnings() const {
+  Impl& m = *impl_;
+  if (m.formats == nullptr) return m.warnings;
+  // The formats' own warnings need every format parsed (most of them in
+  // the background by now), in the place Create used to give them.
+  m.formats->Complete();
+  const std::vector<std::string> of_formats = m.formats->Warnings(m.source);
+  const auto at = m.warnings.begin() + static_cast<std::ptrdiff_t>(m.create_warnings_at);
+  m.all_warnings.assign(m.warnings.begin(), at);
+  m.all_warnings.insert(m.all_warnings.end(), of_formats.begin(), of_formats.end());
+  m.all_warnings.insert(m.all_warnings.end(), at, m.warnings.end());
+  return m.all_warnings;
+}
 
 void EventDecoder::UpdateComms(std::string_view text) {
   // tep_override_comm frees the old string the comm cache may point at.
@@ -605,12 +600,18 @@ void EventDecoder::UpdateComms(std::string_view text) {
 }
 
 const EventFormat* EventDecoder::FindFormat(uint32_t id) const {
-  EventInfo* info = impl_->Find(id);
+  // A leader parses the format on first use; a follower has only those of
+  // the events it printed.
+  EventInfo* info = impl_->formats != nullptr ? impl_->Event(id) : impl_->Find(id);
   return info ? &info->format : nullptr;
 }
 
 std::vector<bool> EventDecoder::TrialParseAll() {
   std::vector<bool> out(impl_->source_formats, false);
+  if (impl_->formats != nullptr) {
+    impl_->formats->Complete();
+    for (auto [id, index] : impl_->formats->Defined()) impl_->Event(id);
+  }
   for (const EventInfo* info : impl_->by_id) {
     if (info == nullptr || info->loaded) continue;
     // Per format, not for the whole run (~1,800 formats): another decoder's
@@ -723,7 +724,13 @@ void EventDecoder::AppendText(const DecodedRecord& record, std::string* out) {
   // left as they are either way, and no UTF-8 sequence spans the ASCII
   // column's end. Scanning them too was ~40 % of the scan's 177 M
   // instructions on bench/large.dat (callgrind).
-  MakePrintableFrom(out, prefix_plain && info->name_plain ? info_start : line_start);
+  // A compiled printer that prints only numbers and plain literals (the
+  // syscall events: 88 % of bench/large.dat's records) needs no scan at all
+  // (80 instructions per record, callgrind).
+  const bool head_plain = prefix_plain && info->name_plain;
+  if (!(head_plain && printed_fast && info->printer->plain())) {
+    MakePrintableFrom(out, head_plain ? info_start : line_start);
+  }
   if (out->size() > line_start && out->back() == '\n') out->pop_back();
   out->push_back('\n');
 }

@@ -13,6 +13,7 @@
 
 #include <traceevent/event-parse.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -112,14 +113,24 @@ void AppendFormattedString(std::string* out, const Spec& spec, int len_arg, cons
 
 // ---- steps -------------------------------------------------------------------
 
+// Bytes MakePrintableFrom leaves as they are in any context: printable
+// ASCII, tab and newline.
+bool PlainText(std::string_view text) {
+  return std::all_of(text.begin(), text.end(),
+                     [](char c) { return (c >= 0x20 && c < 0x7f) || c == '\n' || c == '\t'; });
+}
+
 struct Step {
   virtual ~Step() = default;
   virtual void Run(const unsigned char* data, uint32_t size, std::string* out) const = 0;
+  // Whether every text the step can print is PlainText, whatever the record.
+  virtual bool Plain() const { return false; }
 };
 
 struct LiteralStep : Step {
   std::string text;
   void Run(const unsigned char*, uint32_t, std::string* out) const override { out->append(text); }
+  bool Plain() const override { return PlainText(text); }
 };
 
 // print_arg_number(): the value cast to the length modifier's type, then
@@ -131,6 +142,12 @@ struct NumberStep : Step {
   std::unique_ptr<Expr> value;
   std::unique_ptr<Expr> len_arg;  // '*'
   NumberText native;              // Used when spec.native and no len_arg.
+
+  // A number printed by d, i, u, x, X or o (what Number compiles) is signs,
+  // digits, letters and spaces; the literal before it is the format's.
+  bool Plain() const override {
+    return PlainText(std::string_view(native.prefix, native.prefix_len));
+  }
 
   void Run(const unsigned char* data, uint32_t size, std::string* out) const override {
     uint64_t v = value->EvalInline(data, size);
@@ -656,6 +673,14 @@ class FormatPrinter : public EventPrinter {
   uint32_t call_site_offset = 0, call_site_size = 0;
   SymbolCache* symbols = nullptr;
 
+  bool plain() const override { return plain_; }
+  // After the steps are made: a kmem call site is a symbol name (the
+  // guest's kallsyms), anything else as its steps are.
+  void SetPlain() {
+    plain_ = !kmem_call_site &&
+             std::all_of(steps.begin(), steps.end(), [](const auto& s) { return s->Plain(); });
+  }
+
   void Print(const unsigned char* data, uint32_t size, std::string* out) override {
     if (kmem_call_site) {
       uint64_t val = ReadNumber(data + call_site_offset, call_site_size);
@@ -677,6 +702,9 @@ class FormatPrinter : public EventPrinter {
     std::memcpy(&v, p, size);  // size is 1, 2, 4 or 8 (checked at compile).
     return v;
   }
+
+ private:
+  bool plain_ = false;
 };
 
 }  // namespace
@@ -735,6 +763,7 @@ std::unique_ptr<EventPrinter> EventPrinter::Compile(tep_handle* tep, tep_event* 
                      &printer->steps)) {
     return nullptr;
   }
+  printer->SetPlain();
   return printer;
 }
 

@@ -61,6 +61,10 @@ class EventPrinter {
   // Appends the event's text. |data| is the zero-padded scratch copy of a
   // little-endian record of |size| bytes (see decoder.cc).
   virtual void Print(const unsigned char* data, uint32_t size, std::string* out) = 0;
+  // Whether Print's text is only printable ASCII, tabs and newlines for any
+  // record (numbers and the format's own plain literals): the report then
+  // need not scan it for bytes to escape (MakePrintableFrom).
+  virtual bool plain() const { return false; }
 };
 
 }  // namespace hvtrace

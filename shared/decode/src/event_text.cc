@@ -80,8 +80,15 @@ void AppendArray(std::string* out, const FieldFormat& f, const unsigned char* p,
 void AppendJsonString(std::string* out, std::string_view s) {
   static const char kHex[] = "0123456789abcdef";
   out->push_back('"');
-  for (char ch : s) {
-    auto c = static_cast<unsigned char>(ch);
+  // Runs of bytes that need no escape are appended whole. A push_back per
+  // byte was 23 % of `hvtrace report --format json` on bench/large.dat
+  // (perf) in a build where GCC stopped inlining it (the unity batch grew).
+  size_t run = 0;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') continue;
+    out->append(s.data() + run, i - run);
+    run = i + 1;
     switch (c) {
       case '"':
         out->append("\\\"");
@@ -98,16 +105,13 @@ void AppendJsonString(std::string* out, std::string_view s) {
       case '\r':
         out->append("\\r");
         break;
-      default:
-        if (c < 0x20 || c >= 0x7f) {
-          out->append("\\u00");
-          out->push_back(kHex[c >> 4]);
-          out->push_back(kHex[c & 15]);
-        } else {
-          out->push_back(static_cast<char>(c));
-        }
+      default: {
+        const char escaped[] = {'\\', 'u', '0', '0', kHex[c >> 4], kHex[c & 15]};
+        out->append(escaped, sizeof escaped);
+      }
     }
   }
+  out->append(s.data() + run, s.size() - run);
   out->push_back('"');
 }
 

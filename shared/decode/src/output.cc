@@ -390,6 +390,22 @@ PageLayout LayoutOf(const TraceDat& dat, const std::string& path, ReportStats* s
   return layout;
 }
 
+// ReportOptions::leave_to_exit: what a report made that the process's exit
+// may take back instead of free(), but the trial child, which is ended now.
+// A static pointer keeps it reachable: no leak to LeakSanitizer, and no
+// destructor at exit.
+void LeaveToExit(std::unique_ptr<EventDecoder> decoder, TraceDat dat,
+                 std::shared_ptr<const TraceMetadata> metadata) {
+  struct Left {
+    std::unique_ptr<EventDecoder> decoder;
+    TraceDat dat;
+    std::shared_ptr<const TraceMetadata> metadata;
+  };
+  static auto* const left = new std::vector<Left>();
+  decoder->KeepTrialChild(false);
+  left->push_back(Left{std::move(decoder), std::move(dat), std::move(metadata)});
+}
+
 // The report of |path|: |out.Begin(metadata)| (before the decoder is made,
 // which takes a while), |out.Start(decoder, cpus)|, then
 // |out.Record(rec)| for every record in order (after the first pass that
@@ -421,7 +437,8 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
   // the first record used to wait for on top).
   std::vector<std::unique_ptr<CpuStream>> streams = StartStreams(path, *dat);
   // Shared: the printing threads may outlive this function on an early return.
-  TraceMetadata file_metadata = TraceMetadataFrom(*dat);
+  // It takes |dat|'s kallsyms and formats (no copies): metadata->formats below.
+  TraceMetadata file_metadata = TraceMetadataFrom(&*dat);
   if (!options.symbols) {
     // Turning kallsyms into symbol tables was ~30 ms of the decoder's
     // making on bench/large.dat, for a writer that prints no event text
@@ -441,7 +458,7 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
   std::optional<TaskNameTimeline> names;
   std::jthread first_pass;
   if (options.time_names) {
-    names.emplace(dat->formats());
+    names.emplace(metadata->formats);
     if (!names->usable()) {
       names.reset();
     } else {
@@ -470,6 +487,7 @@ Result<ReportStats> Report(const std::string& path, const ReportOptions& options
   if (Status s = out.End(&stats); !s.ok()) return Error{path + ": " + s.error().message};
   // Formats reach libtraceevent on first use, so its warnings come last.
   for (const std::string& w : dec.warnings()) stats.issues.push_back(w);
+  if (options.leave_to_exit) LeaveToExit(std::move(*decoder), std::move(*dat), std::move(metadata));
   return stats;
 }
 

@@ -476,6 +476,10 @@ const std::string& TraceDat::header_page() const { return impl_->header_page; }
 const std::string& TraceDat::header_event() const { return impl_->header_event; }
 const std::vector<FormatText>& TraceDat::formats() const { return impl_->formats; }
 const std::string& TraceDat::kallsyms() const { return impl_->kallsyms; }
+std::string TraceDat::ReleaseKallsyms() { return std::exchange(impl_->kallsyms, std::string()); }
+std::vector<FormatText> TraceDat::ReleaseFormats() {
+  return std::exchange(impl_->formats, std::vector<FormatText>());
+}
 const std::string& TraceDat::printk_formats() const { return impl_->printk_formats; }
 const std::string& TraceDat::cmdlines() const { return impl_->cmdlines; }
 const std::string& TraceDat::trace_clock() const { return impl_->trace_clock; }

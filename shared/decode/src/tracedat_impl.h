@@ -206,6 +206,10 @@ struct TraceDat::Impl {
   Status ParseV6(uint64_t pos);
   Status ParseV6Window(uint64_t pos, uint64_t window);
   Status ParseV7(uint64_t pos);
+  // ParseV7's header info, formats, kallsyms, printk and cmdlines sections
+  // (offsets 0 when absent).
+  Status ReadMetadataSections(uint64_t header_info, uint64_t ftrace, uint64_t events,
+                              uint64_t ksyms, uint64_t printk, uint64_t cmdl);
   bool ParseHeaderInfo(MemCursor& c, ParseError* err);
   bool ParseFtraceFormats(MemCursor& c, ParseError* err);
   bool ParseEventFormats(MemCursor& c, ParseError* err);

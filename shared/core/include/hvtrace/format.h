@@ -20,6 +20,7 @@
 #define HVTRACE_FORMAT_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -86,6 +87,14 @@ struct EventFormat {
 // from (trace.dat stores it beside the text). Errors name the system, event
 // and line.
 Result<EventFormat> ParseEventFormat(std::string_view system, std::string_view text);
+
+// The id ParseEventFormat(system, |text|) returns when it succeeds, read
+// without parsing the rest: the first "ID:" line among those before
+// "format:" (where the kernel writes it). nullopt when no such line is
+// there or its number is bad: then only ParseEventFormat can tell. A
+// decoder uses it to parse only the formats of the events a trace holds
+// (a kernel has ~1,800; a trace uses a few dozen).
+std::optional<uint32_t> ScanEventFormatId(std::string_view text);
 
 // Parses events/header_page into its fields (timestamp, commit, overwrite,
 // data). The page codec's PageLayout::FromHeaderPage reads the same file for

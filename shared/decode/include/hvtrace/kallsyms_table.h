@@ -8,6 +8,7 @@
 #ifndef HVTRACE_SHARED_DECODE_KALLSYMS_TABLE_H_
 #define HVTRACE_SHARED_DECODE_KALLSYMS_TABLE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -28,8 +29,11 @@ class KallsymsTable {
     bool module = false;  // A module's symbol ("\t[mod]"), not the image's.
   };
 
-  // Parses |kallsyms|; lines of any other shape are skipped.
-  static std::shared_ptr<const KallsymsTable> Parse(std::string_view kallsyms);
+  // Parses |kallsyms|; lines of any other shape are skipped. |threads| 2:
+  // the second half of a large text is parsed on a thread of its own (the
+  // table is the same).
+  static std::shared_ptr<const KallsymsTable> Parse(std::string_view kallsyms,
+                                                    unsigned threads = 1);
 
   // The symbols sorted by address (file order among equal addresses).
   std::span<const Symbol> symbols() const { return symbols_; }
@@ -38,9 +42,16 @@ class KallsymsTable {
     return kallsyms.substr(s.offset, s.length);
   }
   static std::string_view Name(std::string_view kallsyms, const Symbol& s);
+  // The text's lines but empty ones, well-formed or not.
+  size_t lines() const { return lines_; }
 
  private:
+  // Parses the lines of |text| in [|from|, |to|) (line starts) into |out|;
+  // returns the count of lines but empty ones.
+  static size_t ParseLines(std::string_view text, size_t from, size_t to, std::vector<Symbol>* out);
+
   std::vector<Symbol> symbols_;
+  size_t lines_ = 0;
 };
 
 }  // namespace hvtrace

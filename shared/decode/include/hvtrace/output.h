@@ -83,6 +83,12 @@ struct ReportOptions {
   // Records per batch handed to a printing thread (0: the default, 4096).
   // Tests make it small to cross many batch boundaries.
   size_t batch_records = 0;
+  // The process ends right after this report (`hvtrace report`): the file's
+  // metadata and the decoder are left to the exit instead of freed (the
+  // output is flushed and the trial child ended all the same). Freeing them
+  // was ~2,600 page faults at the end of bench/large.dat's report: the trial
+  // child shared those pages, so each free copied one.
+  bool leave_to_exit = false;
 };
 
 struct ReportStats {

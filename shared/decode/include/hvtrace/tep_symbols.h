@@ -20,9 +20,12 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "hvtrace/kallsyms_table.h"
 
 struct tep_handle;
 
@@ -64,9 +67,17 @@ class TepSymbols {
     uint32_t file_index;
   };
   static char* Resolve(void* priv, unsigned long long* addrp, char** modp);
+  // A byte of a name's length, first and last byte: names that differ in
+  // it differ.
+  static uint8_t Tag(std::string_view name);
+  // Appends the entries of |symbols| (lines of |kallsyms|) in their order;
+  // false when libtraceevent might read one of them otherwise.
+  bool AddEntries(std::string_view kallsyms, std::span<const KallsymsTable::Symbol> symbols);
 
   std::string strings_;
   std::vector<Entry> entries_;  // libtraceevent's func_map order.
+  // Beside |entries_|: Tag() of each name, for AtomValue's search.
+  std::vector<uint8_t> tags_;
   mutable std::atomic<bool> looked_up_{false};
 };
 

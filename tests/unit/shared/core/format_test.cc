@@ -2,9 +2,12 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace hvtrace {
 namespace {
@@ -72,6 +75,53 @@ TEST(FormatTest, ParsesEveryFixture) {
     auto ev = ParseEventFormat("x", ReadFixture(f));
     EXPECT_TRUE(ev.ok()) << f << ": " << ev.error().message;
   }
+}
+
+// ScanEventFormatId gives, without parsing, the id ParseEventFormat gives
+// whenever it succeeds (a decoder picks an event's format by it), on every
+// format fixture, hostile ones included, and on texts cut at every line.
+TEST(FormatTest, Malicious_ScannedIdIsTheParsedId) {
+  const std::filesystem::path dir = std::string(HVTRACE_FIXTURES_DIR) + "/fuzz/format";
+  size_t scanned = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string text = ReadFixture(entry.path().filename().string());
+    std::vector<size_t> cuts = {text.size()};
+    for (size_t nl = text.find('\n'); nl != std::string::npos; nl = text.find('\n', nl + 1))
+      cuts.push_back(nl + 1);
+    for (size_t cut : cuts) {
+      const std::string_view part = std::string_view(text).substr(0, cut);
+      auto ev = ParseEventFormat("x", part);
+      std::optional<uint32_t> id = ScanEventFormatId(part);
+      if (ev.ok()) {
+        ASSERT_TRUE(id.has_value()) << entry.path() << " cut at " << cut;
+        EXPECT_EQ(*id, ev->id) << entry.path() << " cut at " << cut;
+        ++scanned;
+      }
+    }
+  }
+  EXPECT_GT(scanned, 10u);
+}
+
+TEST(FormatTest, ScannedIdIsTheFirstBeforeFormatOrNone) {
+  const std::string fields = "\tfield:int a;\toffset:0;\tsize:4;\tsigned:1;\n";
+  EXPECT_EQ(ScanEventFormatId("name: a\nID: 12\nformat:\n" + fields), 12u);
+  EXPECT_EQ(ScanEventFormatId("\n  ID: 7 \nname: a\nformat:\n" + fields), 7u);
+  // ParseEventFormat refuses a second ID; the first is as good as any.
+  EXPECT_EQ(ScanEventFormatId("name: a\nID: 3\nID: 4\nformat:\n"), 3u);
+  // Only the parser can tell: after "format:", out of range, not a number.
+  // (The fields end at their second blank line.)
+  const std::string late =
+      "name: a\nformat:\n" + fields +
+      "\n\tfield:int b;\toffset:4;\tsize:4;\tsigned:1;\n\nID: 9\nprint fmt: \"\"\n";
+  EXPECT_EQ(ScanEventFormatId(late), std::nullopt);
+  EXPECT_EQ(ScanEventFormatId("name: a\nID: 65536\nformat:\n"), std::nullopt);
+  EXPECT_EQ(ScanEventFormatId("name: a\nID: 1x\nformat:\n"), std::nullopt);
+  EXPECT_EQ(ScanEventFormatId("name: a\nprint fmt: \"ID: 1\"\n"), std::nullopt);
+  EXPECT_EQ(ScanEventFormatId(""), std::nullopt);
+  // The id after the fields: ParseEventFormat takes it, the scan leaves it.
+  auto parsed = ParseEventFormat("x", late);
+  ASSERT_TRUE(parsed.ok()) << parsed.error().message;
+  EXPECT_EQ(parsed->id, 9u);
 }
 
 TEST(FormatTest, HeaderPageAndHeaderEvent) {

@@ -411,6 +411,83 @@ TEST(DecoderTest, Malicious_BadFormatsAreSkippedWithAWarning) {
             "print fmt refers to 'missing', which is no field");
 }
 
+// Formats are parsed on their event's first use (LazyFormats). What the
+// decoder says stays what parsing them all in Create said: an id's event is
+// its first format that parses, and the warnings name each bad format and
+// each later duplicate in file order, after header_page's and before those
+// of loading a format, whether or not an event used them, with the formats
+// parsed on a background thread (100 more) or not.
+TEST(DecoderTest, Malicious_LazilyParsedFormatsWarnAsBefore) {
+  const std::string common =
+      "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+      "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+      "\tfield:int value;\toffset:8;\tsize:4;\tsigned:1;\n\n";
+  auto format = [&](const std::string& name, const std::string& id, const std::string& print) {
+    return "name: " + name + "\nID: " + id + "\nformat:\n" + common + "print fmt: " + print + "\n";
+  };
+  const std::string bad5 = "name: bad5\nID: 5\nformat:\n\tfield:int a;\toffset:0;\tsize:9999999;\n";
+  const std::string no_id = "name: noid\nformat:\n" + common + "print fmt: \"\"\n";
+  const std::string bad9 =
+      "name: bad9\nID: 9\nformat:\n\tfield:int a;\toffset:0;\tsize:99999999;\n";
+  for (int fillers : {0, 100}) {
+    SCOPED_TRACE(fillers);
+    TraceMetadata meta;
+    meta.source = "lazy";
+    meta.header_page = "garbage";
+    meta.formats.push_back({"t", bad5});
+    meta.formats.push_back({"t", format("first5", "5", "\"first=%d\", REC->value")});
+    meta.formats.push_back({"t", format("second5", "5", "\"second=%d\", REC->value")});
+    // Its id after the fields, where only our parser finds it (libtraceevent
+    // does not: its events print as unknown, as they did before).
+    meta.formats.push_back(
+        {"t", "name: late6\nformat:\n" + common + "ID: 6\nprint fmt: \"late=%d\", REC->value\n"});
+    meta.formats.push_back({"t", format("raw7", "7", "\"%d\", REC->missing")});
+    meta.formats.push_back({"t", no_id});
+    meta.formats.push_back({"t", bad9});
+    for (int i = 0; i < fillers; ++i) {
+      meta.formats.push_back(
+          {"t", format("fill" + std::to_string(i), std::to_string(100 + i), "\"%d\", REC->value")});
+    }
+    const std::vector<std::string> of_formats = {
+        "lazy: " + ParseEventFormat("t", bad5).error().message,
+        "lazy: event id 5 (t/second5) defined twice; keeping the first",
+        "lazy: " + ParseEventFormat("t", no_id).error().message,
+        "lazy: " + ParseEventFormat("t", bad9).error().message,
+    };
+    const std::string header = "lazy: " + ParseHeaderPage("garbage").error().message;
+
+    // Asked at once: no format loaded, so no warning of loading one.
+    auto idle = EventDecoder::Create(meta);
+    ASSERT_TRUE(idle.ok()) << idle.error().message;
+    std::vector<std::string> want = {header};
+    want.insert(want.end(), of_formats.begin(), of_formats.end());
+    EXPECT_EQ((*idle)->warnings(), want);
+    ASSERT_NE((*idle)->FindFormat(6), nullptr);
+    EXPECT_EQ((*idle)->FindFormat(6)->name, "late6");
+    EXPECT_EQ((*idle)->FindFormat(9), nullptr);
+
+    auto dec = EventDecoder::Create(meta);
+    ASSERT_TRUE(dec.ok()) << dec.error().message;
+    std::string out;
+    for (uint8_t id : {5, 6, 7, 9}) {
+      std::vector<std::byte> payload(12, std::byte{0});
+      payload[0] = std::byte{id};
+      payload[8] = std::byte{42};
+      (*dec)->AppendText(DecodedRecord{0, 1000, payload, 0}, &out);
+    }
+    EXPECT_NE(out.find(" first5: "), std::string::npos) << out;
+    EXPECT_NE(out.find("first=42\n"), std::string::npos) << out;
+    EXPECT_EQ(out.find("late=42\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("[print fmt not used] value=42\n"), std::string::npos) << out;
+    EXPECT_NE(out.find("[UNKNOWN EVENT]"), std::string::npos) << out;
+    want.push_back("lazy: libtraceevent could not fully parse t/late6");
+    want.push_back(
+        "lazy: t/raw7: print fmt refers to 'missing', which is no field; its events print their "
+        "fields raw");
+    EXPECT_EQ((*dec)->warnings(), want);
+  }
+}
+
 // A guest can publish a print format that divides by a field and then write
 // a record where it is 0, one that divides by a constant 0 (libtraceevent
 // dies of SIGFPE), or one whose __print_hex length reaches past the record
@@ -471,6 +548,40 @@ TEST(DecoderTest, Malicious_UnsafePrintFormatsPrintRawInsteadOfCrashing) {
   for (const std::string& w : (*dec)->warnings())
     warned = warned || w.find("test/div11") != std::string::npos;
   EXPECT_TRUE(warned);
+}
+
+// A compiled printer of numbers and plain literals skips the escape scan
+// (EventPrinter::plain); a control byte or a non-ASCII one in the print
+// format's own text, next to a number or alone, is still escaped.
+TEST(DecoderTest, Malicious_ControlBytesInAPrintFormatsLiteralsAreEscaped) {
+  const std::string head =
+      "format:\n"
+      "\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;\n"
+      "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n\n"
+      "\tfield:int value;\toffset:8;\tsize:4;\tsigned:1;\n\n";
+  TraceMetadata meta;
+  meta.source = "hostile";
+  meta.formats.push_back(
+      {"test", "name: plain\nID: 30\n" + head + "print fmt: \"v=0x%08x\\n\", REC->value\n"});
+  meta.formats.push_back(
+      {"test", "name: esc\nID: 31\n" + head + "print fmt: \"\x1b[2Jv=%d \x9b\", REC->value\n"});
+  meta.formats.push_back({"test", "name: bell\nID: 32\n" + head + "print fmt: \"\a\xff\"\n"});
+  auto dec = EventDecoder::Create(meta);
+  ASSERT_TRUE(dec.ok()) << dec.error().message;
+  std::string text;
+  for (uint8_t id : {30, 31, 32}) {
+    std::vector<std::byte> p(12, std::byte{0});
+    p[0] = std::byte{id};
+    p[8] = std::byte{42};
+    (*dec)->AppendText(DecodedRecord{0, 1000, p, 0}, &text);
+  }
+  EXPECT_NE(text.find(" plain: "), std::string::npos) << text;
+  EXPECT_NE(text.find("v=0x0000002a\n"), std::string::npos) << text;
+  for (char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    EXPECT_TRUE((byte >= 0x20 && byte < 0x7f) || c == '\n') << static_cast<int>(byte);
+  }
+  EXPECT_GT((*dec)->fast_path_count(), 0u);
 }
 
 // printk_formats from a hostile trace.dat: libtraceevent 1.7 reads before a

@@ -5,6 +5,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -105,6 +107,37 @@ TEST_P(ReportThreadsTest, EveryThreadCountAndBatchSizePrintsTheSameBytes) {
       EXPECT_EQ(stats.fast_path_events, single_stats.fast_path_events);
       EXPECT_EQ(stats.issues, single_stats.issues);
     }
+  }
+}
+
+// The children of every thread of this process (/proc/self/task/*/children).
+size_t ChildProcesses() {
+  size_t n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::istringstream pids(test_support::ReadText((task.path() / "children").string()));
+    for (std::string pid; pids >> pid;) ++n;
+  }
+  return n;
+}
+
+// ReportOptions::leave_to_exit (`hvtrace report`) leaves the decoder and
+// the file's texts to the process's exit: the same bytes, stats and
+// warnings, and no trial child left running.
+TEST(ReportLeaveToExitTest, PrintsTheSameAndEndsTheTrialChild) {
+  for (int threads : {0, 2}) {
+    SCOPED_TRACE(threads);
+    ReportOptions freed;
+    freed.threads = threads;
+    ReportStats freed_stats;
+    const std::string expected = Report(Fixture("real-v7-zstd.dat"), freed, &freed_stats);
+    ASSERT_GT(freed_stats.events, 500u);
+    ReportOptions left = freed;
+    left.leave_to_exit = true;
+    ReportStats left_stats;
+    EXPECT_TRUE(Report(Fixture("real-v7-zstd.dat"), left, &left_stats) == expected);
+    EXPECT_EQ(left_stats.events, freed_stats.events);
+    EXPECT_EQ(left_stats.issues, freed_stats.issues);
+    EXPECT_EQ(ChildProcesses(), 0u);
   }
 }
 

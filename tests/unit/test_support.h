@@ -35,6 +35,17 @@ inline std::string ReadFixture(const std::string& rel) {
 }
 #endif
 
+// The child processes the threads of this process have now
+// (/proc/self/task/*/children): a decoder's trial child shows here.
+inline size_t ChildProcesses() {
+  size_t n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::istringstream pids(ReadText((task.path() / "children").string()));
+    for (std::string pid; pids >> pid;) ++n;
+  }
+  return n;
+}
+
 // The bytes of |s|, as region and page code takes them.
 inline std::vector<std::byte> Bytes(std::string_view s) {
   return {reinterpret_cast<const std::byte*>(s.data()),

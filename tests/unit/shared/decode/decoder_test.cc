@@ -708,16 +708,6 @@ TEST(DecoderTest, Malicious_FormatThatCrashesLibtraceeventsParserPrintsRaw) {
   EXPECT_TRUE(warned);
 }
 
-// The children the threads of this process have now (/proc/self/task/*/children).
-size_t ChildProcesses() {
-  size_t n = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::istringstream pids(test_support::ReadText((task.path() / "children").string()));
-    for (std::string pid; pids >> pid;) ++n;
-  }
-  return n;
-}
-
 // TrialParseAll gives each format's verdict from one child without loading
 // any; a format marked trial_passed then prints with no trial child at all,
 // one that is not still gets its child (KeepTrialChild keeps it to be seen).
@@ -739,7 +729,7 @@ TEST(DecoderTest, Malicious_TrialParseAllVerdictsAndTrialPassedSkipsTheChild) {
   ASSERT_TRUE(all.ok()) << all.error().message;
   const std::vector<bool> want = {false, true};  // Indexed like meta.formats.
   EXPECT_EQ((*all)->TrialParseAll(), want);
-  EXPECT_EQ(ChildProcesses(), 0u);
+  EXPECT_EQ(test_support::ChildProcesses(), 0u);
 
   std::vector<std::byte> payload(12, std::byte{0});
   payload[0] = std::byte{21};
@@ -757,9 +747,9 @@ TEST(DecoderTest, Malicious_TrialParseAllVerdictsAndTrialPassedSkipsTheChild) {
     (*dec)->AppendText(DecodedRecord{0, 1000, payload, 0}, &out);
     EXPECT_NE(out.find(" note: "), std::string::npos) << out;
     EXPECT_NE(out.find("value=42\n"), std::string::npos) << out;
-    EXPECT_EQ(ChildProcesses(), passed ? 0u : 1u);
+    EXPECT_EQ(test_support::ChildProcesses(), passed ? 0u : 1u);
   }
-  EXPECT_EQ(ChildProcesses(), 0u);
+  EXPECT_EQ(test_support::ChildProcesses(), 0u);
 }
 
 }  // namespace

@@ -110,16 +110,6 @@ TEST_P(ReportThreadsTest, EveryThreadCountAndBatchSizePrintsTheSameBytes) {
   }
 }
 
-// The children of every thread of this process (/proc/self/task/*/children).
-size_t ChildProcesses() {
-  size_t n = 0;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::istringstream pids(test_support::ReadText((task.path() / "children").string()));
-    for (std::string pid; pids >> pid;) ++n;
-  }
-  return n;
-}
-
 // ReportOptions::leave_to_exit (`hvtrace report`) leaves the decoder and
 // the file's texts to the process's exit: the same bytes, stats and
 // warnings, and no trial child left running.
@@ -137,7 +127,7 @@ TEST(ReportLeaveToExitTest, PrintsTheSameAndEndsTheTrialChild) {
     EXPECT_TRUE(Report(Fixture("real-v7-zstd.dat"), left, &left_stats) == expected);
     EXPECT_EQ(left_stats.events, freed_stats.events);
     EXPECT_EQ(left_stats.issues, freed_stats.issues);
-    EXPECT_EQ(ChildProcesses(), 0u);
+    EXPECT_EQ(test_support::ChildProcesses(), 0u);
   }
 }
 

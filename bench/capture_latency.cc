@@ -152,6 +152,10 @@ struct Run {
   // The start's parts, ms from the panic: on the VM's strand, on a worker,
   // the capture directory made (-1: not in this build).
   double to_dispatch = -1, to_worker = -1, to_begun = -1;
+  // The decode step's parts (-1: not in this build): its start, ms from the
+  // panic; before the build (formats, metadata channel, BootKernels, of it
+  // BootKernels: the map read and banners); the whole step.
+  double to_decode = -1, prepare = -1, boot_kernels = -1, decode_step = -1;
   double vmcore_ms = -1, vmcore_mb = -1;  // vmcore = on-panic only.
   uint64_t trace_dat_bytes = 0, events = 0;
 };
@@ -214,6 +218,10 @@ Result<Run> PanicOnce(const HvtracedProcess& daemon, const GuestImage& image, in
   r.to_dispatch = Number(queue, "trigger_to_dispatch_ms");
   r.to_worker = Number(queue, "trigger_to_worker_ms");
   r.to_begun = Number(t, "trigger_to_begun");
+  r.to_decode = Number(t, "trigger_to_decode_start");
+  r.prepare = Number(t, "decode_prepare");
+  r.boot_kernels = Number(t, "decode_boot_kernels");
+  r.decode_step = Number(t, "decode_step");
   // Inside decoded: the kernel log from the console events and the crash
   // summary (all boots); after it, the printk ring read from guest memory.
   r.crash = Number(pipeline, "write_kernel_log");
@@ -317,6 +325,10 @@ int main(int argc, char** argv) {
         static_cast<unsigned long long>(r->events), r->crash, r->ring, r->vmcore_ms, r->vmcore_mb);
     std::printf("      start: on the VM's strand %.2f, on a worker %.2f, directory made %.2f ms\n",
                 r->to_dispatch, r->to_worker, r->to_begun);
+    std::printf(
+        "      decode: starts at %.2f ms from the panic; before the build %.2f (BootKernels %.2f), "
+        "whole step %.2f ms\n",
+        r->to_decode, r->prepare, r->boot_kernels, r->decode_step);
     std::fflush(stdout);
     copied.push_back(r->copied);
     durable.push_back(r->durable);

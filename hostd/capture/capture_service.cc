@@ -260,6 +260,7 @@ Status CaptureService::Build(const CaptureRequest& request, const std::filesyste
   const bool can_read = in.read_guest_memory || in.guest_ram;
   const bool read_log = can_read || request.trigger == "panic";
   GuestLogBesideDecode log_read(in, formats_.get(), pending, can_read);
+  manifest.extra["timing_ms"]["trigger_to_decode_start"] = MsSince(request.triggered);
   const Status decoded =
       DecodeCopiesStep(region_copy, in.attach ? &copies.attach : nullptr,
                        in.attach ? in.attach->geometry() : RegionGeometry{}, in.vcpus_stopped,

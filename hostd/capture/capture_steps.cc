@@ -119,6 +119,7 @@ void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* forma
                           const KaslrHook& newest_kaslr) {
   if (manifest.region.value("kind", "") != "boot-range") return;  // A raw shmem file.
   const auto str = [&](const char* key) { return manifest.kernel.value(key, std::string()); };
+  const auto start = std::chrono::steady_clock::now();
   const BootRangeDecodeTimes times = DecodeBootRange(copy,
                                                      {.cache = formats,
                                                       .kernel_key = str("formats_key"),
@@ -133,6 +134,9 @@ void DecodeRegionFileStep(std::span<const std::byte> copy, FormatsService* forma
   timing["trace_dat_write"] = times.write_ms;
   timing["trace_dat_files"] = times.files_ms;
   timing["kernel_log"] = times.kernel_log_ms;
+  timing["decode_prepare"] = times.prepare_ms;
+  timing["decode_boot_kernels"] = times.boot_kernels_ms;
+  timing["decode_step"] = MsBetween(start, std::chrono::steady_clock::now());
 }
 
 namespace {

@@ -171,9 +171,14 @@ BootRangeDecodeTimes DecodeBootRange(std::span<const std::byte> copy,
   std::string decode_error;
   // Each boot's kernel identified by its console banner and checked against
   // the data (boot_kernels.h); the per-boot choices feed the id table.
+  const auto kernels_start = std::chrono::steady_clock::now();
   BootKernels kernels(copy, formats.get(), formats_service,
                       ReadConsoleBanners(ConsoleLogOfMetaDir(meta_dir)), options);
   kernels.LendMap(options);
+  const auto prepared = std::chrono::steady_clock::now();
+  times.boot_kernels_ms =
+      std::chrono::duration<double, std::milli>(prepared - kernels_start).count();
+  times.prepare_ms = std::chrono::duration<double, std::milli>(prepared - start).count();
   const KernelFormats* identified = formats ? nullptr : kernels.NewestIdentified();
   // A decode that worked: its figures go to the manifest; false if it failed.
   auto decoded = [&](const Result<CaptureResult>& built) {

@@ -22,6 +22,9 @@ struct BootRangeDecodeTimes {
   double formats_ms = 0, decode_ms = 0, write_ms = 0;
   double files_ms = 0;       // Of write_ms: writing the trace.dat files themselves.
   double kernel_log_ms = 0;  // Of write_ms: the kernel logs and crash summary.
+  // Before the build: the formats, the metadata channel and BootKernels
+  // (of it |boot_kernels_ms|: the map read and each boot's banner).
+  double prepare_ms = 0, boot_kernels_ms = 0;
 };
 
 // What is known about the VM a boot range comes from.

@@ -62,10 +62,13 @@ using KaslrHook = std::function<void(std::optional<int64_t>)>;
 // when it holds none.
 std::optional<int64_t> KaslrDeltaOf(const nlohmann::json& kaslr);
 
-// Threads reading the region's CPUs (ReadBootMap) and finding task names
-// beside the symbols: a panic capture is waited on (issue 16: panic ->
-// decoded < 20 ms).
-inline constexpr int kDecodeThreads = 2;
+// Threads reading the region's CPUs (ReadBootMap) at a panic: one. With
+// two, the read's join waited for its second thread to get a CPU while the
+// guest-log thread, started at the same moment, held the other one: the
+// read took 1.4-3.0 ms in 4 of 10 panics instead of 0.5-1.1 ms
+// (bench/capture_latency.sh 5, 6.12 guest, two rounds of each build in turn,
+// 2026-12-05 16:13-16:15 UTC; bench/README).
+inline constexpr int kDecodeThreads = 1;
 
 struct BootMapCaptureOptions {
   int cpus = 0;                       // The guest's nr_cpu_ids when known; 0 derives it.

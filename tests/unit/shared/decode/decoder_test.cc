@@ -25,6 +25,15 @@ std::string Fixture(const char* name) {
   return std::string(HVTRACE_FIXTURES_DIR) + "/tracedat/" + name;
 }
 
+// A 12-byte record of event |id| whose int field at offset 8 holds |value|
+// (the small test formats' layout: the common fields, then "value").
+std::vector<std::byte> IdValueRecord(uint8_t id, uint8_t value = 42) {
+  std::vector<std::byte> p(12, std::byte{0});
+  p[0] = std::byte{id};
+  p[8] = std::byte{value};
+  return p;
+}
+
 // Every record of every CPU of |path|, in file order per CPU.
 struct Rec {
   uint32_t cpu;
@@ -470,9 +479,7 @@ TEST(DecoderTest, Malicious_LazilyParsedFormatsWarnAsBefore) {
     ASSERT_TRUE(dec.ok()) << dec.error().message;
     std::string out;
     for (uint8_t id : {5, 6, 7, 9}) {
-      std::vector<std::byte> payload(12, std::byte{0});
-      payload[0] = std::byte{id};
-      payload[8] = std::byte{42};
+      const std::vector<std::byte> payload = IdValueRecord(id);
       (*dec)->AppendText(DecodedRecord{0, 1000, payload, 0}, &out);
     }
     EXPECT_NE(out.find(" first5: "), std::string::npos) << out;
@@ -570,9 +577,7 @@ TEST(DecoderTest, Malicious_ControlBytesInAPrintFormatsLiteralsAreEscaped) {
   ASSERT_TRUE(dec.ok()) << dec.error().message;
   std::string text;
   for (uint8_t id : {30, 31, 32}) {
-    std::vector<std::byte> p(12, std::byte{0});
-    p[0] = std::byte{id};
-    p[8] = std::byte{42};
+    const std::vector<std::byte> p = IdValueRecord(id);
     (*dec)->AppendText(DecodedRecord{0, 1000, p, 0}, &text);
   }
   EXPECT_NE(text.find(" plain: "), std::string::npos) << text;
@@ -731,9 +736,7 @@ TEST(DecoderTest, Malicious_TrialParseAllVerdictsAndTrialPassedSkipsTheChild) {
   EXPECT_EQ((*all)->TrialParseAll(), want);
   EXPECT_EQ(test_support::ChildProcesses(), 0u);
 
-  std::vector<std::byte> payload(12, std::byte{0});
-  payload[0] = std::byte{21};
-  payload[8] = std::byte{42};
+  const std::vector<std::byte> payload = IdValueRecord(21);
   for (bool passed : {true, false}) {
     SCOPED_TRACE(passed ? "trial_passed" : "not vetted");
     TraceMetadata one;
